@@ -1,0 +1,210 @@
+"""Job configuration: one commented YAML file per job in ``conf/``, loaded into a frozen
+dataclass, every key overridable from the command line.
+
+The dataclass is the single source of truth: each field's ``metadata`` holds its help text
+and parser, :func:`add_arguments` builds the argparse options from it, and :func:`resolve`
+layers defaults < YAML file < command line, naming the key and its source in every error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import yaml
+
+from jobs.errors import ConfigError
+
+__all__ = ["add_arguments", "opt", "parse_size", "parse_split", "resolve"]
+
+T = TypeVar("T")
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+def parse_size(value: str | int) -> int:
+    """``"128MiB"`` -> 134217728; ``"4MB"`` -> 4000000; an int is taken as bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"a size must be a number of bytes or a string like '4MiB', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a size must not be negative, got {value!r}")
+        return value
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"a size must look like '4MiB', '512KB' or '1000', got {value!r}")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
+    """``"train=0.8,validation=0.1,test=0.1"`` (or a mapping) -> ``{"train": 0.8, ...}``.
+
+    Fractions must be positive and add up to 1 (within 1e-6); channel order is kept.
+    """
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    else:
+        items = []
+        for part in str(value).split(","):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise ValueError(f"split entries look like 'train=0.8', got {part.strip()!r} in {value!r}")
+            name, frac = part.split("=", 1)
+            items.append((name.strip(), frac.strip()))
+    out: dict[str, float] = {}
+    for name, frac in items:
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
+            raise ValueError(f"channel names are letters, digits, '_' and '-', got {name!r}")
+        if name in out:
+            raise ValueError(f"channel {name!r} appears twice in split {value!r}")
+        try:
+            f = float(frac)
+        except (TypeError, ValueError):
+            raise ValueError(f"fraction of channel {name!r} must be a number, got {frac!r}") from None
+        if not 0 < f <= 1:
+            raise ValueError(f"fraction of channel {name!r} must be in (0, 1], got {f!r}")
+        out[str(name)] = f
+    if not out:
+        raise ValueError(f"split names no channel: {value!r}")
+    total = sum(out.values())
+    if abs(total - 1) > 1e-6:
+        raise ValueError(f"split fractions must add up to 1, got {total:g} from {value!r}")
+    return out
+
+
+def opt(default: Any = dataclasses.MISSING, *, help: str, parse: Callable[[Any], Any] | None = None,
+        choices: tuple[str, ...] | None = None, flag: bool = True) -> Any:
+    """A dataclass field with its help text, parser and choices for the command line."""
+    meta = {"help": help, "parse": parse, "choices": choices, "flag": flag}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _base_type(tp: Any) -> Any:
+    """``int | None`` -> int; ``str`` -> str."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else str
+    return tp
+
+
+def _convert(cls: type, name: str, raw: Any, source: str) -> Any:
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    hints = typing.get_type_hints(cls)
+    parse = field.metadata.get("parse")
+    choices = field.metadata.get("choices")
+    try:
+        if raw is None:
+            value = None
+        elif parse is not None:
+            value = parse(raw)
+        else:
+            base = _base_type(hints[name])
+            if base is bool:
+                if isinstance(raw, bool):
+                    value = raw
+                elif str(raw).lower() in ("true", "yes", "1", "on"):
+                    value = True
+                elif str(raw).lower() in ("false", "no", "0", "off"):
+                    value = False
+                else:
+                    raise ValueError(f"expected true or false, got {raw!r}")
+            elif base is int:
+                if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                    raise ValueError(f"expected an integer, got {raw!r}")
+                value = int(raw)
+            elif base is float:
+                if isinstance(raw, bool):
+                    raise ValueError(f"expected a number, got {raw!r}")
+                value = float(raw)
+            else:
+                value = str(raw)
+        if choices is not None and value is not None and value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{_flag(name)} ({source}): {exc}") from None
+    return value
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one option per field of ``cls``; defaults stay ``None`` so that only what the user
+    typed overrides the YAML file."""
+    parser.add_argument("--conf", metavar="YAML", help="a YAML file of these options (see conf/); flags override it")
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("flag", True):
+            continue
+        base = _base_type(typing.get_type_hints(cls)[f.name])
+        default = None if f.default is dataclasses.MISSING else f.default
+        help_text = f.metadata.get("help", "")
+        if f.default is dataclasses.MISSING:
+            help_text += " (required)"
+        elif default is not None and base is not bool:
+            help_text += f" (default: {_show(default)})"
+        if base is bool:
+            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text + f" (default: {'on' if default else 'off'})")
+        else:
+            parser.add_argument(_flag(f.name), dest=f.name, default=None,
+                                metavar=f.name.upper(), choices=f.metadata.get("choices"), help=help_text)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def resolve(cls: type[T], args: argparse.Namespace | Mapping[str, Any] | None = None,
+            *, conf: str | None = None) -> T:
+    """Build ``cls`` from its defaults, then the YAML file ``conf`` (or ``args.conf``), then
+    the options in ``args`` that are not ``None``."""
+    given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+    conf = conf or given.pop("conf", None)
+    given.pop("conf", None)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values: dict[str, Any] = {}
+    if conf:
+        try:
+            with open(conf, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {conf}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {conf} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {conf} must hold a mapping of options, got {type(data).__name__}")
+        for key, raw in data.items():
+            name = str(key).replace("-", "_")
+            if name not in names:
+                raise ConfigError(f"unknown key {key!r} in {conf}; known keys: {', '.join(sorted(names))}")
+            values[name] = _convert(cls, name, raw, conf)
+    for name, raw in given.items():
+        if raw is not None and name in names:
+            values[name] = _convert(cls, name, raw, "command line")
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.name not in values]
+    if missing:
+        raise ConfigError("missing required option(s): " + ", ".join(_flag(n) for n in missing)
+                          + (f" (not on the command line, nor in {conf})" if conf else ""))
+    for f in dataclasses.fields(cls):
+        if f.name not in values and f.default is not dataclasses.MISSING and f.metadata.get("parse"):
+            values[f.name] = f.metadata["parse"](f.default)
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(str(exc)) from None

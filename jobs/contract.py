@@ -1,0 +1,138 @@
+"""The dataset on disk: the contract between the jobs that write it and the loaders that read it.
+
+```
+<out>/
+  manifests/all.parquet          every listed object, status ok or rejected
+  manifests/<channel>.parquet    accepted rows of one channel
+  manifests/<channel>.manifest   the same keys as a SageMaker-style JSON manifest
+  manifests/rejects.parquet      objects the manifest job could not use, with the reason
+  manifests/_manifest.json       written last by the manifest job: its commit marker
+  labels.json                    label name -> index
+  shards/<channel>/part-00000-of-00004.parquet
+  shards/rejects.parquet         images the shard job could not decode, with the reason
+  report.html                    a self-contained report of the dataset
+  dataset.json                   written last, atomically: the dataset is complete
+```
+
+A reader trusts a dataset only when ``dataset.json`` exists; everything else may be mid-write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from jobs import storage
+from jobs.errors import DatasetError
+
+__all__ = [
+    "CHANNELS",
+    "FORMAT_VERSION",
+    "MANIFEST_SCHEMA",
+    "SHARD_SCHEMA",
+    "dataset_json_uri",
+    "labels_uri",
+    "manifest_marker_uri",
+    "manifests_uri",
+    "read_dataset_info",
+    "shard_name",
+    "shard_uri",
+    "shards_uri",
+]
+
+FORMAT_VERSION = 1
+
+#: Channel names in their canonical order (the split's order).
+CHANNELS = ("train", "validation", "test")
+
+#: One row per listed object. ``status`` is ``ok`` or ``rejected``; a rejected row has a
+#: ``reason`` and may have no label or channel.
+MANIFEST_SCHEMA = pa.schema(
+    [
+        ("uri", pa.string()),
+        ("key", pa.string()),
+        ("label", pa.string()),
+        ("label_index", pa.int64()),
+        ("channel", pa.string()),
+        ("size", pa.int64()),
+        ("etag", pa.string()),
+        ("last_modified", pa.timestamp("us", tz="UTC")),
+        ("format", pa.string()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
+
+#: One row per training sample. ``image`` holds the encoded (JPEG or PNG) bytes of an RGB
+#: image already resized to the dataset's image size; ``is_pad`` marks a row repeated by the
+#: ``pad`` remainder policy.
+SHARD_SCHEMA = pa.schema(
+    [
+        ("image", pa.binary()),
+        ("label", pa.int64()),
+        ("uri", pa.string()),
+        ("key", pa.string()),
+        ("height", pa.int32()),
+        ("width", pa.int32()),
+        ("is_pad", pa.bool_()),
+    ]
+)
+
+#: The shard job's rejects: manifest rows whose image could not be used.
+SHARD_REJECTS_SCHEMA = pa.schema(
+    [
+        ("uri", pa.string()),
+        ("key", pa.string()),
+        ("label", pa.string()),
+        ("channel", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
+
+
+def manifests_uri(root: str, name: str | None = None) -> str:
+    return storage.join(root, "manifests", name) if name else storage.join(root, "manifests")
+
+
+def manifest_marker_uri(root: str) -> str:
+    return manifests_uri(root, "_manifest.json")
+
+
+def labels_uri(root: str) -> str:
+    return storage.join(root, "labels.json")
+
+
+def dataset_json_uri(root: str) -> str:
+    return storage.join(root, "dataset.json")
+
+
+def shards_uri(root: str, channel: str | None = None) -> str:
+    return storage.join(root, "shards", channel) if channel else storage.join(root, "shards")
+
+
+def shard_name(index: int, count: int) -> str:
+    """``part-00001-of-00004.parquet``: the file of shard ``index`` of ``count``."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index must be in [0, {count}), got {index!r}")
+    return f"part-{index:05d}-of-{count:05d}.parquet"
+
+
+def shard_uri(root: str, channel: str, index: int, count: int) -> str:
+    return storage.join(shards_uri(root, channel), shard_name(index, count))
+
+
+def read_dataset_info(root: str) -> dict[str, Any]:
+    """Read and check ``dataset.json``; raise :class:`DatasetError` if the dataset is not
+    complete or was written by an incompatible format version."""
+    uri = dataset_json_uri(root)
+    if not storage.exists(uri):
+        raise DatasetError(
+            f"no complete dataset at {storage.normalize(root)}: {uri} does not exist "
+            "(run jobs/manifest.py then jobs/shard.py, or wait for the shard job to finish)"
+        )
+    info = storage.read_json(uri)
+    version = info.get("format_version")
+    if version != FORMAT_VERSION:
+        raise DatasetError(f"{uri} has format_version {version!r}; this code reads {FORMAT_VERSION}")
+    return info

@@ -1,0 +1,160 @@
+"""Image checks and preprocessing, shared by every engine.
+
+``sniff`` tells an image from anything else by its first bytes (the manifest job); ``preprocess``
+decodes, applies EXIF orientation, converts to 8-bit RGB, resizes and re-encodes (the shard
+job). Preprocessing belongs here, once, not in every epoch of the training loop.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from jobs.errors import ImageRejected
+
+__all__ = ["RESIZE_MODES", "ImageSpec", "preprocess", "sniff"]
+
+RESIZE_MODES = ("crop", "pad", "stretch")
+IMAGE_FORMATS = ("jpeg", "png")
+
+# Magic numbers of the formats Pillow decodes for us.
+_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"),
+    (b"BM", "bmp"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+)
+
+#: How many leading bytes :func:`sniff` needs.
+SNIFF_BYTES = 16
+
+
+def sniff(head: bytes) -> str | None:
+    """The image format that ``head`` (the object's first bytes) starts with, or None."""
+    for magic, name in _SIGNATURES:
+        if head.startswith(magic):
+            return name
+    if len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSpec:
+    """What every output image looks like.
+
+    ``resize``: ``crop`` scales the shorter side to ``size`` and takes the center square;
+    ``pad`` fits the whole image inside ``size``×``size`` on black; ``stretch`` ignores the
+    aspect ratio. Transparent images are composited over white.
+    """
+
+    size: int = 224
+    resize: str = "crop"
+    format: str = "jpeg"
+    quality: int = 90
+    max_pixels: int = 89_478_485  # Pillow's own decompression-bomb limit
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or not 8 <= self.size <= 8192:
+            raise ValueError(f"image size must be an integer in [8, 8192], got {self.size!r}")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
+        if self.format not in IMAGE_FORMATS:
+            raise ValueError(f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {self.format!r}")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality must be in [1, 100], got {self.quality!r}")
+        if self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be positive, got {self.max_pixels!r}")
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB from any mode: 16/32-bit grey is scaled (not clipped), alpha over white."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        arr = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if mode.startswith("I;16") or arr.max(initial=0) > 255 else 255.0
+        if mode == "F":
+            top = max(float(arr.max(initial=0)), 1.0)
+        arr = np.clip(arr * (255.0 / top), 0, 255).astype(np.uint8)
+        return Image.fromarray(arr, "L").convert("RGB")
+    if mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+        mode = "RGBA"
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img.convert("RGB")  # L, 1, P, CMYK (Pillow undoes Adobe's inversion), YCbCr, LAB, HSV
+
+
+def _target_box(w: int, h: int, spec: ImageSpec) -> tuple[tuple[int, int], tuple[float, float, float, float]]:
+    """Output size and the source box that maps onto it."""
+    s = spec.size
+    if spec.resize == "stretch":
+        return (s, s), (0, 0, w, h)
+    if spec.resize == "crop":
+        side = min(w, h)
+        left, top = (w - side) / 2, (h - side) / 2
+        return (s, s), (left, top, left + side, top + side)
+    scale = s / max(w, h)  # pad: fit inside
+    return (max(1, round(w * scale)), max(1, round(h * scale))), (0, 0, w, h)
+
+
+def preprocess(data: bytes, spec: ImageSpec) -> tuple[bytes, int, int]:
+    """Decode ``data``, orient, convert, resize and encode it as ``spec`` says.
+
+    Returns ``(encoded, height, width)``. Raises :class:`ImageRejected` with a reason for
+    anything that cannot become a training image.
+    """
+    if not data:
+        raise ImageRejected("empty object (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            w, h = img.size
+            if w * h > spec.max_pixels:
+                raise ImageRejected(
+                    f"decompression bomb: {w}x{h} = {w * h} pixels exceeds max_image_pixels={spec.max_pixels}")
+            if img.format == "JPEG" and spec.resize != "pad":
+                # DCT scaling while decoding: far less work for large JPEGs (Pillow's draft).
+                short = min(w, h)
+                if short > 2 * spec.size:
+                    f = spec.size / short
+                    img.draft("RGB", (max(1, int(w * f) + 1), max(1, int(h * f) + 1)))
+            img.load()
+            img = ImageOps.exif_transpose(img)  # no-op without an EXIF orientation tag
+            img = _to_rgb(img)
+    except ImageRejected:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageRejected(f"decompression bomb: {exc}") from None
+    except Image.DecompressionBombWarning as exc:
+        raise ImageRejected(f"decompression bomb: {exc}") from None
+    except Image.UnidentifiedImageError:
+        raise ImageRejected("cannot decode: not an image Pillow can read") from None
+    except (OSError, ValueError, SyntaxError, EOFError, MemoryError, IndexError, TypeError) as exc:
+        raise ImageRejected(f"cannot decode: {type(exc).__name__}: {exc}") from None
+
+    w, h = img.size
+    out_size, box = _target_box(w, h, spec)
+    img = img.resize(out_size, Image.Resampling.BILINEAR, box=box, reducing_gap=None)
+    if spec.resize == "pad" and out_size != (spec.size, spec.size):
+        canvas = Image.new("RGB", (spec.size, spec.size))
+        canvas.paste(img, ((spec.size - out_size[0]) // 2, (spec.size - out_size[1]) // 2))
+        img = canvas
+    buf = io.BytesIO()
+    if spec.format == "jpeg":
+        img.save(buf, "JPEG", quality=spec.quality)
+    else:
+        img.save(buf, "PNG", compress_level=1)
+    return buf.getvalue(), img.height, img.width

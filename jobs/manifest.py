@@ -1,0 +1,166 @@
+"""Manifest job: list a raw image lake, label and split it, write the manifests.
+
+    spark-submit jobs/manifest.py --input s3://lake/raw/pets --output s3://lake/datasets/pets-v1 \\
+        --split train=0.8,validation=0.1,test=0.1 --seed 7 --min-per-class 5
+    python -m jobs.manifest --engine dask --input ./lake/raw --output ./datasets/pets-v1
+    python jobs/manifest.py --conf conf/manifest.yaml --input ./lake/raw --output ./out
+
+Writes, under ``--output``: ``manifests/all.parquet``, ``manifests/<channel>.parquet`` (and a
+SageMaker-style ``<channel>.manifest``), ``manifests/rejects.parquet``, ``labels.json``, and
+last ``manifests/_manifest.json``, the marker that the shard job waits for.
+
+Extract (list class prefixes on the driver, list each prefix and read each object's first bytes
+on the workers) -> transform (:func:`jobs.catalog.build_manifest`: label, split, check) -> load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+
+if __name__ == "__main__" and not __package__:
+    # Run as a script (spark-submit jobs/manifest.py): import the package, not its siblings.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from collections import Counter
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from jobs import storage
+from jobs.catalog import Manifest, build_manifest, fingerprint, sagemaker_manifest
+from jobs.config import add_arguments, resolve
+from jobs.contract import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
+from jobs.engines import Engine, open_engine
+from jobs.errors import DatasetExistsError, PlatformError
+from jobs.listing import discover, inspect_objects, list_prefix
+from jobs.settings import ManifestConfig
+
+__all__ = ["main", "run"]
+
+log = logging.getLogger("jobs.manifest")
+
+
+def _list_parts(src: str, label_depth: int):
+    def list_some(prefixes: list[str]) -> list[dict[str, Any]]:
+        return [row for p in prefixes for row in list_prefix(src, p, label_depth=label_depth)]
+    return list_some
+
+
+def extract(cfg: ManifestConfig, engine: Engine) -> list[dict[str, Any]]:
+    """Every listed object under ``cfg.input``, inspected, as manifest rows."""
+    src = storage.normalize(cfg.input)
+    prefixes, stray = discover(src, label_depth=cfg.label_depth)
+    log.info("found %d class prefixes under %s; listing them on %s", len(prefixes), src, engine.name)
+    listed = engine.map_partitions(_list_parts(src, cfg.label_depth), prefixes, partitions=len(prefixes))
+    listed.sort(key=lambda r: r["key"])
+    partitions = cfg.partitions or max(1, min(len(listed), max(2 * engine.parallelism, math.ceil(len(listed) / 2000))))
+    log.info("listed %d objects; reading their headers in %d tasks", len(listed), partitions)
+    return stray + engine.map_partitions(inspect_objects, listed, partitions=partitions)
+
+
+def summarize(cfg: ManifestConfig, manifest: Manifest) -> dict[str, Any]:
+    table = manifest.all
+    reasons = Counter(r.split(":")[0] for r in manifest.rejects["reason"].to_pylist())
+    achieved = {}
+    for label in manifest.labels:
+        total = sum(manifest.counts[c][label] for c in manifest.counts)
+        achieved[label] = {c: round(manifest.counts[c][label] / total, 4) for c in manifest.counts}
+    return {
+        "format_version": FORMAT_VERSION,
+        "input": storage.normalize(cfg.input),
+        "split": cfg.split,
+        "split_method": cfg.split_method,
+        "seed": cfg.seed,
+        "min_per_class": cfg.min_per_class,
+        "label_depth": cfg.label_depth,
+        "labels": manifest.labels,
+        "fingerprint": fingerprint(table),
+        "counts": {
+            "listed": table.num_rows,
+            "accepted": table.num_rows - manifest.rejects.num_rows,
+            "rejected": manifest.rejects.num_rows,
+            "channels": {c: t.num_rows for c, t in manifest.channels.items()},
+            "classes": manifest.counts,
+        },
+        "achieved_fractions": achieved,
+        "rejects_by_reason": dict(sorted(reasons.items())),
+    }
+
+
+def load(cfg: ManifestConfig, manifest: Manifest, summary: dict[str, Any]) -> None:
+    out = storage.normalize(cfg.output)
+    fs, _ = storage.filesystem(out)
+    fs.makedirs(storage.filesystem(manifests_uri(out))[1], exist_ok=True)
+
+    def write(table, name: str) -> None:
+        pq.write_table(table, storage.filesystem(manifests_uri(out, name))[1], filesystem=fs)
+
+    write(manifest.all, "all.parquet")
+    write(manifest.rejects, "rejects.parquet")
+    for channel, table in manifest.channels.items():
+        write(table, f"{channel}.parquet")
+        body = sagemaker_manifest(summary["input"], table["key"].to_pylist())
+        storage.write_bytes_atomic(manifests_uri(out, f"{channel}.manifest"), json.dumps(body).encode())
+    storage.write_json_atomic(labels_uri(out), manifest.labels)
+    storage.write_json_atomic(manifest_marker_uri(out), summary)  # last: the manifest is complete
+
+
+def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
+    """Run the job; return the summary written to ``manifests/_manifest.json``."""
+    out = storage.normalize(cfg.output)
+    marker = manifest_marker_uri(out)
+    if storage.exists(marker) or storage.exists(dataset_json_uri(out)):
+        if not cfg.overwrite:
+            raise DatasetExistsError(f"{out} already holds a manifest ({marker}); pass --overwrite to replace it")
+        # Invalidate first: no reader may see a dataset whose manifest is being replaced.
+        storage.remove(dataset_json_uri(out))
+        storage.remove(marker)
+    rows = extract(cfg, engine)
+    manifest = build_manifest(rows, split=cfg.split, seed=cfg.seed, split_method=cfg.split_method,
+                              min_per_class=cfg.min_per_class, max_reject_fraction=cfg.max_reject_fraction,
+                              source=storage.normalize(cfg.input))
+    summary = summarize(cfg, manifest)
+    load(cfg, manifest, summary)
+    c = summary["counts"]
+    log.info("manifest written to %s: %d listed, %d accepted (%s), %d rejected", out, c["listed"], c["accepted"],
+             ", ".join(f"{k}={v}" for k, v in c["channels"].items()), c["rejected"])
+    return summary
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="jobs/manifest.py",
+        description="List a raw image lake (<prefix>/<label>/.../<file>, local, file:// or s3://), "
+                    "label and split it, and write manifests, labels.json and a rejects table.",
+        epilog="Options also come from a YAML file (--conf conf/manifest.yaml); flags override it. "
+               "S3 endpoint and credentials come from the standard AWS environment (AWS_ENDPOINT_URL, ...).",
+    )
+    add_arguments(p, ManifestConfig)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = resolve(ManifestConfig, args)
+        engine = open_engine(cfg.engine, scheduler=cfg.scheduler, app_name="lakeshard-manifest")
+        try:
+            summary = run(cfg, engine)
+        finally:
+            engine.close()
+    except PlatformError as exc:
+        print(f"jobs/manifest.py: error: {exc}", file=sys.stderr)
+        return 2
+    c = summary["counts"]
+    print(f"manifest: {c['listed']} listed, {c['accepted']} accepted, {c['rejected']} rejected, "
+          f"{len(summary['labels'])} classes -> {storage.normalize(cfg.output)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The options of each job, as frozen dataclasses (one commented YAML file each in ``conf/``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobs.config import opt, parse_size, parse_split
+from jobs.images import IMAGE_FORMATS, RESIZE_MODES, ImageSpec
+from jobs.plan import REMAINDER_POLICIES
+from jobs.split import ALGORITHMS
+
+__all__ = ["ENGINE_NAMES", "ManifestConfig", "ShardConfig"]
+
+ENGINE_NAMES = ("spark", "dask")
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+def _check_positive(name: str, value: int | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestConfig:
+    input: str = opt(help="the raw lake: a local folder, file:// or s3:// prefix laid out as <prefix>/<label>/.../<file>")
+    output: str = opt(help="the dataset URI to write manifests/ and labels.json under")
+    split: dict = opt("train=0.8,validation=0.1,test=0.1", parse=parse_split,
+                      help="channel fractions, adding up to 1")
+    split_method: str = opt("hash", choices=tuple(ALGORITHMS),
+                            help="hash: stable as the lake grows; stratified: exact per-class counts")
+    seed: int = opt(0, help="seed of the split (and, by default, of the shard job)")
+    min_per_class: int = opt(1, help="fail unless every class has at least this many objects in every channel")
+    label_depth: int = opt(1, help="which path component below the input is the label (1 = the first)")
+    max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of listed objects is rejected")
+    overwrite: bool = opt(False, help="replace an existing manifest (and invalidate the dataset built on it)")
+    engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
+    scheduler: str | None = opt(None, help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)")
+    partitions: int | None = opt(None, help="tasks for reading object headers (default: from the number of objects)")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "split", parse_split(self.split))
+        _check_positive("min_per_class", self.min_per_class)
+        _check_positive("label_depth", self.label_depth)
+        _check_positive("partitions", self.partitions, allow_none=True)
+        _check_fraction("max_reject_fraction", self.max_reject_fraction)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardConfig:
+    dataset: str = opt(help="the dataset URI the manifest job wrote")
+    num_shards: int = opt(1, help="shards per channel: one per target GPU (or a multiple)")
+    image_size: int = opt(224, help="side of the square output images, in pixels")
+    resize: str = opt("crop", choices=RESIZE_MODES,
+                      help="crop: shorter side to size, center crop; pad: fit inside on black; stretch: ignore aspect")
+    image_format: str = opt("jpeg", choices=IMAGE_FORMATS, help="encoding of the stored images")
+    quality: int = opt(90, help="JPEG quality (1-100)")
+    max_image_pixels: int = opt(89_478_485, help="reject images with more pixels than this (decompression bombs)")
+    remainder: str = opt("drop", choices=REMAINDER_POLICIES,
+                         help="rows beyond a multiple of num_shards: drop them, or pad by repeating samples")
+    seed: int | None = opt(None, help="seed of the shard plan and in-shard shuffle (default: the manifest's seed)")
+    channels: str | None = opt(None, help="comma-separated channels to shard (default: all in the manifest)")
+    row_group_size: int = opt("4MiB", parse=parse_size, help="target bytes per Parquet row group")
+    max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of manifest rows fails to decode")
+    threads: int = opt(4, help="I/O and decode threads inside each task")
+    overwrite: bool = opt(False, help="replace an existing complete dataset")
+    engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
+    scheduler: str | None = opt(None, help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)")
+    partitions: int | None = opt(None, help="tasks for preprocessing (default: from the number of rows)")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "row_group_size", parse_size(self.row_group_size))
+        _check_positive("num_shards", self.num_shards)
+        _check_positive("threads", self.threads)
+        _check_positive("partitions", self.partitions, allow_none=True)
+        _check_fraction("max_reject_fraction", self.max_reject_fraction)
+        if self.row_group_size < 1:
+            raise ValueError(f"row_group_size must be positive, got {self.row_group_size!r}")
+        self.image_spec()  # validates size, format and quality
+
+    def image_spec(self) -> ImageSpec:
+        return ImageSpec(size=self.image_size, resize=self.resize, format=self.image_format,
+                         quality=self.quality, max_pixels=self.max_image_pixels)

@@ -1,0 +1,182 @@
+"""Every path is a URI: a local path, ``file://`` or ``s3://``. This module is the one place
+that turns a URI into a filesystem, through fsspec (s3fs for S3, so ETags and ranged reads
+come from the listing and retries from botocore's own retry configuration).
+
+S3 settings come from the standard AWS environment: credentials and region as botocore
+resolves them, and the endpoint from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``.
+Nothing here logs or returns credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+import fsspec
+
+from jobs.errors import StorageError
+
+__all__ = [
+    "exists",
+    "filesystem",
+    "join",
+    "move",
+    "normalize",
+    "read_bytes",
+    "read_json",
+    "remove",
+    "s3_options",
+    "write_bytes_atomic",
+    "write_json_atomic",
+]
+
+log = logging.getLogger(__name__)
+
+# botocore's "standard" mode retries throttling (503 SlowDown), 5xx and connection errors with
+# exponential backoff, and fails at once on 403/404: permanent errors must not take minutes.
+_S3_RETRIES = {"max_attempts": 8, "mode": "standard"}
+
+
+def s3_options() -> dict[str, Any]:
+    """Keyword arguments for ``s3fs.S3FileSystem`` from the standard AWS environment."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    client_kwargs: dict[str, Any] = {}
+    if endpoint:
+        client_kwargs["endpoint_url"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        client_kwargs["region_name"] = region
+    return {
+        "client_kwargs": client_kwargs,
+        "config_kwargs": {"retries": dict(_S3_RETRIES), "connect_timeout": 10, "read_timeout": 60},
+        # s3fs has a retry loop of its own on top of botocore's; keep botocore's only.
+        "retries": 1,
+        # Listings must be fresh: a rerun after a kill lists what is there now.
+        "use_listings_cache": False,
+    }
+
+
+def normalize(uri: str) -> str:
+    """Return ``uri`` in canonical form: ``s3://bucket/key`` or ``file:///abs/path``, no
+    trailing slash."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise StorageError(f"a URI must be a non-empty string, got {uri!r}")
+    parts = urlsplit(uri)
+    if parts.scheme in ("s3", "s3a"):
+        if not parts.netloc:
+            raise StorageError(f"S3 URI {uri!r} names no bucket")
+        key = parts.path.strip("/")
+        return f"s3://{parts.netloc}/{key}" if key else f"s3://{parts.netloc}"
+    if parts.scheme == "file":
+        path = parts.path
+    elif parts.scheme == "" or len(parts.scheme) == 1:  # plain path (or a Windows drive)
+        path = uri
+    else:
+        raise StorageError(f"unsupported URI scheme {parts.scheme!r} in {uri!r}: use a local path, file:// or s3://")
+    path = os.path.abspath(os.path.expanduser(path))
+    return "file://" + path
+
+
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem for ``uri`` and the path within it.
+
+    Instances are cached by fsspec, so calling this once per task in an executor is cheap.
+    """
+    uri = normalize(uri)
+    if uri.startswith("s3://"):
+        fs = fsspec.filesystem("s3", **s3_options())
+        return fs, uri[len("s3://"):]
+    return fsspec.filesystem("file"), uri[len("file://"):]
+
+
+def join(uri: str, *parts: str) -> str:
+    """Join path components onto a URI with ``/``."""
+    uri = normalize(uri)
+    return posixpath.join(uri, *parts) if parts else uri
+
+
+def exists(uri: str) -> bool:
+    fs, path = filesystem(uri)
+    try:
+        return bool(fs.exists(path))
+    except Exception as exc:  # a permission or endpoint error must name the URI
+        raise StorageError(f"cannot check {uri}: {exc}") from exc
+
+
+def read_bytes(uri: str) -> bytes:
+    fs, path = filesystem(uri)
+    try:
+        return fs.cat_file(path)
+    except FileNotFoundError as exc:
+        raise StorageError(f"{uri} does not exist") from exc
+    except Exception as exc:
+        raise StorageError(f"cannot read {uri}: {exc}") from exc
+
+
+def read_json(uri: str) -> Any:
+    data = read_bytes(uri)
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise StorageError(f"{uri} is not valid JSON: {exc}") from exc
+
+
+def write_bytes_atomic(uri: str, data: bytes) -> None:
+    """Write ``data`` so that readers see the old object or the new one, never a part.
+
+    Local: write a temporary sibling, fsync, then ``os.replace``. S3: one PUT, which S3
+    makes visible whole.
+    """
+    fs, path = filesystem(uri)
+    try:
+        if uri.startswith("s3://"):
+            fs.pipe_file(path, data)
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except Exception as exc:
+        raise StorageError(f"cannot write {uri}: {exc}") from exc
+
+
+def write_json_atomic(uri: str, obj: Any) -> None:
+    write_bytes_atomic(uri, (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
+
+
+def remove(uri: str, *, recursive: bool = False) -> None:
+    """Delete ``uri`` if it exists (a folder with ``recursive=True``)."""
+    fs, path = filesystem(uri)
+    try:
+        if fs.exists(path):
+            fs.rm(path, recursive=recursive)
+    except FileNotFoundError:
+        pass
+    except Exception as exc:
+        raise StorageError(f"cannot delete {uri}: {exc}") from exc
+
+
+def move(src: str, dst: str) -> None:
+    """Move the folder ``src`` to ``dst`` (which must not exist).
+
+    Local: one ``os.replace``, atomic. S3 has no rename: objects are copied then deleted, so
+    the jobs gate visibility on a marker written after the move, never on the folder itself.
+    """
+    fs, src_path = filesystem(src)
+    _, dst_path = filesystem(dst)
+    try:
+        if src.startswith("file://"):
+            os.makedirs(os.path.dirname(dst_path), exist_ok=True)
+            os.replace(src_path, dst_path)
+        else:
+            fs.mv(src_path, dst_path, recursive=True)
+    except Exception as exc:
+        raise StorageError(f"cannot move {src} to {dst}: {exc}") from exc

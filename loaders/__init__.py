@@ -1,0 +1,19 @@
+"""Stream per-rank Parquet shards into a data-parallel PyTorch training loop.
+
+``ShardLoader`` is the public entry point; ``python -m loaders.train`` trains on a dataset.
+"""
+
+from loaders.batch import PAD_LABEL, SkippedRow
+from loaders.plan import num_batches, rank_segments, rows_per_rank
+from loaders.shard_loader import STATE_FORMAT, LoaderOptions, ShardLoader
+
+__all__ = [
+    "PAD_LABEL",
+    "STATE_FORMAT",
+    "LoaderOptions",
+    "ShardLoader",
+    "SkippedRow",
+    "num_batches",
+    "rank_segments",
+    "rows_per_rank",
+]

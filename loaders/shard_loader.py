@@ -1,0 +1,446 @@
+"""``ShardLoader``: stream one rank's share of a channel's Parquet shards as torch batches.
+
+```python
+loader = ShardLoader("s3://lake/datasets/pets-v1", channel="train", rank=rank, world_size=world,
+                     batch_size=64, shuffle=True, seed=7, num_threads=4, prefetch=4)
+for epoch in range(epochs):
+    loader.set_epoch(epoch)
+    for images, labels in loader:   # uint8 [B, 3, H, W] and int64 [B]
+        ...
+```
+
+Which rows a rank reads and how many batches it yields: :mod:`loaders.plan`. The order within
+an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`.
+
+State (``state_dict()``), the same on every rank, so rank 0's copy resumes them all::
+
+    {"format": "lakeshard.ShardLoader/1", "dataset_version": "<hex>", "channel": "train",
+     "epoch": 3, "batches_consumed": 17,
+     "order": {"world_size": 2, "batch_size": 64, "shuffle": true, "seed": 7, "drop_last": false,
+               "remainder": "pad", "shuffle_window": 2048, "rows_per_rank": 5000}}
+
+``load_state_dict`` refuses a state saved on another dataset version or with different
+``order`` settings (they would give other batches); ``num_threads``, ``prefetch`` and the rank
+may differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from jobs import contract, storage
+from jobs.errors import ConfigError, DatasetError, LoaderError
+from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch
+from loaders.decode import get_decoder
+from loaders.pipeline import Pipeline, PipelineStats
+from loaders.plan import REMAINDER_POLICIES, Piece, num_batches, rank_segments, rows_per_rank, split_pieces
+from loaders.shuffle import epoch_order
+
+__all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader"]
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = "lakeshard.ShardLoader/1"
+_COLUMNS = ["image", "label", "is_pad"]
+_META = {
+    "dataset_version": b"lakeshard.dataset_version",
+    "channel": b"lakeshard.channel",
+    "shard_index": b"lakeshard.shard_index",
+    "num_shards": b"lakeshard.num_shards",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderOptions:
+    """Every option of :class:`ShardLoader` (see its docstring)."""
+
+    channel: str = "train"
+    rank: int = 0
+    world_size: int = 1
+    batch_size: int = 64
+    shuffle: bool = False
+    seed: int = 0
+    drop_last: bool = False
+    remainder: str = "pad"
+    shuffle_window: int = 2048
+    num_threads: int = 4
+    prefetch: int = 4
+    decoder: str = "auto"
+    augment: bool = False
+    crop: int | None = None
+    normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
+    pin_memory: bool = False
+    skip_bad_rows: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "world_size", "shuffle_window", "num_threads", "prefetch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank must be in [0, world_size={self.world_size}), got {self.rank!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.remainder not in REMAINDER_POLICIES:
+            raise ConfigError(f"remainder must be one of {REMAINDER_POLICIES}, got {self.remainder!r}")
+        if self.channel not in contract.CHANNELS:
+            raise ConfigError(f"channel must be one of {contract.CHANNELS}, got {self.channel!r}")
+        try:
+            get_decoder(self.decoder)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.crop is not None and (not isinstance(self.crop, int) or self.crop < 1):
+            raise ConfigError(f"crop must be a positive integer or None, got {self.crop!r}")
+        if self.normalize is not None and (len(self.normalize) != 2 or any(len(v) != 3 for v in self.normalize)):
+            raise ConfigError(f"normalize must be ((mean_r, mean_g, mean_b), (std_r, std_g, std_b)), got {self.normalize!r}")
+
+    def order_key(self) -> dict[str, Any]:
+        """The options that decide which batches come out (and so must match on resume)."""
+        return {k: getattr(self, k) for k in ("world_size", "batch_size", "shuffle", "seed", "drop_last", "remainder", "shuffle_window")}
+
+
+def _open_parquet(uri: str) -> tuple[Any, pq.ParquetFile]:
+    fs, path = storage.filesystem(uri)
+    f = fs.open(path, "rb")
+    try:
+        return f, pq.ParquetFile(f)
+    except BaseException:
+        f.close()
+        raise
+
+
+class ShardLoader:
+    """Stream rank ``rank``'s share of channel ``channel`` of the dataset at ``dataset`` (a
+    local path, ``file://`` or ``s3://`` URI) as ``(images, labels)`` batches.
+
+    Args:
+        dataset: the dataset root (the folder holding ``dataset.json``).
+        channel: ``train``, ``validation`` or ``test``.
+        rank, world_size: this process's place in the data-parallel group.
+        batch_size: rows per batch on this rank (the per-rank batch, not the global one).
+        shuffle: permute row groups and rows (within a window of ``shuffle_window`` rows), seeded
+            by ``(seed, epoch, rank)``; off, rows come in shard order.
+        seed: the seed of the shuffle and of augmentation.
+        drop_last: drop the short last batch of each epoch (it is the same size on every rank).
+        remainder: ``"pad"`` (every row is read; fewer than ``world_size`` rows are repeated and
+            labelled :data:`PAD_LABEL`) or ``"drop"`` (up to ``world_size - 1`` rows unread);
+            see :mod:`loaders.plan`.
+        shuffle_window: rows shuffled together; also the reader's memory bound (encoded rows).
+        num_threads: decode threads. prefetch: batches decoded ahead of the training loop.
+        decoder: ``"auto"`` (simplejpeg for JPEG when installed, Pillow otherwise),
+            ``"pillow"`` or ``"simplejpeg"``.
+        augment: random horizontal flip, and a random crop when ``crop`` is set.
+        crop: output size; a random crop with ``augment``, a centre crop without.
+        normalize: ``(mean, std)`` per channel on the 0-1 scale: images become float32
+            ``(x/255 - mean) / std`` instead of uint8.
+        pin_memory: pin batches for fast host-to-GPU copies (only when CUDA is available).
+        skip_bad_rows: a row that cannot be decoded (or has a label out of range) becomes an
+            all-zero image labelled :data:`PAD_LABEL`, is logged and counted in
+            :attr:`skipped_rows`, instead of raising :class:`LoaderError`. Read errors (a shard
+            that cannot be read) always raise.
+
+    ``len(loader)`` is the number of batches per epoch, the same on every rank, and every rank
+    yields exactly that many. Rows labelled :data:`PAD_LABEL` must not count (CrossEntropyLoss
+    ignores them by default).
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        *,
+        channel: str = "train",
+        rank: int = 0,
+        world_size: int = 1,
+        batch_size: int = 64,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        remainder: str = "pad",
+        shuffle_window: int = 2048,
+        num_threads: int = 4,
+        prefetch: int = 4,
+        decoder: str = "auto",
+        augment: bool = False,
+        crop: int | None = None,
+        normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None,
+        pin_memory: bool = False,
+        skip_bad_rows: bool = False,
+    ) -> None:
+        self.options = LoaderOptions(
+            channel=channel, rank=rank, world_size=world_size, batch_size=batch_size, shuffle=shuffle,
+            seed=seed, drop_last=drop_last, remainder=remainder, shuffle_window=shuffle_window,
+            num_threads=num_threads, prefetch=prefetch, decoder=decoder, augment=augment, crop=crop,
+            normalize=normalize, pin_memory=pin_memory, skip_bad_rows=skip_bad_rows,
+        )  # fmt: skip
+        self.dataset = storage.normalize(dataset)
+        self.info = contract.read_dataset_info(self.dataset)
+        self.dataset_version = str(self.info.get("dataset_version"))
+        self.num_classes = int(self.info["num_classes"])
+        self.image_size = int(self.info["image"]["size"])
+        if crop is not None and crop > self.image_size:
+            raise ConfigError(f"crop must be at most the image size {self.image_size}, got {crop!r}")
+        self._pin = pin_memory and torch.cuda.is_available()
+        if pin_memory and not self._pin:
+            log.info("pin_memory=True ignored: CUDA is not available")
+
+        self.shard_uris, shard_rows = self._shards()
+        self.total_rows = sum(shard_rows)
+        self.rows_per_rank = rows_per_rank(self.total_rows, world_size, remainder=remainder)
+        segments = rank_segments(shard_rows, world_size, rank, remainder=remainder)
+        groups = {s: self._row_groups(s, shard_rows[s]) for s in sorted({seg.shard for seg in segments})}
+        self._pieces: list[Piece] = split_pieces(segments, groups)
+        self._num_batches = num_batches(self.rows_per_rank, batch_size, drop_last=drop_last)
+        if self._num_batches == 0:
+            raise ConfigError(
+                f"batch_size {batch_size} with drop_last=True leaves no batch: each of {world_size} "
+                f"ranks reads {self.rows_per_rank} rows of channel {channel!r} of {self.dataset}"
+            )
+
+        self._epoch = 0
+        self._next_start = 0  # the batch the next iteration starts at (set by load_state_dict)
+        self._consumed = 0  # batches of self._epoch consumed so far
+        self._pipeline: Pipeline[BatchTask, Any] | None = None
+        self._lock = threading.Lock()
+        self.skipped_rows: list[SkippedRow] = []
+        self.stats = PipelineStats()
+        self.row_groups_read = 0
+
+    # -- metadata ----------------------------------------------------------------------------------
+    def _shards(self) -> tuple[tuple[str, ...], list[int]]:
+        channel = self.options.channel
+        where = contract.dataset_json_uri(self.dataset)
+        try:
+            entry = self.info["channels"][channel]
+            num_shards = int(self.info["num_shards"])
+            listed = entry["shards"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DatasetError(f"{where} does not describe the shards of channel {channel!r}: missing {exc}") from None
+        if len(listed) != num_shards:
+            raise DatasetError(f"{where} lists {len(listed)} {channel} shards, expected num_shards={num_shards}")
+        uris, rows = [], []
+        for i, shard in enumerate(listed):
+            expected = contract.shard_uri(self.dataset, channel, i, num_shards)
+            uri = storage.join(self.dataset, shard["path"]) if "path" in shard else expected
+            if uri != expected:
+                raise DatasetError(f"{where}: {channel} shard {i} is {uri}, expected {expected}")
+            uris.append(uri)
+            rows.append(int(shard["rows"]))
+        return tuple(uris), rows
+
+    def _row_groups(self, shard: int, rows: int) -> list[int]:
+        """Row-group sizes of one shard, after checking its footer against ``dataset.json``."""
+        uri = self.shard_uris[shard]
+        try:
+            f, pf = _open_parquet(uri)
+        except Exception as exc:
+            raise DatasetError(f"cannot open shard {uri}: {exc}") from exc
+        try:
+            md = pf.metadata
+            kv = md.metadata or {}
+            expected = {
+                "dataset_version": self.dataset_version,
+                "channel": self.options.channel,
+                "shard_index": str(shard),
+                "num_shards": str(len(self.shard_uris)),
+            }
+            for name, key in _META.items():
+                got = kv.get(key, b"").decode()
+                if got != expected[name]:
+                    raise DatasetError(f"shard {uri} footer says {key.decode()}={got!r}, dataset.json implies {expected[name]!r}")
+            if md.num_rows != rows:
+                raise DatasetError(f"shard {uri} has {md.num_rows} rows, dataset.json says {rows}")
+            names = set(pf.schema_arrow.names)
+            for col in ("image", "label"):
+                if col not in names:
+                    raise DatasetError(f"shard {uri} has no {col!r} column (columns: {sorted(names)})")
+            return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        finally:
+            f.close()
+
+    # -- epochs and state --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._num_batches
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the next iteration yields. Keeps a position restored by
+        :meth:`load_state_dict` if ``epoch`` is the restored epoch."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
+        if epoch != self._epoch:
+            self._epoch, self._next_start, self._consumed = epoch, 0, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "dataset": self.dataset,
+            "dataset_version": self.dataset_version,
+            "channel": self.options.channel,
+            "epoch": self._epoch,
+            "batches_consumed": self._consumed,
+            "order": {**self.options.order_key(), "rows_per_rank": self.rows_per_rank},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where ``state`` left off: the next iteration (after ``set_epoch`` of the saved
+        epoch, or none) yields exactly the batches that were still to come."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise LoaderError(f"not a ShardLoader state (format {got!r}, expected {STATE_FORMAT!r})")
+        if state.get("dataset_version") != self.dataset_version:
+            raise DatasetError(
+                f"refusing to resume: the loader state was saved on dataset version {state.get('dataset_version')!r} "
+                f"({state.get('dataset')}), but {self.dataset} is now version {self.dataset_version!r}; "
+                "start a new run (or restore the old dataset)"
+            )
+        if state.get("channel") != self.options.channel:
+            raise LoaderError(f"loader state is for channel {state.get('channel')!r}, this loader reads {self.options.channel!r}")
+        mine = {**self.options.order_key(), "rows_per_rank": self.rows_per_rank}
+        theirs = state.get("order", {})
+        diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+        if diff:
+            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in sorted(diff.items()))
+            raise LoaderError(f"cannot resume: the loader state was saved with other settings ({detail})")
+        consumed = state.get("batches_consumed")
+        if not isinstance(consumed, int) or not 0 <= consumed <= self._num_batches:
+            raise LoaderError(f"batches_consumed must be in [0, {self._num_batches}], got {consumed!r}")
+        self.close()
+        self._epoch, self._next_start, self._consumed = int(state["epoch"]), consumed, consumed
+
+    # -- iteration ---------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.close()
+        start, self._next_start = self._next_start, 0
+        self._consumed = start
+        self.skipped_rows = []
+        self.row_groups_read = 0
+        spec = DecodeSpec(
+            decoder=get_decoder(self.options.decoder), size=self.image_size, num_classes=self.num_classes,
+            shard_uris=self.shard_uris, seed=self.options.seed, epoch=self._epoch, rank=self.options.rank,
+            crop=self.options.crop, augment=self.options.augment, normalize=self.options.normalize,
+            pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, skipped=self.skipped_rows,
+        )  # fmt: skip
+        return self._run(start, spec)
+
+    def _run(self, start: int, spec: DecodeSpec) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        pipeline: Pipeline[BatchTask, Any] = Pipeline(
+            self._tasks(self._epoch, start),
+            lambda task, stop: decode_batch(task, stop, spec),
+            num_threads=self.options.num_threads,
+            prefetch=self.options.prefetch,
+            name=f"lakeshard-r{self.options.rank}",
+        )
+        with self._lock:
+            self._pipeline = pipeline
+        self.stats = pipeline.stats
+        try:
+            while True:
+                batch = pipeline.next()
+                if batch is None:
+                    break
+                self._consumed += 1
+                yield batch
+        finally:
+            pipeline.close()
+            with self._lock:
+                if self._pipeline is pipeline:
+                    self._pipeline = None
+            if self.skipped_rows:
+                log.warning(
+                    "skipped %d bad rows of channel %r in epoch %d (rank %d)",
+                    len(self.skipped_rows), self.options.channel, self._epoch, self.options.rank,
+                )  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the running epoch's threads (if any) and wait for them."""
+        with self._lock:
+            pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.close()
+
+    def __enter__(self) -> ShardLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the reader thread -------------------------------------------------------------------------
+    def _tasks(self, epoch: int, start: int) -> Iterator[BatchTask]:
+        """Batch tasks of ``epoch`` from batch ``start`` on; runs on the reader thread."""
+        opts = self.options
+        bs = opts.batch_size
+        order = epoch_order(
+            [p.rows for p in self._pieces], shuffle=opts.shuffle, seed=opts.seed, epoch=epoch,
+            rank=opts.rank, window_rows=opts.shuffle_window,
+        )  # fmt: skip
+        end = min(self._num_batches * bs, self.rows_per_rank)
+        pos = start * bs
+        if pos >= end:
+            return
+        files: dict[int, tuple[Any, pq.ParquetFile]] = {}
+        carry: list[Any] = []  # rows read but not yet in a task: [images, labels, pads, shards, rows]
+        index = start
+        try:
+            for w in range(order.window_at(pos), len(order.windows)):
+                cols = self._read_window([self._pieces[int(p)] for p in order.windows[w]], files)
+                perm = order.perms[w]
+                lo = max(pos - int(order.starts[w]), 0)
+                hi = min(end - int(order.starts[w]), len(perm))
+                perm = perm[lo:hi]
+                images = cols[0]
+                window = [[images[j] for j in perm], *(c[perm] for c in cols[1:])]
+                if carry:
+                    window = [carry[0] + window[0], *(np.concatenate([a, b]) for a, b in zip(carry[1:], window[1:], strict=True))]
+                n = len(window[0])
+                k = 0
+                while n - k >= bs:
+                    yield BatchTask(index, window[0][k : k + bs], *(c[k : k + bs] for c in window[1:]))
+                    index, k = index + 1, k + bs
+                carry = [window[0][k:], *(c[k:] for c in window[1:])] if k < n else []
+                if int(order.starts[w + 1]) >= end:
+                    break
+            if carry and len(carry[0]):
+                yield BatchTask(index, *carry)
+        finally:
+            for f, _ in files.values():
+                f.close()
+
+    def _read_window(self, pieces: list[Piece], files: dict[int, tuple[Any, pq.ParquetFile]]) -> list[Any]:
+        images: list[bytes] = []
+        labels, pads, shards, rows = [], [], [], []
+        for piece in pieces:
+            uri = self.shard_uris[piece.shard]
+            where = f"row group {piece.row_group} (rows {piece.start}-{piece.stop - 1}) of {uri}"
+            try:
+                if piece.shard not in files:
+                    files[piece.shard] = _open_parquet(uri)
+                pf = files[piece.shard][1]
+                columns = [c for c in _COLUMNS if c in pf.schema_arrow.names]
+                table = pf.read_row_group(piece.row_group, columns=columns)
+            except Exception as exc:
+                raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+            table = table.slice(piece.start - piece.group_start, piece.rows)
+            if table.num_rows != piece.rows:
+                raise LoaderError(f"{where}: expected {piece.rows} rows, read {table.num_rows} (shard changed?)")
+            images.extend(table.column("image").to_pylist())
+            labels.append(table.column("label").to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+            pad = np.full(piece.rows, piece.pad, dtype=bool)
+            if "is_pad" in table.column_names:
+                pad |= table.column("is_pad").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+            pads.append(pad)
+            shards.append(np.full(piece.rows, piece.shard, dtype=np.int32))
+            rows.append(np.arange(piece.start, piece.stop, dtype=np.int64))
+            self.row_groups_read += 1
+        return [images, np.concatenate(labels), np.concatenate(pads), np.concatenate(shards), np.concatenate(rows)]
+

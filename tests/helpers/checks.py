@@ -1,0 +1,94 @@
+"""Checks of the dataset contract that several tests share; each reads what the jobs wrote."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections import Counter
+from typing import Any
+
+import pyarrow.parquet as pq
+from PIL import Image
+
+from jobs import storage
+from jobs.contract import SHARD_SCHEMA, manifests_uri, shards_uri
+
+__all__ = ["check_dataset", "read_table", "shard_tables"]
+
+
+def read_table(uri: str):
+    fs, path = storage.filesystem(uri)
+    return pq.read_table(path, filesystem=fs)
+
+
+def shard_tables(root: str, channel: str, num_shards: int) -> list[Any]:
+    fs, path = storage.filesystem(shards_uri(root, channel))
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
+    assert names == [f"part-{i:05d}-of-{num_shards:05d}.parquet" for i in range(num_shards)], names
+    return [read_table(storage.join(shards_uri(root, channel), n)) for n in names]
+
+
+def check_dataset(root: str, *, decode_images: bool = True) -> dict[str, Any]:
+    """Assert every invariant of DESIGN.md on the dataset at ``root``; return dataset.json."""
+    info = json.loads(storage.read_bytes(storage.join(root, "dataset.json")))
+    labels = json.loads(storage.read_bytes(storage.join(root, "labels.json")))
+    assert info["labels"] == labels
+    assert sorted(labels.values()) == list(range(len(labels)))
+    assert list(labels) == sorted(labels)
+    n = info["num_shards"]
+    size = info["image"]["size"]
+
+    all_rows = read_table(manifests_uri(root, "all.parquet"))
+    manifest_rejects = read_table(manifests_uri(root, "rejects.parquet"))
+    shard_rejects = read_table(storage.join(shards_uri(root), "rejects.parquet"))
+    assert all(r for r in manifest_rejects["reason"].to_pylist())
+    assert all(r for r in shard_rejects["reason"].to_pylist())
+
+    # Every listed object ends in exactly one channel manifest, or in rejects.
+    listed = all_rows["uri"].to_pylist()
+    assert len(listed) == len(set(listed)) == info["counts"]["listed"]
+    in_channels: list[str] = []
+    for channel in info["channels"]:
+        in_channels += read_table(manifests_uri(root, f"{channel}.parquet"))["uri"].to_pylist()
+    assert len(in_channels) == len(set(in_channels))
+    assert sorted(in_channels + manifest_rejects["uri"].to_pylist()) == sorted(listed)
+
+    for channel, entry in info["channels"].items():
+        manifest = read_table(manifests_uri(root, f"{channel}.parquet"))
+        tables = shard_tables(root, channel, n)
+        rows = [t.num_rows for t in tables]
+        assert rows == [entry["rows_per_shard"]] * n, (channel, rows)
+        # Per-class counts differ across shards by at most one.
+        per_shard = [Counter(t["label"].to_pylist()) for t in tables]
+        for label in labels.values():
+            counts = [c.get(label, 0) for c in per_shard]
+            assert max(counts) - min(counts) <= 1, (channel, label, counts)
+        # Accounting: manifest rows = shard rows (without padding) + shard rejects + dropped.
+        shard_uris = [u for t in tables for u, pad in zip(t["uri"].to_pylist(), t["is_pad"].to_pylist()) if not pad]
+        assert len(shard_uris) == len(set(shard_uris))
+        rejected = [u for u, c in zip(shard_rejects["uri"].to_pylist(), shard_rejects["channel"].to_pylist())
+                    if c == channel]
+        assert sorted(shard_uris + rejected + entry["dropped"]) == sorted(manifest["uri"].to_pylist())
+        pads = sum(t["is_pad"].to_pylist().count(True) for t in tables)
+        assert pads == (len(entry["padded"]) if pads else 0)
+        # Labels in shards agree with the manifest.
+        want = dict(zip(manifest["uri"].to_pylist(), manifest["label_index"].to_pylist()))
+        for t in tables:
+            assert all(want[u] == lab for u, lab in zip(t["uri"].to_pylist(), t["label"].to_pylist()))
+        for i, (t, meta) in enumerate(zip(tables, entry["shards"])):
+            assert t.schema.remove_metadata().equals(SHARD_SCHEMA)
+            kv = t.schema.metadata
+            assert kv[b"lakeshard.channel"].decode() == channel
+            assert int(kv[b"lakeshard.shard_index"]) == i and int(kv[b"lakeshard.num_shards"]) == n
+            assert kv[b"lakeshard.dataset_version"].decode() == info["dataset_version"]
+            data = storage.read_bytes(storage.join(root, meta["path"]))
+            assert hashlib.sha256(data).hexdigest() == meta["sha256"]
+            assert len(data) == meta["bytes"]
+            assert pq.ParquetFile(io.BytesIO(data)).metadata.num_row_groups == meta["row_groups"]
+            if decode_images:
+                for blob in t["image"].to_pylist():
+                    img = Image.open(io.BytesIO(blob))
+                    img.load()
+                    assert img.mode == "RGB" and img.size == (size, size)
+    return info

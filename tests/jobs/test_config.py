@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+
+from jobs.config import parse_size, parse_split, resolve
+from jobs.errors import ConfigError
+from jobs.manifest import parser as manifest_parser
+from jobs.settings import ManifestConfig, ShardConfig
+from jobs.shard import parser as shard_parser
+
+
+@pytest.mark.parametrize("text,expected", [("128MiB", 128 * 2**20), ("4MB", 4_000_000), ("512", 512),
+                                           ("1.5KiB", 1536), (1024, 1024)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["12 parsecs", "MiB", "-3", True])
+def test_parse_size_names_the_bad_value(bad):
+    with pytest.raises(ValueError, match=repr(bad) if not isinstance(bad, bool) else "True"):
+        parse_size(bad)
+
+
+def test_parse_split_keeps_order_and_checks_sum():
+    assert list(parse_split("test=0.2,train=0.8")) == ["test", "train"]
+    with pytest.raises(ValueError, match="add up to 1, got 0.9"):
+        parse_split("train=0.8,test=0.1")
+    with pytest.raises(ValueError, match="'train' appears twice"):
+        parse_split("train=0.5,train=0.5")
+    with pytest.raises(ValueError, match="'validation' must be a number, got 'x'"):
+        parse_split("train=0.5,validation=x")
+
+
+def test_yaml_then_command_line(tmp_path):
+    conf = tmp_path / "m.yaml"
+    conf.write_text("input: /lake/raw\noutput: /out\nseed: 3\nsplit: {train: 0.5, test: 0.5}\nmin_per_class: 2\n")
+    args = manifest_parser().parse_args(["--conf", str(conf), "--seed", "9"])
+    cfg = resolve(ManifestConfig, args)
+    assert (cfg.input, cfg.seed, cfg.min_per_class, cfg.split) == ("/lake/raw", 9, 2, {"train": 0.5, "test": 0.5})
+
+
+def test_unknown_yaml_key_is_named_with_its_file(tmp_path):
+    conf = tmp_path / "m.yaml"
+    conf.write_text("input: /x\noutput: /y\nnum_shard: 4\n")
+    with pytest.raises(ConfigError, match=f"unknown key 'num_shard' in {conf}"):
+        resolve(ManifestConfig, conf=str(conf))
+
+
+def test_bad_value_names_flag_and_source(tmp_path):
+    conf = tmp_path / "s.yaml"
+    conf.write_text("dataset: /d\nnum_shards: four\n")
+    with pytest.raises(ConfigError, match=r"--num-shards \(.*s.yaml\): expected an integer|invalid literal"):
+        resolve(ShardConfig, conf=str(conf))
+    with pytest.raises(ConfigError, match="num_shards must be a positive integer, got 0"):
+        resolve(ShardConfig, shard_parser().parse_args(["--dataset", "/d", "--num-shards", "0"]))
+
+
+def test_missing_required_option_is_named():
+    with pytest.raises(ConfigError, match="--input, --output"):
+        resolve(ManifestConfig, manifest_parser().parse_args([]))
+
+
+def test_shipped_config_files_load(tmp_path):
+    m = resolve(ManifestConfig, {"input": "/a", "output": "/b"}, conf="conf/manifest.yaml")
+    s = resolve(ShardConfig, {"dataset": "/b"}, conf="conf/shard.yaml")
+    assert m.split == {"train": 0.8, "validation": 0.1, "test": 0.1}
+    assert s.row_group_size == 4 * 2**20
+
+
+def test_help_explains_every_option(capsys):
+    with pytest.raises(SystemExit):
+        shard_parser().parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--num-shards", "--image-size", "--remainder", "--row-group-size", "--engine", "--overwrite"):
+        assert flag in text
+    assert "(default: 224)" in text

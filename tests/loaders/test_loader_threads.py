@@ -1,0 +1,134 @@
+"""Errors reach the training loop promptly; every thread stops on break, close, error and end."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ids_of, write_dataset
+
+from jobs.errors import LoaderError
+from loaders import PAD_LABEL, ShardLoader
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("lakeshard")]
+
+
+def test_threads_run_during_an_epoch_and_stop_after_break(dataset: Path):
+    loader = ShardLoader(str(dataset), batch_size=2, num_threads=3, prefetch=2)
+    for i, _ in enumerate(loader):
+        if i == 0:
+            names = {t.name for t in loader_threads()}
+            assert "lakeshard-r0-reader" in names
+            assert any(n.startswith("lakeshard-r0-decode") for n in names)
+        if i == 2:
+            break
+    assert loader_threads() == []
+    assert loader.state_dict()["batches_consumed"] == 3
+
+
+def test_threads_stop_at_the_end_of_an_epoch(dataset: Path):
+    loader = ShardLoader(str(dataset), batch_size=3, num_threads=4)
+    assert len(list(loader)) == len(loader)
+    assert loader_threads() == []
+
+
+def test_close_stops_a_held_iterator_and_a_new_epoch_replaces_the_old(dataset: Path):
+    loader = ShardLoader(str(dataset), batch_size=2, num_threads=2, prefetch=1)
+    it = iter(loader)
+    next(it)
+    assert loader_threads()
+    second = iter(loader)
+    next(second)  # starting another iteration closes the first one's threads
+    with pytest.raises(LoaderError, match="was closed"):
+        next(it)
+    loader.close()
+    assert loader_threads() == []
+    with pytest.raises(LoaderError, match="was closed"):
+        next(second)
+    with ShardLoader(str(dataset), batch_size=2) as ctx:
+        next(iter(ctx))
+    assert loader_threads() == []
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_decode_error_names_shard_and_row_within_a_second(tmp_path: Path, threads: int):
+    write_dataset(tmp_path, rows={"train": 60, "validation": 4, "test": 4}, num_shards=2, corrupt=[("train", 1, 17)])
+    loader = ShardLoader(str(tmp_path), batch_size=4, num_threads=threads, prefetch=2)
+    start = time.monotonic()
+    yielded = 0
+    with pytest.raises(LoaderError) as info:
+        for _ in loader:
+            yielded += 1
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert message.startswith(f"cannot decode image at row 17 of file://{tmp_path}/shards/train/part-00001-of-00002.parquet: ")
+    assert "UnidentifiedImageError" in message  # Pillow's reason, after simplejpeg also refused
+    assert info.value.__cause__ is not None  # the decode thread's own exception is chained
+    assert elapsed < 1.0
+    assert yielded < 12  # row 17 of shard 1 is in batch (30 + 17) // 4 = 11: never yielded
+    assert loader_threads() == []
+
+
+def test_error_is_raised_while_the_consumer_waits_on_an_earlier_batch(tmp_path: Path, monkeypatch):
+    """Batch 0 decodes slowly; batch 1 holds the bad row. The error must not wait for batch 0."""
+    write_dataset(tmp_path, rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, corrupt=[("train", 0, 5)])
+    from loaders import batch as batch_module
+
+    release = threading.Event()
+    real = batch_module.decode_batch
+
+    def slow_first(task, stop, spec):
+        if task.index == 0:
+            stop.wait(timeout=10)  # returns as soon as the pipeline stops
+            release.set()
+        return real(task, stop, spec)
+
+    monkeypatch.setattr(batch_module, "decode_batch", slow_first)
+    import loaders.shard_loader as sl
+
+    monkeypatch.setattr(sl, "decode_batch", slow_first)
+    loader = ShardLoader(str(tmp_path), batch_size=4, num_threads=2)
+    start = time.monotonic()
+    with pytest.raises(LoaderError, match="row 5 of"):
+        next(iter(loader))
+    assert time.monotonic() - start < 1.0
+    assert release.wait(timeout=5)  # the slow task was told to stop
+    assert loader_threads() == []
+
+
+def test_skip_bad_rows_counts_and_reports(tmp_path: Path):
+    write_dataset(
+        tmp_path, rows={"train": 20, "validation": 4, "test": 4}, num_shards=2, corrupt=[("train", 0, 3), ("train", 1, 8)]
+    )
+    loader = ShardLoader(str(tmp_path), batch_size=6, skip_bad_rows=True)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 4
+    assert [len(lab) for _, lab in batches] == [6, 6, 6, 2]
+    images = torch.cat([im for im, _ in batches])
+    labels = torch.cat([lab for _, lab in batches])
+    assert sorted((s.shard_uri.rsplit("/", 1)[-1], s.row) for s in loader.skipped_rows) == [
+        ("part-00000-of-00002.parquet", 3),
+        ("part-00001-of-00002.parquet", 8),
+    ]
+    assert all("cannot decode image" in s.reason for s in loader.skipped_rows)
+    bad = [3, 10 + 8]
+    assert labels[bad].tolist() == [PAD_LABEL, PAD_LABEL]
+    assert images[bad].sum().item() == 0
+    good = [i for i in range(20) if i not in bad]
+    assert [ids_of(images)[i] for i in good] == good
+
+
+def test_read_error_names_the_shard(tmp_path: Path):
+    write_dataset(tmp_path, rows={"train": 40, "validation": 4, "test": 4}, num_shards=2)
+    loader = ShardLoader(str(tmp_path), batch_size=4)
+    shard = tmp_path / "shards/train/part-00001-of-00002.parquet"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:4] + b"\0" * (len(data) - 4))  # same size, garbage row groups
+    with pytest.raises(LoaderError, match=r"cannot read row group \d+ \(rows \d+-\d+\) of file://.*part-00001-of-00002.parquet"):
+        list(loader)
+    assert loader_threads() == []

@@ -1,0 +1,300 @@
+"""ShardLoader behaviour through real Parquet files: coverage, determinism, resume, decoding."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CHANNEL_OFFSET, ids_of, write_dataset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobs.errors import ConfigError, DatasetError, LoaderError
+from loaders import PAD_LABEL, ShardLoader, decode
+
+HYPOTHESIS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> dict[str, Path]:
+    """Shard layouts: 2 shards of 21 rows, 3 shards of 13, 4 shards of 6 (row groups of 4)."""
+    out = {}
+    for name, n, rows in [("2x21", 2, 42), ("3x13", 3, 39), ("4x6", 4, 24)]:
+        root = tmp_path_factory.mktemp(name)
+        write_dataset(root, rows={"train": rows, "validation": 6, "test": 6}, num_shards=n, row_group_rows=4)
+        out[name] = root
+    return out
+
+
+def flat(batches: list[list[int]]) -> list[int]:
+    return [i for batch in batches for i in batch]
+
+
+def epoch_ids(loader: ShardLoader) -> list[list[int]]:
+    return [ids_of(images) for images, _ in loader]
+
+
+def assert_near_ids(images: torch.Tensor, expected) -> None:
+    """JPEG is lossy: flat colours come back within a few levels."""
+    red = images[:, 0].to(torch.int64).float().mean(dim=(1, 2))
+    assert (red - torch.tensor(list(expected), dtype=torch.float32)).abs().max().item() <= 3
+
+
+def test_batches_are_uint8_images_and_int64_labels(dataset: Path):
+    loader = ShardLoader(str(dataset), batch_size=8, num_threads=2)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 5  # rank 0 of 1 reads both shards: 40 rows
+    images, labels = batches[0]
+    assert images.dtype == torch.uint8 and images.shape == (8, 3, 8, 8)
+    assert images.is_contiguous(memory_format=torch.channels_last)  # zero-copy view of NHWC
+    assert labels.dtype == torch.int64 and labels.shape == (8,)
+    for images, labels in batches:
+        assert [i % 3 for i in ids_of(images)] == labels.tolist()
+
+
+@HYPOTHESIS
+@given(
+    layout=st.sampled_from(["2x21", "3x13", "4x6"]),
+    world=st.integers(1, 5),
+    batch=st.integers(1, 9),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    remainder=st.sampled_from(["pad", "drop"]),
+)
+def test_ranks_yield_equal_batches_and_cover_every_sample(datasets, layout, world, batch, drop_last, shuffle, remainder):
+    root = datasets[layout]
+    seen: Counter[int] = Counter()
+    lengths, yielded, last_sizes = set(), set(), set()
+    for rank in range(world):
+        loader = ShardLoader(
+            str(root), rank=rank, world_size=world, batch_size=batch, shuffle=shuffle, seed=3,
+            drop_last=drop_last, remainder=remainder, num_threads=2, shuffle_window=5,
+        )  # fmt: skip
+        lengths.add(len(loader))
+        count = 0
+        for images, labels in loader:
+            count += 1
+            last = len(labels)
+            for sample, label in zip(ids_of(images), labels.tolist(), strict=True):
+                if label != PAD_LABEL:
+                    seen[sample] += 1
+        yielded.add(count)
+        last_sizes.add(last)
+    assert len(lengths) == 1 and yielded == lengths  # same len on every rank, and exactly that many
+    assert len(last_sizes) == 1  # the short last batch has the same size on every rank
+    total = {"2x21": 42, "3x13": 39, "4x6": 24}[layout]
+    assert set(seen.values()) <= {1}  # never twice unpadded
+    if not drop_last and remainder == "pad":
+        assert sorted(seen) == list(range(total))  # every sample exactly once
+
+
+def test_dataset_pad_rows_are_labelled_pad(tmp_path: Path):
+    write_dataset(tmp_path, rows={"train": 20, "validation": 4, "test": 4}, num_shards=2, pad_rows=3)
+    labels = torch.cat([lab for _, lab in ShardLoader(str(tmp_path), batch_size=4)])
+    assert (labels == PAD_LABEL).sum().item() == 3
+    assert labels[-3:].tolist() == [PAD_LABEL] * 3  # shard 1's last rows, unshuffled
+
+
+def test_same_seed_same_batches_whatever_the_threads(datasets):
+    root = str(datasets["3x13"])
+    runs = [
+        epoch_ids(ShardLoader(root, batch_size=5, shuffle=True, seed=11, num_threads=t, prefetch=p, shuffle_window=6))
+        for t, p in [(1, 1), (4, 2), (3, 8)]
+    ]
+    assert runs[0] == runs[1] == runs[2]
+    assert sorted(flat(runs[0])) == list(range(39))
+    other_seed = epoch_ids(ShardLoader(root, batch_size=5, shuffle=True, seed=12, shuffle_window=6))
+    assert other_seed != runs[0]
+
+
+def test_epochs_have_different_orders_and_are_reproducible(datasets):
+    loader = ShardLoader(str(datasets["2x21"]), batch_size=6, shuffle=True, seed=5)
+    orders = []
+    for epoch in (0, 1, 0):
+        loader.set_epoch(epoch)
+        orders.append(epoch_ids(loader))
+    assert orders[0] != orders[1]
+    assert orders[0] == orders[2]
+
+
+def test_no_shuffle_reads_shards_in_order(datasets):
+    ids = flat(epoch_ids(ShardLoader(str(datasets["3x13"]), batch_size=7)))
+    assert ids == list(range(39))
+
+
+@HYPOTHESIS
+@given(stop=st.integers(0, 9), threads=st.sampled_from([1, 2, 5]), epoch=st.integers(0, 3))
+def test_resume_mid_epoch_yields_the_remaining_batches(datasets, stop, threads, epoch):
+    root = str(datasets["2x21"])
+    kwargs = dict(batch_size=4, shuffle=True, seed=9, shuffle_window=7, augment=True)
+    reference = ShardLoader(root, **kwargs, num_threads=2)
+    reference.set_epoch(epoch)
+    expected = [(images.clone(), labels.clone()) for images, labels in reference]
+    assert len(expected) == 11
+
+    first = ShardLoader(root, **kwargs, num_threads=3)
+    first.set_epoch(epoch)
+    it = iter(first)
+    for _ in range(stop):
+        next(it)
+    state = first.state_dict()
+    first.close()
+    assert state["batches_consumed"] == stop and state["epoch"] == epoch
+
+    resumed = ShardLoader(root, **kwargs, num_threads=threads)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(epoch)  # the saved epoch: keeps the position
+    rest = list(resumed)
+    assert len(rest) == len(expected) - stop
+    for (a, la), (b, lb) in zip(rest, expected[stop:], strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    assert resumed.state_dict()["batches_consumed"] == len(expected)
+    resumed.set_epoch(epoch + 1)  # another epoch starts from its beginning
+    assert len(list(resumed)) == len(expected)
+
+
+def test_rank0_state_resumes_another_rank(datasets):
+    root = str(datasets["4x6"])
+    r0 = ShardLoader(root, rank=0, world_size=2, batch_size=3, shuffle=True, seed=1)
+    it = iter(r0)
+    next(it)
+    next(it)
+    state = r0.state_dict()
+    r0.close()
+    r1 = ShardLoader(root, rank=1, world_size=2, batch_size=3, shuffle=True, seed=1)
+    full = epoch_ids(r1)
+    r1.load_state_dict(state)
+    assert epoch_ids(r1) == full[2:]
+
+
+def test_resume_refuses_a_changed_dataset(tmp_path: Path):
+    root = tmp_path / "ds"
+    write_dataset(root, version="aaaa1111")
+    loader = ShardLoader(str(root), batch_size=4)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    loader.close()
+    write_dataset(root, version="bbbb2222", rows={"train": 44, "validation": 12, "test": 12})
+    changed = ShardLoader(str(root), batch_size=4)
+    with pytest.raises(DatasetError, match=r"refusing to resume.*'aaaa1111'.*'bbbb2222'"):
+        changed.load_state_dict(state)
+
+
+def test_resume_refuses_other_order_settings(dataset: Path):
+    state = ShardLoader(str(dataset), batch_size=4, seed=1).state_dict()
+    with pytest.raises(LoaderError, match="seed: saved 1, now 2"):
+        ShardLoader(str(dataset), batch_size=4, seed=2).load_state_dict(state)
+    with pytest.raises(LoaderError, match="not a ShardLoader state"):
+        ShardLoader(str(dataset), batch_size=4).load_state_dict({"epoch": 1})
+
+
+def test_first_batch_before_the_shard_is_read_and_prefetch_is_bounded(tmp_path: Path):
+    write_dataset(tmp_path, rows={"train": 400, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5)
+    loader = ShardLoader(str(tmp_path), batch_size=4, shuffle=True, shuffle_window=10, num_threads=2, prefetch=2)
+    it = iter(loader)
+    next(it)
+    assert loader.row_groups_read < 80 // 2  # far from the 80 row groups of the shard
+    time.sleep(0.3)  # let the pipeline run ahead of a slow consumer
+    assert loader.stats.submitted - loader.stats.consumed <= 2 + 2
+    for _ in it:
+        pass
+    assert loader.stats.max_in_flight <= 2 + 2
+    assert loader.stats.consumed == loader.stats.decoded == len(loader) == 100
+
+
+def test_jpeg_decoders_agree_and_auto_prefers_simplejpeg(tmp_path: Path, monkeypatch):
+    write_dataset(tmp_path, rows={"train": 12, "validation": 2, "test": 2}, num_shards=1, fmt="jpeg", size=16)
+    pil = torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=5, decoder="pillow")])
+    calls = Counter()
+    real_sj, real_pil = decode.decode_simplejpeg, decode.decode_pillow
+    monkeypatch.setattr(decode, "decode_simplejpeg", lambda d, o=None: calls.update(["sj"]) or real_sj(d, o))
+    monkeypatch.setattr(decode, "decode_pillow", lambda d, o=None: calls.update(["pil"]) or real_pil(d, o))
+    auto = torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=5, decoder="auto")])
+    assert calls == {"sj": 12}
+    assert (pil.int() - auto.int()).abs().max().item() <= 2
+    assert_near_ids(auto, range(12))
+
+
+def test_pillow_fallback_without_simplejpeg(dataset: Path, tmp_path: Path, monkeypatch):
+    write_dataset(tmp_path / "j", rows={"train": 6, "validation": 2, "test": 2}, num_shards=1, fmt="jpeg")
+    monkeypatch.setattr(decode, "_simplejpeg", None)
+    assert_near_ids(torch.cat([im for im, _ in ShardLoader(str(tmp_path / "j"), batch_size=4)]), range(6))
+    png = flat(epoch_ids(ShardLoader(str(dataset), batch_size=4)))  # PNG always goes to Pillow
+    assert png == list(range(40))
+
+
+def test_normalize_crop_and_flip(tmp_path: Path):
+    write_dataset(tmp_path, rows={"train": 16, "validation": 2, "test": 2}, num_shards=1, size=12, noise=True)
+    plain = torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=4)])
+    norm = torch.cat(
+        [im for im, _ in ShardLoader(str(tmp_path), batch_size=4, normalize=((0.5, 0.25, 0.0), (0.5, 0.5, 1.0)))]
+    )
+    assert norm.dtype == torch.float32
+    mean = torch.tensor([0.5, 0.25, 0.0]).view(1, 3, 1, 1)
+    std = torch.tensor([0.5, 0.5, 1.0]).view(1, 3, 1, 1)
+    torch.testing.assert_close(norm, (plain.float() / 255 - mean) / std)
+
+    center = torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=4, crop=8)])
+    assert center.shape == (16, 3, 8, 8)
+    assert torch.equal(center, plain[:, :, 2:10, 2:10])
+
+    aug = [torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=4, crop=8, augment=True, num_threads=t)]) for t in (1, 3)]
+    assert torch.equal(aug[0], aug[1])  # seeded per batch, not per thread
+    # each augmented image is a (possibly flipped) 8x8 window of the original
+    flips = 0
+    for a, p in zip(aug[0], plain, strict=True):
+        windows = [p[:, y : y + 8, x : x + 8] for y in range(5) for x in range(5)]
+        if any(torch.equal(a, w) for w in windows):
+            continue
+        assert any(torch.equal(a.flip(-1), w) for w in windows)
+        flips += 1
+    assert 0 < flips < 16
+
+
+def test_file_uri_and_pin_memory_without_cuda(dataset: Path):
+    loader = ShardLoader(dataset.as_uri(), batch_size=10, pin_memory=True)
+    images, _ = next(iter(loader))
+    loader.close()
+    assert images.shape[0] == 10
+    assert images.is_pinned() == torch.cuda.is_available()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+        ({"rank": 2, "world_size": 2}, r"rank must be in \[0, world_size=2\), got 2"),
+        ({"channel": "dev"}, "channel must be one of .* got 'dev'"),
+        ({"decoder": "cv2"}, "decoder must be one of .* got 'cv2'"),
+        ({"crop": 99}, "crop must be at most the image size 8, got 99"),
+        ({"batch_size": 50, "drop_last": True}, "batch_size 50 with drop_last=True leaves no batch"),
+    ],
+)
+def test_bad_options_are_named(dataset: Path, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        ShardLoader(str(dataset), **kwargs)
+
+
+def test_incomplete_dataset_and_foreign_shards_are_refused(tmp_path: Path):
+    root = tmp_path / "ds"
+    write_dataset(root)
+    (root / "dataset.json").unlink()
+    with pytest.raises(DatasetError, match=r"dataset\.json does not exist"):
+        ShardLoader(str(root))
+    other = tmp_path / "other"
+    write_dataset(root, version="v1")
+    write_dataset(other, version="v2")
+    (root / "shards/train/part-00001-of-00002.parquet").write_bytes(
+        (other / "shards/train/part-00001-of-00002.parquet").read_bytes()
+    )
+    with pytest.raises(DatasetError, match=r"part-00001-of-00002.parquet footer says lakeshard.dataset_version='v2'"):
+        ShardLoader(str(root))
+
+
+def test_validation_channel_counts_offsets(dataset: Path):
+    ids = flat(epoch_ids(ShardLoader(str(dataset), channel="validation", batch_size=5)))
+    assert ids == [CHANNEL_OFFSET["validation"] + i for i in range(12)]
