@@ -49,6 +49,7 @@ from jobs.contract import (
 )
 from jobs.engines import Engine, open_engine
 from jobs.errors import DatasetError, DatasetExistsError, PlatformError, RejectFractionError, ShardError
+from jobs.report import write_report
 from jobs.settings import ShardConfig
 from jobs.shards import STAGED_SCHEMA, build_plans, preprocess_batch, shard_rows, write_shard
 
@@ -212,6 +213,7 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
         "channels": {c: _channel_entry(c, plans[c], ordered[c], stats, labels, reject_counts[c]) for c in channels},
         "versions": _versions(),
     }
+    write_report(root, info)  # a failure here fails the job before the dataset is committed
     storage.write_json_atomic(dataset_json_uri(root), info)
     log.info("dataset %s committed at %s", version, root)
     return info

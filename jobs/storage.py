@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 # botocore's "standard" mode retries throttling (503 SlowDown), 5xx and connection errors with
 # exponential backoff, and fails at once on 403/404: permanent errors must not take minutes.
-_S3_RETRIES = {"max_attempts": 8, "mode": "standard"}
+_S3_RETRIES = {"max_attempts": 5, "mode": "standard"}
 
 
 def s3_options() -> dict[str, Any]:
@@ -54,8 +54,6 @@ def s3_options() -> dict[str, Any]:
     return {
         "client_kwargs": client_kwargs,
         "config_kwargs": {"retries": dict(_S3_RETRIES), "connect_timeout": 10, "read_timeout": 60},
-        # s3fs has a retry loop of its own on top of botocore's; keep botocore's only.
-        "retries": 1,
         # Listings must be fresh: a rerun after a kill lists what is there now.
         "use_listings_cache": False,
     }
@@ -90,6 +88,9 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     uri = normalize(uri)
     if uri.startswith("s3://"):
         fs = fsspec.filesystem("s3", **s3_options())
+        # s3fs has a retry loop of its own on top of botocore's; keep botocore's only. It is an
+        # attribute, not a constructor argument (unknown arguments go to AioSession and fail).
+        fs.retries = 1
         return fs, uri[len("s3://"):]
     return fsspec.filesystem("file"), uri[len("file://"):]
 
@@ -177,6 +178,10 @@ def move(src: str, dst: str) -> None:
             os.makedirs(os.path.dirname(dst_path), exist_ok=True)
             os.replace(src_path, dst_path)
         else:
-            fs.mv(src_path, dst_path, recursive=True)
+            files = fs.find(src_path)
+            targets = [dst_path + f[len(src_path):] for f in files]
+            if files:
+                fs.copy(files, targets)
+            fs.rm(files)
     except Exception as exc:
         raise StorageError(f"cannot move {src} to {dst}: {exc}") from exc

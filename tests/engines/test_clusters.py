@@ -45,7 +45,8 @@ def _executor_python(folder: Path) -> Path:
     site = sysconfig.get_paths()["purelib"]
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}" exec {sys.executable} -S "$@"\n')
     wrapper.chmod(0o755)
-    probe = subprocess.run([str(wrapper), "-c", "import pyarrow, PIL, fsspec; import jobs"], capture_output=True, text=True)
+    probe = subprocess.run([str(wrapper), "-c", "import pyarrow, PIL, fsspec; import jobs"], cwd=folder,
+                           capture_output=True, text=True)
     assert "No module named 'jobs'" in probe.stderr, probe.stderr
     return wrapper
 

@@ -90,10 +90,10 @@ def test_write_shards_refuses_a_plan_naming_unstaged_or_rejected_rows(dask_engin
     try:
         plan = pa.table({"uri": ["a", "nope"], "part": [0, 0], "position": [0, 1], "is_pad": [False, False]},
                         schema=PLAN_SCHEMA)
-        with pytest.raises(ShardError, match="never staged.*nope"):
+        with pytest.raises(ShardError, match=r"never staged.*nope"):
             dask_engine.write_shards(staged, plan, _collect_part, num_parts=1)
         plan = pa.table({"uri": ["c-bad"], "part": [0], "position": [0], "is_pad": [False]}, schema=PLAN_SCHEMA)
-        with pytest.raises(ShardError, match="rejected rows.*c-bad"):
+        with pytest.raises(ShardError, match=r"rejected rows.*c-bad"):
             dask_engine.write_shards(staged, plan, _collect_part, num_parts=1)
     finally:
         dask_engine.release(staged)

@@ -36,7 +36,7 @@ def test_the_comparison_sees_a_reordered_shard(spark_reference: str, tmp_path: P
     shutil.copytree(storage.filesystem(spark_reference)[1], copy)
     part = copy / "shards" / "train" / "part-00001-of-00003.parquet"
     table = pq.read_table(part)
-    pq.write_table(table.take(list(range(1, table.num_rows)) + [0]), part)
+    pq.write_table(table.take([*range(1, table.num_rows), 0]), part)
     with pytest.raises(AssertionError, match="part 1"):
         assert_same_dataset(spark_reference, str(copy))
 
@@ -52,9 +52,10 @@ def test_dask_on_s3_writes_the_same_shards(spark_reference: str, dask_engine, mi
     # The split and plan depend on keys only: the same keys land in the same places, with the
     # same image bytes; only the URIs' scheme differs (and S3's ETag is the same MD5).
     for name in ("train", "validation", "test", "rejects"):
-        cols = ["key", "label", "label_index", "channel", "size", "etag", "status", "reason"]
+        # A local empty object is rejected before it is hashed: its ETag is S3's only.
+        cols = ["key", "label", "label_index", "channel", "size", "status", "reason"] + ["etag"] * (name != "rejects")
         a, b = (read_table(storage.join(r, "manifests", f"{name}.parquet")).select(cols) for r in (ref, out))
-        assert a.equals(b), name
+        assert a.to_pylist() == b.to_pylist(), name
     info = storage.read_json(storage.join(ref, "dataset.json"))
     for channel in info["channels"]:
         for i in range(info["num_shards"]):

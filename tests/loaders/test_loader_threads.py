@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ids_of, write_dataset
+from loader_builders import ids_of, write_dataset
 
 from jobs.errors import LoaderError
 from loaders import PAD_LABEL, ShardLoader

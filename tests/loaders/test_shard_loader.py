@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CHANNEL_OFFSET, ids_of, write_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loader_builders import CHANNEL_OFFSET, ids_of, write_dataset
 
 from jobs.errors import ConfigError, DatasetError, LoaderError
 from loaders import PAD_LABEL, ShardLoader, decode

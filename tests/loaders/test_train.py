@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import write_dataset
+from loader_builders import write_dataset
 
 from jobs.errors import ConfigError, DatasetError
 from loaders.config import TrainConfig, build_parser, load_config, parse_args

@@ -1,0 +1,130 @@
+"""Wall time and images/s of the manifest and shard jobs on a lake of photo-sized JPEGs, next to
+the ceiling they are judged against: the single-thread decode+resize+encode rate × cores,
+measured in the same run on the same images.
+
+    python benchmarks/jobs_bench.py --images 2000 --engine spark --out benchmarks/results/jobs.json
+
+Engine start-up is timed separately (a Spark session takes 10-17 s here) and the jobs are timed
+after it, as the issue asks ("images/s after engine start"). Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+from PIL import Image
+
+from jobs import manifest as manifest_job
+from jobs import shard as shard_job
+from jobs.engines import open_engine
+from jobs.images import ImageSpec, preprocess
+from jobs.settings import ManifestConfig, ShardConfig
+
+
+def build_lake(root: Path, n: int, *, classes: int, size: tuple[int, int]) -> list[Path]:
+    """Photo-like JPEGs (smooth gradients, texture and noise), ``n`` of them over ``classes``."""
+    paths = sorted(root.rglob("*.jpg"))
+    if len(paths) >= n:
+        return paths[:n]
+    rng = np.random.default_rng(0)
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    for i in range(n):
+        path = root / f"class_{i % classes:02d}" / f"{i:06d}.jpg"
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        a, b, c = rng.uniform(0.002, 0.03, 3)
+        base = np.stack([np.sin(xx * a + i) , np.cos(yy * b - i), np.sin((xx + yy) * c)], -1) * 90 + 128
+        arr = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(arr).save(path, "JPEG", quality=88)
+    return sorted(root.rglob("*.jpg"))[:n]
+
+
+def single_thread_rate(paths: list[Path], spec: ImageSpec, repeats: int) -> float:
+    data = [p.read_bytes() for p in paths[:200]]
+    rates = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for d in data:
+            preprocess(d, spec)
+        rates.append(len(data) / (time.perf_counter() - t))
+    return statistics.median(rates)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--images", type=int, default=2000, help="images in the lake (default: 2000)")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--width", type=int, default=640)
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--num-shards", type=int, default=4)
+    p.add_argument("--engine", choices=["spark", "dask"], default="spark")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each job (median reported)")
+    p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lakeshard-bench-lake",
+                   help="where the generated lake is kept between runs")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    lake = args.cache / f"{args.images}-{args.width}x{args.height}"
+    paths = build_lake(lake, args.images, classes=args.classes, size=(args.width, args.height))
+    spec = ImageSpec(size=args.image_size)
+    cores = os.cpu_count() or 1
+
+    t = time.perf_counter()
+    engine = open_engine(args.engine, app_name="lakeshard-bench")
+    start = time.perf_counter() - t
+    manifest_s, shard_s, ceilings = [], [], []
+    try:
+        for r in range(args.repeats):
+            ceilings.append(single_thread_rate(paths, spec, 1))
+            out = Path(tempfile.mkdtemp(prefix="lakeshard-bench-"))
+            t = time.perf_counter()
+            manifest_job.run(ManifestConfig(input=str(lake), output=str(out), seed=r), engine)
+            manifest_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            shard_job.run(ShardConfig(dataset=str(out), num_shards=args.num_shards, image_size=args.image_size,
+                                      engine=args.engine), engine)
+            shard_s.append(time.perf_counter() - t)
+    finally:
+        engine.close()
+
+    ceiling = statistics.median(ceilings) * cores
+    result = {
+        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {cores} cores",
+        "engine": args.engine, "images": len(paths), "source": f"{args.width}x{args.height} JPEG",
+        "image_size": args.image_size, "num_shards": args.num_shards, "repeats": args.repeats,
+        "engine_start_s": round(start, 2),
+        "manifest_s": [round(x, 2) for x in manifest_s], "shard_s": [round(x, 2) for x in shard_s],
+        "manifest_images_per_s": round(len(paths) / statistics.median(manifest_s), 1),
+        "shard_images_per_s": round(len(paths) / statistics.median(shard_s), 1),
+        "single_thread_preprocess_per_s": round(statistics.median(ceilings), 1),
+        "ceiling_images_per_s": round(ceiling, 1),
+    }
+    result["shard_vs_ceiling"] = round(result["shard_images_per_s"] / ceiling, 3)
+    print(f"{'engine':8} {'images':>7} {'start s':>8} {'manifest s':>11} {'shard s':>8} "
+          f"{'manifest img/s':>15} {'shard img/s':>12} {'ceiling img/s':>14} {'shard/ceiling':>14}")
+    print(f"{args.engine:8} {len(paths):7d} {start:8.1f} {statistics.median(manifest_s):11.1f} "
+          f"{statistics.median(shard_s):8.1f} {result['manifest_images_per_s']:15.1f} "
+          f"{result['shard_images_per_s']:12.1f} {ceiling:14.1f} {result['shard_vs_ceiling']:14.2f}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

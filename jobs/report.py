@@ -1,0 +1,320 @@
+"""A self-contained HTML report of a dataset: ``<dataset>/report.html``.
+
+    python -m jobs.report ./datasets/pets-v1           # (re)write the report of a complete dataset
+    python -m jobs.report s3://lake/datasets/pets-v1
+
+The shard job writes it just before ``dataset.json`` (:func:`write_report`). One HTML file, no
+scripts and nothing fetched: counts, splits asked vs achieved, class counts per channel, rejects
+with their reasons, shard balance, sample thumbnails (the shards' own encoded bytes as
+``data:`` URIs), lineage (inputs, seed, versions, checksums). Charts are plain SVG drawn here,
+so the report needs neither matplotlib nor a browser with scripts enabled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import logging
+import os
+import sys
+from collections import Counter
+from typing import Any
+
+if __name__ == "__main__" and not __package__:
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import pyarrow.parquet as pq
+
+from jobs import storage
+from jobs.contract import CHANNELS, manifests_uri, read_dataset_info, shard_uri, shards_uri
+from jobs.errors import PlatformError
+
+__all__ = ["REPORT_NAME", "main", "render_report", "report_uri", "write_report"]
+
+log = logging.getLogger("jobs.report")
+
+REPORT_NAME = "report.html"
+_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948")
+_MAX_REJECT_ROWS = 50
+
+
+def report_uri(root: str) -> str:
+    return storage.join(root, REPORT_NAME)
+
+
+def write_report(root: str, info: dict[str, Any], *, samples_per_class: int = 6, max_classes: int = 24) -> str:
+    """Write ``report.html`` into the dataset root ``root`` (atomically) and return its URI.
+
+    ``info`` is what the shard job writes to ``dataset.json``; the shards, rejects tables and
+    manifests it describes must already be in place.
+    """
+    uri = report_uri(root)
+    page = render_report(root, info, samples_per_class=samples_per_class, max_classes=max_classes)
+    storage.write_bytes_atomic(uri, page.encode("utf-8"))
+    log.info("report written to %s (%d KiB)", uri, len(page) // 1024)
+    return uri
+
+
+def render_report(root: str, info: dict[str, Any], *, samples_per_class: int = 6, max_classes: int = 24) -> str:
+    """The report's HTML, as one string."""
+    root = storage.normalize(root)
+    channels = [c for c in CHANNELS if c in info["channels"]] + [c for c in info["channels"] if c not in CHANNELS]
+    labels = sorted(info["labels"], key=lambda name: info["labels"][name])
+    manifest_rejects = _read_optional(manifests_uri(root, "rejects.parquet"), ["key", "reason"])
+    shard_rejects = _read_optional(storage.join(shards_uri(root), "rejects.parquet"), ["key", "channel", "reason"])
+    sections = [
+        _summary(info, channels),
+        _splits(info, channels),
+        _class_counts(info, channels, labels),
+        _rejects(manifest_rejects, shard_rejects),
+        _shard_balance(info, channels, labels),
+        _samples(root, info, channels, labels, per_class=samples_per_class, max_classes=max_classes),
+        _lineage(info),
+    ]
+    title = f"lakeshard dataset {info.get('dataset_version', '?')}"
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{_e(title)}</h1><p class='muted'>{_e(root)} · created {_e(info.get('created_at', '?'))} "
+        f"· engine {_e(info.get('engine', '?'))}</p>" + "".join(sections) + "</body></html>\n"
+    )
+
+
+# -- sections ----------------------------------------------------------------------------------------
+def _summary(info: dict[str, Any], channels: list[str]) -> str:
+    counts = info["counts"]
+    rows = [("objects listed in the lake", counts["listed"]),
+            ("rejected by the manifest job", counts["manifest_rejects"]),
+            ("rejected by the shard job", counts["shard_rejects"]),
+            ("dropped by the remainder policy", counts["dropped"]),
+            ("padding rows added", counts["padded"])]
+    rows += [(f"rows in {c} ({info['num_shards']} shards × {info['channels'][c]['rows_per_shard']})",
+              info["channels"][c]["rows"]) for c in channels]
+    image = info["image"]
+    facts = (f"{info['num_classes']} classes · images {image['size']}×{image['size']} {image['format']} "
+             f"(resize {image['resize']}) · remainder policy <b>{_e(info['remainder'])}</b>")
+    return _section("Counts", f"<p>{facts}</p>" + _table(["", "count"], rows))
+
+
+def _splits(info: dict[str, Any], channels: list[str]) -> str:
+    asked = info["inputs"].get("split", {})
+    total = sum(info["channels"][c]["rows"] for c in channels) or 1
+    rows, bars = [], []
+    for c in channels:
+        got = info["channels"][c]["rows"] / total
+        want = asked.get(c)
+        rows.append((c, f"{want:.3f}" if want is not None else "–", f"{got:.3f}", info["channels"][c]["rows"]))
+        bars.append((c, [want or 0.0, got]))
+    chart = _bar_chart(bars, series=["asked", "achieved"], title="fraction of rows per channel", fmt="{:.3f}",
+                       horizontal=True)
+    return _section("Splits: asked vs achieved",
+                    _table(["channel", "asked", "achieved", "rows"], rows) + chart
+                    + f"<p class='muted'>split method {_e(info['inputs'].get('split_method', '?'))}</p>")
+
+
+def _class_counts(info: dict[str, Any], channels: list[str], labels: list[str]) -> str:
+    groups = [(name, [info["channels"][c]["class_counts"].get(name, 0) for c in channels]) for name in labels]
+    chart = _bar_chart(groups, series=channels, title="rows per class and channel")
+    rows = [(name, *counts, sum(counts)) for name, counts in groups]
+    return _section("Classes per channel", chart + _table(["class", *channels, "total"], rows))
+
+
+def _rejects(manifest_rejects: list[dict[str, Any]], shard_rejects: list[dict[str, Any]]) -> str:
+    everything = [("manifest", r) for r in manifest_rejects] + [("shard", r) for r in shard_rejects]
+    if not everything:
+        return _section("Rejects", "<p>No object was rejected.</p>")
+    by_reason = Counter(f"{stage}: {_reason_kind(r.get('reason'))}" for stage, r in everything)
+    chart = _bar_chart([(k, [v]) for k, v in by_reason.most_common()], series=["objects"],
+                       title="rejected objects by reason", horizontal=True)
+    rows = [(stage, r.get("key") or "", r.get("reason") or "") for stage, r in everything[:_MAX_REJECT_ROWS]]
+    more = len(everything) - len(rows)
+    note = f"<p class='muted'>… and {more} more (see the rejects tables)</p>" if more > 0 else ""
+    return _section(f"Rejects ({len(everything)})", chart + _table(["job", "key", "reason"], rows) + note)
+
+
+def _shard_balance(info: dict[str, Any], channels: list[str], labels: list[str]) -> str:
+    parts, bars = [], []
+    for c in channels:
+        shards = info["channels"][c]["shards"]
+        spread = {name: _spread([s["class_counts"].get(name, 0) for s in shards]) for name in labels}
+        worst = max(spread.values(), default=0)
+        rows = [(s["path"], s["rows"], _bytes(s["bytes"]), s["row_groups"], s["sha256"][:12]) for s in shards]
+        parts.append(f"<h3>{_e(c)}</h3><p>rows per shard: {sorted({s['rows'] for s in shards})}; largest per-class "
+                     f"difference across shards: <b>{worst}</b> (the shard job keeps it ≤ 1)</p>"
+                     + _table(["shard", "rows", "size", "row groups", "sha256"], rows))
+        bars += [(f"{c} {i}", [s["rows"]]) for i, s in enumerate(shards)]
+    chart = _bar_chart(bars, series=["rows"], title="rows per shard", horizontal=True)
+    return _section("Shard balance", chart + "".join(parts))
+
+
+def _samples(root: str, info: dict[str, Any], channels: list[str], labels: list[str], *, per_class: int,
+             max_classes: int) -> str:
+    channel = "train" if "train" in channels else channels[0]
+    shown = labels[:max_classes]
+    want = {info["labels"][name]: name for name in shown}
+    found: dict[int, list[bytes]] = {i: [] for i in want}
+    for shard in range(int(info["num_shards"])):
+        if all(len(v) >= per_class for v in found.values()):
+            break
+        fs, path = storage.filesystem(shard_uri(root, channel, shard, int(info["num_shards"])))
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            for g in range(pf.metadata.num_row_groups):
+                table = pf.read_row_group(g, columns=["image", "label"])
+                for data, label in zip(table["image"].to_pylist(), table["label"].to_pylist()):
+                    if label in found and len(found[label]) < per_class:
+                        found[label].append(data)
+                if all(len(v) >= per_class for v in found.values()):
+                    break
+    rows = []
+    for index, name in want.items():
+        imgs = "".join(f"<img class='thumb' alt='{_e(name)}' src='{_data_uri(b)}'>" for b in found[index])
+        rows.append(f"<tr><th>{_e(name)}</th><td>{imgs or '<span class=muted>none</span>'}</td></tr>")
+    note = f"<p class='muted'>first {len(shown)} of {len(labels)} classes</p>" if len(shown) < len(labels) else ""
+    return _section(f"Samples ({channel}, as the loader reads them)",
+                    f"<table class='samples'>{''.join(rows)}</table>{note}")
+
+
+def _lineage(info: dict[str, Any]) -> str:
+    inputs = info["inputs"]
+    rows = [("dataset version", info["dataset_version"]), ("format version", info["format_version"]),
+            ("lake", inputs.get("lake")), ("manifest fingerprint", inputs.get("manifest_fingerprint")),
+            ("manifest seed", inputs.get("manifest_seed")), ("shard seed", info["seed"]),
+            ("split", ", ".join(f"{k}={v}" for k, v in sorted(inputs.get("split", {}).items()))),
+            ("image", ", ".join(f"{k}={v}" for k, v in sorted(info["image"].items()))),
+            ("row group bytes", _bytes(info["row_group_bytes"])), ("engine", info.get("engine"))]
+    rows += [(f"version of {k}", v) for k, v in sorted(info.get("versions", {}).items())]
+    return _section("Lineage", _table(["", ""], rows))
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def _read_optional(uri: str, columns: list[str]) -> list[dict[str, Any]]:
+    if not storage.exists(uri):
+        return []
+    fs, path = storage.filesystem(uri)
+    table = pq.read_table(path, filesystem=fs)
+    return table.select([c for c in columns if c in table.column_names]).to_pylist()
+
+
+def _reason_kind(reason: str | None) -> str:
+    """``cannot decode image …: truncated`` -> ``cannot decode image``: the reason's kind."""
+    text = (reason or "unknown").split(":", 1)[0].strip()
+    return text[:60] or "unknown"
+
+
+def _spread(values: list[int]) -> int:
+    return max(values) - min(values) if values else 0
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _data_uri(data: bytes) -> str:
+    mime = "image/png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "image/jpeg" if data[:3] == b"\xff\xd8\xff" else "image/webp"
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _section(title: str, body: str) -> str:
+    return f"<section><h2>{_e(title)}</h2>{body}</section>"
+
+
+def _table(header: list[str], rows: list[tuple[Any, ...]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _bar_chart(groups: list[tuple[str, list[float]]], *, series: list[str], title: str, fmt: str = "{:g}",
+               horizontal: bool = False) -> str:
+    """Grouped bars as inline SVG: one group per ``(name, values)``, one bar per series."""
+    if not groups:
+        return ""
+    top = max((v for _, values in groups for v in values), default=0) or 1
+    k = len(series)
+    legend = "".join(
+        f"<rect x='{10 + 110 * i}' y='8' width='12' height='12' fill='{_PALETTE[i % len(_PALETTE)]}'/>"
+        f"<text x='{26 + 110 * i}' y='19'>{_e(s)}</text>" for i, s in enumerate(series)) if k > 1 else ""
+    shapes = []
+    if horizontal:
+        bar, label_w, plot_w = 16, 200, 520
+        width, height = label_w + plot_w + 60, 34 + len(groups) * (k * bar + 8)
+        shapes.append(f"<line x1='{label_w}' y1='26' x2='{label_w}' y2='{height - 4}' stroke='#888'/>")
+        for gi, (name, values) in enumerate(groups):
+            y0 = 30 + gi * (k * bar + 8)
+            shapes.append(f"<text x='{label_w - 6}' y='{y0 + k * bar / 2 + 4}' text-anchor='end'>{_e(name[:40])}</text>")
+            for si, v in enumerate(values):
+                w = plot_w * v / top
+                shapes.append(f"<rect x='{label_w}' y='{y0 + si * bar}' width='{w:.1f}' height='{bar - 2}' "
+                              f"fill='{_PALETTE[si % len(_PALETTE)]}'><title>{_e(name)}: {fmt.format(v)}</title></rect>"
+                              f"<text x='{label_w + w + 4:.1f}' y='{y0 + si * bar + bar - 5}'>{fmt.format(v)}</text>")
+    else:
+        bar = max(4, min(28, 900 // max(1, len(groups) * k)))
+        group_w = k * bar + 10
+        plot_h, base = 200, 240
+        width, height = max(320, 40 + len(groups) * group_w), base + 40
+        shapes.append(f"<line x1='30' y1='{base}' x2='{width - 4}' y2='{base}' stroke='#888'/>")
+        for gi, (name, values) in enumerate(groups):
+            x0 = 36 + gi * group_w
+            for si, v in enumerate(values):
+                h = plot_h * v / top
+                shapes.append(f"<rect x='{x0 + si * bar}' y='{base - h:.1f}' width='{bar - 1}' height='{h:.1f}' "
+                              f"fill='{_PALETTE[si % len(_PALETTE)]}'><title>{_e(name)} {_e(series[si])}: "
+                              f"{fmt.format(v)}</title></rect>")
+            shapes.append(f"<text x='{x0 + k * bar / 2}' y='{base + 16}' text-anchor='middle'>{_e(name[:12])}</text>")
+        shapes.append(f"<text x='28' y='{base - plot_h + 4}' text-anchor='end'>{fmt.format(top)}</text>")
+    return (f"<figure><svg class='chart' xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+            f"viewBox='0 0 {width} {height}' role='img' aria-label='{_e(title)}'>{legend}{''.join(shapes)}</svg>"
+            f"<figcaption>{_e(title)}</figcaption></figure>")
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'DejaVu Sans',sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:28px}
+h3{font-size:15px;margin:14px 0 4px}table{border-collapse:collapse;margin:8px 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}thead th{background:#f4f4f4}
+.muted{color:#777}figure{margin:8px 0}figcaption{color:#777;font-size:12px}
+svg.chart{max-width:100%;height:auto;font:11px 'DejaVu Sans',sans-serif}
+img.thumb{width:64px;height:64px;image-rendering:pixelated;margin:2px;border:1px solid #ccc}
+table.samples td{border:none}table.samples th{border:none;text-align:right}
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m jobs.report",
+        description="(Re)write <dataset>/report.html, a self-contained HTML report of a complete dataset "
+                    "(one that has dataset.json): counts, splits, rejects, shard balance, samples, lineage.",
+    )
+    p.add_argument("dataset", help="dataset root: a local path, file:// or s3:// URI (the folder holding dataset.json)")
+    p.add_argument("--samples-per-class", type=int, default=6, metavar="N", help="thumbnails per class (default: 6)")
+    p.add_argument("--max-classes", type=int, default=24, metavar="N",
+                   help="classes shown in the sample grid (default: 24)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        root = storage.normalize(args.dataset)
+        uri = write_report(root, read_dataset_info(root), samples_per_class=args.samples_per_class,
+                           max_classes=args.max_classes)
+    except PlatformError as exc:
+        print(f"jobs/report.py: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Read our shards with petastorm: a ``TransformSpec`` that decodes the ``image`` column.
+
+```python
+from petastorm import make_batch_reader
+from petastorm.pytorch import DataLoader
+from loaders.petastorm_compat import make_transform_spec
+
+spec = make_transform_spec(size=32)                  # dataset.json["image"]["size"]
+urls = [f"file:///data/pets-v1/shards/train/part-0000{i}-of-00002.parquet" for i in range(2)]
+with make_batch_reader(urls, transform_spec=spec, num_epochs=1) as reader:
+    for batch in DataLoader(reader, batch_size=64):
+        images, labels = batch["image"], batch["label"]   # uint8 [B, H, W, 3], int64 [B]
+```
+
+petastorm 0.12.1 needs pyarrow 14 and numpy < 2, so it runs in its own environment
+(``scripts/setup_petastorm.sh``); see ``docs/petastorm.md``. petastorm is imported inside
+:func:`make_transform_spec`, so this module imports without it.
+
+The transform runs on petastorm's worker threads, one row group at a time, and receives the
+row group as a pandas DataFrame. It decodes each image (Pillow, which releases the GIL), checks
+it is ``size`` x ``size`` (petastorm collates rows only into fixed shapes), drops the rows the
+shard job marked ``is_pad`` (copies written by the ``pad`` remainder policy) unless asked not
+to, and keeps ``fields``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from loaders.decode import get_decoder
+
+__all__ = ["LAYOUTS", "decode_images", "make_transform_spec"]
+
+#: ``hwc``: ``[H, W, 3]`` as decoders return it; ``chw``: ``[3, H, W]`` as torch models take it.
+LAYOUTS = ("hwc", "chw")
+
+#: Columns of a shard (see ``jobs.contract.SHARD_SCHEMA``) a transform may keep.
+_SHARD_COLUMNS = ("image", "label", "uri", "key", "height", "width", "is_pad")
+
+
+def decode_images(images: Sequence[bytes], *, size: int, layout: str = "hwc", decoder: str = "pillow",
+                  uris: Sequence[str] | None = None) -> list[np.ndarray]:
+    """Decode encoded images into C-contiguous ``uint8`` arrays of one fixed shape.
+
+    Raises:
+        ValueError: an image cannot be decoded or is not ``size`` x ``size``; the message names
+            the row's ``uri`` when ``uris`` is given.
+    """
+    decode = get_decoder(decoder)
+    out = []
+    for i, data in enumerate(images):
+        try:
+            arr = decode(data, np.empty((size, size, 3), np.uint8))
+        except Exception as exc:
+            where = uris[i] if uris is not None else f"row {i} of the row group"
+            raise ValueError(f"cannot decode the image of {where}: {type(exc).__name__}: {exc}") from exc
+        out.append(np.ascontiguousarray(arr.transpose(2, 0, 1)) if layout == "chw" else arr)
+    return out
+
+
+def make_transform_spec(
+    size: int,
+    *,
+    layout: str = "hwc",
+    fields: Sequence[str] = ("image", "label"),
+    drop_padding: bool = True,
+    decoder: str = "pillow",
+) -> Any:
+    """A ``petastorm.TransformSpec`` that decodes the ``image`` column of our shards.
+
+    Args:
+        size: the dataset's image size (``dataset.json["image"]["size"]``): every image is
+            ``size`` x ``size`` RGB.
+        layout: ``"hwc"`` (``uint8 [H, W, 3]``) or ``"chw"`` (``uint8 [3, H, W]``).
+        fields: the columns the reader yields, in this order; ``image`` is decoded. Strings
+            (``uri``, ``key``) suit ``make_batch_reader`` but not ``petastorm.pytorch.DataLoader``,
+            which refuses string columns.
+        drop_padding: drop rows marked ``is_pad`` (the shard job's ``pad`` policy repeats rows
+            to even out shards), so every row of the lake arrives once. Needs the ``is_pad``
+            column to be read (it is, unless ``schema_fields`` leaves it out).
+        decoder: a decoder of :mod:`loaders.decode` (``"pillow"``, ``"auto"``, ``"simplejpeg"``).
+
+    Returns:
+        A ``petastorm.TransformSpec`` for ``make_batch_reader(..., transform_spec=...)``.
+    """
+    import pandas as pd
+    from petastorm import TransformSpec
+
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"size must be a positive integer, got {size!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    fields = list(fields)
+    unknown = [f for f in fields if f not in _SHARD_COLUMNS]
+    if unknown or not fields:
+        raise ValueError(f"fields must name shard columns {_SHARD_COLUMNS}, got {fields!r}")
+    get_decoder(decoder)  # fail here, not on a worker thread
+    shape = (size, size, 3) if layout == "hwc" else (3, size, size)
+
+    def transform(df: Any) -> Any:
+        if drop_padding:
+            if "is_pad" not in df.columns:
+                raise ValueError("drop_padding=True needs the is_pad column: add it to schema_fields "
+                                 "or pass drop_padding=False")
+            df = df[~df["is_pad"].astype(bool)]
+        df = df.reset_index(drop=True)
+        uris = df["uri"].tolist() if "uri" in df.columns else None
+        if "image" in fields:
+            decoded = decode_images(df["image"].tolist(), size=size, layout=layout, decoder=decoder, uris=uris)
+            df["image"] = pd.Series(decoded, index=df.index, dtype=object)  # one array per cell
+        return df[fields]
+
+    return TransformSpec(transform, edit_fields=[("image", np.uint8, shape, False)] if "image" in fields else [],
+                         selected_fields=fields)

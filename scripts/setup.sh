@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up a fresh machine: Java for Spark (if missing), a virtualenv in .venv with the CPU build of
+# torch first (any other torch requirement pulls GBs of CUDA packages), then this project with
+# every extra. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v java >/dev/null 2>&1; then
+    echo "setup: installing a Java runtime for Spark" >&2
+    apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.lakeshard-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+    .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
+    .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+    .venv/bin/python -c "import torch, pyspark, dask, jobs, loaders" && touch "$stamp"
+fi
+echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, pyspark; print("torch", torch.__version__, "pyspark", pyspark.__version__)'))"
