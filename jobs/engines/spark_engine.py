@@ -1,12 +1,14 @@
 """The Spark engine: ``spark-submit`` (local or a cluster) or plain Python (local mode).
 
-Rows travel as Arrow batches (``mapInArrow``) where Spark allows it. Shards are routed with
-``repartitionAndSortWithinPartitions`` and a partitioner that is the identity on the plan's
-partition number: exactly one shard per task, sorted by position with Spark's spilling sort.
+Rows travel as Arrow batches (``mapInArrow``) end to end: images never go through pickled RDD
+rows. Shards are routed by a hash repartition on a key chosen so that each shard lands in its
+own task (see ``_routing_keys``), then sorted by position with Spark's spilling sort.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import os
 import sys
@@ -84,22 +86,46 @@ class SparkEngine:
     def collect(self, staged: Any, columns: list[str]) -> pa.Table:
         return staged.select(*columns).toArrow()
 
+    def _routing_keys(self, num_parts: int) -> list[int]:
+        """For each partition p, an integer whose Spark hash lands in p.
+
+        ``repartition(n, col)`` places a row in ``pmod(hash(col), n)``; giving every row of
+        shard p the key found here puts exactly one shard in each task (hashing the shard
+        number itself would collide). Found once with Spark's own ``hash``, so it is right
+        for whatever version runs.
+        """
+        from pyspark.sql import functions as F
+
+        keys: dict[int, int] = {}
+        span = 64 * num_parts
+        while len(keys) < num_parts:
+            found = (self.spark.range(span - 64 * num_parts, span)
+                     .select("id", F.expr(f"pmod(hash(id), {num_parts})").alias("p")).toArrow())
+            for key, part in zip(found["id"].to_pylist(), found["p"].to_pylist()):
+                keys.setdefault(part, key)
+            span += 64 * num_parts
+        return [keys[p] for p in range(num_parts)]
+
     def write_shards(self, staged: Any, plan: pa.Table, fn: WriteFn, *, num_parts: int) -> list[dict[str, Any]]:
-        routes: dict[str, list[tuple[int, int, bool]]] = {}
-        for uri, part, pos, pad in zip(*(plan[c].to_pylist() for c in ("uri", "part", "position", "is_pad"))):
-            routes.setdefault(uri, []).append((part, pos, pad))
-        table = self.sc.broadcast(routes)
+        from pyspark.sql import functions as F
 
-        def route(row: Any) -> list[tuple[tuple[int, int], dict[str, Any]]]:
-            d = row.asDict()
-            return [((part, pos), {**d, "is_pad": pad}) for part, pos, pad in table.value.get(d["uri"], ())]
+        route = pa.array(self._routing_keys(num_parts), pa.int64()).take(plan["part"])
+        plan_df = self.spark.createDataFrame(plan.append_column("route", route))
+        rows = (staged.filter(F.col("status") == "ok").drop("status", "reason")
+                .join(F.broadcast(plan_df), "uri")
+                .repartition(num_parts, "route")
+                .sortWithinPartitions("part", "position"))
 
-        rdd = (staged.filter(staged.status == "ok").rdd.flatMap(route)
-               .repartitionAndSortWithinPartitions(num_parts, partitionFunc=lambda k: k[0]))
-        try:
-            return rdd.mapPartitionsWithIndex(lambda i, it: [fn(i, it)]).collect()
-        finally:
-            table.unpersist()
+        def write(batches):
+            # Rows arrive sorted by (part, position); a task normally holds one part, but the
+            # writer does not rely on it: it starts a new shard file whenever the part changes.
+            stream = ((r["part"], r) for b in batches for r in b.to_pylist())
+            for part, group in itertools.groupby(stream, key=lambda pr: pr[0]):
+                stats = fn(part, (((part, r["position"]), r) for _, r in group))
+                yield pa.RecordBatch.from_pylist([{"stats": json.dumps(stats)}])
+
+        out = rows.mapInArrow(write, "stats string").toArrow()
+        return [json.loads(s) for s in out["stats"].to_pylist()]
 
     def release(self, staged: Any) -> None:
         staged.unpersist()
