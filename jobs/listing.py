@@ -83,10 +83,10 @@ def discover(root: str, *, label_depth: int = 1) -> tuple[list[str], list[dict[s
             raise ManifestError(f"input {root} does not exist (or holds no objects)")
         if fs.isfile(root_path):
             raise ManifestError(f"input {root} is a file; it must be a prefix laid out as <prefix>/<label>/.../<file>")
-    except (ManifestError, PermissionError):
+    except ManifestError:
         raise
-    except Exception as exc:
-        raise StorageError(f"cannot list input {root}: {exc}") from exc
+    except Exception as exc:  # a 403 included: name the URI and the cause
+        raise StorageError(f"cannot list input {root}: {type(exc).__name__}: {exc}") from exc
     level = [root_path]
     stray: list[dict[str, Any]] = []
     for depth in range(label_depth):

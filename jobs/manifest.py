@@ -35,7 +35,7 @@ from jobs.catalog import Manifest, build_manifest, fingerprint, sagemaker_manife
 from jobs.config import add_arguments, resolve
 from jobs.contract import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
 from jobs.engines import Engine, open_engine
-from jobs.errors import DatasetExistsError, PlatformError
+from jobs.errors import DatasetExistsError, PlatformError, StorageError
 from jobs.listing import discover, inspect_objects, list_prefix
 from jobs.settings import ManifestConfig
 
@@ -94,10 +94,15 @@ def summarize(cfg: ManifestConfig, manifest: Manifest) -> dict[str, Any]:
 def load(cfg: ManifestConfig, manifest: Manifest, summary: dict[str, Any]) -> None:
     out = storage.normalize(cfg.output)
     fs, _ = storage.filesystem(out)
-    fs.makedirs(storage.filesystem(manifests_uri(out))[1], exist_ok=True)
+    if not out.startswith("s3://"):  # S3 has no folders; s3fs's makedirs would create a missing bucket
+        fs.makedirs(storage.filesystem(manifests_uri(out))[1], exist_ok=True)
 
     def write(table, name: str) -> None:
-        pq.write_table(table, storage.filesystem(manifests_uri(out, name))[1], filesystem=fs)
+        uri = manifests_uri(out, name)
+        try:
+            pq.write_table(table, storage.filesystem(uri)[1], filesystem=fs)
+        except Exception as exc:
+            raise StorageError(f"cannot write {uri}: {type(exc).__name__}: {exc}") from exc
 
     write(manifest.all, "all.parquet")
     write(manifest.rejects, "rejects.parquet")
@@ -109,9 +114,22 @@ def load(cfg: ManifestConfig, manifest: Manifest, summary: dict[str, Any]) -> No
     storage.write_json_atomic(manifest_marker_uri(out), summary)  # last: the manifest is complete
 
 
+def _check_bucket(out: str) -> None:
+    """Fail before any listing if the output's bucket is missing or denied (never create it)."""
+    fs, path = storage.filesystem(out)
+    try:
+        fs.info(path.split("/", 1)[0])
+    except FileNotFoundError:
+        raise StorageError(f"cannot write {out}: its bucket does not exist (the job never creates buckets)") from None
+    except Exception as exc:
+        raise StorageError(f"cannot write {out}: {type(exc).__name__}: {exc}") from exc
+
+
 def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     """Run the job; return the summary written to ``manifests/_manifest.json``."""
     out = storage.normalize(cfg.output)
+    if out.startswith("s3://"):
+        _check_bucket(out)
     marker = manifest_marker_uri(out)
     if storage.exists(marker) or storage.exists(dataset_json_uri(out)):
         if not cfg.overwrite:

@@ -18,19 +18,22 @@ PY=${PYTHON:-python3}
 if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
-pip() { "$VENV/bin/python" -m pip install -q "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+pip() {  # quiet unless it fails
+    local out
+    out=$("$VENV/bin/python" -m pip install -q "$@" 2>&1) || { echo "$out" >&2; return 1; }
+}
 stamp=$VENV/.lakeshard-petastorm-installed
 if [ ! -f "$stamp" ] || [ "$0" -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     pip --upgrade pip
     pip "torch==2.13.0"
     pip "numpy>=1.26,<2" "pyarrow==14.0.2" "pandas>=2.2,<2.3" \
-        "pillow>=10.3,<14" "fsspec>=2024.6" "pyyaml>=6,<7" "tqdm>=4.66,<5" \
+        "pillow>=10.3,<14" "simplejpeg>=1.7,<2" "fsspec>=2024.6" "pyyaml>=6,<7" "tqdm>=4.66,<5" \
         "dill>=0.2.1" "diskcache>=3.0.0" "future>=0.10.2" "packaging>=15.0" "psutil>=4.0.0" \
         "pyzmq>=14.0.0" "six>=1.5.0" "pytest>=8,<10" "pytest-timeout>=2.3" "ruff>=0.6"
     pip --no-deps "petastorm==0.12.1"
     pip --no-deps -e .
     "$VENV/bin/python" - <<'PY'
-import numpy, pyarrow, pandas, torch, petastorm, petastorm.pytorch
+import numpy, pyarrow, pandas, simplejpeg, torch, petastorm, petastorm.pytorch
 import jobs.contract, loaders, loaders.petastorm_compat  # noqa: F401
 assert pyarrow.__version__ == "14.0.2", pyarrow.__version__
 assert numpy.__version__.startswith("1."), numpy.__version__

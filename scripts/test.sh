@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Set up (as scripts/setup.sh) and run every test, slow ones included.
+# Set up and run every test, slow ones included: the main environment (.venv), Chromium for the
+# report test, and the separate petastorm environment (.venv-petastorm: petastorm needs
+# pyarrow 14 and numpy < 2, which cannot share .venv) for the petastorm interop tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup_test_extras.sh
+bash scripts/setup_petastorm.sh
 source .venv/bin/activate
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"
-python -m pytest "$@"
+python -m pytest --ignore=tests/petastorm "$@"
+.venv-petastorm/bin/python -m pytest tests/petastorm -p no:cacheprovider

@@ -70,6 +70,12 @@ def _bounds(n: int, parts: int) -> np.ndarray:
     return np.array([i * n // parts for i in range(parts + 1)], dtype=np.int64)
 
 
+def _copy(table: pa.Table, start: int, stop: int) -> pa.Table:
+    """Rows ``start:stop`` of ``table`` as a table of their own: a slice would pickle (into a
+    task) with all of its parent's buffers."""
+    return table.take(pa.array(np.arange(start, stop, dtype=np.int64)))
+
+
 def _with_env(env: dict[str, str], fn: Callable[..., Any], *args: Any) -> Any:
     os.environ.update(env)
     return fn(*args)
@@ -186,10 +192,9 @@ class DaskEngine:
         items = list(items)
         bounds = _bounds(len(items), partitions)
         token = uuid.uuid4().hex[:8]
-        # Scatter the slices: they go to the workers directly, not inside the task graph.
-        slices = self.client.scatter([items[a:b] for a, b in pairwise(bounds)], hash=False)
-        futures = [self._submit(fn, s, key=f"lakeshard-map-{token}-{i}") for i, s in enumerate(slices)]
-        del slices
+        # Each slice travels inside its task (not scattered): a task whose worker dies can be rerun.
+        futures = [self._submit(fn, items[a:b], key=f"lakeshard-map-{token}-{i}")
+                   for i, (a, b) in enumerate(pairwise(bounds))]
         try:
             return [row for part in self._gather(futures, getattr(fn, "__name__", "map")) for row in part]
         finally:
@@ -199,10 +204,11 @@ class DaskEngine:
                    schema: pa.Schema, *, partitions: int) -> _Staged:
         bounds = _bounds(rows.num_rows, partitions)
         token = uuid.uuid4().hex[:8]
-        inputs = self.client.scatter([rows.slice(a, b - a) for a, b in pairwise(bounds)], hash=False)
-        chunks = [self._submit(_preprocess_chunk, fn, r, schema, key=f"lakeshard-preprocess-{token}-{i}")
-                  for i, r in enumerate(inputs)]
-        del inputs  # the scheduler frees each input once its task is done (cancelling would cancel the task)
+        # The manifest rows travel inside the tasks (a few KiB each), not scattered: if a worker
+        # holding staged chunks dies, the scheduler recomputes them from their tasks.
+        chunks = [self._submit(_preprocess_chunk, fn, _copy(rows, a, b), schema,
+                               key=f"lakeshard-preprocess-{token}-{i}")
+                  for i, (a, b) in enumerate(pairwise(bounds))]
         try:
             for future in _progress(chunks, "preprocess"):  # materialise once, as Spark's persist + count
                 if future.status == "error":
@@ -235,7 +241,7 @@ class DaskEngine:
 
         splits, pieces = [], [[] for _ in range(num_parts)]
         for i, chunk in enumerate(staged.chunks):
-            sub = routes.slice(cuts[i], cuts[i + 1] - cuts[i])
+            sub = _copy(routes, cuts[i], cuts[i + 1])
             if not sub.num_rows:
                 continue
             split = self._submit(_split, chunk, sub, key=f"lakeshard-split-{token}-{i}")

@@ -139,3 +139,18 @@ def test_an_unreachable_scheduler_is_a_clear_error(monkeypatch) -> None:
     with pytest.raises(EngineError, match=f"cannot connect to the dask scheduler at '{address}'"):
         DaskEngine(scheduler=address, connect_timeout=2)
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.slow
+def test_staged_chunks_survive_a_lost_worker(dask_engine, dask_client) -> None:
+    uris = [f"u{i:02d}" for i in range(20)]
+    staged = dask_engine.preprocess(pa.table({"uri": uris}), _stage, _SCHEMA, partitions=6)
+    try:
+        holders = {w for ws in dask_client.who_has(staged.chunks).values() for w in ws}
+        dask_client.restart_workers([sorted(holders)[0]])  # its staged chunks are gone with it
+        plan = pa.table({"uri": uris, "part": [i % 2 for i in range(20)], "position": [i // 2 for i in range(20)],
+                         "is_pad": [False] * 20}, schema=PLAN_SCHEMA)
+        stats = dask_engine.write_shards(staged, plan, _collect_part, num_parts=2)
+    finally:
+        dask_engine.release(staged)
+    assert sorted((s["part"], [u for u, _, _ in s["rows"]]) for s in stats) == [(0, uris[0::2]), (1, uris[1::2])]

@@ -82,7 +82,7 @@ def test_shard_job_writes_a_self_contained_report(dataset: Path):
     assert names.count("rect") >= 3 * 3 + 3 * 2 + 2 + 3 * 2
 
     # Thumbnails: the shards' own bytes as data URIs, up to SAMPLES_PER_CLASS per class of train.
-    train = [t for t in shard_tables(str(dataset), "train", 2)]
+    train = shard_tables(str(dataset), "train", 2)
     train_images = {b for t in train for b in t["image"].to_pylist()}
     train_labels = [label for t in train for label in t["label"].to_pylist()]
     srcs = [a["src"] for t, a in tags if t == "img"]
@@ -102,7 +102,7 @@ def test_shard_job_writes_a_self_contained_report(dataset: Path):
     for reason in manifest_rejects["reason"].to_pylist() + shard_rejects["reason"].to_pylist():
         assert reason.split(":", 1)[0] in html
     assert "cat/notes.jpg" in html and "dog/broken.jpg" in html
-    assert f"Rejects (2)" in html
+    assert "Rejects (2)" in html
     assert f"<td>{info['counts']['listed']}</td>" in html
     for value in (info["dataset_version"], info["inputs"]["manifest_fingerprint"], info["versions"]["pyarrow"]):
         assert str(value) in html
@@ -162,3 +162,18 @@ def test_report_renders_in_chromium(dataset: Path, tmp_path: Path):
     # The thumbnails decoded: synthetic noisy images bring thousands of colours that text and
     # flat bars never do (a broken-image icon would bring a handful).
     assert len(np.unique(pixels, axis=0)) > 3000
+
+
+def test_a_report_failure_fails_the_job_before_the_commit(dataset: Path, tmp_path: Path, spark,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    copy = tmp_path / "ds"
+    shutil.copytree(dataset, copy)
+
+    def broken(root: str, info: dict) -> str:
+        raise OSError(f"cannot write {root}/report.html: disk full")
+
+    monkeypatch.setattr(shard_job, "write_report", broken)
+    with pytest.raises(OSError, match="disk full"):
+        shard_job.run(ShardConfig(dataset=str(copy), num_shards=2, image_size=24, image_format="png",
+                                  max_reject_fraction=0.5, overwrite=True), SparkEngine(spark=spark))
+    assert not (copy / "dataset.json").exists()  # never committed without its report

@@ -1,0 +1,129 @@
+"""A fault-injecting HTTP proxy for S3 tests: forwards requests to an upstream S3 endpoint
+(moto on 127.0.0.1), answering a seeded fraction of them with ``500 InternalError``,
+``503 SlowDown`` (S3 XML error bodies) or a dropped connection, or denying everything with
+``403 AccessDenied``.
+
+Clients point ``AWS_ENDPOINT_URL`` at :attr:`FaultProxy.endpoint`. The proxy only ever
+listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+__all__ = ["FaultProxy"]
+
+_ERRORS = {
+    500: ("InternalError", "We encountered an internal error. Please try again."),
+    503: ("SlowDown", "Please reduce your request rate."),
+    403: ("AccessDenied", "Access Denied"),
+}
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
+
+
+def _error_body(code: str, message: str, path: str) -> bytes:
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+            f"<Resource>{path}</Resource><RequestId>hardening-proxy</RequestId></Error>").encode()
+
+
+class FaultProxy:
+    """``mode`` is ``"pass"`` (forward everything), ``"faults"`` (a seeded ``rate`` of requests
+    fail transiently) or ``"deny"`` (every request gets 403). ``injected`` counts what was
+    injected, by kind; ``requests`` counts every request."""
+
+    def __init__(self, upstream: str, *, seed: int = 0) -> None:
+        parts = urlsplit(upstream)
+        self._upstream = (parts.hostname, parts.port)
+        self.mode = "pass"
+        self.rate = 0.1
+        self.match = ""  # "deny" only requests whose path contains this
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.injected: Counter[str] = Counter()
+        self.requests = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                fault = proxy._choose(self.path)
+                if fault == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(2)  # no response at all: a dropped connection
+                    return
+                if fault is not None:
+                    code, message = _ERRORS[fault]
+                    payload = _error_body(code, message, self.path)
+                    self.send_response(fault)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    if fault == 503:
+                        self.send_header("Retry-After", "0")
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(payload)
+                    return
+                conn = http.client.HTTPConnection(*proxy._upstream, timeout=60)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                self.send_response(resp.status, resp.reason)
+                head = self.command == "HEAD"  # keeps the upstream Content-Length: the object's size
+                for k, v in resp.getheaders():
+                    if k.lower() not in _HOP_BY_HOP and (head or k.lower() != "content-length"):
+                        self.send_header(k, v)
+                if not head:
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="hardening-fault-proxy", daemon=True)
+
+    def _choose(self, path: str) -> int | str | None:
+        with self._lock:
+            self.requests += 1
+            if self.mode == "deny" and self.match in path:
+                self.injected["403"] += 1
+                return 403
+            if self.mode != "faults" or self._rng.random() >= self.rate:
+                return None
+            fault = self._rng.choice([500, 503, "drop"])
+            self.injected[str(fault)] += 1
+            return fault
+
+    def reset(self, *, mode: str, rate: float = 0.1, seed: int = 0, match: str = "") -> None:
+        with self._lock:
+            self.mode, self.rate, self.match = mode, rate, match
+            self._rng = random.Random(seed)
+            self.injected = Counter()
+            self.requests = 0
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)

@@ -1,0 +1,151 @@
+"""S3 faults: a proxy in front of moto answers a seeded 10% of requests with 500, 503 SlowDown
+or a dropped connection. Both jobs (each engine) and the loader complete, and what they produce
+equals a clean run's. Permanent errors (403, a missing bucket) fail fast, naming the URI."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+
+from jobs import manifest as manifest_job
+from jobs import shard as shard_job
+from jobs import storage
+from jobs.errors import PlatformError
+from jobs.settings import ManifestConfig, ShardConfig
+from loaders import ShardLoader
+from tests.hardening.helpers import dataset_digest
+from tests.helpers.checks import check_dataset
+from tests.helpers.lake import write_lake
+
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
+
+MANIFEST = {"split_method": "stratified", "seed": 7}
+SHARD = {"num_shards": 2, "image_size": 24, "image_format": "png", "remainder": "pad"}
+#: A permanent error must fail well inside this (botocore's standard retries of a transient
+#: error take a few seconds at most; minutes would mean a permanent error is being retried).
+FAST_S = 30
+
+
+def _upload_lake(bucket: str, tmp_path: Path, counts: dict[str, int]) -> str:
+    local = tmp_path / "lake"
+    write_lake(local, counts)
+    client = boto3.client("s3")
+    name = bucket[len("s3://"):]
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            client.put_object(Bucket=name, Key=f"raw/{p.relative_to(local).as_posix()}", Body=p.read_bytes())
+    return f"{bucket}/raw"
+
+
+def _build(engine, lake: str, out: str) -> None:
+    manifest_job.run(ManifestConfig(input=lake, output=out, **MANIFEST), engine)
+    shard_job.run(ShardConfig(dataset=out, **SHARD), engine)
+
+
+def _batches(root: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    with ShardLoader(root, channel="train", rank=0, world_size=1, batch_size=8, shuffle=True, seed=3,
+                     num_threads=2, prefetch=2) as loader:
+        return list(loader)
+
+
+def _faulty_run(proxy, s3_via, seed: int) -> None:
+    proxy.reset(mode="faults", rate=0.1, seed=seed)
+    s3_via(proxy.endpoint)
+
+
+def _assert_faults_were_injected(proxy) -> None:
+    assert proxy.requests > 50, proxy.requests
+    assert {"500", "503", "drop"} <= set(proxy.injected), proxy.injected
+
+
+@pytest.mark.spark
+def test_spark_jobs_complete_under_transient_s3_faults(spark, s3_bucket, fault_proxy, s3_via, tmp_path):
+    from jobs.engines.spark_engine import SparkEngine
+
+    lake = _upload_lake(s3_bucket, tmp_path, {"a": 14, "b": 12, "c": 10})
+    clean = f"{s3_bucket}/clean"
+    _build(SparkEngine(spark=spark), lake, clean)
+    saved = dict(spark.sparkContext.environment)
+    try:
+        _faulty_run(fault_proxy, s3_via, seed=11)
+        _build(SparkEngine(spark=spark), lake, f"{s3_bucket}/faulty")  # its workers get the proxy's endpoint
+        _assert_faults_were_injected(fault_proxy)
+    finally:
+        fault_proxy.reset(mode="pass")
+        spark.sparkContext.environment.clear()
+        spark.sparkContext.environment.update(saved)
+    check_dataset(f"{s3_bucket}/faulty")
+    assert dataset_digest(f"{s3_bucket}/faulty") == dataset_digest(clean)
+
+
+@pytest.mark.dask
+def test_dask_jobs_and_loader_complete_under_transient_s3_faults(s3_bucket, fault_proxy, s3_via, dask_engine_cli,
+                                                                 tmp_path):
+    lake = _upload_lake(s3_bucket, tmp_path, {"a": 14, "b": 12, "c": 10})
+    clean = f"{s3_bucket}/clean"
+    _build(dask_engine_cli(), lake, clean)
+    want = _batches(clean)
+    try:
+        _faulty_run(fault_proxy, s3_via, seed=12)
+        _build(dask_engine_cli(), lake, f"{s3_bucket}/faulty")
+        _assert_faults_were_injected(fault_proxy)
+        fault_proxy.reset(mode="faults", rate=0.2, seed=13)
+        got = _batches(clean)  # the loader, through the faults
+        assert fault_proxy.injected, f"the loader made {fault_proxy.requests} requests and saw no fault"
+    finally:
+        fault_proxy.reset(mode="pass")
+    assert len(got) == len(want)
+    for (gi, gl), (wi, wl) in zip(got, want):
+        assert torch.equal(gi, wi) and torch.equal(gl, wl)
+    check_dataset(f"{s3_bucket}/faulty")
+    assert dataset_digest(f"{s3_bucket}/faulty") == dataset_digest(clean)
+
+
+@pytest.mark.dask
+def test_permanent_s3_errors_fail_fast_naming_the_uri(s3_bucket, fault_proxy, s3_via, dask_engine_cli, tmp_path):
+    lake = _upload_lake(s3_bucket, tmp_path, {"a": 10, "b": 10})
+    out = f"{s3_bucket}/ds"
+    _build(dask_engine_cli(), lake, out)
+    engine = dask_engine_cli()
+    missing = "s3://hardening-no-such-bucket"
+
+    def fails_fast(fn, uri: str) -> str:
+        start = time.monotonic()
+        with pytest.raises((PlatformError, PermissionError, FileNotFoundError)) as err:
+            fn()
+        elapsed = time.monotonic() - start
+        assert elapsed < FAST_S, f"took {elapsed:.1f} s to fail: {err.value}"
+        assert uri in str(err.value), f"{type(err.value).__name__}: {err.value} does not name {uri}"
+        return str(err.value)
+
+    # A missing bucket: as input, as output, as a dataset to load.
+    fails_fast(lambda: manifest_job.run(ManifestConfig(input=f"{missing}/raw", output=f"{s3_bucket}/m2"), engine),
+               f"{missing}/raw")
+    fails_fast(lambda: manifest_job.run(ManifestConfig(input=lake, output=f"{missing}/ds", **MANIFEST), engine),
+               f"{missing}/ds")
+    fails_fast(lambda: ShardLoader(f"{missing}/ds"), f"{missing}/ds")
+
+    try:
+        s3_via(fault_proxy.endpoint)
+        engine = dask_engine_cli()
+        fault_proxy.reset(mode="deny", match="raw")  # the lake only
+        message = fails_fast(lambda: manifest_job.run(ManifestConfig(input=lake, output=f"{s3_bucket}/m3", **MANIFEST),
+                                                      engine), lake)
+        assert "forbidden" in message.lower(), message
+        fault_proxy.reset(mode="deny")  # everything
+        for what, fn, uri in [
+            ("manifest", lambda: manifest_job.run(ManifestConfig(input=lake, output=f"{s3_bucket}/m3", **MANIFEST), engine),
+             f"{s3_bucket}/m3"),
+            ("shard", lambda: shard_job.run(ShardConfig(dataset=out, overwrite=True, **SHARD), engine), out),
+            ("loader", lambda: ShardLoader(out), out),
+            ("read", lambda: storage.read_bytes(f"{out}/dataset.json"), f"{out}/dataset.json"),
+        ]:
+            message = fails_fast(fn, uri)
+            assert any(w in message.lower() for w in ("403", "denied", "forbidden")), (what, message)
+    finally:
+        fault_proxy.reset(mode="pass")
+    check_dataset(out)  # the denied shard run committed nothing and removed nothing
