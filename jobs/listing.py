@@ -130,6 +130,8 @@ def _inspect(row: dict[str, Any]) -> dict[str, Any]:
     if row["status"] != "ok":
         return row
     if row["size"] == 0:
+        if row["etag"] is None:
+            row["etag"] = hashlib.md5(b"", usedforsecurity=False).hexdigest()  # what S3 gives
         return reject(row, "empty object (0 bytes)")
     fs, path = storage.filesystem(row["uri"])
     try:

@@ -158,7 +158,7 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     staged = engine.preprocess(rows, fn, STAGED_SCHEMA, partitions=partitions)
     try:
         meta = engine.collect(staged, [f.name for f in STAGED_SCHEMA if f.name != "image"])
-        rejects = meta.filter(pc.equal(meta["status"], "rejected"))
+        rejects = meta.filter(pc.equal(meta["status"], "rejected")).sort_by("key")
         if rejects.num_rows > cfg.max_reject_fraction * max(1, meta.num_rows):
             sample = "; ".join(f"{u}: {r}" for u, r in zip(rejects["uri"].to_pylist()[:5], rejects["reason"].to_pylist()[:5]))
             raise RejectFractionError(
