@@ -20,7 +20,7 @@ import yaml
 
 from jobs.errors import ConfigError
 
-__all__ = ["add_arguments", "opt", "parse_size", "parse_split", "resolve"]
+__all__ = ["add_arguments", "opt", "parse_size", "parse_split", "read_yaml", "resolve"]
 
 T = TypeVar("T")
 
@@ -83,9 +83,12 @@ def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
 
 
 def opt(default: Any = dataclasses.MISSING, *, help: str, parse: Callable[[Any], Any] | None = None,
-        choices: tuple[str, ...] | None = None, flag: bool = True) -> Any:
-    """A dataclass field with its help text, parser and choices for the command line."""
-    meta = {"help": help, "parse": parse, "choices": choices, "flag": flag}
+        choices: tuple[str, ...] | None = None, flag: bool = True, const: str | None = None) -> Any:
+    """A dataclass field with its help text, parser and choices for the command line.
+
+    ``const``: the flag may be given without a value, meaning ``const`` (``--resume`` = auto).
+    """
+    meta = {"help": help, "parse": parse, "choices": choices, "flag": flag, "const": const}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -157,14 +160,37 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=help_text + f" (default: {'on' if default else 'off'})")
         else:
-            parser.add_argument(_flag(f.name), dest=f.name, default=None,
-                                metavar=f.name.upper(), choices=f.metadata.get("choices"), help=help_text)
+            extra = {"nargs": "?", "const": f.metadata["const"]} if f.metadata.get("const") else {}
+            parser.add_argument(_flag(f.name), dest=f.name, default=None, metavar=f.name.upper(),
+                                choices=f.metadata.get("choices"), help=help_text, **extra)
 
 
 def _show(value: Any) -> str:
     if isinstance(value, Mapping):
         return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
     return str(value)
+
+
+def read_yaml(path: str, cls: type) -> dict[str, Any]:
+    """The options set in the YAML file ``path``, keyed by field name; an unknown key is an
+    error naming the key and the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of options, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    out = {}
+    for key, raw in data.items():
+        name = str(key).replace("-", "_")
+        if name not in names:
+            raise ConfigError(f"unknown key {key!r} in {path}; known keys: {', '.join(sorted(names))}")
+        out[name] = raw
+    return out
 
 
 def resolve(cls: type[T], args: argparse.Namespace | Mapping[str, Any] | None = None,
@@ -177,19 +203,7 @@ def resolve(cls: type[T], args: argparse.Namespace | Mapping[str, Any] | None = 
     names = [f.name for f in dataclasses.fields(cls)]
     values: dict[str, Any] = {}
     if conf:
-        try:
-            with open(conf, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {conf}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {conf} is not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {conf} must hold a mapping of options, got {type(data).__name__}")
-        for key, raw in data.items():
-            name = str(key).replace("-", "_")
-            if name not in names:
-                raise ConfigError(f"unknown key {key!r} in {conf}; known keys: {', '.join(sorted(names))}")
+        for name, raw in read_yaml(conf, cls).items():
             values[name] = _convert(cls, name, raw, conf)
     for name, raw in given.items():
         if raw is not None and name in names:

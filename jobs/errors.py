@@ -10,6 +10,7 @@ __all__ = [
     "ConfigError",
     "DatasetError",
     "DatasetExistsError",
+    "EngineError",
     "ImageRejected",
     "LoaderError",
     "ManifestError",
@@ -55,6 +56,10 @@ class DatasetError(PlatformError, ValueError):
 
 class DatasetExistsError(PlatformError, FileExistsError):
     """A job would overwrite a complete output and ``--overwrite`` was not given."""
+
+
+class EngineError(PlatformError, RuntimeError):
+    """An engine cannot start or reach its workers (names the address or master)."""
 
 
 class LoaderError(PlatformError, RuntimeError):

@@ -32,10 +32,11 @@ import pyarrow.parquet as pq
 
 from jobs import storage
 from jobs.catalog import Manifest, build_manifest, fingerprint, sagemaker_manifest
-from jobs.config import add_arguments, resolve
+from jobs.config import add_arguments
 from jobs.contract import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
-from jobs.engines import Engine, open_engine
-from jobs.errors import DatasetExistsError, PlatformError, StorageError
+from jobs.engines import Engine
+from jobs.engines.cli import run_job
+from jobs.errors import DatasetExistsError, StorageError
 from jobs.listing import discover, inspect_objects, list_prefix
 from jobs.settings import ManifestConfig
 
@@ -161,23 +162,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = resolve(ManifestConfig, args)
-        engine = open_engine(cfg.engine, scheduler=cfg.scheduler, app_name="lakeshard-manifest")
-        try:
-            summary = run(cfg, engine)
-        finally:
-            engine.close()
-    except PlatformError as exc:
-        print(f"jobs/manifest.py: error: {exc}", file=sys.stderr)
-        return 2
+def _summary(cfg: ManifestConfig, summary: dict[str, Any]) -> str:
     c = summary["counts"]
-    print(f"manifest: {c['listed']} listed, {c['accepted']} accepted, {c['rejected']} rejected, "
-          f"{len(summary['labels'])} classes -> {storage.normalize(cfg.output)}")
-    return 0
+    return (f"manifest: {c['listed']} listed, {c['accepted']} accepted, {c['rejected']} rejected, "
+            f"{len(summary['labels'])} classes -> {storage.normalize(cfg.output)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job(argv, parser=parser(), config=ManifestConfig, run=run, summary=_summary, prog="jobs/manifest.py")
 
 
 if __name__ == "__main__":

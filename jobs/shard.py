@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from jobs import storage
-from jobs.config import add_arguments, resolve
+from jobs.config import add_arguments
 from jobs.contract import (
     FORMAT_VERSION,
     SHARD_REJECTS_SCHEMA,
@@ -47,8 +47,9 @@ from jobs.contract import (
     shard_name,
     shards_uri,
 )
-from jobs.engines import Engine, open_engine
-from jobs.errors import DatasetError, DatasetExistsError, PlatformError, RejectFractionError, ShardError
+from jobs.engines import Engine
+from jobs.engines.cli import run_job
+from jobs.errors import DatasetError, DatasetExistsError, RejectFractionError, ShardError
 from jobs.report import write_report
 from jobs.settings import ShardConfig
 from jobs.shards import STAGED_SCHEMA, build_plans, preprocess_batch, shard_rows, write_shard
@@ -230,23 +231,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = resolve(ShardConfig, args)
-        engine = open_engine(cfg.engine, scheduler=cfg.scheduler, app_name="lakeshard-shard")
-        try:
-            info = run(cfg, engine)
-        finally:
-            engine.close()
-    except PlatformError as exc:
-        print(f"jobs/shard.py: error: {exc}", file=sys.stderr)
-        return 2
+def _summary(cfg: ShardConfig, info: dict[str, Any]) -> str:
     rows = ", ".join(f"{c}={e['rows_per_shard']}×{info['num_shards']}" for c, e in info["channels"].items())
-    print(f"shards: {rows} rows, {info['counts']['shard_rejects']} rejected, "
-          f"version {info['dataset_version']} -> {storage.normalize(cfg.dataset)}")
-    return 0
+    return (f"shards: {rows} rows, {info['counts']['shard_rejects']} rejected, "
+            f"version {info['dataset_version']} -> {storage.normalize(cfg.dataset)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job(argv, parser=parser(), config=ShardConfig, run=run, summary=_summary, prog="jobs/shard.py")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.engines import WriteFn
-from jobs.errors import PlatformError, ShardError
+from jobs.errors import EngineError, ShardError
 
 __all__ = ["DaskEngine"]
 
@@ -47,8 +47,25 @@ _FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_
 _CONNECT_TIMEOUT = 60
 
 
-class EngineError(PlatformError, RuntimeError):
-    """The engine could not reach or start its cluster."""
+def _connect(client_cls: Any, address: str, name: str, timeout: float) -> Any:
+    """``Client(address)``, tried up to three times on the one handshake race we have seen.
+
+    distributed's ``Client._ensure_connected`` asserts that the scheduler's first reply is a
+    single ``stream-start`` message; a scheduler that has just lost a client (our kill tests
+    kill jobs mid-run) sometimes batches another message with it, and the client dies on a
+    bare ``AssertionError``. A fresh connection succeeds. Any other error is final.
+    """
+    for attempt in range(3):
+        try:
+            return client_cls(address, name=name, timeout=timeout)
+        except OSError as exc:
+            raise EngineError(f"cannot connect to the dask scheduler at {address!r}: {exc}") from exc
+        except AssertionError:
+            if attempt == 2:
+                raise EngineError(f"the dask scheduler at {address!r} answered the handshake with "
+                                  "unexpected messages three times") from None
+            log.warning("dask handshake with %s was interrupted; connecting again", address)
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +165,7 @@ class DaskEngine:
             address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
             if address:
                 log.info("connecting to the dask scheduler at %s", address)
-                try:
-                    client = Client(address, name=app_name, timeout=connect_timeout)
-                except OSError as exc:
-                    raise EngineError(f"cannot connect to the dask scheduler at {address!r}: {exc}") from exc
+                client = _connect(Client, address, app_name, connect_timeout)
             else:
                 workers = n_workers or os.cpu_count() or 1
                 log.info("starting a LocalCluster of %d worker processes × %d thread(s)", workers, threads_per_worker)

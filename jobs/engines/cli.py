@@ -1,0 +1,40 @@
+"""The command-line shell every job shares: options, logging, an engine, one exit code."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from jobs.config import resolve
+from jobs.engines import Engine, open_engine
+from jobs.errors import PlatformError
+
+__all__ = ["run_job"]
+
+
+def run_job(argv: list[str] | None, *, parser: argparse.ArgumentParser, config: type,
+            run: Callable[[Any, Engine], Any], summary: Callable[[Any, Any], str], prog: str) -> int:
+    """Parse ``argv`` into ``config``, start its engine, ``run`` the job, print ``summary``.
+
+    Returns 0, or 2 with ``prog: error: ...`` on stderr for any error the platform raises on
+    purpose (a bad option, a bad input, an existing dataset): those name the value and the
+    place, so a traceback would only hide them.
+    """
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = resolve(config, args)
+        engine = open_engine(cfg.engine, scheduler=cfg.scheduler, app_name=f"lakeshard-{os.path.splitext(os.path.basename(prog))[0]}")
+        try:
+            result = run(cfg, engine)
+        finally:
+            engine.close()
+    except PlatformError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary(cfg, result))
+    return 0
