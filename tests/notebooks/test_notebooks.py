@@ -10,11 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from jobs import manifest as manifest_job
-from jobs import shard as shard_job
-from jobs.engines.spark_engine import SparkEngine
-from jobs.settings import ManifestConfig, ShardConfig
-from tests.helpers.lake import bad_objects, write_lake
+from tests.helpers.datasets import build_dataset_with_rejects
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -38,19 +34,7 @@ def test_notebooks_are_committed_without_outputs():
 @pytest.fixture(scope="module")
 def dataset(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three classes, two row groups or more per shard, one reject from each job."""
-    tmp = tmp_path_factory.mktemp("notebooks")
-    lake = tmp / "raw"
-    write_lake(lake, {"ant": 30, "bee": 24, "cow": 18}, size=(40, 32))
-    bad = bad_objects()
-    (lake / "ant" / "notes.jpg").write_bytes(bad["cls_a/bad_text.jpg"])
-    (lake / "bee" / "broken.jpg").write_bytes(bad["cls_a/bad_truncated.jpg"])
-    out = tmp / "ds"
-    engine = SparkEngine(spark=spark)
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), seed=5, split_method="stratified",
-                                    max_reject_fraction=0.5), engine)
-    shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png",
-                              row_group_size="8KiB", max_reject_fraction=0.5), engine)
-    return out
+    return build_dataset_with_rejects(spark, tmp_path_factory.mktemp("notebooks"), {"ant": 30, "bee": 24, "cow": 18}, seed=5, row_group_size="8KiB")
 
 
 def _run(name: str, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:

@@ -17,12 +17,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.engines.spark_engine import SparkEngine
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.settings import ShardConfig
 from tests.helpers.checks import read_table, shard_tables
-from tests.helpers.lake import bad_objects, write_lake
+from tests.helpers.datasets import build_dataset_with_rejects
 
 pytestmark = pytest.mark.spark
 
@@ -34,19 +33,7 @@ SAMPLES_PER_CLASS = 6  # write_report's default
 @pytest.fixture(scope="module")
 def dataset(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three classes, one object the manifest job rejects and one the shard job rejects."""
-    tmp = tmp_path_factory.mktemp("report")
-    lake = tmp / "raw"
-    write_lake(lake, {"cat": 24, "dog": 18, "fox": 10}, size=(40, 32))
-    bad = bad_objects()
-    (lake / "cat" / "notes.jpg").write_bytes(bad["cls_a/bad_text.jpg"])
-    (lake / "dog" / "broken.jpg").write_bytes(bad["cls_a/bad_truncated.jpg"])
-    out = tmp / "ds"
-    engine = SparkEngine(spark=spark)
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), seed=3, split_method="stratified",
-                                    max_reject_fraction=0.5), engine)
-    shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png",
-                              max_reject_fraction=0.5), engine)
-    return out
+    return build_dataset_with_rejects(spark, tmp_path_factory.mktemp("report"), {"cat": 24, "dog": 18, "fox": 10}, seed=3)
 
 
 class _Tags(HTMLParser):
