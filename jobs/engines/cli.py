@@ -26,6 +26,7 @@ def run_job(argv: list[str] | None, *, parser: argparse.ArgumentParser, config: 
     """
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines are about its own sockets
     try:
         cfg = resolve(config, args)
         engine = open_engine(cfg.engine, scheduler=cfg.scheduler, app_name=f"lakeshard-{os.path.splitext(os.path.basename(prog))[0]}")
