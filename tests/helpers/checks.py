@@ -56,6 +56,11 @@ def check_dataset(root: str, *, decode_images: bool = True) -> dict[str, Any]:
 
     for channel, entry in info["channels"].items():
         manifest = read_table(manifests_uri(root, f"{channel}.parquet"))
+        # The SageMaker-style manifest names the same objects: the lake prefix, then keys.
+        sagemaker = json.loads(storage.read_bytes(manifests_uri(root, f"{channel}.manifest")))
+        assert sagemaker[0] == {"prefix": info["inputs"]["lake"] + "/"}
+        assert sagemaker[1:] == manifest["key"].to_pylist()
+        assert [f"{info['inputs']['lake']}/{k}" for k in sagemaker[1:]] == manifest["uri"].to_pylist()
         tables = shard_tables(root, channel, n)
         rows = [t.num_rows for t in tables]
         assert rows == [entry["rows_per_shard"]] * n, (channel, rows)
