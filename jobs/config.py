@@ -213,9 +213,6 @@ def resolve(cls: type[T], args: argparse.Namespace | Mapping[str, Any] | None = 
     if missing:
         raise ConfigError("missing required option(s): " + ", ".join(_flag(n) for n in missing)
                           + (f" (not on the command line, nor in {conf})" if conf else ""))
-    for f in dataclasses.fields(cls):
-        if f.name not in values and f.default is not dataclasses.MISSING and f.metadata.get("parse"):
-            values[f.name] = f.metadata["parse"](f.default)
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:

@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.settings import ManifestConfig, ShardConfig
 from tests.helpers.lake import bad_objects, write_lake
+from tests.helpers.procs import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -55,23 +54,6 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float
     proc = subprocess.run(cmd, cwd=REPO, env=env or job_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(check, what: str, timeout: float, logs: list[Path] = ()) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    tails = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.exists())
-    raise TimeoutError(f"{what} not ready after {timeout} s\n{tails}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -145,7 +127,7 @@ def dask_cli_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
               "--scheduler-file", str(scheduler_file))
-        address = _wait_for(lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
+        address = wait_for(lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
                             "dask scheduler", 60, logs)
         for i in range(2):
             start(f"worker-{i}", "worker", address, "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "1",
@@ -182,10 +164,10 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         subprocess.run([daemon, "start", master, "1", "--host", "127.0.0.1", "--port", str(port),
                         "--webui-port", str(free_port())], env=env, check=True, capture_output=True, timeout=60)
-        _wait_for(lambda: "ALIVE" in log_text(master), "spark master", 90, list(logs.glob("*")))
+        wait_for(lambda: "ALIVE" in log_text(master), "spark master", 90, list(logs.glob("*")))
         subprocess.run([daemon, "start", worker, "1", url, "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
                         "--webui-port", str(free_port())], env=env, check=True, capture_output=True, timeout=60)
-        _wait_for(lambda: "Registering worker" in log_text(master), "spark worker", 90, list(logs.glob("*")))
+        wait_for(lambda: "Registering worker" in log_text(master), "spark worker", 90, list(logs.glob("*")))
         yield url
     finally:
         for cls in (worker, master):

@@ -133,7 +133,7 @@ def test_an_owned_local_cluster_is_closed() -> None:
 def test_an_unreachable_scheduler_is_a_clear_error(monkeypatch) -> None:
     from jobs.engines.dask_engine import DaskEngine
     from jobs.errors import EngineError
-    from tests.engines.conftest import free_port
+    from tests.helpers.procs import free_port
 
     address = f"tcp://127.0.0.1:{free_port()}"
     start = time.monotonic()

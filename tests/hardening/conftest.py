@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from tests.hardening.faultproxy import FaultProxy
 from tests.hardening.helpers import BIN, job_env, kill_group
+from tests.helpers.procs import wait_for
 
 #: Credentials of the job subprocesses and the dask workers (moto accepts any): distinctive,
 #: so the secrets test can grep every output for them.
@@ -50,20 +50,11 @@ def dask_cluster(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> 
             procs.append(subprocess.Popen([str(BIN / "dask"), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
                                           cwd=root, start_new_session=True))
 
-    def wait(check, what: str, timeout: float = 90):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = check()
-            if got:
-                return got
-            time.sleep(0.2)
-        raise TimeoutError(f"{what} not ready after {timeout} s: " + "".join(p.read_text()[-2000:] for p in logs))
-
     try:
         start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
               "--scheduler-file", str(scheduler_file))
-        address = wait(lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
-                       "dask scheduler")
+        address = wait_for(lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
+                           "dask scheduler", 90, logs)
         start("worker", "worker", address, "--host", "127.0.0.1", "--nthreads", "2", "--nworkers", "1",
               "--no-dashboard", "--name", "hardening-0", "--local-directory", str(root / "w0"))
         from distributed import Client

@@ -3,7 +3,6 @@ killing job subprocesses by process group, and the comparable digest of a datase
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -15,13 +14,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from PIL import Image
-
 from jobs import storage
 from jobs.contract import manifests_uri, shards_uri
 from tests.helpers.checks import read_table, shard_tables
-from tests.helpers.lake import bad_objects, encode, make_image
+from tests.helpers.lake import bad_objects, encode, exif_rotated_jpeg, make_image
 
 __all__ = [
     "BIN",
@@ -33,7 +29,6 @@ __all__ = [
     "kill_group",
     "manifest_digest",
     "run_until",
-    "upright_probe",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,18 +122,6 @@ def bomb_png(side: int = 12_000) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
-def upright_probe() -> bytes:
-    """A JPEG stored rotated with EXIF orientation 6: displayed upright it is white on top,
-    black at the bottom (stored, the white half is on the right)."""
-    upright = np.zeros((60, 60, 3), np.uint8)
-    upright[:30] = 255
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    buf = io.BytesIO()
-    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90).save(buf, "JPEG", quality=95, exif=exif.tobytes())
-    return buf.getvalue()
-
-
 def corpus(seed: int = 3) -> dict[str, bytes]:
     """Every kind of bad or awkward object we can make, as key -> bytes, under classes that are
     otherwise healthy. The key says what must happen: ``ok_`` reaches a channel (and a shard,
@@ -146,7 +129,7 @@ def corpus(seed: int = 3) -> dict[str, bytes]:
     objs = {f"cls_a/{k.split('/', 1)[1]}": v for k, v in bad_objects(seed).items()}
     good = make_image(seed, size=(50, 30))
     objs.update({
-        "cls_a/ok_upright_probe.jpg": upright_probe(),
+        "cls_a/ok_upright_probe.jpg": exif_rotated_jpeg(),
         "cls_a/ok_tall.png": encode(make_image(seed + 1, size=(3, 1500)), "PNG"),
         "cls_a/ok_gray.png": encode(good.convert("L"), "PNG"),
         "cls_a/ok_la.png": encode(good.convert("LA"), "PNG"),

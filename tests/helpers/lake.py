@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["bad_objects", "encode", "make_image", "write_lake"]
+__all__ = ["bad_objects", "encode", "exif_rotated_jpeg", "make_image", "write_lake"]
 
 
 def make_image(seed: int, *, size: tuple[int, int] = (48, 40), mode: str = "RGB") -> Image.Image:
@@ -43,6 +43,18 @@ def write_lake(root: Path, counts: dict[str, int], *, size: tuple[int, int] = (4
             path.write_bytes(encode(make_image(seed * 100_003 + li * 10_007 + i, size=size), fmt))
             paths.append(path)
     return paths
+
+
+def exif_rotated_jpeg() -> bytes:
+    """A JPEG stored rotated with EXIF orientation 6: displayed upright it is white on top,
+    black at the bottom (stored, the white half is on the right)."""
+    upright = np.zeros((60, 60, 3), np.uint8)
+    upright[:30] = 255
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90).save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    return buf.getvalue()
 
 
 def bad_objects(seed: int = 1) -> dict[str, bytes]:

@@ -21,7 +21,7 @@ from jobs.contract import read_dataset_info
 from jobs.errors import DatasetError, DatasetExistsError, RejectFractionError, SplitError
 from jobs.settings import ManifestConfig, ShardConfig
 from tests.helpers.checks import check_dataset, read_table, shard_tables
-from tests.helpers.lake import bad_objects, write_lake
+from tests.helpers.lake import bad_objects, exif_rotated_jpeg, write_lake
 
 pytestmark = pytest.mark.spark
 
@@ -82,13 +82,7 @@ def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, spark_engine):
 def test_exif_rotated_image_is_upright_in_the_shard(tmp_path, spark_engine):
     lake = tmp_path / "raw"
     write_lake(lake, {"a": 12, "b": 12})
-    upright = np.zeros((60, 60, 3), np.uint8)
-    upright[:30] = 255
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    buf = io.BytesIO()
-    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90).save(buf, "JPEG", quality=95, exif=exif.tobytes())
-    (lake / "a" / "rotated.jpg").write_bytes(buf.getvalue())
+    (lake / "a" / "rotated.jpg").write_bytes(exif_rotated_jpeg())
     out = tmp_path / "ds"
     _, info = _build(lake, out, spark_engine, remainder="pad")
     for channel in info["channels"]:
