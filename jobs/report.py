@@ -184,6 +184,10 @@ def _lineage(info: dict[str, Any]) -> str:
             ("split", ", ".join(f"{k}={v}" for k, v in sorted(inputs.get("split", {}).items()))),
             ("image", ", ".join(f"{k}={v}" for k, v in sorted(info["image"].items()))),
             ("row group bytes", _bytes(info["row_group_bytes"])), ("engine", info.get("engine"))]
+    build = info.get("build")
+    if build:
+        rows.append(("build", f"{build['preprocessed']} images decoded in {build['preprocess_tasks']} tasks; "
+                              f"{build['assembled_shards']} shard files assembled afterwards"))
     rows += [(f"version of {k}", v) for k, v in sorted(info.get("versions", {}).items())]
     return _section("Lineage", _table(["", ""], rows))
 

@@ -7,17 +7,19 @@ For each channel, writes exactly ``--num-shards`` files ``shards/<channel>/part-
 with equal row counts and every class spread evenly (at most one apart), rows shuffled within
 each shard; images that fail go to ``shards/rejects.parquet``; ``dataset.json`` comes last.
 
-Extract (manifest rows) -> preprocess on the workers (fetch, decode, orient, RGB, resize,
-encode) -> plan on the driver from the survivors (:mod:`jobs.plan`) -> route and write on the
-workers into a staging folder -> commit: move the staging folder into place, then write
-``dataset.json``. A reader sees the old dataset, no dataset, or the new one, never a part.
+Extract (manifest rows) -> plan on the driver (:mod:`jobs.plan`) -> preprocess on the workers
+(fetch, decode, orient, RGB, resize, encode), each task writing its shard's rows straight into
+the shard's file in a staging folder -> repair: if images were rejected, re-plan without them
+(the plan moves as few rows as it can) and assemble the shards that changed from rows already
+preprocessed -> commit: move the staging folder into place, then write ``dataset.json``. A
+reader sees the old dataset, no dataset, or the new one, never a part. No image is sent through
+the engine: a task reads it from the lake and writes it to its shard.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import hashlib
 import json
 import logging
@@ -26,12 +28,14 @@ import os
 import platform
 import sys
 import uuid
+from itertools import pairwise
 from typing import Any
 
 if __name__ == "__main__" and not __package__:
     # Run as a script (spark-submit jobs/shard.py): import the package, not its siblings.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -50,15 +54,31 @@ from jobs.contract import (
 from jobs.engines import Engine
 from jobs.engines.cli import run_job
 from jobs.errors import DatasetError, DatasetExistsError, RejectFractionError, ShardError
+from jobs.plan import ShardPlan, make_plan
 from jobs.report import write_report
 from jobs.settings import ShardConfig
-from jobs.shards import STAGED_SCHEMA, build_plans, preprocess_batch, shard_rows, write_shard
+from jobs.shards import (
+    OUTCOME_SCHEMA,
+    SEGMENT_SCHEMA,
+    SOURCE_SCHEMA,
+    AssembleTask,
+    SegmentTask,
+    assemble_shards,
+    preprocess_segments,
+)
 
 __all__ = ["dataset_version", "main", "run"]
 
 log = logging.getLogger("jobs.shard")
 
 _MANIFEST_COLUMNS = ["uri", "key", "label", "label_index", "channel"]
+
+#: Rows preprocessed by one task at most, when ``--partitions`` is not given: a shard with more
+#: rows is cut into segments, preprocessed by several tasks and then assembled.
+_ROWS_PER_TASK = 2000
+
+#: Inside the staging folder: segment files and spare rows, removed before the commit.
+_RUNS = "_runs"
 
 
 def dataset_version(fingerprint: str, cfg: ShardConfig, seed: int, channels: list[str]) -> str:
@@ -79,19 +99,105 @@ def _read_manifest(root: str, channels: list[str]) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def _writer(staging: str, channels: list[str], cfg: ShardConfig, version: str):
-    n = cfg.num_shards
-    row_group_bytes = cfg.row_group_size
 
-    def write(part: int, records) -> dict[str, Any]:
-        channel, shard = channels[part // n], part % n
-        uri = storage.join(staging, channel, shard_name(shard, n))
-        meta = {"dataset_version": version, "channel": channel, "shard_index": shard, "num_shards": n,
-                "format_version": FORMAT_VERSION, "image_format": cfg.image_format, "image_size": cfg.image_size}
-        stats = write_shard(shard_rows(records), uri, metadata=meta, row_group_bytes=row_group_bytes)
-        return {"channel": channel, "shard": shard, **stats}
-    return write
+def _channel_rows(rows: pa.Table, channel: str) -> pa.Table:
+    """The channel's manifest rows, sorted by key: the rows the plan indexes."""
+    mine = rows.filter(pc.equal(rows["channel"], channel))
+    return mine.take(pc.sort_indices(mine, sort_keys=[("key", "ascending")]))
 
+
+def _rows_by_shard(rows: pa.Table, plan: ShardPlan) -> list[pa.Table]:
+    """Each shard's rows in position order (:data:`SEGMENT_SCHEMA`)."""
+    order = np.lexsort((plan.position, plan.shard))
+    source = pa.array(plan.source[order], pa.int64())
+    table = pa.table({"uri": rows["uri"].take(source), "key": rows["key"].take(source),
+                      "label_index": rows["label_index"].take(source),
+                      "is_pad": pa.array(plan.is_pad[order], pa.bool_())}, schema=SEGMENT_SCHEMA)
+    cuts = np.searchsorted(plan.shard[order], np.arange(plan.num_shards + 1))
+    return [table.slice(int(a), int(b - a)) for a, b in pairwise(cuts)]
+
+
+def _segment_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, ShardPlan], cfg: ShardConfig,
+                   meta: dict[str, Any], *, segment_rows: int) -> list[SegmentTask]:
+    """Preprocessing tasks for the first plan: each shard whole into its file, or, if it has more
+    than ``segment_rows`` rows, in segments written apart and assembled afterwards. The rows the
+    remainder policy left out are preprocessed too (a spare task per channel), in case rejects
+    change the plan."""
+    tasks = []
+
+    def task(uri: str, rows: pa.Table, channel: str, shard: int) -> SegmentTask:
+        return SegmentTask(uri=uri, rows=rows, spec=cfg.image_spec(), threads=cfg.threads,
+                           row_group_bytes=cfg.row_group_size, metadata={**meta, "channel": channel, "shard_index": shard})
+
+    for channel, plan in plans.items():
+        rows = ordered[channel]
+        for shard, mine in enumerate(_rows_by_shard(rows, plan)):
+            pieces = max(1, math.ceil(mine.num_rows / segment_rows))
+            if pieces == 1:
+                tasks.append(task(storage.join(staging, channel, shard_name(shard, cfg.num_shards)), mine, channel, shard))
+                continue
+            size = math.ceil(mine.num_rows / pieces)
+            for j in range(pieces):
+                uri = storage.join(staging, _RUNS, channel, f"{shard:05d}-{j:05d}.parquet")
+                tasks.append(task(uri, mine.slice(j * size, size), channel, shard))
+        if len(plan.dropped):
+            spare = rows.take(pa.array(plan.dropped, pa.int64()))
+            spare = pa.table({"uri": spare["uri"], "key": spare["key"], "label_index": spare["label_index"],
+                              "is_pad": pa.array([False] * spare.num_rows)}, schema=SEGMENT_SCHEMA)
+            tasks.append(task(storage.join(staging, _RUNS, channel, "spare.parquet"), spare, channel, -1))
+    return tasks
+
+
+def _rejects(rows: pa.Table, outcomes: pa.Table) -> pa.Table:
+    """One row per manifest row that could not be used (:data:`SHARD_REJECTS_SCHEMA`), by key.
+    A row preprocessed twice (a pad copy) is one reject."""
+    failed = outcomes.filter(pc.is_null(outcomes["row"]))
+    reason: dict[str, str] = {}
+    for uri, why in zip(failed["uri"].to_pylist(), failed["reason"].to_pylist(), strict=True):
+        reason.setdefault(uri, why)
+    hit = rows.filter(pc.is_in(rows["uri"], value_set=pa.array(list(reason), pa.string())))
+    hit = hit.append_column("reason", pa.array([reason[u] for u in hit["uri"].to_pylist()], pa.string()))
+    return hit.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA).sort_by("key")
+
+
+def _assemble_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, ShardPlan],
+                    tasks: list[SegmentTask], outcomes: pa.Table, cfg: ShardConfig,
+                    meta: dict[str, Any]) -> tuple[list[AssembleTask], dict[tuple[str, int], str]]:
+    """Compare the final plan with what preprocessing wrote. A shard written whole whose rows are
+    the plan's, in its order, is done; every other shard is assembled from preprocessed rows
+    (its own segments first, then rows the repair moved in from other shards).
+
+    Returns the assemble tasks and every shard's final file, by (channel, shard).
+    """
+    ok = outcomes.filter(pc.is_valid(outcomes["row"]))
+    anywhere: dict[str, tuple[str, int]] = {}
+    by_file: dict[str, list[tuple[str, int]]] = {}
+    for uri, file, row in zip(ok["uri"].to_pylist(), ok["file"].to_pylist(), ok["row"].to_pylist(), strict=True):
+        anywhere.setdefault(uri, (file, row))
+        by_file.setdefault(file, []).append((uri, row))
+    written_rows = {t.uri: t.rows for t in tasks}
+    files_of: dict[tuple[str, int], list[str]] = {}
+    for t in tasks:
+        files_of.setdefault((t.metadata["channel"], t.metadata["shard_index"]), []).append(t.uri)
+
+    repairs: list[AssembleTask] = []
+    final: dict[tuple[str, int], str] = {}
+    for channel, plan in plans.items():
+        for shard, want in enumerate(_rows_by_shard(ordered[channel], plan)):
+            uri = storage.join(staging, channel, shard_name(shard, cfg.num_shards))
+            final[(channel, shard)] = uri
+            if uri in written_rows:
+                have = written_rows[uri]
+                have = have.filter(pc.is_in(have["uri"], value_set=ok["uri"]))
+                if have.select(["uri", "is_pad"]).equals(want.select(["uri", "is_pad"])):
+                    continue
+            own = {u: (f, r) for f in files_of[(channel, shard)] for u, r in by_file.get(f, [])}
+            where = [own.get(u) or anywhere[u] for u in want["uri"].to_pylist()]
+            sources = pa.table({"file": [f for f, _ in where], "row": [r for _, r in where],
+                                "is_pad": want["is_pad"]}, schema=SOURCE_SCHEMA)
+            repairs.append(AssembleTask(uri=uri, sources=sources, row_group_bytes=cfg.row_group_size,
+                                        metadata={**meta, "channel": channel, "shard_index": shard}))
+    return repairs, final
 
 def _channel_entry(channel: str, plan, ordered: pa.Table, stats: list[dict[str, Any]],
                    labels: dict[str, int], rejected: int) -> dict[str, Any]:
@@ -153,32 +259,47 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     version = dataset_version(marker["fingerprint"], cfg, seed, channels)
 
     rows = _read_manifest(root, channels)
-    partitions = cfg.partitions or max(1, min(rows.num_rows, max(2 * engine.parallelism, math.ceil(rows.num_rows / 500))))
-    log.info("preprocessing %d images (%s) in %d tasks on %s", rows.num_rows, ", ".join(channels), partitions, engine.name)
-    fn = functools.partial(preprocess_batch, spec=cfg.image_spec(), threads=cfg.threads)
-    staged = engine.preprocess(rows, fn, STAGED_SCHEMA, partitions=partitions)
-    try:
-        meta = engine.collect(staged, [f.name for f in STAGED_SCHEMA if f.name != "image"])
-        rejects = meta.filter(pc.equal(meta["status"], "rejected")).sort_by("key")
-        if rejects.num_rows > cfg.max_reject_fraction * max(1, meta.num_rows):
-            sample = "; ".join(f"{u}: {r}" for u, r in zip(rejects["uri"].to_pylist()[:5], rejects["reason"].to_pylist()[:5]))
-            raise RejectFractionError(
-                f"{rejects.num_rows} of {meta.num_rows} images in {root} could not be used "
-                f"(> max_reject_fraction={cfg.max_reject_fraction:g}); first: {sample}")
-        plan_table, plans, ordered = build_plans(meta, channels, num_shards=cfg.num_shards, seed=seed,
-                                                 remainder=cfg.remainder)
-        log.info("plan: %s; writing %d shard files", ", ".join(
-            f"{c}={plans[c].rows_per_shard}×{cfg.num_shards}" for c in channels), len(channels) * cfg.num_shards)
-        stats = engine.write_shards(staged, plan_table, _writer(staging, channels, cfg, version),
-                                    num_parts=len(channels) * cfg.num_shards)
-    finally:
-        engine.release(staged)
+    ordered = {c: _channel_rows(rows, c) for c in channels}
+    meta = {"dataset_version": version, "num_shards": cfg.num_shards, "format_version": FORMAT_VERSION,
+            "image_format": cfg.image_format, "image_size": cfg.image_size}
+    first = {c: make_plan(ordered[c]["key"].to_pylist(), ordered[c]["label_index"].to_pylist(),
+                          num_shards=cfg.num_shards, seed=seed, channel=c, remainder=cfg.remainder)
+             for c in channels}
+    wanted = cfg.partitions or max(2 * engine.parallelism, math.ceil(rows.num_rows / _ROWS_PER_TASK))
+    tasks = _segment_tasks(staging, ordered, first, cfg, meta, segment_rows=math.ceil(rows.num_rows / wanted))
+    log.info("preprocessing %d images (%s) straight into %d shard files, in %d tasks on %s", rows.num_rows,
+             ", ".join(channels), len(channels) * cfg.num_shards, len(tasks), engine.name)
+    done = engine.map_partitions(preprocess_segments, sorted(tasks, key=lambda t: -t.rows.num_rows),
+                                 partitions=len(tasks))
+    outcomes = pa.concat_tables([d["outcomes"] for d in done]) if done else OUTCOME_SCHEMA.empty_table()
+    written = {d["uri"]: d["stats"] for d in done}
+
+    rejects = _rejects(rows, outcomes)
+    if rejects.num_rows > cfg.max_reject_fraction * max(1, rows.num_rows):
+        sample = "; ".join(f"{u}: {r}" for u, r in zip(rejects["uri"].to_pylist()[:5], rejects["reason"].to_pylist()[:5]))
+        raise RejectFractionError(
+            f"{rejects.num_rows} of {rows.num_rows} images in {root} could not be used "
+            f"(> max_reject_fraction={cfg.max_reject_fraction:g}); first: {sample}")
+    rejected = rejects["uri"]
+    plans = {c: make_plan(ordered[c]["key"].to_pylist(), ordered[c]["label_index"].to_pylist(),
+                          num_shards=cfg.num_shards, seed=seed, channel=c, remainder=cfg.remainder,
+                          rejected=pc.is_in(ordered[c]["uri"], value_set=rejected).to_numpy(zero_copy_only=False))
+             for c in channels}
+    log.info("plan: %s", ", ".join(f"{c}={plans[c].rows_per_shard}×{cfg.num_shards}" for c in channels))
+    repairs, final = _assemble_tasks(staging, ordered, plans, tasks, outcomes, cfg, meta)
+    if repairs:
+        log.info("assembling %d of %d shard files from preprocessed rows (%d images rejected)", len(repairs),
+                 len(channels) * cfg.num_shards, rejects.num_rows)
+        written.update({d["uri"]: d["stats"] for d in engine.map_partitions(
+            assemble_shards, sorted(repairs, key=lambda t: -t.sources.num_rows), partitions=len(repairs))})
+    stats = [{"channel": c, "shard": s, **written[uri]} for (c, s), uri in final.items()]
 
     for channel in channels:  # the invariant, counted: exactly num_shards files of equal size
         got = sorted((s["shard"], s["rows"]) for s in stats if s["channel"] == channel)
         want = [(i, plans[channel].rows_per_shard) for i in range(cfg.num_shards)]
         if got != want:
             raise ShardError(f"channel {channel!r}: wrote shards {got}, planned {want}; nothing was committed")
+    storage.remove(storage.join(staging, _RUNS), recursive=True)
 
     fs, _ = storage.filesystem(root)
     pq.write_table(rejects.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA),
@@ -211,6 +332,12 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
             "dropped": sum(len(p.dropped) for p in plans.values()),
             "padded": sum(int(p.is_pad.sum()) for p in plans.values()),
         },
+        # How this run made the shards (depends on the engine's parallelism, not part of the
+        # dataset's identity): preprocessing tasks, images decoded (each once; pad copies
+        # count), and shard files assembled again because rejects changed the plan or the
+        # shard was cut into segments.
+        "build": {"preprocess_tasks": len(tasks), "preprocessed": outcomes.num_rows,
+                  "assembled_shards": len(repairs)},
         "channels": {c: _channel_entry(c, plans[c], ordered[c], stats, labels, reject_counts[c]) for c in channels},
         "versions": _versions(),
     }

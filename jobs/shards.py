@@ -1,7 +1,12 @@
-"""The shard job's engine-free steps: preprocess a batch of manifest rows, turn the survivors
-into a plan, and write one shard file from its rows in plan order.
+"""The shard job's worker steps: preprocess a segment of a shard straight into its file, and
+assemble a shard from rows already preprocessed. Engines run these as plain tasks; nothing
+here knows about Spark or Dask.
 
-Engines call these inside their workers; nothing here knows about Spark or Dask.
+Each image crosses the network once, from the lake to the worker that writes its shard: the
+plan is made before preprocessing, so a task knows which shard, and which position in it, every
+row of its segment goes to. Rows move between shard files only when images fail to decode (the
+plan's repair moves a few rows, see :mod:`jobs.plan`) and when a shard is cut into several
+segments to spread its work over more tasks.
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ import io
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -21,109 +28,216 @@ from jobs import storage
 from jobs.contract import SHARD_SCHEMA
 from jobs.errors import ImageRejected
 from jobs.images import ImageSpec, preprocess
-from jobs.plan import ShardPlan, make_plan
 
 __all__ = [
-    "PLAN_SCHEMA",
-    "STAGED_SCHEMA",
-    "build_plans",
-    "preprocess_batch",
-    "shard_rows",
-    "write_shard",
+    "OUTCOME_SCHEMA",
+    "SEGMENT_SCHEMA",
+    "SOURCE_SCHEMA",
+    "AssembleTask",
+    "SegmentTask",
+    "ShardWriter",
+    "assemble_shards",
+    "preprocess_segments",
 ]
 
 log = logging.getLogger(__name__)
 
-#: What preprocessing yields for each manifest row: the image, or the reason it has none.
-STAGED_SCHEMA = pa.schema(
-    [
-        ("uri", pa.string()),
-        ("key", pa.string()),
-        ("label", pa.string()),
-        ("label_index", pa.int64()),
-        ("channel", pa.string()),
-        ("image", pa.binary()),
-        ("height", pa.int32()),
-        ("width", pa.int32()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-    ]
+#: The rows of one segment, in the order its file holds them.
+SEGMENT_SCHEMA = pa.schema(
+    [("uri", pa.string()), ("key", pa.string()), ("label_index", pa.int64()), ("is_pad", pa.bool_())]
 )
 
-#: One row per output row: the staged row ``uri`` goes to partition ``part`` (channel-major:
-#: ``channel_index * num_shards + shard``) at ``position``.
-PLAN_SCHEMA = pa.schema(
-    [("uri", pa.string()), ("part", pa.int64()), ("position", pa.int64()), ("is_pad", pa.bool_())]
+#: What preprocessing a segment reports for each of its rows: ``row`` is the row's index in
+#: the segment's file, null when the image was rejected (``reason`` says why).
+OUTCOME_SCHEMA = pa.schema(
+    [("uri", pa.string()), ("file", pa.string()), ("row", pa.int64()), ("reason", pa.string())]
 )
 
+#: Where each row of an assembled shard comes from, in shard order.
+SOURCE_SCHEMA = pa.schema([("file", pa.string()), ("row", pa.int64()), ("is_pad", pa.bool_())])
 
-def _process_one(row: dict[str, Any], spec: ImageSpec) -> dict[str, Any]:
-    out = {k: row.get(k) for k in ("uri", "key", "label", "label_index", "channel")}
-    out.update(image=None, height=None, width=None, status="ok", reason=None)
-    fs, path = storage.filesystem(row["uri"])
+#: Rows handed to a decode thread at once: a pool task costs tens of microseconds, an image a
+#: few milliseconds, and a chunk's results are written as soon as it is done.
+_CHUNK_ROWS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentTask:
+    """Preprocess ``rows`` (:data:`SEGMENT_SCHEMA`) in order and write the survivors to ``uri``."""
+
+    uri: str
+    rows: pa.Table
+    spec: ImageSpec
+    metadata: Mapping[str, str]
+    row_group_bytes: int
+    threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class AssembleTask:
+    """Write ``uri`` from already preprocessed rows: ``sources`` (:data:`SOURCE_SCHEMA`), in order."""
+
+    uri: str
+    sources: pa.Table
+    metadata: Mapping[str, str]
+    row_group_bytes: int
+
+
+def _fetch_and_preprocess(uri: str, spec: ImageSpec) -> tuple[bytes, int, int] | str:
+    """The encoded image with its height and width, or the reason there is none."""
+    fs, path = storage.filesystem(uri)
     try:
         data = fs.cat_file(path)
     except FileNotFoundError:
-        out.update(status="rejected", reason="cannot read: object disappeared after listing")
-        return out
+        return "cannot read: object disappeared after listing"
     except Exception as exc:
-        out.update(status="rejected", reason=f"cannot read: {type(exc).__name__}: {exc}")
-        return out
+        return f"cannot read: {type(exc).__name__}: {exc}"
     try:
-        image, height, width = preprocess(data, spec)
+        return preprocess(data, spec)
     except ImageRejected as exc:
-        out.update(status="rejected", reason=exc.reason)
-        return out
-    out.update(image=image, height=height, width=width)
-    return out
+        return exc.reason
 
 
-def preprocess_batch(batch: pa.RecordBatch | pa.Table, spec: ImageSpec, *, threads: int = 4) -> pa.RecordBatch:
-    """Fetch, decode, resize and encode every row of ``batch`` (manifest columns), on
-    ``threads`` threads (Pillow releases the GIL). Rows are handed out in chunks: a pool
-    task costs tens of microseconds, an image a few milliseconds."""
-    rows = batch.to_pylist()
+def _preprocessed_chunks(task: SegmentTask) -> Iterator[tuple[pa.Table, list[Any]]]:
+    """The segment's rows with their outcomes (an image tuple or a reason), chunk by chunk, in
+    order, preprocessed on ``task.threads`` threads (Pillow and the S3 client release the GIL)."""
+    rows = task.rows
 
-    def work(chunk: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [_process_one(r, spec) for r in chunk]
+    def work(start: int) -> list[Any]:
+        uris = rows["uri"].slice(start, _CHUNK_ROWS).to_pylist()
+        return [_fetch_and_preprocess(u, task.spec) for u in uris]
 
-    if threads <= 1 or len(rows) <= 1:
-        out = work(rows)
-    else:
-        size = max(1, -(-len(rows) // (threads * 2)))
-        chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            out = [r for part in pool.map(work, chunks) for r in part]
-    return pa.RecordBatch.from_pylist(out, schema=STAGED_SCHEMA)
+    starts = range(0, rows.num_rows, _CHUNK_ROWS)
+    if task.threads <= 1:
+        results: Iterable[list[Any]] = map(work, starts)
+        for start, outcomes in zip(starts, results, strict=True):
+            yield rows.slice(start, _CHUNK_ROWS), outcomes
+        return
+    with ThreadPoolExecutor(max_workers=task.threads, thread_name_prefix="preprocess") as pool:
+        for start, outcomes in zip(starts, pool.map(work, starts), strict=True):
+            yield rows.slice(start, _CHUNK_ROWS), outcomes
 
 
-def build_plans(meta: pa.Table, channels: list[str], *, num_shards: int, seed: int,
-                remainder: str) -> tuple[pa.Table, dict[str, ShardPlan], dict[str, pa.Table]]:
-    """Plan every channel from the staged rows' metadata (status ``ok`` only).
+def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
+    """Fetch, decode, orient, resize and encode the segment's rows and write those that
+    survive, in order, to ``task.uri``. Returns the file's stats and the per-row outcomes
+    (:data:`OUTCOME_SCHEMA`)."""
+    outcome_rows: list[int | None] = []
+    reasons: list[str | None] = []
+    written = 0
+    with ShardWriter(task.uri, metadata=task.metadata, row_group_bytes=task.row_group_bytes) as writer:
+        for chunk, outcomes in _preprocessed_chunks(task):
+            keep = [not isinstance(o, str) for o in outcomes]
+            for ok, o in zip(keep, outcomes, strict=True):
+                outcome_rows.append(written if ok else None)
+                reasons.append(None if ok else o)
+                written += ok
+            images = [o for o in outcomes if not isinstance(o, str)]
+            if not images:
+                continue
+            chunk = chunk.filter(pa.array(keep))
+            writer.write(pa.table({
+                "image": pa.array([o[0] for o in images], pa.binary()),
+                "label": chunk["label_index"],
+                "uri": chunk["uri"],
+                "key": chunk["key"],
+                "height": pa.array([o[1] for o in images], pa.int32()),
+                "width": pa.array([o[2] for o in images], pa.int32()),
+                "is_pad": chunk["is_pad"],
+            }, schema=SHARD_SCHEMA))
+    outcomes_table = pa.table({
+        "uri": task.rows["uri"],
+        "file": pa.array([task.uri] * task.rows.num_rows, pa.string()),
+        "row": pa.array(outcome_rows, pa.int64()),
+        "reason": pa.array(reasons, pa.string()),
+    }, schema=OUTCOME_SCHEMA)
+    return {"uri": task.uri, "stats": writer.stats, "outcomes": outcomes_table}
 
-    Returns the routing table (:data:`PLAN_SCHEMA`), each channel's :class:`ShardPlan`, and
-    each channel's accepted rows in the order the plan indexes them (sorted by key).
+
+def preprocess_segments(tasks: list[SegmentTask]) -> list[dict[str, Any]]:
+    """:func:`preprocess_segment` for each task (an engine's ``map_partitions`` function)."""
+    return [preprocess_segment(t) for t in tasks]
+
+
+class _RowGroupCache:
+    """Reads rows of preprocessed files a row group at a time, keeping the last few groups:
+    an assembled shard reads most rows in order from one or a few files."""
+
+    _COLUMNS = ("image", "label", "uri", "key", "height", "width")
+
+    def __init__(self, keep: int = 4) -> None:
+        self._files: dict[str, tuple[pq.ParquetFile, np.ndarray, Any]] = {}
+        self._groups: dict[tuple[str, int], pa.Table] = {}
+        self._keep = keep
+
+    def _file(self, uri: str) -> tuple[pq.ParquetFile, np.ndarray]:
+        if uri not in self._files:
+            fs, path = storage.filesystem(uri)
+            handle = fs.open(path, "rb")
+            pf = pq.ParquetFile(handle)
+            sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+            self._files[uri] = (pf, np.cumsum([0, *sizes]), handle)
+        pf, starts, _ = self._files[uri]
+        return pf, starts
+
+    def take(self, uri: str, rows: np.ndarray) -> pa.Table:
+        """Rows ``rows`` (ascending or not) of ``uri``, in the order asked."""
+        pf, starts = self._file(uri)
+        groups = np.searchsorted(starts, rows, side="right") - 1
+        if len(rows) and (rows.min() < 0 or rows.max() >= starts[-1]):
+            raise IndexError(f"{uri} has {starts[-1]} rows; asked for row {int(rows.max())}")
+        pieces = []
+        for g in np.unique(groups):
+            key = (uri, int(g))
+            if key not in self._groups:
+                if len(self._groups) >= self._keep:
+                    self._groups.pop(next(iter(self._groups)))
+                self._groups[key] = pf.read_row_group(int(g), columns=list(self._COLUMNS))
+            pieces.append(self._groups[key])
+        table = pa.concat_tables(pieces)
+        offsets = np.concatenate([[0], np.cumsum([t.num_rows for t in pieces])])
+        first = {int(g): int(o - starts[g]) for g, o in zip(np.unique(groups), offsets[:-1], strict=True)}
+        return table.take(pa.array([first[int(g)] + int(r) for g, r in zip(groups, rows, strict=True)], pa.int64()))
+
+    def close(self) -> None:
+        for _, _, handle in self._files.values():
+            handle.close()
+        self._files.clear()
+        self._groups.clear()
+
+
+def assemble_shard(task: AssembleTask) -> dict[str, Any]:
+    """Write ``task.uri`` from its sources, in order; returns the file's stats.
+
+    The file is written under a temporary name and moved into place, because one of its
+    sources may be the file it replaces.
     """
-    parts = []
-    plans: dict[str, ShardPlan] = {}
-    ordered: dict[str, pa.Table] = {}
-    ok = meta.filter(pc.equal(meta["status"], "ok"))
-    for ci, channel in enumerate(channels):
-        rows = ok.filter(pc.equal(ok["channel"], channel))
-        rows = rows.take(pc.sort_indices(rows, sort_keys=[("key", "ascending")]))
-        keys = rows["key"].to_pylist()
-        plan = make_plan(keys, rows["label_index"].to_pylist(), num_shards=num_shards, seed=seed,
-                         channel=channel, remainder=remainder)
-        plans[channel] = plan
-        ordered[channel] = rows
-        uris = rows["uri"].take(pa.array(plan.source))
-        parts.append(pa.table({
-            "uri": uris,
-            "part": pa.array(ci * num_shards + plan.shard, pa.int64()),
-            "position": pa.array(plan.position, pa.int64()),
-            "is_pad": pa.array(plan.is_pad, pa.bool_()),
-        }, schema=PLAN_SCHEMA))
-    return pa.concat_tables(parts) if parts else PLAN_SCHEMA.empty_table(), plans, ordered
+    sources = task.sources
+    tmp = f"{task.uri}.assembling"
+    cache = _RowGroupCache()
+    try:
+        with ShardWriter(tmp, metadata=task.metadata, row_group_bytes=task.row_group_bytes) as writer:
+            files = sources["file"].to_pylist()
+            rows = sources["row"].to_numpy()
+            start = 0
+            while start < len(files):  # runs of consecutive rows from the same file
+                stop = start + 1
+                while stop < len(files) and files[stop] == files[start] and stop - start < 1024:
+                    stop += 1
+                got = cache.take(files[start], rows[start:stop])
+                writer.write(got.append_column("is_pad", sources["is_pad"].slice(start, stop - start))
+                             .cast(SHARD_SCHEMA))
+                start = stop
+    finally:
+        cache.close()
+    fs, path = storage.filesystem(task.uri)
+    fs.mv(storage.filesystem(tmp)[1], path)
+    return writer.stats
+
+
+def assemble_shards(tasks: list[AssembleTask]) -> list[dict[str, Any]]:
+    """:func:`assemble_shard` for each task (an engine's ``map_partitions`` function)."""
+    return [{"uri": t.uri, "stats": assemble_shard(t)} for t in tasks]
 
 
 class _HashingWriter(io.RawIOBase):
@@ -145,60 +259,80 @@ class _HashingWriter(io.RawIOBase):
         return view.nbytes
 
 
-def write_shard(rows: Iterable[Mapping[str, Any]], uri: str, *, metadata: Mapping[str, str],
-                row_group_bytes: int) -> dict[str, Any]:
-    """Write ``rows`` (already in shard order; keys of :data:`SHARD_SCHEMA`) to ``uri``.
+class ShardWriter:
+    """Writes :data:`SHARD_SCHEMA` rows to one Parquet file, hashing it as it goes.
 
-    Row groups close once they hold ``row_group_bytes`` of images, so readers can stream a
-    few MiB at a time. The image column is stored uncompressed and without dictionary
-    encoding (JPEG bytes do not compress; a dictionary cost ~30% of read speed). Returns
-    the file's stats: rows, bytes, sha256, row groups and per-label counts.
+    A row group closes right after the row that brings its images to ``row_group_bytes``, so
+    row groups depend only on the rows, not on how they were handed in: a shard written in one
+    go and one assembled from pieces are the same bytes. The image column is stored
+    uncompressed and without dictionary encoding (JPEG bytes do not compress; a dictionary cost
+    ~30% of read speed). ``stats`` (after closing): rows, bytes, sha256, row groups and
+    per-label counts.
     """
-    schema = SHARD_SCHEMA.with_metadata({f"lakeshard.{k}": str(v) for k, v in metadata.items()})
-    fs, path = storage.filesystem(uri)
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    labels: dict[int, int] = {}
-    rows_written = row_groups = 0
-    with fs.open(path, "wb") as raw:
-        sink = _HashingWriter(raw)
-        writer = pq.ParquetWriter(
-            sink, schema,
+
+    def __init__(self, uri: str, *, metadata: Mapping[str, Any], row_group_bytes: int) -> None:
+        self._schema = SHARD_SCHEMA.with_metadata({f"lakeshard.{k}": str(v) for k, v in metadata.items()})
+        self._row_group_bytes = row_group_bytes
+        self._fs, self._path = storage.filesystem(uri)
+        self._pending: list[pa.Table] = []
+        self._pending_bytes = 0
+        self._labels: dict[int, int] = {}
+        self._rows = self._row_groups = 0
+        self.stats: dict[str, Any] = {}
+
+    def __enter__(self) -> ShardWriter:
+        self._fs.makedirs(self._fs._parent(self._path), exist_ok=True)
+        self._raw = self._fs.open(self._path, "wb")
+        self._sink = _HashingWriter(self._raw)
+        self._writer = pq.ParquetWriter(
+            self._sink, self._schema,
             compression={"image": "NONE", "label": "SNAPPY", "uri": "SNAPPY", "key": "SNAPPY",
                          "height": "SNAPPY", "width": "SNAPPY", "is_pad": "SNAPPY"},
             use_dictionary=["label", "height", "width", "is_pad"],
             write_statistics=["label", "height", "width", "is_pad"],
         )
-        group: list[Mapping[str, Any]] = []
-        group_bytes = 0
+        return self
 
-        def flush() -> None:
-            nonlocal group, group_bytes, row_groups
-            if group:
-                writer.write_table(pa.Table.from_pylist(group, schema=schema), row_group_size=len(group))
-                row_groups += 1
-                group, group_bytes = [], 0
+    def write(self, table: pa.Table) -> None:
+        """Append ``table``'s rows (:data:`SHARD_SCHEMA`)."""
+        if not table.num_rows:
+            return
+        for label, count in zip(*np.unique(table["label"].to_numpy(), return_counts=True), strict=True):
+            self._labels[int(label)] = self._labels.get(int(label), 0) + int(count)
+        self._rows += table.num_rows
+        sizes = pc.binary_length(table["image"]).to_numpy(zero_copy_only=False)
+        start = 0
+        while start < table.num_rows:
+            # Cut right after the row whose image reaches the row-group size.
+            need = self._row_group_bytes - self._pending_bytes
+            cum = np.cumsum(sizes[start:])
+            reach = int(np.searchsorted(cum, need))  # first row with cum >= need
+            if reach >= len(cum):
+                self._pending.append(table.slice(start))
+                self._pending_bytes += int(cum[-1])
+                return
+            self._pending.append(table.slice(start, reach + 1))
+            self._flush()
+            start += reach + 1
 
-        for row in rows:
-            group.append(row)
-            group_bytes += len(row["image"])
-            labels[int(row["label"])] = labels.get(int(row["label"]), 0) + 1
-            rows_written += 1
-            if group_bytes >= row_group_bytes:
-                flush()
-        flush()
-        writer.close()
-    return {
-        "rows": rows_written,
-        "bytes": sink.bytes,
-        "sha256": sink.sha256.hexdigest(),
-        "row_groups": row_groups,
-        "label_counts": {str(k): v for k, v in sorted(labels.items())},
-    }
+    def _flush(self) -> None:
+        if self._pending:
+            group = pa.concat_tables(self._pending)
+            self._writer.write_table(group, row_group_size=group.num_rows)
+            self._row_groups += 1
+            self._pending, self._pending_bytes = [], 0
 
-
-def shard_rows(records: Iterator[tuple[Any, Mapping[str, Any]]]) -> Iterator[dict[str, Any]]:
-    """Turn an engine's sorted ``((part, position), staged_row_with_is_pad)`` stream into
-    :data:`SHARD_SCHEMA` rows."""
-    for _, r in records:
-        yield {"image": bytes(r["image"]), "label": int(r["label_index"]), "uri": r["uri"], "key": r["key"],
-               "height": int(r["height"]), "width": int(r["width"]), "is_pad": bool(r["is_pad"])}
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        try:
+            if exc_type is None:
+                self._flush()
+            self._writer.close()
+        finally:
+            self._raw.close()
+        self.stats = {
+            "rows": self._rows,
+            "bytes": self._sink.bytes,
+            "sha256": self._sink.sha256.hexdigest(),
+            "row_groups": self._row_groups,
+            "label_counts": {str(k): v for k, v in sorted(self._labels.items())},
+        }

@@ -1,25 +1,22 @@
 """Engines run the jobs' heavy steps on workers; the jobs themselves are engine-free.
 
-An engine provides five operations (see :class:`Engine`); the Spark and Dask engines are thin
-adapters over the same core functions, which is why both write the same dataset.
+An engine runs a function over parts of a list of work items on its workers and gives back the
+results (see :class:`Engine`). That is all the jobs need: they plan on the driver and hand each
+task everything it reads and writes, so the Spark and Dask engines are thin adapters over the
+same core functions, which is why both write the same dataset. No image passes through an
+engine's shuffle, cache or result.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-import pyarrow as pa
-
-__all__ = ["ENGINES", "Engine", "WriteFn", "open_engine"]
+__all__ = ["ENGINES", "Engine", "open_engine"]
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-#: ``fn(part, records)``: write partition ``part`` from its ``((part, position), row)``
-#: records, sorted by position; returns the shard's stats.
-WriteFn = Callable[[int, Iterator[tuple[Any, dict[str, Any]]]], dict[str, Any]]
 
 
 class Engine(Protocol):
@@ -33,21 +30,6 @@ class Engine(Protocol):
                        partitions: int) -> list[R]:
         """Split ``items`` into ``partitions`` parts, run ``fn`` on each part on a worker,
         and return the concatenated results (in no particular order)."""
-
-    def preprocess(self, rows: pa.Table, fn: Callable[[pa.RecordBatch], pa.RecordBatch],
-                   schema: pa.Schema, *, partitions: int) -> Any:
-        """Run ``fn`` over ``rows`` in ``partitions`` tasks and keep the result on the
-        workers; return a handle to it."""
-
-    def collect(self, staged: Any, columns: list[str]) -> pa.Table:
-        """Bring ``columns`` of the staged result to the driver."""
-
-    def write_shards(self, staged: Any, plan: pa.Table, fn: WriteFn, *, num_parts: int) -> list[dict[str, Any]]:
-        """Route each staged row to the plan's partitions (a row listed twice in ``plan`` goes
-        twice, with its ``is_pad``), sort each partition by position, and run ``fn`` on it."""
-
-    def release(self, staged: Any) -> None:
-        """Free the staged result on the workers."""
 
     def close(self) -> None:
         """Release what the engine started (not what it was handed)."""

@@ -15,7 +15,7 @@ from tests.helpers.checks import read_table, shard_tables
 __all__ = ["DATASET_JSON_ENGINE_KEYS", "assert_same_dataset", "assert_same_manifest"]
 
 #: The only keys of dataset.json that may differ between engines and runs.
-DATASET_JSON_ENGINE_KEYS = ("created_at", "engine")
+DATASET_JSON_ENGINE_KEYS = ("created_at", "engine", "build")
 
 
 def _json(uri: str) -> Any:

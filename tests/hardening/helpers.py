@@ -98,11 +98,11 @@ def manifest_digest(root: str) -> dict[str, Any]:
 
 
 def dataset_digest(root: str) -> dict[str, Any]:
-    """dataset.json minus ``created_at``/``engine``, every shard's rows, the shard rejects and
+    """dataset.json minus ``created_at``/``engine``/``build``, every shard's rows, the shard rejects and
     the manifests: equal digests mean equal datasets."""
     root = storage.normalize(root)
     info = json.loads(storage.read_bytes(storage.join(root, "dataset.json")))
-    info = {k: v for k, v in info.items() if k not in ("created_at", "engine")}
+    info = {k: v for k, v in info.items() if k not in ("created_at", "engine", "build")}
     shards = {c: [t.to_pylist() for t in shard_tables(root, c, info["num_shards"])] for c in info["channels"]}
     rejects = _table_rows(storage.join(shards_uri(root), "rejects.parquet"))
     return {"info": info, "shards": shards, "shard_rejects": rejects, "manifest": manifest_digest(root)}

@@ -181,3 +181,37 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
     proc = subprocess.run([submit, "--master", "local[1]", "jobs/shard.py", "--dataset", str(out), "--num-shards", "0"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "num_shards must be a positive integer, got 0" in proc.stdout + proc.stderr
+
+
+def _truncated_jpeg() -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG")
+    return buf.getvalue()[:400]  # starts like a JPEG (the manifest accepts it), cannot be decoded
+
+
+def test_a_rejected_image_is_repaired_in_its_shard_without_decoding_twice(tmp_path, spark_engine):
+    # 41 + 40 rows into 4 shards: the first plan keeps 80 and holds one row of the bigger class
+    # "a" spare. The truncated image (in "a") fails to decode; the repair fills its hole with
+    # that spare, so exactly one shard file changes and no image is decoded a second time.
+    lake = tmp_path / "raw"
+    write_lake(lake, {"a": 40, "b": 40})
+    (lake / "a" / "broken.jpg").write_bytes(_truncated_jpeg())
+    out = tmp_path / "ds"
+    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1"), spark_engine)
+    info = shard_job.run(ShardConfig(dataset=str(out), num_shards=4, image_size=24), spark_engine)
+    check_dataset(str(out))
+    rejects = read_table(str(out / "shards" / "rejects.parquet"))
+    assert rejects["key"].to_pylist() == ["a/broken.jpg"]
+    assert info["channels"]["train"]["rows_per_shard"] == 20 and info["counts"]["dropped"] == 0
+    assert info["build"]["preprocessed"] == 81
+    assert info["build"]["assembled_shards"] == 1
+
+    # Segmenting the shards (many small tasks, then assembly) writes byte-identical shards.
+    segmented = tmp_path / "segmented"
+    shutil.copytree(out / "manifests", segmented / "manifests")
+    shutil.copy(out / "labels.json", segmented / "labels.json")
+    info2 = shard_job.run(ShardConfig(dataset=str(segmented), num_shards=4, image_size=24, partitions=16),
+                          spark_engine)
+    assert info2["build"]["assembled_shards"] == 4 and info2["build"]["preprocessed"] == 81
+    assert ([s["sha256"] for s in info2["channels"]["train"]["shards"]]
+            == [s["sha256"] for s in info["channels"]["train"]["shards"]])
