@@ -148,6 +148,29 @@ def _segment_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, 
     return tasks
 
 
+
+def _pack(items: list[Any], sizes: list[int], bins: int) -> list[list[Any]]:
+    """``items`` in at most ``bins`` groups of nearly equal total size (largest first into the
+    lightest group), largest group first. An engine task costs tenths of a second to schedule
+    here (PySpark), so many small shards share a task rather than each taking one."""
+    groups: list[list[Any]] = [[] for _ in range(max(1, min(bins, len(items))))]
+    loads = [0] * len(groups)
+    for i in sorted(range(len(items)), key=lambda i: -sizes[i]):
+        g = loads.index(min(loads))
+        groups[g].append(items[i])
+        loads[g] += sizes[i]
+    return [g for _, g in sorted(zip(loads, groups, strict=True), key=lambda lg: -lg[0]) if g]
+
+
+class _flat:
+    """``fn`` over a partition of groups: an engine's ``map_partitions`` function (picklable)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, groups: list[list[Any]]) -> list[Any]:
+        return self.fn([item for group in groups for item in group])
+
 def _rejects(rows: pa.Table, outcomes: pa.Table) -> pa.Table:
     """One row per manifest row that could not be used (:data:`SHARD_REJECTS_SCHEMA`), by key.
     A row preprocessed twice (a pad copy) is one reject."""
@@ -267,10 +290,11 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
              for c in channels}
     wanted = cfg.partitions or max(2 * engine.parallelism, math.ceil(rows.num_rows / _ROWS_PER_TASK))
     tasks = _segment_tasks(staging, ordered, first, cfg, meta, segment_rows=math.ceil(rows.num_rows / wanted))
-    log.info("preprocessing %d images (%s) straight into %d shard files, in %d tasks on %s", rows.num_rows,
-             ", ".join(channels), len(channels) * cfg.num_shards, len(tasks), engine.name)
-    done = engine.map_partitions(preprocess_segments, sorted(tasks, key=lambda t: -t.rows.num_rows),
-                                 partitions=len(tasks))
+    log.info("preprocessing %d images (%s) straight into %d shard files: %d segments in %d tasks on %s",
+             rows.num_rows, ", ".join(channels), len(channels) * cfg.num_shards, len(tasks),
+             min(wanted, len(tasks)), engine.name)
+    bins = _pack(tasks, [t.rows.num_rows for t in tasks], wanted)
+    done = engine.map_partitions(_flat(preprocess_segments), bins, partitions=len(bins))
     outcomes = pa.concat_tables([d["outcomes"] for d in done]) if done else OUTCOME_SCHEMA.empty_table()
     written = {d["uri"]: d["stats"] for d in done}
 
@@ -290,8 +314,9 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     if repairs:
         log.info("assembling %d of %d shard files from preprocessed rows (%d images rejected)", len(repairs),
                  len(channels) * cfg.num_shards, rejects.num_rows)
+        bins = _pack(repairs, [t.sources.num_rows for t in repairs], wanted)
         written.update({d["uri"]: d["stats"] for d in engine.map_partitions(
-            assemble_shards, sorted(repairs, key=lambda t: -t.sources.num_rows), partitions=len(repairs))})
+            _flat(assemble_shards), bins, partitions=len(bins))})
     stats = [{"channel": c, "shard": s, **written[uri]} for (c, s), uri in final.items()]
 
     for channel in channels:  # the invariant, counted: exactly num_shards files of equal size
