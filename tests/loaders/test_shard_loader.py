@@ -66,13 +66,20 @@ def test_batches_are_uint8_images_and_int64_labels(dataset: Path):
 )
 def test_ranks_yield_equal_batches_and_cover_every_sample(datasets, layout, world, batch, drop_last, shuffle, remainder):
     root = datasets[layout]
+    total = {"2x21": 42, "3x13": 39, "4x6": 24}[layout]
+    per_rank = total // world if remainder == "drop" else -(-total // world)
+    options = dict(
+        world_size=world, batch_size=batch, shuffle=shuffle, seed=3, drop_last=drop_last,
+        remainder=remainder, num_threads=2, shuffle_window=5,
+    )  # fmt: skip
+    if drop_last and per_rank < batch:  # no whole batch on any rank: refused up front
+        with pytest.raises(ConfigError, match="leaves no batch"):
+            ShardLoader(str(root), rank=0, **options)
+        return
     seen: Counter[int] = Counter()
     lengths, yielded, last_sizes = set(), set(), set()
     for rank in range(world):
-        loader = ShardLoader(
-            str(root), rank=rank, world_size=world, batch_size=batch, shuffle=shuffle, seed=3,
-            drop_last=drop_last, remainder=remainder, num_threads=2, shuffle_window=5,
-        )  # fmt: skip
+        loader = ShardLoader(str(root), rank=rank, **options)
         lengths.add(len(loader))
         count = 0
         for images, labels in loader:
@@ -85,7 +92,6 @@ def test_ranks_yield_equal_batches_and_cover_every_sample(datasets, layout, worl
         last_sizes.add(last)
     assert len(lengths) == 1 and yielded == lengths  # same len on every rank, and exactly that many
     assert len(last_sizes) == 1  # the short last batch has the same size on every rank
-    total = {"2x21": 42, "3x13": 39, "4x6": 24}[layout]
     assert set(seen.values()) <= {1}  # never twice unpadded
     if not drop_last and remainder == "pad":
         assert sorted(seen) == list(range(total))  # every sample exactly once
