@@ -132,7 +132,7 @@ def _segment_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, 
     for channel, plan in plans.items():
         rows = ordered[channel]
         for shard, mine in enumerate(_rows_by_shard(rows, plan)):
-            pieces = max(1, math.ceil(mine.num_rows / segment_rows))
+            pieces = max(1, round(mine.num_rows / segment_rows))  # segments of 0.67-1.5x segment_rows
             if pieces == 1:
                 tasks.append(task(storage.join(staging, channel, shard_name(shard, cfg.num_shards)), mine, channel, shard))
                 continue
@@ -290,10 +290,12 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
              for c in channels}
     wanted = cfg.partitions or max(2 * engine.parallelism, math.ceil(rows.num_rows / _ROWS_PER_TASK))
     tasks = _segment_tasks(staging, ordered, first, cfg, meta, segment_rows=math.ceil(rows.num_rows / wanted))
+    # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
+    slots = engine.parallelism * math.ceil(wanted / engine.parallelism)
+    bins = _pack(tasks, [t.rows.num_rows for t in tasks], slots)
     log.info("preprocessing %d images (%s) straight into %d shard files: %d segments in %d tasks on %s",
              rows.num_rows, ", ".join(channels), len(channels) * cfg.num_shards, len(tasks),
-             min(wanted, len(tasks)), engine.name)
-    bins = _pack(tasks, [t.rows.num_rows for t in tasks], wanted)
+             len(bins), engine.name)
     done = engine.map_partitions(_flat(preprocess_segments), bins, partitions=len(bins))
     outcomes = pa.concat_tables([d["outcomes"] for d in done]) if done else OUTCOME_SCHEMA.empty_table()
     written = {d["uri"]: d["stats"] for d in done}
@@ -314,7 +316,7 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     if repairs:
         log.info("assembling %d of %d shard files from preprocessed rows (%d images rejected)", len(repairs),
                  len(channels) * cfg.num_shards, rejects.num_rows)
-        bins = _pack(repairs, [t.sources.num_rows for t in repairs], wanted)
+        bins = _pack(repairs, [t.sources.num_rows for t in repairs], slots)
         written.update({d["uri"]: d["stats"] for d in engine.map_partitions(
             _flat(assemble_shards), bins, partitions=len(bins))})
     stats = [{"channel": c, "shard": s, **written[uri]} for (c, s), uri in final.items()]

@@ -61,6 +61,23 @@ def _connect(client_cls: Any, address: str, name: str, timeout: float) -> Any:
     raise AssertionError("unreachable")
 
 
+def _worker_environ() -> dict[str, Any]:
+    """dask's pre-spawn environment for worker processes, minus ``MALLOC_TRIM_THRESHOLD_``.
+
+    dask sets it to 64 KiB to hand freed memory back to the OS early. Fixing it also fixes
+    glibc's mmap threshold (glibc stops adapting it), so every decode buffer of a photo (~1 MiB)
+    is mapped and unmapped again, page-faulting its memory in for every image: the shard job's
+    preprocessing ran ~20% slower on dask workers than on Spark's Python workers (glibc
+    defaults) until the engine's own cluster left glibc to its defaults. Clusters the engine
+    does not start keep their own settings (``docs/scaling.md``).
+    """
+    import dask
+
+    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+    env.pop("MALLOC_TRIM_THRESHOLD_", None)
+    return env
+
+
 def _bounds(n: int, parts: int) -> np.ndarray:
     """Contiguous slices, as ``SparkContext.parallelize`` cuts them: part i is
     ``[i * n // parts, (i + 1) * n // parts)``."""
@@ -90,6 +107,7 @@ class DaskEngine:
     def __init__(self, *, scheduler: str | None = None, client: Any = None, app_name: str = "lakeshard",
                  n_workers: int | None = None, threads_per_worker: int = 1,
                  connect_timeout: float = _CONNECT_TIMEOUT, **_: Any) -> None:
+        import dask
         from distributed import Client, LocalCluster
 
         self._cluster = None
@@ -104,9 +122,10 @@ class DaskEngine:
                 log.info("starting a LocalCluster of %d worker processes × %d thread(s)", workers, threads_per_worker)
                 # The cluster's own INFO lines (nannies starting and stopping) drown the job's.
                 logging.getLogger("distributed").setLevel(logging.WARNING)
-                self._cluster = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker,
-                                             processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                             silence_logs=logging.WARNING)
+                with dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}):
+                    self._cluster = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker,
+                                                 processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                                 silence_logs=logging.WARNING)
                 client = Client(self._cluster, name=app_name)
             try:
                 client.wait_for_workers(1, timeout=connect_timeout)
