@@ -190,7 +190,8 @@ def _assemble_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str,
     the plan's, in its order, is done; every other shard is assembled from preprocessed rows
     (its own segments first, then rows the repair moved in from other shards).
 
-    Returns the assemble tasks and every shard's final file, by (channel, shard).
+    Returns the assemble tasks and, by (channel, shard), the file that holds each shard once they
+    are done (an assembled shard is written beside and moved into place afterwards).
     """
     ok = outcomes.filter(pc.is_valid(outcomes["row"]))
     anywhere: dict[str, tuple[str, int]] = {}
@@ -218,8 +219,15 @@ def _assemble_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str,
             where = [own.get(u) or anywhere[u] for u in want["uri"].to_pylist()]
             sources = pa.table({"file": [f for f, _ in where], "row": [r for _, r in where],
                                 "is_pad": want["is_pad"]}, schema=SOURCE_SCHEMA)
-            repairs.append(AssembleTask(uri=uri, sources=sources, row_group_bytes=cfg.row_group_size,
+            # Assembled beside, moved into place when every assembly is done: this shard's file
+            # may be another assembly's source.
+            repairs.append(AssembleTask(uri=storage.join(staging, _RUNS, "assembled", channel, shard_name(shard, cfg.num_shards)),
+                                        sources=sources, row_group_bytes=cfg.row_group_size,
                                         metadata={**meta, "channel": channel, "shard_index": shard}))
+            final[(channel, shard)] = repairs[-1].uri
+    read = {f for t in repairs for f in t.sources["file"].unique().to_pylist()}
+    if overwritten := read & {t.uri for t in repairs}:  # assemblies run at the same time
+        raise ShardError(f"an assembly would overwrite a file other assemblies read: {sorted(overwritten)[:3]}")
     return repairs, final
 
 def _channel_entry(channel: str, plan, ordered: pa.Table, stats: list[dict[str, Any]],
@@ -320,6 +328,10 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
         written.update({d["uri"]: d["stats"] for d in engine.map_partitions(
             _flat(assemble_shards), bins, partitions=len(bins))})
     stats = [{"channel": c, "shard": s, **written[uri]} for (c, s), uri in final.items()]
+    for (channel, shard), uri in final.items():
+        target = storage.join(staging, channel, shard_name(shard, cfg.num_shards))
+        if uri != target:
+            storage.replace(uri, target)
 
     for channel in channels:  # the invariant, counted: exactly num_shards files of equal size
         got = sorted((s["shard"], s["rows"]) for s in stats if s["channel"] == channel)

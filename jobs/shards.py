@@ -209,14 +209,13 @@ class _RowGroupCache:
 def assemble_shard(task: AssembleTask) -> dict[str, Any]:
     """Write ``task.uri`` from its sources, in order; returns the file's stats.
 
-    The file is written under a temporary name and moved into place, because one of its
-    sources may be the file it replaces.
+    ``task.uri`` must not be a source of any assembly running at the same time: the job
+    assembles into new files and moves them into place once every assembly is done.
     """
     sources = task.sources
-    tmp = f"{task.uri}.assembling"
     cache = _RowGroupCache()
     try:
-        with ShardWriter(tmp, metadata=task.metadata, row_group_bytes=task.row_group_bytes) as writer:
+        with ShardWriter(task.uri, metadata=task.metadata, row_group_bytes=task.row_group_bytes) as writer:
             files = sources["file"].to_pylist()
             rows = sources["row"].to_numpy()
             start = 0
@@ -230,8 +229,6 @@ def assemble_shard(task: AssembleTask) -> dict[str, Any]:
                 start = stop
     finally:
         cache.close()
-    fs, path = storage.filesystem(task.uri)
-    fs.mv(storage.filesystem(tmp)[1], path)
     return writer.stats
 
 

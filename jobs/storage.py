@@ -165,6 +165,19 @@ def remove(uri: str, *, recursive: bool = False) -> None:
         raise StorageError(f"cannot delete {uri}: {exc}") from exc
 
 
+def replace(src: str, dst: str) -> None:
+    """Move the file ``src`` onto ``dst``, replacing it (local: ``os.replace``, atomic; S3: a
+    server-side copy, then the source is deleted)."""
+    fs, src_path = filesystem(src)
+    _, dst_path = filesystem(dst)
+    try:
+        if dst.startswith("file://"):
+            os.makedirs(os.path.dirname(dst_path), exist_ok=True)
+        fs.mv(src_path, dst_path)
+    except Exception as exc:
+        raise StorageError(f"cannot move {src} to {dst}: {exc}") from exc
+
+
 def move(src: str, dst: str) -> None:
     """Move the folder ``src`` to ``dst`` (which must not exist).
 
