@@ -166,14 +166,16 @@ def remove(uri: str, *, recursive: bool = False) -> None:
 
 
 def replace(src: str, dst: str) -> None:
-    """Move the file ``src`` onto ``dst``, replacing it (local: ``os.replace``, atomic; S3: a
-    server-side copy, then the source is deleted)."""
+    """Move ``src`` (a file, or locally also a folder) onto ``dst``. Local: one ``os.replace``,
+    atomic. S3 (files only): a server-side copy, then the source is deleted."""
     fs, src_path = filesystem(src)
     _, dst_path = filesystem(dst)
     try:
-        if dst.startswith("file://"):
+        if src.startswith("file://"):
             os.makedirs(os.path.dirname(dst_path), exist_ok=True)
-        fs.mv(src_path, dst_path)
+            os.replace(src_path, dst_path)
+        else:
+            fs.mv(src_path, dst_path)
     except Exception as exc:
         raise StorageError(f"cannot move {src} to {dst}: {exc}") from exc
 
@@ -184,17 +186,16 @@ def move(src: str, dst: str) -> None:
     Local: one ``os.replace``, atomic. S3 has no rename: objects are copied then deleted, so
     the jobs gate visibility on a marker written after the move, never on the folder itself.
     """
+    if src.startswith("file://"):
+        replace(src, dst)
+        return
     fs, src_path = filesystem(src)
     _, dst_path = filesystem(dst)
     try:
-        if src.startswith("file://"):
-            os.makedirs(os.path.dirname(dst_path), exist_ok=True)
-            os.replace(src_path, dst_path)
-        else:
-            files = fs.find(src_path)
-            targets = [dst_path + f[len(src_path):] for f in files]
-            if files:
-                fs.copy(files, targets)
-            fs.rm(files)
+        files = fs.find(src_path)
+        targets = [dst_path + f[len(src_path):] for f in files]
+        if files:
+            fs.copy(files, targets)
+        fs.rm(files)
     except Exception as exc:
         raise StorageError(f"cannot move {src} to {dst}: {exc}") from exc
