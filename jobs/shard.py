@@ -63,8 +63,8 @@ from jobs.shards import (
     SOURCE_SCHEMA,
     AssembleTask,
     SegmentTask,
-    assemble_shards,
-    preprocess_segments,
+    assemble_shard,
+    preprocess_segment,
 )
 
 __all__ = ["dataset_version", "main", "run"]
@@ -97,7 +97,6 @@ def _read_manifest(root: str, channels: list[str]) -> pa.Table:
         path = storage.filesystem(manifests_uri(root, f"{channel}.parquet"))[1]
         tables.append(pq.read_table(path, filesystem=fs, columns=_MANIFEST_COLUMNS))
     return pa.concat_tables(tables)
-
 
 
 def _channel_rows(rows: pa.Table, channel: str) -> pa.Table:
@@ -148,7 +147,6 @@ def _segment_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, 
     return tasks
 
 
-
 def _pack(items: list[Any], sizes: list[int], bins: int) -> list[list[Any]]:
     """``items`` in at most ``bins`` groups of nearly equal total size (largest first into the
     lightest group), largest group first. An engine task costs tenths of a second to schedule
@@ -162,14 +160,16 @@ def _pack(items: list[Any], sizes: list[int], bins: int) -> list[list[Any]]:
     return [g for _, g in sorted(zip(loads, groups, strict=True), key=lambda lg: -lg[0]) if g]
 
 
-class _flat:
-    """``fn`` over a partition of groups: an engine's ``map_partitions`` function (picklable)."""
+class _each:
+    """``fn`` on every item of a partition of groups: an engine's ``map_partitions`` function
+    (a class, so it pickles by reference)."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
 
     def __call__(self, groups: list[list[Any]]) -> list[Any]:
-        return self.fn([item for group in groups for item in group])
+        return [self.fn(item) for group in groups for item in group]
+
 
 def _rejects(rows: pa.Table, outcomes: pa.Table) -> pa.Table:
     """One row per manifest row that could not be used (:data:`SHARD_REJECTS_SCHEMA`), by key.
@@ -229,6 +229,7 @@ def _assemble_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str,
     if overwritten := read & {t.uri for t in repairs}:  # assemblies run at the same time
         raise ShardError(f"an assembly would overwrite a file other assemblies read: {sorted(overwritten)[:3]}")
     return repairs, final
+
 
 def _channel_entry(channel: str, plan, ordered: pa.Table, stats: list[dict[str, Any]],
                    labels: dict[str, int], rejected: int) -> dict[str, Any]:
@@ -293,9 +294,12 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     ordered = {c: _channel_rows(rows, c) for c in channels}
     meta = {"dataset_version": version, "num_shards": cfg.num_shards, "format_version": FORMAT_VERSION,
             "image_format": cfg.image_format, "image_size": cfg.image_size}
-    first = {c: make_plan(ordered[c]["key"].to_pylist(), ordered[c]["label_index"].to_pylist(),
-                          num_shards=cfg.num_shards, seed=seed, channel=c, remainder=cfg.remainder)
-             for c in channels}
+    def plan(channel: str, rejected: Any = None) -> ShardPlan:
+        rows = ordered[channel]
+        return make_plan(rows["key"].to_pylist(), rows["label_index"].to_pylist(), num_shards=cfg.num_shards,
+                         seed=seed, channel=channel, remainder=cfg.remainder, rejected=rejected)
+
+    first = {c: plan(c) for c in channels}
     wanted = cfg.partitions or max(2 * engine.parallelism, math.ceil(rows.num_rows / _ROWS_PER_TASK))
     tasks = _segment_tasks(staging, ordered, first, cfg, meta, segment_rows=math.ceil(rows.num_rows / wanted))
     # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
@@ -304,7 +308,7 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     log.info("preprocessing %d images (%s) straight into %d shard files: %d segments in %d tasks on %s",
              rows.num_rows, ", ".join(channels), len(channels) * cfg.num_shards, len(tasks),
              len(bins), engine.name)
-    done = engine.map_partitions(_flat(preprocess_segments), bins, partitions=len(bins))
+    done = engine.map_partitions(_each(preprocess_segment), bins, partitions=len(bins))
     outcomes = pa.concat_tables([d["outcomes"] for d in done]) if done else OUTCOME_SCHEMA.empty_table()
     written = {d["uri"]: d["stats"] for d in done}
 
@@ -315,9 +319,7 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
             f"{rejects.num_rows} of {rows.num_rows} images in {root} could not be used "
             f"(> max_reject_fraction={cfg.max_reject_fraction:g}); first: {sample}")
     rejected = rejects["uri"]
-    plans = {c: make_plan(ordered[c]["key"].to_pylist(), ordered[c]["label_index"].to_pylist(),
-                          num_shards=cfg.num_shards, seed=seed, channel=c, remainder=cfg.remainder,
-                          rejected=pc.is_in(ordered[c]["uri"], value_set=rejected).to_numpy(zero_copy_only=False))
+    plans = {c: plan(c, pc.is_in(ordered[c]["uri"], value_set=rejected).to_numpy(zero_copy_only=False))
              for c in channels}
     log.info("plan: %s", ", ".join(f"{c}={plans[c].rows_per_shard}×{cfg.num_shards}" for c in channels))
     repairs, final = _assemble_tasks(staging, ordered, plans, tasks, outcomes, cfg, meta)
@@ -326,7 +328,7 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
                  len(channels) * cfg.num_shards, rejects.num_rows)
         bins = _pack(repairs, [t.sources.num_rows for t in repairs], slots)
         written.update({d["uri"]: d["stats"] for d in engine.map_partitions(
-            _flat(assemble_shards), bins, partitions=len(bins))})
+            _each(assemble_shard), bins, partitions=len(bins))})
     stats = [{"channel": c, "shard": s, **written[uri]} for (c, s), uri in final.items()]
     for (channel, shard), uri in final.items():
         target = storage.join(staging, channel, shard_name(shard, cfg.num_shards))

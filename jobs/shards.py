@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +36,8 @@ __all__ = [
     "AssembleTask",
     "SegmentTask",
     "ShardWriter",
-    "assemble_shards",
-    "preprocess_segments",
+    "assemble_shard",
+    "preprocess_segment",
 ]
 
 log = logging.getLogger(__name__)
@@ -108,12 +108,7 @@ def _preprocessed_chunks(task: SegmentTask) -> Iterator[tuple[pa.Table, list[Any
         return [_fetch_and_preprocess(u, task.spec) for u in uris]
 
     starts = range(0, rows.num_rows, _CHUNK_ROWS)
-    if task.threads <= 1:
-        results: Iterable[list[Any]] = map(work, starts)
-        for start, outcomes in zip(starts, results, strict=True):
-            yield rows.slice(start, _CHUNK_ROWS), outcomes
-        return
-    with ThreadPoolExecutor(max_workers=task.threads, thread_name_prefix="preprocess") as pool:
+    with ThreadPoolExecutor(max_workers=max(1, task.threads), thread_name_prefix="preprocess") as pool:
         for start, outcomes in zip(starts, pool.map(work, starts), strict=True):
             yield rows.slice(start, _CHUNK_ROWS), outcomes
 
@@ -152,11 +147,6 @@ def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
         "reason": pa.array(reasons, pa.string()),
     }, schema=OUTCOME_SCHEMA)
     return {"uri": task.uri, "stats": writer.stats, "outcomes": outcomes_table}
-
-
-def preprocess_segments(tasks: list[SegmentTask]) -> list[dict[str, Any]]:
-    """:func:`preprocess_segment` for each task (an engine's ``map_partitions`` function)."""
-    return [preprocess_segment(t) for t in tasks]
 
 
 class _RowGroupCache:
@@ -207,7 +197,7 @@ class _RowGroupCache:
 
 
 def assemble_shard(task: AssembleTask) -> dict[str, Any]:
-    """Write ``task.uri`` from its sources, in order; returns the file's stats.
+    """Write ``task.uri`` from its sources, in order; returns the file's URI and stats.
 
     ``task.uri`` must not be a source of any assembly running at the same time: the job
     assembles into new files and moves them into place once every assembly is done.
@@ -229,12 +219,7 @@ def assemble_shard(task: AssembleTask) -> dict[str, Any]:
                 start = stop
     finally:
         cache.close()
-    return writer.stats
-
-
-def assemble_shards(tasks: list[AssembleTask]) -> list[dict[str, Any]]:
-    """:func:`assemble_shard` for each task (an engine's ``map_partitions`` function)."""
-    return [{"uri": t.uri, "stats": assemble_shard(t)} for t in tasks]
+    return {"uri": task.uri, "stats": writer.stats}
 
 
 class _HashingWriter(io.RawIOBase):

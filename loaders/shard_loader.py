@@ -116,11 +116,8 @@ def _open_parquet(uri: str) -> tuple[Any, pq.ParquetFile]:
     images read in 10 ms instead of 19 ms through fsspec's Python file); the rest through
     fsspec, with Arrow's pre-buffering (coalesced range requests)."""
     local = uri.startswith("file://")
-    if local:
-        f = _LOCAL.open_input_file(uri[len("file://") :])
-    else:
-        fs, path = storage.filesystem(uri)
-        f = fs.open(path, "rb")
+    fs, path = storage.filesystem(uri)
+    f = _LOCAL.open_input_file(path) if local else fs.open(path, "rb")
     try:
         return f, pq.ParquetFile(f, pre_buffer=not local)
     except BaseException:

@@ -13,7 +13,11 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["ENGINES", "Engine", "open_engine"]
+__all__ = ["ENGINES", "FORWARDED_ENV", "Engine", "open_engine"]
+
+#: Where S3 is (not who: credentials stay with each worker's AWS environment); both engines
+#: forward these from the driver to their workers.
+FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -26,15 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from jobs.engines import FORWARDED_ENV
 from jobs.errors import EngineError
 
 __all__ = ["DaskEngine"]
 
 log = logging.getLogger(__name__)
 
-# Where S3 is (not who: credentials stay with the AWS environment of each worker), as the
-# Spark engine forwards it to its executors.
-_FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 #: Seconds to wait for a remote scheduler to answer and to have at least one worker.
 _CONNECT_TIMEOUT = 60
@@ -134,7 +132,7 @@ class DaskEngine:
                 raise EngineError(f"the dask scheduler at {client.scheduler.address} has no workers after "
                                   f"{connect_timeout:g} s; start some with `dask worker {client.scheduler.address}`") from exc
         self.client = client
-        self._env = {k: os.environ[k] for k in _FORWARDED_ENV if os.environ.get(k)}
+        self._env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
 
     def _submit(self, fn: Callable[..., Any], *args: Any, key: str) -> Any:
         return self.client.submit(_with_env, self._env, fn, *args, key=key, pure=False)

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jobs.engines import FORWARDED_ENV
+
 __all__ = ["SparkEngine"]
 
 log = logging.getLogger(__name__)
-
-_FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
 class SparkEngine:
@@ -43,7 +43,7 @@ class SparkEngine:
         self.spark = spark
         self.sc = spark.sparkContext
         # Where S3 is (not who: credentials stay with the AWS environment of each worker).
-        for name in _FORWARDED_ENV:
+        for name in FORWARDED_ENV:
             if os.environ.get(name):
                 self.sc.environment[name] = os.environ[name]
 
