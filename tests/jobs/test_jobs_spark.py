@@ -168,12 +168,18 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
     out = tmp_path / "ds"
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     submit = str(Path(sys.executable).parent / "spark-submit")
-    for argv in (["jobs/manifest.py", "--input", str(small_lake), "--output", str(out), "--conf", "conf/manifest.yaml",
-                  "--split-method", "stratified"],
-                 ["jobs/shard.py", "--dataset", str(out), "--num-shards", "2", "--image-size", "32"]):
-        proc = subprocess.run([submit, "--master", "local[2]", "--driver-memory", "1g", *argv], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
+    # The manifest job keeps a daemon module the user chose; the shard job gets the engine's.
+    for conf, daemon, argv in (
+            (["--conf", "spark.python.daemon.module=pyspark.daemon"], "pyspark.daemon",
+             ["jobs/manifest.py", "--input", str(small_lake), "--output", str(out), "--conf", "conf/manifest.yaml",
+              "--split-method", "stratified"]),
+            ([], "jobs.engines.spark_daemon",
+             ["jobs/shard.py", "--dataset", str(out), "--num-shards", "2", "--image-size", "32"])):
+        proc = subprocess.run([submit, "--master", "local[2]", "--driver-memory", "1g", *conf, *argv], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        # (spark-submit passes the Python driver's stderr to its own stdout)
+        assert f"master local[2], Python workers started by {daemon}\n" in proc.stdout, proc.stdout[-3000:]
     info = check_dataset(str(out))
     assert info["image"] == {"size": 32, "format": "jpeg", "quality": 90, "resize": "crop", "max_pixels": 89478485}
     assert pc.sum(read_table(str(out / "manifests" / "all.parquet"))["size"]).as_py() > 0
