@@ -1,6 +1,7 @@
 """PySpark's Python worker daemon, minus the archive copies of an installed PySpark on its path.
 
-The Spark engine runs its Python workers through this module (``spark.python.daemon.module``).
+In local mode the Spark engine starts its Python workers through this module
+(``spark.python.daemon.module``; on a cluster, a ``--conf`` of yours).
 Spark puts ``$SPARK_HOME/python/lib/pyspark.zip``, ``py4j-*.zip`` and the ``spark-core`` jar at
 the head of every Python worker's ``sys.path``, and PySpark calls ``importlib.invalidate_caches()``
 at the start of every task (``pyspark.worker_util.setup_spark_files``). Before Python 3.12 that
