@@ -81,14 +81,14 @@ def single_thread_rate(pool: ProcessPoolExecutor, paths: list[Path], spec: Image
 _REFERENCE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_": str(16 << 20)}
 
 
-def reference_pool(cores: int) -> ProcessPoolExecutor:
+def reference_pool(cores: int, warm_up: list[Path], spec: ImageSpec) -> ProcessPoolExecutor:
     """Fresh processes (``spawn``, so glibc reads :data:`_REFERENCE_MALLOC` at their start)
-    that measure the references."""
+    that measure the references, started and warmed up on ``warm_up``."""
     saved = dict(os.environ)
     os.environ.update(_REFERENCE_MALLOC)
     try:
         pool = ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context("spawn"))
-        list(pool.map(_preprocess_files, [[]] * cores, [None] * cores))  # start them all now
+        list(pool.map(_preprocess_files, [warm_up] * cores, [spec] * cores))  # starts them all now
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ImageSpec(size=args.image_size)
     cores = os.cpu_count() or 1
 
-    pool = reference_pool(cores)
-    list(pool.map(_preprocess_files, [paths[:5]] * cores, [spec] * cores))
+    pool = reference_pool(cores, paths[:5], spec)
     t = time.perf_counter()
     engine = open_engine(args.engine, app_name="lakeshard-bench")
     start = time.perf_counter() - t
