@@ -13,9 +13,9 @@ import json
 import logging
 import os
 import posixpath
+import re
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
 
 import fsspec
 
@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 _S3_RETRIES = {"max_attempts": 5, "mode": "standard"}
 
 
+#: A URI scheme, as RFC 3986 spells one (``urlsplit`` would also cut ``#...`` and ``?...`` off
+#: the rest, which are part of a key or file name here).
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
 def s3_options() -> dict[str, Any]:
     """Keyword arguments for ``s3fs.S3FileSystem`` from the standard AWS environment."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -61,21 +66,30 @@ def s3_options() -> dict[str, Any]:
 
 def normalize(uri: str) -> str:
     """Return ``uri`` in canonical form: ``s3://bucket/key`` or ``file:///abs/path``, no
-    trailing slash."""
+    trailing slash.
+
+    The key or path after the scheme is taken literally, as the AWS CLI takes an ``s3://`` URI:
+    ``#``, ``?``, ``%20`` and ``+`` are part of the name (``photo #1.jpg`` is a file name, not
+    ``photo `` and a fragment), so a URI made by joining a listed name onto a prefix always
+    names that object again.
+    """
     if not isinstance(uri, str) or not uri.strip():
         raise StorageError(f"a URI must be a non-empty string, got {uri!r}")
-    parts = urlsplit(uri)
-    if parts.scheme in ("s3", "s3a"):
-        if not parts.netloc:
+    match = _SCHEME.match(uri)
+    scheme = match.group(1).lower() if match else ""
+    rest = uri[match.end() :] if match else uri
+    if scheme in ("s3", "s3a"):
+        bucket, _, key = rest.removeprefix("//").partition("/")
+        if not rest.startswith("//") or not bucket:
             raise StorageError(f"S3 URI {uri!r} names no bucket")
-        key = parts.path.strip("/")
-        return f"s3://{parts.netloc}/{key}" if key else f"s3://{parts.netloc}"
-    if parts.scheme == "file":
-        path = parts.path
-    elif parts.scheme == "" or len(parts.scheme) == 1:  # plain path (or a Windows drive)
+        key = key.strip("/")
+        return f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+    if scheme == "file":
+        path = rest.removeprefix("//")  # file:///abs -> /abs; file:relative -> relative
+    elif not scheme or len(scheme) == 1:  # plain path (or a Windows drive)
         path = uri
     else:
-        raise StorageError(f"unsupported URI scheme {parts.scheme!r} in {uri!r}: use a local path, file:// or s3://")
+        raise StorageError(f"unsupported URI scheme {scheme!r} in {uri!r}: use a local path, file:// or s3://")
     path = os.path.abspath(os.path.expanduser(path))
     return "file://" + path
 

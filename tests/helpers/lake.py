@@ -83,6 +83,9 @@ def bad_objects(seed: int = 1) -> dict[str, bytes]:
         "cls_a/ok_1x1.png": encode(make_image(seed, size=(1, 1)), "PNG"),
         "cls_a/ok_wide.png": encode(make_image(seed, size=(2000, 2)), "PNG"),
         "cls_a/ok spaced ünïcødé.png": encode(good, "PNG"),
+        # URI syntax in a name: a key or file name, never a fragment, a query or an escape.
+        "cls_a/ok photo #1.png": encode(good, "PNG"),
+        "cls_a/ok what?+a=b&c%20d.png": encode(good, "PNG"),
         "cls_a/bad_truncated.jpg": jpeg[: len(jpeg) // 2],
         "cls_a/bad_zero.jpg": b"",
         "cls_a/bad_text.jpg": b"this is not an image, just text\n" * 4,

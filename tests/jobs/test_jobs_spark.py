@@ -76,7 +76,7 @@ def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, spark_engine):
     dropped = {u for e in info["channels"].values() for u in e["dropped"]}
     ok_keys = [k for k in listed_on_disk if "/ok" in k]
     missing = [k for k in ok_keys if f"file://{messy_lake / k}" not in in_shards | dropped]
-    assert not missing and len(ok_keys) == 10
+    assert not missing and len(ok_keys) == 12
 
 
 def test_exif_rotated_image_is_upright_in_the_shard(tmp_path, spark_engine):

@@ -24,6 +24,8 @@ def _upload_lake(bucket: str, endpoint: str) -> dict[str, bytes]:
     objects = {f"raw/{label}/{'sub/' if i % 2 else ''}img {i:03d}.png": encode(make_image(li * 1000 + i), "PNG")
                for li, label in enumerate(["cat", "dog"]) for i in range(15)}
     objects["raw/dog/ünïcødé name.png"] = encode(make_image(99), "PNG")
+    objects["raw/dog/photo #1.png"] = encode(make_image(98), "PNG")
+    objects["raw/cat/what?+a=b&c%20d.png"] = encode(make_image(97), "PNG")
     objects["raw/dog/readme.jpg"] = b"plain text pretending to be a jpeg"
     objects["raw/cat/truncated.jpg"] = encode(make_image(5), "JPEG")[:300]
     for key, data in objects.items():
@@ -47,7 +49,8 @@ def test_s3_lake_to_s3_dataset(s3_bucket, s3_endpoint, spark_engine, caplog):
     assert all(len(etags[k]) == 32 for k in etags)  # S3's ETag, from the listing
     reasons = dict(zip(all_rows["key"].to_pylist(), all_rows["reason"].to_pylist()))
     assert reasons["dog/readme.jpg"].startswith("not an image")
-    assert reasons["dog/ünïcødé name.png"] is None
+    for key in ("dog/ünïcødé name.png", "dog/photo #1.png", "cat/what?+a=b&c%20d.png"):
+        assert reasons[key] is None, (key, reasons[key])
     assert info["counts"]["shard_rejects"] == 1  # the truncated JPEG
     assert info["inputs"]["lake"] == f"{s3_bucket}/raw"
 

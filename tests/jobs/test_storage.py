@@ -1,0 +1,55 @@
+"""URIs: the name after the scheme is taken literally, as the AWS CLI takes an ``s3://`` URI."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs import storage
+from jobs.errors import StorageError
+
+
+@pytest.mark.parametrize("name", ["photo #1.png", "what?.png", "a+b=c&d.png", "pre%20encoded.png", "日本 語.png"])
+def test_uri_syntax_in_a_name_stays_in_the_name(tmp_path, name):
+    path = tmp_path / "cls" / name
+    path.parent.mkdir()
+    path.write_bytes(name.encode())
+    uri = storage.join(f"file://{tmp_path}", "cls", name)
+    assert uri == f"file://{path}"
+    assert storage.normalize(uri) == uri
+    assert storage.read_bytes(uri) == name.encode()
+    assert storage.normalize(f"s3://bucket/raw/{name}") == f"s3://bucket/raw/{name}"
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("s3://bucket/", "s3://bucket"),
+        ("S3A://bucket/key/", "s3://bucket/key"),
+        ("s3://bucket//a/b", "s3://bucket/a/b"),
+        ("file:///abs/dir/", "file:///abs/dir"),
+    ],
+)
+def test_normalize_gives_the_canonical_form(uri, expected):
+    assert storage.normalize(uri) == expected
+
+
+def test_relative_and_home_paths_become_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert storage.normalize("rel/p") == f"file://{tmp_path}/rel/p"
+    assert storage.normalize("file:rel") == f"file://{tmp_path}/rel"
+    assert storage.normalize("~/x") == f"file://{tmp_path}/home/x"
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("s3:///key", "names no bucket"),
+        ("s3:bucket/key", "names no bucket"),
+        ("http://host/x", "unsupported URI scheme 'http'"),
+        ("", "non-empty string"),
+    ],
+)
+def test_bad_uris_are_refused_by_name(uri, message):
+    with pytest.raises(StorageError, match=message):
+        storage.normalize(uri)
