@@ -186,8 +186,10 @@ def _lineage(info: dict[str, Any]) -> str:
             ("row group bytes", _bytes(info["row_group_bytes"])), ("engine", info.get("engine"))]
     build = info.get("build")
     if build:
+        reused = build.get("reused_segments", 0)
         rows.append(("build", f"{build['preprocessed']} images decoded in {build['preprocess_tasks']} tasks; "
-                              f"{build['assembled_shards']} shard files assembled afterwards"))
+                              + (f"{reused} segments reused from an interrupted run; " if reused else "")
+                              + f"{build['assembled_shards']} shard files assembled afterwards"))
     rows += [(f"version of {k}", v) for k, v in sorted(info.get("versions", {}).items())]
     return _section("Lineage", _table(["", ""], rows))
 

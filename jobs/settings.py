@@ -69,6 +69,7 @@ class ShardConfig:
     max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of manifest rows fails to decode")
     threads: int = opt(4, help="I/O and decode threads inside each task")
     overwrite: bool = opt(False, help="replace an existing complete dataset")
+    resume: bool = opt(True, help="reuse the segments an interrupted run with the same settings already preprocessed")
     engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
     scheduler: str | None = opt(None, help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)")
     partitions: int | None = opt(None, help="tasks for preprocessing (default: from the number of rows)")

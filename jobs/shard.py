@@ -14,6 +14,10 @@ the shard's file in a staging folder -> repair: if images were rejected, re-plan
 preprocessed -> commit: move the staging folder into place, then write ``dataset.json``. A
 reader sees the old dataset, no dataset, or the new one, never a part. No image is sent through
 the engine: a task reads it from the lake and writes it to its shard.
+
+Resume: the staging folder is named after everything its files depend on, and each
+preprocessing task writes a receipt once its file is complete; a rerun of a killed job reuses
+every segment with a valid receipt (``--no-resume`` starts over).
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import math
 import os
 import platform
 import sys
-import uuid
 from itertools import pairwise
 from typing import Any
 
@@ -65,6 +68,7 @@ from jobs.shards import (
     SegmentTask,
     assemble_shard,
     preprocess_segment,
+    read_receipt,
 )
 
 __all__ = ["dataset_version", "main", "run"]
@@ -125,7 +129,8 @@ def _segment_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, 
     tasks = []
 
     def task(uri: str, rows: pa.Table, channel: str, shard: int) -> SegmentTask:
-        return SegmentTask(uri=uri, rows=rows, spec=cfg.image_spec(), threads=cfg.threads,
+        receipt = storage.join(staging, _RUNS, "receipts", uri[len(staging) + 1 :])
+        return SegmentTask(uri=uri, rows=rows, spec=cfg.image_spec(), threads=cfg.threads, receipt=receipt,
                            row_group_bytes=cfg.row_group_size, metadata={**meta, "channel": channel, "shard_index": shard})
 
     for channel, plan in plans.items():
@@ -145,6 +150,51 @@ def _segment_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, 
                               "is_pad": pa.array([False] * spare.num_rows)}, schema=SEGMENT_SCHEMA)
             tasks.append(task(storage.join(staging, _RUNS, channel, "spare.parquet"), spare, channel, -1))
     return tasks
+
+
+def _staging(staging_root: str, version: str, cfg: ShardConfig, segment_rows: int, *, resume: bool) -> str:
+    """This job's staging folder, named after everything its files depend on, so a rerun of an
+    interrupted job finds the segments it finished (``resume``); any other staging folder is a
+    leftover of a job with other settings, and is removed."""
+    key = {"dataset_version": version, "versions": _versions(), "segment_rows": segment_rows,
+           "row_group_bytes": cfg.row_group_size}
+    name = "shards-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    staging = storage.join(staging_root, name)
+    fs, path = storage.filesystem(staging_root)
+    try:
+        children = fs.ls(path, detail=False) if fs.exists(path) else []
+    except FileNotFoundError:
+        children = []
+    for child in children:
+        if not resume or child.rstrip("/").rsplit("/", 1)[-1] != name:
+            storage.remove(storage.join(staging_root, child.rstrip("/").rsplit("/", 1)[-1]), recursive=True)
+    return staging
+
+
+def _finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]]:
+    """The results of the segments an earlier run of this job finished: those whose receipt is
+    there, names the same rows, and whose file has the size the receipt says (one listing, then
+    one read per receipt)."""
+    fs, path = storage.filesystem(staging)
+    try:
+        found = fs.find(path, detail=True)
+    except FileNotFoundError:
+        return {}
+    by_receipt = {storage.filesystem(t.receipt)[1]: t for t in tasks if t.receipt is not None}
+    hits = [p for p in found if p in by_receipt]
+    reused: dict[str, dict[str, Any]] = {}
+    for p, data in (fs.cat(hits) if hits else {}).items():
+        task = by_receipt[p]
+        try:
+            result = read_receipt(data)
+        except Exception as exc:  # a receipt is written whole; still, never trust a bad one
+            log.warning("ignoring the unreadable receipt %s: %s", p, exc)
+            continue
+        segment = found.get(storage.filesystem(task.uri)[1])
+        if (result["uri"] == task.uri and segment is not None and segment["size"] == result["stats"]["bytes"]
+                and result["outcomes"]["uri"].equals(task.rows["uri"])):
+            reused[task.uri] = result
+    return reused
 
 
 def _pack(items: list[Any], sizes: list[int], bins: int) -> list[list[Any]]:
@@ -278,8 +328,6 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
             raise DatasetExistsError(f"{root} already holds a complete dataset; pass --overwrite to rebuild it")
         storage.remove(dataset_json_uri(root))  # invalidate first, then rebuild
     staging_root = storage.join(root, "_staging")
-    storage.remove(staging_root, recursive=True)  # leftovers of a killed run
-    staging = storage.join(staging_root, f"shards-{uuid.uuid4().hex[:12]}")
 
     known = list(marker["split"])
     channels = [c.strip() for c in cfg.channels.split(",")] if cfg.channels else known
@@ -301,14 +349,24 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
 
     first = {c: plan(c) for c in channels}
     wanted = cfg.partitions or max(2 * engine.parallelism, math.ceil(rows.num_rows / _ROWS_PER_TASK))
-    tasks = _segment_tasks(staging, ordered, first, cfg, meta, segment_rows=math.ceil(rows.num_rows / wanted))
+    segment_rows = math.ceil(rows.num_rows / wanted)
+    staging = _staging(staging_root, version, cfg, segment_rows, resume=cfg.resume)
+    tasks = _segment_tasks(staging, ordered, first, cfg, meta, segment_rows=segment_rows)
+    reused = _finished(staging, tasks)
+    todo = [t for t in tasks if t.uri not in reused]
+    if reused:
+        log.info("resuming: %d of %d segments (%d images) were preprocessed by an interrupted run of this job; "
+                 "reusing them (--no-resume starts over)", len(reused), len(tasks),
+                 sum(r["outcomes"].num_rows for r in reused.values()))
     # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
     slots = engine.parallelism * math.ceil(wanted / engine.parallelism)
-    bins = _pack(tasks, [t.rows.num_rows for t in tasks], slots)
+    bins = _pack(todo, [t.rows.num_rows for t in todo], slots)
     log.info("preprocessing %d images (%s) straight into %d shard files: %d segments in %d tasks on %s",
-             rows.num_rows, ", ".join(channels), len(channels) * cfg.num_shards, len(tasks),
+             sum(t.rows.num_rows for t in todo), ", ".join(channels), len(channels) * cfg.num_shards, len(todo),
              len(bins), engine.name)
-    done = engine.map_partitions(_each(preprocess_segment), bins, partitions=len(bins))
+    done = engine.map_partitions(_each(preprocess_segment), bins, partitions=len(bins)) if bins else []
+    decoded = sum(d["outcomes"].num_rows for d in done)
+    done = [*reused.values(), *done]
     outcomes = pa.concat_tables([d["outcomes"] for d in done]) if done else OUTCOME_SCHEMA.empty_table()
     written = {d["uri"]: d["stats"] for d in done}
 
@@ -330,10 +388,13 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
         written.update({d["uri"]: d["stats"] for d in engine.map_partitions(
             _each(assemble_shard), bins, partitions=len(bins))})
     stats = [{"channel": c, "shard": s, **written[uri]} for (c, s), uri in final.items()]
-    for (channel, shard), uri in final.items():
-        target = storage.join(staging, channel, shard_name(shard, cfg.num_shards))
-        if uri != target:
-            storage.replace(uri, target)
+    moves = {uri: storage.join(staging, channel, shard_name(shard, cfg.num_shards)) for (channel, shard), uri in final.items()}
+    moves = {uri: target for uri, target in moves.items() if uri != target}
+    for task in tasks:  # a segment file about to be replaced: its receipt no longer vouches for it
+        if task.uri in moves.values():
+            storage.remove(task.receipt)
+    for uri, target in moves.items():
+        storage.replace(uri, target)
 
     for channel in channels:  # the invariant, counted: exactly num_shards files of equal size
         got = sorted((s["shard"], s["rows"]) for s in stats if s["channel"] == channel)
@@ -377,7 +438,7 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
         # dataset's identity): preprocessing tasks, images decoded (each once; pad copies
         # count), and shard files assembled again because rejects changed the plan or the
         # shard was cut into segments.
-        "build": {"preprocess_tasks": len(tasks), "preprocessed": outcomes.num_rows,
+        "build": {"preprocess_tasks": len(todo), "preprocessed": decoded, "reused_segments": len(reused),
                   "assembled_shards": len(repairs)},
         "channels": {c: _channel_entry(c, plans[c], ordered[c], stats, labels, reject_counts[c]) for c in channels},
         "versions": _versions(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,7 @@ __all__ = [
     "ShardWriter",
     "assemble_shard",
     "preprocess_segment",
+    "read_receipt",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,10 @@ _CHUNK_ROWS = 32
 
 @dataclass(frozen=True, slots=True)
 class SegmentTask:
-    """Preprocess ``rows`` (:data:`SEGMENT_SCHEMA`) in order and write the survivors to ``uri``."""
+    """Preprocess ``rows`` (:data:`SEGMENT_SCHEMA`) in order and write the survivors to ``uri``;
+    then, if ``receipt`` is set, write there what the task returns (:func:`read_receipt` reads
+    it back), so a rerun of an interrupted job can reuse the file instead of preprocessing
+    its rows again."""
 
     uri: str
     rows: pa.Table
@@ -71,6 +76,7 @@ class SegmentTask:
     metadata: Mapping[str, str]
     row_group_bytes: int
     threads: int
+    receipt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +152,21 @@ def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
         "row": pa.array(outcome_rows, pa.int64()),
         "reason": pa.array(reasons, pa.string()),
     }, schema=OUTCOME_SCHEMA)
-    return {"uri": task.uri, "stats": writer.stats, "outcomes": outcomes_table}
+    result = {"uri": task.uri, "stats": writer.stats, "outcomes": outcomes_table}
+    if task.receipt is not None:  # after the file is complete: a receipt vouches for it
+        sink = pa.BufferOutputStream()
+        meta = {b"lakeshard.uri": task.uri.encode(), b"lakeshard.stats": json.dumps(writer.stats).encode()}
+        pq.write_table(outcomes_table.replace_schema_metadata(meta), sink)
+        storage.write_bytes_atomic(task.receipt, sink.getvalue().to_pybytes())
+    return result
+
+
+def read_receipt(data: bytes) -> dict[str, Any]:
+    """What :func:`preprocess_segment` returned, from the receipt it wrote."""
+    table = pq.read_table(pa.BufferReader(data))
+    meta = table.schema.metadata
+    return {"uri": meta[b"lakeshard.uri"].decode(), "stats": json.loads(meta[b"lakeshard.stats"]),
+            "outcomes": table.replace_schema_metadata(None).cast(OUTCOME_SCHEMA)}
 
 
 class _RowGroupCache:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +62,24 @@ def kill_group(proc: subprocess.Popen, *, sig: int = signal.SIGKILL) -> None:
 
 
 def run_until(cmd: list[str], *, env: dict[str, str], log: Path, kill_after: float | None,
-              timeout: float = 300) -> tuple[int | None, float]:
+              timeout: float = 300, kill_when: Callable[[], bool] | None = None) -> tuple[int | None, float]:
     """Run ``cmd`` in its own process group, output appended to ``log``. Kill the group with
-    SIGKILL after ``kill_after`` seconds if it is still running. Returns ``(returncode or
-    None if killed, seconds)``."""
+    SIGKILL after ``kill_after`` seconds, or as soon as ``kill_when()`` is true (checked every
+    20 ms), if it is still running. Returns ``(returncode or None if killed, seconds)``."""
     with open(log, "ab") as out:
         out.write(f"\n=== {' '.join(cmd)} (kill after {kill_after})\n".encode())
         out.flush()
         start = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
+            if kill_when is not None:
+                deadline = start + (kill_after if kill_after is not None else timeout)
+                while proc.poll() is None and time.monotonic() < deadline and not kill_when():
+                    time.sleep(0.02)
+                if proc.poll() is None:
+                    kill_group(proc)
+                    return None, time.monotonic() - start
+                return proc.returncode, time.monotonic() - start
             rc = proc.wait(timeout=kill_after if kill_after is not None else timeout)
             return rc, time.monotonic() - start
         except subprocess.TimeoutExpired:

@@ -1,0 +1,47 @@
+"""Receipts of preprocessed segments: a rerun reuses a segment only if its receipt is there,
+names the same rows, and its file is the size the receipt says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from jobs.images import ImageSpec
+from jobs.shard import _finished
+from jobs.shards import SEGMENT_SCHEMA, SegmentTask, preprocess_segment
+from tests.helpers.lake import write_lake
+
+
+def _task(lake: Path, staging: Path, paths: list[Path]) -> SegmentTask:
+    rows = pa.table({"uri": [f"file://{p}" for p in paths], "key": [p.name for p in paths],
+                     "label_index": [0] * len(paths), "is_pad": [False] * len(paths)}, schema=SEGMENT_SCHEMA)
+    return SegmentTask(uri=f"file://{staging}/train/part-0.parquet", rows=rows, spec=ImageSpec(size=16, format="png"),
+                       metadata={"channel": "train"}, row_group_bytes=1 << 20, threads=2,
+                       receipt=f"file://{staging}/_runs/receipts/train/part-0.parquet")
+
+
+def test_a_finished_segment_is_reused_and_a_damaged_one_is_not(tmp_path: Path):
+    paths = write_lake(tmp_path / "raw", {"a": 6})
+    (tmp_path / "raw" / "a" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    paths.append(tmp_path / "raw" / "a" / "broken.png")
+    staging = tmp_path / "staging"
+    task = _task(tmp_path / "raw", staging, paths)
+    assert _finished(f"file://{staging}", [task]) == {}  # nothing yet
+
+    result = preprocess_segment(task)
+    reused = _finished(f"file://{staging}", [task])
+    assert list(reused) == [task.uri]
+    assert reused[task.uri]["stats"] == result["stats"]
+    assert reused[task.uri]["outcomes"].equals(result["outcomes"])
+    assert reused[task.uri]["outcomes"]["reason"].null_count == 6  # the broken image's reason came back too
+
+    other_rows = _task(tmp_path / "raw", staging, paths[:-1])  # same file name, other rows
+    assert _finished(f"file://{staging}", [other_rows]) == {}
+
+    segment = staging / "train" / "part-0.parquet"
+    segment.write_bytes(segment.read_bytes()[:-10])  # a file cut short: the receipt no longer vouches for it
+    assert _finished(f"file://{staging}", [task]) == {}
+
+    segment.unlink()
+    assert _finished(f"file://{staging}", [task]) == {}
