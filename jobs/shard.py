@@ -390,8 +390,9 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     stats = [{"channel": c, "shard": s, **written[uri]} for (c, s), uri in final.items()]
     moves = {uri: storage.join(staging, channel, shard_name(shard, cfg.num_shards)) for (channel, shard), uri in final.items()}
     moves = {uri: target for uri, target in moves.items() if uri != target}
+    replaced = set(moves.values())
     for task in tasks:  # a segment file about to be replaced: its receipt no longer vouches for it
-        if task.uri in moves.values():
+        if task.uri in replaced:
             storage.remove(task.receipt)
     for uri, target in moves.items():
         storage.replace(uri, target)
