@@ -156,8 +156,8 @@ def _staging(staging_root: str, version: str, cfg: ShardConfig, segment_rows: in
     """This job's staging folder, named after everything its files depend on, so a rerun of an
     interrupted job finds the segments it finished (``resume``); any other staging folder is a
     leftover of a job with other settings, and is removed."""
-    key = {"dataset_version": version, "versions": _versions(), "segment_rows": segment_rows,
-           "row_group_bytes": cfg.row_group_size}
+    key = {"dataset_version": version, "versions": _versions(), "code": _preprocessing_code(),
+           "segment_rows": segment_rows, "row_group_bytes": cfg.row_group_size}
     name = "shards-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     staging = storage.join(staging_root, name)
     fs, path = storage.filesystem(staging_root)
@@ -169,6 +169,17 @@ def _staging(staging_root: str, version: str, cfg: ShardConfig, segment_rows: in
         if not resume or child.rstrip("/").rsplit("/", 1)[-1] != name:
             storage.remove(storage.join(staging_root, child.rstrip("/").rsplit("/", 1)[-1]), recursive=True)
     return staging
+
+
+def _preprocessing_code() -> str:
+    """A hash of the source of the modules that decide a segment file's bytes: an edited
+    preprocessing step must not reuse files the old one wrote."""
+    from jobs import contract, images, shards
+
+    digest = hashlib.sha256()
+    for module in (images, shards, contract):
+        digest.update(module.__loader__.get_data(module.__file__))  # works from a --py-files zip too
+    return digest.hexdigest()[:16]
 
 
 def _finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]]:

@@ -1,15 +1,16 @@
-"""Receipts of preprocessed segments: a rerun reuses a segment only if its receipt is there,
-names the same rows, and its file is the size the receipt says."""
+"""Preprocessing tasks: receipts (a rerun reuses a segment only if its receipt is there, names
+the same rows, and its file is the size the receipt says), and what a task carries when pickled."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pyarrow as pa
 
 from jobs.images import ImageSpec
 from jobs.shard import _finished
-from jobs.shards import SEGMENT_SCHEMA, SegmentTask, preprocess_segment
+from jobs.shards import SEGMENT_SCHEMA, SOURCE_SCHEMA, AssembleTask, SegmentTask, preprocess_segment
 from tests.helpers.lake import write_lake
 
 
@@ -45,3 +46,20 @@ def test_a_finished_segment_is_reused_and_a_damaged_one_is_not(tmp_path: Path):
 
     segment.unlink()
     assert _finished(f"file://{staging}", [task]) == {}
+
+
+def test_a_task_pickles_its_own_rows_not_the_table_it_was_cut_from(tmp_path: Path):
+    big = pa.table({"uri": [f"file:///lake/raw/class{i % 10}/image_{i:07d}.png" for i in range(100_000)],
+                    "key": [f"class{i % 10}/image_{i:07d}.png" for i in range(100_000)],
+                    "label_index": [i % 10 for i in range(100_000)], "is_pad": [False] * 100_000},
+                   schema=SEGMENT_SCHEMA)
+    part = big.slice(40_000, 100)
+    task = SegmentTask(uri="file:///x.parquet", rows=part, spec=ImageSpec(size=16), metadata={},
+                       row_group_bytes=1 << 20, threads=1)
+    assert task.rows.equals(part)
+    assert len(pickle.dumps(big)) > 5_000_000
+    assert len(pickle.dumps(task)) < 30_000  # ~100 rows' worth, not the 100,000 rows' buffers
+    sources = pa.table({"file": ["a"] * 100_000, "row": list(range(100_000)), "is_pad": [False] * 100_000},
+                       schema=SOURCE_SCHEMA).slice(10, 50)
+    assemble = AssembleTask(uri="file:///y.parquet", sources=sources, metadata={}, row_group_bytes=1 << 20)
+    assert assemble.sources.equals(sources) and len(pickle.dumps(assemble)) < 10_000
