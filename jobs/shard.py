@@ -162,12 +162,12 @@ def _staging(staging_root: str, version: str, cfg: ShardConfig, segment_rows: in
     staging = storage.join(staging_root, name)
     fs, path = storage.filesystem(staging_root)
     try:
-        children = fs.ls(path, detail=False) if fs.exists(path) else []
+        children = [c.rstrip("/").rsplit("/", 1)[-1] for c in fs.ls(path, detail=False)]
     except FileNotFoundError:
         children = []
     for child in children:
-        if not resume or child.rstrip("/").rsplit("/", 1)[-1] != name:
-            storage.remove(storage.join(staging_root, child.rstrip("/").rsplit("/", 1)[-1]), recursive=True)
+        if not resume or child != name:
+            storage.remove(storage.join(staging_root, child), recursive=True)
     return staging
 
 
