@@ -67,7 +67,10 @@ class ShardConfig:
     channels: str | None = opt(None, help="comma-separated channels to shard (default: all in the manifest)")
     row_group_size: int = opt("4MiB", parse=parse_size, help="target bytes per Parquet row group")
     max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of manifest rows fails to decode")
-    threads: int = opt(4, help="I/O and decode threads inside each task")
+    threads: int | None = opt(None, help="threads that read images inside each task, ahead of decoding (default: 8 for S3, "
+                                         "whose reads wait on the network; 0 for local files, read as they are decoded)")
+    decode_threads: int | None = opt(None, help="threads that decode, resize and encode inside each task (default: the cores the "
+                                               "engine gives a task: 1, or spark.task.cpus); more than that only makes them take turns")
     overwrite: bool = opt(False, help="replace an existing complete dataset")
     resume: bool = opt(True, help="reuse the segments an interrupted run with the same settings already preprocessed")
     engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
@@ -77,7 +80,10 @@ class ShardConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "row_group_size", parse_size(self.row_group_size))
         _check_positive("num_shards", self.num_shards)
-        _check_positive("threads", self.threads)
+        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                         or self.threads < 0):
+            raise ValueError(f"threads must be a non-negative integer, got {self.threads!r}")
+        _check_positive("decode_threads", self.decode_threads, allow_none=True)
         _check_positive("partitions", self.partitions, allow_none=True)
         _check_fraction("max_reject_fraction", self.max_reject_fraction)
         if self.row_group_size < 1:

@@ -121,7 +121,7 @@ def _rows_by_shard(rows: pa.Table, plan: ShardPlan) -> list[pa.Table]:
 
 
 def _segment_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, ShardPlan], cfg: ShardConfig,
-                   meta: dict[str, Any], *, segment_rows: int) -> list[SegmentTask]:
+                   meta: dict[str, Any], *, segment_rows: int, decode_threads: int) -> list[SegmentTask]:
     """Preprocessing tasks for the first plan: each shard whole into its file, or, if it has more
     than ``segment_rows`` rows, in segments written apart and assembled afterwards. The rows the
     remainder policy left out are preprocessed too (a spare task per channel), in case rejects
@@ -131,6 +131,7 @@ def _segment_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, 
     def task(uri: str, rows: pa.Table, channel: str, shard: int) -> SegmentTask:
         receipt = storage.join(staging, _RUNS, "receipts", uri[len(staging) + 1 :])
         return SegmentTask(uri=uri, rows=rows, spec=cfg.image_spec(), threads=cfg.threads, receipt=receipt,
+                           decode_threads=decode_threads,
                            row_group_bytes=cfg.row_group_size, metadata={**meta, "channel": channel, "shard_index": shard})
 
     for channel, plan in plans.items():
@@ -359,10 +360,13 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
                          seed=seed, channel=channel, remainder=cfg.remainder, rejected=rejected)
 
     first = {c: plan(c) for c in channels}
-    wanted = cfg.partitions or max(2 * engine.parallelism, math.ceil(rows.num_rows / _ROWS_PER_TASK))
+    # One task per core, or more when each would get over _ROWS_PER_TASK rows. A task uses its
+    # core to the end whatever the others do: fewer, longer tasks leave fewer gaps between tasks.
+    wanted = cfg.partitions or max(engine.parallelism, math.ceil(rows.num_rows / _ROWS_PER_TASK))
     segment_rows = math.ceil(rows.num_rows / wanted)
     staging = _staging(staging_root, version, cfg, segment_rows, resume=cfg.resume)
-    tasks = _segment_tasks(staging, ordered, first, cfg, meta, segment_rows=segment_rows)
+    tasks = _segment_tasks(staging, ordered, first, cfg, meta, segment_rows=segment_rows,
+                           decode_threads=cfg.decode_threads or engine.task_cpus)
     reused = _finished(staging, tasks)
     todo = [t for t in tasks if t.uri not in reused]
     if reused:
@@ -388,8 +392,10 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
             f"{rejects.num_rows} of {rows.num_rows} images in {root} could not be used "
             f"(> max_reject_fraction={cfg.max_reject_fraction:g}); first: {sample}")
     rejected = rejects["uri"]
-    plans = {c: plan(c, pc.is_in(ordered[c]["uri"], value_set=rejected).to_numpy(zero_copy_only=False))
-             for c in channels}
+    plans = {}
+    for c in channels:  # a channel with no rejects keeps its first plan
+        hit = pc.is_in(ordered[c]["uri"], value_set=rejected).to_numpy(zero_copy_only=False)
+        plans[c] = plan(c, hit) if hit.any() else first[c]
     log.info("plan: %s", ", ".join(f"{c}={plans[c].rows_per_shard}×{cfg.num_shards}" for c in channels))
     repairs, final = _assemble_tasks(staging, ordered, plans, tasks, outcomes, cfg, meta)
     if repairs:

@@ -15,9 +15,13 @@ import hashlib
 import io
 import json
 import logging
-from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -58,9 +62,16 @@ OUTCOME_SCHEMA = pa.schema(
 #: Where each row of an assembled shard comes from, in shard order.
 SOURCE_SCHEMA = pa.schema([("file", pa.string()), ("row", pa.int64()), ("is_pad", pa.bool_())])
 
-#: Rows handed to a decode thread at once: a pool task costs tens of microseconds, an image a
+#: Rows preprocessed and written together: a pool task costs tens of microseconds, an image a
 #: few milliseconds, and a chunk's results are written as soon as it is done.
 _CHUNK_ROWS = 32
+
+#: Rows read by one I/O task. Reads run ahead of decoding by at most ``2 × threads`` such
+#: groups, which bounds the encoded bytes a task holds.
+_READ_ROWS = 4
+
+#: Threads reading an S3 segment ahead of decoding, unless ``threads`` says otherwise.
+_S3_READERS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +79,21 @@ class SegmentTask:
     """Preprocess ``rows`` (:data:`SEGMENT_SCHEMA`) in order and write the survivors to ``uri``;
     then, if ``receipt`` is set, write there what the task returns (:func:`read_receipt` reads
     it back), so a rerun of an interrupted job can reuse the file instead of preprocessing
-    its rows again."""
+    its rows again.
+
+    ``threads`` read the images ahead of decoding (:func:`readers`: by default none for local
+    files, several for S3); ``decode_threads`` decode, resize and encode them: as many as the
+    engine gives the task cores (one), since more threads than cores only make them take turns.
+    """
 
     uri: str
     rows: pa.Table
     spec: ImageSpec
     metadata: Mapping[str, str]
     row_group_bytes: int
-    threads: int
+    threads: int | None
     receipt: str | None = None
+    decode_threads: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", _compact(self.rows))
@@ -103,34 +120,75 @@ def _compact(table: pa.Table) -> pa.Table:
     return table.take(np.arange(table.num_rows))
 
 
-def _fetch_and_preprocess(uri: str, spec: ImageSpec) -> tuple[bytes, int, int] | str:
-    """The encoded image with its height and width, or the reason there is none."""
-    fs, path = storage.filesystem(uri)
+def _read(uri: str) -> bytes | str:
+    """The object's bytes, or the reason it cannot be read."""
     try:
-        data = fs.cat_file(path)
+        return storage.cat(uri)
     except FileNotFoundError:
         return "cannot read: object disappeared after listing"
     except Exception as exc:
         return f"cannot read: {type(exc).__name__}: {exc}"
+
+
+def _preprocessed(data: bytes | str, spec: ImageSpec) -> tuple[bytes, int, int] | str:
+    """The encoded image with its height and width, or the reason there is none."""
+    if isinstance(data, str):
+        return data
     try:
         return preprocess(data, spec)
     except ImageRejected as exc:
         return exc.reason
 
 
+def _ahead(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any], depth: int) -> Iterator[Future]:
+    """Futures of ``fn(item)`` on ``pool``, in the order of ``items``, never more than ``depth``
+    submitted beyond the one the caller is at."""
+    items = iter(items)
+    pending = deque(pool.submit(fn, item) for item in islice(items, depth))
+    while pending:
+        for item in islice(items, 1):
+            pending.append(pool.submit(fn, item))
+        yield pending.popleft()
+
+
+def readers(threads: int | None, uris: list[str]) -> int:
+    """Threads that read ahead of decoding: ``threads`` if given; else none for local files (a
+    read from the page cache costs less than handing it to a thread, and extra threads cost the
+    decoder cache and CPU) and :data:`_S3_READERS` for S3 (each read waits on the network)."""
+    if threads is not None:
+        return threads
+    return 0 if all(u.startswith("file://") for u in uris) else _S3_READERS
+
+
 def _preprocessed_chunks(task: SegmentTask) -> Iterator[tuple[pa.Table, list[Any]]]:
     """The segment's rows with their outcomes (an image tuple or a reason), chunk by chunk, in
-    order, preprocessed on ``task.threads`` threads (Pillow and the S3 client release the GIL)."""
+    order: read ahead on :func:`readers` threads (or by the decoder as it goes, if none), then
+    preprocessed on ``task.decode_threads`` threads (on the task's own thread when that is one)."""
     rows = task.rows
+    uris = rows["uri"].to_pylist()
+    starts = range(0, len(uris), _CHUNK_ROWS)
+    n_readers = readers(task.threads, uris)
 
-    def work(start: int) -> list[Any]:
-        uris = rows["uri"].slice(start, _CHUNK_ROWS).to_pylist()
-        return [_fetch_and_preprocess(u, task.spec) for u in uris]
+    def read(start: int) -> list[bytes | str]:
+        return [_read(u) for u in uris[start : start + _READ_ROWS]]
 
-    starts = range(0, rows.num_rows, _CHUNK_ROWS)
-    with ThreadPoolExecutor(max_workers=max(1, task.threads), thread_name_prefix="preprocess") as pool:
-        for start, outcomes in zip(starts, pool.map(work, starts), strict=True):
-            yield rows.slice(start, _CHUNK_ROWS), outcomes
+    def preprocess_all(reads: list[Callable[[], list[bytes | str]]]) -> list[Any]:
+        return [_preprocessed(data, task.spec) for get in reads for data in get()]
+
+    with ExitStack() as stack:
+        if n_readers:
+            io = stack.enter_context(ThreadPoolExecutor(n_readers, thread_name_prefix="read"))
+            reads = (f.result for f in _ahead(io, read, range(0, len(uris), _READ_ROWS), depth=2 * n_readers))
+        else:
+            reads = (partial(read, start) for start in range(0, len(uris), _READ_ROWS))
+        chunks = (list(islice(reads, _CHUNK_ROWS // _READ_ROWS)) for _ in starts)
+        if task.decode_threads <= 1:
+            for start, chunk in zip(starts, chunks, strict=True):
+                yield rows.slice(start, _CHUNK_ROWS), preprocess_all(chunk)
+            return
+        cpu = stack.enter_context(ThreadPoolExecutor(task.decode_threads, thread_name_prefix="preprocess"))
+        for start, done in zip(starts, _ahead(cpu, preprocess_all, chunks, depth=task.decode_threads), strict=True):
+            yield rows.slice(start, _CHUNK_ROWS), done.result()
 
 
 def preprocess_segment(task: SegmentTask) -> dict[str, Any]:

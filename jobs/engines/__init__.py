@@ -30,6 +30,10 @@ class Engine(Protocol):
     def parallelism(self) -> int:
         """How many tasks the engine runs at once (cores across workers)."""
 
+    @property
+    def task_cpus(self) -> int:
+        """Cores each task has to itself (Spark's ``spark.task.cpus``; 1 on Dask)."""
+
     def map_partitions(self, fn: Callable[[list[T]], list[R]], items: Sequence[T], *,
                        partitions: int) -> list[R]:
         """Split ``items`` into ``partitions`` parts, run ``fn`` on each part on a worker,

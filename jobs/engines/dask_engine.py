@@ -5,7 +5,7 @@
 
 The cluster is ``--scheduler`` if given, else ``DASK_SCHEDULER_ADDRESS``, else a
 ``LocalCluster`` of worker processes (one per core, one thread each: the preprocessing step
-runs its own I/O and decode threads inside each task).
+runs its own read threads inside each task, and decodes on the task's thread).
 
 Work is plain futures (``Client.submit``), one per part of the items, never dask DataFrames or
 bags: no pandas conversion (which turns binary columns into strings), no lazy graph of
@@ -148,6 +148,10 @@ class DaskEngine:
     @property
     def parallelism(self) -> int:
         return max(1, sum(self.client.nthreads().values()))
+
+    @property
+    def task_cpus(self) -> int:
+        return 1  # each of a worker's threads runs one task at a time
 
     def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *,
                        partitions: int) -> list[Any]:

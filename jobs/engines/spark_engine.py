@@ -63,6 +63,10 @@ class SparkEngine:
     def parallelism(self) -> int:
         return max(1, self.sc.defaultParallelism)
 
+    @property
+    def task_cpus(self) -> int:
+        return max(1, int(self.sc.getConf().get("spark.task.cpus", "1")))
+
     def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *,
                        partitions: int) -> list[Any]:
         if not items:

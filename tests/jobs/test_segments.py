@@ -1,0 +1,101 @@
+"""A preprocessing task's threads: images are read ahead on their own threads (or by the
+decoder as it goes), decoded on as many threads as the task has cores, and the file and the
+per-row outcomes do not depend on either."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.config import resolve
+from jobs.errors import ConfigError
+from jobs.images import ImageSpec
+from jobs.settings import ShardConfig
+from jobs.shard import parser as shard_parser
+from jobs.shards import SEGMENT_SCHEMA, SegmentTask, _ahead, preprocess_segment, readers
+from tests.helpers.lake import write_lake
+
+
+def _rows(paths: list[Path]) -> pa.Table:
+    return pa.table({"uri": [f"file://{p}" for p in paths], "key": [p.name for p in paths],
+                     "label_index": [i % 3 for i in range(len(paths))], "is_pad": [False] * len(paths)},
+                    schema=SEGMENT_SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("lake")
+    paths = write_lake(root, {"a": 40, "b": 35}, size=(40, 30))  # 75 rows: chunks of 32, 32 and 11
+    broken = root / "a" / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    paths.insert(33, broken)  # in the second chunk
+    paths.insert(5, root / "a" / "gone.png")  # listed, then deleted: never written
+    return paths
+
+
+@pytest.mark.parametrize("threads,decode_threads", [(0, 1), (3, 1), (2, 3), (None, 2), (1, 4)])
+def test_the_file_and_outcomes_do_not_depend_on_the_threads(lake, tmp_path, threads, decode_threads):
+    def run(threads: int | None, decode_threads: int, name: str) -> tuple[str, dict]:
+        task = SegmentTask(uri=f"file://{tmp_path}/{name}.parquet", rows=_rows(lake), spec=ImageSpec(size=16),
+                           metadata={"channel": "train"}, row_group_bytes=20_000, threads=threads,
+                           decode_threads=decode_threads)
+        result = preprocess_segment(task)
+        return hashlib.sha256((tmp_path / f"{name}.parquet").read_bytes()).hexdigest(), result
+
+    want_digest, want = run(0, 1, "reference")
+    got_digest, got = run(threads, decode_threads, "other")
+    assert got_digest == want_digest
+    assert got["outcomes"].drop_columns("file").equals(want["outcomes"].drop_columns("file"))
+    outcomes = got["outcomes"].to_pylist()
+    assert [o["uri"] for o in outcomes] == [f"file://{p}" for p in lake]  # every row, in order
+    reasons = {Path(o["uri"]).name: o["reason"] for o in outcomes if o["reason"]}
+    assert set(reasons) == {"broken.png", "gone.png"}
+    assert reasons["gone.png"] == "cannot read: object disappeared after listing"
+    assert reasons["broken.png"].startswith("cannot decode")
+    written = pq.read_table(tmp_path / "other.parquet", columns=["uri"])["uri"].to_pylist()
+    assert written == [o["uri"] for o in outcomes if o["row"] is not None] and len(written) == len(lake) - 2
+    assert pq.ParquetFile(tmp_path / "other.parquet").num_row_groups > 1
+
+
+def test_reads_run_ahead_of_the_reader_by_at_most_the_depth():
+    submitted = []
+    lock = threading.Lock()
+
+    def work(i: int) -> int:
+        with lock:
+            submitted.append(i)
+        return i * i
+
+    with ThreadPoolExecutor(3) as pool:
+        results = []
+        for consumed, future in enumerate(_ahead(pool, work, range(40), depth=5), start=1):
+            results.append(future.result())
+            time.sleep(0.001)  # a slow consumer: the pool could run far ahead if it were allowed to
+            with lock:
+                assert len(submitted) <= consumed + 5
+    assert results == [i * i for i in range(40)]
+
+
+def test_reader_threads_default_to_none_for_local_files_and_several_for_s3():
+    local = ["file:///lake/a/1.jpg", "file:///lake/a/2.jpg"]
+    assert readers(None, local) == 0
+    assert readers(None, ["s3://bucket/a/1.jpg"]) > 1
+    assert readers(None, [*local, "s3://bucket/a/1.jpg"]) > 1
+    assert readers(3, local) == 3 and readers(0, ["s3://bucket/a/1.jpg"]) == 0
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--threads", "-1", "threads must be a non-negative integer, got -1"),
+    ("--decode-threads", "0", "decode_threads must be a positive integer, got 0"),
+])
+def test_bad_thread_counts_are_named(flag, value, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve(ShardConfig, shard_parser().parse_args(["--dataset", "/d", flag, value]))
