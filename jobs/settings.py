@@ -19,11 +19,11 @@ def _check_fraction(name: str, value: float) -> None:
         raise ValueError(f"{name} must be in [0, 1], got {value!r}")
 
 
-def _check_positive(name: str, value: int | None, *, allow_none: bool = False) -> None:
+def _check_positive(name: str, value: int | None, *, allow_none: bool = False, allow_zero: bool = False) -> None:
     if value is None and allow_none:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
+        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} integer, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +80,7 @@ class ShardConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "row_group_size", parse_size(self.row_group_size))
         _check_positive("num_shards", self.num_shards)
-        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
-                                         or self.threads < 0):
-            raise ValueError(f"threads must be a non-negative integer, got {self.threads!r}")
+        _check_positive("threads", self.threads, allow_none=True, allow_zero=True)
         _check_positive("decode_threads", self.decode_threads, allow_none=True)
         _check_positive("partitions", self.partitions, allow_none=True)
         _check_fraction("max_reject_fraction", self.max_reject_fraction)

@@ -167,6 +167,7 @@ def _preprocessed_chunks(task: SegmentTask) -> Iterator[tuple[pa.Table, list[Any
     rows = task.rows
     uris = rows["uri"].to_pylist()
     starts = range(0, len(uris), _CHUNK_ROWS)
+    read_starts = range(0, len(uris), _READ_ROWS)
     n_readers = readers(task.threads, uris)
 
     def read(start: int) -> list[bytes | str]:
@@ -178,9 +179,9 @@ def _preprocessed_chunks(task: SegmentTask) -> Iterator[tuple[pa.Table, list[Any
     with ExitStack() as stack:
         if n_readers:
             io = stack.enter_context(ThreadPoolExecutor(n_readers, thread_name_prefix="read"))
-            reads = (f.result for f in _ahead(io, read, range(0, len(uris), _READ_ROWS), depth=2 * n_readers))
+            reads = (f.result for f in _ahead(io, read, read_starts, depth=2 * n_readers))
         else:
-            reads = (partial(read, start) for start in range(0, len(uris), _READ_ROWS))
+            reads = (partial(read, start) for start in read_starts)
         chunks = (list(islice(reads, _CHUNK_ROWS // _READ_ROWS)) for _ in starts)
         if task.decode_threads <= 1:
             for start, chunk in zip(starts, chunks, strict=True):
