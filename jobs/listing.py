@@ -142,8 +142,10 @@ def _inspect(row: dict[str, Any]) -> dict[str, Any]:
             data = fs.cat_file(path)
             row["etag"] = hashlib.md5(data, usedforsecurity=False).hexdigest()
             head = data[:SNIFF_BYTES]
-    except Exception as exc:
-        return reject(row, f"cannot read: {type(exc).__name__}: {exc}")
+    except FileNotFoundError:
+        return reject(row, "cannot read: object disappeared after listing")
+    except Exception as exc:  # access denied, an endpoint down: not the image's fault
+        raise storage.unreadable(row["uri"], exc) from exc
     fmt = sniff(head)
     if fmt is None:
         return reject(row, f"not an image: content starts with {head[:8]!r}, no known image signature")

@@ -338,7 +338,8 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     if storage.exists(dataset_json_uri(root)):
         if not cfg.overwrite:
             raise DatasetExistsError(f"{root} already holds a complete dataset; pass --overwrite to rebuild it")
-        storage.remove(dataset_json_uri(root))  # invalidate first, then rebuild
+        # The old dataset stays readable until the commit below: a run that fails (a denied
+        # object, an outage) or is killed before it leaves it as it was.
     staging_root = storage.join(root, "_staging")
 
     known = list(marker["split"])
@@ -425,7 +426,9 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     pq.write_table(rejects.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA),
                    storage.filesystem(storage.join(staging, "rejects.parquet"))[1], filesystem=fs)
 
-    # Commit: the new shards replace the old, then dataset.json makes the dataset visible.
+    # Commit: invalidate the old dataset, the new shards replace the old, then dataset.json
+    # makes the dataset visible.
+    storage.remove(dataset_json_uri(root))
     storage.remove(shards_uri(root), recursive=True)
     storage.move(staging, shards_uri(root))
     storage.remove(staging_root, recursive=True)

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import logging
+import posixpath
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -121,13 +122,15 @@ def _compact(table: pa.Table) -> pa.Table:
 
 
 def _read(uri: str) -> bytes | str:
-    """The object's bytes, or the reason it cannot be read."""
+    """The object's bytes, or the reason it is rejected: it is gone. Any other read error (access
+    denied, an endpoint still failing after botocore's retries) says nothing about the image, so
+    it fails the task (:func:`storage.unreadable`) instead of losing the row from the dataset."""
     try:
         return storage.cat(uri)
     except FileNotFoundError:
         return "cannot read: object disappeared after listing"
     except Exception as exc:
-        return f"cannot read: {type(exc).__name__}: {exc}"
+        raise storage.unreadable(uri, exc) from exc
 
 
 def _preprocessed(data: bytes | str, spec: ImageSpec) -> tuple[bytes, int, int] | str:
@@ -356,7 +359,7 @@ class ShardWriter:
         self.stats: dict[str, Any] = {}
 
     def __enter__(self) -> ShardWriter:
-        self._fs.makedirs(self._fs._parent(self._path), exist_ok=True)
+        self._fs.makedirs(posixpath.dirname(self._path), exist_ok=True)  # a no-op on S3
         self._raw = self._fs.open(self._path, "wb")
         self._sink = _HashingWriter(self._raw)
         self._writer = pq.ParquetWriter(

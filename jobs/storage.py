@@ -137,6 +137,15 @@ def cat(uri: str) -> bytes:
     return fs.cat_file(path)
 
 
+def unreadable(uri: str, exc: Exception) -> StorageError:
+    """The error for an object that exists (it was listed) but cannot be read: access denied,
+    an archived object, an endpoint that still fails after botocore's retries. The jobs raise it
+    instead of rejecting the row: the cause is the platform, not the image, and a dataset must
+    not silently depend on the weather. A rerun after the cause is fixed resumes where the job
+    stopped."""
+    return StorageError(f"cannot read {uri}: {type(exc).__name__}: {exc}")
+
+
 def read_bytes(uri: str) -> bytes:
     uri = normalize(uri)
     try:

@@ -10,15 +10,38 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jobs import errors
 from jobs.engines import FORWARDED_ENV
 
 __all__ = ["SparkEngine"]
 
 log = logging.getLogger(__name__)
+
+#: The last line of a Python traceback for one of our errors, as Spark passes it on (as text).
+_TASK_ERROR = re.compile(r"^jobs\.errors\.(\w+): (.+)$", re.MULTILINE)
+
+
+def _task_error(exc: BaseException) -> errors.PlatformError | None:
+    """The error a task raised on purpose (a :class:`~jobs.errors.PlatformError`), rebuilt from
+    the text of the Spark exception that carries its traceback; ``None`` for anything else.
+
+    Dask re-raises a task's own exception on the client; Spark gives a ``PythonException`` (or a
+    ``Py4JJavaError``) whose message holds the worker's traceback. Rebuilding the error lets the
+    CLI print ``error: cannot read s3://...`` instead of pages of JVM stack.
+    """
+    found = _TASK_ERROR.findall(str(exc))
+    if not found:
+        return None
+    name, message = found[-1]
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.PlatformError)):
+        return None
+    return cls(message)
 
 
 class SparkEngine:
@@ -72,7 +95,13 @@ class SparkEngine:
         if not items:
             return []
         rdd = self.sc.parallelize(list(items), max(1, min(partitions, len(items))))
-        return rdd.mapPartitions(lambda it: fn(list(it))).collect()
+        try:
+            return rdd.mapPartitions(lambda it: fn(list(it))).collect()
+        except Exception as exc:
+            ours = _task_error(exc)
+            if ours is None:
+                raise
+            raise ours from exc
 
     def close(self) -> None:
         if self._owned:

@@ -149,7 +149,7 @@ def test_spark_jobs_killed_at_random_points_rerun_to_the_same_dataset(tmp_path: 
 
 #: The shard job's commit, step by step: (storage function, URI suffix, before/after).
 COMMIT_POINTS = [
-    ("remove", "/dataset.json", "after"),  # --overwrite invalidated the old dataset
+    ("remove", "/dataset.json", "after"),  # the commit invalidated the old dataset
     ("remove", "/shards", "before"),  # staging complete, old shards still in place
     ("remove", "/shards", "after"),  # old shards gone, new ones still staged
     ("move", "", "after"),  # new shards in place, staging root left over

@@ -14,6 +14,7 @@ import torch
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs import storage
+from jobs.contract import manifest_marker_uri
 from jobs.errors import PlatformError
 from jobs.settings import ManifestConfig, ShardConfig
 from loaders import ShardLoader
@@ -146,6 +147,24 @@ def test_permanent_s3_errors_fail_fast_naming_the_uri(s3_bucket, fault_proxy, s3
         ]:
             message = fails_fast(fn, uri)
             assert any(w in message.lower() for w in ("403", "denied", "forbidden")), (what, message)
+
+        # One object the jobs may list but not read: both jobs fail, naming it, instead of
+        # rejecting it (a dataset must not lose rows to a permission or an outage), and their
+        # --overwrite runs leave the dataset they would have replaced readable.
+        fault_proxy.reset(mode="pass")
+        keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=s3_bucket[len("s3://"):],
+                                                                      Prefix="raw/b/")["Contents"]]
+        denied = keys[len(keys) // 2]
+        fault_proxy.reset(mode="deny", match=denied)
+        for what, fn in [
+            ("manifest", lambda: manifest_job.run(ManifestConfig(input=lake, output=out, overwrite=True, **MANIFEST),
+                                                  engine)),
+            ("shard", lambda: shard_job.run(ShardConfig(dataset=out, overwrite=True, **SHARD), engine)),
+        ]:
+            message = fails_fast(fn, f"{s3_bucket}/{denied}")
+            assert message.startswith(f"cannot read {s3_bucket}/{denied}: PermissionError"), (what, message)
+            assert fault_proxy.injected["403"] >= 1, (what, fault_proxy.injected)
     finally:
         fault_proxy.reset(mode="pass")
-    check_dataset(out)  # the denied shard run committed nothing and removed nothing
+    check_dataset(out)  # the denied runs committed nothing and removed nothing
+    assert storage.exists(manifest_marker_uri(out))
