@@ -15,11 +15,13 @@ import hashlib
 import io
 import json
 import logging
+import os
 import posixpath
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
@@ -355,6 +357,7 @@ class ShardWriter:
         self._schema = SHARD_SCHEMA.with_metadata({f"lakeshard.{k}": str(v) for k, v in metadata.items()})
         self._row_group_bytes = row_group_bytes
         self._fs, self._path = storage.filesystem(uri)
+        self._local = storage.normalize(uri).startswith("file://")
         self._pending: list[pa.Table] = []
         self._pending_bytes = 0
         self._labels: dict[int, int] = {}
@@ -363,6 +366,13 @@ class ShardWriter:
 
     def __enter__(self) -> ShardWriter:
         self._fs.makedirs(posixpath.dirname(self._path), exist_ok=True)  # a no-op on S3
+        # A local file is written under a temporary name and renamed once complete, so a writer
+        # never truncates a complete file: a task of a killed attempt that a Dask worker still
+        # finishes must not cut short the file a later attempt wrote (or a commit moved into the
+        # dataset). S3 shows an object only once its upload is complete.
+        self._final = self._path
+        if self._local:
+            self._path = f"{self._final}.tmp-{uuid.uuid4().hex}"
         self._raw = self._fs.open(self._path, "wb")
         self._sink = _HashingWriter(self._raw)
         self._writer = pq.ParquetWriter(
@@ -410,6 +420,12 @@ class ShardWriter:
             self._writer.close()
         finally:
             self._raw.close()
+            if self._local:
+                if exc_type is None:
+                    os.replace(self._path, self._final)
+                else:
+                    with suppress(OSError):
+                        os.remove(self._path)
         self.stats = {
             "rows": self._rows,
             "bytes": self._sink.bytes,

@@ -16,11 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import resolve
+from jobs.contract import SHARD_SCHEMA
 from jobs.errors import ConfigError
 from jobs.images import ImageSpec
 from jobs.settings import ShardConfig
 from jobs.shard import parser as shard_parser
-from jobs.shards import SEGMENT_SCHEMA, SegmentTask, _ahead, preprocess_segment, readers
+from jobs.shards import SEGMENT_SCHEMA, SegmentTask, ShardWriter, _ahead, preprocess_segment, readers
 from tests.helpers.lake import write_lake
 
 
@@ -99,3 +100,32 @@ def test_reader_threads_default_to_none_for_local_files_and_several_for_s3():
 def test_bad_thread_counts_are_named(flag, value, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         resolve(ShardConfig, shard_parser().parse_args(["--dataset", "/d", flag, value]))
+
+
+def _shard_rows(n: int, tag: bytes) -> pa.Table:
+    return pa.table({"image": [tag * 100] * n, "label": [1] * n, "uri": [f"file:///l/{i}" for i in range(n)],
+                     "key": [str(i) for i in range(n)], "height": [8] * n, "width": [8] * n, "is_pad": [False] * n},
+                    schema=SHARD_SCHEMA)
+
+
+def test_a_writer_never_truncates_a_complete_file(tmp_path: Path):
+    """A task of a killed attempt that a Dask worker still finishes writes the same file as the
+    next attempt's task: until it is complete, the file already there must stay whole."""
+    target = tmp_path / "train" / "part-0.parquet"
+    with ShardWriter(f"file://{target}", metadata={}, row_group_bytes=1 << 20) as first:
+        first.write(_shard_rows(50, b"a"))
+    complete = target.read_bytes()
+    assert first.stats["sha256"] == hashlib.sha256(complete).hexdigest()
+
+    with ShardWriter(f"file://{target}", metadata={}, row_group_bytes=1 << 20) as late:
+        late.write(_shard_rows(50, b"b"))
+        assert target.read_bytes() == complete  # not truncated while the late writer runs
+    assert pq.read_table(target)["image"][0].as_py() == b"b" * 100  # replaced whole once complete
+    replaced = target.read_bytes()
+
+    with pytest.raises(RuntimeError, match="task died"):
+        with ShardWriter(f"file://{target}", metadata={}, row_group_bytes=1 << 20) as failing:
+            failing.write(_shard_rows(50, b"c"))
+            raise RuntimeError("task died")
+    assert target.read_bytes() == replaced  # a failed writer leaves the file as it was
+    assert sorted(p.name for p in target.parent.iterdir()) == ["part-0.parquet"]  # and no temporary file
