@@ -15,7 +15,7 @@ from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs import storage
 from jobs.contract import manifest_marker_uri
-from jobs.errors import PlatformError
+from jobs.errors import PlatformError, StorageError
 from jobs.settings import ManifestConfig, ShardConfig
 from loaders import ShardLoader
 from tests.hardening.helpers import dataset_digest
@@ -40,6 +40,11 @@ def _upload_lake(bucket: str, tmp_path: Path, counts: dict[str, int]) -> str:
         if p.is_file():
             client.put_object(Bucket=name, Key=f"raw/{p.relative_to(local).as_posix()}", Body=p.read_bytes())
     return f"{bucket}/raw"
+
+
+def _a_key(bucket: str, prefix: str) -> str:
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket[len("s3://"):], Prefix=prefix)["Contents"]]
+    return keys[len(keys) // 2]
 
 
 def _build(engine, lake: str, out: str) -> None:
@@ -152,9 +157,7 @@ def test_permanent_s3_errors_fail_fast_naming_the_uri(s3_bucket, fault_proxy, s3
         # rejecting it (a dataset must not lose rows to a permission or an outage), and their
         # --overwrite runs leave the dataset they would have replaced readable.
         fault_proxy.reset(mode="pass")
-        keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=s3_bucket[len("s3://"):],
-                                                                      Prefix="raw/b/")["Contents"]]
-        denied = keys[len(keys) // 2]
+        denied = _a_key(s3_bucket, "raw/b/")
         fault_proxy.reset(mode="deny", match=denied)
         for what, fn in [
             ("manifest", lambda: manifest_job.run(ManifestConfig(input=lake, output=out, overwrite=True, **MANIFEST),
@@ -167,4 +170,36 @@ def test_permanent_s3_errors_fail_fast_naming_the_uri(s3_bucket, fault_proxy, s3
     finally:
         fault_proxy.reset(mode="pass")
     check_dataset(out)  # the denied runs committed nothing and removed nothing
+    assert storage.exists(manifest_marker_uri(out))
+
+
+@pytest.mark.spark
+def test_spark_jobs_fail_naming_an_object_they_cannot_read(spark, s3_bucket, fault_proxy, s3_via, tmp_path):
+    """On Spark too, the task's error reaches the caller as itself: ``StorageError`` naming the
+    object, not a JVM stack, and the dataset the --overwrite runs would have replaced stays."""
+    from jobs.engines.spark_engine import SparkEngine
+
+    lake = _upload_lake(s3_bucket, tmp_path, {"a": 10, "b": 10})
+    out = f"{s3_bucket}/ds"
+    _build(SparkEngine(spark=spark), lake, out)
+    denied = _a_key(s3_bucket, "raw/a/")
+    saved = dict(spark.sparkContext.environment)
+    try:
+        s3_via(fault_proxy.endpoint)
+        engine = SparkEngine(spark=spark)  # its workers get the proxy's endpoint
+        fault_proxy.reset(mode="deny", match=denied)
+        for what, fn in [
+            ("manifest", lambda: manifest_job.run(ManifestConfig(input=lake, output=out, overwrite=True, **MANIFEST),
+                                                  engine)),
+            ("shard", lambda: shard_job.run(ShardConfig(dataset=out, overwrite=True, **SHARD), engine)),
+        ]:
+            with pytest.raises(StorageError) as err:
+                fn()
+            assert str(err.value).startswith(f"cannot read {s3_bucket}/{denied}: PermissionError"), (what, err.value)
+            assert fault_proxy.injected["403"] >= 1, (what, fault_proxy.injected)
+    finally:
+        fault_proxy.reset(mode="pass")
+        spark.sparkContext.environment.clear()
+        spark.sparkContext.environment.update(saved)
+    check_dataset(out)
     assert storage.exists(manifest_marker_uri(out))
