@@ -133,19 +133,14 @@ def _inspect(row: dict[str, Any]) -> dict[str, Any]:
         if row["etag"] is None:
             row["etag"] = hashlib.md5(b"", usedforsecurity=False).hexdigest()  # what S3 gives
         return reject(row, "empty object (0 bytes)")
-    fs, path = storage.filesystem(row["uri"])
-    try:
-        if row["uri"].startswith("s3://"):
-            head = fs.cat_file(path, start=0, end=SNIFF_BYTES)
-        else:
-            # Local files carry no ETag: the MD5 of the content is what S3 would give.
-            data = fs.cat_file(path)
-            row["etag"] = hashlib.md5(data, usedforsecurity=False).hexdigest()
-            head = data[:SNIFF_BYTES]
-    except FileNotFoundError:
-        return reject(row, "cannot read: object disappeared after listing")
-    except Exception as exc:  # access denied, an endpoint down: not the image's fault
-        raise storage.unreadable(row["uri"], exc) from exc
+    s3 = row["uri"].startswith("s3://")
+    # Local files carry no ETag: the MD5 of the whole content is what S3 would give.
+    data = storage.read_listed(row["uri"], end=SNIFF_BYTES if s3 else None)
+    if isinstance(data, str):
+        return reject(row, data)
+    if not s3:
+        row["etag"] = hashlib.md5(data, usedforsecurity=False).hexdigest()
+    head = data[:SNIFF_BYTES]
     fmt = sniff(head)
     if fmt is None:
         return reject(row, f"not an image: content starts with {head[:8]!r}, no known image signature")

@@ -132,18 +132,20 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     if out.startswith("s3://"):
         _check_bucket(out)
     marker = manifest_marker_uri(out)
-    if storage.exists(marker) or storage.exists(dataset_json_uri(out)):
-        if not cfg.overwrite:
-            raise DatasetExistsError(f"{out} already holds a manifest ({marker}); pass --overwrite to replace it")
+    replacing = storage.exists(marker) or storage.exists(dataset_json_uri(out))
+    if replacing and not cfg.overwrite:
+        raise DatasetExistsError(f"{out} already holds a manifest ({marker}); pass --overwrite to replace it")
     rows = extract(cfg, engine)
     manifest = build_manifest(rows, split=cfg.split, seed=cfg.seed, split_method=cfg.split_method,
                               min_per_class=cfg.min_per_class, max_reject_fraction=cfg.max_reject_fraction,
                               source=storage.normalize(cfg.input))
     summary = summarize(cfg, manifest)
-    # Invalidate only now that the new manifest is built (a run that fails before leaves the old
-    # one, and its dataset, readable): no reader may see a dataset whose manifest is being replaced.
-    storage.remove(dataset_json_uri(out))
-    storage.remove(marker)
+    if replacing:
+        # Invalidate only now that the new manifest is built (a run that fails before leaves the
+        # old one, and its dataset, readable): no reader may see a dataset whose manifest is
+        # being replaced.
+        storage.remove(dataset_json_uri(out))
+        storage.remove(marker)
     load(cfg, manifest, summary)
     c = summary["counts"]
     log.info("manifest written to %s: %d listed, %d accepted (%s), %d rejected", out, c["listed"], c["accepted"],

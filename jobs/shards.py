@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import posixpath
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -126,18 +125,6 @@ def _compact(table: pa.Table) -> pa.Table:
     return table.take(np.arange(table.num_rows))
 
 
-def _read(uri: str) -> bytes | str:
-    """The object's bytes, or the reason it is rejected: it is gone. Any other read error (access
-    denied, an endpoint still failing after botocore's retries) says nothing about the image, so
-    it fails the task (:func:`storage.unreadable`) instead of losing the row from the dataset."""
-    try:
-        return storage.cat(uri)
-    except FileNotFoundError:
-        return "cannot read: object disappeared after listing"
-    except Exception as exc:
-        raise storage.unreadable(uri, exc) from exc
-
-
 def _preprocessed(data: bytes | str, spec: ImageSpec) -> tuple[bytes, int, int] | str:
     """The encoded image with its height and width, or the reason there is none."""
     if isinstance(data, str):
@@ -179,7 +166,7 @@ def _preprocessed_chunks(task: SegmentTask) -> Iterator[tuple[pa.Table, list[Any
     n_readers = readers(task.threads, uris)
 
     def read(start: int) -> list[bytes | str]:
-        return [_read(u) for u in uris[start : start + _READ_ROWS]]
+        return [storage.read_listed(u) for u in uris[start : start + _READ_ROWS]]
 
     def preprocess_all(reads: list[Callable[[], list[bytes | str]]]) -> list[Any]:
         return [_preprocessed(data, task.spec) for get in reads for data in get()]
@@ -372,7 +359,7 @@ class ShardWriter:
         # dataset). S3 shows an object only once its upload is complete.
         self._final = self._path
         if self._local:
-            self._path = f"{self._final}.tmp-{uuid.uuid4().hex}"
+            self._path = storage.temp_sibling(self._final)
         self._raw = self._fs.open(self._path, "wb")
         self._sink = _HashingWriter(self._raw)
         self._writer = pq.ParquetWriter(

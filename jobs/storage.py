@@ -22,6 +22,7 @@ import fsspec
 from jobs.errors import StorageError
 
 __all__ = [
+    "GONE",
     "cat",
     "exists",
     "filesystem",
@@ -30,8 +31,10 @@ __all__ = [
     "normalize",
     "read_bytes",
     "read_json",
+    "read_listed",
     "remove",
     "s3_options",
+    "temp_sibling",
     "write_bytes_atomic",
     "write_json_atomic",
 ]
@@ -124,26 +127,43 @@ def exists(uri: str) -> bool:
         raise StorageError(f"cannot check {uri}: {exc}") from exc
 
 
-def cat(uri: str) -> bytes:
-    """The bytes of the object or file at ``uri`` (a canonical URI, as listings give them);
-    raises what the filesystem raises (``FileNotFoundError`` when it is gone).
+def cat(uri: str, *, end: int | None = None) -> bytes:
+    """The bytes of the object or file at ``uri`` (a canonical URI, as listings give them), or
+    its first ``end`` bytes; raises what the filesystem raises (``FileNotFoundError`` when it is
+    gone).
 
     Local files are read with ``open``: half the cost of fsspec's ``cat_file``, which counts
     when the shard job reads a lake of small images on a shared disk."""
     if uri.startswith("file://"):
         with open(uri[len("file://"):], "rb") as f:
-            return f.read()
+            return f.read(end) if end is not None else f.read()
     fs, path = filesystem(uri)
-    return fs.cat_file(path)
+    return fs.cat_file(path, start=0 if end is not None else None, end=end)
 
 
-def unreadable(uri: str, exc: Exception) -> StorageError:
-    """The error for an object that exists (it was listed) but cannot be read: access denied,
-    an archived object, an endpoint that still fails after botocore's retries. The jobs raise it
-    instead of rejecting the row: the cause is the platform, not the image, and a dataset must
-    not silently depend on the weather. A rerun after the cause is fixed resumes where the job
-    stopped."""
-    return StorageError(f"cannot read {uri}: {type(exc).__name__}: {exc}")
+#: The reject reason of a listed object that is gone when a job reads it.
+GONE = "cannot read: object disappeared after listing"
+
+
+def read_listed(uri: str, *, end: int | None = None) -> bytes | str:
+    """The bytes of an object a listing found (see :func:`cat`), or :data:`GONE` if it is no
+    longer there: the only read error that is a fact about the object, and a reject.
+
+    Any other error (access denied, an archived object, an endpoint that still fails after
+    botocore's retries) raises ``StorageError`` naming the URI: the cause is the platform, not
+    the image, and a dataset must not silently depend on the weather. A rerun after the cause is
+    fixed resumes where the job stopped."""
+    try:
+        return cat(uri, end=end)
+    except FileNotFoundError:
+        return GONE
+    except Exception as exc:
+        raise StorageError(f"cannot read {uri}: {type(exc).__name__}: {exc}") from exc
+
+
+def temp_sibling(path: str) -> str:
+    """A unique temporary name next to ``path``, to write to and then ``os.replace`` onto it."""
+    return f"{path}.tmp-{uuid.uuid4().hex}"
 
 
 def read_bytes(uri: str) -> bytes:
@@ -176,7 +196,7 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
             fs.pipe_file(path, data)
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        tmp = temp_sibling(path)
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()

@@ -5,6 +5,7 @@ equals a clean run's. Permanent errors (403, a missing bucket) fail fast, naming
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -45,6 +46,14 @@ def _upload_lake(bucket: str, tmp_path: Path, counts: dict[str, int]) -> str:
 def _a_key(bucket: str, prefix: str) -> str:
     keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket[len("s3://"):], Prefix=prefix)["Contents"]]
     return keys[len(keys) // 2]
+
+
+def _overwrite_runs(engine, lake: str, out: str) -> list[tuple[str, Callable[[], object]]]:
+    """Both jobs, rebuilding ``out`` from ``lake`` with ``--overwrite``, by name."""
+    return [
+        ("manifest", lambda: manifest_job.run(ManifestConfig(input=lake, output=out, overwrite=True, **MANIFEST), engine)),
+        ("shard", lambda: shard_job.run(ShardConfig(dataset=out, overwrite=True, **SHARD), engine)),
+    ]
 
 
 def _build(engine, lake: str, out: str) -> None:
@@ -159,11 +168,7 @@ def test_permanent_s3_errors_fail_fast_naming_the_uri(s3_bucket, fault_proxy, s3
         fault_proxy.reset(mode="pass")
         denied = _a_key(s3_bucket, "raw/b/")
         fault_proxy.reset(mode="deny", match=denied)
-        for what, fn in [
-            ("manifest", lambda: manifest_job.run(ManifestConfig(input=lake, output=out, overwrite=True, **MANIFEST),
-                                                  engine)),
-            ("shard", lambda: shard_job.run(ShardConfig(dataset=out, overwrite=True, **SHARD), engine)),
-        ]:
+        for what, fn in _overwrite_runs(engine, lake, out):
             message = fails_fast(fn, f"{s3_bucket}/{denied}")
             assert message.startswith(f"cannot read {s3_bucket}/{denied}: PermissionError"), (what, message)
             assert fault_proxy.injected["403"] >= 1, (what, fault_proxy.injected)
@@ -188,11 +193,7 @@ def test_spark_jobs_fail_naming_an_object_they_cannot_read(spark, s3_bucket, fau
         s3_via(fault_proxy.endpoint)
         engine = SparkEngine(spark=spark)  # its workers get the proxy's endpoint
         fault_proxy.reset(mode="deny", match=denied)
-        for what, fn in [
-            ("manifest", lambda: manifest_job.run(ManifestConfig(input=lake, output=out, overwrite=True, **MANIFEST),
-                                                  engine)),
-            ("shard", lambda: shard_job.run(ShardConfig(dataset=out, overwrite=True, **SHARD), engine)),
-        ]:
+        for what, fn in _overwrite_runs(engine, lake, out):
             with pytest.raises(StorageError) as err:
                 fn()
             assert str(err.value).startswith(f"cannot read {s3_bucket}/{denied}: PermissionError"), (what, err.value)
