@@ -5,7 +5,7 @@
 
 from loaders.batch import PAD_LABEL, SkippedRow
 from loaders.plan import num_batches, rank_segments, rows_per_rank
-from loaders.shard_loader import STATE_FORMAT, LoaderOptions, ShardLoader
+from loaders.shard_loader import STATE_FORMAT, LoaderOptions, ShardLoader, default_threads
 
 __all__ = [
     "PAD_LABEL",
@@ -13,6 +13,7 @@ __all__ = [
     "LoaderOptions",
     "ShardLoader",
     "SkippedRow",
+    "default_threads",
     "num_batches",
     "rank_segments",
     "rows_per_rank",

@@ -22,7 +22,7 @@ from jobs.errors import LoaderError
 from loaders.buffers import BufferPool
 from loaders.decode import Buffer
 
-__all__ = ["PAD_LABEL", "BatchTask", "DecodeSpec", "SkippedRow", "decode_batch"]
+__all__ = ["NULL_LABEL", "PAD_LABEL", "BatchTask", "DecodeSpec", "SkippedRow", "decode_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 #: marks ``is_pad``, or a bad row skipped with ``skip_bad_rows=True`` (its image is all zeros).
 #: It is ``torch.nn.CrossEntropyLoss``'s default ``ignore_index``, so losses skip it unchanged.
 PAD_LABEL = -100
+#: What the reader puts for a null label: the row is bad ("label is null").
+NULL_LABEL = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,8 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> tu
         if is_set():
             return None
         if bad is not None and bad[i]:
-            _bad_row(spec, task, i, f"label {int(labels[i])} out of range [0, {spec.num_classes})", None)
+            what = "label is null" if labels[i] == NULL_LABEL else f"label {int(labels[i])} out of range [0, {spec.num_classes})"
+            _bad_row(spec, task, i, what, None)
         elif data is None:
             _bad_row(spec, task, i, "image is null", None)
         else:

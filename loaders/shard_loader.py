@@ -2,7 +2,7 @@
 
 ```python
 loader = ShardLoader("s3://lake/datasets/pets-v1", channel="train", rank=rank, world_size=world,
-                     batch_size=64, shuffle=True, seed=7, num_threads=4, prefetch=4)
+                     batch_size=64, shuffle=True, seed=7)
 for epoch in range(epochs):
     loader.set_epoch(epoch)
     for images, labels in loader:   # uint8 [B, 3, H, W] and int64 [B]
@@ -27,26 +27,28 @@ may differ.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 
 from jobs import contract, storage
 from jobs.errors import ConfigError, DatasetError, LoaderError
-from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch
+from loaders.batch import NULL_LABEL, BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
 from loaders.decode import get_decoder
 from loaders.pipeline import Pipeline, PipelineStats
 from loaders.plan import REMAINDER_POLICIES, Piece, num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.shuffle import epoch_order
+from loaders.shuffle import EpochOrder, epoch_order
 
-__all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader"]
+__all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,24 @@ _META = {
     "shard_index": b"lakeshard.shard_index",
     "num_shards": b"lakeshard.num_shards",
 }
+
+
+def default_threads() -> int:
+    """Decode threads when none are given: the CPUs this process may run on (its affinity mask,
+    which container limits and ``taskset`` narrow), shared among the ranks on this machine
+    (``LOCAL_WORLD_SIZE``, which ``torchrun`` sets); at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    try:
+        local = int(raw)
+    except ValueError:
+        local = 0
+    if local < 1:
+        raise ConfigError(f"LOCAL_WORLD_SIZE must be a positive integer, got {raw!r} (from the environment)")
+    return max(1, cpus // local)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +94,7 @@ class LoaderOptions:
     drop_last: bool = False
     remainder: str = "pad"
     shuffle_window: int = 2048
-    num_threads: int = 4
+    num_threads: int | None = None  # None: default_threads()
     prefetch: int = 4
     decoder: str = "auto"
     augment: bool = False
@@ -84,6 +104,8 @@ class LoaderOptions:
     skip_bad_rows: bool = False
 
     def __post_init__(self) -> None:
+        if self.num_threads is None:
+            object.__setattr__(self, "num_threads", default_threads())
         for name in ("batch_size", "world_size", "shuffle_window", "num_threads", "prefetch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -125,6 +147,33 @@ def _open_parquet(uri: str) -> tuple[Any, pq.ParquetFile]:
         raise
 
 
+# Arrow's ``to_numpy`` and ``fill_null`` import pandas on first use: 0.4 s on the reader thread
+# before a fresh process's first batch (a loader does not otherwise need pandas). The columns
+# the loader reads are converted from their buffers instead.
+def _validity(array: pa.Array) -> np.ndarray:
+    """True where ``array`` is not null."""
+    bitmap = array.buffers()[0]
+    if bitmap is None:
+        return np.ones(len(array), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return bits[array.offset : array.offset + len(array)].astype(bool)
+
+
+def _int64s(column: pa.ChunkedArray, *, null: int) -> np.ndarray:
+    """An integer or boolean column as int64, ``null`` where it is null."""
+    array = column.combine_chunks().cast(pa.int64())
+    values = np.frombuffer(array.buffers()[1], dtype=np.int64, count=len(array), offset=array.offset * 8)
+    return np.where(_validity(array), values, null) if array.null_count else values.copy()
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """The first window of ``epoch``, read before that epoch started (see ``_tasks``)."""
+
+    epoch: int
+    cols: list[Any]
+
+
 class ShardLoader:
     """Stream rank ``rank``'s share of channel ``channel`` of the dataset at ``dataset`` (a
     local path, ``file://`` or ``s3://`` URI) as ``(images, labels)`` batches.
@@ -142,7 +191,10 @@ class ShardLoader:
             labelled :data:`PAD_LABEL`) or ``"drop"`` (up to ``world_size - 1`` rows unread);
             see :mod:`loaders.plan`.
         shuffle_window: rows shuffled together; also the reader's memory bound (encoded rows).
-        num_threads: decode threads. prefetch: batches decoded ahead of the training loop.
+        num_threads: decode threads; default :func:`default_threads` (one per core this rank
+            gets). More threads than cores only slowed the loader on our 2-core machine
+            (0.86x against 0.90x of the ceiling with 4 against 2; ``benchmarks/README.md``).
+        prefetch: batches decoded ahead of the training loop.
         decoder: ``"auto"`` (simplejpeg for JPEG when installed, Pillow otherwise),
             ``"pillow"`` or ``"simplejpeg"``.
         augment: random horizontal flip, and a random crop when ``crop`` is set.
@@ -158,6 +210,16 @@ class ShardLoader:
     ``len(loader)`` is the number of batches per epoch, the same on every rank, and every rank
     yields exactly that many. Rows labelled :data:`PAD_LABEL` must not count (CrossEntropyLoss
     ignores them by default).
+
+    Read-ahead across epochs: from a loader's second iteration on, once the last batch of an
+    epoch is handed to the decode threads, the reader reads the first window of the epoch
+    expected next, so that it starts decoding at once instead of after one window's read
+    (~15 ms of a ~320 ms epoch of 2,000 224px images here). Expected next: ``epoch + 1`` if
+    the last two iterations were one epoch apart (the loop above), the same epoch if they ran
+    the same one (a validation loader without ``set_epoch``). What was read ahead is kept
+    until that epoch runs, a :meth:`set_epoch` to another epoch or :meth:`close`; the reader
+    still holds at most one window of encoded rows. A failed read-ahead is dropped: the epoch
+    reads (and reports) it itself.
     """
 
     def __init__(
@@ -173,7 +235,7 @@ class ShardLoader:
         drop_last: bool = False,
         remainder: str = "pad",
         shuffle_window: int = 2048,
-        num_threads: int = 4,
+        num_threads: int | None = None,
         prefetch: int = 4,
         decoder: str = "auto",
         augment: bool = False,
@@ -216,11 +278,13 @@ class ShardLoader:
         self._next_start = 0  # the batch the next iteration starts at (set by load_state_dict)
         self._consumed = 0  # batches of self._epoch consumed so far
         self._pipeline: Pipeline[BatchTask, Any] | None = None
+        self._ahead: _Ahead | None = None  # the next epoch's first window, read in advance
+        self._last_iter_epoch: int | None = None  # the epoch the last iteration ran
         self._lock = threading.Lock()
         self.skipped_rows: list[SkippedRow] = []
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over and the training loop's previous batch.
-        self._buffers = BufferPool(keep=num_threads + prefetch + 3)
+        self._buffers = BufferPool(keep=self.options.num_threads + prefetch + 3)
         self.stats = PipelineStats()
         self.row_groups_read = 0
 
@@ -291,6 +355,8 @@ class ShardLoader:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         if epoch != self._epoch:
             self._epoch, self._next_start, self._consumed = epoch, 0, 0
+        if self._ahead is not None and self._ahead.epoch != epoch:
+            self._ahead = None  # read for another epoch: free it now
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -331,7 +397,7 @@ class ShardLoader:
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self.close()
+        self._stop_pipeline()
         start, self._next_start = self._next_start, 0
         self._consumed = start
         self.skipped_rows = []
@@ -343,11 +409,16 @@ class ShardLoader:
             pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, buffers=self._buffers,
             skipped=self.skipped_rows,
         )  # fmt: skip
-        return self._run(start, spec)
+        # The epoch to read ahead for, from the second iteration on: one step further, as the
+        # step from the last iteration to this one (set_epoch(epoch + 1) each time, or the same
+        # epoch again, as a validation loader often runs). A loader used once reads nothing more.
+        step = None if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch
+        self._last_iter_epoch = self._epoch
+        return self._run(start, spec, self._epoch + step if step in (0, 1) else None)
 
-    def _run(self, start: int, spec: DecodeSpec) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _run(self, start: int, spec: DecodeSpec, ahead_epoch: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         pipeline: Pipeline[BatchTask, Any] = Pipeline(
-            self._tasks(self._epoch, start),
+            self._tasks(self._epoch, start, ahead_epoch),
             lambda task, stop: decode_batch(task, stop, spec),
             num_threads=self.options.num_threads,
             prefetch=self.options.prefetch,
@@ -375,7 +446,12 @@ class ShardLoader:
                 )  # fmt: skip
 
     def close(self) -> None:
-        """Stop the running epoch's threads (if any) and wait for them."""
+        """Stop the running epoch's threads (if any) and wait for them; drop what was read
+        ahead for the next epoch."""
+        self._stop_pipeline()
+        self._ahead = None
+
+    def _stop_pipeline(self) -> None:
         with self._lock:
             pipeline, self._pipeline = self._pipeline, None
         if pipeline is not None:
@@ -388,14 +464,12 @@ class ShardLoader:
         self.close()
 
     # -- the reader thread -------------------------------------------------------------------------
-    def _tasks(self, epoch: int, start: int) -> Iterator[BatchTask]:
-        """Batch tasks of ``epoch`` from batch ``start`` on; runs on the reader thread."""
+    def _tasks(self, epoch: int, start: int, ahead_epoch: int | None = None) -> Iterator[BatchTask]:
+        """Batch tasks of ``epoch`` from batch ``start`` on, then the first window of
+        ``ahead_epoch`` read ahead (if given); runs on the reader thread."""
         opts = self.options
         bs = opts.batch_size
-        order = epoch_order(
-            [p.rows for p in self._pieces], shuffle=opts.shuffle, seed=opts.seed, epoch=epoch,
-            rank=opts.rank, window_rows=opts.shuffle_window,
-        )  # fmt: skip
+        order = self._order(epoch)
         end = min(self._num_batches * bs, self.rows_per_rank)
         pos = start * bs
         if pos >= end:
@@ -403,9 +477,15 @@ class ShardLoader:
         files: dict[int, tuple[Any, pq.ParquetFile]] = {}
         carry: list[Any] = []  # rows read but not yet in a task: [images, labels, pads, shards, rows]
         index = start
+        ahead, self._ahead = self._ahead, None
         try:
             for w in range(order.window_at(pos), len(order.windows)):
-                cols = self._read_window([self._pieces[int(p)] for p in order.windows[w]], files)
+                if ahead is not None and ahead.epoch == epoch and w == 0:
+                    cols = ahead.cols
+                else:
+                    cols = self._read_window([self._pieces[int(p)] for p in order.windows[w]], files)
+                ahead = None
+                self.row_groups_read += len(order.windows[w])
                 perm = order.perms[w]
                 lo = max(pos - int(order.starts[w]), 0)
                 hi = min(end - int(order.starts[w]), len(perm))
@@ -420,10 +500,37 @@ class ShardLoader:
                     yield BatchTask(index, window[0][k : k + bs], *(c[k : k + bs] for c in window[1:]))
                     index, k = index + 1, k + bs
                 carry = [window[0][k:], *(c[k:] for c in window[1:])] if k < n else []
+                # The tasks hold their rows now: let each row go once its batch is decoded,
+                # instead of keeping the whole window until the next one is read.
+                cols = window = images = None
                 if int(order.starts[w + 1]) >= end:
                     break
             if carry and len(carry[0]):
                 yield BatchTask(index, *carry)
+        finally:
+            for f, _ in files.values():
+                f.close()
+        # Every task of this epoch is handed over (a close() or an error never gets here). While
+        # the decode threads finish its last batches, read the first window of the epoch that
+        # is expected next, so that it starts decoding at once instead of after a window's read.
+        if ahead_epoch is not None:
+            self._ahead = self._read_ahead(ahead_epoch)
+
+    def _order(self, epoch: int) -> EpochOrder:
+        opts = self.options
+        return epoch_order(
+            [p.rows for p in self._pieces], shuffle=opts.shuffle, seed=opts.seed, epoch=epoch,
+            rank=opts.rank, window_rows=opts.shuffle_window,
+        )  # fmt: skip
+
+    def _read_ahead(self, epoch: int) -> _Ahead | None:
+        order = self._order(epoch)
+        files: dict[int, tuple[Any, pq.ParquetFile]] = {}
+        try:
+            return _Ahead(epoch, self._read_window([self._pieces[int(p)] for p in order.windows[0]], files))
+        except LoaderError as exc:  # that epoch reads it again, and raises if it still fails
+            log.debug("could not read ahead into epoch %d: %s", epoch, exc)
+            return None
         finally:
             for f, _ in files.values():
                 f.close()
@@ -447,16 +554,17 @@ class ShardLoader:
             if table.num_rows != piece.rows:
                 raise LoaderError(f"{where}: expected {piece.rows} rows, read {table.num_rows} (shard changed?)")
             # Copies (one ``bytes`` per row; ~4 ms per 27 MB window). Zero-copy views of the Arrow
-            # buffers saved that, but each queued task then pinned its whole window's row groups:
-            # +14 MiB peak RSS on the 10x shard of benchmarks/loader_memory.py (1.11x, over 1.1x).
+            # buffers were tried twice: the first time, each queued task pinned its whole window
+            # (peak RSS on the 10x shard of benchmarks/loader_memory.py 1.11x); the second, with
+            # the reader letting go of each window, RSS was fine but a new loader's epoch got
+            # ~8% slower (the buffers die on decode threads, far from the thread that read them).
             images.extend(table.column("image").to_pylist())
-            labels.append(table.column("label").to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+            labels.append(_int64s(table.column("label"), null=NULL_LABEL))  # a bad row
             pad = np.full(piece.rows, piece.pad, dtype=bool)
             if "is_pad" in table.column_names:
-                pad |= table.column("is_pad").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+                pad |= _int64s(table.column("is_pad"), null=0).astype(bool)
             pads.append(pad)
             shards.append(np.full(piece.rows, piece.shard, dtype=np.int32))
             rows.append(np.arange(piece.start, piece.stop, dtype=np.int64))
-            self.row_groups_read += 1
         return [images, np.concatenate(labels), np.concatenate(pads), np.concatenate(shards), np.concatenate(rows)]
 

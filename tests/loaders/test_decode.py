@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from loader_builders import ids_of, write_dataset
 from PIL import Image
 
 from jobs.errors import LoaderError
-from loaders import ShardLoader, decode
+from loaders import PAD_LABEL, ShardLoader, decode
 
 
 def jpeg(w: int, h: int) -> bytes:
@@ -52,7 +55,11 @@ def test_wrong_size_and_null_rows_name_the_row(tmp_path: Path):
     table = pq.read_table(path)
     images = table.column("image").to_pylist()
     images[3], images[6] = jpeg(4, 4), None
-    table = table.set_column(table.schema.get_field_index("image"), "image", pa.array(images, pa.binary()))
+    labels = table.column("label").to_pylist()
+    labels[7] = None
+    pads = [None, *table.column("is_pad").to_pylist()[1:]]  # a null is_pad: not a pad
+    for name, values in (("image", pa.array(images, pa.binary())), ("label", pa.array(labels, pa.int64())), ("is_pad", pa.array(pads))):
+        table = table.set_column(table.schema.get_field_index(name), name, values)
     pq.write_table(table, path, row_group_size=5)
 
     with pytest.raises(LoaderError, match=r"cannot decode image at row 3 of .*part-00000-of-00001.parquet: ImageSizeError: image is 4x4, expected 8x8"):
@@ -60,6 +67,46 @@ def test_wrong_size_and_null_rows_name_the_row(tmp_path: Path):
     loader = ShardLoader(str(tmp_path), batch_size=4, skip_bad_rows=True)
     batches = list(loader)
     reasons = {s.row: s.reason for s in loader.skipped_rows}
-    assert reasons == {3: "cannot decode image: image is 4x4, expected 8x8", 6: "image is null"}
+    assert reasons == {3: "cannot decode image: image is 4x4, expected 8x8", 6: "image is null", 7: "label is null"}
+    labels = torch.cat([lab for _, lab in batches]).tolist()
+    assert [i for i, label in enumerate(labels) if label == PAD_LABEL] == [3, 6, 7]
     assert len(batches) == 2 and all(len(im) == 4 for im, _ in batches)
     assert ids_of(batches[0][0])[:3] != [0, 0, 0]  # the good rows still decode
+
+
+@pytest.mark.parametrize("image_type", [pa.binary(), pa.large_binary(), pa.binary_view()], ids=str)
+def test_shards_of_any_binary_type_load_alike(tmp_path: Path, image_type: pa.DataType):
+    """The job writes ``binary``; another writer may use 64-bit offsets or views. The loader's
+    zero-copy path reads the first two, and falls back to copies for anything else."""
+    write_dataset(tmp_path, rows={"train": 12, "validation": 4, "test": 4}, num_shards=1, fmt="jpeg")
+    path = tmp_path / "shards/train/part-00000-of-00001.parquet"
+    expected_ids = [i for images, _ in ShardLoader(str(tmp_path), batch_size=4) for i in ids_of(images)]
+    table = pq.read_table(path)
+    images = table.column("image").to_pylist()
+    images[5] = None
+    column = pa.array(images, image_type)
+    table = table.set_column(table.schema.get_field_index("image"), pa.field("image", image_type), column)
+    pq.write_table(table, path, row_group_size=5, store_schema=True)
+    assert pq.read_schema(path).field("image").type == image_type
+    loader = ShardLoader(str(tmp_path), batch_size=4, skip_bad_rows=True)
+    got_ids = [i for images, _ in loader for i in ids_of(images)]
+    assert [(s.row, s.reason) for s in loader.skipped_rows] == [(5, "image is null")]
+    assert got_ids[5] == 0  # the null row: an all-zero image
+    assert got_ids[:5] + got_ids[6:] == expected_ids[:5] + expected_ids[6:]
+
+
+def test_a_fresh_process_loads_without_importing_pandas(tmp_path: Path):
+    """Arrow's ``to_numpy`` imports pandas on first use: 0.4 s before a fresh process's first
+    batch. The loader reads its columns without it."""
+    write_dataset(tmp_path, rows={"train": 12, "validation": 4, "test": 4}, num_shards=2, fmt="jpeg")
+    code = (
+        "import sys\n"
+        "from loaders import ShardLoader\n"
+        "loader = ShardLoader(sys.argv[1], batch_size=4, shuffle=True)\n"
+        "rows = sum(len(labels) for _, labels in loader)\n"
+        "print(rows, sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(None, 1) == ["12", "[]\n"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import torch
 from loader_builders import ids_of, write_dataset
 
-from jobs.errors import LoaderError
+from jobs.errors import ConfigError, LoaderError
 from loaders import PAD_LABEL, ShardLoader
 
 
@@ -132,3 +133,25 @@ def test_read_error_names_the_shard(tmp_path: Path):
     with pytest.raises(LoaderError, match=r"cannot read row group \d+ \(rows \d+-\d+\) of file://.*part-00001-of-00002.parquet"):
         list(loader)
     assert loader_threads() == []
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and 2 CPUs")
+def test_default_threads_are_this_ranks_share_of_its_cpus(dataset: Path, monkeypatch):
+    """One decode thread per CPU the process may run on, divided among torchrun's local ranks."""
+    mine = os.sched_getaffinity(0)
+    two = set(sorted(mine)[:2])
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    try:
+        os.sched_setaffinity(0, two)
+        assert ShardLoader(str(dataset), batch_size=2).options.num_threads == 2
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        assert ShardLoader(str(dataset), batch_size=2).options.num_threads == 1
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+        os.sched_setaffinity(0, set(sorted(mine)[:1]))  # e.g. taskset -c 0, or a container's CPU set
+        assert ShardLoader(str(dataset), batch_size=2).options.num_threads == 1
+        assert ShardLoader(str(dataset), batch_size=2, num_threads=3).options.num_threads == 3  # given: kept
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+        with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE must be a positive integer, got 'two'"):
+            ShardLoader(str(dataset), batch_size=2)
+    finally:
+        os.sched_setaffinity(0, mine)
