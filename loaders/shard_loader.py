@@ -192,8 +192,9 @@ class ShardLoader:
             see :mod:`loaders.plan`.
         shuffle_window: rows shuffled together; also the reader's memory bound (encoded rows).
         num_threads: decode threads; default :func:`default_threads` (one per core this rank
-            gets). More threads than cores only slowed the loader on our 2-core machine
-            (0.86x against 0.90x of the ceiling with 4 against 2; ``benchmarks/README.md``).
+            gets: decode threads never wait on I/O, the reader thread does). On our 2-core
+            machine 2 and 4 threads measured alike (``benchmarks/README.md``); a fixed default
+            would starve a larger machine.
         prefetch: batches decoded ahead of the training loop.
         decoder: ``"auto"`` (simplejpeg for JPEG when installed, Pillow otherwise),
             ``"pillow"`` or ``"simplejpeg"``.
