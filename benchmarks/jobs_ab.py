@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jobs_bench
+from variants import parse_variant
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
@@ -35,14 +36,7 @@ from jobs.settings import ManifestConfig, ShardConfig
 
 def variant(text: str) -> dict[str, object]:
     """``"partitions=4,threads=1"`` as ShardConfig keyword arguments."""
-    fields = {f.name: f for f in dataclasses.fields(ShardConfig)}
-    out: dict[str, object] = {}
-    for pair in filter(None, text.split(",")):
-        key, _, value = pair.partition("=")
-        if key not in fields:
-            raise argparse.ArgumentTypeError(f"{key!r} in variant {text!r} is not a shard job option")
-        out[key] = None if value == "none" else int(value) if value.lstrip("-").isdigit() else value
-    return out
+    return parse_variant(text, (f.name for f in dataclasses.fields(ShardConfig)), "shard job")
 
 
 def main(argv: list[str] | None = None) -> int:

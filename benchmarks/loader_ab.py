@@ -28,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from variants import parse_variant
+
 from loaders import LoaderOptions
 
 _CHILD = r"""
@@ -61,14 +63,7 @@ print(json.dumps({"first": ratios[0], "later": statistics.median(ratios[1:]), "e
 
 def variant(text: str) -> dict[str, object]:
     """``"num_threads=2,prefetch=8"`` as ShardLoader keyword arguments."""
-    fields = {f.name for f in dataclasses.fields(LoaderOptions)}
-    out: dict[str, object] = {}
-    for pair in filter(None, text.split(",")):
-        key, _, value = pair.partition("=")
-        if key not in fields:
-            raise argparse.ArgumentTypeError(f"{key!r} in variant {text!r} is not a ShardLoader option")
-        out[key] = int(value) if value.lstrip("-").isdigit() else value
-    return out
+    return parse_variant(text, (f.name for f in dataclasses.fields(LoaderOptions)), "ShardLoader")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,10 +160,11 @@ def _validity(array: pa.Array) -> np.ndarray:
 
 
 def _int64s(column: pa.ChunkedArray, *, null: int) -> np.ndarray:
-    """An integer or boolean column as int64, ``null`` where it is null."""
+    """An integer or boolean column as int64, ``null`` where it is null (without nulls, a
+    read-only view of Arrow's buffer: the window's concatenation copies it)."""
     array = column.combine_chunks().cast(pa.int64())
     values = np.frombuffer(array.buffers()[1], dtype=np.int64, count=len(array), offset=array.offset * 8)
-    return np.where(_validity(array), values, null) if array.null_count else values.copy()
+    return np.where(_validity(array), values, null) if array.null_count else values
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,8 +76,8 @@ def test_wrong_size_and_null_rows_name_the_row(tmp_path: Path):
 
 @pytest.mark.parametrize("image_type", [pa.binary(), pa.large_binary(), pa.binary_view()], ids=str)
 def test_shards_of_any_binary_type_load_alike(tmp_path: Path, image_type: pa.DataType):
-    """The job writes ``binary``; another writer may use 64-bit offsets or views. The loader's
-    zero-copy path reads the first two, and falls back to copies for anything else."""
+    """The job writes ``binary``; another writer may use 64-bit offsets or views, with nulls:
+    the loader reads them all alike."""
     write_dataset(tmp_path, rows={"train": 12, "validation": 4, "test": 4}, num_shards=1, fmt="jpeg")
     path = tmp_path / "shards/train/part-00000-of-00001.parquet"
     expected_ids = [i for images, _ in ShardLoader(str(tmp_path), batch_size=4) for i in ids_of(images)]
