@@ -12,6 +12,9 @@ Measures (median of ``--repeats`` runs, images/s):
 * ``shardloader_next_epoch``: one more epoch of a loader kept from repeat to repeat, as a
   training loop runs it (its decode buffers are warm; a new loader's first epoch writes its
   decoded batches into ~100 MB of fresh pages);
+* ``shardloader_new_loader_extra_s``: how much longer the new loader's epoch took than the kept
+  loader's next one, in seconds (per repeat, then the median): what a new loader costs once,
+  which weighs more the shorter the epoch;
 * ``decode_ceiling``: the same encoded bytes, already in memory, decoded by a thread pool over
   batch-sized chunks with the same decoder called bare (``simplejpeg.decode_jpeg`` straight into
   the batch array), producing the loader's tensors (checked equal before timing): the best a
@@ -25,7 +28,7 @@ Measures (median of ``--repeats`` runs, images/s):
   installed here);
 * ``decode_pillow`` / ``decode_simplejpeg``: one thread, the two decoders;
 * ``other_cpu_share``: how much of the machine others (other processes, the hypervisor) took
-  during the loader's runs.
+  during the loader's runs (both loaders' epochs).
 
 The synthetic shards are written by the shard job's own ``ShardWriter``, so the loader reads
 what it reads in production.
@@ -322,12 +325,19 @@ def main(argv: list[str] | None = None) -> int:
         bench_loader(dataset, args, training)
         for r in range(args.repeats):
             before = {t: bench_ceiling(encoded, size, args, t) for t in ceiling_threads}
+            # The new loader and the kept one take turns going first: whatever the one before
+            # leaves behind (a heap to reuse, caches, a busy spell) falls on each alike.
             with other_load() as busy:
-                rate, first, _ = bench_loader(dataset, args)
+                if r % 2:
+                    next_rate = bench_loader(dataset, args, training)[0]
+                rate, first, n = bench_loader(dataset, args)
+                if not r % 2:
+                    next_rate = bench_loader(dataset, args, training)[0]
             record("shardloader", rate)
             record("shardloader_first_batch_s", first)
             record("other_cpu_share", busy())
-            record("shardloader_next_epoch", bench_loader(dataset, args, training)[0])
+            record("shardloader_next_epoch", next_rate)
+            record("shardloader_new_loader_extra_s", n / rate - n / next_rate)
             for t in reversed(ceiling_threads):
                 record(f"decode_ceiling_{t}threads", (before[t] + bench_ceiling(encoded, size, args, t)) / 2)
             record("decode_pillow", bench_single(encoded, size, decode_pillow))

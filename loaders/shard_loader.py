@@ -63,22 +63,24 @@ _META = {
 }
 
 
-def default_threads() -> int:
+def default_threads(local_world_size: int | None = None) -> int:
     """Decode threads when none are given: the CPUs this process may run on (its affinity mask,
     which container limits and ``taskset`` narrow), shared among the ranks on this machine
-    (``LOCAL_WORLD_SIZE``, which ``torchrun`` sets); at least 1."""
+    (``local_world_size``, by default ``LOCAL_WORLD_SIZE``, which ``torchrun`` sets); at least 1.
+    The trainer gives torch's intra-op threads the same share."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    raw = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    try:
-        local = int(raw)
-    except ValueError:
-        local = 0
-    if local < 1:
-        raise ConfigError(f"LOCAL_WORLD_SIZE must be a positive integer, got {raw!r} (from the environment)")
-    return max(1, cpus // local)
+    if local_world_size is None:
+        raw = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        try:
+            local_world_size = int(raw)
+        except ValueError:
+            local_world_size = 0
+        if local_world_size < 1:
+            raise ConfigError(f"LOCAL_WORLD_SIZE must be a positive integer, got {raw!r} (from the environment)")
+    return max(1, cpus // max(1, local_world_size))
 
 
 @dataclass(frozen=True, slots=True)

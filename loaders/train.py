@@ -37,7 +37,7 @@ from jobs.errors import ConfigError, DatasetError
 from loaders.batch import PAD_LABEL
 from loaders.config import TrainConfig, parse_args
 from loaders.model import SmallCNN
-from loaders.shard_loader import ShardLoader
+from loaders.shard_loader import ShardLoader, default_threads
 
 __all__ = ["main", "train"]
 
@@ -129,7 +129,7 @@ def _save(uri: str, obj: Any) -> None:
 def train(cfg: TrainConfig, ctx: _Dist) -> dict[str, Any]:
     """Run the training; return the metrics (also written to ``<output>/metrics.json``)."""
     assert cfg.dataset is not None  # parse_args guarantees it
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ctx.local_world_size)))
+    torch.set_num_threads(default_threads(ctx.local_world_size))  # this rank's share of its CPUs
     _seed_everything(cfg.seed)
     if cfg.batch_size % ctx.world_size:
         raise ConfigError(f"batch_size {cfg.batch_size} (global) is not divisible by the world size {ctx.world_size}")

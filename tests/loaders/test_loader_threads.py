@@ -12,7 +12,7 @@ import torch
 from loader_builders import ids_of, write_dataset
 
 from jobs.errors import ConfigError, LoaderError
-from loaders import PAD_LABEL, ShardLoader
+from loaders import PAD_LABEL, ShardLoader, default_threads
 
 
 def loader_threads() -> list[threading.Thread]:
@@ -153,5 +153,8 @@ def test_default_threads_are_this_ranks_share_of_its_cpus(dataset: Path, monkeyp
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
         with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE must be a positive integer, got 'two'"):
             ShardLoader(str(dataset), batch_size=2)
+        # The trainer passes its local world size (and sets torch's threads to the same share).
+        os.sched_setaffinity(0, two)
+        assert (default_threads(1), default_threads(2), default_threads(3)) == (2, 1, 1)
     finally:
         os.sched_setaffinity(0, mine)
