@@ -135,6 +135,7 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     replacing = storage.exists(marker) or storage.exists(dataset_json_uri(out))
     if replacing and not cfg.overwrite:
         raise DatasetExistsError(f"{out} already holds a manifest ({marker}); pass --overwrite to replace it")
+    storage.remove_temporaries(out)  # half-written files of a killed run
     rows = extract(cfg, engine)
     manifest = build_manifest(rows, split=cfg.split, seed=cfg.seed, split_method=cfg.split_method,
                               min_per_class=cfg.min_per_class, max_reject_fraction=cfg.max_reject_fraction,

@@ -341,6 +341,7 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
         # The old dataset stays readable until the commit below: a run that fails (a denied
         # object, an outage) or is killed before it leaves it as it was.
     staging_root = storage.join(root, "_staging")
+    storage.remove_temporaries(root)  # a killed run's half-written files (kept staging included)
 
     known = list(marker["split"])
     channels = [c.strip() for c in cfg.channels.split(",")] if cfg.channels else known
@@ -430,6 +431,7 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     # makes the dataset visible.
     storage.remove(dataset_json_uri(root))
     storage.remove(shards_uri(root), recursive=True)
+    storage.remove_temporaries(staging)  # a killed client's tasks may still have been writing
     storage.move(staging, shards_uri(root))
     storage.remove(staging_root, recursive=True)
     reject_counts = {c: int(pc.sum(pc.equal(rejects["channel"], c)).as_py() or 0) for c in channels}

@@ -33,6 +33,7 @@ __all__ = [
     "read_json",
     "read_listed",
     "remove",
+    "remove_temporaries",
     "s3_options",
     "temp_sibling",
     "write_bytes_atomic",
@@ -164,6 +165,36 @@ def read_listed(uri: str, *, end: int | None = None) -> bytes | str:
 def temp_sibling(path: str) -> str:
     """A unique temporary name next to ``path``, to write to and then ``os.replace`` onto it."""
     return f"{path}.tmp-{uuid.uuid4().hex}"
+
+
+_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]{32}$")
+
+
+def remove_temporaries(uri: str) -> list[str]:
+    """Delete the temporary files (:func:`temp_sibling`) under the local folder ``uri``: what
+    writers killed before their rename left behind, never a complete file. Return their paths.
+
+    Each job calls it on its output before it writes, and the shard job again on its staging
+    folder just before the commit moves that folder into the dataset. (S3 writes have no
+    temporaries: an object appears whole when its upload completes.)"""
+    uri = normalize(uri)
+    if not uri.startswith("file://"):
+        return []
+    fs, path = filesystem(uri)
+    try:
+        found = [p for p in fs.find(path) if _TEMP_NAME.search(p)]
+        for p in found:
+            try:
+                fs.rm_file(p)
+            except FileNotFoundError:  # its writer (a killed run's task, still alive) renamed it
+                pass
+    except FileNotFoundError:
+        return []
+    except Exception as exc:
+        raise StorageError(f"cannot clean temporary files under {uri}: {exc}") from exc
+    if found:
+        log.info("removed %d temporary files left by killed writers under %s", len(found), uri)
+    return found
 
 
 def read_bytes(uri: str) -> bytes:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs import storage
 from tests.hardening.helpers import dataset_digest, job_env, run_until
 from tests.hardening.test_kill_rerun import SPARK_ENV
 from tests.helpers.checks import check_dataset
@@ -60,6 +61,12 @@ def test_a_killed_shard_job_reuses_the_segments_it_finished(engine, request, tmp
     assert rc is None, f"the job ended (rc={rc}) before it could be killed:\n{log.read_text()[-3000:]}"
     finished = len(_receipts(out))
     assert 1 <= finished < 12 + 3 and not (out / "dataset.json").exists()
+    # A writer killed between opening its temporary file and renaming it leaves the temporary in
+    # the staging folder the rerun resumes (as a kill in test_kill_rerun once did): it must not
+    # be moved into the dataset with the shards.
+    (staging,) = out.glob("_staging/shards-*")
+    (staging / "train").mkdir(exist_ok=True)
+    Path(storage.temp_sibling(str(staging / "train" / "part-00000-of-00003.parquet"))).write_bytes(b"")
 
     assert run_until([*shard, "--dataset", str(out)], env=env, log=log, kill_after=None)[0] == 0, log.read_text()[-3000:]
     build = _build(out)
@@ -69,6 +76,7 @@ def test_a_killed_shard_job_reuses_the_segments_it_finished(engine, request, tmp
     check_dataset(str(out))
     assert dataset_digest(str(out)) == want
     assert not (out / "_staging").exists()
+    assert not list(out.rglob("*.tmp-*"))
 
     # --no-resume: the same kill, then a rerun that decodes everything again.
     rc, _ = run_until([*shard, "--dataset", str(out), "--overwrite"], env=env, log=log, kill_after=240,

@@ -17,6 +17,7 @@ from PIL import Image
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
+from jobs import storage
 from jobs.contract import read_dataset_info
 from jobs.errors import DatasetError, DatasetExistsError, RejectFractionError, SplitError
 from jobs.settings import ManifestConfig, ShardConfig
@@ -112,16 +113,25 @@ def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_p
     clean = tmp_path / "clean"
     _, want = _build(small_lake, clean, spark_engine)
     out = tmp_path / "ds"
+
+    def killed_writer(path: Path) -> None:  # what a write killed before its rename leaves
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Path(storage.temp_sibling(str(path))).write_bytes(b"")
+
+    killed_writer(out / "manifests" / "train.manifest")
     manifest_job.run(ManifestConfig(input=str(small_lake), output=str(out), seed=7, split_method="stratified"),
                      spark_engine)
+    assert not list(out.rglob("*.tmp-*"))
     # What a job killed mid-commit leaves: staged files, a half-moved shards folder, no dataset.json.
     shutil.copytree(clean / "shards", out / "_staging" / "shards-dead")
     (out / "shards" / "train").mkdir(parents=True)
     shutil.copy(clean / "shards" / "train" / "part-00000-of-00002.parquet", out / "shards" / "train")
+    killed_writer(out / "dataset.json")
     with pytest.raises(DatasetError, match="no complete dataset"):
         read_dataset_info(str(out))  # what every reader calls first
     got = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png"), spark_engine)
     assert not (out / "_staging").exists()
+    assert not list(out.rglob("*.tmp-*"))
     assert [e["shards"] for e in got["channels"].values()] == [e["shards"] for e in want["channels"].values()]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from jobs import storage
@@ -53,3 +55,21 @@ def test_relative_and_home_paths_become_absolute(tmp_path, monkeypatch):
 def test_bad_uris_are_refused_by_name(uri, message):
     with pytest.raises(StorageError, match=message):
         storage.normalize(uri)
+
+
+def test_remove_temporaries_deletes_only_what_killed_writers_left(tmp_path):
+    """A writer killed between writing its temporary sibling and renaming it leaves
+    ``<name>.tmp-<32 hex>``; nothing else is touched, however alike its name."""
+    stale = [tmp_path / "train" / "part-00000-of-00003.parquet", tmp_path / "dataset.json"]
+    stale = [storage.temp_sibling(str(p)) for p in stale]
+    kept = [tmp_path / "train" / "part-00001-of-00003.parquet", tmp_path / "notes.tmp-1234",
+            tmp_path / f"x.tmp-{'a' * 32}.parquet", tmp_path / f"y.tmp-{'A' * 32}"]  # fmt: skip
+    for p in [*map(Path, stale), *kept]:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"")
+    removed = storage.remove_temporaries(f"file://{tmp_path}")
+    assert sorted(removed) == sorted(stale)
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(kept)
+    assert storage.remove_temporaries(f"file://{tmp_path}") == []
+    assert storage.remove_temporaries(f"file://{tmp_path}/missing") == []
+    assert storage.remove_temporaries("s3://bucket/ds") == []  # S3 writes have no temporaries
