@@ -10,8 +10,9 @@ Measures (median of ``--repeats`` runs, images/s):
 * ``shardloader``: one full epoch of a new :class:`loaders.ShardLoader` (rank 0 of 1, shuffled),
   and its time to first batch;
 * ``shardloader_next_epoch``: one more epoch of a loader kept from repeat to repeat, as a
-  training loop runs it (its decode buffers are warm; a new loader's first epoch writes its
-  decoded batches into ~100 MB of fresh pages);
+  training loop runs it (its decode buffers and its read-ahead are warm; a new loader's first
+  epoch waits for its first window's read, and writes into ~60 MB of fresh pages, which measured
+  as nothing: ``benchmarks/README.md``, the eighth round);
 * ``shardloader_new_loader_extra_s``: how much longer the new loader's epoch took than the kept
   loader's next one, in seconds (per repeat, then the median): what a new loader costs once,
   which weighs more the shorter the epoch;
