@@ -149,9 +149,10 @@ def _open_parquet(uri: str) -> tuple[Any, pq.ParquetFile]:
         raise
 
 
-# Arrow's ``to_numpy`` and ``fill_null`` import pandas on first use: 0.4 s on the reader thread
-# before a fresh process's first batch (a loader does not otherwise need pandas). The columns
-# the loader reads are converted from their buffers instead.
+# Arrow's ``to_numpy`` and ``fill_null`` import pandas on first use (0.4 s), and ``cast``
+# imports ``pyarrow.compute`` (~0.1 s): on the reader thread, before a fresh process's first
+# batch, with the decode threads idle. The columns the loader reads are converted from their
+# buffers instead (a cast only for types the contract does not use).
 def _validity(array: pa.Array) -> np.ndarray:
     """True where ``array`` is not null."""
     bitmap = array.buffers()[0]
@@ -164,8 +165,16 @@ def _validity(array: pa.Array) -> np.ndarray:
 def _int64s(column: pa.ChunkedArray, *, null: int) -> np.ndarray:
     """An integer or boolean column as int64, ``null`` where it is null (without nulls, a
     read-only view of Arrow's buffer: the window's concatenation copies it)."""
-    array = column.combine_chunks().cast(pa.int64())
-    values = np.frombuffer(array.buffers()[1], dtype=np.int64, count=len(array), offset=array.offset * 8)
+    array = column.combine_chunks()
+    n, data = len(array), array.buffers()[1]
+    if pa.types.is_boolean(array.type):
+        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
+        values = bits[array.offset : array.offset + n].astype(np.int64)
+    else:
+        if array.type != pa.int64():
+            array = array.cast(pa.int64())
+            data = array.buffers()[1]
+        values = np.frombuffer(data, dtype=np.int64, count=n, offset=array.offset * 8)
     return np.where(_validity(array), values, null) if array.null_count else values
 
 
@@ -562,6 +571,8 @@ class ShardLoader:
             # (peak RSS on the 10x shard of benchmarks/loader_memory.py 1.11x); the second, with
             # the reader letting go of each window, RSS was fine but a new loader's epoch got
             # ~8% slower (the buffers die on decode threads, far from the thread that read them).
+            # The third, copying each row group into one reused block: faster at 2,000 rows per
+            # epoch, slower at 10,000 (benchmarks/README.md, the ninth round).
             images.extend(table.column("image").to_pylist())
             labels.append(_int64s(table.column("label"), null=NULL_LABEL))  # a bad row
             pad = np.full(piece.rows, piece.pad, dtype=bool)

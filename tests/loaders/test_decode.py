@@ -17,6 +17,7 @@ from PIL import Image
 
 from jobs.errors import LoaderError
 from loaders import PAD_LABEL, ShardLoader, decode
+from loaders.shard_loader import _int64s
 
 
 def jpeg(w: int, h: int) -> bytes:
@@ -95,16 +96,29 @@ def test_shards_of_any_binary_type_load_alike(tmp_path: Path, image_type: pa.Dat
     assert got_ids[:5] + got_ids[6:] == expected_ids[:5] + expected_ids[6:]
 
 
-def test_a_fresh_process_loads_without_importing_pandas(tmp_path: Path):
-    """Arrow's ``to_numpy`` imports pandas on first use: 0.4 s before a fresh process's first
-    batch. The loader reads its columns without it."""
+@pytest.mark.parametrize("type_", [pa.bool_(), pa.int64(), pa.int32(), pa.int8()], ids=str)
+def test_label_and_pad_columns_read_from_their_buffers_match_arrow(type_: pa.DataType):
+    """Sliced (a piece starts inside a row group), chunked, with and without nulls."""
+    raw = [True, False, None, True, True, False, True, None, False, True, True] if type_ == pa.bool_() else [3, -1, None, 7, 0, 2**31 - 1 if type_ != pa.int8() else 127, 5, None, 1, 9, 4]
+    for values in (raw, [v for v in raw if v is not None]):
+        column = pa.chunked_array([pa.array(values[:6], type_), pa.array(values[6:], type_)]).slice(3, len(values) - 4)
+        want = [-7 if v is None else int(v) for v in column.to_pylist()]
+        got = _int64s(column, null=-7)
+        assert got.dtype == np.int64 and got.tolist() == want
+
+
+def test_a_fresh_process_loads_without_importing_pandas_or_arrow_compute(tmp_path: Path):
+    """Arrow's ``to_numpy`` imports pandas on first use (0.4 s), and ``cast`` imports
+    ``pyarrow.compute`` (~0.1 s): both on the reader thread, before a fresh process's first
+    batch. The loader reads its columns without them."""
     write_dataset(tmp_path, rows={"train": 12, "validation": 4, "test": 4}, num_shards=2, fmt="jpeg")
     code = (
         "import sys\n"
         "from loaders import ShardLoader\n"
         "loader = ShardLoader(sys.argv[1], batch_size=4, shuffle=True)\n"
         "rows = sum(len(labels) for _, labels in loader)\n"
-        "print(rows, sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'pandas' or m == 'pyarrow.compute')\n"
+        "print(rows, heavy[:3])\n"
     )
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=120)
