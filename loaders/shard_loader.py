@@ -566,13 +566,14 @@ class ShardLoader:
             table = table.slice(piece.start - piece.group_start, piece.rows)
             if table.num_rows != piece.rows:
                 raise LoaderError(f"{where}: expected {piece.rows} rows, read {table.num_rows} (shard changed?)")
-            # Copies (one ``bytes`` per row; ~4 ms per 27 MB window). Zero-copy views of the Arrow
-            # buffers were tried twice: the first time, each queued task pinned its whole window
-            # (peak RSS on the 10x shard of benchmarks/loader_memory.py 1.11x); the second, with
-            # the reader letting go of each window, RSS was fine but a new loader's epoch got
-            # ~8% slower (the buffers die on decode threads, far from the thread that read them).
-            # The third, copying each row group into one reused block: faster at 2,000 rows per
-            # epoch, slower at 10,000 (benchmarks/README.md, the ninth round).
+            # Copies (one ``bytes`` per row; 4-20 ms per 27 MB window, holding the GIL: most of what
+            # the decode threads wait for, benchmarks/README.md, the ninth round). Zero-copy views
+            # of the Arrow buffers were tried twice: the first time, each queued task pinned its
+            # whole window (peak RSS on the 10x shard of benchmarks/loader_memory.py 1.11x); the
+            # second, with the reader letting go of each window, RSS was fine but a new loader's
+            # epoch got ~8% slower (the buffers die on decode threads, far from the thread that
+            # read them). Copying each row group into one reused block (no GIL) was 2-3% faster
+            # at 2,000 rows an epoch and 1-2% slower at 10,000.
             images.extend(table.column("image").to_pylist())
             labels.append(_int64s(table.column("label"), null=NULL_LABEL))  # a bad row
             pad = np.full(piece.rows, piece.pad, dtype=bool)
