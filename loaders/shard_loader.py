@@ -153,28 +153,28 @@ def _open_parquet(uri: str) -> tuple[Any, pq.ParquetFile]:
 # imports ``pyarrow.compute`` (~0.1 s): on the reader thread, before a fresh process's first
 # batch, with the decode threads idle. The columns the loader reads are converted from their
 # buffers instead (a cast only for types the contract does not use).
+def _bits(buffer: pa.Buffer, array: pa.Array) -> np.ndarray:
+    """``array``'s bits (0 or 1, uint8) of a bit-packed ``buffer``: its validity or boolean values."""
+    bits = np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), bitorder="little")
+    return bits[array.offset : array.offset + len(array)]
+
+
 def _validity(array: pa.Array) -> np.ndarray:
     """True where ``array`` is not null."""
     bitmap = array.buffers()[0]
-    if bitmap is None:
-        return np.ones(len(array), dtype=bool)
-    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
-    return bits[array.offset : array.offset + len(array)].astype(bool)
+    return np.ones(len(array), dtype=bool) if bitmap is None else _bits(bitmap, array).astype(bool)
 
 
 def _int64s(column: pa.ChunkedArray, *, null: int) -> np.ndarray:
     """An integer or boolean column as int64, ``null`` where it is null (without nulls, a
     read-only view of Arrow's buffer: the window's concatenation copies it)."""
     array = column.combine_chunks()
-    n, data = len(array), array.buffers()[1]
     if pa.types.is_boolean(array.type):
-        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
-        values = bits[array.offset : array.offset + n].astype(np.int64)
+        values = _bits(array.buffers()[1], array).astype(np.int64)
     else:
         if array.type != pa.int64():
             array = array.cast(pa.int64())
-            data = array.buffers()[1]
-        values = np.frombuffer(data, dtype=np.int64, count=n, offset=array.offset * 8)
+        values = np.frombuffer(array.buffers()[1], dtype=np.int64, count=len(array), offset=array.offset * 8)
     return np.where(_validity(array), values, null) if array.null_count else values
 
 

@@ -98,8 +98,8 @@ def test_shards_of_any_binary_type_load_alike(tmp_path: Path, image_type: pa.Dat
 
 @pytest.mark.parametrize("type_", [pa.bool_(), pa.int64(), pa.int32(), pa.int8()], ids=str)
 def test_label_and_pad_columns_read_from_their_buffers_match_arrow(type_: pa.DataType):
-    """Sliced (a piece starts inside a row group: an offset into Arrow's buffers), chunked, with
-    and without nulls: the same values as Arrow's own conversion."""
+    """Sliced (as a piece that starts inside a row group is), one chunk or two, with and without
+    nulls: the same values as Arrow's own conversion."""
     if type_ == pa.bool_():
         raw = [True, False, None, True, True, False, True, None, False, True, True]
     else:
