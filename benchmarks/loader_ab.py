@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from variants import parse_variant
+from variants import parse_variant, write_runs
 
 from loaders import LoaderOptions
 
@@ -105,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         later = statistics.median(x["later"] for x in rs)
         each = " ".join(f"{x['later']:.3f}" for x in rs)
         print(f"{v or '(defaults)':30s} {first:22.3f} {later:23.3f}   {each}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(x) for k, x in vars(args).items()}, "runs": runs}, indent=2) + "\n")
+    write_runs(args.out, args, runs)
     return 0
 
 

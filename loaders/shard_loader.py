@@ -52,6 +52,15 @@ __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 
 log = logging.getLogger(__name__)
 
+# Built from loaders/_rows.c by pip install. Without it (no C compiler at install time, or
+# LAKESHARD_NO_EXTENSIONS=1 in the environment) the loader uses Arrow's to_pylist() instead.
+_rows: Any = None
+if not os.environ.get("LAKESHARD_NO_EXTENSIONS"):
+    try:
+        from loaders import _rows
+    except ImportError:
+        log.info("loaders._rows is not built; images are copied out with to_pylist()")
+
 STATE_FORMAT = "lakeshard.ShardLoader/1"
 _COLUMNS = ["image", "label", "is_pad"]
 _LOCAL = pafs.LocalFileSystem()
@@ -176,6 +185,24 @@ def _int64s(column: pa.ChunkedArray, *, null: int) -> np.ndarray:
             array = array.cast(pa.int64())
         values = np.frombuffer(array.buffers()[1], dtype=np.int64, count=len(array), offset=array.offset * 8)
     return np.where(_validity(array), values, null) if array.null_count else values
+
+
+def _binary_rows(column: pa.ChunkedArray) -> list[bytes | None]:
+    """``column.to_pylist()`` for the image column. ``to_pylist`` holds the GIL while it copies
+    a window's images (27 MB for 2,000 224px JPEGs): 9.5 us an image of the 41 us the loader's
+    threads hold it, against 17 us in all for the bare decode ceiling (``benchmarks/loader_gil.py``),
+    and the decode threads wait for it after every image. ``loaders/_rows.c`` allocates the
+    ``bytes`` with the GIL and copies into them without it."""
+    if _rows is None:
+        return column.to_pylist()
+    rows: list[bytes | None] = []
+    for chunk in column.chunks:
+        validity, offsets, values = chunk.buffers() if pa.types.is_binary(chunk.type) else (None, None, None)
+        if offsets is None or values is None:  # large_binary (not the contract's type), or no data
+            rows.extend(chunk.to_pylist())
+        else:
+            rows.extend(_rows.rows(offsets, values, chunk.offset, len(chunk), validity))
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,15 +593,14 @@ class ShardLoader:
             table = table.slice(piece.start - piece.group_start, piece.rows)
             if table.num_rows != piece.rows:
                 raise LoaderError(f"{where}: expected {piece.rows} rows, read {table.num_rows} (shard changed?)")
-            # Copies (one ``bytes`` per row; 4-20 ms per 27 MB window, holding the GIL: most of what
-            # the decode threads wait for, benchmarks/README.md, the ninth round). Zero-copy views
-            # of the Arrow buffers were tried twice: the first time, each queued task pinned its
-            # whole window (peak RSS on the 10x shard of benchmarks/loader_memory.py 1.11x); the
-            # second, with the reader letting go of each window, RSS was fine but a new loader's
-            # epoch got ~8% slower (the buffers die on decode threads, far from the thread that
-            # read them). Copying each row group into one reused block (no GIL) was 2-3% faster
-            # at 2,000 rows an epoch and 1-2% slower at 10,000.
-            images.extend(table.column("image").to_pylist())
+            # Copies: one ``bytes`` per row, the copy made without the GIL (``_binary_rows``).
+            # Zero-copy views of the Arrow buffers were tried twice: the first time, each queued
+            # task pinned its whole window (peak RSS on the 10x shard of
+            # benchmarks/loader_memory.py 1.11x); the second, with the reader letting go of each
+            # window, RSS was fine but a new loader's epoch got ~8% slower (the buffers die on
+            # decode threads, far from the thread that read them). Copying each row group into one
+            # reused block (no GIL) was 2-3% faster at 2,000 rows an epoch and 1-2% slower at 10,000.
+            images.extend(_binary_rows(table.column("image")))
             labels.append(_int64s(table.column("label"), null=NULL_LABEL))  # a bad row
             pad = np.full(piece.rows, piece.pad, dtype=bool)
             if "is_pad" in table.column_names:

@@ -10,15 +10,25 @@ if ! command -v java >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
 
+if ! command -v cc >/dev/null 2>&1; then
+    echo "setup: installing a C compiler for the loader's extension (loaders/_rows.c)" >&2
+    apt-get update -qq && apt-get install -y -qq gcc >/dev/null
+fi
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 stamp=.venv/.lakeshard-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ loaders/_rows.c -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
     .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
     .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+    # pip skips the optional extension when it cannot build it; here it must be built.
+    .venv/bin/python -c "import loaders._rows" 2>/dev/null || {
+        echo "setup: loaders/_rows.c was not built (see: .venv/bin/python -m pip install -v -e .)" >&2
+        exit 1
+    }
     .venv/bin/python -c "import torch, pyspark, dask, jobs, loaders" && touch "$stamp"
 fi
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, pyspark; print("torch", torch.__version__, "pyspark", pyspark.__version__)'))"

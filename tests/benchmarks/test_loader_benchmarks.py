@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,3 +49,30 @@ def test_loader_ab_runs_each_variant_in_its_own_processes(tmp_path: Path):
     bad = run("benchmarks/loader_ab.py", "--cache", str(tmp_path), "threads=2")
     assert bad.returncode == 2
     assert "'threads' in variant 'threads=2' is not a ShardLoader option" in bad.stderr
+
+
+def test_loader_gil_samples_the_loader_and_the_ceiling_each_in_its_own_process(tmp_path: Path):
+    out = tmp_path / "gil.json"
+    done = run("benchmarks/loader_gil.py", "--images", "40", "--size", "32", "--seconds", "2", "--warmup", "2",
+               "--repeats", "1", "--cache", str(tmp_path), "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(out.read_text())["runs"]
+    (loader,), (ceiling,) = runs["loader"], runs["ceiling"]
+    for r in (loader, ceiling):
+        assert r["images_per_s"] > 0 and 0 < r["gil_share"] <= 1 and r["gil_us_per_image"] > 0
+    # Each was sampled in the right process: the loader's decode calls, the ceiling's own.
+    assert any("loaders/decode.py" in line for line in loader["lines_us_per_image"])
+    assert any("loader_bench.py" in line for line in ceiling["lines_us_per_image"])
+    assert not any("loaders/batch.py" in line for line in ceiling["lines_us_per_image"])
+    assert "GIL us/image" in done.stdout
+
+
+def test_loader_gil_counts_the_images_done_while_sampled():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from loader_gil import images_between
+
+    passes = [(10.0, 0), (11.0, 100), (12.0, 300)]  # wall clock, images done
+    assert images_between(passes, 10.5, 11.5) == 200 - 50  # 100 + half of 200, minus half of 100
+    assert images_between(passes, 10.0, 12.0) == 300
+    with pytest.raises(ValueError, match="outside the passes"):
+        images_between(passes, 9.0, 11.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from PIL import Image
 
 from jobs.errors import LoaderError
 from loaders import PAD_LABEL, ShardLoader, decode
-from loaders.shard_loader import _int64s
+from loaders.shard_loader import _binary_rows, _int64s
 
 
 def jpeg(w: int, h: int) -> bytes:
@@ -111,6 +112,72 @@ def test_label_and_pad_columns_read_from_their_buffers_match_arrow(type_: pa.Dat
             want = [-7 if v is None else int(v) for v in column.to_pylist()]
             got = _int64s(column, null=-7)
             assert got.dtype == np.int64 and got.tolist() == want
+
+
+def test_the_row_copier_is_built():
+    """pip builds ``loaders/_rows.c`` (optional, so an install without a compiler still works:
+    the loader then uses ``to_pylist``). Here, where the tests run, it must have been built, or
+    the tests below would check the fallback only."""
+    from loaders import _rows
+
+    assert _rows.rows.__doc__.startswith("rows(offsets, values, offset, length, validity)")
+
+
+@pytest.mark.parametrize("type_", [pa.binary(), pa.large_binary()], ids=str)
+def test_image_rows_copied_without_the_gil_match_arrow(type_: pa.DataType):
+    values = [b"\xff\xd8" + bytes([i]) * (i * 997 % 5000) for i in range(40)]
+    values[3] = values[17] = None
+    values[5] = b""
+    full = pa.chunked_array([pa.array(values, type_)])
+    cases = {
+        "one chunk": full,
+        "a slice": full.slice(3, 30),
+        "two chunks, sliced": pa.chunked_array([pa.array(values[:11], type_), pa.array(values[11:], type_)]).slice(2, 33),
+        "no nulls": pa.chunked_array([pa.array(values[18:], type_)]),
+        "empty": full.slice(40),
+        "all null": pa.chunked_array([pa.array([None, None], type_)]),
+    }
+    for name, column in cases.items():
+        got = _binary_rows(column)
+        assert got == column.to_pylist(), name
+        assert all(type(x) is bytes for x in got if x is not None), name
+
+
+def test_without_the_extension_the_loader_yields_the_same_batches(tmp_path: Path):
+    """``LAKESHARD_NO_EXTENSIONS=1`` (or an install without a C compiler) falls back to Arrow's
+    ``to_pylist``: the same batches, each way in a fresh process."""
+    write_dataset(tmp_path, rows={"train": 30, "validation": 4, "test": 4}, num_shards=2, fmt="jpeg")
+    code = (
+        "import hashlib, sys\n"
+        "from loaders import ShardLoader, shard_loader\n"
+        "digest = hashlib.sha256()\n"
+        "for images, labels in ShardLoader(sys.argv[1], batch_size=4, shuffle=True, seed=3):\n"
+        "    digest.update(images.numpy().tobytes()); digest.update(labels.numpy().tobytes())\n"
+        "print(shard_loader._rows is not None, digest.hexdigest())\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    seen = {}
+    for off in ("", "1"):
+        env = {**os.environ, "LAKESHARD_NO_EXTENSIONS": off}
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        seen[off] = out.stdout.split()
+    assert seen[""][0] == "True" and seen["1"][0] == "False"
+    assert seen[""][1] == seen["1"][1]
+
+
+def test_the_row_copier_refuses_buffers_that_do_not_hold_the_rows():
+    from loaders import _rows
+
+    validity, offsets, values = pa.array([b"abc", b"de"], pa.binary()).buffers()
+    with pytest.raises(ValueError, match="buffers too short for 3 rows at offset 0"):
+        _rows.rows(offsets, values, 0, 3, validity)
+    bad = pa.py_buffer(np.array([0, 3, 9], dtype=np.int32).tobytes())  # row 1 ends past the 5 bytes
+    with pytest.raises(ValueError, match="outside the 5-byte values buffer"):
+        _rows.rows(bad, values, 0, 2, None)
+    backwards = pa.py_buffer(np.array([0, 4, 2], dtype=np.int32).tobytes())
+    with pytest.raises(ValueError, match="row 1 has a negative length"):
+        _rows.rows(backwards, values, 0, 2, None)
 
 
 def test_a_fresh_process_loads_without_importing_pandas_or_arrow_compute(tmp_path: Path):

@@ -1,0 +1,186 @@
+"""Who holds Python's GIL, per image: a kept ShardLoader against the decode ceiling (py-spy).
+
+    python benchmarks/loader_gil.py --images 2000 --seconds 15 --repeats 3
+
+The decode threads release the GIL inside libjpeg-turbo and need it back for every call's
+Python part; while any other thread holds it they wait, off the CPU, and that wait is most of
+what separates the loader from the ceiling on a small machine (``benchmarks/README.md``). This
+measures the GIL directly instead of through a noisy images/s ratio.
+
+Each workload runs in its own process, one after the other (the order alternates per repeat):
+the loader (one ``ShardLoader``, epoch after epoch with ``set_epoch``, as training runs it) and
+the ceiling of ``loader_bench.py`` (the same bytes in memory, bare simplejpeg on one thread per
+core). After ``--warmup`` passes, ``py-spy record --gil --idle`` samples the process for
+``--seconds`` at ``--rate`` Hz: a sample is kept only when some thread holds the GIL. The report
+gives, for each workload (medians over repeats):
+
+* images/s while sampled (py-spy's ``--nonblocking`` mode does not pause the process);
+* ``gil_share``: the fraction of wall time some thread held the GIL;
+* ``gil_us_per_image``: GIL-held time per image, in total and per source line (the innermost
+  Python frame; time inside a C function that keeps the GIL lands on the line that called it).
+
+Needs ``py-spy`` (``pip install py-spy``, in the ``dev`` extra) and permission to read the
+child's memory (Linux: same user, ``kernel.yama.ptrace_scope`` <= 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_CHILD = r"""
+import argparse, os, sys, time
+sys.path.insert(0, sys.argv[3])
+import loader_bench
+from loaders import ShardLoader
+workload, dataset = sys.argv[1], sys.argv[2]
+if workload == "loader":
+    loader = ShardLoader(dataset, channel="train", batch_size=64, shuffle=True, seed=0)
+    def one_pass(epoch):
+        loader.set_epoch(epoch)
+        return sum(len(labels) for _, labels in loader)
+else:
+    encoded = loader_bench.read_encoded(dataset, "train")
+    size = ShardLoader(dataset, channel="train").image_size
+    args = argparse.Namespace(decoder="auto", batch_size=64)
+    def one_pass(epoch):
+        loader_bench.bench_ceiling(encoded, size, args, os.cpu_count() or 1)
+        return len(encoded)
+done, epoch = 0, 0
+while True:  # until the parent stops it; one line per pass: wall clock, images so far
+    done += one_pass(epoch)
+    epoch += 1
+    print(time.time(), done, flush=True)
+"""
+
+
+def images_between(progress: list[tuple[float, int]], t0: float, t1: float) -> float:
+    """Images processed in ``[t0, t1]``, interpolated linearly between the passes' ends."""
+
+    def at(t: float) -> float:
+        for (ta, na), (tb, nb) in itertools.pairwise(progress):
+            if ta <= t <= tb:
+                return na + (nb - na) * (t - ta) / (tb - ta)
+        raise ValueError(f"time {t:.3f} is outside the passes ({progress[0][0]:.3f}-{progress[-1][0]:.3f})")
+
+    return at(t1) - at(t0)
+
+
+def gil_lines(raw: Path) -> collections.Counter[str]:
+    """Samples per innermost frame, from py-spy's raw (collapsed stacks) output."""
+    lines: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack:
+            lines[stack.split(";")[-1]] += int(count)
+    return lines
+
+
+def profile(workload: str, dataset: Path, args: argparse.Namespace, py_spy: str, work: Path) -> dict:
+    here = Path(__file__).resolve().parent
+    cmd = [sys.executable, "-c", _CHILD, workload, str(dataset), str(here)]
+    child = subprocess.Popen(cmd, cwd=here.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress: list[tuple[float, int]] = []
+
+    def next_pass() -> None:
+        line = child.stdout.readline()
+        if not line:
+            child.wait()
+            raise SystemExit(f"the {workload} process exited ({child.returncode}):\n{child.stderr.read()}")
+        t, n = line.split()
+        progress.append((float(t), int(n)))
+
+    try:
+        for _ in range(args.warmup):
+            next_pass()
+        raw = work / f"{workload}.txt"
+        spy = [py_spy, "record", "--gil", "--idle", "--nonblocking", "--rate", str(args.rate), "--format", "raw",
+               "--duration", str(args.seconds), "--output", str(raw), "--pid", str(child.pid)]  # fmt: skip
+        t0 = time.time()
+        done = subprocess.run(spy, capture_output=True, text=True)
+        t1 = time.time()
+        if done.returncode or not raw.exists():
+            raise SystemExit(f"py-spy failed ({done.returncode}): {done.stderr.strip()}")
+        while progress[-1][0] < t1:  # the pass that was running when sampling stopped
+            next_pass()
+    finally:
+        child.kill()
+        child.wait()
+    images = images_between(progress, t0, t1)
+    lines = gil_lines(raw)
+    held_s = sum(lines.values()) / args.rate
+    return {
+        "images_per_s": images / (t1 - t0),
+        "gil_share": held_s / (t1 - t0),
+        "gil_us_per_image": held_s / images * 1e6,
+        "lines_us_per_image": {k: v / args.rate / images * 1e6 for k, v in lines.most_common()},
+    }
+
+
+def _default_py_spy() -> str | None:
+    beside = Path(sys.executable).with_name("py-spy")  # this virtualenv's, when it is not on PATH
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from loader_bench import build_dataset
+    from variants import write_runs
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--images", type=int, default=2000, help="images in the synthetic shard (default: 2000)")
+    p.add_argument("--size", type=int, default=224, help="image side in pixels (default: 224)")
+    p.add_argument("--seconds", type=int, default=15, help="sampling time per workload and repeat (default: 15)")
+    p.add_argument("--rate", type=int, default=1000, help="py-spy samples per second (default: 1000)")
+    p.add_argument("--warmup", type=int, default=3, help="passes before sampling starts (default: 3)")
+    p.add_argument("--repeats", type=int, default=3, help="processes per workload (default: 3)")
+    p.add_argument("--top", type=int, default=12, help="source lines to print per workload (default: 12)")
+    p.add_argument("--py-spy", default=_default_py_spy(), help="the py-spy executable (default: next to this Python, else on PATH)")
+    p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lakeshard-loader-ab")
+    p.add_argument("--out", type=Path, help="write every run as JSON here")
+    args = p.parse_args(argv)
+    for name in ("images", "size", "seconds", "rate", "warmup", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    if not args.py_spy or not os.access(args.py_spy, os.X_OK):
+        p.error(f"py-spy not found (--py-spy {args.py_spy!r}): pip install py-spy, or pip install -e '.[dev]'")
+
+    root = args.cache / f"{args.images}-{args.size}"
+    if not (root / "dataset.json").exists():
+        build_dataset(root, images=args.images, size=args.size, quality=90)
+    workloads = ("loader", "ceiling")
+    runs: dict[str, list[dict]] = {w: [] for w in workloads}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            for w in workloads if r % 2 == 0 else workloads[::-1]:
+                runs[w].append(profile(w, root, args, args.py_spy, Path(tmp)))
+            print(f"repeat {r + 1}/{args.repeats} done", file=sys.stderr)
+
+    med = statistics.median
+    print(f"{'':10s} {'images/s':>9s} {'GIL share':>10s} {'GIL us/image':>13s}   per process (us/image)")
+    for w, rs in runs.items():
+        each = " ".join(f"{x['gil_us_per_image']:.1f}" for x in rs)
+        print(f"{w:10s} {med(x['images_per_s'] for x in rs):9.0f} {med(x['gil_share'] for x in rs):10.1%} "
+              f"{med(x['gil_us_per_image'] for x in rs):13.1f}   {each}")  # fmt: skip
+    for w, rs in runs.items():
+        print(f"\n{w}: GIL us/image by source line (median over repeats)")
+        names = {k for x in rs for k in list(x["lines_us_per_image"])[: args.top]}
+        per_line = {k: med(x["lines_us_per_image"].get(k, 0.0) for x in rs) for k in names}
+        for k, v in sorted(per_line.items(), key=lambda kv: -kv[1])[: args.top]:
+            print(f"  {v:6.2f}  {k}")
+    write_runs(args.out, args, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
