@@ -19,11 +19,15 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
+pip() {  # quiet unless it fails (setuptools warns on every build of the extension)
+    local out
+    out=$(.venv/bin/python -m pip install -q "$@" 2>&1) || { echo "$out" >&2; return 1; }
+}
 stamp=.venv/.lakeshard-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ loaders/_rows.c -nt "$stamp" ]; then
-    .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-    .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
-    .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+    pip --upgrade pip
+    pip "torch==2.13.0"
+    pip -e ".[dev]"
     # pip skips the optional extension when it cannot build it; here it must be built.
     .venv/bin/python -c "import loaders._rows" 2>/dev/null || {
         echo "setup: loaders/_rows.c was not built (see: .venv/bin/python -m pip install -v -e .)" >&2
