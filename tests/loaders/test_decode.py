@@ -33,6 +33,16 @@ def in_arrow_buffer(data: bytes) -> memoryview:
     return memoryview(values).cast("B")[5:]
 
 
+def in_fresh_process(code: str, dataset: Path, **env: str) -> str:
+    """Run ``code`` (``sys.argv[1]`` is ``dataset``) in a new Python from the repository root,
+    with ``env`` added to the environment; its stdout, after checking that it succeeded."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code, str(dataset)], cwd=root, env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 @pytest.mark.parametrize("name", sorted(decode.DECODERS))
 def test_views_decode_like_bytes(name: str):
     data = jpeg(16, 12)
@@ -155,13 +165,7 @@ def test_without_the_extension_the_loader_yields_the_same_batches(tmp_path: Path
         "    digest.update(images.numpy().tobytes()); digest.update(labels.numpy().tobytes())\n"
         "print(shard_loader._rows is not None, digest.hexdigest())\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    seen = {}
-    for off in ("", "1"):
-        env = {**os.environ, "LAKESHARD_NO_EXTENSIONS": off}
-        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        seen[off] = out.stdout.split()
+    seen = {off: in_fresh_process(code, tmp_path, LAKESHARD_NO_EXTENSIONS=off).split() for off in ("", "1")}
     assert seen[""][0] == "True" and seen["1"][0] == "False"
     assert seen[""][1] == seen["1"][1]
 
@@ -193,7 +197,4 @@ def test_a_fresh_process_loads_without_importing_pandas_or_arrow_compute(tmp_pat
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'pandas' or m == 'pyarrow.compute')\n"
         "print(rows, heavy[:3])\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split(None, 1) == ["12", "[]\n"]
+    assert in_fresh_process(code, tmp_path).split(None, 1) == ["12", "[]\n"]
