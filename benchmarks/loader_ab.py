@@ -5,8 +5,8 @@
 Every round starts one process per variant, in turn (the order alternates from round to round,
 so a slow spell of this shared machine hits every variant). Each process builds one loader and
 runs ``--epochs`` epochs of it with ``set_epoch`` (a training loop's pattern), and measures the
-decode ceiling of ``loader_bench.py`` (the same bytes in memory, bare ``simplejpeg`` on one
-thread per core) before and after every epoch. It reports each epoch's images/s over the mean
+decode ceiling of ``loader_bench.py`` (the same bytes in memory, the variant's decoder called
+bare on one thread per core) before and after every epoch. It reports each epoch's images/s over the mean
 of the two ceilings around it: the first epoch (a fresh process: thread pools, buffers and
 Arrow's allocator start cold) apart from the median of the others.
 

@@ -17,8 +17,9 @@ Measures (median of ``--repeats`` runs, images/s):
   loader's next one, in seconds (per repeat, then the median): what a new loader costs once,
   which weighs more the shorter the epoch;
 * ``decode_ceiling``: the same encoded bytes, already in memory, decoded by a thread pool over
-  batch-sized chunks with the same decoder called bare (``simplejpeg.decode_jpeg`` straight into
-  the batch array), producing the loader's tensors (checked equal before timing): the best a
+  batch-sized chunks with the same decoder called bare (``loaders._jpeg`` over the whole chunk
+  when built, else ``simplejpeg.decode_jpeg`` straight into each slot of the batch array),
+  producing the loader's tensors (checked equal before timing): the best a
   threaded loader can do. Run with as many threads as cores and with ``--threads`` (as many as
   the loader); the configuration with the faster median is the ceiling (on a busy machine more
   threads get a larger share of it, so the ceiling must not have fewer than the loader). Each
@@ -72,7 +73,7 @@ from jobs.config import parse_size
 from jobs.settings import ShardConfig
 from jobs.shards import ShardWriter
 from loaders import ShardLoader, default_threads
-from loaders.decode import decode_pillow, get_decoder, has_simplejpeg, is_jpeg
+from loaders.decode import decode_pillow, get_batch_decoder, get_decoder, has_simplejpeg, is_jpeg
 
 log = logging.getLogger("loader_bench")
 
@@ -174,14 +175,34 @@ def bench_loader(dataset: str, args: argparse.Namespace, loader: ShardLoader | N
     return n / (time.perf_counter() - start), first, n
 
 
-def raw_decoder(name: str, encoded: list[bytes]) -> Callable[[bytes, np.ndarray], Any]:
-    """The bare decoder call of the ceiling: simplejpeg straight into the output slot when the
-    loader would use it for every image, else the loader's own decoder function."""
+def raw_decoder(name: str, encoded: list[bytes]) -> Callable[[list[bytes], np.ndarray], Any]:
+    """The bare decode of one batch in the ceiling, the fastest the loader would use for these
+    images: its batch decoder (``loaders._jpeg``, one release of the GIL per batch) and its
+    image decoder for any row that leaves, as the loader does; without a batch decoder,
+    simplejpeg straight into each slot when the loader would use it for every image; else the
+    loader's own decoder function, image by image."""
+    decoder, batch = get_decoder(name), get_batch_decoder(name)
+    if batch is not None:
+
+        def batched(part: list[bytes], out: np.ndarray) -> None:
+            for i in batch(part, out):
+                decoder(part[i], out[i])
+
+        return batched
     if name in ("auto", "simplejpeg") and has_simplejpeg() and all(map(is_jpeg, encoded)):
         import simplejpeg
 
-        return lambda data, out: simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=out)
-    return get_decoder(name)
+        def each(part: list[bytes], out: np.ndarray) -> None:
+            for i, data in enumerate(part):
+                simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=out[i])
+
+        return each
+
+    def each_own(part: list[bytes], out: np.ndarray) -> None:
+        for i, data in enumerate(part):
+            decoder(data, out[i])
+
+    return each_own
 
 
 def ceiling_batches(encoded: list[bytes], size: int, batch_size: int, decode: Callable[..., Any]) -> Iterator[torch.Tensor]:
@@ -190,8 +211,7 @@ def ceiling_batches(encoded: list[bytes], size: int, batch_size: int, decode: Ca
     for lo in range(0, len(encoded), batch_size):
         part = encoded[lo : lo + batch_size]
         out = np.empty((len(part), size, size, 3), dtype=np.uint8)
-        for i, data in enumerate(part):
-            decode(data, out[i])
+        decode(part, out)
         yield torch.from_numpy(out).permute(0, 3, 1, 2)
 
 

@@ -9,8 +9,8 @@ measures the GIL directly instead of through a noisy images/s ratio.
 
 Each workload runs in its own process, one after the other (the order alternates per repeat):
 the loader (one ``ShardLoader``, epoch after epoch with ``set_epoch``, as training runs it) and
-the ceiling of ``loader_bench.py`` (the same bytes in memory, bare simplejpeg on one thread per
-core). After ``--warmup`` passes, ``py-spy record --gil --idle`` samples the process for
+the ceiling of ``loader_bench.py`` (the same bytes in memory, the loader's decoder called bare on
+one thread per core). After ``--warmup`` passes, ``py-spy record --gil --idle`` samples the process for
 ``--seconds`` at ``--rate`` Hz: a sample is kept only when some thread holds the GIL. The report
 gives, for each workload (medians over repeats):
 

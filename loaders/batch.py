@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +20,7 @@ import torch
 
 from jobs.errors import LoaderError
 from loaders.buffers import BufferPool
-from loaders.decode import Buffer
+from loaders.decode import BatchDecoder, Buffer
 
 __all__ = ["NULL_LABEL", "PAD_LABEL", "BatchTask", "DecodeSpec", "SkippedRow", "decode_batch"]
 
@@ -73,6 +73,8 @@ class DecodeSpec:
     buffers: BufferPool | None = None
     #: Where skipped rows are reported (list.append is atomic; shared by all decode threads).
     skipped: list[SkippedRow] = field(default_factory=list)
+    #: Goes first over the whole batch (one release of the GIL); ``decoder`` takes the rows it leaves.
+    batch_decoder: BatchDecoder | None = None
 
 
 def _bad_row(spec: DecodeSpec, task: BatchTask, i: int, what: str, exc: BaseException | None) -> None:
@@ -94,8 +96,10 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> tu
     """Decode and transform one batch; ``None`` if ``stop`` was set meanwhile.
 
     Each image is decoded straight into its slot of one ``[B, H, W, 3]`` array taken from
-    ``spec.buffers`` (no per-image array, no stacking, no fresh pages); the label and pad checks are done on whole arrays first, so
-    the loop over rows holds the GIL only for the decoder call's own Python overhead.
+    ``spec.buffers`` (no per-image array, no stacking, no fresh pages). ``spec.batch_decoder``
+    decodes the whole batch first, with one release of the GIL; the loop then visits only the
+    rows it left and the rows with a bad label, in row order (the first bad row is the one
+    reported). Without it, the loop decodes every row with ``spec.decoder``.
     """
     n, s = len(task.images), spec.size
     hwc = _empty(spec, (n, s, s, 3))
@@ -103,9 +107,17 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> tu
     bad_label = ~task.pads & ((labels < 0) | (labels >= spec.num_classes))
     bad = bad_label.tolist() if bad_label.any() else None
     decoder, is_set = spec.decoder, stop.is_set
-    for i, data in enumerate(task.images):
+    todo: Iterable[int] = range(n)
+    if spec.batch_decoder is not None:
+        left = spec.batch_decoder(task.images, hwc)
+        todo = sorted(set(left).union(np.flatnonzero(bad_label).tolist())) if bad is not None else left
         if is_set():
             return None
+    images = task.images
+    for i in todo:
+        if is_set():
+            return None
+        data = images[i]
         if bad is not None and bad[i]:
             what = "label is null" if labels[i] == NULL_LABEL else f"label {int(labels[i])} out of range [0, {spec.num_classes})"
             _bad_row(spec, task, i, what, None)

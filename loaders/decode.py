@@ -2,11 +2,21 @@
 
 ``simplejpeg`` (libjpeg-turbo) decodes JPEG about 1.8x faster than Pillow on our machines and
 releases the GIL; Pillow (which also releases the GIL while decoding) reads every other format
-and is the fallback when simplejpeg is not installed or refuses a file (CMYK, for instance).
+and is the fallback when simplejpeg is not installed or refuses a file.
 ``benchmarks/loader_bench.py`` measures both. Choose with ``ShardLoader(decoder=...)``:
 
-* ``"auto"``: simplejpeg for JPEG when importable, Pillow otherwise;
+* ``"auto"``: a whole batch of JPEGs at once with ``loaders._jpeg`` when built (see below), then
+  simplejpeg for JPEG when importable, Pillow otherwise, for any row it left;
+* ``"simplejpeg"``: simplejpeg image by image (when installed), no fallback;
 * ``"pillow"``: Pillow for everything.
+
+``loaders/_jpeg.c`` (built by pip, linking the system's libjpeg-turbo) decodes every image of a
+batch with one release of the GIL, where simplejpeg takes and releases it for every image (and
+holds it 3-11 us per image, measured on two machines); the loader's reader and its other decode
+threads no longer wait for it two or three times per image (``benchmarks/README.md``). Its
+pixels are simplejpeg's (same library, same settings). Rows it does not decode (a CMYK JPEG, a
+warning from libjpeg, a wrong size, not a JPEG) go through the image-by-image decoder, which
+decodes or refuses them exactly as before. ``LAKESHARD_NO_EXTENSIONS=1`` switches it off.
 
 Every decoder takes ``bytes`` or a ``memoryview`` of format ``"B"`` (a zero-copy view of an
 Arrow buffer, for instance).
@@ -15,22 +25,29 @@ Arrow buffer, for instance).
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from PIL import Image
+
+from loaders.extensions import extension
 
 try:  # optional: the fast JPEG path
     import simplejpeg as _simplejpeg
 except ImportError:  # pragma: no cover - depends on the environment
     _simplejpeg = None
 
+_jpeg = extension("_jpeg", "JPEGs are decoded image by image")
+
 __all__ = [
+    "BATCH_DECODERS",
     "DECODERS",
+    "BatchDecoder",
     "Buffer",
     "ImageSizeError",
     "decode_pillow",
     "decode_simplejpeg",
+    "get_batch_decoder",
     "get_decoder",
     "has_simplejpeg",
     "is_jpeg",
@@ -40,6 +57,9 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 
 #: What a decoder reads: encoded bytes, or a zero-copy view of them (``memoryview`` format "B").
 Buffer = bytes | memoryview
+#: Decodes what it can of a batch into ``out`` (``[B, H, W, 3]`` uint8, C-contiguous) and returns
+#: the indices of the rows it left (``None`` rows among them) for the image-by-image decoder.
+BatchDecoder = Callable[[Sequence[Buffer | None], np.ndarray], list[int]]
 
 
 class ImageSizeError(ValueError):
@@ -117,3 +137,16 @@ def get_decoder(name: str) -> Callable[..., np.ndarray]:
         return DECODERS[name]
     except KeyError:
         raise ValueError(f"decoder must be one of {sorted(DECODERS)}, got {name!r}") from None
+
+
+def _decode_jpeg_batch(images: Sequence[Buffer | None], out: np.ndarray) -> list[int]:
+    return _jpeg.decode_into(images, out, out.shape[1], out.shape[2])
+
+
+#: The batch decoder that goes first, by decoder name (only when ``loaders._jpeg`` is built).
+BATCH_DECODERS: dict[str, BatchDecoder] = {"auto": _decode_jpeg_batch} if _jpeg is not None else {}
+
+
+def get_batch_decoder(name: str) -> BatchDecoder | None:
+    get_decoder(name)  # the same check of the name
+    return BATCH_DECODERS.get(name)

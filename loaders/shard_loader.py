@@ -43,7 +43,8 @@ from jobs import contract, storage
 from jobs.errors import ConfigError, DatasetError, LoaderError
 from loaders.batch import NULL_LABEL, BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
-from loaders.decode import get_decoder
+from loaders.decode import get_batch_decoder, get_decoder
+from loaders.extensions import extension
 from loaders.pipeline import Pipeline, PipelineStats
 from loaders.plan import REMAINDER_POLICIES, Piece, num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.shuffle import EpochOrder, epoch_order
@@ -52,14 +53,7 @@ __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 
 log = logging.getLogger(__name__)
 
-# Built from loaders/_rows.c by pip install. Without it (no C compiler at install time, or
-# LAKESHARD_NO_EXTENSIONS=1 in the environment) the loader uses Arrow's to_pylist() instead.
-_rows: Any = None
-if not os.environ.get("LAKESHARD_NO_EXTENSIONS"):
-    try:
-        from loaders import _rows
-    except ImportError:
-        log.info("loaders._rows is not built; images are copied out with to_pylist()")
+_rows = extension("_rows", "images are copied out with to_pylist()")
 
 STATE_FORMAT = "lakeshard.ShardLoader/1"
 _COLUMNS = ["image", "label", "is_pad"]
@@ -235,8 +229,9 @@ class ShardLoader:
             machine 2 and 4 threads measured alike (``benchmarks/README.md``); a fixed default
             would starve a larger machine.
         prefetch: batches decoded ahead of the training loop.
-        decoder: ``"auto"`` (simplejpeg for JPEG when installed, Pillow otherwise),
-            ``"pillow"`` or ``"simplejpeg"``.
+        decoder: ``"auto"`` (each batch's JPEGs at once with ``loaders._jpeg`` when built; then
+            simplejpeg for JPEG when installed, Pillow otherwise), ``"pillow"`` or
+            ``"simplejpeg"`` (image by image); see ``loaders/decode.py``.
         augment: random horizontal flip, and a random crop when ``crop`` is set.
         crop: output size; a random crop with ``augment``, a centre crop without.
         normalize: ``(mean, std)`` per channel on the 0-1 scale: images become float32
@@ -447,7 +442,7 @@ class ShardLoader:
             shard_uris=self.shard_uris, seed=self.options.seed, epoch=self._epoch, rank=self.options.rank,
             crop=self.options.crop, augment=self.options.augment, normalize=self.options.normalize,
             pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, buffers=self._buffers,
-            skipped=self.skipped_rows,
+            skipped=self.skipped_rows, batch_decoder=get_batch_decoder(self.options.decoder),
         )  # fmt: skip
         # The epoch to read ahead for, from the second iteration on: one step further, as the
         # step from the last iteration to this one (set_epoch(epoch + 1) each time, or the same

@@ -10,9 +10,10 @@ if ! command -v java >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
 
-if ! command -v cc >/dev/null 2>&1; then
-    echo "setup: installing a C compiler for the loader's extension (loaders/_rows.c)" >&2
-    apt-get update -qq && apt-get install -y -qq gcc >/dev/null
+# The loader's C extensions (loaders/_rows.c, loaders/_jpeg.c): a compiler and libjpeg-turbo's headers.
+if ! command -v cc >/dev/null 2>&1 || [ ! -f /usr/include/jpeglib.h ]; then
+    echo "setup: installing a C compiler and libjpeg-turbo's headers for the loader's extensions" >&2
+    apt-get update -qq && apt-get install -y -qq gcc libjpeg62-turbo-dev >/dev/null
 fi
 
 PY=${PYTHON:-python3}
@@ -24,15 +25,17 @@ pip() {  # quiet unless it fails (setuptools warns on every build of the extensi
     out=$(.venv/bin/python -m pip install -q "$@" 2>&1) || { echo "$out" >&2; return 1; }
 }
 stamp=.venv/.lakeshard-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ loaders/_rows.c -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ -n "$(find loaders -name '*.c' -newer "$stamp")" ]; then
     pip --upgrade pip
     pip "torch==2.13.0"
     pip -e ".[dev]"
-    # pip skips the optional extension when it cannot build it; here it must be built.
-    .venv/bin/python -c "import loaders._rows" 2>/dev/null || {
-        echo "setup: loaders/_rows.c was not built (see: .venv/bin/python -m pip install -v -e .)" >&2
-        exit 1
-    }
+    # pip skips an optional extension when it cannot build it; here they must be built.
+    for ext in _rows _jpeg; do
+        .venv/bin/python -c "import loaders.$ext" 2>/dev/null || {
+            echo "setup: loaders/$ext.c was not built (see: .venv/bin/python -m pip install -v -e .)" >&2
+            exit 1
+        }
+    done
     .venv/bin/python -c "import torch, pyspark, dask, jobs, loaders" && touch "$stamp"
 fi
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, pyspark; print("torch", torch.__version__, "pyspark", pyspark.__version__)'))"

@@ -155,19 +155,19 @@ def test_image_rows_copied_without_the_gil_match_arrow(type_: pa.DataType):
 
 def test_without_the_extension_the_loader_yields_the_same_batches(tmp_path: Path):
     """``LAKESHARD_NO_EXTENSIONS=1`` (or an install without a C compiler) falls back to Arrow's
-    ``to_pylist``: the same batches, each way in a fresh process."""
+    ``to_pylist`` and to simplejpeg image by image: the same batches, each way in a fresh process."""
     write_dataset(tmp_path, rows={"train": 30, "validation": 4, "test": 4}, num_shards=2, fmt="jpeg")
     code = (
         "import hashlib, sys\n"
-        "from loaders import ShardLoader, shard_loader\n"
+        "from loaders import ShardLoader, decode, shard_loader\n"
         "digest = hashlib.sha256()\n"
         "for images, labels in ShardLoader(sys.argv[1], batch_size=4, shuffle=True, seed=3):\n"
         "    digest.update(images.numpy().tobytes()); digest.update(labels.numpy().tobytes())\n"
-        "print(shard_loader._rows is not None, digest.hexdigest())\n"
+        "print(shard_loader._rows is not None, decode._jpeg is not None, digest.hexdigest())\n"
     )
     seen = {off: in_fresh_process(code, tmp_path, LAKESHARD_NO_EXTENSIONS=off).split() for off in ("", "1")}
-    assert seen[""][0] == "True" and seen["1"][0] == "False"
-    assert seen[""][1] == seen["1"][1]
+    assert seen[""][:2] == ["True", "True"] and seen["1"][:2] == ["False", "False"]
+    assert seen[""][2] == seen["1"][2]
 
 
 def test_the_row_copier_refuses_buffers_that_do_not_hold_the_rows():
@@ -198,3 +198,126 @@ def test_a_fresh_process_loads_without_importing_pandas_or_arrow_compute(tmp_pat
         "print(rows, heavy[:3])\n"
     )
     assert in_fresh_process(code, tmp_path).split(None, 1) == ["12", "[]\n"]
+
+
+def encoded(array: np.ndarray, fmt: str = "JPEG", mode: str | None = None, **options) -> bytes:
+    buf = io.BytesIO()
+    image = Image.fromarray(array)
+    (image.convert(mode) if mode else image).save(buf, format=fmt, **options)
+    return buf.getvalue()
+
+
+def test_the_batch_jpeg_decoder_is_built():
+    """pip builds ``loaders/_jpeg.c`` against the system's libjpeg-turbo (optional: without it
+    ``auto`` decodes image by image with simplejpeg); here it must have been built."""
+    from loaders import _jpeg
+
+    assert _jpeg.decode_into.__doc__.startswith("decode_into(images, out, height, width)")
+    assert decode.get_batch_decoder("auto") is not None
+    assert decode.get_batch_decoder("pillow") is None and decode.get_batch_decoder("simplejpeg") is None
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        decode.get_batch_decoder("turbo")
+
+
+def test_the_batch_jpeg_decoder_gives_simplejpegs_pixels():
+    """Chroma subsampling 4:4:4, 4:2:2 and 4:2:0, grayscale, progressive, optimised Huffman
+    tables, restart markers, from bytes and from views into an Arrow buffer: pixel for pixel
+    what simplejpeg decodes, and every row decoded."""
+    import simplejpeg
+
+    rng = np.random.default_rng(5)
+    smooth = np.asarray(Image.fromarray(rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)).resize((40, 24), Image.BILINEAR))
+    noisy = rng.integers(0, 256, (24, 40, 3), dtype=np.uint8)
+    images = [
+        encoded(smooth, quality=95, subsampling=0),
+        encoded(noisy, quality=80, subsampling=1),
+        encoded(noisy, quality=60, subsampling=2),
+        encoded(noisy, mode="L", quality=90),
+        encoded(smooth, progressive=True, quality=85),
+        encoded(noisy, optimize=True, quality=75),
+        encoded(noisy, quality=90, restart_marker_blocks=1),
+    ]
+    rows = [*images, *map(in_arrow_buffer, images)]
+    out = np.full((len(rows), 24, 40, 3), 7, dtype=np.uint8)
+    assert decode.get_batch_decoder("auto")(rows, out) == []
+    want = np.stack([simplejpeg.decode_jpeg(data, colorspace="RGB") for data in images])
+    assert np.array_equal(out[: len(images)], want)
+    assert np.array_equal(out[len(images) :], want)
+
+
+def test_the_batch_jpeg_decoder_leaves_what_it_cannot_decode_to_the_image_decoder():
+    rng = np.random.default_rng(6)
+    pixels = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    good = encoded(pixels, quality=90)
+    rows = [
+        good,
+        None,
+        b"",
+        good[: len(good) // 2],  # truncated: libjpeg warns and pads; left, not padded silently
+        b"\xff\xd8\xff not a jpeg after all",
+        encoded(pixels, fmt="PNG"),
+        encoded(pixels, mode="CMYK", quality=90),
+        jpeg(8, 16),  # the wrong size
+        in_arrow_buffer(good),
+    ]
+    out = np.zeros((len(rows), 16, 16, 3), dtype=np.uint8)
+    assert decode.get_batch_decoder("auto")(rows, out) == [1, 2, 3, 4, 5, 6, 7]
+    assert np.array_equal(out[0], decode.decode_simplejpeg(good)) and np.array_equal(out[8], out[0])
+    # What the loader then does with them: the PNG decodes with Pillow, the CMYK JPEG with
+    # simplejpeg's own conversion (libjpeg has none to RGB); the rest are refused.
+    auto = decode.get_decoder("auto")
+    assert np.array_equal(auto(rows[5], out[5]), pixels)
+    assert np.abs(auto(rows[6], out[6]).astype(int) - decode.decode_pillow(rows[6])).max() <= 2
+    for i in (2, 3, 4):
+        with pytest.raises((ValueError, OSError)):  # simplejpeg's or Pillow's refusal
+            auto(rows[i], out[i])
+    with pytest.raises(decode.ImageSizeError, match="image is 8x16, expected 16x16"):
+        auto(rows[7], out[7])
+
+
+def test_the_batch_jpeg_decoder_refuses_an_output_that_does_not_fit():
+    from loaders import _jpeg
+
+    good = jpeg(8, 8)
+    with pytest.raises(ValueError, match="out has 192 bytes, 2 images of 8x8x3 need 384"):
+        _jpeg.decode_into([good, good], np.empty((1, 8, 8, 3), dtype=np.uint8), 8, 8)
+    with pytest.raises(ValueError, match="image size 0x8 is out of range"):
+        _jpeg.decode_into([good], np.empty((1, 8, 8, 3), dtype=np.uint8), 8, 0)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _jpeg.decode_into([good], np.empty((1, 16, 8, 3), dtype=np.uint8)[:, ::2], 8, 8)  # not contiguous
+    with pytest.raises(BufferError, match="not writable"):
+        _jpeg.decode_into([good], b"\0" * 192, 8, 8)
+    with pytest.raises(TypeError, match="a bytes-like object is required, not 'int'"):
+        _jpeg.decode_into([good, 5], np.empty((2, 8, 8, 3), dtype=np.uint8), 8, 8)
+
+
+def test_a_batch_with_bad_rows_reports_them_in_row_order(tmp_path: Path):
+    """The batch decoder goes first, then the rows it left and the rows with a bad label are
+    visited in row order: with one thread, the first bad row fails the loader; skipped, every
+    bad row is reported once and the rest of the batch is intact."""
+    write_dataset(tmp_path, rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, fmt="jpeg")
+    path = tmp_path / "shards/train/part-00000-of-00001.parquet"
+    expected = [i for images, _ in ShardLoader(str(tmp_path), batch_size=8) for i in ids_of(images)]
+    table = pq.read_table(path)
+    images = table.column("image").to_pylist()
+    cmyk = encoded(np.asarray(Image.open(io.BytesIO(images[4])).convert("RGB")), mode="CMYK", quality=95)
+    images[1], images[4], images[6] = images[1][:40], cmyk, b"\xff\xd8\xffjunk"
+    labels = table.column("label").to_pylist()
+    labels[2] = 99
+    for name, values in (("image", pa.array(images, pa.binary())), ("label", pa.array(labels, pa.int64()))):
+        table = table.set_column(table.schema.get_field_index(name), name, values)
+    pq.write_table(table, path)
+
+    with pytest.raises(LoaderError, match=r"cannot decode image at row 1 of .*part-00000-of-00001.parquet"):
+        list(ShardLoader(str(tmp_path), batch_size=8, num_threads=1))
+    loader = ShardLoader(str(tmp_path), batch_size=8, skip_bad_rows=True)
+    (batch, got_labels), = list(loader)
+    assert [s.row for s in loader.skipped_rows] == [1, 2, 6]
+    assert loader.skipped_rows[1].reason == "label 99 out of range [0, 3)"
+    assert all(s.reason.startswith("cannot decode image") for s in loader.skipped_rows[::2])
+    got = ids_of(batch)
+    assert [got[i] for i in (0, 3, 5, 7)] == [expected[i] for i in (0, 3, 5, 7)]
+    cmyk_rgb = torch.from_numpy(decode.decode_pillow(cmyk)).permute(2, 0, 1)  # row 4: decoded by the fallback
+    assert (batch[4].int() - cmyk_rgb.int()).abs().max().item() <= 2
+    assert [got[i] for i in (1, 2, 6)] == [0, 0, 0]
+    assert [i for i, label in enumerate(got_labels.tolist()) if label == PAD_LABEL] == [1, 2, 6]

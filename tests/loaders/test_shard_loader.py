@@ -264,15 +264,24 @@ def test_the_next_epochs_first_window_is_read_while_this_epoch_ends(tmp_path: Pa
     assert epoch_ids(loader) == expected[4]
 
 
-def test_jpeg_decoders_agree_and_auto_prefers_simplejpeg(tmp_path: Path, monkeypatch):
+def test_jpeg_decoders_agree_and_auto_prefers_the_batch_decoder_then_simplejpeg(tmp_path: Path, monkeypatch):
+    """``auto`` decodes each batch with ``loaders._jpeg`` (no per-image call) to simplejpeg's
+    very pixels; without it, image by image with simplejpeg; Pillow's differ by rounding only."""
     write_dataset(tmp_path, rows={"train": 12, "validation": 2, "test": 2}, num_shards=1, fmt="jpeg", size=16)
     pil = torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=5, decoder="pillow")])
+    sj = torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=5, decoder="simplejpeg")])
     calls = Counter()
     real_sj, real_pil = decode.decode_simplejpeg, decode.decode_pillow
     monkeypatch.setattr(decode, "decode_simplejpeg", lambda d, o=None: calls.update(["sj"]) or real_sj(d, o))
     monkeypatch.setattr(decode, "decode_pillow", lambda d, o=None: calls.update(["pil"]) or real_pil(d, o))
+    assert set(decode.BATCH_DECODERS) == {"auto"}  # the extension is built here (test_decode.py)
     auto = torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=5, decoder="auto")])
+    assert calls == {}
+    assert torch.equal(auto, sj)
+    monkeypatch.setattr(decode, "BATCH_DECODERS", {})
+    one_by_one = torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=5, decoder="auto")])
     assert calls == {"sj": 12}
+    assert torch.equal(one_by_one, sj)
     assert (pil.int() - auto.int()).abs().max().item() <= 2
     assert_near_ids(auto, range(12))
 
