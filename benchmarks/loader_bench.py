@@ -178,7 +178,7 @@ def bench_loader(dataset: str, args: argparse.Namespace, loader: ShardLoader | N
 def raw_decoder(name: str, encoded: list[bytes]) -> Callable[[list[bytes], np.ndarray], Any]:
     """The bare decode of one batch in the ceiling, the fastest the loader would use for these
     images: its batch decoder (``loaders._jpeg``, one release of the GIL per batch) and its
-    image decoder for any row that leaves, as the loader does; without a batch decoder,
+    image decoder for any row it leaves, as the loader does; without a batch decoder,
     simplejpeg straight into each slot when the loader would use it for every image; else the
     loader's own decoder function, image by image."""
     decoder, batch = get_decoder(name), get_batch_decoder(name)
