@@ -13,8 +13,9 @@
      out:    a writable C-contiguous buffer of len(images) * height * width * 3 bytes
      returns the indices of the rows it did not decode: None, not decodable to RGB by libjpeg,
      any libjpeg warning (a truncated file, for instance), or not height x width. The caller
-     decodes those with its general decoder, which raises or falls back exactly as it would
-     have (Pillow for CMYK, a clear error for a corrupt or wrongly sized image).
+     decodes those with its general decoder, which decodes or refuses them exactly as it would
+     have (simplejpeg's own conversion for CMYK, Pillow for other formats, a clear error for a
+     corrupt or wrongly sized image).
 
    Loaded by loaders/decode.py when built (pip builds it from pyproject.toml, linking the
    system's libjpeg: libjpeg62-turbo-dev on Debian); without it the loader uses simplejpeg. */
@@ -92,7 +93,7 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
     Py_ssize_t height, width;
     Py_buffer out = {0};
     Py_buffer *bufs = NULL;
-    char *have = NULL, *bad = NULL;
+    char *bad = NULL;
     if (!PyArg_ParseTuple(args, "OOnn", &images, &out_obj, &height, &width))
         return NULL;
     if (height <= 0 || width <= 0 || height > JPEG_MAX_DIMENSION || width > JPEG_MAX_DIMENSION) {
@@ -112,9 +113,8 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
         goto done;
     }
     bufs = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
-    have = PyMem_Calloc(n ? n : 1, 1);
     bad = PyMem_Calloc(n ? n : 1, 1);
-    if (!bufs || !have || !bad) {
+    if (!bufs || !bad) {
         PyErr_NoMemory();
         goto done;
     }
@@ -122,9 +122,8 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
         PyObject *item = PyTuple_GET_ITEM(seq, i);
         if (item == Py_None)
             continue;
-        if (PyObject_GetBuffer(item, &bufs[i], PyBUF_SIMPLE) < 0)
+        if (PyObject_GetBuffer(item, &bufs[i], PyBUF_SIMPLE) < 0) /* sets bufs[i].obj on success */
             goto done;
-        have[i] = 1;
     }
 
     Py_BEGIN_ALLOW_THREADS
@@ -136,7 +135,7 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
     jpeg_create_decompress(&cinfo);
     unsigned char *dst = out.buf;
     for (Py_ssize_t i = 0; i < n; i++, dst += image_bytes)
-        bad[i] = !have[i] || decode_one(&cinfo, &err, bufs[i].buf, (size_t)bufs[i].len, dst, (JDIMENSION)height,
+        bad[i] = !bufs[i].obj || decode_one(&cinfo, &err, bufs[i].buf, (size_t)bufs[i].len, dst, (JDIMENSION)height,
                                         (JDIMENSION)width);
     jpeg_destroy_decompress(&cinfo);
     Py_END_ALLOW_THREADS
@@ -158,10 +157,9 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
 done:
     if (bufs)
         for (Py_ssize_t i = 0; i < n; i++)
-            if (have && have[i])
+            if (bufs[i].obj)
                 PyBuffer_Release(&bufs[i]);
     PyMem_Free(bufs);
-    PyMem_Free(have);
     PyMem_Free(bad);
     if (out.obj)
         PyBuffer_Release(&out);
