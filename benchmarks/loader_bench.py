@@ -68,10 +68,10 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs import contract
-from jobs.config import parse_size
 from jobs.settings import ShardConfig
 from jobs.shards import ShardWriter
+from lakeshard import format as contract
+from lakeshard.config import parse_size
 from loaders import ShardLoader, default_threads
 from loaders.decode import decode_pillow, get_batch_decoder, get_decoder, has_simplejpeg, is_jpeg
 
@@ -146,7 +146,7 @@ def read_encoded(dataset: str, channel: str) -> list[bytes]:
 
 
 def _fs_open(uri: str) -> Any:
-    from jobs import storage
+    from lakeshard import storage
 
     fs, path = storage.filesystem(uri)
     return fs.open(path, "rb")

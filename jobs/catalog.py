@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.contract import MANIFEST_SCHEMA
-from jobs.errors import ManifestError, RejectFractionError, SplitError
 from jobs.split import ALGORITHMS
+from lakeshard.errors import ManifestError, RejectFractionError, SplitError
+from lakeshard.format import MANIFEST_SCHEMA
 
 __all__ = ["Manifest", "build_manifest", "encode_labels", "fingerprint", "sagemaker_manifest"]
 

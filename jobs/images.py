@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from jobs.errors import ImageRejected
+from lakeshard.errors import ImageRejected
 
 __all__ = ["RESIZE_MODES", "ImageSpec", "preprocess", "sniff"]
 

@@ -5,7 +5,7 @@ driver (a few requests), then :func:`list_prefix` lists each class prefix recurs
 an executor, and :func:`inspect_objects` reads each object's first bytes there too (so a
 ``.jpg`` that is text is a reject, not a crash later).
 
-An object row is a plain dict with the keys of :data:`jobs.contract.MANIFEST_SCHEMA`.
+An object row is a plain dict with the keys of :data:`lakeshard.format.MANIFEST_SCHEMA`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from jobs import storage
-from jobs.errors import ManifestError, StorageError
 from jobs.images import SNIFF_BYTES, sniff
+from lakeshard import storage
+from lakeshard.errors import ManifestError, StorageError
 
 __all__ = ["discover", "inspect_objects", "list_prefix", "reject"]
 

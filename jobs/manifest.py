@@ -30,15 +30,15 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from jobs import storage
 from jobs.catalog import Manifest, build_manifest, fingerprint, sagemaker_manifest
-from jobs.config import add_arguments
-from jobs.contract import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
 from jobs.engines import Engine
 from jobs.engines.cli import run_job
-from jobs.errors import DatasetExistsError, StorageError
 from jobs.listing import discover, inspect_objects, list_prefix
 from jobs.settings import ManifestConfig
+from lakeshard import storage
+from lakeshard.config import add_arguments
+from lakeshard.errors import DatasetExistsError, StorageError
+from lakeshard.format import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
 
 __all__ = ["main", "run"]
 

@@ -55,8 +55,8 @@ from itertools import pairwise
 
 import numpy as np
 
-from jobs.errors import ShardError
 from jobs.split import unit_hash
+from lakeshard.errors import ShardError
 
 __all__ = ["REMAINDER_POLICIES", "ShardPlan", "make_plan"]
 

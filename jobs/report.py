@@ -26,9 +26,15 @@ if __name__ == "__main__" and not __package__:
 
 import pyarrow.parquet as pq
 
-from jobs import storage
-from jobs.contract import CHANNELS, manifests_uri, read_dataset_info, shard_uri, shards_uri
-from jobs.errors import PlatformError
+from lakeshard import storage
+from lakeshard.errors import PlatformError
+from lakeshard.format import (
+    CHANNELS,
+    manifest_rejects_uri,
+    read_dataset_info,
+    shard_rejects_uri,
+    shard_uri,
+)
 
 __all__ = ["REPORT_NAME", "main", "render_report", "report_uri", "write_report"]
 
@@ -61,8 +67,8 @@ def render_report(root: str, info: dict[str, Any], *, samples_per_class: int = 6
     root = storage.normalize(root)
     channels = [c for c in CHANNELS if c in info["channels"]] + [c for c in info["channels"] if c not in CHANNELS]
     labels = sorted(info["labels"], key=lambda name: info["labels"][name])
-    manifest_rejects = _read_optional(manifests_uri(root, "rejects.parquet"), ["key", "reason"])
-    shard_rejects = _read_optional(storage.join(shards_uri(root), "rejects.parquet"), ["key", "channel", "reason"])
+    manifest_rejects = _read_optional(manifest_rejects_uri(root), ["key", "reason"])
+    shard_rejects = _read_optional(shard_rejects_uri(root), ["key", "channel", "reason"])
     sections = [
         _summary(info, channels),
         _splits(info, channels),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobs.config import opt, parse_size, parse_split
 from jobs.images import IMAGE_FORMATS, RESIZE_MODES, ImageSpec
 from jobs.plan import REMAINDER_POLICIES
 from jobs.split import ALGORITHMS
+from lakeshard.config import opt, parse_size, parse_split
 
 __all__ = ["ENGINE_NAMES", "ManifestConfig", "ShardConfig"]
 

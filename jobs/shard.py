@@ -43,20 +43,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs import storage
-from jobs.config import add_arguments
-from jobs.contract import (
-    FORMAT_VERSION,
-    SHARD_REJECTS_SCHEMA,
-    dataset_json_uri,
-    manifest_marker_uri,
-    manifests_uri,
-    shard_name,
-    shards_uri,
-)
 from jobs.engines import Engine
 from jobs.engines.cli import run_job
-from jobs.errors import DatasetError, DatasetExistsError, RejectFractionError, ShardError
 from jobs.plan import ShardPlan, make_plan
 from jobs.report import write_report
 from jobs.settings import ShardConfig
@@ -69,6 +57,19 @@ from jobs.shards import (
     assemble_shard,
     preprocess_segment,
     read_receipt,
+)
+from lakeshard import storage
+from lakeshard.config import add_arguments
+from lakeshard.errors import DatasetError, DatasetExistsError, RejectFractionError, ShardError
+from lakeshard.format import (
+    FORMAT_VERSION,
+    SHARD_REJECTS_SCHEMA,
+    dataset_json_uri,
+    manifest_marker_uri,
+    manifests_uri,
+    shard_name,
+    shard_relpath,
+    shards_uri,
 )
 
 __all__ = ["dataset_version", "main", "run"]
@@ -175,7 +176,8 @@ def _staging(staging_root: str, version: str, cfg: ShardConfig, segment_rows: in
 def _preprocessing_code() -> str:
     """A hash of the source of the modules that decide a segment file's bytes: an edited
     preprocessing step must not reuse files the old one wrote."""
-    from jobs import contract, images, shards
+    from jobs import images, shards
+    from lakeshard.format import layout as contract
 
     digest = hashlib.sha256()
     for module in (images, shards, contract):
@@ -306,7 +308,7 @@ def _channel_entry(channel: str, plan, ordered: pa.Table, stats: list[dict[str, 
         "padded": uris.take(pa.array(plan.padded, pa.int64())).to_pylist(),
         "class_counts": {names[k]: v for k, v in sorted(
             _sum_counts(s["label_counts"] for s in shards).items(), key=lambda kv: int(kv[0]))},
-        "shards": [{"path": f"shards/{channel}/{shard_name(s['shard'], plan.num_shards)}", "rows": s["rows"],
+        "shards": [{"path": shard_relpath(channel, s["shard"], plan.num_shards), "rows": s["rows"],
                     "bytes": s["bytes"], "sha256": s["sha256"], "row_groups": s["row_groups"],
                     "class_counts": {names[k]: v for k, v in s["label_counts"].items()}} for s in shards],
     }

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from jobs.errors import LoaderError
+from lakeshard.errors import LoaderError
 from loaders.buffers import BufferPool
 from loaders.decode import BatchDecoder, Buffer
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.config import add_arguments, opt, read_yaml, resolve
-from jobs.errors import ConfigError
+from lakeshard.config import add_arguments, opt, read_yaml, resolve
+from lakeshard.errors import ConfigError
 
 __all__ = ["OPTIMIZERS", "TrainConfig", "build_parser", "load_config", "parse_args"]
 

@@ -37,7 +37,7 @@ __all__ = ["LAYOUTS", "decode_images", "make_transform_spec"]
 #: ``hwc``: ``[H, W, 3]`` as decoders return it; ``chw``: ``[3, H, W]`` as torch models take it.
 LAYOUTS = ("hwc", "chw")
 
-#: Columns of a shard (see ``jobs.contract.SHARD_SCHEMA``) a transform may keep.
+#: Columns of a shard (see ``lakeshard.format.SHARD_SCHEMA``) a transform may keep.
 _SHARD_COLUMNS = ("image", "label", "uri", "key", "height", "width", "is_pad")
 
 

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from jobs.errors import LoaderError
+from lakeshard.errors import LoaderError
 
 __all__ = ["Pipeline", "PipelineStats"]
 

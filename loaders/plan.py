@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jobs.errors import ConfigError
+from lakeshard.errors import ConfigError
 
 __all__ = [
     "REMAINDER_POLICIES",

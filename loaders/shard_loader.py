@@ -39,8 +39,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 
-from jobs import contract, storage
-from jobs.errors import ConfigError, DatasetError, LoaderError
+from lakeshard import format as contract
+from lakeshard import storage
+from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders.batch import NULL_LABEL, BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
 from loaders.decode import get_batch_decoder, get_decoder
@@ -58,12 +59,6 @@ _rows = extension("_rows", "images are copied out with to_pylist()")
 STATE_FORMAT = "lakeshard.ShardLoader/1"
 _COLUMNS = ["image", "label", "is_pad"]
 _LOCAL = pafs.LocalFileSystem()
-_META = {
-    "dataset_version": b"lakeshard.dataset_version",
-    "channel": b"lakeshard.channel",
-    "shard_index": b"lakeshard.shard_index",
-    "num_shards": b"lakeshard.num_shards",
-}
 
 
 def default_threads(local_world_size: int | None = None) -> int:
@@ -354,17 +349,17 @@ class ShardLoader:
             raise DatasetError(f"cannot open shard {uri}: {exc}") from exc
         try:
             md = pf.metadata
-            kv = md.metadata or {}
+            footer = contract.read_footer(md.metadata)
             expected = {
                 "dataset_version": self.dataset_version,
                 "channel": self.options.channel,
                 "shard_index": str(shard),
                 "num_shards": str(len(self.shard_uris)),
             }
-            for name, key in _META.items():
-                got = kv.get(key, b"").decode()
-                if got != expected[name]:
-                    raise DatasetError(f"shard {uri} footer says {key.decode()}={got!r}, dataset.json implies {expected[name]!r}")
+            for name, want in expected.items():
+                got = footer.get(name, "")
+                if got != want:
+                    raise DatasetError(f"shard {uri} footer says lakeshard.{name}={got!r}, dataset.json implies {want!r}")
             if md.num_rows != rows:
                 raise DatasetError(f"shard {uri} has {md.num_rows} rows, dataset.json says {rows}")
             names = set(pf.schema_arrow.names)

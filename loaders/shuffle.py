@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jobs.errors import ConfigError
+from lakeshard.errors import ConfigError
 
 __all__ = ["EpochOrder", "epoch_order"]
 

@@ -32,8 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from jobs import contract, storage
-from jobs.errors import ConfigError, DatasetError
+from lakeshard import format as contract
+from lakeshard import storage
+from lakeshard.errors import ConfigError, DatasetError
 from loaders.batch import PAD_LABEL
 from loaders.config import TrainConfig, parse_args
 from loaders.model import SmallCNN

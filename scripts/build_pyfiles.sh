@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the zip that `spark-submit --py-files` ships to the executors: the `jobs` package only
-# (the engine-free core and the Spark engine; `loaders` runs on the training nodes, not here).
+# Build the zip that `spark-submit --py-files` ships to the executors: the `lakeshard` core and the
+# `jobs` package (the engine-free steps and the Spark engine; `loaders` runs on the training nodes).
 #
 #   scripts/build_pyfiles.sh                      # -> dist/lakeshard-pyfiles.zip
 #   scripts/build_pyfiles.sh /tmp/pyfiles.zip     # -> /tmp/pyfiles.zip
@@ -25,15 +25,16 @@ import os, sys, zipfile
 root, out = sys.argv[1], os.path.abspath(sys.argv[2])
 tmp = out + ".tmp"
 with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-    for folder, dirs, files in os.walk(os.path.join(root, "jobs")):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                info = zipfile.ZipInfo(os.path.relpath(path, root), date_time=(1980, 1, 1, 0, 0, 0))
-                info.compress_type = zipfile.ZIP_DEFLATED
-                with open(path, "rb") as f:
-                    zf.writestr(info, f.read())
+    for package in ("lakeshard", "jobs"):
+        for folder, dirs, files in os.walk(os.path.join(root, package)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    info = zipfile.ZipInfo(os.path.relpath(path, root), date_time=(1980, 1, 1, 0, 0, 0))
+                    info.compress_type = zipfile.ZIP_DEFLATED
+                    with open(path, "rb") as f:
+                        zf.writestr(info, f.read())
 os.replace(tmp, out)
 print(out)
 PY

@@ -34,7 +34,7 @@ if [ ! -f "$stamp" ] || [ "$0" -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]
     pip --no-deps -e .
     "$VENV/bin/python" - <<'PY'
 import numpy, pyarrow, pandas, simplejpeg, torch, petastorm, petastorm.pytorch
-import jobs.contract, loaders, loaders.petastorm_compat  # noqa: F401
+import lakeshard.format, loaders, loaders.petastorm_compat  # noqa: F401
 assert pyarrow.__version__ == "14.0.2", pyarrow.__version__
 assert numpy.__version__.startswith("1."), numpy.__version__
 assert petastorm.__version__ == "0.12.1", petastorm.__version__

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from jobs.config import resolve
 from jobs.engines import Engine, open_engine
-from jobs.errors import PlatformError
+from lakeshard.config import resolve
+from lakeshard.errors import PlatformError
 
 __all__ = ["run_job"]
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from jobs.engines import FORWARDED_ENV
-from jobs.errors import EngineError
+from lakeshard.errors import EngineError
 
 __all__ = ["DaskEngine"]
 

@@ -15,19 +15,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jobs import errors
 from jobs.engines import FORWARDED_ENV
+from lakeshard import errors
 
 __all__ = ["SparkEngine"]
 
 log = logging.getLogger(__name__)
 
 #: The last line of a Python traceback for one of our errors, as Spark passes it on (as text).
-_TASK_ERROR = re.compile(r"^jobs\.errors\.(\w+): (.+)$", re.MULTILINE)
+_TASK_ERROR = re.compile(r"^lakeshard\.errors\.(\w+): (.+)$", re.MULTILINE)
 
 
 def _task_error(exc: BaseException) -> errors.PlatformError | None:
-    """The error a task raised on purpose (a :class:`~jobs.errors.PlatformError`), rebuilt from
+    """The error a task raised on purpose (a :class:`~lakeshard.errors.PlatformError`), rebuilt from
     the text of the Spark exception that carries its traceback; ``None`` for anything else.
 
     Dask re-raises a task's own exception on the client; Spark gives a ``PythonException`` (or a

@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import storage
-from jobs.contract import manifests_uri, shards_uri
+from lakeshard import storage
+from lakeshard.format import manifests_uri, shard_rejects_uri
 from tests.helpers.checks import read_table, shard_tables
 
 __all__ = ["DATASET_JSON_ENGINE_KEYS", "assert_same_dataset", "assert_same_manifest"]
@@ -62,6 +62,6 @@ def assert_same_dataset(a: str, b: str) -> dict[str, Any]:
                                        shard_tables(b, channel, info_b["num_shards"]), strict=True)):
             _assert_tables_equal(x, y, f"shards/{channel}/part {i}")
     # The rejects' row order follows the engine's partitioning, not the data: compare as sets.
-    ra, rb = (read_table(storage.join(shards_uri(r), "rejects.parquet")) for r in (a, b))
+    ra, rb = (read_table(shard_rejects_uri(r)) for r in (a, b))
     _assert_tables_equal(ra.sort_by("uri"), rb.sort_by("uri"), "shards/rejects.parquet")
     return info_a

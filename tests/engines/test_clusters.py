@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import storage
+from lakeshard import storage
 from tests.engines.compare import assert_same_dataset
 from tests.engines.conftest import BIN, MANIFEST_OPTS, REPO, SHARD_OPTS, cli_args, job_env, run_job
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.errors import ManifestError
+from lakeshard.errors import ManifestError
 
 pytestmark = pytest.mark.dask
 
@@ -67,7 +67,7 @@ def test_an_owned_local_cluster_is_closed() -> None:
 
 def test_an_unreachable_scheduler_is_a_clear_error(monkeypatch) -> None:
     from jobs.engines.dask_engine import DaskEngine
-    from jobs.errors import EngineError
+    from lakeshard.errors import EngineError
     from tests.helpers.procs import free_port
 
     address = f"tcp://127.0.0.1:{free_port()}"

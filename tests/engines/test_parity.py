@@ -8,7 +8,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import storage
+from lakeshard import storage
+from lakeshard.format import manifest_rejects_uri, shard_rejects_uri, shard_relpath
 from tests.engines.compare import assert_same_dataset
 from tests.engines.conftest import build_dataset
 from tests.helpers.checks import check_dataset, read_table
@@ -24,8 +25,8 @@ def test_dask_writes_the_dataset_spark_writes(spark_reference: str, dask_engine,
     check_dataset(out)
     # Every bad object was counted somewhere (manifest or shard rejects), nothing else was.
     root = storage.normalize(out)
-    rejected = (read_table(storage.join(root, "manifests", "rejects.parquet"))["key"].to_pylist()
-                + read_table(storage.join(root, "shards", "rejects.parquet"))["key"].to_pylist())
+    rejected = (read_table(manifest_rejects_uri(root))["key"].to_pylist()
+                + read_table(shard_rejects_uri(root))["key"].to_pylist())
     assert sorted(rejected) == sorted(k for k in bad_objects() if "/bad_" in k)
     assert info["counts"]["padded"] > 0  # some rows were routed twice
     assert storage.read_json(storage.join(root, "dataset.json"))["engine"] == "dask"
@@ -59,7 +60,7 @@ def test_dask_on_s3_writes_the_same_shards(spark_reference: str, dask_engine, mi
     info = storage.read_json(storage.join(ref, "dataset.json"))
     for channel in info["channels"]:
         for i in range(info["num_shards"]):
-            path = f"shards/{channel}/part-{i:05d}-of-{info['num_shards']:05d}.parquet"
+            path = shard_relpath(channel, i, info["num_shards"])
             a, b = (read_table(storage.join(r, path)).drop_columns(["uri"]) for r in (ref, out))
             assert a.equals(b), path
     assert all(u.startswith(f"{s3_bucket}/raw/") for u in read_table(storage.join(out, path))["uri"].to_pylist())

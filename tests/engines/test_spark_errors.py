@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.engines.spark_engine import SparkEngine
-from jobs.errors import PlatformError, StorageError
+from lakeshard.errors import PlatformError, StorageError
 
 pytestmark = pytest.mark.spark
 
@@ -29,7 +29,7 @@ def test_any_other_task_error_is_left_as_spark_raised_it(spark) -> None:
     engine = SparkEngine(spark=spark)
 
     def fails(items: list[int]) -> list[int]:
-        raise ZeroDivisionError("jobs.errors.StorageError: looks like ours, is not")
+        raise ZeroDivisionError("lakeshard.errors.StorageError: looks like ours, is not")
 
     with pytest.raises(Exception) as err:
         engine.map_partitions(fails, [1], partitions=1)

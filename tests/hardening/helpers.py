@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jobs import storage
-from jobs.contract import manifests_uri, shards_uri
+from lakeshard import storage
+from lakeshard.format import manifests_uri, shard_rejects_uri
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.lake import bad_objects, encode, exif_rotated_jpeg, make_image
 
@@ -113,7 +113,7 @@ def dataset_digest(root: str) -> dict[str, Any]:
     info = json.loads(storage.read_bytes(storage.join(root, "dataset.json")))
     info = {k: v for k, v in info.items() if k not in ("created_at", "engine", "build")}
     shards = {c: [t.to_pylist() for t in shard_tables(root, c, info["num_shards"])] for c in info["channels"]}
-    rejects = _table_rows(storage.join(shards_uri(root), "rejects.parquet"))
+    rejects = _table_rows(shard_rejects_uri(root))
     return {"info": info, "shards": shards, "shard_rejects": rejects, "manifest": manifest_digest(root)}
 
 

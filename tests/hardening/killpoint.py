@@ -4,7 +4,7 @@ its engine and its storage calls are the real ones; only the moment of death is 
 
     python -m tests.hardening.killpoint FUNC:URI_SUFFIX:before|after jobs.shard --engine dask ...
 
-``FUNC`` is a function of :mod:`jobs.storage` (or ``write_report``, the report writer the shard
+``FUNC`` is a function of :mod:`lakeshard.storage` (or ``write_report``, the report writer the shard
 job calls); death comes at its first call whose URI argument ends with ``URI_SUFFIX``.
 """
 
@@ -18,7 +18,7 @@ import sys
 
 def _arm(point: str) -> None:
     import jobs.shard
-    from jobs import storage
+    from lakeshard import storage
 
     func, suffix, when = point.split(":")
     owner = jobs.shard if func == "write_report" else storage

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from jobs import storage
-from jobs.contract import manifest_marker_uri, read_dataset_info
-from jobs.errors import DatasetError
+from lakeshard import storage
+from lakeshard.errors import DatasetError
+from lakeshard.format import manifest_marker_uri, read_dataset_info
 from tests.hardening.helpers import dataset_digest, job_env, manifest_digest, run_until
 from tests.helpers.checks import check_dataset
 from tests.helpers.lake import write_lake

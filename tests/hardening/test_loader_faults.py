@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import contract
-from jobs.errors import LoaderError
+from lakeshard import format as contract
+from lakeshard.errors import LoaderError
 from loaders import ShardLoader
 from tests.hardening.helpers import REPO
 from tests.loaders.loader_builders import write_dataset

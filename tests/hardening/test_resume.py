@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import storage
+from lakeshard import storage
 from tests.hardening.helpers import dataset_digest, job_env, run_until
 from tests.hardening.test_kill_rerun import SPARK_ENV
 from tests.helpers.checks import check_dataset

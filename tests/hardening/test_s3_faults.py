@@ -14,10 +14,10 @@ import torch
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs import storage
-from jobs.contract import manifest_marker_uri
-from jobs.errors import PlatformError, StorageError
 from jobs.settings import ManifestConfig, ShardConfig
+from lakeshard import storage
+from lakeshard.errors import PlatformError, StorageError
+from lakeshard.format import manifest_marker_uri
 from loaders import ShardLoader
 from tests.hardening.helpers import dataset_digest
 from tests.helpers.checks import check_dataset

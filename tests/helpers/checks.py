@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow.parquet as pq
 from PIL import Image
 
-from jobs import storage
-from jobs.contract import SHARD_SCHEMA, manifests_uri, shards_uri
+from lakeshard import storage
+from lakeshard.format import SHARD_SCHEMA, manifest_rejects_uri, manifests_uri, shard_rejects_uri, shards_uri
 
 __all__ = ["check_dataset", "read_table", "shard_tables"]
 
@@ -40,8 +40,8 @@ def check_dataset(root: str, *, decode_images: bool = True) -> dict[str, Any]:
     size = info["image"]["size"]
 
     all_rows = read_table(manifests_uri(root, "all.parquet"))
-    manifest_rejects = read_table(manifests_uri(root, "rejects.parquet"))
-    shard_rejects = read_table(storage.join(shards_uri(root), "rejects.parquet"))
+    manifest_rejects = read_table(manifest_rejects_uri(root))
+    shard_rejects = read_table(shard_rejects_uri(root))
     assert all(r for r in manifest_rejects["reason"].to_pylist())
     assert all(r for r in shard_rejects["reason"].to_pylist())
 

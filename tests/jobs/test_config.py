@@ -4,11 +4,11 @@ import re
 
 import pytest
 
-from jobs.config import parse_size, parse_split, resolve
-from jobs.errors import ConfigError
 from jobs.manifest import parser as manifest_parser
 from jobs.settings import ManifestConfig, ShardConfig
 from jobs.shard import parser as shard_parser
+from lakeshard.config import parse_size, parse_split, resolve
+from lakeshard.errors import ConfigError
 
 
 @pytest.mark.parametrize("text,expected", [("128MiB", 128 * 2**20), ("4MB", 4_000_000), ("512", 512),

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jobs.errors import ImageRejected
 from jobs.images import ImageSpec, preprocess, sniff
+from lakeshard.errors import ImageRejected
 from tests.helpers.lake import bad_objects, encode, make_image
 
 OBJECTS = bad_objects()

@@ -17,10 +17,10 @@ from PIL import Image
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs import storage
-from jobs.contract import read_dataset_info
-from jobs.errors import DatasetError, DatasetExistsError, RejectFractionError, SplitError
 from jobs.settings import ManifestConfig, ShardConfig
+from lakeshard import storage
+from lakeshard.errors import DatasetError, DatasetExistsError, RejectFractionError, SplitError
+from lakeshard.format import read_dataset_info, shard_rejects_uri
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import bad_objects, exif_rotated_jpeg, write_lake
 
@@ -65,7 +65,7 @@ def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, spark_engine):
     assert reasons["cls_a/bad_text.jpg"].startswith("not an image")
     assert reasons["cls_a/bad_notes.txt"].startswith("not an image")
     assert reasons["stray_at_top.png"].startswith("no label")
-    shard_rejects = read_table(str(out / "shards" / "rejects.parquet"))
+    shard_rejects = read_table(shard_rejects_uri(str(out)))
     bad_decodes = {k.rsplit("/", 1)[-1]: r for k, r in zip(shard_rejects["key"].to_pylist(),
                                                            shard_rejects["reason"].to_pylist())}
     assert set(bad_decodes) == {"bad_truncated.jpg", "bad_corrupt.png"}
@@ -216,7 +216,7 @@ def test_a_rejected_image_is_repaired_in_its_shard_without_decoding_twice(tmp_pa
     manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1"), spark_engine)
     info = shard_job.run(ShardConfig(dataset=str(out), num_shards=4, image_size=24), spark_engine)
     check_dataset(str(out))
-    rejects = read_table(str(out / "shards" / "rejects.parquet"))
+    rejects = read_table(shard_rejects_uri(str(out)))
     assert rejects["key"].to_pylist() == ["a/broken.jpg"]
     assert info["channels"]["train"]["rows_per_shard"] == 20 and info["counts"]["dropped"] == 0
     assert info["build"]["preprocessed"] == 81

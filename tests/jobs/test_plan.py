@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.errors import ShardError
 from jobs.plan import make_plan
 from jobs.split import unit_hash
+from lakeshard.errors import ShardError
 
 
 def _rows(class_sizes: list[int]) -> tuple[list[str], list[int]]:

@@ -9,9 +9,9 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs import storage
-from jobs.errors import ManifestError, StorageError
 from jobs.settings import ManifestConfig, ShardConfig
+from lakeshard import storage
+from lakeshard.errors import ManifestError, StorageError
 from tests.conftest import S3_ENV
 from tests.helpers.checks import check_dataset, read_table
 from tests.helpers.lake import encode, make_image

@@ -15,13 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.config import resolve
-from jobs.contract import SHARD_SCHEMA
-from jobs.errors import ConfigError
 from jobs.images import ImageSpec
 from jobs.settings import ShardConfig
 from jobs.shard import parser as shard_parser
 from jobs.shards import SEGMENT_SCHEMA, SegmentTask, ShardWriter, _ahead, preprocess_segment, readers
+from lakeshard.config import resolve
+from lakeshard.errors import ConfigError
+from lakeshard.format import SHARD_SCHEMA
 from tests.helpers.lake import write_lake
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import storage
-from jobs.errors import StorageError
+from lakeshard import storage
+from lakeshard.errors import StorageError
 
 
 @pytest.mark.parametrize("name", ["photo #1.png", "what?.png", "a+b=c&d.png", "pre%20encoded.png", "日本 語.png"])

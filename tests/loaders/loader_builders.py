@@ -1,4 +1,4 @@
-"""Tiny datasets on disk that follow the contract in ``jobs/contract.py``, written without the
+"""Tiny datasets on disk that follow the contract in ``lakeshard/format/``, written without the
 jobs (so loader tests run while the jobs are being written).
 
 Every row's image is a flat colour that encodes a unique sample id: red = id mod 256, green =
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from jobs import contract
+from lakeshard import format as contract
 
 CHANNEL_OFFSET = {"train": 0, "validation": 20_000, "test": 40_000}
 

@@ -16,7 +16,7 @@ import torch
 from loader_builders import ids_of, write_dataset
 from PIL import Image
 
-from jobs.errors import LoaderError
+from lakeshard.errors import LoaderError
 from loaders import PAD_LABEL, ShardLoader, decode
 from loaders.shard_loader import _binary_rows, _int64s
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.errors import ConfigError
+from lakeshard.errors import ConfigError
 from loaders.plan import batch_size_at, num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.shuffle import epoch_order
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from loader_builders import ids_of, write_dataset
 
-from jobs.errors import ConfigError, LoaderError
+from lakeshard.errors import ConfigError, LoaderError
 from loaders import PAD_LABEL, ShardLoader, default_threads
 
 

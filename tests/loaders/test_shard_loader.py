@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loader_builders import CHANNEL_OFFSET, ids_of, write_dataset
 
-from jobs.errors import ConfigError, DatasetError, LoaderError
+from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders import PAD_LABEL, ShardLoader, decode
 
 HYPOTHESIS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -16,7 +16,7 @@ import torch
 import yaml
 from loader_builders import write_dataset
 
-from jobs.errors import ConfigError, DatasetError
+from lakeshard.errors import ConfigError, DatasetError
 from loaders.config import TrainConfig, build_parser, load_config, parse_args
 from loaders.train import _Dist, main, train
 

@@ -20,6 +20,7 @@ from PIL import Image
 from jobs import shard as shard_job
 from jobs.engines.spark_engine import SparkEngine
 from jobs.settings import ShardConfig
+from lakeshard.format import manifest_rejects_uri, shard_rejects_uri
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.datasets import build_dataset_with_rejects
 
@@ -83,8 +84,8 @@ def test_shard_job_writes_a_self_contained_report(dataset: Path):
         assert Image.open(io.BytesIO(data)).size == (24, 24)
 
     # Counts, rejects with their reasons, lineage.
-    manifest_rejects = read_table(str(dataset / "manifests" / "rejects.parquet"))
-    shard_rejects = read_table(str(dataset / "shards" / "rejects.parquet"))
+    manifest_rejects = read_table(manifest_rejects_uri(str(dataset)))
+    shard_rejects = read_table(shard_rejects_uri(str(dataset)))
     assert manifest_rejects.num_rows == 1 and shard_rejects.num_rows == 1
     for reason in manifest_rejects["reason"].to_pylist() + shard_rejects["reason"].to_pylist():
         assert reason.split(":", 1)[0] in html

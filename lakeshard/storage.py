@@ -19,7 +19,7 @@ from typing import Any
 
 import fsspec
 
-from jobs.errors import StorageError
+from lakeshard.errors import StorageError
 
 __all__ = [
     "GONE",

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from jobs.errors import ConfigError
+from lakeshard.errors import ConfigError
 
 __all__ = ["add_arguments", "opt", "parse_size", "parse_split", "read_yaml", "resolve"]
 

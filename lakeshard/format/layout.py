@@ -23,20 +23,25 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import storage
-from jobs.errors import DatasetError
+from lakeshard import storage
+from lakeshard.errors import DatasetError
 
 __all__ = [
     "CHANNELS",
     "FORMAT_VERSION",
     "MANIFEST_SCHEMA",
+    "SHARD_REJECTS_SCHEMA",
     "SHARD_SCHEMA",
+    "channel_dirname",
     "dataset_json_uri",
     "labels_uri",
     "manifest_marker_uri",
+    "manifest_rejects_uri",
     "manifests_uri",
     "read_dataset_info",
     "shard_name",
+    "shard_rejects_uri",
+    "shard_relpath",
     "shard_uri",
     "shards_uri",
 ]
@@ -108,7 +113,27 @@ def dataset_json_uri(root: str) -> str:
 
 
 def shards_uri(root: str, channel: str | None = None) -> str:
-    return storage.join(root, "shards", channel) if channel else storage.join(root, "shards")
+    return storage.join(root, "shards", channel_dirname(channel)) if channel else storage.join(root, "shards")
+
+
+def channel_dirname(channel: str) -> str:
+    """The folder, below ``shards/``, that holds one channel's shard files."""
+    return channel
+
+
+def shard_relpath(channel: str, index: int, count: int) -> str:
+    """A shard's path relative to the dataset root (as ``dataset.json`` lists it)."""
+    return f"shards/{channel_dirname(channel)}/{shard_name(index, count)}"
+
+
+def shard_rejects_uri(root: str) -> str:
+    """The shard job's rejects table: manifest rows whose image could not be used."""
+    return storage.join(shards_uri(root), "rejects.parquet")
+
+
+def manifest_rejects_uri(root: str) -> str:
+    """The manifest job's rejects table: listed objects it could not use."""
+    return manifests_uri(root, "rejects.parquet")
 
 
 def shard_name(index: int, count: int) -> str:
