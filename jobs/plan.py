@@ -40,9 +40,11 @@ How, in four steps (N shards):
 4. Remainder. Totals now differ by at most one. ``drop``: each shard holding one row more than
    the others drops a row of a class with a row more there than in its emptiest shard (the
    largest class, lower label on ties; its row with the highest slot). ``pad``: each shard
-   holding one row fewer gets a copy of a row of a class whose count there is its lowest (the
-   smallest class, lower label on ties), a row of that class already in the shard if there is
-   one (lowest slot), else the class's first row. Either keeps every class balanced.
+   holding one row fewer, in shard order, gets a copy of a row of a class whose count there is
+   its lowest (of those, the class with the fewest rows so far, pad copies counted, lower label
+   on ties), and of that class the row with the fewest copies so far (a row already in the
+   shard first, then the lowest slot). So pad copies spread over the smallest classes and over
+   distinct images before any image is repeated twice. Either keeps every class balanced.
 
 With no rejects, steps 2 and 3 do nothing: P0 is the deal of step 1 with step 4's remainder.
 """
@@ -70,7 +72,8 @@ class ShardPlan:
 
     ``source[i]`` indexes the input rows; output row i goes to shard ``shard[i]`` at position
     ``position[i]``; ``is_pad[i]`` marks a repeated row. ``dropped`` indexes the rows, not
-    rejected, that the remainder policy left out; ``padded`` the rows it repeated.
+    rejected, that the remainder policy left out; ``padded`` the rows it repeated, once per
+    pad copy (a row copied twice is listed twice).
     """
 
     num_shards: int
@@ -164,12 +167,14 @@ def make_plan(keys: Sequence[str], labels: Sequence[int], *, num_shards: int, se
             shard[row] = -1
             counts[c, s] -= 1
     elif totals.max() > low:
+        copies = np.zeros(total, dtype=np.int64)
         for s in np.flatnonzero(totals == low).tolist():
             fewest = np.flatnonzero((counts[:, s] == counts.min(axis=1)) & (kept > 0))
-            c = int(fewest[np.argmin(kept[fewest])])
+            c = int(fewest[np.argmin(counts[fewest].sum(axis=1))])  # first of the smallest
             rows = row_at[start[c]:start[c] + kept[c]]
-            here = rows[shard[rows] == s]
-            pads.append((int(here[0]) if len(here) else int(rows[0]), s))
+            row = int(rows[np.lexsort((np.arange(len(rows)), shard[rows] != s, copies[rows]))[0]])
+            pads.append((row, s))
+            copies[row] += 1
             counts[c, s] += 1
 
     placed = np.flatnonzero(shard >= 0)
@@ -257,4 +262,4 @@ def _shuffled(keys: Sequence[str], key_rank: np.ndarray, source: np.ndarray, sha
     rows_per_shard = len(source) // num_shards
     return ShardPlan(num_shards=num_shards, rows_per_shard=rows_per_shard, source=source[order],
                      shard=shard[order], position=np.arange(len(source), dtype=np.int64) % rows_per_shard,
-                     is_pad=copy[order] > 0, dropped=dropped, padded=np.unique(source[copy > 0]))
+                     is_pad=copy[order] > 0, dropped=dropped, padded=np.sort(source[copy > 0]))

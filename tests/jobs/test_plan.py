@@ -44,6 +44,13 @@ def _assert_invariants(plan, labels, rejected, num_shards, remainder):
     else:
         assert len(plan.dropped) == 0
         assert int(plan.is_pad.sum()) == (-survivors) % num_shards
+        # ``padded`` lists every pad row, and a class repeats an image only once all its
+        # images have as many copies: the copies of any two rows of a class differ by at most one.
+        assert sorted(plan.padded.tolist()) == sorted(plan.source[plan.is_pad].tolist())
+        copies = Counter(plan.padded.tolist())
+        for c in set(labels):
+            mine = [copies.get(i, 0) for i in placed if labels[i] == c]
+            assert not mine or max(mine) - min(mine) <= 1, (c, mine)
 
     # Each class's count in any two shards differs by at most one (pad copies included).
     per_shard = np.zeros((max(labels) + 1, num_shards), dtype=np.int64)
@@ -357,3 +364,24 @@ def test_plan_refuses_bad_rejects_naming_them(rejected, message):
 def test_plan_refuses_a_key_given_twice():
     with pytest.raises(ShardError, match="key 'a/1' appears twice in channel 'train'"):
         make_plan(["a/1", "a/2", "a/1"], [0, 0, 0], num_shards=1, seed=0, channel="train")
+
+
+def test_pad_spreads_over_the_smallest_classes_and_distinct_images():
+    # Three one-row classes in eight shards: five pad rows. Piling them on the first class gave
+    # 6/1/1 (five copies of one image); spread, each class ends with 3, 3 or 2 rows.
+    keys, labels = _rows([1, 1, 1])
+    plan = make_plan(keys, labels, num_shards=8, seed=0, channel="test", remainder="pad")
+    per_class = Counter(labels[i] for i in plan.source.tolist())
+    assert sorted(per_class.values()) == [2, 3, 3]
+    assert len(plan.padded) == 5
+    # Two images in the smallest class, one in the others: the pad goes to the smallest class,
+    # to the image that has no copy yet.
+    keys, labels = _rows([2, 4, 5])
+    plan = make_plan(keys, labels, num_shards=4, seed=0, channel="train", remainder="pad")
+    padded = plan.padded.tolist()
+    assert [labels[i] for i in padded] == [0] and len(set(padded)) == 1
+    # Three one-row classes and a large one in five shards: three pad rows, one per small class
+    # (the large class is at its lowest nowhere it could take one without unbalancing itself).
+    keys, labels = _rows([1, 1, 1, 9])
+    plan = make_plan(keys, labels, num_shards=5, seed=1, channel="train", remainder="pad")
+    assert sorted(labels[i] for i in plan.padded.tolist()) == [0, 1, 2]
