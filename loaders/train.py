@@ -117,7 +117,6 @@ class _Plan:
     per_rank_batch: int
     num_classes: int
     image_size: int
-    dataset_version: str
     skipped: dict[str, str]  # evaluation channel -> why it is skipped
     checkpoint_uri: str
     metrics_uri: str
@@ -148,8 +147,8 @@ def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
             f"{where} lists {len(labels)} class(es) ({', '.join(map(str, labels)) or 'none'}): "
             "a classifier needs at least 2; build the dataset from a lake with two or more label folders"
         )
-    if sorted(labels.values()) != list(range(len(labels))):
-        raise DatasetError(f"{where}: label indices must be 0..{len(labels) - 1}, got {sorted(labels.values())}")
+    if set(labels.values()) != set(range(len(labels))):
+        raise DatasetError(f"{where}: label indices must be 0..{len(labels) - 1}, one per label, got {list(labels.values())}")
     try:
         image_size = int(info["image"]["size"])
     except (KeyError, TypeError, ValueError):
@@ -168,7 +167,7 @@ def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
         )
     return _Plan(
         per_rank_batch=cfg.batch_size // world_size, num_classes=len(labels), image_size=image_size,
-        dataset_version=version, skipped=skipped, checkpoint_uri=checkpoint_uri,
+        skipped=skipped, checkpoint_uri=checkpoint_uri,
         metrics_uri=storage.join(output, "metrics.json"), resume_uri=resume_uri, checkpoint=checkpoint,
     )  # fmt: skip
 
