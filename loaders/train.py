@@ -390,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
                 dist.destroy_process_group()
     except PlatformError as exc:
         rank = os.environ.get("RANK")
-        print(f"{_PROG}: error: {exc}" + (f" (rank {rank})" if rank is not None else ""), file=sys.stderr)
+        # One write, newline included: ranks share torchrun's stderr, and unbuffered (print
+        # writes the text and the newline apart) their lines would interleave.
+        sys.stderr.write(f"{_PROG}: error: {exc}" + (f" (rank {rank})" if rank is not None else "") + "\n")
+        sys.stderr.flush()
         return 2
     if ctx.rank == 0:
         print(_summary(cfg, metrics))
