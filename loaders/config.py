@@ -27,6 +27,8 @@ MAX_SEED = 2**32 - 1
 def _parse_seed(raw: Any) -> int:
     """A seed is an integer in ``[0, MAX_SEED]``, checked where it is read so that the error names
     the flag or the file."""
+    if isinstance(raw, float) and raw.is_integer():  # YAML's 7.0
+        raw = int(raw)
     if isinstance(raw, bool) or not re.fullmatch(r"[0-9]+", str(raw).strip()) or int(raw) > MAX_SEED:
         raise ValueError(f"expected an integer from 0 to {MAX_SEED} (2**32 - 1), got {raw!r}")
     return int(raw)
