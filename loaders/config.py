@@ -8,6 +8,7 @@ comments every key.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,33 @@ from typing import Any
 from lakeshard.config import add_arguments, opt, read_yaml, resolve
 from lakeshard.errors import ConfigError
 
-__all__ = ["OPTIMIZERS", "TrainConfig", "build_parser", "load_config", "parse_args"]
+__all__ = ["MAX_SEED", "OPTIMIZERS", "TrainConfig", "build_parser", "load_config", "parse_args"]
 
 OPTIMIZERS = ("adamw", "sgd")
+
+#: The largest seed: ``numpy.random.seed`` takes 32-bit seeds.
+MAX_SEED = 2**32 - 1
+
+
+def _parse_seed(raw: Any) -> int:
+    """A seed is an integer in ``[0, MAX_SEED]``, checked where it is read so that the error names
+    the flag or the file."""
+    if isinstance(raw, float) and raw.is_integer():  # YAML's 7.0
+        raw = int(raw)
+    if isinstance(raw, bool) or not re.fullmatch(r"[0-9]+", str(raw).strip()) or int(raw) > MAX_SEED:
+        raise ValueError(f"expected an integer from 0 to {MAX_SEED} (2**32 - 1), got {raw!r}")
+    return int(raw)
+
+
+def _parse_resume(raw: Any) -> str:
+    """``--resume`` / ``resume:`` is a checkpoint path or ``auto``; YAML's ``true`` is neither (it
+    would otherwise become the path ``./True``)."""
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(
+            f"expected a checkpoint path or 'auto', got {raw!r} (write 'resume: auto' to resume from "
+            "<output>/checkpoint.pt when there is one, or 'resume: null' to start afresh)"
+        )
+    return raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +59,7 @@ class TrainConfig:
     momentum: float = opt(0.9, help="SGD momentum (ignored by AdamW)")
     weight_decay: float = opt(0.01, help="weight decay")
     width: int = opt(32, help="channels of the first convolution of the small CNN (doubling per block)")
-    seed: int = opt(7, help="seed of model init, shuffling and augmentation")
+    seed: int = opt(7, parse=_parse_seed, help=f"seed of model init, shuffling and augmentation (0 to {MAX_SEED})")
     augment: bool = opt(True, help="random horizontal flips of training images")
     drop_last: bool = opt(True, help="drop each epoch's short last training batch (same on every rank)")
     num_threads: int = opt(2, help="decode threads per rank")
@@ -42,7 +67,9 @@ class TrainConfig:
     shuffle_window: int = opt(2048, help="rows shuffled together by the loader (and its read-ahead memory bound)")
     skip_bad_rows: bool = opt(False, help="replace undecodable rows by ignored padding (counted, logged) instead of failing")
     checkpoint_every: int = opt(0, help="also checkpoint every N training steps (0 = at the end of each epoch only)")
-    resume: str | None = opt(None, const="auto", help="checkpoint to resume from; 'auto' (or no value) = <output>/checkpoint.pt")
+    resume: str | None = opt(None, const="auto", parse=_parse_resume,
+                             help="checkpoint to resume from; 'auto' (or no value) = <output>/checkpoint.pt if it "
+                             "exists, else a fresh run")
     dist_timeout: float = opt(300.0, help="seconds a collective may wait for the other ranks before failing")
     progress: bool = opt(True, help="show a tqdm progress bar on rank 0")
 
@@ -55,6 +82,13 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"seed must be at most {MAX_SEED} (2**32 - 1), got {self.seed!r}")
+        if self.resume is not None:
+            try:
+                _parse_resume(self.resume)
+            except ValueError as exc:
+                raise ConfigError(f"resume: {exc}") from None
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name in ("lr", "dist_timeout"):

@@ -6,6 +6,8 @@ import math
 
 from torch import Tensor, nn
 
+from lakeshard.errors import ConfigError
+
 __all__ = ["SmallCNN"]
 
 
@@ -17,9 +19,9 @@ class SmallCNN(nn.Module):
     def __init__(self, num_classes: int, image_size: int, *, width: int = 32) -> None:
         super().__init__()
         if num_classes < 2:
-            raise ValueError(f"num_classes must be at least 2, got {num_classes!r}")
+            raise ConfigError(f"num_classes must be at least 2, got {num_classes!r}")
         if image_size < 2:
-            raise ValueError(f"image_size must be at least 2, got {image_size!r}")
+            raise ConfigError(f"image_size must be at least 2, got {image_size!r}")
         blocks = max(1, int(math.log2(max(image_size, 8) / 4)))
         layers: list[nn.Module] = []
         c_in = 3

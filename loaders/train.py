@@ -10,8 +10,16 @@ channel with a :class:`~loaders.ShardLoader`; every epoch ends with the validati
 (all ranks, all-reduced), and training ends with the test accuracy. Rank 0 writes
 ``<output>/checkpoint.pt`` (model, optimiser, scheduler, loader state, dataset version, metrics
 so far) and ``<output>/metrics.json`` (per epoch: loss, validation accuracy, images/s and each
-rank's share of step time spent waiting for data). ``--resume`` continues from a checkpoint,
-mid-epoch included.
+rank's share of step time spent waiting for data). ``--resume PATH`` continues from a checkpoint,
+mid-epoch included; ``--resume auto`` resumes from ``<output>/checkpoint.pt`` if there is one and
+starts afresh otherwise, so a preemptible job reruns one command line.
+
+A dataset without a validation (or test) channel trains without that evaluation: the log says
+so, and ``metrics.json`` has ``null`` accuracies and the reason under ``skipped``.
+
+Bad input (options, environment, dataset, checkpoint) is checked on every rank before the
+process group starts and before any loader thread; :func:`main` prints it as one
+``python -m loaders.train: error: ...`` line and returns 2, with no traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import io
 import logging
 import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -34,7 +43,7 @@ from tqdm import tqdm
 
 from lakeshard import format as contract
 from lakeshard import storage
-from lakeshard.errors import ConfigError, DatasetError
+from lakeshard.errors import ConfigError, DatasetError, PlatformError
 from loaders.batch import PAD_LABEL
 from loaders.config import TrainConfig, parse_args
 from loaders.model import SmallCNN
@@ -44,8 +53,13 @@ __all__ = ["main", "train"]
 
 log = logging.getLogger(__name__)
 
+_PROG = "python -m loaders.train"
+
 #: Images are normalised to [-1, 1] by the loader's decode threads.
 _NORMALIZE = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+#: The channels evaluated when the dataset has them: validation after each epoch, test at the end.
+_EVAL_CHANNELS = ("validation", "test")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,20 +75,124 @@ class _Dist:
         return self.world_size > 1
 
 
-def _init_distributed(cfg: TrainConfig) -> _Dist:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"environment variable {name} must be a non-negative integer, got {raw!r} (set by torchrun)")
+    return value
+
+
+def _world_from_env() -> tuple[int, int, int, int]:
+    """``(rank, world_size, local_rank, local_world_size)`` as torchrun sets them (1 process
+    without it)."""
+    world = _env_int("WORLD_SIZE", 1)
+    if world < 1:
+        raise ConfigError(f"environment variable WORLD_SIZE must be at least 1, got {world}")
+    return _env_int("RANK", 0), world, _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", world)
+
+
+def _init_distributed(cfg: TrainConfig, world: tuple[int, int, int, int]) -> _Dist:
+    rank, world_size, local_rank, local_world = world
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if world > 1:
+    if world_size > 1:
         backend = "nccl" if cuda else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.dist_timeout))
-        log.info("rank %d/%d joined the %s process group", rank, world, backend)
-    return _Dist(rank, world, local_rank, local_world, device)
+        log.info("rank %d/%d joined the %s process group", rank, world_size, backend)
+    return _Dist(rank, world_size, local_rank, local_world, device)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What :func:`_prepare` checked before any expensive work, for :func:`train` to use."""
+
+    per_rank_batch: int
+    num_classes: int
+    image_size: int
+    skipped: dict[str, str]  # evaluation channel -> why it is skipped
+    checkpoint_uri: str
+    metrics_uri: str
+    resume_uri: str | None  # the checkpoint to resume from, None for a fresh run
+    checkpoint: dict[str, Any] | None  # its contents
+
+
+def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
+    """Check the options against the world size, the dataset and the checkpoint; raise a
+    :class:`PlatformError` naming the bad value. Reads ``dataset.json`` and the checkpoint only:
+    every rank runs it before the process group starts, and fails alike."""
+    if not cfg.dataset:
+        raise ConfigError("TrainConfig.dataset is required")
+    if cfg.batch_size % world_size:
+        raise ConfigError(
+            f"batch_size {cfg.batch_size} (global) is not divisible by the world size {world_size}: "
+            f"each rank would get {cfg.batch_size / world_size:g} rows; pass a --batch-size that is a multiple of {world_size}"
+        )
+    info = contract.read_dataset_info(cfg.dataset)
+    where = contract.dataset_json_uri(storage.normalize(cfg.dataset))
+    channels, labels = info.get("channels"), info.get("labels")
+    if not isinstance(channels, dict) or not isinstance(labels, dict):
+        raise DatasetError(f"{where} has no 'channels' or 'labels' mapping")
+    if "train" not in channels:
+        raise DatasetError(f"{where} has no 'train' channel (it has: {', '.join(channels) or 'none'}); nothing to train on")
+    if len(labels) < 2:
+        raise DatasetError(
+            f"{where} lists {len(labels)} class(es) ({', '.join(map(str, labels)) or 'none'}): "
+            "a classifier needs at least 2; build the dataset from a lake with two or more label folders"
+        )
+    if set(labels.values()) != set(range(len(labels))):
+        raise DatasetError(f"{where}: label indices must be 0..{len(labels) - 1}, one per label, got {list(labels.values())}")
+    try:
+        image_size = int(info["image"]["size"])
+    except (KeyError, TypeError, ValueError):
+        raise DatasetError(f"{where} does not give the image size (image.size)") from None
+    skipped = {
+        c: f"the dataset has no {c!r} channel (it has: {', '.join(channels)})" for c in _EVAL_CHANNELS if c not in channels
+    }
+    version = str(info.get("dataset_version"))
+    output = storage.normalize(cfg.output)
+    checkpoint_uri = storage.join(output, "checkpoint.pt")
+    resume_uri, checkpoint = _find_checkpoint(cfg, checkpoint_uri)
+    if checkpoint is not None and checkpoint.get("dataset_version") != version:
+        raise DatasetError(
+            f"refusing to resume from {resume_uri}: it was trained on dataset version {checkpoint.get('dataset_version')!r}, "
+            f"{cfg.dataset} is version {version!r}"
+        )
+    return _Plan(
+        per_rank_batch=cfg.batch_size // world_size, num_classes=len(labels), image_size=image_size,
+        skipped=skipped, checkpoint_uri=checkpoint_uri,
+        metrics_uri=storage.join(output, "metrics.json"), resume_uri=resume_uri, checkpoint=checkpoint,
+    )  # fmt: skip
+
+
+def _find_checkpoint(cfg: TrainConfig, checkpoint_uri: str) -> tuple[str | None, dict[str, Any] | None]:
+    """The checkpoint ``--resume`` names and its contents; ``(None, None)`` for a fresh run."""
+    if cfg.resume is None:
+        return None, None
+    if cfg.resume == "auto":
+        if not storage.exists(checkpoint_uri):
+            return None, None
+        uri = checkpoint_uri
+    else:
+        uri = storage.normalize(cfg.resume)
+        if not storage.exists(uri):
+            raise ConfigError(f"--resume {cfg.resume}: no checkpoint at {uri} (pass --resume auto to start afresh when there is none)")
+    try:
+        ckpt = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
+    except PlatformError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"--resume: cannot load the checkpoint {uri}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(ckpt, dict) or not {"model", "optimizer", "scheduler", "loader", "metrics"} <= set(ckpt):
+        raise ConfigError(f"--resume: {uri} is not a checkpoint of loaders.train")
+    return uri, ckpt
 
 
 def _seed_everything(seed: int) -> None:
@@ -127,22 +245,18 @@ def _save(uri: str, obj: Any) -> None:
     storage.write_bytes_atomic(uri, buf.getvalue())
 
 
-def train(cfg: TrainConfig, ctx: _Dist) -> dict[str, Any]:
-    """Run the training; return the metrics (also written to ``<output>/metrics.json``)."""
-    assert cfg.dataset is not None  # parse_args guarantees it
+def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, Any]:
+    """Run the training; return the metrics (also written to ``<output>/metrics.json``).
+
+    ``plan``: what :func:`_prepare` checked (run here when not given).
+    """
+    plan = plan or _prepare(cfg, ctx.world_size)
+    dataset = str(cfg.dataset)
     torch.set_num_threads(default_threads(ctx.local_world_size))  # this rank's share of its CPUs
     _seed_everything(cfg.seed)
-    if cfg.batch_size % ctx.world_size:
-        raise ConfigError(f"batch_size {cfg.batch_size} (global) is not divisible by the world size {ctx.world_size}")
-    per_rank = cfg.batch_size // ctx.world_size
-    info = contract.read_dataset_info(cfg.dataset)
-    labels = storage.read_json(contract.labels_uri(cfg.dataset))
-    num_classes = len(labels)
-    if num_classes != int(info.get("num_classes", num_classes)):
-        raise DatasetError(f"labels.json has {num_classes} classes, dataset.json says {info['num_classes']}")
-    image_size = int(info["image"]["size"])
-    output = storage.normalize(cfg.output)
-    checkpoint_uri, metrics_uri = storage.join(output, "checkpoint.pt"), storage.join(output, "metrics.json")
+    info_level = logging.INFO if ctx.rank == 0 else logging.DEBUG
+    for channel, reason in plan.skipped.items():
+        log.log(info_level, "skipping %s: %s", "validation after each epoch" if channel == "validation" else "the final test", reason)
 
     common = dict(
         rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed, num_threads=cfg.num_threads,
@@ -150,14 +264,16 @@ def train(cfg: TrainConfig, ctx: _Dist) -> dict[str, Any]:
         skip_bad_rows=cfg.skip_bad_rows, shuffle_window=cfg.shuffle_window,
     )  # fmt: skip
     train_loader = ShardLoader(
-        cfg.dataset, channel="train", batch_size=per_rank, shuffle=True, drop_last=cfg.drop_last,
+        dataset, channel="train", batch_size=plan.per_rank_batch, shuffle=True, drop_last=cfg.drop_last,
         augment=cfg.augment, **common,
     )  # fmt: skip
-    eval_batch = cfg.eval_batch_size or per_rank
-    val_loader = ShardLoader(cfg.dataset, channel="validation", batch_size=eval_batch, **common)
-    test_loader = ShardLoader(cfg.dataset, channel="test", batch_size=eval_batch, **common)
+    eval_batch = cfg.eval_batch_size or plan.per_rank_batch
+    val_loader, test_loader = (
+        None if channel in plan.skipped else ShardLoader(dataset, channel=channel, batch_size=eval_batch, **common)
+        for channel in _EVAL_CHANNELS
+    )
 
-    model: nn.Module = SmallCNN(num_classes, image_size, width=cfg.width).to(ctx.device)
+    model: nn.Module = SmallCNN(plan.num_classes, plan.image_size, width=cfg.width).to(ctx.device)
     if cfg.optimizer == "sgd":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(
             model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
@@ -168,14 +284,8 @@ def train(cfg: TrainConfig, ctx: _Dist) -> dict[str, Any]:
 
     history: list[dict[str, Any]] = []
     start_epoch = 0
-    if cfg.resume:
-        uri = checkpoint_uri if cfg.resume == "auto" else storage.normalize(cfg.resume)
-        ckpt = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
-        if ckpt["dataset_version"] != train_loader.dataset_version:
-            raise DatasetError(
-                f"refusing to resume from {uri}: it was trained on dataset version {ckpt['dataset_version']!r}, "
-                f"{cfg.dataset} is version {train_loader.dataset_version!r}"
-            )
+    if plan.checkpoint is not None:
+        ckpt = plan.checkpoint
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
@@ -185,7 +295,9 @@ def train(cfg: TrainConfig, ctx: _Dist) -> dict[str, Any]:
         step = ckpt["loader"]["batches_consumed"]
         if ckpt.get("epoch_done"):
             start_epoch, step = start_epoch + 1, 0
-        log.info("resumed from %s at epoch %d, step %d", uri, start_epoch, step)
+        log.info("resumed from %s at epoch %d, step %d", plan.resume_uri, start_epoch, step)
+    elif cfg.resume == "auto":
+        log.log(info_level, "--resume auto: no checkpoint at %s, starting a fresh run", plan.checkpoint_uri)
 
     ddp: nn.Module = model
     if ctx.active:
@@ -193,7 +305,7 @@ def train(cfg: TrainConfig, ctx: _Dist) -> dict[str, Any]:
 
     def checkpoint(epoch_done: bool) -> None:
         if ctx.rank == 0:
-            _save(checkpoint_uri, {
+            _save(plan.checkpoint_uri, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "loader": train_loader.state_dict(),
                 "dataset_version": train_loader.dataset_version, "epoch_done": epoch_done,
@@ -201,7 +313,7 @@ def train(cfg: TrainConfig, ctx: _Dist) -> dict[str, Any]:
             })  # fmt: skip
 
     run = {"dataset": cfg.dataset, "dataset_version": train_loader.dataset_version, "world_size": ctx.world_size,
-           "global_batch_size": cfg.batch_size, "config": asdict(cfg)}  # fmt: skip
+           "global_batch_size": cfg.batch_size, "config": asdict(cfg), "skipped": plan.skipped}  # fmt: skip
     for epoch in range(start_epoch, cfg.epochs):
         train_loader.set_epoch(epoch)
         first_step = train_loader.state_dict()["batches_consumed"]
@@ -234,7 +346,7 @@ def train(cfg: TrainConfig, ctx: _Dist) -> dict[str, Any]:
         loss_total, rows_total, images_total = _all_reduce([loss_sum, rows, images_seen], ctx)
         (slowest,) = _all_reduce([elapsed], ctx, dist.ReduceOp.MAX if ctx.active else None)
         shares = _all_gather(wait / (wait + compute) if wait + compute > 0 else 0.0, ctx)
-        val_acc = evaluate(model, val_loader, ctx)
+        val_acc = None if val_loader is None else evaluate(model, val_loader, ctx)
         history.append({
             "epoch": epoch, "loss": loss_total / rows_total if rows_total else float("nan"),
             "val_accuracy": val_acc, "images_per_s": images_total / slowest if slowest > 0 else 0.0,
@@ -243,44 +355,62 @@ def train(cfg: TrainConfig, ctx: _Dist) -> dict[str, Any]:
             "skipped_rows": len(train_loader.skipped_rows),
         })  # fmt: skip
         log.log(
-            logging.INFO if ctx.rank == 0 else logging.DEBUG,
-            "epoch %d: loss %.4f, validation accuracy %.4f, %.0f images/s, data wait %s",
-            epoch, history[-1]["loss"], val_acc, history[-1]["images_per_s"], [f"{s:.0%}" for s in shares],
+            info_level, "epoch %d: loss %.4f, validation accuracy %s, %.0f images/s, data wait %s",
+            epoch, history[-1]["loss"], "n/a" if val_acc is None else f"{val_acc:.4f}", history[-1]["images_per_s"],
+            [f"{s:.0%}" for s in shares],
         )  # fmt: skip
         checkpoint(epoch_done=True)
         if ctx.rank == 0:
-            storage.write_json_atomic(metrics_uri, {**run, "epochs": history})
+            storage.write_json_atomic(plan.metrics_uri, {**run, "epochs": history})
 
-    test_acc = evaluate(model, test_loader, ctx)
+    test_acc = None if test_loader is None else evaluate(model, test_loader, ctx)
     metrics = {**run, "epochs": history, "test_accuracy": test_acc}
     if ctx.rank == 0:
-        storage.write_json_atomic(metrics_uri, metrics)
+        storage.write_json_atomic(plan.metrics_uri, metrics)
     for loader in (train_loader, val_loader, test_loader):
-        loader.close()
+        if loader is not None:
+            loader.close()
     return metrics
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    ctx = _init_distributed(cfg)
+    """Parse, check, train; print the summary on rank 0. Returns 0, or 2 after one
+    ``python -m loaders.train: error: ...`` line on stderr (on every rank) for an error the
+    platform raises on purpose: a bad option, environment, dataset or checkpoint."""
     try:
-        metrics = train(cfg, ctx)
-    finally:
-        if ctx.active and dist.is_initialized():
-            dist.destroy_process_group()
+        world = _world_from_env()
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{world[0]} %(levelname)s %(name)s: %(message)s")
+        cfg = parse_args(argv)
+        plan = _prepare(cfg, world[1])
+        ctx = _init_distributed(cfg, world)
+        try:
+            metrics = train(cfg, ctx, plan)
+        finally:
+            if ctx.active and dist.is_initialized():
+                dist.destroy_process_group()
+    except PlatformError as exc:
+        rank = os.environ.get("RANK")
+        # One write, newline included: ranks share torchrun's stderr, and unbuffered (print
+        # writes the text and the newline apart) their lines would interleave.
+        sys.stderr.write(f"{_PROG}: error: {exc}" + (f" (rank {rank})" if rank is not None else "") + "\n")
+        sys.stderr.flush()
+        return 2
     if ctx.rank == 0:
-        epochs = metrics["epochs"]
-        last = epochs[-1] if epochs else {}
-        shares = last.get("data_wait_share", [])
-        print(
-            f"test accuracy {metrics['test_accuracy']:.4f} | "
-            f"{last.get('images_per_s', float('nan')):.0f} images/s | "
-            f"data wait {' '.join(f'{s:.0%}' for s in shares) or 'n/a'} (per rank) | "
-            f"metrics: {storage.join(storage.normalize(cfg.output), 'metrics.json')}"
-        )
+        print(_summary(cfg, metrics))
     return 0
+
+
+def _summary(cfg: TrainConfig, metrics: dict[str, Any]) -> str:
+    epochs = metrics["epochs"]
+    last = epochs[-1] if epochs else {}
+    shares = last.get("data_wait_share", [])
+    test = metrics["test_accuracy"]
+    return (
+        f"test accuracy {'n/a (no test channel)' if test is None else f'{test:.4f}'} | "
+        f"{last.get('images_per_s', float('nan')):.0f} images/s | "
+        f"data wait {' '.join(f'{s:.0%}' for s in shares) or 'n/a'} (per rank) | "
+        f"metrics: {storage.join(storage.normalize(cfg.output), 'metrics.json')}"
+    )
 
 
 if __name__ == "__main__":
