@@ -24,8 +24,8 @@ from loaders import PAD_LABEL, ShardLoader, decode, extensions, shard_loader
 from loaders.shard_loader import _binary_rows, _int64s
 
 # The optional extensions, as this process has them (built, and LAKESHARD_NO_EXTENSIONS unset):
-# each test of one checks it where present, and the loader's fallback where absent (CI runs this
-# file both ways).
+# each test of one checks it where present, and the loader's fallback where absent. Run this file
+# with LAKESHARD_NO_EXTENSIONS=1 too, for the fallback's side.
 _rows = shard_loader._rows
 _jpeg = decode._jpeg
 
