@@ -10,8 +10,12 @@ bare on one thread per core) before and after every epoch. It reports each epoch
 of the two ceilings around it: the first epoch (a fresh process: thread pools, buffers and
 Arrow's allocator start cold) apart from the median of the others.
 
-A variant is ``option=value`` pairs of ``ShardLoader`` ("" is the defaults). Prints the median
-over rounds of each variant's ratios; ``--out`` writes every run as JSON.
+A variant is ``option=value`` pairs of ``ShardLoader`` ("" is the defaults) and, in capitals,
+environment variables for its processes: ``LAKESHARD_NO_EXTENSIONS=1`` runs without the C
+extensions. Prints the median over rounds of each variant's ratios, and of its images/s (later
+epochs) with the spread over processes; ``--out`` writes every run as JSON.
+
+    python benchmarks/loader_ab.py --images 2000 --rounds 3 "" "LAKESHARD_NO_EXTENSIONS=1"
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -47,7 +52,7 @@ def ceiling():
     return loader_bench.bench_ceiling(encoded, loader.image_size, args, cores)
 
 ceiling()  # warm the decoder
-ratios = []
+ratios, rates = [], []
 for epoch in range(epochs):
     before = ceiling()
     loader.set_epoch(epoch)
@@ -55,15 +60,21 @@ for epoch in range(epochs):
     for _, labels in loader:
         rows += len(labels)
     rate = rows / (time.perf_counter() - start)
+    rates.append(rate)
     ratios.append(rate / ((before + ceiling()) / 2))
 loader.close()
-print(json.dumps({"first": ratios[0], "later": statistics.median(ratios[1:]), "epochs": ratios}))
+print(json.dumps({"first": ratios[0], "later": statistics.median(ratios[1:]), "epochs": ratios,
+                  "rate_first": rates[0], "rate_later": statistics.median(rates[1:]), "rates": rates}))
 """
 
 
-def variant(text: str) -> dict[str, object]:
-    """``"num_threads=2,prefetch=8"`` as ShardLoader keyword arguments."""
-    return parse_variant(text, (f.name for f in dataclasses.fields(LoaderOptions)), "ShardLoader")
+def variant(text: str) -> tuple[dict[str, object], dict[str, str]]:
+    """``"num_threads=2,LAKESHARD_NO_EXTENSIONS=1"`` as ShardLoader keyword arguments and the
+    environment variables (the keys in capitals) of the variant's processes."""
+    pairs = [p for p in text.split(",") if p]
+    env = dict(p.partition("=")[::2] for p in pairs if p.partition("=")[0].isupper())
+    options = ",".join(p for p in pairs if not p.partition("=")[0].isupper())
+    return parse_variant(options, (f.name for f in dataclasses.fields(LoaderOptions)), "ShardLoader"), env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {v: [] for v in args.variants}
     for r in range(args.rounds):
         for v in args.variants if r % 2 == 0 else args.variants[::-1]:
-            cmd = [sys.executable, "-c", _CHILD, str(root), json.dumps(options[v]), here, str(args.epochs)]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(here).parent)
+            kwargs, env = options[v]
+            cmd = [sys.executable, "-c", _CHILD, str(root), json.dumps(kwargs), here, str(args.epochs)]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(here).parent, env={**os.environ, **env})
             if out.returncode:
                 raise SystemExit(f"variant {v!r} failed:\n{out.stderr}")
             runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -105,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         later = statistics.median(x["later"] for x in rs)
         each = " ".join(f"{x['later']:.3f}" for x in rs)
         print(f"{v or '(defaults)':30s} {first:22.3f} {later:23.3f}   {each}")
+    print(f"\n{'variant':30s} {'images/s, first epoch':>22s} {'later epochs':>13s} {'(min-max)':>13s}  ÷ first variant")
+    base = statistics.median(x["rate_later"] for x in runs[args.variants[0]])
+    for v, rs in runs.items():
+        first = statistics.median(x["rate_first"] for x in rs)
+        later = [x["rate_later"] for x in rs]
+        spread = f"{min(later):.0f}-{max(later):.0f}"
+        print(f"{v or '(defaults)':30s} {first:22.0f} {statistics.median(later):13.0f} {spread:>13s}  {statistics.median(later) / base:.3f}")
     write_runs(args.out, args, runs)
     return 0
 

@@ -22,9 +22,12 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <jpeglib.h>
 
 struct error_mgr {
@@ -46,7 +49,7 @@ static void on_message(j_common_ptr cinfo, int level) {
 /* 0 when the image was decoded into dst (height x width x 3), 1 otherwise. */
 static int decode_one(struct jpeg_decompress_struct *cinfo, struct error_mgr *err, const unsigned char *src,
                       size_t len, unsigned char *dst, JDIMENSION height, JDIMENSION width) {
-    if (len < 3 || src[0] != 0xFF || src[1] != 0xD8 || src[2] != 0xFF)
+    if (len < 3 || len > ULONG_MAX || src[0] != 0xFF || src[1] != 0xD8 || src[2] != 0xFF)
         return 1;
     if (setjmp(err->jump)) {
         jpeg_abort_decompress(cinfo);
@@ -88,12 +91,45 @@ static int decode_one(struct jpeg_decompress_struct *cinfo, struct error_mgr *er
     return err->pub.num_warnings != 0;
 }
 
+/* Decodes every held buffer of bufs[0..n) into its slot of dst; bad[i] = 1 for a row left.
+   Runs without the GIL. 0 (and libjpeg's message in message) when libjpeg could not even create
+   a decompressor (out of memory, or a libjpeg other than the one whose headers we were built
+   with); 1 otherwise.
+
+   NOTE [ libjpeg errors ]: libjpeg reports an error by calling error_exit, which must not return.
+   Ours longjmps to the latest setjmp on err.jump, so a setjmp is armed before every libjpeg
+   call that can fail: here around jpeg_create_decompress, in decode_one around each image (its
+   jump buffer is stale once decode_one returns; only jpeg_destroy_decompress, which cannot
+   fail, runs after the last one). */
+static int decode_all(const Py_buffer *bufs, Py_ssize_t n, unsigned char *dst, size_t image_bytes,
+                      JDIMENSION height, JDIMENSION width, char *bad, char *message) {
+    struct jpeg_decompress_struct cinfo;
+    struct error_mgr err;
+    memset(&cinfo, 0, sizeof cinfo); /* cinfo.mem == NULL: jpeg_destroy_decompress frees nothing */
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    if (setjmp(err.jump)) {
+        err.pub.format_message((j_common_ptr)&cinfo, message);
+        jpeg_destroy_decompress(&cinfo);
+        return 0;
+    }
+    jpeg_create_decompress(&cinfo);
+    for (Py_ssize_t i = 0; i < n; i++)
+        bad[i] = !bufs[i].obj || decode_one(&cinfo, &err, bufs[i].buf, (size_t)bufs[i].len, dst + (size_t)i * image_bytes,
+                                            height, width);
+    jpeg_destroy_decompress(&cinfo);
+    return 1;
+}
+
 static PyObject *decode_into(PyObject *self, PyObject *args) {
     PyObject *images, *out_obj, *seq = NULL, *failed = NULL;
     Py_ssize_t height, width;
     Py_buffer out = {0};
     Py_buffer *bufs = NULL;
     char *bad = NULL;
+    char message[JMSG_LENGTH_MAX] = "";
+    int started;
     if (!PyArg_ParseTuple(args, "OOnn", &images, &out_obj, &height, &width))
         return NULL;
     if (height <= 0 || width <= 0 || height > JPEG_MAX_DIMENSION || width > JPEG_MAX_DIMENSION) {
@@ -107,7 +143,7 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
     size_t image_bytes = (size_t)height * (size_t)width * 3;
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
         goto done;
-    if ((size_t)out.len != (size_t)n * image_bytes) {
+    if ((n && image_bytes > SIZE_MAX / (size_t)n) || (size_t)out.len != (size_t)n * image_bytes) {
         PyErr_Format(PyExc_ValueError, "out has %zd bytes, %zd images of %zdx%zdx3 need %zu", out.len, n, width,
                      height, (size_t)n * image_bytes);
         goto done;
@@ -127,18 +163,12 @@ static PyObject *decode_into(PyObject *self, PyObject *args) {
     }
 
     Py_BEGIN_ALLOW_THREADS
-    struct jpeg_decompress_struct cinfo;
-    struct error_mgr err;
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
-    jpeg_create_decompress(&cinfo);
-    unsigned char *dst = out.buf;
-    for (Py_ssize_t i = 0; i < n; i++, dst += image_bytes)
-        bad[i] = !bufs[i].obj || decode_one(&cinfo, &err, bufs[i].buf, (size_t)bufs[i].len, dst, (JDIMENSION)height,
-                                        (JDIMENSION)width);
-    jpeg_destroy_decompress(&cinfo);
+    started = decode_all(bufs, n, out.buf, image_bytes, (JDIMENSION)height, (JDIMENSION)width, bad, message);
     Py_END_ALLOW_THREADS
+    if (!started) {
+        PyErr_Format(PyExc_RuntimeError, "libjpeg could not start a decompressor: %s", message);
+        goto done;
+    }
 
     if (!(failed = PyList_New(0)))
         goto done;

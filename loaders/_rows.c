@@ -29,9 +29,10 @@ static PyObject *rows(PyObject *self, PyObject *args) {
     int has_validity = validity != Py_None;
     if (has_validity && PyObject_GetBuffer(validity, &validity_buf, PyBUF_SIMPLE) < 0)
         goto done;
+    /* In size_t: offset + length + 7 cannot overflow for two non-negative Py_ssize_t. */
     if (offset < 0 || length < 0 ||
-        (size_t)offsets_buf.len < (size_t)(offset + length + 1) * sizeof(int32_t) ||
-        (has_validity && validity_buf.len * 8 < offset + length)) {
+        (size_t)offsets_buf.len / sizeof(int32_t) < (size_t)offset + (size_t)length + 1 ||
+        (has_validity && (size_t)validity_buf.len < ((size_t)offset + (size_t)length + 7) / 8)) {
         PyErr_Format(PyExc_ValueError, "buffers too short for %zd rows at offset %zd", length, offset);
         goto done;
     }
@@ -57,8 +58,12 @@ static PyObject *rows(PyObject *self, PyObject *args) {
             continue;
         }
         Py_ssize_t size = (Py_ssize_t)offs[j + 1] - offs[j];
-        if (size < 0) {
-            PyErr_Format(PyExc_ValueError, "row %zd has a negative length", i);
+        /* Each row on its own: a null row between two may hide offsets that leave the buffer. */
+        if (size < 0 || offs[j] < 0 || offs[j + 1] > values_buf.len) {
+            if (size < 0)
+                PyErr_Format(PyExc_ValueError, "row %zd has a negative length", i);
+            else
+                PyErr_Format(PyExc_ValueError, "row %zd points outside the %zd-byte values buffer", i, values_buf.len);
             Py_CLEAR(list);  /* the items set so far go with it; the rest are NULL */
             goto done;
         }

@@ -16,7 +16,8 @@ holds it 3-11 us per image, measured on two machines); the loader's reader and i
 threads no longer wait for it two or three times per image (``benchmarks/README.md``). Its
 pixels are simplejpeg's (same library, same settings). Rows it does not decode (a CMYK JPEG, a
 warning from libjpeg, a wrong size, not a JPEG) go through the image-by-image decoder, which
-decodes or refuses them exactly as before. ``LAKESHARD_NO_EXTENSIONS=1`` switches it off.
+decodes or refuses them exactly as before. ``LAKESHARD_NO_EXTENSIONS=1`` switches it off; a
+loader that decodes without it logs a WARNING once (``loaders.extensions``).
 
 Every decoder takes ``bytes`` or a ``memoryview`` of format ``"B"`` (a zero-copy view of an
 Arrow buffer, for instance).
@@ -30,14 +31,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from loaders.extensions import extension
+from loaders.extensions import extension, fall_back
 
 try:  # optional: the fast JPEG path
     import simplejpeg as _simplejpeg
 except ImportError:  # pragma: no cover - depends on the environment
     _simplejpeg = None
 
-_jpeg = extension("_jpeg", "JPEGs are decoded image by image")
+_jpeg = extension("_jpeg", f"JPEGs are decoded image by image with {'simplejpeg' if _simplejpeg else 'Pillow'} (slower)")
 
 __all__ = [
     "BATCH_DECODERS",
@@ -148,5 +149,10 @@ BATCH_DECODERS: dict[str, BatchDecoder] = {"auto": _decode_jpeg_batch} if _jpeg 
 
 
 def get_batch_decoder(name: str) -> BatchDecoder | None:
+    """The batch decoder that goes first for decoder ``name``, or ``None``: none for ``"pillow"``
+    and ``"simplejpeg"``; for ``"auto"``, ``None`` only when ``loaders._jpeg`` is missing, which
+    the first such call in a process logs as a WARNING."""
     get_decoder(name)  # the same check of the name
+    if name == "auto" and _jpeg is None:
+        fall_back("_jpeg")
     return BATCH_DECODERS.get(name)

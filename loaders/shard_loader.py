@@ -45,7 +45,7 @@ from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders.batch import NULL_LABEL, BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
 from loaders.decode import get_batch_decoder, get_decoder
-from loaders.extensions import extension
+from loaders.extensions import extension, fall_back
 from loaders.pipeline import Pipeline, PipelineStats
 from loaders.plan import REMAINDER_POLICIES, Piece, num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.shuffle import EpochOrder, epoch_order
@@ -54,7 +54,7 @@ __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 
 log = logging.getLogger(__name__)
 
-_rows = extension("_rows", "images are copied out with to_pylist()")
+_rows = extension("_rows", "images are copied out of Arrow with to_pylist(), which holds the GIL (slower)")
 
 STATE_FORMAT = "lakeshard.ShardLoader/1"
 _COLUMNS = ["image", "label", "is_pad"]
@@ -183,6 +183,7 @@ def _binary_rows(column: pa.ChunkedArray) -> list[bytes | None]:
     and the decode threads wait for it after every image. ``loaders/_rows.c`` allocates the
     ``bytes`` with the GIL and copies into them without it."""
     if _rows is None:
+        fall_back("_rows")
         return column.to_pylist()
     rows: list[bytes | None] = []
     for chunk in column.chunks:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -17,8 +20,14 @@ from loader_builders import ids_of, write_dataset
 from PIL import Image
 
 from lakeshard.errors import LoaderError
-from loaders import PAD_LABEL, ShardLoader, decode
+from loaders import PAD_LABEL, ShardLoader, decode, extensions, shard_loader
 from loaders.shard_loader import _binary_rows, _int64s
+
+# The optional extensions, as this process has them (built, and LAKESHARD_NO_EXTENSIONS unset):
+# each test of one checks it where present, and the loader's fallback where absent. Run this file
+# with LAKESHARD_NO_EXTENSIONS=1 too, for the fallback's side.
+_rows = shard_loader._rows
+_jpeg = decode._jpeg
 
 
 def jpeg(w: int, h: int) -> bytes:
@@ -124,13 +133,17 @@ def test_label_and_pad_columns_read_from_their_buffers_match_arrow(type_: pa.Dat
             assert got.dtype == np.int64 and got.tolist() == want
 
 
-def test_the_row_copier_is_built():
-    """pip builds ``loaders/_rows.c`` (optional, so an install without a compiler still works:
-    the loader then uses ``to_pylist``). Here, where the tests run, it must have been built, or
-    the tests below would check the fallback only."""
-    from loaders import _rows
-
-    assert _rows.rows.__doc__.startswith("rows(offsets, values, offset, length, validity)")
+def test_the_row_copier_is_used_when_built():
+    """pip builds ``loaders/_rows.c`` where it can; without it (or with LAKESHARD_NO_EXTENSIONS)
+    the loader copies rows out with ``to_pylist`` and says so: ``extension`` returned ``None``
+    and recorded why."""
+    if _rows is not None:
+        assert _rows.rows.__doc__.startswith("rows(offsets, values, offset, length, validity)")
+        assert "_rows" not in extensions._missing
+    else:
+        why, lost = extensions._missing["_rows"]
+        assert why in ("is not built", "is switched off (LAKESHARD_NO_EXTENSIONS is set)")
+        assert "to_pylist()" in lost
 
 
 @pytest.mark.parametrize("type_", [pa.binary(), pa.large_binary()], ids=str)
@@ -139,17 +152,17 @@ def test_image_rows_copied_without_the_gil_match_arrow(type_: pa.DataType):
     values[3] = values[17] = None
     values[5] = b""
     full = pa.chunked_array([pa.array(values, type_)])
-    cases = {
-        "one chunk": full,
-        "a slice": full.slice(3, 30),
-        "two chunks, sliced": pa.chunked_array([pa.array(values[:11], type_), pa.array(values[11:], type_)]).slice(2, 33),
-        "no nulls": pa.chunked_array([pa.array(values[18:], type_)]),
-        "empty": full.slice(40),
-        "all null": pa.chunked_array([pa.array([None, None], type_)]),
+    cases = {  # each column, and the rows written into it
+        "one chunk": (full, values),
+        "a slice": (full.slice(3, 30), values[3:33]),
+        "two chunks, sliced": (pa.chunked_array([pa.array(values[:11], type_), pa.array(values[11:], type_)]).slice(2, 33), values[2:35]),
+        "no nulls": (pa.chunked_array([pa.array(values[18:], type_)]), values[18:]),
+        "empty": (full.slice(40), []),
+        "all null": (pa.chunked_array([pa.array([None, None], type_)]), [None, None]),
     }
-    for name, column in cases.items():
+    for name, (column, written) in cases.items():
         got = _binary_rows(column)
-        assert got == column.to_pylist(), name
+        assert got == written, name
         assert all(type(x) is bytes for x in got if x is not None), name
 
 
@@ -166,22 +179,68 @@ def test_without_the_extension_the_loader_yields_the_same_batches(tmp_path: Path
         "print(shard_loader._rows is not None, decode._jpeg is not None, digest.hexdigest())\n"
     )
     seen = {off: in_fresh_process(code, tmp_path, LAKESHARD_NO_EXTENSIONS=off).split() for off in ("", "1")}
-    assert seen[""][:2] == ["True", "True"] and seen["1"][:2] == ["False", "False"]
+    built = [str(importlib.util.find_spec(f"loaders.{name}") is not None) for name in ("_rows", "_jpeg")]
+    assert seen[""][:2] == built and seen["1"][:2] == ["False", "False"]
     assert seen[""][2] == seen["1"][2]
 
 
-def test_the_row_copier_refuses_buffers_that_do_not_hold_the_rows():
-    from loaders import _rows
+def test_a_missing_extension_is_a_warning_once_when_a_loader_falls_back(caplog: pytest.LogCaptureFixture):
+    with caplog.at_level(logging.DEBUG, logger="loaders.extensions"):
+        assert extensions.extension("_no_such_extension", "rows are counted by hand (slower)") is None
+        assert caplog.records == []  # nothing yet: only falling back is announced
+        extensions.fall_back("_no_such_extension")
+        extensions.fall_back("_no_such_extension")
+    why = "is switched off (LAKESHARD_NO_EXTENSIONS is set)" if os.environ.get("LAKESHARD_NO_EXTENSIONS") else "is not built"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"loaders._no_such_extension {why}: rows are counted by hand (slower); see docs/performance.md")
+    ]
 
+
+def test_a_loader_without_its_extensions_warns_once_per_process_not_at_import(tmp_path: Path):
+    """Before, ``import loaders`` logged at INFO, before logging was set up: nobody saw it."""
+    write_dataset(tmp_path, rows={"train": 12, "validation": 4, "test": 4}, num_shards=2, fmt="jpeg")
+    code = (
+        "import json, logging, sys\n"
+        "seen = []\n"
+        "class Keep(logging.Handler):\n"
+        "    def emit(self, record): seen.append([record.name, record.levelname, record.getMessage()])\n"
+        "logging.getLogger().addHandler(Keep()); logging.getLogger().setLevel(logging.DEBUG)\n"
+        "from loaders import ShardLoader\n"
+        "at_import = list(seen)\n"
+        "for _ in range(2):  # two loaders, two epochs each\n"
+        "    loader = ShardLoader(sys.argv[1], batch_size=4)\n"
+        "    for e in range(2):\n"
+        "        loader.set_epoch(e); rows = sum(len(labels) for _, labels in loader)\n"
+        "print(json.dumps([at_import, [r for r in seen if r[0] == 'loaders.extensions' or r[1] == 'WARNING']]))\n"
+    )
+    at_import, warnings = json.loads(in_fresh_process(code, tmp_path, LAKESHARD_NO_EXTENSIONS="1"))
+    assert at_import == []
+    off = "is switched off (LAKESHARD_NO_EXTENSIONS is set)"
+    assert sorted(warnings) == [
+        ["loaders.extensions", "WARNING", f"loaders._jpeg {off}: JPEGs are decoded image by image with simplejpeg (slower); see docs/performance.md"],
+        ["loaders.extensions", "WARNING", f"loaders._rows {off}: images are copied out of Arrow with to_pylist(), which holds the GIL (slower); see docs/performance.md"],
+    ]
+
+
+def test_the_row_copier_refuses_buffers_that_do_not_hold_the_rows():
+    """The extension checks the buffers it is handed. Without it the loader hands ``to_pylist``
+    Arrow arrays, and Arrow refuses to make one of the same buffers."""
     validity, offsets, values = pa.array([b"abc", b"de"], pa.binary()).buffers()
-    with pytest.raises(ValueError, match="buffers too short for 3 rows at offset 0"):
-        _rows.rows(offsets, values, 0, 3, validity)
-    bad = pa.py_buffer(np.array([0, 3, 9], dtype=np.int32).tobytes())  # row 1 ends past the 5 bytes
-    with pytest.raises(ValueError, match="outside the 5-byte values buffer"):
-        _rows.rows(bad, values, 0, 2, None)
-    backwards = pa.py_buffer(np.array([0, 4, 2], dtype=np.int32).tobytes())
-    with pytest.raises(ValueError, match="row 1 has a negative length"):
-        _rows.rows(backwards, values, 0, 2, None)
+    int32s = lambda *xs: pa.py_buffer(np.array(xs, dtype=np.int32).tobytes())  # noqa: E731
+    cases = [
+        (offsets, 3, validity, "buffers too short for 3 rows at offset 0"),
+        (int32s(0, 3, 9), 2, None, "outside the 5-byte values buffer"),  # row 1 ends past the 5 bytes
+        (int32s(0, 4, 2), 2, None, "row 1 has a negative length"),
+        # Rows 0 and 2 are null: only row 1's own offsets (9 to 12) show that it leaves the buffer.
+        (int32s(0, 9, 12, 2), 3, pa.py_buffer(bytes([0b010])), "row 1 points outside the 5-byte values buffer"),
+    ]
+    for offs, length, bits, message in cases:
+        if _rows is not None:
+            with pytest.raises(ValueError, match=message):
+                _rows.rows(offs, values, 0, length, bits)
+        else:
+            with pytest.raises((pa.ArrowInvalid, ValueError)):
+                pa.Array.from_buffers(pa.binary(), length, [bits, offs, values]).validate(full=True)
 
 
 def test_a_fresh_process_loads_without_importing_pandas_or_arrow_compute(tmp_path: Path):
@@ -207,13 +266,22 @@ def encoded(array: np.ndarray, fmt: str = "JPEG", mode: str | None = None, **opt
     return buf.getvalue()
 
 
-def test_the_batch_jpeg_decoder_is_built():
-    """pip builds ``loaders/_jpeg.c`` against the system's libjpeg-turbo (optional: without it
-    ``auto`` decodes image by image with simplejpeg); here it must have been built."""
-    from loaders import _jpeg
+def first_pass(rows: list, out: np.ndarray) -> list[int]:
+    """What ``auto`` decodes first, as the loader calls it: the whole batch with ``loaders._jpeg``
+    where present (the rows it left), or nothing (every row is left to the image decoder)."""
+    batch = decode.get_batch_decoder("auto")
+    return batch(rows, out) if batch is not None else list(range(len(rows)))
 
-    assert _jpeg.decode_into.__doc__.startswith("decode_into(images, out, height, width)")
-    assert decode.get_batch_decoder("auto") is not None
+
+def test_the_batch_jpeg_decoder_is_used_when_built():
+    """pip builds ``loaders/_jpeg.c`` where it finds libjpeg's headers; without it (or with
+    LAKESHARD_NO_EXTENSIONS) ``auto`` has no batch decoder and decodes image by image."""
+    if _jpeg is not None:
+        assert _jpeg.decode_into.__doc__.startswith("decode_into(images, out, height, width)")
+        assert decode.get_batch_decoder("auto") is not None
+    else:
+        assert decode.get_batch_decoder("auto") is None
+        assert extensions._missing["_jpeg"][1] == "JPEGs are decoded image by image with simplejpeg (slower)"
     assert decode.get_batch_decoder("pillow") is None and decode.get_batch_decoder("simplejpeg") is None
     with pytest.raises(ValueError, match="decoder must be one of"):
         decode.get_batch_decoder("turbo")
@@ -239,7 +307,10 @@ def test_the_batch_jpeg_decoder_gives_simplejpegs_pixels():
     ]
     rows = [*images, *map(in_arrow_buffer, images)]
     out = np.full((len(rows), 24, 40, 3), 7, dtype=np.uint8)
-    assert decode.get_batch_decoder("auto")(rows, out) == []
+    left = first_pass(rows, out)
+    assert left == ([] if _jpeg is not None else list(range(len(rows))))
+    for i in left:
+        decode.get_decoder("auto")(rows[i], out[i])
     want = np.stack([simplejpeg.decode_jpeg(data, colorspace="RGB") for data in images])
     assert np.array_equal(out[: len(images)], want)
     assert np.array_equal(out[len(images) :], want)
@@ -261,11 +332,14 @@ def test_the_batch_jpeg_decoder_leaves_what_it_cannot_decode_to_the_image_decode
         in_arrow_buffer(good),
     ]
     out = np.zeros((len(rows), 16, 16, 3), dtype=np.uint8)
-    assert decode.get_batch_decoder("auto")(rows, out) == [1, 2, 3, 4, 5, 6, 7]
+    left = first_pass(rows, out)
+    assert left == ([1, 2, 3, 4, 5, 6, 7] if _jpeg is not None else list(range(len(rows))))
+    auto = decode.get_decoder("auto")
+    for i in {0, 8}.intersection(left):  # without the extension, the good rows too
+        auto(rows[i], out[i])
     assert np.array_equal(out[0], decode.decode_simplejpeg(good)) and np.array_equal(out[8], out[0])
     # What the loader then does with them: the PNG decodes with Pillow, the CMYK JPEG with
     # simplejpeg's own conversion (libjpeg has none to RGB); the rest are refused.
-    auto = decode.get_decoder("auto")
     assert np.array_equal(auto(rows[5], out[5]), pixels)
     assert np.abs(auto(rows[6], out[6]).astype(int) - decode.decode_pillow(rows[6])).max() <= 2
     for i in (2, 3, 4):
@@ -276,9 +350,18 @@ def test_the_batch_jpeg_decoder_leaves_what_it_cannot_decode_to_the_image_decode
 
 
 def test_the_batch_jpeg_decoder_refuses_an_output_that_does_not_fit():
-    from loaders import _jpeg
-
+    """Without the extension, the image decoder refuses what does not fit, row by row, and
+    writes into an output simplejpeg cannot."""
     good = jpeg(8, 8)
+    if _jpeg is None:
+        auto = decode.get_decoder("auto")
+        with pytest.raises(decode.ImageSizeError, match="image is 8x8, expected 16x8"):
+            auto(good, np.empty((8, 16, 3), dtype=np.uint8))
+        view = np.empty((8, 8, 3), dtype=np.uint8)[::-1, ::-1]  # simplejpeg cannot write to it: Pillow does
+        assert np.array_equal(auto(good, view), decode.decode_pillow(good))
+        with pytest.raises(TypeError):
+            auto(5, np.empty((8, 8, 3), dtype=np.uint8))
+        return
     with pytest.raises(ValueError, match="out has 192 bytes, 2 images of 8x8x3 need 384"):
         _jpeg.decode_into([good, good], np.empty((1, 8, 8, 3), dtype=np.uint8), 8, 8)
     with pytest.raises(ValueError, match="image size 0x8 is out of range"):
