@@ -4,8 +4,8 @@
 """
 
 from loaders.batch import PAD_LABEL, SkippedRow
-from loaders.plan import num_batches, rank_segments, rows_per_rank
 from loaders.options import LoaderOptions, default_threads
+from loaders.plan import num_batches, rank_segments, rows_per_rank
 from loaders.shard_loader import STATE_FORMAT, ShardLoader
 
 __all__ = [
