@@ -36,7 +36,7 @@ from lakeshard.format.layout import (
     shards_uri,
 )
 from lakeshard.format.reader import OpenShard, channel_shards, expected_footer, open_shard
-from lakeshard.format.writer import ShardWriter
+from lakeshard.format.writer import ShardWriter, write_shard_rejects
 
 __all__ = [
     "CHANNELS",
@@ -73,4 +73,5 @@ __all__ = [
     "shard_uri",
     "shards_folder_uri",
     "shards_uri",
+    "write_shard_rejects",
 ]

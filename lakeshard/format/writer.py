@@ -1,5 +1,5 @@
-"""The shard writer: rows of :data:`~lakeshard.format.SHARD_SCHEMA` into one Parquet file,
-with the footer keys readers check (:mod:`lakeshard.format.footer`)."""
+"""The shard writer (rows of :data:`~lakeshard.format.SHARD_SCHEMA` into one Parquet file,
+with the footer keys readers check, :mod:`lakeshard.format.footer`) and the shard rejects' writer."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 
 from lakeshard import storage
 from lakeshard.format.footer import footer_metadata
-from lakeshard.format.layout import SHARD_SCHEMA
+from lakeshard.format.layout import SHARD_REJECTS_SCHEMA, SHARD_SCHEMA, shard_rejects_uri
 
-__all__ = ["ShardWriter"]
+__all__ = ["ShardWriter", "write_shard_rejects"]
 
 
 class _HashingWriter(io.RawIOBase):
@@ -140,3 +140,14 @@ class ShardWriter:
             "row_groups": self._row_groups,
             "label_counts": {str(k): v for k, v in sorted(self._labels.items())},
         }
+
+
+def write_shard_rejects(root: str, rejects: pa.Table) -> str:
+    """Write the shard job's rejects (:data:`SHARD_REJECTS_SCHEMA` columns, other columns
+    dropped) to :func:`~lakeshard.format.layout.shard_rejects_uri` atomically; return its URI."""
+    uri = shard_rejects_uri(root)
+    table = rejects.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes())
+    return uri
