@@ -179,21 +179,21 @@ def read_dataset_info(root: str) -> DatasetInfo:
     return DatasetInfo.from_json(storage.read_json(uri), source=uri)
 
 
-def info_fields(cls: type = DatasetInfo, prefix: str = "") -> list[str]:
-    """Every field's path, as ``docs/format.md`` names it: ``channels.<channel>.shards[].rows``;
-    a field holding a model is followed by its own fields."""
-    out = []
+def info_fields(cls: type = DatasetInfo, prefix: str = "") -> dict[str, Any]:
+    """Every field's path, as ``docs/format.md`` names it (``channels.<channel>.shards[].rows``),
+    and its type; a field holding a model is followed by its own fields."""
+    out: dict[str, Any] = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         path, hint = f"{prefix}{f.name}", hints[f.name]
-        out.append(path)
+        out[path] = hint
         origin, args = typing.get_origin(hint), typing.get_args(hint)
         if dataclasses.is_dataclass(hint):
-            out += info_fields(hint, f"{path}.")
+            out.update(info_fields(hint, f"{path}."))
         elif origin is dict and dataclasses.is_dataclass(args[1]):
-            out += info_fields(args[1], f"{path}.<{_key_name(f.name)}>.")
+            out.update(info_fields(args[1], f"{path}.<{_key_name(f.name)}>."))
         elif origin is list and dataclasses.is_dataclass(args[0]):
-            out += info_fields(args[0], f"{path}[].")
+            out.update(info_fields(args[0], f"{path}[]."))
     return out
 
 

@@ -12,7 +12,13 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from lakeshard.format import SHARD_REJECTS_SCHEMA, SHARD_SCHEMA, read_dataset_info, shard_rejects_uri, shards_uri
+from lakeshard.format import (
+    SHARD_REJECTS_SCHEMA,
+    SHARD_SCHEMA,
+    read_dataset_info,
+    shard_rejects_uri,
+    shards_uri,
+)
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.datasets import build_dataset_with_rejects
 
