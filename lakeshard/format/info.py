@@ -23,7 +23,7 @@ from typing import Any
 
 from lakeshard import storage
 from lakeshard.errors import DatasetError
-from lakeshard.format.layout import FORMAT_VERSION, dataset_json_uri
+from lakeshard.format.layout import FORMAT_VERSION, dataset_json_uri, shard_relpath
 
 __all__ = [
     "BuildInfo",
@@ -49,6 +49,15 @@ class ShardInfo:
     row_groups: int
     class_counts: dict[str, int]  #: label name -> rows of that label (pad copies count)
 
+    @classmethod
+    def from_stats(cls, channel: str, index: int, count: int, stats: Mapping[str, Any],
+                   names: Mapping[int, str]) -> ShardInfo:
+        """The entry of shard ``index`` of ``count`` of ``channel`` from its writer's ``stats``
+        (:attr:`ShardWriter.stats`); ``names`` maps label index -> label name."""
+        return cls(path=shard_relpath(channel, index, count), rows=stats["rows"], bytes=stats["bytes"],
+                   sha256=stats["sha256"], row_groups=stats["row_groups"],
+                   class_counts={names[int(k)]: v for k, v in stats["label_counts"].items()})
+
 
 @dataclass(frozen=True, slots=True)
 class ChannelInfo:
@@ -61,6 +70,17 @@ class ChannelInfo:
     padded: list[str]  #: URIs repeated (``is_pad`` rows) by the ``pad`` remainder policy
     class_counts: dict[str, int]
     shards: list[ShardInfo]
+
+    @classmethod
+    def of_shards(cls, shards: list[ShardInfo], *, rejected: int = 0, dropped: list[str] | None = None,
+                  padded: list[str] | None = None) -> ChannelInfo:
+        """A channel of equal ``shards``: its rows and class counts summed from theirs."""
+        counts: dict[str, int] = {}
+        for shard in shards:
+            for name, n in shard.class_counts.items():
+                counts[name] = counts.get(name, 0) + n
+        return cls(rows=sum(s.rows for s in shards), rows_per_shard=shards[0].rows if shards else 0,
+                   rejected=rejected, dropped=dropped or [], padded=padded or [], class_counts=counts, shards=shards)
 
 
 @dataclass(frozen=True, slots=True)

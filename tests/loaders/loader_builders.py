@@ -110,20 +110,8 @@ def write_dataset(
             )
             with writer:
                 writer.write(table)
-            st = writer.stats
-            shards.append(contract.ShardInfo(
-                path=contract.shard_relpath(channel, s, num_shards), rows=st["rows"], bytes=st["bytes"],
-                sha256=st["sha256"], row_groups=st["row_groups"],
-                class_counts={names[int(k)]: v for k, v in st["label_counts"].items()},
-            ))
-        class_counts: dict[str, int] = {}
-        for shard in shards:
-            for name, n in shard.class_counts.items():
-                class_counts[name] = class_counts.get(name, 0) + n
-        channels[channel] = contract.ChannelInfo(
-            rows=per_shard * num_shards, rows_per_shard=per_shard, rejected=0, dropped=[], padded=[],
-            class_counts=class_counts, shards=shards,
-        )
+            shards.append(contract.ShardInfo.from_stats(channel, s, num_shards, writer.stats, names))
+        channels[channel] = contract.ChannelInfo.of_shards(shards)
     info = contract.DatasetInfo(
         format_version=contract.FORMAT_VERSION,
         dataset_version=version,
