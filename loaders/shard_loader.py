@@ -10,7 +10,9 @@ for epoch in range(epochs):
 ```
 
 Which rows a rank reads and how many batches it yields: :mod:`loaders.plan`. The order within
-an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`.
+an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`. The options:
+:mod:`loaders.options`. The reader thread (windows of row groups in, batch tasks out):
+:mod:`loaders.reader`. The files: :mod:`lakeshard.format`.
 
 State (``state_dict()``), the same on every rank, so rank 0's copy resumes them all::
 

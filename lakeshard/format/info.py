@@ -15,7 +15,6 @@ does not know are ignored (see the compatibility policy in ``docs/format.md``).
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -246,12 +245,8 @@ def _convert(hint: Any, value: Any, source: str, path: str) -> Any:
         if not isinstance(value, list):
             _wrong(source, path, "a list", value)
         return [_convert(args[0], v, source, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        return _convert(next(a for a in args if a is not type(None)), value, source, path)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return value  # JSON writes 1.0 as 1 from some writers; kept as written
+        return value  # a fraction another writer wrote as 1 is a number too (kept as written)
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
         _wrong(source, path, _TYPE_NAMES.get(hint, hint.__name__), value)
     return value

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from loader_builders import CHANNEL_OFFSET, ids_of, shard_path, write_dataset
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
-from loaders import PAD_LABEL, ShardLoader, decode
+from loaders import PAD_LABEL, LoaderOptions, ShardLoader, decode
 
 HYPOTHESIS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -326,6 +326,15 @@ def test_a_pathlib_path_is_a_dataset_like_its_string(dataset: Path):
     by_path, by_str = (ShardLoader(root, batch_size=7, shuffle=True, seed=2) for root in (dataset, str(dataset)))
     assert by_path.dataset == by_str.dataset
     assert epoch_ids(by_path) == epoch_ids(by_str)
+
+
+def test_options_given_at_once_are_the_keywords(dataset: Path):
+    options = LoaderOptions(batch_size=6, shuffle=True, seed=4, num_threads=2)
+    by_options = ShardLoader(dataset, options=options)
+    assert by_options.options is options
+    assert epoch_ids(by_options) == epoch_ids(ShardLoader(dataset, batch_size=6, shuffle=True, seed=4, num_threads=2))
+    with pytest.raises(ConfigError, match=r"either as options= or as keywords, not both \(got \['seed'\]\)"):
+        ShardLoader(dataset, options=options, seed=5)
 
 
 def test_a_dataset_rebuilt_mid_epoch_is_refused_not_mixed(tmp_path: Path):
