@@ -69,9 +69,9 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs.settings import ShardConfig
-from jobs.shards import ShardWriter
 from lakeshard import format as contract
 from lakeshard.config import parse_size
+from lakeshard.format import ShardWriter
 from loaders import ShardLoader, default_threads
 from loaders.decode import decode_pillow, get_batch_decoder, get_decoder, has_simplejpeg, is_jpeg
 
@@ -92,8 +92,8 @@ def synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
 
 
 def build_dataset(root: Path, *, images: int, size: int, quality: int, classes: int = 10) -> None:
-    """One shard per channel following the contract, written by the shard job's own
-    :class:`jobs.shards.ShardWriter` (so the image column is stored as the job stores it:
+    """One shard per channel following the contract, written by the format's own
+    :class:`lakeshard.format.ShardWriter` (so the image column is stored as the job stores it:
     uncompressed, no dictionary, 4 MiB row groups), plus the same JPEGs as files under
     ``root/files``."""
     rng = np.random.default_rng(0)
@@ -107,7 +107,8 @@ def build_dataset(root: Path, *, images: int, size: int, quality: int, classes: 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(encoded[-1])
     version = hashlib.sha256(b"".join(encoded[:10])).hexdigest()[:16]
-    channels: dict[str, Any] = {}
+    names = {c: f"class{c}" for c in range(classes)}
+    channels: dict[str, contract.ChannelInfo] = {}
     for channel in contract.CHANNELS:
         n = images if channel == "train" else classes
         table = pa.table(
@@ -122,18 +123,26 @@ def build_dataset(root: Path, *, images: int, size: int, quality: int, classes: 
             },
             schema=contract.SHARD_SCHEMA,
         )
-        rel = f"shards/{channel}/{contract.shard_name(0, 1)}"
-        meta = {"dataset_version": version, "channel": channel, "shard_index": 0, "num_shards": 1}
-        with ShardWriter(str(root / rel), metadata=meta, row_group_bytes=_ROW_GROUP_BYTES) as writer:
+        meta = {"dataset_version": version, "channel": channel, "shard_index": 0, "num_shards": 1,
+                "format_version": contract.FORMAT_VERSION, "image_format": "jpeg", "image_size": size}
+        with ShardWriter(contract.shard_uri(str(root), channel, 0, 1), metadata=meta,
+                         row_group_bytes=_ROW_GROUP_BYTES) as writer:
             writer.write(table)
-        channels[channel] = {"rows": n, "rows_per_shard": n, "shards": [{"path": rel, "rows": n}]}
-    info = {
-        "format_version": 1, "dataset_version": version, "labels": {str(c): c for c in range(classes)},
-        "num_classes": classes, "image": {"size": size, "format": "jpeg", "quality": quality, "resize": "crop"},
-        "num_shards": 1, "remainder": "drop", "seed": 0, "channels": channels,
-    }  # fmt: skip
-    (root / "labels.json").write_text(json.dumps({f"class{c}": c for c in range(classes)}))
-    (root / "dataset.json").write_text(json.dumps(info))
+        channels[channel] = contract.ChannelInfo.of_shards(
+            [contract.ShardInfo.from_stats(channel, 0, 1, writer.stats, names)])
+    info = contract.DatasetInfo(
+        format_version=contract.FORMAT_VERSION, dataset_version=version, created_at="", engine="loader_bench",
+        inputs=contract.Inputs(lake=(root / "files").as_uri(), manifest_fingerprint=version, split={"train": 1.0},
+                               split_method="none", manifest_seed=0),
+        seed=0, labels={name: c for c, name in names.items()}, num_classes=classes,
+        image=contract.ImageSpec(size=size, format="jpeg", quality=quality, resize="crop", max_pixels=size * size),
+        num_shards=1, remainder="drop", row_group_bytes=_ROW_GROUP_BYTES,
+        counts=contract.Counts(listed=images, manifest_rejects=0, shard_rejects=0, dropped=0, padded=0),
+        build=contract.BuildInfo(preprocess_tasks=0, preprocessed=images, reused_segments=0, assembled_shards=0),
+        channels=channels, versions={},
+    )  # fmt: skip
+    (root / "labels.json").write_text(json.dumps(info.labels))
+    (root / "dataset.json").write_text(json.dumps(info.to_json()))
 
 
 def read_encoded(dataset: str, channel: str) -> list[bytes]:

@@ -4,8 +4,9 @@
 """
 
 from loaders.batch import PAD_LABEL, SkippedRow
+from loaders.options import LoaderOptions, default_threads
 from loaders.plan import num_batches, rank_segments, rows_per_rank
-from loaders.shard_loader import STATE_FORMAT, LoaderOptions, ShardLoader, default_threads
+from loaders.shard_loader import STATE_FORMAT, ShardLoader
 
 __all__ = [
     "PAD_LABEL",

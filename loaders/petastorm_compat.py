@@ -6,7 +6,7 @@ from petastorm.pytorch import DataLoader
 from loaders.petastorm_compat import make_transform_spec
 
 spec = make_transform_spec(size=32)                  # dataset.json["image"]["size"]
-urls = [f"file:///data/pets-v1/shards/train/part-0000{i}-of-00002.parquet" for i in range(2)]
+urls = [f"file:///data/pets-v1/shards/channel=train/part-0000{i}-of-00002.parquet" for i in range(2)]
 with make_batch_reader(urls, transform_spec=spec, num_epochs=1) as reader:
     for batch in DataLoader(reader, batch_size=64):
         images, labels = batch["image"], batch["label"]   # uint8 [B, H, W, 3], int64 [B]
@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from lakeshard.format import SHARD_SCHEMA
 from loaders.decode import get_decoder
 
 __all__ = ["LAYOUTS", "decode_images", "make_transform_spec"]
@@ -37,8 +38,8 @@ __all__ = ["LAYOUTS", "decode_images", "make_transform_spec"]
 #: ``hwc``: ``[H, W, 3]`` as decoders return it; ``chw``: ``[3, H, W]`` as torch models take it.
 LAYOUTS = ("hwc", "chw")
 
-#: Columns of a shard (see ``lakeshard.format.SHARD_SCHEMA``) a transform may keep.
-_SHARD_COLUMNS = ("image", "label", "uri", "key", "height", "width", "is_pad")
+#: Columns of a shard a transform may keep.
+_SHARD_COLUMNS = tuple(SHARD_SCHEMA.names)
 
 
 def decode_images(images: Sequence[bytes], *, size: int, layout: str = "hwc", decoder: str = "pillow",

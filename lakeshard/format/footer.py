@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FOOTER_KEYS", "PREFIX", "footer_metadata", "read_footer"]
+from lakeshard.errors import DatasetError
+
+__all__ = ["FOOTER_KEYS", "PREFIX", "check_footer", "footer_metadata", "read_footer"]
 
 PREFIX = "lakeshard."
 
@@ -24,6 +26,9 @@ FOOTER_KEYS = {
 
 def footer_metadata(values: Mapping[str, Any]) -> dict[str, str]:
     """``{"lakeshard.<key>": str(value)}`` for the footer of a shard being written."""
+    unknown = sorted(set(values) - set(FOOTER_KEYS))
+    if unknown:
+        raise ValueError(f"footer keys {unknown} are not in FOOTER_KEYS ({sorted(FOOTER_KEYS)})")
     return {f"{PREFIX}{k}": str(v) for k, v in values.items()}
 
 
@@ -31,3 +36,19 @@ def read_footer(metadata: Mapping[bytes, bytes] | None) -> dict[str, str]:
     """The ``lakeshard.*`` keys of a Parquet footer's key-value metadata, without the prefix."""
     prefix = PREFIX.encode()
     return {k[len(prefix):].decode(): v.decode() for k, v in (metadata or {}).items() if k.startswith(prefix)}
+
+
+def check_footer(uri: str, footer: Mapping[str, str], expected: Mapping[str, Any]) -> None:
+    """Check that the footer (:func:`read_footer`) of the shard at ``uri`` says ``expected``.
+
+    Raises:
+        DatasetError: naming the first key that differs, both values and the shard; a
+            ``dataset_version`` that differs says the dataset was rebuilt.
+    """
+    for key, want in expected.items():
+        if key not in FOOTER_KEYS:
+            raise ValueError(f"{key!r} is not a footer key ({sorted(FOOTER_KEYS)})")
+        got = footer.get(key)
+        if got != str(want):
+            hint = " (the dataset was rebuilt since it was opened?)" if key == "dataset_version" else ""
+            raise DatasetError(f"shard {uri} footer says {PREFIX}{key}={got!r}, expected {str(want)!r}{hint}")

@@ -8,23 +8,23 @@
   manifests/rejects.parquet      objects the manifest job could not use, with the reason
   manifests/_manifest.json       written last by the manifest job: its commit marker
   labels.json                    label name -> index
-  shards/<channel>/part-00000-of-00004.parquet
-  shards/rejects.parquet         images the shard job could not decode, with the reason
+  shards/channel=<channel>/part-00000-of-00004.parquet
+                                 Hive-style channel folders: shards/ read as one table has a
+                                 channel column (pandas, pyarrow, Dask, Spark)
+  rejects/shards.parquet         images the shard job could not decode, with the reason
   report.html                    a self-contained report of the dataset
   dataset.json                   written last, atomically: the dataset is complete
 ```
 
 A reader trusts a dataset only when ``dataset.json`` exists; everything else may be mid-write.
+The specification of every file, column and field: ``docs/format.md``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 
 from lakeshard import storage
-from lakeshard.errors import DatasetError
 
 __all__ = [
     "CHANNELS",
@@ -38,15 +38,17 @@ __all__ = [
     "manifest_marker_uri",
     "manifest_rejects_uri",
     "manifests_uri",
-    "read_dataset_info",
     "shard_name",
     "shard_rejects_uri",
     "shard_relpath",
     "shard_uri",
+    "shards_folder_uri",
     "shards_uri",
 ]
 
-FORMAT_VERSION = 1
+#: Version 2: Hive-style channel folders (``shards/channel=train/``), shard rejects in
+#: ``rejects/shards.parquet``. Readers refuse any other version (see docs/format.md).
+FORMAT_VERSION = 2
 
 #: Channel names in their canonical order (the split's order).
 CHANNELS = ("train", "validation", "test")
@@ -117,8 +119,9 @@ def shards_uri(root: str, channel: str | None = None) -> str:
 
 
 def channel_dirname(channel: str) -> str:
-    """The folder, below ``shards/``, that holds one channel's shard files."""
-    return channel
+    """The folder, below ``shards/``, that holds one channel's shard files: ``channel=train``
+    (Hive partitioning, so readers of ``shards/`` as one table get a ``channel`` column)."""
+    return f"channel={channel}"
 
 
 def shard_relpath(channel: str, index: int, count: int) -> str:
@@ -127,8 +130,9 @@ def shard_relpath(channel: str, index: int, count: int) -> str:
 
 
 def shard_rejects_uri(root: str) -> str:
-    """The shard job's rejects table: manifest rows whose image could not be used."""
-    return storage.join(shards_uri(root), "rejects.parquet")
+    """The shard job's rejects table: manifest rows whose image could not be used. Outside
+    ``shards/``, so ``shards/`` read as one table holds shard rows only."""
+    return storage.join(root, "rejects", "shards.parquet")
 
 
 def manifest_rejects_uri(root: str) -> str:
@@ -144,20 +148,11 @@ def shard_name(index: int, count: int) -> str:
 
 
 def shard_uri(root: str, channel: str, index: int, count: int) -> str:
-    return storage.join(shards_uri(root, channel), shard_name(index, count))
+    """A shard's URI in the dataset at ``root``."""
+    return shards_folder_uri(shards_uri(root), channel, index, count)
 
 
-def read_dataset_info(root: str) -> dict[str, Any]:
-    """Read and check ``dataset.json``; raise :class:`DatasetError` if the dataset is not
-    complete or was written by an incompatible format version."""
-    uri = dataset_json_uri(root)
-    if not storage.exists(uri):
-        raise DatasetError(
-            f"no complete dataset at {storage.normalize(root)}: {uri} does not exist "
-            "(run jobs/manifest.py then jobs/shard.py, or wait for the shard job to finish)"
-        )
-    info = storage.read_json(uri)
-    version = info.get("format_version")
-    if version != FORMAT_VERSION:
-        raise DatasetError(f"{uri} has format_version {version!r}; this code reads {FORMAT_VERSION}")
-    return info
+def shards_folder_uri(folder: str, channel: str, index: int, count: int) -> str:
+    """A shard's URI below ``folder``, a folder laid out as ``shards/`` is (the shard job's
+    staging folder, which the commit moves to ``shards/``)."""
+    return storage.join(folder, channel_dirname(channel), shard_name(index, count))

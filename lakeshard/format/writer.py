@@ -1,5 +1,5 @@
-"""The shard writer: rows of :data:`~lakeshard.format.SHARD_SCHEMA` into one Parquet file,
-with the footer keys readers check (:mod:`lakeshard.format.footer`)."""
+"""The shard writer (rows of :data:`~lakeshard.format.SHARD_SCHEMA` into one Parquet file,
+with the footer keys readers check, :mod:`lakeshard.format.footer`) and the shard rejects' writer."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lakeshard import storage
 from lakeshard.format.footer import footer_metadata
-from lakeshard.format.layout import SHARD_SCHEMA
+from lakeshard.format.layout import SHARD_REJECTS_SCHEMA, SHARD_SCHEMA, shard_rejects_uri
 
-__all__ = ["ShardWriter"]
+__all__ = ["ShardWriter", "write_shard_rejects"]
 
 
 class _HashingWriter(io.RawIOBase):
@@ -50,16 +49,19 @@ class ShardWriter:
     go and one assembled from pieces are the same bytes. The image column is stored
     uncompressed and without dictionary encoding (JPEG bytes do not compress; a dictionary cost
     ~30% of read speed). ``stats`` (after closing): rows, bytes, sha256, row groups and
-    per-label counts.
+    per-label counts. ``row_group_rows`` (optional) also closes a row group once it holds that
+    many rows, whichever of the two comes first.
     """
 
-    def __init__(self, uri: str, *, metadata: Mapping[str, Any], row_group_bytes: int) -> None:
+    def __init__(self, uri: str, *, metadata: Mapping[str, Any], row_group_bytes: int,
+                 row_group_rows: int | None = None) -> None:
         self._schema = SHARD_SCHEMA.with_metadata(footer_metadata(metadata))
         self._row_group_bytes = row_group_bytes
+        self._row_group_rows = row_group_rows
         self._fs, self._path = storage.filesystem(uri)
         self._local = storage.normalize(uri).startswith("file://")
         self._pending: list[pa.Table] = []
-        self._pending_bytes = 0
+        self._pending_bytes = self._pending_rows = 0
         self._labels: dict[int, int] = {}
         self._rows = self._row_groups = 0
         self.stats: dict[str, Any] = {}
@@ -86,6 +88,8 @@ class ShardWriter:
 
     def write(self, table: pa.Table) -> None:
         """Append ``table``'s rows (:data:`SHARD_SCHEMA`)."""
+        import pyarrow.compute as pc  # here, not at the top: the loader imports this package (~0.1 s)
+
         if not table.num_rows:
             return
         for label, count in zip(*np.unique(table["label"].to_numpy(), return_counts=True), strict=True):
@@ -98,9 +102,12 @@ class ShardWriter:
             need = self._row_group_bytes - self._pending_bytes
             cum = np.cumsum(sizes[start:])
             reach = int(np.searchsorted(cum, need))  # first row with cum >= need
+            if self._row_group_rows is not None:
+                reach = min(reach, self._row_group_rows - self._pending_rows - 1)
             if reach >= len(cum):
                 self._pending.append(table.slice(start))
                 self._pending_bytes += int(cum[-1])
+                self._pending_rows += len(cum)
                 return
             self._pending.append(table.slice(start, reach + 1))
             self._flush()
@@ -111,7 +118,7 @@ class ShardWriter:
             group = pa.concat_tables(self._pending)
             self._writer.write_table(group, row_group_size=group.num_rows)
             self._row_groups += 1
-            self._pending, self._pending_bytes = [], 0
+            self._pending, self._pending_bytes, self._pending_rows = [], 0, 0
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         try:
@@ -133,3 +140,14 @@ class ShardWriter:
             "row_groups": self._row_groups,
             "label_counts": {str(k): v for k, v in sorted(self._labels.items())},
         }
+
+
+def write_shard_rejects(root: str, rejects: pa.Table) -> str:
+    """Write the shard job's rejects (:data:`SHARD_REJECTS_SCHEMA` columns, other columns
+    dropped) to :func:`~lakeshard.format.layout.shard_rejects_uri` atomically; return its URI."""
+    uri = shard_rejects_uri(root)
+    table = rejects.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes())
+    return uri

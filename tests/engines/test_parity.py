@@ -35,7 +35,7 @@ def test_dask_writes_the_dataset_spark_writes(spark_reference: str, dask_engine,
 def test_the_comparison_sees_a_reordered_shard(spark_reference: str, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(storage.filesystem(spark_reference)[1], copy)
-    part = copy / "shards" / "train" / "part-00001-of-00003.parquet"
+    part = copy / shard_relpath("train", 1, 3)
     table = pq.read_table(part)
     pq.write_table(table.take([*range(1, table.num_rows), 0]), part)
     with pytest.raises(AssertionError, match="part 1"):

@@ -12,7 +12,19 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from lakeshard import storage
-from lakeshard.format import SHARD_SCHEMA, manifest_rejects_uri, manifests_uri, shard_rejects_uri, shards_uri
+from lakeshard.format import (
+    SHARD_SCHEMA,
+    check_footer,
+    expected_footer,
+    labels_uri,
+    manifest_rejects_uri,
+    manifests_uri,
+    read_dataset_info,
+    read_footer,
+    shard_name,
+    shard_rejects_uri,
+    shards_uri,
+)
 
 __all__ = ["check_dataset", "read_table", "shard_tables"]
 
@@ -25,14 +37,16 @@ def read_table(uri: str):
 def shard_tables(root: str, channel: str, num_shards: int) -> list[Any]:
     fs, path = storage.filesystem(shards_uri(root, channel))
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
-    assert names == [f"part-{i:05d}-of-{num_shards:05d}.parquet" for i in range(num_shards)], names
+    assert names == [shard_name(i, num_shards) for i in range(num_shards)], names
     return [read_table(storage.join(shards_uri(root, channel), n)) for n in names]
 
 
 def check_dataset(root: str, *, decode_images: bool = True) -> dict[str, Any]:
     """Assert every invariant of DESIGN.md on the dataset at ``root``; return dataset.json."""
-    info = json.loads(storage.read_bytes(storage.join(root, "dataset.json")))
-    labels = json.loads(storage.read_bytes(storage.join(root, "labels.json")))
+    model = read_dataset_info(root)  # every field present and typed, the format version checked
+    info = model.to_json()
+    assert info == json.loads(storage.read_bytes(storage.join(root, "dataset.json")))  # no field lost
+    labels = json.loads(storage.read_bytes(labels_uri(root)))
     assert info["labels"] == labels
     assert sorted(labels.values()) == list(range(len(labels)))
     assert list(labels) == sorted(labels)
@@ -75,18 +89,18 @@ def check_dataset(root: str, *, decode_images: bool = True) -> dict[str, Any]:
         rejected = [u for u, c in zip(shard_rejects["uri"].to_pylist(), shard_rejects["channel"].to_pylist())
                     if c == channel]
         assert sorted(shard_uris + rejected + entry["dropped"]) == sorted(manifest["uri"].to_pylist())
-        pads = sum(t["is_pad"].to_pylist().count(True) for t in tables)
-        assert pads == (len(entry["padded"]) if pads else 0)
+        # The rows marked is_pad are exactly the copies dataset.json lists as padded (none
+        # with the drop policy), one row per listed URI.
+        pad_uris = [u for t in tables for u, pad in zip(t["uri"].to_pylist(), t["is_pad"].to_pylist()) if pad]
+        assert Counter(pad_uris) == Counter(entry["padded"]), (channel, pad_uris, entry["padded"])
+        assert not pad_uris or info["remainder"] == "pad"
         # Labels in shards agree with the manifest.
         want = dict(zip(manifest["uri"].to_pylist(), manifest["label_index"].to_pylist()))
         for t in tables:
             assert all(want[u] == lab for u, lab in zip(t["uri"].to_pylist(), t["label"].to_pylist()))
         for i, (t, meta) in enumerate(zip(tables, entry["shards"])):
             assert t.schema.remove_metadata().equals(SHARD_SCHEMA)
-            kv = t.schema.metadata
-            assert kv[b"lakeshard.channel"].decode() == channel
-            assert int(kv[b"lakeshard.shard_index"]) == i and int(kv[b"lakeshard.num_shards"]) == n
-            assert kv[b"lakeshard.dataset_version"].decode() == info["dataset_version"]
+            check_footer(meta["path"], read_footer(t.schema.metadata), expected_footer(model, channel, i))
             data = storage.read_bytes(storage.join(root, meta["path"]))
             assert hashlib.sha256(data).hexdigest() == meta["sha256"]
             assert len(data) == meta["bytes"]
@@ -96,4 +110,6 @@ def check_dataset(root: str, *, decode_images: bool = True) -> dict[str, Any]:
                     img = Image.open(io.BytesIO(blob))
                     img.load()
                     assert img.mode == "RGB" and img.size == (size, size)
+    assert info["counts"]["padded"] == sum(len(e["padded"]) for e in info["channels"].values())
+    assert info["counts"]["dropped"] == sum(len(e["dropped"]) for e in info["channels"].values())
     return info

@@ -20,7 +20,7 @@ from jobs import shard as shard_job
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, RejectFractionError, SplitError
-from lakeshard.format import read_dataset_info, shard_rejects_uri
+from lakeshard.format import read_dataset_info, shard_rejects_uri, shard_relpath
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import bad_objects, exif_rotated_jpeg, write_lake
 
@@ -124,8 +124,9 @@ def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_p
     assert not list(out.rglob("*.tmp-*"))
     # What a job killed mid-commit leaves: staged files, a half-moved shards folder, no dataset.json.
     shutil.copytree(clean / "shards", out / "_staging" / "shards-dead")
-    (out / "shards" / "train").mkdir(parents=True)
-    shutil.copy(clean / "shards" / "train" / "part-00000-of-00002.parquet", out / "shards" / "train")
+    half_moved = out / shard_relpath("train", 0, 2)
+    half_moved.parent.mkdir(parents=True)
+    shutil.copy(clean / shard_relpath("train", 0, 2), half_moved)
     killed_writer(out / "dataset.json")
     with pytest.raises(DatasetError, match="no complete dataset"):
         read_dataset_info(str(out))  # what every reader calls first

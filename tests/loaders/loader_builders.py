@@ -1,5 +1,6 @@
-"""Tiny datasets on disk that follow the contract in ``lakeshard/format/``, written without the
-jobs (so loader tests run while the jobs are being written).
+"""Tiny datasets on disk, written through the format's own writer (``lakeshard.format``:
+:class:`ShardWriter`, the layout's paths, :class:`DatasetInfo`) without the jobs, so loader
+tests make exactly the rows they need.
 
 Every row's image is a flat colour that encodes a unique sample id: red = id mod 256, green =
 id div 256. With PNG (lossless) :func:`ids_of` reads the ids back out of decoded batches, so
@@ -8,21 +9,17 @@ tests check *which* samples came out, through the real decode path.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
 from lakeshard import format as contract
+from lakeshard import storage
 
 CHANNEL_OFFSET = {"train": 0, "validation": 20_000, "test": 40_000}
 
@@ -50,6 +47,11 @@ def ids_of(images: torch.Tensor) -> list[int]:
     return (red + 256 * green).tolist()
 
 
+def shard_path(root: Path, channel: str, index: int, count: int) -> Path:
+    """The local path of a shard of the dataset at ``root``."""
+    return root / contract.shard_relpath(channel, index, count)
+
+
 def write_dataset(
     root: Path,
     *,
@@ -63,7 +65,7 @@ def write_dataset(
     corrupt: Iterable[tuple[str, int, int]] = (),
     pad_rows: int = 0,
     noise: bool = False,
-) -> dict[str, Any]:
+) -> contract.DatasetInfo:
     """Write a complete dataset under ``root``; return its ``dataset.json``.
 
     ``rows[channel]`` rows per channel (the remainder over ``num_shards`` is dropped);
@@ -73,10 +75,13 @@ def write_dataset(
     rows = rows or {"train": 40, "validation": 12, "test": 12}
     corrupt = set(corrupt)
     labels = {f"class{i}": i for i in range(num_classes)}
-    channels: dict[str, Any] = {}
+    names = {i: name for name, i in labels.items()}
+    uri = storage.normalize(str(root))
+    meta = {"dataset_version": version, "num_shards": num_shards, "format_version": contract.FORMAT_VERSION,
+            "image_format": fmt, "image_size": size}
+    channels: dict[str, contract.ChannelInfo] = {}
     for channel in contract.CHANNELS:
-        total = rows.get(channel, 0)
-        per_shard = total // num_shards
+        per_shard = rows.get(channel, 0) // num_shards
         shards = []
         for s in range(num_shards):
             ids = [CHANNEL_OFFSET[channel] + s * per_shard + j for j in range(per_shard)]
@@ -98,42 +103,36 @@ def write_dataset(
                 },
                 schema=contract.SHARD_SCHEMA,
             )
-            table = table.replace_schema_metadata(
-                {
-                    b"lakeshard.dataset_version": version.encode(),
-                    b"lakeshard.channel": channel.encode(),
-                    b"lakeshard.shard_index": str(s).encode(),
-                    b"lakeshard.num_shards": str(num_shards).encode(),
-                }
+            writer = contract.ShardWriter(
+                contract.shard_uri(uri, channel, s, num_shards),
+                metadata={**meta, "channel": channel, "shard_index": s},
+                row_group_bytes=1 << 40, row_group_rows=row_group_rows,
             )
-            rel = f"shards/{channel}/{contract.shard_name(s, num_shards)}"
-            path = root / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, path, row_group_size=row_group_rows)
-            data = path.read_bytes()
-            shards.append(
-                {
-                    "path": rel,
-                    "rows": per_shard,
-                    "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "row_groups": pq.ParquetFile(path).metadata.num_row_groups,
-                }
-            )
-        channels[channel] = {"rows": per_shard * num_shards, "rows_per_shard": per_shard, "shards": shards}
-    info = {
-        "format_version": 1,
-        "dataset_version": version,
-        "labels": {str(i): i for i in range(num_classes)},
-        "num_classes": num_classes,
-        "image": {"size": size, "format": fmt, "quality": 95, "resize": "crop"},
-        "num_shards": num_shards,
-        "remainder": "drop",
-        "seed": 7,
-        "channels": channels,
-    }
-    (root / "labels.json").write_text(json.dumps(labels))
-    tmp = root / "dataset.json.tmp"
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, root / "dataset.json")
+            with writer:
+                writer.write(table)
+            shards.append(contract.ShardInfo.from_stats(channel, s, num_shards, writer.stats, names))
+        channels[channel] = contract.ChannelInfo.of_shards(shards)
+    info = contract.DatasetInfo(
+        format_version=contract.FORMAT_VERSION,
+        dataset_version=version,
+        created_at="2026-01-01T00:00:00+00:00",
+        engine="tests.loaders.loader_builders",
+        inputs=contract.Inputs(lake="file:///raw", manifest_fingerprint="0" * 16,
+                               split={c: 1 / len(contract.CHANNELS) for c in contract.CHANNELS},
+                               split_method="stratified", manifest_seed=7),
+        seed=7,
+        labels=labels,
+        num_classes=num_classes,
+        image=contract.ImageSpec(size=size, format=fmt, quality=95, resize="crop", max_pixels=1 << 24),
+        num_shards=num_shards,
+        remainder="drop",
+        row_group_bytes=1 << 40,
+        counts=contract.Counts(listed=sum(c.rows for c in channels.values()), manifest_rejects=0, shard_rejects=0,
+                               dropped=0, padded=0),
+        build=contract.BuildInfo(preprocess_tasks=0, preprocessed=0, reused_segments=0, assembled_shards=0),
+        channels=channels,
+        versions={"python": "3"},
+    )
+    storage.write_json_atomic(contract.labels_uri(uri), labels)
+    storage.write_json_atomic(contract.dataset_json_uri(uri), info.to_json())
     return info

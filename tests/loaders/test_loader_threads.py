@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from loader_builders import ids_of, write_dataset
+from loader_builders import ids_of, shard_path, write_dataset
 
 from lakeshard.errors import ConfigError, LoaderError
 from loaders import PAD_LABEL, ShardLoader, default_threads
@@ -64,7 +64,7 @@ def test_decode_error_names_shard_and_row_before_its_batch_is_due(tmp_path: Path
         for _ in loader:
             yielded += 1
     message = str(info.value)
-    assert message.startswith(f"cannot decode image at row 17 of file://{tmp_path}/shards/train/part-00001-of-00002.parquet: ")
+    assert message.startswith(f"cannot decode image at row 17 of file://{shard_path(tmp_path, 'train', 1, 2)}: ")
     assert "UnidentifiedImageError" in message  # Pillow's reason, after simplejpeg also refused
     assert info.value.__cause__ is not None  # the decode thread's own exception is chained
     assert yielded < 12  # row 17 of shard 1 is in batch (30 + 17) // 4 = 11: never yielded
@@ -126,7 +126,7 @@ def test_skip_bad_rows_counts_and_reports(tmp_path: Path):
 def test_read_error_names_the_shard(tmp_path: Path):
     write_dataset(tmp_path, rows={"train": 40, "validation": 4, "test": 4}, num_shards=2)
     loader = ShardLoader(str(tmp_path), batch_size=4)
-    shard = tmp_path / "shards/train/part-00001-of-00002.parquet"
+    shard = shard_path(tmp_path, "train", 1, 2)
     data = shard.read_bytes()
     shard.write_bytes(data[:4] + b"\0" * (len(data) - 4))  # same size, garbage row groups
     with pytest.raises(LoaderError, match=r"cannot read row group \d+ \(rows \d+-\d+\) of file://.*part-00001-of-00002.parquet"):

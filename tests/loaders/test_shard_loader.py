@@ -10,10 +10,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loader_builders import CHANNEL_OFFSET, ids_of, write_dataset
+from loader_builders import CHANNEL_OFFSET, ids_of, shard_path, write_dataset
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
-from loaders import PAD_LABEL, ShardLoader, decode
+from loaders import PAD_LABEL, LoaderOptions, ShardLoader, decode
 
 HYPOTHESIS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -218,7 +218,7 @@ def test_the_next_epochs_first_window_is_read_while_this_epoch_ends(tmp_path: Pa
     shard and yields what a fresh loader yields. Nothing else is used or kept: not after a
     loader's first iteration, not for another epoch, not after close()."""
     write_dataset(tmp_path, rows={"train": 24, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5)
-    shard = next((tmp_path / "shards" / "train").glob("*.parquet"))
+    shard = shard_path(tmp_path, "train", 0, 1)
     away = tmp_path / "away.parquet"
     options = {"batch_size": 5, "shuffle": True, "seed": 3, "shuffle_window": 100}
     fresh = ShardLoader(str(tmp_path), **options)
@@ -227,7 +227,7 @@ def test_the_next_epochs_first_window_is_read_while_this_epoch_ends(tmp_path: Pa
         fresh.set_epoch(epoch)
         expected[epoch] = epoch_ids(fresh)
     assert expected[1] != expected[2]
-    unreadable = pytest.raises(LoaderError, match=f"cannot read row group .* of {shard.as_uri()}")
+    unreadable = pytest.raises(LoaderError, match=f"cannot read row group .* of file://{shard}")
 
     loader = ShardLoader(str(tmp_path), **options)
     assert sorted(flat(epoch_ids(loader))) == list(range(24))  # epoch 0: a first iteration reads no more
@@ -322,6 +322,45 @@ def test_normalize_crop_and_flip(tmp_path: Path):
     assert 0 < flips < 16
 
 
+def test_a_pathlib_path_is_a_dataset_like_its_string(dataset: Path):
+    by_path, by_str = (ShardLoader(root, batch_size=7, shuffle=True, seed=2) for root in (dataset, str(dataset)))
+    assert by_path.dataset == by_str.dataset
+    assert epoch_ids(by_path) == epoch_ids(by_str)
+
+
+def test_options_given_at_once_are_the_keywords(dataset: Path):
+    options = LoaderOptions(batch_size=6, shuffle=True, seed=4, num_threads=2)
+    by_options = ShardLoader(dataset, options=options)
+    assert by_options.options is options
+    assert epoch_ids(by_options) == epoch_ids(ShardLoader(dataset, batch_size=6, shuffle=True, seed=4, num_threads=2))
+    with pytest.raises(ConfigError, match=r"either as options= or as keywords, not both \(got \['seed'\]\)"):
+        ShardLoader(dataset, options=options, seed=5)
+
+
+def test_a_dataset_rebuilt_mid_epoch_is_refused_not_mixed(tmp_path: Path):
+    """A shard the loader opens during an epoch (not only at construction) must be the build it
+    started with: ``jobs.shard --overwrite`` replacing the files mid-epoch is a DatasetError
+    naming the shard and both versions, not batches of two versions."""
+    root, other = tmp_path / "ds", tmp_path / "other"
+    for where, version in ((root, "aaaa1111"), (other, "bbbb2222")):
+        write_dataset(where, rows={"train": 200, "validation": 4, "test": 4}, num_shards=2, version=version)
+    loader = ShardLoader(root, batch_size=4, shuffle_window=5, num_threads=1, prefetch=1)
+    batches = iter(loader)
+    first = ids_of(next(batches)[0])
+    assert first == [0, 1, 2, 3]
+    for i in range(2):  # the rebuild: both shards replaced (shard 1 is not open yet)
+        target = shard_path(root, "train", i, 2)
+        tmp = target.with_suffix(".new")
+        tmp.write_bytes(shard_path(other, "train", i, 2).read_bytes())
+        tmp.replace(target)
+    with pytest.raises(DatasetError) as err:
+        for _ in batches:
+            pass
+    message = str(err.value)
+    assert "part-00001-of-00002.parquet footer says lakeshard.dataset_version='bbbb2222', expected 'aaaa1111'" in message
+    loader.close()
+
+
 def test_file_uri_and_pin_memory_without_cuda(dataset: Path):
     loader = ShardLoader(dataset.as_uri(), batch_size=10, pin_memory=True)
     images, _ = next(iter(loader))
@@ -339,6 +378,10 @@ def test_file_uri_and_pin_memory_without_cuda(dataset: Path):
         ({"decoder": "cv2"}, "decoder must be one of .* got 'cv2'"),
         ({"crop": 99}, "crop must be at most the image size 8, got 99"),
         ({"batch_size": 50, "drop_last": True}, "batch_size 50 with drop_last=True leaves no batch"),
+        ({"normalize": ((0.5, 0.5, 0.5), (0.2, 0.0, 0.2))}, r"normalize std must be positive .* got std=\(0.2, 0.0, 0.2\)"),
+        ({"normalize": ((0.5, 0.5, 0.5), (0.2, 0.2, -1.0))}, r"normalize std must be positive .* got std=\(0.2, 0.2, -1.0\)"),
+        ({"normalize": ((0.5, 0.5, float("nan")), (1, 1, 1))}, r"normalize must be .* of finite numbers, got"),
+        ({"batch_sise": 4}, r"unknown loader option\(s\) \['batch_sise'\]"),
     ],
 )
 def test_bad_options_are_named(dataset: Path, kwargs, message):
@@ -355,9 +398,7 @@ def test_incomplete_dataset_and_foreign_shards_are_refused(tmp_path: Path):
     other = tmp_path / "other"
     write_dataset(root, version="v1")
     write_dataset(other, version="v2")
-    (root / "shards/train/part-00001-of-00002.parquet").write_bytes(
-        (other / "shards/train/part-00001-of-00002.parquet").read_bytes()
-    )
+    shard_path(root, "train", 1, 2).write_bytes(shard_path(other, "train", 1, 2).read_bytes())
     with pytest.raises(DatasetError, match=r"part-00001-of-00002.parquet footer says lakeshard.dataset_version='v2'"):
         ShardLoader(str(root))
 

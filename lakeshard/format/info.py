@@ -1,0 +1,266 @@
+"""A typed model of ``dataset.json``: what the shard job wrote, checked field by field on read.
+
+```python
+info = read_dataset_info("s3://lake/datasets/pets-v1")
+info.channels["train"].shards[0].rows, info.image.size, info.dataset_version
+```
+
+:meth:`DatasetInfo.from_json` checks the format version first (another version is refused with
+what to do), then every field's presence and type, naming the file and the field's path
+(``channels.train.shards[1].rows``) in the :class:`~lakeshard.errors.DatasetError`. Fields it
+does not know are ignored (see the compatibility policy in ``docs/format.md``).
+``DatasetInfo.from_json(d).to_json() == d`` for every ``d`` the shard job writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lakeshard import storage
+from lakeshard.errors import DatasetError
+from lakeshard.format.layout import FORMAT_VERSION, dataset_json_uri, shard_relpath
+
+__all__ = [
+    "BuildInfo",
+    "ChannelInfo",
+    "Counts",
+    "DatasetInfo",
+    "ImageSpec",
+    "Inputs",
+    "ShardInfo",
+    "info_fields",
+    "read_dataset_info",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard file of a channel."""
+
+    path: str  #: relative to the dataset root (``layout.shard_relpath``)
+    rows: int
+    bytes: int
+    sha256: str
+    row_groups: int
+    class_counts: dict[str, int]  #: label name -> rows of that label (pad copies count)
+
+    @classmethod
+    def from_stats(cls, channel: str, index: int, count: int, stats: Mapping[str, Any],
+                   names: Mapping[int, str]) -> ShardInfo:
+        """The entry of shard ``index`` of ``count`` of ``channel`` from its writer's ``stats``
+        (:attr:`ShardWriter.stats`); ``names`` maps label index -> label name."""
+        return cls(path=shard_relpath(channel, index, count), rows=stats["rows"], bytes=stats["bytes"],
+                   sha256=stats["sha256"], row_groups=stats["row_groups"],
+                   class_counts={names[int(k)]: v for k, v in stats["label_counts"].items()})
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelInfo:
+    """One channel: its equal shards and how its manifest rows were accounted for."""
+
+    rows: int  #: rows in all its shards (num_shards * rows_per_shard)
+    rows_per_shard: int
+    rejected: int  #: manifest rows whose image the shard job could not use
+    dropped: list[str]  #: URIs left out by the ``drop`` remainder policy
+    padded: list[str]  #: URIs repeated (``is_pad`` rows) by the ``pad`` remainder policy
+    class_counts: dict[str, int]
+    shards: list[ShardInfo]
+
+    @classmethod
+    def of_shards(cls, shards: list[ShardInfo], *, rejected: int = 0, dropped: list[str] | None = None,
+                  padded: list[str] | None = None) -> ChannelInfo:
+        """A channel of equal ``shards``: its rows and class counts summed from theirs."""
+        counts: dict[str, int] = {}
+        for shard in shards:
+            for name, n in shard.class_counts.items():
+                counts[name] = counts.get(name, 0) + n
+        return cls(rows=sum(s.rows for s in shards), rows_per_shard=shards[0].rows if shards else 0,
+                   rejected=rejected, dropped=dropped or [], padded=padded or [], class_counts=counts, shards=shards)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSpec:
+    """How every stored image was made."""
+
+    size: int  #: height and width in pixels
+    format: str  #: ``jpeg`` or ``png``
+    quality: int  #: JPEG quality
+    resize: str  #: the resize mode (``crop``, ...)
+    max_pixels: int  #: larger source images were rejected
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the dataset was made from: the manifest job's lake, split and seed."""
+
+    lake: str
+    manifest_fingerprint: str
+    split: dict[str, float]
+    split_method: str
+    manifest_seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Objects and rows accounted for across every channel."""
+
+    listed: int
+    manifest_rejects: int
+    shard_rejects: int
+    dropped: int
+    padded: int
+
+
+@dataclass(frozen=True, slots=True)
+class BuildInfo:
+    """How one run made the shards (depends on the engine's parallelism; not the dataset's identity)."""
+
+    preprocess_tasks: int
+    preprocessed: int
+    reused_segments: int
+    assembled_shards: int
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetInfo:
+    """``dataset.json``: written last by the shard job; a dataset is complete once it exists."""
+
+    format_version: int
+    dataset_version: str
+    created_at: str
+    engine: str
+    inputs: Inputs
+    seed: int
+    labels: dict[str, int]  #: label name -> index, 0..num_classes-1
+    num_classes: int
+    image: ImageSpec
+    num_shards: int
+    remainder: str
+    row_group_bytes: int
+    counts: Counts
+    build: BuildInfo
+    channels: dict[str, ChannelInfo]
+    versions: dict[str, str]  #: library versions of the run (python, pyarrow, pillow, numpy)
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: str = "dataset.json") -> DatasetInfo:
+        """Check and convert the parsed ``dataset.json`` (read from ``source``).
+
+        Raises:
+            DatasetError: another format version, or a field missing or of the wrong type.
+        """
+        if not isinstance(data, Mapping):
+            raise DatasetError(f"{source} must hold a JSON object, got {type(data).__name__}")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise DatasetError(
+                f"{source} has format_version {version!r}; this code reads format version {FORMAT_VERSION} only: "
+                "rebuild the dataset with this version's jobs (jobs/manifest.py, then jobs/shard.py --overwrite)"
+            )
+        return _convert(cls, data, source, "")
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object :meth:`from_json` reads (plain dicts, lists and scalars)."""
+        return _unconvert(self)
+
+    def channel(self, name: str, *, source: str = "dataset.json") -> ChannelInfo:
+        """The entry of channel ``name``; :class:`DatasetError` if the dataset has no such channel."""
+        if name not in self.channels:
+            raise DatasetError(f"{source} has no channel {name!r} (it has {sorted(self.channels)})")
+        return self.channels[name]
+
+    # A dict-style read of the JSON, for callers not yet moved to the attributes
+    # (loaders/train.py, jobs/report.py); new code reads the attributes.
+    def __getitem__(self, key: str) -> Any:
+        return self.to_json()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_json().get(key, default)
+
+
+def read_dataset_info(root: str) -> DatasetInfo:
+    """Read and check ``<root>/dataset.json``.
+
+    Raises:
+        DatasetError: the dataset is not complete (no ``dataset.json``), was written in another
+            format version, or a field is missing or mistyped.
+    """
+    uri = dataset_json_uri(root)
+    if not storage.exists(uri):
+        raise DatasetError(
+            f"no complete dataset at {storage.normalize(root)}: {uri} does not exist "
+            "(run jobs/manifest.py then jobs/shard.py, or wait for the shard job to finish)"
+        )
+    return DatasetInfo.from_json(storage.read_json(uri), source=uri)
+
+
+def info_fields(cls: type = DatasetInfo, prefix: str = "") -> dict[str, Any]:
+    """Every field's path, as ``docs/format.md`` names it (``channels.<channel>.shards[].rows``),
+    and its type; a field holding a model is followed by its own fields."""
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path, hint = f"{prefix}{f.name}", hints[f.name]
+        out[path] = hint
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if dataclasses.is_dataclass(hint):
+            out.update(info_fields(hint, f"{path}."))
+        elif origin is dict and dataclasses.is_dataclass(args[1]):
+            out.update(info_fields(args[1], f"{path}.<{_key_name(f.name)}>."))
+        elif origin is list and dataclasses.is_dataclass(args[0]):
+            out.update(info_fields(args[0], f"{path}[]."))
+    return out
+
+
+def _key_name(field: str) -> str:
+    return {"channels": "channel"}.get(field, "key")
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}
+
+
+def _convert(hint: Any, value: Any, source: str, path: str) -> Any:
+    """``value`` (parsed JSON at ``path``) as ``hint``: a model, ``dict[str, T]``, ``list[T]`` or a scalar."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, Mapping):
+            _wrong(source, path, "an object", value)
+        hints = typing.get_type_hints(hint)
+        kwargs = {}
+        for f in dataclasses.fields(hint):
+            where = f"{path}.{f.name}" if path else f.name
+            if f.name not in value:
+                raise DatasetError(f"{source}: field {where} is missing")
+            kwargs[f.name] = _convert(hints[f.name], value[f.name], source, where)
+        return hint(**kwargs)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            _wrong(source, path, "an object", value)
+        return {str(k): _convert(args[1], v, source, f"{path}.{k}") for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, list):
+            _wrong(source, path, "a list", value)
+        return [_convert(args[0], v, source, f"{path}[{i}]") for i, v in enumerate(value)]
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return value  # a fraction another writer wrote as 1 is a number too (kept as written)
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        _wrong(source, path, _TYPE_NAMES.get(hint, hint.__name__), value)
+    return value
+
+
+def _wrong(source: str, path: str, want: str, value: Any) -> typing.NoReturn:
+    raise DatasetError(f"{source}: field {path or '(top level)'} must be {want}, got {value!r}")
+
+
+def _unconvert(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _unconvert(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _unconvert(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unconvert(v) for v in value]
+    return value

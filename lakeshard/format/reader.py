@@ -1,0 +1,128 @@
+"""The shard opener: where a channel's shards are, and each one opened and checked against
+``dataset.json`` (:class:`~lakeshard.format.info.DatasetInfo`) before a row is trusted.
+
+```python
+info = read_dataset_info(root)
+shards = channel_shards(root, info, "train")            # [(uri, rows), ...] in shard order
+with open_shard(shards[0][0]) as shard:
+    groups = shard.check(info, "train", 0, rows=shards[0][1])   # row-group sizes
+    table = shard.parquet.read_row_group(0, columns=["image", "label"])
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from lakeshard import storage
+from lakeshard.errors import DatasetError
+from lakeshard.format.footer import check_footer, read_footer
+from lakeshard.format.info import DatasetInfo
+from lakeshard.format.layout import dataset_json_uri, shard_uri
+
+__all__ = ["REQUIRED_COLUMNS", "OpenShard", "channel_shards", "expected_footer", "open_shard"]
+
+#: Columns a reader needs; the others of ``SHARD_SCHEMA`` may be absent from another writer's shards.
+REQUIRED_COLUMNS = ("image", "label")
+
+_LOCAL = pafs.LocalFileSystem()
+
+
+@dataclass
+class OpenShard:
+    """An open shard file: its Parquet reader and the ``lakeshard.*`` keys of its footer."""
+
+    uri: str
+    parquet: pq.ParquetFile
+    footer: dict[str, str]
+    _file: Any = field(repr=False)
+
+    def check(self, info: DatasetInfo, channel: str, index: int, *, rows: int | None = None) -> list[int]:
+        """Check the footer against ``info`` (:func:`expected_footer`), the row count against
+        ``rows`` and the required columns; return the row-group sizes.
+
+        Raises:
+            DatasetError: naming the shard, what it holds and what was expected.
+        """
+        check_footer(self.uri, self.footer, expected_footer(info, channel, index))
+        md = self.parquet.metadata
+        if rows is not None and md.num_rows != rows:
+            raise DatasetError(f"shard {self.uri} has {md.num_rows} rows, dataset.json says {rows}")
+        names = set(self.parquet.schema_arrow.names)
+        for col in REQUIRED_COLUMNS:
+            if col not in names:
+                raise DatasetError(f"shard {self.uri} has no {col!r} column (columns: {sorted(names)})")
+        return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> OpenShard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_shard(uri: str) -> OpenShard:
+    """Open the shard at ``uri``: a local one with Arrow's own file, read on the calling thread
+    (in C++ without the GIL, and without a hand-off to Arrow's I/O threads: a window of 2,000
+    224px images read in 10 ms instead of 19 ms through fsspec's Python file); the rest through
+    fsspec, with Arrow's pre-buffering (coalesced range requests).
+
+    Raises:
+        DatasetError: the file cannot be opened or is not Parquet (names the shard and the cause).
+    """
+    local = uri.startswith("file://")
+    try:
+        fs, path = storage.filesystem(uri)
+        f = _LOCAL.open_input_file(path) if local else fs.open(path, "rb")
+    except Exception as exc:
+        raise DatasetError(f"cannot open shard {uri}: {exc}") from exc
+    try:
+        pf = pq.ParquetFile(f, pre_buffer=not local)
+        return OpenShard(uri, pf, read_footer(pf.metadata.metadata), f)
+    except Exception as exc:
+        f.close()
+        raise DatasetError(f"cannot open shard {uri}: {exc}") from exc
+    except BaseException:
+        f.close()
+        raise
+
+
+def expected_footer(info: DatasetInfo, channel: str, index: int) -> dict[str, str]:
+    """The footer shard ``index`` of ``channel`` carries in the dataset ``info`` describes."""
+    return {
+        "dataset_version": info.dataset_version,
+        "channel": channel,
+        "shard_index": str(index),
+        "num_shards": str(info.num_shards),
+        "format_version": str(info.format_version),
+        "image_format": info.image.format,
+        "image_size": str(info.image.size),
+    }
+
+
+def channel_shards(root: str, info: DatasetInfo, channel: str) -> list[tuple[str, int]]:
+    """``(uri, rows)`` of every shard of ``channel``, in shard order.
+
+    Raises:
+        DatasetError: the channel is missing, lists another number of shards than
+            ``num_shards``, or lists a shard at another path than the layout's.
+    """
+    where = dataset_json_uri(root)
+    entry = info.channel(channel, source=where)
+    if len(entry.shards) != info.num_shards:
+        raise DatasetError(f"{where} lists {len(entry.shards)} {channel} shards, expected num_shards={info.num_shards}")
+    out = []
+    for i, shard in enumerate(entry.shards):
+        expected = shard_uri(root, channel, i, info.num_shards)
+        uri = storage.join(root, shard.path)
+        if uri != expected:
+            raise DatasetError(f"{where}: {channel} shard {i} is {uri}, expected {expected}")
+        out.append((uri, shard.rows))
+    return out

@@ -1,0 +1,140 @@
+"""Every option of :class:`~loaders.ShardLoader`, in one frozen dataclass, checked on creation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from lakeshard.errors import ConfigError
+from lakeshard.format import CHANNELS
+from loaders.decode import get_decoder
+from loaders.plan import REMAINDER_POLICIES
+
+__all__ = ["ORDER_KEYS", "LoaderOptions", "default_threads"]
+
+#: The options that decide which batches come out (and so must match on resume).
+ORDER_KEYS = ("world_size", "batch_size", "shuffle", "seed", "drop_last", "remainder", "shuffle_window")
+
+
+def default_threads(local_world_size: int | None = None) -> int:
+    """Decode threads when none are given: the CPUs this process may run on (its affinity mask,
+    which container limits and ``taskset`` narrow), shared among the ranks on this machine
+    (``local_world_size``, by default ``LOCAL_WORLD_SIZE``, which ``torchrun`` sets); at least 1.
+    The trainer gives torch's intra-op threads the same share."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    if local_world_size is None:
+        raw = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        try:
+            local_world_size = int(raw)
+        except ValueError:
+            local_world_size = 0
+        if local_world_size < 1:
+            raise ConfigError(f"LOCAL_WORLD_SIZE must be a positive integer, got {raw!r} (from the environment)")
+    return max(1, cpus // max(1, local_world_size))
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderOptions:
+    """Every option of :class:`~loaders.ShardLoader`, which takes them as keywords.
+
+    Attributes:
+        channel: ``train``, ``validation`` or ``test``.
+        rank, world_size: this process's place in the data-parallel group.
+        batch_size: rows per batch on this rank (the per-rank batch, not the global one).
+        shuffle: permute row groups and rows (within a window of ``shuffle_window`` rows), seeded
+            by ``(seed, epoch, rank)``; off, rows come in shard order.
+        seed: the seed of the shuffle and of augmentation.
+        drop_last: drop the short last batch of each epoch (it is the same size on every rank).
+        remainder: ``"pad"`` (every row is read; fewer than ``world_size`` rows are repeated and
+            labelled :data:`~loaders.PAD_LABEL`) or ``"drop"`` (up to ``world_size - 1`` rows
+            unread); see :mod:`loaders.plan`.
+        shuffle_window: rows shuffled together; also the reader's memory bound (encoded rows).
+        num_threads: decode threads; default :func:`default_threads` (one per core this rank
+            gets: decode threads never wait on I/O, the reader thread does; a fixed default
+            would starve a larger machine).
+        prefetch: batches decoded ahead of the training loop.
+        decoder: ``"auto"`` (each batch's JPEGs at once with ``loaders._jpeg`` when built; then
+            simplejpeg for JPEG when installed, Pillow otherwise), ``"pillow"`` or
+            ``"simplejpeg"`` (image by image); see ``loaders/decode.py``.
+        augment: random horizontal flip, and a random crop when ``crop`` is set.
+        crop: output size; a random crop with ``augment``, a centre crop without.
+        normalize: ``(mean, std)`` per channel on the 0-1 scale: images become float32
+            ``(x/255 - mean) / std`` instead of uint8; every std must be positive.
+        pin_memory: pin batches for fast host-to-GPU copies (only when CUDA is available).
+        skip_bad_rows: a row that cannot be decoded (or has a label out of range) becomes an
+            all-zero image labelled :data:`~loaders.PAD_LABEL`, is logged and counted in
+            ``ShardLoader.skipped_rows``, instead of raising :class:`LoaderError`. Read errors (a
+            shard that cannot be read) always raise.
+    """
+
+    channel: str = "train"
+    rank: int = 0
+    world_size: int = 1
+    batch_size: int = 64
+    shuffle: bool = False
+    seed: int = 0
+    drop_last: bool = False
+    remainder: str = "pad"
+    shuffle_window: int = 2048
+    num_threads: int | None = None  # None: default_threads()
+    prefetch: int = 4
+    decoder: str = "auto"
+    augment: bool = False
+    crop: int | None = None
+    normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
+    pin_memory: bool = False
+    skip_bad_rows: bool = False
+
+    @classmethod
+    def from_keywords(cls, options: dict[str, Any]) -> LoaderOptions:
+        """``LoaderOptions(**options)``, with a :class:`ConfigError` naming an unknown option."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"unknown loader option(s) {unknown}; the options are {sorted(known)}")
+        return cls(**options)
+
+    def __post_init__(self) -> None:
+        if self.num_threads is None:
+            object.__setattr__(self, "num_threads", default_threads())
+        for name in ("batch_size", "world_size", "shuffle_window", "num_threads", "prefetch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank must be in [0, world_size={self.world_size}), got {self.rank!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.remainder not in REMAINDER_POLICIES:
+            raise ConfigError(f"remainder must be one of {REMAINDER_POLICIES}, got {self.remainder!r}")
+        if self.channel not in CHANNELS:
+            raise ConfigError(f"channel must be one of {CHANNELS}, got {self.channel!r}")
+        try:
+            get_decoder(self.decoder)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.crop is not None and (not isinstance(self.crop, int) or self.crop < 1):
+            raise ConfigError(f"crop must be a positive integer or None, got {self.crop!r}")
+        if self.normalize is not None:
+            self._check_normalize()
+
+    def _check_normalize(self) -> None:
+        shape = "((mean_r, mean_g, mean_b), (std_r, std_g, std_b))"
+        if len(self.normalize) != 2 or any(len(v) != 3 for v in self.normalize):
+            raise ConfigError(f"normalize must be {shape}, got {self.normalize!r}")
+        mean, std = self.normalize
+        if not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in (*mean, *std)):
+            raise ConfigError(f"normalize must be {shape} of finite numbers, got {self.normalize!r}")
+        if any(s <= 0 for s in std):
+            raise ConfigError(f"normalize std must be positive (images are divided by it), got std={tuple(std)!r}")
+
+    def order_key(self) -> dict[str, Any]:
+        """The options that decide which batches come out (and so must match on resume)."""
+        return {k: getattr(self, k) for k in ORDER_KEYS}

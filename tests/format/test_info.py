@@ -1,0 +1,161 @@
+"""The format's model of dataset.json, its footer check, its shard opener and its writer."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lakeshard import format as fmt
+from lakeshard import storage
+from lakeshard.errors import DatasetError
+from tests.loaders.loader_builders import shard_path, write_dataset
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    write_dataset(tmp_path / "ds", rows={"train": 8, "validation": 4, "test": 4}, num_shards=2, row_group_rows=3)
+    return tmp_path / "ds"
+
+
+def raw(root: Path) -> dict[str, Any]:
+    return json.loads((root / "dataset.json").read_text())
+
+
+def test_to_json_gives_back_what_from_json_read(root: Path):
+    data = raw(root)
+    info = fmt.DatasetInfo.from_json(data)
+    assert info.to_json() == data
+    assert info.channels["train"].shards[1].path == "shards/channel=train/part-00001-of-00002.parquet"
+    assert info.image.size == 8 and info.labels == {"class0": 0, "class1": 1, "class2": 2}
+    assert fmt.read_dataset_info(str(root)) == info
+
+
+def test_fields_it_does_not_know_are_ignored(root: Path):
+    data = raw(root)
+    data["made_by_a_newer_writer"] = {"x": 1}
+    data["channels"]["train"]["shards"][0]["extra"] = 5
+    assert fmt.DatasetInfo.from_json(data) == fmt.DatasetInfo.from_json(raw(root))
+
+
+@pytest.mark.parametrize("version", [1, 3, None, "2"])
+def test_another_format_version_is_refused_with_what_to_do(root: Path, version: Any):
+    data = raw(root)
+    data["format_version"] = version
+    (root / "dataset.json").write_text(json.dumps(data))
+    with pytest.raises(DatasetError, match=rf"dataset.json has format_version {version!r}; this code reads format "
+                                           r"version 2 only: rebuild the dataset .*jobs/shard.py --overwrite"):
+        fmt.read_dataset_info(str(root))
+
+
+def _without(data: dict[str, Any], path: list[Any]) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    node = data
+    for step in path[:-1]:
+        node = node[step]
+    del node[path[-1]]
+    return data
+
+
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        (["dataset_version"], "dataset_version"),
+        (["image", "size"], "image.size"),
+        (["channels", "train", "shards", 1, "rows"], r"channels.train.shards\[1\].rows"),
+        (["counts", "padded"], "counts.padded"),
+    ],
+)
+def test_a_missing_field_is_named_with_the_file(root: Path, path: list[Any], field: str):
+    (root / "dataset.json").write_text(json.dumps(_without(raw(root), path)))
+    with pytest.raises(DatasetError, match=rf"^file://{root}/dataset.json: field {field} is missing$"):
+        fmt.read_dataset_info(str(root))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(num_shards="2"), "field num_shards must be an integer, got '2'"),
+        (lambda d: d.update(num_shards=True), "field num_shards must be an integer, got True"),
+        (lambda d: d["image"].update(format=None), "field image.format must be a string, got None"),
+        (lambda d: d["channels"]["test"].update(shards={}), r"field channels.test.shards must be a list, got \{\}"),
+        (lambda d: d["inputs"]["split"].update(train="half"), "field inputs.split.train must be a number, got 'half'"),
+        (lambda d: d.update(labels=[]), r"field labels must be an object, got \[\]"),
+    ],
+)
+def test_a_mistyped_field_is_named_with_its_value(root: Path, change, message: str):
+    data = raw(root)
+    change(data)
+    with pytest.raises(DatasetError, match=f"^where.json: {message}$"):
+        fmt.DatasetInfo.from_json(data, source="where.json")
+
+
+def test_a_missing_channel_is_named(root: Path):
+    info = fmt.read_dataset_info(str(root))
+    data = raw(root)
+    del data["channels"]["test"]
+    with pytest.raises(DatasetError, match=r"has no channel 'test' \(it has \['train', 'validation'\]\)"):
+        fmt.channel_shards(str(root), fmt.DatasetInfo.from_json(data), "test")
+    assert [rows for _, rows in fmt.channel_shards(str(root), info, "test")] == [2, 2]
+
+
+def test_check_footer_names_the_key_both_values_and_the_shard():
+    footer = {"dataset_version": "aaa", "channel": "train", "shard_index": "1"}
+    fmt.check_footer("s3://b/x.parquet", footer, {"channel": "train", "shard_index": 1})
+    with pytest.raises(DatasetError, match=r"^shard s3://b/x.parquet footer says lakeshard.dataset_version='aaa', "
+                                           r"expected 'bbb' \(the dataset was rebuilt"):
+        fmt.check_footer("s3://b/x.parquet", footer, {"dataset_version": "bbb"})
+    with pytest.raises(DatasetError, match=r"footer says lakeshard.num_shards=None, expected '2'"):
+        fmt.check_footer("s3://b/x.parquet", footer, {"num_shards": 2})
+
+
+def test_a_footer_key_outside_the_spec_is_refused():
+    with pytest.raises(ValueError, match=r"footer keys \['colour'\] are not in FOOTER_KEYS"):
+        fmt.footer_metadata({"channel": "train", "colour": "red"})
+
+
+def test_the_opener_checks_a_shard_against_dataset_json(root: Path):
+    info = fmt.read_dataset_info(str(root))
+    uri = fmt.shard_uri(storage.normalize(str(root)), "train", 1, 2)
+    with fmt.open_shard(uri) as shard:
+        assert shard.footer == {"dataset_version": info.dataset_version, "channel": "train", "shard_index": "1",
+                                "num_shards": "2", "format_version": "2", "image_format": "png", "image_size": "8"}
+        assert shard.check(info, "train", 1, rows=4) == [3, 1]  # row_group_rows=3
+        with pytest.raises(DatasetError, match=r"footer says lakeshard.shard_index='1', expected '0'"):
+            shard.check(info, "train", 0)
+        with pytest.raises(DatasetError, match=r"has 4 rows, dataset.json says 5"):
+            shard.check(info, "train", 1, rows=5)
+    shard_path(root, "train", 1, 2).write_bytes(b"not parquet")
+    with pytest.raises(DatasetError, match=rf"^cannot open shard {uri}: "):
+        fmt.open_shard(uri)
+
+
+def test_the_writer_closes_row_groups_by_rows_or_bytes(tmp_path: Path):
+    table = pa.table({"image": [b"x" * 10] * 7, "label": list(range(7)), "uri": ["u"] * 7, "key": ["k"] * 7,
+                      "height": pa.array([1] * 7, pa.int32()), "width": pa.array([1] * 7, pa.int32()),
+                      "is_pad": [False] * 7}, schema=fmt.SHARD_SCHEMA)
+    sizes = {}
+    for name, options in {"rows": {"row_group_bytes": 1000, "row_group_rows": 3},
+                          "bytes": {"row_group_bytes": 20, "row_group_rows": 3},
+                          "bytes only": {"row_group_bytes": 40}}.items():
+        uri = storage.normalize(str(tmp_path / f"{name}.parquet"))
+        with fmt.ShardWriter(uri, metadata={"channel": "train"}, **options) as writer:
+            writer.write(table.slice(0, 2))
+            writer.write(table.slice(2))
+        md = pq.ParquetFile(tmp_path / f"{name}.parquet").metadata
+        sizes[name] = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        assert writer.stats["row_groups"] == md.num_row_groups
+    assert sizes == {"rows": [3, 3, 1], "bytes": [2, 2, 2, 1], "bytes only": [4, 3]}
+
+
+def test_the_layout_keeps_shards_alone_below_shards():
+    assert fmt.shard_relpath("validation", 2, 4) == "shards/channel=validation/part-00002-of-00004.parquet"
+    assert fmt.shard_uri("s3://b/ds", "test", 0, 1) == "s3://b/ds/shards/channel=test/part-00000-of-00001.parquet"
+    assert fmt.shards_folder_uri("s3://b/stage", "train", 0, 1) == "s3://b/stage/channel=train/part-00000-of-00001.parquet"
+    assert fmt.shard_rejects_uri("s3://b/ds") == "s3://b/ds/rejects/shards.parquet"
+    assert not fmt.shard_rejects_uri("s3://b/ds").startswith(fmt.shards_uri("s3://b/ds"))

@@ -1,0 +1,69 @@
+"""``docs/format.md`` and the code name the same columns (with their types), footer keys and
+``dataset.json`` fields (with their types): a field added to one and not the other fails here."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from lakeshard.format import FOOTER_KEYS, MANIFEST_SCHEMA, SHARD_REJECTS_SCHEMA, SHARD_SCHEMA
+from lakeshard.format.info import info_fields
+
+SPEC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
+
+
+def spec_table(title: str) -> list[list[str]]:
+    """The rows (cells, the first without its backticks) of the table under ``## <title>``."""
+    text = SPEC.read_text()
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    assert match, f"docs/format.md has no section '## {title}'"
+    rows = []
+    for line in match.group(1).splitlines():
+        if not line.startswith("|") or set(line) <= set("|- "):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        name = re.fullmatch(r"`([^`]+)`", cells[0])
+        if name:  # the header row has no backticks
+            rows.append([name.group(1), *cells[1:]])
+    assert rows, f"the table under '## {title}' is empty"
+    return rows
+
+
+@pytest.mark.parametrize(
+    "title, schema",
+    [("Shard columns", SHARD_SCHEMA), ("Manifest columns", MANIFEST_SCHEMA), ("Shard rejects columns", SHARD_REJECTS_SCHEMA)],
+)
+def test_columns_and_types_match_the_schemas(title: str, schema: pa.Schema):
+    assert [(r[0], r[1]) for r in spec_table(title)] == [(f.name, str(f.type)) for f in schema]
+
+
+def test_footer_keys_match():
+    assert [r[0] for r in spec_table("Footer keys")] == list(FOOTER_KEYS)
+
+
+def _doc_type(hint: typing.Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint) or origin is dict:
+        return "object"
+    if origin is list:
+        return "list" if dataclasses.is_dataclass(args[0]) else f"list of {_doc_type(args[0])}"
+    return {int: "int", str: "string", float: "number", bool: "bool"}[hint]
+
+
+def test_dataset_json_fields_and_types_match_the_model():
+    documented = {r[0]: r[1] for r in spec_table("dataset.json fields")}
+    modelled = {path: _doc_type(hint) for path, hint in info_fields().items()}
+    assert sorted(set(documented) - set(modelled)) == [], "documented but not in DatasetInfo"
+    assert sorted(set(modelled) - set(documented)) == [], "in DatasetInfo but not documented"
+    assert documented == modelled
+
+
+def test_the_spec_names_the_current_format_version():
+    from lakeshard.format import FORMAT_VERSION
+
+    assert SPEC.read_text().splitlines()[0] == f"# The lakeshard dataset format (version {FORMAT_VERSION})"
