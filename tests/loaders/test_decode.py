@@ -16,17 +16,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from loader_builders import ids_of, write_dataset
+from loader_builders import ids_of, shard_path, write_dataset
 from PIL import Image
 
 from lakeshard.errors import LoaderError
-from loaders import PAD_LABEL, ShardLoader, decode, extensions, shard_loader
-from loaders.shard_loader import _binary_rows, _int64s
+from loaders import PAD_LABEL, ShardLoader, arrow_columns, decode, extensions
+from loaders.arrow_columns import binary_rows as _binary_rows
+from loaders.arrow_columns import int64_column as _int64s
 
 # The optional extensions, as this process has them (built, and LAKESHARD_NO_EXTENSIONS unset):
 # each test of one checks it where present, and the loader's fallback where absent. Run this file
 # with LAKESHARD_NO_EXTENSIONS=1 too, for the fallback's side.
-_rows = shard_loader._rows
+_rows = arrow_columns._rows
 _jpeg = decode._jpeg
 
 
@@ -72,7 +73,7 @@ def test_wrong_size_is_refused_with_both_sizes(name: str, size: tuple[int, int])
 
 def test_wrong_size_and_null_rows_name_the_row(tmp_path: Path):
     write_dataset(tmp_path, rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, fmt="jpeg")
-    path = tmp_path / "shards/train/part-00000-of-00001.parquet"
+    path = shard_path(tmp_path, "train", 0, 1)
     table = pq.read_table(path)
     images = table.column("image").to_pylist()
     images[3], images[6] = jpeg(4, 4), None
@@ -100,7 +101,7 @@ def test_shards_of_any_binary_type_load_alike(tmp_path: Path, image_type: pa.Dat
     """The job writes ``binary``; another writer may use 64-bit offsets or views, with nulls:
     the loader reads them all alike."""
     write_dataset(tmp_path, rows={"train": 12, "validation": 4, "test": 4}, num_shards=1, fmt="jpeg")
-    path = tmp_path / "shards/train/part-00000-of-00001.parquet"
+    path = shard_path(tmp_path, "train", 0, 1)
     expected_ids = [i for images, _ in ShardLoader(str(tmp_path), batch_size=4) for i in ids_of(images)]
     table = pq.read_table(path)
     images = table.column("image").to_pylist()
@@ -172,11 +173,11 @@ def test_without_the_extension_the_loader_yields_the_same_batches(tmp_path: Path
     write_dataset(tmp_path, rows={"train": 30, "validation": 4, "test": 4}, num_shards=2, fmt="jpeg")
     code = (
         "import hashlib, sys\n"
-        "from loaders import ShardLoader, decode, shard_loader\n"
+        "from loaders import ShardLoader, arrow_columns, decode\n"
         "digest = hashlib.sha256()\n"
         "for images, labels in ShardLoader(sys.argv[1], batch_size=4, shuffle=True, seed=3):\n"
         "    digest.update(images.numpy().tobytes()); digest.update(labels.numpy().tobytes())\n"
-        "print(shard_loader._rows is not None, decode._jpeg is not None, digest.hexdigest())\n"
+        "print(arrow_columns._rows is not None, decode._jpeg is not None, digest.hexdigest())\n"
     )
     seen = {off: in_fresh_process(code, tmp_path, LAKESHARD_NO_EXTENSIONS=off).split() for off in ("", "1")}
     built = [str(importlib.util.find_spec(f"loaders.{name}") is not None) for name in ("_rows", "_jpeg")]
@@ -379,7 +380,7 @@ def test_a_batch_with_bad_rows_reports_them_in_row_order(tmp_path: Path):
     visited in row order: with one thread, the first bad row fails the loader; skipped, every
     bad row is reported once and the rest of the batch is intact."""
     write_dataset(tmp_path, rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, fmt="jpeg")
-    path = tmp_path / "shards/train/part-00000-of-00001.parquet"
+    path = shard_path(tmp_path, "train", 0, 1)
     expected = [i for images, _ in ShardLoader(str(tmp_path), batch_size=8) for i in ids_of(images)]
     table = pq.read_table(path)
     images = table.column("image").to_pylist()
