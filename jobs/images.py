@@ -31,7 +31,6 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"II*\x00", "tiff"),
     (b"MM\x00*", "tiff"),
     (b"\x00\x00\x01\x00", "ico"),
-    (b"\x00\x00\x02\x00", "cur"),
     (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jpeg2000"),  # JP2 file
     (b"\xffO\xffQ", "jpeg2000"),  # raw J2K codestream
 )
