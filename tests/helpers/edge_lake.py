@@ -26,7 +26,8 @@ def write_edge_lake(tmp: Path) -> Path:
     - ``dog/loop -> ..``: a link to an ancestor; ``cat/dangling.png``: a dangling link;
       ``cat/selfloop.png -> selfloop.png``: a link that never resolves;
     - :data:`HIDDEN` and ``cat/notes.tmp`` (for ``--exclude '*.tmp'``);
-    - ``dup/copy_{0..3}.png`` (one image, four keys) and ``fox/copy_of_cat.png`` (= ``cat/img_00001.png``);
+    - ``dup/copy_{0..7}.png`` (one image, eight keys, in a class of ten: a split of it into two
+      halves must put copies in both) and ``fox/copy_of_cat.png`` (= ``cat/img_00001.png``);
     - ``fox/`` also holds :data:`EXTRA_FORMATS`.
     """
     raw = tmp / "raw"
@@ -47,9 +48,9 @@ def write_edge_lake(tmp: Path) -> Path:
     (raw / "cat" / "notes.tmp").write_bytes(b"scratch")
     copy = encode(make_image(999), "PNG")
     (raw / "dup").mkdir()
-    for i in range(4):
+    for i in range(8):
         (raw / "dup" / f"copy_{i}.png").write_bytes(copy)
-    for i in range(6):
+    for i in range(2):
         (raw / "dup" / f"img_{i}.png").write_bytes(encode(make_image(2000 + i), "PNG"))
     (raw / "fox" / "copy_of_cat.png").write_bytes((raw / "cat" / "img_00001.png").read_bytes())
     for name, fmt in EXTRA_FORMATS.items():
