@@ -83,7 +83,7 @@ def test_edge_lake_is_listed_reported_deduped_and_sharded(engine, tmp_path):
 
 def test_one_class_lake_is_refused(engine, tmp_path):
     write_lake(tmp_path / "raw", {"only": 12})
-    with pytest.raises(ManifestError, match="at least 2 classes.* 1 class only: 'only'"):
+    with pytest.raises(ManifestError, match=r"at least 2 classes.* 1 class only: 'only'"):
         manifest_job.run(ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / "ds"), engine=engine.name),
                          engine)
     assert not (tmp_path / "ds" / "manifests" / "_manifest.json").exists()
