@@ -192,7 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         help_text = f.metadata.get("help", "")
         if f.default is dataclasses.MISSING:
             help_text += " (required)"
-        elif default is not None and base is not bool:
+        elif default not in (None, ()) and base is not bool:
             help_text += f" (default: {_show(default)})"
         if f.metadata.get("repeat"):
             parser.add_argument(_flag(f.name), dest=f.name, default=None, action="append", metavar=f.name.upper(),

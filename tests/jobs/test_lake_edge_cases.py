@@ -14,6 +14,7 @@ from jobs.listing import Skip, discover, list_prefix
 from jobs.settings import ManifestConfig
 from lakeshard.errors import ConfigError, ManifestError, RejectFractionError
 from tests.helpers.edge_lake import HIDDEN, write_edge_lake
+from tests.helpers.lake import encode, make_image
 
 
 def _listing(raw: Path, skip: Skip) -> dict[str, dict[str, Any]]:
@@ -125,3 +126,36 @@ def test_output_inside_an_s3_input_is_refused(src, out):
 @pytest.mark.parametrize("src,out", [("s3://b/raw", "s3://b/raw2/ds"), ("s3://b/raw/cat", "s3://b/raw")])
 def test_output_beside_or_above_the_input_is_allowed(src, out):
     manifest_job.check(ManifestConfig(input=src, output=out))
+
+
+@pytest.mark.s3
+def test_s3_content_identity_sees_through_multipart_etags(s3_bucket):
+    """A multipart ETag ('<hash>-<parts>') is not the content's MD5: such an object is hashed,
+    so the same bytes uploaded whole and in parts are one content; distinct bytes are not."""
+    import boto3
+
+    from jobs.listing import inspect_objects
+
+    bucket = s3_bucket[len("s3://"):]
+    client = boto3.client("s3")
+    image = encode(make_image(11), "PNG")
+    big = image + b"\0" * (5 * 2**20)  # trailing bytes after IEND: still that PNG; multipart needs 5 MiB parts
+    upload = client.create_multipart_upload(Bucket=bucket, Key="raw/b/parts.png")
+    parts = []
+    for n, chunk in enumerate((big[:5 * 2**20], big[5 * 2**20:]), start=1):
+        etag = client.upload_part(Bucket=bucket, Key="raw/b/parts.png", UploadId=upload["UploadId"], PartNumber=n,
+                                  Body=chunk)["ETag"]
+        parts.append({"PartNumber": n, "ETag": etag})
+    client.complete_multipart_upload(Bucket=bucket, Key="raw/b/parts.png", UploadId=upload["UploadId"],
+                                     MultipartUpload={"Parts": parts})
+    client.put_object(Bucket=bucket, Key="raw/a/whole.png", Body=big)
+    client.put_object(Bucket=bucket, Key="raw/a/other.png", Body=image)
+    client.put_object(Bucket=bucket, Key="raw/b/own.png", Body=encode(make_image(12), "PNG"))
+    raw = f"{s3_bucket}/raw"
+    prefixes, _ = discover(raw)
+    rows = {r["key"]: r for r in inspect_objects([r for p in prefixes for r in list_prefix(raw, p)])}
+    assert "-" in rows["b/parts.png"]["etag"] and "-" not in rows["a/whole.png"]["etag"]
+    assert all(r["status"] == "ok" for r in rows.values())
+    m = build_manifest(list(rows.values()), split={"train": 1.0}, seed=0, dedupe=True)
+    reasons = dict(zip(m.rejects["key"].to_pylist(), m.rejects["reason"].to_pylist()))
+    assert reasons == {"b/parts.png": "duplicate: same content as 'a/whole.png'"}
