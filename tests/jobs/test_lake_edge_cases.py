@@ -27,17 +27,21 @@ def _listing(raw: Path, skip: Skip) -> dict[str, dict[str, Any]]:
 
 def test_links_are_followed_or_rejected_by_reason_and_hidden_objects_skipped(tmp_path):
     raw = write_edge_lake(tmp_path)
+    (raw / "ghost").symlink_to("../no-such-class")  # a dangling link where a class would be
+    (raw / "fox" / "linked.png").symlink_to("../../more-cats-x/img_00000.png")  # a file link
     rows = _listing(raw, Skip(exclude=("*.tmp",)))
     ok = {k for k, r in rows.items() if r["status"] == "ok"}
     assert {f"cat2/img_{i:05d}.png" for i in range(6)} <= ok  # a class that is a link
     assert {f"dog/linked/img_{i:05d}.png" for i in range(4)} <= ok  # a folder link inside a class
     assert rows["cat2/img_00000.png"]["label"] == "cat2" and rows["cat2/img_00000.png"]["size"] > 0
+    assert "fox/linked.png" in ok and rows["fox/linked.png"]["size"] == rows["cat2/img_00000.png"]["size"]
     assert not any("more-cats" in k or "extra-dogs" in k or k.startswith("dog/loop/") for k in rows)
     reasons = {k: r["reason"] for k, r in rows.items() if r["status"] == "rejected"}
     assert reasons == {
         "dog/loop": "symlink loop: loop -> '..' leads back to a folder above it",
         "cat/dangling.png": "dangling symlink: dangling.png -> 'nowhere.png', which does not exist",
         "cat/selfloop.png": "symlink loop: selfloop.png -> 'selfloop.png' never resolves",
+        "ghost": "dangling symlink: ghost -> '../no-such-class', which does not exist",
     }
     skipped = {k: r["reason"] for k, r in rows.items() if r["status"] == "skipped"}
     assert set(skipped) == {*HIDDEN, "cat/notes.tmp"}
