@@ -11,6 +11,12 @@ last ``manifests/_manifest.json``, the marker that the shard job waits for.
 
 Extract (list class prefixes on the driver, list each prefix and read each object's first bytes
 on the workers) -> transform (:func:`jobs.catalog.build_manifest`: label, split, check) -> load.
+
+Hidden objects (``.DS_Store``, ``._*``, ``.ipynb_checkpoints/``, ``__MACOSX/``, ``Thumbs.db``,
+``desktop.ini``) and ``--exclude`` matches are skipped and counted (``counts.skipped``,
+``skipped_by_reason`` in ``_manifest.json``); identical content under several keys is reported
+(``duplicates``: across channels is leakage), and removed but for one key with ``--dedupe``.
+:func:`check` refuses an output inside the input before any engine starts.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from lakeshard.format import FORMAT_VERSION, dataset_json_uri, labels_uri, manif
 __all__ = ["check", "main", "run"]
 
 log = logging.getLogger("jobs.manifest")
+
+_EXAMPLES = 5
 
 
 def _list_parts(src: str, label_depth: int, skip: Skip):
@@ -89,6 +97,10 @@ def extract(cfg: ManifestConfig, engine: Engine) -> tuple[list[dict[str, Any]], 
     return stray + engine.map_partitions(inspect_objects, listed, partitions=partitions), skipped
 
 
+def _skip_kind(reason: str) -> str:
+    return reason if reason.startswith("excluded") else reason.split(":")[0]
+
+
 def summarize(cfg: ManifestConfig, manifest: Manifest, skipped: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     table = manifest.all
     skipped = skipped or []
@@ -117,7 +129,9 @@ def summarize(cfg: ManifestConfig, manifest: Manifest, skipped: list[dict[str, A
         },
         "achieved_fractions": achieved,
         "rejects_by_reason": dict(sorted(reasons.items())),
-        "skipped_by_reason": dict(sorted(Counter(r["reason"] for r in skipped).items())),
+        # "hidden" (their names vary without bound, as '._*' files do) or "excluded: --exclude GLOB".
+        "skipped_by_reason": dict(sorted(Counter(_skip_kind(r["reason"]) for r in skipped).items())),
+        "skipped_examples": {r["key"]: r["reason"] for r in skipped[:_EXAMPLES]},
         "exclude": list(cfg.exclude),
         "include_hidden": cfg.include_hidden,
         "dedupe": cfg.dedupe,

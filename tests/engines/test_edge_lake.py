@@ -50,8 +50,8 @@ def test_edge_lake_is_listed_reported_deduped_and_sharded(engine, tmp_path):
     assert {rows[f"fox/{name}"]["format"] for name in EXTRA_FORMATS} == {"ico", "jpeg2000", "ppm", "tga"}
     assert not set(HIDDEN) & set(rows) and "cat/notes.tmp" not in rows
     assert summary["counts"]["skipped"] == len(HIDDEN) + 1
-    assert summary["skipped_by_reason"]["excluded: --exclude '*.tmp'"] == 1
-    assert sum(summary["skipped_by_reason"].values()) == len(HIDDEN) + 1
+    assert summary["skipped_by_reason"] == {"excluded: --exclude '*.tmp'": 1, "hidden": len(HIDDEN)}
+    assert set(summary["skipped_examples"]) <= {*HIDDEN, "cat/notes.tmp"} and len(summary["skipped_examples"]) == 5
     assert summary["counts"]["listed"] == len(rows) and "__MACOSX" not in summary["labels"]
 
     # Copies: dup/copy_0..7 (8 of the 10 in a class split in halves: in both channels) and
