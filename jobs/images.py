@@ -16,12 +16,12 @@ from PIL import Image, ImageOps
 
 from lakeshard.errors import ImageRejected
 
-__all__ = ["RESIZE_MODES", "ImageSpec", "preprocess", "sniff"]
+__all__ = ["RESIZE_MODES", "UNSUPPORTED_FORMATS", "ImageSpec", "preprocess", "sniff"]
 
 RESIZE_MODES = ("crop", "pad", "stretch")
 IMAGE_FORMATS = ("jpeg", "png")
 
-# Magic numbers of the formats Pillow decodes for us.
+# Magic numbers of the formats Pillow decodes for us; anything else is asked of Pillow itself.
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -30,20 +30,43 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"BM", "bmp"),
     (b"II*\x00", "tiff"),
     (b"MM\x00*", "tiff"),
+    (b"\x00\x00\x01\x00", "ico"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jpeg2000"),  # JP2 file
+    (b"\xffO\xffQ", "jpeg2000"),  # raw J2K codestream
 )
 
-#: How many leading bytes :func:`sniff` needs.
-SNIFF_BYTES = 16
+#: Formats Pillow identifies but cannot decode without an external program: a reject reason
+#: names them as unsupported rather than not images.
+UNSUPPORTED_FORMATS = {"eps": "Pillow decodes EPS only through Ghostscript"}
+
+#: How many leading bytes :func:`sniff` needs (Pillow reads a few hundred to identify some formats).
+SNIFF_BYTES = 512
+
+
+def _pillow_format(head: bytes) -> str | None:
+    """The format Pillow identifies from ``head`` alone, or None."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(head)) as img:
+                return str(img.format).lower()
+    except Exception:  # every plugin's way of saying "not mine" (or "need more bytes")
+        return None
 
 
 def sniff(head: bytes) -> str | None:
-    """The image format that ``head`` (the object's first bytes) starts with, or None."""
+    """The image format of an object whose first bytes are ``head`` (at least
+    :data:`SNIFF_BYTES` of them, or the whole object), or None if Pillow cannot identify it.
+
+    Names are lower-case Pillow format names (``jpeg``, ``png``, ``ico``, ``ppm``, ``tga``...);
+    those in :data:`UNSUPPORTED_FORMATS` are images the shard job cannot decode.
+    """
     for magic, name in _SIGNATURES:
         if head.startswith(magic):
             return name
     if len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "webp"
-    return None
+    return _pillow_format(head)
 
 
 @dataclass(frozen=True, slots=True)

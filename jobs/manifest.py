@@ -11,6 +11,12 @@ last ``manifests/_manifest.json``, the marker that the shard job waits for.
 
 Extract (list class prefixes on the driver, list each prefix and read each object's first bytes
 on the workers) -> transform (:func:`jobs.catalog.build_manifest`: label, split, check) -> load.
+
+Hidden objects (``.DS_Store``, ``._*``, ``.ipynb_checkpoints/``, ``__MACOSX/``, ``Thumbs.db``,
+``desktop.ini``) and ``--exclude`` matches are skipped and counted (``counts.skipped``,
+``skipped_by_reason`` in ``_manifest.json``); identical content under several keys is reported
+(``duplicates``: across channels is leakage), and removed but for one key with ``--dedupe``.
+:func:`check` refuses an output inside the input before any engine starts.
 """
 
 from __future__ import annotations
@@ -33,38 +39,71 @@ import pyarrow.parquet as pq
 from jobs.catalog import Manifest, build_manifest, fingerprint, sagemaker_manifest
 from jobs.engines import Engine
 from jobs.engines.cli import run_job
-from jobs.listing import discover, inspect_objects, list_prefix
+from jobs.listing import Skip, discover, inspect_objects, list_prefix
 from jobs.settings import ManifestConfig
 from lakeshard import storage
 from lakeshard.config import add_arguments
-from lakeshard.errors import DatasetExistsError, StorageError
+from lakeshard.errors import ConfigError, DatasetExistsError, StorageError
 from lakeshard.format import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
 
-__all__ = ["main", "run"]
+__all__ = ["check", "main", "run"]
 
 log = logging.getLogger("jobs.manifest")
 
+_EXAMPLES = 5
 
-def _list_parts(src: str, label_depth: int):
+
+def _list_parts(src: str, label_depth: int, skip: Skip):
     def list_some(prefixes: list[str]) -> list[dict[str, Any]]:
-        return [row for p in prefixes for row in list_prefix(src, p, label_depth=label_depth)]
+        return [row for p in prefixes for row in list_prefix(src, p, label_depth=label_depth, skip=skip)]
     return list_some
 
 
-def extract(cfg: ManifestConfig, engine: Engine) -> list[dict[str, Any]]:
-    """Every listed object under ``cfg.input``, inspected, as manifest rows."""
+def _skip(cfg: ManifestConfig) -> Skip:
+    return Skip(exclude=tuple(cfg.exclude), include_hidden=cfg.include_hidden)
+
+
+def _local_path(uri: str) -> str:
+    """The real path of a local URI (links resolved), or the URI itself."""
+    return os.path.realpath(storage.filesystem(uri)[1]) if uri.startswith("file://") else uri
+
+
+def check(cfg: ManifestConfig) -> None:
+    """Refuse, before any engine starts, an output equal to or inside the input (the next run
+    would list the dataset as lake objects). Raises :class:`ConfigError` naming both URIs."""
+    src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
+    src_path, out_path = _local_path(src), _local_path(out)
+    if out_path == src_path or out_path.startswith(src_path.rstrip("/") + "/"):
+        where = "is the input" if out_path == src_path else "is inside the input"
+        raise ConfigError(f"--output {out} {where} --input {src}; write the dataset outside the lake "
+                          "(the next run would list it as images)")
+
+
+def extract(cfg: ManifestConfig, engine: Engine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every listed object under ``cfg.input``, inspected, as manifest rows; and the objects
+    skipped (hidden or excluded), as rows whose ``reason`` says why."""
     src = storage.normalize(cfg.input)
-    prefixes, stray = discover(src, label_depth=cfg.label_depth)
+    skip = _skip(cfg)
+    prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=skip)
     log.info("found %d class prefixes under %s; listing them on %s", len(prefixes), src, engine.name)
-    listed = engine.map_partitions(_list_parts(src, cfg.label_depth), prefixes, partitions=len(prefixes))
-    listed.sort(key=lambda r: r["key"])
+    listed = engine.map_partitions(_list_parts(src, cfg.label_depth, skip), prefixes, partitions=len(prefixes))
+    skipped = sorted((r for r in stray + listed if r["status"] == "skipped"), key=lambda r: r["key"])
+    if skipped:
+        log.info("skipped %d hidden or excluded objects (e.g. %s)", len(skipped), skipped[0]["key"])
+    stray = [r for r in stray if r["status"] != "skipped"]
+    listed = sorted((r for r in listed if r["status"] != "skipped"), key=lambda r: r["key"])
     partitions = cfg.partitions or max(1, min(len(listed), max(2 * engine.parallelism, math.ceil(len(listed) / 2000))))
     log.info("listed %d objects; reading their headers in %d tasks", len(listed), partitions)
-    return stray + engine.map_partitions(inspect_objects, listed, partitions=partitions)
+    return stray + engine.map_partitions(inspect_objects, listed, partitions=partitions), skipped
 
 
-def summarize(cfg: ManifestConfig, manifest: Manifest) -> dict[str, Any]:
+def _skip_kind(reason: str) -> str:
+    return reason if reason.startswith("excluded") else reason.split(":")[0]
+
+
+def summarize(cfg: ManifestConfig, manifest: Manifest, skipped: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     table = manifest.all
+    skipped = skipped or []
     reasons = Counter(r.split(":")[0] for r in manifest.rejects["reason"].to_pylist())
     achieved = {}
     for label in manifest.labels:
@@ -86,9 +125,17 @@ def summarize(cfg: ManifestConfig, manifest: Manifest) -> dict[str, Any]:
             "rejected": manifest.rejects.num_rows,
             "channels": {c: t.num_rows for c, t in manifest.channels.items()},
             "classes": manifest.counts,
+            "skipped": len(skipped),
         },
         "achieved_fractions": achieved,
         "rejects_by_reason": dict(sorted(reasons.items())),
+        # "hidden" (their names vary without bound, as '._*' files do) or "excluded: --exclude GLOB".
+        "skipped_by_reason": dict(sorted(Counter(_skip_kind(r["reason"]) for r in skipped).items())),
+        "skipped_examples": {r["key"]: r["reason"] for r in skipped[:_EXAMPLES]},
+        "exclude": list(cfg.exclude),
+        "include_hidden": cfg.include_hidden,
+        "dedupe": cfg.dedupe,
+        "duplicates": manifest.duplicates,
     }
 
 
@@ -126,8 +173,21 @@ def _check_bucket(out: str) -> None:
         raise StorageError(f"cannot write {out}: {type(exc).__name__}: {exc}") from exc
 
 
+def _warn_duplicates(dups: dict[str, Any]) -> None:
+    if dups["across_channels"]:
+        log.warning("leakage: %d groups of identical images are split across channels (%d objects in %d groups "
+                    "of identical content in all; e.g. %s); pass --dedupe to keep one of each",
+                    dups["across_channels"], dups["objects"], dups["groups"], dups["examples"][0])
+    elif dups["groups"]:
+        log.warning("%d objects in %d groups of identical content (each group within one channel; e.g. %s)",
+                    dups["objects"], dups["groups"], dups["examples"][0])
+    if dups["removed"]:
+        log.info("dedupe: rejected %d copies of identical content", dups["removed"])
+
+
 def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     """Run the job; return the summary written to ``manifests/_manifest.json``."""
+    check(cfg)
     out = storage.normalize(cfg.output)
     if out.startswith("s3://"):
         _check_bucket(out)
@@ -136,11 +196,12 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     if replacing and not cfg.overwrite:
         raise DatasetExistsError(f"{out} already holds a manifest ({marker}); pass --overwrite to replace it")
     storage.remove_temporaries(out)  # half-written files of a killed run
-    rows = extract(cfg, engine)
+    rows, skipped = extract(cfg, engine)
     manifest = build_manifest(rows, split=cfg.split, seed=cfg.seed, split_method=cfg.split_method,
                               min_per_class=cfg.min_per_class, max_reject_fraction=cfg.max_reject_fraction,
-                              source=storage.normalize(cfg.input))
-    summary = summarize(cfg, manifest)
+                              source=storage.normalize(cfg.input), dedupe=cfg.dedupe)
+    summary = summarize(cfg, manifest, skipped)
+    _warn_duplicates(manifest.duplicates)
     if replacing:
         # Invalidate only now that the new manifest is built (a run that fails before leaves the
         # old one, and its dataset, readable): no reader may see a dataset whose manifest is

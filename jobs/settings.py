@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from jobs.images import IMAGE_FORMATS, RESIZE_MODES, ImageSpec
 from jobs.plan import REMAINDER_POLICIES
 from jobs.split import ALGORITHMS
-from lakeshard.config import opt, parse_size, parse_split
+from lakeshard.config import opt, parse_globs, parse_seed, parse_size, parse_split
 
 __all__ = ["ENGINE_NAMES", "ManifestConfig", "ShardConfig"]
 
@@ -34,7 +34,7 @@ class ManifestConfig:
                       help="channel fractions, adding up to 1")
     split_method: str = opt("hash", choices=tuple(ALGORITHMS),
                             help="hash: stable as the lake grows; stratified: exact per-class counts")
-    seed: int = opt(0, help="seed of the split (and, by default, of the shard job)")
+    seed: int = opt(0, parse=parse_seed, help="seed of the split (and, by default, of the shard job), in [0, 2**32 - 1]")
     min_per_class: int = opt(1, help="fail unless every class has at least this many objects in every channel")
     label_depth: int = opt(1, help="which path component below the input is the label (1 = the first)")
     max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of listed objects is rejected")
@@ -42,9 +42,18 @@ class ManifestConfig:
     engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
     scheduler: str | None = opt(None, help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)")
     partitions: int | None = opt(None, help="tasks for reading object headers (default: from the number of objects)")
+    exclude: tuple = opt((), parse=parse_globs, repeat=True,
+                         help="skip objects matching this glob: against the key if it has a '/', else against "
+                              "each path component (e.g. '*.tmp')")
+    include_hidden: bool = opt(False, help="list hidden objects too (names starting with '.', __MACOSX, Thumbs.db, "
+                                           "desktop.ini), which are skipped by default")
+    dedupe: bool = opt(False, help="keep one object of each set with identical content (the others are rejected "
+                                   "naming the kept key), so no image is in two channels")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", parse_split(self.split))
+        object.__setattr__(self, "seed", parse_seed(self.seed))
+        object.__setattr__(self, "exclude", parse_globs(self.exclude))
         _check_positive("min_per_class", self.min_per_class)
         _check_positive("label_depth", self.label_depth)
         _check_positive("partitions", self.partitions, allow_none=True)

@@ -13,14 +13,19 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import yaml
 
 from lakeshard.errors import ConfigError
+from lakeshard.format.layout import CHANNELS
 
-__all__ = ["add_arguments", "opt", "parse_size", "parse_split", "read_yaml", "resolve"]
+__all__ = ["MAX_SEED", "add_arguments", "opt", "parse_globs", "parse_seed", "parse_size", "parse_split", "read_yaml",
+           "resolve"]
+
+#: Seeds are 32-bit (what numpy's and torch's generators take everywhere).
+MAX_SEED = 2**32 - 1
 
 T = TypeVar("T")
 
@@ -48,10 +53,14 @@ def parse_size(value: str | int) -> int:
 def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
     """``"train=0.8,validation=0.1,test=0.1"`` (or a mapping) -> ``{"train": 0.8, ...}``.
 
-    Fractions must be positive and add up to 1 (within 1e-6); channel order is kept.
+    Channels are among ``train``, ``validation`` and ``test`` (any subset); fractions must be
+    positive and add up to 1 (within 1e-6); channel order is kept.
     """
     if isinstance(value, Mapping):
         items = list(value.items())
+    elif not isinstance(value, str):
+        raise ValueError(f"split must be a mapping like {{train: 0.8, validation: 0.2}} or a string like "
+                         f"'train=0.8,validation=0.2', got a {type(value).__name__}: {value!r}")
     else:
         items = []
         for part in str(value).split(","):
@@ -63,8 +72,9 @@ def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
             items.append((name.strip(), frac.strip()))
     out: dict[str, float] = {}
     for name, frac in items:
-        if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
-            raise ValueError(f"channel names are letters, digits, '_' and '-', got {name!r}")
+        if name not in CHANNELS:
+            raise ValueError(f"unknown channel {name!r} in split {_show(value)!r}; channels are "
+                             f"{', '.join(CHANNELS)} (any of them)")
         if name in out:
             raise ValueError(f"channel {name!r} appears twice in split {value!r}")
         try:
@@ -82,13 +92,37 @@ def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def parse_seed(value: Any) -> int:
+    """A seed: an integer in ``[0, 2**32 - 1]``."""
+    bad = ValueError(f"a seed must be an integer in [0, 2**32 - 1 = {MAX_SEED}], got {value!r}")
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise bad
+    try:
+        seed = int(value)
+    except (TypeError, ValueError):
+        raise bad from None
+    if not 0 <= seed <= MAX_SEED:
+        raise bad
+    return seed
+
+
+def parse_globs(value: str | Sequence[str]) -> tuple[str, ...]:
+    """One glob or a list of them (a YAML list, or a repeated flag) -> a tuple of globs."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(g, str) and g for g in items):
+        raise ValueError(f"expected a glob or a list of globs, got {value!r}")
+    return tuple(items)
+
+
 def opt(default: Any = dataclasses.MISSING, *, help: str, parse: Callable[[Any], Any] | None = None,
-        choices: tuple[str, ...] | None = None, flag: bool = True, const: str | None = None) -> Any:
+        choices: tuple[str, ...] | None = None, flag: bool = True, const: str | None = None,
+        repeat: bool = False) -> Any:
     """A dataclass field with its help text, parser and choices for the command line.
 
     ``const``: the flag may be given without a value, meaning ``const`` (``--resume`` = auto).
+    ``repeat``: the flag may be given several times; ``parse`` gets the list.
     """
-    meta = {"help": help, "parse": parse, "choices": choices, "flag": flag, "const": const}
+    meta = {"help": help, "parse": parse, "choices": choices, "flag": flag, "const": const, "repeat": repeat}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -112,6 +146,10 @@ def _convert(cls: type, name: str, raw: Any, source: str) -> Any:
             value = parse(raw)
         else:
             base = _base_type(hints[name])
+            if isinstance(raw, (list, tuple, set, dict)):
+                hint = " (several values go in one comma-separated string)" if base is str else ""
+                raise ValueError(f"expected a single {getattr(base, '__name__', 'value')}, got a "
+                                 f"{type(raw).__name__}: {raw!r}{hint}")
             if base is bool:
                 if isinstance(raw, bool):
                     value = raw
@@ -154,9 +192,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         help_text = f.metadata.get("help", "")
         if f.default is dataclasses.MISSING:
             help_text += " (required)"
-        elif default is not None and base is not bool:
+        elif default not in (None, ()) and base is not bool:
             help_text += f" (default: {_show(default)})"
-        if base is bool:
+        if f.metadata.get("repeat"):
+            parser.add_argument(_flag(f.name), dest=f.name, default=None, action="append", metavar=f.name.upper(),
+                                help=help_text + " (repeatable)")
+        elif base is bool:
             parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=help_text + f" (default: {'on' if default else 'off'})")
         else:

@@ -76,3 +76,50 @@ def test_help_explains_every_option(capsys):
     for flag in ("--num-shards", "--image-size", "--remainder", "--row-group-size", "--engine", "--overwrite"):
         assert flag in text
     assert "(default: 224)" in text
+
+
+@pytest.mark.parametrize("split", ["train=0.9,val=0.1", "train=0.8,valid=0.2", "training=1"])
+def test_unknown_channel_names_are_refused_naming_the_allowed(split):
+    bad = split.split(",")[-1].split("=")[0]
+    with pytest.raises(ConfigError, match=rf"--split \(command line\): unknown channel '{bad}'.*train, validation, test"):
+        resolve(ManifestConfig, manifest_parser().parse_args(["--input", "/a", "--output", "/b", "--split", split]))
+
+
+@pytest.mark.parametrize("split", ["train=1", "train=0.9,validation=0.1", "test=0.5,train=0.5"])
+def test_a_subset_of_the_channels_is_allowed(split):
+    cfg = resolve(ManifestConfig, {"input": "/a", "output": "/b", "split": split})
+    assert set(cfg.split) <= {"train", "validation", "test"} and abs(sum(cfg.split.values()) - 1) < 1e-9
+
+
+def test_yaml_lists_give_one_error_naming_key_value_and_file(tmp_path):
+    conf = tmp_path / "m.yaml"
+    conf.write_text("input: /a\noutput: /b\nsplit: [train, validation]\n")
+    with pytest.raises(ConfigError, match=rf"--split \({re.escape(str(conf))}\): split must be a mapping .* "
+                                          r"got a list: \['train', 'validation'\]"):
+        resolve(ManifestConfig, conf=str(conf))
+    shard_conf = tmp_path / "s.yaml"
+    shard_conf.write_text("dataset: /d\nchannels: [train, validation]\n")
+    with pytest.raises(ConfigError, match=rf"--channels \({re.escape(str(shard_conf))}\): expected a single str, "
+                                          r"got a list: \['train', 'validation'\]"):
+        resolve(ShardConfig, conf=str(shard_conf))
+
+
+def test_a_seed_beyond_32_bits_is_named_with_its_source(tmp_path):
+    conf = tmp_path / "m.yaml"
+    conf.write_text(f"input: /a\noutput: /b\nseed: {2**32}\n")
+    with pytest.raises(ConfigError, match=rf"--seed \({re.escape(str(conf))}\): .*\[0, 2\*\*32 - 1 = 4294967295\], "
+                                          r"got 4294967296"):
+        resolve(ManifestConfig, conf=str(conf))
+    with pytest.raises(ConfigError, match=r"--seed \(command line\): .* got '-1'"):
+        resolve(ManifestConfig, manifest_parser().parse_args(["--input", "/a", "--output", "/b", "--seed", "-1"]))
+    assert resolve(ManifestConfig, {"input": "/a", "output": "/b", "seed": str(2**32 - 1)}).seed == 2**32 - 1
+
+
+def test_exclude_is_repeatable_and_comes_from_yaml(tmp_path):
+    conf = tmp_path / "m.yaml"
+    conf.write_text("input: /a\noutput: /b\nexclude: ['*.tmp', 'drafts']\ninclude_hidden: true\n")
+    assert resolve(ManifestConfig, conf=str(conf)).exclude == ("*.tmp", "drafts")
+    args = manifest_parser().parse_args(["--conf", str(conf), "--exclude", "*.bak", "--exclude", "old/*"])
+    cfg = resolve(ManifestConfig, args)
+    assert (cfg.exclude, cfg.include_hidden) == (("*.bak", "old/*"), True)
+    assert resolve(ManifestConfig, {"input": "/a", "output": "/b"}).exclude == ()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jobs.images import ImageSpec, preprocess, sniff
+from jobs.images import SNIFF_BYTES, ImageSpec, preprocess, sniff
 from lakeshard.errors import ImageRejected
 from tests.helpers.lake import bad_objects, encode, make_image
 
@@ -88,6 +88,20 @@ def test_large_jpeg_uses_draft_and_still_gives_exact_size():
                                       (b"hello", None), (b"", None)])
 def test_sniff(head, fmt):
     assert sniff(head) == fmt
+
+
+@pytest.mark.parametrize("fmt,name", [("ICO", "ico"), ("JPEG2000", "jpeg2000"), ("PPM", "ppm"), ("TGA", "tga"),
+                                      ("PCX", "pcx"), ("SGI", "sgi")])
+def test_formats_pillow_reads_are_sniffed_and_preprocessed(fmt, name):
+    data = encode(make_image(5, size=(48, 40)), fmt)
+    assert sniff(data[:SNIFF_BYTES]) == name
+    out, h, w = preprocess(data, ImageSpec(size=16, format="png"))
+    assert (_decode(out).mode, (h, w)) == ("RGB", (16, 16))
+
+
+@pytest.mark.parametrize("head", [b"this is not an image, just text\n" * 20, b"some notes", b"P1 is a paragraph"])
+def test_text_is_not_sniffed_as_an_image(head):
+    assert sniff(head[:SNIFF_BYTES]) is None
 
 
 def test_image_spec_names_bad_values():
