@@ -26,7 +26,9 @@ from tests.helpers.lake import encode, make_image
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
-MANIFEST = {"split_method": "stratified", "seed": 7, "max_reject_fraction": 0.5}
+# include_hidden: this corpus counts a hidden file as an ordinary object (skipping hidden files by
+# default is tested in tests/engines/test_edge_lake.py).
+MANIFEST = {"split_method": "stratified", "seed": 7, "max_reject_fraction": 0.5, "include_hidden": True}
 SHARD = {"num_shards": 2, "image_size": 24, "image_format": "png", "remainder": "pad", "max_reject_fraction": 0.5}
 
 
