@@ -1,7 +1,7 @@
 /* A whole batch of JPEGs decoded into one uint8 [B, H, W, 3] array, with the GIL released once.
 
    simplejpeg releases the GIL around libjpeg-turbo for each image but holds it to parse
-   arguments, read the header and build the result (3-11 us per image, measured on two machines);
+   arguments, read the header and build the result;
    the loader's reader thread and its other decode threads wait for it two or three times per
    image. Here the GIL is
    held only to collect the batch's buffers; header, size check and decode of every image run

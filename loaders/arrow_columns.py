@@ -44,11 +44,11 @@ def int64_column(column: pa.ChunkedArray, *, null: int) -> np.ndarray:
 
 
 def binary_rows(column: pa.ChunkedArray) -> list[bytes | None]:
-    """``column.to_pylist()`` for the image column. ``to_pylist`` holds the GIL while it copies
-    a window's images (27 MB for 2,000 224px JPEGs): 9.5 us an image of the 41 us the loader's
-    threads hold it, against 17 us in all for the bare decode ceiling (``benchmarks/loader_gil.py``),
-    and the decode threads wait for it after every image. ``loaders/_rows.c`` allocates the
-    ``bytes`` with the GIL and copies into them without it."""
+    """``column.to_pylist()`` for the image column, one ``bytes`` (or ``None``) per row.
+
+    ``to_pylist`` holds the GIL while it copies a whole window of images, and the decode threads
+    wait for it; ``loaders/_rows.c``, when built, allocates the ``bytes`` with the GIL and copies
+    into them without it (``docs/performance.md`` has what that buys)."""
     if _rows is None:
         fall_back("_rows")
         return column.to_pylist()

@@ -3,8 +3,8 @@
 Images are ``[B, 3, H, W]`` (uint8, or float32 with ``normalize``) in ``torch.channels_last``
 memory format; labels are int64 ``[B]``.
 
-A decode thread gets a whole batch (a pool task costs ~60µs; a 224px JPEG ~0.3ms to decode with simplejpeg), so
-scheduling overhead stays small. Augmentation is seeded by ``(seed, epoch, rank, batch index)``,
+A decode thread gets a whole batch, so the cost of handing out a task is paid once per batch,
+not once per image. Augmentation is seeded by ``(seed, epoch, rank, batch index)``,
 so it does not depend on which thread decodes the batch.
 """
 

@@ -2,9 +2,7 @@
 
 A 64 x 224 x 224 x 3 batch is 9.2 MiB. Allocated fresh for every batch and freed by the training
 loop (another thread than the one that allocated it), glibc often hands it back to the kernel and
-the next batch page-faults it in again: in a probe of one 2,000-image epoch the decode threads
-took 4,000-12,600 page faults and 8-300 ms of kernel time; with the pool, a handful once the
-pool is warm. A pool hands out the same blocks again instead.
+the next batch page-faults it in again. A pool hands out the same blocks again instead.
 
 A block is reused only once nothing can reach it. Each ``take()`` wraps the block in a new
 *lease* object that exports its memory (``__array_interface__``), and the array handed out is

@@ -1,6 +1,6 @@
 """Image decoders: encoded bytes to an RGB ``uint8`` array of shape ``[H, W, 3]``.
 
-``simplejpeg`` (libjpeg-turbo) decodes JPEG about 1.8x faster than Pillow on our machines and
+``simplejpeg`` (libjpeg-turbo) decodes JPEG faster than Pillow (``docs/performance.md``) and
 releases the GIL; Pillow (which also releases the GIL while decoding) reads every other format
 and is the fallback when simplejpeg is not installed or refuses a file.
 ``benchmarks/loader_bench.py`` measures both. Choose with ``ShardLoader(decoder=...)``:
@@ -12,8 +12,8 @@ and is the fallback when simplejpeg is not installed or refuses a file.
 
 ``loaders/_jpeg.c`` (built by pip, linking the system's libjpeg-turbo) decodes every image of a
 batch with one release of the GIL, where simplejpeg takes and releases it for every image (and
-holds it 3-11 us per image, measured on two machines); the loader's reader and its other decode
-threads no longer wait for it two or three times per image (``benchmarks/README.md``). Its
+holds it to parse each header and build each result); the loader's reader and its other decode
+threads no longer wait for it several times per image (``docs/design/0006-loader-c-extensions.md``). Its
 pixels are simplejpeg's (same library, same settings). Rows it does not decode (a CMYK JPEG, a
 warning from libjpeg, a wrong size, not a JPEG) go through the image-by-image decoder, which
 decodes or refuses them exactly as before. ``LAKESHARD_NO_EXTENSIONS=1`` switches it off; a
@@ -97,8 +97,8 @@ def decode_pillow(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
 def decode_simplejpeg(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
     """Decode a JPEG with libjpeg-turbo; into ``out`` when given (no extra copy).
 
-    The size is checked on the result, not by parsing the header first (that costs ~1.5% of a
-    224px decode): a smaller image lands in the front of ``out`` and is refused; a larger one
+    The size is checked on the result, not by parsing the header first (a second parse of every
+    header): a smaller image lands in the front of ``out`` and is refused; a larger one
     does not fit, and simplejpeg refuses it before writing.
     """
     if _simplejpeg is None:

@@ -12,7 +12,7 @@ from typing import Any
 from lakeshard.errors import ConfigError
 from lakeshard.format import CHANNELS
 from loaders.decode import get_decoder
-from loaders.plan import REMAINDER_POLICIES
+from loaders.plan import RANK_REMAINDER_POLICIES
 
 __all__ = ["ORDER_KEYS", "LoaderOptions", "default_threads"]
 
@@ -112,8 +112,8 @@ class LoaderOptions:
             raise ConfigError(f"rank must be in [0, world_size={self.world_size}), got {self.rank!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.remainder not in REMAINDER_POLICIES:
-            raise ConfigError(f"remainder must be one of {REMAINDER_POLICIES}, got {self.remainder!r}")
+        if self.remainder not in RANK_REMAINDER_POLICIES:
+            raise ConfigError(f"remainder must be one of {RANK_REMAINDER_POLICIES}, got {self.remainder!r}")
         if self.channel not in CHANNELS:
             raise ConfigError(f"channel must be one of {CHANNELS}, got {self.channel!r}")
         try:

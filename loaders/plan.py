@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from lakeshard.errors import ConfigError
 
 __all__ = [
-    "REMAINDER_POLICIES",
+    "RANK_REMAINDER_POLICIES",
     "Piece",
     "Segment",
     "batch_size_at",
@@ -46,7 +46,10 @@ __all__ = [
     "split_pieces",
 ]
 
-REMAINDER_POLICIES = ("pad", "drop")
+#: What a rank does with the rows beyond a multiple of the world size (the ``remainder``
+#: loader option; not the shard job's ``--remainder``, which pads or drops rows beyond a
+#: multiple of ``num_shards`` when the shards are written).
+RANK_REMAINDER_POLICIES = ("pad", "drop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +93,8 @@ def _check_world(world_size: int, rank: int) -> None:
 def rows_per_rank(total_rows: int, world_size: int, *, remainder: str = "pad") -> int:
     """The number of rows every rank reads per epoch (the same on every rank)."""
     _check_world(world_size, 0)
-    if remainder not in REMAINDER_POLICIES:
-        raise ConfigError(f"remainder must be one of {REMAINDER_POLICIES}, got {remainder!r}")
+    if remainder not in RANK_REMAINDER_POLICIES:
+        raise ConfigError(f"remainder must be one of {RANK_REMAINDER_POLICIES}, got {remainder!r}")
     if total_rows < 1:
         raise ConfigError(f"a channel needs at least one row, got {total_rows!r}")
     if remainder == "pad":

@@ -196,13 +196,9 @@ class WindowReader:
             table = table.slice(piece.start - piece.group_start, piece.rows)
             if table.num_rows != piece.rows:
                 raise LoaderError(f"{where}: expected {piece.rows} rows, read {table.num_rows} (shard changed?)")
-            # Copies: one ``bytes`` per row, the copy made without the GIL (``binary_rows``).
-            # Zero-copy views of the Arrow buffers were tried twice: the first time, each queued
-            # task pinned its whole window (peak RSS on the 10x shard of
-            # benchmarks/loader_memory.py 1.11x); the second, with the reader letting go of each
-            # window, RSS was fine but a new loader's epoch got ~8% slower (the buffers die on
-            # decode threads, far from the thread that read them). Copying each row group into one
-            # reused block (no GIL) was 2-3% faster at 2,000 rows an epoch and 1-2% slower at 10,000.
+            # Copies: one ``bytes`` per row, the copy made without the GIL (``binary_rows``), so a
+            # queued task never pins its whole window's Arrow buffers (zero-copy views did: see
+            # docs/design/0006-loader-c-extensions.md).
             images.extend(binary_rows(table.column("image")))
             labels.append(int64_column(table.column("label"), null=NULL_LABEL))  # a bad row
             pad = np.full(piece.rows, piece.pad, dtype=bool)

@@ -74,8 +74,8 @@ class ShardLoader:
 
     Read-ahead across epochs: from a loader's second iteration on, once the last batch of an
     epoch is handed to the decode threads, the reader reads the first window of the epoch
-    expected next, so that it starts decoding at once instead of after one window's read
-    (~15 ms of a ~320 ms epoch of 2,000 224px images here). Expected next: ``epoch + 1`` if
+    expected next, so that it starts decoding at once instead of after one window's read.
+    Expected next: ``epoch + 1`` if
     the last two iterations were one epoch apart (the loop above), the same epoch if they ran
     the same one (a validation loader without ``set_epoch``). What was read ahead is kept
     until that epoch runs, a :meth:`set_epoch` to another epoch or :meth:`close`; the reader

@@ -137,9 +137,7 @@ def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
         )
     info = contract.read_dataset_info(cfg.dataset)
     where = contract.dataset_json_uri(storage.normalize(cfg.dataset))
-    channels, labels = info.get("channels"), info.get("labels")
-    if not isinstance(channels, dict) or not isinstance(labels, dict):
-        raise DatasetError(f"{where} has no 'channels' or 'labels' mapping")
+    channels, labels = info.channels, info.labels
     if "train" not in channels:
         raise DatasetError(f"{where} has no 'train' channel (it has: {', '.join(channels) or 'none'}); nothing to train on")
     if len(labels) < 2:
@@ -149,14 +147,11 @@ def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
         )
     if set(labels.values()) != set(range(len(labels))):
         raise DatasetError(f"{where}: label indices must be 0..{len(labels) - 1}, one per label, got {list(labels.values())}")
-    try:
-        image_size = int(info["image"]["size"])
-    except (KeyError, TypeError, ValueError):
-        raise DatasetError(f"{where} does not give the image size (image.size)") from None
+    image_size = info.image.size
     skipped = {
         c: f"the dataset has no {c!r} channel (it has: {', '.join(channels)})" for c in _EVAL_CHANNELS if c not in channels
     }
-    version = str(info.get("dataset_version"))
+    version = info.dataset_version
     output = storage.normalize(cfg.output)
     checkpoint_uri = storage.join(output, "checkpoint.pt")
     resume_uri, checkpoint = _find_checkpoint(cfg, checkpoint_uri)

@@ -70,8 +70,8 @@ class OpenShard:
 
 def open_shard(uri: str) -> OpenShard:
     """Open the shard at ``uri``: a local one with Arrow's own file, read on the calling thread
-    (in C++ without the GIL, and without a hand-off to Arrow's I/O threads: a window of 2,000
-    224px images read in 10 ms instead of 19 ms through fsspec's Python file); the rest through
+    (in C++ without the GIL, and without a hand-off to Arrow's I/O threads, which fsspec's
+    Python file would add); the rest through
     fsspec, with Arrow's pre-buffering (coalesced range requests).
 
     Raises:

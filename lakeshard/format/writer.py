@@ -47,8 +47,8 @@ class ShardWriter:
     A row group closes right after the row that brings its images to ``row_group_bytes``, so
     row groups depend only on the rows, not on how they were handed in: a shard written in one
     go and one assembled from pieces are the same bytes. The image column is stored
-    uncompressed and without dictionary encoding (JPEG bytes do not compress; a dictionary cost
-    ~30% of read speed). ``stats`` (after closing): rows, bytes, sha256, row groups and
+    uncompressed and without dictionary encoding (JPEG bytes do not compress, and a dictionary
+    only slows reading). ``stats`` (after closing): rows, bytes, sha256, row groups and
     per-label counts. ``row_group_rows`` (optional) also closes a row group once it holds that
     many rows, whichever of the two comes first.
     """

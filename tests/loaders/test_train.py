@@ -20,6 +20,7 @@ import yaml
 from loader_builders import write_dataset
 
 from lakeshard.errors import ConfigError
+from lakeshard.format import channel_dirname
 from loaders.config import TrainConfig, build_parser, load_config, parse_args
 from loaders.train import _Dist, main, train
 
@@ -134,7 +135,7 @@ def _dataset(root: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("make", "extra", "env", "message"),
     [
-        (_one_class, [], {}, r"dataset\.json lists 1 class\(es\) \(0\): a classifier needs at least 2"),
+        (_one_class, [], {}, r"dataset\.json lists 1 class\(es\) \(class0\): a classifier needs at least 2"),
         (_yaml_resume_true, [], {}, r"--resume \(.*c\.yaml\): expected a checkpoint path or 'auto', got True"),
         (_dataset, ["--seed", str(2**32)], {}, r"--seed \(command line\): expected an integer from 0 to 4294967295 .*got '4294967296'"),
         (_dataset, ["--resume", "gone/checkpoint.pt"], {}, r"--resume gone/checkpoint\.pt: no checkpoint at file://.*/gone/checkpoint\.pt"),
@@ -183,7 +184,7 @@ def _drop_channels(root: Path, channels: tuple[str, ...]) -> None:
     info = json.loads((root / "dataset.json").read_text())
     for channel in channels:
         del info["channels"][channel]
-        shutil.rmtree(root / "shards" / channel)
+        shutil.rmtree(root / "shards" / channel_dirname(channel))
     (root / "dataset.json").write_text(json.dumps(info))
 
 
