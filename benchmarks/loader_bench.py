@@ -69,9 +69,9 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs.settings import ShardConfig
-from jobs.shards import ShardWriter
 from lakeshard import format as contract
 from lakeshard.config import parse_size
+from lakeshard.format.writer import ShardWriter
 from loaders import ShardLoader, default_threads
 from loaders.decode import decode_pillow, get_batch_decoder, get_decoder, has_simplejpeg, is_jpeg
 
@@ -93,7 +93,7 @@ def synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
 
 def build_dataset(root: Path, *, images: int, size: int, quality: int, classes: int = 10) -> None:
     """One shard per channel following the contract, written by the shard job's own
-    :class:`jobs.shards.ShardWriter` (so the image column is stored as the job stores it:
+    :class:`lakeshard.format.writer.ShardWriter` (so the image column is stored as the job stores it:
     uncompressed, no dictionary, 4 MiB row groups), plus the same JPEGs as files under
     ``root/files``."""
     rng = np.random.default_rng(0)

@@ -11,7 +11,7 @@ from lakeshard.config import opt, parse_size, parse_split
 
 __all__ = ["ENGINE_NAMES", "ManifestConfig", "ShardConfig"]
 
-ENGINE_NAMES = ("spark", "dask")
+ENGINE_NAMES = ("spark", "dask", "local")
 
 
 def _check_fraction(name: str, value: float) -> None:

@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["ENGINES", "FORWARDED_ENV", "Engine", "open_engine"]
+__all__ = ["ENGINES", "FORWARDED_ENV", "Engine", "open_engine", "partition_bounds"]
 
 #: Where S3 is (not who: credentials stay with each worker's AWS environment); both engines
 #: forward these from the driver to their workers.
@@ -46,11 +46,19 @@ class Engine(Protocol):
 ENGINES: dict[str, str] = {
     "spark": "jobs.engines.spark_engine:SparkEngine",
     "dask": "jobs.engines.dask_engine:DaskEngine",
+    "local": "jobs.engines.local_engine:LocalEngine",
 }
 
 
+def partition_bounds(n: int, parts: int) -> list[int]:
+    """Contiguous slices of ``n`` items, as ``SparkContext.parallelize`` cuts them: part i is
+    ``[i * n // parts, (i + 1) * n // parts)`` (at most ``n`` parts, at least one)."""
+    parts = max(1, min(parts, n))
+    return [i * n // parts for i in range(parts + 1)]
+
+
 def open_engine(name: str, **options: Any) -> Engine:
-    """Import and start the engine called ``name`` (``spark`` or ``dask``)."""
+    """Import and start the engine called ``name`` (``spark``, ``dask`` or ``local``)."""
     try:
         target = ENGINES[name]
     except KeyError:

@@ -24,9 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
 from typing import Any
 
-import numpy as np
-
-from jobs.engines import FORWARDED_ENV
+from jobs.engines import FORWARDED_ENV, partition_bounds
 from lakeshard.errors import EngineError
 
 __all__ = ["DaskEngine"]
@@ -74,13 +72,6 @@ def _worker_environ() -> dict[str, Any]:
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
     return env
-
-
-def _bounds(n: int, parts: int) -> np.ndarray:
-    """Contiguous slices, as ``SparkContext.parallelize`` cuts them: part i is
-    ``[i * n // parts, (i + 1) * n // parts)``."""
-    parts = max(1, min(parts, n))
-    return np.array([i * n // parts for i in range(parts + 1)], dtype=np.int64)
 
 
 def _with_env(env: dict[str, str], fn: Callable[..., Any], *args: Any) -> Any:
@@ -158,7 +149,7 @@ class DaskEngine:
         if not items:
             return []
         items = list(items)
-        bounds = _bounds(len(items), partitions)
+        bounds = partition_bounds(len(items), partitions)
         token = uuid.uuid4().hex[:8]
         # Each slice travels inside its task (not scattered): a task whose worker dies can be rerun.
         futures = [self._submit(fn, items[a:b], key=f"lakeshard-map-{token}-{i}")
