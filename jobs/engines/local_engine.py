@@ -14,10 +14,9 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
 from typing import Any
 
-from jobs.engines import partition_bounds
+from jobs.engines import split_parts
 
 __all__ = ["LocalEngine"]
 
@@ -43,11 +42,9 @@ class LocalEngine:
 
     def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *,
                        partitions: int) -> list[Any]:
-        if not items:
+        parts = split_parts(items, partitions)
+        if not parts:
             return []
-        items = list(items)
-        bounds = partition_bounds(len(items), partitions)
-        parts = [items[a:b] for a, b in pairwise(bounds)]
         # NOTE [ Local task errors ]: pool.map re-raises the first failed part's exception here,
         # with its own traceback; leaving the `with` waits for the parts already running.
         with ThreadPoolExecutor(min(self._workers, len(parts)), thread_name_prefix="lakeshard-task") as pool:
