@@ -23,7 +23,6 @@ from tests.helpers.checks import check_dataset, shard_tables
 from tests.helpers.lake import encode, make_image
 
 
-
 def _pixels_key(hwc: np.ndarray) -> str:
     return hashlib.sha1(np.ascontiguousarray(hwc).tobytes()).hexdigest()
 

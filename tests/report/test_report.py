@@ -15,10 +15,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-
-import pyarrow.parquet as pq
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
