@@ -25,12 +25,10 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
 
 if __name__ == "__main__" and not __package__:
-    # Run as a script (spark-submit jobs/manifest.py): import the package, not its siblings.
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import _script  # noqa: F401  (jobs/_script.py: the repository root first on sys.path)
 from collections import Counter
 from typing import Any
 

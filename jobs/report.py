@@ -3,7 +3,8 @@
     python -m jobs.report ./datasets/pets-v1           # (re)write the report of a complete dataset
     python -m jobs.report s3://lake/datasets/pets-v1
 
-The shard job writes it just before ``dataset.json`` (:func:`write_report`). One HTML file, no
+The shard job writes it just after ``dataset.json`` (:func:`write_report`); a report that
+cannot be written is a warning there, never a failed job. One HTML file, no
 scripts and nothing fetched: counts, splits asked vs achieved, class counts per channel, rejects
 with their reasons, shard balance, sample thumbnails (the shards' own encoded bytes as
 ``data:`` URIs), lineage (inputs, seed, versions, checksums). Charts are plain SVG drawn here,
@@ -16,18 +17,17 @@ import argparse
 import base64
 import html
 import logging
-import os
 import sys
 from collections import Counter
 from typing import Any
 
 if __name__ == "__main__" and not __package__:
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import _script  # noqa: F401  (jobs/_script.py: the repository root first on sys.path)
 
 import pyarrow.parquet as pq
 
+from jobs.engines.cli import cli_main
 from lakeshard import storage
-from lakeshard.errors import PlatformError
 from lakeshard.format import (
     CHANNELS,
     manifest_rejects_uri,
@@ -44,6 +44,10 @@ REPORT_NAME = "report.html"
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948")
 _MAX_REJECT_ROWS = 50
 
+#: Row groups read for the sample thumbnails at most, whatever the dataset's size: a class
+#: with fewer than ``samples_per_class`` rows must not make the report read every shard.
+_SAMPLE_ROW_GROUPS = 4
+
 
 def report_uri(root: str) -> str:
     return storage.join(root, REPORT_NAME)
@@ -53,7 +57,8 @@ def write_report(root: str, info: dict[str, Any], *, samples_per_class: int = 6,
     """Write ``report.html`` into the dataset root ``root`` (atomically) and return its URI.
 
     ``info`` is what the shard job writes to ``dataset.json``; the shards, rejects tables and
-    manifests it describes must already be in place.
+    manifests it describes must already be in place. Reads the rejects tables and, for the
+    thumbnails, at most a few row groups of the shards, whatever the dataset's size.
     """
     uri = report_uri(root)
     page = render_report(root, info, samples_per_class=samples_per_class, max_classes=max_classes)
@@ -156,23 +161,28 @@ def _shard_balance(info: dict[str, Any], channels: list[str], labels: list[str])
 
 def _samples(root: str, info: dict[str, Any], channels: list[str], labels: list[str], *, per_class: int,
              max_classes: int) -> str:
+    """Up to ``per_class`` thumbnails of each shown class, from at most
+    :data:`_SAMPLE_ROW_GROUPS` row groups of the channel's shards, whatever the dataset's size:
+    a class too rare to fill its row (or absent from them) shows fewer."""
     channel = "train" if "train" in channels else channels[0]
     shown = labels[:max_classes]
     want = {info["labels"][name]: name for name in shown}
     found: dict[int, list[bytes]] = {i: [] for i in want}
+    budget = _SAMPLE_ROW_GROUPS
     for shard in range(int(info["num_shards"])):
-        if all(len(v) >= per_class for v in found.values()):
+        if budget == 0 or all(len(v) >= per_class for v in found.values()):
             break
         fs, path = storage.filesystem(shard_uri(root, channel, shard, int(info["num_shards"])))
         with fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             for g in range(pf.metadata.num_row_groups):
+                if budget == 0 or all(len(v) >= per_class for v in found.values()):
+                    break
+                budget -= 1
                 table = pf.read_row_group(g, columns=["image", "label"])
                 for data, label in zip(table["image"].to_pylist(), table["label"].to_pylist()):
                     if label in found and len(found[label]) < per_class:
                         found[label].append(data)
-                if all(len(v) >= per_class for v in found.values()):
-                    break
     rows = []
     for index, name in want.items():
         imgs = "".join(f"<img class='thumb' alt='{_e(name)}' src='{_data_uri(b)}'>" for b in found[index])
@@ -317,15 +327,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
+
+    def rewrite() -> str:
         root = storage.normalize(args.dataset)
-        uri = write_report(root, read_dataset_info(root), samples_per_class=args.samples_per_class,
-                           max_classes=args.max_classes)
-    except PlatformError as exc:
-        print(f"jobs/report.py: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"report: {uri}")
-    return 0
+        return write_report(root, read_dataset_info(root), samples_per_class=args.samples_per_class,
+                            max_classes=args.max_classes)
+
+    return cli_main("jobs/report.py", rewrite, lambda uri: f"report: {uri}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from lakeshard.config import opt, parse_globs, parse_seed, parse_size, parse_spl
 
 __all__ = ["ENGINE_NAMES", "ManifestConfig", "ShardConfig"]
 
-ENGINE_NAMES = ("spark", "dask")
+ENGINE_NAMES = ("spark", "dask", "local")
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -73,16 +73,18 @@ class ShardConfig:
     remainder: str = opt("drop", choices=REMAINDER_POLICIES,
                          help="rows beyond a multiple of num_shards: drop them, or pad by repeating samples")
     seed: int | None = opt(None, help="seed of the shard plan and in-shard shuffle (default: the manifest's seed)")
-    channels: str | None = opt(None, help="comma-separated channels to shard (default: all in the manifest)")
+    channels: str | None = opt(None, help="comma-separated channels to shard, each once (default: all in the manifest)")
     row_group_size: int = opt("4MiB", parse=parse_size, help="target bytes per Parquet row group")
     max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of manifest rows fails to decode")
     threads: int | None = opt(None, help="threads that read images inside each task, ahead of decoding (default: 8 for S3, "
                                          "whose reads wait on the network; 0 for local files, read as they are decoded)")
     decode_threads: int | None = opt(None, help="threads that decode, resize and encode inside each task (default: the cores the "
                                                "engine gives a task: 1, or spark.task.cpus); more than that only makes them take turns")
-    overwrite: bool = opt(False, help="replace an existing complete dataset")
+    overwrite: bool = opt(False, help="replace an existing complete dataset, every channel it has (refused if "
+                                      "--channels names fewer: the others' shards would be deleted)")
     resume: bool = opt(True, help="reuse the segments an interrupted run with the same settings already preprocessed")
-    engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
+    engine: str = opt("spark", choices=ENGINE_NAMES,
+                      help="the engine that runs the job (local: a thread pool in this process, for small lakes)")
     scheduler: str | None = opt(None, help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)")
     partitions: int | None = opt(None, help="tasks for preprocessing (default: from the number of rows)")
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: one local S3 server (moto over HTTP) and one Spark session per test run.
+"""Shared fixtures: one local S3 server (moto over HTTP), one Spark session per test run, and the
+in-process local engine.
 
 The S3 environment is set before Spark starts, so Spark's Python workers inherit it, as they
 would from a user's shell.
@@ -78,6 +79,14 @@ def spark_engine(spark):
     from jobs.engines.spark_engine import SparkEngine
 
     return SparkEngine(spark=spark)
+
+
+@pytest.fixture()
+def local_engine():
+    """The in-process engine (a thread pool): for tests of the engine-free core."""
+    from jobs.engines.local_engine import LocalEngine
+
+    return LocalEngine(workers=2)
 
 
 @pytest.fixture()

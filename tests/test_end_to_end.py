@@ -22,8 +22,6 @@ from loaders import ShardLoader
 from tests.helpers.checks import check_dataset, shard_tables
 from tests.helpers.lake import encode, make_image
 
-pytestmark = pytest.mark.spark
-
 
 def _pixels_key(hwc: np.ndarray) -> str:
     return hashlib.sha1(np.ascontiguousarray(hwc).tobytes()).hexdigest()
@@ -60,9 +58,9 @@ def _build(lake: str, out: str, engine, num_shards: int) -> dict:
     return shard_job.run(ShardConfig(dataset=out, num_shards=num_shards, image_size=16, image_format="png"), engine)
 
 
-def test_local_lake_streams_every_sample_once_per_epoch(small_lake, tmp_path, spark_engine):
+def test_local_lake_streams_every_sample_once_per_epoch(small_lake, tmp_path, local_engine):
     root = str(tmp_path / "ds")
-    info = _build(str(small_lake), root, spark_engine, num_shards=2)
+    info = _build(str(small_lake), root, local_engine, num_shards=2)
     check_dataset(root)
     for channel in ("train", "validation"):
         stored = _stored(root, channel, 2)
@@ -72,6 +70,7 @@ def test_local_lake_streams_every_sample_once_per_epoch(small_lake, tmp_path, sp
 
 
 @pytest.mark.s3
+@pytest.mark.spark
 def test_s3_dataset_streams_into_the_loader(s3_bucket, s3_endpoint, spark_engine):
     import boto3
 

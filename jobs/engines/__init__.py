@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["ENGINES", "FORWARDED_ENV", "Engine", "open_engine"]
+__all__ = ["ENGINES", "FORWARDED_ENV", "Engine", "open_engine", "split_parts"]
 
 #: Where S3 is (not who: credentials stay with each worker's AWS environment); both engines
 #: forward these from the driver to their workers.
@@ -46,11 +47,22 @@ class Engine(Protocol):
 ENGINES: dict[str, str] = {
     "spark": "jobs.engines.spark_engine:SparkEngine",
     "dask": "jobs.engines.dask_engine:DaskEngine",
+    "local": "jobs.engines.local_engine:LocalEngine",
 }
 
 
+def split_parts(items: Sequence[T], partitions: int) -> list[list[T]]:
+    """``items`` in contiguous parts, as ``SparkContext.parallelize`` cuts them: part i is
+    ``items[i * n // parts : (i + 1) * n // parts]``; at most ``len(items)`` parts, none if
+    there are no items."""
+    items = list(items)
+    parts = max(1, min(partitions, len(items)))
+    bounds = [i * len(items) // parts for i in range(parts + 1)]
+    return [items[a:b] for a, b in pairwise(bounds)] if items else []
+
+
 def open_engine(name: str, **options: Any) -> Engine:
-    """Import and start the engine called ``name`` (``spark`` or ``dask``)."""
+    """Import and start the engine called ``name`` (``spark``, ``dask`` or ``local``)."""
     try:
         target = ENGINES[name]
     except KeyError:

@@ -7,35 +7,58 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from jobs.engines import Engine, open_engine
+from jobs.inputs import INPUT_CHECKS
 from lakeshard.config import resolve
 from lakeshard.errors import PlatformError
 
-__all__ = ["run_job"]
+__all__ = ["cli_main", "run_job"]
+
+T = TypeVar("T")
 
 
 def run_job(argv: list[str] | None, *, parser: argparse.ArgumentParser, config: type,
-            run: Callable[[Any, Engine], Any], summary: Callable[[Any, Any], str], prog: str) -> int:
-    """Parse ``argv`` into ``config``, start its engine, ``run`` the job, print ``summary``.
+            run: Callable[[Any, Engine], Any], summary: Callable[[Any, Any], str], prog: str,
+            check: Callable[[Any], Any] | None = None) -> int:
+    """Parse ``argv`` into ``config``, ``check`` its inputs, start its engine, ``run`` the job,
+    print ``summary``.
+
+    ``check`` (default: the check :data:`jobs.inputs.INPUT_CHECKS` has for ``config``) runs
+    before the engine starts, so a bad input fails in a second, not after the engine's start.
 
     Returns 0, or 2 with ``prog: error: ...`` on stderr for any error the platform raises on
-    purpose (a bad option, a bad input, an existing dataset): those name the value and the
-    place, so a traceback would only hide them.
+    purpose (a bad option, a bad input, an existing dataset): see :func:`cli_main`.
     """
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines are about its own sockets
-    try:
+
+    def job() -> tuple[Any, Any]:
         cfg = resolve(config, args)
+        (check or INPUT_CHECKS.get(config) or _no_check)(cfg)
         engine = open_engine(cfg.engine, scheduler=cfg.scheduler, app_name=f"lakeshard-{os.path.splitext(os.path.basename(prog))[0]}")
         try:
-            result = run(cfg, engine)
+            return cfg, run(cfg, engine)
         finally:
             engine.close()
+
+    return cli_main(prog, job, lambda done: summary(*done))
+
+
+def cli_main(prog: str, work: Callable[[], T], summary: Callable[[T], str]) -> int:
+    """Do ``work`` and print its ``summary``; return 0, or 2 with one ``prog: error: ...`` line
+    on stderr for an error the platform raises on purpose (those name the value and the place,
+    so a traceback would only hide them)."""
+    try:
+        done = work()
     except PlatformError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    print(summary(cfg, result))
+    print(summary(done))
     return 0
+
+
+def _no_check(cfg: Any) -> None:
+    """A job with nothing to check before its engine starts."""

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from itertools import pairwise
 from typing import Any
 
-import numpy as np
-
-from jobs.engines import FORWARDED_ENV
+from jobs.engines import FORWARDED_ENV, split_parts
 from lakeshard.errors import EngineError
 
 __all__ = ["DaskEngine"]
@@ -36,6 +34,31 @@ log = logging.getLogger(__name__)
 
 #: Seconds to wait for a remote scheduler to answer and to have at least one worker.
 _CONNECT_TIMEOUT = 60
+
+#: Seconds to wait for a remote scheduler's port to accept a connection at all: a refused or
+#: silent port fails in these, not after the client's whole ``_CONNECT_TIMEOUT`` of retries.
+_PROBE_TIMEOUT = 5
+
+
+def _check_address(address: str, source: str, *, timeout: float = _PROBE_TIMEOUT) -> None:
+    """Raise :class:`EngineError` naming ``address`` (and where it came from, ``source``) if it
+    is not a scheduler address, or if its TCP port does not accept a connection within
+    ``timeout`` seconds. Schemes other than tcp/tls are left to distributed."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address)
+        host, port = parse_host_port(location, 8786) if scheme in ("tcp", "tls") else (None, None)
+    except (ValueError, TypeError) as exc:
+        raise EngineError(f"{source} {address!r} is not a dask scheduler address (like tcp://10.0.0.5:8786): "
+                          f"{exc}") from None
+    if host is None:
+        return
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise EngineError(f"cannot connect to the dask scheduler at {address!r} ({source}): "
+                          f"{exc.strerror or type(exc).__name__}; is a scheduler running there?") from None
 
 
 def _connect(client_cls: Any, address: str, name: str, timeout: float) -> Any:
@@ -76,13 +99,6 @@ def _worker_environ() -> dict[str, Any]:
     return env
 
 
-def _bounds(n: int, parts: int) -> np.ndarray:
-    """Contiguous slices, as ``SparkContext.parallelize`` cuts them: part i is
-    ``[i * n // parts, (i + 1) * n // parts)``."""
-    parts = max(1, min(parts, n))
-    return np.array([i * n // parts for i in range(parts + 1)], dtype=np.int64)
-
-
 def _with_env(env: dict[str, str], fn: Callable[..., Any], *args: Any) -> Any:
     os.environ.update(env)
     return fn(*args)
@@ -113,6 +129,8 @@ class DaskEngine:
         if client is None:
             address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
             if address:
+                _check_address(address, "--scheduler" if scheduler else "DASK_SCHEDULER_ADDRESS",
+                               timeout=min(connect_timeout, _PROBE_TIMEOUT))
                 log.info("connecting to the dask scheduler at %s", address)
                 client = _connect(Client, address, app_name, connect_timeout)
             else:
@@ -155,14 +173,12 @@ class DaskEngine:
 
     def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *,
                        partitions: int) -> list[Any]:
-        if not items:
-            return []
-        items = list(items)
-        bounds = _bounds(len(items), partitions)
         token = uuid.uuid4().hex[:8]
-        # Each slice travels inside its task (not scattered): a task whose worker dies can be rerun.
-        futures = [self._submit(fn, items[a:b], key=f"lakeshard-map-{token}-{i}")
-                   for i, (a, b) in enumerate(pairwise(bounds))]
+        # Each part travels inside its task (not scattered): a task whose worker dies can be rerun.
+        futures = [self._submit(fn, part, key=f"lakeshard-map-{token}-{i}")
+                   for i, part in enumerate(split_parts(items, partitions))]
+        if not futures:
+            return []
         try:
             return [row for part in self._gather(futures, getattr(fn, "__name__", "map")) for row in part]
         finally:

@@ -70,7 +70,8 @@ class SparkEngine:
                 builder = builder.config("spark.python.daemon.module", "jobs.engines.spark_daemon")
             spark = (builder.appName(app_name)
                      .config("spark.sql.session.timeZone", "UTC")
-                     .config("spark.ui.showConsoleProgress", "true")
+                     # Stage progress on a terminal; in a log file its redrawn bar is a flood.
+                     .config("spark.ui.showConsoleProgress", "true" if sys.stderr.isatty() else "false")
                      .getOrCreate())
             spark.sparkContext.setLogLevel("WARN")
         self.spark = spark

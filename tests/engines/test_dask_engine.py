@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import pytest
 from lakeshard.errors import ManifestError
 
 pytestmark = pytest.mark.dask
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _double(items: list[int]) -> list[int]:
@@ -75,6 +79,44 @@ def test_an_unreachable_scheduler_is_a_clear_error(monkeypatch) -> None:
     with pytest.raises(EngineError, match=f"cannot connect to the dask scheduler at '{address}'"):
         DaskEngine(scheduler=address, connect_timeout=2)
     assert time.monotonic() - start < 30
+
+
+@pytest.fixture()
+def manifested(tmp_path: Path, local_engine) -> Path:
+    from jobs import manifest as manifest_job
+    from jobs.settings import ManifestConfig
+    from tests.helpers.lake import write_lake
+
+    write_lake(tmp_path / "raw", {"a": 6, "b": 6})
+    manifest_job.run(ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / "ds"), split="train=1"),
+                     local_engine)
+    return tmp_path / "ds"
+
+
+def _shard_cli(dataset: Path, scheduler: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    # A hang guard below the client's own 60 s connect timeout: a refused port must fail sooner.
+    return subprocess.run([sys.executable, "-m", "jobs.shard", "--engine", "dask", "--scheduler", scheduler,
+                           "--dataset", str(dataset)], cwd=REPO, env=env, capture_output=True, text=True, timeout=40)
+
+
+def test_a_malformed_scheduler_address_is_one_error_line_naming_it(manifested: Path) -> None:
+    proc = _shard_cli(manifested, "127.0.0.1:8786x")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [errors[0]] and errors[0].startswith(
+        "jobs/shard.py: error: --scheduler '127.0.0.1:8786x' is not a dask scheduler address"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_refused_scheduler_port_fails_naming_the_address(manifested: Path) -> None:
+    from tests.helpers.procs import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    proc = _shard_cli(manifested, address)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"jobs/shard.py: error: cannot connect to the dask scheduler at '{address}' (--scheduler)" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def _die_once(items: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Same lake, same seed: the Dask engine writes the dataset Spark writes, row for row."""
+"""Same lake, same seed: the Dask and local engines write the dataset Spark writes, row for row."""
 
 from __future__ import annotations
 
@@ -30,6 +30,13 @@ def test_dask_writes_the_dataset_spark_writes(spark_reference: str, dask_engine,
     assert sorted(rejected) == sorted(k for k in bad_objects() if "/bad_" in k)
     assert info["counts"]["padded"] > 0  # some rows were routed twice
     assert storage.read_json(storage.join(root, "dataset.json"))["engine"] == "dask"
+
+
+def test_local_writes_the_dataset_spark_writes(spark_reference: str, local_engine, mixed_lake: str,
+                                               tmp_path: Path) -> None:
+    out = build_dataset(local_engine, mixed_lake, str(tmp_path / "ds"))
+    assert_same_dataset(spark_reference, out)
+    assert storage.read_json(storage.join(storage.normalize(out), "dataset.json"))["engine"] == "local"
 
 
 def test_the_comparison_sees_a_reordered_shard(spark_reference: str, tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ its engine and its storage calls are the real ones; only the moment of death is 
     python -m tests.hardening.killpoint FUNC:URI_SUFFIX:before|after jobs.shard --engine dask ...
 
 ``FUNC`` is a function of :mod:`lakeshard.storage` (or ``write_report``, the report writer the shard
-job calls); death comes at its first call whose URI argument ends with ``URI_SUFFIX``.
+job calls after its commit); death comes at its first call whose URI argument ends with ``URI_SUFFIX``.
 """
 
 from __future__ import annotations

@@ -153,8 +153,8 @@ COMMIT_POINTS = [
     ("remove", "/shards", "before"),  # staging complete, old shards still in place
     ("remove", "/shards", "after"),  # old shards gone, new ones still staged
     ("move", "", "after"),  # new shards in place, staging root left over
-    ("remove", "/_staging", "after"),  # staging cleaned, no report, no dataset.json
-    ("write_report", "", "after"),  # report.html written, no dataset.json
+    ("remove", "/_staging", "after"),  # staging cleaned, no shard rejects, no dataset.json
+    ("write_bytes_atomic", "/rejects.parquet", "after"),  # shard rejects written, no dataset.json
     ("write_json_atomic", "/dataset.json", "before"),
 ]
 

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from jobs.assemble import SOURCE_SCHEMA, AssembleTask
 from jobs.images import ImageSpec
-from jobs.shard import _finished
-from jobs.shards import SEGMENT_SCHEMA, SOURCE_SCHEMA, AssembleTask, SegmentTask, preprocess_segment
+from jobs.preprocess import SEGMENT_SCHEMA, SegmentTask, preprocess_segment
+from jobs.staging import finished
 from tests.helpers.lake import write_lake
 
 
 def _task(lake: Path, staging: Path, paths: list[Path]) -> SegmentTask:
     rows = pa.table({"uri": [f"file://{p}" for p in paths], "key": [p.name for p in paths],
-                     "label_index": [0] * len(paths), "is_pad": [False] * len(paths)}, schema=SEGMENT_SCHEMA)
+                     "label_index": [0] * len(paths), "is_pad": [False] * len(paths),
+                     "size": [None] * len(paths), "etag": [None] * len(paths)}, schema=SEGMENT_SCHEMA)
     return SegmentTask(uri=f"file://{staging}/train/part-0.parquet", rows=rows, spec=ImageSpec(size=16, format="png"),
                        metadata={"channel": "train"}, row_group_bytes=1 << 20, threads=2,
                        receipt=f"file://{staging}/_runs/receipts/train/part-0.parquet")
@@ -28,30 +30,31 @@ def test_a_finished_segment_is_reused_and_a_damaged_one_is_not(tmp_path: Path):
     paths.append(tmp_path / "raw" / "a" / "broken.png")
     staging = tmp_path / "staging"
     task = _task(tmp_path / "raw", staging, paths)
-    assert _finished(f"file://{staging}", [task]) == {}  # nothing yet
+    assert finished(f"file://{staging}", [task]) == {}  # nothing yet
 
     result = preprocess_segment(task)
-    reused = _finished(f"file://{staging}", [task])
+    reused = finished(f"file://{staging}", [task])
     assert list(reused) == [task.uri]
     assert reused[task.uri]["stats"] == result["stats"]
     assert reused[task.uri]["outcomes"].equals(result["outcomes"])
     assert reused[task.uri]["outcomes"]["reason"].null_count == 6  # the broken image's reason came back too
 
     other_rows = _task(tmp_path / "raw", staging, paths[:-1])  # same file name, other rows
-    assert _finished(f"file://{staging}", [other_rows]) == {}
+    assert finished(f"file://{staging}", [other_rows]) == {}
 
     segment = staging / "train" / "part-0.parquet"
     segment.write_bytes(segment.read_bytes()[:-10])  # a file cut short: the receipt no longer vouches for it
-    assert _finished(f"file://{staging}", [task]) == {}
+    assert finished(f"file://{staging}", [task]) == {}
 
     segment.unlink()
-    assert _finished(f"file://{staging}", [task]) == {}
+    assert finished(f"file://{staging}", [task]) == {}
 
 
 def test_a_task_pickles_its_own_rows_not_the_table_it_was_cut_from(tmp_path: Path):
     big = pa.table({"uri": [f"file:///lake/raw/class{i % 10}/image_{i:07d}.png" for i in range(100_000)],
                     "key": [f"class{i % 10}/image_{i:07d}.png" for i in range(100_000)],
-                    "label_index": [i % 10 for i in range(100_000)], "is_pad": [False] * 100_000},
+                    "label_index": [i % 10 for i in range(100_000)], "is_pad": [False] * 100_000,
+                    "size": [None] * 100_000, "etag": [None] * 100_000},
                    schema=SEGMENT_SCHEMA)
     part = big.slice(40_000, 100)
     task = SegmentTask(uri="file:///x.parquet", rows=part, spec=ImageSpec(size=16), metadata={},

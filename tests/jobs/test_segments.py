@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.images import ImageSpec
+from jobs.preprocess import SEGMENT_SCHEMA, SegmentTask, ShardWriter, _ahead, preprocess_segment, readers
 from jobs.settings import ShardConfig
 from jobs.shard import parser as shard_parser
-from jobs.shards import SEGMENT_SCHEMA, SegmentTask, ShardWriter, _ahead, preprocess_segment, readers
 from lakeshard.config import resolve
 from lakeshard.errors import ConfigError
 from lakeshard.format import SHARD_SCHEMA
@@ -27,7 +27,8 @@ from tests.helpers.lake import write_lake
 
 def _rows(paths: list[Path]) -> pa.Table:
     return pa.table({"uri": [f"file://{p}" for p in paths], "key": [p.name for p in paths],
-                     "label_index": [i % 3 for i in range(len(paths))], "is_pad": [False] * len(paths)},
+                     "label_index": [i % 3 for i in range(len(paths))], "is_pad": [False] * len(paths),
+                     "size": [None] * len(paths), "etag": [None] * len(paths)},
                     schema=SEGMENT_SCHEMA)
 
 

@@ -10,6 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from jobs.engines.local_engine import LocalEngine
 from tests.helpers.datasets import build_dataset_with_rejects
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,9 +33,9 @@ def test_notebooks_are_committed_without_outputs():
 
 
 @pytest.fixture(scope="module")
-def dataset(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three classes, two row groups or more per shard, one reject from each job."""
-    return build_dataset_with_rejects(spark, tmp_path_factory.mktemp("notebooks"), {"ant": 30, "bee": 24, "cow": 18}, seed=5, row_group_size="8KiB")
+    return build_dataset_with_rejects(LocalEngine(), tmp_path_factory.mktemp("notebooks"), {"ant": 30, "bee": 24, "cow": 18}, seed=5, row_group_size="8KiB")
 
 
 def _run(name: str, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
@@ -65,7 +66,6 @@ def _all_text(nb: nbformat.NotebookNode) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.spark
 def test_explore_manifests(dataset: Path, monkeypatch: pytest.MonkeyPatch):
     text = _all_text(_run("explore_manifests.ipynb", dataset, monkeypatch))
     info = json.loads((dataset / "dataset.json").read_text())
@@ -75,7 +75,6 @@ def test_explore_manifests(dataset: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.mark.slow
-@pytest.mark.spark
 def test_inspect_shards(dataset: Path, monkeypatch: pytest.MonkeyPatch):
     text = _all_text(_run("inspect_shards.ipynb", dataset, monkeypatch))
     info = json.loads((dataset / "dataset.json").read_text())
@@ -87,7 +86,6 @@ def test_inspect_shards(dataset: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.mark.slow
-@pytest.mark.spark
 def test_loader_profile(dataset: Path, monkeypatch: pytest.MonkeyPatch):
     nb = _run("loader_profile.ipynb", dataset, monkeypatch)
     text = _all_text(nb)

@@ -1,6 +1,6 @@
-"""The shard job's worker steps: preprocess a segment of a shard straight into its file, and
-assemble a shard from rows already preprocessed. Engines run these as plain tasks; nothing
-here knows about Spark or Dask.
+"""The shard job's first worker step: preprocess a segment of a shard straight into its file,
+and the receipt that lets a rerun reuse it. Engines run it as a plain task; nothing here knows
+about Spark or Dask (:mod:`jobs.assemble` is the second step).
 
 Each image crosses the network once, from the lake to the worker that writes its shard: the
 plan is made before preprocessing, so a task knows which shard, and which position in it, every
@@ -22,11 +22,12 @@ from functools import partial
 from itertools import islice
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.fetch import read_as_listed
 from jobs.images import ImageSpec, preprocess
+from jobs.tasks import compact
 from lakeshard import storage
 from lakeshard.errors import ImageRejected
 from lakeshard.format import SHARD_SCHEMA
@@ -35,19 +36,20 @@ from lakeshard.format.writer import ShardWriter
 __all__ = [
     "OUTCOME_SCHEMA",
     "SEGMENT_SCHEMA",
-    "SOURCE_SCHEMA",
-    "AssembleTask",
     "SegmentTask",
-    "assemble_shard",
     "preprocess_segment",
     "read_receipt",
+    "readers",
 ]
 
 log = logging.getLogger(__name__)
 
-#: The rows of one segment, in the order its file holds them.
+#: The rows of one segment, in the order its file holds them. ``size`` and ``etag`` are what
+#: the manifest recorded of the object (null: not checked); an object that is no longer that
+#: one is rejected (:func:`jobs.fetch.read_as_listed`).
 SEGMENT_SCHEMA = pa.schema(
-    [("uri", pa.string()), ("key", pa.string()), ("label_index", pa.int64()), ("is_pad", pa.bool_())]
+    [("uri", pa.string()), ("key", pa.string()), ("label_index", pa.int64()), ("is_pad", pa.bool_()),
+     ("size", pa.int64()), ("etag", pa.string())]
 )
 
 #: What preprocessing a segment reports for each of its rows: ``row`` is the row's index in
@@ -55,12 +57,6 @@ SEGMENT_SCHEMA = pa.schema(
 OUTCOME_SCHEMA = pa.schema(
     [("uri", pa.string()), ("file", pa.string()), ("row", pa.int64()), ("reason", pa.string())]
 )
-
-#: Where each row of an assembled shard comes from, in shard order.
-#: ``file`` is dictionary-encoded: a shard of 20,000 rows comes from a handful of segment files, and
-#: their paths repeated on every row made a 100,000-image Spark job's assembly tasks 1.9 MB each
-#: (over Spark's 1 MB task-size warning).
-SOURCE_SCHEMA = pa.schema([("file", pa.dictionary(pa.int32(), pa.string())), ("row", pa.int64()), ("is_pad", pa.bool_())])
 
 #: Rows preprocessed and written together: a pool task costs tens of microseconds, an image a
 #: few milliseconds, and a chunk's results are written as soon as it is done.
@@ -96,28 +92,7 @@ class SegmentTask:
     decode_threads: int = 1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rows", _compact(self.rows))
-
-
-@dataclass(frozen=True, slots=True)
-class AssembleTask:
-    """Write ``uri`` from already preprocessed rows: ``sources`` (:data:`SOURCE_SCHEMA`), in order."""
-
-    uri: str
-    sources: pa.Table
-    metadata: Mapping[str, str]
-    row_group_bytes: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sources", _compact(self.sources))
-
-
-def _compact(table: pa.Table) -> pa.Table:
-    """``table`` with buffers of its own. A task travels pickled, and pickling a slice of an
-    Arrow table sends its parent's whole buffers: a 2,000-row segment of a 100,000-row channel
-    pickled to 6.9 MB, and the 48 tasks of a 100,000-image shard job filled Spark's default
-    1 GiB driver heap (``sc.parallelize`` keeps every task's bytes there)."""
-    return table.take(np.arange(table.num_rows))
+        object.__setattr__(self, "rows", compact(self.rows))
 
 
 def _preprocessed(data: bytes | str, spec: ImageSpec) -> tuple[bytes, int, int] | str:
@@ -158,10 +133,12 @@ def _preprocessed_chunks(task: SegmentTask) -> Iterator[tuple[pa.Table, list[Any
     uris = rows["uri"].to_pylist()
     starts = range(0, len(uris), _CHUNK_ROWS)
     read_starts = range(0, len(uris), _READ_ROWS)
+    sizes, etags = rows["size"].to_pylist(), rows["etag"].to_pylist()
     n_readers = readers(task.threads, uris)
 
     def read(start: int) -> list[bytes | str]:
-        return [storage.read_listed(u) for u in uris[start : start + _READ_ROWS]]
+        stop = start + _READ_ROWS
+        return [read_as_listed(u, size=s, etag=e) for u, s, e in zip(uris[start:stop], sizes[start:stop], etags[start:stop], strict=True)]
 
     def preprocess_all(reads: list[Callable[[], list[bytes | str]]]) -> list[Any]:
         return [_preprocessed(data, task.spec) for get in reads for data in get()]
@@ -232,74 +209,3 @@ def read_receipt(data: bytes) -> dict[str, Any]:
             "outcomes": table.replace_schema_metadata(None).cast(OUTCOME_SCHEMA)}
 
 
-class _RowGroupCache:
-    """Reads rows of preprocessed files a row group at a time, keeping the last few groups:
-    an assembled shard reads most rows in order from one or a few files."""
-
-    _COLUMNS = ("image", "label", "uri", "key", "height", "width")
-
-    def __init__(self, keep: int = 4) -> None:
-        self._files: dict[str, tuple[pq.ParquetFile, np.ndarray, Any]] = {}
-        self._groups: dict[tuple[str, int], pa.Table] = {}
-        self._keep = keep
-
-    def _file(self, uri: str) -> tuple[pq.ParquetFile, np.ndarray]:
-        if uri not in self._files:
-            fs, path = storage.filesystem(uri)
-            handle = fs.open(path, "rb")
-            pf = pq.ParquetFile(handle)
-            sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
-            self._files[uri] = (pf, np.cumsum([0, *sizes]), handle)
-        pf, starts, _ = self._files[uri]
-        return pf, starts
-
-    def take(self, uri: str, rows: np.ndarray) -> pa.Table:
-        """Rows ``rows`` (ascending or not) of ``uri``, in the order asked."""
-        pf, starts = self._file(uri)
-        groups = np.searchsorted(starts, rows, side="right") - 1
-        if len(rows) and (rows.min() < 0 or rows.max() >= starts[-1]):
-            raise IndexError(f"{uri} has {starts[-1]} rows; asked for row {int(rows.max())}")
-        pieces = []
-        for g in np.unique(groups):
-            key = (uri, int(g))
-            if key not in self._groups:
-                if len(self._groups) >= self._keep:
-                    self._groups.pop(next(iter(self._groups)))
-                self._groups[key] = pf.read_row_group(int(g), columns=list(self._COLUMNS))
-            pieces.append(self._groups[key])
-        table = pa.concat_tables(pieces)
-        offsets = np.concatenate([[0], np.cumsum([t.num_rows for t in pieces])])
-        first = {int(g): int(o - starts[g]) for g, o in zip(np.unique(groups), offsets[:-1], strict=True)}
-        return table.take(pa.array([first[int(g)] + int(r) for g, r in zip(groups, rows, strict=True)], pa.int64()))
-
-    def close(self) -> None:
-        for _, _, handle in self._files.values():
-            handle.close()
-        self._files.clear()
-        self._groups.clear()
-
-
-def assemble_shard(task: AssembleTask) -> dict[str, Any]:
-    """Write ``task.uri`` from its sources, in order; returns the file's URI and stats.
-
-    ``task.uri`` must not be a source of any assembly running at the same time: the job
-    assembles into new files and moves them into place once every assembly is done.
-    """
-    sources = task.sources
-    cache = _RowGroupCache()
-    try:
-        with ShardWriter(task.uri, metadata=task.metadata, row_group_bytes=task.row_group_bytes) as writer:
-            files = sources["file"].to_pylist()
-            rows = sources["row"].to_numpy()
-            start = 0
-            while start < len(files):  # runs of consecutive rows from the same file
-                stop = start + 1
-                while stop < len(files) and files[stop] == files[start] and stop - start < 1024:
-                    stop += 1
-                got = cache.take(files[start], rows[start:stop])
-                writer.write(got.append_column("is_pad", sources["is_pad"].slice(start, stop - start))
-                             .cast(SHARD_SCHEMA))
-                start = stop
-    finally:
-        cache.close()
-    return {"uri": task.uri, "stats": writer.stats}

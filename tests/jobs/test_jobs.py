@@ -1,4 +1,5 @@
-"""The manifest and shard jobs on real Spark (one shared local[2] session)."""
+"""The manifest and shard jobs end to end on the local engine (the engine-free core), and once
+through ``spark-submit``."""
 
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ from lakeshard.format import read_dataset_info, shard_rejects_uri, shard_relpath
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import bad_objects, exif_rotated_jpeg, write_lake
 
-pytestmark = pytest.mark.spark
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -50,9 +49,9 @@ def messy_lake(tmp_path: Path) -> Path:
     return root
 
 
-def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, spark_engine):
+def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, local_engine):
     out = tmp_path / "ds"
-    summary, info = _build(messy_lake, out, spark_engine, num_shards=3)
+    summary, info = _build(messy_lake, out, local_engine, num_shards=3)
     checked = check_dataset(str(out))
     assert checked["dataset_version"] == info["dataset_version"]
 
@@ -80,12 +79,12 @@ def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, spark_engine):
     assert not missing and len(ok_keys) == 12
 
 
-def test_exif_rotated_image_is_upright_in_the_shard(tmp_path, spark_engine):
+def test_exif_rotated_image_is_upright_in_the_shard(tmp_path, local_engine):
     lake = tmp_path / "raw"
     write_lake(lake, {"a": 12, "b": 12})
     (lake / "a" / "rotated.jpg").write_bytes(exif_rotated_jpeg())
     out = tmp_path / "ds"
-    _, info = _build(lake, out, spark_engine, remainder="pad")
+    _, info = _build(lake, out, local_engine, remainder="pad")
     for channel in info["channels"]:
         for t in shard_tables(str(out), channel, 2):
             for uri, blob in zip(t["uri"].to_pylist(), t["image"].to_pylist()):
@@ -96,22 +95,22 @@ def test_exif_rotated_image_is_upright_in_the_shard(tmp_path, spark_engine):
     raise AssertionError("rotated.jpg is in no shard")
 
 
-def test_rerun_refuses_then_overwrite_gives_the_same_dataset(small_lake, tmp_path, spark_engine):
+def test_rerun_refuses_then_overwrite_gives_the_same_dataset(small_lake, tmp_path, local_engine):
     out = tmp_path / "ds"
-    _, first = _build(small_lake, out, spark_engine, num_shards=2)
+    _, first = _build(small_lake, out, local_engine, num_shards=2)
     with pytest.raises(DatasetExistsError, match="--overwrite"):
-        manifest_job.run(ManifestConfig(input=str(small_lake), output=str(out)), spark_engine)
+        manifest_job.run(ManifestConfig(input=str(small_lake), output=str(out)), local_engine)
     with pytest.raises(DatasetExistsError, match="--overwrite"):
-        shard_job.run(ShardConfig(dataset=str(out), num_shards=2), spark_engine)
+        shard_job.run(ShardConfig(dataset=str(out), num_shards=2), local_engine)
     again = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png",
-                                      overwrite=True), spark_engine)
+                                      overwrite=True), local_engine)
     strip = lambda d: {k: v for k, v in d.items() if k != "created_at"}  # noqa: E731
     assert strip(again) == strip(first)  # same files, byte for byte (sha256 of every shard)
 
 
-def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_path, spark_engine):
+def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_path, local_engine):
     clean = tmp_path / "clean"
-    _, want = _build(small_lake, clean, spark_engine)
+    _, want = _build(small_lake, clean, local_engine)
     out = tmp_path / "ds"
 
     def killed_writer(path: Path) -> None:  # what a write killed before its rename leaves
@@ -120,7 +119,7 @@ def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_p
 
     killed_writer(out / "manifests" / "train.manifest")
     manifest_job.run(ManifestConfig(input=str(small_lake), output=str(out), seed=7, split_method="stratified"),
-                     spark_engine)
+                     local_engine)
     assert not list(out.rglob("*.tmp-*"))
     # What a job killed mid-commit leaves: staged files, a half-moved shards folder, no dataset.json.
     shutil.copytree(clean / "shards", out / "_staging" / "shards-dead")
@@ -130,19 +129,19 @@ def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_p
     killed_writer(out / "dataset.json")
     with pytest.raises(DatasetError, match="no complete dataset"):
         read_dataset_info(str(out))  # what every reader calls first
-    got = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png"), spark_engine)
+    got = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png"), local_engine)
     assert not (out / "_staging").exists()
     assert not list(out.rglob("*.tmp-*"))
     assert [e["shards"] for e in got["channels"].values()] == [e["shards"] for e in want["channels"].values()]
 
 
-def test_min_per_class_fails_before_any_image_is_fetched(tmp_path, spark_engine):
+def test_min_per_class_fails_before_any_image_is_fetched(tmp_path, local_engine):
     lake = tmp_path / "raw"
     write_lake(lake, {"big": 40, "tiny": 3, "small": 6})
     out = tmp_path / "ds"
     with pytest.raises(SplitError) as err:
         manifest_job.run(ManifestConfig(input=str(lake), output=str(out), min_per_class=2,
-                                        split_method="stratified"), spark_engine)
+                                        split_method="stratified"), local_engine)
     message = str(err.value)
     assert "'tiny' (train=3, validation=0, test=0)" in message
     assert "'small' (train=5, validation=1, test=0)" in message
@@ -150,20 +149,20 @@ def test_min_per_class_fails_before_any_image_is_fetched(tmp_path, spark_engine)
     assert not (out / "manifests" / "_manifest.json").exists()
 
 
-def test_mostly_garbage_lake_fails_loudly(tmp_path, spark_engine):
+def test_mostly_garbage_lake_fails_loudly(tmp_path, local_engine):
     lake = tmp_path / "raw"
     write_lake(lake, {"a": 5})
     for i in range(10):
         (lake / "a" / f"junk{i}.jpg").write_bytes(b"not an image at all")
     with pytest.raises(RejectFractionError, match=r"10 of 15 listed objects .* 10× not an image"):
-        manifest_job.run(ManifestConfig(input=str(lake), output=str(tmp_path / "ds")), spark_engine)
+        manifest_job.run(ManifestConfig(input=str(lake), output=str(tmp_path / "ds")), local_engine)
 
 
-def test_pad_remainder_repeats_and_records(tmp_path, spark_engine):
+def test_pad_remainder_repeats_and_records(tmp_path, local_engine):
     lake = tmp_path / "raw"
     write_lake(lake, {"a": 21, "b": 10})
     out = tmp_path / "ds"
-    _, info = _build(lake, out, spark_engine, num_shards=4, remainder="pad")
+    _, info = _build(lake, out, local_engine, num_shards=4, remainder="pad")
     check_dataset(str(out))
     train = info["channels"]["train"]
     tables = shard_tables(str(out), "train", 4)
@@ -175,6 +174,7 @@ def test_pad_remainder_repeats_and_records(tmp_path, spark_engine):
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
     out = tmp_path / "ds"
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
@@ -191,6 +191,8 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         # (spark-submit passes the Python driver's stderr to its own stdout)
         assert f"master local[2], Python workers started by {daemon}\n" in proc.stdout, proc.stdout[-3000:]
+        # Not a terminal: no console progress bar redrawn into the log.
+        assert "[Stage " not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     info = check_dataset(str(out))
     assert info["image"] == {"size": 32, "format": "jpeg", "quality": 90, "resize": "crop", "max_pixels": 89478485}
     assert pc.sum(read_table(str(out / "manifests" / "all.parquet"))["size"]).as_py() > 0
@@ -206,7 +208,7 @@ def _truncated_jpeg() -> bytes:
     return buf.getvalue()[:400]  # starts like a JPEG (the manifest accepts it), cannot be decoded
 
 
-def test_a_rejected_image_is_repaired_in_its_shard_without_decoding_twice(tmp_path, spark_engine):
+def test_a_rejected_image_is_repaired_in_its_shard_without_decoding_twice(tmp_path, local_engine):
     # 41 + 40 rows into 4 shards: the first plan keeps 80 and holds one row of the bigger class
     # "a" spare. The truncated image (in "a") fails to decode; the repair fills its hole with
     # that spare, so exactly one shard file changes and no image is decoded a second time.
@@ -214,8 +216,8 @@ def test_a_rejected_image_is_repaired_in_its_shard_without_decoding_twice(tmp_pa
     write_lake(lake, {"a": 40, "b": 40})
     (lake / "a" / "broken.jpg").write_bytes(_truncated_jpeg())
     out = tmp_path / "ds"
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1"), spark_engine)
-    info = shard_job.run(ShardConfig(dataset=str(out), num_shards=4, image_size=24), spark_engine)
+    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1"), local_engine)
+    info = shard_job.run(ShardConfig(dataset=str(out), num_shards=4, image_size=24), local_engine)
     check_dataset(str(out))
     rejects = read_table(shard_rejects_uri(str(out)))
     assert rejects["key"].to_pylist() == ["a/broken.jpg"]
@@ -228,7 +230,7 @@ def test_a_rejected_image_is_repaired_in_its_shard_without_decoding_twice(tmp_pa
     shutil.copytree(out / "manifests", segmented / "manifests")
     shutil.copy(out / "labels.json", segmented / "labels.json")
     info2 = shard_job.run(ShardConfig(dataset=str(segmented), num_shards=4, image_size=24, partitions=16),
-                          spark_engine)
+                          local_engine)
     assert info2["build"]["assembled_shards"] == 4 and info2["build"]["preprocessed"] == 81
     assert ([s["sha256"] for s in info2["channels"]["train"]["shards"]]
             == [s["sha256"] for s in info["channels"]["train"]["shards"]])

@@ -1,0 +1,67 @@
+"""Read an image as the manifest listed it: an object replaced between the manifest job and
+the shard job is a counted reject, never silently stored.
+
+The manifest records each object's ``size`` and ``etag``: S3's ETag, or for a local file the
+MD5 of its content (:mod:`jobs.listing` computes it as it inspects the file). A read compares
+both with what it got: the length of the bytes, and for S3 the ETag of the very response that
+carried them (no second request, no race between a check and the read); for a local file the
+MD5 of the bytes read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from fsspec.asyn import sync
+
+from lakeshard import storage
+from lakeshard.errors import StorageError
+
+__all__ = ["CHANGED", "read_as_listed"]
+
+#: The start of the reject reason of an object that is not what the manifest listed.
+CHANGED = "changed since the manifest was built"
+
+
+async def _get_object(fs: Any, path: str) -> tuple[bytes, str | None]:
+    bucket, _, key = path.partition("/")
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+    try:
+        data = await resp["Body"].read()
+    finally:
+        resp["Body"].close()
+    etag = resp.get("ETag")
+    return data, etag.strip('"') if isinstance(etag, str) else None
+
+
+def _read(uri: str) -> tuple[bytes, str | None] | str:
+    """The object's bytes and its ETag (None for a local file), or :data:`storage.GONE`."""
+    if not uri.startswith("s3://"):
+        data = storage.read_listed(uri)
+        return data if isinstance(data, str) else (data, None)
+    fs, path = storage.filesystem(uri)
+    try:
+        return sync(fs.loop, _get_object, fs, path)
+    except FileNotFoundError:
+        return storage.GONE
+    except Exception as exc:
+        raise StorageError(f"cannot read {uri}: {type(exc).__name__}: {exc}") from exc
+
+
+def read_as_listed(uri: str, *, size: int | None, etag: str | None) -> bytes | str:
+    """The bytes of ``uri``, or a reject reason: :data:`storage.GONE`, or ``changed since the
+    manifest was built: size 123 -> 456`` (or ``etag a -> b``) when the object is not the one
+    the manifest listed. ``size`` or ``etag`` None skips that comparison. Errors of the
+    platform raise (see :func:`lakeshard.storage.read_listed`)."""
+    got = _read(uri)
+    if isinstance(got, str):
+        return got
+    data, served_etag = got
+    if size is not None and len(data) != size:
+        return f"{CHANGED}: size {size} -> {len(data)}"
+    if etag is not None:
+        now = served_etag if uri.startswith("s3://") else hashlib.md5(data, usedforsecurity=False).hexdigest()
+        if now is not None and now != etag:
+            return f"{CHANGED}: etag {etag} -> {now}"
+    return data

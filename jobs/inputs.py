@@ -1,0 +1,119 @@
+"""What each job reads, checked before an engine starts: a bad URI, a missing or incomplete
+manifest, an unknown or repeated channel fail in a second, not after a 10 s engine start.
+
+:data:`INPUT_CHECKS` is the table :func:`jobs.engines.cli.run_job` chooses from by config type.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from jobs.dataset_info import dataset_version
+from jobs.settings import ManifestConfig, ShardConfig
+from lakeshard import storage
+from lakeshard.errors import DatasetError, DatasetExistsError, ManifestError, ShardError
+from lakeshard.format import dataset_json_uri, manifest_marker_uri, manifests_uri
+
+__all__ = ["INPUT_CHECKS", "ShardInputs", "channel_rows", "check_manifest_inputs", "check_shard_inputs",
+           "read_manifest"]
+
+#: The manifest columns the shard job reads: ``size`` and ``etag`` let it tell an object that
+#: was replaced since the manifest was built.
+_MANIFEST_COLUMNS = ["uri", "key", "label", "label_index", "channel", "size", "etag"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInputs:
+    """The shard job's inputs, checked: the dataset root, its manifest marker, the channels to
+    shard (in order), the seed and the dataset version they make."""
+
+    root: str
+    marker: dict[str, Any]
+    channels: list[str]
+    seed: int
+    version: str
+
+
+def _channels(cfg: ShardConfig, known: list[str], root: str) -> list[str]:
+    if not cfg.channels:
+        return known
+    channels = [c.strip() for c in cfg.channels.split(",")]
+    if "" in channels:
+        raise ShardError(f"--channels {cfg.channels!r} has an empty channel name")
+    if repeated := sorted(c for c, n in Counter(channels).items() if n > 1):
+        raise ShardError(f"--channels {cfg.channels!r} names {', '.join(map(repr, repeated))} more than once; "
+                         "name each channel once")
+    if unknown := [c for c in channels if c not in known]:
+        raise ShardError(f"--channels names {unknown}, which the manifest at {root} does not have (it has {known})")
+    return channels
+
+
+def _check_overwrite(cfg: ShardConfig, root: str, channels: list[str]) -> None:
+    """An existing complete dataset is replaced only with ``--overwrite``, and never loses a
+    channel: ``--channels`` naming fewer channels than it has is refused (the commit replaces
+    every shard folder, so the others would be deleted)."""
+    uri = dataset_json_uri(root)
+    if not storage.exists(uri):
+        return
+    if not cfg.overwrite:
+        raise DatasetExistsError(f"{root} already holds a complete dataset; pass --overwrite to rebuild it")
+    has = list(storage.read_json(uri).get("channels", {}))
+    if dropped := [c for c in has if c not in channels]:
+        raise ShardError(
+            f"--channels {cfg.channels!r} with --overwrite would delete the shards of channel(s) {dropped} of the "
+            f"dataset at {root} (it has {has}); rebuild every channel it has (e.g. --channels {','.join(has)}), "
+            "or write the subset to another dataset")
+
+
+def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
+    """The shard job's inputs, or an error naming what is wrong (the URI, the manifest, the
+    channels, an existing dataset): nothing is written."""
+    root = storage.normalize(cfg.dataset)
+    marker_uri = manifest_marker_uri(root)
+    if not storage.exists(marker_uri):
+        raise DatasetError(f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first")
+    marker = storage.read_json(marker_uri)
+    channels = _channels(cfg, list(marker["split"]), root)
+    _check_overwrite(cfg, root, channels)
+    seed = marker["seed"] if cfg.seed is None else cfg.seed
+    return ShardInputs(root=root, marker=marker, channels=channels, seed=seed,
+                       version=dataset_version(marker["fingerprint"], cfg, seed, channels))
+
+
+def check_manifest_inputs(cfg: ManifestConfig) -> None:
+    """The manifest job's ``--input`` and ``--output`` are URIs this platform reads, and a
+    local input exists."""
+    src = storage.normalize(cfg.input)
+    storage.normalize(cfg.output)
+    if src.startswith("file://") and not storage.exists(src):
+        raise ManifestError(f"--input {cfg.input!r}: {src} does not exist")
+
+
+#: The check run before the engine starts, by config type.
+INPUT_CHECKS: dict[type, Callable[[Any], Any]] = {
+    ManifestConfig: check_manifest_inputs,
+    ShardConfig: check_shard_inputs,
+}
+
+
+def read_manifest(root: str, channels: list[str]) -> pa.Table:
+    """The manifest rows of ``channels``."""
+    fs, _ = storage.filesystem(root)
+    tables = []
+    for channel in channels:
+        path = storage.filesystem(manifests_uri(root, f"{channel}.parquet"))[1]
+        tables.append(pq.read_table(path, filesystem=fs, columns=_MANIFEST_COLUMNS))
+    return pa.concat_tables(tables)
+
+
+def channel_rows(rows: pa.Table, channel: str) -> pa.Table:
+    """The channel's manifest rows, sorted by key: the rows the plan indexes."""
+    mine = rows.filter(pc.equal(rows["channel"], channel))
+    return mine.take(pc.sort_indices(mine, sort_keys=[("key", "ascending")]))

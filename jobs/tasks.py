@@ -1,0 +1,44 @@
+"""Work items on an engine: how a task travels (compacted) and how tasks are packed into the
+engine's partitions. Nothing here knows about Spark or Dask."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["compact", "each", "pack"]
+
+
+def compact(table: pa.Table) -> pa.Table:
+    """``table`` with buffers of its own. A task travels pickled, and pickling a slice of an
+    Arrow table sends its parent's whole buffers: a 2,000-row segment of a 100,000-row channel
+    pickled to 6.9 MB, and the 48 tasks of a 100,000-image shard job filled Spark's default
+    1 GiB driver heap (``sc.parallelize`` keeps every task's bytes there)."""
+    return table.take(np.arange(table.num_rows))
+
+
+def pack(items: list[Any], sizes: list[int], bins: int) -> list[list[Any]]:
+    """``items`` in at most ``bins`` groups of nearly equal total size (largest first into the
+    lightest group), largest group first. An engine task costs tenths of a second to schedule
+    here (PySpark), so many small shards share a task rather than each taking one."""
+    groups: list[list[Any]] = [[] for _ in range(max(1, min(bins, len(items))))]
+    loads = [0] * len(groups)
+    for i in sorted(range(len(items)), key=lambda i: -sizes[i]):
+        g = loads.index(min(loads))
+        groups[g].append(items[i])
+        loads[g] += sizes[i]
+    return [g for _, g in sorted(zip(loads, groups, strict=True), key=lambda lg: -lg[0]) if g]
+
+
+class each:
+    """``fn`` on every item of a partition of groups: an engine's ``map_partitions`` function
+    (a class, so it pickles by reference)."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, groups: list[list[Any]]) -> list[Any]:
+        return [self.fn(item) for group in groups for item in group]
