@@ -6,6 +6,7 @@ manifest, an unknown or repeated channel fail in a second, not after a 10 s engi
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 from jobs.dataset_info import dataset_version
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
-from lakeshard.errors import DatasetError, DatasetExistsError, ManifestError, ShardError
+from lakeshard.errors import ConfigError, DatasetError, DatasetExistsError, ManifestError, ShardError
 from lakeshard.format import dataset_json_uri, manifest_marker_uri, manifests_uri
 
 __all__ = ["INPUT_CHECKS", "ShardInputs", "channel_rows", "check_manifest_inputs", "check_shard_inputs",
@@ -88,12 +89,22 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
 
 
 def check_manifest_inputs(cfg: ManifestConfig) -> None:
-    """The manifest job's ``--input`` and ``--output`` are URIs this platform reads, and a
-    local input exists."""
-    src = storage.normalize(cfg.input)
-    storage.normalize(cfg.output)
+    """The manifest job's ``--input`` and ``--output`` are URIs this platform reads, a local
+    input exists, and the output is neither the input nor inside it (the next run would list
+    the dataset as lake objects): a :class:`ConfigError` names both URIs."""
+    src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
     if src.startswith("file://") and not storage.exists(src):
         raise ManifestError(f"--input {cfg.input!r}: {src} does not exist")
+    src_path, out_path = _local_path(src), _local_path(out)
+    if out_path == src_path or out_path.startswith(src_path.rstrip("/") + "/"):
+        where = "is the input" if out_path == src_path else "is inside the input"
+        raise ConfigError(f"--output {out} {where} --input {src}; write the dataset outside the lake "
+                          "(the next run would list it as images)")
+
+
+def _local_path(uri: str) -> str:
+    """The real path of a local URI (links resolved), or the URI itself."""
+    return os.path.realpath(storage.filesystem(uri)[1]) if uri.startswith("file://") else uri
 
 
 #: The check run before the engine starts, by config type.

@@ -16,7 +16,7 @@ Hidden objects (``.DS_Store``, ``._*``, ``.ipynb_checkpoints/``, ``__MACOSX/``, 
 ``desktop.ini``) and ``--exclude`` matches are skipped and counted (``counts.skipped``,
 ``skipped_by_reason`` in ``_manifest.json``); identical content under several keys is reported
 (``duplicates``: across channels is leakage), and removed but for one key with ``--dedupe``.
-:func:`check` refuses an output inside the input before any engine starts.
+:func:`jobs.inputs.check_manifest_inputs` refuses an output inside the input before any engine starts.
 """
 
 from __future__ import annotations
@@ -37,14 +37,15 @@ import pyarrow.parquet as pq
 from jobs.catalog import Manifest, build_manifest, fingerprint, sagemaker_manifest
 from jobs.engines import Engine
 from jobs.engines.cli import run_job
+from jobs.inputs import check_manifest_inputs
 from jobs.listing import Skip, discover, inspect_objects, list_prefix
 from jobs.settings import ManifestConfig
 from lakeshard import storage
 from lakeshard.config import add_arguments
-from lakeshard.errors import ConfigError, DatasetExistsError, StorageError
+from lakeshard.errors import DatasetExistsError, StorageError
 from lakeshard.format import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
 
-__all__ = ["check", "main", "run"]
+__all__ = ["main", "run"]
 
 log = logging.getLogger("jobs.manifest")
 
@@ -59,22 +60,6 @@ def _list_parts(src: str, label_depth: int, skip: Skip):
 
 def _skip(cfg: ManifestConfig) -> Skip:
     return Skip(exclude=tuple(cfg.exclude), include_hidden=cfg.include_hidden)
-
-
-def _local_path(uri: str) -> str:
-    """The real path of a local URI (links resolved), or the URI itself."""
-    return os.path.realpath(storage.filesystem(uri)[1]) if uri.startswith("file://") else uri
-
-
-def check(cfg: ManifestConfig) -> None:
-    """Refuse, before any engine starts, an output equal to or inside the input (the next run
-    would list the dataset as lake objects). Raises :class:`ConfigError` naming both URIs."""
-    src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
-    src_path, out_path = _local_path(src), _local_path(out)
-    if out_path == src_path or out_path.startswith(src_path.rstrip("/") + "/"):
-        where = "is the input" if out_path == src_path else "is inside the input"
-        raise ConfigError(f"--output {out} {where} --input {src}; write the dataset outside the lake "
-                          "(the next run would list it as images)")
 
 
 def extract(cfg: ManifestConfig, engine: Engine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -185,7 +170,7 @@ def _warn_duplicates(dups: dict[str, Any]) -> None:
 
 def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     """Run the job; return the summary written to ``manifests/_manifest.json``."""
-    check(cfg)
+    check_manifest_inputs(cfg)
     out = storage.normalize(cfg.output)
     if out.startswith("s3://"):
         _check_bucket(out)

@@ -12,6 +12,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
+from jobs.engines.local_engine import LocalEngine
 from lakeshard.format import (
     SHARD_REJECTS_SCHEMA,
     SHARD_SCHEMA,
@@ -22,12 +23,12 @@ from lakeshard.format import (
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.datasets import build_dataset_with_rejects
 
-pytestmark = pytest.mark.spark
-
 
 @pytest.fixture(scope="module")
-def dataset(spark, tmp_path_factory) -> Path:
-    return build_dataset_with_rejects(spark, tmp_path_factory.mktemp("tables"), {"ant": 9, "bee": 8, "cat": 7}, seed=3)
+def dataset(tmp_path_factory) -> Path:
+    """Built by the real jobs (in-process engine: the readers below are what is tested)."""
+    engine = LocalEngine(workers=2)
+    return build_dataset_with_rejects(engine, tmp_path_factory.mktemp("tables"), {"ant": 9, "bee": 8, "cat": 7}, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,7 @@ def test_dask_reads_every_shard_row_with_its_channel(dataset: Path, expected: Co
     assert _rows(frame.to_dict("records")) == expected
 
 
+@pytest.mark.spark
 def test_spark_reads_every_shard_row_with_its_channel(spark, dataset: Path, expected: Counter):
     frame = spark.read.parquet(shards_uri(str(dataset)))
     _check_columns(frame.columns)

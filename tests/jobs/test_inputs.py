@@ -15,6 +15,7 @@ from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard.errors import ShardError
+from lakeshard.format import shard_relpath
 from tests.helpers.lake import write_lake
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def test_overwriting_a_subset_of_channels_is_refused_naming_the_others(manifeste
         shard_job.run(ShardConfig(dataset=str(manifested), num_shards=1, image_size=16, channels="train",
                                   overwrite=True), local_engine)
     assert (manifested / "dataset.json").read_bytes() == before
-    assert (manifested / "shards" / "validation" / "part-00000-of-00001.parquet").exists()
+    assert (manifested / shard_relpath("validation", 0, 1)).exists()
     # Every channel the dataset has, named explicitly, is a rebuild like any other.
     again = shard_job.run(ShardConfig(dataset=str(manifested), num_shards=1, image_size=16,
                                       channels="train,validation,test", overwrite=True), local_engine)

@@ -10,6 +10,7 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs.catalog import build_manifest
+from jobs.inputs import check_manifest_inputs
 from jobs.listing import Skip, discover, list_prefix
 from jobs.settings import ManifestConfig
 from lakeshard.errors import ConfigError, ManifestError, RejectFractionError
@@ -115,7 +116,7 @@ def test_output_inside_input_is_refused_before_any_work(tmp_path, output, where)
     (tmp_path / "link-to-raw").symlink_to(tmp_path / "raw")
     cfg = ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / output))
     with pytest.raises(ConfigError, match=rf"--output file://{tmp_path}/{output} {where} --input file://{tmp_path}/raw"):
-        manifest_job.check(cfg)
+        check_manifest_inputs(cfg)
     with pytest.raises(ConfigError, match=where):
         manifest_job.run(cfg, engine=None)  # refused before the engine is touched
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["a"]
@@ -124,12 +125,12 @@ def test_output_inside_input_is_refused_before_any_work(tmp_path, output, where)
 @pytest.mark.parametrize("src,out", [("s3://b/raw", "s3://b/raw/ds"), ("s3://b/raw", "s3://b/raw")])
 def test_output_inside_an_s3_input_is_refused(src, out):
     with pytest.raises(ConfigError, match=f"--output {out} .* --input {src}"):
-        manifest_job.check(ManifestConfig(input=src, output=out))
+        check_manifest_inputs(ManifestConfig(input=src, output=out))
 
 
 @pytest.mark.parametrize("src,out", [("s3://b/raw", "s3://b/raw2/ds"), ("s3://b/raw/cat", "s3://b/raw")])
 def test_output_beside_or_above_the_input_is_allowed(src, out):
-    manifest_job.check(ManifestConfig(input=src, output=out))
+    check_manifest_inputs(ManifestConfig(input=src, output=out))
 
 
 @pytest.mark.s3
