@@ -25,10 +25,9 @@ Two processes, both ours, both on ephemeral ports of 127.0.0.1:
   upstream connection (so each client connection is one nginx connection, keep-alive and
   concurrency as the client makes them) and streams the response back at ``bandwidth`` bytes/s
   at most per connection: every response's first byte comes at least ``latency_ms`` after its
-  request. (The cap is the shim's, not nginx's ``limit_rate``: that one sleeps whole
-  milliseconds after each write and lets the first second's worth through, which measured
-  53-251 MB/s against a nominal 80 MB/s here, by response size and ``sendfile_max_chunk``; a
-  schedule of 64 KiB chunks keeps to the nominal rate.) Bucket-level requests (ListObjectsV2,
+  request, and the response's mean rate from then on is at most ``bandwidth``. (The cap is
+  the shim's, not nginx's ``limit_rate``, which sleeps whole milliseconds after each write and
+  lets the first second's worth through: ``benchmarks/README.md``.) Bucket-level requests (ListObjectsV2,
   which s3fs sends for ``exists``/``info`` of a missing key or a "folder", and HEAD bucket) are
   answered by the shim itself from the folder. It logs each request and each new connection.
 
@@ -72,7 +71,6 @@ _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 5.0
 _IDLE_TIMEOUT_S = 300.0  # a client connection silent this long is closed (nginx: the same)
 _CHUNK = 64 * 1024  # the shim relays (and paces) responses in chunks of at most this
-_SLACK_S = 0.002
 _CONTENT_LENGTH = re.compile(r"(?im)^content-length:\s*(\d+)")
 _LOG_FORMAT = "$request_method $status $body_bytes_sent $bytes_sent $request_length"
 
@@ -324,6 +322,13 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 # -- the latency shim (runs in its own process) --------------------------------------------------------
+@dataclasses.dataclass(slots=True)
+class _Pace:
+    """When the relay of one connection may send its next chunk (``time.monotonic()``)."""
+
+    due: float = 0.0
+
+
 class _Shim:
     def __init__(self, *, root: Path, bucket: str, upstream: int, latency_s: float, rate: int, log: Path) -> None:
         self.root, self.bucket, self.upstream, self.latency_s, self.rate = root, bucket, upstream, latency_s, rate
@@ -336,6 +341,7 @@ class _Shim:
         up_reader: asyncio.StreamReader | None = None
         up_writer: asyncio.StreamWriter | None = None
         pump: asyncio.Task[None] | None = None
+        pace = _Pace()
         try:
             while True:
                 try:
@@ -356,10 +362,11 @@ class _Shim:
                     continue
                 if up_writer is None:
                     up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-                    pump = asyncio.create_task(self.relay(up_reader, writer))
+                    pump = asyncio.create_task(self.relay(up_reader, writer, pace))
                 if pump is not None and pump.done():  # nginx closed the connection
                     return
                 self.log.write(f"forward {method} {target}\n")
+                pace.due = max(pace.due, time.monotonic())  # this response's schedule starts now
                 up_writer.write(head + body)
                 await up_writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -371,20 +378,20 @@ class _Shim:
                 if w is not None:
                     w.close()
 
-    async def relay(self, up: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def relay(self, up: asyncio.StreamReader, writer: asyncio.StreamWriter, pace: _Pace) -> None:
         """nginx's responses to the client at ``rate`` bytes/s at most; closes the client when
-        nginx closes. Paced by a schedule: each chunk may leave ``len / rate`` seconds after the
-        previous one; a connection behind its schedule by up to ``_SLACK_S`` (a late timer)
-        catches up, an idle one starts afresh."""
-        due = time.monotonic()
+        nginx closes. Paced by a schedule that starts when the request is forwarded
+        (``pace.due``): after each chunk, wait until ``len / rate`` after the last one was due
+        (a chunk behind its schedule, after a late timer, goes at once: the response's mean
+        rate is ``rate`` whatever the timers do, never more)."""
         try:
             while data := await up.read(_CHUNK):
                 writer.write(data)
                 await writer.drain()
-                now = time.monotonic()
-                due = max(due, now - _SLACK_S) + len(data) / self.rate
-                if due > now:
-                    await asyncio.sleep(due - now)
+                pace.due += len(data) / self.rate
+                delay = pace.due - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
         except ConnectionError:
             pass
         finally:
