@@ -22,7 +22,8 @@ Each repeat measures both sources, local first on even repeats and remote first 
   the footers) included; for the remote, in a new S3 filesystem (fsspec's instance cache
   cleared), so with new connections, as a new process has it;
 * for the remote, what the store served meanwhile (:class:`remote_store.Traffic`): requests
-  (GET, HEAD, LIST), connections opened, body bytes. An epoch's traffic is what was served
+  (GET, HEAD, LIST), connections opened, body bytes, and in the JSON each file request
+  (``*_served``: method, status, bytes, path, ``Range``). An epoch's traffic is what was served
   while it ran: the next epoch's first window, read ahead, counts in the epoch before;
 * ``other_cpu_share``: the machine's CPU others took meanwhile (``loader_bench.other_load``;
   for the remote runs the store's nginx and shim are among them: they share this machine,
@@ -110,16 +111,17 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     loader = new_loader(dataset, args)
     try:
         for e in range(args.epochs):
-            before = store.traffic()
+            before, logged = store.traffic(), len(store.served())
             rate, first, out["images"] = bench_loader(dataset, args, loader)  # the next epoch: set_epoch(e + 1)
             out[f"epoch{e + 1}"], out[f"epoch{e + 1}_first_batch_s"] = rate, first
             if remote:
                 out[f"epoch{e + 1}_traffic"] = (store.traffic() - before).as_dict()
+                out[f"epoch{e + 1}_served"] = store.served(since=logged)
     finally:
         loader.close()
     if remote:
         fresh_filesystems()
-    before = store.traffic()
+    before, logged = store.traffic(), len(store.served())
     start = time.perf_counter()
     fresh = new_loader(dataset, args)
     try:
@@ -129,6 +131,7 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
         fresh.close()
     if remote:
         out["fresh_first_batch_traffic"] = (store.traffic() - before).as_dict()
+        out["fresh_first_batch_served"] = store.served(since=logged)
     return out
 
 
@@ -240,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms:g}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials in environment variables."
+    for name in ("botocore", "aiobotocore"):  # "Found credentials in environment variables."
+        logging.getLogger(name).setLevel(logging.WARNING)
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp).resolve()

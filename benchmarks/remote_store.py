@@ -72,7 +72,7 @@ _STOP_TIMEOUT_S = 5.0
 _IDLE_TIMEOUT_S = 300.0  # a client connection silent this long is closed (nginx: the same)
 _CHUNK = 64 * 1024  # the shim relays (and paces) responses in chunks of at most this
 _CONTENT_LENGTH = re.compile(r"(?im)^content-length:\s*(\d+)")
-_LOG_FORMAT = "$request_method $status $body_bytes_sent $bytes_sent $request_length"
+_LOG_FORMAT = '$request_method $status $body_bytes_sent $bytes_sent $request_length $uri "$http_range"'
 
 
 class NginxMissingError(RuntimeError):
@@ -264,6 +264,15 @@ class RemoteStore:
             "AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
             "AWS_REGION": "us-east-1",
         }  # fmt: skip
+
+    def served(self, *, since: int = 0) -> list[str]:
+        """nginx's log of the file requests served, one line each from the ``since``-th
+        (``GET <status> <body bytes> <path> <range>``): which byte ranges a reader asked for.
+        ``len(served())`` is where the next call's ``since`` starts."""
+        if self._tmp is None:
+            raise RuntimeError("the store is not running")
+        lines = (Path(self._tmp.name) / "access.log").read_text().splitlines()[since:]
+        return [" ".join((f[0], f[1], f[2], *f[5:])) for f in map(str.split, lines)]
 
     def traffic(self, *, settle_s: float = 2.0) -> Traffic:
         """Everything served since :meth:`start`. nginx logs a request when it has sent the

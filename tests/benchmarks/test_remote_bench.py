@@ -78,9 +78,9 @@ def test_the_loader_reads_the_same_batches_from_the_store_as_from_disk(store: Re
     assert remote.dataset == "s3://bench/bench-ds"
     try:
         for epoch in (0, 1):
-            before = store.traffic()
+            before, logged = store.traffic(), len(store.served())
             theirs = epoch_batches(remote, epoch)
-            served = store.traffic() - before
+            served, requests = store.traffic() - before, store.served(since=logged)
             ours = epoch_batches(local, epoch)
             assert len(theirs) == len(ours) == 3
             for (xa, ya), (xb, yb) in zip(ours, theirs, strict=True):
@@ -91,6 +91,10 @@ def test_the_loader_reads_the_same_batches_from_the_store_as_from_disk(store: Re
                 assert served.body_bytes >= read_columns_bytes(shard, ["image", "label", "is_pad"])
                 assert served.body_bytes <= 3 * shard.stat().st_size  # nothing read many times over
                 assert served.bytes_sent > served.body_bytes  # headers too
+                # The log names each file request and its range: ranged GETs of the shard.
+                assert len(requests) == served.gets + served.heads
+                assert any(r.startswith("GET 206 ") and "/shards/train/" in r and '"bytes=' in r for r in requests)
+                assert sum(int(r.split()[2]) for r in requests) == served.body_bytes
     finally:
         local.close()
         remote.close()
