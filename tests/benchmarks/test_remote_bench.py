@@ -200,3 +200,32 @@ def test_remote_bench_refuses_an_unknown_loader_option(tmp_path: Path):
     assert bad.returncode == 2
     assert "'cache_dirr' in variant 'cache_dirr=/tmp/x' is not a ShardLoader option" in bad.stderr
     assert not list(tmp_path.iterdir())  # refused before building anything
+
+
+def test_the_store_serves_many_keep_alive_connections_at_once(store: RemoteStore, lake: Path):
+    """Eight clients at once, three ranged GETs each on one kept-alive connection: every
+    client gets its own bytes, over its own connection."""
+    import http.client
+    from concurrent.futures import ThreadPoolExecutor
+
+    key = "bench-ds/shards/train/" + os.listdir(lake / "bench-ds" / "shards" / "train")[0]
+    data = (lake / key).read_bytes()
+    port = int(store.endpoint.rsplit(":", 1)[1])
+    before = store.traffic()
+
+    def client(i: int) -> list[bool]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        same = []
+        for j in range(3):
+            lo = (i * 3 + j) * 997 % (len(data) - 5000)
+            conn.request("GET", f"/bench/{key}", headers={"Range": f"bytes={lo}-{lo + 4999}"})
+            response = conn.getresponse()
+            same.append(response.status == 206 and response.read() == data[lo : lo + 5000])
+        conn.close()
+        return same
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(client, range(8)))
+    assert results == [[True] * 3] * 8
+    served = store.traffic() - before
+    assert (served.connections, served.gets, served.body_bytes) == (8, 24, 24 * 5000)
