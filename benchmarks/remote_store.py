@@ -1,0 +1,353 @@
+"""A remote-like, read-only S3 endpoint on 127.0.0.1 for benchmarks: a local folder served with
+a bandwidth cap per connection and a latency before each response.
+
+```python
+with RemoteStore(Path("/tmp/ds-root"), latency_ms=20, bandwidth=80e6) as store:
+    os.environ.update(store.environ())       # AWS_ENDPOINT_URL and dummy credentials
+    loader = ShardLoader(store.uri("bench-ds"), ...)   # s3://bench/bench-ds
+    before = store.traffic()
+    ...
+    print(store.traffic() - before)          # requests and bytes served meanwhile
+```
+
+or, by hand: ``python benchmarks/remote_store.py /tmp/ds-root --latency-ms 20 --bandwidth 80MB``
+(prints the endpoint; Ctrl-C stops it).
+
+Two processes, both ours, both on ephemeral ports of 127.0.0.1:
+
+* **nginx** (Debian's package; ``scripts/setup_bench.sh`` installs it), one process
+  (``master_process off``, ``daemon off``), config in a temporary folder: ``GET``/``HEAD`` of
+  ``/<bucket>/<key>`` serve ``<root>/<key>`` with ``Content-Length``, ``ETag``,
+  ``Last-Modified`` and byte ranges (what s3fs's ``info`` and ranged reads need). A missing
+  key or a folder is a 404 with S3's ``NoSuchKey`` XML. Its access log counts the bytes sent.
+* **the latency shim** (``remote_shim.py``, stdlib asyncio): the endpoint clients talk to.
+  It reads each request, waits ``latency_ms``, then forwards it to nginx over that client's own
+  upstream connection (so each client connection is one nginx connection, keep-alive and
+  concurrency as the client makes them) and streams the response back at ``bandwidth`` bytes/s
+  at most per connection: every response's first byte comes at least ``latency_ms`` after its
+  request, and the response's mean rate from then on is at most ``bandwidth``. (The cap is
+  the shim's, not nginx's ``limit_rate``, which sleeps whole milliseconds after each write and
+  lets the first second's worth through: ``benchmarks/README.md``.) Bucket-level requests (ListObjectsV2,
+  which s3fs sends for ``exists``/``info`` of a missing key or a "folder", and HEAD bucket) are
+  answered by the shim itself from the folder. It logs each request and each new connection.
+
+The store is read-only: a client that writes gets nginx's 405.
+
+# NOTE [ Store shutdown ]
+Both processes are started in their own session (process group) and stopped by
+:meth:`RemoteStore.stop` (``__exit__``, and ``atexit`` for a parent that forgets): SIGTERM to
+each group, a bounded wait, then SIGKILL. The shim also exits when its stdin (a pipe from the
+parent) closes, so a parent killed outright leaves no shim; nginx then still needs the SIGTERM
+(``stop`` is idempotent). Every wait in this module has a time limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import collections
+import contextlib
+import dataclasses
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["NginxMissingError", "RemoteStore", "Traffic", "find_nginx", "parse_rate"]
+
+_SETUP = "scripts/setup_bench.sh"
+_SHIM = Path(__file__).with_name("remote_shim.py")
+_START_TIMEOUT_S = 10.0
+_STOP_TIMEOUT_S = 5.0
+_IDLE_TIMEOUT_S = 300.0  # a client connection silent this long is closed (nginx and the shim)
+_LOG_FORMAT = '$request_method $status $body_bytes_sent $bytes_sent $request_length $uri "$http_range"'
+
+
+class NginxMissingError(RuntimeError):
+    """nginx is not installed."""
+
+
+def find_nginx() -> str:
+    """The nginx binary, or :class:`NginxMissingError` saying how to install it."""
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    if found is None:
+        raise NginxMissingError(f"nginx is not installed (the remote-like store serves files with it): run {_SETUP}")
+    return found
+
+
+def parse_rate(text: str) -> int:
+    """Bytes per second from ``"80MB"`` (decimal: 80e6), ``"25MiB"``, ``"500k"`` or a plain number."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(i?)[bB]?(?:/s)?\s*", str(text))
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"bandwidth must be a positive size per second such as '80MB' or '25MiB', got {text!r}")
+    base = 1024 if match.group(3) else 1000
+    return int(float(match.group(1)) * base ** " kmg".index(match.group(2).lower() or " "))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Traffic:
+    """What the store served: ``requests`` = ``gets`` + ``heads`` + ``lists`` + ``other``
+    (as the shim received them), ``connections`` opened by clients, ``body_bytes`` of file
+    responses (nginx's ``$body_bytes_sent``, ranges included) and ``bytes_sent`` on the wire
+    (headers too, list responses included)."""
+
+    requests: int = 0
+    gets: int = 0
+    heads: int = 0
+    lists: int = 0
+    other: int = 0
+    connections: int = 0
+    body_bytes: int = 0
+    bytes_sent: int = 0
+
+    def __sub__(self, other: Traffic) -> Traffic:
+        return Traffic(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _nginx_conf(tmp: Path, *, port: int, root: Path, bucket: str) -> str:
+    user = "user root;" if os.geteuid() == 0 else ""  # root's workers would otherwise run as nobody
+    temps = "\n".join(f"    {k}_temp_path {tmp / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (tmp / "errors").mkdir(exist_ok=True)
+    (tmp / "errors" / "404.xml").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchKey</Code>'
+        "<Message>The specified key does not exist.</Message></Error>\n"
+    )
+    return f"""\
+{user}
+daemon off;
+master_process off;
+worker_processes 1;
+pid {tmp / "nginx.pid"};
+error_log {tmp / "error.log"} warn;
+events {{ worker_connections 4096; }}
+http {{
+    log_format bench '{_LOG_FORMAT}';
+    access_log {tmp / "access.log"} bench;
+{temps}
+    types {{ }}
+    default_type application/octet-stream;
+    sendfile on;
+    sendfile_max_chunk 2m;
+    keepalive_timeout {int(_IDLE_TIMEOUT_S)}s;
+    keepalive_requests 1000000;
+    server_tokens off;
+    server {{
+        listen 127.0.0.1:{port};
+        error_page 404 /__errors/404.xml;
+        location /__errors/ {{ internal; alias {tmp / "errors"}/; }}
+        location /{bucket}/ {{
+            alias {root}/;
+            if (-d $request_filename) {{ return 404; }}
+        }}
+        location / {{ return 404; }}
+    }}
+}}
+"""
+
+
+class RemoteStore:
+    """Serve the folder ``root`` as ``s3://<bucket>/`` at :attr:`endpoint`; see the module
+    docstring. ``bandwidth`` is in bytes per second per connection, ``latency_ms`` before each
+    response's first byte. A context manager; :meth:`start`/:meth:`stop` also work."""
+
+    def __init__(self, root: Path, *, bucket: str = "bench", latency_ms: float = 20.0, bandwidth: int = 80_000_000) -> None:
+        if not Path(root).is_dir():
+            raise ValueError(f"root must be an existing folder, got {str(root)!r}")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{2,62}", bucket):
+            raise ValueError(f"bucket must be an S3 bucket name (3-63 of a-z 0-9 . -), got {bucket!r}")
+        if not latency_ms >= 0:
+            raise ValueError(f"latency_ms must be >= 0, got {latency_ms!r}")
+        if not isinstance(bandwidth, int) or bandwidth < 1:
+            raise ValueError(f"bandwidth must be a positive number of bytes per second, got {bandwidth!r}")
+        self.root, self.bucket = Path(root).resolve(), bucket
+        self.latency_ms, self.bandwidth = latency_ms, bandwidth
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._nginx: subprocess.Popen[bytes] | None = None
+        self._shim: subprocess.Popen[bytes] | None = None
+        self.endpoint = ""
+
+    # -- life cycle --------------------------------------------------------------------------------
+    def start(self) -> RemoteStore:
+        nginx = find_nginx()
+        self._tmp = tempfile.TemporaryDirectory(prefix="remote-store-")
+        tmp = Path(self._tmp.name)
+        atexit.register(self.stop)
+        try:
+            port = self._start_nginx(nginx, tmp)
+            self._shim = subprocess.Popen(
+                [sys.executable, str(_SHIM), str(self.root), "--upstream", str(port), "--bucket", self.bucket,
+                 "--latency-ms", str(self.latency_ms), "--bandwidth", str(self.bandwidth), "--log", str(tmp / "shim.log")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+            )  # fmt: skip
+            line = _read_line(self._shim, _START_TIMEOUT_S)
+            if not line.startswith("listening "):
+                raise RuntimeError(f"the latency shim did not start (said {line!r}, exit code {self._shim.poll()})")
+            self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_nginx(self, nginx: str, tmp: Path) -> int:
+        """Start nginx on a free port (another process may take the port between our check and
+        nginx's bind: then try another, three times)."""
+        for _ in range(3):
+            port = _free_port()
+            conf = tmp / "nginx.conf"
+            conf.write_text(_nginx_conf(tmp, port=port, root=self.root, bucket=self.bucket))
+            (tmp / "access.log").write_bytes(b"")
+            self._nginx = subprocess.Popen(
+                [nginx, "-e", str(tmp / "error.log"), "-c", str(conf), "-p", str(tmp)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            )  # fmt: skip
+            deadline = time.monotonic() + _START_TIMEOUT_S
+            while time.monotonic() < deadline and self._nginx.poll() is None:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return port
+                time.sleep(0.02)
+            err = (tmp / "error.log").read_text(errors="replace") if (tmp / "error.log").exists() else ""
+            _stop_group(self._nginx)
+            if "Address already in use" not in err:
+                raise RuntimeError(f"nginx did not start on 127.0.0.1:{port}: {err.strip()[-500:] or 'no error log'}")
+        raise RuntimeError("nginx found no free port in three tries")
+
+    def stop(self) -> None:
+        """Stop both processes (see NOTE [ Store shutdown ]); idempotent."""
+        for proc in (self._shim, self._nginx):
+            if proc is not None:
+                _stop_group(proc)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> RemoteStore:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    @property
+    def pids(self) -> list[int]:
+        """The processes of the store (for a caller that checks none outlives it)."""
+        return [p.pid for p in (self._nginx, self._shim) if p is not None]
+
+    # -- use ---------------------------------------------------------------------------------------
+    def uri(self, key: str = "") -> str:
+        """``s3://<bucket>/<key>``: ``root/<key>`` as clients of this store name it."""
+        return f"s3://{self.bucket}/{key.strip('/')}".rstrip("/")
+
+    def environ(self) -> dict[str, str]:
+        """The AWS environment that points boto3/s3fs at this store (dummy credentials)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_REGION": "us-east-1",
+        }  # fmt: skip
+
+    def served(self, *, since: int = 0) -> list[str]:
+        """nginx's log of the file requests served, one line each from the ``since``-th
+        (``GET <status> <body bytes> <path> <range>``): which byte ranges a reader asked for.
+        ``len(served())`` is where the next call's ``since`` starts."""
+        if self._tmp is None:
+            raise RuntimeError("the store is not running")
+        lines = (Path(self._tmp.name) / "access.log").read_text().splitlines()[since:]
+        return [" ".join((f[0], f[1], f[2], *f[5:])) for f in map(str.split, lines)]
+
+    def traffic(self, *, settle_s: float = 2.0) -> Traffic:
+        """Everything served since :meth:`start`. nginx logs a request when it has sent the
+        last byte, a moment after the client may have it: this waits (at most ``settle_s``)
+        until nginx has logged every request the shim forwarded."""
+        if self._tmp is None:
+            raise RuntimeError("the store is not running")
+        tmp = Path(self._tmp.name)
+        deadline = time.monotonic() + settle_s
+        while True:
+            shim = (tmp / "shim.log").read_text().splitlines()
+            nginx = [line.split() for line in (tmp / "access.log").read_text().splitlines()]
+            forwarded = sum(1 for line in shim if line.startswith("forward "))
+            if len(nginx) >= forwarded or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        kinds = collections.Counter(" ".join(line.split()[:2]) for line in shim)  # "forward GET", "connect", ...
+        requests = sum(n for k, n in kinds.items() if k.startswith(("forward ", "answer ")))
+        known = kinds["forward GET"] + kinds["forward HEAD"] + kinds["answer GET"]
+        answered = sum(int(line.split()[3]) for line in shim if line.startswith("answer "))
+        return Traffic(
+            requests=requests, gets=kinds["forward GET"], heads=kinds["forward HEAD"], lists=kinds["answer GET"],
+            other=requests - known, connections=kinds["connect"], body_bytes=sum(int(f[2]) for f in nginx),
+            bytes_sent=sum(int(f[3]) for f in nginx) + answered,
+        )  # fmt: skip
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The first line ``proc`` writes on stdout, waiting at most ``timeout`` seconds."""
+    stdout = proc.stdout
+    if stdout is None:
+        raise ValueError("proc was started without stdout=PIPE")
+    ready, _, _ = select.select([stdout], [], [], timeout)
+    return stdout.readline().decode(errors="replace").strip() if ready else ""
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to ``proc``'s process group (it leads its own session), then SIGKILL if it has
+    not exited within the time limit."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=_STOP_TIMEOUT_S)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", help="the folder to serve as s3://<bucket>/")
+    parser.add_argument("--bucket", default="bench")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="before each response's first byte")
+    parser.add_argument("--bandwidth", default="80MB", help="per connection, per second (80MB = 80e6 bytes)")
+    args = parser.parse_args(argv)
+    try:
+        store = RemoteStore(Path(args.root), bucket=args.bucket, latency_ms=args.latency_ms,
+                            bandwidth=parse_rate(args.bandwidth))  # fmt: skip
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        with store:
+            print(" ".join(f"{k}={v}" for k, v in store.environ().items()))
+            print(f"serving {store.root} as {store.uri()} (Ctrl-C stops)", flush=True)
+            threading.Event().wait()
+    except NginxMissingError as exc:
+        parser.error(str(exc))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
