@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from loader_bench import build_dataset  # noqa: E402 - benchmarks/ is not a package
 from remote_store import NginxMissingError, RemoteStore, find_nginx, parse_rate  # noqa: E402
 
+from lakeshard.format import shard_relpath  # noqa: E402
 from loaders import ShardLoader  # noqa: E402
 
 
@@ -86,14 +87,14 @@ def test_the_loader_reads_the_same_batches_from_the_store_as_from_disk(store: Re
             for (xa, ya), (xb, yb) in zip(ours, theirs, strict=True):
                 assert torch.equal(xa, xb) and torch.equal(ya, yb)
             if epoch == 0:  # epoch 1 may have been read ahead during epoch 0: its bytes counted there
-                shard = lake / "bench-ds" / "shards" / "train" / os.listdir(lake / "bench-ds" / "shards" / "train")[0]
+                shard = lake / "bench-ds" / shard_relpath("train", 0, 1)
                 assert served.gets >= 1 and served.requests == served.gets + served.heads + served.lists + served.other
                 assert served.body_bytes >= read_columns_bytes(shard, ["image", "label", "is_pad"])
                 assert served.body_bytes <= 3 * shard.stat().st_size  # nothing read many times over
                 assert served.bytes_sent > served.body_bytes  # headers too
                 # The log names each file request and its range: ranged GETs of the shard.
                 assert len(requests) == served.gets + served.heads
-                assert any(r.startswith("GET 206 ") and "/shards/train/" in r and '"bytes=' in r for r in requests)
+                assert any(r.startswith("GET 206 ") and f"/{shard_relpath('train', 0, 1)}" in r and '"bytes=' in r for r in requests)
                 assert sum(int(r.split()[2]) for r in requests) == served.body_bytes
     finally:
         local.close()
@@ -208,7 +209,7 @@ def test_the_store_serves_many_keep_alive_connections_at_once(store: RemoteStore
     import http.client
     from concurrent.futures import ThreadPoolExecutor
 
-    key = "bench-ds/shards/train/" + os.listdir(lake / "bench-ds" / "shards" / "train")[0]
+    key = "bench-ds/" + shard_relpath("train", 0, 1)
     data = (lake / key).read_bytes()
     port = int(store.endpoint.rsplit(":", 1)[1])
     before = store.traffic()
