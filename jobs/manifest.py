@@ -36,12 +36,11 @@ import pyarrow.parquet as pq
 
 from jobs.catalog import Manifest, build_manifest, fingerprint, sagemaker_manifest
 from jobs.engines import Engine
-from jobs.engines.cli import run_job
+from jobs.engines.cli import job_parser, run_job
 from jobs.inputs import check_manifest_inputs
 from jobs.listing import Skip, discover, inspect_objects, list_prefix
 from jobs.settings import ManifestConfig
 from lakeshard import storage
-from lakeshard.config import add_arguments
 from lakeshard.errors import DatasetExistsError, StorageError
 from lakeshard.format import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
 
@@ -199,15 +198,9 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="jobs/manifest.py",
-        description="List a raw image lake (<prefix>/<label>/.../<file>, local, file:// or s3://), "
-                    "label and split it, and write manifests, labels.json and a rejects table.",
-        epilog="Options also come from a YAML file (--conf conf/manifest.yaml); flags override it. "
-               "S3 endpoint and credentials come from the standard AWS environment (AWS_ENDPOINT_URL, ...).",
-    )
-    add_arguments(p, ManifestConfig)
-    return p
+    return job_parser("jobs/manifest.py", ManifestConfig,
+                      description="List a raw image lake (<prefix>/<label>/.../<file>, local, file:// or s3://), "
+                                  "label and split it, and write manifests, labels.json and a rejects table.")
 
 
 def _summary(cfg: ManifestConfig, summary: dict[str, Any]) -> str:

@@ -58,6 +58,7 @@ from itertools import pairwise
 import numpy as np
 
 from jobs.split import unit_hash
+from lakeshard.config import check_positive
 from lakeshard.errors import ShardError
 
 __all__ = ["REMAINDER_POLICIES", "ShardPlan", "make_plan"]
@@ -97,8 +98,7 @@ def make_plan(keys: Sequence[str], labels: Sequence[int], *, num_shards: int, se
         rejected: the rows that failed preprocessing, as indices into ``keys`` or as a boolean
             mask of ``len(keys)``; ``None`` (or empty) gives the first plan, P0.
     """
-    if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
-        raise ShardError(f"num_shards must be a positive integer, got {num_shards!r}")
+    check_positive("num_shards", num_shards, error=ShardError)
     if remainder not in REMAINDER_POLICIES:
         raise ShardError(f"remainder must be one of {', '.join(REMAINDER_POLICIES)}, got {remainder!r}")
     if len(keys) != len(labels):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from jobs.images import IMAGE_FORMATS, RESIZE_MODES, ImageSpec
 from jobs.plan import REMAINDER_POLICIES
 from jobs.split import ALGORITHMS
-from lakeshard.config import opt, parse_globs, parse_seed, parse_size, parse_split
+from lakeshard.config import check_positive, opt, parse_globs, parse_seed, parse_size, parse_split
 
 __all__ = ["ENGINE_NAMES", "ManifestConfig", "ShardConfig"]
 
@@ -17,13 +17,6 @@ ENGINE_NAMES = ("spark", "dask", "local")
 def _check_fraction(name: str, value: float) -> None:
     if not 0 <= value <= 1:
         raise ValueError(f"{name} must be in [0, 1], got {value!r}")
-
-
-def _check_positive(name: str, value: int | None, *, allow_none: bool = False, allow_zero: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
-        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} integer, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +47,9 @@ class ManifestConfig:
         object.__setattr__(self, "split", parse_split(self.split))
         object.__setattr__(self, "seed", parse_seed(self.seed))
         object.__setattr__(self, "exclude", parse_globs(self.exclude))
-        _check_positive("min_per_class", self.min_per_class)
-        _check_positive("label_depth", self.label_depth)
-        _check_positive("partitions", self.partitions, allow_none=True)
+        check_positive("min_per_class", self.min_per_class)
+        check_positive("label_depth", self.label_depth)
+        check_positive("partitions", self.partitions, allow_none=True)
         _check_fraction("max_reject_fraction", self.max_reject_fraction)
 
 
@@ -90,10 +83,10 @@ class ShardConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "row_group_size", parse_size(self.row_group_size))
-        _check_positive("num_shards", self.num_shards)
-        _check_positive("threads", self.threads, allow_none=True, allow_zero=True)
-        _check_positive("decode_threads", self.decode_threads, allow_none=True)
-        _check_positive("partitions", self.partitions, allow_none=True)
+        check_positive("num_shards", self.num_shards)
+        check_positive("threads", self.threads, allow_none=True, allow_zero=True)
+        check_positive("decode_threads", self.decode_threads, allow_none=True)
+        check_positive("partitions", self.partitions, allow_none=True)
         _check_fraction("max_reject_fraction", self.max_reject_fraction)
         if self.row_group_size < 1:
             raise ValueError(f"row_group_size must be positive, got {self.row_group_size!r}")

@@ -39,7 +39,7 @@ from jobs.assemble import assemble_shard
 from jobs.commit import commit, place_assembled
 from jobs.dataset_info import dataset_info, dataset_version
 from jobs.engines import Engine
-from jobs.engines.cli import run_job
+from jobs.engines.cli import job_parser, run_job
 from jobs.inputs import channel_rows, check_shard_inputs, read_manifest
 from jobs.plan import ShardPlan, make_plan
 from jobs.preprocess import OUTCOME_SCHEMA, SegmentTask, preprocess_segment
@@ -50,7 +50,6 @@ from jobs.settings import ShardConfig
 from jobs.staging import finished, staging_folder
 from jobs.tasks import each, pack
 from lakeshard import storage
-from lakeshard.config import add_arguments
 from lakeshard.format import FORMAT_VERSION
 
 __all__ = ["dataset_version", "main", "parser", "run"]
@@ -147,16 +146,12 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="jobs/shard.py",
+    return job_parser(
+        "jobs/shard.py", ShardConfig,
         description="Preprocess the images of a manifest (decode, EXIF orientation, RGB, resize, encode) and write, "
                     "for each channel, exactly --num-shards Parquet shards of equal size, one per target GPU.",
-        epilog="Options also come from a YAML file (--conf conf/shard.yaml); flags override it. "
-               "--overwrite replaces every channel of the existing dataset: with --channels naming fewer channels "
-               "than it has, the job refuses (naming the channels it would delete) rather than delete them.",
-    )
-    add_arguments(p, ShardConfig)
-    return p
+        epilog="--overwrite replaces every channel of the existing dataset: with --channels naming fewer channels "
+               "than it has, the job refuses (naming the channels it would delete) rather than delete them.")
 
 
 def _summary(cfg: ShardConfig, info: dict[str, Any]) -> str:

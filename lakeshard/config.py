@@ -21,7 +21,7 @@ import yaml
 from lakeshard.errors import ConfigError
 from lakeshard.format.layout import CHANNELS
 
-__all__ = ["MAX_SEED", "add_arguments", "opt", "parse_globs", "parse_seed", "parse_size", "parse_split", "read_yaml",
+__all__ = ["MAX_SEED", "add_arguments", "check_positive", "opt", "parse_globs", "parse_seed", "parse_size", "parse_split", "read_yaml",
            "resolve"]
 
 #: Seeds are 32-bit (what numpy's and torch's generators take everywhere).
@@ -90,6 +90,17 @@ def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
     if abs(total - 1) > 1e-6:
         raise ValueError(f"split fractions must add up to 1, got {total:g} from {value!r}")
     return out
+
+
+def check_positive(name: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False,
+                   error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` naming ``name`` unless ``value`` is a positive integer (or zero with
+    ``allow_zero``, or None with ``allow_none``); a bool is not an integer here."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
+        kind = "non-negative" if allow_zero else "positive"
+        raise error(f"{name} must be a {kind} integer{' or None' if allow_none else ''}, got {value!r}")
 
 
 def parse_seed(value: Any) -> int:

@@ -11,12 +11,26 @@ from typing import Any, TypeVar
 
 from jobs.engines import Engine, open_engine
 from jobs.inputs import INPUT_CHECKS
-from lakeshard.config import resolve
+from lakeshard.config import add_arguments, resolve
 from lakeshard.errors import PlatformError
 
-__all__ = ["cli_main", "run_job"]
+__all__ = ["cli_main", "job_parser", "run_job"]
 
 T = TypeVar("T")
+
+
+def job_parser(prog: str, config: type, *, description: str, epilog: str = "") -> argparse.ArgumentParser:
+    """The job's argument parser: every field of ``config`` as an option (see
+    :func:`lakeshard.config.add_arguments`), with the YAML file and the AWS environment noted."""
+    p = argparse.ArgumentParser(
+        prog=prog, description=description,
+        epilog=" ".join(filter(None, [
+            f"Options also come from a YAML file (--conf conf/{prog.rsplit('/', 1)[-1].removesuffix('.py')}.yaml); "
+            "flags override it. S3 endpoint and credentials come from the standard AWS environment "
+            "(AWS_ENDPOINT_URL, AWS_REGION, profiles, instance roles).", epilog])),
+    )
+    add_arguments(p, config)
+    return p
 
 
 def run_job(argv: list[str] | None, *, parser: argparse.ArgumentParser, config: type,

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from jobs.engines import split_parts
+from lakeshard.config import check_positive
 
 __all__ = ["LocalEngine"]
 
@@ -27,8 +28,7 @@ class LocalEngine:
     name = "local"
 
     def __init__(self, *, workers: int | None = None, **_: Any) -> None:
-        if workers is not None and workers < 1:
-            raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        check_positive("workers", workers, allow_none=True)
         self._workers = workers or os.cpu_count() or 1
         log.info("local engine: %d thread(s) in this process", self._workers)
 
