@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from lakeshard.errors import ImageRejected
+from lakeshard.format.layout import STORED_IMAGE_SIGNATURES
 
 __all__ = ["RESIZE_MODES", "UNSUPPORTED_FORMATS", "ImageSpec", "preprocess", "sniff"]
 
@@ -23,8 +24,7 @@ IMAGE_FORMATS = ("jpeg", "png")
 
 # Magic numbers of the formats Pillow decodes for us; anything else is asked of Pillow itself.
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
-    (b"\xff\xd8\xff", "jpeg"),
-    (b"\x89PNG\r\n\x1a\n", "png"),
+    *((magic, name) for name, magic in STORED_IMAGE_SIGNATURES.items()),
     (b"GIF87a", "gif"),
     (b"GIF89a", "gif"),
     (b"BM", "bmp"),

@@ -34,6 +34,7 @@ from lakeshard.format import (
     read_dataset_info,
     shard_rejects_uri,
     shard_uri,
+    stored_image_format,
 )
 
 __all__ = ["REPORT_NAME", "main", "render_report", "report_uri", "write_report"]
@@ -238,7 +239,7 @@ def _bytes(n: int) -> str:
 
 
 def _data_uri(data: bytes) -> str:
-    mime = "image/png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "image/jpeg" if data[:3] == b"\xff\xd8\xff" else "image/webp"
+    mime = f"image/{stored_image_format(data) or 'webp'}"
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from PIL import Image
 
+from lakeshard.format.layout import STORED_IMAGE_SIGNATURES
 from loaders.extensions import extension, fall_back
 
 try:  # optional: the fast JPEG path
@@ -54,7 +55,7 @@ __all__ = [
     "is_jpeg",
 ]
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
+_JPEG_MAGIC = STORED_IMAGE_SIGNATURES["jpeg"]
 
 #: What a decoder reads: encoded bytes, or a zero-copy view of them (``memoryview`` format "B").
 Buffer = bytes | memoryview

@@ -22,6 +22,7 @@ from lakeshard.format.layout import (
     MANIFEST_SCHEMA,
     SHARD_REJECTS_SCHEMA,
     SHARD_SCHEMA,
+    STORED_IMAGE_SIGNATURES,
     channel_dirname,
     dataset_json_uri,
     labels_uri,
@@ -34,6 +35,7 @@ from lakeshard.format.layout import (
     shard_uri,
     shards_folder_uri,
     shards_uri,
+    stored_image_format,
 )
 from lakeshard.format.reader import OpenShard, channel_shards, expected_footer, open_shard
 from lakeshard.format.writer import ShardWriter, write_shard_rejects
@@ -45,6 +47,7 @@ __all__ = [
     "MANIFEST_SCHEMA",
     "SHARD_REJECTS_SCHEMA",
     "SHARD_SCHEMA",
+    "STORED_IMAGE_SIGNATURES",
     "BuildInfo",
     "ChannelInfo",
     "Counts",
@@ -73,5 +76,6 @@ __all__ = [
     "shard_uri",
     "shards_folder_uri",
     "shards_uri",
+    "stored_image_format",
     "write_shard_rejects",
 ]

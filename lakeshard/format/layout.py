@@ -32,6 +32,7 @@ __all__ = [
     "MANIFEST_SCHEMA",
     "SHARD_REJECTS_SCHEMA",
     "SHARD_SCHEMA",
+    "STORED_IMAGE_SIGNATURES",
     "channel_dirname",
     "dataset_json_uri",
     "labels_uri",
@@ -44,6 +45,7 @@ __all__ = [
     "shard_uri",
     "shards_folder_uri",
     "shards_uri",
+    "stored_image_format",
 ]
 
 #: Version 2: Hive-style channel folders (``shards/channel=train/``), shard rejects in
@@ -96,6 +98,19 @@ SHARD_REJECTS_SCHEMA = pa.schema(
         ("reason", pa.string()),
     ]
 )
+
+
+#: The encodings the ``image`` column of a shard may hold (``dataset.json``'s ``image.format``),
+#: each with the bytes every such image starts with.
+STORED_IMAGE_SIGNATURES = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n"}
+
+
+def stored_image_format(data: bytes | memoryview) -> str | None:
+    """``"jpeg"`` or ``"png"`` by the first bytes of ``data``, or None for anything else."""
+    for name, magic in STORED_IMAGE_SIGNATURES.items():
+        if bytes(data[: len(magic)]) == magic:
+            return name
+    return None
 
 
 def manifests_uri(root: str, name: str | None = None) -> str:
