@@ -65,7 +65,8 @@ class ShardConfig:
     max_image_pixels: int = opt(89_478_485, help="reject images with more pixels than this (decompression bombs)")
     remainder: str = opt("drop", choices=REMAINDER_POLICIES,
                          help="rows beyond a multiple of num_shards: drop them, or pad by repeating samples")
-    seed: int | None = opt(None, help="seed of the shard plan and in-shard shuffle (default: the manifest's seed)")
+    seed: int | None = opt(None, parse=parse_seed,
+                           help="seed of the shard plan and in-shard shuffle, in [0, 2**32 - 1] (default: the manifest's seed)")
     channels: str | None = opt(None, help="comma-separated channels to shard, each once (default: all in the manifest)")
     row_group_size: int = opt("4MiB", parse=parse_size, help="target bytes per Parquet row group")
     max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of manifest rows fails to decode")
@@ -83,6 +84,8 @@ class ShardConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "row_group_size", parse_size(self.row_group_size))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", parse_seed(self.seed))
         check_positive("num_shards", self.num_shards)
         check_positive("threads", self.threads, allow_none=True, allow_zero=True)
         check_positive("decode_threads", self.decode_threads, allow_none=True)

@@ -113,6 +113,11 @@ def test_a_seed_beyond_32_bits_is_named_with_its_source(tmp_path):
     with pytest.raises(ConfigError, match=r"--seed \(command line\): .* got '-1'"):
         resolve(ManifestConfig, manifest_parser().parse_args(["--input", "/a", "--output", "/b", "--seed", "-1"]))
     assert resolve(ManifestConfig, {"input": "/a", "output": "/b", "seed": str(2**32 - 1)}).seed == 2**32 - 1
+    # The shard job's own --seed is held to the same range.
+    with pytest.raises(ConfigError, match=r"--seed \(command line\): .*\[0, 2\*\*32 - 1 = 4294967295\], got '4294967296'"):
+        resolve(ShardConfig, shard_parser().parse_args(["--dataset", "/d", "--seed", str(2**32)]))
+    assert resolve(ShardConfig, {"dataset": "/d"}).seed is None
+    assert resolve(ShardConfig, {"dataset": "/d", "seed": "7"}).seed == 7
 
 
 def test_exclude_is_repeatable_and_comes_from_yaml(tmp_path):
