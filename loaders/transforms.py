@@ -62,9 +62,19 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-def _empty_like_batch(images: torch.Tensor, size: int) -> torch.Tensor:
-    """An uninitialised ``[B, 3, size, size]`` batch of ``images``' dtype, channels_last."""
-    return torch.empty((images.shape[0], size, size, images.shape[1]), dtype=images.dtype).permute(0, 3, 1, 2)
+def _nhwc(images: torch.Tensor) -> np.ndarray:
+    """The ``[B, H, W, 3]`` numpy view of a CPU ``[B, 3, H, W]`` batch (a copy unless it is
+    channels_last, as the loader's are). Per-image slicing is far cheaper in numpy than in torch."""
+    return images.permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def _crop(images: torch.Tensor, size: int, ys: Sequence[int], xs: Sequence[int]) -> torch.Tensor:
+    """Image ``i``'s ``size`` x ``size`` window at ``(ys[i], xs[i])``, channels_last."""
+    src = _nhwc(images)
+    out = np.empty((src.shape[0], size, size, src.shape[3]), dtype=src.dtype)
+    for i, (y, x) in enumerate(zip(ys, xs, strict=True)):
+        out[i] = src[i, y : y + size, x : x + size]
+    return torch.from_numpy(out).permute(0, 3, 1, 2)
 
 
 def _check_fits(images: torch.Tensor, size: int, what: str) -> None:
@@ -100,10 +110,8 @@ class CenterCrop:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.size
         _check_fits(images, c, "CenterCrop")
-        y, x = (images.shape[-2] - c) // 2, (images.shape[-1] - c) // 2
-        out = _empty_like_batch(images, c)
-        out.copy_(images[:, :, y : y + c, x : x + c])
-        return out, labels
+        n, y, x = images.shape[0], (images.shape[-2] - c) // 2, (images.shape[-1] - c) // 2
+        return _crop(images, c, [y] * n, [x] * n), labels
 
     def __repr__(self) -> str:
         return f"CenterCrop({self.size})"
@@ -123,12 +131,12 @@ class RandomFlipCrop:
             _check_fits(images, c, "RandomFlipCrop")
             ys = torch.randint(0, images.shape[-2] - c + 1, (n,), generator=generator).tolist()
             xs = torch.randint(0, images.shape[-1] - c + 1, (n,), generator=generator).tolist()
-            out = _empty_like_batch(images, c)
-            for i, (y, x) in enumerate(zip(ys, xs, strict=True)):
-                out[i] = images[i, :, y : y + c, x : x + c]
-            images = out
-        flip = torch.rand(n, generator=generator) < 0.5
-        images[flip] = images[flip].flip(-1)
+            images = _crop(images, c, ys, xs)
+        flip = (torch.rand(n, generator=generator) < 0.5).numpy()
+        if flip.any():
+            hwc = _nhwc(images)
+            hwc[flip] = hwc[flip, :, ::-1]
+            images = torch.from_numpy(hwc).permute(0, 3, 1, 2)
         return images, labels
 
     def __repr__(self) -> str:
