@@ -65,21 +65,27 @@ def test_worker_processes_are_refused_with_the_reason(dataset: Path):
         next(iter(DataLoader(ds, batch_size=None, num_workers=2)))
 
 
+def _reference_ids(dataset: Path, epoch: int) -> list[int]:
+    reference = ShardLoader(str(dataset), batch_size=8, shuffle=True, seed=2)
+    reference.set_epoch(epoch)
+    return [i for images, _ in reference for i in ids_of(images)]
+
+
 @pytest.mark.slow
-def test_lightning_trainer_fits_two_epochs_on_the_dataset_view(dataset: Path, tmp_path: Path):
+def test_lightning_trainer_fits_two_epochs_on_the_dataset_view_and_resumes(dataset: Path, tmp_path: Path):
     import lightning  # the 'lightning' extra (scripts/setup.sh installs it)
     from torch import nn
 
     from loaders import PAD_LABEL
 
     class Module(lightning.LightningModule):
-        def __init__(self, train_data) -> None:
+        def __init__(self) -> None:
             super().__init__()
-            self.data = train_data
             self.net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 3))
             self.seen: dict[int, list[int]] = {}
 
         def train_dataloader(self):
+            self.data = ShardLoader(str(dataset), batch_size=8, shuffle=True, seed=2).as_dataset()
             return self.data
 
         def on_train_epoch_start(self) -> None:
@@ -93,18 +99,28 @@ def test_lightning_trainer_fits_two_epochs_on_the_dataset_view(dataset: Path, tm
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    ds = ShardLoader(str(dataset), batch_size=8, shuffle=True, seed=2).as_dataset()
-    module = Module(ds)
-    trainer = lightning.Trainer(
-        max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-    )  # fmt: skip
-    trainer.fit(module)
-    assert trainer.global_step == 2 * len(ds) == 10
+    def fit(epochs: int, ckpt_path: str | None = None) -> tuple[Module, lightning.Trainer]:
+        module = Module()
+        trainer = lightning.Trainer(
+            max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, default_root_dir=str(tmp_path),
+        )  # fmt: skip
+        trainer.fit(module, ckpt_path=ckpt_path)
+        module.data.loader.close()
+        return module, trainer
+
+    module, trainer = fit(2)
+    assert trainer.global_step == 2 * len(module.data) == 10
     assert sorted(module.seen) == [0, 1]
     for epoch in (0, 1):
         assert sorted(module.seen[epoch]) == list(range(40))
-        reference = ShardLoader(str(dataset), batch_size=8, shuffle=True, seed=2)
-        reference.set_epoch(epoch)
-        assert module.seen[epoch] == [i for images, _ in reference for i in ids_of(images)]
-    ds.loader.close()
+        assert module.seen[epoch] == _reference_ids(dataset, epoch)
+
+    # Lightning's checkpoint holds the loader's state (the dataset view has state_dict and
+    # load_state_dict); a third epoch resumed from it reads epoch 2's order.
+    (ckpt,) = (tmp_path / "checkpoints").glob("*.ckpt")
+    saved = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert [(s["epoch"], s["batches_consumed"]) for s in saved] == [(1, 5)]
+    module, trainer = fit(3, str(ckpt))
+    assert trainer.global_step == 15 and sorted(module.seen) == [2]
+    assert module.seen[2] == _reference_ids(dataset, 2)
