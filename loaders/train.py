@@ -1,4 +1,4 @@
-"""Train a small CNN on a lakeshard dataset with DistributedDataParallel.
+"""Train a small CNN (or your model) on a lakeshard dataset with DistributedDataParallel.
 
 ```
 python -m loaders.train --dataset <URI> --epochs 5 --batch-size 256 --lr 0.01 --gamma 0.7 --output runs/pets
@@ -15,9 +15,11 @@ each rank's share of step time spent waiting for data; see ``docs/loader.md``).
 The model is a :class:`~loaders.model.SmallCNN`, or yours with ``--model package.module:factory``
 (:func:`~loaders.model.build_model`). ``--precision bf16`` runs the forward passes under
 ``torch.autocast(dtype=torch.bfloat16)``, on CUDA or on CPU; on CUDA the model is in
-``channels_last`` memory format, as the loader's images are. ``--resume PATH`` continues from a checkpoint,
-mid-epoch included; ``--resume auto`` resumes from ``<output>/checkpoint.pt`` if there is one and
-starts afresh otherwise, so a preemptible job reruns one command line.
+``channels_last`` memory format, as the loader's images are.
+
+``--resume PATH`` continues from a checkpoint, mid-epoch included; ``--resume auto`` resumes
+from ``<output>/checkpoint.pt`` if there is one and starts afresh otherwise, so a preemptible job
+reruns one command line.
 
 A dataset without a validation (or test) channel trains without that evaluation: the log says
 so, and ``metrics.json`` has ``null`` accuracies and the reason under ``skipped``.
