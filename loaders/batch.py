@@ -1,11 +1,12 @@
 """One batch of work for a decode thread: encoded rows in, ``(images, labels)`` tensors out.
 
-Images are ``[B, 3, H, W]`` (uint8, or float32 with ``normalize``) in ``torch.channels_last``
-memory format; labels are int64 ``[B]``.
+Images are uint8 ``[B, 3, H, W]`` in ``torch.channels_last`` memory format; labels are int64
+``[B]``. Then the batch goes through ``DecodeSpec.transform`` (:mod:`loaders.transforms`), on
+the same thread, and the batch is what the transform returns.
 
 A decode thread gets a whole batch, so the cost of handing out a task is paid once per batch,
-not once per image. Augmentation is seeded by ``(seed, epoch, rank, batch index)``,
-so it does not depend on which thread decodes the batch.
+not once per image. The transform's generator is seeded by ``(seed, epoch, rank, batch index)``,
+so augmentation does not depend on which thread decodes the batch.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +23,7 @@ import torch
 from lakeshard.errors import LoaderError
 from loaders.buffers import BufferPool
 from loaders.decode import BatchDecoder, Buffer
+from loaders.transforms import Transform, batch_generator
 
 __all__ = ["NULL_LABEL", "PAD_LABEL", "BatchTask", "DecodeSpec", "SkippedRow", "decode_batch"]
 
@@ -64,9 +67,8 @@ class DecodeSpec:
     seed: int
     epoch: int
     rank: int
-    crop: int | None = None
-    augment: bool = False
-    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    #: Runs on each decoded batch: ``transform(images, labels, generator)``; ``None``: none.
+    transform: Transform | None = None
     pin_memory: bool = False
     skip_bad_rows: bool = False
     #: Where decoded images go (reused blocks); ``None``: a fresh array per batch.
@@ -88,11 +90,46 @@ def _bad_row(spec: DecodeSpec, task: BatchTask, i: int, what: str, exc: BaseExce
     raise LoaderError(f"{what} at row {row} of {uri}{detail}") from exc
 
 
-def _empty(spec: DecodeSpec, shape: tuple[int, ...]) -> np.ndarray:
-    return spec.buffers.take(shape) if spec.buffers is not None else np.empty(shape, dtype=np.uint8)
+#: Rows of one shard an error message lists before it abbreviates.
+_ROWS_SHOWN = 8
 
 
-def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _where(spec: DecodeSpec, task: BatchTask) -> str:
+    """The rows of a batch, by shard: ``rows 3, 8, 9 of <uri>; rows 0, 1 of <uri>``."""
+    by_shard: dict[int, list[int]] = {}
+    for shard, row in zip(task.shards.tolist(), task.rows.tolist(), strict=True):
+        by_shard.setdefault(shard, []).append(row)
+    parts = []
+    for shard, rows in by_shard.items():
+        shown = ", ".join(map(str, rows[:_ROWS_SHOWN])) + (f", ... ({len(rows)} rows)" if len(rows) > _ROWS_SHOWN else "")
+        parts.append(f"rows {shown} of {spec.shard_uris[shard]}")
+    return "; ".join(parts)
+
+
+def _transform(spec: DecodeSpec, task: BatchTask, images: torch.Tensor, labels: torch.Tensor) -> Any:
+    """``spec.transform`` on one batch; its failure becomes a :class:`LoaderError` naming the rows."""
+    generator = batch_generator(spec.seed, spec.epoch, spec.rank, task.index)
+    try:
+        out = spec.transform(images, labels, generator)
+    except Exception as exc:
+        raise LoaderError(
+            f"transform {spec.transform!r} failed on batch {task.index} ({_where(spec, task)}): {type(exc).__name__}: {exc}"
+        ) from exc
+    if out is None:
+        raise LoaderError(f"transform {spec.transform!r} returned None for batch {task.index} ({_where(spec, task)})")
+    return out
+
+
+def _pinned(batch: Any) -> Any:
+    """``batch`` with its tensors (itself, or the items of a tuple or list) in pinned memory."""
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory()
+    if isinstance(batch, tuple | list):
+        return type(batch)(_pinned(b) if isinstance(b, torch.Tensor) else b for b in batch)
+    return batch
+
+
+def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
     """Decode and transform one batch; ``None`` if ``stop`` was set meanwhile.
 
     Each image is decoded straight into its slot of one ``[B, H, W, 3]`` array taken from
@@ -102,7 +139,7 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> tu
     reported). Without it, the loop decodes every row with ``spec.decoder``.
     """
     n, s = len(task.images), spec.size
-    hwc = _empty(spec, (n, s, s, 3))
+    hwc = spec.buffers.take((n, s, s, 3)) if spec.buffers is not None else np.empty((n, s, s, 3), dtype=np.uint8)
     labels = task.labels.astype(np.int64, copy=True)
     bad_label = ~task.pads & ((labels < 0) | (labels >= spec.num_classes))
     bad = bad_label.tolist() if bad_label.any() else None
@@ -133,32 +170,10 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> tu
         labels[i] = PAD_LABEL
     labels[task.pads] = PAD_LABEL
 
-    if spec.augment or spec.crop is not None:
-        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, spec.epoch, spec.rank, task.index]))
-        if spec.crop is not None:
-            c = spec.crop
-            if spec.augment:
-                ys = rng.integers(0, s - c + 1, size=n)
-                xs = rng.integers(0, s - c + 1, size=n)
-            else:
-                ys = xs = np.full(n, (s - c) // 2)
-            cropped = _empty(spec, (n, c, c, 3))
-            for i in range(n):
-                cropped[i] = hwc[i, ys[i] : ys[i] + c, xs[i] : xs[i] + c]
-            hwc = cropped
-        if spec.augment:
-            flip = rng.random(n) < 0.5
-            hwc[flip] = hwc[flip, :, ::-1]
-
     # [B, 3, H, W] in channels_last memory format: a zero-copy view of the decoded NHWC buffer.
     # (A .contiguous() NCHW copy here halved the loader's throughput on 2 cores; convolutions
     # take channels_last as is, and callers who need NCHW can call .contiguous() themselves.)
-    images = torch.from_numpy(hwc).permute(0, 3, 1, 2)
-    if spec.normalize is not None:
-        mean = torch.tensor(spec.normalize[0], dtype=torch.float32).view(1, 3, 1, 1)
-        std = torch.tensor(spec.normalize[1], dtype=torch.float32).view(1, 3, 1, 1)
-        images = images.to(torch.float32).div_(255.0).sub_(mean).div_(std)
-    target = torch.from_numpy(labels)
-    if spec.pin_memory:
-        images, target = images.pin_memory(), target.pin_memory()
-    return images, target
+    batch: Any = (torch.from_numpy(hwc).permute(0, 3, 1, 2), torch.from_numpy(labels))
+    if spec.transform is not None:
+        batch = _transform(spec, task, *batch)
+    return _pinned(batch) if spec.pin_memory else batch

@@ -15,10 +15,13 @@ from typing import Any
 
 from lakeshard.config import add_arguments, opt, read_yaml, resolve
 from lakeshard.errors import ConfigError
+from loaders.model import MODEL_SPEC
 
-__all__ = ["MAX_SEED", "OPTIMIZERS", "TrainConfig", "build_parser", "load_config", "parse_args"]
+__all__ = ["MAX_SEED", "OPTIMIZERS", "PRECISIONS", "TrainConfig", "build_parser", "load_config", "parse_args"]
 
 OPTIMIZERS = ("adamw", "sgd")
+#: ``bf16``: forward passes under ``torch.autocast(dtype=torch.bfloat16)`` (CUDA or CPU).
+PRECISIONS = ("fp32", "bf16")
 
 #: The largest seed: ``numpy.random.seed`` takes 32-bit seeds.
 MAX_SEED = 2**32 - 1
@@ -32,6 +35,14 @@ def _parse_seed(raw: Any) -> int:
     if isinstance(raw, bool) or not re.fullmatch(r"[0-9]+", str(raw).strip()) or int(raw) > MAX_SEED:
         raise ValueError(f"expected an integer from 0 to {MAX_SEED} (2**32 - 1), got {raw!r}")
     return int(raw)
+
+
+def _parse_model(raw: Any) -> str:
+    """``--model`` / ``model:`` is ``package.module:factory`` (imported and called later, by
+    :func:`loaders.model.build_model`)."""
+    if not isinstance(raw, str) or not MODEL_SPEC.fullmatch(raw):
+        raise ValueError(f"expected package.module:factory, a callable (num_classes, image_size) -> torch.nn.Module, got {raw!r}")
+    return raw
 
 
 def _parse_resume(raw: Any) -> str:
@@ -59,6 +70,11 @@ class TrainConfig:
     momentum: float = opt(0.9, help="SGD momentum (ignored by AdamW)")
     weight_decay: float = opt(0.01, help="weight decay")
     width: int = opt(32, help="channels of the first convolution of the small CNN (doubling per block)")
+    model: str | None = opt(None, parse=_parse_model,
+                            help="your own model: package.module:factory, a callable (num_classes, image_size) -> "
+                            "torch.nn.Module (default: the small CNN)")
+    precision: str = opt("fp32", choices=PRECISIONS,
+                         help="fp32, or bf16: forward passes under torch.autocast(bfloat16), on CUDA or CPU")
     seed: int = opt(7, parse=_parse_seed, help=f"seed of model init, shuffling and augmentation (0 to {MAX_SEED})")
     augment: bool = opt(True, help="random horizontal flips of training images")
     drop_last: bool = opt(True, help="drop each epoch's short last training batch (same on every rank)")
@@ -89,6 +105,13 @@ class TrainConfig:
                 _parse_resume(self.resume)
             except ValueError as exc:
                 raise ConfigError(f"resume: {exc}") from None
+        if self.model is not None:
+            try:
+                _parse_model(self.model)
+            except ValueError as exc:
+                raise ConfigError(f"model: {exc}") from None
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name in ("lr", "dist_timeout"):

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import numbers
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,10 @@ class LoaderOptions:
             all-zero image labelled :data:`~loaders.PAD_LABEL`, is logged and counted in
             ``ShardLoader.skipped_rows``, instead of raising :class:`LoaderError`. Read errors (a
             shard that cannot be read) always raise.
+        transform: ``fn(images, labels, generator)`` run on each decoded batch on the decode
+            threads (see :mod:`loaders.transforms`); the loader yields what it returns. Without
+            it, ``augment``, ``crop`` and ``normalize`` stand for
+            :func:`~loaders.transforms.default_transform`; with it, they must be left unset.
     """
 
     channel: str = "train"
@@ -91,6 +96,7 @@ class LoaderOptions:
     normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
     pin_memory: bool = False
     skip_bad_rows: bool = False
+    transform: Callable[..., Any] | None = None
 
     @classmethod
     def from_keywords(cls, options: dict[str, Any]) -> LoaderOptions:
@@ -124,6 +130,18 @@ class LoaderOptions:
             raise ConfigError(f"crop must be a positive integer or None, got {self.crop!r}")
         if self.normalize is not None:
             self._check_normalize()
+        if self.transform is not None:
+            self._check_transform()
+
+    def _check_transform(self) -> None:
+        if not callable(self.transform):
+            raise ConfigError(f"transform must be a callable fn(images, labels, generator), got {self.transform!r}")
+        builtin = {k: v for k, v in (("augment", self.augment), ("crop", self.crop), ("normalize", self.normalize)) if v}
+        if builtin:
+            raise ConfigError(
+                f"pass either transform= or the built-in {', '.join(builtin)} option(s), not both (got transform="
+                f"{self.transform!r} and {builtin}); put loaders.transforms.RandomFlipCrop/CenterCrop/Normalize in a Compose"
+            )
 
     def _check_normalize(self) -> None:
         shape = "((mean_r, mean_g, mean_b), (std_r, std_g, std_b))"

@@ -41,11 +41,13 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
+from loaders.dataset import ShardDataset
 from loaders.decode import get_batch_decoder, get_decoder
 from loaders.options import LoaderOptions, default_threads
 from loaders.pipeline import Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.reader import WindowReader
+from loaders.transforms import default_transform
 
 __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 
@@ -129,6 +131,7 @@ class ShardLoader:
         # holds, the one being handed over and the training loop's previous batch.
         self._buffers = BufferPool(keep=opts.num_threads + opts.prefetch + 3)
         self.stats = PipelineStats()
+        self._transform = opts.transform or default_transform(augment=opts.augment, crop=opts.crop, normalize=opts.normalize)
 
     def _row_groups(self, shard: int, rows: int) -> list[int]:
         """Row-group sizes of one shard, after checking it against ``dataset.json``."""
@@ -204,7 +207,7 @@ class ShardLoader:
         spec = DecodeSpec(
             decoder=get_decoder(self.options.decoder), size=self.image_size, num_classes=self.num_classes,
             shard_uris=self.shard_uris, seed=self.options.seed, epoch=self._epoch, rank=self.options.rank,
-            crop=self.options.crop, augment=self.options.augment, normalize=self.options.normalize,
+            transform=self._transform,
             pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, buffers=self._buffers,
             skipped=self.skipped_rows, batch_decoder=get_batch_decoder(self.options.decoder),
         )  # fmt: skip
@@ -255,6 +258,12 @@ class ShardLoader:
             pipeline, self._pipeline = self._pipeline, None
         if pipeline is not None:
             pipeline.close()
+
+    def as_dataset(self) -> ShardDataset:
+        """This loader as a :class:`torch.utils.data.IterableDataset` (see :mod:`loaders.dataset`):
+        for ``DataLoader(ds, batch_size=None)`` (``num_workers=0``) or a Lightning
+        ``train_dataloader()``."""
+        return ShardDataset(self)
 
     def __enter__(self) -> ShardLoader:
         return self

@@ -1,4 +1,4 @@
-"""Train a small CNN on a lakeshard dataset with DistributedDataParallel.
+"""Train a small CNN (or your model) on a lakeshard dataset with DistributedDataParallel.
 
 ```
 python -m loaders.train --dataset <URI> --epochs 5 --batch-size 256 --lr 0.01 --gamma 0.7 --output runs/pets
@@ -7,12 +7,19 @@ torchrun --nproc_per_node=2 -m loaders.train --dataset <URI> --conf conf/train.y
 
 One process per rank (gloo on CPU, nccl with CUDA). Each rank streams its share of the train
 channel with a :class:`~loaders.ShardLoader`; every epoch ends with the validation accuracy
-(all ranks, all-reduced), and training ends with the test accuracy. Rank 0 writes
-``<output>/checkpoint.pt`` (model, optimiser, scheduler, loader state, dataset version, metrics
-so far) and ``<output>/metrics.json`` (per epoch: loss, validation accuracy, images/s and each
-rank's share of step time spent waiting for data). ``--resume PATH`` continues from a checkpoint,
-mid-epoch included; ``--resume auto`` resumes from ``<output>/checkpoint.pt`` if there is one and
-starts afresh otherwise, so a preemptible job reruns one command line.
+(all ranks, all-reduced: top-1 and per class), and training ends with the test accuracy. Rank 0
+writes ``<output>/checkpoint.pt`` (model, optimiser, scheduler, loader state, dataset version,
+metrics so far) and ``<output>/metrics.json`` (per epoch: loss, validation accuracy, images/s and
+each rank's share of step time spent waiting for data; see ``docs/loader.md``).
+
+The model is a :class:`~loaders.model.SmallCNN`, or yours with ``--model package.module:factory``
+(:func:`~loaders.model.build_model`). ``--precision bf16`` runs the forward passes under
+``torch.autocast(dtype=torch.bfloat16)``, on CUDA or on CPU; on CUDA the model is in
+``channels_last`` memory format, as the loader's images are.
+
+``--resume PATH`` continues from a checkpoint, mid-epoch included; ``--resume auto`` resumes
+from ``<output>/checkpoint.pt`` if there is one and starts afresh otherwise, so a preemptible job
+reruns one command line.
 
 A dataset without a validation (or test) channel trains without that evaluation: the log says
 so, and ``metrics.json`` has ``null`` accuracies and the reason under ``skipped``.
@@ -46,7 +53,7 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, PlatformError
 from loaders.batch import PAD_LABEL
 from loaders.config import TrainConfig, parse_args
-from loaders.model import SmallCNN
+from loaders.model import build_model
 from loaders.shard_loader import ShardLoader, default_threads
 
 __all__ = ["main", "train"]
@@ -117,6 +124,8 @@ class _Plan:
     per_rank_batch: int
     num_classes: int
     image_size: int
+    class_names: tuple[str, ...]  # by label index
+    model: nn.Module  # built (seeded) on the CPU, so a bad --model fails before any other work
     skipped: dict[str, str]  # evaluation channel -> why it is skipped
     checkpoint_uri: str
     metrics_uri: str
@@ -151,6 +160,8 @@ def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
     skipped = {
         c: f"the dataset has no {c!r} channel (it has: {', '.join(channels)})" for c in _EVAL_CHANNELS if c not in channels
     }
+    if cfg.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"--precision bf16: this GPU ({torch.cuda.get_device_name()}) does not support bfloat16; use --precision fp32")
     version = info.dataset_version
     output = storage.normalize(cfg.output)
     checkpoint_uri = storage.join(output, "checkpoint.pt")
@@ -160,9 +171,11 @@ def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
             f"refusing to resume from {resume_uri}: it was trained on dataset version {checkpoint.get('dataset_version')!r}, "
             f"{cfg.dataset} is version {version!r}"
         )
+    _seed_everything(cfg.seed)  # the model's initial weights
+    model = build_model(cfg.model, len(labels), image_size, width=cfg.width)
     return _Plan(
         per_rank_batch=cfg.batch_size // world_size, num_classes=len(labels), image_size=image_size,
-        skipped=skipped, checkpoint_uri=checkpoint_uri,
+        class_names=tuple(sorted(labels, key=labels.__getitem__)), model=model, skipped=skipped, checkpoint_uri=checkpoint_uri,
         metrics_uri=storage.join(output, "metrics.json"), resume_uri=resume_uri, checkpoint=checkpoint,
     )  # fmt: skip
 
@@ -219,19 +232,37 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int
     return F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="sum") / valid, valid
 
 
+def _autocast(ctx: _Dist, bf16: bool) -> torch.autocast:
+    """The forward pass's precision: bfloat16 autocast, or none."""
+    return torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: ShardLoader, ctx: _Dist) -> float:
-    """Accuracy over the whole channel: each rank scores its share, the counts are summed."""
+def evaluate(model: nn.Module, loader: ShardLoader, ctx: _Dist, class_names: tuple[str, ...], *,
+             bf16: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Top-1 accuracy over the whole channel, and per class: each rank scores its share, the
+    counts are summed. ``{"top1": float, "per_class": {name: {"index", "correct", "count",
+    "accuracy"}}}``; an accuracy over no rows is NaN."""
     model.eval()
-    correct = count = 0
+    n = len(class_names)
+    correct, count = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
     for images, labels in loader:
         images, labels = images.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
         valid = labels != PAD_LABEL
-        pred = model(images).argmax(dim=1)
-        correct += int((pred[valid] == labels[valid]).sum())
-        count += int(valid.sum())
-    correct_all, count_all = _all_reduce([correct, count], ctx)
-    return correct_all / count_all if count_all else float("nan")
+        with _autocast(ctx, bf16):
+            pred = model(images).argmax(dim=1)
+        truth = labels[valid]
+        count += torch.bincount(truth, minlength=n).cpu()
+        correct += torch.bincount(truth[pred[valid] == truth], minlength=n).cpu()
+    totals = _all_reduce([*correct.tolist(), *count.tolist()], ctx)
+    correct_all, count_all = [int(v) for v in totals[:n]], [int(v) for v in totals[n:]]
+    per_class = {
+        name: {"index": i, "correct": correct_all[i], "count": count_all[i],
+               "accuracy": correct_all[i] / count_all[i] if count_all[i] else float("nan")}
+        for i, name in enumerate(class_names)
+    }  # fmt: skip
+    total = sum(count_all)
+    return {"top1": sum(correct_all) / total if total else float("nan"), "per_class": per_class}
 
 
 def _save(uri: str, obj: Any) -> None:
@@ -248,7 +279,6 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
     plan = plan or _prepare(cfg, ctx.world_size)
     dataset = str(cfg.dataset)
     torch.set_num_threads(default_threads(ctx.local_world_size))  # this rank's share of its CPUs
-    _seed_everything(cfg.seed)
     info_level = logging.INFO if ctx.rank == 0 else logging.DEBUG
     for channel, reason in plan.skipped.items():
         log.log(info_level, "skipping %s: %s", "validation after each epoch" if channel == "validation" else "the final test", reason)
@@ -268,7 +298,10 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
         for channel in _EVAL_CHANNELS
     )
 
-    model: nn.Module = SmallCNN(plan.num_classes, plan.image_size, width=cfg.width).to(ctx.device)
+    model = plan.model.to(ctx.device)
+    if ctx.device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    bf16 = cfg.precision == "bf16"
     if cfg.optimizer == "sgd":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(
             model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
@@ -321,7 +354,8 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
             got = time.perf_counter()
             wait += got - tick
             images, labels = images.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
-            loss, valid = _loss(ddp(images), labels)
+            with _autocast(ctx, bf16):
+                loss, valid = _loss(ddp(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -341,10 +375,11 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
         loss_total, rows_total, images_total = _all_reduce([loss_sum, rows, images_seen], ctx)
         (slowest,) = _all_reduce([elapsed], ctx, dist.ReduceOp.MAX if ctx.active else None)
         shares = _all_gather(wait / (wait + compute) if wait + compute > 0 else 0.0, ctx)
-        val_acc = None if val_loader is None else evaluate(model, val_loader, ctx)
+        val = None if val_loader is None else evaluate(model, val_loader, ctx, plan.class_names, bf16=bf16)
+        val_acc = None if val is None else val["top1"]
         history.append({
             "epoch": epoch, "loss": loss_total / rows_total if rows_total else float("nan"),
-            "val_accuracy": val_acc, "images_per_s": images_total / slowest if slowest > 0 else 0.0,
+            "val_accuracy": val_acc, "validation": val, "images_per_s": images_total / slowest if slowest > 0 else 0.0,
             "data_wait_share": shares, "steps": len(train_loader) - first_step, "resumed_at_step": first_step,
             "lr": scheduler.get_last_lr()[0], "seconds": slowest,
             "skipped_rows": len(train_loader.skipped_rows),
@@ -358,8 +393,8 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
         if ctx.rank == 0:
             storage.write_json_atomic(plan.metrics_uri, {**run, "epochs": history})
 
-    test_acc = None if test_loader is None else evaluate(model, test_loader, ctx)
-    metrics = {**run, "epochs": history, "test_accuracy": test_acc}
+    test = None if test_loader is None else evaluate(model, test_loader, ctx, plan.class_names, bf16=bf16)
+    metrics = {**run, "epochs": history, "test_accuracy": None if test is None else test["top1"], "test": test}
     if ctx.rank == 0:
         storage.write_json_atomic(plan.metrics_uri, metrics)
     for loader in (train_loader, val_loader, test_loader):
