@@ -154,7 +154,7 @@ COMMIT_POINTS = [
     ("remove", "/shards", "after"),  # old shards gone, new ones still staged
     ("move", "", "after"),  # new shards in place, staging root left over
     ("remove", "/_staging", "after"),  # staging cleaned, no shard rejects, no dataset.json
-    ("write_bytes_atomic", "/rejects.parquet", "after"),  # shard rejects written, no dataset.json
+    ("write_bytes_atomic", "/rejects/shards.parquet", "after"),  # shard rejects written, no dataset.json
     ("write_json_atomic", "/dataset.json", "before"),
 ]
 
