@@ -83,7 +83,7 @@ def run_engine(name: str, lakes: dict[int, Path], work: Path, args: argparse.Nam
             info = shard_job.run(ShardConfig(dataset=str(out), engine=name, num_shards=args.num_shards,
                                              image_size=args.image_size, threads=args.threads), engine)
             t_shard = time.perf_counter() - t
-            rows = sum(c["rows"] for c in info["channels"].values())
+            rows = sum(c.rows for c in info.channels.values())
             results.append({"engine": name, "objects": n, "startup_s": round(startup, 2),
                             "manifest_s": round(t_manifest, 2), "shard_s": round(t_shard, 2),
                             "manifest_ms_per_object": round(1000 * t_manifest / n, 3),

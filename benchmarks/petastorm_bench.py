@@ -85,11 +85,14 @@ def _worker_petastorm(dataset: str, channel: str, threads: int, batch_size: int,
     from petastorm import make_batch_reader
     from petastorm.pytorch import DataLoader
 
+    from lakeshard import storage
+    from lakeshard.format import channel_shards, read_dataset_info
     from loaders.petastorm_compat import make_transform_spec
 
-    info = json.loads(Path(dataset, "dataset.json").read_text())
-    urls = [Path(dataset, s["path"]).resolve().as_uri() for s in info["channels"][channel]["shards"]]
-    spec = make_transform_spec(info["image"]["size"], layout="chw" if dataloader else "hwc", decoder=decoder)
+    root = storage.normalize(dataset)
+    info = read_dataset_info(root)
+    urls = [uri for uri, _ in channel_shards(root, info, channel)]
+    spec = make_transform_spec(info.image.size, layout="chw" if dataloader else "hwc", decoder=decoder)
 
     def one_pass() -> tuple[int, float]:
         n, first = 0, 0.0

@@ -15,7 +15,13 @@ from jobs.preprocess import SegmentTask
 from jobs.staging import RUNS, staged_shard, staging_root
 from lakeshard import storage
 from lakeshard.errors import ShardError
-from lakeshard.format import SHARD_REJECTS_SCHEMA, dataset_json_uri, shard_rejects_uri, shards_uri
+from lakeshard.format import (
+    SHARD_REJECTS_SCHEMA,
+    DatasetInfo,
+    dataset_json_uri,
+    shard_rejects_uri,
+    shards_uri,
+)
 
 __all__ = ["commit", "place_assembled"]
 
@@ -44,10 +50,10 @@ def _check_counts(stats: list[dict[str, Any]], plans: dict[str, ShardPlan], num_
 
 
 def commit(root: str, staging: str, *, stats: list[dict[str, Any]], plans: dict[str, ShardPlan],
-           rejects: pa.Table, info: dict[str, Any]) -> None:
+           rejects: pa.Table, info: DatasetInfo) -> None:
     """Check the staged shards, then: invalidate the old dataset, put the new shards in the old
     ones' place, write the shard rejects table, and last ``dataset.json`` (``info``)."""
-    _check_counts(stats, plans, info["num_shards"])
+    _check_counts(stats, plans, info.num_shards)
     storage.remove(storage.join(staging, RUNS), recursive=True)
     storage.remove(dataset_json_uri(root))
     storage.remove(shards_uri(root), recursive=True)
@@ -57,4 +63,4 @@ def commit(root: str, staging: str, *, stats: list[dict[str, Any]], plans: dict[
     sink = pa.BufferOutputStream()
     pq.write_table(rejects.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA), sink)
     storage.write_bytes_atomic(shard_rejects_uri(root), sink.getvalue().to_pybytes())
-    storage.write_json_atomic(dataset_json_uri(root), info)
+    storage.write_json_atomic(dataset_json_uri(root), info.to_json())

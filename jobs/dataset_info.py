@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -14,7 +13,16 @@ import pyarrow as pa
 from jobs.plan import ShardPlan
 from jobs.settings import ShardConfig
 from jobs.staging import library_versions
-from lakeshard.format import FORMAT_VERSION, shard_relpath
+from lakeshard.format import (
+    FORMAT_VERSION,
+    BuildInfo,
+    ChannelInfo,
+    Counts,
+    DatasetInfo,
+    ImageSpec,
+    Inputs,
+    ShardInfo,
+)
 
 __all__ = ["dataset_info", "dataset_version"]
 
@@ -30,65 +38,44 @@ def dataset_version(fingerprint: str, cfg: ShardConfig, seed: int, channels: lis
 
 def dataset_info(cfg: ShardConfig, *, marker: dict[str, Any], version: str, seed: int, engine: str,
                  plans: dict[str, ShardPlan], ordered: dict[str, pa.Table], stats: list[dict[str, Any]],
-                 reject_counts: dict[str, int], build: dict[str, int]) -> dict[str, Any]:
-    """The content of ``dataset.json``. ``stats`` has one entry per shard file (its channel,
-    shard index and :class:`~lakeshard.format.writer.ShardWriter` stats); ``build`` says how
-    this run made them."""
+                 reject_counts: dict[str, int], build: BuildInfo) -> DatasetInfo:
+    """What ``dataset.json`` says. ``stats`` has one entry per shard file (its channel, shard
+    index and :class:`~lakeshard.format.writer.ShardWriter` stats); ``build`` says how this run
+    made them (depends on the engine's parallelism, not part of the dataset's identity)."""
     labels: dict[str, int] = marker["labels"]
-    return {
-        "format_version": FORMAT_VERSION,
-        "dataset_version": version,
-        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "engine": engine,
-        "inputs": {"lake": marker["input"], "manifest_fingerprint": marker["fingerprint"],
-                   "split": marker["split"], "split_method": marker["split_method"], "manifest_seed": marker["seed"]},
-        "seed": seed,
-        "labels": labels,
-        "num_classes": len(labels),
-        "image": {"size": cfg.image_size, "format": cfg.image_format, "quality": cfg.quality,
-                  "resize": cfg.resize, "max_pixels": cfg.max_image_pixels},
-        "num_shards": cfg.num_shards,
-        "remainder": cfg.remainder,
-        "row_group_bytes": cfg.row_group_size,
-        "counts": {
-            "listed": marker["counts"]["listed"],
-            "manifest_rejects": marker["counts"]["rejected"],
-            "shard_rejects": sum(reject_counts.values()),
-            "dropped": sum(len(p.dropped) for p in plans.values()),
-            "padded": sum(int(p.is_pad.sum()) for p in plans.values()),
-        },
-        # How this run made the shards (depends on the engine's parallelism, not part of the
-        # dataset's identity): preprocessing tasks, images decoded (each once; pad copies
-        # count), and shard files assembled again because rejects changed the plan or the
-        # shard was cut into segments.
-        "build": build,
-        "channels": {c: _channel_entry(c, plans[c], ordered[c], stats, labels, reject_counts[c]) for c in plans},
-        "versions": library_versions(),
-    }
+    return DatasetInfo(
+        format_version=FORMAT_VERSION,
+        dataset_version=version,
+        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        engine=engine,
+        inputs=Inputs(lake=marker["input"], manifest_fingerprint=marker["fingerprint"], split=marker["split"],
+                      split_method=marker["split_method"], manifest_seed=marker["seed"]),
+        seed=seed,
+        labels=labels,
+        num_classes=len(labels),
+        image=ImageSpec(size=cfg.image_size, format=cfg.image_format, quality=cfg.quality, resize=cfg.resize,
+                        max_pixels=cfg.max_image_pixels),
+        num_shards=cfg.num_shards,
+        remainder=cfg.remainder,
+        row_group_bytes=cfg.row_group_size,
+        counts=Counts(listed=marker["counts"]["listed"], manifest_rejects=marker["counts"]["rejected"],
+                      shard_rejects=sum(reject_counts.values()),
+                      dropped=sum(len(p.dropped) for p in plans.values()),
+                      padded=sum(int(p.is_pad.sum()) for p in plans.values())),
+        build=build,
+        channels={c: _channel_info(c, plans[c], ordered[c], stats, labels, reject_counts[c]) for c in plans},
+        versions=library_versions(),
+    )
 
 
-def _channel_entry(channel: str, plan: ShardPlan, ordered: pa.Table, stats: list[dict[str, Any]],
-                   labels: dict[str, int], rejected: int) -> dict[str, Any]:
-    names = {str(i): name for name, i in labels.items()}
-    shards = sorted((s for s in stats if s["channel"] == channel), key=lambda s: s["shard"])
+def _channel_info(channel: str, plan: ShardPlan, ordered: pa.Table, stats: list[dict[str, Any]],
+                  labels: dict[str, int], rejected: int) -> ChannelInfo:
+    names = {i: name for name, i in labels.items()}
+    mine = sorted((s for s in stats if s["channel"] == channel), key=lambda s: s["shard"])
     uris = ordered["uri"]
-    return {
-        "rows": sum(s["rows"] for s in shards),
-        "rows_per_shard": plan.rows_per_shard,
-        "rejected": rejected,
-        "dropped": uris.take(pa.array(plan.dropped, pa.int64())).to_pylist(),
-        "padded": uris.take(pa.array(plan.padded, pa.int64())).to_pylist(),
-        "class_counts": {names[k]: v for k, v in sorted(
-            _sum_counts(s["label_counts"] for s in shards).items(), key=lambda kv: int(kv[0]))},
-        "shards": [{"path": shard_relpath(channel, s["shard"], plan.num_shards), "rows": s["rows"],
-                    "bytes": s["bytes"], "sha256": s["sha256"], "row_groups": s["row_groups"],
-                    "class_counts": {names[k]: v for k, v in s["label_counts"].items()}} for s in shards],
-    }
-
-
-def _sum_counts(items: Iterable[dict[str, int]]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for counts in items:
-        for k, v in counts.items():
-            total[k] = total.get(k, 0) + v
-    return total
+    return ChannelInfo.of_shards(
+        [ShardInfo.from_stats(channel, s["shard"], plan.num_shards, s, names) for s in mine],
+        rejected=rejected,
+        dropped=uris.take(pa.array(plan.dropped, pa.int64())).to_pylist(),
+        padded=uris.take(pa.array(plan.padded, pa.int64())).to_pylist(),
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import html
 import logging
 import sys
@@ -30,6 +31,7 @@ from jobs.engines.cli import cli_main
 from lakeshard import storage
 from lakeshard.format import (
     CHANNELS,
+    DatasetInfo,
     manifest_rejects_uri,
     read_dataset_info,
     shard_rejects_uri,
@@ -54,10 +56,10 @@ def report_uri(root: str) -> str:
     return storage.join(root, REPORT_NAME)
 
 
-def write_report(root: str, info: dict[str, Any], *, samples_per_class: int = 6, max_classes: int = 24) -> str:
+def write_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, max_classes: int = 24) -> str:
     """Write ``report.html`` into the dataset root ``root`` (atomically) and return its URI.
 
-    ``info`` is what the shard job writes to ``dataset.json``; the shards, rejects tables and
+    ``info`` is the dataset's ``dataset.json`` (what the shard job wrote); the shards, rejects tables and
     manifests it describes must already be in place. Reads the rejects tables and, for the
     thumbnails, at most a few row groups of the shards, whatever the dataset's size.
     """
@@ -68,11 +70,11 @@ def write_report(root: str, info: dict[str, Any], *, samples_per_class: int = 6,
     return uri
 
 
-def render_report(root: str, info: dict[str, Any], *, samples_per_class: int = 6, max_classes: int = 24) -> str:
+def render_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, max_classes: int = 24) -> str:
     """The report's HTML, as one string."""
     root = storage.normalize(root)
-    channels = [c for c in CHANNELS if c in info["channels"]] + [c for c in info["channels"] if c not in CHANNELS]
-    labels = sorted(info["labels"], key=lambda name: info["labels"][name])
+    channels = [c for c in CHANNELS if c in info.channels] + [c for c in info.channels if c not in CHANNELS]
+    labels = sorted(info.labels, key=lambda name: info.labels[name])
     manifest_rejects = _read_optional(manifest_rejects_uri(root), ["key", "reason"])
     shard_rejects = _read_optional(shard_rejects_uri(root), ["key", "channel", "reason"])
     sections = [
@@ -84,49 +86,49 @@ def render_report(root: str, info: dict[str, Any], *, samples_per_class: int = 6
         _samples(root, info, channels, labels, per_class=samples_per_class, max_classes=max_classes),
         _lineage(info),
     ]
-    title = f"lakeshard dataset {info.get('dataset_version', '?')}"
+    title = f"lakeshard dataset {info.dataset_version}"
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{_e(title)}</h1><p class='muted'>{_e(root)} · created {_e(info.get('created_at', '?'))} "
-        f"· engine {_e(info.get('engine', '?'))}</p>" + "".join(sections) + "</body></html>\n"
+        f"<h1>{_e(title)}</h1><p class='muted'>{_e(root)} · created {_e(info.created_at)} "
+        f"· engine {_e(info.engine)}</p>" + "".join(sections) + "</body></html>\n"
     )
 
 
 # -- sections ----------------------------------------------------------------------------------------
-def _summary(info: dict[str, Any], channels: list[str]) -> str:
-    counts = info["counts"]
-    rows = [("objects listed in the lake", counts["listed"]),
-            ("rejected by the manifest job", counts["manifest_rejects"]),
-            ("rejected by the shard job", counts["shard_rejects"]),
-            ("dropped by the remainder policy", counts["dropped"]),
-            ("padding rows added", counts["padded"])]
-    rows += [(f"rows in {c} ({info['num_shards']} shards × {info['channels'][c]['rows_per_shard']})",
-              info["channels"][c]["rows"]) for c in channels]
-    image = info["image"]
-    facts = (f"{info['num_classes']} classes · images {image['size']}×{image['size']} {image['format']} "
-             f"(resize {image['resize']}) · remainder policy <b>{_e(info['remainder'])}</b>")
+def _summary(info: DatasetInfo, channels: list[str]) -> str:
+    counts = info.counts
+    rows: list[tuple[Any, ...]] = [("objects listed in the lake", counts.listed),
+                                   ("rejected by the manifest job", counts.manifest_rejects),
+                                   ("rejected by the shard job", counts.shard_rejects),
+                                   ("dropped by the remainder policy", counts.dropped),
+                                   ("padding rows added", counts.padded)]
+    rows += [(f"rows in {c} ({info.num_shards} shards × {info.channels[c].rows_per_shard})", info.channels[c].rows)
+             for c in channels]
+    image = info.image
+    facts = (f"{info.num_classes} classes · images {image.size}×{image.size} {image.format} "
+             f"(resize {image.resize}) · remainder policy <b>{_e(info.remainder)}</b>")
     return _section("Counts", f"<p>{facts}</p>" + _table(["", "count"], rows))
 
 
-def _splits(info: dict[str, Any], channels: list[str]) -> str:
-    asked = info["inputs"].get("split", {})
-    total = sum(info["channels"][c]["rows"] for c in channels) or 1
+def _splits(info: DatasetInfo, channels: list[str]) -> str:
+    asked = info.inputs.split
+    total = sum(info.channels[c].rows for c in channels) or 1
     rows, bars = [], []
     for c in channels:
-        got = info["channels"][c]["rows"] / total
+        got = info.channels[c].rows / total
         want = asked.get(c)
-        rows.append((c, f"{want:.3f}" if want is not None else "–", f"{got:.3f}", info["channels"][c]["rows"]))
+        rows.append((c, f"{want:.3f}" if want is not None else "–", f"{got:.3f}", info.channels[c].rows))
         bars.append((c, [want or 0.0, got]))
     chart = _bar_chart(bars, series=["asked", "achieved"], title="fraction of rows per channel", fmt="{:.3f}",
                        horizontal=True)
     return _section("Splits: asked vs achieved",
                     _table(["channel", "asked", "achieved", "rows"], rows) + chart
-                    + f"<p class='muted'>split method {_e(info['inputs'].get('split_method', '?'))}</p>")
+                    + f"<p class='muted'>split method {_e(info.inputs.split_method)}</p>")
 
 
-def _class_counts(info: dict[str, Any], channels: list[str], labels: list[str]) -> str:
-    groups = [(name, [info["channels"][c]["class_counts"].get(name, 0) for c in channels]) for name in labels]
+def _class_counts(info: DatasetInfo, channels: list[str], labels: list[str]) -> str:
+    groups = [(name, [info.channels[c].class_counts.get(name, 0) for c in channels]) for name in labels]
     chart = _bar_chart(groups, series=channels, title="rows per class and channel")
     rows = [(name, *counts, sum(counts)) for name, counts in groups]
     return _section("Classes per channel", chart + _table(["class", *channels, "total"], rows))
@@ -145,35 +147,35 @@ def _rejects(manifest_rejects: list[dict[str, Any]], shard_rejects: list[dict[st
     return _section(f"Rejects ({len(everything)})", chart + _table(["job", "key", "reason"], rows) + note)
 
 
-def _shard_balance(info: dict[str, Any], channels: list[str], labels: list[str]) -> str:
+def _shard_balance(info: DatasetInfo, channels: list[str], labels: list[str]) -> str:
     parts, bars = [], []
     for c in channels:
-        shards = info["channels"][c]["shards"]
-        spread = {name: _spread([s["class_counts"].get(name, 0) for s in shards]) for name in labels}
+        shards = info.channels[c].shards
+        spread = {name: _spread([s.class_counts.get(name, 0) for s in shards]) for name in labels}
         worst = max(spread.values(), default=0)
-        rows = [(s["path"], s["rows"], _bytes(s["bytes"]), s["row_groups"], s["sha256"][:12]) for s in shards]
-        parts.append(f"<h3>{_e(c)}</h3><p>rows per shard: {sorted({s['rows'] for s in shards})}; largest per-class "
+        rows = [(s.path, s.rows, _bytes(s.bytes), s.row_groups, s.sha256[:12]) for s in shards]
+        parts.append(f"<h3>{_e(c)}</h3><p>rows per shard: {sorted({s.rows for s in shards})}; largest per-class "
                      f"difference across shards: <b>{worst}</b> (the shard job keeps it ≤ 1)</p>"
                      + _table(["shard", "rows", "size", "row groups", "sha256"], rows))
-        bars += [(f"{c} {i}", [s["rows"]]) for i, s in enumerate(shards)]
+        bars += [(f"{c} {i}", [s.rows]) for i, s in enumerate(shards)]
     chart = _bar_chart(bars, series=["rows"], title="rows per shard", horizontal=True)
     return _section("Shard balance", chart + "".join(parts))
 
 
-def _samples(root: str, info: dict[str, Any], channels: list[str], labels: list[str], *, per_class: int,
+def _samples(root: str, info: DatasetInfo, channels: list[str], labels: list[str], *, per_class: int,
              max_classes: int) -> str:
     """Up to ``per_class`` thumbnails of each shown class, from at most
     :data:`_SAMPLE_ROW_GROUPS` row groups of the channel's shards, whatever the dataset's size:
     a class too rare to fill its row (or absent from them) shows fewer."""
     channel = "train" if "train" in channels else channels[0]
     shown = labels[:max_classes]
-    want = {info["labels"][name]: name for name in shown}
+    want = {info.labels[name]: name for name in shown}
     found: dict[int, list[bytes]] = {i: [] for i in want}
     budget = _SAMPLE_ROW_GROUPS
-    for shard in range(int(info["num_shards"])):
+    for shard in range(info.num_shards):
         if budget == 0 or all(len(v) >= per_class for v in found.values()):
             break
-        fs, path = storage.filesystem(shard_uri(root, channel, shard, int(info["num_shards"])))
+        fs, path = storage.filesystem(shard_uri(root, channel, shard, info.num_shards))
         with fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             for g in range(pf.metadata.num_row_groups):
@@ -193,21 +195,21 @@ def _samples(root: str, info: dict[str, Any], channels: list[str], labels: list[
                     f"<table class='samples'>{''.join(rows)}</table>{note}")
 
 
-def _lineage(info: dict[str, Any]) -> str:
-    inputs = info["inputs"]
-    rows = [("dataset version", info["dataset_version"]), ("format version", info["format_version"]),
-            ("lake", inputs.get("lake")), ("manifest fingerprint", inputs.get("manifest_fingerprint")),
-            ("manifest seed", inputs.get("manifest_seed")), ("shard seed", info["seed"]),
-            ("split", ", ".join(f"{k}={v}" for k, v in sorted(inputs.get("split", {}).items()))),
-            ("image", ", ".join(f"{k}={v}" for k, v in sorted(info["image"].items()))),
-            ("row group bytes", _bytes(info["row_group_bytes"])), ("engine", info.get("engine"))]
-    build = info.get("build")
-    if build:
-        reused = build.get("reused_segments", 0)
-        rows.append(("build", f"{build['preprocessed']} images decoded in {build['preprocess_tasks']} tasks; "
-                              + (f"{reused} segments reused from an interrupted run; " if reused else "")
-                              + f"{build['assembled_shards']} shard files assembled afterwards"))
-    rows += [(f"version of {k}", v) for k, v in sorted(info.get("versions", {}).items())]
+def _lineage(info: DatasetInfo) -> str:
+    inputs, build = info.inputs, info.build
+    image = dataclasses.asdict(info.image)
+    rows: list[tuple[Any, ...]] = [
+        ("dataset version", info.dataset_version), ("format version", info.format_version),
+        ("lake", inputs.lake), ("manifest fingerprint", inputs.manifest_fingerprint),
+        ("manifest seed", inputs.manifest_seed), ("shard seed", info.seed),
+        ("split", ", ".join(f"{k}={v}" for k, v in sorted(inputs.split.items()))),
+        ("image", ", ".join(f"{k}={v}" for k, v in sorted(image.items()))),
+        ("row group bytes", _bytes(info.row_group_bytes)), ("engine", info.engine),
+        ("build", f"{build.preprocessed} images decoded in {build.preprocess_tasks} tasks; "
+                  + (f"{build.reused_segments} segments reused from an interrupted run; " if build.reused_segments else "")
+                  + f"{build.assembled_shards} shard files assembled afterwards"),
+    ]
+    rows += [(f"version of {k}", v) for k, v in sorted(info.versions.items())]
     return _section("Lineage", _table(["", ""], rows))
 
 

@@ -50,7 +50,7 @@ from jobs.settings import ShardConfig
 from jobs.staging import finished, staging_folder
 from jobs.tasks import each, pack
 from lakeshard import storage
-from lakeshard.format import FORMAT_VERSION
+from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo
 
 __all__ = ["dataset_version", "main", "parser", "run"]
 
@@ -78,7 +78,7 @@ def _preprocess(engine: Engine, tasks: list[SegmentTask], reused: dict[str, dict
     return [*reused.values(), *done], len(todo), sum(d["outcomes"].num_rows for d in done)
 
 
-def _write_report(root: str, info: dict[str, Any]) -> None:
+def _write_report(root: str, info: DatasetInfo) -> None:
     """The report, after the commit: a report that cannot be written is a warning, never a
     failed job (the dataset is complete without it)."""
     try:
@@ -88,7 +88,7 @@ def _write_report(root: str, info: dict[str, Any]) -> None:
                     "(python -m jobs.report %s writes it again)", root, type(exc).__name__, exc, root)
 
 
-def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
+def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
     """Run the job; return what it wrote to ``dataset.json``."""
     job = check_shard_inputs(cfg)
     root, channels = job.root, job.channels
@@ -137,8 +137,8 @@ def run(cfg: ShardConfig, engine: Engine) -> dict[str, Any]:
     reject_counts = {c: int(pc.sum(pc.equal(rejects["channel"], c)).as_py() or 0) for c in channels}
     info = dataset_info(cfg, marker=job.marker, version=job.version, seed=job.seed, engine=engine.name,
                         plans=plans, ordered=ordered, stats=stats, reject_counts=reject_counts,
-                        build={"preprocess_tasks": ran, "preprocessed": decoded, "reused_segments": len(reused),
-                               "assembled_shards": len(repairs)})
+                        build=BuildInfo(preprocess_tasks=ran, preprocessed=decoded, reused_segments=len(reused),
+                                        assembled_shards=len(repairs)))
     commit(root, staging, stats=stats, plans=plans, rejects=rejects, info=info)
     log.info("dataset %s committed at %s", job.version, root)
     _write_report(root, info)
@@ -154,10 +154,10 @@ def parser() -> argparse.ArgumentParser:
                "than it has, the job refuses (naming the channels it would delete) rather than delete them.")
 
 
-def _summary(cfg: ShardConfig, info: dict[str, Any]) -> str:
-    rows = ", ".join(f"{c}={e['rows_per_shard']}×{info['num_shards']}" for c, e in info["channels"].items())
-    return (f"shards: {rows} rows, {info['counts']['shard_rejects']} rejected, "
-            f"version {info['dataset_version']} -> {storage.normalize(cfg.dataset)}")
+def _summary(cfg: ShardConfig, info: DatasetInfo) -> str:
+    rows = ", ".join(f"{c}={e.rows_per_shard}×{info.num_shards}" for c, e in info.channels.items())
+    return (f"shards: {rows} rows, {info.counts.shard_rejects} rejected, "
+            f"version {info.dataset_version} -> {storage.normalize(cfg.dataset)}")
 
 
 def main(argv: list[str] | None = None) -> int:

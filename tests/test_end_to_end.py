@@ -18,6 +18,7 @@ from PIL import Image
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.settings import ManifestConfig, ShardConfig
+from lakeshard.format import DatasetInfo
 from loaders import ShardLoader
 from tests.helpers.checks import check_dataset, shard_tables
 from tests.helpers.lake import encode, make_image
@@ -53,7 +54,7 @@ def _streamed(root: str, channel: str, world_size: int, *, epoch: int = 0) -> Co
     return out
 
 
-def _build(lake: str, out: str, engine, num_shards: int) -> dict:
+def _build(lake: str, out: str, engine, num_shards: int) -> DatasetInfo:
     manifest_job.run(ManifestConfig(input=lake, output=out, seed=1, split_method="stratified"), engine)
     return shard_job.run(ShardConfig(dataset=out, num_shards=num_shards, image_size=16, image_format="png"), engine)
 
@@ -64,7 +65,7 @@ def test_local_lake_streams_every_sample_once_per_epoch(small_lake, tmp_path, lo
     check_dataset(root)
     for channel in ("train", "validation"):
         stored = _stored(root, channel, 2)
-        assert sum(stored.values()) == info["channels"][channel]["rows"]
+        assert sum(stored.values()) == info.channels[channel].rows
         assert _streamed(root, channel, world_size=2) == stored
     assert _streamed(root, "train", world_size=2, epoch=1) == _stored(root, "train", 2)
 

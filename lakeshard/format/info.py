@@ -173,14 +173,6 @@ class DatasetInfo:
             raise DatasetError(f"{source} has no channel {name!r} (it has {sorted(self.channels)})")
         return self.channels[name]
 
-    # A dict-style read of the JSON, for callers not yet moved to the attributes
-    # (loaders/train.py, jobs/report.py); new code reads the attributes.
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_json().get(key, default)
-
 
 def read_dataset_info(root: str) -> DatasetInfo:
     """Read and check ``<root>/dataset.json``.

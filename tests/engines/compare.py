@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
 
 from lakeshard import storage
-from lakeshard.format import manifests_uri, shard_rejects_uri
+from lakeshard.format import DatasetInfo, manifests_uri, read_dataset_info, shard_rejects_uri
 from tests.helpers.checks import read_table, shard_tables
 
 __all__ = ["DATASET_JSON_ENGINE_KEYS", "assert_same_dataset", "assert_same_manifest"]
 
-#: The only keys of dataset.json that may differ between engines and runs.
+#: The only fields of dataset.json that may differ between engines and runs.
 DATASET_JSON_ENGINE_KEYS = ("created_at", "engine", "build")
 
 
@@ -46,20 +47,17 @@ def assert_same_manifest(a: str, b: str) -> dict[str, Any]:
     return marker
 
 
-def assert_same_dataset(a: str, b: str) -> dict[str, Any]:
+def assert_same_dataset(a: str, b: str) -> DatasetInfo:
     """The manifests, every shard (rows, order, footer metadata), the shard rejects and
     dataset.json (but for :data:`DATASET_JSON_ENGINE_KEYS`) are equal; returns ``a``'s
     dataset.json."""
     a, b = storage.normalize(a), storage.normalize(b)
     assert_same_manifest(a, b)
-    info_a, info_b = _json(storage.join(a, "dataset.json")), _json(storage.join(b, "dataset.json"))
-    for key in DATASET_JSON_ENGINE_KEYS:
-        info_a.pop(key)
-        info_b.pop(key)
-    assert info_a == info_b
-    for channel in info_a["channels"]:
-        for i, (x, y) in enumerate(zip(shard_tables(a, channel, info_a["num_shards"]),
-                                       shard_tables(b, channel, info_b["num_shards"]), strict=True)):
+    info_a, info_b = read_dataset_info(a), read_dataset_info(b)
+    assert replace(info_a, **{key: getattr(info_b, key) for key in DATASET_JSON_ENGINE_KEYS}) == info_b
+    for channel in info_a.channels:
+        for i, (x, y) in enumerate(zip(shard_tables(a, channel, info_a.num_shards),
+                                       shard_tables(b, channel, info_b.num_shards), strict=True)):
             _assert_tables_equal(x, y, f"shards/{channel}/part {i}")
     # The rejects' row order follows the engine's partitioning, not the data: compare as sets.
     ra, rb = (read_table(shard_rejects_uri(r)) for r in (a, b))

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from lakeshard import storage
+from lakeshard.format import read_dataset_info
 from tests.engines.compare import assert_same_dataset
 from tests.engines.conftest import BIN, MANIFEST_OPTS, REPO, SHARD_OPTS, cli_args, job_env, run_job
 
@@ -37,7 +38,7 @@ def test_dask_cluster_by_address(dask_cli_cluster: str, spark_reference: str, mi
     assert f"manifest: {on_disk} listed," in stdout
     run_job([sys.executable, "-m", "jobs.shard", "--dataset", out, *cli_args(SHARD_OPTS), *common])
     assert_same_dataset(spark_reference, out)
-    assert storage.read_json(storage.join(storage.normalize(out), "dataset.json"))["engine"] == "dask"
+    assert read_dataset_info(storage.normalize(out)).engine == "dask"
 
 
 def _executor_python(folder: Path) -> Path:

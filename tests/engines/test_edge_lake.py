@@ -76,8 +76,8 @@ def test_edge_lake_is_listed_reported_deduped_and_sharded(engine, tmp_path):
                                      image_format="png", max_reject_fraction=0.0), engine)
     check_dataset(out)
     assert read_table(shard_rejects_uri(out)).num_rows == 0
-    in_shards = {u for c in info["channels"] for t in shard_tables(out, c, 1) for u in t["uri"].to_pylist()}
-    dropped = {u for e in info["channels"].values() for u in e["dropped"]}
+    in_shards = {u for c in info.channels for t in shard_tables(out, c, 1) for u in t["uri"].to_pylist()}
+    dropped = {u for e in info.channels.values() for u in e.dropped}
     assert all(f"file://{raw}/fox/{name}" in in_shards | dropped for name in EXTRA_FORMATS)
 
 

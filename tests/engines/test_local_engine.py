@@ -66,4 +66,4 @@ def test_both_jobs_run_on_the_local_engine_from_the_command_line(tmp_path: Path)
                               timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
     info = check_dataset(str(out))
-    assert info["engine"] == "local"
+    assert info.engine == "local"

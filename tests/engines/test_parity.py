@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lakeshard import storage
-from lakeshard.format import manifest_rejects_uri, shard_rejects_uri, shard_relpath
+from lakeshard.format import manifest_rejects_uri, read_dataset_info, shard_rejects_uri, shard_relpath
 from tests.engines.compare import assert_same_dataset
 from tests.engines.conftest import build_dataset
 from tests.helpers.checks import check_dataset, read_table
@@ -28,15 +28,15 @@ def test_dask_writes_the_dataset_spark_writes(spark_reference: str, dask_engine,
     rejected = (read_table(manifest_rejects_uri(root))["key"].to_pylist()
                 + read_table(shard_rejects_uri(root))["key"].to_pylist())
     assert sorted(rejected) == sorted(k for k in bad_objects() if "/bad_" in k)
-    assert info["counts"]["padded"] > 0  # some rows were routed twice
-    assert storage.read_json(storage.join(root, "dataset.json"))["engine"] == "dask"
+    assert info.counts.padded > 0  # some rows were routed twice
+    assert read_dataset_info(root).engine == "dask"
 
 
 def test_local_writes_the_dataset_spark_writes(spark_reference: str, local_engine, mixed_lake: str,
                                                tmp_path: Path) -> None:
     out = build_dataset(local_engine, mixed_lake, str(tmp_path / "ds"))
     assert_same_dataset(spark_reference, out)
-    assert storage.read_json(storage.join(storage.normalize(out), "dataset.json"))["engine"] == "local"
+    assert read_dataset_info(storage.normalize(out)).engine == "local"
 
 
 def test_the_comparison_sees_a_reordered_shard(spark_reference: str, tmp_path: Path) -> None:
@@ -64,10 +64,10 @@ def test_dask_on_s3_writes_the_same_shards(spark_reference: str, dask_engine, mi
         cols = ["key", "label", "label_index", "channel", "size", "status", "reason"] + ["etag"] * (name != "rejects")
         a, b = (read_table(storage.join(r, "manifests", f"{name}.parquet")).select(cols) for r in (ref, out))
         assert a.to_pylist() == b.to_pylist(), name
-    info = storage.read_json(storage.join(ref, "dataset.json"))
-    for channel in info["channels"]:
-        for i in range(info["num_shards"]):
-            path = shard_relpath(channel, i, info["num_shards"])
+    info = read_dataset_info(ref)
+    for channel in info.channels:
+        for i in range(info.num_shards):
+            path = shard_relpath(channel, i, info.num_shards)
             a, b = (read_table(storage.join(r, path)).drop_columns(["uri"]) for r in (ref, out))
             assert a.equals(b), path
     assert all(u.startswith(f"{s3_bucket}/raw/") for u in read_table(storage.join(out, path))["uri"].to_pylist())

@@ -36,6 +36,15 @@ def test_to_json_gives_back_what_from_json_read(root: Path):
     assert fmt.read_dataset_info(str(root)) == info
 
 
+def test_the_model_is_read_by_its_fields_not_by_json_keys(root: Path):
+    # One owner of the format: a caller reads info.channels, never info["channels"] (a key
+    # misspelt there would only fail when that line runs; an attribute is checked by mypy).
+    info = fmt.read_dataset_info(str(root))
+    with pytest.raises(TypeError, match="not subscriptable"):
+        info["channels"]
+    assert not hasattr(info, "get")
+
+
 def test_fields_it_does_not_know_are_ignored(root: Path):
     data = raw(root)
     data["made_by_a_newer_writer"] = {"x": 1}

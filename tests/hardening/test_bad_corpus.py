@@ -86,11 +86,11 @@ def test_bad_corpus_is_accounted_for(kind, s3_bucket, spark_if_needed, dask_engi
     # Listed = channel manifests + manifest rejects, each with a reason; then shards + shard rejects.
     m_rejects = dict(zip(*(read_table(manifest_rejects_uri(str(out)))[c].to_pylist() for c in ("key", "reason"))))
     s_rejects = dict(zip(*(read_table(shard_rejects_uri(str(out)))[c].to_pylist() for c in ("key", "reason"))))
-    in_channels = [k for c in info["channels"] for k in read_table(f"{out}/manifests/{c}.parquet")["key"].to_pylist()]
+    in_channels = [k for c in info.channels for k in read_table(f"{out}/manifests/{c}.parquet")["key"].to_pylist()]
     assert sorted(in_channels + list(m_rejects)) == listed
     assert all(m_rejects.values()) and all(s_rejects.values())
     in_shards = {}
-    for c in info["channels"]:
+    for c in info.channels:
         for t in shard_tables(out, c, SHARD["num_shards"]):
             in_shards.update(zip(t["key"].to_pylist(), t["image"].to_pylist()))
     for key in objects:

@@ -14,7 +14,9 @@ from PIL import Image
 from lakeshard import storage
 from lakeshard.format import (
     SHARD_SCHEMA,
+    DatasetInfo,
     check_footer,
+    dataset_json_uri,
     expected_footer,
     labels_uri,
     manifest_rejects_uri,
@@ -41,17 +43,16 @@ def shard_tables(root: str, channel: str, num_shards: int) -> list[Any]:
     return [read_table(storage.join(shards_uri(root, channel), n)) for n in names]
 
 
-def check_dataset(root: str, *, decode_images: bool = True) -> dict[str, Any]:
-    """Assert every invariant of DESIGN.md on the dataset at ``root``; return dataset.json."""
-    model = read_dataset_info(root)  # every field present and typed, the format version checked
-    info = model.to_json()
-    assert info == json.loads(storage.read_bytes(storage.join(root, "dataset.json")))  # no field lost
+def check_dataset(root: str, *, decode_images: bool = True) -> DatasetInfo:
+    """Assert every invariant of DESIGN.md on the dataset at ``root``; return its dataset.json."""
+    info = read_dataset_info(root)  # every field present and typed, the format version checked
+    assert info.to_json() == json.loads(storage.read_bytes(dataset_json_uri(root)))  # no field lost
     labels = json.loads(storage.read_bytes(labels_uri(root)))
-    assert info["labels"] == labels
+    assert info.labels == labels
     assert sorted(labels.values()) == list(range(len(labels)))
     assert list(labels) == sorted(labels)
-    n = info["num_shards"]
-    size = info["image"]["size"]
+    n = info.num_shards
+    size = info.image.size
 
     all_rows = read_table(manifests_uri(root, "all.parquet"))
     manifest_rejects = read_table(manifest_rejects_uri(root))
@@ -61,23 +62,23 @@ def check_dataset(root: str, *, decode_images: bool = True) -> dict[str, Any]:
 
     # Every listed object ends in exactly one channel manifest, or in rejects.
     listed = all_rows["uri"].to_pylist()
-    assert len(listed) == len(set(listed)) == info["counts"]["listed"]
+    assert len(listed) == len(set(listed)) == info.counts.listed
     in_channels: list[str] = []
-    for channel in info["channels"]:
+    for channel in info.channels:
         in_channels += read_table(manifests_uri(root, f"{channel}.parquet"))["uri"].to_pylist()
     assert len(in_channels) == len(set(in_channels))
     assert sorted(in_channels + manifest_rejects["uri"].to_pylist()) == sorted(listed)
 
-    for channel, entry in info["channels"].items():
+    for channel, entry in info.channels.items():
         manifest = read_table(manifests_uri(root, f"{channel}.parquet"))
         # The SageMaker-style manifest names the same objects: the lake prefix, then keys.
         sagemaker = json.loads(storage.read_bytes(manifests_uri(root, f"{channel}.manifest")))
-        assert sagemaker[0] == {"prefix": info["inputs"]["lake"] + "/"}
+        assert sagemaker[0] == {"prefix": info.inputs.lake + "/"}
         assert sagemaker[1:] == manifest["key"].to_pylist()
-        assert [f"{info['inputs']['lake']}/{k}" for k in sagemaker[1:]] == manifest["uri"].to_pylist()
+        assert [f"{info.inputs.lake}/{k}" for k in sagemaker[1:]] == manifest["uri"].to_pylist()
         tables = shard_tables(root, channel, n)
         rows = [t.num_rows for t in tables]
-        assert rows == [entry["rows_per_shard"]] * n, (channel, rows)
+        assert rows == [entry.rows_per_shard] * n, (channel, rows)
         # Per-class counts differ across shards by at most one.
         per_shard = [Counter(t["label"].to_pylist()) for t in tables]
         for label in labels.values():
@@ -88,28 +89,28 @@ def check_dataset(root: str, *, decode_images: bool = True) -> dict[str, Any]:
         assert len(shard_uris) == len(set(shard_uris))
         rejected = [u for u, c in zip(shard_rejects["uri"].to_pylist(), shard_rejects["channel"].to_pylist())
                     if c == channel]
-        assert sorted(shard_uris + rejected + entry["dropped"]) == sorted(manifest["uri"].to_pylist())
+        assert sorted(shard_uris + rejected + entry.dropped) == sorted(manifest["uri"].to_pylist())
         # The rows marked is_pad are exactly the copies dataset.json lists as padded (none
         # with the drop policy), one row per listed URI.
         pad_uris = [u for t in tables for u, pad in zip(t["uri"].to_pylist(), t["is_pad"].to_pylist()) if pad]
-        assert Counter(pad_uris) == Counter(entry["padded"]), (channel, pad_uris, entry["padded"])
-        assert not pad_uris or info["remainder"] == "pad"
+        assert Counter(pad_uris) == Counter(entry.padded), (channel, pad_uris, entry.padded)
+        assert not pad_uris or info.remainder == "pad"
         # Labels in shards agree with the manifest.
         want = dict(zip(manifest["uri"].to_pylist(), manifest["label_index"].to_pylist()))
         for t in tables:
             assert all(want[u] == lab for u, lab in zip(t["uri"].to_pylist(), t["label"].to_pylist()))
-        for i, (t, meta) in enumerate(zip(tables, entry["shards"])):
+        for i, (t, meta) in enumerate(zip(tables, entry.shards)):
             assert t.schema.remove_metadata().equals(SHARD_SCHEMA)
-            check_footer(meta["path"], read_footer(t.schema.metadata), expected_footer(model, channel, i))
-            data = storage.read_bytes(storage.join(root, meta["path"]))
-            assert hashlib.sha256(data).hexdigest() == meta["sha256"]
-            assert len(data) == meta["bytes"]
-            assert pq.ParquetFile(io.BytesIO(data)).metadata.num_row_groups == meta["row_groups"]
+            check_footer(meta.path, read_footer(t.schema.metadata), expected_footer(info, channel, i))
+            data = storage.read_bytes(storage.join(root, meta.path))
+            assert hashlib.sha256(data).hexdigest() == meta.sha256
+            assert len(data) == meta.bytes
+            assert pq.ParquetFile(io.BytesIO(data)).metadata.num_row_groups == meta.row_groups
             if decode_images:
                 for blob in t["image"].to_pylist():
                     img = Image.open(io.BytesIO(blob))
                     img.load()
                     assert img.mode == "RGB" and img.size == (size, size)
-    assert info["counts"]["padded"] == sum(len(e["padded"]) for e in info["channels"].values())
-    assert info["counts"]["dropped"] == sum(len(e["dropped"]) for e in info["channels"].values())
+    assert info.counts.padded == sum(len(e.padded) for e in info.channels.values())
+    assert info.counts.dropped == sum(len(e.dropped) for e in info.channels.values())
     return info

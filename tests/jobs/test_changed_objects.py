@@ -11,7 +11,7 @@ import pytest
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.settings import ManifestConfig, ShardConfig
-from lakeshard.format import shard_rejects_uri
+from lakeshard.format import DatasetInfo, shard_rejects_uri
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import encode, make_image, write_lake
 
@@ -21,8 +21,8 @@ def _rejects(out: str) -> dict[str, str]:
     return dict(zip(table["key"].to_pylist(), table["reason"].to_pylist(), strict=True))
 
 
-def _stored_uris(out: str, info: dict) -> set[str]:
-    return {u for c in info["channels"] for t in shard_tables(out, c, info["num_shards"]) for u in t["uri"].to_pylist()}
+def _stored_uris(out: str, info: DatasetInfo) -> set[str]:
+    return {u for c in info.channels for t in shard_tables(out, c, info.num_shards) for u in t["uri"].to_pylist()}
 
 
 def test_a_local_file_replaced_after_the_manifest_is_rejected_with_the_change(tmp_path: Path, local_engine):
@@ -45,7 +45,7 @@ def test_a_local_file_replaced_after_the_manifest_is_rejected_with_the_change(tm
     assert reasons[bigger] == (f"changed since the manifest was built: size {old_size} -> "
                                f"{paths[bigger].stat().st_size}")
     assert reasons[same_size].startswith("changed since the manifest was built: etag ")
-    assert info["counts"]["shard_rejects"] == 2
+    assert info.counts.shard_rejects == 2
     assert not {f"file://{paths[k]}" for k in reasons} & _stored_uris(str(out), info)
 
 
@@ -73,5 +73,5 @@ def test_an_s3_object_replaced_after_the_manifest_is_rejected_with_the_change(
     assert reasons["a/03.png"] == (f"changed since the manifest was built: size {old['ContentLength']} -> "
                                    f"{new['ContentLength']}")
     assert reasons["b/05.png"].startswith("changed since the manifest was built: etag ")
-    assert info["counts"]["shard_rejects"] == 2
+    assert info.counts.shard_rejects == 2
     assert not {f"{s3_bucket}/raw/{k}" for k in reasons} & _stored_uris(out, info)

@@ -71,7 +71,7 @@ def test_bad_inputs_fail_before_any_engine_starts(manifested: Path, tmp_path: Pa
 
 def test_overwriting_a_subset_of_channels_is_refused_naming_the_others(manifested: Path, local_engine):
     first = shard_job.run(ShardConfig(dataset=str(manifested), num_shards=1, image_size=16), local_engine)
-    assert set(first["channels"]) == {"train", "validation", "test"}
+    assert set(first.channels) == {"train", "validation", "test"}
     before = (manifested / "dataset.json").read_bytes()
     with pytest.raises(ShardError, match=r"would delete the shards of channel\(s\) \['test', 'validation'\]"):
         shard_job.run(ShardConfig(dataset=str(manifested), num_shards=1, image_size=16, channels="train",
@@ -81,5 +81,5 @@ def test_overwriting_a_subset_of_channels_is_refused_naming_the_others(manifeste
     # Every channel the dataset has, named explicitly, is a rebuild like any other.
     again = shard_job.run(ShardConfig(dataset=str(manifested), num_shards=1, image_size=16,
                                       channels="train,validation,test", overwrite=True), local_engine)
-    assert set(again["channels"]) == {"train", "validation", "test"}
+    assert set(again.channels) == {"train", "validation", "test"}
     assert "--channels naming fewer channels" in shard_job.parser().format_help().replace("\n", " ").replace("  ", " ")

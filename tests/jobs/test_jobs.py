@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from jobs import shard as shard_job
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, RejectFractionError, SplitError
-from lakeshard.format import read_dataset_info, shard_rejects_uri, shard_relpath
+from lakeshard.format import ImageSpec, read_dataset_info, shard_rejects_uri, shard_relpath
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import bad_objects, exif_rotated_jpeg, write_lake
 
@@ -53,7 +54,7 @@ def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, local_engine):
     out = tmp_path / "ds"
     summary, info = _build(messy_lake, out, local_engine, num_shards=3)
     checked = check_dataset(str(out))
-    assert checked["dataset_version"] == info["dataset_version"]
+    assert checked == info  # the job returns the model it wrote, field for field
 
     all_rows = read_table(str(out / "manifests" / "all.parquet"))
     listed_on_disk = sorted(str(p.relative_to(messy_lake)) for p in messy_lake.rglob("*") if p.is_file())
@@ -72,8 +73,8 @@ def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, local_engine):
     assert "empty_class" not in json.loads((out / "labels.json").read_text())
     # Every ok_ object of the corpus reached a channel and, unless dropped, a shard.
     assert summary["counts"]["listed"] == len(listed_on_disk)
-    in_shards = {u for c in info["channels"] for t in shard_tables(str(out), c, 3) for u in t["uri"].to_pylist()}
-    dropped = {u for e in info["channels"].values() for u in e["dropped"]}
+    in_shards = {u for c in info.channels for t in shard_tables(str(out), c, 3) for u in t["uri"].to_pylist()}
+    dropped = {u for e in info.channels.values() for u in e.dropped}
     ok_keys = [k for k in listed_on_disk if "/ok" in k]
     missing = [k for k in ok_keys if f"file://{messy_lake / k}" not in in_shards | dropped]
     assert not missing and len(ok_keys) == 12
@@ -85,7 +86,7 @@ def test_exif_rotated_image_is_upright_in_the_shard(tmp_path, local_engine):
     (lake / "a" / "rotated.jpg").write_bytes(exif_rotated_jpeg())
     out = tmp_path / "ds"
     _, info = _build(lake, out, local_engine, remainder="pad")
-    for channel in info["channels"]:
+    for channel in info.channels:
         for t in shard_tables(str(out), channel, 2):
             for uri, blob in zip(t["uri"].to_pylist(), t["image"].to_pylist()):
                 if uri.endswith("rotated.jpg"):
@@ -104,8 +105,7 @@ def test_rerun_refuses_then_overwrite_gives_the_same_dataset(small_lake, tmp_pat
         shard_job.run(ShardConfig(dataset=str(out), num_shards=2), local_engine)
     again = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png",
                                       overwrite=True), local_engine)
-    strip = lambda d: {k: v for k, v in d.items() if k != "created_at"}  # noqa: E731
-    assert strip(again) == strip(first)  # same files, byte for byte (sha256 of every shard)
+    assert replace(again, created_at="") == replace(first, created_at="")  # same files, byte for byte (sha256s)
 
 
 def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_path, local_engine):
@@ -132,7 +132,7 @@ def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_p
     got = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png"), local_engine)
     assert not (out / "_staging").exists()
     assert not list(out.rglob("*.tmp-*"))
-    assert [e["shards"] for e in got["channels"].values()] == [e["shards"] for e in want["channels"].values()]
+    assert [e.shards for e in got.channels.values()] == [e.shards for e in want.channels.values()]
 
 
 def test_min_per_class_fails_before_any_image_is_fetched(tmp_path, local_engine):
@@ -164,13 +164,13 @@ def test_pad_remainder_repeats_and_records(tmp_path, local_engine):
     out = tmp_path / "ds"
     _, info = _build(lake, out, local_engine, num_shards=4, remainder="pad")
     check_dataset(str(out))
-    train = info["channels"]["train"]
+    train = info.channels["train"]
     tables = shard_tables(str(out), "train", 4)
     pads = [u for t in tables for u, p in zip(t["uri"].to_pylist(), t["is_pad"].to_pylist()) if p]
-    assert sorted(set(pads)) == sorted(train["padded"])
+    assert sorted(set(pads)) == sorted(train.padded)
     manifest_rows = read_table(str(out / "manifests" / "train.parquet")).num_rows
     assert manifest_rows % 4 != 0  # the case under test: a remainder to pad
-    assert train["rows"] == 4 * train["rows_per_shard"] == len(pads) + manifest_rows
+    assert train.rows == 4 * train.rows_per_shard == len(pads) + manifest_rows
 
 
 @pytest.mark.slow
@@ -194,7 +194,7 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
         # Not a terminal: no console progress bar redrawn into the log.
         assert "[Stage " not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     info = check_dataset(str(out))
-    assert info["image"] == {"size": 32, "format": "jpeg", "quality": 90, "resize": "crop", "max_pixels": 89478485}
+    assert info.image == ImageSpec(size=32, format="jpeg", quality=90, resize="crop", max_pixels=89478485)
     assert pc.sum(read_table(str(out / "manifests" / "all.parquet"))["size"]).as_py() > 0
     # A bad value exits non-zero and names the value.
     proc = subprocess.run([submit, "--master", "local[1]", "jobs/shard.py", "--dataset", str(out), "--num-shards", "0"],
@@ -221,9 +221,9 @@ def test_a_rejected_image_is_repaired_in_its_shard_without_decoding_twice(tmp_pa
     check_dataset(str(out))
     rejects = read_table(shard_rejects_uri(str(out)))
     assert rejects["key"].to_pylist() == ["a/broken.jpg"]
-    assert info["channels"]["train"]["rows_per_shard"] == 20 and info["counts"]["dropped"] == 0
-    assert info["build"]["preprocessed"] == 81
-    assert info["build"]["assembled_shards"] == 1
+    assert info.channels["train"].rows_per_shard == 20 and info.counts.dropped == 0
+    assert info.build.preprocessed == 81
+    assert info.build.assembled_shards == 1
 
     # Segmenting the shards (many small tasks, then assembly) writes byte-identical shards.
     segmented = tmp_path / "segmented"
@@ -231,6 +231,6 @@ def test_a_rejected_image_is_repaired_in_its_shard_without_decoding_twice(tmp_pa
     shutil.copy(out / "labels.json", segmented / "labels.json")
     info2 = shard_job.run(ShardConfig(dataset=str(segmented), num_shards=4, image_size=24, partitions=16),
                           local_engine)
-    assert info2["build"]["assembled_shards"] == 4 and info2["build"]["preprocessed"] == 81
-    assert ([s["sha256"] for s in info2["channels"]["train"]["shards"]]
-            == [s["sha256"] for s in info["channels"]["train"]["shards"]])
+    assert info2.build.assembled_shards == 4 and info2.build.preprocessed == 81
+    assert ([s.sha256 for s in info2.channels["train"].shards]
+            == [s.sha256 for s in info.channels["train"].shards])

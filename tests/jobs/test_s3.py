@@ -51,8 +51,8 @@ def test_s3_lake_to_s3_dataset(s3_bucket, s3_endpoint, spark_engine, caplog):
     assert reasons["dog/readme.jpg"].startswith("not an image")
     for key in ("dog/ünïcødé name.png", "dog/photo #1.png", "cat/what?+a=b&c%20d.png"):
         assert reasons[key] is None, (key, reasons[key])
-    assert info["counts"]["shard_rejects"] == 1  # the truncated JPEG
-    assert info["inputs"]["lake"] == f"{s3_bucket}/raw"
+    assert info.counts.shard_rejects == 1  # the truncated JPEG
+    assert info.inputs.lake == f"{s3_bucket}/raw"
 
     # Credentials never reach an output object or a log line.
     fs, path = storage.filesystem(out)

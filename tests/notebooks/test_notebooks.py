@@ -3,7 +3,6 @@ committed without outputs."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import nbformat
@@ -11,6 +10,7 @@ import pytest
 from nbclient import NotebookClient
 
 from jobs.engines.local_engine import LocalEngine
+from lakeshard.format import FOOTER_KEYS, read_dataset_info
 from tests.helpers.datasets import build_dataset_with_rejects
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,8 +68,8 @@ def _all_text(nb: nbformat.NotebookNode) -> str:
 @pytest.mark.slow
 def test_explore_manifests(dataset: Path, monkeypatch: pytest.MonkeyPatch):
     text = _all_text(_run("explore_manifests.ipynb", dataset, monkeypatch))
-    info = json.loads((dataset / "dataset.json").read_text())
-    assert f"{info['counts']['listed']} objects listed" in text
+    info = read_dataset_info(str(dataset))
+    assert f"{info.counts.listed} objects listed" in text
     assert "ant/notes.jpg" in text and "bee/broken.jpg" in text  # rejects of both jobs, by reason
     assert "not an image" in text and "cannot decode" in text
 
@@ -77,12 +77,12 @@ def test_explore_manifests(dataset: Path, monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.slow
 def test_inspect_shards(dataset: Path, monkeypatch: pytest.MonkeyPatch):
     text = _all_text(_run("inspect_shards.ipynb", dataset, monkeypatch))
-    info = json.loads((dataset / "dataset.json").read_text())
-    assert info["dataset_version"] in text
-    for channel in info["channels"]:
-        assert f"**{channel}**: rows per shard [{info['channels'][channel]['rows_per_shard']}]" in text
-    assert "NOT uniform" not in text and text.count("→ uniform") == len(info["channels"])
-    assert "lakeshard.shard_index" in text  # the footer
+    info = read_dataset_info(str(dataset))
+    assert info.dataset_version in text
+    for channel, entry in info.channels.items():
+        assert f"**{channel}**: rows per shard [{entry.rows_per_shard}]" in text
+    assert "NOT uniform" not in text and text.count("→ uniform") == len(info.channels)
+    assert all(key in text for key in FOOTER_KEYS)  # the footer, read by the format's opener
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -24,20 +23,22 @@ except ImportError as exc:  # loud, never a skip: this folder runs in its own en
     raise ImportError(f"{exc}: run tests/petastorm with .venv-petastorm/bin/python -m pytest tests/petastorm "
                       "(scripts/setup_petastorm.sh creates it)") from exc
 
+from lakeshard import storage
+from lakeshard.format import DatasetInfo, channel_shards, read_dataset_info
 from loaders.petastorm_compat import make_transform_spec
 
 pytestmark = [pytest.mark.petastorm, pytest.mark.filterwarnings("ignore::FutureWarning:petastorm")]
 
 
-def _shard_urls(root: Path, info: dict, channel: str) -> list[str]:
-    return [(root / s["path"]).resolve().as_uri() for s in info["channels"][channel]["shards"]]
+def _shard_urls(root: Path, info: DatasetInfo, channel: str) -> list[str]:
+    return [uri for uri, _ in channel_shards(storage.normalize(str(root)), info, channel)]
 
 
-def _expected(root: Path, info: dict, channel: str) -> dict[str, tuple[int, np.ndarray]]:
+def _expected(root: Path, info: DatasetInfo, channel: str) -> dict[str, tuple[int, np.ndarray]]:
     """uri -> (label, pixels) of every row that is not padding, read with plain pyarrow + Pillow."""
     rows: dict[str, tuple[int, np.ndarray]] = {}
-    for s in info["channels"][channel]["shards"]:
-        t = pq.read_table(root / s["path"], columns=["image", "label", "uri", "is_pad"])
+    for s in info.channels[channel].shards:
+        t = pq.read_table(root / s.path, columns=["image", "label", "uri", "is_pad"])
         for data, label, uri, pad in zip(*(t[c].to_pylist() for c in ("image", "label", "uri", "is_pad"))):
             if not pad:
                 assert uri not in rows, f"{uri} is twice in the shards without is_pad"
@@ -51,19 +52,19 @@ def _manifest_labels(root: Path, channel: str) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def info(petastorm_dataset: Path) -> dict:
-    return json.loads((petastorm_dataset / "dataset.json").read_text())
+def info(petastorm_dataset: Path) -> DatasetInfo:
+    return read_dataset_info(str(petastorm_dataset))
 
 
-def test_the_dataset_has_padding_and_several_row_groups(petastorm_dataset: Path, info: dict):
+def test_the_dataset_has_padding_and_several_row_groups(petastorm_dataset: Path, info: DatasetInfo):
     # What the other tests rely on to mean something: pad rows to drop, row groups to interleave.
-    assert info["remainder"] == "pad" and info["counts"]["padded"] > 0
-    assert max(s["row_groups"] for s in info["channels"]["train"]["shards"]) >= 2
+    assert info.remainder == "pad" and info.counts.padded > 0
+    assert max(s.row_groups for s in info.channels["train"].shards) >= 2
 
 
 @pytest.mark.parametrize("channel", ["train", "validation", "test"])
-def test_batch_reader_yields_every_row_once(petastorm_dataset: Path, info: dict, channel: str):
-    size = info["image"]["size"]
+def test_batch_reader_yields_every_row_once(petastorm_dataset: Path, info: DatasetInfo, channel: str):
+    size = info.image.size
     expected = _expected(petastorm_dataset, info, channel)
     manifest = _manifest_labels(petastorm_dataset, channel)
     spec = make_transform_spec(size, fields=("uri", "label", "image"))
@@ -79,8 +80,8 @@ def test_batch_reader_yields_every_row_once(petastorm_dataset: Path, info: dict,
                 assert np.array_equal(image, expected[uri][1]), uri
     assert sorted(seen) == sorted(expected)  # every row, each once (Counter-equal: no duplicates)
     pads = _pads(petastorm_dataset, info, channel)
-    assert pads == len(info["channels"][channel]["padded"])
-    assert len(seen) == info["channels"][channel]["rows"] - pads
+    assert pads == len(info.channels[channel].padded)
+    assert len(seen) == info.channels[channel].rows - pads
 
 
 def _digest(image: np.ndarray, label: int) -> str:
@@ -88,10 +89,10 @@ def _digest(image: np.ndarray, label: int) -> str:
 
 
 @pytest.mark.parametrize("layout", ["hwc", "chw"])
-def test_pytorch_dataloader_yields_every_row_once(petastorm_dataset: Path, info: dict, layout: str):
+def test_pytorch_dataloader_yields_every_row_once(petastorm_dataset: Path, info: DatasetInfo, layout: str):
     import torch
 
-    size = info["image"]["size"]
+    size = info.image.size
     expected = _expected(petastorm_dataset, info, "train")
     want = Counter(_digest(img if layout == "hwc" else img.transpose(2, 0, 1), label)
                    for label, img in expected.values())
@@ -107,12 +108,12 @@ def test_pytorch_dataloader_yields_every_row_once(petastorm_dataset: Path, info:
             assert labels.dtype == torch.int64 and len(labels) == len(images) <= 16
             got.update(_digest(i.numpy(), int(lab)) for i, lab in zip(images, labels))
     assert got == want
-    assert sum(got.values()) == info["channels"]["train"]["rows"] - _pads(petastorm_dataset, info, "train")
+    assert sum(got.values()) == info.channels["train"].rows - _pads(petastorm_dataset, info, "train")
 
 
-def _pads(root: Path, info: dict, channel: str) -> int:
-    return sum(sum(pq.read_table(root / s["path"], columns=["is_pad"])["is_pad"].to_pylist())
-               for s in info["channels"][channel]["shards"])
+def _pads(root: Path, info: DatasetInfo, channel: str) -> int:
+    return sum(sum(pq.read_table(root / s.path, columns=["is_pad"])["is_pad"].to_pylist())
+               for s in info.channels[channel].shards)
 
 
 def test_transform_spec_checks_its_arguments():
@@ -124,8 +125,8 @@ def test_transform_spec_checks_its_arguments():
         make_transform_spec(24, fields=("image", "pixels"))
 
 
-def test_a_wrong_size_fails_with_the_uri(petastorm_dataset: Path, info: dict):
-    spec = make_transform_spec(info["image"]["size"] + 1, fields=("uri", "label", "image"))
+def test_a_wrong_size_fails_with_the_uri(petastorm_dataset: Path, info: DatasetInfo):
+    spec = make_transform_spec(info.image.size + 1, fields=("uri", "label", "image"))
     with make_batch_reader(_shard_urls(petastorm_dataset, info, "test"), transform_spec=spec, num_epochs=1,
                            reader_pool_type="dummy") as reader, pytest.raises(ValueError, match="cannot decode the image of file://"):
         next(iter(reader))

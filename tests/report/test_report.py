@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -59,7 +58,7 @@ def test_shard_job_writes_a_self_contained_report(dataset: Path):
     report, dataset_json = dataset / "report.html", dataset / "dataset.json"
     assert report.exists()
     assert report.stat().st_mtime_ns >= dataset_json.stat().st_mtime_ns  # after the commit
-    info = json.loads(dataset_json.read_text())
+    info = read_dataset_info(str(dataset))
     html = report.read_text()
     tags = _tags(html)
     names = [t for t, _ in tags]
@@ -77,7 +76,7 @@ def test_shard_job_writes_a_self_contained_report(dataset: Path):
     train_images = {b for t in train for b in t["image"].to_pylist()}
     train_labels = [label for t in train for label in t["label"].to_pylist()]
     srcs = [a["src"] for t, a in tags if t == "img"]
-    expected = sum(min(SAMPLES_PER_CLASS, train_labels.count(i)) for i in info["labels"].values())
+    expected = sum(min(SAMPLES_PER_CLASS, train_labels.count(i)) for i in info.labels.values())
     assert len(srcs) == expected > 0
     for src in srcs:
         head, _, payload = src.partition(",")
@@ -94,11 +93,11 @@ def test_shard_job_writes_a_self_contained_report(dataset: Path):
         assert reason.split(":", 1)[0] in html
     assert "cat/notes.jpg" in html and "dog/broken.jpg" in html
     assert "Rejects (2)" in html
-    assert f"<td>{info['counts']['listed']}</td>" in html
-    for value in (info["dataset_version"], info["inputs"]["manifest_fingerprint"], info["versions"]["pyarrow"]):
+    assert f"<td>{info.counts.listed}</td>" in html
+    for value in (info.dataset_version, info.inputs.manifest_fingerprint, info.versions["pyarrow"]):
         assert str(value) in html
-    for channel, entry in info["channels"].items():
-        assert f"rows per shard: [{entry['rows_per_shard']}]" in html
+    for channel, entry in info.channels.items():
+        assert f"rows per shard: [{entry.rows_per_shard}]" in html
         assert f"<td>{channel}</td>" in html
 
 
@@ -167,7 +166,7 @@ def test_a_report_that_cannot_be_written_is_a_warning_and_the_dataset_is_committ
                              "--image-format", "png", "--max-reject-fraction", "0.5", "--overwrite"])
     assert rc == 0
     info = read_dataset_info(str(copy))  # committed
-    assert info["dataset_version"] == json.loads((dataset / "dataset.json").read_text())["dataset_version"]
+    assert info.dataset_version == read_dataset_info(str(dataset)).dataset_version
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("report could not be written" in w and "report.html" in w for w in warnings), warnings
 
@@ -182,8 +181,8 @@ def test_the_report_reads_a_few_row_groups_whatever_the_dataset(tmp_path: Path, 
     manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1"), engine)
     info = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png",
                                      row_group_size="4KiB"), engine)
-    row_groups = sum(s["row_groups"] for s in info["channels"]["train"]["shards"])
-    assert info["channels"]["train"]["class_counts"]["one"] == 1 and row_groups >= 25
+    row_groups = sum(s.row_groups for s in info.channels["train"].shards)
+    assert info.channels["train"].class_counts["one"] == 1 and row_groups >= 25
 
     reads = []
     real = pq.ParquetFile.read_row_group
