@@ -32,6 +32,7 @@ from lakeshard import storage
 from lakeshard.format import (
     CHANNELS,
     DatasetInfo,
+    manifest_marker_uri,
     manifest_rejects_uri,
     read_dataset_info,
     shard_rejects_uri,
@@ -82,6 +83,7 @@ def render_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, m
         _splits(info, channels),
         _class_counts(info, channels, labels),
         _rejects(manifest_rejects, shard_rejects),
+        _lake(_read_marker(root)),
         _shard_balance(info, channels, labels),
         _samples(root, info, channels, labels, per_class=samples_per_class, max_classes=max_classes),
         _lineage(info),
@@ -145,6 +147,43 @@ def _rejects(manifest_rejects: list[dict[str, Any]], shard_rejects: list[dict[st
     more = len(everything) - len(rows)
     note = f"<p class='muted'>… and {more} more (see the rejects tables)</p>" if more > 0 else ""
     return _section(f"Rejects ({len(everything)})", chart + _table(["job", "key", "reason"], rows) + note)
+
+
+def _lake(marker: dict[str, Any]) -> str:
+    """What the manifest job skipped (hidden or excluded objects) and the identical images it
+    found under several keys, above all across channels (leakage)."""
+    skipped = marker.get("counts", {}).get("skipped", 0)
+    dups = marker.get("duplicates") or {}
+    parts = []
+    if skipped:
+        rows = list(marker.get("skipped_by_reason", {}).items())
+        examples = ", ".join(f"<code>{_e(k)}</code>" for k in list(marker.get("skipped_examples", {}))[:5])
+        parts.append(f"<p>{skipped} objects skipped, not rejected (hidden files, --exclude): e.g. {examples}</p>"
+                     + _table(["why", "objects"], rows))
+    else:
+        parts.append("<p>No object was skipped.</p>")
+    if dups.get("groups"):
+        leak = dups.get("across_channels", 0)
+        warn = (f"<p class='warn'><b>Leakage:</b> {leak} set(s) of identical images span channels: the same image is "
+                "trained on and evaluated. Rebuild the manifest with <code>--dedupe</code> to keep one copy.</p>"
+                if leak else "")
+        removed = f" {dups['removed']} copies were removed by --dedupe." if dups.get("removed") else ""
+        rows = [(", ".join(f"{k} ({c})" for k, c in group.items()),) for group in dups.get("examples", [])]
+        parts.append(warn + f"<p>{dups['objects']} objects in {dups['groups']} sets of identical content "
+                     f"({dups.get('across_labels', 0)} set(s) under different labels).{removed}</p>"
+                     + _table(["identical objects (channel)"], rows))
+    else:
+        parts.append("<p>No two accepted objects have the same content.</p>")
+    return _section("The lake: skipped objects and duplicates", "".join(parts))
+
+
+def _read_marker(root: str) -> dict[str, Any]:
+    """The manifest job's summary (``manifests/_manifest.json``), or {} if it cannot be read."""
+    try:
+        return storage.read_json(manifest_marker_uri(root))
+    except Exception as exc:  # the report describes what it can; the dataset is committed already
+        log.warning("report: cannot read the manifest summary %s: %s", manifest_marker_uri(root), exc)
+        return {}
 
 
 def _shard_balance(info: DatasetInfo, channels: list[str], labels: list[str]) -> str:
@@ -311,6 +350,7 @@ td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}t
 svg.chart{max-width:100%;height:auto;font:11px 'DejaVu Sans',sans-serif}
 img.thumb{width:64px;height:64px;image-rendering:pixelated;margin:2px;border:1px solid #ccc}
 table.samples td{border:none}table.samples th{border:none;text-align:right}
+.warn{background:#fff3cd;border:1px solid #e0c36c;padding:6px 10px}
 """
 
 

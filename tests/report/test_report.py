@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -21,11 +22,12 @@ from PIL import Image
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.engines.local_engine import LocalEngine
-from jobs.report import write_report
+from jobs.report import render_report, write_report
 from jobs.settings import ManifestConfig, ShardConfig
-from lakeshard.format import manifest_rejects_uri, read_dataset_info, shard_rejects_uri
+from lakeshard.format import manifest_marker_uri, manifest_rejects_uri, read_dataset_info, shard_rejects_uri
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.datasets import build_dataset_with_rejects
+from tests.helpers.edge_lake import HIDDEN, write_edge_lake
 from tests.helpers.lake import write_lake
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,3 +198,22 @@ def test_the_report_reads_a_few_row_groups_whatever_the_dataset(tmp_path: Path, 
     html = (out / "report.html").read_text()
     assert 0 < len(reads) <= 8 and len(reads) * 5 <= row_groups, (len(reads), row_groups)
     assert html.count("<img class='thumb' alt='many'") == SAMPLES_PER_CLASS
+
+
+def test_the_report_shows_what_was_skipped_and_the_duplicates_across_channels(tmp_path: Path, local_engine):
+    """Hidden files are counted as skipped and identical images across channels are flagged as
+    leakage, from the manifest job's summary of a real run (the in-process engine)."""
+    lake = write_edge_lake(tmp_path)
+    out = tmp_path / "ds"
+    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), seed=3, max_reject_fraction=0.5,
+                                    split={"train": 0.5, "validation": 0.25, "test": 0.25}), local_engine)
+    info = shard_job.run(ShardConfig(dataset=str(out), num_shards=1, image_size=16, remainder="pad"), local_engine)
+    marker = json.loads(Path(manifest_marker_uri(str(out))[len("file://"):]).read_text())
+    assert marker["counts"]["skipped"] == len(HIDDEN) and marker["duplicates"]["across_channels"] >= 1
+    page = render_report(str(out), info)
+    section = page[page.index("The lake: skipped objects and duplicates"):]
+    assert f"{len(HIDDEN)} objects skipped, not rejected" in section
+    assert f"<b>Leakage:</b> {marker['duplicates']['across_channels']} set(s)" in section
+    for group in marker["duplicates"]["examples"]:
+        for key in group:
+            assert key in section
