@@ -91,16 +91,20 @@ def synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.clip(field + ramp + noise, 0, 255).astype(np.uint8)
 
 
-def build_dataset(root: Path, *, images: int, size: int, quality: int, classes: int = 10) -> None:
+def build_dataset(
+    root: Path, *, images: int, size: int, quality: int, classes: int = 10,
+    image: Callable[[np.random.Generator, int], np.ndarray] = synthetic_image,
+) -> None:  # fmt: skip
     """One shard per channel following the contract, written by the format's own
     :class:`lakeshard.format.ShardWriter` (so the image column is stored as the job stores it:
     uncompressed, no dictionary, 4 MiB row groups), plus the same JPEGs as files under
-    ``root/files``."""
+    ``root/files``. ``image(rng, size)`` draws each image (``remote_bench.py --photo`` draws
+    noisier ones)."""
     rng = np.random.default_rng(0)
     encoded, labels = [], []
     for i in range(images):
         buf = io.BytesIO()
-        Image.fromarray(synthetic_image(rng, size)).save(buf, format="JPEG", quality=quality)
+        Image.fromarray(image(rng, size)).save(buf, format="JPEG", quality=quality)
         encoded.append(buf.getvalue())
         labels.append(i % classes)
         path = root / "files" / f"class{i % classes}" / f"{i:06d}.jpg"

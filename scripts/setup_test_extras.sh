@@ -10,3 +10,4 @@ if [ ! -x /usr/bin/chromium ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
 fi
 echo "setup: $(/usr/bin/chromium --version 2>/dev/null || echo 'chromium not runnable')"
+bash "$(dirname "$0")/setup_bench.sh"  # nginx, for benchmarks/remote_store.py and its tests

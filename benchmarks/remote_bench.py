@@ -1,0 +1,290 @@
+"""How fast does ShardLoader stream a shard from object storage, against the same shard on local disk?
+
+```
+python benchmarks/remote_bench.py                    # 4,000 224px JPEGs; 20 ms, 80 MB/s per connection
+python benchmarks/remote_bench.py --profile far      # 100 ms, 25 MB/s per connection
+python benchmarks/remote_bench.py --photo            # ~100 kB JPEGs (224px, noisier, quality 100)
+python benchmarks/remote_bench.py --loader-option num_threads=4 --loader-option prefetch=8
+```
+
+The remote is :class:`remote_store.RemoteStore` (nginx behind a latency shim on 127.0.0.1,
+read as ``s3://`` through ``AWS_ENDPOINT_URL`` with dummy credentials): every response's first
+byte ``--latency-ms`` after its request, at most ``--bandwidth`` bytes/s per connection. The
+dataset is built by ``loader_bench.build_dataset`` (the shard job's own writer).
+
+Each repeat measures both sources, local first on even repeats and remote first on odd ones
+(a slow spell of this shared machine falls on both), and for each:
+
+* ``epoch<N>``: images/s of epoch N (``--epochs``, 3) of one loader kept across epochs with
+  ``set_epoch``, as a training loop runs it (its constructor not counted), and
+  ``epoch<N>_first_batch_s``, the wait for that epoch's first batch;
+* ``fresh_first_batch_s``: a new loader's first batch, its constructor (``dataset.json``,
+  the footers) included; for the remote, in a new S3 filesystem (fsspec's instance cache
+  cleared), so with new connections, as a new process has it;
+* for the remote, what the store served meanwhile (:class:`remote_store.Traffic`): requests
+  (GET, HEAD, LIST), connections opened, body bytes, and in the JSON each file request
+  (``*_served``: method, status, bytes, path, ``Range``). An epoch's traffic is what was served
+  while it ran: the next epoch's first window, read ahead, counts in the epoch before;
+* ``other_cpu_share``: the machine's CPU others took meanwhile (``loader_bench.other_load``;
+  for the remote runs the store's nginx and shim are among them: they share this machine,
+  which a real remote does not).
+
+Medians over ``--repeats`` are printed with what bounds each remote epoch: the bytes served at
+one connection's bandwidth, the requests one after another at the latency, and the local
+epoch (decode). Before timing, the first batch from both sources must be identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loader_bench import bench_loader, build_dataset, other_load, synthetic_image
+from remote_store import NginxMissingError, RemoteStore, Traffic, parse_rate
+from variants import parse_variant
+
+from loaders import ShardLoader
+
+log = logging.getLogger("remote_bench")
+
+#: ``--profile``: (latency in ms, bandwidth per connection).
+PROFILES = {"near": (20.0, "80MB"), "far": (100.0, "25MB")}
+#: ``--photo``: noise added to ``synthetic_image`` and the JPEG quality, for ~100 kB at 224px.
+PHOTO_NOISE, PHOTO_QUALITY = 80.0, 100
+SOURCES = ("local", "remote")
+
+
+def photo_image(rng: np.random.Generator, size: int) -> np.ndarray:
+    """``loader_bench.synthetic_image`` with strong fine noise: ~97 kB a 224px JPEG at quality
+    100 (a photo's bytes at the same decode size)."""
+    noisy = synthetic_image(rng, size).astype(np.float32) + rng.normal(0, PHOTO_NOISE, size=(size, size, 3))
+    return np.clip(noisy, 0, 255).astype(np.uint8)
+
+
+def loader_options(texts: list[str]) -> dict[str, Any]:
+    """``--loader-option key=value[,key=value]`` as ShardLoader keyword arguments (integers as
+    int, ``none`` as None, ``true``/``false`` as bool); a key ShardLoader does not take is an
+    ``ArgumentTypeError`` naming it."""
+    known = [p.name for p in inspect.signature(ShardLoader).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    out: dict[str, Any] = {}
+    for text in texts:
+        try:
+            parsed = parse_variant(text, known, "ShardLoader")
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"--loader-option: {exc} (it takes: {', '.join(known)})") from None
+        out.update({k: {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v for k, v in parsed.items()})
+    return out
+
+
+def new_loader(dataset: str, args: argparse.Namespace) -> ShardLoader:
+    options = {"channel": "train", "batch_size": args.batch_size, "shuffle": True, "seed": 0, **args.options}
+    return ShardLoader(dataset, **options)
+
+
+def fresh_filesystems() -> None:
+    """Forget fsspec's cached S3 filesystems (and their connections), as a new process has none."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteStore) -> dict[str, Any]:
+    """One repeat of one source: the kept loader's epochs, then a fresh loader's first batch."""
+    remote = source == "remote"
+    out: dict[str, Any] = {}
+    loader = new_loader(dataset, args)
+    try:
+        for e in range(args.epochs):
+            before, logged = store.traffic(), len(store.served())
+            rate, first, out["images"] = bench_loader(dataset, args, loader)  # the next epoch: set_epoch(e + 1)
+            out[f"epoch{e + 1}"], out[f"epoch{e + 1}_first_batch_s"] = rate, first
+            if remote:
+                out[f"epoch{e + 1}_traffic"] = (store.traffic() - before).as_dict()
+                out[f"epoch{e + 1}_served"] = store.served(since=logged)
+    finally:
+        loader.close()
+    if remote:
+        fresh_filesystems()
+    before, logged = store.traffic(), len(store.served())
+    start = time.perf_counter()
+    fresh = new_loader(dataset, args)
+    try:
+        next(iter(fresh))
+        out["fresh_first_batch_s"] = time.perf_counter() - start
+    finally:
+        fresh.close()
+    if remote:
+        out["fresh_first_batch_traffic"] = (store.traffic() - before).as_dict()
+        out["fresh_first_batch_served"] = store.served(since=logged)
+    return out
+
+
+def check_same_batches(local: str, remote: str, args: argparse.Namespace) -> None:
+    """The first batch of epoch 0 from both sources must be the same tensors."""
+    a, b = new_loader(local, args), new_loader(remote, args)
+    try:
+        (xa, ya), (xb, yb) = next(iter(a)), next(iter(b))
+    finally:
+        a.close()
+        b.close()
+    if not (torch.equal(xa, xb) and torch.equal(ya, yb)):
+        raise SystemExit("remote_bench: error: the loader's first batch differs between local disk and the store")
+    log.info("first batch: identical from local disk and from the store")
+
+
+def bounds(med: dict[str, float], traffic: dict[str, float], images: int, latency_ms: float, bandwidth: int) -> dict[str, float]:
+    """Seconds an epoch needs for each cause alone: the bytes at one connection's bandwidth,
+    the requests one after another at the latency, the decode (the local epoch)."""
+    return {
+        "bytes_at_one_connection_s": traffic["body_bytes"] / bandwidth,
+        "requests_in_sequence_s": traffic["requests"] * latency_ms / 1000,
+        "local_epoch_s": images / med["local"],
+        "remote_epoch_s": images / med["remote"],
+    }
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, images: int) -> dict[str, Any]:
+    def median(source: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[source])
+
+    def median_traffic(key: str) -> dict[str, float]:
+        return {f.name: statistics.median(r[key][f.name] for r in runs["remote"]) for f in dataclasses.fields(Traffic)}
+
+    epochs = []
+    for e in range(1, args.epochs + 1):
+        med = {s: median(s, f"epoch{e}") for s in SOURCES}
+        first = {s: median(s, f"epoch{e}_first_batch_s") for s in SOURCES}
+        traffic = median_traffic(f"epoch{e}_traffic")
+        epochs.append({"epoch": e, "images_per_s": med, "first_batch_s": first, "traffic": traffic,
+                       "bounds_s": bounds(med, traffic, images, args.latency_ms, args.bandwidth_bytes)})  # fmt: skip
+    fresh = {s: median(s, "fresh_first_batch_s") for s in SOURCES}
+    return {"epochs": epochs, "fresh_first_batch_s": fresh, "fresh_first_batch_traffic": median_traffic("fresh_first_batch_traffic"),
+            "other_cpu_share": {s: median(s, "other_cpu_share") for s in SOURCES}}  # fmt: skip
+
+
+def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"remote: {args.latency_ms:g} ms before each response, {args.bandwidth_bytes / 1e6:g} MB/s per connection; "
+          f"medians of {args.repeats} repeats")  # fmt: skip
+    print(f"{'epoch':>5s} {'local img/s':>12s} {'remote img/s':>13s} {'ratio':>6s} {'1st batch local':>16s} "
+          f"{'remote':>7s} {'requests':>9s} {'GET/HEAD/LIST':>14s} {'conns':>6s} {'MB served':>10s}   "
+          f"{'bound: MB/bw':>12s} {'req x lat':>10s} {'decode':>7s} {'epoch':>7s}")  # fmt: skip
+    for e in summary["epochs"]:
+        r, f, t, b = e["images_per_s"], e["first_batch_s"], e["traffic"], e["bounds_s"]
+        print(f"{e['epoch']:5d} {r['local']:12.0f} {r['remote']:13.0f} {r['remote'] / r['local']:6.2f} "
+              f"{f['local']:15.3f}s {f['remote']:6.3f}s {t['requests']:9.0f} "
+              f"{t['gets']:>6.0f}/{t['heads']:.0f}/{t['lists']:.0f} {t['connections']:6.0f} {t['body_bytes'] / 1e6:10.1f}   "
+              f"{b['bytes_at_one_connection_s']:11.2f}s {b['requests_in_sequence_s']:9.2f}s {b['local_epoch_s']:6.2f}s "
+              f"{b['remote_epoch_s']:6.2f}s")  # fmt: skip
+    fresh, t = summary["fresh_first_batch_s"], summary["fresh_first_batch_traffic"]
+    print(f"fresh loader, first batch (constructor included): local {fresh['local']:.3f}s, remote {fresh['remote']:.3f}s "
+          f"({t['requests']:.0f} requests: {t['gets']:.0f} GET, {t['heads']:.0f} HEAD, {t['lists']:.0f} LIST; "
+          f"{t['connections']:.0f} connections; {t['body_bytes'] / 1e6:.1f} MB)")  # fmt: skip
+    busy = summary["other_cpu_share"]
+    print(f"CPU taken by others meanwhile: {busy['local']:.0%} of the machine (local runs), {busy['remote']:.0%} (remote runs; "
+          "the store's own nginx and shim count here)")  # fmt: skip
+
+
+def prepare(args: argparse.Namespace, work: Path) -> Path:
+    """The synthetic dataset under ``work`` (reused when a run with the same settings built it)."""
+    kind = "photo" if args.photo else "plain"
+    dataset = work / f"ds-{kind}-{args.images}-{args.size}-q{args.quality}"
+    if not (dataset / "dataset.json").exists():
+        log.info("building %d synthetic %dpx JPEGs (%s) in %s", args.images, args.size, kind, dataset)
+        build_dataset(dataset, images=args.images, size=args.size, quality=args.quality,
+                      image=photo_image if args.photo else synthetic_image)  # fmt: skip
+    return dataset
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=4000, help="images in the synthetic dataset")
+    parser.add_argument("--size", type=int, default=224, help="image size of the synthetic dataset")
+    parser.add_argument("--quality", type=int, help=f"JPEG quality (default 90; {PHOTO_QUALITY} with --photo)")
+    parser.add_argument("--photo", action="store_true", help="noisier images, ~100 kB each at 224px (see photo_image)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="near",
+                        help="; ".join(f"{k}: {v[0]:g} ms, {v[1]}/s" for k, v in PROFILES.items()))  # fmt: skip
+    parser.add_argument("--latency-ms", type=float, help="before each response's first byte (default: the profile's)")
+    parser.add_argument("--bandwidth", help="per connection, per second, e.g. 80MB (decimal) or 64MiB (default: the profile's)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of the kept loader per repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--loader-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a ShardLoader keyword argument for both sources (repeatable)")  # fmt: skip
+    parser.add_argument("--workdir", help="where to build (and keep) the synthetic dataset (default: a temporary folder)")
+    parser.add_argument("--out", default="remote_bench.json", help="JSON results")
+    args = parser.parse_args(argv)
+    latency, bandwidth = PROFILES[args.profile]
+    args.latency_ms = latency if args.latency_ms is None else args.latency_ms
+    args.quality = args.quality or (PHOTO_QUALITY if args.photo else 90)
+    try:
+        args.bandwidth_bytes = parse_rate(args.bandwidth or bandwidth)
+        args.options = loader_options(args.loader_option)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        parser.error(str(exc))
+    for name in ("images", "size", "batch_size", "epochs", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if args.latency_ms < 0:
+        parser.error(f"--latency-ms must be >= 0, got {args.latency_ms:g}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for name in ("botocore", "aiobotocore"):  # "Found credentials in environment variables."
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.workdir or tmp).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        dataset = prepare(args, work)
+        try:
+            store = RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes).start()
+        except NginxMissingError as exc:
+            parser.error(str(exc))
+        try:
+            os.environ.update(store.environ())
+            sources = {"local": str(dataset), "remote": store.uri(dataset.name)}
+            check_same_batches(sources["local"], sources["remote"], args)
+            for source in SOURCES:  # warm the page cache and the imports (boto's, the decoders')
+                new_loader(sources[source], args).close()
+            shard = sum(p.stat().st_size for p in (dataset / "shards" / "train").iterdir())
+            runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SOURCES}
+            for r in range(args.repeats):
+                for source in SOURCES if r % 2 == 0 else SOURCES[::-1]:
+                    with other_load() as busy:
+                        runs[source].append(measure(source, sources[source], args, store))
+                    runs[source][-1]["other_cpu_share"] = busy()
+                log.info("repeat %d/%d done", r + 1, args.repeats)
+            total, pids = store.traffic(), store.pids
+        finally:
+            store.stop()
+
+    images = runs["local"][0]["images"]
+    summary = summarize(runs, args, images)
+    print(f"{images} images, {shard / 1e6:.1f} MB train shard ({shard / images / 1e3:.1f} kB an image)")
+    print_table(summary, args)
+    result = {
+        "args": vars(args), "cpu_count": os.cpu_count(), "images": images, "shard_bytes": shard,
+        "latency_ms": args.latency_ms, "bandwidth_bytes_per_s": args.bandwidth_bytes, "summary": summary,
+        "runs": runs, "store_total": total.as_dict(), "store_pids": pids, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }  # fmt: skip
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,513 @@
+"""A remote-like, read-only S3 endpoint on 127.0.0.1 for benchmarks: a local folder served with
+a bandwidth cap per connection and a latency before each response.
+
+```python
+with RemoteStore(Path("/tmp/ds-root"), latency_ms=20, bandwidth=80e6) as store:
+    os.environ.update(store.environ())       # AWS_ENDPOINT_URL and dummy credentials
+    loader = ShardLoader(store.uri("bench-ds"), ...)   # s3://bench/bench-ds
+    before = store.traffic()
+    ...
+    print(store.traffic() - before)          # requests and bytes served meanwhile
+```
+
+or, by hand: ``python benchmarks/remote_store.py /tmp/ds-root --latency-ms 20 --bandwidth 80MB``
+(prints the endpoint; Ctrl-C stops it).
+
+Two processes, both ours, both on ephemeral ports of 127.0.0.1:
+
+* **nginx** (Debian's package; ``scripts/setup_bench.sh`` installs it), one process
+  (``master_process off``, ``daemon off``), config in a temporary folder: ``GET``/``HEAD`` of
+  ``/<bucket>/<key>`` serve ``<root>/<key>`` with ``Content-Length``, ``ETag``,
+  ``Last-Modified`` and byte ranges (what s3fs's ``info`` and ranged reads need). A missing
+  key or a folder is a 404 with S3's ``NoSuchKey`` XML. Its access log counts the bytes sent.
+* **the latency shim** (this file, ``--shim``; stdlib asyncio): the endpoint clients talk to.
+  It reads each request, waits ``latency_ms``, then forwards it to nginx over that client's own
+  upstream connection (so each client connection is one nginx connection, keep-alive and
+  concurrency as the client makes them) and streams the response back at ``bandwidth`` bytes/s
+  at most per connection: every response's first byte comes at least ``latency_ms`` after its
+  request, and the response's mean rate from then on is at most ``bandwidth``. (The cap is
+  the shim's, not nginx's ``limit_rate``, which sleeps whole milliseconds after each write and
+  lets the first second's worth through: ``benchmarks/README.md``.) Bucket-level requests (ListObjectsV2,
+  which s3fs sends for ``exists``/``info`` of a missing key or a "folder", and HEAD bucket) are
+  answered by the shim itself from the folder. It logs each request and each new connection.
+
+The store is read-only: a client that writes gets nginx's 405.
+
+# NOTE [ Store shutdown ]
+Both processes are started in their own session (process group) and stopped by
+:meth:`RemoteStore.stop` (``__exit__``, and ``atexit`` for a parent that forgets): SIGTERM to
+each group, a bounded wait, then SIGKILL. The shim also exits when its stdin (a pipe from the
+parent) closes, so a parent killed outright leaves no shim; nginx then still needs the SIGTERM
+(``stop`` is idempotent). Every wait in this module has a time limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import contextlib
+import dataclasses
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from types import TracebackType
+from xml.sax.saxutils import escape
+
+__all__ = ["NginxMissingError", "RemoteStore", "Traffic", "find_nginx", "parse_rate"]
+
+_SETUP = "scripts/setup_bench.sh"
+_START_TIMEOUT_S = 10.0
+_STOP_TIMEOUT_S = 5.0
+_IDLE_TIMEOUT_S = 300.0  # a client connection silent this long is closed (nginx: the same)
+_CHUNK = 64 * 1024  # the shim relays (and paces) responses in chunks of at most this
+_CONTENT_LENGTH = re.compile(r"(?im)^content-length:\s*(\d+)")
+_LOG_FORMAT = '$request_method $status $body_bytes_sent $bytes_sent $request_length $uri "$http_range"'
+
+
+class NginxMissingError(RuntimeError):
+    """nginx is not installed."""
+
+
+def find_nginx() -> str:
+    """The nginx binary, or :class:`NginxMissingError` saying how to install it."""
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    if found is None:
+        raise NginxMissingError(f"nginx is not installed (the remote-like store serves files with it): run {_SETUP}")
+    return found
+
+
+def parse_rate(text: str) -> int:
+    """Bytes per second from ``"80MB"`` (decimal: 80e6), ``"25MiB"``, ``"500k"`` or a plain number."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(i?)[bB]?(?:/s)?\s*", str(text))
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"bandwidth must be a positive size per second such as '80MB' or '25MiB', got {text!r}")
+    base = 1024 if match.group(3) else 1000
+    return int(float(match.group(1)) * base ** " kmg".index(match.group(2).lower() or " "))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Traffic:
+    """What the store served: ``requests`` = ``gets`` + ``heads`` + ``lists`` + ``other``
+    (as the shim received them), ``connections`` opened by clients, ``body_bytes`` of file
+    responses (nginx's ``$body_bytes_sent``, ranges included) and ``bytes_sent`` on the wire
+    (headers too, list responses included)."""
+
+    requests: int = 0
+    gets: int = 0
+    heads: int = 0
+    lists: int = 0
+    other: int = 0
+    connections: int = 0
+    body_bytes: int = 0
+    bytes_sent: int = 0
+
+    def __sub__(self, other: Traffic) -> Traffic:
+        return Traffic(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _nginx_conf(tmp: Path, *, port: int, root: Path, bucket: str) -> str:
+    user = "user root;" if os.geteuid() == 0 else ""  # root's workers would otherwise run as nobody
+    temps = "\n".join(f"    {k}_temp_path {tmp / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (tmp / "errors").mkdir(exist_ok=True)
+    (tmp / "errors" / "404.xml").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchKey</Code>'
+        "<Message>The specified key does not exist.</Message></Error>\n"
+    )
+    return f"""\
+{user}
+daemon off;
+master_process off;
+worker_processes 1;
+pid {tmp / "nginx.pid"};
+error_log {tmp / "error.log"} warn;
+events {{ worker_connections 4096; }}
+http {{
+    log_format bench '{_LOG_FORMAT}';
+    access_log {tmp / "access.log"} bench;
+{temps}
+    types {{ }}
+    default_type application/octet-stream;
+    sendfile on;
+    sendfile_max_chunk 2m;
+    keepalive_timeout {int(_IDLE_TIMEOUT_S)}s;
+    keepalive_requests 1000000;
+    server_tokens off;
+    server {{
+        listen 127.0.0.1:{port};
+        error_page 404 /__errors/404.xml;
+        location /__errors/ {{ internal; alias {tmp / "errors"}/; }}
+        location /{bucket}/ {{
+            alias {root}/;
+            if (-d $request_filename) {{ return 404; }}
+        }}
+        location / {{ return 404; }}
+    }}
+}}
+"""
+
+
+class RemoteStore:
+    """Serve the folder ``root`` as ``s3://<bucket>/`` at :attr:`endpoint`; see the module
+    docstring. ``bandwidth`` is in bytes per second per connection, ``latency_ms`` before each
+    response's first byte. A context manager; :meth:`start`/:meth:`stop` also work."""
+
+    def __init__(self, root: Path, *, bucket: str = "bench", latency_ms: float = 20.0, bandwidth: int = 80_000_000) -> None:
+        if not Path(root).is_dir():
+            raise ValueError(f"root must be an existing folder, got {str(root)!r}")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{2,62}", bucket):
+            raise ValueError(f"bucket must be an S3 bucket name (3-63 of a-z 0-9 . -), got {bucket!r}")
+        if not latency_ms >= 0:
+            raise ValueError(f"latency_ms must be >= 0, got {latency_ms!r}")
+        if not isinstance(bandwidth, int) or bandwidth < 1:
+            raise ValueError(f"bandwidth must be a positive number of bytes per second, got {bandwidth!r}")
+        self.root, self.bucket = Path(root).resolve(), bucket
+        self.latency_ms, self.bandwidth = latency_ms, bandwidth
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._nginx: subprocess.Popen[bytes] | None = None
+        self._shim: subprocess.Popen[bytes] | None = None
+        self.endpoint = ""
+
+    # -- life cycle --------------------------------------------------------------------------------
+    def start(self) -> RemoteStore:
+        nginx = find_nginx()
+        self._tmp = tempfile.TemporaryDirectory(prefix="remote-store-")
+        tmp = Path(self._tmp.name)
+        atexit.register(self.stop)
+        try:
+            port = self._start_nginx(nginx, tmp)
+            self._shim = subprocess.Popen(
+                [sys.executable, __file__, str(self.root), "--shim", "--upstream", str(port), "--bucket", self.bucket,
+                 "--latency-ms", str(self.latency_ms), "--bandwidth", str(self.bandwidth), "--log", str(tmp / "shim.log")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+            )  # fmt: skip
+            line = _read_line(self._shim, _START_TIMEOUT_S)
+            if not line.startswith("listening "):
+                raise RuntimeError(f"the latency shim did not start (said {line!r}, exit code {self._shim.poll()})")
+            self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_nginx(self, nginx: str, tmp: Path) -> int:
+        """Start nginx on a free port (another process may take the port between our check and
+        nginx's bind: then try another, three times)."""
+        for _ in range(3):
+            port = _free_port()
+            conf = tmp / "nginx.conf"
+            conf.write_text(_nginx_conf(tmp, port=port, root=self.root, bucket=self.bucket))
+            (tmp / "access.log").write_bytes(b"")
+            self._nginx = subprocess.Popen(
+                [nginx, "-e", str(tmp / "error.log"), "-c", str(conf), "-p", str(tmp)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            )  # fmt: skip
+            deadline = time.monotonic() + _START_TIMEOUT_S
+            while time.monotonic() < deadline and self._nginx.poll() is None:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return port
+                time.sleep(0.02)
+            err = (tmp / "error.log").read_text(errors="replace") if (tmp / "error.log").exists() else ""
+            _stop_group(self._nginx)
+            if "Address already in use" not in err:
+                raise RuntimeError(f"nginx did not start on 127.0.0.1:{port}: {err.strip()[-500:] or 'no error log'}")
+        raise RuntimeError("nginx found no free port in three tries")
+
+    def stop(self) -> None:
+        """Stop both processes (see NOTE [ Store shutdown ]); idempotent."""
+        for proc in (self._shim, self._nginx):
+            if proc is not None:
+                _stop_group(proc)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> RemoteStore:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    @property
+    def pids(self) -> list[int]:
+        """The processes of the store (for a caller that checks none outlives it)."""
+        return [p.pid for p in (self._nginx, self._shim) if p is not None]
+
+    # -- use ---------------------------------------------------------------------------------------
+    def uri(self, key: str = "") -> str:
+        """``s3://<bucket>/<key>``: ``root/<key>`` as clients of this store name it."""
+        return f"s3://{self.bucket}/{key.strip('/')}".rstrip("/")
+
+    def environ(self) -> dict[str, str]:
+        """The AWS environment that points boto3/s3fs at this store (dummy credentials)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_REGION": "us-east-1",
+        }  # fmt: skip
+
+    def served(self, *, since: int = 0) -> list[str]:
+        """nginx's log of the file requests served, one line each from the ``since``-th
+        (``GET <status> <body bytes> <path> <range>``): which byte ranges a reader asked for.
+        ``len(served())`` is where the next call's ``since`` starts."""
+        if self._tmp is None:
+            raise RuntimeError("the store is not running")
+        lines = (Path(self._tmp.name) / "access.log").read_text().splitlines()[since:]
+        return [" ".join((f[0], f[1], f[2], *f[5:])) for f in map(str.split, lines)]
+
+    def traffic(self, *, settle_s: float = 2.0) -> Traffic:
+        """Everything served since :meth:`start`. nginx logs a request when it has sent the
+        last byte, a moment after the client may have it: this waits (at most ``settle_s``)
+        until nginx has logged every request the shim forwarded."""
+        if self._tmp is None:
+            raise RuntimeError("the store is not running")
+        tmp = Path(self._tmp.name)
+        deadline = time.monotonic() + settle_s
+        while True:
+            shim = (tmp / "shim.log").read_text().splitlines()
+            nginx = [line.split() for line in (tmp / "access.log").read_text().splitlines()]
+            forwarded = sum(1 for line in shim if line.startswith("forward "))
+            if len(nginx) >= forwarded or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        methods = [line.split()[1] for line in shim if line.startswith(("forward ", "answer "))]
+        answered = [int(line.split()[3]) for line in shim if line.startswith("answer ")]
+        return Traffic(
+            requests=len(methods), gets=sum(1 for line in shim if line.startswith("forward GET ")),
+            heads=sum(1 for line in shim if line.startswith("forward HEAD ")),
+            lists=sum(1 for line in shim if line.startswith("answer GET ")),
+            other=sum(1 for line in shim if line.startswith(("forward ", "answer "))
+                      and not line.startswith(("forward GET ", "forward HEAD ", "answer GET "))),
+            connections=sum(1 for line in shim if line.startswith("connect")),
+            body_bytes=sum(int(f[2]) for f in nginx), bytes_sent=sum(int(f[3]) for f in nginx) + sum(answered),
+        )  # fmt: skip
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The first line ``proc`` writes on stdout, waiting at most ``timeout`` seconds."""
+    stdout = proc.stdout
+    if stdout is None:
+        raise ValueError("proc was started without stdout=PIPE")
+    ready, _, _ = select.select([stdout], [], [], timeout)
+    return stdout.readline().decode(errors="replace").strip() if ready else ""
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to ``proc``'s process group (it leads its own session), then SIGKILL if it has
+    not exited within the time limit."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=_STOP_TIMEOUT_S)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+# -- the latency shim (runs in its own process) --------------------------------------------------------
+@dataclasses.dataclass(slots=True)
+class _Pace:
+    """When the relay of one connection may send its next chunk (``time.monotonic()``)."""
+
+    due: float = 0.0
+
+
+class _Shim:
+    def __init__(self, *, root: Path, bucket: str, upstream: int, latency_s: float, rate: int, log: Path) -> None:
+        self.root, self.bucket, self.upstream, self.latency_s, self.rate = root, bucket, upstream, latency_s, rate
+        self.log = log.open("a", buffering=1)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One client connection: requests in order (HTTP/1.1 without pipelining, as boto
+        sends them), each forwarded ``latency_s`` after it arrived."""
+        self.log.write("connect\n")
+        up_reader: asyncio.StreamReader | None = None
+        up_writer: asyncio.StreamWriter | None = None
+        pump: asyncio.Task[None] | None = None
+        pace = _Pace()
+        try:
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _IDLE_TIMEOUT_S)
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+                    return
+                arrived = time.monotonic()
+                request_line, _, rest = head.decode("latin-1").partition("\r\n")
+                method, target, *_ = [*request_line.split(" "), "", ""]
+                length = _CONTENT_LENGTH.search(rest)
+                body = await reader.readexactly(int(length.group(1))) if length else b""
+                answer = self.bucket_answer(method, target)
+                await asyncio.sleep(max(0.0, arrived + self.latency_s - time.monotonic()))
+                if answer is not None:
+                    self.log.write(f"answer {method} {target} {len(answer)}\n")
+                    writer.write(answer)
+                    await writer.drain()
+                    continue
+                if up_writer is None:
+                    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+                    pump = asyncio.create_task(self.relay(up_reader, writer, pace))
+                if pump is not None and pump.done():  # nginx closed the connection
+                    return
+                self.log.write(f"forward {method} {target}\n")
+                pace.due = max(pace.due, time.monotonic())  # this response's schedule starts now
+                up_writer.write(head + body)
+                await up_writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            if pump is not None:
+                pump.cancel()
+            for w in (up_writer, writer):
+                if w is not None:
+                    w.close()
+
+    async def relay(self, up: asyncio.StreamReader, writer: asyncio.StreamWriter, pace: _Pace) -> None:
+        """nginx's responses to the client at ``rate`` bytes/s at most; closes the client when
+        nginx closes. Paced by a schedule that starts when the request is forwarded
+        (``pace.due``): after each chunk, wait until ``len / rate`` after the last one was due
+        (a chunk behind its schedule, after a late timer, goes at once: the response's mean
+        rate is ``rate`` whatever the timers do, never more)."""
+        try:
+            while data := await up.read(_CHUNK):
+                writer.write(data)
+                await writer.drain()
+                pace.due += len(data) / self.rate
+                delay = pace.due - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    def bucket_answer(self, method: str, target: str) -> bytes | None:
+        """The response to a bucket-level request (``/<bucket>`` or ``/<bucket>/`` with a
+        query), or None for an object request (nginx serves it)."""
+        path, _, query = target.partition("?")
+        if urllib.parse.unquote(path).rstrip("/") != f"/{self.bucket}":
+            return None
+        params = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+        if method == "HEAD":
+            return _response(200, b"", head=True)
+        if method != "GET" or params.get("list-type") != "2":
+            return _response(501, b"<Error><Code>NotImplemented</Code><Message>read-only store: only GET/HEAD of "
+                                  b"objects and ListObjectsV2</Message></Error>")  # fmt: skip
+        return _response(200, self.list_v2(params).encode())
+
+    def list_v2(self, params: dict[str, str]) -> str:
+        """ListObjectsV2 of the folder: ``prefix``, ``delimiter``, ``max-keys`` (<= 1000),
+        ``continuation-token``/``start-after`` (the last key of the previous page)."""
+        prefix, delimiter = params.get("prefix", ""), params.get("delimiter", "")
+        max_keys = min(1000, int(params.get("max-keys") or 1000))
+        after = params.get("continuation-token") or params.get("start-after") or ""
+        keys = sorted(
+            p.relative_to(self.root).as_posix() for p in self.root.rglob("*")
+            if p.is_file() and p.relative_to(self.root).as_posix().startswith(prefix)
+        )  # fmt: skip
+        contents: list[str] = []
+        prefixes: list[str] = []
+        last = ""
+        for key in keys:
+            cut = key.find(delimiter, len(prefix)) if delimiter else -1
+            name = key[: cut + len(delimiter)] if cut >= 0 else key
+            if name <= after or (prefixes and prefixes[-1] == name):
+                continue
+            if len(contents) + len(prefixes) == max_keys:
+                break
+            if cut >= 0:
+                prefixes.append(name)
+            else:
+                st = (self.root / key).stat()
+                modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime))
+                contents.append(f"<Contents><Key>{escape(key)}</Key><LastModified>{modified}</LastModified>"
+                                f'<ETag>"{int(st.st_mtime):x}-{st.st_size:x}"</ETag><Size>{st.st_size}</Size>'
+                                "<StorageClass>STANDARD</StorageClass></Contents>")  # fmt: skip
+            last = name
+        truncated = any(k > last and not k.startswith(last) for k in keys) if last else False
+        token = f"<NextContinuationToken>{escape(last)}</NextContinuationToken>" if truncated else ""
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<Name>{escape(self.bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(contents) + len(prefixes)}"
+            f"</KeyCount><MaxKeys>{max_keys}</MaxKeys><Delimiter>{escape(delimiter)}</Delimiter>"
+            f"<IsTruncated>{str(truncated).lower()}</IsTruncated>{token}{''.join(contents)}"
+            + "".join(f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes)
+            + "</ListBucketResult>"
+        )
+
+
+def _response(status: int, body: bytes, *, head: bool = False) -> bytes:
+    reason = {200: "OK", 501: "Not Implemented"}[status]
+    headers = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n\r\n"
+    return headers.encode() + (b"" if head else body)
+
+
+async def _serve_shim(args: argparse.Namespace) -> None:
+    shim = _Shim(root=Path(args.root), bucket=args.bucket, upstream=args.upstream, latency_s=args.latency_ms / 1000,
+                 rate=parse_rate(args.bandwidth), log=Path(args.log))  # fmt: skip
+    server = await asyncio.start_server(shim.handle, "127.0.0.1", 0, backlog=1024, limit=1 << 20)
+    print(f"listening {server.sockets[0].getsockname()[1]}", flush=True)
+    # Until the parent closes our stdin (or dies) or sends SIGTERM.
+    stdin_closed = asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+    async with server:
+        await stdin_closed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", help="the folder to serve as s3://<bucket>/")
+    parser.add_argument("--bucket", default="bench")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="before each response's first byte")
+    parser.add_argument("--bandwidth", default="80MB", help="per connection, per second (80MB = 80e6 bytes)")
+    parser.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--log", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.shim:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        asyncio.run(_serve_shim(args))
+        return 0
+    try:
+        store = RemoteStore(Path(args.root), bucket=args.bucket, latency_ms=args.latency_ms,
+                            bandwidth=parse_rate(args.bandwidth))  # fmt: skip
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        with store:
+            print(" ".join(f"{k}={v}" for k, v in store.environ().items()))
+            print(f"serving {store.root} as {store.uri()} (Ctrl-C stops)", flush=True)
+            threading.Event().wait()
+    except NginxMissingError as exc:
+        parser.error(str(exc))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""The remote-like store (benchmarks/remote_store.py) serves what s3fs and the loader ask for,
+counts it, and leaves no process behind; remote_bench.py runs end to end on a tiny dataset.
+(Its figures are measured by hand; no test asserts a speed.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from loader_bench import build_dataset  # noqa: E402 - benchmarks/ is not a package
+from remote_store import NginxMissingError, RemoteStore, find_nginx, parse_rate  # noqa: E402
+
+from loaders import ShardLoader  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def nginx() -> str:
+    """nginx must be installed: a missing one fails (with how to install it), never skips."""
+    try:
+        return find_nginx()
+    except NginxMissingError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding one tiny dataset, ``bench-ds`` (40 images, 32px, two row groups' worth
+    of nothing: one shard per channel)."""
+    root = tmp_path_factory.mktemp("lake")
+    build_dataset(root / "bench-ds", images=40, size=32, quality=90)
+    return root
+
+
+@pytest.fixture()
+def store(nginx: str, lake: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RemoteStore]:
+    with RemoteStore(lake, latency_ms=2, bandwidth=50_000_000) as running:
+        monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+        for key, value in running.environ().items():
+            monkeypatch.setenv(key, value)
+        yield running
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def epoch_batches(loader: ShardLoader, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    loader.set_epoch(epoch)
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def read_columns_bytes(shard: Path, columns: list[str]) -> int:
+    """The bytes of ``columns``' chunks in ``shard`` (what a reader of those columns must fetch)."""
+    meta = pq.ParquetFile(shard).metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    return sum(meta.row_group(g).column(names.index(c)).total_compressed_size
+               for g in range(meta.num_row_groups) for c in columns)  # fmt: skip
+
+
+def test_the_loader_reads_the_same_batches_from_the_store_as_from_disk(store: RemoteStore, lake: Path):
+    local = ShardLoader(str(lake / "bench-ds"), batch_size=16, shuffle=True, seed=3)
+    remote = ShardLoader(store.uri("bench-ds"), batch_size=16, shuffle=True, seed=3)
+    assert remote.dataset == "s3://bench/bench-ds"
+    try:
+        for epoch in (0, 1):
+            before, logged = store.traffic(), len(store.served())
+            theirs = epoch_batches(remote, epoch)
+            served, requests = store.traffic() - before, store.served(since=logged)
+            ours = epoch_batches(local, epoch)
+            assert len(theirs) == len(ours) == 3
+            for (xa, ya), (xb, yb) in zip(ours, theirs, strict=True):
+                assert torch.equal(xa, xb) and torch.equal(ya, yb)
+            if epoch == 0:  # epoch 1 may have been read ahead during epoch 0: its bytes counted there
+                shard = lake / "bench-ds" / "shards" / "train" / os.listdir(lake / "bench-ds" / "shards" / "train")[0]
+                assert served.gets >= 1 and served.requests == served.gets + served.heads + served.lists + served.other
+                assert served.body_bytes >= read_columns_bytes(shard, ["image", "label", "is_pad"])
+                assert served.body_bytes <= 3 * shard.stat().st_size  # nothing read many times over
+                assert served.bytes_sent > served.body_bytes  # headers too
+                # The log names each file request and its range: ranged GETs of the shard.
+                assert len(requests) == served.gets + served.heads
+                assert any(r.startswith("GET 206 ") and "/shards/train/" in r and '"bytes=' in r for r in requests)
+                assert sum(int(r.split()[2]) for r in requests) == served.body_bytes
+    finally:
+        local.close()
+        remote.close()
+    assert store.traffic().connections >= 1
+
+
+def test_the_store_answers_what_s3fs_asks(store: RemoteStore, lake: Path):
+    import boto3
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": store.endpoint, "region_name": "us-east-1"})
+    info_path = lake / "bench-ds" / "dataset.json"
+    info = fs.info("bench/bench-ds/dataset.json")
+    assert info["size"] == info_path.stat().st_size and info["type"] == "file"
+    assert info["ETag"] and info["LastModified"]
+    assert fs.exists("bench/bench-ds/dataset.json")
+    assert not fs.exists("bench/bench-ds/missing.json")  # HEAD 404, then a list that finds nothing
+    assert fs.exists("bench/bench-ds/shards")  # a "folder": found by listing
+    assert fs.isdir("bench/bench-ds/shards")
+    with pytest.raises(FileNotFoundError):
+        fs.cat("bench/bench-ds/missing.json")
+    data = info_path.read_bytes()
+    assert fs.cat_file("bench/bench-ds/dataset.json", start=5, end=25) == data[5:25]  # a ranged GET
+    assert sorted(fs.ls("bench/bench-ds", detail=False)) == sorted(
+        f"bench/bench-ds/{p.name}" for p in (lake / "bench-ds").iterdir())  # fmt: skip
+
+    # ListObjectsV2 pages: every key once, in order, across pages of two.
+    client = boto3.client("s3", endpoint_url=store.endpoint, region_name="us-east-1")
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix="bench-ds/files/class1/", MaxKeys=2)
+    keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+    on_disk = sorted(f"bench-ds/files/class1/{p.name}" for p in (lake / "bench-ds" / "files" / "class1").iterdir())
+    assert keys == on_disk and len(keys) == 4
+    assert store.traffic().lists >= 3  # two from exists/isdir, and the pages
+
+    # Read-only: a write is refused, not stored.
+    with pytest.raises(Exception, match=r"405|Not Allowed|MethodNotAllowed"):
+        client.put_object(Bucket="bench", Key="bench-ds/new.txt", Body=b"x")
+    assert not (lake / "bench-ds" / "new.txt").exists()
+
+
+def test_the_store_stops_every_process(nginx: str, lake: Path):
+    with RemoteStore(lake, latency_ms=1) as store:
+        pids = store.pids
+        assert len(pids) == 2 and all(map(alive, pids))
+    assert not any(map(alive, pids))
+    store.stop()  # idempotent
+
+    # Also when the body of the with block raises.
+    with pytest.raises(RuntimeError, match="boom"), RemoteStore(lake) as store:
+        pids = store.pids
+        raise RuntimeError("boom")
+    assert not any(map(alive, pids))
+
+
+def test_the_store_checks_its_arguments(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"root must be an existing folder, got '.*nowhere'"):
+        RemoteStore(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match=r"bucket must be an S3 bucket name.*'B'"):
+        RemoteStore(tmp_path, bucket="B")
+    with pytest.raises(ValueError, match="latency_ms must be >= 0, got -1"):
+        RemoteStore(tmp_path, latency_ms=-1)
+    assert parse_rate("80MB") == 80_000_000
+    assert parse_rate("25MiB") == 25 * 2**20
+    assert parse_rate("500k") == 500_000
+    assert parse_rate("1.5MB/s") == 1_500_000
+    with pytest.raises(ValueError, match=r"bandwidth must be a positive size per second.*'fast'"):
+        parse_rate("fast")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_remote_bench_measures_both_sources_and_the_traffic(nginx: str, tmp_path: Path):
+    out = tmp_path / "remote.json"
+    done = run("benchmarks/remote_bench.py", "--images", "40", "--size", "32", "--repeats", "1", "--epochs", "2",
+               "--latency-ms", "1", "--workdir", str(tmp_path), "--out", str(out),
+               "--loader-option", "num_threads=1,prefetch=2")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "first batch: identical from local disk and from the store" in done.stderr
+    result = json.loads(out.read_text())
+    assert result["images"] == 40 and result["latency_ms"] == 1 and result["bandwidth_bytes_per_s"] == 80_000_000
+    assert result["args"]["options"] == {"num_threads": 1, "prefetch": 2}
+    for source in ("local", "remote"):
+        (run_,) = result["runs"][source]
+        assert all(run_[f"epoch{e}"] > 0 and run_[f"epoch{e}_first_batch_s"] > 0 for e in (1, 2))
+        assert run_["fresh_first_batch_s"] > 0
+    epochs = result["summary"]["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert epochs[0]["traffic"]["gets"] >= 1 and epochs[0]["traffic"]["body_bytes"] > 0
+    fresh = result["summary"]["fresh_first_batch_traffic"]
+    assert fresh["heads"] >= 1 and fresh["gets"] >= 2 and fresh["connections"] >= 1  # dataset.json, the shard
+    assert result["store_total"]["body_bytes"] >= sum(e["traffic"]["body_bytes"] for e in epochs) + fresh["body_bytes"]
+    assert not any(map(alive, result["store_pids"]))
+    assert "bound: MB/bw" in done.stdout and "fresh loader, first batch" in done.stdout
+
+
+@pytest.mark.slow  # starts python and imports torch: ~5 s
+def test_remote_bench_refuses_an_unknown_loader_option(tmp_path: Path):
+    bad = run("benchmarks/remote_bench.py", "--workdir", str(tmp_path), "--loader-option", "cache_dirr=/tmp/x")
+    assert bad.returncode == 2
+    assert "'cache_dirr' in variant 'cache_dirr=/tmp/x' is not a ShardLoader option" in bad.stderr
+    assert not list(tmp_path.iterdir())  # refused before building anything
