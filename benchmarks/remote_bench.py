@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import logging
 import os
@@ -59,7 +58,7 @@ from loader_bench import bench_loader, build_dataset, other_load, synthetic_imag
 from remote_store import NginxMissingError, RemoteStore, Traffic, parse_rate
 from variants import parse_variant
 
-from loaders import ShardLoader
+from loaders import LoaderOptions, ShardLoader
 
 log = logging.getLogger("remote_bench")
 
@@ -81,7 +80,7 @@ def loader_options(texts: list[str]) -> dict[str, Any]:
     """``--loader-option key=value[,key=value]`` as ShardLoader keyword arguments (integers as
     int, ``none`` as None, ``true``/``false`` as bool); a key ShardLoader does not take is an
     ``ArgumentTypeError`` naming it."""
-    known = [p.name for p in inspect.signature(ShardLoader).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    known = [f.name for f in dataclasses.fields(LoaderOptions)]
     out: dict[str, Any] = {}
     for text in texts:
         try:
@@ -260,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             check_same_batches(sources["local"], sources["remote"], args)
             for source in SOURCES:  # warm the page cache and the imports (boto's, the decoders')
                 new_loader(sources[source], args).close()
-            shard = sum(p.stat().st_size for p in (dataset / "shards" / "train").iterdir())
+            shard = sum(p.stat().st_size for p in (dataset / "shards" / "channel=train").iterdir())
             runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SOURCES}
             for r in range(args.repeats):
                 for source in SOURCES if r % 2 == 0 else SOURCES[::-1]:

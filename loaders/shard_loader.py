@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,8 +43,9 @@ from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
 from loaders.decode import get_batch_decoder, get_decoder
+from loaders.fetch import ByteRange, RangeFetcher
 from loaders.options import LoaderOptions, default_threads
-from loaders.pipeline import Pipeline, PipelineStats
+from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.reader import WindowReader
 
@@ -106,7 +108,10 @@ class ShardLoader:
         self.total_rows = sum(shard_rows)
         self.rows_per_rank = rows_per_rank(self.total_rows, opts.world_size, remainder=opts.remainder)
         segments = rank_segments(shard_rows, opts.world_size, opts.rank, remainder=opts.remainder)
-        groups = {s: self._row_groups(s, shard_rows[s]) for s in sorted({seg.shard for seg in segments})}
+        # Footers are read once per loader: a remote shard's is kept (with its size) for the
+        # ranged reads of every epoch.
+        remote: dict[int, tuple[Any, int]] = {}
+        groups = {s: self._row_groups(s, shard_rows[s], remote) for s in sorted({seg.shard for seg in segments})}
         self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
         if self._num_batches == 0:
             raise ConfigError(
@@ -121,19 +126,50 @@ class ShardLoader:
         self._epoch = 0
         self._next_start = 0  # the batch the next iteration starts at (set by load_state_dict)
         self._consumed = 0  # batches of self._epoch consumed so far
-        self._pipeline: Pipeline[BatchTask, Any] | None = None
+        self._running: Epoch[BatchTask, Any] | None = None
         self._last_iter_epoch: int | None = None  # the epoch the last iteration ran
         self._lock = threading.Lock()
         self.skipped_rows: list[SkippedRow] = []
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over and the training loop's previous batch.
-        self._buffers = BufferPool(keep=opts.num_threads + opts.prefetch + 3)
+        blocks = opts.num_threads + opts.prefetch + 3
+        self._buffers = BufferPool(keep=blocks)
         self.stats = PipelineStats()
+        name = f"lakeshard-r{opts.rank}"
+        self._pipeline: Pipeline[BatchTask, Any] = Pipeline(num_threads=opts.num_threads, prefetch=opts.prefetch, name=name)
+        self.fetcher: RangeFetcher | None = None
+        if remote:
+            self.fetcher = self._make_fetcher(remote, blocks, name)
+        # The threads stop when the loader is closed, or garbage-collected unclosed.
+        self._finalizer = weakref.finalize(self, _shutdown, self._pipeline, self.fetcher)
 
-    def _row_groups(self, shard: int, rows: int) -> list[int]:
-        """Row-group sizes of one shard, after checking it against ``dataset.json``."""
+    def _make_fetcher(self, remote: dict[int, tuple[Any, int]], blocks: int, name: str) -> RangeFetcher:
+        opts = self.options
+        side = opts.crop or self.image_size
+        decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
+        fetcher = RangeFetcher(_read_range, concurrency=opts.read_concurrency, budget=0, name=name)
+        self._reader.use_fetcher(fetcher, remote)
+        largest = self._reader.max_range_bytes()
+        if opts.memory_budget is None:
+            fetcher.budget = opts.read_concurrency * largest
+        elif opts.memory_budget - decoded < largest:
+            fetcher.close()
+            raise ConfigError(
+                f"memory_budget {opts.memory_budget} bytes is too small: the decoded batches take {decoded} "
+                f"({blocks} blocks of {opts.batch_size} images) and one row group of {self.dataset} up to {largest}"
+            )
+        else:
+            fetcher.budget = opts.memory_budget - decoded
+        return fetcher
+
+    def _row_groups(self, shard: int, rows: int, remote: dict[int, tuple[Any, int]]) -> list[int]:
+        """Row-group sizes of one shard, after checking it against ``dataset.json``; a remote
+        shard's footer and size go into ``remote``."""
         with contract.open_shard(self.shard_uris[shard]) as f:
-            return f.check(self.info, self.options.channel, shard, rows=rows)
+            groups = f.check(self.info, self.options.channel, shard, rows=rows)
+            if not self.shard_uris[shard].startswith("file://"):
+                remote[shard] = (f.parquet.metadata, f.size())
+            return groups
 
     @property
     def row_groups_read(self) -> int:
@@ -155,7 +191,6 @@ class ShardLoader:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         if epoch != self._epoch:
             self._epoch, self._next_start, self._consumed = epoch, 0, 0
-        self._reader.drop_ahead(unless_epoch=epoch)  # read for another epoch: free it now
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -191,7 +226,7 @@ class ShardLoader:
         consumed = state.get("batches_consumed")
         if not isinstance(consumed, int) or not 0 <= consumed <= self._num_batches:
             raise LoaderError(f"batches_consumed must be in [0, {self._num_batches}], got {consumed!r}")
-        self.close()
+        self._stop_pipeline()
         self._epoch, self._next_start, self._consumed = int(state["epoch"]), consumed, consumed
 
     # -- iteration ---------------------------------------------------------------------------------
@@ -213,31 +248,38 @@ class ShardLoader:
         # epoch again, as a validation loader often runs). A loader used once reads nothing more.
         step = None if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch
         self._last_iter_epoch = self._epoch
-        return self._run(start, spec, self._epoch + step if step in (0, 1) else None)
-
-    def _run(self, start: int, spec: DecodeSpec, ahead_epoch: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        pipeline: Pipeline[BatchTask, Any] = Pipeline(
-            self._reader.tasks(self._epoch, start, ahead_epoch),
-            lambda task, stop: decode_batch(task, stop, spec),
-            num_threads=self.options.num_threads,
-            prefetch=self.options.prefetch,
-            name=f"lakeshard-r{self.options.rank}",
-        )
+        ahead = self._epoch + step if step in (0, 1) else None
+        reader = self._reader
+        stop = threading.Event()
+        epoch = self._pipeline.start(
+            reader.tasks(self._epoch, start, stop), lambda task, stop: decode_batch(task, stop, spec), stop=stop,
+            after=None if ahead is None or reader.fetcher is None else lambda: reader.read_ahead(ahead),
+        )  # fmt: skip
         with self._lock:
-            self._pipeline = pipeline
-        self.stats = pipeline.stats
+            self._running = epoch
+        self.stats = epoch.stats
+        return self._run(epoch)
+
+    def _run(self, epoch: Epoch[BatchTask, Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        finished = False
         try:
             while True:
-                batch = pipeline.next()
+                batch = epoch.next()
                 if batch is None:
                     break
                 self._consumed += 1
                 yield batch
+            finished = True
         finally:
-            pipeline.close()
+            epoch.close()
             with self._lock:
-                if self._pipeline is pipeline:
-                    self._pipeline = None
+                current = self._running is epoch
+                if current:
+                    self._running = None
+            # An epoch run to its end keeps the threads for the next one; a break (or an error)
+            # out of the loop that is still this loader's latest epoch stops them all.
+            if current and not finished:
+                _shutdown(self._pipeline, self.fetcher)
             if self.skipped_rows:
                 log.warning(
                     "skipped %d bad rows of channel %r in epoch %d (rank %d)",
@@ -245,16 +287,15 @@ class ShardLoader:
                 )  # fmt: skip
 
     def close(self) -> None:
-        """Stop the running epoch's threads (if any) and wait for them; drop what was read
-        ahead for the next epoch."""
+        """Stop every thread of the loader and wait for them (a later iteration makes new ones)."""
         self._stop_pipeline()
-        self._reader.drop_ahead()
+        _shutdown(self._pipeline, self.fetcher)
 
     def _stop_pipeline(self) -> None:
         with self._lock:
-            pipeline, self._pipeline = self._pipeline, None
-        if pipeline is not None:
-            pipeline.close()
+            running, self._running = self._running, None
+        if running is not None:
+            running.close()
 
     def __enter__(self) -> ShardLoader:
         return self
@@ -262,3 +303,13 @@ class ShardLoader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None) -> None:
+    pipeline.close()
+    if fetcher is not None:
+        fetcher.close()
+
+
+def _read_range(r: ByteRange) -> bytes:
+    fs, _ = storage.filesystem("s3://" + r.path)
+    return fs.cat_file(r.path, start=r.start, end=r.end)
