@@ -61,9 +61,8 @@ class PipelineStats:
 # Epochs: ``start`` puts an ``Epoch`` (its task iterator, its own queue, stop event and error
 # slot) in ``_jobs``; the reader thread takes one job at a time and runs it. For each task it
 # submits it to the pool *then* puts its Future in the epoch's queue (maxsize=prefetch), so
-# futures come out in task order; after the last task it puts ``_END`` and then runs the
-# epoch's ``after`` hook (the next epoch's reads are started only once this one's every task
-# is handed over, so they never delay its last batch). ``start`` stops the epoch before it.
+# futures come out in task order; after the last task it puts ``_END``. ``start`` stops the
+# epoch before it.
 #
 # Failure: whichever thread fails first (a read error on the reader, a decode error on a decode
 # thread) stores the exception in the epoch's ``error`` (first one wins, under its lock) and sets
@@ -87,11 +86,10 @@ class Epoch(Generic[T, R]):
     """One epoch's stream of batches out of a :class:`Pipeline`."""
 
     def __init__(self, pipeline: Pipeline[T, R], tasks: Iterator[T], decode: Callable[[T, threading.Event], R],
-                 stop: threading.Event, after: Callable[[], None] | None) -> None:  # fmt: skip
+                 stop: threading.Event) -> None:  # fmt: skip
         self._pipeline = pipeline
         self.tasks = tasks
         self.decode = decode
-        self.after = after
         self.stop = stop
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=pipeline.prefetch)
         self.finished = threading.Event()  # set by the reader thread when it leaves this epoch
@@ -188,12 +186,11 @@ class Pipeline(Generic[T, R]):
         return self._reader is not None and self._reader.is_alive()
 
     def start(self, tasks: Iterator[T], decode: Callable[[T, threading.Event], R], *,
-              stop: threading.Event | None = None, after: Callable[[], None] | None = None) -> Epoch[T, R]:  # fmt: skip
+              stop: threading.Event | None = None) -> Epoch[T, R]:  # fmt: skip
         """Stop the running epoch (if any) and start one that decodes ``tasks`` with ``decode``
         (``decode(task, stop)``, on the pool; returns ``None`` if it saw ``stop``); ``stop`` (set
-        when this epoch stops) is the one the task iterator watches; ``after`` runs on the
-        reader thread once every task is handed over."""
-        epoch: Epoch[T, R] = Epoch(self, tasks, decode, stop if stop is not None else threading.Event(), after)
+        when this epoch stops) is the one the task iterator watches."""
+        epoch: Epoch[T, R] = Epoch(self, tasks, decode, stop if stop is not None else threading.Event())
         with self._lock:
             previous, self._current = self._current, epoch
             if self._reader is None:
@@ -273,11 +270,9 @@ class Pipeline(Generic[T, R]):
                 if not self._put(epoch, future):
                     future.cancel()
                     return
-            if not self._put(epoch, _END):
-                return
+            self._put(epoch, _END)
         except BaseException as exc:
             epoch.fail(exc)
-            return
         finally:
             close = getattr(epoch.tasks, "close", None)
             if close is not None:
@@ -285,8 +280,3 @@ class Pipeline(Generic[T, R]):
                     close()  # a generator: run its finally blocks (closes the shard files)
                 except Exception:
                     log.exception("error while closing the task iterator")
-        if epoch.after is not None:
-            try:
-                epoch.after()
-            except Exception as exc:  # a read-ahead that fails is read (and reported) by its epoch
-                log.debug("read-ahead after the epoch failed: %s", exc)

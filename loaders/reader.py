@@ -94,6 +94,7 @@ class WindowReader:
         #: Reads remote row groups ahead (None: every shard is local, read on the reader thread).
         self.fetcher: RangeFetcher | None = None
         self._ranges: dict[int, ByteRange] = {}  # piece index -> its row group's bytes (remote)
+        self._local: dict[int, str] = {}  # shard index -> a verified local copy (loaders.cache)
 
     def use_fetcher(self, fetcher: RangeFetcher, remote: dict[int, tuple[pq.FileMetaData, int]]) -> None:
         """Read the shards in ``remote`` (index -> footer, size) through ``fetcher``."""
@@ -104,18 +105,20 @@ class WindowReader:
                 lo, hi = row_group_range(md, piece.row_group)
                 self._ranges[i] = ByteRange(_path(self.shard_uris[piece.shard]), lo, hi)
 
+    def use_local(self, copies: dict[int, str]) -> None:
+        """Read shards ``copies`` names (index -> a local ``file://`` URI of the same bytes, as
+        :mod:`loaders.cache` verified them) from there, on the reader thread, from the next
+        epoch on. Call between epochs only."""
+        for shard, uri in copies.items():
+            self._local[shard] = uri
+        self._ranges = {i: r for i, r in self._ranges.items() if self.pieces[i].shard not in self._local}
+
     def max_range_bytes(self) -> int:
         return max((r.size for r in self._ranges.values()), default=0)
 
-    def _schedule(self, order: EpochOrder, windows: range) -> None:
-        if self.fetcher is not None:
-            self.fetcher.schedule([(int(p), self._ranges[int(p)]) for w in windows
-                                   for p in order.windows[w] if int(p) in self._ranges])  # fmt: skip
-
-    def read_ahead(self, epoch: int) -> None:
-        """Start reading the first window of ``epoch`` (remote shards only), without waiting:
-        the reads the epoch starts with, in flight while the one before ends."""
-        self._schedule(self.order(epoch), range(1))
+    def _keys(self, epoch: int, order: EpochOrder, windows: range) -> list[tuple[tuple[int, int], ByteRange]]:
+        """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, piece index)``."""
+        return [((epoch, int(p)), self._ranges[int(p)]) for w in windows for p in order.windows[w] if int(p) in self._ranges]
 
     def order(self, epoch: int) -> EpochOrder:
         opts = self.options
@@ -124,9 +127,14 @@ class WindowReader:
             rank=opts.rank, window_rows=opts.shuffle_window,
         )  # fmt: skip
 
-    def tasks(self, epoch: int, start: int, stop: threading.Event) -> Iterator[BatchTask]:
+    def tasks(self, epoch: int, start: int, stop: threading.Event, ahead: int | None = None) -> Iterator[BatchTask]:
         """Batch tasks of ``epoch`` from batch ``start`` on; runs on the reader thread and
-        returns early once ``stop`` is set."""
+        returns early once ``stop`` is set.
+
+        Remote row groups are fetched in the order the epoch reads them and, after the last
+        one, the first window of epoch ``ahead`` (if given): the epoch after this one starts
+        with its reads done or under way. They are fetched after every read of this epoch, on
+        the fetch threads, so they never delay this epoch's batches."""
         bs = self.options.batch_size
         order = self.order(epoch)
         end = min(self._num_batches * bs, self._rows_per_rank)
@@ -140,11 +148,15 @@ class WindowReader:
         last = first
         while int(order.starts[last + 1]) < end:
             last += 1
-        self._schedule(order, range(first, last + 1))
+        if self.fetcher is not None:
+            fetches = self._keys(epoch, order, range(first, last + 1))
+            if ahead is not None and ahead != epoch:
+                fetches += self._keys(ahead, self.order(ahead), range(1))
+            self.fetcher.schedule(fetches)
         done = False
         try:
             for w in range(first, last + 1):
-                read = self.read_window([int(p) for p in order.windows[w]], files, stop)
+                read = self.read_window(epoch, [int(p) for p in order.windows[w]], files, stop)
                 if read is None:
                     return
                 self.row_groups_read += len(order.windows[w])
@@ -171,7 +183,7 @@ class WindowReader:
             if not done and self.fetcher is not None:
                 self.fetcher.drop()  # stopped early or failed: free what was read for later windows
 
-    def read_window(self, indexes: list[int], files: dict[int, OpenShard], stop: threading.Event) -> Rows | None:
+    def read_window(self, epoch: int, indexes: list[int], files: dict[int, OpenShard], stop: threading.Event) -> Rows | None:
         """The rows of pieces ``indexes``, in order (``None`` if ``stop`` is set meanwhile).
         Remote pieces come from the fetcher; local ones are read here: opens shards not yet in
         ``files``, checks them against ``dataset.json`` (:meth:`OpenShard.check`) and keeps
@@ -188,7 +200,7 @@ class WindowReader:
             uri = self.shard_uris[piece.shard]
             where = f"row group {piece.row_group} (rows {piece.start}-{piece.stop - 1}) of {uri}"
             if i in self._ranges:
-                table = self._fetched(i, where, stop)
+                table = self._fetched(epoch, i, where, stop)
                 if table is None:
                     return None
             else:
@@ -209,23 +221,23 @@ class WindowReader:
             rows.append(np.arange(piece.start, piece.stop, dtype=np.int64))
         return Rows(images, np.concatenate(labels), np.concatenate(pads), np.concatenate(shards), np.concatenate(rows))
 
-    def _fetched(self, i: int, where: str, stop: threading.Event) -> pa.Table | None:
+    def _fetched(self, epoch: int, i: int, where: str, stop: threading.Event) -> pa.Table | None:
         """Piece ``i``'s row group from the fetcher (scheduled by :meth:`tasks`), decoded with the
         footer the loader read once; its bytes are released as soon as they are decoded."""
         piece, r = self.pieces[i], self._ranges[i]
         md, size = self.remote[piece.shard]
         try:
-            data = self.fetcher.get(i, stop)
+            data = self.fetcher.get((epoch, i), stop)
             if data is None:
                 return None
             return read_row_group(md, size, piece.row_group, r.start, data, [c for c in _COLUMNS if c in md.schema.names])
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
         finally:
-            self.fetcher.release(i)
+            self.fetcher.release((epoch, i))
 
     def _read_local(self, piece: Piece, files: dict[int, OpenShard], where: str) -> pa.Table:
-        uri = self.shard_uris[piece.shard]
+        uri = self._local.get(piece.shard, self.shard_uris[piece.shard])
         if piece.shard not in files:
             try:
                 files[piece.shard] = open_shard(uri)

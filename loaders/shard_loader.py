@@ -42,6 +42,7 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
+from loaders.cache import CachedShard, ShardCache
 from loaders.decode import get_batch_decoder, get_decoder
 from loaders.fetch import ByteRange, RangeFetcher
 from loaders.options import LoaderOptions, default_threads
@@ -140,8 +141,24 @@ class ShardLoader:
         self.fetcher: RangeFetcher | None = None
         if remote:
             self.fetcher = self._make_fetcher(remote, blocks, name)
+        self.cache: ShardCache | None = None
+        self._cached: list[CachedShard] = []
+        if remote and opts.cache_dir is not None:
+            self.cache = self._open_cache(sorted(remote))
         # The threads stop when the loader is closed, or garbage-collected unclosed.
-        self._finalizer = weakref.finalize(self, _shutdown, self._pipeline, self.fetcher)
+        self._finalizer = weakref.finalize(self, _shutdown, self._pipeline, self.fetcher, self.cache, True)
+
+    def _open_cache(self, shards: list[int]) -> ShardCache:
+        """The cache of this dataset version's shards; copies already there (and sound) are used
+        from the first epoch, the others are filled in the background (see :mod:`loaders.cache`)."""
+        opts = self.options
+        cache = ShardCache(opts.cache_dir, dataset_version=self.dataset_version, channel=opts.channel, limit=opts.cache_limit)
+        entries = self.info.channel(opts.channel).shards
+        self._cached = [CachedShard(i, self.shard_uris[i], entries[i].bytes, entries[i].sha256) for i in shards]
+        for shard in self._cached:
+            cache.adopt(shard)
+        self._reader.use_local(cache.ready())
+        return cache
 
     def _make_fetcher(self, remote: dict[int, tuple[Any, int]], blocks: int, name: str) -> RangeFetcher:
         opts = self.options
@@ -161,6 +178,12 @@ class ShardLoader:
         else:
             fetcher.budget = opts.memory_budget - decoded
         return fetcher
+
+    @property
+    def peak_bytes_held(self) -> int:
+        """The most bytes of remote reads held at once (0 for a local dataset); at most the
+        reads' share of ``memory_budget``."""
+        return self.fetcher.peak_bytes_held if self.fetcher is not None else 0
 
     def _row_groups(self, shard: int, rows: int, remote: dict[int, tuple[Any, int]]) -> list[int]:
         """Row-group sizes of one shard, after checking it against ``dataset.json``; a remote
@@ -232,6 +255,9 @@ class ShardLoader:
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._stop_pipeline()
+        if self.cache is not None:  # shards cached since the last epoch are read from disk now
+            self._reader.use_local(self.cache.ready())
+            self.cache.start(self._cached, name=f"lakeshard-r{self.options.rank}")
         start, self._next_start = self._next_start, 0
         self._consumed = start
         self.skipped_rows = []
@@ -252,8 +278,7 @@ class ShardLoader:
         reader = self._reader
         stop = threading.Event()
         epoch = self._pipeline.start(
-            reader.tasks(self._epoch, start, stop), lambda task, stop: decode_batch(task, stop, spec), stop=stop,
-            after=None if ahead is None or reader.fetcher is None else lambda: reader.read_ahead(ahead),
+            reader.tasks(self._epoch, start, stop, ahead), lambda task, stop: decode_batch(task, stop, spec), stop=stop,
         )  # fmt: skip
         with self._lock:
             self._running = epoch
@@ -279,7 +304,7 @@ class ShardLoader:
             # An epoch run to its end keeps the threads for the next one; a break (or an error)
             # out of the loop that is still this loader's latest epoch stops them all.
             if current and not finished:
-                _shutdown(self._pipeline, self.fetcher)
+                _shutdown(self._pipeline, self.fetcher, self.cache)
             if self.skipped_rows:
                 log.warning(
                     "skipped %d bad rows of channel %r in epoch %d (rank %d)",
@@ -289,7 +314,7 @@ class ShardLoader:
     def close(self) -> None:
         """Stop every thread of the loader and wait for them (a later iteration makes new ones)."""
         self._stop_pipeline()
-        _shutdown(self._pipeline, self.fetcher)
+        _shutdown(self._pipeline, self.fetcher, self.cache)
 
     def _stop_pipeline(self) -> None:
         with self._lock:
@@ -304,10 +329,15 @@ class ShardLoader:
         self.close()
 
 
-def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None) -> None:
+def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None, cache: ShardCache | None,
+              final: bool = False) -> None:  # fmt: skip
+    """Stop every thread of a loader (a later epoch makes new ones); ``final``: it is gone, close
+    its cache files too."""
     pipeline.close()
     if fetcher is not None:
         fetcher.close()
+    if cache is not None:
+        cache.close() if final else cache.stop()
 
 
 def _read_range(r: ByteRange) -> bytes:
