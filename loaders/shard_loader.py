@@ -340,6 +340,16 @@ def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None, 
         cache.close() if final else cache.stop()
 
 
+#: A row group is fetched in parts of at most this many bytes, at once (``cat_ranges``, on
+#: fsspec's event loop): a large row group arrives over several connections, not one.
+_PART_BYTES = 4 << 20
+
+
 def _read_range(r: ByteRange) -> bytes:
     fs, _ = storage.filesystem("s3://" + r.path)
-    return fs.cat_file(r.path, start=r.start, end=r.end)
+    if r.size <= _PART_BYTES:
+        return fs.cat_file(r.path, start=r.start, end=r.end)
+    starts = list(range(r.start, r.end, _PART_BYTES))
+    ends = [min(s + _PART_BYTES, r.end) for s in starts]
+    parts = fs.cat_ranges([r.path] * len(starts), starts, ends, on_error="raise")
+    return b"".join(parts)
