@@ -90,20 +90,20 @@ class WindowReader:
         self._rows_per_rank = rows_per_rank
         self.row_groups_read = 0
         #: Remote shards: the footer (read once, by the loader) and the size of each.
-        self.remote: dict[int, tuple[pq.FileMetaData, int]] = {}
+        self.remote: dict[int, tuple[pq.FileMetaData, int, str | None]] = {}
         #: Reads remote row groups ahead (None: every shard is local, read on the reader thread).
         self.fetcher: RangeFetcher | None = None
         self._ranges: dict[int, ByteRange] = {}  # piece index -> its row group's bytes (remote)
         self._local: dict[int, str] = {}  # shard index -> a verified local copy (loaders.cache)
 
-    def use_fetcher(self, fetcher: RangeFetcher, remote: dict[int, tuple[pq.FileMetaData, int]]) -> None:
-        """Read the shards in ``remote`` (index -> footer, size) through ``fetcher``."""
+    def use_fetcher(self, fetcher: RangeFetcher, remote: dict[int, tuple[pq.FileMetaData, int, str | None]]) -> None:
+        """Read the shards in ``remote`` (index -> footer, size, ETag) through ``fetcher``."""
         self.fetcher, self.remote = fetcher, remote
         for i, piece in enumerate(self.pieces):
             if piece.shard in remote:
-                md, _ = remote[piece.shard]
+                md, _, etag = remote[piece.shard]
                 lo, hi = row_group_range(md, piece.row_group)
-                self._ranges[i] = ByteRange(_path(self.shard_uris[piece.shard]), lo, hi)
+                self._ranges[i] = ByteRange(_path(self.shard_uris[piece.shard]), lo, hi, etag)
 
     def use_local(self, copies: dict[int, str]) -> None:
         """Read shards ``copies`` names (index -> a local ``file://`` URI of the same bytes, as
@@ -225,7 +225,7 @@ class WindowReader:
         """Piece ``i``'s row group from the fetcher (scheduled by :meth:`tasks`), decoded with the
         footer the loader read once; its bytes are released as soon as they are decoded."""
         piece, r = self.pieces[i], self._ranges[i]
-        md, size = self.remote[piece.shard]
+        md, size, _ = self.remote[piece.shard]
         try:
             data = self.fetcher.get((epoch, i), stop)
             if data is None:

@@ -44,7 +44,7 @@ from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
 from loaders.cache import CachedShard, ShardCache
 from loaders.decode import get_batch_decoder, get_decoder
-from loaders.fetch import ByteRange, RangeFetcher
+from loaders.fetch import RangeFetcher, read_s3_range
 from loaders.options import LoaderOptions, default_threads
 from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
@@ -111,7 +111,7 @@ class ShardLoader:
         segments = rank_segments(shard_rows, opts.world_size, opts.rank, remainder=opts.remainder)
         # Footers are read once per loader: a remote shard's is kept (with its size) for the
         # ranged reads of every epoch.
-        remote: dict[int, tuple[Any, int]] = {}
+        remote: dict[int, tuple[Any, int, str | None]] = {}
         groups = {s: self._row_groups(s, shard_rows[s], remote) for s in sorted({seg.shard for seg in segments})}
         self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
         if self._num_batches == 0:
@@ -160,11 +160,11 @@ class ShardLoader:
         self._reader.use_local(cache.ready())
         return cache
 
-    def _make_fetcher(self, remote: dict[int, tuple[Any, int]], blocks: int, name: str) -> RangeFetcher:
+    def _make_fetcher(self, remote: dict[int, tuple[Any, int, str | None]], blocks: int, name: str) -> RangeFetcher:
         opts = self.options
         side = opts.crop or self.image_size
         decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
-        fetcher = RangeFetcher(_read_range, concurrency=opts.read_concurrency, budget=0, name=name)
+        fetcher = RangeFetcher(read_s3_range, concurrency=opts.read_concurrency, budget=0, name=name)
         self._reader.use_fetcher(fetcher, remote)
         largest = self._reader.max_range_bytes()
         if opts.memory_budget is None:
@@ -185,13 +185,13 @@ class ShardLoader:
         reads' share of ``memory_budget``."""
         return self.fetcher.peak_bytes_held if self.fetcher is not None else 0
 
-    def _row_groups(self, shard: int, rows: int, remote: dict[int, tuple[Any, int]]) -> list[int]:
+    def _row_groups(self, shard: int, rows: int, remote: dict[int, tuple[Any, int, str | None]]) -> list[int]:
         """Row-group sizes of one shard, after checking it against ``dataset.json``; a remote
         shard's footer and size go into ``remote``."""
         with contract.open_shard(self.shard_uris[shard]) as f:
             groups = f.check(self.info, self.options.channel, shard, rows=rows)
             if not self.shard_uris[shard].startswith("file://"):
-                remote[shard] = (f.parquet.metadata, f.size())
+                remote[shard] = (f.parquet.metadata, f.size(), f.etag())
             return groups
 
     @property
@@ -338,18 +338,3 @@ def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None, 
         fetcher.close()
     if cache is not None:
         cache.close() if final else cache.stop()
-
-
-#: A row group is fetched in parts of at most this many bytes, at once (``cat_ranges``, on
-#: fsspec's event loop): a large row group arrives over several connections, not one.
-_PART_BYTES = 4 << 20
-
-
-def _read_range(r: ByteRange) -> bytes:
-    fs, _ = storage.filesystem("s3://" + r.path)
-    if r.size <= _PART_BYTES:
-        return fs.cat_file(r.path, start=r.start, end=r.end)
-    starts = list(range(r.start, r.end, _PART_BYTES))
-    ends = [min(s + _PART_BYTES, r.end) for s in starts]
-    parts = fs.cat_ranges([r.path] * len(starts), starts, ends, on_error="raise")
-    return b"".join(parts)

@@ -63,6 +63,11 @@ class OpenShard:
         size = self._file.size
         return int(size() if callable(size) else size)
 
+    def etag(self) -> str | None:
+        """The object's ETag (S3), ``None`` for a local file."""
+        details = getattr(self._file, "details", None)
+        return details.get("ETag") if isinstance(details, dict) else None
+
     def close(self) -> None:
         self._file.close()
 

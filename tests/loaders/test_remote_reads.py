@@ -10,7 +10,7 @@ import boto3
 import pytest
 from loader_builders import ids_of, shard_path, write_dataset
 
-from lakeshard.errors import ConfigError
+from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
 
 pytestmark = pytest.mark.s3
@@ -117,3 +117,21 @@ def test_a_local_dataset_is_never_copied(local_ds: Path, tmp_path: Path):
         epochs(loader, [0])
         assert loader.cache is None
     assert not cache.exists() or cached_files(cache) == []
+
+
+def test_an_object_replaced_mid_run_is_refused_not_decoded(tmp_path: Path, s3_bucket: str):
+    """Footers are read once per loader; every ranged read asks for the object the loader checked
+    (its ETag), so a shard rebuilt at the same key fails the read instead of decoding other bytes."""
+    write_dataset(tmp_path / "a", rows={"train": 40, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5, noise=True)
+    # Rebuilt with the same rows: the same row-group offsets, another footer (another version).
+    write_dataset(tmp_path / "b", rows={"train": 40, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5,
+                  noise=True, version="89abcdef")  # fmt: skip
+    remote = upload(tmp_path / "a", s3_bucket)
+    loader = ShardLoader(remote, **OPTIONS)
+    epochs(loader, [0])
+    shard = shard_path(tmp_path / "b", "train", 0, 1)
+    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key=f"ds/{shard.relative_to(tmp_path / 'b').as_posix()}",
+                                  Body=shard.read_bytes())  # fmt: skip
+    with pytest.raises(LoaderError, match=r"cannot read row group \d+ .*part-00000-of-00001.parquet"):
+        epochs(loader, [1])
+    loader.close()
