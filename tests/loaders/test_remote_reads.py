@@ -4,6 +4,7 @@ dataset version, evicted, shared by processes, safe against a killed writer)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import boto3
@@ -135,3 +136,24 @@ def test_an_object_replaced_mid_run_is_refused_not_decoded(tmp_path: Path, s3_bu
     with pytest.raises(LoaderError, match=r"cannot read row group \d+ .*part-00000-of-00001.parquet"):
         epochs(loader, [1])
     loader.close()
+
+
+def test_reads_in_flight_ride_out_transient_store_faults(local_ds: Path, s3_bucket: str, monkeypatch, tmp_path: Path):
+    """A proxy answers a seeded 10% of requests with 500, 503 SlowDown or a dropped connection:
+    with 8 reads in flight and the cache filling, the batches are still the local ones."""
+    from tests.hardening.faultproxy import FaultProxy
+
+    remote = upload(local_ds, s3_bucket)
+    with ShardLoader(str(local_ds), **OPTIONS) as plain:
+        expected = epochs(plain, [0, 1])
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.reset(mode="faults", rate=0.1, seed=2)
+        with ShardLoader(remote, read_concurrency=8, cache_dir=str(tmp_path / "cache"), **OPTIONS) as loader:
+            assert epochs(loader, [0]) == expected[:1]
+            assert loader.cache.wait(timeout=120)
+            assert epochs(loader, [1]) == expected[1:]
+        assert sum(proxy.injected.values()) > 0, proxy.injected
+    finally:
+        proxy.stop()
