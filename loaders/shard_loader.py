@@ -10,7 +10,8 @@ for epoch in range(epochs):
 ```
 
 Which rows a rank reads and how many batches it yields: :mod:`loaders.plan`. The order within
-an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`. The options:
+an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`; remote reads:
+:mod:`loaders.fetch`; the shard cache: :mod:`loaders.cache`. The options:
 :mod:`loaders.options`. The reader thread (windows of row groups in, batch tasks out):
 :mod:`loaders.reader`. The files: :mod:`lakeshard.format`.
 
@@ -22,8 +23,8 @@ State (``state_dict()``), the same on every rank, so rank 0's copy resumes them 
                "remainder": "pad", "shuffle_window": 2048, "rows_per_rank": 5000}}
 
 ``load_state_dict`` refuses a state saved on another dataset version or with different
-``order`` settings (they would give other batches); ``num_threads``, ``prefetch`` and the rank
-may differ.
+``order`` settings (they would give other batches); ``num_threads``, ``prefetch``, the reads,
+the cache and the rank may differ.
 """
 
 from __future__ import annotations
@@ -69,21 +70,24 @@ class ShardLoader:
 
     The dataset is read as it was when the loader was made: every shard it opens, now or in a
     later epoch, must be the one that ``dataset.json`` described then (its footer names the
-    dataset version); a dataset rebuilt since raises :class:`DatasetError` naming both versions.
+    dataset version); a dataset rebuilt since raises :class:`DatasetError` naming both versions
+    (a remote shard replaced since fails its next ranged read: :class:`LoaderError`).
 
     ``len(loader)`` is the number of batches per epoch, the same on every rank, and every rank
     yields exactly that many. Rows labelled :data:`PAD_LABEL` must not count (CrossEntropyLoss
     ignores them by default).
 
-    Read-ahead across epochs: from a loader's second iteration on, once the last batch of an
-    epoch is handed to the decode threads, the reader reads the first window of the epoch
-    expected next, so that it starts decoding at once instead of after one window's read.
-    Expected next: ``epoch + 1`` if
-    the last two iterations were one epoch apart (the loop above), the same epoch if they ran
-    the same one (a validation loader without ``set_epoch``). What was read ahead is kept
-    until that epoch runs, a :meth:`set_epoch` to another epoch or :meth:`close`; the reader
-    still holds at most one window of encoded rows. A failed read-ahead is dropped: the epoch
-    reads (and reports) it itself.
+    Threads: made on the first iteration and kept across epochs (an epoch is a new order, not
+    a new pipeline); a ``break`` out of an epoch, an error, :meth:`close` or the loader's
+    garbage collection stops them all, and a later iteration makes new ones.
+
+    Remote shards (``s3://``): each footer is read once, by the constructor; each epoch fetches
+    its row groups as byte ranges, ``read_concurrency`` at a time within ``memory_budget``
+    (:mod:`loaders.fetch`), in the order it reads them, followed by the first window of the epoch
+    expected next (``epoch + 1`` after a ``set_epoch(epoch + 1)`` loop; none on a loader's first
+    iteration). With ``cache_dir`` the shards are also cached on local disk
+    (:mod:`loaders.cache`) and read from there from the next epoch on. Batches do not depend on
+    any of this: the same seed and epoch give the same batches, local or remote, cached or not.
     """
 
     def __init__(self, dataset: str | os.PathLike[str], *, options: LoaderOptions | None = None, **kwargs: Any) -> None:
