@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 #: How long a blocked ``get`` waits before it re-checks the stop event (not a poll interval:
 #: the wait returns as soon as the read is done).
 _WAIT_S = 0.05
+#: Keys kept in ``RangeFetcher.submitted`` and ``RangeFetcher.waited``.
+_LOG_KEYS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,9 @@ class RangeFetcher:
         self.held = 0
         self.peak_bytes_held = 0
         self.bytes_read = 0
+        #: The last keys submitted for reading and waited on by ``get``, oldest first (bounded).
+        self.submitted: deque[Hashable] = deque(maxlen=_LOG_KEYS)
+        self.waited: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self._name = name
         self._executor: ThreadPoolExecutor | None = None  # made on the first read, again after close()
 
@@ -160,6 +165,7 @@ class RangeFetcher:
     def get(self, key: Hashable, stop: threading.Event) -> bytes | None:
         """The bytes of ``key`` (scheduled), waiting for them; ``None`` if ``stop`` is set first.
         Raises what the read raised."""
+        self.waited.append(key)
         while True:  # not admitted yet: it is, once the ranges before it are released
             with self._lock:
                 future = self._futures.get(key)
@@ -223,6 +229,7 @@ class RangeFetcher:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"{self._name}-fetch")
             future = self._executor.submit(self._run, r)
+            self.submitted.append(key)
             self._sizes[future] = r.size
             self._futures[key] = future
             future.add_done_callback(lambda f, key=key: self._done(key, f))

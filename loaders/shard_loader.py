@@ -273,12 +273,13 @@ class ShardLoader:
             pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, buffers=self._buffers,
             skipped=self.skipped_rows, batch_decoder=get_batch_decoder(self.options.decoder),
         )  # fmt: skip
-        # The epoch to read ahead for, from the second iteration on: one step further, as the
-        # step from the last iteration to this one (set_epoch(epoch + 1) each time, or the same
-        # epoch again, as a validation loader often runs). A loader used once reads nothing more.
-        step = None if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch
+        # The epoch expected next, whose first window is fetched after this epoch's reads (remote
+        # shards): one step further, as the step from the last iteration to this one, and
+        # epoch + 1 on the first iteration (the set_epoch(epoch + 1) loop). The same epoch again
+        # (a validation loader) or a jump reads nothing ahead.
+        step = 1 if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch
         self._last_iter_epoch = self._epoch
-        ahead = self._epoch + step if step in (0, 1) else None
+        ahead = self._epoch + 1 if step == 1 else None
         reader = self._reader
         stop = threading.Event()
         epoch = self._pipeline.start(

@@ -134,7 +134,7 @@ def test_an_object_replaced_mid_run_is_refused_not_decoded(tmp_path: Path, s3_bu
     boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key=f"ds/{shard.relative_to(tmp_path / 'b').as_posix()}",
                                   Body=shard.read_bytes())  # fmt: skip
     with pytest.raises(LoaderError, match=r"cannot read row group \d+ .*part-00000-of-00001.parquet"):
-        epochs(loader, [1])
+        epochs(loader, [1, 2])  # (epoch 1's window may have been read ahead, from the old object)
     loader.close()
 
 
@@ -157,3 +157,31 @@ def test_reads_in_flight_ride_out_transient_store_faults(local_ds: Path, s3_buck
         assert sum(proxy.injected.values()) > 0, proxy.injected
     finally:
         proxy.stop()
+
+
+def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(local_ds: Path, s3_bucket: str):
+    """In a ``set_epoch(e); for batch in loader`` loop, when the last batch of epoch e reaches the
+    training loop, the reads of epoch e + 1's first window are already issued and none has been
+    waited on; epoch e + 1 then uses them (each fetched once)."""
+    remote = upload(local_ds, s3_bucket)
+    opts = {**OPTIONS, "shuffle_window": 1000}  # one window an epoch: its reads all come first
+    with ShardLoader(str(local_ds), **opts) as plain:
+        expected = epochs(plain, [0, 1, 2])
+    loader = ShardLoader(remote, read_concurrency=32, memory_budget="1GiB", **opts)
+    assert epochs(loader, [0]) == expected[:1]
+    fetcher = loader.fetcher
+    pieces = len(loader._reader.pieces)
+    for epoch in (1, 2):
+        loader.set_epoch(epoch)
+        got = []
+        for i, (images, labels) in enumerate(loader):
+            got.append((ids_of(images), labels.tolist()))
+            if i == len(loader) - 1:  # the last batch of this epoch, in the training loop
+                waited_next = [k for k in fetcher.waited if k[0] == epoch + 1]
+                issued_next = [k for k in fetcher.submitted if k[0] == epoch + 1]
+        assert got == expected[epoch]
+        assert waited_next == []
+        assert sorted(p for _, p in issued_next) == list(range(pieces))  # all of it: the one window
+    of_2 = [k for k in fetcher.submitted if k[0] == 2]
+    assert len(of_2) == len(set(of_2)) == pieces  # each fetched once: epoch 2 used its read-ahead
+    loader.close()
