@@ -84,8 +84,8 @@ class ShardLoader:
     Remote shards (``s3://``): each footer is read once, by the constructor; each epoch fetches
     its row groups as byte ranges, ``read_concurrency`` at a time within ``memory_budget``
     (:mod:`loaders.fetch`), in the order it reads them, followed by the first window of the epoch
-    expected next (``epoch + 1`` after a ``set_epoch(epoch + 1)`` loop; none on a loader's first
-    iteration). With ``cache_dir`` the shards are also cached on local disk
+    expected next (``epoch + 1``, unless the last two iterations ran other steps: none after
+    the same epoch twice). With ``cache_dir`` the shards are also cached on local disk
     (:mod:`loaders.cache`) and read from there from the next epoch on. Batches do not depend on
     any of this: the same seed and epoch give the same batches, local or remote, cached or not.
     """
@@ -274,9 +274,9 @@ class ShardLoader:
             skipped=self.skipped_rows, batch_decoder=get_batch_decoder(self.options.decoder),
         )  # fmt: skip
         # The epoch expected next, whose first window is fetched after this epoch's reads (remote
-        # shards): one step further, as the step from the last iteration to this one, and
-        # epoch + 1 on the first iteration (the set_epoch(epoch + 1) loop). The same epoch again
-        # (a validation loader) or a jump reads nothing ahead.
+        # shards): epoch + 1 on the first iteration and after a step of one (the
+        # set_epoch(epoch + 1) loop). The same epoch again (a validation loader) or a jump reads
+        # nothing ahead.
         step = 1 if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch
         self._last_iter_epoch = self._epoch
         ahead = self._epoch + 1 if step == 1 else None
