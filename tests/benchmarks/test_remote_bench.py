@@ -86,14 +86,14 @@ def test_the_loader_reads_the_same_batches_from_the_store_as_from_disk(store: Re
             for (xa, ya), (xb, yb) in zip(ours, theirs, strict=True):
                 assert torch.equal(xa, xb) and torch.equal(ya, yb)
             if epoch == 0:  # epoch 1 may have been read ahead during epoch 0: its bytes counted there
-                shard = lake / "bench-ds" / "shards" / "train" / os.listdir(lake / "bench-ds" / "shards" / "train")[0]
+                shard = lake / "bench-ds" / "shards" / "channel=train" / os.listdir(lake / "bench-ds" / "shards" / "channel=train")[0]
                 assert served.gets >= 1 and served.requests == served.gets + served.heads + served.lists + served.other
                 assert served.body_bytes >= read_columns_bytes(shard, ["image", "label", "is_pad"])
                 assert served.body_bytes <= 3 * shard.stat().st_size  # nothing read many times over
                 assert served.bytes_sent > served.body_bytes  # headers too
                 # The log names each file request and its range: ranged GETs of the shard.
                 assert len(requests) == served.gets + served.heads
-                assert any(r.startswith("GET 206 ") and "/shards/train/" in r and '"bytes=' in r for r in requests)
+                assert any(r.startswith("GET 206 ") and "/shards/channel=train/" in r and '"bytes=' in r for r in requests)
                 assert sum(int(r.split()[2]) for r in requests) == served.body_bytes
     finally:
         local.close()
