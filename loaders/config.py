@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lakeshard.config import add_arguments, opt, read_yaml, resolve
+from lakeshard.config import add_arguments, opt, parse_size, read_yaml, resolve
 from lakeshard.errors import ConfigError
 from loaders.model import MODEL_SPEC
+from loaders.options import DEFAULT_READ_CONCURRENCY
 
 __all__ = ["MAX_SEED", "OPTIMIZERS", "PRECISIONS", "TrainConfig", "build_parser", "load_config", "parse_args"]
 
@@ -81,6 +82,12 @@ class TrainConfig:
     num_threads: int = opt(2, help="decode threads per rank")
     prefetch: int = opt(4, help="batches each rank decodes ahead of the training step")
     shuffle_window: int = opt(2048, help="rows shuffled together by the loader (and its read-ahead memory bound)")
+    read_concurrency: int = opt(DEFAULT_READ_CONCURRENCY, help="remote row-group reads each rank keeps in flight")
+    memory_budget: str | None = opt(None, help="bytes for a rank's remote reads plus decoded batches, e.g. 512MiB "
+                                    "(default: read_concurrency row groups plus the decoded batches)")
+    cache_dir: str | None = opt(None, help="local folder caching remote shards, shared by the ranks of a machine "
+                                "(default: $LAKESHARD_CACHE_DIR, else no cache)")
+    cache_limit: str = opt("50GiB", help="size of the shard cache; least recently used shards are evicted beyond it")
     skip_bad_rows: bool = opt(False, help="replace undecodable rows by ignored padding (counted, logged) instead of failing")
     checkpoint_every: int = opt(0, help="also checkpoint every N training steps (0 = at the end of each epoch only)")
     resume: str | None = opt(None, const="auto", parse=_parse_resume,
@@ -90,7 +97,8 @@ class TrainConfig:
     progress: bool = opt(True, help="show a tqdm progress bar on rank 0")
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "step_size", "width", "num_threads", "prefetch", "shuffle_window"):
+        for name in ("epochs", "batch_size", "step_size", "width", "num_threads", "prefetch", "shuffle_window",
+                     "read_concurrency"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -112,6 +120,12 @@ class TrainConfig:
                 raise ConfigError(f"model: {exc}") from None
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        for name in ("memory_budget", "cache_limit"):
+            if getattr(self, name) is not None:
+                try:
+                    parse_size(getattr(self, name))
+                except ValueError as exc:
+                    raise ConfigError(f"{name}: {exc}") from None
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name in ("lr", "dist_timeout"):

@@ -10,12 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lakeshard.config import parse_size
 from lakeshard.errors import ConfigError
 from lakeshard.format import CHANNELS
 from loaders.decode import get_decoder
 from loaders.plan import RANK_REMAINDER_POLICIES
 
-__all__ = ["ORDER_KEYS", "LoaderOptions", "default_threads"]
+__all__ = ["DEFAULT_READ_CONCURRENCY", "ORDER_KEYS", "LoaderOptions", "default_threads"]
+
+#: Remote row-group reads in flight by default: enough to hide a round trip of tens of ms behind
+#: the reads before it at tens of MB/s per connection (see docs/performance.md).
+DEFAULT_READ_CONCURRENCY = 8
 
 #: The options that decide which batches come out (and so must match on resume).
 ORDER_KEYS = ("world_size", "batch_size", "shuffle", "seed", "drop_last", "remainder", "shuffle_window")
@@ -69,6 +74,18 @@ class LoaderOptions:
         normalize: ``(mean, std)`` per channel on the 0-1 scale: images become float32
             ``(x/255 - mean) / std`` instead of uint8; every std must be positive.
         pin_memory: pin batches for fast host-to-GPU copies (only when CUDA is available).
+        read_concurrency: reads of a remote shard's row groups in flight at once, on the loader's
+            fetch threads, in the order the epoch needs them; default :data:`DEFAULT_READ_CONCURRENCY`.
+            Local shards are read on the reader thread (the fastest way for a local disk).
+        memory_budget: bytes (``int`` or a size such as ``"512MiB"``) for the remote reads in
+            flight or waiting plus the decoded batches (``(num_threads + prefetch + 3)`` blocks of
+            one batch); default: exactly the decoded batches plus ``read_concurrency`` row groups.
+            Too small for one row group is a :class:`ConfigError`. The window of encoded rows the
+            reader shuffles (``shuffle_window`` rows) comes on top.
+        cache_dir: a local folder for remote shards (``None``: ``LAKESHARD_CACHE_DIR``, or no
+            cache): each shard this rank reads is kept there, checked against ``dataset.json``'s
+            sha256, so later epochs (and runs) read nothing remotely; see :mod:`loaders.cache`.
+        cache_limit: the cache's size (``"50GiB"``); least recently used shards go first.
         skip_bad_rows: a row that cannot be decoded (or has a label out of range) becomes an
             all-zero image labelled :data:`~loaders.PAD_LABEL`, is logged and counted in
             ``ShardLoader.skipped_rows``, instead of raising :class:`LoaderError`. Read errors (a
@@ -97,6 +114,10 @@ class LoaderOptions:
     pin_memory: bool = False
     skip_bad_rows: bool = False
     transform: Callable[..., Any] | None = None
+    read_concurrency: int = 8  # DEFAULT_READ_CONCURRENCY
+    memory_budget: int | str | None = None
+    cache_dir: str | None = None
+    cache_limit: int | str = "50GiB"
 
     @classmethod
     def from_keywords(cls, options: dict[str, Any]) -> LoaderOptions:
@@ -110,7 +131,18 @@ class LoaderOptions:
     def __post_init__(self) -> None:
         if self.num_threads is None:
             object.__setattr__(self, "num_threads", default_threads())
-        for name in ("batch_size", "world_size", "shuffle_window", "num_threads", "prefetch"):
+        if self.cache_dir is None and os.environ.get("LAKESHARD_CACHE_DIR"):
+            object.__setattr__(self, "cache_dir", os.environ["LAKESHARD_CACHE_DIR"])
+        for name in ("memory_budget", "cache_limit"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    object.__setattr__(self, name, parse_size(value))
+                except ValueError as exc:
+                    raise ConfigError(f"{name}: {exc}") from None
+        if self.cache_dir is not None and (not isinstance(self.cache_dir, str | os.PathLike) or not str(self.cache_dir)):
+            raise ConfigError(f"cache_dir must be a local folder, got {self.cache_dir!r}")
+        for name in ("batch_size", "world_size", "shuffle_window", "num_threads", "prefetch", "read_concurrency"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -1,10 +1,12 @@
-"""The prefetch pipeline: one reader thread, a pool of decode threads, a bounded queue.
+"""The prefetch pipeline: one reader thread, a pool of decode threads, a bounded queue per epoch.
 
-Generic over what it reads and decodes: :class:`loaders.ShardLoader` gives it an iterator of
-batch tasks (run on the reader thread, where the I/O happens) and a function that decodes one
-task (run on the pool). Batches come out in task order whatever the number of threads.
+Generic over what it reads and decodes: :class:`loaders.ShardLoader` gives it, per epoch, an
+iterator of batch tasks (run on the reader thread, where the I/O happens) and a function that
+decodes one task (run on the pool). Batches come out in task order whatever the number of
+threads. The threads are made once (on the first epoch) and live until :meth:`Pipeline.close`:
+an epoch is a new iterator of tasks (:meth:`Pipeline.start`), not a new pipeline.
 
-Invariants (see :class:`PipelineStats`): ``0 <= consumed <= decoded <= submitted``, and
+Invariants, per epoch (see :class:`PipelineStats`): ``0 <= consumed <= decoded <= submitted``, and
 ``submitted - consumed <= prefetch + 2`` (the queue, the one future the reader holds while it
 waits for room, and the one the consumer is waiting on), so decoded batches in memory are
 bounded by ``(prefetch + 2) * batch_size`` rows whatever the shard's size.
@@ -52,110 +54,67 @@ class PipelineStats:
 
 # NOTE [ Prefetch shutdown ]
 #
-# Threads: the consumer (the training loop, calling ``next``), one reader thread running the task
-# iterator, and ``num_threads`` decode threads (a ThreadPoolExecutor).
+# Threads: the consumer (the training loop, calling ``Epoch.next``), one reader thread, and
+# ``num_threads`` decode threads (a ThreadPoolExecutor); all made on the first ``start`` and kept
+# until ``Pipeline.close``.
 #
-# Hand-off: the reader submits each task to the pool *then* puts its Future in ``_queue``
-# (maxsize=prefetch), so futures come out in task order; the consumer takes futures from the
-# queue and waits on each. After the last task the reader puts ``_END``; the consumer returns
-# ``None`` (end of epoch) when it takes ``_END``.
+# Epochs: ``start`` puts an ``Epoch`` (its task iterator, its own queue, stop event and error
+# slot) in ``_jobs``; the reader thread takes one job at a time and runs it. For each task it
+# submits it to the pool *then* puts its Future in the epoch's queue (maxsize=prefetch), so
+# futures come out in task order; after the last task it puts ``_END``. ``start`` stops the
+# epoch before it.
 #
 # Failure: whichever thread fails first (a read error on the reader, a decode error on a decode
-# thread) stores the exception in ``_error`` (first one wins, under ``_lock``) and sets ``_stop``.
-# The consumer checks ``_error`` before every wait and after every ``_WAIT_S`` of waiting, so
-# the error reaches the training loop within ``_WAIT_S`` of happening, even if the batches
-# before it are not decoded yet, and even if the failing batch is several places ahead.
+# thread) stores the exception in the epoch's ``error`` (first one wins, under its lock) and sets
+# its ``stop``. The consumer checks ``error`` before every wait and after every ``_WAIT_S`` of
+# waiting, so the error reaches the training loop within ``_WAIT_S``. The threads live on: the
+# next epoch starts clean.
 #
-# Stop: ``close()`` (called by the consumer on normal end, on ``break`` -- the generator in
-# ``ShardLoader.__iter__`` is finalised -- on error, and by ``ShardLoader.close``) runs:
-#   1. set ``_stop``. The reader checks it before each task and inside every ``put`` wait, so it
-#      exits within ``_WAIT_S`` (or after the row-group read it is in); decode tasks check it
-#      between images and return early.
-#   2. join the reader thread (bounded by _JOIN_TIMEOUT_S; a reader stuck in I/O is a daemon
-#      and is reported, never waited on forever).
-#   3. drain ``_queue``, cancelling every future not yet started.
-#   4. ``executor.shutdown(wait=True, cancel_futures=True)`` joins every decode thread.
-# After close() returns, no thread of this pipeline is alive (tests check threading.enumerate()).
-# Nobody ever blocks without a timeout, and nobody sleeps.
-class Pipeline(Generic[T, R]):
-    def __init__(
-        self,
-        tasks: Iterator[T],
-        decode: Callable[[T, threading.Event], R],
-        *,
-        num_threads: int,
-        prefetch: int,
-        name: str = "lakeshard",
-    ) -> None:
-        self._tasks = tasks
-        self._decode = decode
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
-        self._stop = threading.Event()
+# Stop an epoch: ``Epoch.close()`` (called by the consumer on normal end, on ``break`` -- the
+# generator in ``ShardLoader.__iter__`` is finalised --, on error, by ``start`` and by
+# ``Pipeline.close``): sets the epoch's ``stop`` (the reader checks it before each task and in
+# every ``put`` wait; decode tasks check it between images), waits for the reader to leave the
+# job (``finished``, bounded by _JOIN_TIMEOUT_S) and cancels every queued future.
+#
+# Stop the pipeline: ``Pipeline.close()`` (``ShardLoader.close``, or the loader's finalizer when
+# it is garbage-collected) closes the running epoch, sets ``_closed``, joins the reader thread
+# (it waits on ``_jobs`` with a timeout and sees ``_closed``), then
+# ``executor.shutdown(wait=True, cancel_futures=True)`` joins every decode thread. After it
+# returns no thread of this pipeline is alive (tests check threading.enumerate()). Nobody ever
+# blocks without a timeout, and nobody sleeps.
+class Epoch(Generic[T, R]):
+    """One epoch's stream of batches out of a :class:`Pipeline`."""
+
+    def __init__(self, pipeline: Pipeline[T, R], tasks: Iterator[T], decode: Callable[[T, threading.Event], R],
+                 stop: threading.Event) -> None:  # fmt: skip
+        self._pipeline = pipeline
+        self.tasks = tasks
+        self.decode = decode
+        self.stop = stop
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=pipeline.prefetch)
+        self.finished = threading.Event()  # set by the reader thread when it leaves this epoch
         self._lock = threading.Lock()
-        self._error: BaseException | None = None
+        self.error: BaseException | None = None
         self._closed = False
         self._current: Future[R] | None = None
         self.stats = PipelineStats()
-        self._executor = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix=f"{name}-decode")
-        self._reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
-        self._reader.start()
 
-    # -- producer side ---------------------------------------------------------------------------
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
         with self._lock:
-            if self._error is None:
-                self._error = exc
-        self._stop.set()
+            if self.error is None:
+                self.error = exc
+        self.stop.set()
 
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=_WAIT_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _decode_task(self, task: T) -> R:
-        try:
-            result = self._decode(task, self._stop)
-        except BaseException as exc:
-            self._fail(exc)
-            raise
+    def decoded(self) -> None:
         with self._lock:
             self.stats.decoded += 1
-        return result
 
-    def _read(self) -> None:
-        try:
-            for task in self._tasks:
-                if self._stop.is_set():
-                    return
-                future = self._executor.submit(self._decode_task, task)
-                self.stats.submitted += 1
-                in_flight = self.stats.submitted - self.stats.consumed
-                self.stats.max_in_flight = max(self.stats.max_in_flight, in_flight)
-                if not self._put(future):
-                    future.cancel()
-                    return
-            self._put(_END)
-        except BaseException as exc:
-            self._fail(exc)
-        finally:
-            close = getattr(self._tasks, "close", None)
-            if close is not None:
-                try:
-                    close()  # a generator: run its finally blocks (closes the shard files)
-                except Exception:
-                    log.exception("error while closing the task iterator")
-
-    # -- consumer side ---------------------------------------------------------------------------
     def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
+        if self.error is not None:
+            raise self.error
 
     def next(self) -> R | None:
-        """The next batch, or ``None`` at the end of the stream. Raises the first error of any
+        """The next batch, or ``None`` at the end of the epoch. Raises the first error of any
         thread."""
         if self._closed:
             raise LoaderError("this epoch's iterator was closed (the loader started another epoch or was closed)")
@@ -163,9 +122,9 @@ class Pipeline(Generic[T, R]):
             self._raise_if_failed()
             if self._current is None:
                 try:
-                    item = self._queue.get(timeout=_WAIT_S)
+                    item = self.queue.get(timeout=_WAIT_S)
                 except queue.Empty:
-                    if not self._reader.is_alive() and self._queue.empty():
+                    if not self._pipeline.reader_alive() and self.queue.empty():
                         self._raise_if_failed()
                         raise LoaderError("the reader thread exited without finishing the epoch") from None
                     continue
@@ -178,7 +137,7 @@ class Pipeline(Generic[T, R]):
             except TimeoutError:
                 continue
             self._current = None
-            # A task that saw ``_stop`` returns None: that is a failure elsewhere (re-raise it)
+            # A task that saw ``stop`` returns None: that is a failure elsewhere (re-raise it)
             # or a close() from another thread, never the end of the stream.
             self._raise_if_failed()
             if result is None:
@@ -190,17 +149,134 @@ class Pipeline(Generic[T, R]):
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._reader.join(timeout=_JOIN_TIMEOUT_S)
-        if self._reader.is_alive():
-            log.warning("reader thread %s still busy after %.0fs; leaving it (daemon)", self._reader.name, _JOIN_TIMEOUT_S)
+        self.stop.set()
+        if not self.finished.wait(timeout=_JOIN_TIMEOUT_S) and self._pipeline.reader_alive():
+            log.warning("reader thread still busy with a stopped epoch after %.0fs", _JOIN_TIMEOUT_S)
         if self._current is not None:
             self._current.cancel()
         while True:
             try:
-                item = self._queue.get_nowait()
+                item = self.queue.get_nowait()
             except queue.Empty:
                 break
             if isinstance(item, Future):
                 item.cancel()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # The error's traceback holds the training loop's frames (the loader's): the long-lived
+        # threads must not keep them alive, or a loader dropped unclosed is never collected.
+        self.error = None
+        self._pipeline.forget(self)
+
+
+class Pipeline(Generic[T, R]):
+    """Threads named ``{name}-reader`` and ``{name}-decode_*``, made on the first :meth:`start`
+    and stopped by :meth:`close` (a later :meth:`start` makes new ones)."""
+
+    def __init__(self, *, num_threads: int, prefetch: int, name: str = "lakeshard") -> None:
+        self.num_threads = num_threads
+        self.prefetch = prefetch
+        self.name = name
+        self._jobs: queue.Queue[Epoch[T, R]] = queue.Queue()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._current: Epoch[T, R] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._reader: threading.Thread | None = None
+
+    def reader_alive(self) -> bool:
+        return self._reader is not None and self._reader.is_alive()
+
+    def start(self, tasks: Iterator[T], decode: Callable[[T, threading.Event], R], *,
+              stop: threading.Event | None = None) -> Epoch[T, R]:  # fmt: skip
+        """Stop the running epoch (if any) and start one that decodes ``tasks`` with ``decode``
+        (``decode(task, stop)``, on the pool; returns ``None`` if it saw ``stop``); ``stop`` (set
+        when this epoch stops) is the one the task iterator watches."""
+        epoch: Epoch[T, R] = Epoch(self, tasks, decode, stop if stop is not None else threading.Event())
+        with self._lock:
+            previous, self._current = self._current, epoch
+            if self._reader is None:
+                self._executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix=f"{self.name}-decode")
+                self._closed = threading.Event()
+                self._reader = threading.Thread(target=self._loop, args=(self._closed,), name=f"{self.name}-reader", daemon=True)
+                self._reader.start()
+        if previous is not None:
+            previous.close()
+        self._jobs.put(epoch)
+        return epoch
+
+    def forget(self, epoch: Epoch[T, R]) -> None:
+        with self._lock:
+            if self._current is epoch:
+                self._current = None
+
+    def close(self) -> None:
+        with self._lock:
+            current, self._current = self._current, None
+        if current is not None:
+            current.close()
+        self._closed.set()
+        if self._reader is not None:
+            self._reader.join(timeout=_JOIN_TIMEOUT_S)
+            if self._reader.is_alive():
+                log.warning("reader thread %s still busy after %.0fs; leaving it (daemon)", self._reader.name, _JOIN_TIMEOUT_S)
+        while True:  # epochs started but never run
+            try:
+                self._jobs.get_nowait().finished.set()
+            except queue.Empty:
+                break
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        self._reader = self._executor = None  # a later start() makes new threads
+
+    # -- the reader thread -----------------------------------------------------------------------
+    def _loop(self, closed: threading.Event) -> None:
+        while not closed.is_set():
+            try:
+                epoch = self._jobs.get(timeout=_WAIT_S)
+            except queue.Empty:
+                continue
+            try:
+                self._run(epoch)
+            finally:
+                epoch.finished.set()
+                del epoch  # hold nothing of a finished epoch while waiting for the next
+
+    def _put(self, epoch: Epoch[T, R], item: Any) -> bool:
+        while not epoch.stop.is_set():
+            try:
+                epoch.queue.put(item, timeout=_WAIT_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _decode_task(self, epoch: Epoch[T, R], task: T) -> R:
+        try:
+            result = epoch.decode(task, epoch.stop)
+        except BaseException as exc:
+            epoch.fail(exc)
+            raise
+        epoch.decoded()
+        return result
+
+    def _run(self, epoch: Epoch[T, R]) -> None:
+        stats = epoch.stats
+        try:
+            for task in epoch.tasks:
+                if epoch.stop.is_set():
+                    return
+                future = self._executor.submit(self._decode_task, epoch, task)
+                stats.submitted += 1
+                stats.max_in_flight = max(stats.max_in_flight, stats.submitted - stats.consumed)
+                if not self._put(epoch, future):
+                    future.cancel()
+                    return
+            self._put(epoch, _END)
+        except BaseException as exc:
+            epoch.fail(exc)
+        finally:
+            close = getattr(epoch.tasks, "close", None)
+            if close is not None:
+                try:
+                    close()  # a generator: run its finally blocks (closes the shard files)
+                except Exception:
+                    log.exception("error while closing the task iterator")

@@ -14,15 +14,20 @@ The seam for other readers: :class:`WindowReader` needs the shard URIs, the piec
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from lakeshard import storage
 from lakeshard.errors import DatasetError, LoaderError
 from lakeshard.format import DatasetInfo, OpenShard, open_shard
 from loaders.arrow_columns import binary_rows, int64_column
 from loaders.batch import NULL_LABEL, BatchTask
+from loaders.fetch import ByteRange, RangeFetcher, read_row_group, row_group_range
 from loaders.options import LoaderOptions
 from loaders.plan import Piece
 from loaders.shuffle import EpochOrder, epoch_order
@@ -66,14 +71,6 @@ class Rows:
         return BatchTask(index, self.images, self.labels, self.pads, self.shards, self.rows)
 
 
-@dataclass(frozen=True, slots=True)
-class _Ahead:
-    """The first window of ``epoch``, read before that epoch started (see :meth:`WindowReader.tasks`)."""
-
-    epoch: int
-    rows: Rows
-
-
 class WindowReader:
     """Reads rank ``options.rank``'s pieces of the shards at ``shard_uris`` (of the dataset
     ``info`` describes) window by window, as batch tasks.
@@ -91,13 +88,37 @@ class WindowReader:
         self.pieces = pieces
         self._num_batches = num_batches
         self._rows_per_rank = rows_per_rank
-        self._ahead: _Ahead | None = None  # the next epoch's first window, read in advance
         self.row_groups_read = 0
+        #: Remote shards: the footer (read once, by the loader) and the size of each.
+        self.remote: dict[int, tuple[pq.FileMetaData, int, str | None]] = {}
+        #: Reads remote row groups ahead (None: every shard is local, read on the reader thread).
+        self.fetcher: RangeFetcher | None = None
+        self._ranges: dict[int, ByteRange] = {}  # piece index -> its row group's bytes (remote)
+        self._local: dict[int, str] = {}  # shard index -> a verified local copy (loaders.cache)
 
-    def drop_ahead(self, *, unless_epoch: int | None = None) -> None:
-        """Free what was read ahead (kept if it is for ``unless_epoch``)."""
-        if self._ahead is not None and self._ahead.epoch != unless_epoch:
-            self._ahead = None
+    def use_fetcher(self, fetcher: RangeFetcher, remote: dict[int, tuple[pq.FileMetaData, int, str | None]]) -> None:
+        """Read the shards in ``remote`` (index -> footer, size, ETag) through ``fetcher``."""
+        self.fetcher, self.remote = fetcher, remote
+        for i, piece in enumerate(self.pieces):
+            if piece.shard in remote:
+                md, _, etag = remote[piece.shard]
+                lo, hi = row_group_range(md, piece.row_group)
+                self._ranges[i] = ByteRange(_path(self.shard_uris[piece.shard]), lo, hi, etag)
+
+    def use_local(self, copies: dict[int, str]) -> None:
+        """Read shards ``copies`` names (index -> a local ``file://`` URI of the same bytes, as
+        :mod:`loaders.cache` verified them) from there, on the reader thread, from the next
+        epoch on. Call between epochs only."""
+        for shard, uri in copies.items():
+            self._local[shard] = uri
+        self._ranges = {i: r for i, r in self._ranges.items() if self.pieces[i].shard not in self._local}
+
+    def max_range_bytes(self) -> int:
+        return max((r.size for r in self._ranges.values()), default=0)
+
+    def _keys(self, epoch: int, order: EpochOrder, windows: range) -> list[tuple[tuple[int, int], ByteRange]]:
+        """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, piece index)``."""
+        return [((epoch, int(p)), self._ranges[int(p)]) for w in windows for p in order.windows[w] if int(p) in self._ranges]
 
     def order(self, epoch: int) -> EpochOrder:
         opts = self.options
@@ -106,9 +127,14 @@ class WindowReader:
             rank=opts.rank, window_rows=opts.shuffle_window,
         )  # fmt: skip
 
-    def tasks(self, epoch: int, start: int, ahead_epoch: int | None = None) -> Iterator[BatchTask]:
-        """Batch tasks of ``epoch`` from batch ``start`` on, then the first window of
-        ``ahead_epoch`` read ahead (if given); runs on the reader thread."""
+    def tasks(self, epoch: int, start: int, stop: threading.Event, ahead: int | None = None) -> Iterator[BatchTask]:
+        """Batch tasks of ``epoch`` from batch ``start`` on; runs on the reader thread and
+        returns early once ``stop`` is set.
+
+        Remote row groups are fetched in the order the epoch reads them and, after the last
+        one, the first window of epoch ``ahead`` (if given): the epoch after this one starts
+        with its reads done or under way. They are fetched after every read of this epoch, on
+        the fetch threads, so they never delay this epoch's batches."""
         bs = self.options.batch_size
         order = self.order(epoch)
         end = min(self._num_batches * bs, self._rows_per_rank)
@@ -118,14 +144,21 @@ class WindowReader:
         files: dict[int, OpenShard] = {}
         carry: Rows | None = None  # rows read but not yet in a task
         index = start
-        ahead, self._ahead = self._ahead, None
+        first = order.window_at(pos)
+        last = first
+        while int(order.starts[last + 1]) < end:
+            last += 1
+        if self.fetcher is not None:
+            fetches = self._keys(epoch, order, range(first, last + 1))
+            if ahead is not None and ahead != epoch:
+                fetches += self._keys(ahead, self.order(ahead), range(1))
+            self.fetcher.schedule(fetches)
+        done = False
         try:
-            for w in range(order.window_at(pos), len(order.windows)):
-                if ahead is not None and ahead.epoch == epoch and w == 0:
-                    read = ahead.rows
-                else:
-                    read = self.read_window([self.pieces[int(p)] for p in order.windows[w]], files)
-                ahead = None
+            for w in range(first, last + 1):
+                read = self.read_window(epoch, [int(p) for p in order.windows[w]], files, stop)
+                if read is None:
+                    return
                 self.row_groups_read += len(order.windows[w])
                 perm = order.perms[w]
                 lo = max(pos - int(order.starts[w]), 0)
@@ -141,34 +174,20 @@ class WindowReader:
                 # The tasks hold their rows now: let each row go once its batch is decoded,
                 # instead of keeping the whole window until the next one is read.
                 read = window = None
-                if int(order.starts[w + 1]) >= end:
-                    break
             if carry is not None and len(carry):
                 yield carry.task(index)
+            done = True
         finally:
             for f in files.values():
                 f.close()
-        # Every task of this epoch is handed over (a close() or an error never gets here). While
-        # the decode threads finish its last batches, read the first window of the epoch that
-        # is expected next, so that it starts decoding at once instead of after a window's read.
-        if ahead_epoch is not None:
-            self._ahead = self._read_ahead(ahead_epoch)
+            if not done and self.fetcher is not None:
+                self.fetcher.drop()  # stopped early or failed: free what was read for later windows
 
-    def _read_ahead(self, epoch: int) -> _Ahead | None:
-        order = self.order(epoch)
-        files: dict[int, OpenShard] = {}
-        try:
-            return _Ahead(epoch, self.read_window([self.pieces[int(p)] for p in order.windows[0]], files))
-        except (LoaderError, DatasetError) as exc:  # that epoch reads it again, and raises if it still fails
-            log.debug("could not read ahead into epoch %d: %s", epoch, exc)
-            return None
-        finally:
-            for f in files.values():
-                f.close()
-
-    def read_window(self, pieces: list[Piece], files: dict[int, OpenShard]) -> Rows:
-        """The rows of ``pieces``, in order; opens shards not yet in ``files``, checks them against
-        ``dataset.json`` (:meth:`OpenShard.check`) and keeps them there for the caller to close.
+    def read_window(self, epoch: int, indexes: list[int], files: dict[int, OpenShard], stop: threading.Event) -> Rows | None:
+        """The rows of pieces ``indexes``, in order (``None`` if ``stop`` is set meanwhile).
+        Remote pieces come from the fetcher; local ones are read here: opens shards not yet in
+        ``files``, checks them against ``dataset.json`` (:meth:`OpenShard.check`) and keeps
+        them there for the caller to close.
 
         Raises:
             DatasetError: a shard is not the one ``dataset.json`` describes (rebuilt since).
@@ -176,23 +195,16 @@ class WindowReader:
         """
         images: list[bytes | None] = []
         labels, pads, shards, rows = [], [], [], []
-        for piece in pieces:
+        for i in indexes:
+            piece = self.pieces[i]
             uri = self.shard_uris[piece.shard]
             where = f"row group {piece.row_group} (rows {piece.start}-{piece.stop - 1}) of {uri}"
-            if piece.shard not in files:
-                try:
-                    files[piece.shard] = open_shard(uri)
-                except DatasetError as exc:
-                    raise LoaderError(f"cannot read {where}: {exc}") from exc
-                # The shard dataset.json described when the loader started, not one rebuilt since.
-                files[piece.shard].check(self.info, self.options.channel, piece.shard, rows=self._shard_rows[piece.shard])
-            pf = files[piece.shard].parquet
-            try:
-                columns = [c for c in _COLUMNS if c in pf.schema_arrow.names]
-                # One thread: the decode threads keep the cores busy; Arrow's pool only adds hand-offs.
-                table = pf.read_row_group(piece.row_group, columns=columns, use_threads=False)
-            except Exception as exc:
-                raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+            if i in self._ranges:
+                table = self._fetched(epoch, i, where, stop)
+                if table is None:
+                    return None
+            else:
+                table = self._read_local(piece, files, where)
             table = table.slice(piece.start - piece.group_start, piece.rows)
             if table.num_rows != piece.rows:
                 raise LoaderError(f"{where}: expected {piece.rows} rows, read {table.num_rows} (shard changed?)")
@@ -208,3 +220,39 @@ class WindowReader:
             shards.append(np.full(piece.rows, piece.shard, dtype=np.int32))
             rows.append(np.arange(piece.start, piece.stop, dtype=np.int64))
         return Rows(images, np.concatenate(labels), np.concatenate(pads), np.concatenate(shards), np.concatenate(rows))
+
+    def _fetched(self, epoch: int, i: int, where: str, stop: threading.Event) -> pa.Table | None:
+        """Piece ``i``'s row group from the fetcher (scheduled by :meth:`tasks`), decoded with the
+        footer the loader read once; its bytes are released as soon as they are decoded."""
+        piece, r = self.pieces[i], self._ranges[i]
+        md, size, _ = self.remote[piece.shard]
+        try:
+            data = self.fetcher.get((epoch, i), stop)
+            if data is None:
+                return None
+            return read_row_group(md, size, piece.row_group, r.start, data, [c for c in _COLUMNS if c in md.schema.names])
+        except Exception as exc:
+            raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.fetcher.release((epoch, i))
+
+    def _read_local(self, piece: Piece, files: dict[int, OpenShard], where: str) -> pa.Table:
+        uri = self._local.get(piece.shard, self.shard_uris[piece.shard])
+        if piece.shard not in files:
+            try:
+                files[piece.shard] = open_shard(uri)
+            except DatasetError as exc:
+                raise LoaderError(f"cannot read {where}: {exc}") from exc
+            # The shard dataset.json described when the loader started, not one rebuilt since.
+            files[piece.shard].check(self.info, self.options.channel, piece.shard, rows=self._shard_rows[piece.shard])
+        pf = files[piece.shard].parquet
+        try:
+            columns = [c for c in _COLUMNS if c in pf.schema_arrow.names]
+            # One thread: the decode threads keep the cores busy; Arrow's pool only adds hand-offs.
+            return pf.read_row_group(piece.row_group, columns=columns, use_threads=False)
+        except Exception as exc:
+            raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _path(uri: str) -> str:
+    return storage.filesystem(uri)[1]

@@ -10,7 +10,8 @@ for epoch in range(epochs):
 ```
 
 Which rows a rank reads and how many batches it yields: :mod:`loaders.plan`. The order within
-an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`. The options:
+an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`; remote reads:
+:mod:`loaders.fetch`; the shard cache: :mod:`loaders.cache`. The options:
 :mod:`loaders.options`. The reader thread (windows of row groups in, batch tasks out):
 :mod:`loaders.reader`. The files: :mod:`lakeshard.format`.
 
@@ -22,8 +23,8 @@ State (``state_dict()``), the same on every rank, so rank 0's copy resumes them 
                "remainder": "pad", "shuffle_window": 2048, "rows_per_rank": 5000}}
 
 ``load_state_dict`` refuses a state saved on another dataset version or with different
-``order`` settings (they would give other batches); ``num_threads``, ``prefetch`` and the rank
-may differ.
+``order`` settings (they would give other batches); ``num_threads``, ``prefetch``, the reads,
+the cache and the rank may differ.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,10 +43,12 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
+from loaders.cache import CachedShard, ShardCache
 from loaders.dataset import ShardDataset
 from loaders.decode import get_batch_decoder, get_decoder
+from loaders.fetch import RangeFetcher, read_s3_range
 from loaders.options import LoaderOptions, default_threads
-from loaders.pipeline import Pipeline, PipelineStats
+from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.reader import WindowReader
 from loaders.transforms import default_transform
@@ -68,21 +72,24 @@ class ShardLoader:
 
     The dataset is read as it was when the loader was made: every shard it opens, now or in a
     later epoch, must be the one that ``dataset.json`` described then (its footer names the
-    dataset version); a dataset rebuilt since raises :class:`DatasetError` naming both versions.
+    dataset version); a dataset rebuilt since raises :class:`DatasetError` naming both versions
+    (a remote shard replaced since fails its next ranged read: :class:`LoaderError`).
 
     ``len(loader)`` is the number of batches per epoch, the same on every rank, and every rank
     yields exactly that many. Rows labelled :data:`PAD_LABEL` must not count (CrossEntropyLoss
     ignores them by default).
 
-    Read-ahead across epochs: from a loader's second iteration on, once the last batch of an
-    epoch is handed to the decode threads, the reader reads the first window of the epoch
-    expected next, so that it starts decoding at once instead of after one window's read.
-    Expected next: ``epoch + 1`` if
-    the last two iterations were one epoch apart (the loop above), the same epoch if they ran
-    the same one (a validation loader without ``set_epoch``). What was read ahead is kept
-    until that epoch runs, a :meth:`set_epoch` to another epoch or :meth:`close`; the reader
-    still holds at most one window of encoded rows. A failed read-ahead is dropped: the epoch
-    reads (and reports) it itself.
+    Threads: made on the first iteration and kept across epochs (an epoch is a new order, not
+    a new pipeline); a ``break`` out of an epoch, an error, :meth:`close` or the loader's
+    garbage collection stops them all, and a later iteration makes new ones.
+
+    Remote shards (``s3://``): each footer is read once, by the constructor; each epoch fetches
+    its row groups as byte ranges, ``read_concurrency`` at a time within ``memory_budget``
+    (:mod:`loaders.fetch`), in the order it reads them, followed by the first window of the epoch
+    expected next (``epoch + 1``, unless the last two iterations ran other steps: none after
+    the same epoch twice). With ``cache_dir`` the shards are also cached on local disk
+    (:mod:`loaders.cache`) and read from there from the next epoch on. Batches do not depend on
+    any of this: the same seed and epoch give the same batches, local or remote, cached or not.
     """
 
     def __init__(self, dataset: str | os.PathLike[str], *, options: LoaderOptions | None = None, **kwargs: Any) -> None:
@@ -108,7 +115,10 @@ class ShardLoader:
         self.total_rows = sum(shard_rows)
         self.rows_per_rank = rows_per_rank(self.total_rows, opts.world_size, remainder=opts.remainder)
         segments = rank_segments(shard_rows, opts.world_size, opts.rank, remainder=opts.remainder)
-        groups = {s: self._row_groups(s, shard_rows[s]) for s in sorted({seg.shard for seg in segments})}
+        # Footers are read once per loader: a remote shard's is kept (with its size) for the
+        # ranged reads of every epoch.
+        remote: dict[int, tuple[Any, int, str | None]] = {}
+        groups = {s: self._row_groups(s, shard_rows[s], remote) for s in sorted({seg.shard for seg in segments})}
         self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
         if self._num_batches == 0:
             raise ConfigError(
@@ -123,20 +133,73 @@ class ShardLoader:
         self._epoch = 0
         self._next_start = 0  # the batch the next iteration starts at (set by load_state_dict)
         self._consumed = 0  # batches of self._epoch consumed so far
-        self._pipeline: Pipeline[BatchTask, Any] | None = None
+        self._running: Epoch[BatchTask, Any] | None = None
         self._last_iter_epoch: int | None = None  # the epoch the last iteration ran
         self._lock = threading.Lock()
         self.skipped_rows: list[SkippedRow] = []
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over and the training loop's previous batch.
-        self._buffers = BufferPool(keep=opts.num_threads + opts.prefetch + 3)
+        blocks = opts.num_threads + opts.prefetch + 3
+        self._buffers = BufferPool(keep=blocks)
         self.stats = PipelineStats()
         self._transform = opts.transform or default_transform(augment=opts.augment, crop=opts.crop, normalize=opts.normalize)
+        name = f"lakeshard-r{opts.rank}"
+        self._pipeline: Pipeline[BatchTask, Any] = Pipeline(num_threads=opts.num_threads, prefetch=opts.prefetch, name=name)
+        self.fetcher: RangeFetcher | None = None
+        if remote:
+            self.fetcher = self._make_fetcher(remote, blocks, name)
+        self.cache: ShardCache | None = None
+        self._cached: list[CachedShard] = []
+        if remote and opts.cache_dir is not None:
+            self.cache = self._open_cache(sorted(remote))
+        # The threads stop when the loader is closed, or garbage-collected unclosed.
+        self._finalizer = weakref.finalize(self, _shutdown, self._pipeline, self.fetcher, self.cache, True)
 
-    def _row_groups(self, shard: int, rows: int) -> list[int]:
-        """Row-group sizes of one shard, after checking it against ``dataset.json``."""
+    def _open_cache(self, shards: list[int]) -> ShardCache:
+        """The cache of this dataset version's shards; copies already there (and sound) are used
+        from the first epoch, the others are filled in the background (see :mod:`loaders.cache`)."""
+        opts = self.options
+        cache = ShardCache(opts.cache_dir, dataset_version=self.dataset_version, channel=opts.channel, limit=opts.cache_limit)
+        entries = self.info.channel(opts.channel).shards
+        self._cached = [CachedShard(i, self.shard_uris[i], entries[i].bytes, entries[i].sha256) for i in shards]
+        for shard in self._cached:
+            cache.adopt(shard)
+        self._reader.use_local(cache.ready())
+        return cache
+
+    def _make_fetcher(self, remote: dict[int, tuple[Any, int, str | None]], blocks: int, name: str) -> RangeFetcher:
+        opts = self.options
+        side = opts.crop or self.image_size
+        decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
+        fetcher = RangeFetcher(read_s3_range, concurrency=opts.read_concurrency, budget=0, name=name)
+        self._reader.use_fetcher(fetcher, remote)
+        largest = self._reader.max_range_bytes()
+        if opts.memory_budget is None:
+            fetcher.budget = opts.read_concurrency * largest
+        elif opts.memory_budget - decoded < largest:
+            fetcher.close()
+            raise ConfigError(
+                f"memory_budget {opts.memory_budget} bytes is too small: the decoded batches take {decoded} "
+                f"({blocks} blocks of {opts.batch_size} images) and one row group of {self.dataset} up to {largest}"
+            )
+        else:
+            fetcher.budget = opts.memory_budget - decoded
+        return fetcher
+
+    @property
+    def peak_bytes_held(self) -> int:
+        """The most bytes of remote reads held at once (0 for a local dataset); at most the
+        reads' share of ``memory_budget``."""
+        return self.fetcher.peak_bytes_held if self.fetcher is not None else 0
+
+    def _row_groups(self, shard: int, rows: int, remote: dict[int, tuple[Any, int, str | None]]) -> list[int]:
+        """Row-group sizes of one shard, after checking it against ``dataset.json``; a remote
+        shard's footer and size go into ``remote``."""
         with contract.open_shard(self.shard_uris[shard]) as f:
-            return f.check(self.info, self.options.channel, shard, rows=rows)
+            groups = f.check(self.info, self.options.channel, shard, rows=rows)
+            if not self.shard_uris[shard].startswith("file://"):
+                remote[shard] = (f.parquet.metadata, f.size(), f.etag())
+            return groups
 
     @property
     def row_groups_read(self) -> int:
@@ -158,7 +221,6 @@ class ShardLoader:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         if epoch != self._epoch:
             self._epoch, self._next_start, self._consumed = epoch, 0, 0
-        self._reader.drop_ahead(unless_epoch=epoch)  # read for another epoch: free it now
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -194,12 +256,15 @@ class ShardLoader:
         consumed = state.get("batches_consumed")
         if not isinstance(consumed, int) or not 0 <= consumed <= self._num_batches:
             raise LoaderError(f"batches_consumed must be in [0, {self._num_batches}], got {consumed!r}")
-        self.close()
+        self._stop_pipeline()
         self._epoch, self._next_start, self._consumed = int(state["epoch"]), consumed, consumed
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._stop_pipeline()
+        if self.cache is not None:  # shards cached since the last epoch are read from disk now
+            self._reader.use_local(self.cache.ready())
+            self.cache.start(self._cached, name=f"lakeshard-r{self.options.rank}")
         start, self._next_start = self._next_start, 0
         self._consumed = start
         self.skipped_rows = []
@@ -211,36 +276,43 @@ class ShardLoader:
             pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, buffers=self._buffers,
             skipped=self.skipped_rows, batch_decoder=get_batch_decoder(self.options.decoder),
         )  # fmt: skip
-        # The epoch to read ahead for, from the second iteration on: one step further, as the
-        # step from the last iteration to this one (set_epoch(epoch + 1) each time, or the same
-        # epoch again, as a validation loader often runs). A loader used once reads nothing more.
-        step = None if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch
+        # The epoch expected next, whose first window is fetched after this epoch's reads (remote
+        # shards): epoch + 1 on the first iteration and after a step of one (the
+        # set_epoch(epoch + 1) loop). The same epoch again (a validation loader) or a jump reads
+        # nothing ahead.
+        step = 1 if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch
         self._last_iter_epoch = self._epoch
-        return self._run(start, spec, self._epoch + step if step in (0, 1) else None)
-
-    def _run(self, start: int, spec: DecodeSpec, ahead_epoch: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        pipeline: Pipeline[BatchTask, Any] = Pipeline(
-            self._reader.tasks(self._epoch, start, ahead_epoch),
-            lambda task, stop: decode_batch(task, stop, spec),
-            num_threads=self.options.num_threads,
-            prefetch=self.options.prefetch,
-            name=f"lakeshard-r{self.options.rank}",
-        )
+        ahead = self._epoch + 1 if step == 1 else None
+        reader = self._reader
+        stop = threading.Event()
+        epoch = self._pipeline.start(
+            reader.tasks(self._epoch, start, stop, ahead), lambda task, stop: decode_batch(task, stop, spec), stop=stop,
+        )  # fmt: skip
         with self._lock:
-            self._pipeline = pipeline
-        self.stats = pipeline.stats
+            self._running = epoch
+        self.stats = epoch.stats
+        return self._run(epoch)
+
+    def _run(self, epoch: Epoch[BatchTask, Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        finished = False
         try:
             while True:
-                batch = pipeline.next()
+                batch = epoch.next()
                 if batch is None:
                     break
                 self._consumed += 1
                 yield batch
+            finished = True
         finally:
-            pipeline.close()
+            epoch.close()
             with self._lock:
-                if self._pipeline is pipeline:
-                    self._pipeline = None
+                current = self._running is epoch
+                if current:
+                    self._running = None
+            # An epoch run to its end keeps the threads for the next one; a break (or an error)
+            # out of the loop that is still this loader's latest epoch stops them all.
+            if current and not finished:
+                _shutdown(self._pipeline, self.fetcher, self.cache)
             if self.skipped_rows:
                 log.warning(
                     "skipped %d bad rows of channel %r in epoch %d (rank %d)",
@@ -248,16 +320,15 @@ class ShardLoader:
                 )  # fmt: skip
 
     def close(self) -> None:
-        """Stop the running epoch's threads (if any) and wait for them; drop what was read
-        ahead for the next epoch."""
+        """Stop every thread of the loader and wait for them (a later iteration makes new ones)."""
         self._stop_pipeline()
-        self._reader.drop_ahead()
+        _shutdown(self._pipeline, self.fetcher, self.cache)
 
     def _stop_pipeline(self) -> None:
         with self._lock:
-            pipeline, self._pipeline = self._pipeline, None
-        if pipeline is not None:
-            pipeline.close()
+            running, self._running = self._running, None
+        if running is not None:
+            running.close()
 
     def as_dataset(self) -> ShardDataset:
         """This loader as a :class:`torch.utils.data.IterableDataset` (see :mod:`loaders.dataset`):
@@ -271,3 +342,13 @@ class ShardLoader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None, cache: ShardCache | None,
+              final: bool = False) -> None:  # fmt: skip
+    """Stop every thread of a loader (a later epoch makes new ones); ``final``: it is gone, close
+    its cache files too."""
+    pipeline.close()
+    if fetcher is not None:
+        fetcher.close()
+    if cache is not None:
+        cache.close() if final else cache.stop()

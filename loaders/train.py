@@ -287,6 +287,8 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
         rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed, num_threads=cfg.num_threads,
         prefetch=cfg.prefetch, normalize=_NORMALIZE, pin_memory=ctx.device.type == "cuda",
         skip_bad_rows=cfg.skip_bad_rows, shuffle_window=cfg.shuffle_window,
+        read_concurrency=cfg.read_concurrency, memory_budget=cfg.memory_budget, cache_dir=cfg.cache_dir,
+        cache_limit=cfg.cache_limit,
     )  # fmt: skip
     train_loader = ShardLoader(
         dataset, channel="train", batch_size=plan.per_rank_batch, shuffle=True, drop_last=cfg.drop_last,

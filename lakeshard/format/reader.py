@@ -58,6 +58,16 @@ class OpenShard:
                 raise DatasetError(f"shard {self.uri} has no {col!r} column (columns: {sorted(names)})")
         return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
 
+    def size(self) -> int:
+        """The file's size in bytes."""
+        size = self._file.size
+        return int(size() if callable(size) else size)
+
+    def etag(self) -> str | None:
+        """The object's ETag (S3), ``None`` for a local file."""
+        details = getattr(self._file, "details", None)
+        return details.get("ETag") if isinstance(details, dict) else None
+
     def close(self) -> None:
         self._file.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from pathlib import Path
 
@@ -19,8 +20,10 @@ def dataset(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def no_leaked_threads():
-    """Every loader test must leave no thread behind."""
+    """Every loader test must leave no thread behind (a loader's threads stop when it is closed
+    or garbage-collected)."""
     before = set(threading.enumerate())
     yield
+    gc.collect()
     leaked = [t for t in threading.enumerate() if t not in before and t.name.startswith("lakeshard")]
     assert not leaked, f"leaked threads: {leaked}"

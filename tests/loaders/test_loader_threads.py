@@ -1,7 +1,8 @@
-"""Errors reach the training loop promptly; every thread stops on break, close, error and end."""
+"""Errors reach the training loop promptly; a loader's threads live across epochs and stop on break, close, error and garbage collection."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from pathlib import Path
@@ -18,7 +19,7 @@ def loader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("lakeshard")]
 
 
-def test_threads_run_during_an_epoch_and_stop_after_break(dataset: Path):
+def test_threads_live_across_epochs_and_stop_on_break_and_close(dataset: Path):
     loader = ShardLoader(str(dataset), batch_size=2, num_threads=3, prefetch=2)
     for i, _ in enumerate(loader):
         if i == 0:
@@ -29,11 +30,27 @@ def test_threads_run_during_an_epoch_and_stop_after_break(dataset: Path):
             break
     assert loader_threads() == []
     assert loader.state_dict()["batches_consumed"] == 3
-
-
-def test_threads_stop_at_the_end_of_an_epoch(dataset: Path):
-    loader = ShardLoader(str(dataset), batch_size=3, num_threads=4)
     assert len(list(loader)) == len(loader)
+    threads = set(loader_threads())
+    assert threads  # kept after an epoch that ran to its end
+    for epoch in (1, 2):  # an epoch is a new order, not new threads
+        loader.set_epoch(epoch)
+        assert len(list(loader)) == len(loader)
+    assert set(loader_threads()) == threads
+    loader.close()
+    assert loader_threads() == []
+    assert len(list(loader)) == len(loader)  # a closed loader starts new threads if iterated again
+    loader.close()
+    assert loader_threads() == []
+
+
+def test_threads_stop_when_the_loader_is_garbage_collected(dataset: Path):
+    loader = ShardLoader(str(dataset), batch_size=3, num_threads=4)
+    it = iter(loader)
+    next(it)
+    assert loader_threads()
+    del loader, it
+    gc.collect()
     assert loader_threads() == []
 
 

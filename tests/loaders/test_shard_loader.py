@@ -212,58 +212,6 @@ def test_first_batch_before_the_shard_is_read_and_prefetch_is_bounded(tmp_path: 
     assert loader.stats.consumed == loader.stats.decoded == len(loader) == 100
 
 
-def test_the_next_epochs_first_window_is_read_while_this_epoch_ends(tmp_path: Path):
-    """From a loader's second iteration on, a finished epoch has already read the first window
-    (here, the whole shard) of the epoch expected next: that epoch runs without touching the
-    shard and yields what a fresh loader yields. Nothing else is used or kept: not after a
-    loader's first iteration, not for another epoch, not after close()."""
-    write_dataset(tmp_path, rows={"train": 24, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5)
-    shard = shard_path(tmp_path, "train", 0, 1)
-    away = tmp_path / "away.parquet"
-    options = {"batch_size": 5, "shuffle": True, "seed": 3, "shuffle_window": 100}
-    fresh = ShardLoader(str(tmp_path), **options)
-    expected = {}
-    for epoch in (1, 2, 3, 4):
-        fresh.set_epoch(epoch)
-        expected[epoch] = epoch_ids(fresh)
-    assert expected[1] != expected[2]
-    unreadable = pytest.raises(LoaderError, match=f"cannot read row group .* of file://{shard}")
-
-    loader = ShardLoader(str(tmp_path), **options)
-    assert sorted(flat(epoch_ids(loader))) == list(range(24))  # epoch 0: a first iteration reads no more
-    shard.rename(away)
-    loader.set_epoch(1)
-    with unreadable:
-        epoch_ids(loader)
-    away.rename(shard)
-    assert epoch_ids(loader) == expected[1]  # epoch 1 twice in a row: epoch 1 is expected next
-    shard.rename(away)
-    assert epoch_ids(loader) == expected[1]  # from memory (its own read-ahead fails quietly)
-
-    away.rename(shard)
-    loader.set_epoch(2)
-    assert epoch_ids(loader) == expected[2]  # one epoch on: epoch 3 is expected next
-    shard.rename(away)
-    loader.set_epoch(3)
-    assert epoch_ids(loader) == expected[3]  # from memory
-
-    away.rename(shard)
-    loader.set_epoch(4)
-    assert epoch_ids(loader) == expected[4]  # epoch 5 is read ahead
-    shard.rename(away)
-    with unreadable:
-        epoch_ids(loader)  # epoch 4 again: not the epoch read ahead
-
-    away.rename(shard)
-    epoch_ids(loader)  # epoch 4 a third time: epoch 4 is read ahead
-    loader.close()  # ... and dropped
-    shard.rename(away)
-    with unreadable:
-        epoch_ids(loader)
-    away.rename(shard)
-    assert epoch_ids(loader) == expected[4]
-
-
 def test_jpeg_decoders_agree_and_auto_prefers_the_batch_decoder_then_simplejpeg(tmp_path: Path, monkeypatch):
     """``auto`` decodes each batch with ``loaders._jpeg`` (no per-image call) to simplejpeg's
     very pixels; without it, image by image with simplejpeg; Pillow's differ by rounding only."""

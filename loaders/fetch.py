@@ -1,0 +1,286 @@
+"""Concurrent ranged reads of remote row groups, bounded by a byte budget.
+
+The reader thread tells a :class:`RangeFetcher` which byte ranges an epoch needs, in the order
+it needs them (:meth:`RangeFetcher.schedule`); the fetcher keeps up to ``concurrency`` of them
+in flight on its own threads, as many as fit in ``budget`` bytes, and the reader takes each one
+(:meth:`RangeFetcher.get`) and lets it go (:meth:`RangeFetcher.release`) once its rows are copied
+out. A row group's column chunks are one contiguous byte range, so a row group is one request;
+:func:`read_row_group` decodes it from those bytes and the footer read once per loader.
+
+Invariant: ``0 <= held <= budget`` at every moment (``held``: the bytes of every range
+submitted and not yet released or dropped; ``peak_bytes_held`` records its high-water mark),
+whatever the shard's size; a single range larger than ``budget`` is refused on schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lakeshard import storage
+from lakeshard.errors import ConfigError, LoaderError
+
+__all__ = ["ByteRange", "RangeFetcher", "read_row_group", "read_s3_range", "row_group_range"]
+
+log = logging.getLogger(__name__)
+
+#: How long a blocked ``get`` waits before it re-checks the stop event (not a poll interval:
+#: the wait returns as soon as the read is done).
+_WAIT_S = 0.05
+#: Keys kept in ``RangeFetcher.submitted`` and ``RangeFetcher.waited``.
+_LOG_KEYS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """Bytes ``[start, end)`` of one file, whose ETag (if known) must still be ``etag``."""
+
+    path: str
+    start: int
+    end: int
+    etag: str | None = None
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def row_group_range(md: pq.FileMetaData, group: int) -> tuple[int, int]:
+    """``(start, end)``: the bytes of row group ``group``'s column chunks (one contiguous run)."""
+    rg = md.row_group(group)
+    start, end = None, 0
+    for i in range(rg.num_columns):
+        col = rg.column(i)
+        first = col.dictionary_page_offset if col.has_dictionary_page and col.dictionary_page_offset else col.data_page_offset
+        start = first if start is None else min(start, first)
+        end = max(end, first + col.total_compressed_size)
+    if start is None:
+        raise LoaderError(f"row group {group} has no column chunks")
+    return start, end
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only ``[start, start + len(data))`` is known:
+    what Parquet reads for one row group when it is given the footer's metadata."""
+
+    def __init__(self, size: int, start: int, data: bytes) -> None:
+        super().__init__()
+        self._size, self._start, self._data, self._pos = size, start, data, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._size - self._pos if n is None or n < 0 else n
+        lo = self._pos - self._start
+        if lo < 0 or lo + n > len(self._data):
+            raise OSError(f"read of bytes {self._pos}-{self._pos + n} outside the fetched range "
+                          f"{self._start}-{self._start + len(self._data)}")  # fmt: skip
+        self._pos += n
+        return self._data[lo : lo + n]
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def read_row_group(md: pq.FileMetaData, size: int, group: int, start: int, data: bytes, columns: list[str]) -> pa.Table:
+    """Row group ``group`` of a file of ``size`` bytes whose footer is ``md``, decoded from
+    ``data``, the file's bytes from ``start`` on (:func:`row_group_range`)."""
+    pf = pq.ParquetFile(_RangeFile(size, start, data), metadata=md)
+    return pf.read_row_group(group, columns=columns, use_threads=False)
+
+
+# NOTE [ Fetch threads ]
+#
+# Who calls what: the reader thread calls ``schedule``, ``get``, ``release`` and ``drop``; the
+# fetch threads (a ThreadPoolExecutor of ``concurrency``) run ``read``; ``close`` is called by
+# the pipeline's owner once, after the reader thread has stopped.
+#
+# Admission: ``_pump`` (under ``_lock``) submits the next scheduled range while fewer than
+# ``concurrency`` reads are running and ``held + size <= budget``; it runs after ``schedule``,
+# ``release``, ``drop`` and when a read finishes (its done-callback), so a freed slot or freed
+# bytes are used at once. Bytes count from submission until ``release``/``drop`` (a dropped read
+# that is still running keeps its bytes until it ends, then frees them).
+#
+# Errors: a read's exception is kept in its Future and raised by ``get`` for that key only; a
+# range read ahead and never needed (a failed read ahead included) is dropped silently.
+class RangeFetcher:
+    """Reads byte ranges on ``concurrency`` threads named ``{name}-fetch``, in schedule order,
+    holding at most ``budget`` bytes."""
+
+    def __init__(self, read: Callable[[ByteRange], bytes], *, concurrency: int, budget: int, name: str) -> None:
+        self._read = read
+        self.concurrency = concurrency
+        self.budget = budget
+        self._lock = threading.RLock()  # a cancel() runs the done-callback at once
+        self._pending: deque[tuple[Hashable, ByteRange]] = deque()
+        self._futures: dict[Hashable, Future[bytes]] = {}
+        self._sizes: dict[Future[bytes], int] = {}  # the bytes each admitted read holds
+        self._running = 0
+        self.held = 0
+        self.peak_bytes_held = 0
+        self.bytes_read = 0
+        #: The last keys submitted for reading and waited on by ``get``, oldest first (bounded).
+        self.submitted: deque[Hashable] = deque(maxlen=_LOG_KEYS)
+        self.waited: deque[Hashable] = deque(maxlen=_LOG_KEYS)
+        self._name = name
+        self._executor: ThreadPoolExecutor | None = None  # made on the first read, again after close()
+
+    def schedule(self, ranges: list[tuple[Hashable, ByteRange]]) -> None:
+        """Read ``ranges`` next, in this order. Reads already made or under way for a key in
+        ``ranges`` are kept; every other one is dropped."""
+        for _, r in ranges:
+            if r.size > self.budget:
+                raise ConfigError(f"memory_budget leaves {self.budget} bytes for reads, less than one row group "
+                                  f"of {r.size} bytes ({r.path}); raise memory_budget")  # fmt: skip
+        keep = {k for k, _ in ranges}
+        with self._lock:
+            for key in [k for k in self._futures if k not in keep]:
+                self._drop_locked(key)
+            self._pending = deque((k, r) for k, r in ranges if k not in self._futures)
+            self._pump_locked()
+
+    def get(self, key: Hashable, stop: threading.Event) -> bytes | None:
+        """The bytes of ``key`` (scheduled), waiting for them; ``None`` if ``stop`` is set first.
+        Raises what the read raised."""
+        self.waited.append(key)
+        while True:  # not admitted yet: it is, once the ranges before it are released
+            with self._lock:
+                future = self._futures.get(key)
+                if future is None and not any(k == key for k, _ in self._pending):
+                    raise LoaderError(f"internal: range {key!r} was never scheduled")
+            if future is not None:
+                break
+            if stop.wait(_WAIT_S):
+                return None
+        while True:
+            try:
+                return future.result(timeout=_WAIT_S)
+            except TimeoutError:
+                if stop.is_set():
+                    return None
+
+    def release(self, key: Hashable) -> None:
+        """``key``'s bytes are no longer needed: free them and admit the next reads."""
+        with self._lock:
+            future = self._futures.pop(key, None)
+            if future is not None and (future.cancel() or future.done()):
+                self._free_locked(future)
+            self._pump_locked()
+
+    def drop(self) -> None:
+        """Forget everything scheduled (an epoch stopped early)."""
+        with self._lock:
+            self._pending.clear()
+            for key in list(self._futures):
+                self._drop_locked(key)
+
+    def close(self) -> None:
+        """Drop everything and stop the fetch threads (a later :meth:`schedule` makes new ones)."""
+        self.drop()
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    # -- internals (under _lock) ---------------------------------------------------------------------
+    def _drop_locked(self, key: Hashable) -> None:
+        future = self._futures.pop(key)
+        if future.cancel() or future.done():
+            self._free_locked(future)
+        # else: still running; its done-callback frees its bytes
+
+    def _free_locked(self, future: Future[bytes]) -> None:
+        size = self._sizes.pop(future, None)
+        if size is not None:
+            self.held -= size
+
+    def _pump_locked(self) -> None:
+        while self._pending and self._running < self.concurrency:
+            key, r = self._pending[0]
+            if self.held and self.held + r.size > self.budget:
+                return
+            self._pending.popleft()
+            self.held += r.size
+            self.peak_bytes_held = max(self.peak_bytes_held, self.held)
+            self._running += 1
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"{self._name}-fetch")
+            future = self._executor.submit(self._run, r)
+            self.submitted.append(key)
+            self._sizes[future] = r.size
+            self._futures[key] = future
+            future.add_done_callback(lambda f, key=key: self._done(key, f))
+
+    def _run(self, r: ByteRange) -> bytes:
+        data = self._read(r)
+        if len(data) != r.size:
+            raise LoaderError(f"read bytes {r.start}-{r.end} of {r.path}: got {len(data)} bytes, expected {r.size} (file changed?)")
+        return data
+
+    def _done(self, key: Hashable, future: Future[bytes]) -> None:
+        with self._lock:
+            self._running -= 1
+            if not future.cancelled() and future.exception() is None:
+                self.bytes_read += len(future.result())
+            if self._futures.get(key) is not future:  # dropped or released while it ran
+                self._free_locked(future)
+            self._pump_locked()
+
+
+#: A row group is fetched in parts of at most this many bytes, at once (on fsspec's event
+#: loop): a large row group arrives over several connections, not one.
+_PART_BYTES = 4 << 20
+
+
+def read_s3_range(r: ByteRange) -> bytes:
+    """The bytes of ``r``, each GET sent with ``If-Match: <the ETag of the shard the loader
+    checked>``: an object replaced since answers 412, never other bytes."""
+    import fsspec.asyn  # s3fs's own retry wrapper and error translation, as its cat_file uses them
+    from s3fs.core import _error_wrapper, translate_boto_error
+
+    fs, _ = storage.filesystem("s3://" + r.path)
+    bucket, key, _ = fs.split_path(r.path)
+    match = {"IfMatch": r.etag} if r.etag else {}
+
+    async def part(start: int, end: int) -> bytes:
+        async def call() -> bytes:
+            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **match)
+            try:
+                return await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+
+        try:
+            return await _error_wrapper(call, retries=fs.retries)
+        except Exception as exc:
+            raise translate_boto_error(exc) from exc
+
+    async def whole() -> bytes:
+        starts = range(r.start, r.end, _PART_BYTES)
+        parts = await asyncio.gather(*(part(s, min(s + _PART_BYTES, r.end)) for s in starts))
+        return b"".join(parts)
+
+    return fsspec.asyn.sync(fs.loop, whole)

@@ -1,0 +1,187 @@
+"""Remote shards (S3, the moto server of tests/conftest.py): row groups read concurrently within a
+memory budget, the same batches as a local read, and the local cache (verified, keyed by
+dataset version, evicted, shared by processes, safe against a killed writer)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import boto3
+import pytest
+from loader_builders import ids_of, shard_path, write_dataset
+
+from lakeshard.errors import ConfigError, LoaderError
+from loaders import ShardLoader
+
+pytestmark = pytest.mark.s3
+
+OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 5, "shuffle_window": 40, "num_threads": 2}
+
+
+def upload(local: Path, bucket: str, prefix: str = "ds") -> str:
+    client = boto3.client("s3")
+    name = bucket[len("s3://"):]
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            client.put_object(Bucket=name, Key=f"{prefix}/{p.relative_to(local).as_posix()}", Body=p.read_bytes())
+    return f"{bucket}/{prefix}"
+
+
+def delete_all(bucket: str) -> None:
+    client = boto3.client("s3")
+    name = bucket[len("s3://"):]
+    for obj in client.list_objects_v2(Bucket=name).get("Contents", []):
+        client.delete_object(Bucket=name, Key=obj["Key"])
+
+
+def epochs(loader: ShardLoader, which: list[int]) -> list[list[tuple[list[int], list[int]]]]:
+    out = []
+    for e in which:
+        loader.set_epoch(e)
+        out.append([(ids_of(images), labels.tolist()) for images, labels in loader])
+    return out
+
+
+@pytest.fixture
+def local_ds(tmp_path: Path) -> Path:
+    root = tmp_path / "ds"
+    write_dataset(root, rows={"train": 120, "validation": 8, "test": 8}, num_shards=2, row_group_rows=5, noise=True)
+    return root
+
+
+def test_remote_batches_are_the_local_ones_whatever_the_concurrency(local_ds: Path, s3_bucket: str):
+    remote = upload(local_ds, s3_bucket)
+    with ShardLoader(str(local_ds), **OPTIONS) as local:
+        expected = epochs(local, [0, 1, 2])
+    for concurrency in (1, 8):
+        with ShardLoader(remote, read_concurrency=concurrency, **OPTIONS) as loader:
+            assert epochs(loader, [0, 1, 2]) == expected
+            assert loader.fetcher is not None and loader.fetcher.bytes_read > 0
+    for rank in (0, 1):  # each rank its own share, also remotely
+        opts = {**OPTIONS, "world_size": 2, "rank": rank}
+        with ShardLoader(str(local_ds), **opts) as local, ShardLoader(remote, **opts) as loader:
+            assert epochs(loader, [3]) == epochs(local, [3])
+
+
+def test_bytes_held_stay_within_the_memory_budget(tmp_path: Path, s3_bucket: str):
+    local = tmp_path / "ds"
+    write_dataset(local, rows={"train": 400, "validation": 4, "test": 4}, num_shards=1, row_group_rows=4, noise=True)
+    remote = upload(local, s3_bucket)
+    shard_bytes = shard_path(local, "train", 0, 1).stat().st_size
+    probe = ShardLoader(remote, **OPTIONS)
+    largest, decoded = probe._reader.max_range_bytes(), None
+    probe.close()
+    # The decoded batches: (num_threads + prefetch + 3) blocks of batch_size 8x8 RGB uint8 images.
+    decoded = (2 + 4 + 3) * 8 * 3 * 8 * 8
+    budget = decoded + 3 * largest
+    assert 3 * largest < shard_bytes / 10  # the shard is far larger than the reads may hold
+    with ShardLoader(remote, read_concurrency=16, memory_budget=budget, **OPTIONS) as loader:
+        assert loader.fetcher.budget == 3 * largest
+        got = epochs(loader, [0, 1])
+        assert 0 < loader.peak_bytes_held <= 3 * largest
+        assert loader.fetcher.bytes_read > 10 * loader.fetcher.budget  # streamed through, never all held
+    with ShardLoader(str(local), **OPTIONS) as plain:
+        assert got == epochs(plain, [0, 1])
+    with pytest.raises(ConfigError, match=r"memory_budget 1000 bytes is too small"):
+        ShardLoader(remote, memory_budget="1000", **OPTIONS)
+    with pytest.raises(ConfigError, match=r"memory_budget: a size must look like"):
+        ShardLoader(remote, memory_budget="lots", **OPTIONS)
+
+
+def cached_files(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*/*/*.parquet"))
+
+
+def test_the_cache_serves_later_epochs_without_the_store(local_ds: Path, s3_bucket: str, tmp_path: Path):
+    remote = upload(local_ds, s3_bucket)
+    cache = tmp_path / "cache"
+    with ShardLoader(str(local_ds), **OPTIONS) as plain:
+        expected = epochs(plain, [0, 1, 2])
+    loader = ShardLoader(remote, cache_dir=str(cache), **OPTIONS)
+    assert epochs(loader, [0]) == expected[:1]  # the first epoch streams while the cache fills
+    assert loader.cache.wait(timeout=60)
+    assert sorted(loader.cache.downloaded) == [0, 1]  # one rank: both shards
+    delete_all(s3_bucket)  # nothing remote from now on
+    assert epochs(loader, [1, 2]) == expected[1:]
+    loader.close()
+    files = cached_files(cache)
+    assert [f.parent.parent.name for f in files] == ["0123abcd"] * len(files)  # keyed by dataset version
+    for f in files:
+        index = int(f.name.split("-")[0])
+        assert f.read_bytes() == shard_path(local_ds, "train", index, 2).read_bytes()
+
+
+def test_a_local_dataset_is_never_copied(local_ds: Path, tmp_path: Path):
+    cache = tmp_path / "cache"
+    with ShardLoader(str(local_ds), cache_dir=str(cache), **OPTIONS) as loader:
+        epochs(loader, [0])
+        assert loader.cache is None
+    assert not cache.exists() or cached_files(cache) == []
+
+
+def test_an_object_replaced_mid_run_is_refused_not_decoded(tmp_path: Path, s3_bucket: str):
+    """Footers are read once per loader; every ranged read asks for the object the loader checked
+    (its ETag), so a shard rebuilt at the same key fails the read instead of decoding other bytes."""
+    write_dataset(tmp_path / "a", rows={"train": 40, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5, noise=True)
+    # Rebuilt with the same rows: the same row-group offsets, another footer (another version).
+    write_dataset(tmp_path / "b", rows={"train": 40, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5,
+                  noise=True, version="89abcdef")  # fmt: skip
+    remote = upload(tmp_path / "a", s3_bucket)
+    loader = ShardLoader(remote, **OPTIONS)
+    epochs(loader, [0])
+    shard = shard_path(tmp_path / "b", "train", 0, 1)
+    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key=f"ds/{shard.relative_to(tmp_path / 'b').as_posix()}",
+                                  Body=shard.read_bytes())  # fmt: skip
+    with pytest.raises(LoaderError, match=r"cannot read row group \d+ .*part-00000-of-00001.parquet"):
+        epochs(loader, [1, 2])  # (epoch 1's window may have been read ahead, from the old object)
+    loader.close()
+
+
+def test_reads_in_flight_ride_out_transient_store_faults(local_ds: Path, s3_bucket: str, monkeypatch, tmp_path: Path):
+    """A proxy answers a seeded 10% of requests with 500, 503 SlowDown or a dropped connection:
+    with 8 reads in flight and the cache filling, the batches are still the local ones."""
+    from tests.hardening.faultproxy import FaultProxy
+
+    remote = upload(local_ds, s3_bucket)
+    with ShardLoader(str(local_ds), **OPTIONS) as plain:
+        expected = epochs(plain, [0, 1])
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.reset(mode="faults", rate=0.1, seed=2)
+        with ShardLoader(remote, read_concurrency=8, cache_dir=str(tmp_path / "cache"), **OPTIONS) as loader:
+            assert epochs(loader, [0]) == expected[:1]
+            assert loader.cache.wait(timeout=120)
+            assert epochs(loader, [1]) == expected[1:]
+        assert sum(proxy.injected.values()) > 0, proxy.injected
+    finally:
+        proxy.stop()
+
+
+def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(local_ds: Path, s3_bucket: str):
+    """In a ``set_epoch(e); for batch in loader`` loop, when the last batch of epoch e reaches the
+    training loop, the reads of epoch e + 1's first window are already issued and none has been
+    waited on; epoch e + 1 then uses them (each fetched once)."""
+    remote = upload(local_ds, s3_bucket)
+    opts = {**OPTIONS, "shuffle_window": 1000}  # one window an epoch: its reads all come first
+    with ShardLoader(str(local_ds), **opts) as plain:
+        expected = epochs(plain, [0, 1, 2])
+    loader = ShardLoader(remote, read_concurrency=32, memory_budget="1GiB", **opts)
+    assert epochs(loader, [0]) == expected[:1]
+    fetcher = loader.fetcher
+    pieces = len(loader._reader.pieces)
+    for epoch in (1, 2):
+        loader.set_epoch(epoch)
+        got = []
+        for i, (images, labels) in enumerate(loader):
+            got.append((ids_of(images), labels.tolist()))
+            if i == len(loader) - 1:  # the last batch of this epoch, in the training loop
+                waited_next = [k for k in fetcher.waited if k[0] == epoch + 1]
+                issued_next = [k for k in fetcher.submitted if k[0] == epoch + 1]
+        assert got == expected[epoch]
+        assert waited_next == []
+        assert sorted(p for _, p in issued_next) == list(range(pieces))  # all of it: the one window
+    of_2 = [k for k in fetcher.submitted if k[0] == 2]
+    assert len(of_2) == len(set(of_2)) == pieces  # each fetched once: epoch 2 used its read-ahead
+    loader.close()
