@@ -262,6 +262,10 @@ class ShardLoader:
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._stop_pipeline()
+        return self._run()
+
+    def _start(self) -> Epoch[BatchTask, Any]:
+        """Start the epoch :meth:`set_epoch` selected, from the batch a restored state says."""
         if self.cache is not None:  # shards cached since the last epoch are read from disk now
             self._reader.use_local(self.cache.ready())
             self.cache.start(self._cached, name=f"lakeshard-r{self.options.rank}")
@@ -291,9 +295,12 @@ class ShardLoader:
         with self._lock:
             self._running = epoch
         self.stats = epoch.stats
-        return self._run(epoch)
+        return epoch
 
-    def _run(self, epoch: Epoch[BatchTask, Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # The epoch starts at the first next(), not at iter(): a set_epoch() between the two
+        # counts (PyTorch Lightning calls iter() on a resumed run before on_train_epoch_start).
+        epoch = self._start()
         finished = False
         try:
             while True:

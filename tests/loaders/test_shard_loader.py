@@ -126,6 +126,24 @@ def test_epochs_have_different_orders_and_are_reproducible(datasets):
     assert orders[0] == orders[2]
 
 
+def test_an_epoch_starts_at_the_first_batch_not_at_iter(datasets):
+    """``iter()`` then ``set_epoch()`` then ``next()`` (what PyTorch Lightning does on a resumed
+    run) reads the epoch set last, also after a restored end-of-epoch state."""
+    loader = ShardLoader(str(datasets["2x21"]), batch_size=6, shuffle=True, seed=5)
+    loader.set_epoch(2)
+    want = epoch_ids(loader)
+    first = ShardLoader(str(datasets["2x21"]), batch_size=6, shuffle=True, seed=5)
+    first.set_epoch(1)
+    epoch_ids(first)
+    resumed = ShardLoader(str(datasets["2x21"]), batch_size=6, shuffle=True, seed=5)
+    resumed.load_state_dict(first.state_dict())  # epoch 1, every batch consumed
+    batches = iter(resumed)
+    resumed.set_epoch(2)
+    assert [ids_of(images) for images, _ in batches] == want
+    for each in (loader, first, resumed):
+        each.close()
+
+
 def test_no_shuffle_reads_shards_in_order(datasets):
     ids = flat(epoch_ids(ShardLoader(str(datasets["3x13"]), batch_size=7)))
     assert ids == list(range(39))
