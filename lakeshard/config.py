@@ -100,7 +100,7 @@ def check_positive(name: str, value: Any, *, allow_none: bool = False, allow_zer
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
         kind = "non-negative" if allow_zero else "positive"
-        raise error(f"{name} must be a {kind} integer{' or None' if allow_none else ''}, got {value!r}")
+        raise error(f"{name} must be a {kind} integer, got {value!r}")
 
 
 def parse_seed(value: Any) -> int:
