@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lakeshard.config import add_arguments, opt, parse_size, read_yaml, resolve
+from lakeshard.config import add_arguments, check_positive, opt, parse_size, read_yaml, resolve
 from lakeshard.errors import ConfigError
 from loaders.model import MODEL_SPEC
 from loaders.options import DEFAULT_READ_CONCURRENCY
@@ -99,9 +99,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "step_size", "width", "num_threads", "prefetch", "shuffle_window",
                      "read_concurrency"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            check_positive(name, getattr(self, name), error=ConfigError)
         for name in ("eval_batch_size", "checkpoint_every", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lakeshard.config import parse_size
+from lakeshard.config import check_positive, parse_size
 from lakeshard.errors import ConfigError
 from lakeshard.format import CHANNELS
 from loaders.decode import get_decoder
@@ -143,9 +143,7 @@ class LoaderOptions:
         if self.cache_dir is not None and (not isinstance(self.cache_dir, str | os.PathLike) or not str(self.cache_dir)):
             raise ConfigError(f"cache_dir must be a local folder, got {self.cache_dir!r}")
         for name in ("batch_size", "world_size", "shuffle_window", "num_threads", "prefetch", "read_concurrency"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            check_positive(name, getattr(self, name), error=ConfigError)
         if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank must be in [0, world_size={self.world_size}), got {self.rank!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -158,8 +156,7 @@ class LoaderOptions:
             get_decoder(self.decoder)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if self.crop is not None and (not isinstance(self.crop, int) or self.crop < 1):
-            raise ConfigError(f"crop must be a positive integer or None, got {self.crop!r}")
+        check_positive("crop", self.crop, allow_none=True, error=ConfigError)
         if self.normalize is not None:
             self._check_normalize()
         if self.transform is not None:

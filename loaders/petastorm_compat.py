@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from lakeshard.config import check_positive
 from lakeshard.format import SHARD_SCHEMA
 from loaders.decode import get_decoder
 
@@ -90,8 +91,7 @@ def make_transform_spec(
     import pandas as pd
     from petastorm import TransformSpec
 
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ValueError(f"size must be a positive integer, got {size!r}")
+    check_positive("size", size)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     fields = list(fields)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lakeshard.config import check_positive
 from lakeshard.errors import ConfigError
 
 __all__ = [
@@ -84,8 +85,7 @@ class Piece:
 
 
 def _check_world(world_size: int, rank: int) -> None:
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ConfigError(f"world_size must be a positive integer, got {world_size!r}")
+    check_positive("world_size", world_size, error=ConfigError)
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ConfigError(f"rank must be in [0, {world_size}), got {rank!r}")
 
@@ -139,8 +139,7 @@ def rank_segments(
 
 def num_batches(rows: int, batch_size: int, *, drop_last: bool) -> int:
     """Batches per epoch for a rank reading ``rows`` rows."""
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    check_positive("batch_size", batch_size, error=ConfigError)
     if rows < 0:
         raise ConfigError(f"rows must be non-negative, got {rows!r}")
     return rows // batch_size if drop_last else -(-rows // batch_size)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lakeshard.config import check_positive
 from lakeshard.errors import ConfigError
 
 __all__ = [
@@ -57,8 +58,7 @@ def batch_generator(seed: int, epoch: int, rank: int, index: int) -> torch.Gener
 
 
 def _positive_int(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    check_positive(name, value, error=ConfigError)
     return value
 
 
