@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from variants import parse_variant, write_runs
 
+from lakeshard.format import FORMAT_VERSION
 from loaders import LoaderOptions
 
 _CHILD = r"""
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
 
-    root = args.cache / f"{args.images}-{args.size}"
+    root = args.cache / f"v{FORMAT_VERSION}-{args.images}-{args.size}"  # a new format: a new dataset
     if not (root / "dataset.json").exists():
         build_dataset(root, images=args.images, size=args.size, quality=90)
     here = str(Path(__file__).resolve().parent)
