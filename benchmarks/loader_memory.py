@@ -42,7 +42,9 @@ def run_epoch(dataset: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from loader_bench import build_dataset
+    from loader_bench import build_dataset  # puts the repository root on sys.path
+
+    from lakeshard.format import FORMAT_VERSION
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=2000, help="images in the small shard (default: 2000)")
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {}
     for name, n in (("small", args.images), ("large", args.images * args.factor)):
-        root = args.cache / f"{n}-{args.size}"
+        root = args.cache / f"v{FORMAT_VERSION}-{n}-{args.size}"  # a new format: a new dataset
         if not (root / "dataset.json").exists():
             build_dataset(root, images=n, size=args.size, quality=90)
         runs = [run_epoch(root) for _ in range(args.repeats)]
