@@ -142,8 +142,10 @@ class RangeFetcher:
         self.held = 0
         self.peak_bytes_held = 0
         self.bytes_read = 0
-        #: The last keys submitted for reading and waited on by ``get``, oldest first (bounded).
+        #: The last keys submitted for reading, read (successfully) and waited on by ``get``,
+        #: oldest first (bounded).
         self.submitted: deque[Hashable] = deque(maxlen=_LOG_KEYS)
+        self.completed: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self.waited: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self._name = name
         self._executor: ThreadPoolExecutor | None = None  # made on the first read, again after close()
@@ -245,6 +247,7 @@ class RangeFetcher:
             self._running -= 1
             if not future.cancelled() and future.exception() is None:
                 self.bytes_read += len(future.result())
+                self.completed.append(key)
             if self._futures.get(key) is not future:  # dropped or released while it ran
                 self._free_locked(future)
             self._pump_locked()

@@ -79,7 +79,8 @@ class LoaderOptions:
             Local shards are read on the reader thread (the fastest way for a local disk).
         memory_budget: bytes (``int`` or a size such as ``"512MiB"``) for the remote reads in
             flight or waiting plus the decoded batches (``(num_threads + prefetch + 3)`` blocks of
-            one batch); default: exactly the decoded batches plus ``read_concurrency`` row groups.
+            one batch); default: exactly the decoded batches, ``read_concurrency`` row groups and
+            one shuffle window of encoded rows (so the next window is read while one is decoded).
             Too small for one row group is a :class:`ConfigError`. The window of encoded rows the
             reader shuffles (``shuffle_window`` rows) comes on top.
         cache_dir: a local folder for remote shards (``None``: ``LAKESHARD_CACHE_DIR``, or no

@@ -116,6 +116,16 @@ class WindowReader:
     def max_range_bytes(self) -> int:
         return max((r.size for r in self._ranges.values()), default=0)
 
+    def window_bytes(self) -> int:
+        """At most the remote bytes of one shuffle window (at the densest row group's bytes per
+        row): a fetch budget this much above the reads in flight lets the next window be read
+        while this one is decoded."""
+        per_row = 0.0
+        for i, r in self._ranges.items():
+            md = self.remote[self.pieces[i].shard][0]
+            per_row = max(per_row, r.size / max(1, md.row_group(self.pieces[i].row_group).num_rows))
+        return int(per_row * self.options.shuffle_window) + self.max_range_bytes()
+
     def _keys(self, epoch: int, order: EpochOrder, windows: range) -> list[tuple[tuple[int, int], ByteRange]]:
         """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, piece index)``."""
         return [((epoch, int(p)), self._ranges[int(p)]) for w in windows for p in order.windows[w] if int(p) in self._ranges]
@@ -132,8 +142,8 @@ class WindowReader:
         returns early once ``stop`` is set.
 
         Remote row groups are fetched in the order the epoch reads them and, after the last
-        one, the first window of epoch ``ahead`` (if given): the epoch after this one starts
-        with its reads done or under way. They are fetched after every read of this epoch, on
+        one, the windows of the first batch of epoch ``ahead`` (if given): the epoch after this
+        one starts with its reads done or under way. They are fetched after every read of this epoch, on
         the fetch threads, so they never delay this epoch's batches."""
         bs = self.options.batch_size
         order = self.order(epoch)
@@ -151,7 +161,8 @@ class WindowReader:
         if self.fetcher is not None:
             fetches = self._keys(epoch, order, range(first, last + 1))
             if ahead is not None and ahead != epoch:
-                fetches += self._keys(ahead, self.order(ahead), range(1))
+                following = self.order(ahead)
+                fetches += self._keys(ahead, following, range(following.window_at(min(bs, following.rows) - 1) + 1))
             self.fetcher.schedule(fetches)
         done = False
         try:

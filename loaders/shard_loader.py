@@ -85,8 +85,8 @@ class ShardLoader:
 
     Remote shards (``s3://``): each footer is read once, by the constructor; each epoch fetches
     its row groups as byte ranges, ``read_concurrency`` at a time within ``memory_budget``
-    (:mod:`loaders.fetch`), in the order it reads them, followed by the first window of the epoch
-    expected next (``epoch + 1``, unless the last two iterations ran other steps: none after
+    (:mod:`loaders.fetch`), in the order it reads them, followed by the windows of the first
+    batch of the epoch expected next (``epoch + 1``, unless the last two iterations ran other steps: none after
     the same epoch twice). With ``cache_dir`` the shards are also cached on local disk
     (:mod:`loaders.cache`) and read from there from the next epoch on. Batches do not depend on
     any of this: the same seed and epoch give the same batches, local or remote, cached or not.
@@ -175,7 +175,7 @@ class ShardLoader:
         self._reader.use_fetcher(fetcher, remote)
         largest = self._reader.max_range_bytes()
         if opts.memory_budget is None:
-            fetcher.budget = opts.read_concurrency * largest
+            fetcher.budget = opts.read_concurrency * largest + self._reader.window_bytes()
         elif opts.memory_budget - decoded < largest:
             fetcher.close()
             raise ConfigError(
@@ -280,8 +280,8 @@ class ShardLoader:
             pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, buffers=self._buffers,
             skipped=self.skipped_rows, batch_decoder=get_batch_decoder(self.options.decoder),
         )  # fmt: skip
-        # The epoch expected next, whose first window is fetched after this epoch's reads (remote
-        # shards): epoch + 1 on the first iteration and after a step of one (the
+        # The epoch expected next, whose first batch's windows are fetched after this epoch's reads
+        # (remote shards): epoch + 1 on the first iteration and after a step of one (the
         # set_epoch(epoch + 1) loop). The same epoch again (a validation loader) or a jump reads
         # nothing ahead.
         step = 1 if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch

@@ -4,8 +4,15 @@ Algorithm (a windowed block shuffle, like mosaicml/streaming's ``py1b``):
 
 1. The rank's pieces (row-group slices, :class:`loaders.plan.Piece`) are permuted.
 2. Consecutive pieces of that order are grouped into *windows* of at least ``window_rows`` rows
-   (a piece never spans two windows, so each row group is read once per epoch).
+   (a piece never spans two windows, so each row group is read once per epoch), except that
+   the first windows of an epoch ramp up: at least ``window_rows / 8``, ``/ 4``, ``/ 2`` rows,
+   then ``window_rows`` (:data:`RAMP`).
 3. The rows of each window are permuted.
+
+The ramp is for the first batch: it waits for its whole window to be read, and from a remote
+store a full window is tens of megabytes. The price is a less thorough shuffle of an epoch's
+first ``window_rows * 7 / 8`` rows (drawn from fewer row groups), which matters little because
+the shard job already wrote each shard's rows in a shuffled order.
 
 The reader holds one window of encoded rows at a time, so memory is bounded by
 ``window_rows`` (plus one row group) whatever the shard's size, and resuming at position ``p``
@@ -23,7 +30,10 @@ import numpy as np
 
 from lakeshard.errors import ConfigError
 
-__all__ = ["EpochOrder", "epoch_order"]
+__all__ = ["RAMP", "EpochOrder", "epoch_order"]
+
+#: Window ``i`` of an epoch (``i < RAMP``) holds at least ``window_rows >> (RAMP - i)`` rows.
+RAMP = 3
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,7 @@ def epoch_order(
     for p in order:
         current.append(int(p))
         rows += int(sizes[p])
-        if rows >= window_rows:
+        if rows >= max(1, window_rows >> max(0, RAMP - len(windows))):
             windows.append(np.asarray(current, dtype=np.int64))
             starts.append(starts[-1] + rows)
             current, rows = [], 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeshard import storage
-from lakeshard.errors import DatasetError
+from lakeshard.errors import DatasetError, StorageError
 from lakeshard.format.layout import FORMAT_VERSION, dataset_json_uri, shard_relpath
 
 __all__ = [
@@ -182,12 +182,16 @@ def read_dataset_info(root: str) -> DatasetInfo:
             format version, or a field is missing or mistyped.
     """
     uri = dataset_json_uri(root)
-    if not storage.exists(uri):
+    try:  # one GET, no HEAD first: a remote loader's first batch waits on this
+        data = storage.read_json(uri)
+    except StorageError as exc:
+        if not isinstance(exc.__cause__, FileNotFoundError):
+            raise
         raise DatasetError(
             f"no complete dataset at {storage.normalize(root)}: {uri} does not exist "
             "(run jobs/manifest.py then jobs/shard.py, or wait for the shard job to finish)"
-        )
-    return DatasetInfo.from_json(storage.read_json(uri), source=uri)
+        ) from None
+    return DatasetInfo.from_json(data, source=uri)
 
 
 def info_fields(cls: type = DatasetInfo, prefix: str = "") -> dict[str, Any]:

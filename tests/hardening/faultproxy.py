@@ -3,6 +3,9 @@
 ``503 SlowDown`` (S3 XML error bodies) or a dropped connection, or denying everything with
 ``403 AccessDenied``.
 
+It can also stall requests (hold them unanswered, as a store that stopped responding) and logs
+what it forwarded, so a test counts what the store saw rather than what a client says it asked.
+
 Clients point ``AWS_ENDPOINT_URL`` at :attr:`FaultProxy.endpoint`. The proxy only ever
 listens on 127.0.0.1.
 """
@@ -46,6 +49,18 @@ class FaultProxy:
         self._lock = threading.Lock()
         self.injected: Counter[str] = Counter()
         self.requests = 0
+        #: ``None``; ``"repeats"``: hold every GET of a byte range already served once; ``"all"``:
+        #: hold every request. A held request waits until :meth:`unstall` or ``hold_s``.
+        self.stall: str | None = None
+        self.hold_s = 30.0
+        self.stalled = 0  #: requests held right now
+        self.stalled_total = 0
+        self.timed_out = 0  #: held requests let go by ``hold_s``, not by :meth:`unstall`
+        #: ``(method, path, Range header)`` of every request forwarded upstream, in order.
+        self.forwarded: list[tuple[str, str, str | None]] = []
+        self._seen: set[tuple[str, str | None]] = set()
+        self.held: list[tuple[str, str, str | None]] = []  #: every request held, in order
+        self._unstalled = threading.Event()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -74,6 +89,7 @@ class FaultProxy:
                     if self.command != "HEAD":
                         self.wfile.write(payload)
                     return
+                proxy._maybe_stall(self.command, self.path, self.headers.get("Range"))
                 conn = http.client.HTTPConnection(*proxy._upstream, timeout=60)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
@@ -111,6 +127,35 @@ class FaultProxy:
             fault = self._rng.choice([500, 503, "drop"])
             self.injected[str(fault)] += 1
             return fault
+
+    def _maybe_stall(self, method: str, path: str, byte_range: str | None) -> None:
+        with self._lock:
+            key = (path, byte_range)
+            hold = self.stall == "all" or (self.stall == "repeats" and method == "GET" and key in self._seen)
+            self._seen.add(key)
+            if hold:
+                self.held.append((method, path, byte_range))
+                self.stalled += 1
+                self.stalled_total += 1
+            unstalled = self._unstalled
+        if hold:
+            answered = unstalled.wait(self.hold_s)
+            with self._lock:
+                self.stalled -= 1
+                self.timed_out += not answered
+        with self._lock:
+            self.forwarded.append((method, path, byte_range))
+
+    def stall_requests(self, which: str) -> None:
+        """Hold requests from now on: ``"repeats"`` or ``"all"`` (see :attr:`stall`)."""
+        with self._lock:
+            self.stall, self._unstalled = which, threading.Event()
+
+    def unstall(self) -> None:
+        """Answer the held requests and hold no more."""
+        with self._lock:
+            self.stall = None
+            self._unstalled.set()
 
     def reset(self, *, mode: str, rate: float = 0.1, seed: int = 0, match: str = "") -> None:
         with self._lock:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lakeshard.errors import ConfigError
 from loaders.plan import batch_size_at, num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.shuffle import epoch_order
+from loaders.shuffle import RAMP, epoch_order
 
 shard_rows_st = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=7).filter(lambda r: sum(r) > 0)
 
@@ -121,8 +121,14 @@ def test_epoch_order_is_a_seeded_permutation_within_windows(shard_rows, group, w
     assert sorted(int(p) for w in order.windows for p in w) == list(range(len(pieces)))
     for w, perm in zip(order.windows, order.perms, strict=True):
         assert sorted(perm.tolist()) == list(range(sum(sizes[int(p)] for p in w)))
-    for w in order.windows[:-1]:
-        assert sum(sizes[int(p)] for p in w) >= window
+    for i, w in enumerate(order.windows):
+        # each window closes at the first piece that brings it to its target: window_rows, but
+        # 1/8, 1/4 and 1/2 of it for an epoch's first three windows (the ramp)
+        target = max(1, window >> max(0, RAMP - i))
+        rows = [sizes[int(p)] for p in w]
+        assert sum(rows[:-1]) < target
+        if i < len(order.windows) - 1:
+            assert sum(rows) >= target
     # deterministic
     assert all(np.array_equal(a, b) for a, b in zip(order.perms, again.perms, strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(order.windows, again.windows, strict=True))
@@ -141,6 +147,13 @@ def test_epoch_order_changes_with_epoch_and_seed():
 
 
 def test_window_at_maps_positions():
-    o = epoch_order([3, 4, 5], shuffle=False, seed=0, epoch=0, rank=0, window_rows=4)
-    assert o.starts.tolist() == [0, 7, 12]
-    assert [o.window_at(p) for p in (0, 6, 7, 11, 12)] == [0, 0, 1, 1, 2]
+    o = epoch_order([3, 4, 5, 2, 2, 2], shuffle=False, seed=0, epoch=0, rank=0, window_rows=16)
+    # targets 2, 4, 8, then 16 rows
+    assert o.starts.tolist() == [0, 3, 7, 16, 18]
+    assert [o.window_at(p) for p in (0, 2, 3, 6, 7, 15, 16, 17, 18)] == [0, 0, 1, 1, 2, 2, 3, 3, 4]
+
+
+def test_an_epoch_starts_with_small_windows():
+    """The first batch waits only for the first window: 1/8 of shuffle_window, not all of it."""
+    o = epoch_order([100] * 100, shuffle=True, seed=3, epoch=1, rank=0, window_rows=2048)
+    assert [len(w) for w in o.windows[:5]] == [3, 6, 11, 21, 21]

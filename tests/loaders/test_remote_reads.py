@@ -4,7 +4,9 @@ dataset version, evicted, shared by processes, safe against a killed writer)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from pathlib import Path
 
 import boto3
@@ -161,18 +163,19 @@ def test_reads_in_flight_ride_out_transient_store_faults(local_ds: Path, s3_buck
 
 def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(local_ds: Path, s3_bucket: str):
     """In a ``set_epoch(e); for batch in loader`` loop, when the last batch of epoch e reaches the
-    training loop, the reads of epoch e + 1's first window are already issued and none has been
+    training loop, the reads of epoch e + 1's first batch are already issued and none has been
     waited on; epoch e + 1 then uses them (each fetched once)."""
     remote = upload(local_ds, s3_bucket)
-    opts = {**OPTIONS, "shuffle_window": 1000}  # one window an epoch: its reads all come first
-    with ShardLoader(str(local_ds), **opts) as plain:
+    with ShardLoader(str(local_ds), **OPTIONS) as plain:
         expected = epochs(plain, [0, 1, 2])
-    loader = ShardLoader(remote, read_concurrency=32, memory_budget="1GiB", **opts)
+    loader = ShardLoader(remote, read_concurrency=32, memory_budget="1GiB", **OPTIONS)
     assert epochs(loader, [0]) == expected[:1]
     fetcher = loader.fetcher
     pieces = len(loader._reader.pieces)
     for epoch in (1, 2):
         loader.set_epoch(epoch)
+        following = loader._reader.order(epoch + 1)
+        first_batch = following.window_at(OPTIONS["batch_size"] - 1) + 1  # the windows its first batch needs
         got = []
         for i, (images, labels) in enumerate(loader):
             got.append((ids_of(images), labels.tolist()))
@@ -181,7 +184,61 @@ def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(
                 issued_next = [k for k in fetcher.submitted if k[0] == epoch + 1]
         assert got == expected[epoch]
         assert waited_next == []
-        assert sorted(p for _, p in issued_next) == list(range(pieces))  # all of it: the one window
+        assert sorted(p for _, p in issued_next) == sorted(int(p) for w in following.windows[:first_batch] for p in w)
     of_2 = [k for k in fetcher.submitted if k[0] == 2]
     assert len(of_2) == len(set(of_2)) == pieces  # each fetched once: epoch 2 used its read-ahead
     loader.close()
+
+
+def _until(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting ({timeout:.0f} s) until {what}")
+        time.sleep(0.01)
+
+
+def test_an_epoch_boundary_never_waits_on_the_store(local_ds: Path, s3_bucket: str, monkeypatch):
+    """Through a store that stops answering (a proxy holding requests, counted at the proxy):
+    epoch 0 runs to its end while every read of epoch 1 is held unanswered, and epoch 1's first
+    batch comes while the store answers nothing at all: it was read during epoch 0."""
+    from tests.hardening.faultproxy import FaultProxy
+
+    remote = upload(local_ds, s3_bucket)
+    with ShardLoader(str(local_ds), **OPTIONS) as plain:
+        expected = epochs(plain, [0, 1])
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    proxy.hold_s = 20.0
+    stack = contextlib.ExitStack()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        # One read at a time: every read of epoch 0 reaches the store before any of epoch 1.
+        loader = ShardLoader(remote, read_concurrency=1, memory_budget="1GiB", **OPTIONS)
+        stack.callback(loader.close)
+        # Epoch 0 reads each row group once; epoch 1's reads are repeats: the store holds them.
+        proxy.stall_requests("repeats")
+        loader.set_epoch(0)
+        got = []
+        for i, (images, labels) in enumerate(loader):
+            got.append((ids_of(images), labels.tolist()))
+            if i == len(loader) - 1:
+                _until(lambda: proxy.stalled > 0, "the store holds epoch 1's first reads")
+        assert proxy.stalled > 0 and proxy.timed_out == 0  # the epoch ended with them still held
+        assert got == expected[0]
+
+        proxy.unstall()
+        fetcher = loader.fetcher
+        _until(lambda: {k for k in fetcher.submitted if k[0] == 1} <= set(fetcher.completed), "epoch 1's first reads are in")
+        proxy.stall_requests("all")
+        loader.set_epoch(1)
+        batches = iter(loader)
+        images, labels = next(batches)
+        assert proxy.timed_out == 0  # no held request was needed for it
+        got = [(ids_of(images), labels.tolist())]
+        proxy.unstall()
+        got += [(ids_of(images), labels.tolist()) for images, labels in batches]
+        assert got == expected[1]
+    finally:
+        proxy.unstall()
+        stack.close()
+        proxy.stop()

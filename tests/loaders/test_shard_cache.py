@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from loader_builders import shard_path, write_dataset
@@ -127,21 +128,36 @@ loader.close()
 
 
 def test_processes_share_one_cache_and_one_download(tmp_path: Path, s3_bucket: str):
-    one_shard(tmp_path / "ds", rows=200)
+    """Two processes, one cache folder, both through a proxy that logs what the store served:
+    the store sends the shard whole once (the cache's download starts at byte 0; the streamed
+    reads of the first epoch ask for row groups, which start after the magic bytes)."""
+    from tests.hardening.faultproxy import FaultProxy
+
+    shard = one_shard(tmp_path / "ds", rows=200)
     remote = upload(tmp_path / "ds", s3_bucket)
     cache = tmp_path / "cache"
     with ShardLoader(str(tmp_path / "ds"), **OPTIONS) as plain:
         expected = json.loads(json.dumps(epochs(plain, [0, 1])))
     here = str(Path(__file__).parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), here, os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, remote, str(cache), here], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint,
+           "PYTHONPATH": os.pathsep.join([os.getcwd(), here, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", _WORKER, remote, str(cache), here], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        proxy.stop()
     assert [r["batches"] for r in results] == [expected, expected]
     assert sorted(len(r["downloaded"]) for r in results) == [0, 1]  # one process downloaded, one waited
+    key = f"/{remote[len('s3://'):]}/{shard.relative_to(tmp_path / 'ds').as_posix()}"
+    gets = [r for m, path, r in proxy.forwarded if m == "GET" and unquote(path.split("?")[0]) == key]
+    assert shard.stat().st_size > 1 << 16  # so no footer read (the last 64 KiB) starts at byte 0
+    assert gets, proxy.forwarded
+    assert [r for r in gets if r is None or r.startswith("bytes=0-")] == [f"bytes=0-{shard.stat().st_size - 1}"]
     assert len(cached(cache)) == 1
     assert list(cache.rglob("*.tmp-*")) == []
