@@ -1,5 +1,6 @@
 """Issue 22, listing at scale: a class 50x the others is listed in balanced tasks, with the rows
-one task per class lists (locally and on the S3 server), links, loops and hidden objects alike."""
+one task per class lists (locally and on the S3 server), links, loops and hidden objects alike;
+without the sniff, bad objects reach the shard job's decode."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ from typing import Any
 import boto3
 import pytest
 
+from jobs import manifest as manifest_job
+from jobs import shard as shard_job
 from jobs.engines.local_engine import LocalEngine
 from jobs.listing import Skip, discover, list_prefix
 from jobs.listing_tasks import list_lake
+from jobs.settings import ManifestConfig, ShardConfig
+from lakeshard import storage
+from lakeshard.format import manifest_rejects_uri, shard_rejects_uri
+from tests.helpers.checks import read_table
 from tests.helpers.edge_lake import write_edge_lake
+from tests.helpers.lake import write_lake
 
 SKIP = Skip(exclude=("*.tmp",))
 
@@ -111,3 +119,27 @@ def test_s3_keys_that_extend_the_last_listed_key_are_not_lost(s3_bucket, budget)
     prefixes, _ = discover(root)
     rows = list_lake(LocalEngine(workers=2), root, prefixes, task_objects=budget)
     assert sorted(r["key"] for r in rows) == ["c/a", "c/a0", "c/a0/x", "c/a00", "c/ab", "c/b", "c/b/c/d", "d/a"]
+
+
+def test_without_the_sniff_a_bad_object_is_rejected_by_the_shard_job(tmp_path):
+    raw = tmp_path / "raw"
+    write_lake(raw, {"cat": 8, "dog": 8}, nested=False)
+    (raw / "cat" / "readme.jpg").write_bytes(b"plain text pretending to be a jpeg")
+    (raw / "dog" / "empty.png").write_bytes(b"")
+    engine = LocalEngine(workers=2)
+    reasons = {}
+    for sniff in (True, False):
+        out = storage.normalize(str(tmp_path / f"sniff-{sniff}"))
+        manifest_job.run(ManifestConfig(input=str(raw), output=out, sniff=sniff, split={"train": 1.0},
+                                        max_reject_fraction=0.5, engine="local"), engine)
+        rejects = read_table(manifest_rejects_uri(out))
+        reasons[sniff] = dict(zip(rejects["key"].to_pylist(), rejects["reason"].to_pylist(), strict=True))
+        if not sniff:
+            train = {r["key"]: r for r in read_table(f"{out}/manifests/train.parquet").to_pylist()}
+            assert train["cat/readme.jpg"]["format"] is None and train["cat/readme.jpg"]["etag"] is None
+            shard_job.run(ShardConfig(dataset=out, num_shards=1, image_size=16, max_reject_fraction=0.5,
+                                      engine="local"), engine)
+            shard_rejects = read_table(shard_rejects_uri(out))["key"].to_pylist()
+            assert shard_rejects == ["cat/readme.jpg"]
+    assert reasons[True]["cat/readme.jpg"].startswith("not an image")
+    assert reasons[False] == {"dog/empty.png": "empty object (0 bytes)"}  # still rejected: its listed size
