@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from jobs.dataset_info import dataset_version
+from jobs.inventory import read_inventory
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, DatasetExistsError, ManifestError, ShardError
@@ -90,16 +91,28 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
 
 def check_manifest_inputs(cfg: ManifestConfig) -> None:
     """The manifest job's ``--input`` and ``--output`` are URIs this platform reads, a local
-    input exists, and the output is neither the input nor inside it (the next run would list
-    the dataset as lake objects): a :class:`ConfigError` names both URIs."""
+    input exists, the output is neither the input nor inside it (the next run would list
+    the dataset as lake objects): a :class:`ConfigError` names both URIs; and an
+    ``--inventory`` is a readable S3 Inventory report of the input's bucket."""
     src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
     if src.startswith("file://") and not storage.exists(src):
         raise ManifestError(f"--input {cfg.input!r}: {src} does not exist")
+    if cfg.inventory is not None:
+        _check_inventory(cfg, src)
     src_path, out_path = _local_path(src), _local_path(out)
     if out_path == src_path or out_path.startswith(src_path.rstrip("/") + "/"):
         where = "is the input" if out_path == src_path else "is inside the input"
         raise ConfigError(f"--output {out} {where} --input {src}; write the dataset outside the lake "
                           "(the next run would list it as images)")
+
+
+def _check_inventory(cfg: ManifestConfig, src: str) -> None:
+    """``--inventory`` lists an S3 ``--input``'s bucket, and its manifest and data files are
+    readable and well formed (see :func:`jobs.inventory.read_inventory`)."""
+    if not src.startswith("s3://"):
+        raise ConfigError(f"--inventory {cfg.inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
+                          "prefix; list a local lake without --inventory")
+    read_inventory(cfg.inventory, bucket=src[len("s3://"):].split("/", 1)[0])
 
 
 def _local_path(uri: str) -> str:

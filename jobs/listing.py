@@ -27,9 +27,11 @@ import stat
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from jobs.images import SNIFF_BYTES, UNSUPPORTED_FORMATS, sniff
+from jobs.images import SNIFF_BYTES, UNSUPPORTED_FORMATS
+from jobs.images import sniff as sniff_format
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 
@@ -123,47 +125,43 @@ def _ident(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _local_entry(path: str, name: str, chain: frozenset[tuple[int, int]]) -> tuple[str, tuple[int, int] | None, dict[str, Any]]:
+    """``(full path, folder identity or None, info)`` of the entry ``name`` of the local folder
+    ``path``, symbolic links followed. ``chain`` holds the identities of the folders above: a
+    folder among them is a loop. An entry that cannot be listed as a file or a folder gets a
+    ``reject`` reason in its info."""
+    full = path.rstrip("/") + "/" + name
+    link = os.path.islink(full)
+    target = os.readlink(full) if link else None
+    info: dict[str, Any] = {"name": full, "size": 0}
+    try:
+        st = os.stat(full)
+    except FileNotFoundError:
+        info["reject"] = (f"dangling symlink: {name} -> {target!r}, which does not exist" if link
+                          else "cannot read: object disappeared after listing")
+        return full, None, info
+    except OSError as exc:
+        loop = exc.errno == errno.ELOOP
+        info["reject"] = (f"symlink loop: {name} -> {target!r} never resolves" if loop
+                          else f"cannot read: {type(exc).__name__}: {exc.strerror}")
+        return full, None, info
+    info["mtime"] = st.st_mtime
+    if stat.S_ISDIR(st.st_mode):
+        if _ident(st) in chain:
+            info["reject"] = (f"symlink loop: {name} -> {target!r} leads back to a folder above it" if link
+                              else "folder loop: leads back to a folder above it")
+            return full, None, info
+        return full, _ident(st), info
+    if stat.S_ISREG(st.st_mode):
+        info["size"] = st.st_size
+    else:
+        info["reject"] = "not a regular file (a device, socket or pipe)"
+    return full, None, info
+
+
 def _local_entries(path: str, chain: frozenset[tuple[int, int]]) -> list[tuple[str, tuple[int, int] | None, dict[str, Any]]]:
-    """``(full path, folder identity or None, info)`` of each entry of the local folder
-    ``path``, sorted by name, symbolic links followed. ``chain`` holds the identities of the
-    folders above: a folder among them is a loop. An entry that cannot be listed as a file or
-    a folder gets a ``reject`` reason in its info."""
-    with os.scandir(path) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    out = []
-    for entry in entries:
-        full = path.rstrip("/") + "/" + entry.name
-        link = entry.is_symlink()
-        target = os.readlink(full) if link else None
-        info: dict[str, Any] = {"name": full, "size": 0}
-        try:
-            st = os.stat(full)
-        except FileNotFoundError:
-            info["reject"] = (f"dangling symlink: {entry.name} -> {target!r}, which does not exist" if link
-                              else "cannot read: object disappeared after listing")
-            out.append((full, None, info))
-            continue
-        except OSError as exc:
-            loop = exc.errno == errno.ELOOP
-            info["reject"] = (f"symlink loop: {entry.name} -> {target!r} never resolves" if loop
-                              else f"cannot read: {type(exc).__name__}: {exc.strerror}")
-            out.append((full, None, info))
-            continue
-        info["mtime"] = st.st_mtime
-        if stat.S_ISDIR(st.st_mode):
-            if _ident(st) in chain:
-                info["reject"] = (f"symlink loop: {entry.name} -> {target!r} leads back to a folder above it" if link
-                                  else "folder loop: leads back to a folder above it")
-                out.append((full, None, info))
-            else:
-                out.append((full, _ident(st), info))
-        elif stat.S_ISREG(st.st_mode):
-            info["size"] = st.st_size
-            out.append((full, None, info))
-        else:
-            info["reject"] = "not a regular file (a device, socket or pipe)"
-            out.append((full, None, info))
-    return out
+    """:func:`_local_entry` of each entry of the local folder ``path``, sorted by name."""
+    return [_local_entry(path, name, chain) for name in sorted(os.listdir(path))]
 
 
 def _walk_local(path: str, chain: frozenset[tuple[int, int]]) -> list[dict[str, Any]]:
@@ -229,16 +227,29 @@ def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> tuple
     return [_uri(root, p) for p in level], stray
 
 
-def _list_local(root_path: str, path: str) -> list[dict[str, Any]]:
-    """``find -L path``, with the folders from ``root_path`` down to ``path`` as the loop chain."""
+def _chain(root_path: str, path: str) -> frozenset[tuple[int, int]]:
+    """The identities of the local folders from ``root_path`` down to ``path``'s parent."""
     parts = path[len(root_path):].strip("/").split("/")
     ancestors = [root_path] + [root_path.rstrip("/") + "/" + "/".join(parts[:i]) for i in range(1, len(parts))]
-    chain = frozenset(_ident(os.stat(a)) for a in ancestors)
-    st = os.stat(path)
-    if _ident(st) in chain:
-        target = os.readlink(path) if os.path.islink(path) else path
-        return [{"name": path, "size": 0, "reject": f"symlink loop: {parts[-1]} -> {target!r} leads back to a folder above it"}]
-    return _walk_local(path, chain | {_ident(st)})
+    return frozenset(_ident(os.stat(a)) for a in ancestors)
+
+
+def _folder_loop(path: str, chain: frozenset[tuple[int, int]]) -> dict[str, Any] | None:
+    """The reject info of the local folder ``path`` if it is one of the folders above it (a
+    link to an ancestor), else None."""
+    if _ident(os.stat(path)) not in chain:
+        return None
+    target = os.readlink(path) if os.path.islink(path) else path
+    return {"name": path, "size": 0,
+            "reject": f"symlink loop: {path.rsplit('/', 1)[-1]} -> {target!r} leads back to a folder above it"}
+
+
+def _list_local(root_path: str, path: str) -> list[dict[str, Any]]:
+    """``find -L path``, with the folders from ``root_path`` down to ``path`` as the loop chain."""
+    chain = _chain(root_path, path)
+    if (loop := _folder_loop(path, chain)) is not None:
+        return [loop]
+    return _walk_local(path, chain | {_ident(os.stat(path))})
 
 
 def list_prefix(root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> list[dict[str, Any]]:
@@ -260,7 +271,7 @@ def list_prefix(root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _N
     return rows
 
 
-def _inspect(row: dict[str, Any]) -> dict[str, Any]:
+def _inspect(row: dict[str, Any], sniff: bool = True) -> dict[str, Any]:
     if row["status"] != "ok":
         return row
     if row["size"] == 0:
@@ -272,6 +283,9 @@ def _inspect(row: dict[str, Any]) -> dict[str, Any]:
     # multipart upload's ETag ('<md5 of the parts' md5s>-<parts>') does not identify the
     # content, so such an object is read whole to hash it.
     multipart = s3 and "-" in (row["etag"] or "")
+    if not sniff:  # nothing is read: S3's ETag (an MD5 unless multipart) is all that identifies content
+        row["content"] = row["etag"] if s3 and not multipart else None
+        return row
     data = storage.read_listed(row["uri"], end=SNIFF_BYTES if s3 and not multipart else None)
     if isinstance(data, str):
         return reject(row, data)
@@ -279,7 +293,7 @@ def _inspect(row: dict[str, Any]) -> dict[str, Any]:
         row["etag"] = hashlib.md5(data, usedforsecurity=False).hexdigest()
     row["content"] = hashlib.md5(data, usedforsecurity=False).hexdigest() if multipart else row["etag"]
     head = data[:SNIFF_BYTES]
-    fmt = sniff(head)
+    fmt = sniff_format(head)
     if fmt is None:
         return reject(row, f"not an image: content starts with {head[:8]!r}, no known image signature")
     if fmt in UNSUPPORTED_FORMATS:
@@ -288,11 +302,14 @@ def _inspect(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def inspect_objects(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def inspect_objects(rows: Iterable[dict[str, Any]], *, sniff: bool = True) -> list[dict[str, Any]]:
     """Read the first bytes of each object (all bytes of a local one, to hash it) and reject
-    what is empty, unreadable or not an image. Runs inside an executor."""
+    what is empty, unreadable or not an image. Runs inside an executor. With ``sniff`` off
+    nothing is read: only empty objects (by their listed size) are rejected, ``format`` stays
+    None, and a local object gets no ETag (the shard job then checks its size only)."""
     rows = list(rows)
-    if len(rows) <= 1:
-        return [_inspect(r) for r in rows]
+    inspect = partial(_inspect, sniff=sniff)
+    if len(rows) <= 1 or not sniff:
+        return [inspect(r) for r in rows]
     with ThreadPoolExecutor(max_workers=min(_IO_THREADS, len(rows))) as pool:
-        return list(pool.map(_inspect, rows))
+        return list(pool.map(inspect, rows))

@@ -30,6 +30,7 @@ import sys
 if __name__ == "__main__" and not __package__:
     import _script  # noqa: F401  (jobs/_script.py: the repository root first on sys.path)
 from collections import Counter
+from functools import partial
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -38,10 +39,12 @@ from jobs.catalog import Manifest, build_manifest, fingerprint, sagemaker_manife
 from jobs.engines import Engine
 from jobs.engines.cli import job_parser, run_job
 from jobs.inputs import check_manifest_inputs
-from jobs.listing import Skip, discover, inspect_objects, list_prefix
+from jobs.inventory import inventory_rows, read_inventory
+from jobs.listing import Skip, discover, inspect_objects
+from jobs.listing_tasks import list_lake
 from jobs.settings import ManifestConfig
 from lakeshard import storage
-from lakeshard.errors import DatasetExistsError, StorageError
+from lakeshard.errors import DatasetExistsError, ManifestError, StorageError
 from lakeshard.format import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
 
 __all__ = ["main", "run"]
@@ -51,32 +54,42 @@ log = logging.getLogger("jobs.manifest")
 _EXAMPLES = 5
 
 
-def _list_parts(src: str, label_depth: int, skip: Skip):
-    def list_some(prefixes: list[str]) -> list[dict[str, Any]]:
-        return [row for p in prefixes for row in list_prefix(src, p, label_depth=label_depth, skip=skip)]
-    return list_some
-
-
 def _skip(cfg: ManifestConfig) -> Skip:
     return Skip(exclude=tuple(cfg.exclude), include_hidden=cfg.include_hidden)
+
+
+def _listed(cfg: ManifestConfig, engine: Engine, skip: Skip) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows of the lake's objects, not yet inspected: those above the label level (from
+    the driver's listing) and the others (listed, or read from ``--inventory``, on the workers)."""
+    src = storage.normalize(cfg.input)
+    if cfg.inventory:
+        inventory = read_inventory(cfg.inventory, bucket=src[len("s3://"):].split("/", 1)[0])
+        log.info("reading %d inventory data files of %s on %s", len(inventory.files), inventory.uri, engine.name)
+        rows = engine.map_partitions(inventory_rows(inventory, src, label_depth=cfg.label_depth, skip=skip),
+                                     list(inventory.files), partitions=len(inventory.files))
+        if not rows:
+            raise ManifestError(f"--inventory {inventory.uri} lists no object under --input {src}")
+        return [], rows
+    prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=skip)
+    log.info("found %d class prefixes under %s; listing them on %s", len(prefixes), src, engine.name)
+    return stray, list_lake(engine, src, prefixes, label_depth=cfg.label_depth, skip=skip,
+                            task_objects=cfg.list_task_objects)
 
 
 def extract(cfg: ManifestConfig, engine: Engine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every listed object under ``cfg.input``, inspected, as manifest rows; and the objects
     skipped (hidden or excluded), as rows whose ``reason`` says why."""
-    src = storage.normalize(cfg.input)
-    skip = _skip(cfg)
-    prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=skip)
-    log.info("found %d class prefixes under %s; listing them on %s", len(prefixes), src, engine.name)
-    listed = engine.map_partitions(_list_parts(src, cfg.label_depth, skip), prefixes, partitions=len(prefixes))
+    stray, listed = _listed(cfg, engine, _skip(cfg))
     skipped = sorted((r for r in stray + listed if r["status"] == "skipped"), key=lambda r: r["key"])
     if skipped:
         log.info("skipped %d hidden or excluded objects (e.g. %s)", len(skipped), skipped[0]["key"])
     stray = [r for r in stray if r["status"] != "skipped"]
     listed = sorted((r for r in listed if r["status"] != "skipped"), key=lambda r: r["key"])
     partitions = cfg.partitions or max(1, min(len(listed), max(2 * engine.parallelism, math.ceil(len(listed) / 2000))))
-    log.info("listed %d objects; reading their headers in %d tasks", len(listed), partitions)
-    return stray + engine.map_partitions(inspect_objects, listed, partitions=partitions), skipped
+    log.info("listed %d objects; %s in %d tasks", len(listed),
+             "reading their headers" if cfg.sniff else "not reading them (--no-sniff)", partitions)
+    inspect = partial(inspect_objects, sniff=cfg.sniff)
+    return stray + engine.map_partitions(inspect, listed, partitions=partitions), skipped
 
 
 def _skip_kind(reason: str) -> str:

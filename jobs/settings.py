@@ -40,6 +40,12 @@ class ManifestConfig:
                               "each path component (e.g. '*.tmp')")
     include_hidden: bool = opt(False, help="list hidden objects too (names starting with '.', __MACOSX, Thumbs.db, "
                                            "desktop.ini), which are skipped by default")
+    inventory: str | None = opt(None, help="an S3 Inventory report of --input's bucket (its manifest.json, or the dated "
+                                          "folder holding it): its CSV or Parquet files are the lake instead of a listing")
+    sniff: bool = opt(True, help="read each object's first bytes to reject what is not an image now; off: no object is "
+                                 "read, bad objects are rejected by the shard job's decode instead")
+    list_task_objects: int = opt(100_000, help="a listing task that has listed this many objects hands the rest of its "
+                                               "class prefix to new tasks, so a large class is listed in parallel")
     dedupe: bool = opt(False, help="keep one object of each set with identical content (the others are rejected "
                                    "naming the kept key), so no image is in two channels")
 
@@ -50,6 +56,7 @@ class ManifestConfig:
         check_positive("min_per_class", self.min_per_class)
         check_positive("label_depth", self.label_depth)
         check_positive("partitions", self.partitions, allow_none=True)
+        check_positive("list_task_objects", self.list_task_objects)
         _check_fraction("max_reject_fraction", self.max_reject_fraction)
 
 

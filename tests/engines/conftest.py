@@ -27,8 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 #: The job options every engine test uses: stratified (every class in every channel of a small
-#: lake), a reject budget the bad objects fit in, and ``pad`` so some rows are routed twice.
-MANIFEST_OPTS: dict[str, Any] = {"split_method": "stratified", "seed": 7, "max_reject_fraction": 0.2}
+#: lake), a reject budget the bad objects fit in, ``pad`` so some rows are routed twice, and
+#: listing tasks of 16 objects, so every engine lists the classes in pieces over several rounds.
+MANIFEST_OPTS: dict[str, Any] = {"split_method": "stratified", "seed": 7, "max_reject_fraction": 0.2,
+                                 "list_task_objects": 16}
 SHARD_OPTS: dict[str, Any] = {"num_shards": 3, "image_size": 32, "remainder": "pad", "max_reject_fraction": 0.2}
 
 
