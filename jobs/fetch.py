@@ -11,9 +11,6 @@ MD5 of the bytes read.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
-
-from fsspec.asyn import sync
 
 from lakeshard import storage
 from lakeshard.errors import StorageError
@@ -24,25 +21,13 @@ __all__ = ["CHANGED", "read_as_listed"]
 CHANGED = "changed since the manifest was built"
 
 
-async def _get_object(fs: Any, path: str) -> tuple[bytes, str | None]:
-    bucket, _, key = path.partition("/")
-    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
-    try:
-        data = await resp["Body"].read()
-    finally:
-        resp["Body"].close()
-    etag = resp.get("ETag")
-    return data, etag.strip('"') if isinstance(etag, str) else None
-
-
 def _read(uri: str) -> tuple[bytes, str | None] | str:
     """The object's bytes and its ETag (None for a local file), or :data:`storage.GONE`."""
     if not uri.startswith("s3://"):
         data = storage.read_listed(uri)
         return data if isinstance(data, str) else (data, None)
-    fs, path = storage.filesystem(uri)
     try:
-        return sync(fs.loop, _get_object, fs, path)
+        return storage.s3_get(uri)
     except FileNotFoundError:
         return storage.GONE
     except Exception as exc:

@@ -128,20 +128,21 @@ def exists(uri: str) -> bool:
         raise StorageError(f"cannot check {uri}: {exc}") from exc
 
 
-def cat(uri: str, *, end: int | None = None, one_request: bool = False) -> bytes:
+def cat(uri: str, *, end: int | None = None) -> bytes:
     """The bytes of the object or file at ``uri`` (a canonical URI, as listings give them), or
     its first ``end`` bytes; raises what the filesystem raises (``FileNotFoundError`` when it is
-    gone). ``one_request``: one GET on S3, without the HEAD s3fs sends first to split a large
-    object into parts (for small files, where that HEAD is a wasted round trip).
+    gone).
 
+    S3: one GET (:func:`s3_get`), without the HEAD s3fs's ``cat_file`` sends first to split a
+    large object into parts, and with a body cut off mid-read retried (``cat_file`` raises it).
     Local files are read with ``open``: half the cost of fsspec's ``cat_file``, which counts
     when the shard job reads a lake of small images on a shared disk."""
     if uri.startswith("file://"):
         with open(uri[len("file://"):], "rb") as f:
             return f.read(end) if end is not None else f.read()
+    if uri.startswith("s3://"):
+        return s3_get(uri, start=0 if end is not None else None, end=end)[0]
     fs, path = filesystem(uri)
-    if one_request and uri.startswith("s3://"):
-        return fs.cat_file(path, start=0 if end is not None else None, end=end, max_concurrency=1)
     return fs.cat_file(path, start=0 if end is not None else None, end=end)
 
 
@@ -163,6 +164,55 @@ def read_listed(uri: str, *, end: int | None = None) -> bytes | str:
         return GONE
     except Exception as exc:
         raise StorageError(f"cannot read {uri}: {type(exc).__name__}: {exc}") from exc
+
+
+async def s3_get_async(fs: Any, path: str, *, start: int | None = None, end: int | None = None,
+                       if_match: str | None = None) -> tuple[bytes, str | None]:
+    """One GET of the S3 object at ``path`` (``bucket/key``; bytes ``[start, end)`` if given) on
+    ``fs``'s event loop, and the ETag of the very response that carried the bytes.
+    ``if_match``: the object must still have this ETag (else the store answers 412 and this
+    raises: never other bytes).
+
+    Goes through s3fs's own client, retries and error translation (``FileNotFoundError``,
+    ``PermissionError``, ...); ``cat_file`` offers neither ``If-Match`` nor the response's ETag.
+    A body cut off mid-read (which botocore's retries do not cover: the response had come) is
+    retried as a whole, as many times as botocore retries a request."""
+    import asyncio
+
+    import aiohttp
+    from botocore.exceptions import IncompleteReadError, ResponseStreamingError
+
+    bucket, key, _ = fs.split_path(path)
+    extra: dict[str, str] = {}
+    if start is not None:
+        extra["Range"] = f"bytes={start}-{end - 1}"
+    if if_match:
+        extra["IfMatch"] = if_match
+    attempts = _S3_RETRIES["max_attempts"]
+    for attempt in range(attempts):
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
+        try:
+            data = await resp["Body"].read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ResponseStreamingError,
+                IncompleteReadError) as exc:  # fmt: skip
+            if attempt == attempts - 1:
+                raise OSError(f"s3://{path}: the response body was cut off {attempts} times: {exc}") from exc
+            await asyncio.sleep(min(0.1 * 1.7**attempt, 5.0))
+            continue
+        finally:
+            resp["Body"].close()
+        etag = resp.get("ETag")
+        return data, etag.strip('"') if isinstance(etag, str) else None
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def s3_get(uri: str, *, start: int | None = None, end: int | None = None,
+           if_match: str | None = None) -> tuple[bytes, str | None]:
+    """:func:`s3_get_async` from a thread: ``uri`` is an ``s3://`` URI."""
+    from fsspec.asyn import sync
+
+    fs, path = filesystem(uri)
+    return sync(fs.loop, s3_get_async, fs, path, start=start, end=end, if_match=if_match)
 
 
 def temp_sibling(path: str) -> str:
@@ -204,7 +254,7 @@ def read_bytes(uri: str) -> bytes:
     """The bytes of a small file (JSON, a marker) at ``uri``, in one request."""
     uri = normalize(uri)
     try:
-        return cat(uri, one_request=True)
+        return cat(uri)
     except FileNotFoundError as exc:
         raise StorageError(f"{uri} does not exist") from exc
     except Exception as exc:

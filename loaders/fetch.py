@@ -261,29 +261,14 @@ _PART_BYTES = 4 << 20
 def read_s3_range(r: ByteRange) -> bytes:
     """The bytes of ``r``, each GET sent with ``If-Match: <the ETag of the shard the loader
     checked>``: an object replaced since answers 412, never other bytes."""
-    import fsspec.asyn  # s3fs's own retry wrapper and error translation, as its cat_file uses them
-    from s3fs.core import _error_wrapper, translate_boto_error
+    import fsspec.asyn
 
     fs, _ = storage.filesystem("s3://" + r.path)
-    bucket, key, _ = fs.split_path(r.path)
-    match = {"IfMatch": r.etag} if r.etag else {}
-
-    async def part(start: int, end: int) -> bytes:
-        async def call() -> bytes:
-            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **match)
-            try:
-                return await resp["Body"].read()
-            finally:
-                resp["Body"].close()
-
-        try:
-            return await _error_wrapper(call, retries=fs.retries)
-        except Exception as exc:
-            raise translate_boto_error(exc) from exc
 
     async def whole() -> bytes:
         starts = range(r.start, r.end, _PART_BYTES)
-        parts = await asyncio.gather(*(part(s, min(s + _PART_BYTES, r.end)) for s in starts))
-        return b"".join(parts)
+        parts = await asyncio.gather(*(storage.s3_get_async(fs, r.path, start=s, end=min(s + _PART_BYTES, r.end), if_match=r.etag)
+                                       for s in starts))  # fmt: skip
+        return b"".join(data for data, _ in parts)
 
     return fsspec.asyn.sync(fs.loop, whole)

@@ -1,7 +1,7 @@
 """A fault-injecting HTTP proxy for S3 tests: forwards requests to an upstream S3 endpoint
 (moto on 127.0.0.1), answering a seeded fraction of them with ``500 InternalError``,
-``503 SlowDown`` (S3 XML error bodies) or a dropped connection, or denying everything with
-``403 AccessDenied``.
+``503 SlowDown`` (S3 XML error bodies), a dropped connection or a body cut off halfway (the
+headers promise all of it), or denying everything with ``403 AccessDenied``.
 
 It can also stall requests (hold them unanswered, as a store that stopped responding) and logs
 what it forwarded, so a test counts what the store saw rather than what a client says it asked.
@@ -77,7 +77,7 @@ class FaultProxy:
                     self.close_connection = True
                     self.connection.shutdown(2)  # no response at all: a dropped connection
                     return
-                if fault is not None:
+                if fault is not None and fault != "cut":
                     code, message = _ERRORS[fault]
                     payload = _error_body(code, message, self.path)
                     self.send_response(fault)
@@ -106,6 +106,12 @@ class FaultProxy:
                 if not head:
                     self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if fault == "cut" and not head and len(data) > 1:
+                    self.wfile.write(data[: len(data) // 2])  # then hang up mid-body
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
                 if self.command != "HEAD":
                     self.wfile.write(data)
 
@@ -124,7 +130,7 @@ class FaultProxy:
                 return 403
             if self.mode != "faults" or self._rng.random() >= self.rate:
                 return None
-            fault = self._rng.choice([500, 503, "drop"])
+            fault = self._rng.choice([500, 503, "drop", "cut"])
             self.injected[str(fault)] += 1
             return fault
 

@@ -1,5 +1,5 @@
-"""S3 faults: a proxy in front of moto answers a seeded 10% of requests with 500, 503 SlowDown
-or a dropped connection. Both jobs (each engine) and the loader complete, and what they produce
+"""S3 faults: a proxy in front of moto answers a seeded 10% of requests with 500, 503 SlowDown,
+a dropped connection or a body cut off halfway. Both jobs (each engine) and the loader complete, and what they produce
 equals a clean run's. Permanent errors (403, a missing bucket) fail fast, naming the URI."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _faulty_run(proxy, s3_via, seed: int) -> None:
 
 def _assert_faults_were_injected(proxy) -> None:
     assert proxy.requests > 50, proxy.requests
-    assert {"500", "503", "drop"} <= set(proxy.injected), proxy.injected
+    assert {"500", "503", "drop", "cut"} <= set(proxy.injected), proxy.injected
 
 
 @pytest.mark.spark
