@@ -134,8 +134,8 @@ class LegPlan:
         return self._sizes[leg].end
 
     def remaining(self, leg: int) -> int:
-        """Positions per rank not consumed in leg ``leg``."""
-        return self._sizes[leg].end - self.legs[leg].batches * self.legs[leg].batch_size
+        """Positions per rank not consumed in leg ``leg`` (the last batch may be short)."""
+        return max(self._sizes[leg].end - self.legs[leg].batches * self.legs[leg].batch_size, 0)
 
     def batches_before(self, leg: int) -> int:
         """Batches (global steps) consumed in the legs before ``leg``."""
@@ -174,7 +174,8 @@ class LegPlan:
 
     def _remaining_rows(self, leg: int, lo: int, hi: int) -> list[Window]:
         """Positions ``[lo, hi)`` of ``R``: the unconsumed positions of leg ``leg``'s ranks, rank by rank."""
-        m, skip = self.remaining(leg), self.legs[leg].batches * self.legs[leg].batch_size
+        m = self.remaining(leg)
+        skip = self.end(leg) - m
         out: list[Window] = []
         for r in range(lo // m, (hi - 1) // m + 1):
             a, b = max(lo, r * m) - r * m, min(hi, (r + 1) * m) - r * m

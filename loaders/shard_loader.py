@@ -137,6 +137,7 @@ class ShardLoader:
         self._legs: tuple[Leg, ...] = ()
         self._plan: EpochPlan | None = None
         self._plan_batches = 0  # batches per rank of self._plan
+        self._plan_used = False  # an iteration has started from self._plan
         self._running: Epoch[BatchTask, Any] | None = None
         self._last_iter_epoch: int | None = None  # the epoch the last iteration ran
         self._lock = threading.Lock()
@@ -240,8 +241,8 @@ class ShardLoader:
         """Resume where ``state`` left off: the next iteration (after ``set_epoch`` of the saved
         epoch, or none) yields exactly the batches that were still to come. A state saved at
         another world size needs the same global batch; the rest of its epoch is dealt evenly
-        to this loader's world size (:mod:`loaders.elastic`); with nothing consumed yet, the
-        epoch starts afresh at this world size.
+        to this loader's world size (:mod:`loaders.elastic`) for its next iteration (a later
+        iteration of the same epoch starts it afresh, as after a same-size resume).
 
         Raises:
             DatasetError: the state was saved on another dataset version.
@@ -258,7 +259,7 @@ class ShardLoader:
         consumed = saved.batches_consumed
         legs: tuple[Leg, ...] = ()
         plan, plan_batches = None, 0
-        if (len(saved.legs) == 1 and last.world_size == opts.world_size) or consumed == 0:
+        if len(saved.legs) == 1 and last.world_size == opts.world_size:
             if not 0 <= consumed <= self._num_batches:
                 raise LoaderError(f"batches_consumed must be in [0, {self._num_batches}], got {consumed!r}")
         else:
@@ -268,7 +269,7 @@ class ShardLoader:
             plan, plan_batches = self._leg_plan(saved.epoch, [*legs, current])
         self._stop_pipeline()
         self._epoch, self._next_start, self._consumed = saved.epoch, consumed, consumed
-        self._legs, self._plan, self._plan_batches = legs, plan, plan_batches
+        self._legs, self._plan, self._plan_batches, self._plan_used = legs, plan, plan_batches, False
 
     def _leg_plan(self, epoch: int, legs: list[Leg]) -> tuple[EpochPlan, int]:
         """What this rank reads in the last of ``legs`` of ``epoch``, and its batches. Reads the
@@ -313,8 +314,9 @@ class ShardLoader:
             self._reader.use_local(self.cache.ready())
             self.cache.start(self._cached, name=f"lakeshard-r{self.options.rank}")
         start, self._next_start = self._next_start, 0
-        if self._plan is not None and start < self._plan.first_index:  # the epoch again, afresh
+        if self._plan is not None and self._plan_used:  # the epoch again: afresh, at this world size
             self._legs, self._plan = (), None
+        self._plan_used = True
         self._consumed = start
         self.skipped_rows = []
         self._reader.row_groups_read = 0
