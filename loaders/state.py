@@ -25,7 +25,7 @@ from typing import Any
 from lakeshard.errors import DatasetError, LoaderError
 from loaders.elastic import Leg
 
-__all__ = ["ORDER_SETTINGS", "STATE_FORMAT", "SavedState", "check_global_batch", "read_state", "state_dict"]
+__all__ = ["ORDER_SETTINGS", "STATE_FORMAT", "SavedState", "check_global_batch", "last_leg", "read_state", "state_dict"]
 
 STATE_FORMAT = "lakeshard.ShardLoader/2"
 _FORMAT_1 = "lakeshard.ShardLoader/1"
@@ -84,11 +84,7 @@ def read_state(state: Any, *, dataset: str, dataset_version: str, channel: str, 
     if not isinstance(theirs, dict):
         raise LoaderError(f"loader state has no 'order' settings, got {theirs!r}")
     mine = {k: order[k] for k in ORDER_SETTINGS}
-    if fmt == _FORMAT_1:
-        legs_raw = [{"world_size": theirs.get("world_size"), "batch_size": theirs.get("batch_size"),
-                     "batches": state.get("batches_consumed")}]  # fmt: skip
-    else:
-        legs_raw = state.get("legs")
+    legs_raw = _raw_legs(state)
     legs = _legs(legs_raw)
     if fmt == _FORMAT_1:
         mine["rows_per_rank"] = rows_per_rank(legs[0].world_size)
@@ -106,6 +102,28 @@ def read_state(state: Any, *, dataset: str, dataset_version: str, channel: str, 
             f"{saved.batches_consumed} batches ({legs_raw})"
         )
     return saved
+
+
+def last_leg(state: Any) -> Leg:
+    """The world size and batch size ``state`` (format 2 or 1) was last run at, without checking
+    it against a dataset: what a trainer needs to choose its batch size before any loader.
+
+    Raises:
+        LoaderError: not a loader state.
+    """
+    fmt = state.get("format") if isinstance(state, dict) else None
+    if fmt not in (STATE_FORMAT, _FORMAT_1):
+        raise LoaderError(f"not a ShardLoader state (format {fmt!r}, expected {STATE_FORMAT!r} or {_FORMAT_1!r})")
+    return _legs(_raw_legs(state))[-1]
+
+
+def _raw_legs(state: dict[str, Any]) -> Any:
+    """The legs of a state as saved; a format-1 state has one (its settings under ``order``)."""
+    if state.get("format") == _FORMAT_1:
+        order = state.get("order") if isinstance(state.get("order"), dict) else {}
+        return [{"world_size": order.get("world_size"), "batch_size": order.get("batch_size"),
+                 "batches": state.get("batches_consumed")}]  # fmt: skip
+    return state.get("legs")
 
 
 def _legs(raw: Any) -> tuple[Leg, ...]:
