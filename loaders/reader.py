@@ -7,6 +7,10 @@ to the decode threads as a :class:`~loaders.batch.BatchTask`; the rows left over
 next window. Every shard it opens is checked against the ``dataset.json`` the loader started
 with (a dataset rebuilt mid-run is refused, not mixed in).
 
+What an epoch reads is an :class:`EpochPlan`: by default the rank's own pieces in the order of
+:mod:`loaders.shuffle` (:meth:`WindowReader.plan`); for an epoch resumed at another world size,
+the windows :mod:`loaders.elastic` deals to this rank, whose pieces may lie in any shard.
+
 The seam for other readers: :class:`WindowReader` needs the shard URIs, the pieces and
 :meth:`WindowReader.read_window`; how the row groups are fetched is its own business.
 """

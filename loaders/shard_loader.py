@@ -259,6 +259,7 @@ class ShardLoader:
         consumed = saved.batches_consumed
         legs: tuple[Leg, ...] = ()
         plan, plan_batches = None, 0
+        self._stop_pipeline()  # before the plan: it may add remote shards to the reader
         if len(saved.legs) == 1 and last.world_size == opts.world_size:
             if not 0 <= consumed <= self._num_batches:
                 raise LoaderError(f"batches_consumed must be in [0, {self._num_batches}], got {consumed!r}")
@@ -267,7 +268,6 @@ class ShardLoader:
             legs = saved.legs[:-1] if last.world_size == opts.world_size else saved.legs
             current = last if last.world_size == opts.world_size else Leg(opts.world_size, opts.batch_size, 0)
             plan, plan_batches = self._leg_plan(saved.epoch, [*legs, current])
-        self._stop_pipeline()
         self._epoch, self._next_start, self._consumed = saved.epoch, consumed, consumed
         self._legs, self._plan, self._plan_batches, self._plan_used = legs, plan, plan_batches, False
 
