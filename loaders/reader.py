@@ -7,6 +7,10 @@ to the decode threads as a :class:`~loaders.batch.BatchTask`; the rows left over
 next window. Every shard it opens is checked against the ``dataset.json`` the loader started
 with (a dataset rebuilt mid-run is refused, not mixed in).
 
+What an epoch reads is an :class:`EpochPlan`: by default the rank's own pieces in the order of
+:mod:`loaders.shuffle` (:meth:`WindowReader.plan`); for an epoch resumed at another world size,
+the windows :mod:`loaders.elastic` deals to this rank, whose pieces may lie in any shard.
+
 The seam for other readers: :class:`WindowReader` needs the shard URIs, the pieces and
 :meth:`WindowReader.read_window`; how the row groups are fetched is its own business.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +36,7 @@ from loaders.options import LoaderOptions
 from loaders.plan import Piece
 from loaders.shuffle import EpochOrder, epoch_order
 
-__all__ = ["Rows", "WindowReader"]
+__all__ = ["EpochPlan", "Rows", "WindowReader"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,21 @@ class Rows:
         return BatchTask(index, self.images, self.labels, self.pads, self.shards, self.rows)
 
 
+@dataclass(frozen=True)
+class EpochPlan:
+    """What one epoch reads on this rank: ``order`` (windows of indices into ``pieces``; its
+    ``perms`` select the rows of each window, in order) and the positions it yields, ``[0, end)``.
+
+    ``first_index`` is the batch index of position 0 (the batches of an epoch's earlier legs, see
+    :mod:`loaders.elastic`); ``tag`` tells plans of one epoch apart in the fetcher's keys."""
+
+    pieces: Sequence[Piece]
+    order: EpochOrder
+    end: int
+    first_index: int = 0
+    tag: Hashable = "fresh"
+
+
 class WindowReader:
     """Reads rank ``options.rank``'s pieces of the shards at ``shard_uris`` (of the dataset
     ``info`` describes) window by window, as batch tasks.
@@ -93,17 +112,17 @@ class WindowReader:
         self.remote: dict[int, tuple[pq.FileMetaData, int, str | None]] = {}
         #: Reads remote row groups ahead (None: every shard is local, read on the reader thread).
         self.fetcher: RangeFetcher | None = None
-        self._ranges: dict[int, ByteRange] = {}  # piece index -> its row group's bytes (remote)
+        self._ranges: dict[tuple[int, int], ByteRange] = {}  # (shard, row group) -> its bytes (remote)
         self._local: dict[int, str] = {}  # shard index -> a verified local copy (loaders.cache)
 
     def use_fetcher(self, fetcher: RangeFetcher, remote: dict[int, tuple[pq.FileMetaData, int, str | None]]) -> None:
         """Read the shards in ``remote`` (index -> footer, size, ETag) through ``fetcher``."""
-        self.fetcher, self.remote = fetcher, remote
-        for i, piece in enumerate(self.pieces):
-            if piece.shard in remote:
-                md, _, etag = remote[piece.shard]
-                lo, hi = row_group_range(md, piece.row_group)
-                self._ranges[i] = ByteRange(_path(self.shard_uris[piece.shard]), lo, hi, etag)
+        self.fetcher = fetcher
+        self.add_remote(remote)
+
+    def add_remote(self, remote: dict[int, tuple[pq.FileMetaData, int, str | None]]) -> None:
+        """More remote shards (index -> footer, size, ETag) to read through the fetcher."""
+        self.remote.update(remote)
 
     def use_local(self, copies: dict[int, str]) -> None:
         """Read shards ``copies`` names (index -> a local ``file://`` URI of the same bytes, as
@@ -111,24 +130,39 @@ class WindowReader:
         epoch on. Call between epochs only."""
         for shard, uri in copies.items():
             self._local[shard] = uri
-        self._ranges = {i: r for i, r in self._ranges.items() if self.pieces[i].shard not in self._local}
 
-    def max_range_bytes(self) -> int:
-        return max((r.size for r in self._ranges.values()), default=0)
+    def _range(self, piece: Piece) -> ByteRange | None:
+        """The bytes of ``piece``'s row group when it is read through the fetcher, else ``None``."""
+        if self.fetcher is None or piece.shard not in self.remote or piece.shard in self._local:
+            return None
+        key = (piece.shard, piece.row_group)
+        if key not in self._ranges:
+            md, _, etag = self.remote[piece.shard]
+            lo, hi = row_group_range(md, piece.row_group)
+            self._ranges[key] = ByteRange(_path(self.shard_uris[piece.shard]), lo, hi, etag)
+        return self._ranges[key]
+
+    def max_range_bytes(self, pieces: Sequence[Piece] | None = None) -> int:
+        """The largest remote row group of ``pieces`` (default: this rank's own)."""
+        ranges = (self._range(p) for p in (self.pieces if pieces is None else pieces))
+        return max((r.size for r in ranges if r is not None), default=0)
 
     def window_bytes(self) -> int:
-        """At most the remote bytes of one shuffle window (at the densest row group's bytes per
-        row): a fetch budget this much above the reads in flight lets the next window be read
-        while this one is decoded."""
+        """At most the remote bytes of one shuffle window of this rank's pieces (at the densest
+        row group's bytes per row): a fetch budget this much above the reads in flight lets the
+        next window be read while this one is decoded."""
         per_row = 0.0
-        for i, r in self._ranges.items():
-            md = self.remote[self.pieces[i].shard][0]
-            per_row = max(per_row, r.size / max(1, md.row_group(self.pieces[i].row_group).num_rows))
+        for piece in self.pieces:
+            r = self._range(piece)
+            if r is not None:
+                md = self.remote[piece.shard][0]
+                per_row = max(per_row, r.size / max(1, md.row_group(piece.row_group).num_rows))
         return int(per_row * self.options.shuffle_window) + self.max_range_bytes()
 
-    def _keys(self, epoch: int, order: EpochOrder, windows: range) -> list[tuple[tuple[int, int], ByteRange]]:
-        """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, piece index)``."""
-        return [((epoch, int(p)), self._ranges[int(p)]) for w in windows for p in order.windows[w] if int(p) in self._ranges]
+    def _keys(self, epoch: int, plan: EpochPlan, windows: range) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:
+        """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, plan tag, piece index)``."""
+        keyed = ((int(p), self._range(plan.pieces[int(p)])) for w in windows for p in plan.order.windows[w])
+        return [((epoch, plan.tag, p), r) for p, r in keyed if r is not None]
 
     def order(self, epoch: int) -> EpochOrder:
         opts = self.options
@@ -137,37 +171,45 @@ class WindowReader:
             rank=opts.rank, window_rows=opts.shuffle_window,
         )  # fmt: skip
 
-    def tasks(self, epoch: int, start: int, stop: threading.Event, ahead: int | None = None) -> Iterator[BatchTask]:
-        """Batch tasks of ``epoch`` from batch ``start`` on; runs on the reader thread and
-        returns early once ``stop`` is set.
+    def plan(self, epoch: int) -> EpochPlan:
+        """Epoch ``epoch`` started afresh on this rank: its own pieces, in its own order."""
+        return EpochPlan(self.pieces, self.order(epoch), min(self._num_batches * self.options.batch_size, self._rows_per_rank))
+
+    def tasks(self, epoch: int, start: int, stop: threading.Event, ahead: int | None = None,
+              plan: EpochPlan | None = None) -> Iterator[BatchTask]:
+        """Batch tasks of ``epoch`` (read as ``plan`` says; default: :meth:`plan`) from batch
+        ``start`` of the plan on; runs on the reader thread and returns early once ``stop`` is set.
 
         Remote row groups are fetched in the order the epoch reads them and, after the last
         one, the windows of the first batch of epoch ``ahead`` (if given): the epoch after this
-        one starts with its reads done or under way. They are fetched after every read of this epoch, on
-        the fetch threads, so they never delay this epoch's batches."""
+        one starts with its reads done or under way. They are fetched after every read of this
+        epoch, on the fetch threads, so they never delay this epoch's batches."""
         bs = self.options.batch_size
-        order = self.order(epoch)
-        end = min(self._num_batches * bs, self._rows_per_rank)
+        plan = plan or self.plan(epoch)
+        order, end = plan.order, plan.end
         pos = start * bs
         if pos >= end:
             return
         files: dict[int, OpenShard] = {}
         carry: Rows | None = None  # rows read but not yet in a task
-        index = start
+        index = plan.first_index + start
         first = order.window_at(pos)
         last = first
         while int(order.starts[last + 1]) < end:
             last += 1
         if self.fetcher is not None:
-            fetches = self._keys(epoch, order, range(first, last + 1))
+            fetches = self._keys(epoch, plan, range(first, last + 1))
             if ahead is not None and ahead != epoch:
-                following = self.order(ahead)
-                fetches += self._keys(ahead, following, range(following.window_at(min(bs, following.rows) - 1) + 1))
+                following = self.plan(ahead)
+                first_batch = following.order.window_at(min(bs, following.end) - 1) + 1
+                fetches += self._keys(ahead, following, range(first_batch))
             self.fetcher.schedule(fetches)
         done = False
         try:
             for w in range(first, last + 1):
-                read = self.read_window(epoch, [int(p) for p in order.windows[w]], files, stop)
+                indexes = [int(p) for p in order.windows[w]]
+                read = self.read_window([plan.pieces[p] for p in indexes], files, stop,
+                                        keys=[(epoch, plan.tag, p) for p in indexes])
                 if read is None:
                     return
                 self.row_groups_read += len(order.windows[w])
@@ -194,11 +236,13 @@ class WindowReader:
             if not done and self.fetcher is not None:
                 self.fetcher.drop()  # stopped early or failed: free what was read for later windows
 
-    def read_window(self, epoch: int, indexes: list[int], files: dict[int, OpenShard], stop: threading.Event) -> Rows | None:
-        """The rows of pieces ``indexes``, in order (``None`` if ``stop`` is set meanwhile).
-        Remote pieces come from the fetcher; local ones are read here: opens shards not yet in
-        ``files``, checks them against ``dataset.json`` (:meth:`OpenShard.check`) and keeps
-        them there for the caller to close.
+    def read_window(self, pieces: Sequence[Piece], files: dict[int, OpenShard], stop: threading.Event,
+                    *, keys: Sequence[Hashable] = ()) -> Rows | None:
+        """The rows of ``pieces``, in order (``None`` if ``stop`` is set meanwhile). Remote
+        pieces come from the fetcher, piece ``i`` under ``keys[i]`` (as :meth:`tasks` scheduled
+        it); local ones are read here: opens shards not yet in ``files``, checks
+        them against ``dataset.json`` (:meth:`OpenShard.check`) and keeps them there for the
+        caller to close.
 
         Raises:
             DatasetError: a shard is not the one ``dataset.json`` describes (rebuilt since).
@@ -206,12 +250,12 @@ class WindowReader:
         """
         images: list[bytes | None] = []
         labels, pads, shards, rows = [], [], [], []
-        for i in indexes:
-            piece = self.pieces[i]
+        for i, piece in enumerate(pieces):
             uri = self.shard_uris[piece.shard]
             where = f"row group {piece.row_group} (rows {piece.start}-{piece.stop - 1}) of {uri}"
-            if i in self._ranges:
-                table = self._fetched(epoch, i, where, stop)
+            r = self._range(piece)
+            if r is not None:
+                table = self._fetched(keys[i], piece, r, where, stop)
                 if table is None:
                     return None
             else:
@@ -232,20 +276,20 @@ class WindowReader:
             rows.append(np.arange(piece.start, piece.stop, dtype=np.int64))
         return Rows(images, np.concatenate(labels), np.concatenate(pads), np.concatenate(shards), np.concatenate(rows))
 
-    def _fetched(self, epoch: int, i: int, where: str, stop: threading.Event) -> pa.Table | None:
-        """Piece ``i``'s row group from the fetcher (scheduled by :meth:`tasks`), decoded with the
-        footer the loader read once; its bytes are released as soon as they are decoded."""
-        piece, r = self.pieces[i], self._ranges[i]
+    def _fetched(self, key: Hashable, piece: Piece, r: ByteRange, where: str, stop: threading.Event) -> pa.Table | None:
+        """``piece``'s row group from the fetcher (scheduled by :meth:`tasks` under ``key``),
+        decoded with the footer the loader read once; its bytes are released as soon as they
+        are decoded."""
         md, size, _ = self.remote[piece.shard]
         try:
-            data = self.fetcher.get((epoch, i), stop)
+            data = self.fetcher.get(key, stop)
             if data is None:
                 return None
             return read_row_group(md, size, piece.row_group, r.start, data, [c for c in _COLUMNS if c in md.schema.names])
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
         finally:
-            self.fetcher.release((epoch, i))
+            self.fetcher.release(key)
 
     def _read_local(self, piece: Piece, files: dict[int, OpenShard], where: str) -> pa.Table:
         uri = self._local.get(piece.shard, self.shard_uris[piece.shard])

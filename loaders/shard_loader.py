@@ -15,16 +15,13 @@ an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`; remote r
 :mod:`loaders.options`. The reader thread (windows of row groups in, batch tasks out):
 :mod:`loaders.reader`. The files: :mod:`lakeshard.format`.
 
-State (``state_dict()``), the same on every rank, so rank 0's copy resumes them all::
-
-    {"format": "lakeshard.ShardLoader/1", "dataset_version": "<hex>", "channel": "train",
-     "epoch": 3, "batches_consumed": 17,
-     "order": {"world_size": 2, "batch_size": 64, "shuffle": true, "seed": 7, "drop_last": false,
-               "remainder": "pad", "shuffle_window": 2048, "rows_per_rank": 5000}}
-
-``load_state_dict`` refuses a state saved on another dataset version or with different
-``order`` settings (they would give other batches); ``num_threads``, ``prefetch``, the reads,
-the cache and the rank may differ.
+State (``state_dict()``, :mod:`loaders.state`) is the same on every rank, so rank 0's copy
+resumes them all, at this world size or any other (:mod:`loaders.elastic`): at another one the
+per-rank batch size must keep the global batch (``world_size * batch_size``) the same, and the
+rest of the interrupted epoch is dealt evenly to the new ranks. ``load_state_dict`` refuses a
+state saved on another dataset version or with different order settings (``shuffle``, ``seed``,
+``drop_last``, ``remainder``, ``shuffle_window``: they would give other rows); ``num_threads``,
+``prefetch``, the reads, the cache and the rank may differ.
 """
 
 from __future__ import annotations
@@ -33,31 +30,31 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from lakeshard import format as contract
 from lakeshard import storage
-from lakeshard.errors import ConfigError, DatasetError, LoaderError
+from lakeshard.errors import ConfigError, LoaderError
 from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch
 from loaders.buffers import BufferPool
 from loaders.cache import CachedShard, ShardCache
 from loaders.dataset import ShardDataset
 from loaders.decode import get_batch_decoder, get_decoder
+from loaders.elastic import EpochSettings, Leg, LegPlan, order_of
 from loaders.fetch import RangeFetcher, read_s3_range
 from loaders.options import LoaderOptions, default_threads
 from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.reader import WindowReader
+from loaders.reader import EpochPlan, WindowReader
+from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
 from loaders.transforms import default_transform
 
 __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 
 log = logging.getLogger(__name__)
-
-STATE_FORMAT = "lakeshard.ShardLoader/1"
 
 class ShardLoader:
     """Stream rank ``rank``'s share of channel ``channel`` of the dataset at ``dataset`` (a
@@ -77,7 +74,10 @@ class ShardLoader:
 
     ``len(loader)`` is the number of batches per epoch, the same on every rank, and every rank
     yields exactly that many. Rows labelled :data:`PAD_LABEL` must not count (CrossEntropyLoss
-    ignores them by default).
+    ignores them by default). In an epoch resumed at another world size, ``len(loader)`` is the
+    batches consumed before the resume plus the batches each rank yields after it (the same on
+    every new rank), so an epoch still runs from ``state_dict()["batches_consumed"]`` to
+    ``len(loader)``.
 
     Threads: made on the first iteration and kept across epochs (an epoch is a new order, not
     a new pipeline); a ``break`` out of an epoch, an error, :meth:`close` or the loader's
@@ -111,14 +111,14 @@ class ShardLoader:
 
         shards = contract.channel_shards(self.dataset, self.info, opts.channel)
         self.shard_uris = tuple(uri for uri, _ in shards)
-        shard_rows = [rows for _, rows in shards]
+        self._shard_rows = shard_rows = [rows for _, rows in shards]
         self.total_rows = sum(shard_rows)
         self.rows_per_rank = rows_per_rank(self.total_rows, opts.world_size, remainder=opts.remainder)
         segments = rank_segments(shard_rows, opts.world_size, opts.rank, remainder=opts.remainder)
         # Footers are read once per loader: a remote shard's is kept (with its size) for the
         # ranged reads of every epoch.
         remote: dict[int, tuple[Any, int, str | None]] = {}
-        groups = {s: self._row_groups(s, shard_rows[s], remote) for s in sorted({seg.shard for seg in segments})}
+        self._groups = groups = {s: self._row_groups(s, shard_rows[s], remote) for s in sorted({seg.shard for seg in segments})}
         self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
         if self._num_batches == 0:
             raise ConfigError(
@@ -132,7 +132,12 @@ class ShardLoader:
 
         self._epoch = 0
         self._next_start = 0  # the batch the next iteration starts at (set by load_state_dict)
-        self._consumed = 0  # batches of self._epoch consumed so far
+        self._consumed = 0  # batches of self._epoch consumed so far (by every leg)
+        # An epoch resumed at another world size: the legs before this one and what it reads.
+        self._legs: tuple[Leg, ...] = ()
+        self._plan: EpochPlan | None = None
+        self._plan_batches = 0  # batches per rank of self._plan
+        self._plan_used = False  # an iteration has started from self._plan
         self._running: Epoch[BatchTask, Any] | None = None
         self._last_iter_epoch: int | None = None  # the epoch the last iteration ran
         self._lock = threading.Lock()
@@ -208,6 +213,8 @@ class ShardLoader:
 
     # -- epochs and state --------------------------------------------------------------------------
     def __len__(self) -> int:
+        if self._plan is not None:
+            return self._plan.first_index + self._plan_batches
         return self._num_batches
 
     @property
@@ -221,43 +228,80 @@ class ShardLoader:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         if epoch != self._epoch:
             self._epoch, self._next_start, self._consumed = epoch, 0, 0
+            self._legs, self._plan = (), None
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "format": STATE_FORMAT,
-            "dataset": self.dataset,
-            "dataset_version": self.dataset_version,
-            "channel": self.options.channel,
-            "epoch": self._epoch,
-            "batches_consumed": self._consumed,
-            "order": {**self.options.order_key(), "rows_per_rank": self.rows_per_rank},
-        }
+        opts = self.options
+        first = self._plan.first_index if self._plan is not None else 0
+        legs = [*self._legs, Leg(opts.world_size, opts.batch_size, self._consumed - first)]
+        return state_dict(dataset=self.dataset, dataset_version=self.dataset_version, channel=opts.channel,
+                          epoch=self._epoch, legs=legs, order=opts.order_key())  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` left off: the next iteration (after ``set_epoch`` of the saved
-        epoch, or none) yields exactly the batches that were still to come."""
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            got = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise LoaderError(f"not a ShardLoader state (format {got!r}, expected {STATE_FORMAT!r})")
-        if state.get("dataset_version") != self.dataset_version:
-            raise DatasetError(
-                f"refusing to resume: the loader state was saved on dataset version {state.get('dataset_version')!r} "
-                f"({state.get('dataset')}), but {self.dataset} is now version {self.dataset_version!r}; "
-                "start a new run (or restore the old dataset)"
+        epoch, or none) yields exactly the batches that were still to come. A state saved at
+        another world size needs the same global batch; the rest of its epoch is dealt evenly
+        to this loader's world size (:mod:`loaders.elastic`) for its next iteration (a later
+        iteration of the same epoch starts it afresh, as after a same-size resume).
+
+        Raises:
+            DatasetError: the state was saved on another dataset version.
+            LoaderError: not a loader state, other order settings, or another global batch
+                (naming the batch size or the world sizes that would keep it).
+        """
+        opts = self.options
+        saved = read_state(
+            state, dataset=self.dataset, dataset_version=self.dataset_version, channel=opts.channel,
+            order=opts.order_key(), rows_per_rank=lambda w: rows_per_rank(self.total_rows, w, remainder=opts.remainder),
+        )  # fmt: skip
+        last = saved.legs[-1]
+        check_global_batch(last, world_size=opts.world_size, batch_size=opts.batch_size)
+        consumed = saved.batches_consumed
+        legs: tuple[Leg, ...] = ()
+        plan, plan_batches = None, 0
+        self._stop_pipeline()  # before the plan: it may add remote shards to the reader
+        if len(saved.legs) == 1 and last.world_size == opts.world_size:
+            if not 0 <= consumed <= self._num_batches:
+                raise LoaderError(f"batches_consumed must be in [0, {self._num_batches}], got {consumed!r}")
+        else:
+            # The same world size as the last leg continues it; another one starts a new leg.
+            legs = saved.legs[:-1] if last.world_size == opts.world_size else saved.legs
+            current = last if last.world_size == opts.world_size else Leg(opts.world_size, opts.batch_size, 0)
+            plan, plan_batches = self._leg_plan(saved.epoch, [*legs, current])
+        self._epoch, self._next_start, self._consumed = saved.epoch, consumed, consumed
+        self._legs, self._plan, self._plan_batches, self._plan_used = legs, plan, plan_batches, False
+
+    def _leg_plan(self, epoch: int, legs: list[Leg]) -> tuple[EpochPlan, int]:
+        """What this rank reads in the last of ``legs`` of ``epoch``, and its batches. Reads the
+        footers of the shards other ranks read before (once each; a remote one is kept for the
+        ranged reads)."""
+        opts = self.options
+        remote: dict[int, tuple[Any, int, str | None]] = {}
+        settings = EpochSettings(
+            shard_rows=tuple(self._shard_rows), row_groups=_Footers(self, remote), shuffle=opts.shuffle, seed=opts.seed,
+            epoch=epoch, window_rows=opts.shuffle_window, drop_last=opts.drop_last, remainder=opts.remainder,
+        )  # fmt: skip
+        legs_plan = LegPlan(settings, legs)
+        n = len(legs) - 1
+        pieces, order = order_of(legs_plan.sequence(n, opts.rank))
+        if remote:
+            self._reader.add_remote(remote)
+        if self.fetcher is not None:
+            self._fit_budget(self._reader.max_range_bytes(pieces))
+        tag = ("legs", tuple((leg.world_size, leg.batch_size, leg.batches) for leg in legs[:-1]))
+        plan = EpochPlan(pieces, order, legs_plan.end(n), first_index=legs_plan.batches_before(n), tag=tag)
+        return plan, legs_plan.num_batches(n)
+
+    def _fit_budget(self, largest: int) -> None:
+        """Let the fetcher's budget hold row groups of ``largest`` bytes (other ranks' shards)."""
+        opts, fetcher = self.options, self.fetcher
+        if opts.memory_budget is None:
+            fetcher.budget = max(fetcher.budget, opts.read_concurrency * largest)
+        elif fetcher.budget < largest:
+            raise ConfigError(
+                f"memory_budget {opts.memory_budget} bytes leaves {fetcher.budget} for reads, less than one row group "
+                f"of {largest} bytes of the shards this rank resumes from; raise memory_budget"
             )
-        if state.get("channel") != self.options.channel:
-            raise LoaderError(f"loader state is for channel {state.get('channel')!r}, this loader reads {self.options.channel!r}")
-        mine = {**self.options.order_key(), "rows_per_rank": self.rows_per_rank}
-        theirs = state.get("order", {})
-        diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
-        if diff:
-            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in sorted(diff.items()))
-            raise LoaderError(f"cannot resume: the loader state was saved with other settings ({detail})")
-        consumed = state.get("batches_consumed")
-        if not isinstance(consumed, int) or not 0 <= consumed <= self._num_batches:
-            raise LoaderError(f"batches_consumed must be in [0, {self._num_batches}], got {consumed!r}")
-        self._stop_pipeline()
-        self._epoch, self._next_start, self._consumed = int(state["epoch"]), consumed, consumed
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -270,6 +314,9 @@ class ShardLoader:
             self._reader.use_local(self.cache.ready())
             self.cache.start(self._cached, name=f"lakeshard-r{self.options.rank}")
         start, self._next_start = self._next_start, 0
+        if self._plan is not None and self._plan_used:  # the epoch again: afresh, at this world size
+            self._legs, self._plan = (), None
+        self._plan_used = True
         self._consumed = start
         self.skipped_rows = []
         self._reader.row_groups_read = 0
@@ -287,10 +334,10 @@ class ShardLoader:
         step = 1 if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch
         self._last_iter_epoch = self._epoch
         ahead = self._epoch + 1 if step == 1 else None
-        reader = self._reader
+        reader, plan = self._reader, self._plan
         stop = threading.Event()
         epoch = self._pipeline.start(
-            reader.tasks(self._epoch, start, stop, ahead), lambda task, stop: decode_batch(task, stop, spec), stop=stop,
+            reader.tasks(self._epoch, start - (plan.first_index if plan else 0), stop, ahead, plan), lambda task, stop: decode_batch(task, stop, spec), stop=stop,
         )  # fmt: skip
         with self._lock:
             self._running = epoch
@@ -359,3 +406,23 @@ def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None, 
         fetcher.close()
     if cache is not None:
         cache.close() if final else cache.stop()
+
+
+class _Footers(Mapping[int, list[int]]):
+    """Row-group sizes of a loader's shards, each footer read (and checked) on first use;
+    remote footers go into ``remote``."""
+
+    def __init__(self, loader: ShardLoader, remote: dict[int, tuple[Any, int, str | None]]) -> None:
+        self._loader, self._remote = loader, remote
+
+    def __getitem__(self, shard: int) -> list[int]:
+        groups = self._loader._groups
+        if shard not in groups:
+            groups[shard] = self._loader._row_groups(shard, self._loader._shard_rows[shard], self._remote)
+        return groups[shard]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self._loader._shard_rows)))
+
+    def __len__(self) -> int:
+        return len(self._loader._shard_rows)

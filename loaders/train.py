@@ -9,8 +9,9 @@ One process per rank (gloo on CPU, nccl with CUDA). Each rank streams its share 
 channel with a :class:`~loaders.ShardLoader`; every epoch ends with the validation accuracy
 (all ranks, all-reduced: top-1 and per class), and training ends with the test accuracy. Rank 0
 writes ``<output>/checkpoint.pt`` (model, optimiser, scheduler, loader state, dataset version,
-metrics so far) and ``<output>/metrics.json`` (per epoch: loss, validation accuracy, images/s and
-each rank's share of step time spent waiting for data; see ``docs/loader.md``).
+metrics so far) and ``<output>/metrics.json`` (per epoch: loss, validation accuracy, images/s,
+each rank's share of step time spent waiting for data, the real samples trained on and the
+world sizes the epoch ran at; see ``docs/loader.md``).
 
 The model is a :class:`~loaders.model.SmallCNN`, or yours with ``--model package.module:factory``
 (:func:`~loaders.model.build_model`). ``--precision bf16`` runs the forward passes under
@@ -19,7 +20,10 @@ The model is a :class:`~loaders.model.SmallCNN`, or yours with ``--model package
 
 ``--resume PATH`` continues from a checkpoint, mid-epoch included; ``--resume auto`` resumes
 from ``<output>/checkpoint.pt`` if there is one and starts afresh otherwise, so a preemptible job
-reruns one command line.
+reruns one command line. The checkpoint may come from another number of ranks: the global
+``--batch-size`` stays the same (it must divide by the new world size) and the rest of the
+interrupted epoch is dealt to the new ranks, every sample exactly once (:mod:`loaders.elastic`);
+its ``samples`` in ``metrics.json`` count the epoch's real rows before and after the resume.
 
 A dataset without a validation (or test) channel trains without that evaluation: the log says
 so, and ``metrics.json`` has ``null`` accuracies and the reason under ``skipped``.
@@ -50,11 +54,12 @@ from tqdm import tqdm
 
 from lakeshard import format as contract
 from lakeshard import storage
-from lakeshard.errors import ConfigError, DatasetError, PlatformError
+from lakeshard.errors import ConfigError, DatasetError, LoaderError, PlatformError
 from loaders.batch import PAD_LABEL
 from loaders.config import TrainConfig, parse_args
 from loaders.model import build_model
 from loaders.shard_loader import ShardLoader, default_threads
+from loaders.state import last_leg
 
 __all__ = ["main", "train"]
 
@@ -139,6 +144,11 @@ def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
     every rank runs it before the process group starts, and fails alike."""
     if not cfg.dataset:
         raise ConfigError("TrainConfig.dataset is required")
+    output = storage.normalize(cfg.output)
+    checkpoint_uri = storage.join(output, "checkpoint.pt")
+    resume_uri, checkpoint = _find_checkpoint(cfg, checkpoint_uri)
+    if checkpoint is not None:
+        _check_resumed_batch(cfg, world_size, resume_uri, checkpoint)
     if cfg.batch_size % world_size:
         raise ConfigError(
             f"batch_size {cfg.batch_size} (global) is not divisible by the world size {world_size}: "
@@ -163,9 +173,6 @@ def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
     if cfg.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise ConfigError(f"--precision bf16: this GPU ({torch.cuda.get_device_name()}) does not support bfloat16; use --precision fp32")
     version = info.dataset_version
-    output = storage.normalize(cfg.output)
-    checkpoint_uri = storage.join(output, "checkpoint.pt")
-    resume_uri, checkpoint = _find_checkpoint(cfg, checkpoint_uri)
     if checkpoint is not None and checkpoint.get("dataset_version") != version:
         raise DatasetError(
             f"refusing to resume from {resume_uri}: it was trained on dataset version {checkpoint.get('dataset_version')!r}, "
@@ -201,6 +208,28 @@ def _find_checkpoint(cfg: TrainConfig, checkpoint_uri: str) -> tuple[str | None,
     if not isinstance(ckpt, dict) or not {"model", "optimizer", "scheduler", "loader", "metrics"} <= set(ckpt):
         raise ConfigError(f"--resume: {uri} is not a checkpoint of loaders.train")
     return uri, ckpt
+
+
+def _check_resumed_batch(cfg: TrainConfig, world_size: int, uri: str | None, ckpt: dict[str, Any]) -> None:
+    """A resumed run keeps its checkpoint's global batch, on any world size that divides it (the
+    loader deals the rest of the interrupted epoch to the new ranks: :mod:`loaders.elastic`)."""
+    try:
+        saved = last_leg(ckpt["loader"])
+    except LoaderError as exc:
+        raise ConfigError(f"--resume: {uri} holds no usable loader state: {exc}") from None
+    g = saved.global_batch
+    was = f"{saved.world_size} rank(s) x {saved.batch_size} rows"
+    if cfg.batch_size != g:
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} (global) differs from the global batch {g} ({was}) of the checkpoint {uri}: "
+            f"a resumed run keeps its global batch; pass --batch-size {g}"
+        )
+    if g % world_size:
+        works = ", ".join(str(d) for d in range(1, g + 1) if g % d == 0)
+        raise ConfigError(
+            f"cannot resume {uri} on {world_size} ranks: its global batch {g} ({was}) is not divisible by {world_size}; "
+            f"resume on a world size that divides {g} ({works})"
+        )
 
 
 def _seed_everything(seed: int) -> None:
@@ -314,6 +343,8 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
 
     history: list[dict[str, Any]] = []
     start_epoch = 0
+    # The interrupted epoch's totals up to the checkpoint (all ranks): loss sum, samples, images.
+    carried = [0.0, 0, 0]
     if plan.checkpoint is not None:
         ckpt = plan.checkpoint
         model.load_state_dict(ckpt["model"])
@@ -325,7 +356,12 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
         step = ckpt["loader"]["batches_consumed"]
         if ckpt.get("epoch_done"):
             start_epoch, step = start_epoch + 1, 0
-        log.info("resumed from %s at epoch %d, step %d", plan.resume_uri, start_epoch, step)
+        elif ckpt.get("epoch_partial", {}).get("epoch") == start_epoch:
+            part = ckpt["epoch_partial"]
+            carried = [part["loss_sum"], part["samples"], part["images"]]
+        saved = last_leg(ckpt["loader"])
+        log.info("resumed from %s at epoch %d, step %d (saved on %d rank(s) x %d rows, now %d x %d)", plan.resume_uri,
+                 start_epoch, step, saved.world_size, saved.batch_size, ctx.world_size, plan.per_rank_batch)  # fmt: skip
     elif cfg.resume == "auto":
         log.log(info_level, "--resume auto: no checkpoint at %s, starting a fresh run", plan.checkpoint_uri)
 
@@ -333,13 +369,13 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
     if ctx.active:
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
-    def checkpoint(epoch_done: bool) -> None:
+    def checkpoint(epoch_done: bool, partial: dict[str, Any] | None = None) -> None:
         if ctx.rank == 0:
             _save(plan.checkpoint_uri, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "loader": train_loader.state_dict(),
                 "dataset_version": train_loader.dataset_version, "epoch_done": epoch_done,
-                "metrics": history, "config": asdict(cfg),
+                "epoch_partial": partial, "metrics": history, "config": asdict(cfg),
             })  # fmt: skip
 
     run = {"dataset": cfg.dataset, "dataset_version": train_loader.dataset_version, "world_size": ctx.world_size,
@@ -370,11 +406,15 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}")
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < len(train_loader):
-                checkpoint(epoch_done=False)
+                so_far = [a + b for a, b in zip(_all_reduce([loss_sum, rows, images_seen], ctx), carried, strict=True)]
+                checkpoint(epoch_done=False, partial={"epoch": epoch, "loss_sum": so_far[0], "samples": int(so_far[1]),
+                                                      "images": int(so_far[2])})  # fmt: skip
         bar.close()
         scheduler.step()
         elapsed = time.perf_counter() - epoch_start
-        loss_total, rows_total, images_total = _all_reduce([loss_sum, rows, images_seen], ctx)
+        loss_here, rows_here, images_total = _all_reduce([loss_sum, rows, images_seen], ctx)
+        loss_total, rows_total, images_epoch = loss_here + carried[0], rows_here + carried[1], images_total + carried[2]
+        carried = [0.0, 0, 0]
         (slowest,) = _all_reduce([elapsed], ctx, dist.ReduceOp.MAX if ctx.active else None)
         shares = _all_gather(wait / (wait + compute) if wait + compute > 0 else 0.0, ctx)
         val = None if val_loader is None else evaluate(model, val_loader, ctx, plan.class_names, bf16=bf16)
@@ -383,6 +423,7 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
             "epoch": epoch, "loss": loss_total / rows_total if rows_total else float("nan"),
             "val_accuracy": val_acc, "validation": val, "images_per_s": images_total / slowest if slowest > 0 else 0.0,
             "data_wait_share": shares, "steps": len(train_loader) - first_step, "resumed_at_step": first_step,
+            "samples": int(rows_total), "images": int(images_epoch), "legs": train_loader.state_dict()["legs"],
             "lr": scheduler.get_last_lr()[0], "seconds": slowest,
             "skipped_rows": len(train_loader.skipped_rows),
         })  # fmt: skip

@@ -184,7 +184,7 @@ def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(
                 issued_next = [k for k in fetcher.submitted if k[0] == epoch + 1]
         assert got == expected[epoch]
         assert waited_next == []
-        assert sorted(p for _, p in issued_next) == sorted(int(p) for w in following.windows[:first_batch] for p in w)
+        assert sorted(k[-1] for k in issued_next) == sorted(int(p) for w in following.windows[:first_batch] for p in w)
     of_2 = [k for k in fetcher.submitted if k[0] == 2]
     assert len(of_2) == len(set(of_2)) == pieces  # each fetched once: epoch 2 used its read-ahead
     loader.close()

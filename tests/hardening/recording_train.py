@@ -1,0 +1,63 @@
+"""``python -m loaders.train`` that records which samples every rank trains on and, when asked,
+dies on every rank (``os._exit(9)``, no cleanup, as a preempted job) mid-epoch. The training code
+is the real, unpatched one; only the training loader is wrapped, to watch what it yields.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m tests.hardening.recording_train ...
+
+Environment:
+    LAKESHARD_RECORD: a path prefix; rank ``r`` appends one JSON line per training batch,
+        ``{"epoch", "step", "ids"}``, to ``<prefix>-rank<r>.jsonl`` (``ids``: the sample ids of
+        its real rows, decoded from the images of ``tests/loaders/loader_builders.py``).
+    LAKESHARD_DIE_EPOCH, LAKESHARD_DIE_AFTER: every rank dies when the training loader is asked
+        for the next batch after ``DIE_AFTER`` batches of epoch ``DIE_EPOCH`` (their steps done).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from loaders import train
+from loaders.batch import PAD_LABEL
+
+
+def _ids(images: torch.Tensor, labels: torch.Tensor) -> list[int]:
+    """Ids of the real rows of a batch the trainer's loader normalised to ``(x/255 - 0.5) / 0.5``."""
+    pixels = torch.round((images[:, :2, 0, 0].float() * 0.5 + 0.5) * 255).to(torch.int64)
+    ids = pixels[:, 0] + 256 * pixels[:, 1]
+    return [i for i, label in zip(ids.tolist(), labels.tolist(), strict=True) if label != PAD_LABEL]
+
+
+def _arm() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    record = f"{os.environ['LAKESHARD_RECORD']}-rank{rank}.jsonl"
+    die_epoch = int(os.environ.get("LAKESHARD_DIE_EPOCH", "-1"))
+    die_after = int(os.environ.get("LAKESHARD_DIE_AFTER", "-1"))
+    loader_cls = train.ShardLoader
+
+    class RecordingLoader(loader_cls):
+        def __iter__(self):
+            if self.options.channel != "train":
+                yield from super().__iter__()
+                return
+            step = self.state_dict()["batches_consumed"]
+            with open(record, "a") as out:
+                for images, labels in super().__iter__():
+                    out.write(json.dumps({"epoch": self.epoch, "step": step, "ids": _ids(images, labels)}) + "\n")
+                    out.flush()
+                    yield images, labels
+                    step += 1
+                    if self.epoch == die_epoch and step == die_after:
+                        sys.stderr.write(f"recording_train: rank {rank} dies now (os._exit) at epoch {die_epoch}, step {step}\n")
+                        sys.stderr.flush()
+                        os._exit(9)
+
+    train.ShardLoader = RecordingLoader
+
+
+if __name__ == "__main__":
+    _arm()
+    sys.exit(train.main())
