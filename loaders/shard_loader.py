@@ -31,6 +31,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -118,7 +119,7 @@ class ShardLoader:
         # Footers are read once per loader: a remote shard's is kept (with its size) for the
         # ranged reads of every epoch.
         remote: dict[int, tuple[Any, int, str | None]] = {}
-        self._groups = groups = {s: self._row_groups(s, shard_rows[s], remote) for s in sorted({seg.shard for seg in segments})}
+        self._groups = groups = self._read_footers(sorted({seg.shard for seg in segments}), shard_rows, remote)
         self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
         if self._num_batches == 0:
             raise ConfigError(
@@ -196,6 +197,16 @@ class ShardLoader:
         """The most bytes of remote reads held at once (0 for a local dataset); at most the
         reads' share of ``memory_budget``."""
         return self.fetcher.peak_bytes_held if self.fetcher is not None else 0
+
+    def _read_footers(self, shards: list[int], shard_rows: list[int],
+                      remote: dict[int, tuple[Any, int, str | None]]) -> dict[int, list[int]]:  # fmt: skip
+        """:meth:`_row_groups` of each of ``shards``, up to ``read_concurrency`` at once: a remote
+        footer costs round trips, and a rank of many shards would otherwise pay them in a row."""
+        if len(shards) < 2:
+            return {s: self._row_groups(s, shard_rows[s], remote) for s in shards}
+        workers = min(len(shards), self.options.read_concurrency)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"lakeshard-r{self.options.rank}-footer") as pool:
+            return dict(zip(shards, pool.map(lambda s: self._row_groups(s, shard_rows[s], remote), shards), strict=True))
 
     def _row_groups(self, shard: int, rows: int, remote: dict[int, tuple[Any, int, str | None]]) -> list[int]:
         """Row-group sizes of one shard, after checking it against ``dataset.json``; a remote

@@ -54,6 +54,7 @@ class FaultProxy:
         self.stall: str | None = None
         self.hold_s = 30.0
         self.stalled = 0  #: requests held right now
+        self.most_stalled = 0  #: the most requests held at once
         self.stalled_total = 0
         self.timed_out = 0  #: held requests let go by ``hold_s``, not by :meth:`unstall`
         #: ``(method, path, Range header)`` of every request forwarded upstream, in order.
@@ -143,6 +144,7 @@ class FaultProxy:
                 self.held.append((method, path, byte_range))
                 self.stalled += 1
                 self.stalled_total += 1
+                self.most_stalled = max(self.most_stalled, self.stalled)
             unstalled = self._unstalled
         if hold:
             answered = unstalled.wait(self.hold_s)

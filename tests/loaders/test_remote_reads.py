@@ -242,3 +242,23 @@ def test_an_epoch_boundary_never_waits_on_the_store(local_ds: Path, s3_bucket: s
         proxy.unstall()
         stack.close()
         proxy.stop()
+
+
+def test_a_new_loader_reads_its_shards_footers_at_once(tmp_path: Path, s3_bucket: str, monkeypatch):
+    """A rank of several remote shards opens them concurrently: with the store holding every
+    request for a while, all four shards' first requests are held at the same time."""
+    from tests.hardening.faultproxy import FaultProxy
+
+    write_dataset(tmp_path / "ds", rows={"train": 40, "validation": 4, "test": 4}, num_shards=4, row_group_rows=5)
+    remote = upload(tmp_path / "ds", s3_bucket)
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.hold_s = 1.0
+        proxy.stall_requests("all")
+        with ShardLoader(remote, **OPTIONS) as loader:
+            assert len(loader.shard_uris) == 4
+        assert proxy.timed_out > 0 and proxy.most_stalled == 4
+    finally:
+        proxy.unstall()
+        proxy.stop()
