@@ -1,0 +1,139 @@
+"""The distributed manifest (rows on the workers, tables in parts) is the manifest the in-memory
+reference :func:`jobs.catalog.build_manifest` builds from the same objects: same rows in the same
+channels, same labels, counts, duplicate report and fingerprint; and it is read back through
+:mod:`jobs.manifest_table`."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from jobs import manifest as manifest_job
+from jobs.catalog import build_manifest, fingerprint
+from jobs.listing import Skip, discover, inspect_objects, list_prefix
+from jobs.manifest_table import channel_parts, label_part, manifest_parts, read_channel, read_channel_rows
+from jobs.settings import ManifestConfig
+from lakeshard import storage
+from lakeshard.errors import DatasetError, PlatformError
+from lakeshard.format import manifest_marker_uri
+from tests.helpers.checks import sagemaker_refs
+from tests.helpers.lake import encode, make_image
+
+
+def _random_lake(root: Path, seed: int) -> None:
+    """Classes of random sizes, nested folders, copies of the same content within and across
+    classes, rejects (empty, not an image) and an object above the label level."""
+    rng = random.Random(seed)
+    blobs: list[bytes] = []
+    for c in range(rng.randint(3, 6)):
+        for i in range(rng.randint(6, 30)):
+            folder = root / f"class{c}" / ("deep" if rng.random() < 0.3 else "")
+            folder.mkdir(parents=True, exist_ok=True)
+            roll = rng.random()
+            if blobs and roll < 0.15:
+                data = rng.choice(blobs)  # identical content under another key
+            elif roll < 0.2:
+                data = rng.choice([b"", b"just text, not an image"])
+            else:
+                data = encode(make_image(seed * 1000 + c * 100 + i, size=(6, 5)))
+                blobs.append(data)
+            (folder / f"{rng.randint(0, 10**6):07d}_{i}.png").write_bytes(data)
+    (root / "stray.png").write_bytes(blobs[0])
+
+
+def _reference(cfg: ManifestConfig):
+    """Today's path on one process: every row listed and inspected here, then build_manifest."""
+    src = storage.normalize(cfg.input)
+    prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=Skip())
+    rows = stray + [r for p in prefixes for r in list_prefix(src, p, label_depth=cfg.label_depth)]
+    return build_manifest(inspect_objects(rows), split=cfg.split, seed=cfg.seed, split_method=cfg.split_method,
+                          min_per_class=cfg.min_per_class, max_reject_fraction=cfg.max_reject_fraction,
+                          source=src, dedupe=cfg.dedupe)
+
+
+def _sorted(table: pa.Table) -> list[dict]:
+    return table.sort_by("key").to_pylist()
+
+
+@pytest.mark.parametrize("dedupe", [False, True])
+@pytest.mark.parametrize("method", ["hash", "stratified"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_distributed_manifest_equals_the_reference(tmp_path, local_engine, seed, method, dedupe):
+    _random_lake(tmp_path / "raw", seed)
+    cfg = ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / "ds"), seed=seed, split_method=method,
+                         split={"train": 0.6, "validation": 0.2, "test": 0.2}, max_reject_fraction=1.0,
+                         dedupe=dedupe, rows_per_part=7)
+    try:
+        want = _reference(cfg)
+    except PlatformError as exc:  # e.g. a class too small for a channel: the job fails alike
+        with pytest.raises(type(exc)) as got:
+            manifest_job.run(cfg, local_engine)
+        assert str(got.value) == str(exc)
+        assert not storage.exists(manifest_marker_uri(cfg.output))
+        return
+    summary = manifest_job.run(cfg, local_engine)
+    out = storage.normalize(cfg.output)
+    assert summary["parts"] > 1  # the lake was really parted
+    assert storage.read_json(storage.join(out, "labels.json")) == want.labels == summary["labels"]
+    assert _sorted(read_channel(out, "all")) == want.all.to_pylist()
+    assert _sorted(read_channel(out, "rejects")) == want.rejects.to_pylist()
+    for channel, table in want.channels.items():
+        assert _sorted(read_channel(out, channel)) == table.to_pylist()
+        assert sorted(sagemaker_refs(out, channel)) == sorted(table["uri"].to_pylist())
+    assert summary["counts"]["classes"] == want.counts
+    assert summary["duplicates"] == want.duplicates
+    assert summary["fingerprint"] == fingerprint(want.all)
+    assert summary["counts"]["rejected"] == want.rejects.num_rows
+    assert not storage.exists(storage.join(out, "_staging", "manifest"))
+
+
+def test_every_class_is_whole_in_its_part(tmp_path, local_engine):
+    _random_lake(tmp_path / "raw", 4)
+    out = str(tmp_path / "ds")
+    manifest_job.run(ManifestConfig(input=str(tmp_path / "raw"), output=out, max_reject_fraction=1.0,
+                                    split={"train": 0.5, "test": 0.5}, rows_per_part=5), local_engine)
+    out = storage.normalize(out)
+    parts = manifest_parts(out)
+    assert len(channel_parts(out, "train")) == parts > 1
+    for part in range(parts):
+        rows = read_channel_rows(out, "all", part=part, columns=["key", "label"]).to_pylist()
+        assert [r["key"] for r in rows] == sorted(r["key"] for r in rows)
+        assert all(label_part(r["label"], parts) == part for r in rows)
+
+
+def test_reading_a_manifest_without_parts_names_the_problem(tmp_path):
+    root = storage.normalize(str(tmp_path))
+    with pytest.raises(DatasetError, match="no complete manifest"):
+        read_channel(root, "train")
+    storage.write_json_atomic(manifest_marker_uri(root), {"format_version": 2})
+    with pytest.raises(DatasetError, match="older lakeshard"):
+        read_channel(root, "train")
+
+
+def test_a_failed_check_writes_no_table_and_keeps_the_old_manifest(tmp_path, local_engine):
+    _random_lake(tmp_path / "raw", 5)
+    (tmp_path / "raw" / "tiny").mkdir()
+    (tmp_path / "raw" / "tiny" / "one.png").write_bytes(encode(make_image(99, size=(6, 5))))
+    cfg = ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / "ds"), max_reject_fraction=1.0,
+                         split_method="stratified", split={"train": 0.5, "test": 0.5}, rows_per_part=7)
+    with pytest.raises(PlatformError) as want:
+        _reference(cfg)
+    with pytest.raises(type(want.value)) as got:
+        manifest_job.run(cfg, local_engine)
+    assert str(got.value) == str(want.value) and "'tiny'" in str(got.value)
+    assert not (tmp_path / "ds" / "manifests").exists()
+
+    (tmp_path / "raw" / "tiny" / "one.png").unlink()
+    (tmp_path / "raw" / "tiny").rmdir()
+    old = manifest_job.run(replace(cfg, split={"train": 0.5, "test": 0.5}), local_engine)
+    (tmp_path / "raw" / "tiny").mkdir()
+    (tmp_path / "raw" / "tiny" / "one.png").write_bytes(encode(make_image(99, size=(6, 5))))
+    with pytest.raises(type(want.value)):
+        manifest_job.run(replace(cfg, overwrite=True), local_engine)
+    out = storage.normalize(cfg.output)
+    assert storage.read_json(manifest_marker_uri(out)) == old  # still the complete, readable manifest
+    assert read_channel(out, "all").num_rows == old["counts"]["listed"]
