@@ -6,20 +6,23 @@ channels, same labels, counts, duplicate report and fingerprint; and it is read 
 from __future__ import annotations
 
 import random
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from jobs import manifest as manifest_job
 from jobs.catalog import build_manifest, fingerprint
+from jobs.inputs import check_shard_inputs
 from jobs.listing import Skip, discover, inspect_objects, list_prefix
 from jobs.manifest_table import channel_parts, label_part, manifest_parts, read_channel, read_channel_rows
-from jobs.settings import ManifestConfig
+from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import DatasetError, PlatformError
-from lakeshard.format import manifest_marker_uri
+from lakeshard.format import MANIFEST_SCHEMA, manifest_marker_uri
 from tests.helpers.checks import sagemaker_refs
 from tests.helpers.lake import encode, make_image
 
@@ -137,3 +140,28 @@ def test_a_failed_check_writes_no_table_and_keeps_the_old_manifest(tmp_path, loc
     out = storage.normalize(cfg.output)
     assert storage.read_json(manifest_marker_uri(out)) == old  # still the complete, readable manifest
     assert read_channel(out, "all").num_rows == old["counts"]["listed"]
+
+
+def test_a_killed_runs_parts_and_staged_rows_are_never_a_manifest(tmp_path, local_engine, small_lake):
+    cfg = ManifestConfig(input=str(small_lake), output=str(tmp_path / "ds"), seed=3, rows_per_part=40)
+    clean = manifest_job.run(replace(cfg, output=str(tmp_path / "clean")), local_engine)
+    out = storage.normalize(cfg.output)
+    # What a run killed in its last pass leaves: some table parts, staged rows, no marker.
+    (tmp_path / "ds" / "manifests" / "train").mkdir(parents=True)
+    part = f"part-00000-of-{clean['parts']:05d}.parquet"
+    shutil.copy(tmp_path / "clean" / "manifests" / "train" / part, tmp_path / "ds" / "manifests" / "train" / part)
+    staged = tmp_path / "ds" / "_staging" / "manifest" / "classes" / "b=00000"
+    staged.mkdir(parents=True)
+    stray = read_channel(storage.normalize(str(tmp_path / "clean")), "all").slice(0, 1).to_pylist()
+    staged_schema = MANIFEST_SCHEMA.append(pa.field("content", pa.string())).append(pa.field("duplicate", pa.bool_()))
+    pq.write_table(pa.Table.from_pylist([{**stray[0], "key": "zzz/ghost.png"}], schema=staged_schema),
+                   staged / "part-00099.parquet")
+    with pytest.raises(DatasetError, match="no complete manifest"):
+        check_shard_inputs(ShardConfig(dataset=out))
+    with pytest.raises(DatasetError, match="no complete manifest"):
+        read_channel(out, "train")
+
+    again = manifest_job.run(cfg, local_engine)
+    assert again == clean | {"input": again["input"]}
+    assert "zzz/ghost.png" not in read_channel(out, "all")["key"].to_pylist()
+    assert not (tmp_path / "ds" / "_staging" / "manifest").exists()
