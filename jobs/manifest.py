@@ -148,6 +148,17 @@ def _plan(cfg: ManifestConfig, out: str, staging: str, listed: _Listed) -> Plan:
                 split=dict(cfg.split), seed=cfg.seed, split_method=cfg.split_method, dedupe=cfg.dedupe)
 
 
+#: Objects per header-reading task, and at most this many such tasks unless the engine has more
+#: cores: each task writes a file per content bucket it meets (tasks x buckets staged files).
+_ROWS_PER_INSPECT_TASK = 2000
+_MAX_INSPECT_TASKS = 1000
+
+
+def _inspect_tasks(rows: int, parallelism: int) -> int:
+    wanted = max(2 * parallelism, math.ceil(rows / _ROWS_PER_INSPECT_TASK))
+    return max(1, min(rows, wanted, max(2 * parallelism, _MAX_INSPECT_TASKS)))
+
+
 def _predicted_counts(cfg: ManifestConfig, labels: dict[str, int], ok: Counter[str],
                       per_row: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
     """``counts[channel][label]`` before the split runs: a per-row split's counts came back
@@ -166,8 +177,7 @@ def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan) 
     if not listed.rows:
         raise ManifestError(f"no objects found under {where}")
     split_function(cfg.split_method)
-    partitions = cfg.partitions or max(1, min(listed.rows, max(2 * engine.parallelism,
-                                                              math.ceil(listed.rows / 2000))))
+    partitions = cfg.partitions or _inspect_tasks(listed.rows, engine.parallelism)
     log.info("listed %d objects; reading their headers in %d tasks", listed.rows, partitions)
     slices = _slices(listed.parts, partitions)
     engine.map_partitions(partial(inspect_task, plan=plan), slices, partitions=len(slices))
