@@ -180,7 +180,7 @@ def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan) 
     partitions = cfg.partitions or _inspect_tasks(listed.rows, engine.parallelism)
     log.info("listed %d objects; reading their headers in %d tasks", listed.rows, partitions)
     slices = _slices(listed.parts, partitions)
-    engine.map_partitions(partial(inspect_task, plan=plan), slices, partitions=len(slices))
+    engine.map_partitions(partial(inspect_task, plan=plan), slices, partitions=partitions)  # several slices a task
     results = engine.map_partitions(partial(content_task, plan=plan), list(range(plan.content_buckets)),
                                     partitions=plan.content_buckets)
     ok, reasons, per_row = Counter[str](), Counter[str](), defaultdict(Counter)

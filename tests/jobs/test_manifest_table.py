@@ -16,6 +16,7 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs.catalog import build_manifest, fingerprint
+from jobs.engines.local_engine import LocalEngine
 from jobs.inputs import check_shard_inputs
 from jobs.listing import Skip, discover, inspect_objects, list_prefix
 from jobs.manifest_table import channel_parts, label_part, manifest_parts, read_channel, read_channel_rows
@@ -24,7 +25,7 @@ from lakeshard import storage
 from lakeshard.errors import DatasetError, PlatformError
 from lakeshard.format import MANIFEST_SCHEMA, manifest_marker_uri
 from tests.helpers.checks import sagemaker_refs
-from tests.helpers.lake import encode, make_image
+from tests.helpers.lake import encode, make_image, write_lake
 
 
 def _random_lake(root: Path, seed: int) -> None:
@@ -176,3 +177,30 @@ def test_header_tasks_are_bounded_so_the_staged_files_are():
     # objects, 1,000 tasks x 1,000 buckets, not 50,000 x 1,000.
     assert _inspect_tasks(100_000_000, 2) == 1000
     assert _inspect_tasks(100_000_000, 4000) == 8000  # a bigger cluster still gets two tasks per core
+
+
+class _Recording(LocalEngine):
+    """The local engine, recording what each map_partitions call handed back to the driver."""
+
+    def __init__(self) -> None:
+        super().__init__(workers=2)
+        self.calls: list[tuple[int, list]] = []
+
+    def map_partitions(self, fn, items, *, partitions):
+        results = super().map_partitions(fn, items, partitions=partitions)
+        self.calls.append((len(items), results))
+        return results
+
+
+def test_the_driver_gets_aggregates_never_rows(tmp_path):
+    raw = tmp_path / "raw"
+    write_lake(raw, {"cat": 120, "dog": 90, "emu": 60})
+    engine = _Recording()
+    summary = manifest_job.run(ManifestConfig(input=str(raw), output=str(tmp_path / "ds"), rows_per_part=100),
+                               engine)
+    assert summary["counts"]["accepted"] == 270
+    assert len(engine.calls) >= 4  # list, inspect, group by content, split by class
+    for items, results in engine.calls:
+        assert len(results) <= items  # at most one result per work item (a prefix, a slice, a bucket)
+        assert not any(isinstance(r, dict) and "uri" in r for r in results)  # no row came back
+    assert sum(len(results) for _, results in engine.calls) < 30
