@@ -53,8 +53,9 @@ from jobs.manifest_tasks import (
     duplicates_report,
     duplicates_task,
     inspect_task,
-    list_task,
+    list_prefixes,
     skip_kind,
+    stage_listing,
 )
 from jobs.settings import ManifestConfig
 from jobs.split import class_quotas
@@ -115,16 +116,17 @@ def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> _Listed:
     skip = _skip(cfg)
     prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=skip)
     log.info("found %d class prefixes under %s; listing them on %s", len(prefixes), src, engine.name)
-    task = partial(list_task, src=src, label_depth=cfg.label_depth, skip=skip, staging=staging)
-    results = engine.map_partitions(task, list(enumerate(prefixes)), partitions=len(prefixes))
+    produce = partial(list_prefixes, src=src, label_depth=cfg.label_depth, skip=skip)
+    results = engine.map_partitions(partial(stage_listing, produce=produce, staging=staging), prefixes,
+                                    partitions=len(prefixes))
     skipped = Counter(skip_kind(r["reason"]) for r in stray if r["status"] == "skipped")
     examples = [(r["key"], r["reason"]) for r in stray if r["status"] == "skipped"]
     for r in results:
-        skipped.update(r["skipped"])
-        examples += [tuple(e) for e in r["skipped_examples"]]
-    parts = [(r["part"], r["rows"]) for r in results]
+        skipped.update(r.skipped)
+        examples += r.skipped_examples
+    parts = [(r.uri, r.rows) for r in results]
     if unlabelled := [r for r in stray if r["status"] != "skipped"]:  # few: above the label level
-        uri = storage.join(staging, "listed", f"part-{len(prefixes):05d}.parquet")
+        uri = storage.join(staging, "listed", "part-stray.parquet")
         write_part(uri, pa.Table.from_pylist(unlabelled, schema=MANIFEST_SCHEMA))
         parts.append((uri, len(unlabelled)))
     listed = _Listed(parts=sorted(parts), prefixes=len(prefixes), skipped=skipped,

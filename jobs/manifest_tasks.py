@@ -4,7 +4,7 @@ Four passes of ``Engine.map_partitions`` (``docs/design/XXXX-distributed-manifes
 writing Parquet parts for the next under the staging folder, and a fifth when there are
 duplicates:
 
-1. :func:`list_task` (one item per class prefix): list, write the rows; return counts.
+1. :func:`stage_listing` (one item per class prefix): list, write the rows; return counts.
 2. :func:`inspect_task` (one item per slice of the listed rows): read each object's first
    bytes, write the rows bucketed by content hash.
 3. :func:`content_task` (one item per content bucket: every object of identical content is in
@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,9 +36,19 @@ from lakeshard import storage
 from lakeshard.errors import StorageError
 from lakeshard.format import MANIFEST_SCHEMA, manifest_part_uri, sagemaker_part_uri
 
-__all__ = ["EXAMPLES", "Plan", "class_task", "content_task", "duplicates_report",
-           "duplicates_task",
-           "inspect_task", "list_task", "skip_kind"]
+__all__ = [
+    "EXAMPLES",
+    "ListedPart",
+    "Plan",
+    "class_task",
+    "content_task",
+    "duplicates_report",
+    "duplicates_task",
+    "inspect_task",
+    "list_prefixes",
+    "skip_kind",
+    "stage_listing",
+]
 
 #: How many examples (skipped objects, duplicate groups) the summary keeps.
 EXAMPLES = 5
@@ -97,17 +107,37 @@ def _by_bucket(rows: Sequence[dict[str, Any]], bucket_of: Any) -> dict[int, list
     return out
 
 
-def list_task(items: list[tuple[int, str]], *, src: str, label_depth: int, skip: Skip,
-              staging: str) -> list[dict[str, Any]]:
-    """List the class prefixes ``items`` (``(index, prefix URI)``); stage the listed rows in
-    one part; return its URI, its row count and the skipped objects' counts and examples."""
-    rows = [r for _, prefix in items for r in list_prefix(src, prefix, label_depth=label_depth, skip=skip)]
+@dataclass(frozen=True)
+class ListedPart:
+    """What a listing task hands back for the rows it staged (not a dict: a row never is one
+    of these, so a listing loop that collects dict rows passes it by)."""
+
+    uri: str
+    rows: int
+    skipped: dict[str, int]
+    skipped_examples: list[tuple[str, str]]
+
+
+def list_prefixes(prefixes: list[str], *, src: str, label_depth: int, skip: Skip) -> list[dict[str, Any]]:
+    """The rows of every object below the class prefixes ``prefixes``."""
+    return [r for prefix in prefixes for r in list_prefix(src, prefix, label_depth=label_depth, skip=skip)]
+
+
+def stage_listing(items: list[Any], *, produce: Callable[[list[Any]], list[Any]], staging: str) -> list[Any]:
+    """Run the listing task ``produce`` on ``items`` and stage the rows it makes (dicts) in one
+    part; return a :class:`ListedPart` for them, then whatever else ``produce`` returned (work
+    left for another round, say). Any listing (prefixes, balanced pieces, inventory files)
+    becomes a pass that keeps its rows on the workers."""
+    out = produce(items)
+    rows = [r for r in out if isinstance(r, dict)]
     kept = [r for r in rows if r["status"] != "skipped"]
     skipped = sorted((r["key"], r["reason"]) for r in rows if r["status"] == "skipped")
-    uri = storage.join(staging, "listed", f"part-{items[0][0]:05d}.parquet")
+    name = hashlib.blake2b(repr(items).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    uri = storage.join(staging, "listed", f"part-{name}.parquet")
     _staged(kept, uri)
-    return [{"part": uri, "rows": len(kept), "skipped": dict(Counter(skip_kind(reason) for _, reason in skipped)),
-             "skipped_examples": skipped[:EXAMPLES]}]
+    part = ListedPart(uri=uri, rows=len(kept), skipped=dict(Counter(skip_kind(reason) for _, reason in skipped)),
+                      skipped_examples=skipped[:EXAMPLES])
+    return [part, *(r for r in out if not isinstance(r, dict))]
 
 
 def _content_bucket(row: Mapping[str, Any], buckets: int) -> int:

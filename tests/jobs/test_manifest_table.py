@@ -19,7 +19,15 @@ from jobs.catalog import build_manifest, fingerprint
 from jobs.engines.local_engine import LocalEngine
 from jobs.inputs import check_shard_inputs
 from jobs.listing import Skip, discover, inspect_objects, list_prefix
-from jobs.manifest_table import channel_parts, label_part, manifest_parts, read_channel, read_channel_rows
+from jobs.manifest_table import (
+    channel_parts,
+    label_part,
+    manifest_parts,
+    read_channel,
+    read_channel_rows,
+    read_part,
+)
+from jobs.manifest_tasks import ListedPart, stage_listing
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import DatasetError, PlatformError
@@ -204,3 +212,19 @@ def test_the_driver_gets_aggregates_never_rows(tmp_path):
         assert len(results) <= items  # at most one result per work item (a prefix, a slice, a bucket)
         assert not any(isinstance(r, dict) and "uri" in r for r in results)  # no row came back
     assert sum(len(results) for _, results in engine.calls) < 30
+
+
+def test_any_listing_task_becomes_a_staging_one(tmp_path, small_lake):
+    """A listing task that returns rows and work for another round (as a balanced listing's
+    does) keeps its rows on the worker: one staged part, its counts, the rest passed on."""
+    src = storage.normalize(str(small_lake))
+    hidden = {**list_prefix(src, f"{src}/dog")[0], "status": "skipped", "reason": "hidden: '.x'"}
+    rows = [*list_prefix(src, f"{src}/cat"), hidden]
+    left = ("more work", 7)
+    out = stage_listing([f"{src}/cat"], produce=lambda items: [*rows, left],
+                        staging=storage.normalize(str(tmp_path / "staging")))
+    assert out[1:] == [left]
+    part = out[0]
+    assert isinstance(part, ListedPart) and part.rows == 40
+    assert part.skipped == {"hidden": 1} and part.skipped_examples[0][1] == "hidden: '.x'"
+    assert read_part(part.uri, ["key"])["key"].to_pylist() == [r["key"] for r in rows[:40]]
