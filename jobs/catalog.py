@@ -1,14 +1,15 @@
-"""The manifest job's pure transform: inspected object rows -> labelled, split manifests.
+"""The manifest's rules: inspected object rows -> labelled, split manifests.
 
-No I/O and no engine here: the rows come from :mod:`jobs.listing` (run by any engine), the
-tables go to :mod:`jobs.manifest` to be written.
+No I/O and no engine here. :func:`build_manifest` applies every rule to rows in memory: the
+reference the distributed manifest job (:mod:`jobs.manifest_tasks`, which calls the same
+pieces where the rows are) must agree with, and the builder for small inputs and tests.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,11 +17,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.listing import reject as reject_row
-from jobs.split import ALGORITHMS
+from jobs.split import ALGORITHMS, SplitFn
 from lakeshard.errors import ManifestError, RejectFractionError, SplitError
 from lakeshard.format import MANIFEST_SCHEMA
 
-__all__ = ["DUPLICATE", "Manifest", "build_manifest", "encode_labels", "fingerprint", "sagemaker_manifest"]
+__all__ = [
+    "DUPLICATE",
+    "Manifest",
+    "build_manifest",
+    "check_accepted",
+    "check_min_per_class",
+    "combine_fingerprints",
+    "dedupe_rows",
+    "encode_labels",
+    "fingerprint",
+    "fingerprint_line",
+    "reason_kind",
+    "same_content",
+    "split_function",
+]
 
 #: The reject reason's head of an object ``dedupe`` removed: "duplicate: same content as 'cat/1.jpg'".
 DUPLICATE = "duplicate"
@@ -41,7 +56,7 @@ class Manifest:
     duplicates: dict[str, Any] = field(default_factory=dict)
 
 
-def _same_content(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def same_content(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The groups (two or more, in key order) of ``rows`` with the same ``content`` hash."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -50,11 +65,11 @@ def _same_content(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
-def _dedupe(ok: Sequence[dict[str, Any]]) -> int:
+def dedupe_rows(ok: Sequence[dict[str, Any]]) -> int:
     """Reject every object but the first (by key) of each group of identical content; return
     how many were rejected."""
     n = 0
-    for group in _same_content(ok):
+    for group in same_content(ok):
         for r in group[1:]:
             reject_row(r, f"{DUPLICATE}: same content as {group[0]['key']!r}")
             n += 1
@@ -65,7 +80,7 @@ def _duplicates(ok: Sequence[dict[str, Any]], removed: int) -> dict[str, Any]:
     """Accepted objects of identical content: how many groups and objects, how many groups
     span channels (leakage: the same image is trained on and evaluated) or labels, and a few
     examples of those; ``removed`` is how many ``dedupe`` rejected."""
-    groups = _same_content(ok)
+    groups = same_content(ok)
     leaks = [g for g in groups if len({r["channel"] for r in g}) > 1]
     mixed = [g for g in groups if len({r["label"] for r in g}) > 1]
     return {
@@ -83,7 +98,7 @@ def encode_labels(names: Sequence[str]) -> dict[str, int]:
     return {name: i for i, name in enumerate(sorted(set(names)))}
 
 
-def _check_min_per_class(counts: Mapping[str, Mapping[str, int]], labels: Sequence[str], minimum: int,
+def check_min_per_class(counts: Mapping[str, Mapping[str, int]], labels: Sequence[str], minimum: int,
                          split_method: str) -> None:
     short = []
     for label in labels:
@@ -96,6 +111,46 @@ def _check_min_per_class(counts: Mapping[str, Mapping[str, int]], labels: Sequen
             + "; ".join(short)
             + ". Add images, lower --min-per-class or change --split"
             + (" (or use --split-method stratified for exact per-class counts)." if split_method == "hash" else "."))
+
+
+def reason_kind(reason: str) -> str:
+    """A reject reason's kind: its text before the first ':' (``rejects_by_reason``'s keys)."""
+    return reason.split(":")[0]
+
+
+def split_function(split_method: str) -> SplitFn:
+    try:
+        return ALGORITHMS[split_method]
+    except KeyError:
+        raise ManifestError(f"split_method must be one of {', '.join(ALGORITHMS)}, got {split_method!r}") from None
+
+
+def check_accepted(*, listed: int, reasons: Mapping[str, int], removed: int, ok_labels: Iterable[str],
+                   max_reject_fraction: float, where: str) -> dict[str, int]:
+    """Check what the inspection left of ``listed`` objects (rejected: ``reasons``, by
+    :func:`reason_kind`, ``removed`` of them by ``dedupe``, which do not count against
+    ``max_reject_fraction``: they were asked for); return the labels of the accepted objects.
+
+    Raises :class:`RejectFractionError` when too much of the lake was rejected, and
+    :class:`ManifestError` when no object or fewer than two classes are left.
+    """
+    rejected, listed = sum(reasons.values()) - removed, listed - removed
+    if rejected > max_reject_fraction * listed:
+        common = sorted(((n, reason) for reason, n in reasons.items() if reason != DUPLICATE), key=lambda x: (-x[0], x[1]))
+        top = ", ".join(f"{n}× {reason}" for n, reason in common[:5])
+        raise RejectFractionError(
+            f"{rejected} of {listed} listed objects under {where} were rejected "
+            f"({rejected / listed:.1%} > max_reject_fraction={max_reject_fraction:g}): {top}. "
+            "See the reasons above, or raise --max-reject-fraction.")
+    labels = encode_labels(ok_labels)
+    if not labels:
+        raise ManifestError(f"no usable images under {where}")
+    if len(labels) < 2:
+        raise ManifestError(
+            f"a classifier needs at least 2 classes, but {where} has usable images in 1 class only: "
+            f"{next(iter(labels))!r}. Lay the lake out as <prefix>/<label>/.../<file> with a folder per class "
+            "(or check --label-depth).")
+    return labels
 
 
 def build_manifest(rows: Sequence[dict[str, Any]], *, split: Mapping[str, float], seed: int,
@@ -115,30 +170,12 @@ def build_manifest(rows: Sequence[dict[str, Any]], *, split: Mapping[str, float]
     where = source or "the input"
     if not rows:
         raise ManifestError(f"no objects found under {where}")
-    removed = _dedupe([r for r in rows if r["status"] == "ok"]) if dedupe else 0
+    removed = dedupe_rows([r for r in rows if r["status"] == "ok"]) if dedupe else 0
     ok = [r for r in rows if r["status"] == "ok"]
-    rejected, listed = len(rows) - len(ok) - removed, len(rows) - removed
-    if rejected > max_reject_fraction * listed:
-        reasons = Counter(r["reason"].split(":")[0] for r in rows
-                          if r["status"] != "ok" and not r["reason"].startswith(DUPLICATE + ":"))
-        top = ", ".join(f"{n}× {reason}" for reason, n in reasons.most_common(5))
-        raise RejectFractionError(
-            f"{rejected} of {listed} listed objects under {where} were rejected "
-            f"({rejected / listed:.1%} > max_reject_fraction={max_reject_fraction:g}): {top}. "
-            "See the reasons above, or raise --max-reject-fraction.")
-    if not ok:
-        raise ManifestError(f"no usable images under {where}")
-
-    labels = encode_labels([r["label"] for r in ok])
-    if len(labels) < 2:
-        raise ManifestError(
-            f"a classifier needs at least 2 classes, but {where} has usable images in 1 class only: "
-            f"{next(iter(labels))!r}. Lay the lake out as <prefix>/<label>/.../<file> with a folder per class "
-            "(or check --label-depth).")
-    try:
-        assign = ALGORITHMS[split_method]
-    except KeyError:
-        raise ManifestError(f"split_method must be one of {', '.join(ALGORITHMS)}, got {split_method!r}") from None
+    reasons = Counter(reason_kind(r["reason"]) for r in rows if r["status"] != "ok")
+    labels = check_accepted(listed=len(rows), reasons=reasons, removed=removed, ok_labels=[r["label"] for r in ok],
+                            max_reject_fraction=max_reject_fraction, where=where)
+    assign = split_function(split_method)
     channels = assign([r["key"] for r in ok], [r["label"] for r in ok], split, seed)
     for r, channel in zip(ok, channels):
         r["channel"] = channel
@@ -147,7 +184,7 @@ def build_manifest(rows: Sequence[dict[str, Any]], *, split: Mapping[str, float]
     counts = {c: {label: 0 for label in labels} for c in split}
     for r in ok:
         counts[r["channel"]][r["label"]] += 1
-    _check_min_per_class(counts, list(labels), min_per_class, split_method)
+    check_min_per_class(counts, list(labels), min_per_class, split_method)
 
     table = pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA)
     accepted = pa.Table.from_pylist(ok, schema=MANIFEST_SCHEMA)
@@ -159,15 +196,26 @@ def build_manifest(rows: Sequence[dict[str, Any]], *, split: Mapping[str, float]
 
 def fingerprint(table: pa.Table) -> str:
     """A content hash of the accepted rows (key, ETag, label, channel): the manifest's
-    identity, from which the dataset version is derived."""
+    identity, from which the dataset version is derived. Each class's rows are hashed in key
+    order and the classes' hashes combined (:func:`combine_fingerprints`), so workers that
+    each hold whole classes compute it without gathering the rows."""
+    hashes: dict[str, Any] = defaultdict(hashlib.sha256)
+    rows = table.select(["key", "etag", "label", "channel", "status"]).sort_by("key").to_pylist()
+    for r in rows:
+        if r["status"] == "ok":
+            hashes[r["label"]].update(fingerprint_line(r["key"], r["etag"], r["label"], r["channel"]))
+    return combine_fingerprints({label: h.hexdigest() for label, h in hashes.items()})
+
+
+def combine_fingerprints(by_label: Mapping[str, str]) -> str:
+    """The manifest's fingerprint from its classes' (each a SHA-256 of the class's accepted
+    rows in key order, :func:`fingerprint_line`): independent of how the rows were parted."""
     h = hashlib.sha256()
-    cols = [table[c].to_pylist() for c in ("key", "etag", "label", "channel", "status")]
-    for key, etag, label, channel, status in zip(*cols):
-        if status == "ok":
-            h.update("\x1f".join((key, etag or "", label, channel)).encode("utf-8", "surrogatepass") + b"\n")
+    for label in sorted(by_label):
+        h.update(f"{label}\x1f{by_label[label]}\n".encode("utf-8", "surrogatepass"))
     return h.hexdigest()
 
 
-def sagemaker_manifest(prefix: str, keys: Sequence[str]) -> list[Any]:
-    """A SageMaker ``S3Prefix`` manifest: ``[{"prefix": "s3://b/raw/"}, "cat/1.jpg", ...]``."""
-    return [{"prefix": prefix.rstrip("/") + "/"}, *keys]
+def fingerprint_line(key: str, etag: str | None, label: str, channel: str) -> bytes:
+    """What :func:`fingerprint` hashes of one accepted row."""
+    return "\x1f".join((key, etag or "", label, channel)).encode("utf-8", "surrogatepass") + b"\n"

@@ -14,14 +14,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from jobs.dataset_info import dataset_version
 from jobs.inventory import read_inventory
+from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, DatasetExistsError, ManifestError, ShardError
-from lakeshard.format import dataset_json_uri, manifest_marker_uri, manifests_uri
+from lakeshard.format import dataset_json_uri, manifest_marker_uri
 
 __all__ = ["INPUT_CHECKS", "ShardInputs", "channel_rows", "check_manifest_inputs", "check_shard_inputs",
            "read_manifest"]
@@ -129,12 +129,7 @@ INPUT_CHECKS: dict[type, Callable[[Any], Any]] = {
 
 def read_manifest(root: str, channels: list[str]) -> pa.Table:
     """The manifest rows of ``channels``."""
-    fs, _ = storage.filesystem(root)
-    tables = []
-    for channel in channels:
-        path = storage.filesystem(manifests_uri(root, f"{channel}.parquet"))[1]
-        tables.append(pq.read_table(path, filesystem=fs, columns=_MANIFEST_COLUMNS))
-    return pa.concat_tables(tables)
+    return pa.concat_tables([read_channel(root, channel, columns=_MANIFEST_COLUMNS) for channel in channels])
 
 
 def channel_rows(rows: pa.Table, channel: str) -> pa.Table:

@@ -193,23 +193,30 @@ def _first_units(root: str, prefixes: Sequence[str]) -> list[ListUnit]:
 
 
 def list_lake(engine: Engine, root: str, prefixes: Sequence[str], *, label_depth: int = 1, skip: Skip = _NO_SKIP,
-              task_objects: int = 100_000) -> list[dict[str, Any]]:
+              task_objects: int = 100_000, stage: Callable[[Callable[[list[Any]], list[Any]]], Callable[[list[Any]], list[Any]]]
+              | None = None) -> list[Any]:  # fmt: skip
     """Every object below the class ``prefixes`` (from :func:`jobs.listing.discover`), as
-    rows, listed in rounds of tasks that each list at most ``task_objects`` objects."""
+    rows, listed in rounds of tasks that each list at most ``task_objects`` objects.
+
+    ``stage`` wraps each round's task (the manifest job stages the rows on the worker and hands
+    back a part instead); the result is then what the wrapped tasks return, the work left for
+    the next round (``ListUnit``) aside."""
     task: Callable[[list[ListUnit]], list[Any]] = partial(
         list_units, root=storage.normalize(root), label_depth=label_depth, skip=skip, budget=task_objects)
+    if stage is not None:
+        task = stage(task)
     units = _first_units(root, prefixes)
-    rows: list[dict[str, Any]] = []
+    results: list[Any] = []
     rounds = tasks = 0
     while units:
         # Round 1: one task per class prefix. Later rounds: the pieces of large prefixes, a
         # few per core (a task lists its units in turn, up to its budget).
         parts = len(units) if rounds == 0 else min(len(units), 4 * engine.parallelism)
         out = engine.map_partitions(task, units, partitions=parts)
-        rows += [r for r in out if isinstance(r, dict)]
+        results += [r for r in out if not isinstance(r, ListUnit)]
         units = sorted((u for u in out if isinstance(u, ListUnit)), key=ListUnit.sort_key)
         rounds, tasks = rounds + 1, tasks + parts
         if units:
-            log.info("listing round %d: %d objects so far; %d pieces of large prefixes left", rounds, len(rows), len(units))
-    log.info("listed %d objects under %d class prefixes in %d task(s), %d round(s)", len(rows), len(prefixes), tasks, rounds)
-    return rows
+            log.info("listing round %d done; %d pieces of large prefixes left", rounds, len(units))
+    log.info("listed %d class prefixes in %d task(s), %d round(s)", len(prefixes), tasks, rounds)
+    return results

@@ -5,12 +5,16 @@
     python -m jobs.manifest --engine dask --input ./lake/raw --output ./datasets/pets-v1
     python jobs/manifest.py --conf conf/manifest.yaml --input ./lake/raw --output ./out
 
-Writes, under ``--output``: ``manifests/all.parquet``, ``manifests/<channel>.parquet`` (and a
-SageMaker-style ``<channel>.manifest``), ``manifests/rejects.parquet``, ``labels.json``, and
-last ``manifests/_manifest.json``, the marker that the shard job waits for.
+Writes, under ``--output``, the manifest tables as folders of parts (``manifests/all/``,
+``manifests/<channel>/``, ``manifests/rejects/``, SageMaker augmented manifests in
+``manifests/sagemaker/<channel>/``; read them with :mod:`jobs.manifest_table`), ``labels.json``,
+and last ``manifests/_manifest.json``, the marker that the shard job waits for.
 
-Extract (list class prefixes on the driver, list each prefix and read each object's first bytes
-on the workers) -> transform (:func:`jobs.catalog.build_manifest`: label, split, check) -> load.
+Extract (list the levels above the labels on the driver, list each class prefix on the
+workers) -> transform (read each object's first bytes, group identical content, check the
+counts) -> load (split each class, write the tables): every row stays on the workers, staged
+under ``_staging/manifest/``; the driver sees counts per class and per reason
+(:mod:`jobs.manifest_tasks`; the rules are :mod:`jobs.catalog`'s).
 
 Hidden objects (``.DS_Store``, ``._*``, ``.ipynb_checkpoints/``, ``__MACOSX/``, ``Thumbs.db``,
 ``desktop.ini``) and ``--exclude`` matches are skipped and counted (``counts.skipped``,
@@ -22,88 +26,206 @@ Hidden objects (``.DS_Store``, ``._*``, ``.ipynb_checkpoints/``, ``__MACOSX/``, 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
 
 if __name__ == "__main__" and not __package__:
     import _script  # noqa: F401  (jobs/_script.py: the repository root first on sys.path)
-from collections import Counter
+from collections import Counter, defaultdict
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-import pyarrow.parquet as pq
+import pyarrow as pa
 
-from jobs.catalog import Manifest, build_manifest, fingerprint, sagemaker_manifest
+from jobs.catalog import check_accepted, check_min_per_class, combine_fingerprints, split_function
 from jobs.engines import Engine
 from jobs.engines.cli import job_parser, run_job
 from jobs.inputs import check_manifest_inputs
 from jobs.inventory import inventory_rows, read_inventory
-from jobs.listing import Skip, discover, inspect_objects
+from jobs.listing import Skip, discover
 from jobs.listing_tasks import list_lake
+from jobs.manifest_table import write_part
+from jobs.manifest_tasks import (
+    EXAMPLES,
+    Plan,
+    class_task,
+    content_task,
+    duplicates_report,
+    duplicates_task,
+    inspect_task,
+    skip_kind,
+    stage_listing,
+)
 from jobs.settings import ManifestConfig
+from jobs.split import class_quotas
 from lakeshard import storage
 from lakeshard.errors import DatasetExistsError, ManifestError, StorageError
-from lakeshard.format import FORMAT_VERSION, dataset_json_uri, labels_uri, manifest_marker_uri, manifests_uri
+from lakeshard.format import (
+    FORMAT_VERSION,
+    MANIFEST_SCHEMA,
+    dataset_json_uri,
+    labels_uri,
+    manifest_marker_uri,
+    manifests_uri,
+)
 
 __all__ = ["main", "run"]
 
 log = logging.getLogger("jobs.manifest")
 
-_EXAMPLES = 5
+@dataclass(frozen=True)
+class _Listed:
+    """Pass 1's aggregates: the staged listing parts ``(URI, rows)``, the class prefixes, and
+    the skipped objects' counts by kind and first few (key, reason) by key."""
+
+    parts: list[tuple[str, int]]
+    prefixes: int
+    skipped: Counter[str]
+    skipped_examples: list[tuple[str, str]]
+
+    @property
+    def rows(self) -> int:
+        return sum(n for _, n in self.parts)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """Pass 3's aggregates, checked: what the summary needs before the tables are written."""
+
+    listed: int
+    reasons: Counter[str]
+    removed: int
+    duplicate_groups: int
+    labels: dict[str, int]
+    counts: dict[str, dict[str, int]]
 
 
 def _skip(cfg: ManifestConfig) -> Skip:
     return Skip(exclude=tuple(cfg.exclude), include_hidden=cfg.include_hidden)
 
 
-def _listed(cfg: ManifestConfig, engine: Engine, skip: Skip) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The rows of the lake's objects, not yet inspected: those above the label level (from
-    the driver's listing) and the others (listed, or read from ``--inventory``, on the workers)."""
+def _staging(out: str) -> str:
+    return storage.join(out, "_staging", "manifest")
+
+
+def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> _Listed:
+    """List every object under ``cfg.input`` on the workers (pass 1: class prefixes in balanced
+    rounds, :func:`jobs.listing_tasks.list_lake`, or the ``--inventory`` data files), staging
+    the rows; only counts come back."""
     src = storage.normalize(cfg.input)
+    skip = _skip(cfg)
+
+    def stage(produce: Any) -> Any:
+        return partial(stage_listing, produce=produce, staging=staging)
+
     if cfg.inventory:
         inventory = read_inventory(cfg.inventory, bucket=src[len("s3://"):].split("/", 1)[0])
         log.info("reading %d inventory data files of %s on %s", len(inventory.files), inventory.uri, engine.name)
-        rows = engine.map_partitions(inventory_rows(inventory, src, label_depth=cfg.label_depth, skip=skip),
-                                     list(inventory.files), partitions=len(inventory.files))
-        if not rows:
-            raise ManifestError(f"--inventory {inventory.uri} lists no object under --input {src}")
-        return [], rows
-    prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=skip)
-    log.info("found %d class prefixes under %s; listing them on %s", len(prefixes), src, engine.name)
-    return stray, list_lake(engine, src, prefixes, label_depth=cfg.label_depth, skip=skip,
-                            task_objects=cfg.list_task_objects)
-
-
-def extract(cfg: ManifestConfig, engine: Engine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every listed object under ``cfg.input``, inspected, as manifest rows; and the objects
-    skipped (hidden or excluded), as rows whose ``reason`` says why."""
-    stray, listed = _listed(cfg, engine, _skip(cfg))
-    skipped = sorted((r for r in stray + listed if r["status"] == "skipped"), key=lambda r: r["key"])
+        results = engine.map_partitions(stage(inventory_rows(inventory, src, label_depth=cfg.label_depth, skip=skip)),
+                                        list(inventory.files), partitions=len(inventory.files))
+        stray: list[dict[str, Any]] = []
+        classes = len({label for r in results for label in r.labels})
+    else:
+        prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=skip)
+        log.info("found %d class prefixes under %s; listing them on %s", len(prefixes), src, engine.name)
+        results = list_lake(engine, src, prefixes, label_depth=cfg.label_depth, skip=skip,
+                            task_objects=cfg.list_task_objects, stage=stage)
+        classes = len(prefixes)
+    skipped = Counter(skip_kind(r["reason"]) for r in stray if r["status"] == "skipped")
+    examples = [(r["key"], r["reason"]) for r in stray if r["status"] == "skipped"]
+    for r in results:
+        skipped.update(r.skipped)
+        examples += r.skipped_examples
+    parts = [(r.uri, r.rows) for r in results if r.rows]
+    if unlabelled := [r for r in stray if r["status"] != "skipped"]:  # few: above the label level
+        uri = storage.join(staging, "listed", "part-stray.parquet")
+        write_part(uri, pa.Table.from_pylist(unlabelled, schema=MANIFEST_SCHEMA))
+        parts.append((uri, len(unlabelled)))
+    listed = _Listed(parts=sorted(parts), prefixes=classes, skipped=skipped,
+                     skipped_examples=sorted(examples)[:EXAMPLES])
+    if cfg.inventory and not listed.rows:
+        raise ManifestError(f"--inventory {cfg.inventory} lists no object under --input {src}")
     if skipped:
-        log.info("skipped %d hidden or excluded objects (e.g. %s)", len(skipped), skipped[0]["key"])
-    stray = [r for r in stray if r["status"] != "skipped"]
-    listed = sorted((r for r in listed if r["status"] != "skipped"), key=lambda r: r["key"])
-    partitions = cfg.partitions or max(1, min(len(listed), max(2 * engine.parallelism, math.ceil(len(listed) / 2000))))
-    log.info("listed %d objects; %s in %d tasks", len(listed),
+        log.info("skipped %d hidden or excluded objects (e.g. %s)", skipped.total(), listed.skipped_examples[0][0])
+    return listed
+
+
+def _slices(parts: list[tuple[str, int]], partitions: int) -> list[tuple[str, int, int]]:
+    """``(part URI, start, stop)`` slices of the listing parts, about ``total / partitions`` rows each."""
+    size = max(1, math.ceil(sum(n for _, n in parts) / partitions))
+    return [(uri, a, min(a + size, n)) for uri, n in parts for a in range(0, n, size)]
+
+
+def _plan(cfg: ManifestConfig, out: str, staging: str, listed: _Listed) -> Plan:
+    """How the later passes part the rows: a function of the lake alone (so every engine writes
+    the same parts), each class whole in one part."""
+    buckets = max(1, math.ceil(listed.rows / cfg.rows_per_part))
+    return Plan(out=out, staging=staging, content_buckets=buckets, parts=min(buckets, max(1, listed.prefixes)),
+                split=dict(cfg.split), seed=cfg.seed, split_method=cfg.split_method, dedupe=cfg.dedupe,
+                sniff=cfg.sniff)
+
+
+#: Objects per header-reading task, and at most this many such tasks unless the engine has more
+#: cores: each task writes a file per content bucket it meets (tasks x buckets staged files).
+_ROWS_PER_INSPECT_TASK = 2000
+_MAX_INSPECT_TASKS = 1000
+
+
+def _inspect_tasks(rows: int, parallelism: int) -> int:
+    wanted = max(2 * parallelism, math.ceil(rows / _ROWS_PER_INSPECT_TASK))
+    return max(1, min(rows, wanted, max(2 * parallelism, _MAX_INSPECT_TASKS)))
+
+
+def _predicted_counts(cfg: ManifestConfig, labels: dict[str, int], ok: Counter[str],
+                      per_row: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
+    """``counts[channel][label]`` before the split runs: a per-row split's counts came back
+    from the workers (``per_row``); the stratified split's follow from the class sizes."""
+    if cfg.split_method == "stratified":
+        quotas = {label: class_quotas(ok[label], cfg.split) for label in labels}
+        return {c: {label: quotas[label][c] for label in labels} for c in cfg.split}
+    return {c: {label: per_row[label][c] for label in labels} for c in cfg.split}
+
+
+def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan) -> _Checked:
+    """Inspect (pass 2) and group by content (pass 3) on the workers; check the aggregates:
+    every rule of :func:`jobs.catalog.build_manifest` that fails a run fails it here, before
+    any manifest table is written."""
+    where = storage.normalize(cfg.input)
+    if not listed.rows:
+        raise ManifestError(f"no objects found under {where}")
+    split_function(cfg.split_method)
+    partitions = cfg.partitions or _inspect_tasks(listed.rows, engine.parallelism)
+    log.info("listed %d objects; %s in %d tasks", listed.rows,
              "reading their headers" if cfg.sniff else "not reading them (--no-sniff)", partitions)
-    inspect = partial(inspect_objects, sniff=cfg.sniff)
-    return stray + engine.map_partitions(inspect, listed, partitions=partitions), skipped
+    slices = _slices(listed.parts, partitions)
+    engine.map_partitions(partial(inspect_task, plan=plan), slices, partitions=partitions)  # several slices a task
+    results = engine.map_partitions(partial(content_task, plan=plan), list(range(plan.content_buckets)),
+                                    partitions=plan.content_buckets)
+    ok, reasons, per_row = Counter[str](), Counter[str](), defaultdict(Counter)
+    for r in results:
+        ok.update(r["ok"])
+        reasons.update(r["reasons"])
+        for label, channels in r["channels"].items():
+            per_row[label].update(channels)
+    total, removed = sum(r["listed"] for r in results), sum(r["removed"] for r in results)
+    labels = check_accepted(listed=total, reasons=reasons, removed=removed, ok_labels=list(ok),
+                            max_reject_fraction=cfg.max_reject_fraction, where=where)
+    counts = _predicted_counts(cfg, labels, ok, per_row)
+    check_min_per_class(counts, list(labels), cfg.min_per_class, cfg.split_method)
+    return _Checked(listed=total, reasons=reasons, removed=removed, labels=labels, counts=counts,
+                    duplicate_groups=sum(r["duplicate_groups"] for r in results))
 
 
-def _skip_kind(reason: str) -> str:
-    return reason if reason.startswith("excluded") else reason.split(":")[0]
-
-
-def summarize(cfg: ManifestConfig, manifest: Manifest, skipped: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    table = manifest.all
-    skipped = skipped or []
-    reasons = Counter(r.split(":")[0] for r in manifest.rejects["reason"].to_pylist())
+def summarize(cfg: ManifestConfig, listed: _Listed, checked: _Checked, *, parts: int, fingerprint: str,
+              duplicates: dict[str, Any]) -> dict[str, Any]:
+    counts = checked.counts
     achieved = {}
-    for label in manifest.labels:
-        total = sum(manifest.counts[c][label] for c in manifest.counts)
-        achieved[label] = {c: round(manifest.counts[c][label] / total, 4) for c in manifest.counts}
+    for label in checked.labels:
+        total = sum(counts[c][label] for c in counts)
+        achieved[label] = {c: round(counts[c][label] / total, 4) for c in counts}
+    rejected = checked.reasons.total()
     return {
         "format_version": FORMAT_VERSION,
         "input": storage.normalize(cfg.input),
@@ -112,49 +234,55 @@ def summarize(cfg: ManifestConfig, manifest: Manifest, skipped: list[dict[str, A
         "seed": cfg.seed,
         "min_per_class": cfg.min_per_class,
         "label_depth": cfg.label_depth,
-        "labels": manifest.labels,
-        "fingerprint": fingerprint(table),
+        "labels": checked.labels,
+        "fingerprint": fingerprint,
+        "parts": parts,
         "counts": {
-            "listed": table.num_rows,
-            "accepted": table.num_rows - manifest.rejects.num_rows,
-            "rejected": manifest.rejects.num_rows,
-            "channels": {c: t.num_rows for c, t in manifest.channels.items()},
-            "classes": manifest.counts,
-            "skipped": len(skipped),
+            "listed": checked.listed,
+            "accepted": checked.listed - rejected,
+            "rejected": rejected,
+            "channels": {c: sum(counts[c].values()) for c in counts},
+            "classes": counts,
+            "skipped": listed.skipped.total(),
         },
         "achieved_fractions": achieved,
-        "rejects_by_reason": dict(sorted(reasons.items())),
+        "rejects_by_reason": dict(sorted(checked.reasons.items())),
         # "hidden" (their names vary without bound, as '._*' files do) or "excluded: --exclude GLOB".
-        "skipped_by_reason": dict(sorted(Counter(_skip_kind(r["reason"]) for r in skipped).items())),
-        "skipped_examples": {r["key"]: r["reason"] for r in skipped[:_EXAMPLES]},
+        "skipped_by_reason": dict(sorted(listed.skipped.items())),
+        "skipped_examples": dict(listed.skipped_examples),
         "exclude": list(cfg.exclude),
         "include_hidden": cfg.include_hidden,
         "dedupe": cfg.dedupe,
-        "duplicates": manifest.duplicates,
+        "duplicates": duplicates,
     }
 
 
-def load(cfg: ManifestConfig, manifest: Manifest, summary: dict[str, Any]) -> None:
-    out = storage.normalize(cfg.output)
-    fs, _ = storage.filesystem(out)
-    if not out.startswith("s3://"):  # S3 has no folders; s3fs's makedirs would create a missing bucket
-        fs.makedirs(storage.filesystem(manifests_uri(out))[1], exist_ok=True)
+def _remove_tables(out: str) -> None:
+    """Delete every manifest table (folders of parts, and a format-2 manifest's files)."""
+    fs, path = storage.filesystem(manifests_uri(out))
+    try:
+        entries = fs.ls(path, detail=False) if fs.exists(path) else []
+    except FileNotFoundError:
+        entries = []
+    for entry in entries:
+        if entry.rstrip("/").rsplit("/", 1)[-1] != "_manifest.json":
+            storage.remove(("s3://" if out.startswith("s3://") else "file://") + entry, recursive=True)
 
-    def write(table, name: str) -> None:
-        uri = manifests_uri(out, name)
-        try:
-            pq.write_table(table, storage.filesystem(uri)[1], filesystem=fs)
-        except Exception as exc:
-            raise StorageError(f"cannot write {uri}: {type(exc).__name__}: {exc}") from exc
 
-    write(manifest.all, "all.parquet")
-    write(manifest.rejects, "rejects.parquet")
-    for channel, table in manifest.channels.items():
-        write(table, f"{channel}.parquet")
-        body = sagemaker_manifest(summary["input"], table["key"].to_pylist())
-        storage.write_bytes_atomic(manifests_uri(out, f"{channel}.manifest"), json.dumps(body).encode())
-    storage.write_json_atomic(labels_uri(out), manifest.labels)
-    storage.write_json_atomic(manifest_marker_uri(out), summary)  # last: the manifest is complete
+def load(cfg: ManifestConfig, engine: Engine, listed: _Listed, checked: _Checked, plan: Plan) -> dict[str, Any]:
+    """Split each class part and write every manifest table's part on the workers (pass 4), the
+    duplicate report (pass 5, if there are duplicates), ``labels.json``, then the marker."""
+    plan = replace(plan, labels=checked.labels)
+    results = engine.map_partitions(partial(class_task, plan=plan), list(range(plan.parts)), partitions=plan.parts)
+    fingerprints = {label: h for r in results for label, h in r["fingerprints"].items()}
+    found = [] if not checked.duplicate_groups else engine.map_partitions(
+        partial(duplicates_task, plan=plan), list(range(plan.content_buckets)), partitions=plan.content_buckets)
+    duplicates = duplicates_report(found, checked.removed)
+    summary = summarize(cfg, listed, checked, parts=plan.parts, fingerprint=combine_fingerprints(fingerprints),
+                        duplicates=duplicates)
+    storage.write_json_atomic(labels_uri(plan.out), checked.labels)
+    storage.write_json_atomic(manifest_marker_uri(plan.out), summary)  # last: the manifest is complete
+    return summary
 
 
 def _check_bucket(out: str) -> None:
@@ -191,19 +319,21 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     if replacing and not cfg.overwrite:
         raise DatasetExistsError(f"{out} already holds a manifest ({marker}); pass --overwrite to replace it")
     storage.remove_temporaries(out)  # half-written files of a killed run
-    rows, skipped = extract(cfg, engine)
-    manifest = build_manifest(rows, split=cfg.split, seed=cfg.seed, split_method=cfg.split_method,
-                              min_per_class=cfg.min_per_class, max_reject_fraction=cfg.max_reject_fraction,
-                              source=storage.normalize(cfg.input), dedupe=cfg.dedupe)
-    summary = summarize(cfg, manifest, skipped)
-    _warn_duplicates(manifest.duplicates)
+    staging = _staging(out)
+    storage.remove(staging, recursive=True)  # a killed run's staged rows
+    listed = extract(cfg, engine, staging)
+    plan = _plan(cfg, out, staging, listed)
+    checked = transform(cfg, engine, listed, plan)
     if replacing:
-        # Invalidate only now that the new manifest is built (a run that fails before leaves the
-        # old one, and its dataset, readable): no reader may see a dataset whose manifest is
-        # being replaced.
+        # Invalidate only now that the new manifest passed its checks (a run that fails before
+        # leaves the old one, and its dataset, readable): no reader may see a dataset whose
+        # manifest is being replaced.
         storage.remove(dataset_json_uri(out))
         storage.remove(marker)
-    load(cfg, manifest, summary)
+    _remove_tables(out)
+    summary = load(cfg, engine, listed, checked, plan)
+    storage.remove(staging, recursive=True)
+    _warn_duplicates(summary["duplicates"])
     c = summary["counts"]
     log.info("manifest written to %s: %d listed, %d accepted (%s), %d rejected", out, c["listed"], c["accepted"],
              ", ".join(f"{k}={v}" for k, v in c["channels"].items()), c["rejected"])

@@ -28,12 +28,12 @@ if __name__ == "__main__" and not __package__:
 import pyarrow.parquet as pq
 
 from jobs.engines.cli import cli_main
+from jobs.manifest_table import read_channel
 from lakeshard import storage
 from lakeshard.format import (
     CHANNELS,
     DatasetInfo,
     manifest_marker_uri,
-    manifest_rejects_uri,
     read_dataset_info,
     shard_rejects_uri,
     shard_uri,
@@ -76,7 +76,7 @@ def render_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, m
     root = storage.normalize(root)
     channels = [c for c in CHANNELS if c in info.channels] + [c for c in info.channels if c not in CHANNELS]
     labels = sorted(info.labels, key=lambda name: info.labels[name])
-    manifest_rejects = _read_optional(manifest_rejects_uri(root), ["key", "reason"])
+    manifest_rejects = read_channel(root, "rejects", columns=["key", "reason"]).to_pylist()
     shard_rejects = _read_optional(shard_rejects_uri(root), ["key", "channel", "reason"])
     sections = [
         _summary(info, channels),

@@ -35,6 +35,8 @@ class ManifestConfig:
     engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
     scheduler: str | None = opt(None, help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)")
     partitions: int | None = opt(None, help="tasks for reading object headers (default: from the number of objects)")
+    rows_per_part: int = opt(100_000, help="objects per part of the manifest tables (a class is never split across "
+                                           "parts) and per task that groups identical content")
     exclude: tuple = opt((), parse=parse_globs, repeat=True,
                          help="skip objects matching this glob: against the key if it has a '/', else against "
                               "each path component (e.g. '*.tmp')")
@@ -57,6 +59,7 @@ class ManifestConfig:
         check_positive("label_depth", self.label_depth)
         check_positive("partitions", self.partitions, allow_none=True)
         check_positive("list_task_objects", self.list_task_objects)
+        check_positive("rows_per_part", self.rows_per_part)
         _check_fraction("max_reject_fraction", self.max_reject_fraction)
 
 

@@ -2,11 +2,15 @@
 
 ```
 <out>/
-  manifests/all.parquet          every listed object, status ok or rejected
-  manifests/<channel>.parquet    accepted rows of one channel
-  manifests/<channel>.manifest   the same keys as a SageMaker-style JSON manifest
-  manifests/rejects.parquet      objects the manifest job could not use, with the reason
-  manifests/_manifest.json       written last by the manifest job: its commit marker
+  manifests/all/part-00000-of-00002.parquet
+                                 every listed object, status ok or rejected, in parts
+  manifests/<channel>/part-00000-of-00002.parquet
+                                 accepted rows of one channel
+  manifests/rejects/part-00000-of-00002.parquet
+                                 objects the manifest job could not use, with the reason
+  manifests/sagemaker/<channel>/part-00000-of-00002.jsonl
+                                 a channel's objects as SageMaker augmented-manifest lines
+  manifests/_manifest.json       written last by the manifest job: its commit marker (``parts``)
   labels.json                    label name -> index
   shards/channel=<channel>/part-00000-of-00004.parquet
                                  Hive-style channel folders: shards/ read as one table has a
@@ -37,8 +41,12 @@ __all__ = [
     "dataset_json_uri",
     "labels_uri",
     "manifest_marker_uri",
+    "manifest_part_uri",
     "manifest_rejects_uri",
+    "manifest_table_uri",
     "manifests_uri",
+    "part_name",
+    "sagemaker_part_uri",
     "shard_name",
     "shard_rejects_uri",
     "shard_relpath",
@@ -48,9 +56,11 @@ __all__ = [
     "stored_image_format",
 ]
 
-#: Version 2: Hive-style channel folders (``shards/channel=train/``), shard rejects in
-#: ``rejects/shards.parquet``. Readers refuse any other version (see docs/format.md).
-FORMAT_VERSION = 2
+#: Version 3: the manifest tables are folders of parts (``manifests/<table>/part-*.parquet``),
+#: written by the workers, one class's rows in one part. Version 2: Hive-style channel folders
+#: (``shards/channel=train/``), shard rejects in ``rejects/shards.parquet``. Readers refuse any
+#: other version (see docs/format.md).
+FORMAT_VERSION = 3
 
 #: Channel names in their canonical order (the split's order).
 CHANNELS = ("train", "validation", "test")
@@ -150,16 +160,39 @@ def shard_rejects_uri(root: str) -> str:
     return storage.join(root, "rejects", "shards.parquet")
 
 
+def manifest_table_uri(root: str, table: str) -> str:
+    """The folder of one manifest table's parts: ``table`` is a channel, ``all`` or ``rejects``.
+    Nothing but that table's part files is in it, so the folder reads as one table."""
+    return manifests_uri(root, table)
+
+
+def manifest_part_uri(root: str, table: str, index: int, count: int) -> str:
+    """Part ``index`` of ``count`` of a manifest table (``count`` is ``_manifest.json``'s ``parts``)."""
+    return storage.join(manifest_table_uri(root, table), part_name(index, count))
+
+
+def sagemaker_part_uri(root: str, channel: str, index: int, count: int) -> str:
+    """Part ``index`` of ``count`` of a channel's SageMaker augmented manifest (JSON Lines)."""
+    return storage.join(manifests_uri(root, "sagemaker"), channel, part_name(index, count, ext="jsonl"))
+
+
 def manifest_rejects_uri(root: str) -> str:
-    """The manifest job's rejects table: listed objects it could not use."""
-    return manifests_uri(root, "rejects.parquet")
+    """The manifest job's rejects table (a folder of parts): listed objects it could not use."""
+    return manifest_table_uri(root, "rejects")
+
+
+def part_name(index: int, count: int, *, ext: str = "parquet") -> str:
+    """``part-00001-of-00004.parquet``: the file of part ``index`` of ``count``."""
+    if not 0 <= index < count:
+        raise ValueError(f"part index must be in [0, {count}), got {index!r}")
+    return f"part-{index:05d}-of-{count:05d}.{ext}"
 
 
 def shard_name(index: int, count: int) -> str:
     """``part-00001-of-00004.parquet``: the file of shard ``index`` of ``count``."""
     if not 0 <= index < count:
         raise ValueError(f"shard index must be in [0, {count}), got {index!r}")
-    return f"part-{index:05d}-of-{count:05d}.parquet"
+    return part_name(index, count)
 
 
 def shard_uri(root: str, channel: str, index: int, count: int) -> str:

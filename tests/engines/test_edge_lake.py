@@ -10,9 +10,10 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
+from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard.errors import ManifestError
-from lakeshard.format import manifest_rejects_uri, manifests_uri, shard_rejects_uri
+from lakeshard.format import shard_rejects_uri
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.edge_lake import EXTRA_FORMATS, HIDDEN, write_edge_lake
 from tests.helpers.lake import write_lake
@@ -27,7 +28,7 @@ def engine(request):
 
 
 def _ok_rows(out: str) -> list[dict]:
-    return [r for r in read_table(manifests_uri(out, "all.parquet")).to_pylist() if r["status"] == "ok"]
+    return [r for r in read_channel(out, "all").to_pylist() if r["status"] == "ok"]
 
 
 def _channels_by_content(rows: list[dict]) -> dict[str, set[str]]:
@@ -42,7 +43,7 @@ def test_edge_lake_is_listed_reported_deduped_and_sharded(engine, tmp_path):
     out = str(tmp_path / "ds")
     summary = manifest_job.run(ManifestConfig(input=str(raw), output=out, engine=engine.name, **OPTS), engine)
 
-    rows = {r["key"]: r for r in read_table(manifests_uri(out, "all.parquet")).to_pylist()}
+    rows = {r["key"]: r for r in read_channel(out, "all").to_pylist()}
     ok = {k for k, r in rows.items() if r["status"] == "ok"}
     assert {f"cat2/img_{i:05d}.png" for i in range(6)} | {f"dog/linked/img_{i:05d}.png" for i in range(4)} <= ok
     assert {k: rows[k]["reason"].split(":")[0] for k in rows if rows[k]["status"] == "rejected"} == {
@@ -65,7 +66,7 @@ def test_edge_lake_is_listed_reported_deduped_and_sharded(engine, tmp_path):
 
     summary = manifest_job.run(ManifestConfig(input=str(raw), output=out, engine=engine.name, dedupe=True,
                                               overwrite=True, **OPTS), engine)
-    rejects = read_table(manifest_rejects_uri(out)).to_pylist()
+    rejects = read_channel(out, "rejects").to_pylist()
     dupes = {r["key"]: r["reason"] for r in rejects if r["reason"].startswith("duplicate")}
     assert dupes == {**{f"dup/copy_{i}.png": "duplicate: same content as 'dup/copy_0.png'" for i in range(1, 8)},
                      "fox/copy_of_cat.png": "duplicate: same content as 'cat/img_00001.png'"}

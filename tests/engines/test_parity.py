@@ -8,8 +8,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from jobs.manifest_table import read_channel
 from lakeshard import storage
-from lakeshard.format import manifest_rejects_uri, read_dataset_info, shard_rejects_uri, shard_relpath
+from lakeshard.format import read_dataset_info, shard_rejects_uri, shard_relpath
 from tests.engines.compare import assert_same_dataset
 from tests.engines.conftest import build_dataset
 from tests.helpers.checks import check_dataset, read_table
@@ -25,7 +26,7 @@ def test_dask_writes_the_dataset_spark_writes(spark_reference: str, dask_engine,
     check_dataset(out)
     # Every bad object was counted somewhere (manifest or shard rejects), nothing else was.
     root = storage.normalize(out)
-    rejected = (read_table(manifest_rejects_uri(root))["key"].to_pylist()
+    rejected = (read_channel(root, "rejects")["key"].to_pylist()
                 + read_table(shard_rejects_uri(root))["key"].to_pylist())
     assert sorted(rejected) == sorted(k for k in bad_objects() if "/bad_" in k)
     assert info.counts.padded > 0  # some rows were routed twice
@@ -62,7 +63,7 @@ def test_dask_on_s3_writes_the_same_shards(spark_reference: str, dask_engine, mi
     for name in ("train", "validation", "test", "rejects"):
         # A local empty object is rejected before it is hashed: its ETag is S3's only.
         cols = ["key", "label", "label_index", "channel", "size", "status", "reason"] + ["etag"] * (name != "rejects")
-        a, b = (read_table(storage.join(r, "manifests", f"{name}.parquet")).select(cols) for r in (ref, out))
+        a, b = (read_channel(r, name, columns=cols) for r in (ref, out))
         assert a.to_pylist() == b.to_pylist(), name
     info = read_dataset_info(ref)
     for channel in info.channels:

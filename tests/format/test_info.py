@@ -52,13 +52,13 @@ def test_fields_it_does_not_know_are_ignored(root: Path):
     assert fmt.DatasetInfo.from_json(data) == fmt.DatasetInfo.from_json(raw(root))
 
 
-@pytest.mark.parametrize("version", [1, 3, None, "2"])
+@pytest.mark.parametrize("version", [1, 2, 4, None, "3"])
 def test_another_format_version_is_refused_with_what_to_do(root: Path, version: Any):
     data = raw(root)
     data["format_version"] = version
     (root / "dataset.json").write_text(json.dumps(data))
     with pytest.raises(DatasetError, match=rf"dataset.json has format_version {version!r}; this code reads format "
-                                           r"version 2 only: rebuild the dataset .*jobs/shard.py --overwrite"):
+                                           r"version 3 only: rebuild the dataset .*jobs/shard.py --overwrite"):
         fmt.read_dataset_info(str(root))
 
 
@@ -133,7 +133,7 @@ def test_the_opener_checks_a_shard_against_dataset_json(root: Path):
     uri = fmt.shard_uri(storage.normalize(str(root)), "train", 1, 2)
     with fmt.open_shard(uri) as shard:
         assert shard.footer == {"dataset_version": info.dataset_version, "channel": "train", "shard_index": "1",
-                                "num_shards": "2", "format_version": "2", "image_format": "png", "image_size": "8"}
+                                "num_shards": "2", "format_version": "3", "image_format": "png", "image_size": "8"}
         assert shard.check(info, "train", 1, rows=4) == [3, 1]  # row_group_rows=3
         with pytest.raises(DatasetError, match=r"footer says lakeshard.shard_index='1', expected '0'"):
             shard.check(info, "train", 0)

@@ -67,3 +67,13 @@ def test_the_spec_names_the_current_format_version():
     from lakeshard.format import FORMAT_VERSION
 
     assert SPEC.read_text().splitlines()[0] == f"# The lakeshard dataset format (version {FORMAT_VERSION})"
+
+
+def test_the_files_table_names_the_manifest_parts_as_the_layout_writes_them():
+    from lakeshard.format import manifest_part_uri, sagemaker_part_uri
+
+    paths = [r[0] for r in spec_table("Files")]
+    got = {manifest_part_uri("s3://b/d", t, 1, 4)[len("s3://b/d/"):] for t in ("all", "train", "rejects")}
+    got.add(sagemaker_part_uri("s3://b/d", "train", 1, 4)[len("s3://b/d/"):])
+    documented = {p.replace("<i>", "00001").replace("<n>", "00004").replace("<channel>", "train") for p in paths}
+    assert got <= documented, sorted(got - documented)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jobs.manifest_table import read_channel
 from lakeshard import storage
 from lakeshard.format import manifests_uri, shard_rejects_uri
 from tests.helpers.checks import read_table, shard_tables
@@ -102,7 +103,7 @@ def manifest_digest(root: str) -> dict[str, Any]:
     marker = json.loads(storage.read_bytes(manifests_uri(root, "_manifest.json")))
     out: dict[str, Any] = {"marker": marker, "labels": json.loads(storage.read_bytes(storage.join(root, "labels.json")))}
     for name in ["all", "rejects", *marker["split"]]:
-        out[name] = _table_rows(manifests_uri(root, f"{name}.parquet"))
+        out[name] = read_channel(root, name).to_pylist()
     return out
 
 

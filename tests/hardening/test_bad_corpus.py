@@ -16,10 +16,11 @@ from PIL import Image
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
+from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import SplitError
-from lakeshard.format import manifest_rejects_uri, shard_rejects_uri
+from lakeshard.format import shard_rejects_uri
 from tests.hardening.helpers import corpus
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import encode, make_image
@@ -75,7 +76,7 @@ def test_bad_corpus_is_accounted_for(kind, s3_bucket, spark_if_needed, dask_engi
     info = shard_job.run(ShardConfig(dataset=out, **SHARD), engine)
     check_dataset(out)
 
-    all_rows = read_table(f"{out}/manifests/all.parquet")
+    all_rows = read_channel(out, "all")
     listed = sorted(all_rows["key"].to_pylist())
     # The folder marker of the empty class prefix is an object too: listed, and rejected.
     assert listed == sorted([*objects, "empty_cls/"]), set(listed) ^ {*objects, "empty_cls/"}
@@ -84,9 +85,9 @@ def test_bad_corpus_is_accounted_for(kind, s3_bucket, spark_if_needed, dask_engi
     assert sorted(labels) == ["cls_a", "cls_b", "cls_c", "ünï cls"]  # no empty_cls, no solo
 
     # Listed = channel manifests + manifest rejects, each with a reason; then shards + shard rejects.
-    m_rejects = dict(zip(*(read_table(manifest_rejects_uri(str(out)))[c].to_pylist() for c in ("key", "reason"))))
+    m_rejects = dict(zip(*(read_channel(str(out), "rejects")[c].to_pylist() for c in ("key", "reason"))))
     s_rejects = dict(zip(*(read_table(shard_rejects_uri(str(out)))[c].to_pylist() for c in ("key", "reason"))))
-    in_channels = [k for c in info.channels for k in read_table(f"{out}/manifests/{c}.parquet")["key"].to_pylist()]
+    in_channels = [k for c in info.channels for k in read_channel(out, c)["key"].to_pylist()]
     assert sorted(in_channels + list(m_rejects)) == listed
     assert all(m_rejects.values()) and all(s_rejects.values())
     in_shards = {}

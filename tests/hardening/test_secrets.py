@@ -63,7 +63,8 @@ def test_no_credentials_in_logs_or_outputs(s3_bucket, dask_cluster, tmp_path: Pa
     for key in outputs:
         searched[f"s3://{name}/{key}"] = client.get_object(Bucket=name, Key=key)["Body"].read()
     kinds = {k.rsplit("/", 1)[-1].split("-")[0] for k in outputs}
-    assert {"dataset.json", "report.html", "all.parquet", "_manifest.json", "part"} <= kinds, kinds
+    assert {"dataset.json", "report.html", "_manifest.json", "part"} <= kinds, kinds
+    assert any("/manifests/all/part-" in k for k in outputs), outputs
     assert any(b"SparkListenerEnvironmentUpdate" in v for v in searched.values()), "no Spark event log"
     assert all(b"Exception" not in v or b"Traceback" not in v for k, v in searched.items() if "logs" in k)
     leaks = [(where, s.decode()) for where, data in searched.items() for s in SECRETS if s in data]

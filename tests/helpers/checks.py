@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from PIL import Image
 
+from jobs.manifest_table import read_channel, sagemaker_parts
 from lakeshard import storage
 from lakeshard.format import (
     SHARD_SCHEMA,
@@ -19,8 +20,6 @@ from lakeshard.format import (
     dataset_json_uri,
     expected_footer,
     labels_uri,
-    manifest_rejects_uri,
-    manifests_uri,
     read_dataset_info,
     read_footer,
     shard_name,
@@ -28,12 +27,18 @@ from lakeshard.format import (
     shards_uri,
 )
 
-__all__ = ["check_dataset", "read_table", "shard_tables"]
+__all__ = ["check_dataset", "read_table", "sagemaker_refs", "shard_tables"]
 
 
 def read_table(uri: str):
     fs, path = storage.filesystem(uri)
     return pq.read_table(path, filesystem=fs)
+
+
+def sagemaker_refs(root: str, channel: str) -> list[str]:
+    """The ``source-ref`` of every line of a channel's SageMaker augmented manifest, in part order."""
+    lines = [line for uri in sagemaker_parts(root, channel) for line in storage.read_bytes(uri).decode().splitlines()]
+    return [json.loads(line)["source-ref"] for line in lines]
 
 
 def shard_tables(root: str, channel: str, num_shards: int) -> list[Any]:
@@ -54,8 +59,8 @@ def check_dataset(root: str, *, decode_images: bool = True) -> DatasetInfo:
     n = info.num_shards
     size = info.image.size
 
-    all_rows = read_table(manifests_uri(root, "all.parquet"))
-    manifest_rejects = read_table(manifest_rejects_uri(root))
+    all_rows = read_channel(root, "all")
+    manifest_rejects = read_channel(root, "rejects")
     shard_rejects = read_table(shard_rejects_uri(root))
     assert all(r for r in manifest_rejects["reason"].to_pylist())
     assert all(r for r in shard_rejects["reason"].to_pylist())
@@ -65,17 +70,15 @@ def check_dataset(root: str, *, decode_images: bool = True) -> DatasetInfo:
     assert len(listed) == len(set(listed)) == info.counts.listed
     in_channels: list[str] = []
     for channel in info.channels:
-        in_channels += read_table(manifests_uri(root, f"{channel}.parquet"))["uri"].to_pylist()
+        in_channels += read_channel(root, channel)["uri"].to_pylist()
     assert len(in_channels) == len(set(in_channels))
     assert sorted(in_channels + manifest_rejects["uri"].to_pylist()) == sorted(listed)
 
     for channel, entry in info.channels.items():
-        manifest = read_table(manifests_uri(root, f"{channel}.parquet"))
-        # The SageMaker-style manifest names the same objects: the lake prefix, then keys.
-        sagemaker = json.loads(storage.read_bytes(manifests_uri(root, f"{channel}.manifest")))
-        assert sagemaker[0] == {"prefix": info.inputs.lake + "/"}
-        assert sagemaker[1:] == manifest["key"].to_pylist()
-        assert [f"{info.inputs.lake}/{k}" for k in sagemaker[1:]] == manifest["uri"].to_pylist()
+        manifest = read_channel(root, channel)
+        # The SageMaker augmented manifest names the same objects, part by part, in the same order.
+        assert sagemaker_refs(root, channel) == manifest["uri"].to_pylist()
+        assert all(u.startswith(info.inputs.lake + "/") for u in manifest["uri"].to_pylist())
         tables = shard_tables(root, channel, n)
         rows = [t.num_rows for t in tables]
         assert rows == [entry.rows_per_shard] * n, (channel, rows)

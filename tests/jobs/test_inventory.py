@@ -18,9 +18,9 @@ import pytest
 from jobs import manifest as manifest_job
 from jobs.engines.local_engine import LocalEngine
 from jobs.inputs import check_manifest_inputs
+from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig
 from lakeshard.errors import ConfigError, ManifestError
-from tests.helpers.checks import read_table
 from tests.helpers.lake import encode, make_image
 
 CSV_SCHEMA = "Bucket, Key, VersionId, IsLatest, IsDeleteMarker, Size, LastModifiedDate, ETag, StorageClass"
@@ -117,9 +117,9 @@ def test_an_inventory_gives_the_manifest_a_listing_gives(s3_bucket, fmt, tmp_pat
     assert from_inventory["skipped_by_reason"] == listed["skipped_by_reason"] == {"excluded: --exclude '*.tmp'": 1,
                                                                                   "hidden": 1}
     for name in ("all", "train", "validation", "rejects"):
-        a, b = (read_table(str(tmp_path / d / "manifests" / f"{name}.parquet")) for d in ("listed", "inventory"))
+        a, b = (read_channel(str(tmp_path / d), name) for d in ("listed", "inventory"))
         assert a.to_pylist() == b.to_pylist(), name
-    rows = {r["key"]: r for r in read_table(str(tmp_path / "inventory" / "manifests" / "all.parquet")).to_pylist()}
+    rows = {r["key"]: r for r in read_channel(str(tmp_path / "inventory"), "all").to_pylist()}
     assert rows["dog/ünï +cødé.png"]["status"] == "ok"  # a URL-encoded CSV key, decoded
     assert rows["stray.png"]["reason"].startswith("no label")
     assert not any("version" in k or "deleted" in k or "theirs" in k or k.startswith("elsewhere") for k in rows)

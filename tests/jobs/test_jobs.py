@@ -19,6 +19,7 @@ from PIL import Image
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
+from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, RejectFractionError, SplitError
@@ -56,7 +57,7 @@ def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, local_engine):
     checked = check_dataset(str(out))
     assert checked == info  # the job returns the model it wrote, field for field
 
-    all_rows = read_table(str(out / "manifests" / "all.parquet"))
+    all_rows = read_channel(str(out), "all")
     listed_on_disk = sorted(str(p.relative_to(messy_lake)) for p in messy_lake.rglob("*") if p.is_file())
     assert sorted(all_rows["key"].to_pylist()) == listed_on_disk
 
@@ -117,7 +118,7 @@ def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_p
         path.parent.mkdir(parents=True, exist_ok=True)
         Path(storage.temp_sibling(str(path))).write_bytes(b"")
 
-    killed_writer(out / "manifests" / "train.manifest")
+    killed_writer(out / "manifests" / "train" / "part-00000-of-00001.parquet")
     manifest_job.run(ManifestConfig(input=str(small_lake), output=str(out), seed=7, split_method="stratified"),
                      local_engine)
     assert not list(out.rglob("*.tmp-*"))
@@ -168,7 +169,7 @@ def test_pad_remainder_repeats_and_records(tmp_path, local_engine):
     tables = shard_tables(str(out), "train", 4)
     pads = [u for t in tables for u, p in zip(t["uri"].to_pylist(), t["is_pad"].to_pylist()) if p]
     assert sorted(set(pads)) == sorted(train.padded)
-    manifest_rows = read_table(str(out / "manifests" / "train.parquet")).num_rows
+    manifest_rows = read_channel(str(out), "train").num_rows
     assert manifest_rows % 4 != 0  # the case under test: a remainder to pad
     assert train.rows == 4 * train.rows_per_shard == len(pads) + manifest_rows
 
@@ -195,7 +196,7 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
         assert "[Stage " not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     info = check_dataset(str(out))
     assert info.image == ImageSpec(size=32, format="jpeg", quality=90, resize="crop", max_pixels=89478485)
-    assert pc.sum(read_table(str(out / "manifests" / "all.parquet"))["size"]).as_py() > 0
+    assert pc.sum(read_channel(str(out), "all")["size"]).as_py() > 0
     # A bad value exits non-zero and names the value.
     proc = subprocess.run([submit, "--master", "local[1]", "jobs/shard.py", "--dataset", str(out), "--num-shards", "0"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -16,9 +16,10 @@ from jobs import shard as shard_job
 from jobs.engines.local_engine import LocalEngine
 from jobs.listing import Skip, discover, list_prefix
 from jobs.listing_tasks import list_lake
+from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
-from lakeshard.format import manifest_rejects_uri, shard_rejects_uri
+from lakeshard.format import shard_rejects_uri
 from tests.helpers.checks import read_table
 from tests.helpers.edge_lake import write_edge_lake
 from tests.helpers.lake import write_lake
@@ -132,10 +133,10 @@ def test_without_the_sniff_a_bad_object_is_rejected_by_the_shard_job(tmp_path):
         out = storage.normalize(str(tmp_path / f"sniff-{sniff}"))
         manifest_job.run(ManifestConfig(input=str(raw), output=out, sniff=sniff, split={"train": 1.0},
                                         max_reject_fraction=0.5, engine="local"), engine)
-        rejects = read_table(manifest_rejects_uri(out))
+        rejects = read_channel(out, "rejects")
         reasons[sniff] = dict(zip(rejects["key"].to_pylist(), rejects["reason"].to_pylist(), strict=True))
         if not sniff:
-            train = {r["key"]: r for r in read_table(f"{out}/manifests/train.parquet").to_pylist()}
+            train = {r["key"]: r for r in read_channel(out, "train").to_pylist()}
             assert train["cat/readme.jpg"]["format"] is None and train["cat/readme.jpg"]["etag"] is None
             shard_job.run(ShardConfig(dataset=out, num_shards=1, image_size=16, max_reject_fraction=0.5,
                                       engine="local"), engine)

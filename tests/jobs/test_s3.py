@@ -9,11 +9,12 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
+from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 from tests.conftest import S3_ENV
-from tests.helpers.checks import check_dataset, read_table
+from tests.helpers.checks import check_dataset
 from tests.helpers.lake import encode, make_image
 
 pytestmark = [pytest.mark.s3, pytest.mark.spark]
@@ -43,7 +44,7 @@ def test_s3_lake_to_s3_dataset(s3_bucket, s3_endpoint, spark_engine, caplog):
     shard_job.run(ShardConfig(dataset=out, num_shards=2, image_size=16, max_reject_fraction=0.2), spark_engine)
     info = check_dataset(out)
 
-    all_rows = read_table(f"{out}/manifests/all.parquet")
+    all_rows = read_channel(out, "all")
     assert sorted(all_rows["key"].to_pylist()) == sorted(k[len("raw/"):] for k in objects)
     etags = dict(zip(all_rows["key"].to_pylist(), all_rows["etag"].to_pylist()))
     assert all(len(etags[k]) == 32 for k in etags)  # S3's ETag, from the listing

@@ -22,9 +22,10 @@ from PIL import Image
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.engines.local_engine import LocalEngine
+from jobs.manifest_table import read_channel
 from jobs.report import render_report, write_report
 from jobs.settings import ManifestConfig, ShardConfig
-from lakeshard.format import manifest_marker_uri, manifest_rejects_uri, read_dataset_info, shard_rejects_uri
+from lakeshard.format import manifest_marker_uri, read_dataset_info, shard_rejects_uri
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.datasets import build_dataset_with_rejects
 from tests.helpers.edge_lake import HIDDEN, write_edge_lake
@@ -88,7 +89,7 @@ def test_shard_job_writes_a_self_contained_report(dataset: Path):
         assert Image.open(io.BytesIO(data)).size == (24, 24)
 
     # Counts, rejects with their reasons, lineage.
-    manifest_rejects = read_table(manifest_rejects_uri(str(dataset)))
+    manifest_rejects = read_channel(str(dataset), "rejects")
     shard_rejects = read_table(shard_rejects_uri(str(dataset)))
     assert manifest_rejects.num_rows == 1 and shard_rejects.num_rows == 1
     for reason in manifest_rejects["reason"].to_pylist() + shard_rejects["reason"].to_pylist():

@@ -1,0 +1,100 @@
+"""Reading the manifest tables the manifest job wrote (``docs/format.md``, "Manifest tables").
+
+Each table (a channel, ``all`` or ``rejects``) is a folder of ``parts`` Parquet files, ``parts``
+read from ``manifests/_manifest.json``; every class's rows are in one part,
+:func:`label_part` says which. Each part is sorted by key; the parts together are not.
+
+Read a whole table with :func:`read_channel` (a notebook, a report, a test), or one part per
+task with :func:`read_channel_rows` (the workers of a job that must not gather every row).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lakeshard import storage
+from lakeshard.errors import DatasetError
+from lakeshard.format import MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri, sagemaker_part_uri
+
+__all__ = ["channel_parts", "hash_bucket", "iter_parts", "label_part", "manifest_parts", "read_channel", "read_channel_rows",
+           "read_part", "sagemaker_parts", "write_part"]
+
+
+def hash_bucket(text: str, buckets: int) -> int:
+    """A bucket in ``[0, buckets)`` that depends only on ``text`` (stable across processes)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % buckets
+
+
+def label_part(label: str | None, parts: int) -> int:
+    """The part that holds every row of ``label`` (rows without a label: the part of ``""``)."""
+    return hash_bucket(label or "", parts)
+
+
+def manifest_parts(root: str) -> int:
+    """How many parts each manifest table of the dataset at ``root`` has (``_manifest.json``)."""
+    marker = manifest_marker_uri(root)
+    if not storage.exists(marker):
+        raise DatasetError(f"no complete manifest at {root}: {marker} is missing; run jobs/manifest.py first")
+    parts = storage.read_json(marker).get("parts")
+    if not isinstance(parts, int) or parts < 1:
+        raise DatasetError(f"{marker} has no valid 'parts' ({parts!r}): it was written by an older lakeshard; "
+                           "rebuild the manifest")
+    return parts
+
+
+def channel_parts(root: str, channel: str) -> list[str]:
+    """The URIs of every part of one table (``channel``: a channel, ``all`` or ``rejects``)."""
+    count = manifest_parts(root)
+    return [manifest_part_uri(root, channel, i, count) for i in range(count)]
+
+
+def sagemaker_parts(root: str, channel: str) -> list[str]:
+    """The URIs of every part of a channel's SageMaker augmented manifest (JSON Lines: one
+    ``{"source-ref": "<uri>"}`` per object; concatenated in part order they are the channel's
+    manifest)."""
+    count = manifest_parts(root)
+    return [sagemaker_part_uri(root, channel, i, count) for i in range(count)]
+
+
+def read_part(uri: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """One part file."""
+    fs, path = storage.filesystem(uri)
+    try:
+        return pq.read_table(path, filesystem=fs, columns=list(columns) if columns is not None else None)
+    except FileNotFoundError:
+        raise DatasetError(f"manifest part {uri} is missing: the manifest is incomplete; rebuild it") from None
+
+
+def write_part(uri: str, table: pa.Table) -> None:
+    """Write one part file whole (atomically: a killed writer leaves no part behind)."""
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    storage.write_bytes_atomic(uri, sink.getvalue())
+
+
+def iter_parts(root: str, channel: str, *, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+    """Each part of one table in part order (one part in memory at a time)."""
+    for uri in channel_parts(root, channel):
+        yield read_part(uri, columns)
+
+
+def read_channel(root: str, channel: str, *, columns: Sequence[str] | None = None) -> pa.Table:
+    """A whole table (``channel``: a channel, ``all`` or ``rejects``), parts in part order."""
+    tables = list(iter_parts(root, channel, columns=columns))
+    schema = MANIFEST_SCHEMA if columns is None else pa.schema([MANIFEST_SCHEMA.field(c) for c in columns])
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def read_channel_rows(root: str, channel: str, *, columns: Sequence[str] | None = None,
+                      part: int | None = None) -> pa.Table:
+    """One part of a table (inside a worker: part ``part`` of :func:`manifest_parts`), or with
+    ``part=None`` the whole table."""
+    if part is None:
+        return read_channel(root, channel, columns=columns)
+    return read_part(manifest_part_uri(root, channel, part, manifest_parts(root)), columns)
