@@ -74,7 +74,7 @@ def _channel_info(channel: str, plan: ShardPlan, ordered: pa.Table, stats: list[
     mine = sorted((s for s in stats if s["channel"] == channel), key=lambda s: s["shard"])
     uris = ordered["uri"]
     return ChannelInfo.of_shards(
-        [ShardInfo.from_stats(channel, s["shard"], plan.num_shards, s, names) for s in mine],
+        [ShardInfo.from_stats(channel, s["shard"], plan.num_shards, s, names, path=s.get("path")) for s in mine],
         rejected=rejected,
         dropped=uris.take(pa.array(plan.dropped, pa.int64())).to_pylist(),
         padded=uris.take(pa.array(plan.padded, pa.int64())).to_pylist(),

@@ -32,11 +32,11 @@ from lakeshard import storage
 from lakeshard.format import (
     CHANNELS,
     DatasetInfo,
+    channel_shards,
     manifest_marker_uri,
     manifest_rejects_uri,
     read_dataset_info,
     shard_rejects_uri,
-    shard_uri,
     stored_image_format,
 )
 
@@ -211,10 +211,10 @@ def _samples(root: str, info: DatasetInfo, channels: list[str], labels: list[str
     want = {info.labels[name]: name for name in shown}
     found: dict[int, list[bytes]] = {i: [] for i in want}
     budget = _SAMPLE_ROW_GROUPS
-    for shard in range(info.num_shards):
+    for uri, _ in channel_shards(root, info, channel):
         if budget == 0 or all(len(v) >= per_class for v in found.values()):
             break
-        fs, path = storage.filesystem(shard_uri(root, channel, shard, info.num_shards))
+        fs, path = storage.filesystem(uri)
         with fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             for g in range(pf.metadata.num_row_groups):

@@ -23,7 +23,9 @@ from lakeshard.format.layout import (
     SHARD_REJECTS_SCHEMA,
     SHARD_SCHEMA,
     STORED_IMAGE_SIGNATURES,
+    VERSION_MARKER,
     channel_dirname,
+    check_shard_path,
     dataset_json_uri,
     labels_uri,
     manifest_marker_uri,
@@ -36,8 +38,11 @@ from lakeshard.format.layout import (
     shards_folder_uri,
     shards_uri,
     stored_image_format,
+    version_dirname,
+    version_marker_uri,
+    versions_uri,
 )
-from lakeshard.format.reader import OpenShard, channel_shards, expected_footer, open_shard
+from lakeshard.format.reader import OpenShard, channel_shards, expected_footer, open_shard, shard_version
 from lakeshard.format.writer import ShardWriter, write_shard_rejects
 
 __all__ = [
@@ -48,6 +53,7 @@ __all__ = [
     "SHARD_REJECTS_SCHEMA",
     "SHARD_SCHEMA",
     "STORED_IMAGE_SIGNATURES",
+    "VERSION_MARKER",
     "BuildInfo",
     "ChannelInfo",
     "Counts",
@@ -60,6 +66,7 @@ __all__ = [
     "channel_dirname",
     "channel_shards",
     "check_footer",
+    "check_shard_path",
     "dataset_json_uri",
     "expected_footer",
     "footer_metadata",
@@ -74,8 +81,12 @@ __all__ = [
     "shard_rejects_uri",
     "shard_relpath",
     "shard_uri",
+    "shard_version",
     "shards_folder_uri",
     "shards_uri",
     "stored_image_format",
+    "version_dirname",
+    "version_marker_uri",
+    "versions_uri",
     "write_shard_rejects",
 ]

@@ -15,6 +15,7 @@ from lakeshard import storage
 from lakeshard.format import (
     SHARD_SCHEMA,
     DatasetInfo,
+    channel_shards,
     check_footer,
     dataset_json_uri,
     expected_footer,
@@ -23,9 +24,7 @@ from lakeshard.format import (
     manifests_uri,
     read_dataset_info,
     read_footer,
-    shard_name,
     shard_rejects_uri,
-    shards_uri,
 )
 
 __all__ = ["check_dataset", "read_table", "shard_tables"]
@@ -37,10 +36,14 @@ def read_table(uri: str):
 
 
 def shard_tables(root: str, channel: str, num_shards: int) -> list[Any]:
-    fs, path = storage.filesystem(shards_uri(root, channel))
-    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
-    assert names == [shard_name(i, num_shards) for i in range(num_shards)], names
-    return [read_table(storage.join(shards_uri(root, channel), n)) for n in names]
+    """The shards of ``channel``, read from where ``dataset.json`` names them; their channel
+    folder holds them and nothing else (it reads as one table)."""
+    shards = channel_shards(storage.normalize(root), read_dataset_info(root), channel)
+    assert len(shards) == num_shards, shards
+    folder = shards[0][0].rsplit("/", 1)[0]
+    fs, path = storage.filesystem(folder)
+    assert sorted(fs.ls(path, detail=False)) == sorted(storage.filesystem(u)[1] for u, _ in shards), folder
+    return [read_table(uri) for uri, _ in shards]
 
 
 def check_dataset(root: str, *, decode_images: bool = True) -> DatasetInfo:
