@@ -26,7 +26,6 @@ from lakeshard.format import (
     VERSION_MARKER,
     DatasetInfo,
     dataset_json_uri,
-    shard_rejects_uri,
     shard_relpath,
     shards_uri,
 )
@@ -81,23 +80,24 @@ def _remove_strays(staging: str, keep: set[str]) -> None:
 
 def commit(root: str, staging: str, *, stats: list[dict[str, Any]], plans: dict[str, ShardPlan],
            rejects: pa.Table, info: DatasetInfo) -> None:
-    """Check the staged shards, then: invalidate the old dataset, put the new shards in place
-    (locally; on S3 they are in place), write the shard rejects table, and last ``dataset.json``
-    (``info``)."""
+    """Check the staged shards, then locally: invalidate the old dataset, put the new shards in
+    place, write the shard rejects table, and last ``dataset.json`` (``info``). On S3 the shards
+    are in place: write the shard rejects table into the version folder, mark the version
+    complete, and last ``dataset.json``, which replaces the old one in one PUT (a reader sees the
+    old dataset or the new one, never none)."""
     _check_counts(stats, plans, info.num_shards)
     storage.remove(storage.join(staging, RUNS), recursive=True)
     storage.remove_temporaries(staging)  # a killed client's tasks may still have been writing
     # a shard's path below the staging folder: its channel folder and file name
     _remove_strays(staging, {"/".join(s.path.split("/")[-2:]) for c in info.channels.values() for s in c.shards})
-    if versioned(root):
-        storage.write_json_atomic(storage.join(staging, VERSION_MARKER), info.to_json())
-        storage.remove(dataset_json_uri(root))  # the rejects table below is the new dataset's
-    else:
+    if not versioned(root):
         storage.remove(dataset_json_uri(root))
         storage.remove(shards_uri(root), recursive=True)
         storage.move(staging, shards_uri(root))
         storage.remove(staging_root(root), recursive=True)
     sink = pa.BufferOutputStream()
     pq.write_table(rejects.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA), sink)
-    storage.write_bytes_atomic(shard_rejects_uri(root), sink.getvalue().to_pybytes())
+    storage.write_bytes_atomic(storage.join(root, info.rejects_path), sink.getvalue().to_pybytes())
+    if versioned(root):  # the old dataset.json stays until the new one replaces it (one PUT)
+        storage.write_json_atomic(storage.join(staging, VERSION_MARKER), info.to_json())
     storage.write_json_atomic(dataset_json_uri(root), info.to_json())

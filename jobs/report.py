@@ -36,7 +36,7 @@ from lakeshard.format import (
     manifest_marker_uri,
     manifest_rejects_uri,
     read_dataset_info,
-    shard_rejects_uri,
+    rejects_uri,
     stored_image_format,
 )
 
@@ -77,7 +77,7 @@ def render_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, m
     channels = [c for c in CHANNELS if c in info.channels] + [c for c in info.channels if c not in CHANNELS]
     labels = sorted(info.labels, key=lambda name: info.labels[name])
     manifest_rejects = _read_optional(manifest_rejects_uri(root), ["key", "reason"])
-    shard_rejects = _read_optional(shard_rejects_uri(root), ["key", "channel", "reason"])
+    shard_rejects = _read_optional(rejects_uri(root, info), ["key", "channel", "reason"])
     sections = [
         _summary(info, channels),
         _splits(info, channels),

@@ -49,7 +49,7 @@ from jobs.repair import assemble_tasks, check_reject_budget, rejected_rows, repl
 from jobs.report import write_report
 from jobs.segments import segment_tasks
 from jobs.settings import ShardConfig
-from jobs.staging import finished, staging_folder
+from jobs.staging import finished, rejects_path, staging_folder
 from jobs.tasks import each, pack
 from lakeshard import storage
 from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo
@@ -140,7 +140,8 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
     info = dataset_info(cfg, marker=job.marker, version=job.version, seed=job.seed, engine=engine.name,
                         plans=plans, ordered=ordered, stats=stats, reject_counts=reject_counts,
                         build=BuildInfo(preprocess_tasks=ran, preprocessed=decoded, reused_segments=len(reused),
-                                        assembled_shards=len(repairs)))
+                                        assembled_shards=len(repairs)),
+                        rejects_path=rejects_path(staging))
     commit(root, staging, stats=stats, plans=plans, rejects=rejects, info=info)
     log.info("dataset %s committed at %s", job.version, root)
     _write_report(root, info)

@@ -25,10 +25,17 @@ from jobs.preprocess import SegmentTask, read_receipt
 from jobs.settings import ShardConfig
 from jobs.versions import current_version, list_versions
 from lakeshard import storage
-from lakeshard.format import VERSION_MARKER, channel_dirname, shard_name, version_dirname, versions_uri
+from lakeshard.format import (
+    VERSION_MARKER,
+    channel_dirname,
+    shard_name,
+    shard_rejects_relpath,
+    version_dirname,
+    versions_uri,
+)
 
 __all__ = ["RUNS", "assembled_shard", "finished", "library_versions", "preprocessing_code", "receipt_uri",
-           "staged_shard", "staging_folder", "staging_root", "versioned"]
+           "rejects_path", "staged_shard", "staging_folder", "staging_root", "versioned"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,13 @@ def versioned(uri: str) -> bool:
     """Whether the dataset (or staging folder) at ``uri`` is built in version folders: on S3,
     which has no rename. A local dataset's commit renames its staging folder to ``shards/``."""
     return storage.normalize(uri).startswith("s3://")
+
+
+def rejects_path(staging: str) -> str:
+    """Where this build's shard rejects table goes, relative to the dataset root (what
+    ``dataset.json``'s ``rejects_path`` says): in the version folder on S3."""
+    name = staging.rsplit("/", 1)[-1]
+    return shard_rejects_relpath(name.removeprefix("v=") if versioned(staging) else None)
 
 
 def staged_shard(staging: str, channel: str, shard: int, count: int) -> str:

@@ -32,6 +32,7 @@ from lakeshard.format.layout import (
     manifest_rejects_uri,
     manifests_uri,
     shard_name,
+    shard_rejects_relpath,
     shard_rejects_uri,
     shard_relpath,
     shard_uri,
@@ -42,7 +43,14 @@ from lakeshard.format.layout import (
     version_marker_uri,
     versions_uri,
 )
-from lakeshard.format.reader import OpenShard, channel_shards, expected_footer, open_shard, shard_version
+from lakeshard.format.reader import (
+    OpenShard,
+    channel_shards,
+    expected_footer,
+    open_shard,
+    rejects_uri,
+    shard_version,
+)
 from lakeshard.format.writer import ShardWriter, write_shard_rejects
 
 __all__ = [
@@ -77,7 +85,9 @@ __all__ = [
     "open_shard",
     "read_dataset_info",
     "read_footer",
+    "rejects_uri",
     "shard_name",
+    "shard_rejects_relpath",
     "shard_rejects_uri",
     "shard_relpath",
     "shard_uri",

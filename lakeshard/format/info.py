@@ -148,6 +148,7 @@ class DatasetInfo:
     counts: Counts
     build: BuildInfo
     channels: dict[str, ChannelInfo]
+    rejects_path: str  #: the shard rejects table, relative to the dataset root (``layout.shard_rejects_relpath``)
     versions: dict[str, str]  #: library versions of the run (python, pyarrow, pillow, numpy)
 
     @classmethod

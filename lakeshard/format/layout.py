@@ -15,6 +15,7 @@
                                  on S3: each build writes its own version folder once, and
                                  dataset.json names the one that is the dataset
   rejects/shards.parquet         images the shard job could not decode, with the reason
+                                 (on S3: shards/v=<version>/_rejects.parquet)
   report.html                    a self-contained report of the dataset
   dataset.json                   written last, atomically: the dataset is complete
 ```
@@ -49,6 +50,7 @@ __all__ = [
     "manifest_rejects_uri",
     "manifests_uri",
     "shard_name",
+    "shard_rejects_relpath",
     "shard_rejects_uri",
     "shard_relpath",
     "shard_uri",
@@ -203,10 +205,18 @@ def check_shard_path(path: str, channel: str, index: int, count: int) -> str | N
     return match["version"]
 
 
-def shard_rejects_uri(root: str) -> str:
-    """The shard job's rejects table: manifest rows whose image could not be used. Outside
-    ``shards/``, so ``shards/`` read as one table holds shard rows only."""
-    return storage.join(root, "rejects", "shards.parquet")
+def shard_rejects_relpath(version: str | None = None) -> str:
+    """The shard job's rejects table, relative to the dataset root (as ``dataset.json``'s
+    ``rejects_path`` names it): ``rejects/shards.parquet`` in the local layout, outside
+    ``shards/`` so ``shards/`` read as one table holds shard rows only; in version ``version``'s
+    folder on S3 (``_rejects.parquet``: table readers skip ``_`` files), so it changes with the
+    shards when ``dataset.json`` does."""
+    return f"shards/{version_dirname(version)}/_rejects.parquet" if version else "rejects/shards.parquet"
+
+
+def shard_rejects_uri(root: str, version: str | None = None) -> str:
+    """The shard job's rejects table of the dataset at ``root`` (see :func:`shard_rejects_relpath`)."""
+    return storage.join(root, shard_rejects_relpath(version))
 
 
 def manifest_rejects_uri(root: str) -> str:

@@ -22,9 +22,10 @@ from lakeshard import storage
 from lakeshard.errors import DatasetError
 from lakeshard.format.footer import check_footer, read_footer
 from lakeshard.format.info import DatasetInfo
-from lakeshard.format.layout import check_shard_path, dataset_json_uri
+from lakeshard.format.layout import check_shard_path, dataset_json_uri, shard_rejects_relpath
 
-__all__ = ["REQUIRED_COLUMNS", "OpenShard", "channel_shards", "expected_footer", "open_shard", "shard_version"]
+__all__ = ["REQUIRED_COLUMNS", "OpenShard", "channel_shards", "expected_footer", "open_shard", "rejects_uri",
+           "shard_version"]
 
 #: Columns a reader needs; the others of ``SHARD_SCHEMA`` may be absent from another writer's shards.
 REQUIRED_COLUMNS = ("image", "label")
@@ -132,6 +133,19 @@ def channel_shards(root: str, info: DatasetInfo, channel: str) -> list[tuple[str
         raise DatasetError(f"{where} lists {len(entry.shards)} {channel} shards, expected num_shards={info.num_shards}")
     shard_version(info, source=where)  # every path allowed, every channel in one folder
     return [(storage.join(root, shard.path), shard.rows) for shard in entry.shards]
+
+
+def rejects_uri(root: str, info: DatasetInfo) -> str:
+    """The shard rejects table of the dataset at ``root``: where ``info`` (its ``dataset.json``)
+    names it, beside its shards (:func:`~lakeshard.format.layout.shard_rejects_relpath`).
+
+    Raises:
+        DatasetError: ``rejects_path`` is another path.
+    """
+    want = shard_rejects_relpath(shard_version(info))
+    if info.rejects_path != want:
+        raise DatasetError(f"{dataset_json_uri(root)}: rejects_path is {info.rejects_path!r}, expected {want!r}")
+    return storage.join(root, info.rejects_path)
 
 
 def shard_version(info: DatasetInfo, *, source: str = "dataset.json") -> str | None:

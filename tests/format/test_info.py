@@ -231,3 +231,16 @@ def test_a_shard_path_outside_the_layout_is_refused(root: Path):
     info = fmt.read_dataset_info(str(root))
     with pytest.raises(DatasetError, match=r"dataset.json: train shard 1: shard path '../elsewhere/"):
         fmt.channel_shards(storage.normalize(str(root)), info, "train")
+
+
+def test_the_rejects_table_is_where_dataset_json_names_it_beside_the_shards(root: Path):
+    base = storage.normalize(str(root))
+    assert fmt.rejects_uri(base, fmt.read_dataset_info(str(root))) == f"{base}/rejects/shards.parquet"
+    data = raw(root)
+    _move_to_version(root, data, {c: V for c in data["channels"]})
+    with pytest.raises(DatasetError, match=rf"rejects_path is 'rejects/shards.parquet', expected 'shards/v={V}/_rejects.parquet'"):
+        fmt.rejects_uri(base, fmt.read_dataset_info(str(root)))
+    data["rejects_path"] = f"shards/v={V}/_rejects.parquet"
+    (root / "dataset.json").write_text(json.dumps(data))
+    assert fmt.rejects_uri(base, fmt.read_dataset_info(str(root))) == f"{base}/shards/v={V}/_rejects.parquet"
+    assert fmt.shard_rejects_uri(base, V) == f"{base}/shards/v={V}/_rejects.parquet"

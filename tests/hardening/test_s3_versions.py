@@ -6,6 +6,7 @@ of moto logs every request): no CopyObject of anything, while a reader holding t
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import unquote
@@ -18,9 +19,9 @@ from jobs import shard as shard_job
 from jobs import versions
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
-from lakeshard.errors import DatasetError
 from lakeshard.format import DatasetInfo, channel_shards, open_shard, read_dataset_info, shard_version
 from loaders import ShardLoader
+from tests.hardening.helpers import dataset_digest, job_env, run_until
 from tests.helpers.checks import check_dataset
 from tests.helpers.lake import encode, make_image, write_lake
 
@@ -120,7 +121,7 @@ def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, f
 
 def test_a_reader_during_an_s3_rebuild_sees_one_whole_version(s3_dataset, fault_proxy, local_engine):
     """While the shard job rebuilds (another image size: another dataset version), a reader
-    opening the dataset sees the old version or the new one, each whole, or none; and one
+    opening the dataset sees the old version or the new one, each whole, never none; and one
     that opened the old version before keeps reading it to the end."""
     out = s3_dataset
     old = shard_job.run(ShardConfig(dataset=out, **SHARD), local_engine)
@@ -132,11 +133,7 @@ def test_a_reader_during_an_s3_rebuild_sees_one_whole_version(s3_dataset, fault_
         while not done.is_set():
             try:
                 _read_all(out, old)
-                try:
-                    now = read_dataset_info(out)
-                except DatasetError:
-                    seen.append("none")
-                    continue
+                now = read_dataset_info(out)
                 _read_all(out, now)
                 seen.append(now.dataset_version)
                 first.set()
@@ -154,7 +151,52 @@ def test_a_reader_during_an_s3_rebuild_sees_one_whole_version(s3_dataset, fault_
         thread.join(timeout=120)
     assert not failures, (failures, seen)
     assert new.dataset_version != old.dataset_version
-    assert seen and set(seen) <= {old.dataset_version, new.dataset_version, "none"}, seen
+    assert seen and set(seen) <= {old.dataset_version, new.dataset_version}, seen
     assert seen[0] == old.dataset_version, seen
     _read_all(out, old)
     assert read_dataset_info(out).dataset_version == new.dataset_version
+
+
+#: The shard job's commit on S3, step by step: (storage function, URI suffix, before/after).
+S3_COMMIT_POINTS = [
+    ("remove", "/_runs", "before"),  # every segment and receipt written, nothing committed
+    ("write_bytes_atomic", "/_rejects.parquet", "after"),  # the version's rejects table written
+    ("write_json_atomic", "/_version.json", "after"),  # the version complete, dataset.json still the old one
+    ("write_json_atomic", "/dataset.json", "before"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_s3_commit_killed_at_each_step_reruns_into_the_same_version_folder(s3_dataset, tmp_path):
+    """Kill -9 the shard job (an overwrite of an identical dataset) at each step of its S3
+    commit: a reader sees the old dataset, whole, every time (never none); each rerun resumes in the same version
+    folder (the first one reuses every segment it can); the last leaves the old version and one
+    new one."""
+    out = s3_dataset
+    env, log = job_env(), tmp_path / "shard.log"
+    cmd = [sys.executable, "-m", "jobs.shard", "--engine", "local", "--dataset", out, "--num-shards", "2",
+           "--image-size", "16", "--image-format", "png", "--remainder", "pad", "--max-reject-fraction", "0.2",
+           "--overwrite"]
+    rc, _ = run_until(cmd, env=env, log=log, kill_after=None)
+    assert rc == 0, log.read_text()[-3000:]
+    want, old = dataset_digest(out), read_dataset_info(out)
+    for func, suffix, when in S3_COMMIT_POINTS:
+        before = log.read_text()
+        point = [sys.executable, "-m", "tests.hardening.killpoint", f"{func}:{suffix}:{when}", *cmd[2:]]
+        rc, _ = run_until(point, env=env, log=log, kill_after=None)
+        assert rc == 137, f"{func}:{suffix}:{when} exited {rc}:\n{log.read_text()[-3000:]}"
+        assert read_dataset_info(out) == old, (func, suffix, when)
+        assert dataset_digest(out) == want, (func, suffix, when)
+        _read_all(out, old)
+        if suffix == "/_rejects.parquet":  # right after the kill at /_runs
+            # every segment but those the assemblies replaced (their receipts were removed)
+            reused = 6 - old.build.assembled_shards
+            assert f"resuming: {reused} of 6 segments" in log.read_text()[len(before):], log.read_text()[len(before):]
+    rc, _ = run_until(cmd, env=env, log=log, kill_after=None)
+    assert rc == 0, log.read_text()[-3000:]
+    check_dataset(out)
+    assert dataset_digest(out) == want
+    found = versions.list_versions(out)
+    assert [v.state for v in found] == ["complete", "current"], found
+    assert found[0].name == shard_version(old)

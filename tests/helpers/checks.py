@@ -24,7 +24,7 @@ from lakeshard.format import (
     manifests_uri,
     read_dataset_info,
     read_footer,
-    shard_rejects_uri,
+    rejects_uri,
 )
 
 __all__ = ["check_dataset", "read_table", "shard_tables"]
@@ -59,7 +59,7 @@ def check_dataset(root: str, *, decode_images: bool = True) -> DatasetInfo:
 
     all_rows = read_table(manifests_uri(root, "all.parquet"))
     manifest_rejects = read_table(manifest_rejects_uri(root))
-    shard_rejects = read_table(shard_rejects_uri(root))
+    shard_rejects = read_table(rejects_uri(root, info))
     assert all(r for r in manifest_rejects["reason"].to_pylist())
     assert all(r for r in shard_rejects["reason"].to_pylist())
 
