@@ -105,7 +105,7 @@ def _version_folder(root: str, version: str, key: dict[str, Any], *, resume: boo
     killed build and is removed; complete versions stay (``python -m jobs.versions`` removes them)."""
     current = current_version(root)
     name = f"{version}-{_digest({**key, 'replaces': current})[:8]}"
-    keep = {version_dirname(v.name) for v in list_versions(root) if v.complete}
+    keep = {version_dirname(v.name) for v in list_versions(root) if v.complete} - {version_dirname(name)}
     if resume:
         keep.add(version_dirname(name))
     _remove_children(versions_uri(root), keep=keep)
