@@ -143,7 +143,8 @@ def build_dataset(
         num_shards=1, remainder="drop", row_group_bytes=_ROW_GROUP_BYTES,
         counts=contract.Counts(listed=images, manifest_rejects=0, shard_rejects=0, dropped=0, padded=0),
         build=contract.BuildInfo(preprocess_tasks=0, preprocessed=images, reused_segments=0, assembled_shards=0),
-        channels=channels, versions={},
+        channels=channels, rejects_path=contract.shard_rejects_relpath(),
+        versions={},
     )  # fmt: skip
     (root / "labels.json").write_text(json.dumps(info.labels))
     (root / "dataset.json").write_text(json.dumps(info.to_json()))

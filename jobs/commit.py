@@ -1,7 +1,13 @@
-"""The shard job's commit: the staged shards take the old ones' place, then the shard rejects
-table, then ``dataset.json`` makes the dataset visible. A reader sees the old dataset, no
-dataset, or the new one, never a part (readers trust a dataset only once ``dataset.json`` is
-there)."""
+"""The shard job's commit: the new shards become the dataset when ``dataset.json``, written
+last, names them. A reader sees the old dataset, no dataset, or the new one, never a part
+(readers trust a dataset only once ``dataset.json`` is there, and open the files it names).
+
+Locally the staged shards are renamed into ``shards/`` (the old ones removed first). On S3,
+which has no rename, nothing is copied: the staging folder is the version folder
+``shards/v=<version>/`` the shards were written into once (:mod:`jobs.staging`); the commit
+removes what is not a shard, marks the version complete and writes ``dataset.json``. Earlier
+versions stay until ``python -m jobs.versions remove`` removes them.
+"""
 
 from __future__ import annotations
 
@@ -12,32 +18,42 @@ import pyarrow.parquet as pq
 
 from jobs.plan import ShardPlan
 from jobs.preprocess import SegmentTask
-from jobs.staging import RUNS, staged_shard, staging_root
+from jobs.staging import RUNS, staged_shard, staging_root, versioned
 from lakeshard import storage
 from lakeshard.errors import ShardError
 from lakeshard.format import (
     SHARD_REJECTS_SCHEMA,
+    VERSION_MARKER,
     DatasetInfo,
     dataset_json_uri,
-    shard_rejects_uri,
+    shard_relpath,
     shards_uri,
 )
 
 __all__ = ["commit", "place_assembled"]
 
 
-def place_assembled(staging: str, final: dict[tuple[str, int], str], tasks: list[SegmentTask], *,
-                    num_shards: int) -> None:
-    """Move each shard assembled beside into its place in the staging folder; a segment file it
-    replaces loses its receipt (which no longer vouches for it)."""
-    moves = {uri: staged_shard(staging, channel, shard, num_shards) for (channel, shard), uri in final.items()}
-    moves = {uri: target for uri, target in moves.items() if uri != target}
+def place_assembled(root: str, staging: str, final: dict[tuple[str, int], str], tasks: list[SegmentTask], *,
+                    num_shards: int) -> dict[tuple[str, int], str]:
+    """Put each shard assembled beside in its place; a segment file it replaces loses its
+    receipt (which no longer vouches for it). Locally that is a rename onto its place in the
+    staging folder; on S3 the shard stays where it was written and the segment file at its
+    place is deleted. Returns each shard's path, relative to the dataset root ``root``, once
+    committed (what ``dataset.json`` names)."""
+    places = {key: staged_shard(staging, key[0], key[1], num_shards) for key in final}
+    moves = {final[key]: place for key, place in places.items() if final[key] != place}
     replaced = set(moves.values())
     for task in tasks:
         if task.uri in replaced and task.receipt is not None:
             storage.remove(task.receipt)
+    if versioned(staging):
+        for place in replaced:
+            storage.remove(place)
+        prefix = storage.normalize(root) + "/"
+        return {key: uri.removeprefix(prefix) for key, uri in final.items()}
     for uri, target in moves.items():
         storage.replace(uri, target)
+    return {(channel, shard): shard_relpath(channel, shard, num_shards) for channel, shard in final}
 
 
 def _check_counts(stats: list[dict[str, Any]], plans: dict[str, ShardPlan], num_shards: int) -> None:
@@ -49,18 +65,39 @@ def _check_counts(stats: list[dict[str, Any]], plans: dict[str, ShardPlan], num_
             raise ShardError(f"channel {channel!r}: wrote shards {got}, planned {want}; nothing was committed")
 
 
+def _remove_strays(staging: str, keep: set[str]) -> None:
+    """Delete every file in ``staging`` but the shards ``keep`` names (paths below it): what a
+    killed run assembled for a plan this run did not make."""
+    fs, path = storage.filesystem(staging)
+    try:
+        found = fs.find(path)
+    except FileNotFoundError:
+        return
+    strays = [f for f in found if f[len(path) + 1:] not in keep]
+    if strays:
+        fs.rm(strays)
+
+
 def commit(root: str, staging: str, *, stats: list[dict[str, Any]], plans: dict[str, ShardPlan],
            rejects: pa.Table, info: DatasetInfo) -> None:
-    """Check the staged shards, then: invalidate the old dataset, put the new shards in the old
-    ones' place, write the shard rejects table, and last ``dataset.json`` (``info``)."""
+    """Check the staged shards, then locally: invalidate the old dataset, put the new shards in
+    place, write the shard rejects table, and last ``dataset.json`` (``info``). On S3 the shards
+    are in place: write the shard rejects table into the version folder, mark the version
+    complete, and last ``dataset.json``, which replaces the old one in one PUT (a reader sees the
+    old dataset or the new one, never none)."""
     _check_counts(stats, plans, info.num_shards)
     storage.remove(storage.join(staging, RUNS), recursive=True)
-    storage.remove(dataset_json_uri(root))
-    storage.remove(shards_uri(root), recursive=True)
     storage.remove_temporaries(staging)  # a killed client's tasks may still have been writing
-    storage.move(staging, shards_uri(root))
-    storage.remove(staging_root(root), recursive=True)
+    # a shard's path below the staging folder: its channel folder and file name
+    _remove_strays(staging, {"/".join(s.path.split("/")[-2:]) for c in info.channels.values() for s in c.shards})
+    if not versioned(root):
+        storage.remove(dataset_json_uri(root))
+        storage.remove(shards_uri(root), recursive=True)
+        storage.move(staging, shards_uri(root))
+        storage.remove(staging_root(root), recursive=True)
     sink = pa.BufferOutputStream()
     pq.write_table(rejects.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA), sink)
-    storage.write_bytes_atomic(shard_rejects_uri(root), sink.getvalue().to_pybytes())
+    storage.write_bytes_atomic(storage.join(root, info.rejects_path), sink.getvalue().to_pybytes())
+    if versioned(root):  # the old dataset.json stays until the new one replaces it (one PUT)
+        storage.write_json_atomic(storage.join(staging, VERSION_MARKER), info.to_json())
     storage.write_json_atomic(dataset_json_uri(root), info.to_json())

@@ -38,10 +38,11 @@ def dataset_version(fingerprint: str, cfg: ShardConfig, seed: int, channels: lis
 
 def dataset_info(cfg: ShardConfig, *, marker: dict[str, Any], version: str, seed: int, engine: str,
                  plans: dict[str, ShardPlan], ordered: dict[str, pa.Table], stats: list[dict[str, Any]],
-                 reject_counts: dict[str, int], build: BuildInfo) -> DatasetInfo:
+                 reject_counts: dict[str, int], build: BuildInfo, rejects_path: str) -> DatasetInfo:
     """What ``dataset.json`` says. ``stats`` has one entry per shard file (its channel, shard
-    index and :class:`~lakeshard.format.writer.ShardWriter` stats); ``build`` says how this run
-    made them (depends on the engine's parallelism, not part of the dataset's identity)."""
+    index, path relative to the dataset root and :class:`~lakeshard.format.writer.ShardWriter` stats); ``build`` says how this run
+    made them (depends on the engine's parallelism, not part of the dataset's identity);
+    ``rejects_path`` is where the shard rejects table goes, relative to the dataset root."""
     labels: dict[str, int] = marker["labels"]
     return DatasetInfo(
         format_version=FORMAT_VERSION,
@@ -64,6 +65,7 @@ def dataset_info(cfg: ShardConfig, *, marker: dict[str, Any], version: str, seed
                       padded=sum(int(p.is_pad.sum()) for p in plans.values())),
         build=build,
         channels={c: _channel_info(c, plans[c], ordered[c], stats, labels, reject_counts[c]) for c in plans},
+        rejects_path=rejects_path,
         versions=library_versions(),
     )
 
@@ -74,7 +76,7 @@ def _channel_info(channel: str, plan: ShardPlan, ordered: pa.Table, stats: list[
     mine = sorted((s for s in stats if s["channel"] == channel), key=lambda s: s["shard"])
     uris = ordered["uri"]
     return ChannelInfo.of_shards(
-        [ShardInfo.from_stats(channel, s["shard"], plan.num_shards, s, names) for s in mine],
+        [ShardInfo.from_stats(channel, s["shard"], plan.num_shards, s, names, path=s["path"]) for s in mine],
         rejected=rejected,
         dropped=uris.take(pa.array(plan.dropped, pa.int64())).to_pylist(),
         padded=uris.take(pa.array(plan.padded, pa.int64())).to_pylist(),

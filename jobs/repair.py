@@ -15,10 +15,9 @@ from jobs.plan import ShardPlan
 from jobs.preprocess import SegmentTask
 from jobs.segments import rows_by_shard
 from jobs.settings import ShardConfig
-from jobs.staging import RUNS, staged_shard
-from lakeshard import storage
+from jobs.staging import assembled_shard, staged_shard
 from lakeshard.errors import RejectFractionError, ShardError
-from lakeshard.format import SHARD_REJECTS_SCHEMA, channel_dirname, shard_name
+from lakeshard.format import SHARD_REJECTS_SCHEMA
 
 __all__ = ["assemble_tasks", "check_reject_budget", "rejected_rows", "replan"]
 
@@ -93,7 +92,7 @@ def assemble_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, 
                                 "is_pad": want["is_pad"]}, schema=SOURCE_SCHEMA)
             # Assembled beside, moved into place when every assembly is done: this shard's file
             # may be another assembly's source.
-            beside = storage.join(staging, RUNS, "assembled", channel_dirname(channel), shard_name(shard, cfg.num_shards))
+            beside = assembled_shard(staging, channel, shard, cfg.num_shards)
             repairs.append(AssembleTask(uri=beside, sources=sources, row_group_bytes=cfg.row_group_size,
                                         metadata={**meta, "channel": channel, "shard_index": shard}))
             final[(channel, shard)] = beside

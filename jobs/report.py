@@ -33,10 +33,10 @@ from lakeshard import storage
 from lakeshard.format import (
     CHANNELS,
     DatasetInfo,
+    channel_shards,
     manifest_marker_uri,
     read_dataset_info,
-    shard_rejects_uri,
-    shard_uri,
+    rejects_uri,
     stored_image_format,
 )
 
@@ -77,7 +77,7 @@ def render_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, m
     channels = [c for c in CHANNELS if c in info.channels] + [c for c in info.channels if c not in CHANNELS]
     labels = sorted(info.labels, key=lambda name: info.labels[name])
     manifest_rejects = read_channel(root, "rejects", columns=["key", "reason"]).to_pylist()
-    shard_rejects = _read_optional(shard_rejects_uri(root), ["key", "channel", "reason"])
+    shard_rejects = _read_optional(rejects_uri(root, info), ["key", "channel", "reason"])
     sections = [
         _summary(info, channels),
         _splits(info, channels),
@@ -211,10 +211,10 @@ def _samples(root: str, info: DatasetInfo, channels: list[str], labels: list[str
     want = {info.labels[name]: name for name in shown}
     found: dict[int, list[bytes]] = {i: [] for i in want}
     budget = _SAMPLE_ROW_GROUPS
-    for shard in range(info.num_shards):
+    for uri, _ in channel_shards(root, info, channel):
         if budget == 0 or all(len(v) >= per_class for v in found.values()):
             break
-        fs, path = storage.filesystem(shard_uri(root, channel, shard, info.num_shards))
+        fs, path = storage.filesystem(uri)
         with fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             for g in range(pf.metadata.num_row_groups):

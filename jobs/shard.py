@@ -3,7 +3,8 @@
     spark-submit jobs/shard.py --dataset s3://lake/datasets/pets-v1 --num-shards 4 --image-size 224
     python -m jobs.shard --engine dask --dataset ./datasets/pets-v1 --num-shards 2
 
-For each channel, writes exactly ``--num-shards`` files ``shards/<channel>/part-0000i-of-0000N.parquet``
+For each channel, writes exactly ``--num-shards`` files ``shards/channel=<c>/part-0000i-of-0000N.parquet``
+(on S3 in a version folder, ``shards/v=<version>/channel=<c>/...``: no copy, see :mod:`jobs.commit`)
 with equal row counts and every class spread evenly (at most one apart), rows shuffled within
 each shard; images that fail (or were replaced since the manifest was built) go to the shard rejects table;
 ``dataset.json`` comes last, then ``report.html`` (a report that fails is a warning, not a failed job).
@@ -12,7 +13,8 @@ Check the inputs (:mod:`jobs.inputs`, before the engine starts) -> extract (mani
 (:mod:`jobs.preprocess`: fetch, decode, orient, RGB, resize, encode), each task writing its shard's rows straight into
 the shard's file in a staging folder -> repair: if images were rejected, re-plan without them
 (the plan moves as few rows as it can) and assemble the shards that changed from rows already
-preprocessed (:mod:`jobs.repair`, :mod:`jobs.assemble`) -> commit (:mod:`jobs.commit`): move the staging folder into place, then write ``dataset.json``. A
+preprocessed (:mod:`jobs.repair`, :mod:`jobs.assemble`) -> commit (:mod:`jobs.commit`): move the staging folder into place
+(locally; on S3 it is the version folder), then write ``dataset.json``. A
 reader sees the old dataset, no dataset, or the new one, never a part. No image is sent through
 the engine: a task reads it from the lake and writes it to its shard.
 
@@ -47,7 +49,7 @@ from jobs.repair import assemble_tasks, check_reject_budget, rejected_rows, repl
 from jobs.report import write_report
 from jobs.segments import segment_tasks
 from jobs.settings import ShardConfig
-from jobs.staging import finished, staging_folder
+from jobs.staging import finished, rejects_path, staging_folder
 from jobs.tasks import each, pack
 from lakeshard import storage
 from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo
@@ -131,14 +133,15 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
                  len(channels) * cfg.num_shards, rejects.num_rows)
         bins = pack(repairs, [t.sources.num_rows for t in repairs], slots)
         written.update({d["uri"]: d["stats"] for d in engine.map_partitions(each(assemble_shard), bins, partitions=len(bins))})
-    place_assembled(staging, final, tasks, num_shards=cfg.num_shards)
+    paths = place_assembled(root, staging, final, tasks, num_shards=cfg.num_shards)
 
-    stats = [{"channel": c, "shard": s, **written[uri]} for (c, s), uri in final.items()]
+    stats = [{"channel": c, "shard": s, "path": paths[(c, s)], **written[uri]} for (c, s), uri in final.items()]
     reject_counts = {c: int(pc.sum(pc.equal(rejects["channel"], c)).as_py() or 0) for c in channels}
     info = dataset_info(cfg, marker=job.marker, version=job.version, seed=job.seed, engine=engine.name,
                         plans=plans, ordered=ordered, stats=stats, reject_counts=reject_counts,
                         build=BuildInfo(preprocess_tasks=ran, preprocessed=decoded, reused_segments=len(reused),
-                                        assembled_shards=len(repairs)))
+                                        assembled_shards=len(repairs)),
+                        rejects_path=rejects_path(staging))
     commit(root, staging, stats=stats, plans=plans, rejects=rejects, info=info)
     log.info("dataset %s committed at %s", job.version, root)
     _write_report(root, info)

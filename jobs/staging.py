@@ -1,11 +1,14 @@
 """The shard job's staging folder: where its files are written before the commit, named after
 everything they depend on, so a rerun of an interrupted job finds the segments it finished.
 
-    <dataset>/_staging/shards-<hash>/<channel folder>/part-00000-of-00004.parquet
-    <dataset>/_staging/shards-<hash>/_runs/...       segments, spare rows, receipts, assemblies
+    local:  <dataset>/_staging/shards-<hash>/<channel folder>/part-00000-of-00004.parquet
+    S3:     <dataset>/shards/v=<dataset version>-<hash>/<channel folder>/part-00000-of-00004.parquet
+    both:   <staging>/_runs/...       segments, spare rows, receipts (removed by the commit)
 
 The staging folder is laid out as ``shards/`` is (:func:`staged_shard` goes through the format's
-layout helpers), so the commit moves it into place whole.
+layout helpers). Locally the commit moves it into place whole (a rename). On S3, which has no
+rename, it is the version folder itself: the shards are written once, where ``dataset.json``
+will name them (:func:`versioned`; ``docs/design/XXXX-versioned-shards.md``).
 """
 
 from __future__ import annotations
@@ -20,11 +23,19 @@ import pyarrow as pa
 
 from jobs.preprocess import SegmentTask, read_receipt
 from jobs.settings import ShardConfig
+from jobs.versions import current_version, list_versions
 from lakeshard import storage
-from lakeshard.format import channel_dirname, shard_name
+from lakeshard.format import (
+    VERSION_MARKER,
+    channel_dirname,
+    shard_name,
+    shard_rejects_relpath,
+    version_dirname,
+    versions_uri,
+)
 
-__all__ = ["RUNS", "finished", "library_versions", "preprocessing_code", "receipt_uri", "staged_shard",
-           "staging_folder", "staging_root"]
+__all__ = ["RUNS", "assembled_shard", "finished", "library_versions", "preprocessing_code", "receipt_uri",
+           "rejects_path", "staged_shard", "staging_folder", "staging_root", "versioned"]
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +48,29 @@ def staging_root(root: str) -> str:
     return storage.join(root, "_staging")
 
 
+def versioned(uri: str) -> bool:
+    """Whether the dataset (or staging folder) at ``uri`` is built in version folders: on S3,
+    which has no rename. A local dataset's commit renames its staging folder to ``shards/``."""
+    return storage.normalize(uri).startswith("s3://")
+
+
+def rejects_path(staging: str) -> str:
+    """Where this build's shard rejects table goes, relative to the dataset root (what
+    ``dataset.json``'s ``rejects_path`` says): in the version folder on S3."""
+    name = staging.rsplit("/", 1)[-1]
+    return shard_rejects_relpath(name.removeprefix("v=") if versioned(staging) else None)
+
+
 def staged_shard(staging: str, channel: str, shard: int, count: int) -> str:
     """Where shard ``shard`` of ``channel`` waits for the commit (its place below ``shards/``)."""
     return storage.join(staging, channel_dirname(channel), shard_name(shard, count))
+
+
+def assembled_shard(staging: str, channel: str, shard: int, count: int) -> str:
+    """Where shard ``shard`` of ``channel`` is assembled again (after rejects): beside its place,
+    which may hold a segment file other assemblies read. Locally it is renamed onto its place;
+    on S3 it stays, and ``dataset.json`` names it there."""
+    return storage.join(staging, channel_dirname(channel), shard_name(shard, count, assembled=True))
 
 
 def receipt_uri(staging: str, uri: str) -> str:
@@ -53,18 +84,48 @@ def staging_folder(root: str, version: str, cfg: ShardConfig, segment_rows: int,
     leftover of a job with other settings, and is removed."""
     key = {"dataset_version": version, "versions": library_versions(), "code": preprocessing_code(),
            "segment_rows": segment_rows, "row_group_bytes": cfg.row_group_size}
-    name = "shards-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    if versioned(root):
+        return _version_folder(root, version, key, resume=resume)
+    name = "shards-" + _digest(key)[:12]
     parent = staging_root(root)
     staging = storage.join(parent, name)
-    fs, path = storage.filesystem(parent)
-    try:
-        children = [c.rstrip("/").rsplit("/", 1)[-1] for c in fs.ls(path, detail=False)]
-    except FileNotFoundError:
-        children = []
-    for child in children:
-        if not resume or child != name:
-            storage.remove(storage.join(parent, child), recursive=True)
+    _remove_children(parent, keep={name} if resume else set())
     return staging
+
+
+def _digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _version_folder(root: str, version: str, key: dict[str, Any], *, resume: bool) -> str:
+    """On S3: this build's version folder, ``shards/v=<version>-<hash>``. The hash is of the
+    staging key and of the version ``dataset.json`` names now, so a rerun of a killed build
+    finds its folder again, and a build of the same dataset version after a commit gets a new
+    folder (never one a reader may be reading). Every other incomplete folder is a leftover of a
+    killed build and is removed; complete versions stay (``python -m jobs.versions`` removes them)."""
+    current = current_version(root)
+    name = f"{version}-{_digest({**key, 'replaces': current})[:8]}"
+    keep = {version_dirname(v.name) for v in list_versions(root) if v.complete} - {version_dirname(name)}
+    if resume:
+        keep.add(version_dirname(name))
+    _remove_children(versions_uri(root), keep=keep)
+    staging = versions_uri(root, name)
+    storage.remove(storage.join(staging, VERSION_MARKER))  # writing into it: no longer a complete version
+    return staging
+
+
+def _children(uri: str) -> list[str]:
+    fs, path = storage.filesystem(uri)
+    try:
+        return [c.rstrip("/").rsplit("/", 1)[-1] for c in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        return []
+
+
+def _remove_children(parent: str, *, keep: set[str]) -> None:
+    for child in _children(parent):
+        if child not in keep:
+            storage.remove(storage.join(parent, child), recursive=True)
 
 
 def preprocessing_code() -> str:

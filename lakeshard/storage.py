@@ -34,6 +34,7 @@ __all__ = [
     "read_listed",
     "remove",
     "remove_temporaries",
+    "replace",
     "s3_options",
     "temp_sibling",
     "write_bytes_atomic",
@@ -308,36 +309,26 @@ def remove(uri: str, *, recursive: bool = False) -> None:
 
 
 def replace(src: str, dst: str) -> None:
-    """Move ``src`` (a file, or locally also a folder) onto ``dst``. Local: one ``os.replace``,
-    atomic. S3 (files only): a server-side copy, then the source is deleted."""
-    fs, src_path = filesystem(src)
-    _, dst_path = filesystem(dst)
+    """Rename ``src`` (a file or a folder) onto ``dst``: one ``os.replace``, atomic. Local
+    filesystems only: S3 has no rename (a move there is a copy of every byte), so writers on S3
+    write each object once where it stays (``docs/design/XXXX-versioned-shards.md``).
+
+    Raises:
+        StorageError: a URI that is not local, or the rename failed (naming both URIs).
+    """
+    src, dst = normalize(src), normalize(dst)
+    if not (src.startswith("file://") and dst.startswith("file://")):
+        raise StorageError(f"cannot move {src} to {dst}: only local files are renamed (S3 has no rename; "
+                           "write the object where it stays)")
+    dst_path = dst[len("file://"):]
     try:
-        if src.startswith("file://"):
-            os.makedirs(os.path.dirname(dst_path), exist_ok=True)
-            os.replace(src_path, dst_path)
-        else:
-            fs.mv(src_path, dst_path)
+        os.makedirs(os.path.dirname(dst_path), exist_ok=True)
+        os.replace(src[len("file://"):], dst_path)
     except Exception as exc:
         raise StorageError(f"cannot move {src} to {dst}: {exc}") from exc
 
 
 def move(src: str, dst: str) -> None:
-    """Move the folder ``src`` to ``dst`` (which must not exist).
-
-    Local: one ``os.replace``, atomic. S3 has no rename: objects are copied then deleted, so
-    the jobs gate visibility on a marker written after the move, never on the folder itself.
-    """
-    if src.startswith("file://"):
-        replace(src, dst)
-        return
-    fs, src_path = filesystem(src)
-    _, dst_path = filesystem(dst)
-    try:
-        files = fs.find(src_path)
-        targets = [dst_path + f[len(src_path):] for f in files]
-        if files:
-            fs.copy(files, targets)
-        fs.rm(files)
-    except Exception as exc:
-        raise StorageError(f"cannot move {src} to {dst}: {exc}") from exc
+    """Move the local folder ``src`` to ``dst`` (which must not exist): one ``os.replace``,
+    atomic (see :func:`replace`)."""
+    replace(src, dst)

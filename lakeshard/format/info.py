@@ -22,7 +22,7 @@ from typing import Any
 
 from lakeshard import storage
 from lakeshard.errors import DatasetError, StorageError
-from lakeshard.format.layout import FORMAT_VERSION, dataset_json_uri, shard_relpath
+from lakeshard.format.layout import FORMAT_VERSION, check_shard_path, dataset_json_uri, shard_relpath
 
 __all__ = [
     "BuildInfo",
@@ -41,7 +41,7 @@ __all__ = [
 class ShardInfo:
     """One shard file of a channel."""
 
-    path: str  #: relative to the dataset root (``layout.shard_relpath``)
+    path: str  #: relative to the dataset root (``layout.check_shard_path`` says which paths)
     rows: int
     bytes: int
     sha256: str
@@ -50,10 +50,14 @@ class ShardInfo:
 
     @classmethod
     def from_stats(cls, channel: str, index: int, count: int, stats: Mapping[str, Any],
-                   names: Mapping[int, str]) -> ShardInfo:
+                   names: Mapping[int, str], *, path: str | None = None) -> ShardInfo:
         """The entry of shard ``index`` of ``count`` of ``channel`` from its writer's ``stats``
-        (:attr:`ShardWriter.stats`); ``names`` maps label index -> label name."""
-        return cls(path=shard_relpath(channel, index, count), rows=stats["rows"], bytes=stats["bytes"],
+        (:attr:`ShardWriter.stats`); ``names`` maps label index -> label name. ``path``: where
+        the file is, relative to the dataset root (the local layout's place when not given)."""
+        if path is None:
+            path = shard_relpath(channel, index, count)
+        check_shard_path(path, channel, index, count)
+        return cls(path=path, rows=stats["rows"], bytes=stats["bytes"],
                    sha256=stats["sha256"], row_groups=stats["row_groups"],
                    class_counts={names[int(k)]: v for k, v in stats["label_counts"].items()})
 
@@ -144,6 +148,7 @@ class DatasetInfo:
     counts: Counts
     build: BuildInfo
     channels: dict[str, ChannelInfo]
+    rejects_path: str  #: the shard rejects table, relative to the dataset root (``layout.shard_rejects_relpath``)
     versions: dict[str, str]  #: library versions of the run (python, pyarrow, pillow, numpy)
 
     @classmethod

@@ -14,17 +14,25 @@
   labels.json                    label name -> index
   shards/channel=<channel>/part-00000-of-00004.parquet
                                  Hive-style channel folders: shards/ read as one table has a
-                                 channel column (pandas, pyarrow, Dask, Spark)
+                                 channel column (pandas, pyarrow, Dask, Spark); local datasets
+  shards/v=<version>/channel=<channel>/part-00000-of-00004.parquet
+                                 on S3: each build writes its own version folder once, and
+                                 dataset.json names the one that is the dataset
   rejects/shards.parquet         images the shard job could not decode, with the reason
+                                 (on S3: shards/v=<version>/_rejects.parquet)
   report.html                    a self-contained report of the dataset
   dataset.json                   written last, atomically: the dataset is complete
 ```
 
 A reader trusts a dataset only when ``dataset.json`` exists; everything else may be mid-write.
+A reader opens the shard files ``dataset.json`` names (:func:`check_shard_path` says which
+paths it may name), never a listing of ``shards/``.
 The specification of every file, column and field: ``docs/format.md``.
 """
 
 from __future__ import annotations
+
+import re
 
 import pyarrow as pa
 
@@ -37,7 +45,9 @@ __all__ = [
     "SHARD_REJECTS_SCHEMA",
     "SHARD_SCHEMA",
     "STORED_IMAGE_SIGNATURES",
+    "VERSION_MARKER",
     "channel_dirname",
+    "check_shard_path",
     "dataset_json_uri",
     "labels_uri",
     "manifest_marker_uri",
@@ -48,19 +58,30 @@ __all__ = [
     "part_name",
     "sagemaker_part_uri",
     "shard_name",
+    "shard_rejects_relpath",
     "shard_rejects_uri",
     "shard_relpath",
     "shard_uri",
     "shards_folder_uri",
     "shards_uri",
     "stored_image_format",
+    "version_dirname",
+    "version_marker_uri",
+    "versions_uri",
 ]
 
 #: Version 3: the manifest tables are folders of parts (``manifests/<table>/part-*.parquet``),
-#: written by the workers, one class's rows in one part. Version 2: Hive-style channel folders
+#: written by the workers, one class's rows in one part; ``dataset.json`` names each shard's
+#: file, in ``shards/channel=<c>/`` (local) or a version folder ``shards/v=<version>/channel=<c>/``
+#: (S3). Version 2: one file per manifest table, Hive-style channel folders
 #: (``shards/channel=train/``), shard rejects in ``rejects/shards.parquet``. Readers refuse any
 #: other version (see docs/format.md).
 FORMAT_VERSION = 3
+
+#: In a version folder: written when the build's shards are complete, before ``dataset.json``
+#: names them (a copy of that ``dataset.json``). A version folder without it is a build in
+#: progress or a killed build's leftover.
+VERSION_MARKER = "_version.json"
 
 #: Channel names in their canonical order (the split's order).
 CHANNELS = ("train", "validation", "test")
@@ -150,14 +171,63 @@ def channel_dirname(channel: str) -> str:
 
 
 def shard_relpath(channel: str, index: int, count: int) -> str:
-    """A shard's path relative to the dataset root (as ``dataset.json`` lists it)."""
+    """A shard's path relative to the dataset root in the local layout (``shards/channel=<c>/``)."""
     return f"shards/{channel_dirname(channel)}/{shard_name(index, count)}"
 
 
-def shard_rejects_uri(root: str) -> str:
-    """The shard job's rejects table: manifest rows whose image could not be used. Outside
-    ``shards/``, so ``shards/`` read as one table holds shard rows only."""
-    return storage.join(root, "rejects", "shards.parquet")
+def version_dirname(version: str) -> str:
+    """The folder, below ``shards/``, of one build's shards on S3: ``v=<version>``."""
+    if not _VERSION.fullmatch(version):
+        raise ValueError(f"a shard version must match {_VERSION.pattern}, got {version!r}")
+    return f"v={version}"
+
+
+def versions_uri(root: str, version: str | None = None) -> str:
+    """``<root>/shards`` (the parent of every version folder), or version ``version``'s folder."""
+    return storage.join(root, "shards", version_dirname(version)) if version else storage.join(root, "shards")
+
+
+def version_marker_uri(root: str, version: str) -> str:
+    """Version ``version``'s completion marker (:data:`VERSION_MARKER`)."""
+    return storage.join(versions_uri(root, version), VERSION_MARKER)
+
+
+_VERSION = re.compile(r"[0-9a-f]{16}-[0-9a-f]{8}")
+_SHARD_PATH = re.compile(r"shards/(?:v=(?P<version>[^/]+)/)?channel=(?P<channel>[^/]+)/"
+                         r"part-(?P<index>\d{5})-of-(?P<count>\d{5})(?:\.assembled)?\.parquet")
+
+
+def check_shard_path(path: str, channel: str, index: int, count: int) -> str | None:
+    """Check a shard path ``dataset.json`` lists (relative to the dataset root) for shard
+    ``index`` of ``count`` of ``channel``; return its version (None in the local layout).
+
+    The path is ``shards/[v=<version>/]channel=<channel>/part-<i>-of-<n>[.assembled].parquet``
+    (``.assembled``: a shard the shard job assembled again after rejects, on S3 where it is not
+    renamed).
+
+    Raises:
+        ValueError: any other path (the message says what was expected).
+    """
+    match = _SHARD_PATH.fullmatch(path)
+    want = f"shards/[v=<version>/]{channel_dirname(channel)}/{shard_name(index, count)}"
+    if (match is None or match["channel"] != channel or int(match["index"]) != index
+            or int(match["count"]) != count or (match["version"] is not None and not _VERSION.fullmatch(match["version"]))):
+        raise ValueError(f"shard path {path!r} is not {want}")
+    return match["version"]
+
+
+def shard_rejects_relpath(version: str | None = None) -> str:
+    """The shard job's rejects table, relative to the dataset root (as ``dataset.json``'s
+    ``rejects_path`` names it): ``rejects/shards.parquet`` in the local layout, outside
+    ``shards/`` so ``shards/`` read as one table holds shard rows only; in version ``version``'s
+    folder on S3 (``_rejects.parquet``: table readers skip ``_`` files), so it changes with the
+    shards when ``dataset.json`` does."""
+    return f"shards/{version_dirname(version)}/_rejects.parquet" if version else "rejects/shards.parquet"
+
+
+def shard_rejects_uri(root: str, version: str | None = None) -> str:
+    """The shard job's rejects table of the dataset at ``root`` (see :func:`shard_rejects_relpath`)."""
+    return storage.join(root, shard_rejects_relpath(version))
 
 
 def manifest_table_uri(root: str, table: str) -> str:
@@ -188,19 +258,22 @@ def part_name(index: int, count: int, *, ext: str = "parquet") -> str:
     return f"part-{index:05d}-of-{count:05d}.{ext}"
 
 
-def shard_name(index: int, count: int) -> str:
-    """``part-00001-of-00004.parquet``: the file of shard ``index`` of ``count``."""
+def shard_name(index: int, count: int, *, assembled: bool = False) -> str:
+    """``part-00001-of-00004.parquet``: the file of shard ``index`` of ``count``
+    (``part-00001-of-00004.assembled.parquet`` for one assembled again after rejects, which on S3
+    stays under that name)."""
     if not 0 <= index < count:
         raise ValueError(f"shard index must be in [0, {count}), got {index!r}")
-    return part_name(index, count)
+    name = part_name(index, count)
+    return name.replace(".parquet", ".assembled.parquet") if assembled else name
 
 
 def shard_uri(root: str, channel: str, index: int, count: int) -> str:
-    """A shard's URI in the dataset at ``root``."""
+    """A shard's URI in the dataset at ``root``, in the local layout."""
     return shards_folder_uri(shards_uri(root), channel, index, count)
 
 
 def shards_folder_uri(folder: str, channel: str, index: int, count: int) -> str:
     """A shard's URI below ``folder``, a folder laid out as ``shards/`` is (the shard job's
-    staging folder, which the commit moves to ``shards/``)."""
+    staging folder, which the commit moves to ``shards/``, or a version folder)."""
     return storage.join(folder, channel_dirname(channel), shard_name(index, count))

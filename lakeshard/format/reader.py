@@ -22,9 +22,10 @@ from lakeshard import storage
 from lakeshard.errors import DatasetError
 from lakeshard.format.footer import check_footer, read_footer
 from lakeshard.format.info import DatasetInfo
-from lakeshard.format.layout import dataset_json_uri, shard_uri
+from lakeshard.format.layout import check_shard_path, dataset_json_uri, shard_rejects_relpath
 
-__all__ = ["REQUIRED_COLUMNS", "OpenShard", "channel_shards", "expected_footer", "open_shard"]
+__all__ = ["REQUIRED_COLUMNS", "OpenShard", "channel_shards", "expected_footer", "open_shard", "rejects_uri",
+           "shard_version"]
 
 #: Columns a reader needs; the others of ``SHARD_SCHEMA`` may be absent from another writer's shards.
 REQUIRED_COLUMNS = ("image", "label")
@@ -118,21 +119,49 @@ def expected_footer(info: DatasetInfo, channel: str, index: int) -> dict[str, st
 
 
 def channel_shards(root: str, info: DatasetInfo, channel: str) -> list[tuple[str, int]]:
-    """``(uri, rows)`` of every shard of ``channel``, in shard order.
+    """``(uri, rows)`` of every shard of ``channel``, in shard order: the files ``dataset.json``
+    names (in the local layout or one version folder, :func:`~lakeshard.format.layout.check_shard_path`).
 
     Raises:
         DatasetError: the channel is missing, lists another number of shards than
-            ``num_shards``, or lists a shard at another path than the layout's.
+            ``num_shards``, lists a shard at a path the layout does not allow, or shards of
+            several version folders.
     """
     where = dataset_json_uri(root)
     entry = info.channel(channel, source=where)
     if len(entry.shards) != info.num_shards:
         raise DatasetError(f"{where} lists {len(entry.shards)} {channel} shards, expected num_shards={info.num_shards}")
-    out = []
-    for i, shard in enumerate(entry.shards):
-        expected = shard_uri(root, channel, i, info.num_shards)
-        uri = storage.join(root, shard.path)
-        if uri != expected:
-            raise DatasetError(f"{where}: {channel} shard {i} is {uri}, expected {expected}")
-        out.append((uri, shard.rows))
-    return out
+    shard_version(info, source=where)  # every path allowed, every channel in one folder
+    return [(storage.join(root, shard.path), shard.rows) for shard in entry.shards]
+
+
+def rejects_uri(root: str, info: DatasetInfo) -> str:
+    """The shard rejects table of the dataset at ``root``: where ``info`` (its ``dataset.json``)
+    names it, beside its shards (:func:`~lakeshard.format.layout.shard_rejects_relpath`).
+
+    Raises:
+        DatasetError: ``rejects_path`` is another path.
+    """
+    want = shard_rejects_relpath(shard_version(info))
+    if info.rejects_path != want:
+        raise DatasetError(f"{dataset_json_uri(root)}: rejects_path is {info.rejects_path!r}, expected {want!r}")
+    return storage.join(root, info.rejects_path)
+
+
+def shard_version(info: DatasetInfo, *, source: str = "dataset.json") -> str | None:
+    """The version folder (``shards/v=<version>/``) every shard of ``info`` is in; None for the
+    local layout.
+
+    Raises:
+        DatasetError: a path the layout does not allow, or shards in several version folders.
+    """
+    found = set()
+    for name, entry in info.channels.items():
+        for i, shard in enumerate(entry.shards):
+            try:
+                found.add(check_shard_path(shard.path, name, i, info.num_shards))
+            except ValueError as exc:
+                raise DatasetError(f"{source}: {name} shard {i}: {exc}") from None
+    if len(found) > 1:
+        raise DatasetError(f"{source} names shards in several version folders: {sorted(map(str, found))}")
+    return found.pop() if found else None

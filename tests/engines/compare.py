@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from jobs.manifest_table import iter_parts
 from lakeshard import storage
-from lakeshard.format import DatasetInfo, manifests_uri, read_dataset_info, shard_rejects_uri
+from lakeshard.format import DatasetInfo, manifests_uri, read_dataset_info, rejects_uri
 from tests.helpers.checks import read_table, sagemaker_refs, shard_tables
 
 __all__ = ["DATASET_JSON_ENGINE_KEYS", "assert_same_dataset", "assert_same_manifest"]
@@ -61,6 +61,6 @@ def assert_same_dataset(a: str, b: str) -> DatasetInfo:
                                        shard_tables(b, channel, info_b.num_shards), strict=True)):
             _assert_tables_equal(x, y, f"shards/{channel}/part {i}")
     # The rejects' row order follows the engine's partitioning, not the data: compare as sets.
-    ra, rb = (read_table(shard_rejects_uri(r)) for r in (a, b))
+    ra, rb = (read_table(rejects_uri(r, i)) for r, i in ((a, info_a), (b, info_b)))
     _assert_tables_equal(ra.sort_by("uri"), rb.sort_by("uri"), "shards/rejects.parquet")
     return info_a

@@ -10,7 +10,13 @@ import pytest
 
 from jobs.manifest_table import read_channel
 from lakeshard import storage
-from lakeshard.format import read_dataset_info, shard_rejects_uri, shard_relpath
+from lakeshard.format import (
+    channel_shards,
+    read_dataset_info,
+    rejects_uri,
+    shard_relpath,
+    shard_version,
+)
 from tests.engines.compare import assert_same_dataset
 from tests.engines.conftest import build_dataset
 from tests.helpers.checks import check_dataset, read_table
@@ -27,7 +33,7 @@ def test_dask_writes_the_dataset_spark_writes(spark_reference: str, dask_engine,
     # Every bad object was counted somewhere (manifest or shard rejects), nothing else was.
     root = storage.normalize(out)
     rejected = (read_channel(root, "rejects")["key"].to_pylist()
-                + read_table(shard_rejects_uri(root))["key"].to_pylist())
+                + read_table(rejects_uri(root, read_dataset_info(root)))["key"].to_pylist())
     assert sorted(rejected) == sorted(k for k in bad_objects() if "/bad_" in k)
     assert info.counts.padded > 0  # some rows were routed twice
     assert read_dataset_info(root).engine == "dask"
@@ -65,10 +71,12 @@ def test_dask_on_s3_writes_the_same_shards(spark_reference: str, dask_engine, mi
         cols = ["key", "label", "label_index", "channel", "size", "status", "reason"] + ["etag"] * (name != "rejects")
         a, b = (read_channel(r, name, columns=cols) for r in (ref, out))
         assert a.to_pylist() == b.to_pylist(), name
-    info = read_dataset_info(ref)
+    # The S3 dataset's shards are in a version folder (no copy on S3); each is where dataset.json says.
+    info, info_s3 = read_dataset_info(ref), read_dataset_info(out)
+    assert shard_version(info) is None and shard_version(info_s3) is not None
     for channel in info.channels:
-        for i in range(info.num_shards):
-            path = shard_relpath(channel, i, info.num_shards)
-            a, b = (read_table(storage.join(r, path)).drop_columns(["uri"]) for r in (ref, out))
-            assert a.equals(b), path
-    assert all(u.startswith(f"{s3_bucket}/raw/") for u in read_table(storage.join(out, path))["uri"].to_pylist())
+        for (ref_uri, _), (uri, _) in zip(channel_shards(ref, info, channel), channel_shards(out, info_s3, channel),
+                                          strict=True):
+            a, b = (read_table(u).drop_columns(["uri"]) for u in (ref_uri, uri))
+            assert a.equals(b), uri
+    assert all(u.startswith(f"{s3_bucket}/raw/") for u in read_table(uri)["uri"].to_pylist())

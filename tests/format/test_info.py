@@ -168,3 +168,79 @@ def test_the_layout_keeps_shards_alone_below_shards():
     assert fmt.shards_folder_uri("s3://b/stage", "train", 0, 1) == "s3://b/stage/channel=train/part-00000-of-00001.parquet"
     assert fmt.shard_rejects_uri("s3://b/ds") == "s3://b/ds/rejects/shards.parquet"
     assert not fmt.shard_rejects_uri("s3://b/ds").startswith(fmt.shards_uri("s3://b/ds"))
+
+
+V = "0123456789abcdef-89abcdef"  # a version folder's name: <dataset_version>-<build hash>
+
+
+def test_a_shard_path_is_the_local_layout_or_one_version_folder():
+    assert fmt.check_shard_path("shards/channel=train/part-00001-of-00002.parquet", "train", 1, 2) is None
+    assert fmt.check_shard_path(f"shards/v={V}/channel=train/part-00001-of-00002.parquet", "train", 1, 2) == V
+    assert fmt.check_shard_path(f"shards/v={V}/channel=test/part-00000-of-00002.assembled.parquet", "test", 0, 2) == V
+    assert fmt.versions_uri("s3://b/ds", V) == f"s3://b/ds/shards/v={V}"
+    assert fmt.version_marker_uri("s3://b/ds", V) == f"s3://b/ds/shards/v={V}/_version.json"
+    for bad in ["shards/channel=train/part-00000-of-00002.parquet",  # another index
+                "shards/channel=test/part-00001-of-00002.parquet",  # another channel
+                "shards/channel=train/part-00001-of-00003.parquet",  # another count
+                "shards/v=../channel=train/part-00001-of-00002.parquet",
+                f"shards/v={V}/x/channel=train/part-00001-of-00002.parquet",
+                f"/shards/v={V}/channel=train/part-00001-of-00002.parquet",
+                "s3://elsewhere/shards/channel=train/part-00001-of-00002.parquet",
+                "manifests/all.parquet"]:
+        with pytest.raises(ValueError, match=r"is not shards/\[v=<version>/\]channel=train/part-00001-of-00002"):
+            fmt.check_shard_path(bad, "train", 1, 2)
+    with pytest.raises(ValueError, match="a shard version must match"):
+        fmt.version_dirname("../x")
+
+
+def _move_to_version(root: Path, data: dict[str, Any], versions: dict[str, str]) -> None:
+    """Move each channel's shards into the version folder ``versions[channel]`` and name them there."""
+    for channel, entry in data["channels"].items():
+        for shard in entry["shards"]:
+            new = shard["path"].replace("shards/", f"shards/v={versions[channel]}/", 1)
+            (root / new).parent.mkdir(parents=True, exist_ok=True)
+            (root / shard["path"]).rename(root / new)
+            shard["path"] = new
+    (root / "dataset.json").write_text(json.dumps(data))
+
+
+def test_the_loader_reads_the_shards_where_dataset_json_names_them(root: Path):
+    data = raw(root)
+    _move_to_version(root, data, {c: V for c in data["channels"]})
+    info = fmt.read_dataset_info(str(root))
+    base = storage.normalize(str(root))
+    shards = fmt.channel_shards(base, info, "train")
+    assert shards == [(f"{base}/shards/v={V}/channel=train/part-0000{i}-of-00002.parquet", 4) for i in range(2)]
+    assert fmt.shard_version(info) == V
+    with fmt.open_shard(shards[1][0]) as shard:
+        assert shard.check(info, "train", 1, rows=4) == [3, 1]
+
+
+def test_shards_of_two_version_folders_are_refused(root: Path):
+    data = raw(root)
+    _move_to_version(root, data, {"train": V, "validation": V, "test": V.replace("0", "1")})
+    info = fmt.read_dataset_info(str(root))
+    with pytest.raises(DatasetError, match="names shards in several version folders"):
+        fmt.channel_shards(storage.normalize(str(root)), info, "train")
+
+
+def test_a_shard_path_outside_the_layout_is_refused(root: Path):
+    data = raw(root)
+    data["channels"]["train"]["shards"][1]["path"] = "../elsewhere/part-00001-of-00002.parquet"
+    (root / "dataset.json").write_text(json.dumps(data))
+    info = fmt.read_dataset_info(str(root))
+    with pytest.raises(DatasetError, match=r"dataset.json: train shard 1: shard path '../elsewhere/"):
+        fmt.channel_shards(storage.normalize(str(root)), info, "train")
+
+
+def test_the_rejects_table_is_where_dataset_json_names_it_beside_the_shards(root: Path):
+    base = storage.normalize(str(root))
+    assert fmt.rejects_uri(base, fmt.read_dataset_info(str(root))) == f"{base}/rejects/shards.parquet"
+    data = raw(root)
+    _move_to_version(root, data, {c: V for c in data["channels"]})
+    with pytest.raises(DatasetError, match=rf"rejects_path is 'rejects/shards.parquet', expected 'shards/v={V}/_rejects.parquet'"):
+        fmt.rejects_uri(base, fmt.read_dataset_info(str(root)))
+    data["rejects_path"] = f"shards/v={V}/_rejects.parquet"
+    (root / "dataset.json").write_text(json.dumps(data))
+    assert fmt.rejects_uri(base, fmt.read_dataset_info(str(root))) == f"{base}/shards/v={V}/_rejects.parquet"
+    assert fmt.shard_rejects_uri(base, V) == f"{base}/shards/v={V}/_rejects.parquet"

@@ -37,7 +37,9 @@ def _error_body(code: str, message: str, path: str) -> bytes:
 class FaultProxy:
     """``mode`` is ``"pass"`` (forward everything), ``"faults"`` (a seeded ``rate`` of requests
     fail transiently) or ``"deny"`` (every request gets 403). ``injected`` counts what was
-    injected, by kind; ``requests`` counts every request."""
+    injected, by kind; ``requests`` counts every request and ``log`` holds each one as the server
+    got it: ``(method, path, x-amz-copy-source header or None)`` (a CopyObject or UploadPartCopy
+    is a PUT with that header)."""
 
     def __init__(self, upstream: str, *, seed: int = 0) -> None:
         parts = urlsplit(upstream)
@@ -62,6 +64,7 @@ class FaultProxy:
         self._seen: set[tuple[str, str | None]] = set()
         self.held: list[tuple[str, str, str | None]] = []  #: every request held, in order
         self._unstalled = threading.Event()
+        self.log: list[tuple[str, str, str | None]] = []
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -73,7 +76,7 @@ class FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                fault = proxy._choose(self.path)
+                fault = proxy._choose(self.command, self.path, self.headers.get("x-amz-copy-source"))
                 if fault == "drop":
                     self.close_connection = True
                     self.connection.shutdown(2)  # no response at all: a dropped connection
@@ -123,9 +126,10 @@ class FaultProxy:
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="hardening-fault-proxy", daemon=True)
 
-    def _choose(self, path: str) -> int | str | None:
+    def _choose(self, method: str, path: str, copy_source: str | None) -> int | str | None:
         with self._lock:
             self.requests += 1
+            self.log.append((method, path, copy_source))
             if self.mode == "deny" and self.match in path:
                 self.injected["403"] += 1
                 return 403
@@ -171,6 +175,7 @@ class FaultProxy:
             self._rng = random.Random(seed)
             self.injected = Counter()
             self.requests = 0
+            self.log = []
 
     def start(self) -> FaultProxy:
         self._thread.start()

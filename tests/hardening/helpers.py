@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -17,7 +18,7 @@ from typing import Any
 
 from jobs.manifest_table import read_channel
 from lakeshard import storage
-from lakeshard.format import manifests_uri, shard_rejects_uri
+from lakeshard.format import manifests_uri, read_dataset_info, rejects_uri
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.lake import bad_objects, encode, exif_rotated_jpeg, make_image
 
@@ -108,13 +109,17 @@ def manifest_digest(root: str) -> dict[str, Any]:
 
 
 def dataset_digest(root: str) -> dict[str, Any]:
-    """dataset.json minus ``created_at``/``engine``/``build``, every shard's rows, the shard rejects and
+    """dataset.json minus ``created_at``/``engine``/``build`` and shard paths' version folder, every shard's rows, the shard rejects and
     the manifests: equal digests mean equal datasets."""
     root = storage.normalize(root)
     info = json.loads(storage.read_bytes(storage.join(root, "dataset.json")))
     info = {k: v for k, v in info.items() if k not in ("created_at", "engine", "build")}
+    for entry in info["channels"].values():  # the same dataset, whichever version folder (S3) holds it
+        for shard in entry["shards"]:
+            shard["path"] = re.sub(r"^shards/v=[^/]+/", "shards/", shard["path"])
+    info["rejects_path"] = re.sub(r"^shards/v=[^/]+/", "shards/", info["rejects_path"])
     shards = {c: [t.to_pylist() for t in shard_tables(root, c, info["num_shards"])] for c in info["channels"]}
-    rejects = _table_rows(shard_rejects_uri(root))
+    rejects = _table_rows(rejects_uri(root, read_dataset_info(root)))
     return {"info": info, "shards": shards, "shard_rejects": rejects, "manifest": manifest_digest(root)}
 
 

@@ -20,7 +20,7 @@ from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import SplitError
-from lakeshard.format import shard_rejects_uri
+from lakeshard.format import rejects_uri
 from tests.hardening.helpers import corpus
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import encode, make_image
@@ -86,7 +86,7 @@ def test_bad_corpus_is_accounted_for(kind, s3_bucket, spark_if_needed, dask_engi
 
     # Listed = channel manifests + manifest rejects, each with a reason; then shards + shard rejects.
     m_rejects = dict(zip(*(read_channel(str(out), "rejects")[c].to_pylist() for c in ("key", "reason"))))
-    s_rejects = dict(zip(*(read_table(shard_rejects_uri(str(out)))[c].to_pylist() for c in ("key", "reason"))))
+    s_rejects = dict(zip(*(read_table(rejects_uri(str(out), info))[c].to_pylist() for c in ("key", "reason"))))
     in_channels = [k for c in info.channels for k in read_channel(out, c)["key"].to_pylist()]
     assert sorted(in_channels + list(m_rejects)) == listed
     assert all(m_rejects.values()) and all(s_rejects.values())

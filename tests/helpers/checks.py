@@ -16,15 +16,14 @@ from lakeshard import storage
 from lakeshard.format import (
     SHARD_SCHEMA,
     DatasetInfo,
+    channel_shards,
     check_footer,
     dataset_json_uri,
     expected_footer,
     labels_uri,
     read_dataset_info,
     read_footer,
-    shard_name,
-    shard_rejects_uri,
-    shards_uri,
+    rejects_uri,
 )
 
 __all__ = ["check_dataset", "read_table", "sagemaker_refs", "shard_tables"]
@@ -42,10 +41,14 @@ def sagemaker_refs(root: str, channel: str) -> list[str]:
 
 
 def shard_tables(root: str, channel: str, num_shards: int) -> list[Any]:
-    fs, path = storage.filesystem(shards_uri(root, channel))
-    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
-    assert names == [shard_name(i, num_shards) for i in range(num_shards)], names
-    return [read_table(storage.join(shards_uri(root, channel), n)) for n in names]
+    """The shards of ``channel``, read from where ``dataset.json`` names them; their channel
+    folder holds them and nothing else (it reads as one table)."""
+    shards = channel_shards(storage.normalize(root), read_dataset_info(root), channel)
+    assert len(shards) == num_shards, shards
+    folder = shards[0][0].rsplit("/", 1)[0]
+    fs, path = storage.filesystem(folder)
+    assert sorted(fs.ls(path, detail=False)) == sorted(storage.filesystem(u)[1] for u, _ in shards), folder
+    return [read_table(uri) for uri, _ in shards]
 
 
 def check_dataset(root: str, *, decode_images: bool = True) -> DatasetInfo:
@@ -61,7 +64,7 @@ def check_dataset(root: str, *, decode_images: bool = True) -> DatasetInfo:
 
     all_rows = read_channel(root, "all")
     manifest_rejects = read_channel(root, "rejects")
-    shard_rejects = read_table(shard_rejects_uri(root))
+    shard_rejects = read_table(rejects_uri(root, info))
     assert all(r for r in manifest_rejects["reason"].to_pylist())
     assert all(r for r in shard_rejects["reason"].to_pylist())
 

@@ -11,13 +11,13 @@ import pytest
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.settings import ManifestConfig, ShardConfig
-from lakeshard.format import DatasetInfo, shard_rejects_uri
+from lakeshard.format import DatasetInfo, read_dataset_info, rejects_uri
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import encode, make_image, write_lake
 
 
 def _rejects(out: str) -> dict[str, str]:
-    table = read_table(shard_rejects_uri(out))
+    table = read_table(rejects_uri(out, read_dataset_info(out)))
     return dict(zip(table["key"].to_pylist(), table["reason"].to_pylist(), strict=True))
 
 

@@ -73,3 +73,17 @@ def test_remove_temporaries_deletes_only_what_killed_writers_left(tmp_path):
     assert storage.remove_temporaries(f"file://{tmp_path}") == []
     assert storage.remove_temporaries(f"file://{tmp_path}/missing") == []
     assert storage.remove_temporaries("s3://bucket/ds") == []  # S3 writes have no temporaries
+
+
+def test_only_local_files_are_moved(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "f").write_bytes(b"x")
+    storage.move(str(tmp_path / "a"), str(tmp_path / "b" / "c"))
+    assert (tmp_path / "b" / "c" / "f").read_bytes() == b"x" and not (tmp_path / "a").exists()
+    # S3 has no rename: a move there would copy every byte, so it is refused before any request
+    # (no endpoint is configured here: a request would fail otherwise).
+    for src, dst in [("s3://bucket/ds/_staging", "s3://bucket/ds/shards"), (str(tmp_path / "b"), "s3://bucket/x")]:
+        with pytest.raises(StorageError, match=r"^cannot move .* to s3://bucket/\S+: only local files are renamed"):
+            storage.move(src, dst)
+    with pytest.raises(StorageError, match=r"cannot move file://\S+/missing to"):
+        storage.replace(str(tmp_path / "missing"), str(tmp_path / "elsewhere"))

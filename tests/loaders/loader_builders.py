@@ -131,6 +131,7 @@ def write_dataset(
                                dropped=0, padded=0),
         build=contract.BuildInfo(preprocess_tasks=0, preprocessed=0, reused_segments=0, assembled_shards=0),
         channels=channels,
+        rejects_path=contract.shard_rejects_relpath(),
         versions={"python": "3"},
     )
     storage.write_json_atomic(contract.labels_uri(uri), labels)
