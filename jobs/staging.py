@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs.preprocess import SegmentTask, read_receipt
+from jobs.preprocess import SegmentTask, outcomes_uri, read_receipt
 from jobs.settings import ShardConfig
 from lakeshard import storage
 from lakeshard.format import channel_dirname, shard_name
@@ -89,8 +89,9 @@ def library_versions() -> dict[str, str]:
 
 def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]]:
     """The results of the segments an earlier run of this job finished: those whose receipt is
-    there, names the same rows, and whose file has the size the receipt says (one listing, then
-    one read per receipt)."""
+    there, names the same rows (their digest), and whose file has the size the receipt says and
+    whose outcomes are beside it (one listing, then one read per receipt: a receipt holds the
+    segment's rejects, not a row per image)."""
     fs, path = storage.filesystem(staging)
     try:
         found = fs.find(path, detail=True)
@@ -107,7 +108,9 @@ def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]
             log.warning("ignoring the unreadable receipt %s: %s", p, exc)
             continue
         segment = found.get(storage.filesystem(task.uri)[1])
+        outcomes = storage.filesystem(outcomes_uri(task.receipt))[1]  # type: ignore[arg-type]
         if (result["uri"] == task.uri and segment is not None and segment["size"] == result["stats"]["bytes"]
-                and result["outcomes"]["uri"].equals(task.rows["uri"])):
+                and outcomes in found and result["rows"] == task.num_rows
+                and result.pop("digest") == task.expected_digest()):
             reused[task.uri] = result
     return reused
