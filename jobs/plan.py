@@ -1,7 +1,9 @@
 """The shard plan: which row of a channel goes to which shard, at which position.
 
-Computed on the driver from all the channel's manifest rows, before preprocessing (the first
-plan, P0), so that each worker preprocesses its shard's rows straight into the shard's file.
+Made before preprocessing (the first plan, P0), so that each worker preprocesses its shard's
+rows straight into the shard's file. :func:`make_plan` makes it from all the channel's rows at
+once: the reference. The shard job makes the same plan without the rows on the driver
+(:mod:`jobs.deal`, from class counts and the rejects' slots; property-tested equal).
 Rows whose image fails to decode are known only afterwards; the plan made again with them
 ``rejected`` differs from P0 in few rows, so a repair pass moves only those between files.
 Equal shards come from this explicit plan, not from ``repartition(N)`` (uneven files) nor from

@@ -8,13 +8,16 @@ with equal row counts and every class spread evenly (at most one apart), rows sh
 each shard; images that fail (or were replaced since the manifest was built) go to the shard rejects table;
 ``dataset.json`` comes last, then ``report.html`` (a report that fails is a warning, not a failed job).
 
-Check the inputs (:mod:`jobs.inputs`, before the engine starts) -> extract (manifest rows) -> plan on the driver (:mod:`jobs.plan`) -> preprocess on the workers
+Check the inputs (:mod:`jobs.inputs`, before the engine starts) -> plan from the manifest's class
+counts on the driver (:mod:`jobs.deal`), each row's slot and each shard's order on the workers
+(:mod:`jobs.plan_tasks`: the driver never holds the manifest's rows) -> preprocess on the workers
 (:mod:`jobs.preprocess`: fetch, decode, orient, RGB, resize, encode), each task writing its shard's rows straight into
-the shard's file in a staging folder -> repair: if images were rejected, re-plan without them
-(the plan moves as few rows as it can) and assemble the shards that changed from rows already
+the shard's file in a staging folder -> repair: if images were rejected, re-plan without them, from
+the reject list alone (the plan moves as few rows as it can), and assemble the shards that changed from rows already
 preprocessed (:mod:`jobs.repair`, :mod:`jobs.assemble`) -> commit (:mod:`jobs.commit`): move the staging folder into place, then write ``dataset.json``. A
 reader sees the old dataset, no dataset, or the new one, never a part. No image is sent through
-the engine: a task reads it from the lake and writes it to its shard.
+the engine: a task reads it from the lake and writes it to its shard; the tasks return counts
+and rejects, not a row per image.
 
 Resume: the staging folder is named after everything its files depend on, and each
 preprocessing task writes a receipt once its file is complete; a rerun of a killed job reuses
