@@ -108,18 +108,22 @@ def _classes(marker: dict[str, Any], channel: str) -> list[tuple[str, int, int]]
                   key=lambda c: c[1])
 
 
-def _slot_parts(engine: Engine, staging: str, root: str, deals: dict[str, Deal], classes: dict[str, list[tuple[str, int, int]]],
-                *, slots: int) -> dict[str, tuple[str, ...]]:
+def _slot_parts(engine: Engine, staging: str, root: str, deals: dict[str, Deal],
+                classes: dict[str, list[tuple[str, int, int]]]) -> dict[str, tuple[str, ...]]:
     """Give every row its slot on the workers, a task per group of classes; the slot parts of each channel."""
     tasks = []
+    total = sum(d.total for d in deals.values())
     for channel, deal in deals.items():
         mine = classes[channel]
-        groups = pack(mine, [n for _, _, n in mine], max(slots, math.ceil(deal.total / _ROWS_PER_SLOT_TASK)))
+        # The engine's cores shared by the channels, by rows, and no task over _ROWS_PER_SLOT_TASK rows
+        # (but a class whole): an engine task costs tenths of a second to schedule on Spark.
+        wanted = max(1, round(engine.parallelism * deal.total / total), math.ceil(deal.total / _ROWS_PER_SLOT_TASK))
+        groups = pack(mine, [n for _, _, n in mine], wanted)
         for i, group in enumerate(sorted(groups, key=lambda g: min(c[1] for c in g))):
             tasks.append(SlotTask(root=root, channel=channel, seed=deal.seed, num_shards=deal.num_shards,
                                   classes=tuple((name, i_, deal.class_start(i_), n) for name, i_, n in sorted(group, key=lambda c: c[1])),
                                   uri=storage.join(staging, RUNS, "slots", channel_dirname(channel), f"part-{i:05d}.parquet")))
-    done = _run(engine, slot_rows, tasks, [sum(c[3] for c in t.classes) for t in tasks], slots)
+    done = _run(engine, slot_rows, tasks, [sum(c[3] for c in t.classes) for t in tasks], len(tasks))
     if sum(d["rows"] for d in done) != sum(d.total for d in deals.values()):
         raise ShardError(f"the slot tasks gave {sum(d['rows'] for d in done)} rows their slots, "
                          f"the plan counts {sum(d.total for d in deals.values())}")  # slot_rows checks each class
@@ -127,8 +131,9 @@ def _slot_parts(engine: Engine, staging: str, root: str, deals: dict[str, Deal],
 
 
 def _order(engine: Engine, staging: str, name: str, deals: dict[str, Deal], shards: dict[str, list[int]],
-           parts: dict[str, tuple[str, ...]], *, segment_rows: int, slots: int) -> dict[tuple[str, int], dict[str, Any]]:
-    """Write the order file of each of ``shards`` of each channel of plan ``name`` on the workers."""
+           parts: dict[str, tuple[str, ...]], *, segment_rows: int) -> dict[tuple[str, int], dict[str, Any]]:
+    """Write the order file of each of ``shards`` of each channel of plan ``name`` on the workers,
+    in as many engine tasks as it has cores."""
     tasks = []
     for channel, deal in deals.items():
         for k, shard in enumerate(shards[channel]):
@@ -136,7 +141,7 @@ def _order(engine: Engine, staging: str, name: str, deals: dict[str, Deal], shar
             cuts = (0, rows) if shard == SPARE else segment_cuts(rows, segment_rows)
             tasks.append(OrderTask(deal=deal, shard=shard, parts=parts[channel], cuts=cuts, report=k == 0,
                                    uri=order_uri(staging, name, channel, shard)))
-    done = _run(engine, order_rows, tasks, [t.cuts[-1] for t in tasks], slots)
+    done = _run(engine, order_rows, tasks, [t.cuts[-1] for t in tasks], engine.parallelism)
     return {(d["channel"], d["shard"]): d for d in done}
 
 
@@ -184,9 +189,9 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
     slots = engine.parallelism * math.ceil(wanted / engine.parallelism)
     staging = staging_folder(root, job.version, cfg, segment_rows, resume=cfg.resume)
 
-    parts = _slot_parts(engine, staging, root, first, classes, slots=slots)
+    parts = _slot_parts(engine, staging, root, first, classes)
     shards = {c: [*range(n), *([SPARE] if d.dropped else [])] for c, d in first.items()}
-    orders = _order(engine, staging, "first", first, shards, parts, segment_rows=segment_rows, slots=slots)
+    orders = _order(engine, staging, "first", first, shards, parts, segment_rows=segment_rows)
     known = {c: dict(orders[(c, 0)].get("named", {})) for c in channels}
     tasks = segment_tasks(staging, first, orders, cfg, meta, segment_rows=segment_rows,
                           decode_threads=cfg.decode_threads or engine.task_cpus)
@@ -213,7 +218,7 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
         need[c] = sorted(changed | {s for s in range(n) if len(by_shard[(c, s)]) > 1})
     redone = {c for c in channels if plans[c] is not first[c] and need[c]}
     final_orders = _order(engine, staging, "final", {c: plans[c] for c in redone}, need, parts,
-                          segment_rows=segment_rows, slots=slots) if redone else {}
+                          segment_rows=segment_rows) if redone else {}
     for c in redone:
         known[c].update(final_orders[(c, need[c][0])].get("named", {}))
     repairs: list[RepairTask] = []
