@@ -41,7 +41,6 @@ __all__ = [
     "SEGMENT_SCHEMA",
     "RejectsTask",
     "SegmentTask",
-    "outcomes_uri",
     "preprocess_segment",
     "read_receipt",
     "readers",
@@ -86,10 +85,10 @@ _S3_READERS = 8
 @dataclass(frozen=True, slots=True)
 class SegmentTask:
     """Preprocess a segment's rows (:data:`SEGMENT_SCHEMA`, other columns carried along) in
-    order and write the survivors to ``uri``; then, if ``receipt`` is set, write there what the
-    task returns (:func:`read_receipt` reads it back) and beside it the per-row outcomes
-    (:func:`outcomes_uri`), so a rerun of an interrupted job can reuse the file instead of
-    preprocessing its rows again.
+    order and write the survivors to ``uri``; then, if ``outcomes`` is set, write there where
+    each row went (:data:`OUTCOME_SCHEMA`), and if ``receipt`` is set, write there what the task
+    returns (:func:`read_receipt` reads it back), so a rerun of an interrupted job can reuse the
+    file instead of preprocessing its rows again.
 
     The rows are ``rows``, or, when that is None, ``length`` rows from row ``offset`` of the
     order file ``source`` (read by the task: the driver never holds them); ``digest`` is their
@@ -110,6 +109,7 @@ class SegmentTask:
     decode_threads: int = 1
     source: tuple[str, int, int] | None = None
     digest: str | None = None
+    outcomes: str | None = None
 
     def __post_init__(self) -> None:
         if self.rows is not None:
@@ -139,11 +139,6 @@ def rows_digest(rows: pa.Table) -> str:
     for uri, pad in zip(rows["uri"].to_pylist(), rows["is_pad"].to_pylist(), strict=True):
         digest.update(f"{uri}\x1f{int(pad)}\n".encode("utf-8", "surrogatepass"))
     return digest.hexdigest()[:32]
-
-
-def outcomes_uri(receipt: str) -> str:
-    """Where the segment whose receipt is ``receipt`` says where it wrote each row."""
-    return receipt.removesuffix(".parquet") + ".outcomes.parquet"
 
 
 def _preprocessed(data: bytes | str, spec: ImageSpec) -> tuple[bytes, int, int] | str:
@@ -248,9 +243,10 @@ def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
                         "reason": pa.array([reasons[i] for i in bad], pa.string()),
                         "slot": column("slot", pa.int64()), "is_pad": rejects["is_pad"]}, schema=REJECT_SCHEMA)
     result = {"uri": task.uri, "stats": writer.stats, "rows": rows.num_rows, "rejects": rejects}
-    if task.receipt is not None:  # after the file is complete: a receipt vouches for it
-        outcomes = pa.table({"uri": rows["uri"], "row": pa.array(outcome_rows, pa.int64())}, schema=OUTCOME_SCHEMA)
-        write_table(outcomes_uri(task.receipt), outcomes)
+    if task.outcomes is not None:
+        write_table(task.outcomes, pa.table({"uri": rows["uri"], "row": pa.array(outcome_rows, pa.int64())},
+                                            schema=OUTCOME_SCHEMA))
+    if task.receipt is not None:  # after the file (and its outcomes) is complete: a receipt vouches for it
         write_table(task.receipt, rejects, metadata={
             b"lakeshard.uri": task.uri.encode(), b"lakeshard.stats": json.dumps(writer.stats).encode(),
             b"lakeshard.rows": str(rows.num_rows).encode(), b"lakeshard.digest": rows_digest(rows).encode()})

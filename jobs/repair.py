@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.deal import Deal
-from jobs.preprocess import SegmentTask, outcomes_uri
+from jobs.preprocess import SegmentTask
 from lakeshard.errors import RejectFractionError
 
 __all__ = ["changed_shards", "check_reject_budget", "final_deals", "moved_from", "outcome_sources"]
@@ -62,4 +62,4 @@ def moved_from(first: Deal, final: Deal, shard: int) -> set[int]:
 
 def outcome_sources(tasks: list[SegmentTask]) -> tuple[tuple[str, str], ...]:
     """(outcomes file, segment file) of each task."""
-    return tuple((outcomes_uri(t.receipt), t.uri) for t in tasks if t.receipt is not None)
+    return tuple((t.outcomes, t.uri) for t in tasks if t.outcomes is not None)

@@ -12,7 +12,7 @@ from typing import Any
 from jobs.deal import Deal
 from jobs.preprocess import SegmentTask
 from jobs.settings import ShardConfig
-from jobs.staging import RUNS, receipt_uri, staged_shard
+from jobs.staging import RUNS, outcomes_uri, receipt_uri, staged_shard
 from lakeshard import storage
 from lakeshard.format import channel_dirname
 
@@ -48,7 +48,8 @@ def segment_tasks(staging: str, deals: dict[str, Deal], orders: dict[tuple[str, 
     def task(uri: str, order: dict[str, Any], j: int, span: tuple[int, int], channel: str, shard: int) -> SegmentTask:
         return SegmentTask(uri=uri, rows=None, source=(order["uri"], span[0], span[1] - span[0]),
                            digest=order["digests"][j], spec=cfg.image_spec(), threads=cfg.threads,
-                           receipt=receipt_uri(staging, uri), decode_threads=decode_threads,
+                           receipt=receipt_uri(staging, uri), outcomes=outcomes_uri(staging, uri),
+                           decode_threads=decode_threads,
                            row_group_bytes=cfg.row_group_size, metadata={**meta, "channel": channel, "shard_index": shard})
 
     for channel, deal in deals.items():

@@ -18,12 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs.preprocess import SegmentTask, outcomes_uri, read_receipt
+from jobs.preprocess import SegmentTask, read_receipt
 from jobs.settings import ShardConfig
 from lakeshard import storage
 from lakeshard.format import channel_dirname, shard_name
 
-__all__ = ["RUNS", "finished", "library_versions", "preprocessing_code", "receipt_uri", "staged_shard",
+__all__ = ["RUNS", "finished", "library_versions", "outcomes_uri", "preprocessing_code", "receipt_uri", "staged_shard",
            "staging_folder", "staging_root"]
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,11 @@ def staged_shard(staging: str, channel: str, shard: int, count: int) -> str:
 def receipt_uri(staging: str, uri: str) -> str:
     """The receipt of the segment file ``uri`` (inside ``staging``)."""
     return storage.join(staging, RUNS, "receipts", uri[len(staging) + 1 :])
+
+
+def outcomes_uri(staging: str, uri: str) -> str:
+    """Where the segment file ``uri`` (inside ``staging``) says where it wrote each row."""
+    return storage.join(staging, RUNS, "outcomes", uri[len(staging) + 1 :])
 
 
 def staging_folder(root: str, version: str, cfg: ShardConfig, segment_rows: int, *, resume: bool) -> str:
@@ -90,7 +95,7 @@ def library_versions() -> dict[str, str]:
 def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]]:
     """The results of the segments an earlier run of this job finished: those whose receipt is
     there, names the same rows (their digest), and whose file has the size the receipt says and
-    whose outcomes are beside it (one listing, then one read per receipt: a receipt holds the
+    whose outcomes are there (one listing, then one read per receipt: a receipt holds the
     segment's rejects, not a row per image)."""
     fs, path = storage.filesystem(staging)
     try:
@@ -108,9 +113,9 @@ def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]
             log.warning("ignoring the unreadable receipt %s: %s", p, exc)
             continue
         segment = found.get(storage.filesystem(task.uri)[1])
-        outcomes = storage.filesystem(outcomes_uri(task.receipt))[1]  # type: ignore[arg-type]
+        outcomes = task.outcomes is None or storage.filesystem(task.outcomes)[1] in found
         if (result["uri"] == task.uri and segment is not None and segment["size"] == result["stats"]["bytes"]
-                and outcomes in found and result["rows"] == task.num_rows
+                and outcomes and result["rows"] == task.num_rows
                 and result.pop("digest") == task.expected_digest()):
             reused[task.uri] = result
     return reused

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from jobs.assemble import SOURCE_SCHEMA, AssembleTask
 from jobs.images import ImageSpec
-from jobs.preprocess import SEGMENT_SCHEMA, SegmentTask, outcomes_uri, preprocess_segment, rows_digest
+from jobs.preprocess import SEGMENT_SCHEMA, SegmentTask, preprocess_segment, rows_digest
 from jobs.staging import finished
 from tests.helpers.lake import write_lake
 
@@ -22,7 +22,8 @@ def _task(lake: Path, staging: Path, paths: list[Path]) -> SegmentTask:
                      "size": [None] * len(paths), "etag": [None] * len(paths)}, schema=SEGMENT_SCHEMA)
     return SegmentTask(uri=f"file://{staging}/train/part-0.parquet", rows=rows, spec=ImageSpec(size=16, format="png"),
                        metadata={"channel": "train"}, row_group_bytes=1 << 20, threads=2,
-                       receipt=f"file://{staging}/_runs/receipts/train/part-0.parquet")
+                       receipt=f"file://{staging}/_runs/receipts/train/part-0.parquet",
+                       outcomes=f"file://{staging}/_runs/outcomes/train/part-0.parquet")
 
 
 def test_a_finished_segment_is_reused_and_a_damaged_one_is_not(tmp_path: Path):
@@ -42,13 +43,13 @@ def test_a_finished_segment_is_reused_and_a_damaged_one_is_not(tmp_path: Path):
     assert reused[task.uri]["rejects"].select(["key", "reason"]).to_pylist() == [
         {"key": "broken.png", "reason": result["rejects"]["reason"][0].as_py()}]  # the reason came back too
     assert result["rejects"]["reason"][0].as_py().startswith("cannot decode")
-    outcomes = pq.read_table(outcomes_uri(task.receipt)[len("file://"):])
+    outcomes = pq.read_table(task.outcomes[len("file://"):])
     assert outcomes["row"].to_pylist() == [0, 1, 2, 3, 4, 5, None]  # where each row was written
 
     other_rows = _task(tmp_path / "raw", staging, paths[:-1])  # same file name, other rows
     assert finished(f"file://{staging}", [other_rows]) == {}
 
-    outcomes_file = Path(outcomes_uri(task.receipt)[len("file://"):])
+    outcomes_file = Path(task.outcomes[len("file://"):])
     kept = outcomes_file.read_bytes()
     outcomes_file.unlink()  # the assembly tasks could not find the segment's rows
     assert finished(f"file://{staging}", [task]) == {}

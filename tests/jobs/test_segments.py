@@ -16,15 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.images import ImageSpec
-from jobs.preprocess import (
-    SEGMENT_SCHEMA,
-    SegmentTask,
-    ShardWriter,
-    _ahead,
-    outcomes_uri,
-    preprocess_segment,
-    readers,
-)
+from jobs.preprocess import SEGMENT_SCHEMA, SegmentTask, ShardWriter, _ahead, preprocess_segment, readers
 from jobs.settings import ShardConfig
 from jobs.shard import parser as shard_parser
 from lakeshard.config import resolve
@@ -56,9 +48,9 @@ def test_the_file_and_outcomes_do_not_depend_on_the_threads(lake, tmp_path, thre
     def run(threads: int | None, decode_threads: int, name: str) -> tuple[str, dict, list]:
         task = SegmentTask(uri=f"file://{tmp_path}/{name}.parquet", rows=_rows(lake), spec=ImageSpec(size=16),
                            metadata={"channel": "train"}, row_group_bytes=20_000, threads=threads,
-                           decode_threads=decode_threads, receipt=f"file://{tmp_path}/receipts/{name}.parquet")
+                           decode_threads=decode_threads, outcomes=f"file://{tmp_path}/outcomes/{name}.parquet")
         result = preprocess_segment(task)
-        outcomes = pq.read_table(outcomes_uri(task.receipt)[len("file://"):]).to_pylist()
+        outcomes = pq.read_table(tmp_path / "outcomes" / f"{name}.parquet").to_pylist()
         return hashlib.sha256((tmp_path / f"{name}.parquet").read_bytes()).hexdigest(), result, outcomes
 
     want_digest, want, want_outcomes = run(0, 1, "reference")
