@@ -1,6 +1,10 @@
 """The shard job's second worker step: assemble a shard file from rows already preprocessed
 (when rejects changed the plan, or a shard was preprocessed in several segments). Engines run
 it as a plain task; nothing here knows about Spark or Dask.
+
+:func:`locate_and_assemble` finds where each of the shard's rows was written (from the
+outcomes the preprocessing tasks left beside their receipts), then :func:`assemble_shard`
+copies them into the shard's file.
 """
 
 from __future__ import annotations
@@ -11,14 +15,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from jobs.tasks import compact
 from lakeshard import storage
+from lakeshard.errors import ShardError
 from lakeshard.format import SHARD_SCHEMA
 from lakeshard.format.writer import ShardWriter
 
-__all__ = ["SOURCE_SCHEMA", "AssembleTask", "assemble_shard"]
+__all__ = ["SOURCE_SCHEMA", "AssembleTask", "RepairTask", "assemble_shard", "locate_and_assemble"]
 
 #: Where each row of an assembled shard comes from, in shard order.
 #: ``file`` is dictionary-encoded: a shard of 20,000 rows comes from a handful of segment files, and
@@ -111,3 +117,45 @@ def assemble_shard(task: AssembleTask) -> dict[str, Any]:
     finally:
         cache.close()
     return {"uri": task.uri, "stats": writer.stats}
+
+
+@dataclass(frozen=True, slots=True)
+class RepairTask:
+    """Write ``uri`` with the rows of the order file ``order``, in order, each taken from where
+    preprocessing wrote it: ``own`` and ``others`` are (outcomes file, segment file) pairs, the
+    shard's own segments and those of the shards rows moved in from; a row is taken from its
+    own segments if it is there."""
+
+    uri: str
+    order: str
+    own: tuple[tuple[str, str], ...]
+    others: tuple[tuple[str, str], ...]
+    metadata: Mapping[str, str]
+    row_group_bytes: int
+
+
+def _read(uri: str, columns: list[str], *, only: pa.Array | None = None) -> pa.Table:
+    fs, path = storage.filesystem(uri)
+    table = pq.read_table(path, filesystem=fs, columns=columns)
+    return table if only is None else table.filter(pc.is_in(table["uri"], value_set=only))
+
+
+def locate_and_assemble(task: RepairTask) -> dict[str, Any]:
+    """Run a :class:`RepairTask`; returns the file's URI and stats."""
+    want = _read(task.order, ["uri", "is_pad"])
+    where: dict[str, tuple[str, int]] = {}
+    others = want["uri"].unique()
+    for group, only in ((task.own, None), (task.others, others)):
+        for outcomes, segment in group:
+            got = _read(outcomes, ["uri", "row"], only=only)
+            for uri, row in zip(got["uri"].to_pylist(), got["row"].to_pylist(), strict=True):
+                if row is not None:
+                    where.setdefault(uri, (segment, row))
+    uris = want["uri"].to_pylist()
+    if missing := [u for u in uris if u not in where]:
+        raise ShardError(f"assembling {task.uri}: {len(missing)} rows were not written by any segment it was "
+                         f"given, first {missing[:3]}")
+    sources = pa.table({"file": [where[u][0] for u in uris], "row": [where[u][1] for u in uris],
+                        "is_pad": want["is_pad"]}, schema=SOURCE_SCHEMA)
+    return assemble_shard(AssembleTask(uri=task.uri, sources=sources, metadata=task.metadata,
+                                       row_group_bytes=task.row_group_bytes))

@@ -13,24 +13,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from jobs.plan import ShardPlan
+from jobs.deal import Deal
 from jobs.preprocess import SegmentTask
 from jobs.staging import RUNS, staged_shard, staging_root, versioned
 from lakeshard import storage
 from lakeshard.errors import ShardError
 from lakeshard.format import (
-    SHARD_REJECTS_SCHEMA,
     VERSION_MARKER,
     DatasetInfo,
     dataset_json_uri,
+    shard_rejects_uri,
     shard_relpath,
     shards_uri,
 )
 
-__all__ = ["commit", "place_assembled"]
+__all__ = ["commit", "place_assembled", "staged_rejects"]
 
 
 def place_assembled(root: str, staging: str, final: dict[tuple[str, int], str], tasks: list[SegmentTask], *,
@@ -56,7 +53,7 @@ def place_assembled(root: str, staging: str, final: dict[tuple[str, int], str], 
     return {(channel, shard): shard_relpath(channel, shard, num_shards) for channel, shard in final}
 
 
-def _check_counts(stats: list[dict[str, Any]], plans: dict[str, ShardPlan], num_shards: int) -> None:
+def _check_counts(stats: list[dict[str, Any]], plans: dict[str, Deal], num_shards: int) -> None:
     """The invariant, counted: exactly ``num_shards`` files of equal size per channel."""
     for channel, plan in plans.items():
         got = sorted((s["shard"], s["rows"]) for s in stats if s["channel"] == channel)
@@ -78,26 +75,35 @@ def _remove_strays(staging: str, keep: set[str]) -> None:
         fs.rm(strays)
 
 
-def commit(root: str, staging: str, *, stats: list[dict[str, Any]], plans: dict[str, ShardPlan],
-           rejects: pa.Table, info: DatasetInfo) -> None:
-    """Check the staged shards, then locally: invalidate the old dataset, put the new shards in
-    place, write the shard rejects table, and last ``dataset.json`` (``info``). On S3 the shards
-    are in place: write the shard rejects table into the version folder, mark the version
+def staged_rejects(staging: str) -> str:
+    """The folder below which a worker writes the shard rejects table of a local build before the
+    commit (:func:`~lakeshard.format.shard_rejects_uri` of it); on S3 it writes it straight into
+    the version folder (``dataset.json``'s ``rejects_path``)."""
+    return storage.join(staging, RUNS, "table")
+
+
+def commit(root: str, staging: str, *, stats: list[dict[str, Any]], plans: dict[str, Deal], info: DatasetInfo) -> None:
+    """Check the staged shards, then locally: invalidate the old dataset, put the shard rejects
+    table a worker wrote and the new shards in place, and last ``dataset.json`` (``info``). On S3
+    the shards and the rejects table are in place in the version folder: mark the version
     complete, and last ``dataset.json``, which replaces the old one in one PUT (a reader sees the
     old dataset or the new one, never none)."""
     _check_counts(stats, plans, info.num_shards)
-    storage.remove(storage.join(staging, RUNS), recursive=True)
-    storage.remove_temporaries(staging)  # a killed client's tasks may still have been writing
-    # a shard's path below the staging folder: its channel folder and file name
-    _remove_strays(staging, {"/".join(s.path.split("/")[-2:]) for c in info.channels.values() for s in c.shards})
     if not versioned(root):
         storage.remove(dataset_json_uri(root))
+        storage.replace(shard_rejects_uri(staged_rejects(staging)), storage.join(root, info.rejects_path))
+    storage.remove(storage.join(staging, RUNS), recursive=True)
+    storage.remove_temporaries(staging)  # a killed client's tasks may still have been writing
+    # a shard's path below the staging folder (its channel folder and file name), and on S3 the
+    # rejects table beside them
+    keep = {"/".join(s.path.split("/")[-2:]) for c in info.channels.values() for s in c.shards}
+    if versioned(root):
+        keep.add(info.rejects_path.rsplit("/", 1)[-1])
+    _remove_strays(staging, keep)
+    if not versioned(root):
         storage.remove(shards_uri(root), recursive=True)
         storage.move(staging, shards_uri(root))
         storage.remove(staging_root(root), recursive=True)
-    sink = pa.BufferOutputStream()
-    pq.write_table(rejects.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA), sink)
-    storage.write_bytes_atomic(storage.join(root, info.rejects_path), sink.getvalue().to_pybytes())
-    if versioned(root):  # the old dataset.json stays until the new one replaces it (one PUT)
+    else:  # the old dataset.json stays until the new one replaces it (one PUT)
         storage.write_json_atomic(storage.join(staging, VERSION_MARKER), info.to_json())
     storage.write_json_atomic(dataset_json_uri(root), info.to_json())

@@ -8,9 +8,7 @@ import hashlib
 import json
 from typing import Any
 
-import pyarrow as pa
-
-from jobs.plan import ShardPlan
+from jobs.deal import Deal
 from jobs.settings import ShardConfig
 from jobs.staging import library_versions
 from lakeshard.format import (
@@ -37,12 +35,14 @@ def dataset_version(fingerprint: str, cfg: ShardConfig, seed: int, channels: lis
 
 
 def dataset_info(cfg: ShardConfig, *, marker: dict[str, Any], version: str, seed: int, engine: str,
-                 plans: dict[str, ShardPlan], ordered: dict[str, pa.Table], stats: list[dict[str, Any]],
+                 deals: dict[str, Deal], named: dict[str, tuple[list[str], list[str]]], stats: list[dict[str, Any]],
                  reject_counts: dict[str, int], build: BuildInfo, rejects_path: str) -> DatasetInfo:
     """What ``dataset.json`` says. ``stats`` has one entry per shard file (its channel, shard
-    index, path relative to the dataset root and :class:`~lakeshard.format.writer.ShardWriter` stats); ``build`` says how this run
-    made them (depends on the engine's parallelism, not part of the dataset's identity);
-    ``rejects_path`` is where the shard rejects table goes, relative to the dataset root."""
+    index, path relative to the dataset root and :class:`~lakeshard.format.writer.ShardWriter`
+    stats); ``named`` the URIs of each channel's dropped and padded rows (once per pad copy), by
+    key; ``build`` says how this run made them (depends on the engine's parallelism, not part of
+    the dataset's identity); ``rejects_path`` is where the shard rejects table goes, relative to
+    the dataset root."""
     labels: dict[str, int] = marker["labels"]
     return DatasetInfo(
         format_version=FORMAT_VERSION,
@@ -61,23 +61,20 @@ def dataset_info(cfg: ShardConfig, *, marker: dict[str, Any], version: str, seed
         row_group_bytes=cfg.row_group_size,
         counts=Counts(listed=marker["counts"]["listed"], manifest_rejects=marker["counts"]["rejected"],
                       shard_rejects=sum(reject_counts.values()),
-                      dropped=sum(len(p.dropped) for p in plans.values()),
-                      padded=sum(int(p.is_pad.sum()) for p in plans.values())),
+                      dropped=sum(len(d.dropped) for d in deals.values()),
+                      padded=sum(len(d.pads) for d in deals.values())),
         build=build,
-        channels={c: _channel_info(c, plans[c], ordered[c], stats, labels, reject_counts[c]) for c in plans},
+        channels={c: _channel_info(c, deals[c], named[c], stats, labels, reject_counts[c]) for c in deals},
         rejects_path=rejects_path,
         versions=library_versions(),
     )
 
 
-def _channel_info(channel: str, plan: ShardPlan, ordered: pa.Table, stats: list[dict[str, Any]],
+def _channel_info(channel: str, deal: Deal, named: tuple[list[str], list[str]], stats: list[dict[str, Any]],
                   labels: dict[str, int], rejected: int) -> ChannelInfo:
     names = {i: name for name, i in labels.items()}
     mine = sorted((s for s in stats if s["channel"] == channel), key=lambda s: s["shard"])
-    uris = ordered["uri"]
+    dropped, padded = named
     return ChannelInfo.of_shards(
-        [ShardInfo.from_stats(channel, s["shard"], plan.num_shards, s, names, path=s["path"]) for s in mine],
-        rejected=rejected,
-        dropped=uris.take(pa.array(plan.dropped, pa.int64())).to_pylist(),
-        padded=uris.take(pa.array(plan.padded, pa.int64())).to_pylist(),
-    )
+        [ShardInfo.from_stats(channel, s["shard"], deal.num_shards, s, names, path=s["path"]) for s in mine],
+        rejected=rejected, dropped=dropped, padded=padded)

@@ -12,24 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from jobs.dataset_info import dataset_version
 from jobs.inventory import read_inventory
-from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, DatasetExistsError, ManifestError, ShardError
 from lakeshard.format import dataset_json_uri, manifest_marker_uri
 
-__all__ = ["INPUT_CHECKS", "ShardInputs", "channel_rows", "check_manifest_inputs", "check_shard_inputs",
-           "read_manifest"]
-
-#: The manifest columns the shard job reads: ``size`` and ``etag`` let it tell an object that
-#: was replaced since the manifest was built.
-_MANIFEST_COLUMNS = ["uri", "key", "label", "label_index", "channel", "size", "etag"]
-
+__all__ = ["INPUT_CHECKS", "ShardInputs", "check_manifest_inputs", "check_shard_inputs"]
 
 @dataclass(frozen=True, slots=True)
 class ShardInputs:
@@ -83,6 +73,10 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
         raise DatasetError(f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first")
     marker = storage.read_json(marker_uri)
     channels = _channels(cfg, list(marker["split"]), root)
+    classes = marker.get("counts", {}).get("classes", {})
+    if missing := [c for c in channels if c not in classes]:  # the plan is made from these counts
+        raise DatasetError(f"the manifest marker {marker_uri} has no class counts (counts.classes) for channel(s) "
+                           f"{missing}; run jobs/manifest.py again")
     _check_overwrite(cfg, root, channels)
     seed = marker["seed"] if cfg.seed is None else cfg.seed
     return ShardInputs(root=root, marker=marker, channels=channels, seed=seed,
@@ -125,14 +119,3 @@ INPUT_CHECKS: dict[type, Callable[[Any], Any]] = {
     ManifestConfig: check_manifest_inputs,
     ShardConfig: check_shard_inputs,
 }
-
-
-def read_manifest(root: str, channels: list[str]) -> pa.Table:
-    """The manifest rows of ``channels``."""
-    return pa.concat_tables([read_channel(root, channel, columns=_MANIFEST_COLUMNS) for channel in channels])
-
-
-def channel_rows(rows: pa.Table, channel: str) -> pa.Table:
-    """The channel's manifest rows, sorted by key: the rows the plan indexes."""
-    mine = rows.filter(pc.equal(rows["channel"], channel))
-    return mine.take(pc.sort_indices(mine, sort_keys=[("key", "ascending")]))

@@ -15,6 +15,7 @@ import io
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lakeshard import storage
@@ -91,10 +92,22 @@ def read_channel(root: str, channel: str, *, columns: Sequence[str] | None = Non
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-def read_channel_rows(root: str, channel: str, *, columns: Sequence[str] | None = None,
-                      part: int | None = None) -> pa.Table:
-    """One part of a table (inside a worker: part ``part`` of :func:`manifest_parts`), or with
-    ``part=None`` the whole table."""
+def read_channel_rows(root: str, channel: str, *, labels: Sequence[str] | None = None,
+                      columns: Sequence[str] | None = None, part: int | None = None) -> pa.Table:
+    """Rows of a table inside a worker: those whose ``label`` is one of ``labels`` (read from
+    the parts that hold those classes only), or part ``part`` of :func:`manifest_parts`, or
+    with neither the whole table; all columns, or ``columns``. Row order is not specified."""
+    if labels is not None:
+        n = manifest_parts(root)
+        wanted = pa.array(sorted(set(labels)), pa.string())
+        read = None if columns is None or "label" in columns else [*columns, "label"]
+        tables = [read_part(manifest_part_uri(root, channel, p, n), read or columns)
+                  for p in sorted({label_part(label, n) for label in labels})]  # fmt: skip
+        schema = MANIFEST_SCHEMA if read is None and columns is None else pa.schema(
+            [MANIFEST_SCHEMA.field(c) for c in (read or columns)])
+        table = pa.concat_tables(tables) if tables else schema.empty_table()
+        table = table.filter(pc.is_in(table["label"], value_set=wanted))
+        return table.select(list(columns)) if columns is not None else table
     if part is None:
         return read_channel(root, channel, columns=columns)
     return read_part(manifest_part_uri(root, channel, part, manifest_parts(root)), columns)

@@ -1,7 +1,9 @@
 """The shard plan: which row of a channel goes to which shard, at which position.
 
-Computed on the driver from all the channel's manifest rows, before preprocessing (the first
-plan, P0), so that each worker preprocesses its shard's rows straight into the shard's file.
+Made before preprocessing (the first plan, P0), so that each worker preprocesses its shard's
+rows straight into the shard's file. :func:`make_plan` makes it from all the channel's rows at
+once: the reference. The shard job makes the same plan without the rows on the driver
+(:mod:`jobs.deal`, from class counts and the rejects' slots; property-tested equal).
 Rows whose image fails to decode are known only afterwards; the plan made again with them
 ``rejected`` differs from P0 in few rows, so a repair pass moves only those between files.
 Equal shards come from this explicit plan, not from ``repartition(N)`` (uneven files) nor from
@@ -61,7 +63,7 @@ from jobs.split import unit_hash
 from lakeshard.config import check_positive
 from lakeshard.errors import ShardError
 
-__all__ = ["REMAINDER_POLICIES", "ShardPlan", "make_plan"]
+__all__ = ["REMAINDER_POLICIES", "ShardPlan", "check_options", "check_survivors", "fill_holes", "key_ranks", "make_plan"]
 
 REMAINDER_POLICIES = ("drop", "pad")
 
@@ -98,27 +100,16 @@ def make_plan(keys: Sequence[str], labels: Sequence[int], *, num_shards: int, se
         rejected: the rows that failed preprocessing, as indices into ``keys`` or as a boolean
             mask of ``len(keys)``; ``None`` (or empty) gives the first plan, P0.
     """
-    check_positive("num_shards", num_shards, error=ShardError)
-    if remainder not in REMAINDER_POLICIES:
-        raise ShardError(f"remainder must be one of {', '.join(REMAINDER_POLICIES)}, got {remainder!r}")
+    check_options(num_shards, remainder)
     if len(keys) != len(labels):
         raise ShardError(f"keys and labels differ in length: {len(keys)} != {len(labels)}")
     total = len(keys)
     if total == 0:
         raise ShardError(f"channel {channel!r} has no rows to shard")
     is_rejected = _rejected_mask(rejected, total, channel)
-    num_rejected = int(is_rejected.sum())
-    survivors = total - num_rejected
-    if survivors == 0:
-        raise ShardError(f"channel {channel!r} has no rows to shard: all {total} were rejected")
-    if remainder == "drop" and survivors < num_shards:
-        counted = f"{survivors} rows" if not num_rejected else \
-            f"{survivors} rows left ({num_rejected} of {total} rejected)"
-        raise ShardError(
-            f"channel {channel!r} has {counted}, fewer than num_shards={num_shards}: "
-            "dropping the remainder would leave empty shards; use --remainder pad or fewer shards")
+    check_survivors(channel, total, int(is_rejected.sum()), num_shards=num_shards, remainder=remainder)
 
-    key_rank = _key_ranks(keys, channel)
+    key_rank = key_ranks(keys, channel)
     label = np.fromiter((int(x) for x in labels), dtype=np.int64, count=total)
     deal = np.fromiter((unit_hash("deal", seed, channel, k) for k in keys), dtype=np.float64, count=total)
 
@@ -131,7 +122,7 @@ def make_plan(keys: Sequence[str], labels: Sequence[int], *, num_shards: int, se
     slot[at_slot] = np.arange(total)
 
     # 2. Holes: each class's survivors onto its first kept[c] slots.
-    slot = _fill_holes(slot, cls, is_rejected, start, kept, num_shards)
+    slot = fill_holes(slot, cls, is_rejected, start, kept, num_shards)
     row_at = np.full(total, -1, dtype=np.int64)
     row_at[slot[~is_rejected]] = np.flatnonzero(~is_rejected)
     shard = np.where(is_rejected, -1, slot % num_shards)
@@ -188,6 +179,26 @@ def make_plan(keys: Sequence[str], labels: Sequence[int], *, num_shards: int, se
                      channel=channel, dropped=np.sort(np.asarray(dropped, dtype=np.int64)))
 
 
+def check_options(num_shards: int, remainder: str) -> None:
+    """``num_shards`` and ``remainder`` are values a plan can be made with."""
+    check_positive("num_shards", num_shards, error=ShardError)
+    if remainder not in REMAINDER_POLICIES:
+        raise ShardError(f"remainder must be one of {', '.join(REMAINDER_POLICIES)}, got {remainder!r}")
+
+
+def check_survivors(channel: str, total: int, num_rejected: int, *, num_shards: int, remainder: str) -> None:
+    """A channel of ``total`` rows, ``num_rejected`` of them rejected, can be planned."""
+    survivors = total - num_rejected
+    if survivors == 0:
+        raise ShardError(f"channel {channel!r} has no rows to shard: all {total} were rejected")
+    if remainder == "drop" and survivors < num_shards:
+        counted = f"{survivors} rows" if not num_rejected else \
+            f"{survivors} rows left ({num_rejected} of {total} rejected)"
+        raise ShardError(
+            f"channel {channel!r} has {counted}, fewer than num_shards={num_shards}: "
+            "dropping the remainder would leave empty shards; use --remainder pad or fewer shards")
+
+
 def _rejected_mask(rejected: Sequence[int] | Sequence[bool] | np.ndarray | None, total: int,
                    channel: str) -> np.ndarray:
     """``rejected`` (indices or a boolean mask) as a boolean mask of ``total`` rows."""
@@ -213,7 +224,7 @@ def _rejected_mask(rejected: Sequence[int] | Sequence[bool] | np.ndarray | None,
     return mask
 
 
-def _key_ranks(keys: Sequence[str], channel: str) -> np.ndarray:
+def key_ranks(keys: Sequence[str], channel: str) -> np.ndarray:
     """Each key's rank in sorted order; keys must be unique (the plan breaks ties by key)."""
     order = sorted(range(len(keys)), key=keys.__getitem__)
     for i, j in pairwise(order):
@@ -224,7 +235,7 @@ def _key_ranks(keys: Sequence[str], channel: str) -> np.ndarray:
     return rank
 
 
-def _fill_holes(slot: np.ndarray, cls: np.ndarray, is_rejected: np.ndarray, start: np.ndarray,
+def fill_holes(slot: np.ndarray, cls: np.ndarray, is_rejected: np.ndarray, start: np.ndarray,
                 kept: np.ndarray, num_shards: int) -> np.ndarray:
     """Step 2: survivors from beyond each class's first ``kept[c]`` slots move into the holes
     rejected rows leave there, same shard first, then the last survivor into the earliest hole."""

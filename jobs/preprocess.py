@@ -11,6 +11,7 @@ segments to spread its work over more tasks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import deque
@@ -23,23 +24,29 @@ from itertools import islice
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from jobs.fetch import read_as_listed
 from jobs.images import ImageSpec, preprocess
-from jobs.tasks import compact
+from jobs.tasks import compact, write_table
 from lakeshard import storage
 from lakeshard.errors import ImageRejected
-from lakeshard.format import SHARD_SCHEMA
-from lakeshard.format.writer import ShardWriter
+from lakeshard.format import SHARD_REJECTS_SCHEMA, SHARD_SCHEMA
+from lakeshard.format.writer import ShardWriter, write_shard_rejects
 
 __all__ = [
     "OUTCOME_SCHEMA",
+    "REJECT_SCHEMA",
     "SEGMENT_SCHEMA",
+    "RejectsTask",
     "SegmentTask",
     "preprocess_segment",
     "read_receipt",
     "readers",
+    "rows_digest",
+    "unique_rejects",
+    "write_rejects",
 ]
 
 log = logging.getLogger(__name__)
@@ -52,11 +59,16 @@ SEGMENT_SCHEMA = pa.schema(
      ("size", pa.int64()), ("etag", pa.string())]
 )
 
-#: What preprocessing a segment reports for each of its rows: ``row`` is the row's index in
-#: the segment's file, null when the image was rejected (``reason`` says why).
-OUTCOME_SCHEMA = pa.schema(
-    [("uri", pa.string()), ("file", pa.string()), ("row", pa.int64()), ("reason", pa.string())]
-)
+#: Where preprocessing wrote each row of a segment (the *outcomes* file, read by the assembly
+#: tasks, :mod:`jobs.repair`): ``row`` is the row's index in the segment's file, null when the
+#: image was rejected.
+OUTCOME_SCHEMA = pa.schema([("uri", pa.string()), ("row", pa.int64())])
+
+#: A segment's rejects, as its receipt holds them: the shard rejects table's columns
+#: (:data:`~lakeshard.format.SHARD_REJECTS_SCHEMA`), the row's slot (:mod:`jobs.deal`; null
+#: when the segment's rows have none) and whether it was a pad copy (its row is also
+#: preprocessed elsewhere, and may have failed there too).
+REJECT_SCHEMA = pa.schema([*SHARD_REJECTS_SCHEMA, ("slot", pa.int64()), ("is_pad", pa.bool_())])
 
 #: Rows preprocessed and written together: a pool task costs tens of microseconds, an image a
 #: few milliseconds, and a chunk's results are written as soon as it is done.
@@ -72,10 +84,15 @@ _S3_READERS = 8
 
 @dataclass(frozen=True, slots=True)
 class SegmentTask:
-    """Preprocess ``rows`` (:data:`SEGMENT_SCHEMA`) in order and write the survivors to ``uri``;
-    then, if ``receipt`` is set, write there what the task returns (:func:`read_receipt` reads
-    it back), so a rerun of an interrupted job can reuse the file instead of preprocessing
-    its rows again.
+    """Preprocess a segment's rows (:data:`SEGMENT_SCHEMA`, other columns carried along) in
+    order and write the survivors to ``uri``; then, if ``outcomes`` is set, write there where
+    each row went (:data:`OUTCOME_SCHEMA`), and if ``receipt`` is set, write there what the task
+    returns (:func:`read_receipt` reads it back), so a rerun of an interrupted job can reuse the
+    file instead of preprocessing its rows again.
+
+    The rows are ``rows``, or, when that is None, ``length`` rows from row ``offset`` of the
+    order file ``source`` (read by the task: the driver never holds them); ``digest`` is their
+    :func:`rows_digest`, which a receipt must match.
 
     ``threads`` read the images ahead of decoding (:func:`readers`: by default none for local
     files, several for S3); ``decode_threads`` decode, resize and encode them: as many as the
@@ -83,16 +100,45 @@ class SegmentTask:
     """
 
     uri: str
-    rows: pa.Table
+    rows: pa.Table | None
     spec: ImageSpec
-    metadata: Mapping[str, str]
+    metadata: Mapping[str, Any]
     row_group_bytes: int
     threads: int | None
     receipt: str | None = None
     decode_threads: int = 1
+    source: tuple[str, int, int] | None = None
+    digest: str | None = None
+    outcomes: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rows", compact(self.rows))
+        if self.rows is not None:
+            object.__setattr__(self, "rows", compact(self.rows))
+        elif self.source is None:
+            raise ValueError(f"segment {self.uri}: neither rows nor a source to read them from")
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows.num_rows if self.rows is not None else self.source[2]  # type: ignore[index]
+
+    def expected_digest(self) -> str:
+        return self.digest if self.digest is not None else rows_digest(self.rows)  # type: ignore[arg-type]
+
+    def read_rows(self) -> pa.Table:
+        """The segment's rows (read from its source if the task does not carry them)."""
+        if self.rows is not None:
+            return self.rows
+        uri, offset, length = self.source  # type: ignore[misc]
+        fs, path = storage.filesystem(uri)
+        return pq.read_table(path, filesystem=fs).slice(offset, length)
+
+
+def rows_digest(rows: pa.Table) -> str:
+    """What identifies a segment's rows: their URIs and pad flags, in order."""
+    digest = hashlib.sha256()
+    for uri, pad in zip(rows["uri"].to_pylist(), rows["is_pad"].to_pylist(), strict=True):
+        digest.update(f"{uri}\x1f{int(pad)}\n".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:32]
 
 
 def _preprocessed(data: bytes | str, spec: ImageSpec) -> tuple[bytes, int, int] | str:
@@ -125,11 +171,10 @@ def readers(threads: int | None, uris: list[str]) -> int:
     return 0 if all(u.startswith("file://") for u in uris) else _S3_READERS
 
 
-def _preprocessed_chunks(task: SegmentTask) -> Iterator[tuple[pa.Table, list[Any]]]:
+def _preprocessed_chunks(task: SegmentTask, rows: pa.Table) -> Iterator[tuple[pa.Table, list[Any]]]:
     """The segment's rows with their outcomes (an image tuple or a reason), chunk by chunk, in
     order: read ahead on :func:`readers` threads (or by the decoder as it goes, if none), then
     preprocessed on ``task.decode_threads`` threads (on the task's own thread when that is one)."""
-    rows = task.rows
     uris = rows["uri"].to_pylist()
     starts = range(0, len(uris), _CHUNK_ROWS)
     read_starts = range(0, len(uris), _READ_ROWS)
@@ -161,13 +206,14 @@ def _preprocessed_chunks(task: SegmentTask) -> Iterator[tuple[pa.Table, list[Any
 
 def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
     """Fetch, decode, orient, resize and encode the segment's rows and write those that
-    survive, in order, to ``task.uri``. Returns the file's stats and the per-row outcomes
-    (:data:`OUTCOME_SCHEMA`)."""
+    survive, in order, to ``task.uri``. Returns the file's URI and stats, its number of rows
+    and its rejects (:data:`REJECT_SCHEMA`): counts and a few rows, never a row per image."""
+    rows = task.read_rows()
     outcome_rows: list[int | None] = []
     reasons: list[str | None] = []
     written = 0
     with ShardWriter(task.uri, metadata=task.metadata, row_group_bytes=task.row_group_bytes) as writer:
-        for chunk, outcomes in _preprocessed_chunks(task):
+        for chunk, outcomes in _preprocessed_chunks(task, rows):
             keep = [not isinstance(o, str) for o in outcomes]
             for ok, o in zip(keep, outcomes, strict=True):
                 outcome_rows.append(written if ok else None)
@@ -186,26 +232,60 @@ def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
                 "width": pa.array([o[2] for o in images], pa.int32()),
                 "is_pad": chunk["is_pad"],
             }, schema=SHARD_SCHEMA))
-    outcomes_table = pa.table({
-        "uri": task.rows["uri"],
-        "file": pa.array([task.uri] * task.rows.num_rows, pa.string()),
-        "row": pa.array(outcome_rows, pa.int64()),
-        "reason": pa.array(reasons, pa.string()),
-    }, schema=OUTCOME_SCHEMA)
-    result = {"uri": task.uri, "stats": writer.stats, "outcomes": outcomes_table}
-    if task.receipt is not None:  # after the file is complete: a receipt vouches for it
-        sink = pa.BufferOutputStream()
-        meta = {b"lakeshard.uri": task.uri.encode(), b"lakeshard.stats": json.dumps(writer.stats).encode()}
-        pq.write_table(outcomes_table.replace_schema_metadata(meta), sink)
-        storage.write_bytes_atomic(task.receipt, sink.getvalue().to_pybytes())
+    bad = [i for i, why in enumerate(reasons) if why is not None]
+    rejects = rows.take(pa.array(bad, pa.int64()))
+
+    def column(name: str, kind: pa.DataType) -> pa.Array:
+        return rejects[name].cast(kind) if name in rejects.column_names else pa.nulls(len(bad), kind)
+
+    rejects = pa.table({"uri": rejects["uri"], "key": rejects["key"], "label": column("label", pa.string()),
+                        "channel": pa.array([task.metadata.get("channel")] * len(bad), pa.string()),
+                        "reason": pa.array([reasons[i] for i in bad], pa.string()),
+                        "slot": column("slot", pa.int64()), "is_pad": rejects["is_pad"]}, schema=REJECT_SCHEMA)
+    result = {"uri": task.uri, "stats": writer.stats, "rows": rows.num_rows, "rejects": rejects}
+    if task.outcomes is not None:
+        write_table(task.outcomes, pa.table({"uri": rows["uri"], "row": pa.array(outcome_rows, pa.int64())},
+                                            schema=OUTCOME_SCHEMA))
+    if task.receipt is not None:  # after the file (and its outcomes) is complete: a receipt vouches for it
+        write_table(task.receipt, rejects, metadata={
+            b"lakeshard.uri": task.uri.encode(), b"lakeshard.stats": json.dumps(writer.stats).encode(),
+            b"lakeshard.rows": str(rows.num_rows).encode(), b"lakeshard.digest": rows_digest(rows).encode()})
     return result
 
 
 def read_receipt(data: bytes) -> dict[str, Any]:
-    """What :func:`preprocess_segment` returned, from the receipt it wrote."""
+    """What :func:`preprocess_segment` returned, from the receipt it wrote, and the digest of
+    the rows it preprocessed (``digest``)."""
     table = pq.read_table(pa.BufferReader(data))
     meta = table.schema.metadata
     return {"uri": meta[b"lakeshard.uri"].decode(), "stats": json.loads(meta[b"lakeshard.stats"]),
-            "outcomes": table.replace_schema_metadata(None).cast(OUTCOME_SCHEMA)}
+            "rows": int(meta[b"lakeshard.rows"]), "digest": meta[b"lakeshard.digest"].decode(),
+            "rejects": table.replace_schema_metadata(None).cast(REJECT_SCHEMA)}
 
 
+def unique_rejects(rejects: pa.Table) -> pa.Table:
+    """One row per rejected manifest row (a row and its pad copies may all have failed), sorted
+    by key; a row's own failure comes before its copies'."""
+    rejects = rejects.take(pc.sort_indices(rejects, sort_keys=[("key", "ascending"), ("is_pad", "ascending")]))
+    keys = rejects["key"].to_pylist()
+    first = [i for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+    return rejects.take(pa.array(first, pa.int64()))
+
+
+@dataclass(frozen=True, slots=True)
+class RejectsTask:
+    """Write the shard rejects table of the dataset at ``root`` from the rejects in the
+    ``receipts`` of the segments that had any."""
+
+    root: str
+    receipts: tuple[str, ...]
+    #: Where below ``root`` (default: the local layout's ``rejects/shards.parquet``).
+    relpath: str | None = None
+
+
+def write_rejects(task: RejectsTask) -> dict[str, Any]:
+    """Run a :class:`RejectsTask` (:func:`~lakeshard.format.writer.write_shard_rejects`);
+    returns the table's URI and number of rows."""
+    tables = [read_receipt(storage.read_bytes(r))["rejects"] for r in task.receipts]
+    rejects = unique_rejects(pa.concat_tables(tables) if tables else REJECT_SCHEMA.empty_table())
+    return {"uri": write_shard_rejects(task.root, rejects, relpath=task.relpath), "rows": rejects.num_rows}

@@ -1,37 +1,20 @@
-"""Repair after preprocessing: the rows that could not be used (counted, with their reason),
-the plan made again without them, and the shards that must be assembled because of it.
-Plain Python on the driver."""
+"""Repair after preprocessing, from the reject list alone: the budget of rejects, the plan made
+again without them (:func:`jobs.deal.deal_from_counts` with their slots), and the shards that
+must be assembled because of it. Plain Python on the driver; it never sees a row that was not
+rejected (the assembly tasks find their rows themselves, :func:`jobs.assemble.locate_and_assemble`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.assemble import SOURCE_SCHEMA, AssembleTask
-from jobs.plan import ShardPlan
+from jobs.deal import Deal
 from jobs.preprocess import SegmentTask
-from jobs.segments import rows_by_shard
-from jobs.settings import ShardConfig
-from jobs.staging import assembled_shard, staged_shard
-from lakeshard.errors import RejectFractionError, ShardError
-from lakeshard.format import SHARD_REJECTS_SCHEMA
+from lakeshard.errors import RejectFractionError
 
-__all__ = ["assemble_tasks", "check_reject_budget", "rejected_rows", "replan"]
-
-
-def rejected_rows(rows: pa.Table, outcomes: pa.Table) -> pa.Table:
-    """One row per manifest row that could not be used (:data:`SHARD_REJECTS_SCHEMA`), by key.
-    A row preprocessed twice (a pad copy) is one reject."""
-    failed = outcomes.filter(pc.is_null(outcomes["row"]))
-    reason: dict[str, str] = {}
-    for uri, why in zip(failed["uri"].to_pylist(), failed["reason"].to_pylist(), strict=True):
-        reason.setdefault(uri, why)
-    hit = rows.filter(pc.is_in(rows["uri"], value_set=pa.array(list(reason), pa.string())))
-    hit = hit.append_column("reason", pa.array([reason[u] for u in hit["uri"].to_pylist()], pa.string()))
-    return hit.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA).sort_by("key")
+__all__ = ["changed_shards", "check_reject_budget", "final_deals", "moved_from", "outcome_sources"]
 
 
 def check_reject_budget(rejects: pa.Table, total: int, *, max_fraction: float, root: str) -> None:
@@ -43,60 +26,40 @@ def check_reject_budget(rejects: pa.Table, total: int, *, max_fraction: float, r
             f"(> max_reject_fraction={max_fraction:g}); first: {sample}")
 
 
-def replan(ordered: dict[str, pa.Table], first: dict[str, ShardPlan], rejects: pa.Table,
-           plan: Callable[[str, Any], ShardPlan]) -> dict[str, ShardPlan]:
+def final_deals(first: dict[str, Deal], rejects: pa.Table, plan: Callable[[str, list[int]], Deal]) -> dict[str, Deal]:
     """The final plan of each channel: its first plan if none of its rows was rejected, else
-    ``plan(channel, rejected_mask)``."""
-    plans = {}
-    for c, rows in ordered.items():
-        hit = pc.is_in(rows["uri"], value_set=rejects["uri"]).to_numpy(zero_copy_only=False)
-        plans[c] = plan(c, hit) if hit.any() else first[c]
-    return plans
+    ``plan(channel, rejected_slots)``."""
+    deals = {}
+    for channel, deal in first.items():
+        slots = rejects.filter(pc.equal(rejects["channel"], channel))["slot"].to_pylist()
+        deals[channel] = plan(channel, slots) if slots else deal
+    return deals
 
 
-def assemble_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, ShardPlan],
-                   tasks: list[SegmentTask], outcomes: pa.Table, cfg: ShardConfig,
-                   meta: dict[str, Any]) -> tuple[list[AssembleTask], dict[tuple[str, int], str]]:
-    """Compare the final plan with what preprocessing wrote. A shard written whole whose rows are
-    the plan's, in its order, is done; every other shard is assembled from preprocessed rows
-    (its own segments first, then rows the repair moved in from other shards).
+def changed_shards(first: Deal, final: Deal, *, written: set[int]) -> set[int]:
+    """The shards whose rows (or their order) differ between the files written for the first
+    plan and the final plan. A shard's order depends only on the rows in it, so only shards that
+    gain or lose a row or a pad copy change. ``written``: the rejected slots whose row was
+    written all the same (only a pad copy of it failed)."""
+    changed = {first.shard_of(g) for g in written}
+    for slot in set(first.moved) | set(final.moved):
+        was, now = first.shard_of(slot), final.shard_of(slot)
+        if was != now and slot not in final.rejected:
+            changed |= {was, now}
+    changed |= {s for g, s, _ in first.pads if g in final.rejected}  # a copy that may have been written
+    changed |= {s for _, s, _ in set(first.pads) ^ set(final.pads)}
+    return changed - {-1}
 
-    Returns the assemble tasks and, by (channel, shard), the file that holds each shard once they
-    are done (an assembled shard is written beside and moved into place afterwards).
-    """
-    ok = outcomes.filter(pc.is_valid(outcomes["row"]))
-    anywhere: dict[str, tuple[str, int]] = {}
-    by_file: dict[str, list[tuple[str, int]]] = {}
-    for uri, file, row in zip(ok["uri"].to_pylist(), ok["file"].to_pylist(), ok["row"].to_pylist(), strict=True):
-        anywhere.setdefault(uri, (file, row))
-        by_file.setdefault(file, []).append((uri, row))
-    written_rows = {t.uri: t.rows for t in tasks}
-    files_of: dict[tuple[str, int], list[str]] = {}
-    for t in tasks:
-        files_of.setdefault((t.metadata["channel"], t.metadata["shard_index"]), []).append(t.uri)
 
-    repairs: list[AssembleTask] = []
-    final: dict[tuple[str, int], str] = {}
-    for channel, plan in plans.items():
-        for shard, want in enumerate(rows_by_shard(ordered[channel], plan)):
-            uri = staged_shard(staging, channel, shard, cfg.num_shards)
-            final[(channel, shard)] = uri
-            if uri in written_rows:
-                have = written_rows[uri]
-                have = have.filter(pc.is_in(have["uri"], value_set=ok["uri"]))
-                if have.select(["uri", "is_pad"]).equals(want.select(["uri", "is_pad"])):
-                    continue
-            own = {u: (f, r) for f in files_of[(channel, shard)] for u, r in by_file.get(f, [])}
-            where = [own.get(u) or anywhere[u] for u in want["uri"].to_pylist()]
-            sources = pa.table({"file": [f for f, _ in where], "row": [r for _, r in where],
-                                "is_pad": want["is_pad"]}, schema=SOURCE_SCHEMA)
-            # Assembled beside, moved into place when every assembly is done: this shard's file
-            # may be another assembly's source.
-            beside = assembled_shard(staging, channel, shard, cfg.num_shards)
-            repairs.append(AssembleTask(uri=beside, sources=sources, row_group_bytes=cfg.row_group_size,
-                                        metadata={**meta, "channel": channel, "shard_index": shard}))
-            final[(channel, shard)] = beside
-    read = {f for t in repairs for f in t.sources["file"].unique().to_pylist()}
-    if overwritten := read & {t.uri for t in repairs}:  # assemblies run at the same time
-        raise ShardError(f"an assembly would overwrite a file other assemblies read: {sorted(overwritten)[:3]}")
-    return repairs, final
+def moved_from(first: Deal, final: Deal, shard: int) -> set[int]:
+    """The shards of the first plan (-1: its spare rows) that hold rows the final plan puts in
+    ``shard``, other than ``shard`` itself: where an assembly of ``shard`` looks for its rows."""
+    came = {first.shard_of(g) for g in set(first.moved) | set(final.moved)
+            if final.shard_of(g) == shard and first.shard_of(g) != shard}
+    came |= {first.shard_of(g) for g, s, _ in final.pads if s == shard}
+    return came - {shard}
+
+
+def outcome_sources(tasks: list[SegmentTask]) -> tuple[tuple[str, str], ...]:
+    """(outcomes file, segment file) of each task."""
+    return tuple((t.outcomes, t.uri) for t in tasks if t.outcomes is not None)

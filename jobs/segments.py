@@ -1,5 +1,7 @@
 """Cut the shard plan into preprocessing tasks: each shard whole into its file, or in segments
-written apart and assembled afterwards. Plain Python on the driver."""
+written apart and assembled afterwards. Plain Python on the driver, from the plan's counts: a
+task names its rows as a slice of its shard's order file (:mod:`jobs.plan_tasks`), which it
+reads on its worker."""
 
 from __future__ import annotations
 
@@ -7,59 +9,58 @@ import math
 from itertools import pairwise
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
-from jobs.plan import ShardPlan
-from jobs.preprocess import SEGMENT_SCHEMA, SegmentTask
+from jobs.deal import Deal
+from jobs.preprocess import SegmentTask
 from jobs.settings import ShardConfig
-from jobs.staging import RUNS, receipt_uri, staged_shard
+from jobs.staging import RUNS, outcomes_uri, receipt_uri, staged_shard
 from lakeshard import storage
 from lakeshard.format import channel_dirname
 
-__all__ = ["rows_by_shard", "segment_tasks"]
+__all__ = ["SPARE", "order_uri", "segment_cuts", "segment_tasks"]
+
+#: The shard index of a channel's spare rows (those the remainder policy drops).
+SPARE = -1
 
 
-def rows_by_shard(rows: pa.Table, plan: ShardPlan) -> list[pa.Table]:
-    """Each shard's rows in position order (:data:`SEGMENT_SCHEMA`)."""
-    order = np.lexsort((plan.position, plan.shard))
-    source = pa.array(plan.source[order], pa.int64())
-    table = pa.table({"uri": rows["uri"].take(source), "key": rows["key"].take(source),
-                      "label_index": rows["label_index"].take(source),
-                      "is_pad": pa.array(plan.is_pad[order], pa.bool_()),
-                      "size": rows["size"].take(source), "etag": rows["etag"].take(source)}, schema=SEGMENT_SCHEMA)
-    cuts = np.searchsorted(plan.shard[order], np.arange(plan.num_shards + 1))
-    return [table.slice(int(a), int(b - a)) for a, b in pairwise(cuts)]
+def segment_cuts(rows: int, segment_rows: int) -> tuple[int, ...]:
+    """Where a shard of ``rows`` rows is cut into segments of 0.67-1.5x ``segment_rows`` rows:
+    ``(0, rows)`` for a shard preprocessed whole."""
+    pieces = max(1, round(rows / segment_rows))
+    size = math.ceil(rows / pieces)
+    return (*(min(j * size, rows) for j in range(pieces)), rows)
 
 
-def segment_tasks(staging: str, ordered: dict[str, pa.Table], plans: dict[str, ShardPlan], cfg: ShardConfig,
-                  meta: dict[str, Any], *, segment_rows: int, decode_threads: int) -> list[SegmentTask]:
+def order_uri(staging: str, plan: str, channel: str, shard: int) -> str:
+    """The order file of ``shard`` (or the spare rows) of ``channel`` in plan ``plan``."""
+    name = "spare.parquet" if shard == SPARE else f"{shard:05d}.parquet"
+    return storage.join(staging, RUNS, f"order-{plan}", channel_dirname(channel), name)
+
+
+def segment_tasks(staging: str, deals: dict[str, Deal], orders: dict[tuple[str, int], dict[str, Any]],
+                  cfg: ShardConfig, meta: dict[str, Any], *, segment_rows: int,
+                  decode_threads: int) -> list[SegmentTask]:
     """Preprocessing tasks for the first plan: each shard whole into its file, or, if it has more
     than ``segment_rows`` rows, in segments written apart and assembled afterwards. The rows the
     remainder policy left out are preprocessed too (a spare task per channel), in case rejects
-    change the plan."""
+    change the plan. ``orders`` holds each order task's result by (channel, shard)."""
     tasks = []
 
-    def task(uri: str, rows: pa.Table, channel: str, shard: int) -> SegmentTask:
-        return SegmentTask(uri=uri, rows=rows, spec=cfg.image_spec(), threads=cfg.threads,
-                           receipt=receipt_uri(staging, uri), decode_threads=decode_threads,
+    def task(uri: str, order: dict[str, Any], j: int, span: tuple[int, int], channel: str, shard: int) -> SegmentTask:
+        return SegmentTask(uri=uri, rows=None, source=(order["uri"], span[0], span[1] - span[0]),
+                           digest=order["digests"][j], spec=cfg.image_spec(), threads=cfg.threads,
+                           receipt=receipt_uri(staging, uri), outcomes=outcomes_uri(staging, uri),
+                           decode_threads=decode_threads,
                            row_group_bytes=cfg.row_group_size, metadata={**meta, "channel": channel, "shard_index": shard})
 
-    for channel, plan in plans.items():
-        rows = ordered[channel]
-        for shard, mine in enumerate(rows_by_shard(rows, plan)):
-            pieces = max(1, round(mine.num_rows / segment_rows))  # segments of 0.67-1.5x segment_rows
-            if pieces == 1:
-                tasks.append(task(staged_shard(staging, channel, shard, cfg.num_shards), mine, channel, shard))
-                continue
-            size = math.ceil(mine.num_rows / pieces)
-            for j in range(pieces):
-                uri = storage.join(staging, RUNS, channel_dirname(channel), f"{shard:05d}-{j:05d}.parquet")
-                tasks.append(task(uri, mine.slice(j * size, size), channel, shard))
-        if len(plan.dropped):
-            spare = rows.take(pa.array(plan.dropped, pa.int64()))
-            spare = pa.table({"uri": spare["uri"], "key": spare["key"], "label_index": spare["label_index"],
-                              "is_pad": pa.array([False] * spare.num_rows), "size": spare["size"],
-                              "etag": spare["etag"]}, schema=SEGMENT_SCHEMA)
-            tasks.append(task(storage.join(staging, RUNS, channel_dirname(channel), "spare.parquet"), spare, channel, -1))
+    for channel, deal in deals.items():
+        cuts = segment_cuts(deal.rows_per_shard, segment_rows)
+        for shard in range(deal.num_shards):
+            order = orders[(channel, shard)]
+            for j, span in enumerate(pairwise(cuts)):
+                uri = staged_shard(staging, channel, shard, cfg.num_shards) if len(cuts) == 2 else \
+                    storage.join(staging, RUNS, channel_dirname(channel), f"{shard:05d}-{j:05d}.parquet")
+                tasks.append(task(uri, order, j, span, channel, shard))
+        if deal.dropped:
+            uri = storage.join(staging, RUNS, channel_dirname(channel), "spare.parquet")
+            tasks.append(task(uri, orders[(channel, SPARE)], 0, (0, len(deal.dropped)), channel, SPARE))
     return tasks

@@ -9,14 +9,17 @@ with equal row counts and every class spread evenly (at most one apart), rows sh
 each shard; images that fail (or were replaced since the manifest was built) go to the shard rejects table;
 ``dataset.json`` comes last, then ``report.html`` (a report that fails is a warning, not a failed job).
 
-Check the inputs (:mod:`jobs.inputs`, before the engine starts) -> extract (manifest rows) -> plan on the driver (:mod:`jobs.plan`) -> preprocess on the workers
+Check the inputs (:mod:`jobs.inputs`, before the engine starts) -> plan from the manifest's class
+counts on the driver (:mod:`jobs.deal`), each row's slot and each shard's order on the workers
+(:mod:`jobs.plan_tasks`: the driver never holds the manifest's rows) -> preprocess on the workers
 (:mod:`jobs.preprocess`: fetch, decode, orient, RGB, resize, encode), each task writing its shard's rows straight into
-the shard's file in a staging folder -> repair: if images were rejected, re-plan without them
-(the plan moves as few rows as it can) and assemble the shards that changed from rows already
+the shard's file in a staging folder -> repair: if images were rejected, re-plan without them, from
+the reject list alone (the plan moves as few rows as it can), and assemble the shards that changed from rows already
 preprocessed (:mod:`jobs.repair`, :mod:`jobs.assemble`) -> commit (:mod:`jobs.commit`): move the staging folder into place
 (locally; on S3 it is the version folder), then write ``dataset.json``. A
 reader sees the old dataset, no dataset, or the new one, never a part. No image is sent through
-the engine: a task reads it from the lake and writes it to its shard.
+the engine: a task reads it from the lake and writes it to its shard; the tasks return counts
+and rejects, not a row per image.
 
 Resume: the staging folder is named after everything its files depend on, and each
 preprocessing task writes a receipt once its file is complete; a rerun of a killed job reuses
@@ -37,22 +40,39 @@ if __name__ == "__main__" and not __package__:
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.assemble import assemble_shard
-from jobs.commit import commit, place_assembled
+from jobs.assemble import RepairTask, locate_and_assemble
+from jobs.commit import commit, place_assembled, staged_rejects
 from jobs.dataset_info import dataset_info, dataset_version
+from jobs.deal import Deal, deal_from_counts
 from jobs.engines import Engine
 from jobs.engines.cli import job_parser, run_job
-from jobs.inputs import channel_rows, check_shard_inputs, read_manifest
-from jobs.plan import ShardPlan, make_plan
-from jobs.preprocess import OUTCOME_SCHEMA, SegmentTask, preprocess_segment
-from jobs.repair import assemble_tasks, check_reject_budget, rejected_rows, replan
+from jobs.inputs import check_shard_inputs
+from jobs.plan_tasks import OrderTask, SlotTask, order_rows, slot_rows
+from jobs.preprocess import (
+    REJECT_SCHEMA,
+    RejectsTask,
+    SegmentTask,
+    preprocess_segment,
+    unique_rejects,
+    write_rejects,
+)
+from jobs.repair import changed_shards, check_reject_budget, final_deals, moved_from, outcome_sources
 from jobs.report import write_report
-from jobs.segments import segment_tasks
+from jobs.segments import SPARE, order_uri, segment_cuts, segment_tasks
 from jobs.settings import ShardConfig
-from jobs.staging import finished, rejects_path, staging_folder
+from jobs.staging import (
+    RUNS,
+    assembled_shard,
+    finished,
+    rejects_path,
+    staged_shard,
+    staging_folder,
+    versioned,
+)
 from jobs.tasks import each, pack
 from lakeshard import storage
-from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo
+from lakeshard.errors import ShardError
+from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo, channel_dirname
 
 __all__ = ["dataset_version", "main", "parser", "run"]
 
@@ -61,6 +81,17 @@ log = logging.getLogger("jobs.shard")
 #: Rows preprocessed by one task at most, when ``--partitions`` is not given: a shard with more
 #: rows is cut into segments, preprocessed by several tasks and then assembled.
 _ROWS_PER_TASK = 2000
+
+#: Rows given their slots by one task at most (a group of classes; a larger class is one task).
+_ROWS_PER_SLOT_TASK = 500_000
+
+
+def _run(engine: Engine, fn: Any, items: list[Any], sizes: list[int], slots: int) -> list[Any]:
+    """``fn`` over ``items`` on the engine, packed into at most ``slots`` tasks by ``sizes``."""
+    if not items:
+        return []
+    bins = pack(items, sizes, slots)
+    return engine.map_partitions(each(fn), bins, partitions=len(bins))
 
 
 def _preprocess(engine: Engine, tasks: list[SegmentTask], reused: dict[str, dict[str, Any]], *,
@@ -71,13 +102,64 @@ def _preprocess(engine: Engine, tasks: list[SegmentTask], reused: dict[str, dict
     if reused:
         log.info("resuming: %d of %d segments (%d images) were preprocessed by an interrupted run of this job; "
                  "reusing them (--no-resume starts over)", len(reused), len(tasks),
-                 sum(r["outcomes"].num_rows for r in reused.values()))
-    bins = pack(todo, [t.rows.num_rows for t in todo], slots)
+                 sum(r["rows"] for r in reused.values()))
     log.info("preprocessing %d images (%s) straight into %d shard files: %d segments in %d tasks on %s",
-             sum(t.rows.num_rows for t in todo), ", ".join(channels), len(channels) * num_shards, len(todo),
-             len(bins), engine.name)
-    done = engine.map_partitions(each(preprocess_segment), bins, partitions=len(bins)) if bins else []
-    return [*reused.values(), *done], len(todo), sum(d["outcomes"].num_rows for d in done)
+             sum(t.num_rows for t in todo), ", ".join(channels), len(channels) * num_shards, len(todo),
+             len(pack(todo, [t.num_rows for t in todo], slots)) if todo else 0, engine.name)
+    done = _run(engine, preprocess_segment, todo, [t.num_rows for t in todo], slots)
+    return [*reused.values(), *done], len(todo), sum(d["rows"] for d in done)
+
+
+def _classes(marker: dict[str, Any], channel: str) -> list[tuple[str, int, int]]:
+    """(label, label index, rows) of each class of ``channel`` with rows, from the manifest's
+    marker (``counts.classes``): the aggregates the plan is made from."""
+    counts = marker["counts"]["classes"][channel]
+    return sorted(((name, int(marker["labels"][name]), int(n)) for name, n in counts.items() if n),
+                  key=lambda c: c[1])
+
+
+def _slot_parts(engine: Engine, staging: str, root: str, deals: dict[str, Deal],
+                classes: dict[str, list[tuple[str, int, int]]]) -> dict[str, tuple[str, ...]]:
+    """Give every row its slot on the workers, a task per group of classes; the slot parts of each channel."""
+    tasks = []
+    total = sum(d.total for d in deals.values())
+    for channel, deal in deals.items():
+        mine = classes[channel]
+        # The engine's cores shared by the channels, by rows, and no task over _ROWS_PER_SLOT_TASK rows
+        # (but a class whole): an engine task costs tenths of a second to schedule on Spark.
+        wanted = max(1, round(engine.parallelism * deal.total / total), math.ceil(deal.total / _ROWS_PER_SLOT_TASK))
+        groups = pack(mine, [n for _, _, n in mine], wanted)
+        for i, group in enumerate(sorted(groups, key=lambda g: min(c[1] for c in g))):
+            tasks.append(SlotTask(root=root, channel=channel, seed=deal.seed, num_shards=deal.num_shards,
+                                  classes=tuple((name, i_, deal.class_start(i_), n) for name, i_, n in sorted(group, key=lambda c: c[1])),
+                                  uri=storage.join(staging, RUNS, "slots", channel_dirname(channel), f"part-{i:05d}.parquet")))
+    done = _run(engine, slot_rows, tasks, [sum(c[3] for c in t.classes) for t in tasks], len(tasks))
+    if sum(d["rows"] for d in done) != sum(d.total for d in deals.values()):
+        raise ShardError(f"the slot tasks gave {sum(d['rows'] for d in done)} rows their slots, "
+                         f"the plan counts {sum(d.total for d in deals.values())}")  # slot_rows checks each class
+    return {c: tuple(t.uri for t in tasks if t.channel == c) for c in deals}
+
+
+def _order(engine: Engine, staging: str, name: str, deals: dict[str, Deal], shards: dict[str, list[int]],
+           parts: dict[str, tuple[str, ...]], *, segment_rows: int) -> dict[tuple[str, int], dict[str, Any]]:
+    """Write the order file of each of ``shards`` of each channel of plan ``name`` on the workers,
+    in as many engine tasks as it has cores."""
+    tasks = []
+    for channel, deal in deals.items():
+        for k, shard in enumerate(shards[channel]):
+            rows = len(deal.dropped) if shard == SPARE else deal.rows_per_shard
+            cuts = (0, rows) if shard == SPARE else segment_cuts(rows, segment_rows)
+            tasks.append(OrderTask(deal=deal, shard=shard, parts=parts[channel], cuts=cuts, report=k == 0,
+                                   uri=order_uri(staging, name, channel, shard)))
+    done = _run(engine, order_rows, tasks, [t.cuts[-1] for t in tasks], engine.parallelism)
+    return {(d["channel"], d["shard"]): d for d in done}
+
+
+def _named(deal: Deal, known: dict[int, tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """The URIs of the deal's dropped and padded rows (a padded row once per copy), by key."""
+    def uris(slots: tuple[int, ...]) -> list[str]:
+        return [known[g][1] for g in sorted(slots, key=lambda g: known[g])]
+    return uris(deal.dropped), uris(deal.padded)
 
 
 def _write_report(root: str, info: DatasetInfo) -> None:
@@ -93,56 +175,99 @@ def _write_report(root: str, info: DatasetInfo) -> None:
 def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
     """Run the job; return what it wrote to ``dataset.json``."""
     job = check_shard_inputs(cfg)
-    root, channels = job.root, job.channels
+    root, channels, n = job.root, job.channels, cfg.num_shards
     # The old dataset stays readable until the commit: a run that fails (a denied object, an
     # outage) or is killed before it leaves it as it was.
     storage.remove_temporaries(root)  # a killed run's half-written files (kept staging included)
 
-    rows = read_manifest(root, channels)
-    ordered = {c: channel_rows(rows, c) for c in channels}
-    meta = {"dataset_version": job.version, "num_shards": cfg.num_shards, "format_version": FORMAT_VERSION,
+    # The plan from the manifest's counts; the rows stay on the workers (jobs.deal, jobs.plan_tasks).
+    classes = {c: _classes(job.marker, c) for c in channels}
+
+    def deal(channel: str, rejected: list[int] | None = None) -> Deal:
+        return deal_from_counts({i: rows for _, i, rows in classes[channel]}, num_shards=n, seed=job.seed,
+                                channel=channel, remainder=cfg.remainder, rejected=rejected or ())
+
+    first = {c: deal(c) for c in channels}
+    total = sum(d.total for d in first.values())
+    meta = {"dataset_version": job.version, "num_shards": n, "format_version": FORMAT_VERSION,
             "image_format": cfg.image_format, "image_size": cfg.image_size}
-
-    def plan(channel: str, rejected: Any = None) -> ShardPlan:
-        mine = ordered[channel]
-        return make_plan(mine["key"].to_pylist(), mine["label_index"].to_pylist(), num_shards=cfg.num_shards,
-                         seed=job.seed, channel=channel, remainder=cfg.remainder, rejected=rejected)
-
-    first = {c: plan(c) for c in channels}
     # One task per core, or more when each would get over _ROWS_PER_TASK rows. A task uses its
     # core to the end whatever the others do: fewer, longer tasks leave fewer gaps between tasks.
-    wanted = cfg.partitions or max(engine.parallelism, math.ceil(rows.num_rows / _ROWS_PER_TASK))
-    segment_rows = math.ceil(rows.num_rows / wanted)
+    wanted = cfg.partitions or max(engine.parallelism, math.ceil(total / _ROWS_PER_TASK))
+    segment_rows = math.ceil(total / wanted)
     # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
     slots = engine.parallelism * math.ceil(wanted / engine.parallelism)
     staging = staging_folder(root, job.version, cfg, segment_rows, resume=cfg.resume)
-    tasks = segment_tasks(staging, ordered, first, cfg, meta, segment_rows=segment_rows,
+
+    parts = _slot_parts(engine, staging, root, first, classes)
+    shards = {c: [*range(n), *([SPARE] if d.dropped else [])] for c, d in first.items()}
+    orders = _order(engine, staging, "first", first, shards, parts, segment_rows=segment_rows)
+    known = {c: dict(orders[(c, 0)].get("named", {})) for c in channels}
+    tasks = segment_tasks(staging, first, orders, cfg, meta, segment_rows=segment_rows,
                           decode_threads=cfg.decode_threads or engine.task_cpus)
     reused = finished(staging, tasks)
-    done, ran, decoded = _preprocess(engine, tasks, reused, slots=slots, channels=channels, num_shards=cfg.num_shards)
-    outcomes = pa.concat_tables([d["outcomes"] for d in done]) if done else OUTCOME_SCHEMA.empty_table()
+    done, ran, decoded = _preprocess(engine, tasks, reused, slots=slots, channels=channels, num_shards=n)
     written = {d["uri"]: d["stats"] for d in done}
 
-    rejects = rejected_rows(rows, outcomes)
-    check_reject_budget(rejects, rows.num_rows, max_fraction=cfg.max_reject_fraction, root=root)
-    plans = replan(ordered, first, rejects, plan)
-    log.info("plan: %s", ", ".join(f"{c}={plans[c].rows_per_shard}×{cfg.num_shards}" for c in channels))
-    repairs, final = assemble_tasks(staging, ordered, plans, tasks, outcomes, cfg, meta)
+    failed = pa.concat_tables([d["rejects"] for d in done]) if done else REJECT_SCHEMA.empty_table()
+    rejects = unique_rejects(failed)
+    check_reject_budget(rejects, total, max_fraction=cfg.max_reject_fraction, root=root)
+    plans = final_deals(first, rejects, deal)
+    log.info("plan: %s", ", ".join(f"{c}={plans[c].rows_per_shard}×{n}" for c in channels))
+
+    # Repair: the shards the rejects changed, and those preprocessed in segments, are assembled.
+    by_shard: dict[tuple[str, int], list[SegmentTask]] = {}
+    for t in tasks:
+        by_shard.setdefault((t.metadata["channel"], t.metadata["shard_index"]), []).append(t)
+    need: dict[str, list[int]] = {}
+    for c in channels:
+        mine = failed.filter(pc.equal(failed["channel"], c))
+        whole = set(mine.filter(pc.invert(mine["is_pad"]))["slot"].to_pylist())
+        changed = changed_shards(first[c], plans[c], written=set(mine["slot"].to_pylist()) - whole) \
+            if plans[c] is not first[c] else set()
+        need[c] = sorted(changed | {s for s in range(n) if len(by_shard[(c, s)]) > 1})
+    redone = {c for c in channels if plans[c] is not first[c] and need[c]}
+    final_orders = _order(engine, staging, "final", {c: plans[c] for c in redone}, need, parts,
+                          segment_rows=segment_rows) if redone else {}
+    for c in redone:
+        known[c].update(final_orders[(c, need[c][0])].get("named", {}))
+    repairs: list[RepairTask] = []
+    final = {(c, s): staged_shard(staging, c, s, n) for c in channels for s in range(n)}
+    for c in channels:
+        for s in need[c]:
+            sources = moved_from(first[c], plans[c], s) if c in redone else set()
+            beside = assembled_shard(staging, c, s, n)
+            repairs.append(RepairTask(
+                uri=beside, order=(final_orders if c in redone else orders)[(c, s)]["uri"],
+                own=outcome_sources(by_shard[(c, s)]),
+                others=outcome_sources([t for k in sorted(sources) for t in by_shard.get((c, k), [])]),
+                metadata={**meta, "channel": c, "shard_index": s}, row_group_bytes=cfg.row_group_size))
+            final[(c, s)] = beside
     if repairs:
         log.info("assembling %d of %d shard files from preprocessed rows (%d images rejected)", len(repairs),
-                 len(channels) * cfg.num_shards, rejects.num_rows)
-        bins = pack(repairs, [t.sources.num_rows for t in repairs], slots)
-        written.update({d["uri"]: d["stats"] for d in engine.map_partitions(each(assemble_shard), bins, partitions=len(bins))})
-    paths = place_assembled(root, staging, final, tasks, num_shards=cfg.num_shards)
+                 len(channels) * n, rejects.num_rows)
+        sizes = [plans[r.metadata["channel"]].rows_per_shard for r in repairs]
+        written.update({d["uri"]: d["stats"] for d in _run(engine, locate_and_assemble, repairs, sizes, slots)})
+    # The rejects table, from the receipts of the segments that had rejects (before
+    # place_assembled, which removes the receipts of the files assembled shards replace).
+    results = {d["uri"]: d for d in done}
+    with_rejects = tuple(t.receipt for t in tasks if t.receipt is not None and results[t.uri]["rejects"].num_rows)
+    # On S3 straight into the version folder (no copy at the commit); locally into the staging
+    # folder, moved into place by the commit.
+    table = RejectsTask(root=root, relpath=rejects_path(staging), receipts=with_rejects) if versioned(staging) \
+        else RejectsTask(root=staged_rejects(staging), receipts=with_rejects)
+    _run(engine, write_rejects, [table], [1], 1)
+    paths = place_assembled(root, staging, final, tasks, num_shards=n)
 
     stats = [{"channel": c, "shard": s, "path": paths[(c, s)], **written[uri]} for (c, s), uri in final.items()]
     reject_counts = {c: int(pc.sum(pc.equal(rejects["channel"], c)).as_py() or 0) for c in channels}
     info = dataset_info(cfg, marker=job.marker, version=job.version, seed=job.seed, engine=engine.name,
-                        plans=plans, ordered=ordered, stats=stats, reject_counts=reject_counts,
+                        deals=plans, named={c: _named(plans[c], known[c]) for c in channels}, stats=stats,
+                        reject_counts=reject_counts,
                         build=BuildInfo(preprocess_tasks=ran, preprocessed=decoded, reused_segments=len(reused),
                                         assembled_shards=len(repairs)),
                         rejects_path=rejects_path(staging))
-    commit(root, staging, stats=stats, plans=plans, rejects=rejects, info=info)
+    commit(root, staging, stats=stats, plans=plans, info=info)
     log.info("dataset %s committed at %s", job.version, root)
     _write_report(root, info)
     return info

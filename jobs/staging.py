@@ -34,7 +34,7 @@ from lakeshard.format import (
     versions_uri,
 )
 
-__all__ = ["RUNS", "assembled_shard", "finished", "library_versions", "preprocessing_code", "receipt_uri",
+__all__ = ["RUNS", "assembled_shard", "finished", "library_versions", "outcomes_uri", "preprocessing_code", "receipt_uri",
            "rejects_path", "staged_shard", "staging_folder", "staging_root", "versioned"]
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,11 @@ def assembled_shard(staging: str, channel: str, shard: int, count: int) -> str:
 def receipt_uri(staging: str, uri: str) -> str:
     """The receipt of the segment file ``uri`` (inside ``staging``)."""
     return storage.join(staging, RUNS, "receipts", uri[len(staging) + 1 :])
+
+
+def outcomes_uri(staging: str, uri: str) -> str:
+    """Where the segment file ``uri`` (inside ``staging``) says where it wrote each row."""
+    return storage.join(staging, RUNS, "outcomes", uri[len(staging) + 1 :])
 
 
 def staging_folder(root: str, version: str, cfg: ShardConfig, segment_rows: int, *, resume: bool) -> str:
@@ -150,8 +155,9 @@ def library_versions() -> dict[str, str]:
 
 def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]]:
     """The results of the segments an earlier run of this job finished: those whose receipt is
-    there, names the same rows, and whose file has the size the receipt says (one listing, then
-    one read per receipt)."""
+    there, names the same rows (their digest), and whose file has the size the receipt says and
+    whose outcomes are there (one listing, then one read per receipt: a receipt holds the
+    segment's rejects, not a row per image)."""
     fs, path = storage.filesystem(staging)
     try:
         found = fs.find(path, detail=True)
@@ -168,7 +174,9 @@ def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]
             log.warning("ignoring the unreadable receipt %s: %s", p, exc)
             continue
         segment = found.get(storage.filesystem(task.uri)[1])
+        outcomes = task.outcomes is None or storage.filesystem(task.outcomes)[1] in found
         if (result["uri"] == task.uri and segment is not None and segment["size"] == result["stats"]["bytes"]
-                and result["outcomes"]["uri"].equals(task.rows["uri"])):
+                and outcomes and result["rows"] == task.num_rows
+                and result.pop("digest") == task.expected_digest()):
             reused[task.uri] = result
     return reused

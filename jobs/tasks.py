@@ -1,5 +1,5 @@
-"""Work items on an engine: how a task travels (compacted) and how tasks are packed into the
-engine's partitions. Nothing here knows about Spark or Dask."""
+"""Work items on an engine: how a task travels (compacted), how tasks are packed into the
+engine's partitions, and how a task writes a table. Nothing here knows about Spark or Dask."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-__all__ = ["compact", "each", "pack"]
+from lakeshard import storage
+
+__all__ = ["compact", "each", "pack", "write_table"]
 
 
 def compact(table: pa.Table) -> pa.Table:
@@ -42,3 +45,12 @@ class each:
 
     def __call__(self, groups: list[list[Any]]) -> list[Any]:
         return [self.fn(item) for group in groups for item in group]
+
+
+def write_table(uri: str, table: pa.Table, *, metadata: dict[bytes, bytes] | None = None,
+                row_group_size: int | None = None) -> None:
+    """Write ``table`` as Parquet to ``uri`` atomically (:func:`lakeshard.storage.write_bytes_atomic`)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(metadata) if metadata else table, sink,
+                   row_group_size=row_group_size)
+    storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes())

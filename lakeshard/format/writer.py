@@ -142,10 +142,11 @@ class ShardWriter:
         }
 
 
-def write_shard_rejects(root: str, rejects: pa.Table) -> str:
+def write_shard_rejects(root: str, rejects: pa.Table, *, relpath: str | None = None) -> str:
     """Write the shard job's rejects (:data:`SHARD_REJECTS_SCHEMA` columns, other columns
-    dropped) to :func:`~lakeshard.format.layout.shard_rejects_uri` atomically; return its URI."""
-    uri = shard_rejects_uri(root)
+    dropped) atomically to ``relpath`` below ``root`` (default:
+    :func:`~lakeshard.format.layout.shard_rejects_uri`, the local layout's); return its URI."""
+    uri = storage.join(root, relpath) if relpath else shard_rejects_uri(root)
     table = rejects.select([f.name for f in SHARD_REJECTS_SCHEMA]).cast(SHARD_REJECTS_SCHEMA)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)

@@ -150,11 +150,11 @@ def test_spark_jobs_killed_at_random_points_rerun_to_the_same_dataset(tmp_path: 
 #: The shard job's commit, step by step: (storage function, URI suffix, before/after).
 COMMIT_POINTS = [
     ("remove", "/dataset.json", "after"),  # the commit invalidated the old dataset
+    ("replace", "/rejects/shards.parquet", "after"),  # the workers' shard rejects in place, no dataset.json
     ("remove", "/shards", "before"),  # staging complete, old shards still in place
     ("remove", "/shards", "after"),  # old shards gone, new ones still staged
     ("move", "", "after"),  # new shards in place, staging root left over
-    ("remove", "/_staging", "after"),  # staging cleaned, no shard rejects, no dataset.json
-    ("write_bytes_atomic", "/rejects/shards.parquet", "after"),  # shard rejects written, no dataset.json
+    ("remove", "/_staging", "after"),  # staging cleaned, no dataset.json
     ("write_json_atomic", "/dataset.json", "before"),
 ]
 

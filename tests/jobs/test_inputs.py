@@ -5,6 +5,7 @@ with fewer ``--channels`` than the dataset has is refused, naming the channels i
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,11 @@ def manifested(tmp_path: Path, local_engine) -> Path:
 
 def test_bad_inputs_fail_before_any_engine_starts(manifested: Path, tmp_path: Path):
     ds = str(manifested)
+    uncounted = tmp_path / "uncounted"  # a marker without the class counts the plan is made from
+    shutil.copytree(manifested, uncounted)
+    marker = json.loads((uncounted / "manifests" / "_manifest.json").read_text())
+    del marker["counts"]["classes"]
+    (uncounted / "manifests" / "_manifest.json").write_text(json.dumps(marker))
     cases = [
         ("shard", ["--engine", "spark", "--dataset", str(tmp_path / "nothing-here")],
          f"no complete manifest at file://{tmp_path / 'nothing-here'}"),
@@ -50,6 +56,8 @@ def test_bad_inputs_fail_before_any_engine_starts(manifested: Path, tmp_path: Pa
         ("shard", ["--engine", "dask", "--dataset", ds, "--channels", "train,train"],
          "--channels 'train,train' names 'train' more than once"),
         ("shard", ["--engine", "dask", "--dataset", "ftp://host/ds"], "unsupported URI scheme 'ftp'"),
+        ("shard", ["--engine", "spark", "--dataset", str(uncounted)],
+         "has no class counts (counts.classes) for channel(s) ['test', 'train', 'validation']; run jobs/manifest.py again"),
         ("manifest", ["--engine", "spark", "--input", "ftp://host/raw", "--output", str(tmp_path / "o")],
          "unsupported URI scheme 'ftp'"),
         ("manifest", ["--engine", "dask", "--input", str(tmp_path / "no-lake"), "--output", str(tmp_path / "o")],

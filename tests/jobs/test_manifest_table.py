@@ -103,18 +103,34 @@ def test_distributed_manifest_equals_the_reference(tmp_path, local_engine, seed,
     assert not storage.exists(storage.join(out, "_staging", "manifest"))
 
 
-def test_every_class_is_whole_in_its_part(tmp_path, local_engine):
-    _random_lake(tmp_path / "raw", 4)
+def _parted_manifest(tmp_path, local_engine, seed: int) -> str:
+    """A random lake's manifest in parts of about 5 rows; its root."""
+    _random_lake(tmp_path / "raw", seed)
     out = str(tmp_path / "ds")
     manifest_job.run(ManifestConfig(input=str(tmp_path / "raw"), output=out, max_reject_fraction=1.0,
                                     split={"train": 0.5, "test": 0.5}, rows_per_part=5), local_engine)
-    out = storage.normalize(out)
+    return storage.normalize(out)
+
+
+def test_every_class_is_whole_in_its_part(tmp_path, local_engine):
+    out = _parted_manifest(tmp_path, local_engine, 4)
     parts = manifest_parts(out)
     assert len(channel_parts(out, "train")) == parts > 1
     for part in range(parts):
         rows = read_channel_rows(out, "all", part=part, columns=["key", "label"]).to_pylist()
         assert [r["key"] for r in rows] == sorted(r["key"] for r in rows)
         assert all(label_part(r["label"], parts) == part for r in rows)
+
+
+def test_the_rows_of_some_classes_are_read_from_their_parts_alone(tmp_path, local_engine):
+    out = _parted_manifest(tmp_path, local_engine, 5)
+    whole = read_channel(out, "train").to_pylist()
+    labels = sorted({r["label"] for r in whole})
+    some = labels[::2]
+    got = read_channel_rows(out, "train", labels=some, columns=["key", "label"])
+    assert got.column_names == ["key", "label"]
+    assert sorted(got["key"].to_pylist()) == sorted(r["key"] for r in whole if r["label"] in some)
+    assert read_channel_rows(out, "train", labels=[]).num_rows == 0
 
 
 def test_reading_a_manifest_without_parts_names_the_problem(tmp_path):

@@ -7,10 +7,11 @@ import pickle
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from jobs.assemble import SOURCE_SCHEMA, AssembleTask
 from jobs.images import ImageSpec
-from jobs.preprocess import SEGMENT_SCHEMA, SegmentTask, preprocess_segment
+from jobs.preprocess import SEGMENT_SCHEMA, SegmentTask, preprocess_segment, rows_digest
 from jobs.staging import finished
 from tests.helpers.lake import write_lake
 
@@ -21,7 +22,8 @@ def _task(lake: Path, staging: Path, paths: list[Path]) -> SegmentTask:
                      "size": [None] * len(paths), "etag": [None] * len(paths)}, schema=SEGMENT_SCHEMA)
     return SegmentTask(uri=f"file://{staging}/train/part-0.parquet", rows=rows, spec=ImageSpec(size=16, format="png"),
                        metadata={"channel": "train"}, row_group_bytes=1 << 20, threads=2,
-                       receipt=f"file://{staging}/_runs/receipts/train/part-0.parquet")
+                       receipt=f"file://{staging}/_runs/receipts/train/part-0.parquet",
+                       outcomes=f"file://{staging}/_runs/outcomes/train/part-0.parquet")
 
 
 def test_a_finished_segment_is_reused_and_a_damaged_one_is_not(tmp_path: Path):
@@ -36,11 +38,23 @@ def test_a_finished_segment_is_reused_and_a_damaged_one_is_not(tmp_path: Path):
     reused = finished(f"file://{staging}", [task])
     assert list(reused) == [task.uri]
     assert reused[task.uri]["stats"] == result["stats"]
-    assert reused[task.uri]["outcomes"].equals(result["outcomes"])
-    assert reused[task.uri]["outcomes"]["reason"].null_count == 6  # the broken image's reason came back too
+    assert reused[task.uri]["rows"] == result["rows"] == 7
+    assert reused[task.uri]["rejects"].equals(result["rejects"])
+    assert reused[task.uri]["rejects"].select(["key", "reason"]).to_pylist() == [
+        {"key": "broken.png", "reason": result["rejects"]["reason"][0].as_py()}]  # the reason came back too
+    assert result["rejects"]["reason"][0].as_py().startswith("cannot decode")
+    outcomes = pq.read_table(task.outcomes[len("file://"):])
+    assert outcomes["row"].to_pylist() == [0, 1, 2, 3, 4, 5, None]  # where each row was written
 
     other_rows = _task(tmp_path / "raw", staging, paths[:-1])  # same file name, other rows
     assert finished(f"file://{staging}", [other_rows]) == {}
+
+    outcomes_file = Path(task.outcomes[len("file://"):])
+    kept = outcomes_file.read_bytes()
+    outcomes_file.unlink()  # the assembly tasks could not find the segment's rows
+    assert finished(f"file://{staging}", [task]) == {}
+    outcomes_file.write_bytes(kept)
+    assert list(finished(f"file://{staging}", [task])) == [task.uri]
 
     segment = staging / "train" / "part-0.parquet"
     segment.write_bytes(segment.read_bytes()[:-10])  # a file cut short: the receipt no longer vouches for it
@@ -48,6 +62,30 @@ def test_a_finished_segment_is_reused_and_a_damaged_one_is_not(tmp_path: Path):
 
     segment.unlink()
     assert finished(f"file://{staging}", [task]) == {}
+
+
+def test_a_segment_read_from_its_order_file_is_reused_only_for_the_same_rows(tmp_path: Path):
+    """A task that names its rows as a slice of an order file (the driver never holds them) is
+    matched to its receipt by the digest of those rows."""
+    paths = write_lake(tmp_path / "raw", {"a": 8})
+    rows = _task(tmp_path / "raw", tmp_path / "s", paths).rows
+    order = tmp_path / "order.parquet"
+    pq.write_table(rows, order)
+    staging = tmp_path / "staging"
+
+    def task(offset: int, length: int, digest: str) -> SegmentTask:
+        return SegmentTask(uri=f"file://{staging}/train/seg.parquet", rows=None, source=(f"file://{order}", offset, length),
+                           digest=digest, spec=ImageSpec(size=16, format="png"), metadata={"channel": "train"},
+                           row_group_bytes=1 << 20, threads=0, receipt=f"file://{staging}/_runs/receipts/train/seg.parquet")
+
+    mine = task(2, 5, rows_digest(rows.slice(2, 5)))
+    result = preprocess_segment(mine)
+    assert result["rows"] == 5 and result["rejects"].num_rows == 0
+    written = pq.read_table(staging / "train" / "seg.parquet", columns=["uri"])["uri"].to_pylist()
+    assert written == rows["uri"].to_pylist()[2:7]
+    assert list(finished(f"file://{staging}", [mine])) == [mine.uri]
+    shifted = task(3, 5, rows_digest(rows.slice(3, 5)))  # same file, other rows
+    assert finished(f"file://{staging}", [shifted]) == {}
 
 
 def test_a_task_pickles_its_own_rows_not_the_table_it_was_cut_from(tmp_path: Path):

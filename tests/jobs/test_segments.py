@@ -45,25 +45,27 @@ def lake(tmp_path_factory) -> list[Path]:
 
 @pytest.mark.parametrize("threads,decode_threads", [(0, 1), (3, 1), (2, 3), (None, 2), (1, 4)])
 def test_the_file_and_outcomes_do_not_depend_on_the_threads(lake, tmp_path, threads, decode_threads):
-    def run(threads: int | None, decode_threads: int, name: str) -> tuple[str, dict]:
+    def run(threads: int | None, decode_threads: int, name: str) -> tuple[str, dict, list]:
         task = SegmentTask(uri=f"file://{tmp_path}/{name}.parquet", rows=_rows(lake), spec=ImageSpec(size=16),
                            metadata={"channel": "train"}, row_group_bytes=20_000, threads=threads,
-                           decode_threads=decode_threads)
+                           decode_threads=decode_threads, outcomes=f"file://{tmp_path}/outcomes/{name}.parquet")
         result = preprocess_segment(task)
-        return hashlib.sha256((tmp_path / f"{name}.parquet").read_bytes()).hexdigest(), result
+        outcomes = pq.read_table(tmp_path / "outcomes" / f"{name}.parquet").to_pylist()
+        return hashlib.sha256((tmp_path / f"{name}.parquet").read_bytes()).hexdigest(), result, outcomes
 
-    want_digest, want = run(0, 1, "reference")
-    got_digest, got = run(threads, decode_threads, "other")
+    want_digest, want, want_outcomes = run(0, 1, "reference")
+    got_digest, got, outcomes = run(threads, decode_threads, "other")
     assert got_digest == want_digest
-    assert got["outcomes"].drop_columns("file").equals(want["outcomes"].drop_columns("file"))
-    outcomes = got["outcomes"].to_pylist()
+    assert outcomes == want_outcomes and got["rejects"].equals(want["rejects"])
     assert [o["uri"] for o in outcomes] == [f"file://{p}" for p in lake]  # every row, in order
-    reasons = {Path(o["uri"]).name: o["reason"] for o in outcomes if o["reason"]}
+    reasons = {Path(u).name: r for u, r in zip(got["rejects"]["uri"].to_pylist(), got["rejects"]["reason"].to_pylist())}
     assert set(reasons) == {"broken.png", "gone.png"}
     assert reasons["gone.png"] == "cannot read: object disappeared after listing"
     assert reasons["broken.png"].startswith("cannot decode")
+    assert got["rows"] == len(lake) and set(got["rejects"]["channel"].to_pylist()) == {"train"}
     written = pq.read_table(tmp_path / "other.parquet", columns=["uri"])["uri"].to_pylist()
     assert written == [o["uri"] for o in outcomes if o["row"] is not None] and len(written) == len(lake) - 2
+    assert [o["row"] for o in outcomes if o["row"] is not None] == list(range(len(lake) - 2))
     assert pq.ParquetFile(tmp_path / "other.parquet").num_row_groups > 1
 
 
