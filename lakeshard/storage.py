@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 # botocore's "standard" mode retries throttling (503 SlowDown), 5xx and connection errors with
 # exponential backoff, and fails at once on 403/404: permanent errors must not take minutes.
 _S3_RETRIES = {"max_attempts": 5, "mode": "standard"}
+#: s3fs's own attempts around botocore's (see :func:`filesystem`).
+_S3FS_RETRIES = 3
 
 
 #: A URI scheme, as RFC 3986 spells one (``urlsplit`` would also cut ``#...`` and ``?...`` off
@@ -108,9 +110,12 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     uri = normalize(uri)
     if uri.startswith("s3://"):
         fs = fsspec.filesystem("s3", **s3_options())
-        # s3fs has a retry loop of its own on top of botocore's; keep botocore's only. It is an
-        # attribute, not a constructor argument (unknown arguments go to AioSession and fail).
-        fs.retries = 1
+        # s3fs has a retry loop of its own on top of botocore's. botocore retries a request; only
+        # s3fs's loop retries a response whose body is cut off mid-read (ClientPayloadError) when
+        # a file is read (fsspec files: Parquet parts, footers), so it stays on, short: a
+        # permanent error (403, 404) is not retried by either. An attribute, not a constructor
+        # argument (unknown arguments go to AioSession and fail).
+        fs.retries = _S3FS_RETRIES
         return fs, uri[len("s3://"):]
     return fsspec.filesystem("file"), uri[len("file://"):]
 
