@@ -43,7 +43,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from process_peaks import PeakWatch, Peaks  # noqa: E402 - benchmarks/ is not a package
+from process_peaks import Peaks, PeakWatch
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ("manifest", "shard")
@@ -126,8 +126,14 @@ def run_job(engine: str, job: str, n: int, lake: Path, out: Path, a: argparse.Na
                           script=f"jobs/{job}.py" if engine == "spark" else None, progress=progress).run()
     if peaks.returncode != 0:
         tail = log_path.read_text().splitlines()[-20:]
-        raise SystemExit(f"{engine} {job} {n} failed with exit code {peaks.returncode}; "
+        raise BenchError(f"{engine} {job} {n} failed with exit code {peaks.returncode}; "
                          f"the end of {log_path}:\n" + "\n".join(tail))
+    missing = [name for name, value in [("the driver Python's peak", peaks.driver_python_rss_peak),
+                                        ("the JVM's heap", peaks.jvm_heap_used_peak if engine == "spark" else 0)]
+               if value is None]
+    if missing:
+        raise BenchError(f"{engine} {job} {n}: could not measure {' or '.join(missing)} "
+                         f"({peaks.samples} samples; {'; '.join(peaks.notes) or 'no jstat output'})")
     print(f"    done in {peaks.wall_s:.1f} s, {_peaks_text(peaks)}", flush=True)
     return {"engine": engine, "job": job, "objects": n, "wall_s": round(peaks.wall_s, 2),
             "ms_per_object": round(1000 * peaks.wall_s / n, 4),
@@ -185,6 +191,20 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _whole(text: str, *, minimum: int = 1) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    return _whole(text)
+
+
 def _engine_list(text: str) -> list[str]:
     values = [v.strip() for v in text.split(",") if v.strip()]
     bad = [v for v in values if v not in ENGINES]
@@ -202,11 +222,11 @@ def parser() -> argparse.ArgumentParser:
                    help="engines to run, comma- or space-separated, among spark and dask; default both")
     p.add_argument("--jobs", type=lambda t: [j for j in t.split(",") if j], default=list(JOBS),
                    help="jobs to run, comma-separated (shard needs manifest before it); default manifest,shard")
-    p.add_argument("--classes", type=int, default=100, help="classes in each lake (default 100)")
-    p.add_argument("--side", type=int, default=8, help="side of the lake's PNGs, in pixels (default 8: tiny objects)")
-    p.add_argument("--image-size", type=int, default=32, help="the shard job's --image-size (default 32)")
-    p.add_argument("--num-shards", type=int, default=4, help="the shard job's --num-shards (default 4)")
-    p.add_argument("--threads", type=int, default=None, help="the shard job's --threads (default: the job's own)")
+    p.add_argument("--classes", type=_positive, default=100, help="classes in each lake (default 100)")
+    p.add_argument("--side", type=_positive, default=8, help="side of the lake's PNGs, in pixels (default 8: tiny objects)")
+    p.add_argument("--image-size", type=_positive, default=32, help="the shard job's --image-size (default 32)")
+    p.add_argument("--num-shards", type=_positive, default=4, help="the shard job's --num-shards (default 4)")
+    p.add_argument("--threads", type=_positive, default=None, help="the shard job's --threads (default: the job's own)")
     p.add_argument("--spark-master", default="local[2]", help="spark-submit's --master (default local[2])")
     p.add_argument("--scheduler", default=None, help="dask: a scheduler address to pass to the jobs "
                    "(default: each job starts its own LocalCluster)")
@@ -222,23 +242,35 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the datasets written (default: removed after each size)")
     g = p.add_argument_group("the shard plan alone (--plan-only)")
     g.add_argument("--plan-only", action="store_true", help="run only the shard plan on synthetic counts, no lake")
-    g.add_argument("--plan-rows", type=int, default=100_000_000, help="rows of the synthetic channel (default 100M)")
-    g.add_argument("--plan-classes", type=int, default=1000, help="classes of the synthetic channel (default 1000)")
-    g.add_argument("--plan-shards", type=int, default=8, help="shards of the plan (default 8)")
-    g.add_argument("--plan-rejects", type=int, default=10_000,
+    g.add_argument("--plan-rows", type=_positive, default=100_000_000, help="rows of the synthetic channel (default 100M)")
+    g.add_argument("--plan-classes", type=_positive, default=1000, help="classes of the synthetic channel (default 1000)")
+    g.add_argument("--plan-shards", type=_positive, default=8, help="shards of the plan (default 8)")
+    g.add_argument("--plan-rejects", type=lambda t: _whole(t, minimum=0), default=10_000,
                    help="rows rejected at random slots, for the repair (default 10000)")
-    g.add_argument("--plan-sample-rows", type=int, default=200_000,
+    g.add_argument("--plan-sample-rows", type=_positive, default=200_000,
                    help="rows the workers' side is timed on, to give its cost per row (default 200000)")
     return p
 
 
+class BenchError(RuntimeError):
+    """A run that failed or could not be measured: reported as one ``error:`` line, exit 2."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except (BenchError, ValueError) as exc:
+        print(f"jobs_scaling.py: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     a = parser().parse_args(argv)
     a.objects = sorted({n for group in a.objects for n in group})
     a.engines = list(dict.fromkeys(e for group in a.engines for e in group))
     bad = [j for j in a.jobs if j not in JOBS]
     if bad or (a.jobs == ["shard"]):
-        raise SystemExit(f"jobs_scaling.py: error: --jobs must be manifest or manifest,shard, got {','.join(a.jobs)}")
+        raise BenchError(f"--jobs must be manifest or manifest,shard, got {','.join(a.jobs)!r}")
     meta = {"argv": sys.argv[1:] if argv is None else argv, "cpus": os.cpu_count(), "python": platform.python_version()}
     if a.plan_only:
         return _plan_only(a, meta)

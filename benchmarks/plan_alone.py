@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
 from process_peaks import vm_hwm, vm_rss
+
 from jobs.deal import class_slots, deal_from_counts, order_shard
 
 __all__ = ["class_counts", "measure_plan"]
@@ -32,11 +32,12 @@ _MIB = 1024 * 1024
 
 def class_counts(rows: int, classes: int, *, seed: int) -> dict[int, int]:
     """``rows`` split over ``classes`` classes of uneven sizes (each within ±50 % of the mean)."""
-    if classes <= 0 or rows < classes:
-        raise ValueError(f"need at least one row per class, got {rows} rows in {classes} classes")
+    if classes <= 0 or rows < 3 * classes:
+        raise ValueError(f"need at least 3 rows per class, got {rows} rows in {classes} classes")
     weights = np.random.default_rng(seed).uniform(0.5, 1.5, classes)
-    counts = np.maximum(1, np.floor(weights / weights.sum() * rows).astype(np.int64))
-    counts[np.argmax(counts)] += rows - int(counts.sum())
+    exact = weights / weights.sum() * rows
+    counts = np.floor(exact).astype(np.int64)
+    counts[np.argsort(counts - exact)[: rows - int(counts.sum())]] += 1  # the largest remainders
     return {i: int(c) for i, c in enumerate(counts)}
 
 

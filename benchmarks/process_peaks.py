@@ -146,12 +146,16 @@ class PeakWatch:
             if p.jvm_pid is None and proc.name() == "java" and any("SparkSubmit" in a for a in proc.cmdline()):
                 p.jvm_pid = pid
                 self._start_jstat(pid)
-            if p.jvm_pid is not None and p.driver_python_pid is None:
-                for child in proc.children():
-                    if any(a.endswith(self.script) for a in child.cmdline()):
-                        p.driver_python_pid = child.pid
+            children = proc.children() if p.jvm_pid is not None and p.driver_python_pid is None else []
         except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
+            return
+        for child in children:  # the JVM's Python workers too, some of them zombies for a moment
+            try:
+                if any(a.endswith(self.script) for a in child.cmdline()):
+                    p.driver_python_pid = child.pid
+                    return
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
 
     def _start_jstat(self, pid: int) -> None:
         ms = max(50, int(self.interval * 1000) * 2)
