@@ -1,13 +1,26 @@
-"""How the manifest and shard jobs scale with the number of objects, per engine.
+"""How the manifest and shard jobs scale with the number of objects: wall time, time per object
+and the driver's peak memory, per engine, each job run exactly as the README runs it.
 
-    python benchmarks/jobs_scaling.py --sizes 1000 10000 --engines spark dask
-    python benchmarks/jobs_scaling.py --sizes 100000 --engines dask --out benchmarks/results/dask-100k.json
+    python benchmarks/jobs_scaling.py --objects 100000,1000000 --engines spark,dask
+    python benchmarks/jobs_scaling.py --objects 2000,5000 --engines dask --out /tmp/smoke.json
+    python benchmarks/jobs_scaling.py --plan-only --plan-rows 100000000
 
-Builds (once, in ``--cache-dir``) local lakes of N tiny PNGs spread over ``--classes``
-classes, then for each engine starts it once (timed apart: Spark's JVM, Dask's LocalCluster)
-and runs the manifest job and the shard job on every lake, in this process, through the same
-``run(cfg, engine)`` the command lines call. Prints a table and writes JSON: wall seconds,
-objects per second and milliseconds per object for each step.
+Builds (once, in ``--cache-dir``) local lakes of N tiny valid PNGs spread over ``--classes``
+classes, then for each engine and size runs the manifest job and then the shard job as their
+own processes:
+
+- spark: ``spark-submit --master local[2] jobs/<job>.py ...`` (the default driver memory);
+- dask: ``python -m jobs.<job> --engine dask ...`` (a LocalCluster the job starts).
+
+While a job runs, its driver's memory is sampled from outside (see
+``benchmarks/process_peaks.py``): for Spark the driver Python's peak RSS (``VmHWM``) and the
+driver JVM's heap used (``jstat -gc``, the JDK's reader of the JVM's performance counters), for
+Dask the client process's peak RSS. Wall time includes the engine's start, as a user sees it.
+Prints a table and the ratios of the largest size to the smallest (driver peak, time per object),
+and writes JSON. Each job's output goes to ``<work-dir>/logs/``.
+
+``--plan-only`` runs only the shard plan on synthetic class counts (``benchmarks/plan_alone.py``):
+the driver's side at ``--plan-rows`` rows, and the workers' side's cost per row on a sample.
 """
 
 from __future__ import annotations
@@ -20,23 +33,24 @@ import platform
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-# A plain checkout runs this file directly: import the package from the repository.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs import manifest as manifest_job
-from jobs import shard as shard_job
-from jobs.engines import open_engine
-from jobs.settings import ManifestConfig, ShardConfig
+from process_peaks import Peaks, PeakWatch
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ("manifest", "shard")
+ENGINES = ("spark", "dask")
 
 
-def _write_range(root: str, classes: int, start: int, stop: int, side: int) -> None:
+def _write_range(root: str, classes: int, start: int, stop: int, side: int) -> int:
     rng = np.random.default_rng(start)
     for i in range(start, stop):
         label = f"class_{i % classes:03d}"
@@ -45,99 +59,260 @@ def _write_range(root: str, classes: int, start: int, stop: int, side: int) -> N
         buf = io.BytesIO()
         Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), "RGB").save(buf, "PNG")
         (folder / f"img_{i:08d}.png").write_bytes(buf.getvalue())
+    return stop - start
 
 
-def build_lake(cache: Path, n: int, *, classes: int, side: int) -> Path:
+def build_lake(cache: Path, n: int, *, classes: int, side: int, progress: bool = True) -> Path:
     """The lake of ``n`` objects in ``cache`` (built once; a ``.complete`` marker says it is whole)."""
     root = cache / f"lake-{n}-c{classes}-{side}px"
     if (root / ".complete").exists():
         return root / "raw"
     shutil.rmtree(root, ignore_errors=True)
-    step = max(1, n // (4 * (os.cpu_count() or 1)))
+    step = max(1, min(10_000, n // (4 * (os.cpu_count() or 1))))
+    t0, done, shown = time.perf_counter(), 0, 0
     with ProcessPoolExecutor() as pool:
-        list(pool.map(_write_range, *zip(*[(str(root / "raw"), classes, a, min(n, a + step), side)
-                                           for a in range(0, n, step)], strict=True)))
+        futures = [pool.submit(_write_range, str(root / "raw"), classes, a, min(n, a + step), side)
+                   for a in range(0, n, step)]
+        for f in as_completed(futures):
+            done += f.result()
+            if progress and (done - shown >= max(1, n // 10) or done == n):
+                shown = done
+                print(f"  lake {n}: {done:,}/{n:,} objects written, {time.perf_counter() - t0:.0f} s", flush=True)
     (root / ".complete").touch()
     return root / "raw"
 
 
-def run_engine(name: str, lakes: dict[int, Path], work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    t0 = time.perf_counter()
-    options: dict[str, Any] = {"app_name": "lakeshard-bench"}
-    if name == "spark":
-        options["master"] = args.spark_master
-    else:
-        options.update(scheduler=args.scheduler, threads_per_worker=args.dask_threads_per_worker)
-    engine = open_engine(name, **options)
-    startup = time.perf_counter() - t0
-    results = []
-    try:
-        for n, lake in lakes.items():
-            out = work / f"{name}-{n}"
-            shutil.rmtree(out, ignore_errors=True)
-            t = time.perf_counter()
-            manifest_job.run(ManifestConfig(input=str(lake), output=str(out), engine=name, seed=0,
-                                            split_method="stratified"), engine)
-            t_manifest = time.perf_counter() - t
-            t = time.perf_counter()
-            info = shard_job.run(ShardConfig(dataset=str(out), engine=name, num_shards=args.num_shards,
-                                             image_size=args.image_size, threads=args.threads), engine)
-            t_shard = time.perf_counter() - t
-            rows = sum(c.rows for c in info.channels.values())
-            results.append({"engine": name, "objects": n, "startup_s": round(startup, 2),
-                            "manifest_s": round(t_manifest, 2), "shard_s": round(t_shard, 2),
-                            "manifest_ms_per_object": round(1000 * t_manifest / n, 3),
-                            "shard_ms_per_object": round(1000 * t_shard / n, 3),
-                            "objects_per_s": round(n / (t_manifest + t_shard), 1), "shard_rows": rows,
-                            "parallelism": engine.parallelism})
-            print(f"  {name} {n}: manifest {t_manifest:.1f} s, shard {t_shard:.1f} s", flush=True)
-            if not args.keep:
-                shutil.rmtree(out, ignore_errors=True)
-    finally:
-        engine.close()
-    return results
+def job_command(engine: str, job: str, args: list[str], *, spark_master: str, python: str) -> list[str]:
+    """The command line the README gives for ``job`` on ``engine``."""
+    if engine == "spark":
+        return [shutil.which("spark-submit") or str(Path(python).parent / "spark-submit"),
+                "--master", spark_master, f"jobs/{job}.py", *args]
+    return [python, "-m", f"jobs.{job}", "--engine", "dask", *args]
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    head = ("engine", "objects", "startup_s", "manifest_s", "shard_s", "manifest_ms_per_object",
-            "shard_ms_per_object", "objects_per_s")
+def job_args(job: str, lake: Path, out: Path, a: argparse.Namespace) -> list[str]:
+    if job == "manifest":
+        return ["--input", str(lake), "--output", str(out), "--split-method", "stratified", "--seed", "0"]
+    args = ["--dataset", str(out), "--num-shards", str(a.num_shards), "--image-size", str(a.image_size)]
+    if a.threads:
+        args += ["--threads", str(a.threads)]
+    return args
+
+
+def job_env(python: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env.setdefault("PYSPARK_PYTHON", python)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", python)
+    return env
+
+
+def run_job(engine: str, job: str, n: int, lake: Path, out: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """Run one job on one lake; its wall time and its driver's peaks."""
+    args = job_args(job, lake, out, a)
+    if engine == "dask" and a.scheduler:
+        args += ["--scheduler", a.scheduler]
+    cmd = job_command(engine, job, args, spark_master=a.spark_master, python=a.python)
+    log_path = a.work_dir / "logs" / f"{engine}-{job}-{n}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"  {engine} {job} {n:,}: {' '.join(cmd)}", flush=True)
+
+    def progress(elapsed: float, p: Peaks) -> None:
+        print(f"    ... {elapsed:.0f} s, {_peaks_text(p)}", flush=True)
+
+    with open(log_path, "w") as log:
+        peaks = PeakWatch(cmd, env=job_env(a.python), cwd=ROOT, log=log, interval=a.sample_interval,
+                          script=f"jobs/{job}.py" if engine == "spark" else None, progress=progress).run()
+    if peaks.returncode != 0:
+        tail = log_path.read_text().splitlines()[-20:]
+        raise BenchError(f"{engine} {job} {n} failed with exit code {peaks.returncode}; "
+                         f"the end of {log_path}:\n" + "\n".join(tail))
+    missing = [name for name, value in [("the driver Python's peak", peaks.driver_python_rss_peak),
+                                        ("the JVM's heap", peaks.jvm_heap_used_peak if engine == "spark" else 0)]
+               if value is None]
+    if missing:
+        raise BenchError(f"{engine} {job} {n}: could not measure {' or '.join(missing)} "
+                         f"({peaks.samples} samples; {'; '.join(peaks.notes) or 'no jstat output'})")
+    print(f"    done in {peaks.wall_s:.1f} s, {_peaks_text(peaks)}", flush=True)
+    return {"engine": engine, "job": job, "objects": n, "wall_s": round(peaks.wall_s, 2),
+            "ms_per_object": round(1000 * peaks.wall_s / n, 4),
+            "driver_python_rss_peak_mib": peaks.mib("driver_python_rss_peak"),
+            "jvm_heap_used_peak_mib": peaks.mib("jvm_heap_used_peak"),
+            "jvm_old_used_peak_mib": peaks.mib("jvm_old_used_peak"),
+            "jvm_rss_peak_mib": peaks.mib("jvm_rss_peak"), "jvm_heap_samples": peaks.jvm_heap_samples,
+            "samples": peaks.samples, "notes": peaks.notes, "command": cmd, "log": str(log_path)}
+
+
+def _peaks_text(p: Peaks) -> str:
+    text = f"driver Python peak {p.mib('driver_python_rss_peak')} MiB"
+    if p.jvm_pid is not None:
+        text += f", JVM heap used peak {p.mib('jvm_heap_used_peak')} MiB (old {p.mib('jvm_old_used_peak')} MiB)"
+    return text
+
+
+def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per engine and job: the largest size's driver peaks and time per object over the smallest's
+    (the issue's targets: peaks ≤ 1.3, time per object ≤ 1.2)."""
+    out = []
+    for engine in ENGINES:
+        for job in JOBS:
+            rows = sorted((r for r in results if r["engine"] == engine and r["job"] == job), key=lambda r: r["objects"])
+            if len(rows) < 2:
+                continue
+            small, large = rows[0], rows[-1]
+            entry: dict[str, Any] = {"engine": engine, "job": job, "from": small["objects"], "to": large["objects"]}
+            for key in ("driver_python_rss_peak_mib", "jvm_heap_used_peak_mib", "jvm_old_used_peak_mib", "ms_per_object"):
+                if small.get(key) and large.get(key) is not None:
+                    entry[key.removesuffix("_mib")] = round(large[key] / small[key], 2)
+            out.append(entry)
+    return out
+
+
+def table(rows: list[dict[str, Any]], head: tuple[str, ...]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in results]
+    lines += ["| " + " | ".join("" if r.get(k) is None else str(r[k]) for k in head) + " |" for r in rows]
     return "\n".join(lines)
 
 
+RUN_COLUMNS = ("engine", "job", "objects", "wall_s", "ms_per_object", "driver_python_rss_peak_mib",
+               "jvm_heap_used_peak_mib", "jvm_old_used_peak_mib")
+RATIO_COLUMNS = ("engine", "job", "from", "to", "driver_python_rss_peak", "jvm_heap_used_peak",
+                 "jvm_old_used_peak", "ms_per_object")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v.replace("_", "")) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
+    return values
+
+
+def _whole(text: str, *, minimum: int = 1) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    return _whole(text)
+
+
+def _engine_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in ENGINES]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"engines must be among {', '.join(ENGINES)}, got {text!r}")
+    return values
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Run from anywhere; the jobs run from the repository root with it on PYTHONPATH.")
+    p.add_argument("--objects", "--sizes", dest="objects", type=_int_list, nargs="+", default=[[1000, 10000]],
+                   help="objects per lake, comma- or space-separated (e.g. 100000,1000000); default 1000,10000")
+    p.add_argument("--engines", type=_engine_list, nargs="+", default=[list(ENGINES)],
+                   help="engines to run, comma- or space-separated, among spark and dask; default both")
+    p.add_argument("--jobs", type=lambda t: [j for j in t.split(",") if j], default=list(JOBS),
+                   help="jobs to run, comma-separated (shard needs manifest before it); default manifest,shard")
+    p.add_argument("--classes", type=_positive, default=100, help="classes in each lake (default 100)")
+    p.add_argument("--side", type=_positive, default=8, help="side of the lake's PNGs, in pixels (default 8: tiny objects)")
+    p.add_argument("--image-size", type=_positive, default=32, help="the shard job's --image-size (default 32)")
+    p.add_argument("--num-shards", type=_positive, default=4, help="the shard job's --num-shards (default 4)")
+    p.add_argument("--threads", type=_positive, default=None, help="the shard job's --threads (default: the job's own)")
+    p.add_argument("--spark-master", default="local[2]", help="spark-submit's --master (default local[2])")
+    p.add_argument("--scheduler", default=None, help="dask: a scheduler address to pass to the jobs "
+                   "(default: each job starts its own LocalCluster)")
+    p.add_argument("--python", default=sys.executable, help="the Python the Dask jobs and Spark's driver and "
+                   "workers run (default: this one)")
+    p.add_argument("--sample-interval", type=float, default=0.1,
+                   help="seconds between memory samples (default 0.1; jstat ticks at twice this)")
+    p.add_argument("--cache-dir", type=Path, default=ROOT / "benchmarks/results/lakes",
+                   help="where the lakes are built and kept between runs")
+    p.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks/results/work",
+                   help="where the datasets and the jobs' logs are written")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/jobs_scaling.json", help="the JSON written")
+    p.add_argument("--keep", action="store_true", help="keep the datasets written (default: removed after each size)")
+    g = p.add_argument_group("the shard plan alone (--plan-only)")
+    g.add_argument("--plan-only", action="store_true", help="run only the shard plan on synthetic counts, no lake")
+    g.add_argument("--plan-rows", type=_positive, default=100_000_000, help="rows of the synthetic channel (default 100M)")
+    g.add_argument("--plan-classes", type=_positive, default=1000, help="classes of the synthetic channel (default 1000)")
+    g.add_argument("--plan-shards", type=_positive, default=8, help="shards of the plan (default 8)")
+    g.add_argument("--plan-rejects", type=lambda t: _whole(t, minimum=0), default=10_000,
+                   help="rows rejected at random slots, for the repair (default 10000)")
+    g.add_argument("--plan-sample-rows", type=_positive, default=200_000,
+                   help="rows the workers' side is timed on, to give its cost per row (default 200000)")
+    return p
+
+
+class BenchError(RuntimeError):
+    """A run that failed or could not be measured: reported as one ``error:`` line, exit 2."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="objects per lake")
-    p.add_argument("--engines", nargs="+", default=["spark", "dask"], choices=["spark", "dask"])
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--side", type=int, default=32, help="side of the raw PNGs, in pixels")
-    p.add_argument("--image-size", type=int, default=32, help="side of the shard images")
-    p.add_argument("--num-shards", type=int, default=4)
-    p.add_argument("--threads", type=int, default=4, help="decode threads per preprocessing task")
-    p.add_argument("--spark-master", default="local[2]")
-    p.add_argument("--scheduler", default=None, help="dask scheduler address (default: a LocalCluster)")
-    p.add_argument("--dask-threads-per-worker", type=int, default=1)
-    p.add_argument("--cache-dir", type=Path, default=Path("benchmarks/results/lakes"))
-    p.add_argument("--work-dir", type=Path, default=Path("benchmarks/results/work"))
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/jobs_scaling.json"))
-    p.add_argument("--keep", action="store_true", help="keep the datasets written")
-    args = p.parse_args(argv)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    try:
+        return _main(argv)
+    except (BenchError, ValueError) as exc:
+        print(f"jobs_scaling.py: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
+    a = parser().parse_args(argv)
+    a.objects = sorted({n for group in a.objects for n in group})
+    a.engines = list(dict.fromkeys(e for group in a.engines for e in group))
+    bad = [j for j in a.jobs if j not in JOBS]
+    if bad or (a.jobs == ["shard"]):
+        raise BenchError(f"--jobs must be manifest or manifest,shard, got {','.join(a.jobs)!r}")
+    meta = {"argv": sys.argv[1:] if argv is None else argv, "cpus": os.cpu_count(), "python": platform.python_version()}
+    if a.plan_only:
+        return _plan_only(a, meta)
 
     lakes = {}
-    for n in args.sizes:
+    for n in a.objects:
         t = time.perf_counter()
-        lakes[n] = build_lake(args.cache_dir, n, classes=args.classes, side=args.side)
-        print(f"lake of {n} objects ready in {time.perf_counter() - t:.1f} s: {lakes[n]}", flush=True)
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    results = [r for name in args.engines for r in run_engine(name, lakes, args.work_dir, args)]
-    print(table(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"argv": sys.argv[1:], "cpus": os.cpu_count(), "python": platform.python_version(),
-                                    "results": results}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+        lakes[n] = build_lake(a.cache_dir, n, classes=a.classes, side=a.side)
+        print(f"lake of {n:,} objects ready in {time.perf_counter() - t:.1f} s: {lakes[n]}", flush=True)
+    a.work_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for engine in a.engines:
+        for n, lake in lakes.items():
+            out = a.work_dir / f"{engine}-{n}"
+            shutil.rmtree(out, ignore_errors=True)
+            results += [run_job(engine, job, n, lake, out, a) for job in a.jobs]
+            if not a.keep:
+                shutil.rmtree(out, ignore_errors=True)
+    print(table(results, RUN_COLUMNS))
+    found = ratios(results)
+    if found:
+        print(f"\nlargest / smallest size (targets: driver peaks ≤ 1.3, ms_per_object ≤ 1.2)\n{table(found, RATIO_COLUMNS)}")
+    _write(a.out, {**meta, "results": results, "ratios": found})
     return 0
+
+
+def _plan_only(a: argparse.Namespace, meta: dict[str, Any]) -> int:
+    from plan_alone import measure_plan
+
+    print(f"the shard plan alone: {a.plan_rows:,} rows, {a.plan_classes} classes, {a.plan_shards} shards, "
+          f"{a.plan_rejects} rejects ...", flush=True)
+    r = measure_plan(rows=a.plan_rows, classes=a.plan_classes, num_shards=a.plan_shards, rejects=a.plan_rejects,
+                     sample_rows=a.plan_sample_rows)
+    print(table([r], tuple(r)))
+    _write(a.out, {**meta, "plan": r})
+    return 0
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""The shard plan alone at scale, on synthetic class counts: no lake, no rows on disk.
+
+The shard job's plan has a driver side, :func:`jobs.deal.deal_from_counts` (class counts and the
+reject slots in, a small :class:`~jobs.deal.Deal` out), and a worker side
+(:mod:`jobs.plan_tasks`: each row's slot by :func:`jobs.deal.class_slots`, then each shard's order
+by :func:`jobs.deal.order_shard`). :func:`measure_plan` runs the driver side on ``rows`` rows
+in ``classes`` classes over ``num_shards`` shards and measures its time and peak memory (Python
+allocations by ``tracemalloc``, and the process's resident set), then runs the worker side's
+functions on a sample of ``sample_rows`` synthetic rows and reports their cost per row, which a
+run at ``rows`` multiplies over the engine's cores. The worker side's reading and writing of the
+slot parts and order files is not included.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+import tracemalloc
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from process_peaks import vm_hwm, vm_rss
+
+from jobs.deal import class_slots, deal_from_counts, order_shard
+
+__all__ = ["class_counts", "measure_plan"]
+
+_MIB = 1024 * 1024
+
+
+def class_counts(rows: int, classes: int, *, seed: int) -> dict[int, int]:
+    """``rows`` split over ``classes`` classes of uneven sizes (each within ±50 % of the mean)."""
+    if classes <= 0 or rows < 3 * classes:
+        raise ValueError(f"need at least 3 rows per class, got {rows} rows in {classes} classes")
+    weights = np.random.default_rng(seed).uniform(0.5, 1.5, classes)
+    exact = weights / weights.sum() * rows
+    counts = np.floor(exact).astype(np.int64)
+    counts[np.argsort(counts - exact)[: rows - int(counts.sum())]] += 1  # the largest remainders
+    return {i: int(c) for i, c in enumerate(counts)}
+
+
+def _deal(counts: dict[int, int], rejected: np.ndarray, *, num_shards: int, seed: int) -> Any:
+    return deal_from_counts(counts, num_shards=num_shards, seed=seed, channel="train", rejected=rejected.tolist())
+
+
+def measure_plan(*, rows: int, classes: int, num_shards: int, rejects: int, sample_rows: int,
+                 seed: int = 0) -> dict[str, Any]:
+    """The driver side's time and peak memory at ``rows`` rows, and the worker side's cost per
+    row on ``sample_rows`` rows (see the module docstring)."""
+    rss_before = vm_rss(os.getpid()) or 0
+    counts = class_counts(rows, classes, seed=seed)
+    rejected = np.unique(np.random.default_rng(seed + 1).integers(0, rows, size=rejects))
+    t = time.perf_counter()
+    deal = _deal(counts, rejected, num_shards=num_shards, seed=seed)
+    driver_s = time.perf_counter() - t
+    rss_peak = vm_hwm(os.getpid())
+    tracemalloc.start()
+    _deal(counts, rejected, num_shards=num_shards, seed=seed)
+    _, traced_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    result: dict[str, Any] = {
+        "rows": rows, "classes": classes, "num_shards": num_shards, "rejects": len(rejected),
+        "driver_s": round(driver_s, 3),
+        "driver_traced_peak_mib": round(traced_peak / _MIB, 2),
+        "driver_rss_before_mib": round(rss_before / _MIB, 1),
+        "driver_rss_peak_mib": round((rss_peak or 0) / _MIB, 1),
+        "deal_pickled_bytes": len(pickle.dumps(deal)),
+        "deal_exceptions": len(deal.exceptions), "rows_per_shard": deal.rows_per_shard,
+    }
+    result.update(_workers(sample_rows, num_shards=num_shards, seed=seed))
+    return result
+
+
+def _workers(sample_rows: int, *, num_shards: int, seed: int) -> dict[str, Any]:
+    """The worker side's functions on ``sample_rows`` rows in 10 classes: time and Python
+    allocations per row."""
+    counts = class_counts(sample_rows, 10, seed=seed)
+    deal = _deal(counts, np.empty(0, np.int64), num_shards=num_shards, seed=seed)
+    keys = {c: [f"class_{c:03d}/batch{i % 16:02d}/img_{i:09d}.png" for i in range(n)] for c, n in counts.items()}
+    tracemalloc.start()
+    t = time.perf_counter()
+    slots = np.concatenate([class_slots(k, seed=seed, channel="train", start=deal.class_start(c))
+                            for c, k in keys.items()])
+    slot_s = time.perf_counter() - t
+    table = pa.table({"key": [k for ks in keys.values() for k in ks], "slot": slots})
+    t = time.perf_counter()
+    for s in range(num_shards):
+        order_shard(deal, table, s)
+    order_s = time.perf_counter() - t
+    _, traced = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"worker_sample_rows": sample_rows,
+            "worker_slot_us_per_row": round(1e6 * slot_s / sample_rows, 3),
+            "worker_order_us_per_row": round(1e6 * order_s / sample_rows, 3),
+            "worker_traced_bytes_per_row": round(traced / sample_rows, 1)}

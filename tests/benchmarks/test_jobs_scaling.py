@@ -1,0 +1,120 @@
+"""benchmarks/jobs_scaling.py: the jobs run as the README runs them, the driver's peaks measured
+from outside, the ratios, and the shard plan alone. Nothing here asserts a speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import jobs_scaling  # noqa: E402 - benchmarks/ is not a package
+from plan_alone import class_counts, measure_plan  # noqa: E402
+from process_peaks import PeakWatch, jstat_heap  # noqa: E402
+
+_MIB = 1024 * 1024
+
+
+def test_peak_watch_sees_the_commands_own_peak(tmp_path: Path) -> None:
+    # The child holds 300 MiB for a moment, then frees it and lingers: the peak is still seen.
+    script = textwrap.dedent("""
+        import time
+        block = bytearray(300 * 1024 * 1024)
+        block[::4096] = b"x" * len(block[::4096])
+        del block
+        time.sleep(0.5)
+    """)
+    with open(tmp_path / "log", "w") as log:
+        peaks = PeakWatch([sys.executable, "-c", script], env={}, cwd=tmp_path, log=log, script=None,
+                          interval=0.05).run()
+    assert peaks.returncode == 0
+    assert peaks.driver_python_rss_peak is not None
+    assert peaks.driver_python_rss_peak >= 300 * _MIB
+    assert peaks.jvm_pid is None and peaks.jvm_heap_used_peak is None
+
+
+def test_jstat_heap_sums_the_used_spaces() -> None:
+    header = "    S0C    S1C    S0U    S1U      EC       EU        OC         OU       MC     MU    YGC"
+    line = "    0.0 4096.0    0.0 4096.0  61440.0  10240.0   65536.0   20480.0  40000.0 39000.0    3"
+    assert jstat_heap(header, line) == ((4096 + 10240 + 20480) * 1024, 20480 * 1024)
+    assert jstat_heap(header, "17: Could not attach") is None
+    assert jstat_heap(header, line.replace("10240.0", "-")) is None
+
+
+def test_ratios_are_largest_over_smallest() -> None:
+    rows = [{"engine": "dask", "job": "shard", "objects": n, "ms_per_object": ms, "driver_python_rss_peak_mib": mib}
+            for n, ms, mib in [(1000, 2.0, 100.0), (100, 4.0, 80.0), (10_000, 1.0, 200.0)]]
+    [r] = jobs_scaling.ratios(rows)
+    assert (r["from"], r["to"]) == (100, 10_000)
+    assert r["ms_per_object"] == 0.25 and r["driver_python_rss_peak"] == 2.5
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--objects", "100,0"], "'100,0'"),
+    (["--objects", "1e5"], "'1e5'"),
+    (["--engines", "spark,ray"], "'spark,ray'"),
+    (["--plan-rejects", "-1"], "'-1'"),
+    (["--jobs", "shard"], "'shard'"),
+    (["--plan-only", "--plan-rows", "10"], "10 rows in 1000 classes"),
+])
+def test_bad_flags_name_the_value(argv: list[str], needle: str) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert needle in done.stderr
+
+
+def test_objects_and_engines_take_commas_or_spaces() -> None:
+    a = jobs_scaling.parser().parse_args(["--objects", "100000,1000000", "--engines", "spark", "dask"])
+    assert a.objects == [[100_000, 1_000_000]] and a.engines == [["spark"], ["dask"]]
+
+
+def test_class_counts_sum_to_the_rows_and_stay_near_the_mean() -> None:
+    counts = class_counts(1_000_003, 1000, seed=3)
+    assert len(counts) == 1000 and sum(counts.values()) == 1_000_003
+    assert 450 <= min(counts.values()) and max(counts.values()) <= 1550
+
+
+def test_plan_alone_deals_every_surviving_row() -> None:
+    r = measure_plan(rows=100_000, classes=50, num_shards=8, rejects=500, sample_rows=2000)
+    # remainder "drop": every shard holds floor(survivors / shards) rows.
+    assert r["rows_per_shard"] == (100_000 - r["rejects"]) // 8
+    assert 0 < r["rejects"] <= 500
+    assert r["deal_exceptions"] >= r["rejects"]
+    assert r["driver_traced_peak_mib"] > 0 and r["worker_traced_bytes_per_row"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["dask", "spark"])
+def test_runs_both_jobs_at_two_sizes(engine: str, tmp_path: Path) -> None:
+    out = tmp_path / "scaling.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), "--objects", "200,400", "--engines", engine,
+         "--classes", "4", "--num-shards", "2", "--cache-dir", str(tmp_path / "lakes"),
+         "--work-dir", str(tmp_path / "work"), "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    runs = {(r["job"], r["objects"]): r for r in doc["results"]}
+    assert set(runs) == {("manifest", 200), ("shard", 200), ("manifest", 400), ("shard", 400)}
+    for r in runs.values():
+        if engine == "spark":
+            assert Path(r["command"][0]).name == "spark-submit"
+            assert r["command"][1:4] == ["--master", "local[2]", f"jobs/{r['job']}.py"]
+        else:
+            assert r["command"][:5] == [sys.executable, "-m", f"jobs.{r['job']}", "--engine", "dask"]
+        assert r["wall_s"] > 0 and r["driver_python_rss_peak_mib"] > 20
+        if engine == "spark":
+            assert r["jvm_heap_samples"] > 0 and r["jvm_heap_used_peak_mib"] > 0
+            assert r["jvm_old_used_peak_mib"] <= r["jvm_heap_used_peak_mib"]
+        else:
+            assert r["jvm_heap_used_peak_mib"] is None
+        assert Path(r["log"]).stat().st_size > 0
+    assert {(r["job"], r["from"], r["to"]) for r in doc["ratios"]} == {("manifest", 200, 400), ("shard", 200, 400)}
+    assert (tmp_path / "lakes" / "lake-400-c4-8px" / ".complete").exists()
