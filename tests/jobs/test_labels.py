@@ -26,6 +26,7 @@ from jobs.split import hash_split
 from lakeshard import storage
 from lakeshard.errors import ConfigError, ManifestError
 from lakeshard.format import read_dataset_info
+from tests.engines.compare import assert_same_manifest
 from tests.helpers.lake import encode, make_image
 
 SPLIT = {"train": 0.6, "validation": 0.2, "test": 0.2}
@@ -244,3 +245,27 @@ def test_s3_table_missing(s3_bucket: str, tmp_path: Path) -> None:
     cfg = ManifestConfig(input=f"{s3_bucket}/raw", output=f"{s3_bucket}/ds", labels=f"{s3_bucket}/nope.csv")
     with pytest.raises(ManifestError, match=f"--labels {s3_bucket}/nope.csv does not exist"):
         check_manifest_inputs(cfg)
+
+
+def test_cli_with_the_shipped_conf_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """conf/manifest.yaml sets no label_depth, so ``--labels`` works with it."""
+    lake, out = storage.normalize(str(tmp_path / "lake")), str(tmp_path / "ds")
+    _lake(lake)
+    table = _write(str(tmp_path / "labels.jsonl"), _table_bytes(_records(), "jsonl"))
+    code = manifest_job.main(["--conf", "conf/manifest.yaml", "--engine", "local", "--input", lake, "--output", out,
+                              "--labels", table, "--split-method", "stratified"])
+    assert code == 0, capsys.readouterr().err
+    marker = json.loads(storage.read_bytes(storage.join(out, "manifests", "_manifest.json")))
+    assert marker["counts"]["accepted"] == len(OBJECTS) - 1 and marker["labels_table"]["unlabelled"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_spark_writes_the_same_labelled_manifest(tmp_path: Path, spark_engine, local_engine) -> None:
+    lake = storage.normalize(str(tmp_path / "lake"))
+    _lake(lake)
+    table = _write(str(tmp_path / "labels.parquet"), _table_bytes(_records(), "parquet"))
+    summary = _run(lake, table, str(tmp_path / "spark"), spark_engine, split_method="stratified")
+    _run(lake, table, str(tmp_path / "local"), local_engine, split_method="stratified")
+    assert_same_manifest(str(tmp_path / "spark"), str(tmp_path / "local"))
+    assert summary["labels_table"]["not_in_lake"] == 1 and summary["parts"] > 1
