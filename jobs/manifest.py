@@ -16,6 +16,10 @@ counts) -> load (split each class, write the tables): every row stays on the wor
 under ``_staging/manifest/``; the driver sees counts per class and per reason
 (:mod:`jobs.manifest_tasks`; the rules are :mod:`jobs.catalog`'s).
 
+With ``--labels`` the labels come from a table instead of the path: the whole input is
+listed, and the workers join the listed rows with the table's by key (:mod:`jobs.label_tasks`)
+before any object is read.
+
 Hidden objects (``.DS_Store``, ``._*``, ``.ipynb_checkpoints/``, ``__MACOSX/``, ``Thumbs.db``,
 ``desktop.ini``) and ``--exclude`` matches are skipped and counted (``counts.skipped``,
 ``skipped_by_reason`` in ``_manifest.json``); identical content under several keys is reported

@@ -165,7 +165,7 @@ def assign_channels(ok: Sequence[dict[str, Any]], plan: Plan) -> list[str]:
     if it has one, else the split's (the split sees the unpinned rows only)."""
     free = [r for r in ok if not r.get("pin")]
     split = iter(ALGORITHMS[plan.split_method]([r["key"] for r in free], [r["label"] for r in free], plan.split, plan.seed))
-    return [r["pin"] or next(split) for r in ok]
+    return [r.get("pin") or next(split) for r in ok]
 
 
 def _channel_counts(ok: Sequence[dict[str, Any]], plan: Plan, *, pinned_only: bool) -> dict[str, dict[str, int]]:

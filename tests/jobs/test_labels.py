@@ -124,6 +124,7 @@ def test_labels_table_local(tmp_path: Path, local_engine, fmt: str) -> None:
     _check_manifest(out, summary, table)
 
 
+@pytest.mark.s3
 def test_labels_uri_column_on_s3(s3_bucket: str, local_engine) -> None:
     lake, out = f"{s3_bucket}/raw", f"{s3_bucket}/ds"
     _lake(lake)
@@ -133,6 +134,7 @@ def test_labels_uri_column_on_s3(s3_bucket: str, local_engine) -> None:
     assert read_channel(out, "all")["uri"].to_pylist()[0].startswith(lake + "/")
 
 
+@pytest.mark.s3
 def test_labels_key_column_parquet_folder_on_s3(s3_bucket: str, local_engine) -> None:
     """A folder of table files on S3 (each staged by its own task), with a key column."""
     lake, out = f"{s3_bucket}/raw", f"{s3_bucket}/ds"
@@ -144,20 +146,24 @@ def test_labels_key_column_parquet_folder_on_s3(s3_bucket: str, local_engine) ->
     _check_manifest(out, summary, f"{s3_bucket}/meta/labels")
 
 
-def test_conflicting_labels_fail_before_any_object_is_read(tmp_path: Path, local_engine) -> None:
-    lake, out = storage.normalize(str(tmp_path / "lake")), tmp_path / "ds"
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_conflicting_labels_fail_before_any_object_is_read(tmp_path: Path, local_engine, where: str,
+                                                           request: pytest.FixtureRequest) -> None:
+    base = storage.normalize(str(tmp_path)) if where == "local" else request.getfixturevalue("s3_bucket")
+    lake, out = f"{base}/lake", f"{base}/ds"
     _lake(lake)
     records = [*_records(), {"key": "img_001.png", "label": "dog", "channel": ""},
                {"key": "img_002.png", "label": "dog", "channel": "test"}]
-    table = _write(str(tmp_path / "labels.csv"), _table_bytes(records, "csv"))
+    table = _write(f"{base}/labels.csv", _table_bytes(records, "csv"))
     with pytest.raises(ManifestError, match=r"labels 2 key\(s\) in two different ways") as err:
-        _run(lake, table, str(out), local_engine)
+        _run(lake, table, out, local_engine)
     assert "'img_001.png': cat, dog" in str(err.value)
     assert "'img_002.png': dog, dog (channel test)" in str(err.value)
     assert table in str(err.value)
-    staged = out / "_staging" / "manifest"
-    assert (staged / "labelling").is_dir() and not (staged / "inspected").exists()  # the headers pass never ran
-    assert not (out / "manifests").exists()
+    staged = f"{out}/_staging/manifest"
+    assert storage.exists(f"{staged}/labelling/labelled")
+    assert not storage.exists(f"{staged}/inspected")  # the headers pass never ran
+    assert not storage.exists(f"{out}/manifests")
 
 
 def test_stratified_counts_include_pinned_rows(tmp_path: Path, local_engine) -> None:
@@ -240,6 +246,7 @@ def test_cli_bad_table_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureF
     assert err[-1].startswith("jobs/manifest.py: error: --labels") and "'holdout'" in err[-1]
 
 
+@pytest.mark.s3
 def test_s3_table_missing(s3_bucket: str, tmp_path: Path) -> None:
     boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key="raw/a.png", Body=encode(make_image(1), "PNG"))
     cfg = ManifestConfig(input=f"{s3_bucket}/raw", output=f"{s3_bucket}/ds", labels=f"{s3_bucket}/nope.csv")
