@@ -14,6 +14,7 @@ from typing import Any
 
 from jobs.dataset_info import dataset_version
 from jobs.inventory import read_inventory
+from jobs.labels import check_labels
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, DatasetExistsError, ManifestError, ShardError
@@ -86,13 +87,21 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
 def check_manifest_inputs(cfg: ManifestConfig) -> None:
     """The manifest job's ``--input`` and ``--output`` are URIs this platform reads, a local
     input exists, the output is neither the input nor inside it (the next run would list
-    the dataset as lake objects): a :class:`ConfigError` names both URIs; and an
-    ``--inventory`` is a readable S3 Inventory report of the input's bucket."""
+    the dataset as lake objects): a :class:`ConfigError` names both URIs; an
+    ``--inventory`` is a readable S3 Inventory report of the input's bucket; a ``--labels``
+    table (not with ``--label-depth``) is readable and every value in it is valid
+    (:func:`jobs.labels.check_labels`)."""
     src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
     if src.startswith("file://") and not storage.exists(src):
         raise ManifestError(f"--input {cfg.input!r}: {src} does not exist")
     if cfg.inventory is not None:
         _check_inventory(cfg, src)
+    if cfg.labels is not None:
+        if cfg.label_depth is not None:
+            raise ConfigError(f"--labels {cfg.labels} and --label-depth {cfg.label_depth} cannot be combined: with a "
+                              "labels table no label is read from the path; drop --label-depth (or label_depth in "
+                              "the --conf file)")
+        check_labels(cfg.labels, channels=list(cfg.split))
     src_path, out_path = _local_path(src), _local_path(out)
     if out_path == src_path or out_path.startswith(src_path.rstrip("/") + "/"):
         where = "is the input" if out_path == src_path else "is inside the input"

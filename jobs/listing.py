@@ -82,6 +82,8 @@ def _uri(scheme_root: str, path: str) -> str:
 
 
 def _row(root: str, root_path: str, info: dict[str, Any], label_depth: int, skip: Skip = _NO_SKIP) -> dict[str, Any]:
+    """The manifest row of one listed object; its label is the ``label_depth``-th path
+    component (0: no path label, as with ``--labels``)."""
     path = info["name"]
     key = path[len(root_path):].lstrip("/")
     parts = key.split("/")
@@ -94,7 +96,7 @@ def _row(root: str, root_path: str, info: dict[str, Any], label_depth: int, skip
     row = {
         "uri": _uri(root, path),
         "key": key,
-        "label": parts[label_depth - 1] if len(parts) > label_depth else None,
+        "label": parts[label_depth - 1] if 0 < label_depth < len(parts) else None,
         "label_index": None,
         "channel": None,
         "size": int(info.get("size") or 0),
@@ -229,6 +231,8 @@ def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> tuple
 
 def _chain(root_path: str, path: str) -> frozenset[tuple[int, int]]:
     """The identities of the local folders from ``root_path`` down to ``path``'s parent."""
+    if path.rstrip("/") == root_path.rstrip("/"):
+        return frozenset()  # the input itself (a flat lake listed whole): nothing above it
     parts = path[len(root_path):].strip("/").split("/")
     ancestors = [root_path] + [root_path.rstrip("/") + "/" + "/".join(parts[:i]) for i in range(1, len(parts))]
     return frozenset(_ident(os.stat(a)) for a in ancestors)

@@ -16,6 +16,10 @@ counts) -> load (split each class, write the tables): every row stays on the wor
 under ``_staging/manifest/``; the driver sees counts per class and per reason
 (:mod:`jobs.manifest_tasks`; the rules are :mod:`jobs.catalog`'s).
 
+With ``--labels`` the labels come from a table instead of the path: the whole input is
+listed, and the workers join the listed rows with the table's by key (:mod:`jobs.label_tasks`)
+before any object is read.
+
 Hidden objects (``.DS_Store``, ``._*``, ``.ipynb_checkpoints/``, ``__MACOSX/``, ``Thumbs.db``,
 ``desktop.ini``) and ``--exclude`` matches are skipped and counted (``counts.skipped``,
 ``skipped_by_reason`` in ``_manifest.json``); identical content under several keys is reported
@@ -44,6 +48,8 @@ from jobs.engines import Engine
 from jobs.engines.cli import job_parser, run_job
 from jobs.inputs import check_manifest_inputs
 from jobs.inventory import inventory_rows, read_inventory
+from jobs.label_tasks import Join, join_task, merge, stage_keys, stage_table
+from jobs.labels import label_files
 from jobs.listing import Skip, discover
 from jobs.listing_tasks import list_lake
 from jobs.manifest_table import write_part
@@ -120,13 +126,18 @@ def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> _Listed:
     def stage(produce: Any) -> Any:
         return partial(stage_listing, produce=produce, staging=staging)
 
+    depth = cfg.label_depth or 0  # 0: no label from the path (--labels)
+    stray: list[dict[str, Any]] = []
     if cfg.inventory:
         inventory = read_inventory(cfg.inventory, bucket=src[len("s3://"):].split("/", 1)[0])
         log.info("reading %d inventory data files of %s on %s", len(inventory.files), inventory.uri, engine.name)
-        results = engine.map_partitions(stage(inventory_rows(inventory, src, label_depth=cfg.label_depth, skip=skip)),
+        results = engine.map_partitions(stage(inventory_rows(inventory, src, label_depth=depth, skip=skip)),
                                         list(inventory.files), partitions=len(inventory.files))
-        stray: list[dict[str, Any]] = []
         classes = len({label for r in results for label in r.labels})
+    elif cfg.labels:  # a flat lake: every object under the input, listed in balanced rounds
+        log.info("listing every object under %s on %s (labels from --labels %s)", src, engine.name, cfg.labels)
+        results = list_lake(engine, src, [src], label_depth=0, skip=skip, task_objects=cfg.list_task_objects, stage=stage)
+        classes = 1
     else:
         prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=skip)
         log.info("found %d class prefixes under %s; listing them on %s", len(prefixes), src, engine.name)
@@ -150,6 +161,39 @@ def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> _Listed:
     if skipped:
         log.info("skipped %d hidden or excluded objects (e.g. %s)", skipped.total(), listed.skipped_examples[0][0])
     return listed
+
+
+def label(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -> tuple[_Listed, dict[str, Any]]:
+    """Label the listed rows from ``--labels`` on the workers (:mod:`jobs.label_tasks`):
+    stage the table's rows and the listed rows by key bucket, join each bucket. Returns the
+    labelled rows as the listing for the next pass, and what the summary says of the table.
+
+    Raises :class:`ManifestError` naming the keys labelled two different ways (before any
+    object is read)."""
+    where = storage.normalize(cfg.labels or "")
+    files = label_files(where)
+    join = Join(root=storage.normalize(cfg.input), labels=where, channels=tuple(cfg.split),
+                staging=storage.join(staging, "labelling"), buckets=max(1, math.ceil(listed.rows / cfg.rows_per_part)))
+    log.info("labelling %d listed objects from %s (%d file(s)) in %d key buckets", listed.rows, where, len(files),
+             join.buckets)
+    tables = engine.map_partitions(partial(stage_table, join=join), files, partitions=len(files))
+    if listed.rows:
+        partitions = cfg.partitions or _inspect_tasks(listed.rows, engine.parallelism)
+        engine.map_partitions(partial(stage_keys, join=join), _slices(listed.parts, partitions), partitions=partitions)
+    results = engine.map_partitions(partial(join_task, join=join), list(range(join.buckets)), partitions=join.buckets)
+    report = merge(results, tables)
+    if report["conflicts"]:
+        examples = "; ".join(f"{k!r}: {', '.join(v)}" for e in report["conflict_examples"] for k, v in e.items())
+        raise ManifestError(f"--labels {where} labels {report['conflicts']} key(s) in two different ways "
+                            f"(e.g. {examples}); give each key one label and at most one channel (repeating an "
+                            "identical row is fine)")
+    if report["not_in_lake"]:
+        log.warning("%d rows of --labels %s name no object under %s (e.g. %s)", report["not_in_lake"], where,
+                    join.root, ", ".join(report["not_in_lake_examples"]))
+    parts = sorted((r["part"], r["rows"]) for r in results if r["rows"])
+    labelled = replace(listed, parts=parts, prefixes=max(1, len(report["labels"])))
+    summary = {"uri": where, "files": len(files), **{k: v for k, v in report.items() if k != "labels"}}
+    return labelled, summary
 
 
 def _slices(parts: list[tuple[str, int]], partitions: int) -> list[tuple[str, int, int]]:
@@ -178,13 +222,14 @@ def _inspect_tasks(rows: int, parallelism: int) -> int:
     return max(1, min(rows, wanted, max(2 * parallelism, _MAX_INSPECT_TASKS)))
 
 
-def _predicted_counts(cfg: ManifestConfig, labels: dict[str, int], ok: Counter[str],
+def _predicted_counts(cfg: ManifestConfig, labels: dict[str, int], ok: Counter[str], pinned: Counter[str],
                       per_row: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
     """``counts[channel][label]`` before the split runs: a per-row split's counts came back
-    from the workers (``per_row``); the stratified split's follow from the class sizes."""
-    if cfg.split_method == "stratified":
-        quotas = {label: class_quotas(ok[label], cfg.split) for label in labels}
-        return {c: {label: quotas[label][c] for label in labels} for c in cfg.split}
+    from the workers (``per_row``); the stratified split's follow from the class sizes, but
+    for the rows ``--labels`` pins (``pinned`` per class; per channel in ``per_row``)."""
+    if cfg.split_method == "stratified":  # the split's quotas of the unpinned rows, plus the pinned (in per_row)
+        quotas = {label: class_quotas(ok[label] - pinned[label], cfg.split) for label in labels}
+        return {c: {label: quotas[label][c] + per_row[label][c] for label in labels} for c in cfg.split}
     return {c: {label: per_row[label][c] for label in labels} for c in cfg.split}
 
 
@@ -203,23 +248,24 @@ def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan) 
     engine.map_partitions(partial(inspect_task, plan=plan), slices, partitions=partitions)  # several slices a task
     results = engine.map_partitions(partial(content_task, plan=plan), list(range(plan.content_buckets)),
                                     partitions=plan.content_buckets)
-    ok, reasons, per_row = Counter[str](), Counter[str](), defaultdict(Counter)
+    ok, pinned, reasons, per_row = Counter[str](), Counter[str](), Counter[str](), defaultdict(Counter)
     for r in results:
         ok.update(r["ok"])
+        pinned.update(r["pinned"])
         reasons.update(r["reasons"])
         for label, channels in r["channels"].items():
             per_row[label].update(channels)
     total, removed = sum(r["listed"] for r in results), sum(r["removed"] for r in results)
     labels = check_accepted(listed=total, reasons=reasons, removed=removed, ok_labels=list(ok),
                             max_reject_fraction=cfg.max_reject_fraction, where=where)
-    counts = _predicted_counts(cfg, labels, ok, per_row)
+    counts = _predicted_counts(cfg, labels, ok, pinned, per_row)
     check_min_per_class(counts, list(labels), cfg.min_per_class, cfg.split_method)
     return _Checked(listed=total, reasons=reasons, removed=removed, labels=labels, counts=counts,
                     duplicate_groups=sum(r["duplicate_groups"] for r in results))
 
 
 def summarize(cfg: ManifestConfig, listed: _Listed, checked: _Checked, *, parts: int, fingerprint: str,
-              duplicates: dict[str, Any]) -> dict[str, Any]:
+              duplicates: dict[str, Any], labels_table: dict[str, Any] | None = None) -> dict[str, Any]:
     counts = checked.counts
     achieved = {}
     for label in checked.labels:
@@ -234,6 +280,8 @@ def summarize(cfg: ManifestConfig, listed: _Listed, checked: _Checked, *, parts:
         "seed": cfg.seed,
         "min_per_class": cfg.min_per_class,
         "label_depth": cfg.label_depth,
+        # --labels: the table's URI, rows, objects it left unlabelled, rows naming no listed object.
+        "labels_table": labels_table,
         "labels": checked.labels,
         "fingerprint": fingerprint,
         "parts": parts,
@@ -269,7 +317,8 @@ def _remove_tables(out: str) -> None:
             storage.remove(("s3://" if out.startswith("s3://") else "file://") + entry, recursive=True)
 
 
-def load(cfg: ManifestConfig, engine: Engine, listed: _Listed, checked: _Checked, plan: Plan) -> dict[str, Any]:
+def load(cfg: ManifestConfig, engine: Engine, listed: _Listed, checked: _Checked, plan: Plan, *,
+         labels_table: dict[str, Any] | None = None) -> dict[str, Any]:
     """Split each class part and write every manifest table's part on the workers (pass 4), the
     duplicate report (pass 5, if there are duplicates), ``labels.json``, then the marker."""
     plan = replace(plan, labels=checked.labels)
@@ -279,7 +328,7 @@ def load(cfg: ManifestConfig, engine: Engine, listed: _Listed, checked: _Checked
         partial(duplicates_task, plan=plan), list(range(plan.content_buckets)), partitions=plan.content_buckets)
     duplicates = duplicates_report(found, checked.removed)
     summary = summarize(cfg, listed, checked, parts=plan.parts, fingerprint=combine_fingerprints(fingerprints),
-                        duplicates=duplicates)
+                        duplicates=duplicates, labels_table=labels_table)
     storage.write_json_atomic(labels_uri(plan.out), checked.labels)
     storage.write_json_atomic(manifest_marker_uri(plan.out), summary)  # last: the manifest is complete
     return summary
@@ -322,6 +371,9 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     staging = _staging(out)
     storage.remove(staging, recursive=True)  # a killed run's staged rows
     listed = extract(cfg, engine, staging)
+    labels_table = None
+    if cfg.labels:
+        listed, labels_table = label(cfg, engine, listed, staging)
     plan = _plan(cfg, out, staging, listed)
     checked = transform(cfg, engine, listed, plan)
     if replacing:
@@ -331,7 +383,7 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
         storage.remove(dataset_json_uri(out))
         storage.remove(marker)
     _remove_tables(out)
-    summary = load(cfg, engine, listed, checked, plan)
+    summary = load(cfg, engine, listed, checked, plan, labels_table=labels_table)
     storage.remove(staging, recursive=True)
     _warn_duplicates(summary["duplicates"])
     c = summary["counts"]

@@ -38,23 +38,28 @@ from lakeshard.format import MANIFEST_SCHEMA, manifest_part_uri, sagemaker_part_
 
 __all__ = [
     "EXAMPLES",
+    "STAGED_SCHEMA",
     "ListedPart",
     "Plan",
+    "assign_channels",
     "class_task",
     "content_task",
     "duplicates_report",
     "duplicates_task",
     "inspect_task",
+    "read_staged",
     "skip_kind",
     "stage_listing",
+    "write_staged",
 ]
 
 #: How many examples (skipped objects, duplicate groups) the summary keeps.
 EXAMPLES = 5
 
-#: Staged rows: the manifest columns, the content hash, and whether the row is an accepted
-#: object in a group of identical content.
-_STAGED_SCHEMA = MANIFEST_SCHEMA.append(pa.field("content", pa.string())).append(pa.field("duplicate", pa.bool_()))
+#: Staged rows: the manifest columns, the content hash, whether the row is an accepted object
+#: in a group of identical content, and the channel ``--labels`` pins it to (None: the split's).
+STAGED_SCHEMA = pa.schema([*MANIFEST_SCHEMA, pa.field("content", pa.string()), pa.field("duplicate", pa.bool_()),
+                           pa.field("pin", pa.string())])
 _DUPLICATE_SCHEMA = pa.schema([(n, pa.string()) for n in ("content", "key", "label", "channel")])
 
 
@@ -83,11 +88,11 @@ def skip_kind(reason: str) -> str:
     return reason if reason.startswith("excluded") else reason.split(":")[0]
 
 
-def _staged(rows: Sequence[dict[str, Any]], uri: str) -> None:
-    write_part(uri, pa.Table.from_pylist(list(rows), schema=_STAGED_SCHEMA))
+def write_staged(rows: Sequence[dict[str, Any]], uri: str) -> None:
+    write_part(uri, pa.Table.from_pylist(list(rows), schema=STAGED_SCHEMA))
 
 
-def _read_folder(folder: str) -> list[dict[str, Any]]:
+def read_staged(folder: str) -> list[dict[str, Any]]:
     """Every staged row under ``folder``, sorted by key ([] if nothing was staged there)."""
     fs, path = storage.filesystem(folder)
     try:
@@ -132,7 +137,7 @@ def stage_listing(items: list[Any], *, produce: Callable[[list[Any]], list[Any]]
     skipped = sorted((r["key"], r["reason"]) for r in rows if r["status"] == "skipped")
     name = hashlib.blake2b(repr(items).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
     uri = storage.join(staging, "listed", f"part-{name}.parquet")
-    _staged(kept, uri)
+    write_staged(kept, uri)
     part = ListedPart(uri=uri, rows=len(kept), skipped=dict(Counter(skip_kind(reason) for _, reason in skipped)),
                       skipped_examples=skipped[:EXAMPLES],
                       labels=tuple(sorted({r["label"] for r in kept if r["label"] is not None})))  # fmt: skip
@@ -151,18 +156,25 @@ def inspect_task(items: list[tuple[str, int, int]], *, plan: Plan) -> list[int]:
     name = f"part-{uri.rsplit('/', 1)[-1].split('.')[0].split('-')[-1]}-{start:09d}.parquet"
     inspected = inspect_objects(rows, sniff=plan.sniff)
     for bucket, mine in _by_bucket(inspected, lambda r: _content_bucket(r, plan.content_buckets)).items():
-        _staged(mine, storage.join(plan.folder("inspected", bucket), name))
+        write_staged(mine, storage.join(plan.folder("inspected", bucket), name))
     return [len(rows)]
 
 
-def _channel_counts(ok: Sequence[dict[str, Any]], plan: Plan) -> dict[str, dict[str, int]]:
-    """``{label: {channel: n}}`` of ``ok`` under a per-row split (the ``hash`` split); {} for
-    a split that needs the whole class (its counts follow from the class size)."""
-    if plan.split_method != "hash":
-        return {}
+def assign_channels(ok: Sequence[dict[str, Any]], plan: Plan) -> list[str]:
+    """The channel of each accepted row of ``ok``: its ``pin`` (``--labels``' channel column)
+    if it has one, else the split's (the split sees the unpinned rows only)."""
+    free = [r for r in ok if not r.get("pin")]
+    split = iter(ALGORITHMS[plan.split_method]([r["key"] for r in free], [r["label"] for r in free], plan.split, plan.seed))
+    return [r.get("pin") or next(split) for r in ok]
+
+
+def _channel_counts(ok: Sequence[dict[str, Any]], plan: Plan, *, pinned_only: bool) -> dict[str, dict[str, int]]:
+    """``{label: {channel: n}}`` of ``ok``: of every row under a per-row split (the ``hash``
+    split), of the pinned rows only for a split that needs the whole class (the others'
+    counts follow from the class size)."""
     counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(plan.split, 0))
-    channels = ALGORITHMS["hash"]([r["key"] for r in ok], [r["label"] for r in ok], plan.split, plan.seed)
-    for r, channel in zip(ok, channels):
+    rows = [r for r in ok if r.get("pin")] if pinned_only else ok
+    for r, channel in zip(rows, assign_channels(rows, plan)):
         counts[r["label"]][channel] += 1
     return dict(counts)
 
@@ -173,16 +185,17 @@ def content_task(buckets: list[int], *, plan: Plan) -> list[dict[str, Any]]:
     groups; stage the rows by class part. Returns per-bucket aggregates."""
     out = []
     for bucket in buckets:
-        rows = _read_folder(plan.folder("inspected", bucket))
+        rows = read_staged(plan.folder("inspected", bucket))
         removed = dedupe_rows([r for r in rows if r["status"] == "ok"]) if plan.dedupe else 0
         ok = [r for r in rows if r["status"] == "ok"]
         groups = same_content(ok)
         for r in (r for g in groups for r in g):
             r["duplicate"] = True
         for part, mine in _by_bucket(rows, lambda r: label_part(r["label"], plan.parts)).items():
-            _staged(mine, storage.join(plan.folder("classes", part), f"part-{bucket:05d}.parquet"))
+            write_staged(mine, storage.join(plan.folder("classes", part), f"part-{bucket:05d}.parquet"))
         out.append({"listed": len(rows), "ok": dict(Counter(r["label"] for r in ok)),
-                    "channels": _channel_counts(ok, plan), "removed": removed, "duplicate_groups": len(groups),
+                    "channels": _channel_counts(ok, plan, pinned_only=plan.split_method != "hash"),
+                    "pinned": dict(Counter(r["label"] for r in ok if r.get("pin"))), "removed": removed, "duplicate_groups": len(groups),
                     "reasons": dict(Counter(reason_kind(r["reason"]) for r in rows if r["status"] != "ok"))})
     return out
 
@@ -207,9 +220,9 @@ def class_task(parts: list[int], *, plan: Plan) -> list[dict[str, Any]]:
     the rows of duplicate groups by content bucket. Returns per-class counts and fingerprints."""
     out = []
     for part in parts:
-        rows = _read_folder(plan.folder("classes", part))
+        rows = read_staged(plan.folder("classes", part))
         ok = [r for r in rows if r["status"] == "ok"]
-        channels = ALGORITHMS[plan.split_method]([r["key"] for r in ok], [r["label"] for r in ok], plan.split, plan.seed)
+        channels = assign_channels(ok, plan)
         hashes: dict[str, Any] = defaultdict(hashlib.sha256)
         counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(plan.split, 0))
         for r, channel in zip(ok, channels):
@@ -230,7 +243,7 @@ def duplicates_task(buckets: list[int], *, plan: Plan) -> list[dict[str, Any]]:
     :data:`EXAMPLES` groups by first key, of all and of those that span channels."""
     out = []
     for bucket in buckets:
-        groups = same_content(_read_folder(plan.folder("duplicates", bucket)))
+        groups = same_content(read_staged(plan.folder("duplicates", bucket)))
         leaks = [g for g in groups if len({r["channel"] for r in g}) > 1]
 
         def examples(gs: list[list[dict[str, Any]]]) -> list[dict[str, str]]:

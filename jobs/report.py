@@ -174,7 +174,24 @@ def _lake(marker: dict[str, Any]) -> str:
                      + _table(["identical objects (channel)"], rows))
     else:
         parts.append("<p>No two accepted objects have the same content.</p>")
-    return _section("The lake: skipped objects and duplicates", "".join(parts))
+    return _section("The lake: skipped objects and duplicates", "".join(parts) + _labels_table(marker))
+
+
+def _labels_table(marker: dict[str, Any]) -> str:
+    """What the ``--labels`` table left out: the objects it does not label (rejected) and its
+    rows that name no object of the lake; empty for path labels."""
+    table = marker.get("labels_table")
+    if not table:
+        return ""
+    missing = table.get("not_in_lake", 0)
+    examples = ", ".join(f"<code>{_e(k)}</code>" for k in table.get("not_in_lake_examples", []))
+    rows = [("rows in the table", table.get("rows", 0)),
+            ("objects without a label row (rejected: no label)", table.get("unlabelled", 0)),
+            ("objects pinned to a channel", table.get("pinned", 0)),
+            ("label rows naming no object of the lake", missing)]
+    note = (f"<p class='warn'>{missing} label row(s) name no object under the input (e.g. {examples}).</p>"
+            if missing else "")
+    return f"<h3>Labels from <code>{_e(table.get('uri'))}</code></h3>" + note + _table(["", "count"], rows)
 
 
 def _read_marker(root: str) -> dict[str, Any]:

@@ -29,7 +29,12 @@ class ManifestConfig:
                             help="hash: stable as the lake grows; stratified: exact per-class counts")
     seed: int = opt(0, parse=parse_seed, help="seed of the split (and, by default, of the shard job), in [0, 2**32 - 1]")
     min_per_class: int = opt(1, help="fail unless every class has at least this many objects in every channel")
-    label_depth: int = opt(1, help="which path component below the input is the label (1 = the first)")
+    label_depth: int | None = opt(None, help="which path component below the input is the label (1 = the first; "
+                                             "the default: 1, or none with --labels, with which it cannot be given)")
+    labels: str | None = opt(None, help="a CSV, Parquet or JSON Lines table (or a folder of them) of the labels: a 'key' "
+                                        "(relative to --input) or 'uri' column, a 'label' column and optionally a "
+                                        "'channel' column pinning an object to a channel; every object under --input "
+                                        "is listed (no path label), and one with no label row is rejected")
     max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of listed objects is rejected")
     overwrite: bool = opt(False, help="replace an existing manifest (and invalidate the dataset built on it)")
     engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
@@ -56,7 +61,9 @@ class ManifestConfig:
         object.__setattr__(self, "seed", parse_seed(self.seed))
         object.__setattr__(self, "exclude", parse_globs(self.exclude))
         check_positive("min_per_class", self.min_per_class)
-        check_positive("label_depth", self.label_depth)
+        check_positive("label_depth", self.label_depth, allow_none=True)
+        if self.label_depth is None and self.labels is None:
+            object.__setattr__(self, "label_depth", 1)  # path labels, the default
         check_positive("partitions", self.partitions, allow_none=True)
         check_positive("list_task_objects", self.list_task_objects)
         check_positive("rows_per_part", self.rows_per_part)

@@ -174,3 +174,27 @@ def test_a_missing_inventory_or_a_local_input_is_named(tmp_path):
     (tmp_path / "raw").mkdir()
     with pytest.raises(ConfigError, match=r"--inventory .* but --input file://.*/raw is not an s3:// prefix"):
         check_manifest_inputs(ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / "o"), inventory=uri))
+
+
+@pytest.mark.s3
+def test_labels_table_with_an_inventory(s3_bucket, tmp_path):
+    """``--labels`` with ``--inventory``: the inventory's objects under --input are the flat
+    lake, labelled from the table, as a listing of the prefix gives."""
+    bucket = s3_bucket[len("s3://"):]
+    _upload_lake(bucket)
+    inventory = _write_inventory(bucket, "Parquet")
+    keys = [o["Key"][len("raw/"):] for o in boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix="raw/")["Contents"]]
+    lines = ["key,label"] + [f"{k},{'cat' if k == 'stray.png' else k.split('/')[0]}" for k in keys if "," not in k]
+    table = f"{s3_bucket}/meta/labels.csv"
+    boto3.client("s3").put_object(Bucket=bucket, Key="meta/labels.csv", Body="\n".join(lines).encode())
+    listed = _manifest(bucket, str(tmp_path / "listed"), labels=table)
+    from_inventory = _manifest(bucket, str(tmp_path / "inventory"), labels=table, inventory=inventory)
+
+    assert from_inventory["counts"] == listed["counts"]
+    assert from_inventory["fingerprint"] == listed["fingerprint"]
+    for name in ("all", "train", "validation", "rejects"):
+        a, b = (read_channel(str(tmp_path / d), name) for d in ("listed", "inventory"))
+        assert a.to_pylist() == b.to_pylist(), name
+    rows = {r["key"]: r for r in read_channel(str(tmp_path / "inventory"), "all").to_pylist()}
+    assert (rows["stray.png"]["status"], rows["stray.png"]["label"]) == ("ok", "cat")  # a path label would reject it
+    assert from_inventory["labels_table"]["unlabelled"] == 0
