@@ -47,7 +47,7 @@ def _expected(root: Path, info: DatasetInfo, channel: str) -> dict[str, tuple[in
 
 
 def _manifest_labels(root: Path, channel: str) -> dict[str, int]:
-    t = pq.read_table(root / "manifests" / f"{channel}.parquet", columns=["uri", "label_index"])
+    t = pq.read_table(root / "manifests" / channel, columns=["uri", "label_index"])  # a folder of parts
     return dict(zip(t["uri"].to_pylist(), t["label_index"].to_pylist()))
 
 
