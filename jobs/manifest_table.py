@@ -99,15 +99,13 @@ def read_channel_rows(root: str, channel: str, *, labels: Sequence[str] | None =
     with neither the whole table; all columns, or ``columns``. Row order is not specified."""
     if labels is not None:
         n = manifest_parts(root)
-        wanted = pa.array(sorted(set(labels)), pa.string())
-        read = None if columns is None or "label" in columns else [*columns, "label"]
-        tables = [read_part(manifest_part_uri(root, channel, p, n), read or columns)
+        read = None if columns is None else list(dict.fromkeys([*columns, "label"]))  # the filter needs label
+        schema = MANIFEST_SCHEMA if read is None else pa.schema([MANIFEST_SCHEMA.field(c) for c in read])
+        tables = [read_part(manifest_part_uri(root, channel, p, n), read)
                   for p in sorted({label_part(label, n) for label in labels})]  # fmt: skip
-        schema = MANIFEST_SCHEMA if read is None and columns is None else pa.schema(
-            [MANIFEST_SCHEMA.field(c) for c in (read or columns)])
         table = pa.concat_tables(tables) if tables else schema.empty_table()
-        table = table.filter(pc.is_in(table["label"], value_set=wanted))
-        return table.select(list(columns)) if columns is not None else table
+        table = table.filter(pc.is_in(table["label"], value_set=pa.array(sorted(set(labels)), pa.string())))
+        return table if columns is None else table.select(list(columns))
     if part is None:
         return read_channel(root, channel, columns=columns)
     return read_part(manifest_part_uri(root, channel, part, manifest_parts(root)), columns)
