@@ -17,9 +17,10 @@ import random
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
-__all__ = ["FaultProxy"]
+__all__ = ["FaultProxy", "Request"]
 
 _ERRORS = {
     500: ("InternalError", "We encountered an internal error. Please try again."),
@@ -27,6 +28,18 @@ _ERRORS = {
     403: ("AccessDenied", "Access Denied"),
 }
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
+
+
+class Request(NamedTuple):
+    """One request as the proxy got it, and what became of it."""
+
+    method: str
+    path: str  #: with the query string
+    copy_source: str | None  #: the ``x-amz-copy-source`` header: a CopyObject or UploadPartCopy
+    byte_range: str | None  #: the ``Range`` header
+    #: ``"forwarded"`` (sent upstream), an injected fault (``403``, ``500``, ``503``, ``"drop"``),
+    #: or ``"cut"`` (forwarded, its body cut off halfway)
+    fate: int | str
 
 
 def _error_body(code: str, message: str, path: str) -> bytes:
@@ -37,9 +50,8 @@ def _error_body(code: str, message: str, path: str) -> bytes:
 class FaultProxy:
     """``mode`` is ``"pass"`` (forward everything), ``"faults"`` (a seeded ``rate`` of requests
     fail transiently) or ``"deny"`` (every request gets 403). ``injected`` counts what was
-    injected, by kind; ``requests`` counts every request and ``log`` holds each one as the server
-    got it: ``(method, path, x-amz-copy-source header or None)`` (a CopyObject or UploadPartCopy
-    is a PUT with that header)."""
+    injected, by kind; ``requests`` counts every request and ``log`` holds each one as a
+    :class:`Request`, in the order they came; :attr:`forwarded` those that reached the store."""
 
     def __init__(self, upstream: str, *, seed: int = 0) -> None:
         parts = urlsplit(upstream)
@@ -59,12 +71,10 @@ class FaultProxy:
         self.most_stalled = 0  #: the most requests held at once
         self.stalled_total = 0
         self.timed_out = 0  #: held requests let go by ``hold_s``, not by :meth:`unstall`
-        #: ``(method, path, Range header)`` of every request forwarded upstream, in order.
-        self.forwarded: list[tuple[str, str, str | None]] = []
         self._seen: set[tuple[str, str | None]] = set()
         self.held: list[tuple[str, str, str | None]] = []  #: every request held, in order
         self._unstalled = threading.Event()
-        self.log: list[tuple[str, str, str | None]] = []
+        self.log: list[Request] = []
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -76,7 +86,8 @@ class FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                fault = proxy._choose(self.command, self.path, self.headers.get("x-amz-copy-source"))
+                fault = proxy._choose(self.command, self.path, self.headers.get("x-amz-copy-source"),
+                                      self.headers.get("Range"))
                 if fault == "drop":
                     self.close_connection = True
                     self.connection.shutdown(2)  # no response at all: a dropped connection
@@ -126,18 +137,25 @@ class FaultProxy:
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="hardening-fault-proxy", daemon=True)
 
-    def _choose(self, method: str, path: str, copy_source: str | None) -> int | str | None:
+    def _choose(self, method: str, path: str, copy_source: str | None, byte_range: str | None) -> int | str | None:
         with self._lock:
             self.requests += 1
-            self.log.append((method, path, copy_source))
+            fault: int | str | None = None
             if self.mode == "deny" and self.match in path:
-                self.injected["403"] += 1
-                return 403
-            if self.mode != "faults" or self._rng.random() >= self.rate:
-                return None
-            fault = self._rng.choice([500, 503, "drop", "cut"])
-            self.injected[str(fault)] += 1
+                fault = 403
+            elif self.mode == "faults" and self._rng.random() < self.rate:
+                fault = self._rng.choice([500, 503, "drop", "cut"])
+            if fault is not None:
+                self.injected[str(fault)] += 1
+            self.log.append(Request(method, path, copy_source, byte_range, "forwarded" if fault is None else fault))
             return fault
+
+    @property
+    def forwarded(self) -> list[Request]:
+        """The requests let through to the store, in the order they came (a held one is listed
+        from the moment it came; a ``"cut"`` one too: its body was cut on the way back)."""
+        with self._lock:
+            return [r for r in self.log if r.fate in ("forwarded", "cut")]
 
     def _maybe_stall(self, method: str, path: str, byte_range: str | None) -> None:
         with self._lock:
@@ -155,8 +173,6 @@ class FaultProxy:
             with self._lock:
                 self.stalled -= 1
                 self.timed_out += not answered
-        with self._lock:
-            self.forwarded.append((method, path, byte_range))
 
     def stall_requests(self, which: str) -> None:
         """Hold requests from now on: ``"repeats"`` or ``"all"`` (see :attr:`stall`)."""

@@ -21,6 +21,7 @@ from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.format import DatasetInfo, channel_shards, open_shard, read_dataset_info, shard_version
 from loaders import ShardLoader
+from tests.hardening.faultproxy import FaultProxy, Request
 from tests.hardening.helpers import dataset_digest, job_env, run_until
 from tests.helpers.checks import check_dataset
 from tests.helpers.lake import encode, make_image, write_lake
@@ -44,8 +45,8 @@ def _s3_lake(bucket: str, tmp_path: Path) -> str:
     return f"{bucket}/raw"
 
 
-def _copies(proxy) -> list[tuple[str, str, str | None]]:
-    return [r for r in proxy.log if r[2] is not None]
+def _copies(proxy: FaultProxy) -> list[Request]:
+    return [r for r in proxy.log if r.copy_source is not None]
 
 
 def _read_all(root: str, info: DatasetInfo) -> None:
@@ -80,7 +81,7 @@ def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, f
     v1 = shard_version(first)
     assert v1 is not None and v1.startswith(first.dataset_version + "-")
     assert all(s.path.startswith(f"shards/v={v1}/channel=") for c in first.channels.values() for s in c.shards)
-    put_shards = {unquote(p) for m, p, _ in fault_proxy.log if m in ("PUT", "POST") and ".parquet" in p and "/shards/" in p}
+    put_shards = {unquote(r.path) for r in fault_proxy.log if r.method in ("PUT", "POST") and ".parquet" in r.path and "/shards/" in r.path}
     assert put_shards and all(f"/shards/v={v1}/" in p for p in put_shards), sorted(put_shards)[:5]
 
     # The same dataset again (--overwrite): a new version folder; the old one is not touched.
@@ -89,7 +90,7 @@ def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, f
     assert _copies(fault_proxy) == []
     v2 = shard_version(second)
     assert second.dataset_version == first.dataset_version and v2 != v1
-    assert not [p for m, p, _ in fault_proxy.log if m == "DELETE" and f"/v={v1}" in unquote(p)]
+    assert not [r.path for r in fault_proxy.log if r.method == "DELETE" and f"/v={v1}" in unquote(r.path)]
     _read_all(out, first)  # a reader holding the old dataset.json still reads whole shards
     check_dataset(out)
 

@@ -155,7 +155,7 @@ def test_processes_share_one_cache_and_one_download(tmp_path: Path, s3_bucket: s
     assert [r["batches"] for r in results] == [expected, expected]
     assert sorted(len(r["downloaded"]) for r in results) == [0, 1]  # one process downloaded, one waited
     key = f"/{remote[len('s3://'):]}/{shard.relative_to(tmp_path / 'ds').as_posix()}"
-    gets = [r for m, path, r in proxy.forwarded if m == "GET" and unquote(path.split("?")[0]) == key]
+    gets = [r.byte_range for r in proxy.forwarded if r.method == "GET" and unquote(r.path.split("?")[0]) == key]
     assert shard.stat().st_size > 1 << 16  # so no footer read (the last 64 KiB) starts at byte 0
     assert gets, proxy.forwarded
     assert [r for r in gets if r is None or r.startswith("bytes=0-")] == [f"bytes=0-{shard.stat().st_size - 1}"]
