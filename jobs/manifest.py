@@ -16,6 +16,9 @@ counts) -> load (split each class, write the tables): every row stays on the wor
 under ``_staging/manifest/``; the driver sees counts per class and per reason
 (:mod:`jobs.manifest_tasks`; the rules are :mod:`jobs.catalog`'s).
 
+With ``--input-manifest`` the objects and labels come from a SageMaker Ground Truth manifest
+(:mod:`jobs.ground_truth`), not a listing.
+
 With ``--labels`` the labels come from a table instead of the path: the whole input is
 listed, and the workers join the listed rows with the table's by key (:mod:`jobs.label_tasks`)
 before any object is read.
