@@ -34,6 +34,8 @@ OBJECTS = {(f"img_{i:03d}.png" if i % 4 else f"shoot{i % 3}/img_{i:03d}.png"): i
 FAILED = "img_005.png"  # in the lake; its line has no label (the worker failed)
 UNLISTED = "img_006.png"  # in the lake, not in the manifest: not an object of this dataset
 GHOST = "img_999.png"  # a line whose object does not exist
+FOLDER = "shoot0"  # a line naming a folder (an S3 prefix), not an object
+HIDDEN = ".trash/img_000.png"  # a line naming a hidden key: skipped, as a listing skips it
 OUTSIDE_KEY = "elsewhere/img_000.png"  # a line whose object is outside --input (relative to the base)
 
 
@@ -57,8 +59,8 @@ def _line(uri: str, i: int) -> dict[str, Any]:
 
 
 def _manifest_lines(lake: str, base: str) -> list[dict[str, Any]]:
-    """Every object but UNLISTED; FAILED with a failure-reason; a GHOST line; a line outside
-    the lake; an identical repeat of one line."""
+    """Every object but UNLISTED; FAILED with a failure-reason; a GHOST, a FOLDER and a HIDDEN line;
+    a line outside the lake; an identical repeat of one line."""
     lines = []
     for key, i in sorted(OBJECTS.items()):
         if key == UNLISTED:
@@ -69,6 +71,8 @@ def _manifest_lines(lake: str, base: str) -> list[dict[str, Any]]:
         else:
             lines.append(_line(f"{lake}/{key}", i))
     lines.insert(7, _line(f"{lake}/{GHOST}", 1))
+    lines.insert(12, _line(f"{lake}/{FOLDER}", 0))
+    lines.insert(15, _line(f"{lake}/{HIDDEN}", 0))
     lines.insert(3, _line(f"{base}/{OUTSIDE_KEY}", 2))
     lines.append(dict(lines[10]))
     return lines
@@ -131,14 +135,15 @@ def _check(out: str, summary: dict[str, Any], lake: str, manifest: str, data: di
     assert summary["rejects_by_reason"] == {"no label": 1}
     assert summary["counts"]["listed"] == len(expected_keys)
     assert summary["label_depth"] is None
+    assert (summary["counts"]["skipped"], summary["skipped_by_reason"]) == (1, {"hidden": 1})
     for channel in SPLIT:
         assert sorted(read_channel(out, channel)["key"].to_pylist()) == sorted(
             k for k, r in rows.items() if r["channel"] == channel)
     t = summary["labels_table"]
     assert (t["uri"], t["format"], t["label_attribute"]) == (manifest, "sagemaker-ground-truth", ATTR)
-    assert (t["rows"], t["unlabelled"], t["missing_objects"], t["outside_input"], t["not_in_lake"]) == (26, 1, 1, 1, 2)
+    assert (t["rows"], t["unlabelled"], t["missing_objects"], t["outside_input"], t["not_in_lake"]) == (28, 1, 2, 1, 3)
     assert t["outside_input_examples"] == [f"{lake.rsplit('/', 1)[0]}/{OUTSIDE_KEY}"]
-    assert GHOST in t["not_in_lake_examples"]
+    assert GHOST in t["not_in_lake_examples"] and FOLDER in t["not_in_lake_examples"]
 
 
 def test_ground_truth_manifest_local(tmp_path: Path, local_engine) -> None:
