@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.dataset_info import dataset_version
+from jobs.ground_truth import check_input_manifest
 from jobs.inventory import read_inventory
 from jobs.labels import check_labels
 from jobs.settings import ManifestConfig, ShardConfig
@@ -88,12 +89,15 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
     """The manifest job's ``--input`` and ``--output`` are URIs this platform reads, a local
     input exists, the output is neither the input nor inside it (the next run would list
     the dataset as lake objects): a :class:`ConfigError` names both URIs; an
-    ``--inventory`` is a readable S3 Inventory report of the input's bucket; a ``--labels``
+    ``--inventory`` is a readable S3 Inventory report of the input's bucket; an
+    ``--input-manifest`` is a Ground Truth manifest (:func:`_check_ground_truth`); a ``--labels``
     table (not with ``--label-depth``) is readable and every value in it is valid
     (:func:`jobs.labels.check_labels`)."""
     src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
     if src.startswith("file://") and not storage.exists(src):
         raise ManifestError(f"--input {cfg.input!r}: {src} does not exist")
+    if cfg.input_manifest is not None or cfg.label_attribute is not None:
+        _check_ground_truth(cfg, src)
     if cfg.inventory is not None:
         _check_inventory(cfg, src)
     if cfg.labels is not None:
@@ -116,6 +120,28 @@ def _check_inventory(cfg: ManifestConfig, src: str) -> None:
         raise ConfigError(f"--inventory {cfg.inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
                           "prefix; list a local lake without --inventory")
     read_inventory(cfg.inventory, bucket=src[len("s3://"):].split("/", 1)[0])
+
+
+def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
+    """``--input-manifest`` comes with ``--label-attribute`` and none of the other sources of
+    objects or labels, and its first lines are Ground Truth classification lines under
+    ``--input`` (see :func:`jobs.ground_truth.check_input_manifest`)."""
+    if cfg.input_manifest is None:
+        raise ConfigError(f"--label-attribute {cfg.label_attribute!r} is only for --input-manifest (a SageMaker Ground "
+                          "Truth manifest); drop it, or give the manifest")
+    for flag, value in (("--labels", cfg.labels), ("--label-depth", cfg.label_depth), ("--inventory", cfg.inventory)):
+        if value is not None:
+            raise ConfigError(f"--input-manifest {cfg.input_manifest} and {flag} {value} cannot be combined: the Ground "
+                              f"Truth manifest names the objects and their labels; drop {flag} (or "
+                              f"{flag[2:].replace('-', '_')} in the --conf file)")
+    attribute = cfg.label_attribute
+    if not attribute or not attribute.strip():
+        raise ConfigError(f"--input-manifest {cfg.input_manifest} needs --label-attribute: the name of the label "
+                          "attribute of the Ground Truth job (its LabelAttributeName, e.g. 'sport')")
+    if attribute.endswith(("-metadata", "-ref")):
+        raise ConfigError(f"--label-attribute {attribute!r}: give the label attribute itself (not its -metadata; "
+                          "a -ref attribute is a semantic segmentation mask, which is not supported)")
+    check_input_manifest(cfg.input_manifest, attribute=attribute, root=src)
 
 
 def _local_path(uri: str) -> str:

@@ -16,6 +16,9 @@ counts) -> load (split each class, write the tables): every row stays on the wor
 under ``_staging/manifest/``; the driver sees counts per class and per reason
 (:mod:`jobs.manifest_tasks`; the rules are :mod:`jobs.catalog`'s).
 
+With ``--input-manifest`` the objects and labels come from a SageMaker Ground Truth manifest
+(:mod:`jobs.ground_truth`), not a listing.
+
 With ``--labels`` the labels come from a table instead of the path: the whole input is
 listed, and the workers join the listed rows with the table's by key (:mod:`jobs.label_tasks`)
 before any object is read.
@@ -46,6 +49,7 @@ import pyarrow as pa
 from jobs.catalog import check_accepted, check_min_per_class, combine_fingerprints, split_function
 from jobs.engines import Engine
 from jobs.engines.cli import job_parser, run_job
+from jobs.ground_truth import read_manifest
 from jobs.inputs import check_manifest_inputs
 from jobs.inventory import inventory_rows, read_inventory
 from jobs.label_tasks import Join, join_task, merge, stage_keys, stage_table
@@ -370,8 +374,15 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     storage.remove_temporaries(out)  # half-written files of a killed run
     staging = _staging(out)
     storage.remove(staging, recursive=True)  # a killed run's staged rows
-    listed = extract(cfg, engine, staging)
     labels_table = None
+    if cfg.input_manifest:  # the objects and their labels from a Ground Truth manifest (jobs/ground_truth.py)
+        gt = read_manifest(engine, uri=cfg.input_manifest, attribute=cfg.label_attribute or "", root=cfg.input,
+                           skip=_skip(cfg), rows_per_part=cfg.rows_per_part, staging=staging)
+        listed = _Listed(parts=gt.parts, prefixes=max(1, len(gt.labels)), skipped=gt.skipped,
+                         skipped_examples=gt.skipped_examples)
+        labels_table = gt.summary
+    else:
+        listed = extract(cfg, engine, staging)
     if cfg.labels:
         listed, labels_table = label(cfg, engine, listed, staging)
     plan = _plan(cfg, out, staging, listed)

@@ -35,6 +35,11 @@ class ManifestConfig:
                                         "(relative to --input) or 'uri' column, a 'label' column and optionally a "
                                         "'channel' column pinning an object to a channel; every object under --input "
                                         "is listed (no path label), and one with no label row is rejected")
+    input_manifest: str | None = opt(None, help="a SageMaker Ground Truth augmented manifest (JSON Lines of 'source-ref' "
+                                                "and the --label-attribute): its objects under --input, not a listing "
+                                                "of --input, are the lake, labelled with their class names")
+    label_attribute: str | None = opt(None, help="with --input-manifest: the label attribute of the Ground Truth job "
+                                                 "(its LabelAttributeName), whose class name labels each object")
     max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of listed objects is rejected")
     overwrite: bool = opt(False, help="replace an existing manifest (and invalidate the dataset built on it)")
     engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
@@ -62,7 +67,7 @@ class ManifestConfig:
         object.__setattr__(self, "exclude", parse_globs(self.exclude))
         check_positive("min_per_class", self.min_per_class)
         check_positive("label_depth", self.label_depth, allow_none=True)
-        if self.label_depth is None and self.labels is None:
+        if self.label_depth is None and self.labels is None and self.input_manifest is None:
             object.__setattr__(self, "label_depth", 1)  # path labels, the default
         check_positive("partitions", self.partitions, allow_none=True)
         check_positive("list_task_objects", self.list_task_objects)
