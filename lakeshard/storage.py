@@ -316,7 +316,7 @@ def remove(uri: str, *, recursive: bool = False) -> None:
 def replace(src: str, dst: str) -> None:
     """Rename ``src`` (a file or a folder) onto ``dst``: one ``os.replace``, atomic. Local
     filesystems only: S3 has no rename (a move there is a copy of every byte), so writers on S3
-    write each object once where it stays (``docs/design/XXXX-versioned-shards.md``).
+    write each object once where it stays (``docs/design/0012-versioned-shards.md``).
 
     Raises:
         StorageError: a URI that is not local, or the rename failed (naming both URIs).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,6 +80,24 @@ def spark_engine(spark):
     from jobs.engines.spark_engine import SparkEngine
 
     return SparkEngine(spark=spark)
+
+
+@pytest.fixture(scope="session")
+def dask_client(s3_endpoint: str) -> Iterator[Any]:
+    """A LocalCluster of two worker processes, one thread each (as the engine starts its own),
+    started after the S3 environment is set so its workers inherit it."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture()
+def dask_engine(dask_client):
+    from jobs.engines.dask_engine import DaskEngine
+
+    return DaskEngine(client=dask_client)
 
 
 @pytest.fixture()

@@ -91,24 +91,6 @@ def spark_reference(spark, mixed_lake: str, tmp_path_factory: pytest.TempPathFac
     return build_dataset(SparkEngine(spark=spark), mixed_lake, str(tmp_path_factory.mktemp("spark-local") / "ds"))
 
 
-@pytest.fixture(scope="session")
-def dask_client(s3_endpoint: str) -> Iterator[Any]:
-    """A LocalCluster of two worker processes, one thread each (as the engine starts its own),
-    started after the S3 environment is set so its workers inherit it."""
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
-        yield client
-
-
-@pytest.fixture()
-def dask_engine(dask_client):
-    from jobs.engines.dask_engine import DaskEngine
-
-    return DaskEngine(client=dask_client)
-
-
 @pytest.fixture(scope="module")
 def dask_cli_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1; yields the address."""

@@ -23,7 +23,6 @@ from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, ManifestError
 from lakeshard.format import read_dataset_info
-from tests.engines.conftest import dask_client, dask_engine  # noqa: F401  (fixtures)
 from tests.helpers.lake import encode, make_image
 
 ATTR = "animal"
