@@ -35,6 +35,9 @@ class ManifestConfig:
                                         "(relative to --input) or 'uri' column, a 'label' column and optionally a "
                                         "'channel' column pinning an object to a channel; every object under --input "
                                         "is listed (no path label), and one with no label row is rejected")
+    base: str | None = opt(None, help="a previous complete manifest of the same --input, labels and split: objects it "
+                                      "listed with the same size and ETag (local: size and modification time) are not "
+                                      "read again; the result is what a build without --base writes")
     max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of listed objects is rejected")
     overwrite: bool = opt(False, help="replace an existing manifest (and invalidate the dataset built on it)")
     engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
