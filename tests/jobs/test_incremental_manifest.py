@@ -13,10 +13,18 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs.inputs import check_manifest_inputs
+from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, ManifestError
-from tests.helpers.incremental import NOT_AN_IMAGE, assert_same_tables, build, channels, grow, write_lake_objects
+from tests.helpers.incremental import (
+    NOT_AN_IMAGE,
+    assert_same_tables,
+    build,
+    channels,
+    grow,
+    write_lake_objects,
+)
 
 
 def _check_counts(summary: dict[str, Any], before: list[str], growth: Any, root_a: str) -> None:
@@ -50,6 +58,7 @@ def test_base_gives_the_manifest_built_from_scratch(tmp_path: Path, local_engine
     _check_counts(summary, before, growth, a)
     assert (summary["base"]["moved"], summary["base"]["moved_examples"]) == (0, [])  # the hash split
     assert summary["rejects_by_reason"] == {"not an image": 1}
+    assert read_channel(b, "rejects")["key"].to_pylist() == [NOT_AN_IMAGE]  # reused as the reject it was
     assert channels(b)["cat/img_001.png"] == channels(a)["cat/img_001.png"]
     assert storage.read_json(f"{c}/manifests/_manifest.json")["base"] is None
 
