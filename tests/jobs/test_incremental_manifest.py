@@ -27,16 +27,17 @@ from tests.helpers.incremental import (
 )
 
 
-def _check_counts(summary: dict[str, Any], before: list[str], growth: Any, root_a: str) -> None:
-    """The summary's ``base`` counts are what :func:`grow` did to the lake."""
+def _check_counts(summary: dict[str, Any], before: list[str], growth: Any, root_a: str, *, unread: int = 0) -> None:
+    """The summary's ``base`` counts are what :func:`grow` did to the lake (``unread``: the
+    unchanged objects rejected before any read, so not reused)."""
     base = summary["base"]
     unchanged = len(before) - len(growth.removed) - len(growth.changed)
     assert base["root"] == root_a
     assert base["fingerprint"] == storage.read_json(f"{root_a}/manifests/_manifest.json")["fingerprint"]
     assert base["objects"] == len(before)
-    assert (base["unchanged"], base["reused"]) == (unchanged, unchanged)  # the non-image too: its reject is reused
+    assert (base["unchanged"], base["reused"]) == (unchanged, unchanged - unread)  # the non-image's reject is reused
     assert (base["new"], base["changed"]) == (len(growth.added), len(growth.changed))
-    assert base["inspected"] == len(growth.added) + len(growth.changed)
+    assert base["inspected"] == len(growth.added) + len(growth.changed) + unread
     assert (base["left"], base["left_examples"]) == (len(growth.removed), sorted(growth.removed))
 
 
@@ -44,6 +45,7 @@ def test_base_gives_the_manifest_built_from_scratch(tmp_path: Path, local_engine
     lake = storage.normalize(str(tmp_path / "lake"))
     a, b, c = (storage.normalize(str(tmp_path / n)) for n in ("a", "b", "c"))
     before = write_lake_objects(lake)
+    storage.write_bytes_atomic(f"{lake}/README.txt", b"above the label level: rejected as it is listed")
     build(local_engine, lake, a)
     growth = grow(lake, before)
     build(local_engine, lake, c)
@@ -55,12 +57,44 @@ def test_base_gives_the_manifest_built_from_scratch(tmp_path: Path, local_engine
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     summary = build(local_engine, lake, b, base=a)
     assert_same_tables(b, c)
-    _check_counts(summary, before, growth, a)
+    _check_counts(summary, [*before, "README.txt"], growth, a, unread=1)
     assert (summary["base"]["moved"], summary["base"]["moved_examples"]) == (0, [])  # the hash split
-    assert summary["rejects_by_reason"] == {"not an image": 1}
-    assert read_channel(b, "rejects")["key"].to_pylist() == [NOT_AN_IMAGE]  # reused as the reject it was
+    assert summary["rejects_by_reason"] == {"no label": 1, "not an image": 1}
+    assert NOT_AN_IMAGE in read_channel(b, "rejects")["key"].to_pylist()  # reused as the reject it was
     assert channels(b)["cat/img_001.png"] == channels(a)["cat/img_001.png"]
     assert storage.read_json(f"{c}/manifests/_manifest.json")["base"] is None
+
+
+def _label_table(uri: str, keys: list[str]) -> str:
+    lines = ["key,label", *(f"{k},{k.split('/')[0]}" for k in sorted(keys))]
+    storage.write_bytes_atomic(uri, ("\n".join(lines) + "\n").encode())
+    return storage.normalize(uri)
+
+
+def test_base_with_a_labels_table_and_a_stray_object(tmp_path: Path, local_engine) -> None:
+    """With --labels (the table grows with the lake; its rows for gone objects stay) and an
+    object with no label row (a reject before any read, so unchanged but read again if it gets
+    a label: here it does not, and it is not reused)."""
+    lake = storage.normalize(str(tmp_path / "lake"))
+    a, b, c = (storage.normalize(str(tmp_path / n)) for n in ("a", "b", "c"))
+    before = write_lake_objects(lake)
+    storage.write_bytes_atomic(f"{lake}/stray.png", b"an object with no label row")
+    table = _label_table(str(tmp_path / "labels.csv"), before)
+    build(local_engine, lake, a, labels=table)
+    growth = grow(lake, before)
+    _label_table(str(tmp_path / "labels.csv"), before + growth.added)
+    summary = build(local_engine, lake, b, base=a, labels=table)
+    build(local_engine, lake, c, labels=table)
+    assert_same_tables(b, c)
+    base = summary["base"]
+    unchanged = len(before) + 1 - len(growth.removed) - len(growth.changed)
+    assert (base["unchanged"], base["reused"]) == (unchanged, unchanged - 1)  # the stray one is not reused
+    assert (base["new"], base["changed"], base["left"]) == (len(growth.added), 1, len(growth.removed))
+    assert summary["rejects_by_reason"] == {"no label": 1, "not an image": 1}
+    assert summary["labels_table"]["not_in_lake"] == len(growth.removed)
+    with pytest.raises(ManifestError) as err:  # path labels on a base labelled from the table
+        check_manifest_inputs(_cfg(lake, str(tmp_path / "d"), a))
+    assert f"took its labels from --labels {table}, this run from the path (--label-depth 1)" in str(err.value)
 
 
 @pytest.mark.s3
@@ -176,3 +210,19 @@ def test_the_cli_names_the_refusal_in_one_line(tmp_path: Path, base_a: tuple[str
     assert err[-1].startswith("jobs/manifest.py: error: --base ")
     assert "was split with --seed 5, this run with --seed 9" in err[-1]
     assert not (tmp_path / "b").exists()
+
+
+def test_base_with_dedupe_reuses_the_removed_copies(tmp_path: Path, local_engine) -> None:
+    """A copy the base's --dedupe rejected was read (its format is in the base): it is reused,
+    and --dedupe rejects it again, as from scratch."""
+    lake = storage.normalize(str(tmp_path / "lake"))
+    a, b, c = (storage.normalize(str(tmp_path / n)) for n in ("a", "b", "c"))
+    before = write_lake_objects(lake)
+    storage.write_bytes_atomic(f"{lake}/cat/copy.png", storage.read_bytes(f"{lake}/cat/img_001.png"))
+    build(local_engine, lake, a, dedupe=True)
+    growth = grow(lake, before)
+    summary = build(local_engine, lake, b, base=a, dedupe=True)
+    build(local_engine, lake, c, dedupe=True)
+    assert_same_tables(b, c)
+    _check_counts(summary, [*before, "cat/copy.png"], growth, a)
+    assert summary["duplicates"]["removed"] == 1
