@@ -226,3 +226,16 @@ def test_base_with_dedupe_reuses_the_removed_copies(tmp_path: Path, local_engine
     assert_same_tables(b, c)
     _check_counts(summary, [*before, "cat/copy.png"], growth, a)
     assert summary["duplicates"]["removed"] == 1
+
+
+def test_the_cli_prints_the_base_counts(tmp_path: Path, base_a: tuple[str, str],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    lake, a = base_a
+    storage.remove(f"{lake}/fox/img_010.png")
+    storage.write_bytes_atomic(f"{lake}/fox/new.png", storage.read_bytes(f"{lake}/fox/img_001.png")[:-1] + b"\0")
+    code = manifest_job.main(["--engine", "local", "--input", lake, "--output", str(tmp_path / "b"), "--base", a,
+                              "--seed", "5", "--split", "train=0.6,validation=0.2,test=0.2"])
+    assert code == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == (f"base {a}: 60 unchanged (60 not read again), 1 new, 0 changed, 1 left the lake "
+                       "(e.g. fox/img_010.png), 0 moved to another channel")
