@@ -16,6 +16,7 @@ from jobs.dataset_info import dataset_version
 from jobs.ground_truth import check_input_manifest
 from jobs.inventory import read_inventory
 from jobs.labels import check_labels
+from jobs.manifest_base import check_base
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, DatasetExistsError, ManifestError, ShardError
@@ -92,7 +93,8 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
     ``--inventory`` is a readable S3 Inventory report of the input's bucket; an
     ``--input-manifest`` is a Ground Truth manifest (:func:`_check_ground_truth`); a ``--labels``
     table (not with ``--label-depth``) is readable and every value in it is valid
-    (:func:`jobs.labels.check_labels`)."""
+    (:func:`jobs.labels.check_labels`); a ``--base`` is a complete manifest of the same input,
+    label source and split (:func:`jobs.manifest_base.check_base`)."""
     src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
     if src.startswith("file://") and not storage.exists(src):
         raise ManifestError(f"--input {cfg.input!r}: {src} does not exist")
@@ -106,6 +108,8 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
                               "labels table no label is read from the path; drop --label-depth (or label_depth in "
                               "the --conf file)")
         check_labels(cfg.labels, channels=list(cfg.split))
+    if cfg.base is not None:
+        check_base(cfg)
     src_path, out_path = _local_path(src), _local_path(out)
     if out_path == src_path or out_path.startswith(src_path.rstrip("/") + "/"):
         where = "is the input" if out_path == src_path else "is inside the input"

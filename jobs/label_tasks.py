@@ -33,24 +33,31 @@ from jobs.manifest_table import hash_bucket, read_part, write_part
 from jobs.manifest_tasks import EXAMPLES, read_staged, write_staged
 from lakeshard import storage
 
-__all__ = ["Join", "join_task", "merge", "stage_keys", "stage_table"]
+__all__ = ["Buckets", "Join", "join_task", "merge", "stage_keys", "stage_table"]
 
 _LABEL_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.string()), ("channel", pa.string())])
 
 
-@dataclass(frozen=True)
-class Join:
+@dataclass(frozen=True, kw_only=True)
+class Buckets:
+    """A join of the listed rows with another table by key bucket: its staging folder (one
+    folder per side and bucket) and the number of key buckets."""
+
+    staging: str
+    buckets: int
+
+    def folder(self, side: str, bucket: int) -> str:
+        return storage.join(self.staging, side, f"b={bucket:05d}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Join(Buckets):
     """What every labelling task needs: the input, the table's URI (named in reasons), the
     split's channels, the staging folder and the number of key buckets."""
 
     root: str
     labels: str
     channels: tuple[str, ...]
-    staging: str
-    buckets: int
-
-    def folder(self, side: str, bucket: int) -> str:
-        return storage.join(self.staging, side, f"b={bucket:05d}")
 
     def labelled(self, bucket: int) -> str:
         return storage.join(self.staging, "labelled", f"part-{bucket:05d}.parquet")
@@ -91,9 +98,9 @@ def stage_table(files: list[str], *, join: Join) -> list[dict[str, Any]]:
     return out
 
 
-def stage_keys(items: list[tuple[str, int, int]], *, join: Join) -> list[int]:
-    """Stage the listed rows ``items`` (``(part URI, start, stop)``) by key bucket; return
-    how many."""
+def stage_keys(items: list[tuple[str, int, int]], *, join: Buckets) -> list[int]:
+    """Stage the listed rows ``items`` (``(part URI, start, stop)``) by key bucket (side
+    ``keys`` of ``join``, any join by key bucket); return how many."""
     n = 0
     for uri, start, stop in items:
         rows = read_part(uri).slice(start, stop - start).to_pylist()

@@ -23,6 +23,11 @@ With ``--labels`` the labels come from a table instead of the path: the whole in
 listed, and the workers join the listed rows with the table's by key (:mod:`jobs.label_tasks`)
 before any object is read.
 
+With ``--base`` (a previous manifest of the same lake, labels and split) the workers join the
+listed rows with the base's by key (:mod:`jobs.manifest_base`) before any object is read: an
+unchanged object is not read again; the manifest is the one a build without ``--base`` writes,
+and ``_manifest.json`` counts (``base``) what was reused, new, changed, left and moved.
+
 Hidden objects (``.DS_Store``, ``._*``, ``.ipynb_checkpoints/``, ``__MACOSX/``, ``Thumbs.db``,
 ``desktop.ini``) and ``--exclude`` matches are skipped and counted (``counts.skipped``,
 ``skipped_by_reason`` in ``_manifest.json``); identical content under several keys is reported
@@ -56,6 +61,7 @@ from jobs.label_tasks import Join, join_task, merge, stage_keys, stage_table
 from jobs.labels import label_files
 from jobs.listing import Skip, discover
 from jobs.listing_tasks import list_lake
+from jobs.manifest_base import BaseJoin, join_base
 from jobs.manifest_table import write_part
 from jobs.manifest_tasks import (
     EXAMPLES,
@@ -200,6 +206,23 @@ def label(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) ->
     return labelled, summary
 
 
+def rebase(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -> tuple[_Listed, dict[str, Any]]:
+    """Join the listed rows with ``--base``'s on the workers (:mod:`jobs.manifest_base`).
+    Returns them as the listing for the header reads (the unchanged ones marked read), and what
+    the summary says of the base so far (its identity; reused, new, changed, left)."""
+    where = storage.normalize(cfg.base or "")
+    marker = storage.read_json(manifest_marker_uri(where))  # checked by check_manifest_inputs
+    objects = marker["counts"]["listed"]
+    join = BaseJoin(root=where, parts=marker["parts"], sniff=cfg.sniff, staging=storage.join(staging, "base"),
+                    buckets=max(1, math.ceil(max(listed.rows, objects) / cfg.rows_per_part)))
+    partitions = cfg.partitions or _inspect_tasks(max(1, listed.rows), engine.parallelism)
+    log.info("joining %d listed objects with the %d of --base %s in %d key buckets", listed.rows, objects, where,
+             join.buckets)
+    parts, report = join_base(engine, join, _slices(listed.parts, partitions), partitions)
+    return replace(listed, parts=parts), {"root": where, "fingerprint": marker["fingerprint"], "objects": objects,
+                                          **report}
+
+
 def _slices(parts: list[tuple[str, int]], partitions: int) -> list[tuple[str, int, int]]:
     """``(part URI, start, stop)`` slices of the listing parts, about ``total / partitions`` rows each."""
     size = max(1, math.ceil(sum(n for _, n in parts) / partitions))
@@ -269,7 +292,8 @@ def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan) 
 
 
 def summarize(cfg: ManifestConfig, listed: _Listed, checked: _Checked, *, parts: int, fingerprint: str,
-              duplicates: dict[str, Any], labels_table: dict[str, Any] | None = None) -> dict[str, Any]:
+              duplicates: dict[str, Any], labels_table: dict[str, Any] | None = None,
+              base: dict[str, Any] | None = None) -> dict[str, Any]:
     counts = checked.counts
     achieved = {}
     for label in checked.labels:
@@ -280,12 +304,15 @@ def summarize(cfg: ManifestConfig, listed: _Listed, checked: _Checked, *, parts:
         "format_version": FORMAT_VERSION,
         "input": storage.normalize(cfg.input),
         "split": cfg.split,
+        "split_order": list(cfg.split),  # the channels' order (the hash split's slices are cut in it)
         "split_method": cfg.split_method,
         "seed": cfg.seed,
         "min_per_class": cfg.min_per_class,
         "label_depth": cfg.label_depth,
         # --labels: the table's URI, rows, objects it left unlabelled, rows naming no listed object.
         "labels_table": labels_table,
+        # --base: its root and fingerprint; objects reused (not read), new, changed, left, moved.
+        "base": base,
         "labels": checked.labels,
         "fingerprint": fingerprint,
         "parts": parts,
@@ -322,17 +349,22 @@ def _remove_tables(out: str) -> None:
 
 
 def load(cfg: ManifestConfig, engine: Engine, listed: _Listed, checked: _Checked, plan: Plan, *,
-         labels_table: dict[str, Any] | None = None) -> dict[str, Any]:
+         labels_table: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """Split each class part and write every manifest table's part on the workers (pass 4), the
-    duplicate report (pass 5, if there are duplicates), ``labels.json``, then the marker."""
+    duplicate report (pass 5, if there are duplicates), ``labels.json``, then the marker. With
+    ``base`` (:func:`rebase`'s report), the marker also counts the objects whose channel is
+    not their base channel."""
     plan = replace(plan, labels=checked.labels)
     results = engine.map_partitions(partial(class_task, plan=plan), list(range(plan.parts)), partitions=plan.parts)
     fingerprints = {label: h for r in results for label, h in r["fingerprints"].items()}
     found = [] if not checked.duplicate_groups else engine.map_partitions(
         partial(duplicates_task, plan=plan), list(range(plan.content_buckets)), partitions=plan.content_buckets)
     duplicates = duplicates_report(found, checked.removed)
+    if base is not None:
+        moved = sorted((e for r in results for e in r["moved_examples"]), key=lambda e: e["key"])[:EXAMPLES]
+        base = {**base, "moved": sum(r["moved"] for r in results), "moved_examples": moved}
     summary = summarize(cfg, listed, checked, parts=plan.parts, fingerprint=combine_fingerprints(fingerprints),
-                        duplicates=duplicates, labels_table=labels_table)
+                        duplicates=duplicates, labels_table=labels_table, base=base)
     storage.write_json_atomic(labels_uri(plan.out), checked.labels)
     storage.write_json_atomic(manifest_marker_uri(plan.out), summary)  # last: the manifest is complete
     return summary
@@ -385,6 +417,9 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
         listed = extract(cfg, engine, staging)
     if cfg.labels:
         listed, labels_table = label(cfg, engine, listed, staging)
+    base = None
+    if cfg.base:
+        listed, base = rebase(cfg, engine, listed, staging)
     plan = _plan(cfg, out, staging, listed)
     checked = transform(cfg, engine, listed, plan)
     if replacing:
@@ -394,13 +429,21 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
         storage.remove(dataset_json_uri(out))
         storage.remove(marker)
     _remove_tables(out)
-    summary = load(cfg, engine, listed, checked, plan, labels_table=labels_table)
+    summary = load(cfg, engine, listed, checked, plan, labels_table=labels_table, base=base)
     storage.remove(staging, recursive=True)
     _warn_duplicates(summary["duplicates"])
     c = summary["counts"]
     log.info("manifest written to %s: %d listed, %d accepted (%s), %d rejected", out, c["listed"], c["accepted"],
              ", ".join(f"{k}={v}" for k, v in c["channels"].items()), c["rejected"])
+    if base := summary["base"]:
+        log.info("--base %s: %s", base["root"], _base_counts(base))
     return summary
+
+
+def _base_counts(base: dict[str, Any]) -> str:
+    left = f" (e.g. {', '.join(base['left_examples'])})" if base["left"] else ""
+    return (f"{base['unchanged']} unchanged ({base['reused']} not read again), {base['new']} new, {base['changed']} "
+            f"changed, {base['left']} left the lake{left}, {base['moved']} moved to another channel")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -411,8 +454,9 @@ def parser() -> argparse.ArgumentParser:
 
 def _summary(cfg: ManifestConfig, summary: dict[str, Any]) -> str:
     c = summary["counts"]
-    return (f"manifest: {c['listed']} listed, {c['accepted']} accepted, {c['rejected']} rejected, "
+    line = (f"manifest: {c['listed']} listed, {c['accepted']} accepted, {c['rejected']} rejected, "
             f"{len(summary['labels'])} classes -> {storage.normalize(cfg.output)}")
+    return line + (f"\nbase {summary['base']['root']}: {_base_counts(summary['base'])}" if summary["base"] else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """The manifest job's worker tasks: rows stay on the workers, each task returns aggregates.
 
-Four passes of ``Engine.map_partitions`` (``docs/design/XXXX-distributed-manifest.md``), each
+Four passes of ``Engine.map_partitions`` (``docs/design/0011-distributed-manifest.md``), each
 writing Parquet parts for the next under the staging folder, and a fifth when there are
 duplicates:
 
@@ -57,9 +57,12 @@ __all__ = [
 EXAMPLES = 5
 
 #: Staged rows: the manifest columns, the content hash, whether the row is an accepted object
-#: in a group of identical content, and the channel ``--labels`` pins it to (None: the split's).
+#: in a group of identical content, the channel ``--labels`` pins it to (None: the split's),
+#: whether its header read was taken from ``--base`` (so the read is skipped) and its channel
+#: in the base (None: not accepted there; :mod:`jobs.manifest_base`).
 STAGED_SCHEMA = pa.schema([*MANIFEST_SCHEMA, pa.field("content", pa.string()), pa.field("duplicate", pa.bool_()),
-                           pa.field("pin", pa.string())])
+                           pa.field("pin", pa.string()), pa.field("reused", pa.bool_()),
+                           pa.field("base_channel", pa.string())])
 _DUPLICATE_SCHEMA = pa.schema([(n, pa.string()) for n in ("content", "key", "label", "channel")])
 
 
@@ -149,12 +152,13 @@ def _content_bucket(row: Mapping[str, Any], buckets: int) -> int:
 
 
 def inspect_task(items: list[tuple[str, int, int]], *, plan: Plan) -> list[int]:
-    """Inspect the listed rows ``items`` (``(part URI, start, stop)``); stage them by content
-    bucket. Returns the number of rows."""
+    """Inspect the listed rows ``items`` (``(part URI, start, stop)``) but those whose
+    inspection ``--base`` gave (``reused``); stage them by content bucket. Returns the number
+    of rows."""
     rows = [r for uri, start, stop in items for r in read_part(uri).slice(start, stop - start).to_pylist()]
     uri, start, _ = items[0]
     name = f"part-{uri.rsplit('/', 1)[-1].split('.')[0].split('-')[-1]}-{start:09d}.parquet"
-    inspected = inspect_objects(rows, sniff=plan.sniff)
+    inspected = [r for r in rows if r.get("reused")] + inspect_objects([r for r in rows if not r.get("reused")], sniff=plan.sniff)
     for bucket, mine in _by_bucket(inspected, lambda r: _content_bucket(r, plan.content_buckets)).items():
         write_staged(mine, storage.join(plan.folder("inspected", bucket), name))
     return [len(rows)]
@@ -217,7 +221,8 @@ def _write_tables(plan: Plan, part: int, rows: list[dict[str, Any]]) -> None:
 def class_task(parts: list[int], *, plan: Plan) -> list[dict[str, Any]]:
     """For each class part: split its accepted rows (each class is whole here, so a stratified
     split ranks each class's rows group-wise), write the part of every manifest table, stage
-    the rows of duplicate groups by content bucket. Returns per-class counts and fingerprints."""
+    the rows of duplicate groups by content bucket. Returns per-class counts and fingerprints,
+    and the rows whose channel differs from their ``--base`` channel (count, first few)."""
     out = []
     for part in parts:
         rows = read_staged(plan.folder("classes", part))
@@ -229,12 +234,16 @@ def class_task(parts: list[int], *, plan: Plan) -> list[dict[str, Any]]:
             r["channel"], r["label_index"] = channel, plan.labels[r["label"]]
             hashes[r["label"]].update(fingerprint_line(r["key"], r["etag"], r["label"], channel))
             counts[r["label"]][channel] += 1
+        moved = [r for r in ok if r.get("base_channel") and r["base_channel"] != r["channel"]]
         _write_tables(plan, part, rows)
         duplicates = [r for r in ok if r["duplicate"]]
         for bucket, mine in _by_bucket(duplicates, lambda r: _content_bucket(r, plan.content_buckets)).items():
             table = pa.Table.from_pylist(mine, schema=_DUPLICATE_SCHEMA)
             write_part(storage.join(plan.folder("duplicates", bucket), f"part-{part:05d}.parquet"), table)
-        out.append({"counts": dict(counts), "fingerprints": {label: h.hexdigest() for label, h in hashes.items()}})
+        out.append({"counts": dict(counts), "fingerprints": {label: h.hexdigest() for label, h in hashes.items()},
+                    "moved": len(moved),
+                    "moved_examples": [{"key": r["key"], "from": r["base_channel"], "to": r["channel"]}
+                                       for r in moved[:EXAMPLES]]})
     return out
 
 

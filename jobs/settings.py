@@ -40,6 +40,9 @@ class ManifestConfig:
                                                 "of --input, are the lake, labelled with their class names")
     label_attribute: str | None = opt(None, help="with --input-manifest: the label attribute of the Ground Truth job "
                                                  "(its LabelAttributeName), whose class name labels each object")
+    base: str | None = opt(None, help="a previous complete manifest of the same --input, labels and split: objects it "
+                                      "listed with the same size and ETag (local: size and modification time) are not "
+                                      "read again; the result is what a build without --base writes")
     max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of listed objects is rejected")
     overwrite: bool = opt(False, help="replace an existing manifest (and invalidate the dataset built on it)")
     engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
