@@ -63,7 +63,9 @@ def _split_text(split: Any) -> str:
     return ",".join(f"{c}={f:g}" for c, f in split.items()) if isinstance(split, dict) else repr(split)
 
 
-def _label_source(label_depth: int | None, labels: str | None) -> str:
+def _label_source(label_depth: int | None, labels: str | None, attribute: str | None) -> str:
+    if attribute:
+        return f"--input-manifest {labels} --label-attribute {attribute}"
     return f"--labels {labels}" if labels else f"the path (--label-depth {label_depth})"
 
 
@@ -94,9 +96,11 @@ def check_base(cfg: ManifestConfig) -> dict[str, Any]:
     if marker.get("input") != src:
         raise ManifestError(f"--base {base} is a manifest of --input {marker.get('input')}, not of --input {src}: "
                             "a base must be an earlier manifest of the same lake")
-    old_labels = (marker.get("labels_table") or {}).get("uri")
-    new_labels = storage.normalize(cfg.labels) if cfg.labels else None
-    old, new = _label_source(marker.get("label_depth"), old_labels), _label_source(cfg.label_depth, new_labels)
+    table = marker.get("labels_table") or {}
+    old_labels = storage.normalize(table["uri"]) if table.get("uri") else None
+    new_labels = cfg.labels or cfg.input_manifest
+    old = _label_source(marker.get("label_depth"), old_labels, table.get("label_attribute"))
+    new = _label_source(cfg.label_depth, storage.normalize(new_labels) if new_labels else None, cfg.label_attribute)
     if old != new:
         raise ManifestError(f"--base {base} took its labels from {old}, this run from {new}: objects would change "
                             "class; use the base's label source or build without --base")

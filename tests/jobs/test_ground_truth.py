@@ -23,6 +23,7 @@ from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, ManifestError
 from lakeshard.format import read_dataset_info
+from tests.helpers.incremental import assert_same_tables
 from tests.helpers.lake import encode, make_image
 
 ATTR = "animal"
@@ -296,3 +297,25 @@ def test_cli_with_the_shipped_conf_file(tmp_path: Path, capsys: pytest.CaptureFi
     code = manifest_job.main(["--engine", "local", "--input", lake, "--output", out, "--input-manifest", manifest])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("jobs/manifest.py: error: --input-manifest") and "--label-attribute" in err[-1]
+
+
+def test_base_with_the_same_ground_truth_manifest(tmp_path: Path, local_engine) -> None:
+    """--base over a Ground Truth build: the same manifest and attribute are the same label
+    source (the rebuild equals a scratch build and reads nothing again); another attribute is not."""
+    lake, manifest, data = _setup(storage.normalize(str(tmp_path)))
+    base = str(tmp_path / "v1")
+    _run(lake, manifest, base, local_engine)
+    summary = _run(lake, manifest, str(tmp_path / "v2"), local_engine, base=base)
+    _check(str(tmp_path / "v2"), summary, lake, manifest, data)
+    assert_same_tables(base, str(tmp_path / "v2"))
+    assert summary["base"]["new"] == summary["base"]["changed"] == summary["base"]["left"] == 0
+    listed = [k for k in OBJECTS if k != UNLISTED]
+    assert summary["base"]["unchanged"] == len(listed)
+    # every listed object but the failed line's, which v1 rejected without reading it
+    assert summary["base"]["reused"] == len([k for k in listed if k != FAILED])
+    other = _write(storage.join(str(tmp_path), "meta", "relabelled.manifest"), storage.read_bytes(manifest))
+    cfg = ManifestConfig(input=lake, output=str(tmp_path / "v3"), input_manifest=other, label_attribute=ATTR,
+                         split=SPLIT, seed=5, base=base, split_method="stratified")
+    with pytest.raises(ManifestError, match=f"output.manifest --label-attribute {ATTR}, this run from --input-manifest "
+                                            f"{other} --label-attribute {ATTR}"):
+        check_manifest_inputs(cfg)
