@@ -97,6 +97,8 @@ def job_args(job: str, lake: Path, out: Path, a: argparse.Namespace) -> list[str
     args = ["--dataset", str(out), "--num-shards", str(a.num_shards), "--image-size", str(a.image_size)]
     if a.threads:
         args += ["--threads", str(a.threads)]
+    if a.partitions:
+        args += ["--partitions", str(a.partitions)]
     return args
 
 
@@ -239,6 +241,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=_positive, default=32, help="the shard job's --image-size (default 32)")
     p.add_argument("--num-shards", type=_positive, default=4, help="the shard job's --num-shards (default 4)")
     p.add_argument("--threads", type=_positive, default=None, help="the shard job's --threads (default: the job's own)")
+    p.add_argument("--partitions", type=_positive, default=None,
+                   help="the shard job's --partitions: its preprocessing tasks (default: the job's own, one per "
+                   "2,000 rows); the same number at every size tells what grows per task from what grows per object")
     p.add_argument("--spark-master", default="local[2]", help="spark-submit's --master (default local[2])")
     p.add_argument("--scheduler", default=None, help="dask: a scheduler address to pass to the jobs "
                    "(default: each job starts its own LocalCluster)")

@@ -96,6 +96,15 @@ def test_code_root_runs_that_trees_jobs(tmp_path: Path) -> None:
     assert jobs_scaling.parser().parse_args([]).code_root == ROOT
 
 
+def test_partitions_reach_the_shard_job_only(tmp_path: Path) -> None:
+    a = jobs_scaling.parser().parse_args(["--partitions", "50"])
+    shard = jobs_scaling.job_args("shard", tmp_path / "lake", tmp_path / "out", a)
+    assert shard[shard.index("--partitions") + 1] == "50"
+    assert "--partitions" not in jobs_scaling.job_args("manifest", tmp_path / "lake", tmp_path / "out", a)
+    default = jobs_scaling.parser().parse_args([])
+    assert "--partitions" not in jobs_scaling.job_args("shard", tmp_path / "lake", tmp_path / "out", default)
+
+
 def test_class_counts_sum_to_the_rows_and_stay_near_the_mean() -> None:
     counts = class_counts(1_000_003, 1000, seed=3)
     assert len(counts) == 1000 and sum(counts.values()) == 1_000_003
