@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -96,12 +97,15 @@ def job_args(job: str, lake: Path, out: Path, a: argparse.Namespace) -> list[str
     args = ["--dataset", str(out), "--num-shards", str(a.num_shards), "--image-size", str(a.image_size)]
     if a.threads:
         args += ["--threads", str(a.threads)]
+    if a.partitions:
+        args += ["--partitions", str(a.partitions)]
     return args
 
 
-def job_env(python: str) -> dict[str, str]:
+def job_env(python: str, code_root: Path = ROOT) -> dict[str, str]:
+    """The jobs' environment: ``code_root`` (the tree whose jobs run) first on PYTHONPATH."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_root), env.get("PYTHONPATH")]))
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     env.setdefault("PYSPARK_PYTHON", python)
     env.setdefault("PYSPARK_DRIVER_PYTHON", python)
@@ -117,12 +121,13 @@ def run_job(engine: str, job: str, n: int, lake: Path, out: Path, a: argparse.Na
     log_path = a.work_dir / "logs" / f"{engine}-{job}-{n}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     print(f"  {engine} {job} {n:,}: {' '.join(cmd)}", flush=True)
+    load_before = os.getloadavg()
 
     def progress(elapsed: float, p: Peaks) -> None:
         print(f"    ... {elapsed:.0f} s, {_peaks_text(p)}", flush=True)
 
     with open(log_path, "w") as log:
-        peaks = PeakWatch(cmd, env=job_env(a.python), cwd=ROOT, log=log, interval=a.sample_interval,
+        peaks = PeakWatch(cmd, env=job_env(a.python, a.code_root), cwd=a.code_root, log=log, interval=a.sample_interval,
                           script=f"jobs/{job}.py" if engine == "spark" else None, progress=progress).run()
     if peaks.returncode != 0:
         tail = log_path.read_text().splitlines()[-20:]
@@ -141,7 +146,8 @@ def run_job(engine: str, job: str, n: int, lake: Path, out: Path, a: argparse.Na
             "jvm_heap_used_peak_mib": peaks.mib("jvm_heap_used_peak"),
             "jvm_old_used_peak_mib": peaks.mib("jvm_old_used_peak"),
             "jvm_rss_peak_mib": peaks.mib("jvm_rss_peak"), "jvm_heap_samples": peaks.jvm_heap_samples,
-            "samples": peaks.samples, "notes": peaks.notes, "command": cmd, "log": str(log_path)}
+            "samples": peaks.samples, "notes": peaks.notes, "command": cmd, "log": str(log_path),
+            "load_before": load_before, "load_after": os.getloadavg()}
 
 
 def _peaks_text(p: Peaks) -> str:
@@ -205,6 +211,14 @@ def _positive(text: str) -> int:
     return _whole(text)
 
 
+def _code_root(text: str) -> Path:
+    root = Path(text).resolve()
+    missing = [f"jobs/{job}.py" for job in JOBS if not (root / "jobs" / f"{job}.py").is_file()]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a source tree of the jobs: no {', '.join(missing)}")
+    return root
+
+
 def _engine_list(text: str) -> list[str]:
     values = [v.strip() for v in text.split(",") if v.strip()]
     bad = [v for v in values if v not in ENGINES]
@@ -227,6 +241,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=_positive, default=32, help="the shard job's --image-size (default 32)")
     p.add_argument("--num-shards", type=_positive, default=4, help="the shard job's --num-shards (default 4)")
     p.add_argument("--threads", type=_positive, default=None, help="the shard job's --threads (default: the job's own)")
+    p.add_argument("--partitions", type=_positive, default=None,
+                   help="the shard job's --partitions: its preprocessing tasks (default: the job's own, one per "
+                   "2,000 rows); the same number at every size tells what grows per task from what grows per object")
     p.add_argument("--spark-master", default="local[2]", help="spark-submit's --master (default local[2])")
     p.add_argument("--scheduler", default=None, help="dask: a scheduler address to pass to the jobs "
                    "(default: each job starts its own LocalCluster)")
@@ -239,6 +256,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks/results/work",
                    help="where the datasets and the jobs' logs are written")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/jobs_scaling.json", help="the JSON written")
+    p.add_argument("--code-root", type=_code_root, default=ROOT,
+                   help="the source tree whose jobs run (its jobs/ and its packages, first on PYTHONPATH), "
+                   "e.g. a worktree of an older commit to measure it with this script (default: this one)")
     p.add_argument("--keep", action="store_true", help="keep the datasets written (default: removed after each size)")
     g = p.add_argument_group("the shard plan alone (--plan-only)")
     g.add_argument("--plan-only", action="store_true", help="run only the shard plan on synthetic counts, no lake")
@@ -271,7 +291,8 @@ def _main(argv: list[str] | None) -> int:
     bad = [j for j in a.jobs if j not in JOBS]
     if bad or (a.jobs == ["shard"]):
         raise BenchError(f"--jobs must be manifest or manifest,shard, got {','.join(a.jobs)!r}")
-    meta = {"argv": sys.argv[1:] if argv is None else argv, "cpus": os.cpu_count(), "python": platform.python_version()}
+    meta = {"argv": sys.argv[1:] if argv is None else argv, "cpus": os.cpu_count(), "python": platform.python_version(),
+            "code_root": str(a.code_root), "code_commit": _commit(a.code_root), "load_before": os.getloadavg()}
     if a.plan_only:
         return _plan_only(a, meta)
 
@@ -293,7 +314,7 @@ def _main(argv: list[str] | None) -> int:
     found = ratios(results)
     if found:
         print(f"\nlargest / smallest size (targets: driver peaks ≤ 1.3, ms_per_object ≤ 1.2)\n{table(found, RATIO_COLUMNS)}")
-    _write(a.out, {**meta, "results": results, "ratios": found})
+    _write(a.out, {**meta, "load_after": os.getloadavg(), "results": results, "ratios": found})
     return 0
 
 
@@ -305,8 +326,17 @@ def _plan_only(a: argparse.Namespace, meta: dict[str, Any]) -> int:
     r = measure_plan(rows=a.plan_rows, classes=a.plan_classes, num_shards=a.plan_shards, rejects=a.plan_rejects,
                      sample_rows=a.plan_sample_rows)
     print(table([r], tuple(r)))
-    _write(a.out, {**meta, "plan": r})
+    _write(a.out, {**meta, "load_after": os.getloadavg(), "plan": r})
     return 0
+
+
+def _commit(root: Path) -> str | None:
+    """The commit checked out at ``root`` (``None`` outside git)."""
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:

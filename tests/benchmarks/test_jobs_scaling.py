@@ -75,6 +75,36 @@ def test_objects_and_engines_take_commas_or_spaces() -> None:
     assert a.objects == [[100_000, 1_000_000]] and a.engines == [["spark"], ["dask"]]
 
 
+def test_code_root_must_hold_the_jobs(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "manifest.py").write_text("")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), "--code-root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert str(tmp_path) in done.stderr and "jobs/shard.py" in done.stderr
+
+
+def test_code_root_runs_that_trees_jobs(tmp_path: Path) -> None:
+    # Another tree's jobs run from that tree, first on PYTHONPATH: its own modules are imported.
+    (tmp_path / "jobs").mkdir()
+    for job in ("manifest", "shard"):
+        (tmp_path / "jobs" / f"{job}.py").write_text("")
+    a = jobs_scaling.parser().parse_args(["--code-root", str(tmp_path)])
+    assert a.code_root == tmp_path.resolve()
+    env = jobs_scaling.job_env(sys.executable, a.code_root)
+    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path.resolve())
+    assert jobs_scaling.parser().parse_args([]).code_root == ROOT
+
+
+def test_partitions_reach_the_shard_job_only(tmp_path: Path) -> None:
+    a = jobs_scaling.parser().parse_args(["--partitions", "50"])
+    shard = jobs_scaling.job_args("shard", tmp_path / "lake", tmp_path / "out", a)
+    assert shard[shard.index("--partitions") + 1] == "50"
+    assert "--partitions" not in jobs_scaling.job_args("manifest", tmp_path / "lake", tmp_path / "out", a)
+    default = jobs_scaling.parser().parse_args([])
+    assert "--partitions" not in jobs_scaling.job_args("shard", tmp_path / "lake", tmp_path / "out", default)
+
+
 def test_class_counts_sum_to_the_rows_and_stay_near_the_mean() -> None:
     counts = class_counts(1_000_003, 1000, seed=3)
     assert len(counts) == 1000 and sum(counts.values()) == 1_000_003
