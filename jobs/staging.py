@@ -34,7 +34,7 @@ from lakeshard.format import (
     versions_uri,
 )
 
-__all__ = ["RUNS", "assembled_shard", "finished", "library_versions", "outcomes_uri", "preprocessing_code", "receipt_uri",
+__all__ = ["RUNS", "assembled_shard", "finished", "image_code", "library_versions", "outcomes_uri", "preprocessing_code", "receipt_uri",
            "rejects_path", "staged_shard", "staging_folder", "staging_root", "versioned"]
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,15 @@ def preprocessing_code() -> str:
     for module in (images, fetch, preprocess, assemble, segments, layout, writer):
         digest.update(module.__loader__.get_data(module.__file__))  # works from a --py-files zip too
     return digest.hexdigest()[:16]
+
+
+def image_code() -> str:
+    """A hash of the source of the module that decides a stored image's bytes from its object's
+    (``dataset.json``'s ``image.code``): an incremental build reuses images only from a dataset
+    whose images the same code made (:mod:`jobs.reuse`)."""
+    from jobs import images
+
+    return hashlib.sha256(images.__loader__.get_data(images.__file__)).hexdigest()[:16]
 
 
 def library_versions() -> dict[str, str]:
