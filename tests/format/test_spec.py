@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import types
 import typing
@@ -105,3 +106,25 @@ def test_the_files_table_names_the_manifest_parts_as_the_layout_writes_them():
     got.add(sagemaker_part_uri("s3://b/d", "train", 1, 4)[len("s3://b/d/"):])
     documented = {p.replace("<i>", "00001").replace("<n>", "00004").replace("<channel>", "train") for p in paths}
     assert got <= documented, sorted(got - documented)
+
+
+def test_a_dataset_json_without_the_optional_fields_reads_with_their_defaults(tmp_path: Path):
+    from lakeshard.errors import DatasetError
+    from lakeshard.format.info import BaseRef
+    from tests.loaders.loader_builders import write_dataset
+
+    write_dataset(tmp_path / "ds", rows={"train": 4}, num_shards=2)
+    data = json.loads((tmp_path / "ds" / "dataset.json").read_text())
+    for parent, name in [("build", "reused"), ("build", "base"), ("image", "code")]:
+        data[parent].pop(name, None)  # as a writer before them wrote it
+    info = DatasetInfo.from_json(data)
+    assert (info.build.reused, info.build.base, info.image.code) == (0, None, None)
+    data["build"]["base"] = {"root": "s3://b/old", "dataset_version": "0123"}
+    assert DatasetInfo.from_json(data).build.base == BaseRef(root="s3://b/old", dataset_version="0123")
+    assert DatasetInfo.from_json(data).to_json()["build"]["base"] == data["build"]["base"]
+    data["build"]["base"] = {"root": "s3://b/old"}
+    with pytest.raises(DatasetError, match=r"^d.json: field build.base.dataset_version is missing$"):
+        DatasetInfo.from_json(data, source="d.json")
+    data["build"]["base"] = "s3://b/old"
+    with pytest.raises(DatasetError, match=r"^d.json: field build.base must be an object, got 's3://b/old'$"):
+        DatasetInfo.from_json(data, source="d.json")

@@ -246,3 +246,19 @@ def test_base_is_an_option_of_the_command_line_and_the_conf_file(tmp_path: Path)
     args = shard_job.parser().parse_args(["--dataset", "/d", "--base", "/old"])
     assert args.base == "/old"
     assert resolve(ShardConfig, {"dataset": "/d"}, conf="conf/shard.yaml").base is None
+
+
+def test_a_base_is_refused_by_the_command_line_before_an_engine_starts(base_and_grown: tuple[Path, Path, Path]):
+    import subprocess
+    import sys
+
+    _, a, b = base_and_grown
+    probe = ("import sys; from jobs import shard; rc = shard.main(sys.argv[1:]); "
+             "print('RC', rc, sorted(m for m in ('pyspark', 'distributed') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe, "--engine", "spark", "--dataset", str(b), "--base", str(a),
+                           "--num-shards", "2", "--image-size", "32"],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "RC 2 []", proc.stdout + proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"jobs/shard.py: error: --base file://{a} was built with image.size 16, this build has image.size 32: "
+        "its images are not the ones this build makes; build without --base, or with the base's options")
