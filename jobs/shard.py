@@ -2,6 +2,7 @@
 
     spark-submit jobs/shard.py --dataset s3://lake/datasets/pets-v1 --num-shards 4 --image-size 224
     python -m jobs.shard --engine dask --dataset ./datasets/pets-v1 --num-shards 2
+    python -m jobs.shard --dataset ./datasets/pets-v2 --num-shards 2 --base ./datasets/pets-v1
 
 For each channel, writes exactly ``--num-shards`` files ``shards/channel=<c>/part-0000i-of-0000N.parquet``
 (on S3 in a version folder, ``shards/v=<version>/channel=<c>/...``: no copy, see :mod:`jobs.commit`)
@@ -20,6 +21,11 @@ preprocessed (:mod:`jobs.repair`, :mod:`jobs.assemble`) -> commit (:mod:`jobs.co
 reader sees the old dataset, no dataset, or the new one, never a part. No image is sent through
 the engine: a task reads it from the lake and writes it to its shard; the tasks return counts
 and rejects, not a row per image.
+
+Incremental (``--base``, :mod:`jobs.reuse`): rows whose object (URI, ETag, size) a previous
+dataset built with the same image options already holds take their images from its shards,
+joined on the workers by URI bucket before preprocessing; the rest is as above, and so is the
+dataset (a build from scratch makes the same one).
 
 Resume: the staging folder is named after everything its files depend on, and each
 preprocessing task writes a receipt once its file is complete; a rerun of a killed job reuses

@@ -31,8 +31,7 @@ _MANIFEST = {"split": "train=0.7,validation=0.3", "seed": 3}
 
 @pytest.fixture(scope="module")
 def dask_engine() -> Iterator[Any]:
-    """A dask.distributed LocalCluster of two worker processes (started after the S3 environment
-    of the session is set when a test asks for the S3 server first)."""
+    """A dask.distributed LocalCluster of two worker processes, one thread each."""
     from distributed import Client, LocalCluster
 
     from jobs.engines.dask_engine import DaskEngine
