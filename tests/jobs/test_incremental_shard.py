@@ -262,3 +262,20 @@ def test_a_base_is_refused_by_the_command_line_before_an_engine_starts(base_and_
     assert proc.stderr.strip().splitlines()[-1] == (
         f"jobs/shard.py: error: --base file://{a} was built with image.size 16, this build has image.size 32: "
         "its images are not the ones this build makes; build without --base, or with the base's options")
+
+
+def test_a_dataset_resharded_in_place_on_itself_decodes_nothing(tmp_path: Path, local_engine):
+    """Other shard counts, seed and remainder policy change no stored image: the dataset rebuilt
+    over itself (``--overwrite --base`` itself) takes every image from its old shards and is
+    the dataset a build from scratch makes."""
+    lake = tmp_path / "raw"
+    write_lake(lake, _COUNTS)
+    a, c = str(tmp_path / "a"), str(tmp_path / "c")
+    first = _build(local_engine, str(lake), a, remainder="pad", num_shards=2)
+    opts = {"remainder": "pad", "num_shards": 3, "seed": 11}
+    info_b = shard_job.run(ShardConfig(dataset=a, image_size=16, base=a, overwrite=True, **opts), local_engine)
+    info_c = _build(local_engine, str(lake), c, **opts)
+    check_dataset(a)
+    _compare(a, c, info_b, info_c)
+    assert (info_b.build.preprocessed, info_b.build.reused) == (0, info_c.build.preprocessed)
+    assert info_b.build.base is not None and info_b.build.base.dataset_version == first.dataset_version
