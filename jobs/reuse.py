@@ -115,6 +115,8 @@ def check_base(uri: str, cfg: ShardConfig) -> Base:
         raise ShardError(
             f"--base {root} was built with {k} {then[k]!r}, this build has {k} {now[k]!r}"
             + (f" (and differs in {', '.join(differ[1:])})" if differ[1:] else "")
+            + (" (None: the base's dataset.json does not record it, it was built by an older lakeshard)"
+               if then[k] is None else "")
             + ": its images are not the ones this build makes; build without --base, or with the base's options")
     marker = manifest_marker_uri(root)
     fingerprint = storage.read_json(marker).get("fingerprint") if storage.exists(marker) else None

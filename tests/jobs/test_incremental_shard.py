@@ -200,13 +200,17 @@ def test_a_base_built_with_other_image_options_is_refused_naming_the_option(
     assert not (b / "dataset.json").exists()
 
 
-def test_a_base_made_by_other_preprocessing_code_is_refused(base_and_grown: tuple[Path, Path, Path], local_engine):
+@pytest.mark.parametrize("parent, name, field", [
+    ("image", "code", "image.code"), ("versions", "pillow", "versions.pillow"), ("versions", "numpy", "versions.numpy")])
+def test_a_base_made_by_other_preprocessing_code_or_libraries_is_refused(
+        base_and_grown: tuple[Path, Path, Path], local_engine, parent: str, name: str, field: str):
     _, a, b = base_and_grown
     info = json.loads((a / "dataset.json").read_text())
-    assert info["image"]["code"]  # the build records it
-    info["image"]["code"] = "0123456789abcdef"
+    now = info[parent][name]
+    assert now  # the build records it
+    info[parent][name] = "0.0-other"
     (a / "dataset.json").write_text(json.dumps(info))
-    with pytest.raises(ShardError, match=r"was built with image.code '0123456789abcdef', this build has image.code '"):
+    with pytest.raises(ShardError, match=rf"was built with {field} '0.0-other', this build has {field} '{now}'"):
         shard_job.run(ShardConfig(dataset=str(b), num_shards=2, image_size=16, base=str(a)), local_engine)
 
 
@@ -279,3 +283,13 @@ def test_a_dataset_resharded_in_place_on_itself_decodes_nothing(tmp_path: Path, 
     _compare(a, c, info_b, info_c)
     assert (info_b.build.preprocessed, info_b.build.reused) == (0, info_c.build.preprocessed)
     assert info_b.build.base is not None and info_b.build.base.dataset_version == first.dataset_version
+
+
+def test_a_base_that_does_not_record_its_preprocessing_code_is_refused(base_and_grown: tuple[Path, Path, Path]):
+    _, a, b = base_and_grown
+    info = json.loads((a / "dataset.json").read_text())
+    del info["image"]["code"]  # as an older lakeshard wrote it
+    (a / "dataset.json").write_text(json.dumps(info))
+    with pytest.raises(ShardError, match=r"was built with image.code None, this build has image.code '[0-9a-f]{16}'.*"
+                                         r"does not record it, it was built by an older lakeshard"):
+        shard_job.check_shard_inputs(ShardConfig(dataset=str(b), num_shards=2, image_size=16, base=str(a)))
