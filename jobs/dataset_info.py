@@ -10,7 +10,7 @@ from typing import Any
 
 from jobs.deal import Deal
 from jobs.settings import ShardConfig
-from jobs.staging import library_versions
+from jobs.staging import image_code, library_versions
 from lakeshard.format import (
     FORMAT_VERSION,
     BuildInfo,
@@ -55,7 +55,7 @@ def dataset_info(cfg: ShardConfig, *, marker: dict[str, Any], version: str, seed
         labels=labels,
         num_classes=len(labels),
         image=ImageSpec(size=cfg.image_size, format=cfg.image_format, quality=cfg.quality, resize=cfg.resize,
-                        max_pixels=cfg.max_image_pixels),
+                        max_pixels=cfg.max_image_pixels, code=image_code()),
         num_shards=cfg.num_shards,
         remainder=cfg.remainder,
         row_group_bytes=cfg.row_group_size,

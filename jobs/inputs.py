@@ -16,7 +16,9 @@ from jobs.dataset_info import dataset_version
 from jobs.ground_truth import check_input_manifest
 from jobs.inventory import read_inventory
 from jobs.labels import check_labels
-from jobs.manifest_base import check_base
+from jobs.manifest_base import check_base as check_manifest_base
+from jobs.reuse import Base
+from jobs.reuse import check_base as check_shard_base
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, DatasetExistsError, ManifestError, ShardError
@@ -34,6 +36,7 @@ class ShardInputs:
     channels: list[str]
     seed: int
     version: str
+    base: Base | None = None  #: the ``--base`` dataset, checked (:func:`jobs.reuse.check_base`)
 
 
 def _channels(cfg: ShardConfig, known: list[str], root: str) -> list[str]:
@@ -69,7 +72,7 @@ def _check_overwrite(cfg: ShardConfig, root: str, channels: list[str]) -> None:
 
 def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
     """The shard job's inputs, or an error naming what is wrong (the URI, the manifest, the
-    channels, an existing dataset): nothing is written."""
+    channels, an existing dataset, a ``--base`` whose images cannot be reused): nothing is written."""
     root = storage.normalize(cfg.dataset)
     marker_uri = manifest_marker_uri(root)
     if not storage.exists(marker_uri):
@@ -83,7 +86,8 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
     _check_overwrite(cfg, root, channels)
     seed = marker["seed"] if cfg.seed is None else cfg.seed
     return ShardInputs(root=root, marker=marker, channels=channels, seed=seed,
-                       version=dataset_version(marker["fingerprint"], cfg, seed, channels))
+                       version=dataset_version(marker["fingerprint"], cfg, seed, channels),
+                       base=check_shard_base(cfg.base, cfg) if cfg.base is not None else None)
 
 
 def check_manifest_inputs(cfg: ManifestConfig) -> None:
@@ -109,7 +113,7 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
                               "the --conf file)")
         check_labels(cfg.labels, channels=list(cfg.split))
     if cfg.base is not None:
-        check_base(cfg)
+        check_manifest_base(cfg)
     src_path, out_path = _local_path(src), _local_path(out)
     if out_path == src_path or out_path.startswith(src_path.rstrip("/") + "/"):
         where = "is the input" if out_path == src_path else "is inside the input"

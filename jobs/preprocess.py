@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from jobs.fetch import read_as_listed
@@ -43,7 +44,9 @@ __all__ = [
     "SegmentTask",
     "preprocess_segment",
     "read_receipt",
+    "read_where",
     "readers",
+    "reused_rows",
     "rows_digest",
     "unique_rejects",
     "write_rejects",
@@ -110,6 +113,10 @@ class SegmentTask:
     source: tuple[str, int, int] | None = None
     digest: str | None = None
     outcomes: str | None = None
+    #: Runs holding images of this segment's rows already preprocessed (``--base``), under
+    #: segment id ``reuse_id`` (:func:`jobs.reuse.reused_rows`): those rows are not fetched.
+    reuse: tuple[str, ...] = ()
+    reuse_id: int = -1
 
     def __post_init__(self) -> None:
         if self.rows is not None:
@@ -133,6 +140,25 @@ class SegmentTask:
         return pq.read_table(path, filesystem=fs).slice(offset, length)
 
 
+def read_where(files: Sequence[str], column: str, value: int, columns: list[str]) -> pa.Table:
+    """The rows of the Parquet ``files`` whose int ``column`` is ``value``: only the row groups
+    whose statistics hold it are read (files written a row group per value, :mod:`jobs.reuse`)."""
+    fs, _ = storage.filesystem(files[0])
+    return ds.dataset([storage.filesystem(f)[1] for f in files], filesystem=fs, format="parquet").to_table(
+        columns=columns, filter=pc.field(column) == value)
+
+
+def reused_rows(task: SegmentTask) -> dict[int, tuple[bytes, int, int]]:
+    """The images of the segment's rows an incremental build reuses (position -> ``(image,
+    height, width)``), from the runs it names (:mod:`jobs.reuse`)."""
+    if not task.reuse:
+        return {}
+    got = read_where(task.reuse, "segment", task.reuse_id, ["pos", "image", "height", "width"])
+    return {int(p): (i, int(h), int(w)) for p, i, h, w in zip(
+        got["pos"].to_pylist(), got["image"].to_pylist(), got["height"].to_pylist(), got["width"].to_pylist(),
+        strict=True)}
+
+
 def rows_digest(rows: pa.Table) -> str:
     """What identifies a segment's rows: their URIs and pad flags, in order."""
     digest = hashlib.sha256()
@@ -141,9 +167,10 @@ def rows_digest(rows: pa.Table) -> str:
     return digest.hexdigest()[:32]
 
 
-def _preprocessed(data: bytes | str, spec: ImageSpec) -> tuple[bytes, int, int] | str:
-    """The encoded image with its height and width, or the reason there is none."""
-    if isinstance(data, str):
+def _preprocessed(data: bytes | str | tuple[bytes, int, int], spec: ImageSpec) -> tuple[bytes, int, int] | str:
+    """The encoded image with its height and width, or the reason there is none (``data``
+    already preprocessed: as it is)."""
+    if isinstance(data, (str, tuple)):
         return data
     try:
         return preprocess(data, spec)
@@ -171,21 +198,24 @@ def readers(threads: int | None, uris: list[str]) -> int:
     return 0 if all(u.startswith("file://") for u in uris) else _S3_READERS
 
 
-def _preprocessed_chunks(task: SegmentTask, rows: pa.Table) -> Iterator[tuple[pa.Table, list[Any]]]:
+def _preprocessed_chunks(task: SegmentTask, rows: pa.Table,
+                         reused: Mapping[int, tuple[bytes, int, int]]) -> Iterator[tuple[pa.Table, list[Any]]]:
     """The segment's rows with their outcomes (an image tuple or a reason), chunk by chunk, in
     order: read ahead on :func:`readers` threads (or by the decoder as it goes, if none), then
-    preprocessed on ``task.decode_threads`` threads (on the task's own thread when that is one)."""
+    preprocessed on ``task.decode_threads`` threads (on the task's own thread when that is one).
+    A row in ``reused`` (by position) has its image already: it is neither read nor decoded."""
     uris = rows["uri"].to_pylist()
     starts = range(0, len(uris), _CHUNK_ROWS)
     read_starts = range(0, len(uris), _READ_ROWS)
     sizes, etags = rows["size"].to_pylist(), rows["etag"].to_pylist()
-    n_readers = readers(task.threads, uris)
+    n_readers = readers(task.threads, [u for i, u in enumerate(uris) if i not in reused])
 
-    def read(start: int) -> list[bytes | str]:
-        stop = start + _READ_ROWS
-        return [read_as_listed(u, size=s, etag=e) for u, s, e in zip(uris[start:stop], sizes[start:stop], etags[start:stop], strict=True)]
+    def read(start: int) -> list[bytes | str | tuple[bytes, int, int]]:
+        stop = min(start + _READ_ROWS, len(uris))
+        return [reused[i] if i in reused else read_as_listed(uris[i], size=sizes[i], etag=etags[i])
+                for i in range(start, stop)]
 
-    def preprocess_all(reads: list[Callable[[], list[bytes | str]]]) -> list[Any]:
+    def preprocess_all(reads: list[Callable[[], list[bytes | str | tuple[bytes, int, int]]]]) -> list[Any]:
         return [_preprocessed(data, task.spec) for get in reads for data in get()]
 
     with ExitStack() as stack:
@@ -209,11 +239,12 @@ def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
     survive, in order, to ``task.uri``. Returns the file's URI and stats, its number of rows
     and its rejects (:data:`REJECT_SCHEMA`): counts and a few rows, never a row per image."""
     rows = task.read_rows()
+    reused = reused_rows(task)
     outcome_rows: list[int | None] = []
     reasons: list[str | None] = []
     written = 0
     with ShardWriter(task.uri, metadata=task.metadata, row_group_bytes=task.row_group_bytes) as writer:
-        for chunk, outcomes in _preprocessed_chunks(task, rows):
+        for chunk, outcomes in _preprocessed_chunks(task, rows, reused):
             keep = [not isinstance(o, str) for o in outcomes]
             for ok, o in zip(keep, outcomes, strict=True):
                 outcome_rows.append(written if ok else None)
@@ -242,14 +273,15 @@ def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
                         "channel": pa.array([task.metadata.get("channel")] * len(bad), pa.string()),
                         "reason": pa.array([reasons[i] for i in bad], pa.string()),
                         "slot": column("slot", pa.int64()), "is_pad": rejects["is_pad"]}, schema=REJECT_SCHEMA)
-    result = {"uri": task.uri, "stats": writer.stats, "rows": rows.num_rows, "rejects": rejects}
+    result = {"uri": task.uri, "stats": writer.stats, "rows": rows.num_rows, "reused": len(reused), "rejects": rejects}
     if task.outcomes is not None:
         write_table(task.outcomes, pa.table({"uri": rows["uri"], "row": pa.array(outcome_rows, pa.int64())},
                                             schema=OUTCOME_SCHEMA))
     if task.receipt is not None:  # after the file (and its outcomes) is complete: a receipt vouches for it
         write_table(task.receipt, rejects, metadata={
             b"lakeshard.uri": task.uri.encode(), b"lakeshard.stats": json.dumps(writer.stats).encode(),
-            b"lakeshard.rows": str(rows.num_rows).encode(), b"lakeshard.digest": rows_digest(rows).encode()})
+            b"lakeshard.rows": str(rows.num_rows).encode(), b"lakeshard.reused": str(len(reused)).encode(),
+            b"lakeshard.digest": rows_digest(rows).encode()})
     return result
 
 
@@ -259,7 +291,8 @@ def read_receipt(data: bytes) -> dict[str, Any]:
     table = pq.read_table(pa.BufferReader(data))
     meta = table.schema.metadata
     return {"uri": meta[b"lakeshard.uri"].decode(), "stats": json.loads(meta[b"lakeshard.stats"]),
-            "rows": int(meta[b"lakeshard.rows"]), "digest": meta[b"lakeshard.digest"].decode(),
+            "rows": int(meta[b"lakeshard.rows"]), "reused": int(meta.get(b"lakeshard.reused", b"0")),
+            "digest": meta[b"lakeshard.digest"].decode(),
             "rejects": table.replace_schema_metadata(None).cast(REJECT_SCHEMA)}
 
 

@@ -106,6 +106,10 @@ class ShardConfig:
                       help="the engine that runs the job (local: a thread pool in this process, for small lakes)")
     scheduler: str | None = opt(None, help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)")
     partitions: int | None = opt(None, help="tasks for preprocessing (default: from the number of rows)")
+    base: str | None = opt(None, help="a previous complete dataset (local folder or s3://) built with the same image "
+                                      "options: the images of rows whose object (URI and ETag) it already holds are "
+                                      "taken from its shards, not fetched and decoded again; a base built with other "
+                                      "options, or incomplete, is refused")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "row_group_size", parse_size(self.row_group_size))

@@ -2,6 +2,7 @@
 
     spark-submit jobs/shard.py --dataset s3://lake/datasets/pets-v1 --num-shards 4 --image-size 224
     python -m jobs.shard --engine dask --dataset ./datasets/pets-v1 --num-shards 2
+    python -m jobs.shard --dataset ./datasets/pets-v2 --num-shards 2 --base ./datasets/pets-v1
 
 For each channel, writes exactly ``--num-shards`` files ``shards/channel=<c>/part-0000i-of-0000N.parquet``
 (on S3 in a version folder, ``shards/v=<version>/channel=<c>/...``: no copy, see :mod:`jobs.commit`)
@@ -21,6 +22,11 @@ reader sees the old dataset, no dataset, or the new one, never a part. No image 
 the engine: a task reads it from the lake and writes it to its shard; the tasks return counts
 and rejects, not a row per image.
 
+Incremental (``--base``, :mod:`jobs.reuse`): rows whose object (URI, ETag, size) a previous
+dataset built with the same image options already holds take their images from its shards,
+joined on the workers by URI bucket before preprocessing; the rest is as above, and so is the
+dataset (a build from scratch makes the same one).
+
 Resume: the staging folder is named after everything its files depend on, and each
 preprocessing task writes a receipt once its file is complete; a rerun of a killed job reuses
 every segment with a valid receipt (``--no-resume`` starts over; :mod:`jobs.staging`).
@@ -32,6 +38,7 @@ import argparse
 import logging
 import math
 import sys
+from functools import partial
 from typing import Any
 
 if __name__ == "__main__" and not __package__:
@@ -58,6 +65,7 @@ from jobs.preprocess import (
 )
 from jobs.repair import changed_shards, check_reject_budget, final_deals, moved_from, outcome_sources
 from jobs.report import write_report
+from jobs.reuse import Base, reuse_images
 from jobs.segments import SPARE, order_uri, segment_cuts, segment_tasks
 from jobs.settings import ShardConfig
 from jobs.staging import (
@@ -95,9 +103,10 @@ def _run(engine: Engine, fn: Any, items: list[Any], sizes: list[int], slots: int
 
 
 def _preprocess(engine: Engine, tasks: list[SegmentTask], reused: dict[str, dict[str, Any]], *,
-                slots: int, channels: list[str], num_shards: int) -> tuple[list[dict[str, Any]], int, int]:
+                slots: int, channels: list[str], num_shards: int) -> tuple[list[dict[str, Any]], int, int, int]:
     """Run the tasks an earlier run did not finish; return every segment's result (reused ones
-    first), the number of tasks run and of images they preprocessed."""
+    first), the number of tasks run, of images they decoded and of images they took from the
+    ``--base`` dataset."""
     todo = [t for t in tasks if t.uri not in reused]
     if reused:
         log.info("resuming: %d of %d segments (%d images) were preprocessed by an interrupted run of this job; "
@@ -107,7 +116,23 @@ def _preprocess(engine: Engine, tasks: list[SegmentTask], reused: dict[str, dict
              sum(t.num_rows for t in todo), ", ".join(channels), len(channels) * num_shards, len(todo),
              len(pack(todo, [t.num_rows for t in todo], slots)) if todo else 0, engine.name)
     done = _run(engine, preprocess_segment, todo, [t.num_rows for t in todo], slots)
-    return [*reused.values(), *done], len(todo), sum(d["rows"] for d in done)
+    taken = sum(d["reused"] for d in done)
+    return [*reused.values(), *done], len(todo), sum(d["rows"] for d in done) - taken, taken
+
+
+def _with_base(engine: Engine, base: Base, tasks: list[SegmentTask], finished_: dict[str, dict[str, Any]], *,
+               staging: str, slots: int) -> list[SegmentTask]:
+    """``tasks``, those still to run naming the runs of the images they take from ``base``
+    (:mod:`jobs.reuse`, on the workers)."""
+    todo = [t for t in tasks if t.uri not in finished_]
+    log.info("--base %s (version %s): looking up the %d rows to preprocess among its %d shard files", base.root,
+             base.info.dataset_version, sum(t.num_rows for t in todo), len(base.shards))
+    found, matched = reuse_images(partial(_run, engine), base, todo, folder=storage.join(staging, RUNS, "reuse"),
+                                  slots=slots)
+    log.info("--base %s holds the images of %d of them, taken from its shards; the other %d are fetched and decoded",
+             base.root, matched, sum(t.num_rows for t in todo) - matched)
+    swap = {t.uri: t for t in found}
+    return [swap.get(t.uri, t) for t in tasks]
 
 
 def _classes(marker: dict[str, Any], channel: str) -> list[tuple[str, int, int]]:
@@ -206,7 +231,9 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
     tasks = segment_tasks(staging, first, orders, cfg, meta, segment_rows=segment_rows,
                           decode_threads=cfg.decode_threads or engine.task_cpus)
     reused = finished(staging, tasks)
-    done, ran, decoded = _preprocess(engine, tasks, reused, slots=slots, channels=channels, num_shards=n)
+    if job.base is not None:
+        tasks = _with_base(engine, job.base, tasks, reused, staging=staging, slots=slots)
+    done, ran, decoded, taken = _preprocess(engine, tasks, reused, slots=slots, channels=channels, num_shards=n)
     written = {d["uri"]: d["stats"] for d in done}
 
     failed = pa.concat_tables([d["rejects"] for d in done]) if done else REJECT_SCHEMA.empty_table()
@@ -265,7 +292,8 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
                         deals=plans, named={c: _named(plans[c], known[c]) for c in channels}, stats=stats,
                         reject_counts=reject_counts,
                         build=BuildInfo(preprocess_tasks=ran, preprocessed=decoded, reused_segments=len(reused),
-                                        assembled_shards=len(repairs)),
+                                        assembled_shards=len(repairs), reused=taken,
+                                        base=job.base.ref() if job.base is not None else None),
                         rejects_path=rejects_path(staging))
     commit(root, staging, stats=stats, plans=plans, info=info)
     log.info("dataset %s committed at %s", job.version, root)

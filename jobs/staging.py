@@ -8,7 +8,7 @@ everything they depend on, so a rerun of an interrupted job finds the segments i
 The staging folder is laid out as ``shards/`` is (:func:`staged_shard` goes through the format's
 layout helpers). Locally the commit moves it into place whole (a rename). On S3, which has no
 rename, it is the version folder itself: the shards are written once, where ``dataset.json``
-will name them (:func:`versioned`; ``docs/design/XXXX-versioned-shards.md``).
+will name them (:func:`versioned`; ``docs/design/0012-versioned-shards.md``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from lakeshard.format import (
     versions_uri,
 )
 
-__all__ = ["RUNS", "assembled_shard", "finished", "library_versions", "outcomes_uri", "preprocessing_code", "receipt_uri",
+__all__ = ["RUNS", "assembled_shard", "finished", "image_code", "library_versions", "outcomes_uri", "preprocessing_code", "receipt_uri",
            "rejects_path", "staged_shard", "staging_folder", "staging_root", "versioned"]
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,15 @@ def preprocessing_code() -> str:
     for module in (images, fetch, preprocess, assemble, segments, layout, writer):
         digest.update(module.__loader__.get_data(module.__file__))  # works from a --py-files zip too
     return digest.hexdigest()[:16]
+
+
+def image_code() -> str:
+    """A hash of the source of the module that decides a stored image's bytes from its object's
+    (``dataset.json``'s ``image.code``): an incremental build reuses images only from a dataset
+    whose images the same code made (:mod:`jobs.reuse`)."""
+    from jobs import images
+
+    return hashlib.sha256(images.__loader__.get_data(images.__file__)).hexdigest()[:16]
 
 
 def library_versions() -> dict[str, str]:

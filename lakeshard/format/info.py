@@ -15,6 +15,7 @@ does not know are ignored (see the compatibility policy in ``docs/format.md``).
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from lakeshard.errors import DatasetError, StorageError
 from lakeshard.format.layout import FORMAT_VERSION, check_shard_path, dataset_json_uri, shard_relpath
 
 __all__ = [
+    "BaseRef",
     "BuildInfo",
     "ChannelInfo",
     "Counts",
@@ -95,6 +97,8 @@ class ImageSpec:
     quality: int  #: JPEG quality
     resize: str  #: the resize mode (``crop``, ...)
     max_pixels: int  #: larger source images were rejected
+    #: a hash of the code that made the images (``jobs/images.py``); None: not recorded (older datasets)
+    code: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +124,23 @@ class Counts:
 
 
 @dataclass(frozen=True, slots=True)
+class BaseRef:
+    """The dataset an incremental build took preprocessed images from (``--base``)."""
+
+    root: str  #: its URI
+    dataset_version: str  #: its ``dataset_version`` when it was read
+
+
+@dataclass(frozen=True, slots=True)
 class BuildInfo:
     """How one run made the shards (depends on the engine's parallelism; not the dataset's identity)."""
 
     preprocess_tasks: int
-    preprocessed: int
+    preprocessed: int  #: images decoded
     reused_segments: int
     assembled_shards: int
+    reused: int = 0  #: images taken, already preprocessed, from the shards of ``base``
+    base: BaseRef | None = None  #: the ``--base`` dataset, None for a build from scratch
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +221,7 @@ def info_fields(cls: type = DatasetInfo, prefix: str = "") -> dict[str, Any]:
     for f in dataclasses.fields(cls):
         path, hint = f"{prefix}{f.name}", hints[f.name]
         out[path] = hint
+        hint = _optional(hint) or hint
         origin, args = typing.get_origin(hint), typing.get_args(hint)
         if dataclasses.is_dataclass(hint):
             out.update(info_fields(hint, f"{path}."))
@@ -215,6 +230,15 @@ def info_fields(cls: type = DatasetInfo, prefix: str = "") -> dict[str, Any]:
         elif origin is list and dataclasses.is_dataclass(args[0]):
             out.update(info_fields(args[0], f"{path}[]."))
     return out
+
+
+def _optional(hint: Any) -> Any:
+    """``T`` of a ``T | None`` hint, else None."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0]
+    return None
 
 
 def _key_name(field: str) -> str:
@@ -235,9 +259,13 @@ def _convert(hint: Any, value: Any, source: str, path: str) -> Any:
         for f in dataclasses.fields(hint):
             where = f"{path}.{f.name}" if path else f.name
             if f.name not in value:
+                if f.default is not dataclasses.MISSING:  # an optional field an older writer did not write
+                    continue
                 raise DatasetError(f"{source}: field {where} is missing")
             kwargs[f.name] = _convert(hints[f.name], value[f.name], source, where)
         return hint(**kwargs)
+    if (inner := _optional(hint)) is not None:
+        return None if value is None else _convert(inner, value, source, path)
     if origin is dict:
         if not isinstance(value, Mapping):
             _wrong(source, path, "an object", value)

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import types
 import typing
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from lakeshard.format import FOOTER_KEYS, MANIFEST_SCHEMA, SHARD_REJECTS_SCHEMA, SHARD_SCHEMA
-from lakeshard.format.info import info_fields
+from lakeshard.format.info import DatasetInfo, info_fields
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 
@@ -48,6 +50,9 @@ def test_footer_keys_match():
 
 def _doc_type(hint: typing.Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return f"{_doc_type(inner)} or null"
     if dataclasses.is_dataclass(hint) or origin is dict:
         return "object"
     if origin is list:
@@ -61,6 +66,30 @@ def test_dataset_json_fields_and_types_match_the_model():
     assert sorted(set(documented) - set(modelled)) == [], "documented but not in DatasetInfo"
     assert sorted(set(modelled) - set(documented)) == [], "in DatasetInfo but not documented"
     assert documented == modelled
+
+
+def _optional_fields(cls: type = DatasetInfo, prefix: str = "") -> set[str]:
+    """The paths of the model's fields that have a default (an older writer may leave them out)."""
+    out = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path, hint = f"{prefix}{f.name}", hints[f.name]
+        if f.default is not dataclasses.MISSING:
+            out.add(path)
+        inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        if dataclasses.is_dataclass(inner[0]):
+            out |= _optional_fields(inner[0], f"{path}.")
+        elif typing.get_origin(hint) is dict and dataclasses.is_dataclass(typing.get_args(hint)[1]):
+            out |= _optional_fields(typing.get_args(hint)[1], f"{path}.<channel>.")
+        elif typing.get_origin(hint) is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+            out |= _optional_fields(typing.get_args(hint)[0], f"{path}[].")
+    return out
+
+
+def test_the_optional_fields_are_the_model_fields_with_a_default():
+    documented = {r[0] for r in spec_table("dataset.json fields") if r[2].startswith("optional")}
+    assert documented == _optional_fields()
+    assert documented  # the check above must compare something
 
 
 def test_the_spec_names_the_current_format_version():
@@ -77,3 +106,25 @@ def test_the_files_table_names_the_manifest_parts_as_the_layout_writes_them():
     got.add(sagemaker_part_uri("s3://b/d", "train", 1, 4)[len("s3://b/d/"):])
     documented = {p.replace("<i>", "00001").replace("<n>", "00004").replace("<channel>", "train") for p in paths}
     assert got <= documented, sorted(got - documented)
+
+
+def test_a_dataset_json_without_the_optional_fields_reads_with_their_defaults(tmp_path: Path):
+    from lakeshard.errors import DatasetError
+    from lakeshard.format.info import BaseRef
+    from tests.loaders.loader_builders import write_dataset
+
+    write_dataset(tmp_path / "ds", rows={"train": 4}, num_shards=2)
+    data = json.loads((tmp_path / "ds" / "dataset.json").read_text())
+    for parent, name in [("build", "reused"), ("build", "base"), ("image", "code")]:
+        data[parent].pop(name, None)  # as a writer before them wrote it
+    info = DatasetInfo.from_json(data)
+    assert (info.build.reused, info.build.base, info.image.code) == (0, None, None)
+    data["build"]["base"] = {"root": "s3://b/old", "dataset_version": "0123"}
+    assert DatasetInfo.from_json(data).build.base == BaseRef(root="s3://b/old", dataset_version="0123")
+    assert DatasetInfo.from_json(data).to_json()["build"]["base"] == data["build"]["base"]
+    data["build"]["base"] = {"root": "s3://b/old"}
+    with pytest.raises(DatasetError, match=r"^d.json: field build.base.dataset_version is missing$"):
+        DatasetInfo.from_json(data, source="d.json")
+    data["build"]["base"] = "s3://b/old"
+    with pytest.raises(DatasetError, match=r"^d.json: field build.base must be an object, got 's3://b/old'$"):
+        DatasetInfo.from_json(data, source="d.json")

@@ -1,0 +1,36 @@
+"""benchmarks/incremental_bench.py at a tiny scale on the local engine: the lakes it makes, the
+builds it times and what it writes. Nothing here asserts a speed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import incremental_bench  # noqa: E402 - benchmarks/ is not a package
+
+
+def test_the_bench_times_both_builds_of_the_grown_lake(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    assert incremental_bench.main(["--images", "60", "--engine", "local", "--repeats", "2", "--num-shards", "2", "--split", "train=1",
+                                   "--cache", str(tmp_path / "cache"), "--work", str(tmp_path / "w"),
+                                   "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    lake = result["lake"]
+    assert (lake["v1_objects"], lake["added"], lake["removed"], lake["v2_objects"]) == (60, 6, 5, 61)
+    assert len(list((tmp_path / "w" / "lake").rglob("*.jpg"))) == 61
+    assert 30 < lake["jpeg_kb_median"] < 200
+    (engine,) = result["engines"]
+    scratch, incremental = engine["runs"]["scratch"], engine["runs"]["incremental"]
+    assert len(scratch) == len(incremental) == 2
+    for s, i in zip(scratch, incremental, strict=True):
+        assert s["reused"] == 0 and i["reused"] > 0
+        assert i["reused"] + i["decoded"] == s["decoded"]
+        # The new and changed objects, and those of A's rows its plan dropped (not in its shards) still there.
+        assert lake["added"] + lake["changed"] <= i["decoded"] <= lake["added"] + lake["changed"] + \
+            engine["base_build"]["dropped"]
+    assert engine["ratio"] == engine["median"]["incremental"]["total_s"] / engine["median"]["scratch"]["total_s"]
+    assert len(result["load_before"]) == 3
