@@ -89,6 +89,16 @@ log = logging.getLogger("jobs.shard")
 #: Rows preprocessed by one task at most, when ``--partitions`` is not given: a shard with more
 #: rows is cut into segments, preprocessed by several tasks and then assembled.
 _ROWS_PER_TASK = 2000
+#: Preprocessing tasks at most by default (or four per core on a larger cluster): a Dask client
+#: holds ~40 kB per task (docs/scaling.md), so at 100M rows segments grow instead of tasks.
+_MAX_TASKS = 10_000
+
+
+def default_tasks(rows: int, cores: int) -> int:
+    """Preprocessing tasks without ``--partitions``: one per :data:`_ROWS_PER_TASK` rows, at least
+    one per core, at most :data:`_MAX_TASKS` (or four per core, if more)."""
+    return max(cores, min(math.ceil(rows / _ROWS_PER_TASK), max(_MAX_TASKS, 4 * cores)))
+
 
 #: Rows given their slots by one task at most (a group of classes; a larger class is one task).
 _ROWS_PER_SLOT_TASK = 500_000
@@ -216,9 +226,10 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
     total = sum(d.total for d in first.values())
     meta = {"dataset_version": job.version, "num_shards": n, "format_version": FORMAT_VERSION,
             "image_format": cfg.image_format, "image_size": cfg.image_size}
-    # One task per core, or more when each would get over _ROWS_PER_TASK rows. A task uses its
-    # core to the end whatever the others do: fewer, longer tasks leave fewer gaps between tasks.
-    wanted = cfg.partitions or max(engine.parallelism, math.ceil(total / _ROWS_PER_TASK))
+    # One task per core, or more when each would get over _ROWS_PER_TASK rows, up to _MAX_TASKS.
+    # A task uses its core to the end whatever the others do: fewer, longer tasks leave fewer
+    # gaps between tasks.
+    wanted = cfg.partitions or default_tasks(total, engine.parallelism)
     segment_rows = math.ceil(total / wanted)
     # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
     slots = engine.parallelism * math.ceil(wanted / engine.parallelism)

@@ -132,3 +132,15 @@ def test_a_writer_never_truncates_a_complete_file(tmp_path: Path):
             raise RuntimeError("task died")
     assert target.read_bytes() == replaced  # a failed writer leaves the file as it was
     assert sorted(p.name for p in target.parent.iterdir()) == ["part-0.parquet"]  # and no temporary file
+
+
+@pytest.mark.parametrize(("rows", "cores", "tasks"), [
+    (20_000, 2, 10),  # one per 2,000 rows
+    (1_000, 8, 8),  # at least one per core
+    (100_000_000, 2, 10_000),  # at most 10,000: segments of 10,000 rows, not 50,000 tasks
+    (1_000_000_000, 4_000, 16_000),  # a larger cluster: four per core
+])
+def test_default_preprocessing_tasks_are_capped(rows: int, cores: int, tasks: int) -> None:
+    from jobs.shard import default_tasks
+
+    assert default_tasks(rows, cores) == tasks
