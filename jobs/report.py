@@ -83,7 +83,8 @@ def render_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, m
         _splits(info, channels),
         _class_counts(info, channels, labels),
         _rejects(manifest_rejects, shard_rejects),
-        _lake(_read_marker(root)),
+        _lake(marker := _read_marker(root)),
+        _incremental(marker, info),
         _shard_balance(info, channels, labels),
         _samples(root, info, channels, labels, per_class=samples_per_class, max_classes=max_classes),
         _lineage(info),
@@ -175,6 +176,32 @@ def _lake(marker: dict[str, Any]) -> str:
     else:
         parts.append("<p>No two accepted objects have the same content.</p>")
     return _section("The lake: skipped objects and duplicates", "".join(parts) + _labels_table(marker))
+
+
+def _incremental(marker: dict[str, Any], info: DatasetInfo) -> str:
+    """What an incremental build (``--base``) took from its base: the manifest job's objects not
+    read again, new, changed, gone and moved; the shard job's images reused and decoded. Empty
+    for a build from scratch."""
+    base, build = marker.get("base"), info.build
+    if not base and build.base is None:
+        return ""
+    parts = []
+    if base:
+        left = ", ".join(f"<code>{_e(k)}</code>" for k in base.get("left_examples", [])[:5])
+        moved = ", ".join(f"<code>{_e(k)}</code>" for k in base.get("moved_examples", [])[:5])
+        parts.append(_table(["manifest job: --base " + str(base.get("root", "")), "objects"], [
+            ("unchanged (same size and ETag)", base.get("unchanged", 0)), ("of which not read again", base.get("reused", 0)),
+            ("new", base.get("new", 0)), ("changed", base.get("changed", 0)),
+            ("left the lake", base.get("left", 0)), ("moved to another channel", base.get("moved", 0)),
+        ]))  # fmt: skip
+        if left:
+            parts.append(f"<p>Left the lake, e.g. {left}</p>")
+        if moved:
+            parts.append(f"<p>Moved to another channel, e.g. {moved}</p>")
+    if build.base is not None:
+        parts.append(_table([f"shard job: --base {build.base.root} (version {build.base.dataset_version})", "images"],
+                            [("reused from the base's shards", build.reused), ("fetched and decoded", build.preprocessed)]))
+    return _section("Incremental build", "".join(parts))
 
 
 def _labels_table(marker: dict[str, Any]) -> str:

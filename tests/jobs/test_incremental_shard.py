@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +28,8 @@ _COUNTS = {"cat": 20, "dog": 16, "fox": 12}
 _MANIFEST = {"split": "train=0.7,validation=0.3", "seed": 3}
 
 
-@pytest.fixture(scope="module")
-def dask_engine() -> Iterator[Any]:
-    """A dask.distributed LocalCluster of two worker processes, one thread each."""
-    from distributed import Client, LocalCluster
-
-    from jobs.engines.dask_engine import DaskEngine
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
-        yield DaskEngine(client=client)
-
-
 def _build(engine: Any, lake: str, out: str, *, base: str | None = None, **shard: Any) -> DatasetInfo:
-    manifest_job.run(ManifestConfig(input=lake, output=out, engine=engine.name, **_MANIFEST), engine)
+    manifest_job.run(ManifestConfig(input=lake, output=out, engine=engine.name, base=base, **_MANIFEST), engine)
     opts = {"num_shards": 2, "image_size": 16, **shard}
     return shard_job.run(ShardConfig(dataset=out, engine=engine.name, base=base, **opts), engine)
 
@@ -119,6 +106,11 @@ def test_a_grown_lake_built_on_its_last_dataset_equals_a_build_from_scratch(
     _check_incremental(info_a, info_b, info_c, a)
     assert info_b.build.preprocessed == _decoded_in_b(info_a, fresh, removed, f"file://{lake}")
     assert info_b.build.reused == info_c.build.preprocessed - info_b.build.preprocessed
+    report_b, report_c = (Path(d, "report.html").read_text() for d in (b, c))
+    assert "Incremental build" not in report_c
+    assert "Incremental build" in report_b
+    assert f"<td>reused from the base&#x27;s shards</td><td>{info_b.build.reused}</td>" in report_b
+    assert f"<td>left the lake</td><td>{len(removed)}</td>" in report_b
 
 
 def test_pad_copies_and_rejects_are_taken_alike(tmp_path: Path, local_engine):
