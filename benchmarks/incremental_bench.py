@@ -37,9 +37,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 from PIL import Image
+from remote_bench import PROFILES
+from remote_store import RemoteStore, parse_rate
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
@@ -161,21 +164,21 @@ def build(engine: Any, lake: str, out: str, *, base: str | None, num_shards: int
 
 
 def bench_engine(name: str, lake: Lake, work: Path, *, repeats: int, num_shards: int,
-                 split: str) -> dict[str, Any]:
+                 split: str, lake_uri: str) -> dict[str, Any]:
     t = time.perf_counter()
     engine = open_engine(name, app_name="lakeshard-incremental-bench")
     start_s = time.perf_counter() - t
     try:
         base = str(work / f"{name}-a")
         lake.reset()
-        first = build(engine, str(lake.root), base, base=None, num_shards=num_shards, split=split)
+        first = build(engine, lake_uri, base, base=None, num_shards=num_shards, split=split)
         lake.grow()
         runs: dict[str, list[dict[str, Any]]] = {"scratch": [], "incremental": []}
         for r in range(repeats):
             order = ["scratch", "incremental"] if r % 2 == 0 else ["incremental", "scratch"]
             for kind in order:
                 out = str(work / f"{name}-{kind}")
-                runs[kind].append(build(engine, str(lake.root), out, base=base if kind == "incremental" else None,
+                runs[kind].append(build(engine, lake_uri, out, base=base if kind == "incremental" else None,
                                         num_shards=num_shards, split=split))
                 print(f"{name} {kind} #{r + 1}: {runs[kind][-1]['total_s']:.1f} s "
                       f"(manifest {runs[kind][-1]['manifest_s']:.1f} s, shard {runs[kind][-1]['shard_s']:.1f} s; "
@@ -203,19 +206,31 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the generated photos are kept between runs")
     p.add_argument("--work", default=None, help="where lakes and datasets are written (default: a temporary folder)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--store", choices=["local", *PROFILES], default="local",
+                   help="where the lake is read from: local disk, or a remote-like S3 store on 127.0.0.1 "
+                        "(nginx behind a latency shim, benchmarks/remote_store.py) with remote_bench.py's "
+                        "near (20 ms, 80 MB/s a connection) or far (100 ms, 25 MB/s) profile; the datasets "
+                        "are written to local disk either way")
     args = p.parse_args(argv)
     load_before = os.getloadavg()
     cache = Path(args.cache)
     t = time.perf_counter()
     with contextlib.ExitStack() as stack:
         work = Path(args.work) if args.work else Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        lake = Lake.make(cache, work / "lake", args.images)
+        lake = Lake.make(cache, work / "store" / "lake", args.images)  # the store serves only store/
         lakes = lake.describe()
         print(f"photos ready in {time.perf_counter() - t:.0f} s: {lakes}", flush=True)
-        results = [bench_engine(e, lake, work, repeats=args.repeats, num_shards=args.num_shards, split=args.split)
-                   for e in args.engine.split(",")]
+        lake_uri = str(lake.root)
+        if args.store != "local":  # before any engine starts: its workers inherit the environment
+            latency, rate = PROFILES[args.store]
+            (work / "store").mkdir(parents=True, exist_ok=True)
+            store = stack.enter_context(RemoteStore(work / "store", latency_ms=latency, bandwidth=parse_rate(rate)).start())
+            os.environ.update(store.environ())
+            lake_uri = store.uri("lake")
+        results = [bench_engine(e, lake, work, repeats=args.repeats, num_shards=args.num_shards, split=args.split,
+                                lake_uri=lake_uri) for e in args.engine.split(",")]
     out = {"command": " ".join(["python", "benchmarks/incremental_bench.py", *(argv or sys.argv[1:])]),
-           "date": time.strftime("%Y-%m-%d"), "lake": lakes, "manifest_base": manifest_takes_base(),
+           "date": time.strftime("%Y-%m-%d"), "lake": lakes, "store": args.store, "manifest_base": manifest_takes_base(),
            "cores": os.cpu_count(), "python": platform.python_version(),
            "load_before": load_before, "load_after": os.getloadavg(), "engines": results}
     print(f"{'engine':8} {'scratch s':>10} {'incr. s':>8} {'ratio':>6} {'shard ratio':>11} {'decoded':>8} {'reused':>7}")

@@ -133,7 +133,8 @@ def test_pad_copies_and_rejects_are_taken_alike(tmp_path: Path, local_engine):
 
 @pytest.mark.s3
 @pytest.mark.slow
-@pytest.mark.parametrize("engine_name", ["local", pytest.param("spark", marks=pytest.mark.spark)])
+@pytest.mark.parametrize("engine_name", ["local", pytest.param("spark", marks=pytest.mark.spark),
+                                         pytest.param("dask", marks=pytest.mark.dask)])
 def test_a_grown_s3_lake_built_on_its_last_dataset_equals_a_build_from_scratch(
         engine_name: str, s3_bucket: str, s3_endpoint: str, request: pytest.FixtureRequest):
     engine = request.getfixturevalue(f"{engine_name}_engine")
