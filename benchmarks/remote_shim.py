@@ -2,7 +2,13 @@
 an ephemeral port of 127.0.0.1 in front of nginx that waits ``--latency-ms`` after each request
 before forwarding it, relays each client connection over its own nginx connection, caps each
 response at ``--bandwidth`` bytes/s from then on, and answers bucket-level requests
-(ListObjectsV2, HEAD bucket) itself from the folder. Prints ``listening <port>`` once ready;
+(ListObjectsV2, HEAD bucket) itself from the folder.
+
+ETags: nginx's ``"<mtime hex>-<size hex>"`` has the shape of an S3 multipart upload's ETag, which
+a client cannot take for the object's MD5 (the manifest job then reads the whole object to hash
+it). The shim shows it as ``"<mtime hex>0<size hex>"`` (the same length, no ``-``: an object
+uploaded in one PUT, as photos are) in responses and listings, and turns ``If-Match`` and
+``If-None-Match`` back into nginx's form. Prints ``listening <port>`` once ready;
 logs each connection and request to ``--log``; exits when its stdin closes or on SIGTERM.
 
 ```
@@ -30,6 +36,14 @@ __all__ = ["main"]
 
 _CHUNK = 64 * 1024  # responses are relayed (and paced) in chunks of at most this
 _CONTENT_LENGTH = re.compile(r"(?im)^content-length:\s*(\d+)")
+#: nginx's ETag header in a response, and a client's conditional header in a request.
+_NGINX_ETAG = re.compile(rb'(\r\nETag: "[0-9a-f]{8})-([0-9a-f]+")', re.IGNORECASE)
+_CLIENT_ETAG = re.compile(r'(?im)^(if-(?:none-)?match:\s*"[0-9a-f]{8})0([0-9a-f]+")')
+
+
+def etag(mtime: float, size: int) -> str:
+    """The ETag the shim shows for a file (nginx's, without its ``-``)."""
+    return f"{int(mtime):08x}0{size:x}"
 
 
 @dataclasses.dataclass(slots=True)
@@ -77,7 +91,7 @@ class _Shim:
                     return
                 self.log.write(f"forward {method} {target}\n")
                 pace.due = max(pace.due, time.monotonic())  # this response's schedule starts now
-                up_writer.write(head + body)
+                up_writer.write(_CLIENT_ETAG.sub(r"\1-\2", head.decode("latin-1")).encode("latin-1") + body)
                 await up_writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             return
@@ -96,7 +110,7 @@ class _Shim:
         rate is ``rate`` whatever the timers do, never more)."""
         try:
             while data := await up.read(_CHUNK):
-                writer.write(data)
+                writer.write(_NGINX_ETAG.sub(rb"\g<1>0\2", data))
                 await writer.drain()
                 pace.due += len(data) / self.rate
                 delay = pace.due - time.monotonic()
@@ -147,7 +161,7 @@ class _Shim:
                 st = (self.root / key).stat()
                 modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime))
                 contents.append(f"<Contents><Key>{escape(key)}</Key><LastModified>{modified}</LastModified>"
-                                f'<ETag>"{int(st.st_mtime):x}-{st.st_size:x}"</ETag><Size>{st.st_size}</Size>'
+                                f'<ETag>"{etag(st.st_mtime, st.st_size)}"</ETag><Size>{st.st_size}</Size>'
                                 "<StorageClass>STANDARD</StorageClass></Contents>")  # fmt: skip
             last = name
         truncated = any(k > last and not k.startswith(last) for k in keys) if last else False

@@ -131,6 +131,18 @@ def test_the_store_answers_what_s3fs_asks(store: RemoteStore, lake: Path):
     assert keys == on_disk and len(keys) == 4
     assert store.traffic().lists >= 3  # two from exists/isdir, and the pages
 
+    # ETags of an object uploaded in one PUT (no "-", which marks a multipart upload's): the
+    # same in a listing, a HEAD and a GET, and a GET with If-Match of it is answered, another 412.
+    listed = {obj["Key"]: obj["ETag"] for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket="bench", Prefix="bench-ds/files/class1/") for obj in page["Contents"]}  # fmt: skip
+    key = keys[0]
+    head = client.head_object(Bucket="bench", Key=key)["ETag"]
+    got = client.get_object(Bucket="bench", Key=key, IfMatch=head)
+    assert got["Body"].read() == (lake / key).read_bytes()
+    assert "-" not in head and head == listed[key] == got["ETag"]
+    with pytest.raises(Exception, match=r"412|PreconditionFailed"):
+        client.get_object(Bucket="bench", Key=key, IfMatch=head.replace(head[2], "f" if head[2] != "f" else "e"))
+
     # Read-only: a write is refused, not stored.
     with pytest.raises(Exception, match=r"405|Not Allowed|MethodNotAllowed"):
         client.put_object(Bucket="bench", Key="bench-ds/new.txt", Body=b"x")
