@@ -4,8 +4,11 @@ builds it times and what it writes. Nothing here asserts a speed."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -13,15 +16,20 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import incremental_bench  # noqa: E402 - benchmarks/ is not a package
 
 
-def test_the_bench_times_both_builds_of_the_grown_lake(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["local", "near"])
+def test_the_bench_times_both_builds_of_the_grown_lake(tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On local disk, and with the lake read from the remote-like S3 store (nginx + shim)."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # the bench points them at its store: restored after
     out = tmp_path / "r.json"
     assert incremental_bench.main(["--images", "60", "--engine", "local", "--repeats", "2", "--num-shards", "2", "--split", "train=1",
                                    "--cache", str(tmp_path / "cache"), "--work", str(tmp_path / "w"),
-                                   "--out", str(out)]) == 0
+                                   "--store", store, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
+    assert result["store"] == store and result["manifest_base"]
     lake = result["lake"]
     assert (lake["v1_objects"], lake["added"], lake["removed"], lake["v2_objects"]) == (60, 6, 5, 61)
-    assert len(list((tmp_path / "w" / "lake").rglob("*.jpg"))) == 61
+    assert len(list((tmp_path / "w" / "store" / "lake").rglob("*.jpg"))) == 61
     assert 30 < lake["jpeg_kb_median"] < 200
     (engine,) = result["engines"]
     scratch, incremental = engine["runs"]["scratch"], engine["runs"]["incremental"]
