@@ -21,6 +21,7 @@ from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
+from jobs.staging import image_code
 from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, RejectFractionError, SplitError
 from lakeshard.format import ImageSpec, read_dataset_info, shard_rejects_uri, shard_relpath
@@ -195,7 +196,9 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
         # Not a terminal: no console progress bar redrawn into the log.
         assert "[Stage " not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     info = check_dataset(str(out))
-    assert info.image == ImageSpec(size=32, format="jpeg", quality=90, resize="crop", max_pixels=89478485)
+    # code: the hash of jobs/images.py that made the images (what --base checks before reusing them)
+    assert info.image == ImageSpec(size=32, format="jpeg", quality=90, resize="crop", max_pixels=89478485,
+                                   code=image_code())
     assert pc.sum(read_channel(str(out), "all")["size"]).as_py() > 0
     # A bad value exits non-zero and names the value.
     proc = subprocess.run([submit, "--master", "local[1]", "jobs/shard.py", "--dataset", str(out), "--num-shards", "0"],
