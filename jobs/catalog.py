@@ -126,13 +126,14 @@ def split_function(split_method: str) -> SplitFn:
 
 
 def check_accepted(*, listed: int, reasons: Mapping[str, int], removed: int, ok_labels: Iterable[str],
-                   max_reject_fraction: float, where: str) -> dict[str, int]:
+                   max_reject_fraction: float, where: str, label_source: str | None = None) -> dict[str, int]:
     """Check what the inspection left of ``listed`` objects (rejected: ``reasons``, by
     :func:`reason_kind`, ``removed`` of them by ``dedupe``, which do not count against
     ``max_reject_fraction``: they were asked for); return the labels of the accepted objects.
 
     Raises :class:`RejectFractionError` when too much of the lake was rejected, and
-    :class:`ManifestError` when no object or fewer than two classes are left.
+    :class:`ManifestError` when no object or fewer than two classes are left (naming
+    ``label_source``, the labels table or Ground Truth manifest, if the labels came from one).
     """
     rejected, listed = sum(reasons.values()) - removed, listed - removed
     if rejected > max_reject_fraction * listed:
@@ -148,8 +149,8 @@ def check_accepted(*, listed: int, reasons: Mapping[str, int], removed: int, ok_
     if len(labels) < 2:
         raise ManifestError(
             f"a classifier needs at least 2 classes, but {where} has usable images in 1 class only: "
-            f"{next(iter(labels))!r}. Lay the lake out as <prefix>/<label>/.../<file> with a folder per class "
-            "(or check --label-depth).")
+            f"{next(iter(labels))!r}. " + (f"Check the labels of {label_source}." if label_source else
+            "Lay the lake out as <prefix>/<label>/.../<file> with a folder per class (or check --label-depth)."))
     return labels
 
 

@@ -284,7 +284,9 @@ def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan) 
             per_row[label].update(channels)
     total, removed = sum(r["listed"] for r in results), sum(r["removed"] for r in results)
     labels = check_accepted(listed=total, reasons=reasons, removed=removed, ok_labels=list(ok),
-                            max_reject_fraction=cfg.max_reject_fraction, where=where)
+                            max_reject_fraction=cfg.max_reject_fraction, where=where,
+                            label_source=(f"--labels {cfg.labels}" if cfg.labels else
+                                          f"--input-manifest {cfg.input_manifest}" if cfg.input_manifest else None))
     counts = _predicted_counts(cfg, labels, ok, pinned, per_row)
     check_min_per_class(counts, list(labels), cfg.min_per_class, cfg.split_method)
     return _Checked(listed=total, reasons=reasons, removed=removed, labels=labels, counts=counts,

@@ -276,3 +276,17 @@ def test_spark_writes_the_same_labelled_manifest(tmp_path: Path, spark_engine, l
     _run(lake, table, str(tmp_path / "local"), local_engine, split_method="stratified")
     assert_same_manifest(str(tmp_path / "spark"), str(tmp_path / "local"))
     assert summary["labels_table"]["not_in_lake"] == 1 and summary["parts"] > 1
+
+
+def test_one_class_left_names_the_labels_table(tmp_path: Path, local_engine) -> None:
+    """Every row labelled alike: the error names the table the labels came from, not
+    --label-depth (which a labels table does not use)."""
+    root = storage.normalize(str(tmp_path))
+    lake = storage.join(root, "lake")
+    for i in range(6):
+        _write(storage.join(lake, f"img_{i}.png"), encode(make_image(i), "PNG"))
+    table = _write(storage.join(root, "labels.csv"),
+                   b"key,label\n" + "".join(f"img_{i}.png,cat\n" for i in range(6)).encode())
+    with pytest.raises(ManifestError, match=rf"1 class only: 'cat'\. Check the labels of --labels {table}\.$"):
+        manifest_job.run(ManifestConfig(input=lake, output=str(tmp_path / "ds"), labels=table, engine="local"),
+                         local_engine)
