@@ -35,6 +35,10 @@ __all__ = [
     "remove",
     "remove_temporaries",
     "replace",
+    "s3_get",
+    "s3_get_async",
+    "s3_get_tail",
+    "s3_get_tail_async",
     "s3_options",
     "temp_sibling",
     "write_bytes_atomic",
@@ -183,6 +187,30 @@ async def s3_get_async(fs: Any, path: str, *, start: int | None = None, end: int
     ``PermissionError``, ...); ``cat_file`` offers neither ``If-Match`` nor the response's ETag.
     A body cut off mid-read (which botocore's retries do not cover: the response had come) is
     retried as a whole, as many times as botocore retries a request."""
+    data, resp = await _s3_get_response(fs, path, None if start is None else f"bytes={start}-{end - 1}", if_match)
+    etag = resp.get("ETag")
+    return data, etag.strip('"') if isinstance(etag, str) else None
+
+
+async def s3_get_tail_async(fs: Any, path: str, n: int) -> tuple[bytes, int, str | None]:
+    """The last ``n`` bytes of the S3 object at ``path`` (all of it if it is shorter) in one GET
+    (a suffix range, ``Range: bytes=-n``: no HEAD first), the object's size (from the answer's
+    ``Content-Range``) and its ETag as the store sent it (quoted: what ``If-Match`` takes).
+    Errors, retries and cut-off bodies as :func:`s3_get_async`."""
+    if n < 1:
+        raise ValueError(f"n must be a positive number of bytes, got {n!r}")
+    data, resp = await _s3_get_response(fs, path, f"bytes=-{n}", None)
+    content_range = resp.get("ContentRange")
+    if not content_range:  # a 200: the whole object
+        return data, len(data), resp.get("ETag")
+    total = content_range.rpartition("/")[2]
+    if not total.isdigit():
+        raise OSError(f"s3://{path}: the store answered a suffix range with Content-Range {content_range!r} (no size)")
+    return data, int(total), resp.get("ETag")
+
+
+async def _s3_get_response(fs: Any, path: str, byte_range: str | None, if_match: str | None) -> tuple[bytes, dict[str, Any]]:
+    """The body and the response of one GET (see :func:`s3_get_async`)."""
     import asyncio
 
     import aiohttp
@@ -190,8 +218,8 @@ async def s3_get_async(fs: Any, path: str, *, start: int | None = None, end: int
 
     bucket, key, _ = fs.split_path(path)
     extra: dict[str, str] = {}
-    if start is not None:
-        extra["Range"] = f"bytes={start}-{end - 1}"
+    if byte_range is not None:
+        extra["Range"] = byte_range
     if if_match:
         extra["IfMatch"] = if_match
     attempts = _S3_RETRIES["max_attempts"]
@@ -207,8 +235,7 @@ async def s3_get_async(fs: Any, path: str, *, start: int | None = None, end: int
             continue
         finally:
             resp["Body"].close()
-        etag = resp.get("ETag")
-        return data, etag.strip('"') if isinstance(etag, str) else None
+        return data, resp
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
@@ -219,6 +246,14 @@ def s3_get(uri: str, *, start: int | None = None, end: int | None = None,
 
     fs, path = filesystem(uri)
     return sync(fs.loop, s3_get_async, fs, path, start=start, end=end, if_match=if_match)
+
+
+def s3_get_tail(uri: str, n: int) -> tuple[bytes, int, str | None]:
+    """:func:`s3_get_tail_async` from a thread: ``uri`` is an ``s3://`` URI."""
+    from fsspec.asyn import sync
+
+    fs, path = filesystem(uri)
+    return sync(fs.loop, s3_get_tail_async, fs, path, n)
 
 
 def temp_sibling(path: str) -> str:

@@ -70,11 +70,12 @@ def row_group_range(md: pq.FileMetaData, group: int) -> tuple[int, int]:
 
 class _RangeFile(io.RawIOBase):
     """A read-only file of ``size`` bytes of which only ``[start, start + len(data))`` is known:
-    what Parquet reads for one row group when it is given the footer's metadata."""
+    what Parquet reads for one row group when it is given the footer's metadata. Reads are
+    views of ``data``, not copies (Arrow takes any buffer)."""
 
     def __init__(self, size: int, start: int, data: bytes) -> None:
         super().__init__()
-        self._size, self._start, self._data, self._pos = size, start, data, 0
+        self._size, self._start, self._data, self._pos = size, start, memoryview(data), 0
 
     def readable(self) -> bool:
         return True
@@ -90,7 +91,7 @@ class _RangeFile(io.RawIOBase):
         self._pos = base + offset
         return self._pos
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int = -1) -> memoryview:  # type: ignore[override]
         n = self._size - self._pos if n is None or n < 0 else n
         lo = self._pos - self._start
         if lo < 0 or lo + n > len(self._data):
@@ -253,9 +254,19 @@ class RangeFetcher:
             self._pump_locked()
 
 
-#: A row group is fetched in parts of at most this many bytes, at once (on fsspec's event
-#: loop): a large row group arrives over several connections, not one.
+#: A row group of at least twice this many bytes is fetched in parts (equal, each at least this
+#: size), at once on fsspec's event loop: a large row group arrives over several connections. A
+#: smaller one is one GET: a full part and a sliver cost the client twice its per-request CPU
+#: and a second copy of the bytes (the join), for no bandwidth gained.
 _PART_BYTES = 4 << 20
+
+
+def _parts(start: int, end: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into ``max(1, size // _PART_BYTES)`` parts of equal size (the last
+    one up to ``parts - 1`` bytes shorter), in order."""
+    size = end - start
+    step = max(1, -(-size // max(1, size // _PART_BYTES)))
+    return [(s, min(s + step, end)) for s in range(start, end, step)]
 
 
 def read_s3_range(r: ByteRange) -> bytes:
@@ -266,9 +277,8 @@ def read_s3_range(r: ByteRange) -> bytes:
     fs, _ = storage.filesystem("s3://" + r.path)
 
     async def whole() -> bytes:
-        starts = range(r.start, r.end, _PART_BYTES)
-        parts = await asyncio.gather(*(storage.s3_get_async(fs, r.path, start=s, end=min(s + _PART_BYTES, r.end), if_match=r.etag)
-                                       for s in starts))  # fmt: skip
-        return b"".join(data for data, _ in parts)
+        parts = await asyncio.gather(*(storage.s3_get_async(fs, r.path, start=lo, end=hi, if_match=r.etag)
+                                       for lo, hi in _parts(r.start, r.end)))  # fmt: skip
+        return parts[0][0] if len(parts) == 1 else b"".join(data for data, _ in parts)
 
     return fsspec.asyn.sync(fs.loop, whole)

@@ -211,11 +211,14 @@ class ShardLoader:
     def _row_groups(self, shard: int, rows: int, remote: dict[int, tuple[Any, int, str | None]]) -> list[int]:
         """Row-group sizes of one shard, after checking it against ``dataset.json``; a remote
         shard's footer and size go into ``remote``."""
-        with contract.open_shard(self.shard_uris[shard]) as f:
-            groups = f.check(self.info, self.options.channel, shard, rows=rows)
-            if not self.shard_uris[shard].startswith("file://"):
-                remote[shard] = (f.parquet.metadata, f.size(), f.etag())
-            return groups
+        uri = self.shard_uris[shard]
+        if uri.startswith("file://"):
+            with contract.open_shard(uri) as f:
+                return f.check(self.info, self.options.channel, shard, rows=rows)
+        footer = contract.read_shard_footer(uri)  # one GET (no HEAD) for most shards
+        groups = footer.check(self.info, self.options.channel, shard, rows=rows)
+        remote[shard] = (footer.metadata, footer.size, footer.etag)
+        return groups
 
     @property
     def row_groups_read(self) -> int:

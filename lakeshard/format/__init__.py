@@ -49,9 +49,11 @@ from lakeshard.format.layout import (
 )
 from lakeshard.format.reader import (
     OpenShard,
+    ShardFooter,
     channel_shards,
     expected_footer,
     open_shard,
+    read_shard_footer,
     rejects_uri,
     shard_version,
 )
@@ -73,6 +75,7 @@ __all__ = [
     "ImageSpec",
     "Inputs",
     "OpenShard",
+    "ShardFooter",
     "ShardInfo",
     "ShardWriter",
     "channel_dirname",
@@ -92,6 +95,7 @@ __all__ = [
     "part_name",
     "read_dataset_info",
     "read_footer",
+    "read_shard_footer",
     "rejects_uri",
     "sagemaker_part_uri",
     "shard_name",

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -24,8 +25,8 @@ from lakeshard.format.footer import check_footer, read_footer
 from lakeshard.format.info import DatasetInfo
 from lakeshard.format.layout import check_shard_path, dataset_json_uri, shard_rejects_relpath
 
-__all__ = ["REQUIRED_COLUMNS", "OpenShard", "channel_shards", "expected_footer", "open_shard", "rejects_uri",
-           "shard_version"]
+__all__ = ["REQUIRED_COLUMNS", "OpenShard", "ShardFooter", "channel_shards", "expected_footer", "open_shard",
+           "read_shard_footer", "rejects_uri", "shard_version"]
 
 #: Columns a reader needs; the others of ``SHARD_SCHEMA`` may be absent from another writer's shards.
 REQUIRED_COLUMNS = ("image", "label")
@@ -49,15 +50,7 @@ class OpenShard:
         Raises:
             DatasetError: naming the shard, what it holds and what was expected.
         """
-        check_footer(self.uri, self.footer, expected_footer(info, channel, index))
-        md = self.parquet.metadata
-        if rows is not None and md.num_rows != rows:
-            raise DatasetError(f"shard {self.uri} has {md.num_rows} rows, dataset.json says {rows}")
-        names = set(self.parquet.schema_arrow.names)
-        for col in REQUIRED_COLUMNS:
-            if col not in names:
-                raise DatasetError(f"shard {self.uri} has no {col!r} column (columns: {sorted(names)})")
-        return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        return _check(self.uri, self.parquet.metadata, self.footer, info, channel, index, rows=rows)
 
     def size(self) -> int:
         """The file's size in bytes."""
@@ -77,6 +70,62 @@ class OpenShard:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class ShardFooter:
+    """A shard's Parquet footer, its size and ETag, read without opening the file for reading
+    (:func:`read_shard_footer`): what a reader that fetches row groups by byte range needs."""
+
+    uri: str
+    metadata: pq.FileMetaData
+    size: int
+    etag: str | None  #: as the store sent it (S3); ``None`` for a local file
+
+    @property
+    def footer(self) -> dict[str, str]:
+        """The ``lakeshard.*`` keys of the footer (:func:`~lakeshard.format.footer.read_footer`)."""
+        return read_footer(self.metadata.metadata)
+
+    def check(self, info: DatasetInfo, channel: str, index: int, *, rows: int | None = None) -> list[int]:
+        """:meth:`OpenShard.check`, on this footer."""
+        return _check(self.uri, self.metadata, self.footer, info, channel, index, rows=rows)
+
+
+#: A remote shard's first request asks for this many bytes of its end: Arrow's own first read of
+#: a footer, enough for a shard of hundreds of row groups (13 row groups: 8.9 kB).
+_TAIL_BYTES = 64 << 10
+#: Parquet's last 8 bytes: the footer's length (4, little-endian) and the magic.
+_MAGIC = b"PAR1"
+
+
+def read_shard_footer(uri: str) -> ShardFooter:
+    """The footer of the shard at ``uri``, its size and ETag.
+
+    S3: one GET of the object's last 64 KiB (a suffix range: its answer carries the size and
+    the ETag, so no HEAD is sent), and a second one, for the object the first one read
+    (``If-Match``), only if the footer is longer. Elsewhere: :func:`open_shard`'s reader.
+
+    Raises:
+        DatasetError: the object cannot be read or is not Parquet (names the shard and the cause).
+    """
+    if not uri.startswith("s3://"):
+        with open_shard(uri) as shard:
+            return ShardFooter(uri, shard.parquet.metadata, shard.size(), shard.etag())
+    try:
+        tail, size, etag = storage.s3_get_tail(uri, _TAIL_BYTES)
+        if size < 12 or tail[-4:] != _MAGIC:
+            raise DatasetError(f"{size} bytes that do not end in Parquet's magic {_MAGIC!r}")
+        need = int.from_bytes(tail[-8:-4], "little") + 8
+        if need > size - 4:
+            raise DatasetError(f"its footer claims {need - 8} bytes, more than the {size}-byte file holds")
+        if need > len(tail):
+            rest, _ = storage.s3_get(uri, start=size - need, end=size - len(tail), if_match=etag)
+            tail = rest + tail
+        metadata = pq.read_metadata(pa.BufferReader(tail[len(tail) - need:]))
+    except Exception as exc:
+        raise DatasetError(f"cannot open shard {uri}: {exc}") from exc
+    return ShardFooter(uri, metadata, size, etag)
 
 
 def open_shard(uri: str) -> OpenShard:
@@ -103,6 +152,18 @@ def open_shard(uri: str) -> OpenShard:
     except BaseException:
         f.close()
         raise
+
+
+def _check(uri: str, md: pq.FileMetaData, footer: dict[str, str], info: DatasetInfo, channel: str, index: int, *,
+           rows: int | None) -> list[int]:  # fmt: skip
+    check_footer(uri, footer, expected_footer(info, channel, index))
+    if rows is not None and md.num_rows != rows:
+        raise DatasetError(f"shard {uri} has {md.num_rows} rows, dataset.json says {rows}")
+    names = set(md.schema.to_arrow_schema().names)
+    for col in REQUIRED_COLUMNS:
+        if col not in names:
+            raise DatasetError(f"shard {uri} has no {col!r} column (columns: {sorted(names)})")
+    return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
 
 
 def expected_footer(info: DatasetInfo, channel: str, index: int) -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,45 @@ def test_the_rejects_table_is_where_dataset_json_names_it_beside_the_shards(root
     (root / "dataset.json").write_text(json.dumps(data))
     assert fmt.rejects_uri(base, fmt.read_dataset_info(str(root))) == f"{base}/shards/v={V}/_rejects.parquet"
     assert fmt.shard_rejects_uri(base, V) == f"{base}/shards/v={V}/_rejects.parquet"
+
+
+@pytest.mark.s3
+def test_a_remote_footer_is_read_without_a_head(tmp_path: Path, s3_bucket: str, monkeypatch):
+    """``read_shard_footer`` on S3: one suffix-range GET (the size and ETag from its answer) for a
+    footer that fits in it, a second one for the rest of a longer footer, never a HEAD; the
+    footer is the file's own. An object that is not Parquet is a DatasetError naming it."""
+    import boto3
+
+    from tests.hardening.faultproxy import FaultProxy
+
+    write_dataset(tmp_path / "ds", rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, row_group_rows=3)
+    small = shard_path(tmp_path / "ds", "train", 0, 1)
+    big = tmp_path / "big.parquet"  # a footer of ~200 kB: long key-value metadata
+    table = pq.read_table(small)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"filler": b"x" * 200_000}), big)
+    client, bucket = boto3.client("s3"), s3_bucket[len("s3://"):]
+    for name, path in (("small.parquet", small), ("big.parquet", big)):
+        client.put_object(Bucket=bucket, Key=name, Body=path.read_bytes())
+    client.put_object(Bucket=bucket, Key="not.parquet", Body=b"PAR1 and then nothing of the sort")
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        requests = {}
+        for name, path in (("small.parquet", small), ("big.parquet", big)):
+            proxy.reset(mode="pass")
+            footer = fmt.read_shard_footer(f"{s3_bucket}/{name}")
+            requests[name] = [(r.method, r.byte_range) for r in proxy.log]
+            assert footer.metadata.equals(pq.read_metadata(path)) and footer.size == path.stat().st_size
+            assert footer.etag == client.head_object(Bucket=bucket, Key=name)["ETag"]
+        assert footer.metadata.metadata[b"filler"] == b"x" * 200_000
+        with pytest.raises(DatasetError, match=rf"^cannot open shard {s3_bucket}/not.parquet: .*Parquet's magic"):
+            fmt.read_shard_footer(f"{s3_bucket}/not.parquet")
+    finally:
+        proxy.stop()
+    info = fmt.read_dataset_info(str(tmp_path / "ds"))
+    assert fmt.read_shard_footer(f"{s3_bucket}/small.parquet").check(info, "train", 0, rows=8) == [3, 3, 2]
+    size = big.stat().st_size
+    footer_start = size - 8 - int.from_bytes(big.read_bytes()[-8:-4], "little")  # Parquet: ...footer, length, PAR1
+    assert footer_start < size - 65536
+    assert requests == {"small.parquet": [("GET", "bytes=-65536")],
+                        "big.parquet": [("GET", "bytes=-65536"), ("GET", f"bytes={footer_start}-{size - 65536 - 1}")]}

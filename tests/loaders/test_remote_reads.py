@@ -262,3 +262,55 @@ def test_a_new_loader_reads_its_shards_footers_at_once(tmp_path: Path, s3_bucket
     finally:
         proxy.unstall()
         proxy.stop()
+
+
+def test_a_new_loader_opens_each_remote_shard_with_one_get_and_no_head(local_ds: Path, s3_bucket: str, monkeypatch):
+    """A fresh loader reads a remote shard's footer with one suffix-range GET (whose answer
+    carries the size and ETag): no HEAD of a shard, at its opening or after (requests counted at
+    a proxy in front of the store)."""
+    from tests.hardening.faultproxy import FaultProxy
+
+    remote = upload(local_ds, s3_bucket)
+    with ShardLoader(str(local_ds), **OPTIONS) as plain:
+        expected = epochs(plain, [0])
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.reset(mode="pass")
+        with ShardLoader(remote, **OPTIONS) as loader:
+            opening = [(r.method, r.path.split("?")[0].rsplit("/", 1)[-1], r.byte_range) for r in proxy.log if ".parquet" in r.path]
+            assert epochs(loader, [0]) == expected
+        shard_requests = [r for r in proxy.log if ".parquet" in r.path]
+    finally:
+        proxy.stop()
+    assert sorted(opening) == [("GET", "part-00000-of-00002.parquet", "bytes=-65536"),
+                               ("GET", "part-00001-of-00002.parquet", "bytes=-65536")]  # fmt: skip
+    assert len(shard_requests) > len(opening)  # the row groups came through the proxy too
+    assert [r for r in shard_requests if r.method != "GET"] == []
+
+
+def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkeypatch):
+    """A row group of less than twice the part size is read in one GET (not a full part and a
+    sliver); a larger one in equal parts at once; the bytes are the object's either way."""
+    from loaders.fetch import _PART_BYTES, ByteRange, read_s3_range
+    from tests.hardening.faultproxy import FaultProxy
+
+    data = os.urandom(2 * _PART_BYTES + 100_000)
+    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key="blob", Body=data)
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        got = {}
+        for size in (_PART_BYTES - 10, _PART_BYTES + 20_000, 2 * _PART_BYTES - 1, 2 * _PART_BYTES + 99_000):
+            proxy.reset(mode="pass")
+            assert read_s3_range(ByteRange(f"{s3_bucket[len('s3://'):]}/blob", 50, 50 + size)) == data[50 : 50 + size]
+            got[size] = sorted(r.byte_range for r in proxy.log if r.method == "GET")
+    finally:
+        proxy.stop()
+    half = _PART_BYTES + 49_500
+    assert got == {
+        _PART_BYTES - 10: [f"bytes=50-{50 + _PART_BYTES - 11}"],
+        _PART_BYTES + 20_000: [f"bytes=50-{50 + _PART_BYTES + 19_999}"],
+        2 * _PART_BYTES - 1: [f"bytes=50-{50 + 2 * _PART_BYTES - 2}"],
+        2 * _PART_BYTES + 99_000: sorted([f"bytes=50-{50 + half - 1}", f"bytes={50 + half}-{50 + 2 * half - 1}"]),
+    }
