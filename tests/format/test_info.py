@@ -258,9 +258,9 @@ def test_a_remote_footer_is_read_without_a_head(tmp_path: Path, s3_bucket: str, 
 
     write_dataset(tmp_path / "ds", rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, row_group_rows=3)
     small = shard_path(tmp_path / "ds", "train", 0, 1)
-    big = tmp_path / "big.parquet"  # a footer of ~200 kB: long key-value metadata
+    big = tmp_path / "big.parquet"  # a footer of ~400 kB: long key-value metadata
     table = pq.read_table(small)
-    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"filler": b"x" * 200_000}), big)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"filler": b"x" * 400_000}), big)
     client, bucket = boto3.client("s3"), s3_bucket[len("s3://"):]
     for name, path in (("small.parquet", small), ("big.parquet", big)):
         client.put_object(Bucket=bucket, Key=name, Body=path.read_bytes())
@@ -275,7 +275,7 @@ def test_a_remote_footer_is_read_without_a_head(tmp_path: Path, s3_bucket: str, 
             requests[name] = [(r.method, r.byte_range) for r in proxy.log]
             assert footer.metadata.equals(pq.read_metadata(path)) and footer.size == path.stat().st_size
             assert footer.etag == client.head_object(Bucket=bucket, Key=name)["ETag"]
-        assert footer.metadata.metadata[b"filler"] == b"x" * 200_000
+        assert footer.metadata.metadata[b"filler"] == b"x" * 400_000
         with pytest.raises(DatasetError, match=rf"^cannot open shard {s3_bucket}/not.parquet: .*Parquet's magic"):
             fmt.read_shard_footer(f"{s3_bucket}/not.parquet")
     finally:
@@ -284,6 +284,6 @@ def test_a_remote_footer_is_read_without_a_head(tmp_path: Path, s3_bucket: str, 
     assert fmt.read_shard_footer(f"{s3_bucket}/small.parquet").check(info, "train", 0, rows=8) == [3, 3, 2]
     size = big.stat().st_size
     footer_start = size - 8 - int.from_bytes(big.read_bytes()[-8:-4], "little")  # Parquet: ...footer, length, PAR1
-    assert footer_start < size - 65536
-    assert requests == {"small.parquet": [("GET", "bytes=-65536")],
-                        "big.parquet": [("GET", "bytes=-65536"), ("GET", f"bytes={footer_start}-{size - 65536 - 1}")]}
+    assert footer_start < size - 262144
+    assert requests == {"small.parquet": [("GET", "bytes=-262144")],
+                        "big.parquet": [("GET", "bytes=-262144"), ("GET", f"bytes={footer_start}-{size - 262144 - 1}")]}

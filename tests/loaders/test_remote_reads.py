@@ -283,8 +283,8 @@ def test_a_new_loader_opens_each_remote_shard_with_one_get_and_no_head(local_ds:
         shard_requests = [r for r in proxy.log if ".parquet" in r.path]
     finally:
         proxy.stop()
-    assert sorted(opening) == [("GET", "part-00000-of-00002.parquet", "bytes=-65536"),
-                               ("GET", "part-00001-of-00002.parquet", "bytes=-65536")]  # fmt: skip
+    assert sorted(opening) == [("GET", "part-00000-of-00002.parquet", "bytes=-262144"),
+                               ("GET", "part-00001-of-00002.parquet", "bytes=-262144")]  # fmt: skip
     assert len(shard_requests) > len(opening)  # the row groups came through the proxy too
     assert [r for r in shard_requests if r.method != "GET"] == []
 
