@@ -116,13 +116,18 @@ def job_env(python: str, code_root: Path = ROOT) -> dict[str, str]:
     return env
 
 
-def run_job(engine: str, job: str, n: int, lake: Path, out: Path, a: argparse.Namespace) -> dict[str, Any]:
-    """Run one job on one lake; its wall time and its driver's peaks."""
-    args = job_args(job, lake, out, a)
+def run_job(engine: str, job: str, n: int, lake: Path | None, out: Path, a: argparse.Namespace, *,
+            args: list[str] | None = None, tag: str = "") -> dict[str, Any]:
+    """Run one job on one lake (its arguments: ``args``, else those of :func:`job_args`); its
+    wall time, its CPU time and its driver's peaks. ``tag`` marks its log's name."""
+    if args is None:
+        if lake is None:
+            raise BenchError(f"{engine} {job} {n}: neither a lake nor the job's arguments")
+        args = job_args(job, lake, out, a)
     if engine == "dask" and a.scheduler:
         args += ["--scheduler", a.scheduler]
     cmd = job_command(engine, job, args, spark_master=a.spark_master, python=a.python)
-    log_path = a.work_dir / "logs" / f"{engine}-{job}-{n}.log"
+    log_path = a.work_dir / "logs" / f"{engine}-{job}{tag}-{n}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     print(f"  {engine} {job} {n:,}: {' '.join(cmd)}", flush=True)
     load_before = os.getloadavg()
@@ -282,6 +287,11 @@ def parser() -> argparse.ArgumentParser:
                    help="rows rejected at random slots, for the repair (default 10000)")
     g.add_argument("--plan-sample-rows", type=_positive, default=200_000,
                    help="rows the workers' side is timed on, to give its cost per row (default 200000)")
+    g.add_argument("--plan-through-engine", type=_int_list, default=None, metavar="ROWS",
+                   help="instead: for each number of rows (comma-separated), write a synthetic manifest of that many "
+                   "rows in --plan-classes classes (benchmarks/synthetic_manifest.py, kept in --cache-dir) and run "
+                   "the shard job on it with --plan-only and --num-shards --plan-shards, on each of --engines, "
+                   "under the same sampler as the jobs")
     return p
 
 
@@ -308,6 +318,8 @@ def _main(argv: list[str] | None) -> int:
             "code_root": str(a.code_root), "code_commit": _commit(a.code_root), "load_before": os.getloadavg()}
     if a.plan_only:
         return _plan_only(a, meta)
+    if a.plan_through_engine:
+        return _plan_through_engine(a, meta)
 
     lakes = {}
     for n in a.objects:
@@ -340,6 +352,29 @@ def _plan_only(a: argparse.Namespace, meta: dict[str, Any]) -> int:
                      sample_rows=a.plan_sample_rows)
     print(table([r], tuple(r)))
     _write(a.out, {**meta, "load_after": os.getloadavg(), "plan": r})
+    return 0
+
+
+def _plan_through_engine(a: argparse.Namespace, meta: dict[str, Any]) -> int:
+    from synthetic_manifest import write_manifest
+
+    results = []
+    a.work_dir.mkdir(parents=True, exist_ok=True)
+    for n in sorted(set(a.plan_through_engine)):
+        root = a.cache_dir / f"manifest-{n}-c{a.plan_classes}"
+        if not (root / ".complete").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            t = time.perf_counter()
+            write_manifest(root, rows=n, classes=a.plan_classes)
+            (root / ".complete").touch()
+            print(f"synthetic manifest of {n:,} rows written in {time.perf_counter() - t:.1f} s: {root}", flush=True)
+        args = ["--dataset", str(root), "--num-shards", str(a.plan_shards), "--plan-only"]
+        results += [run_job(engine, "shard", n, None, root, a, args=args, tag="-plan-only") for engine in a.engines]
+    print(table(results, (*RUN_COLUMNS, "jvm_cpu_s")))
+    found = [{**r, "job": "shard --plan-only"} for r in ratios(results)]
+    if found:
+        print(f"\nlargest / smallest size\n{table(found, RATIO_COLUMNS)}")
+    _write(a.out, {**meta, "load_after": os.getloadavg(), "plan_through_engine": results, "ratios": found})
     return 0
 
 
