@@ -215,3 +215,47 @@ def test_runs_both_jobs_at_two_sizes(engine: str, tmp_path: Path) -> None:
     assert {(r["job"], r["from"], r["to"]) for r in doc["ratios"]} == {("manifest", 200, 400), ("shard", 200, 400)}
     assert all(r["cpu_ms_per_object"] > 0 for r in doc["ratios"])
     assert (tmp_path / "lakes" / "lake-400-c4-8px" / ".complete").exists()
+
+
+def test_synthetic_manifest_is_one_the_shard_job_plans(tmp_path: Path, local_engine) -> None:
+    # The shard job's checks and its slot tasks read it as they read the manifest job's (a
+    # class whose rows differ from its count in _manifest.json fails the job).
+    from synthetic_manifest import write_manifest
+
+    from jobs import shard as shard_job
+    from jobs.manifest_table import read_channel
+    from jobs.settings import ShardConfig
+
+    root = write_manifest(tmp_path / "m", rows=5003, classes=40, rows_per_part=1000)
+    rows = read_channel(f"file://{root}", "train")
+    assert rows.num_rows == 5003 and len(set(rows["key"].to_pylist())) == 5003
+    assert len(list((root / "manifests" / "train").glob("part-*-of-00006.parquet"))) == 6
+    summary = shard_job.run(ShardConfig(dataset=str(root), num_shards=8, plan_only=True), local_engine)
+    [train] = summary.channels
+    assert (train.rows, train.classes, train.rows_per_shard, train.dropped) == (5003, 40, 625, 3)
+    assert train.spread == 1
+
+
+@pytest.mark.slow
+def test_plan_through_engine_runs_the_shard_jobs_plan_only(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), "--plan-through-engine", "3000,6000",
+         "--engines", "spark", "--plan-classes", "20", "--plan-shards", "4", "--cache-dir", str(tmp_path / "cache"),
+         "--work-dir", str(tmp_path / "work"), "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    runs = {r["objects"]: r for r in doc["plan_through_engine"]}
+    assert set(runs) == {3000, 6000}
+    for n, r in runs.items():
+        assert r["command"][1:] == ["--master", "local[2]", "jobs/shard.py", "--dataset",
+                                    str(tmp_path / "cache" / f"manifest-{n}-c20"), "--num-shards", "4", "--plan-only"]
+        assert r["driver_python_rss_peak_mib"] > 20 and r["jvm_heap_used_peak_mib"] > 0
+        assert 0 < r["driver_cpu_s"] < r["jvm_cpu_s"] < r["cpu_s"]
+        log = Path(r["log"]).read_text()
+        assert f"train: {n:,} rows in 20 classes -> 4 shards × {n // 4:,} rows" in log
+        # Nothing written but the manifest: no shards, no dataset.json, no staging left.
+        assert not (tmp_path / "cache" / f"manifest-{n}-c20" / "dataset.json").exists()
+        assert not list((tmp_path / "cache" / f"manifest-{n}-c20").glob("_staging/*"))
+    assert [(r["from"], r["to"]) for r in doc["ratios"]] == [(3000, 6000)]
