@@ -178,6 +178,7 @@ def test_plan_alone_deals_every_surviving_row() -> None:
     assert 0 < r["rejects"] <= 500
     assert r["deal_exceptions"] >= r["rejects"]
     assert r["driver_traced_peak_mib"] > 0 and r["worker_traced_bytes_per_row"] > 0
+    assert r["worker_slot_cpu_us_per_row"] > 0 and r["worker_order_cpu_us_per_row"] > 0
 
 
 @pytest.mark.slow
