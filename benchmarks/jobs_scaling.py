@@ -4,6 +4,7 @@ and the driver's peak memory, per engine, each job run exactly as the README run
     python benchmarks/jobs_scaling.py --objects 100000,1000000 --engines spark,dask
     python benchmarks/jobs_scaling.py --objects 2000,5000 --engines dask --out /tmp/smoke.json
     python benchmarks/jobs_scaling.py --plan-only --plan-rows 100000000
+    python benchmarks/jobs_scaling.py --plan-through-engine 1000000,10000000 --engines spark
 
 Builds (once, in ``--cache-dir``) local lakes of N tiny valid PNGs spread over ``--classes``
 classes, then for each engine and size runs the manifest job and then the shard job as their
@@ -25,6 +26,8 @@ and writes JSON. Each job's output goes to ``<work-dir>/logs/``.
 
 ``--plan-only`` runs only the shard plan on synthetic class counts (``benchmarks/plan_alone.py``):
 the driver's side at ``--plan-rows`` rows, and the workers' side's cost per row on a sample.
+``--plan-through-engine`` runs the shard job's own ``--plan-only`` on synthetic manifests
+(``benchmarks/synthetic_manifest.py``) under the same sampler.
 """
 
 from __future__ import annotations
