@@ -74,24 +74,40 @@ def measure_plan(*, rows: int, classes: int, num_shards: int, rejects: int, samp
 
 
 def _workers(sample_rows: int, *, num_shards: int, seed: int) -> dict[str, Any]:
-    """The worker side's functions on ``sample_rows`` rows in 10 classes: time and Python
-    allocations per row."""
+    """The worker side's functions on ``sample_rows`` rows in 10 classes: wall and CPU time per
+    row (timed without ``tracemalloc``, which hooks every allocation and slows this
+    allocation-heavy code several times over), then Python allocations per row (a second, traced
+    run). ``order_shard`` is given every row for each shard, as in :func:`jobs.deal.plan_of_rows`
+    (an order task of the job reads its shard's rows only)."""
     counts = class_counts(sample_rows, 10, seed=seed)
     deal = _deal(counts, np.empty(0, np.int64), num_shards=num_shards, seed=seed)
     keys = {c: [f"class_{c:03d}/batch{i % 16:02d}/img_{i:09d}.png" for i in range(n)] for c, n in counts.items()}
-    tracemalloc.start()
-    t = time.perf_counter()
-    slots = np.concatenate([class_slots(k, seed=seed, channel="train", start=deal.class_start(c))
-                            for c, k in keys.items()])
-    slot_s = time.perf_counter() - t
+
+    def slot() -> np.ndarray:
+        return np.concatenate([class_slots(k, seed=seed, channel="train", start=deal.class_start(c))
+                               for c, k in keys.items()])
+
+    def order(table: pa.Table) -> None:
+        for s in range(num_shards):
+            order_shard(deal, table, s)
+
+    (slots, slot_s, slot_cpu) = _timed(slot)
     table = pa.table({"key": [k for ks in keys.values() for k in ks], "slot": slots})
-    t = time.perf_counter()
-    for s in range(num_shards):
-        order_shard(deal, table, s)
-    order_s = time.perf_counter() - t
+    (_, order_s, order_cpu) = _timed(lambda: order(table))
+    tracemalloc.start()
+    order(pa.table({"key": table["key"], "slot": slot()}))
     _, traced = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    per_row = 1e6 / sample_rows
     return {"worker_sample_rows": sample_rows,
-            "worker_slot_us_per_row": round(1e6 * slot_s / sample_rows, 3),
-            "worker_order_us_per_row": round(1e6 * order_s / sample_rows, 3),
+            "worker_slot_us_per_row": round(slot_s * per_row, 3), "worker_slot_cpu_us_per_row": round(slot_cpu * per_row, 3),
+            "worker_order_us_per_row": round(order_s * per_row, 3),
+            "worker_order_cpu_us_per_row": round(order_cpu * per_row, 3),
             "worker_traced_bytes_per_row": round(traced / sample_rows, 1)}
+
+
+def _timed(fn: Any) -> tuple[Any, float, float]:
+    """``fn()``, its wall seconds and this process's CPU seconds while it ran."""
+    t, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t, time.process_time() - c

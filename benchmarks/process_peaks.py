@@ -15,10 +15,24 @@
   highest sum of those (garbage not yet collected included); ``old_used_peak`` is the highest old
   space, which holds what survives collections. The JVM's own peak RSS is reported too. In
   ``local[N]`` mode the driver's JVM also runs the executor's tasks.
+- the **CPU seconds (user + system) of the whole process tree**: at every sample, ``utime`` and
+  ``stime`` of ``/proc/<pid>/stat`` of the command and every descendant (``spark-submit``'s JVM
+  and its Python workers; the Dask job's client, scheduler, nannies and workers), each process's
+  last value kept, keyed by (pid, start time) so a reused pid is a new process. ``tree_cpu_s`` is
+  their sum. It misses the CPU of a process that lives less than one sample interval (never
+  seen), and the last interval of each process before it exits. As a cross-check
+  ``reaped_cpu_s`` is the kernel's own account from ``wait4``: the command plus every descendant
+  that was waited for (by its parent, recursively), exact for those, blind to descendants not
+  waited for (orphans, processes killed and left to ``init``). CPU time does not grow with other
+  load on the machine the way wall time does, so it compares runs made at different loads.
+- the **driver's own CPU seconds** (``driver_python_cpu_s``, and ``jvm_cpu_s`` for Spark): the
+  driver Python's is the job's serial share; in ``local[N]`` mode the JVM's holds the executor's
+  tasks too.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -28,9 +42,10 @@ from typing import IO
 
 import psutil
 
-__all__ = ["PeakWatch", "Peaks", "jstat_heap", "vm_hwm", "vm_rss"]
+__all__ = ["PeakWatch", "Peaks", "cpu_seconds", "jstat_heap", "vm_hwm", "vm_rss"]
 
 _MIB = 1024 * 1024
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def vm_hwm(pid: int) -> int | None:
@@ -51,6 +66,19 @@ def _status_bytes(pid: int, name: str) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
+
+
+def cpu_seconds(pid: int) -> tuple[float, float] | None:
+    """(start time, user + system CPU seconds) of process ``pid`` from ``/proc/<pid>/stat``, in
+    clock ticks' resolution (``None`` once it is gone). The start time tells a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'.
+    fields = stat[stat.rindex(")") + 2:].split()
+    utime, stime, start = int(fields[11]), int(fields[12]), int(fields[19])
+    return start / _TICKS, (utime + stime) / _TICKS
 
 
 def jstat_heap(header: str, line: str) -> tuple[int, int] | None:
@@ -83,7 +111,23 @@ class Peaks:
     jvm_old_used_peak: int | None = None
     jvm_heap_samples: int = 0
     samples: int = 0
+    tree_cpu_s: float = 0.0
+    tree_processes: int = 0
+    reaped_cpu_s: float | None = None
+    driver_python_cpu_s: float | None = None
+    jvm_cpu_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    _cpu: dict[tuple[int, float], float] = field(default_factory=dict, repr=False)
+
+    def see_cpu(self, pid: int) -> float | None:
+        """Record process ``pid``'s CPU seconds so far (its last value is kept); returns them."""
+        sample = cpu_seconds(pid)
+        if sample is None:
+            return None
+        self._cpu[(pid, sample[0])] = sample[1]
+        self.tree_cpu_s = sum(self._cpu.values())
+        self.tree_processes = len(self._cpu)
+        return sample[1]
 
     def mib(self, name: str) -> float | None:
         value = getattr(self, name)
@@ -109,7 +153,7 @@ class PeakWatch:
         proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=self.log, stderr=subprocess.STDOUT)
         next_report = t0 + self.progress_every
         try:
-            while proc.poll() is None:
+            while not self._reaped(proc):
                 self._sample(proc.pid)
                 now = time.perf_counter()
                 if self.progress and now >= next_report:
@@ -125,6 +169,16 @@ class PeakWatch:
             self._stop_jstat()
         return self.peaks
 
+    def _reaped(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Whether ``proc`` has exited; reaps it with ``wait4`` to read the kernel's CPU account of
+        it and its waited-for descendants (``Popen.poll`` would reap it without)."""
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == 0:
+            return False
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        self.peaks.reaped_cpu_s = round(usage.ru_utime + usage.ru_stime, 3)
+        return True
+
     def _sample(self, pid: int) -> None:
         p = self.peaks
         p.samples += 1
@@ -136,6 +190,21 @@ class PeakWatch:
             p.driver_python_rss_peak = _max(p.driver_python_rss_peak, vm_hwm(p.driver_python_pid))
         if p.jvm_pid is not None:
             p.jvm_rss_peak = _max(p.jvm_rss_peak, vm_hwm(p.jvm_pid))
+        self._sample_cpu(pid)
+
+    def _sample_cpu(self, pid: int) -> None:
+        """Every process of the tree under ``pid`` (``pid`` included): its CPU seconds so far."""
+        p = self.peaks
+        try:
+            tree = [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return
+        for member in tree:
+            seconds = p.see_cpu(member)
+            if seconds is not None and member == p.driver_python_pid:
+                p.driver_python_cpu_s = seconds
+            if seconds is not None and member == p.jvm_pid:
+                p.jvm_cpu_s = seconds
 
     def _find_spark_driver(self, pid: int) -> None:
         """``spark-submit`` execs its way to the ``SparkSubmit`` JVM (same pid), which starts

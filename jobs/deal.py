@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.plan import ShardPlan, check_options, check_survivors, fill_holes, key_ranks
-from jobs.split import unit_hash
+from jobs.split import unit_hashes
 from lakeshard.errors import ShardError
 
 __all__ = ["Deal", "class_slots", "deal_from_counts", "order_shard", "plan_of_rows", "route"]
@@ -252,7 +252,7 @@ def class_slots(keys: pa.Array | list[str], *, seed: int, channel: str, start: i
     """The slots of one class's rows (``keys``, unique, in any order): ``start`` plus each
     row's rank by ``(unit_hash("deal", seed, channel, key), key)``."""
     keys = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
-    deal = np.fromiter((unit_hash("deal", seed, channel, k) for k in keys), dtype=np.float64, count=len(keys))
+    deal = unit_hashes(("deal", seed, channel), keys)
     at = np.lexsort((key_ranks(keys, channel), deal))
     slot = np.empty(len(keys), dtype=np.int64)
     slot[at] = start + np.arange(len(keys), dtype=np.int64)
@@ -291,8 +291,7 @@ def order_shard(deal: Deal, rows: pa.Table, shard: int) -> pa.Table:
     else:
         table, copy = mine, np.zeros(mine.num_rows, np.int64)
     keys = table["key"].to_pylist()
-    shuffle = np.fromiter((unit_hash("shuffle", deal.seed, deal.channel, shard, k, int(c))
-                           for k, c in zip(keys, copy, strict=True)), dtype=np.float64, count=len(keys))
+    shuffle = unit_hashes(("shuffle", deal.seed, deal.channel, shard), keys, copy.tolist())
     key_rank = pc.rank(table["key"], sort_keys="ascending", tiebreaker="min").to_numpy() if keys else copy
     order = np.lexsort((copy, key_rank, shuffle))
     table = table.append_column("is_pad", pa.array(copy > 0)).append_column("copy", pa.array(copy))

@@ -96,8 +96,9 @@ class OrderTask:
 
 
 def order_rows(task: OrderTask) -> dict[str, Any]:
-    """Run an :class:`OrderTask`; returns the order file's URI, its segments' digests and, if
-    ``report``, ``{slot: (key, uri)}`` of the dropped and padded rows."""
+    """Run an :class:`OrderTask`; returns the order file's URI, its segments' digests, its rows
+    per label index (``classes``) and, if ``report``, ``{slot: (key, uri)}`` of the dropped and
+    padded rows."""
     deal = task.deal
     wanted = pa.array(sorted(deal.exceptions), pa.int64())
     where = pc.field("slot").isin(wanted)
@@ -116,10 +117,17 @@ def order_rows(task: OrderTask) -> dict[str, Any]:
     table = table.select(ORDER_COLUMNS)
     write_table(task.uri, table)
     result: dict[str, Any] = {"uri": task.uri, "channel": deal.channel, "shard": task.shard,
-                              "digests": [rows_digest(table.slice(a, b - a)) for a, b in pairwise(task.cuts)]}
+                              "digests": [rows_digest(table.slice(a, b - a)) for a, b in pairwise(task.cuts)],
+                              "classes": _label_counts(table)}
     if task.report:
         named = set(deal.dropped) | set(deal.padded)
         hit = rows.filter(pc.is_in(rows["slot"], pa.array(sorted(named), pa.int64())))
         result["named"] = {int(g): (k, u) for g, k, u in zip(hit["slot"].to_pylist(), hit["key"].to_pylist(),
                                                              hit["uri"].to_pylist(), strict=True)}
     return result
+
+
+def _label_counts(table: pa.Table) -> dict[int, int]:
+    """``{label index: rows}`` of ``table``: classes × shards numbers in all, never rows."""
+    counts = pc.value_counts(table["label_index"])
+    return dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True))

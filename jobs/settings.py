@@ -102,6 +102,10 @@ class ShardConfig:
     overwrite: bool = opt(False, help="replace an existing complete dataset, every channel it has (refused if "
                                       "--channels names fewer: the others' shards would be deleted)")
     resume: bool = opt(True, help="reuse the segments an interrupted run with the same settings already preprocessed")
+    plan_only: bool = opt(False, help="a dry run: check the inputs, run the plan (each row's slot and each shard's "
+                                      "order) on the engine, print its summary (rows per shard per channel, dropped "
+                                      "and padded rows, each class's spread over the shards) and exit; no image is "
+                                      "read and nothing is left in the dataset (the plan's files are removed)")
     engine: str = opt("spark", choices=ENGINE_NAMES,
                       help="the engine that runs the job (local: a thread pool in this process, for small lakes)")
     scheduler: str | None = opt(None, help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)")

@@ -38,6 +38,7 @@ import argparse
 import logging
 import math
 import sys
+import uuid
 from functools import partial
 from typing import Any
 
@@ -54,6 +55,7 @@ from jobs.deal import Deal, deal_from_counts
 from jobs.engines import Engine
 from jobs.engines.cli import job_parser, run_job
 from jobs.inputs import check_shard_inputs
+from jobs.plan_summary import PlanSummary, channel_plan
 from jobs.plan_tasks import OrderTask, SlotTask, order_rows, slot_rows
 from jobs.preprocess import (
     REJECT_SCHEMA,
@@ -75,6 +77,7 @@ from jobs.staging import (
     rejects_path,
     staged_shard,
     staging_folder,
+    staging_root,
     versioned,
 )
 from jobs.tasks import each, pack
@@ -82,7 +85,7 @@ from lakeshard import storage
 from lakeshard.errors import ShardError
 from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo, channel_dirname
 
-__all__ = ["dataset_version", "main", "parser", "run"]
+__all__ = ["dataset_version", "main", "parser", "plan_only", "run"]
 
 log = logging.getLogger("jobs.shard")
 
@@ -207,8 +210,53 @@ def _write_report(root: str, info: DatasetInfo) -> None:
                     "(python -m jobs.report %s writes it again)", root, type(exc).__name__, exc, root)
 
 
-def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
-    """Run the job; return what it wrote to ``dataset.json``."""
+def _deal(cfg: ShardConfig, classes: list[tuple[str, int, int]], *, seed: int, channel: str,
+          rejected: list[int] | None = None) -> Deal:
+    """The plan of ``channel`` from its ``classes`` (:func:`_classes`), without the rows at slots ``rejected``."""
+    return deal_from_counts({i: rows for _, i, rows in classes}, num_shards=cfg.num_shards, seed=seed,
+                            channel=channel, remainder=cfg.remainder, rejected=rejected or ())
+
+
+def _segment_rows(cfg: ShardConfig, total: int, engine: Engine) -> tuple[int, int]:
+    """(rows per preprocessing segment, engine tasks that preprocess) for ``total`` rows."""
+    # One task per core, or more when each would get over _ROWS_PER_TASK rows, up to _MAX_TASKS.
+    # A task uses its core to the end whatever the others do: fewer, longer tasks leave fewer
+    # gaps between tasks.
+    wanted = cfg.partitions or default_tasks(total, engine.parallelism)
+    # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
+    return math.ceil(total / wanted), engine.parallelism * math.ceil(wanted / engine.parallelism)
+
+
+def plan_only(cfg: ShardConfig, engine: Engine) -> PlanSummary:
+    """The job's dry run (``--plan-only``): its checks, then its plan from the manifest (every
+    row's slot, every shard's order, on the workers as in :func:`run`) into a folder of its own
+    under the dataset's ``_staging/``, removed at the end whatever happens; returns the plan's
+    summary. Reads no image and leaves the dataset (and any staging of a real run) as it was."""
+    job = check_shard_inputs(cfg)
+    root, n = job.root, cfg.num_shards
+    classes = {c: _classes(job.marker, c) for c in job.channels}
+    deals = {c: _deal(cfg, classes[c], seed=job.seed, channel=c) for c in job.channels}
+    segment_rows, _ = _segment_rows(cfg, sum(d.total for d in deals.values()), engine)
+    staging = storage.join(staging_root(root), f"plan-only-{uuid.uuid4().hex[:12]}")
+    log.info("plan only: the plan's files go to %s (removed at the end)", staging)
+    try:
+        parts = _slot_parts(engine, staging, root, deals, classes)
+        orders = _order(engine, staging, "plan", deals, {c: list(range(n)) for c in deals}, parts,
+                        segment_rows=segment_rows)
+    finally:
+        storage.remove(staging, recursive=True)
+    summary = PlanSummary(dataset=storage.normalize(cfg.dataset), channels=tuple(
+        channel_plan(d, {s: orders[(c, s)]["classes"] for s in range(n)}, named=orders[(c, 0)].get("named"))
+        for c, d in deals.items()))
+    log.info("%s", summary.text())
+    return summary
+
+
+def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo | PlanSummary:
+    """Run the job; return what it wrote to ``dataset.json`` (with ``plan_only``, the plan's
+    summary: :func:`plan_only`)."""
+    if cfg.plan_only:
+        return plan_only(cfg, engine)
     job = check_shard_inputs(cfg)
     root, channels, n = job.root, job.channels, cfg.num_shards
     # The old dataset stays readable until the commit: a run that fails (a denied object, an
@@ -219,20 +267,13 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
     classes = {c: _classes(job.marker, c) for c in channels}
 
     def deal(channel: str, rejected: list[int] | None = None) -> Deal:
-        return deal_from_counts({i: rows for _, i, rows in classes[channel]}, num_shards=n, seed=job.seed,
-                                channel=channel, remainder=cfg.remainder, rejected=rejected or ())
+        return _deal(cfg, classes[channel], seed=job.seed, channel=channel, rejected=rejected)
 
     first = {c: deal(c) for c in channels}
     total = sum(d.total for d in first.values())
     meta = {"dataset_version": job.version, "num_shards": n, "format_version": FORMAT_VERSION,
             "image_format": cfg.image_format, "image_size": cfg.image_size}
-    # One task per core, or more when each would get over _ROWS_PER_TASK rows, up to _MAX_TASKS.
-    # A task uses its core to the end whatever the others do: fewer, longer tasks leave fewer
-    # gaps between tasks.
-    wanted = cfg.partitions or default_tasks(total, engine.parallelism)
-    segment_rows = math.ceil(total / wanted)
-    # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
-    slots = engine.parallelism * math.ceil(wanted / engine.parallelism)
+    segment_rows, slots = _segment_rows(cfg, total, engine)
     staging = staging_folder(root, job.version, cfg, segment_rows, resume=cfg.resume)
 
     parts = _slot_parts(engine, staging, root, first, classes)
@@ -321,7 +362,9 @@ def parser() -> argparse.ArgumentParser:
                "than it has, the job refuses (naming the channels it would delete) rather than delete them.")
 
 
-def _summary(cfg: ShardConfig, info: DatasetInfo) -> str:
+def _summary(cfg: ShardConfig, info: DatasetInfo | PlanSummary) -> str:
+    if isinstance(info, PlanSummary):
+        return info.text()
     rows = ", ".join(f"{c}={e.rows_per_shard}×{info.num_shards}" for c, e in info.channels.items())
     return (f"shards: {rows} rows, {info.counts.shard_rejects} rejected, "
             f"version {info.dataset_version} -> {storage.normalize(cfg.dataset)}")

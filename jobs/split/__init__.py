@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from jobs.split._hash import hash_split, unit_hash
+from jobs.split._hash import hash_split, unit_hash, unit_hashes
 from jobs.split._stratified import class_quotas, stratified_split
 
-__all__ = ["ALGORITHMS", "SplitFn", "class_quotas", "hash_split", "stratified_split", "unit_hash"]
+__all__ = ["ALGORITHMS", "SplitFn", "class_quotas", "hash_split", "stratified_split", "unit_hash", "unit_hashes"]
 
 #: ``fn(keys, labels, fractions, seed) -> channel name per key``
 SplitFn = Callable[[Sequence[str], Sequence[str], Mapping[str, float], int], list[str]]

@@ -39,6 +39,63 @@ def test_peak_watch_sees_the_commands_own_peak(tmp_path: Path) -> None:
     assert peaks.jvm_pid is None and peaks.jvm_heap_used_peak is None
 
 
+_BURN = textwrap.dedent("""
+    import sys, time
+    def burn(seconds):
+        # CPU seconds, not wall: a loaded machine makes this slower, not costlier.
+        start = time.process_time()
+        while time.process_time() - start < seconds:
+            pass
+""")
+
+
+def test_peak_watch_counts_the_cpu_of_the_whole_tree(tmp_path: Path) -> None:
+    # The command starts two children that each start a grandchild; each of the four burns a
+    # known amount of CPU, then the command burns its own share (the driver's).
+    (tmp_path / "burn.py").write_text(_BURN + textwrap.dedent("""
+        import subprocess
+        level, seconds = int(sys.argv[1]), float(sys.argv[2])
+        kids = [subprocess.Popen([sys.executable, __file__, str(level - 1), "0.6"]) for _ in range(2 if level else 0)]
+        burn(seconds)
+        for kid in kids:
+            kid.wait()
+    """))
+    with open(tmp_path / "log", "w") as log:
+        peaks = PeakWatch([sys.executable, str(tmp_path / "burn.py"), "2", "0.8"], env={}, cwd=tmp_path, log=log,
+                          script=None, interval=0.05).run()
+    assert peaks.returncode == 0, (tmp_path / "log").read_text()
+    burnt = 0.8 + 6 * 0.6  # the command, two children, four grandchildren
+    starts = 7 * 0.3  # each Python's own start, at most (it imports little)
+    assert peaks.tree_processes == 7
+    # Each process may lose its last interval before it exits (and a clock tick of rounding).
+    assert burnt - 7 * (0.05 + 0.02) <= peaks.tree_cpu_s <= burnt + starts
+    assert peaks.reaped_cpu_s is not None and burnt <= peaks.reaped_cpu_s <= burnt + starts
+    assert peaks.driver_python_cpu_s is not None and 0.8 - 0.07 <= peaks.driver_python_cpu_s <= 0.8 + 0.3
+
+
+def test_peak_watch_cpu_misses_only_what_outlives_the_command(tmp_path: Path) -> None:
+    # A child that is never waited for burns 0.5 s, tells the command, which exits, then burns
+    # 1 s more: the sampled tree counts the first part only; the kernel's account of the
+    # command (wait4) counts neither.
+    (tmp_path / "orphan.py").write_text(_BURN + textwrap.dedent("""
+        import subprocess
+        if sys.argv[1] == "parent":
+            child = subprocess.Popen([sys.executable, __file__, "child"], stdout=subprocess.PIPE)
+            child.stdout.readline()
+        else:
+            burn(0.5)
+            print("burnt", flush=True)
+            burn(1.0)
+    """))
+    with open(tmp_path / "log", "w") as log:
+        peaks = PeakWatch([sys.executable, str(tmp_path / "orphan.py"), "parent"], env={}, cwd=tmp_path, log=log,
+                          script=None, interval=0.05).run()
+    assert peaks.returncode == 0, (tmp_path / "log").read_text()
+    assert peaks.tree_processes == 2
+    assert 0.5 - 0.07 <= peaks.tree_cpu_s <= 0.5 + 2 * 0.2
+    assert peaks.reaped_cpu_s is not None and peaks.reaped_cpu_s <= 0.3
+
+
 def test_jstat_heap_sums_the_used_spaces() -> None:
     header = "    S0C    S1C    S0U    S1U      EC       EU        OC         OU       MC     MU    YGC"
     line = "    0.0 4096.0    0.0 4096.0  61440.0  10240.0   65536.0   20480.0  40000.0 39000.0    3"
@@ -48,11 +105,14 @@ def test_jstat_heap_sums_the_used_spaces() -> None:
 
 
 def test_ratios_are_largest_over_smallest() -> None:
-    rows = [{"engine": "dask", "job": "shard", "objects": n, "ms_per_object": ms, "driver_python_rss_peak_mib": mib}
-            for n, ms, mib in [(1000, 2.0, 100.0), (100, 4.0, 80.0), (10_000, 1.0, 200.0)]]
+    rows = [{"engine": "dask", "job": "shard", "objects": n, "ms_per_object": ms, "driver_python_rss_peak_mib": mib,
+             "cpu_ms_per_object": cpu, "driver_cpu_ms_per_object": driver}
+            for n, ms, mib, cpu, driver in [(1000, 2.0, 100.0, 3.0, 0.5), (100, 4.0, 80.0, 5.0, 1.0),
+                                             (10_000, 1.0, 200.0, 6.0, 0.25)]]
     [r] = jobs_scaling.ratios(rows)
     assert (r["from"], r["to"]) == (100, 10_000)
     assert r["ms_per_object"] == 0.25 and r["driver_python_rss_peak"] == 2.5
+    assert r["cpu_ms_per_object"] == 1.2 and r["driver_cpu_ms_per_object"] == 0.25
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -118,6 +178,7 @@ def test_plan_alone_deals_every_surviving_row() -> None:
     assert 0 < r["rejects"] <= 500
     assert r["deal_exceptions"] >= r["rejects"]
     assert r["driver_traced_peak_mib"] > 0 and r["worker_traced_bytes_per_row"] > 0
+    assert r["worker_slot_cpu_us_per_row"] > 0 and r["worker_order_cpu_us_per_row"] > 0
 
 
 @pytest.mark.slow
@@ -140,11 +201,62 @@ def test_runs_both_jobs_at_two_sizes(engine: str, tmp_path: Path) -> None:
         else:
             assert r["command"][:5] == [sys.executable, "-m", f"jobs.{r['job']}", "--engine", "dask"]
         assert r["wall_s"] > 0 and r["driver_python_rss_peak_mib"] > 20
+        # The tree: Spark's JVM, its driver Python and Python workers; Dask's client and its
+        # cluster's nannies and workers. The driver's own CPU is a part of it.
+        assert r["processes"] >= 3
+        assert 0 < r["driver_cpu_s"] < r["cpu_s"]
+        assert r["cpu_ms_per_object"] == round(1000 * r["cpu_s"] / r["objects"], 4)
         if engine == "spark":
             assert r["jvm_heap_samples"] > 0 and r["jvm_heap_used_peak_mib"] > 0
             assert r["jvm_old_used_peak_mib"] <= r["jvm_heap_used_peak_mib"]
+            assert 0 < r["jvm_cpu_s"] < r["cpu_s"]
         else:
-            assert r["jvm_heap_used_peak_mib"] is None
+            assert r["jvm_heap_used_peak_mib"] is None and r["jvm_cpu_s"] is None
         assert Path(r["log"]).stat().st_size > 0
     assert {(r["job"], r["from"], r["to"]) for r in doc["ratios"]} == {("manifest", 200, 400), ("shard", 200, 400)}
+    assert all(r["cpu_ms_per_object"] > 0 for r in doc["ratios"])
     assert (tmp_path / "lakes" / "lake-400-c4-8px" / ".complete").exists()
+
+
+def test_synthetic_manifest_is_one_the_shard_job_plans(tmp_path: Path, local_engine) -> None:
+    # The shard job's checks and its slot tasks read it as they read the manifest job's (a
+    # class whose rows differ from its count in _manifest.json fails the job).
+    from synthetic_manifest import write_manifest
+
+    from jobs import shard as shard_job
+    from jobs.manifest_table import read_channel
+    from jobs.settings import ShardConfig
+
+    root = write_manifest(tmp_path / "m", rows=5003, classes=40, rows_per_part=1000)
+    rows = read_channel(f"file://{root}", "train")
+    assert rows.num_rows == 5003 and len(set(rows["key"].to_pylist())) == 5003
+    assert len(list((root / "manifests" / "train").glob("part-*-of-00006.parquet"))) == 6
+    summary = shard_job.run(ShardConfig(dataset=str(root), num_shards=8, plan_only=True), local_engine)
+    [train] = summary.channels
+    assert (train.rows, train.classes, train.rows_per_shard, train.dropped) == (5003, 40, 625, 3)
+    assert train.spread == 1
+
+
+@pytest.mark.slow
+def test_plan_through_engine_runs_the_shard_jobs_plan_only(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), "--plan-through-engine", "3000,6000",
+         "--engines", "spark", "--plan-classes", "20", "--plan-shards", "4", "--cache-dir", str(tmp_path / "cache"),
+         "--work-dir", str(tmp_path / "work"), "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    runs = {r["objects"]: r for r in doc["plan_through_engine"]}
+    assert set(runs) == {3000, 6000}
+    for n, r in runs.items():
+        assert r["command"][1:] == ["--master", "local[2]", "jobs/shard.py", "--dataset",
+                                    str(tmp_path / "cache" / f"manifest-{n}-c20"), "--num-shards", "4", "--plan-only"]
+        assert r["driver_python_rss_peak_mib"] > 20 and r["jvm_heap_used_peak_mib"] > 0
+        assert 0 < r["driver_cpu_s"] < r["jvm_cpu_s"] < r["cpu_s"]
+        log = Path(r["log"]).read_text()
+        assert f"train: {n:,} rows in 20 classes -> 4 shards × {n // 4:,} rows" in log
+        # Nothing written but the manifest: no shards, no dataset.json, no staging left.
+        assert not (tmp_path / "cache" / f"manifest-{n}-c20" / "dataset.json").exists()
+        assert not list((tmp_path / "cache" / f"manifest-{n}-c20").glob("_staging/*"))
+    assert [(r["from"], r["to"]) for r in doc["ratios"]] == [(3000, 6000)]

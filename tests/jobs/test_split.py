@@ -3,11 +3,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.split import ALGORITHMS, hash_split, stratified_split
+from jobs.split import ALGORITHMS, hash_split, stratified_split, unit_hash, unit_hashes
 from jobs.split._stratified import class_quotas
 
 FRACTIONS = {"train": 0.8, "validation": 0.1, "test": 0.1}
@@ -76,3 +77,19 @@ def test_class_quotas_add_up_and_round_correctly(n, weights):
     quotas = class_quotas(n, fractions)
     assert sum(quotas.values()) == n
     assert all(abs(quotas[c] - n * f) < 1 for c, f in fractions.items())
+
+
+def test_unit_hashes_are_unit_hash_bit_for_bit() -> None:
+    # Many keys: random printable and non-ASCII text, separators, a lone surrogate, the empty key.
+    rng = np.random.default_rng(7)
+    alphabet = [*"abcXYZ019/._- ", "é", "ß", "猫", "🐈", "\x1f", "\udc80"]
+    keys = ["", "\x1f", "cat/1.jpg", *("".join(rng.choice(alphabet, size=rng.integers(1, 40))) for _ in range(50_000))]
+    keys += [f"class_{i % 997:04d}/img_{i:010d}.png" for i in range(50_000)]
+    for head in (("deal", 0, "train"), ("deal", 2**32 - 1, "validation"), ("shuffle", 7, "train", 3)):
+        got = unit_hashes(head, keys)
+        want = np.array([unit_hash(*head, k) for k in keys])
+        assert got.dtype == np.float64 and np.array_equal(got, want), head
+    copies = rng.integers(0, 4, len(keys)).tolist()
+    head = ("shuffle", 11, "test", 2)
+    assert np.array_equal(unit_hashes(head, keys, copies), [unit_hash(*head, k, c) for k, c in zip(keys, copies)])
+    assert unit_hashes(head, []).shape == (0,)
