@@ -286,3 +286,44 @@ def test_a_base_that_does_not_record_its_preprocessing_code_is_refused(base_and_
     with pytest.raises(ShardError, match=r"was built with image.code None, this build has image.code '[0-9a-f]{16}'.*"
                                          r"does not record it, it was built by an older lakeshard"):
         shard_job.check_shard_inputs(ShardConfig(dataset=str(b), num_shards=2, image_size=16, base=str(a)))
+
+
+class _Counting:
+    """The local engine, counting its actions (``map_partitions`` calls) by task function."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.actions = engine, []
+        self.name, self.parallelism, self.task_cpus = engine.name, engine.parallelism, engine.task_cpus
+
+    def map_partitions(self, fn: Any, items: Any, *, partitions: int) -> list[Any]:
+        self.actions.append(getattr(getattr(fn, "fn", fn), "__name__", repr(fn)))
+        return self.engine.map_partitions(fn, items, partitions=partitions)
+
+
+def test_the_base_is_staged_in_the_order_pass(base_and_grown: tuple[Path, Path, Path], local_engine):
+    """An incremental shard job runs two engine actions more than a build from scratch, the
+    join and the scatter: both sides of the join are staged by the order pass's action (on
+    Spark each action costs tenths of a second)."""
+    _, a, b = base_and_grown
+    opts = {"num_shards": 2, "image_size": 16, "overwrite": True}
+    scratch, incremental = _Counting(local_engine), _Counting(local_engine)
+    shard_job.run(ShardConfig(dataset=str(b), **opts), scratch)
+    info = shard_job.run(ShardConfig(dataset=str(b), base=str(a), **opts), incremental)
+    assert info.build.reused > 0
+    assert len(incremental.actions) == len(scratch.actions) + 2, (incremental.actions, scratch.actions)
+    assert [a for a in incremental.actions if a not in ("join", "scatter")] == scratch.actions
+
+
+def test_segments_cut_from_shards_take_their_images_by_position(tmp_path: Path, local_engine):
+    """Shards preprocessed in several segments (``--partitions``) and assembled: each segment
+    takes the base's images of its own rows; B still equals C."""
+    lake = tmp_path / "raw"
+    write_lake(lake, _COUNTS)
+    a, b, c = (str(tmp_path / name) for name in ("a", "b", "c"))
+    info_a = _build(local_engine, str(lake), a)
+    _grow_local(lake)
+    info_b = _build(local_engine, str(lake), b, base=a, partitions=7)
+    info_c = _build(local_engine, str(lake), c, partitions=7)
+    assert info_c.build.assembled_shards > 0
+    _compare(b, c, info_b, info_c)
+    _check_incremental(info_a, info_b, info_c, a)
