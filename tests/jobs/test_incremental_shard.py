@@ -21,6 +21,7 @@ from lakeshard import storage
 from lakeshard.errors import DatasetError, ShardError
 from lakeshard.format import DatasetInfo, labels_uri
 from tests.helpers.checks import check_dataset, read_table, shard_tables
+from tests.helpers.incremental import CountingEngine
 from tests.helpers.lake import encode, make_image, write_lake
 
 #: A lake of 48 small images in three classes; grown by 5 (about 10%), 3 removed, 1 changed.
@@ -288,25 +289,13 @@ def test_a_base_that_does_not_record_its_preprocessing_code_is_refused(base_and_
         shard_job.check_shard_inputs(ShardConfig(dataset=str(b), num_shards=2, image_size=16, base=str(a)))
 
 
-class _Counting:
-    """The local engine, counting its actions (``map_partitions`` calls) by task function."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.actions = engine, []
-        self.name, self.parallelism, self.task_cpus = engine.name, engine.parallelism, engine.task_cpus
-
-    def map_partitions(self, fn: Any, items: Any, *, partitions: int) -> list[Any]:
-        self.actions.append(getattr(getattr(fn, "fn", fn), "__name__", repr(fn)))
-        return self.engine.map_partitions(fn, items, partitions=partitions)
-
-
 def test_the_base_is_staged_in_the_order_pass(base_and_grown: tuple[Path, Path, Path], local_engine):
     """An incremental shard job runs two engine actions more than a build from scratch, the
     join and the scatter: both sides of the join are staged by the order pass's action (on
     Spark each action costs tenths of a second)."""
     _, a, b = base_and_grown
     opts = {"num_shards": 2, "image_size": 16, "overwrite": True}
-    scratch, incremental = _Counting(local_engine), _Counting(local_engine)
+    scratch, incremental = CountingEngine(local_engine), CountingEngine(local_engine)
     shard_job.run(ShardConfig(dataset=str(b), **opts), scratch)
     info = shard_job.run(ShardConfig(dataset=str(b), base=str(a), **opts), incremental)
     assert info.build.reused > 0
@@ -327,3 +316,23 @@ def test_segments_cut_from_shards_take_their_images_by_position(tmp_path: Path, 
     assert info_c.build.assembled_shards > 0
     _compare(b, c, info_b, info_c)
     _check_incremental(info_a, info_b, info_c, a)
+
+
+def test_without_rejects_the_empty_rejects_table_is_written_by_the_driver(tmp_path: Path, local_engine):
+    """No segment had a reject: the empty shard rejects table is written without an engine
+    action; with a reject, a task writes it from the receipts."""
+    lake = tmp_path / "raw"
+    write_lake(lake, _COUNTS)
+    a = str(tmp_path / "a")
+    manifest_job.run(ManifestConfig(input=str(lake), output=a, **_MANIFEST), local_engine)
+    clean = CountingEngine(local_engine)
+    info = shard_job.run(ShardConfig(dataset=a, num_shards=2, image_size=16), clean)
+    assert "write_rejects" not in clean.actions and info.counts.shard_rejects == 0
+    assert read_table(storage.join(a, info.rejects_path)).num_rows == 0
+    victim = sorted((lake / "dog").rglob("*.png"))[0]
+    victim.write_bytes(b"\x89PNG not really")  # replaced since the manifest: rejected
+    dirty = CountingEngine(local_engine)
+    info = shard_job.run(ShardConfig(dataset=a, num_shards=2, image_size=16, overwrite=True,
+                                     max_reject_fraction=0.2), dirty)
+    assert dirty.actions.count("write_rejects") == 1 and info.counts.shard_rejects == 1
+    assert read_table(storage.join(a, info.rejects_path))["uri"].to_pylist() == [f"file://{victim}"]
