@@ -177,7 +177,7 @@ def _write_grouped(uri: str, table: pa.Table, by: str) -> list[int]:
         for a, b in pairwise(cuts):
             if b > a:
                 writer.write_table(table.slice(a, b - a), row_group_size=b - a)
-    storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes())
+    storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes(), durable=False)  # every run stages them anew
     return sorted({int(v) for v in values})
 
 
