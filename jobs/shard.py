@@ -193,15 +193,15 @@ def _order(engine: Engine, staging: str, name: str, deals: dict[str, Deal], shar
         for k, shard in enumerate(shards[channel]):
             rows = len(deal.dropped) if shard == SPARE else deal.rows_per_shard
             cuts = (0, rows) if shard == SPARE else segment_cuts(rows, segment_rows)
-            first = sum(len(t.segments) for t in tasks)
+            first = tasks[-1].segments[-1] + 1 if tasks else 0
             tasks.append(OrderTask(deal=deal, shard=shard, parts=parts[channel], cuts=cuts, report=k == 0,
-                                   uri=order_uri(staging, name, channel, shard), reuse=reuse and reuse[0],
+                                   uri=order_uri(staging, name, channel, shard), reuse=reuse[0] if reuse else None,
                                    segments=tuple(range(first, first + len(cuts) - 1))))
     extra, sizes = (reuse[1], reuse[2]) if reuse else ([], [])
     done = _run(engine, _plan_step, [*tasks, *extra], [*(t.cuts[-1] for t in tasks), *sizes], engine.parallelism)
-    orders = [d for d in done if "side" not in d]
-    staged = [d["staged"] if "side" not in d else d for d in done if "side" in d or "staged" in d]
-    return {(d["channel"], d["shard"]): d for d in orders}, staged
+    orders = {(d["channel"], d["shard"]): d for d in done if "side" not in d}  # a stage task's result has a side
+    staged = [d for d in done if "side" in d] + [d["staged"] for d in orders.values() if "staged" in d]
+    return orders, staged
 
 
 def _named(deal: Deal, known: dict[int, tuple[str, str]]) -> tuple[list[str], list[str]]:
