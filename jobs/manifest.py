@@ -214,9 +214,10 @@ def rebase(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -
     marker = storage.read_json(manifest_marker_uri(where))  # checked by check_manifest_inputs
     objects = marker["counts"]["listed"]
     partitions = cfg.partitions or _inspect_tasks(max(1, listed.rows), engine.parallelism)
-    # At least a bucket per header-reading task: each of its tasks joins whole buckets.
+    # The header-reading tasks join whole buckets: at least a bucket per core keeps every core
+    # reading; not one per task, as each staging task writes a file per bucket.
     join = BaseJoin(root=where, parts=marker["parts"], sniff=cfg.sniff, staging=storage.join(staging, "base"),
-                    buckets=max(partitions, math.ceil(max(listed.rows, objects) / cfg.rows_per_part)))
+                    buckets=max(engine.parallelism, math.ceil(max(listed.rows, objects) / cfg.rows_per_part)))
     log.info("joining %d listed objects with the %d of --base %s in %d key buckets", listed.rows, objects, where,
              join.buckets)
     stage_join(engine, join, _slices(listed.parts, partitions), partitions)
