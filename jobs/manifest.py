@@ -61,7 +61,7 @@ from jobs.label_tasks import Join, join_task, merge, stage_keys, stage_table
 from jobs.labels import label_files
 from jobs.listing import Skip, discover
 from jobs.listing_tasks import list_lake
-from jobs.manifest_base import BaseJoin, join_base
+from jobs.manifest_base import BaseJoin, join_and_inspect, stage_join
 from jobs.manifest_table import write_part
 from jobs.manifest_tasks import (
     EXAMPLES,
@@ -206,21 +206,22 @@ def label(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) ->
     return labelled, summary
 
 
-def rebase(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -> tuple[_Listed, dict[str, Any]]:
-    """Join the listed rows with ``--base``'s on the workers (:mod:`jobs.manifest_base`).
-    Returns them as the listing for the header reads (the unchanged ones marked read), and what
-    the summary says of the base so far (its identity; reused, new, changed, left)."""
+def rebase(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -> tuple[BaseJoin, dict[str, Any]]:
+    """Stage the listed rows and ``--base``'s by key bucket on the workers, for the
+    header-reading pass to join them (:mod:`jobs.manifest_base`). Returns the join, and what
+    the summary says of the base so far (its identity)."""
     where = storage.normalize(cfg.base or "")
     marker = storage.read_json(manifest_marker_uri(where))  # checked by check_manifest_inputs
     objects = marker["counts"]["listed"]
-    join = BaseJoin(root=where, parts=marker["parts"], sniff=cfg.sniff, staging=storage.join(staging, "base"),
-                    buckets=max(1, math.ceil(max(listed.rows, objects) / cfg.rows_per_part)))
     partitions = cfg.partitions or _inspect_tasks(max(1, listed.rows), engine.parallelism)
+    # The header-reading tasks join whole buckets: at least a bucket per core keeps every core
+    # reading; not one per task, as each staging task writes a file per bucket.
+    join = BaseJoin(root=where, parts=marker["parts"], sniff=cfg.sniff, staging=storage.join(staging, "base"),
+                    buckets=max(engine.parallelism, math.ceil(max(listed.rows, objects) / cfg.rows_per_part)))
     log.info("joining %d listed objects with the %d of --base %s in %d key buckets", listed.rows, objects, where,
              join.buckets)
-    parts, report = join_base(engine, join, _slices(listed.parts, partitions), partitions)
-    return replace(listed, parts=parts), {"root": where, "fingerprint": marker["fingerprint"], "objects": objects,
-                                          **report}
+    stage_join(engine, join, _slices(listed.parts, partitions), partitions)
+    return join, {"root": where, "fingerprint": marker["fingerprint"], "objects": objects}
 
 
 def _slices(parts: list[tuple[str, int]], partitions: int) -> list[tuple[str, int, int]]:
@@ -260,10 +261,12 @@ def _predicted_counts(cfg: ManifestConfig, labels: dict[str, int], ok: Counter[s
     return {c: {label: per_row[label][c] for label in labels} for c in cfg.split}
 
 
-def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan) -> _Checked:
-    """Inspect (pass 2) and group by content (pass 3) on the workers; check the aggregates:
-    every rule of :func:`jobs.catalog.build_manifest` that fails a run fails it here, before
-    any manifest table is written."""
+def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan,
+              join: BaseJoin | None = None) -> tuple[_Checked, dict[str, Any] | None]:
+    """Inspect (pass 2; with ``join``, the join with ``--base``'s rows in the same tasks) and
+    group by content (pass 3) on the workers; check the aggregates: every rule of
+    :func:`jobs.catalog.build_manifest` that fails a run fails it here, before any manifest
+    table is written. Returns them, and the join's report (:func:`jobs.manifest_base.merge_base`)."""
     where = storage.normalize(cfg.input)
     if not listed.rows:
         raise ManifestError(f"no objects found under {where}")
@@ -271,8 +274,14 @@ def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan) 
     partitions = cfg.partitions or _inspect_tasks(listed.rows, engine.parallelism)
     log.info("listed %d objects; %s in %d tasks", listed.rows,
              "reading their headers" if cfg.sniff else "not reading them (--no-sniff)", partitions)
-    slices = _slices(listed.parts, partitions)
-    engine.map_partitions(partial(inspect_task, plan=plan), slices, partitions=partitions)  # several slices a task
+    report = None
+    if join is not None:
+        rows, report = join_and_inspect(engine, join, plan, partitions)
+        if rows != listed.rows:
+            raise ManifestError(f"the join with --base {join.root} gave {rows} rows, {listed.rows} were listed")
+    else:
+        engine.map_partitions(partial(inspect_task, plan=plan), _slices(listed.parts, partitions),
+                              partitions=partitions)  # several slices a task
     results = engine.map_partitions(partial(content_task, plan=plan), list(range(plan.content_buckets)),
                                     partitions=plan.content_buckets)
     ok, pinned, reasons, per_row = Counter[str](), Counter[str](), Counter[str](), defaultdict(Counter)
@@ -290,7 +299,7 @@ def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan) 
     counts = _predicted_counts(cfg, labels, ok, pinned, per_row)
     check_min_per_class(counts, list(labels), cfg.min_per_class, cfg.split_method)
     return _Checked(listed=total, reasons=reasons, removed=removed, labels=labels, counts=counts,
-                    duplicate_groups=sum(r["duplicate_groups"] for r in results))
+                    duplicate_groups=sum(r["duplicate_groups"] for r in results)), report
 
 
 def summarize(cfg: ManifestConfig, listed: _Listed, checked: _Checked, *, parts: int, fingerprint: str,
@@ -419,11 +428,13 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
         listed = extract(cfg, engine, staging)
     if cfg.labels:
         listed, labels_table = label(cfg, engine, listed, staging)
-    base = None
+    join = base = None
     if cfg.base:
-        listed, base = rebase(cfg, engine, listed, staging)
+        join, base = rebase(cfg, engine, listed, staging)
     plan = _plan(cfg, out, staging, listed)
-    checked = transform(cfg, engine, listed, plan)
+    checked, report = transform(cfg, engine, listed, plan, join)
+    if base is not None:
+        base.update(report or {})
     if replacing:
         # Invalidate only now that the new manifest passed its checks (a run that fails before
         # leaves the old one, and its dataset, readable): no reader may see a dataset whose

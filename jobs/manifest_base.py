@@ -3,20 +3,23 @@
 The base is checked before an engine starts (:func:`check_base`: complete, of this format, the
 same ``--input``, label source and split). On the workers its rows are joined with the listed
 rows by key bucket, with the labelling pass's machinery (:class:`jobs.label_tasks.Buckets`,
-:func:`jobs.label_tasks.stage_keys`), between the labelling and the header reads:
+:func:`jobs.label_tasks.stage_keys`), after the labelling; the join itself is done by the
+header-reading pass's tasks:
 
 1. :func:`stage_base` (one item per part of the base's ``all`` table): stage its rows by key
    bucket.
-2. :func:`jobs.label_tasks.stage_keys` (one item per slice of the listed rows): the same.
-3. :func:`base_task` (one item per key bucket): a listed object the base listed with the same
-   identity (S3: size and ETag; local: size and modification time, as local files have no
-   ETag until read) is *unchanged*; if the base also records how its header read ended (the
-   format of an accepted object, or the reason of a reject by that read), the row takes it
-   (and a local file its ETag, the MD5 the read computed) and is marked ``reused``: the
-   header-reading pass does not read it again. Every listed row gets the base's channel
-   (``base_channel``) so the split pass counts the objects that changed channel; the base's
-   objects not listed now are counted (they left the lake). The joined rows are the listing
-   the header-reading pass reads.
+2. :func:`jobs.label_tasks.stage_keys` (one item per slice of the listed rows): the same, in the
+   same engine action as step 1 (:func:`stage_both`; on Spark an action costs tenths of a second).
+3. :func:`inspect_bucket` (one item per key bucket, in the header-reading pass's action): a
+   listed object the base listed with the same identity (S3: size and ETag; local: size and
+   modification time, as local files have no ETag until read) is *unchanged*; if the base also
+   records how its header read ended (the format of an accepted object, or the reason of a
+   reject by that read), the row takes it (and a local file its ETag, the MD5 the read
+   computed) and is marked ``reused``: it is not read again. Every listed row gets the base's
+   channel (``base_channel``) so the split pass counts the objects that changed channel; the
+   base's objects not listed now are counted (they left the lake). The task then reads the
+   headers of the other rows, as the header-reading pass does (:func:`jobs.manifest_tasks.inspect_rows`):
+   the joined rows are never staged.
 
 The channels are never taken from the base: the split runs on every row as without ``--base``,
 so the manifest is the one a build from scratch writes; the hash split gives an unchanged key
@@ -38,13 +41,13 @@ from jobs.engines import Engine
 from jobs.label_tasks import Buckets, stage_keys
 from jobs.listing import reject
 from jobs.manifest_table import hash_bucket, read_part, write_part
-from jobs.manifest_tasks import EXAMPLES, read_staged, write_staged
+from jobs.manifest_tasks import EXAMPLES, Plan, inspect_rows, read_staged
 from jobs.settings import ManifestConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, ManifestError
 from lakeshard.format import FORMAT_VERSION, MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri
 
-__all__ = ["BaseJoin", "base_task", "check_base", "join_base", "merge_base", "stage_base"]
+__all__ = ["BaseJoin", "check_base", "inspect_bucket", "join_and_inspect", "merge_base", "stage_base", "stage_both", "stage_join"]
 
 #: The options that decide each object's channel: a base split otherwise would have its objects
 #: moved, which ``--base`` promises not to do (their flags name them in errors).
@@ -128,9 +131,6 @@ class BaseJoin(Buckets):
     parts: int
     sniff: bool
 
-    def joined(self, bucket: int) -> str:
-        return storage.join(self.staging, "joined", f"part-{bucket:05d}.parquet")
-
 
 def stage_base(parts: list[int], *, join: BaseJoin) -> list[int]:
     """Stage the rows of the base's ``all`` parts ``parts`` by key bucket; return how many."""
@@ -146,6 +146,14 @@ def stage_base(parts: list[int], *, join: BaseJoin) -> list[int]:
                        pa.Table.from_pylist(mine, schema=schema))
         n += len(rows)
     return [n]
+
+
+def stage_both(items: list[tuple[str, Any]], *, join: BaseJoin) -> list[int]:
+    """Steps 1 and 2 in one task: ``items`` are ``("base", part)`` (:func:`stage_base`) and
+    ``("keys", (part URI, start, stop))`` (:func:`jobs.label_tasks.stage_keys`); return how many
+    rows of each were staged."""
+    return [*stage_base([i for kind, i in items if kind == "base"], join=join),
+            *stage_keys([i for kind, i in items if kind == "keys"], join=join)]
 
 
 def _s3(row: dict[str, Any]) -> bool:
@@ -185,11 +193,13 @@ def _reuse(row: dict[str, Any], old: dict[str, Any]) -> bool:
     return True
 
 
-def base_task(buckets: list[int], *, join: BaseJoin) -> list[dict[str, Any]]:
-    """For each key bucket: join the listed rows with the base's (see the module docstring);
-    stage the joined rows. Returns per-bucket counts of the listed rows (``new``, ``changed``,
-    ``unchanged``, of which ``reused``) and of the base's rows not listed (``left``, with the
-    first :data:`~jobs.manifest_tasks.EXAMPLES` keys)."""
+def inspect_bucket(buckets: list[int], *, join: BaseJoin, plan: Plan) -> list[dict[str, Any]]:
+    """Step 3 and the header reads in one task: for each key bucket, join the listed rows with
+    the base's (see the module docstring), then inspect them (but those the base gave) and
+    stage them by content bucket (:func:`jobs.manifest_tasks.inspect_rows`). Returns per-bucket
+    counts of the listed rows (``rows``; ``new``, ``changed``, ``unchanged``, of which
+    ``reused``) and of the base's rows not listed (``left``, with the first
+    :data:`~jobs.manifest_tasks.EXAMPLES` keys)."""
     out = []
     for bucket in buckets:
         rows = read_staged(join.folder("keys", bucket))
@@ -207,10 +217,11 @@ def base_task(buckets: list[int], *, join: BaseJoin) -> list[dict[str, Any]]:
             counts["unchanged"] += 1
             if join.sniff and r["status"] == "ok" and _reuse(r, old):
                 counts["reused"] += 1
-        write_staged(rows, join.joined(bucket))
+        if rows:
+            inspect_rows(rows, f"part-key-{bucket:05d}.parquet", plan=plan)
         listed = {r["key"] for r in rows}
         left = sorted(k for k in base if k not in listed)
-        out.append({"part": join.joined(bucket), "rows": len(rows), "left": len(left), "left_examples": left[:EXAMPLES],
+        out.append({"rows": len(rows), "left": len(left), "left_examples": left[:EXAMPLES],
                     **{k: counts[k] for k in ("new", "changed", "unchanged", "reused")}})
     return out
 
@@ -222,14 +233,16 @@ def merge_base(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "left_examples": sorted(k for r in results for k in r["left_examples"])[:EXAMPLES]}
 
 
-def join_base(engine: Engine, join: BaseJoin, slices: list[tuple[str, int, int]],
-              partitions: int) -> tuple[list[tuple[str, int]], dict[str, Any]]:
-    """Run the join (the module docstring's three steps) on ``engine``: ``slices`` are
-    ``(listing part URI, start, stop)`` of the listed rows, staged in ``partitions`` tasks.
-    Returns the joined parts ``(URI, rows)`` (the listing of the header-reading pass) and
-    :func:`merge_base`'s report."""
-    engine.map_partitions(partial(stage_base, join=join), list(range(join.parts)), partitions=join.parts)
-    if slices:
-        engine.map_partitions(partial(stage_keys, join=join), slices, partitions=partitions)
-    results = engine.map_partitions(partial(base_task, join=join), list(range(join.buckets)), partitions=join.buckets)
-    return sorted((r["part"], r["rows"]) for r in results if r["rows"]), merge_base(results)
+def stage_join(engine: Engine, join: BaseJoin, slices: list[tuple[str, int, int]], partitions: int) -> None:
+    """Steps 1 and 2 on ``engine``, in one action: ``slices`` are ``(listing part URI, start,
+    stop)`` of the listed rows, staged in ``partitions`` tasks (the base's parts a task each)."""
+    items = [("base", p) for p in range(join.parts)] + [("keys", s) for s in slices]
+    engine.map_partitions(partial(stage_both, join=join), items, partitions=join.parts + min(len(slices), partitions))
+
+
+def join_and_inspect(engine: Engine, join: BaseJoin, plan: Plan, partitions: int) -> tuple[int, dict[str, Any]]:
+    """Step 3 with the header reads on ``engine`` (:func:`inspect_bucket`, the key buckets in
+    ``partitions`` tasks); return the listed rows and :func:`merge_base`'s report."""
+    results = engine.map_partitions(partial(inspect_bucket, join=join, plan=plan), list(range(join.buckets)),
+                                    partitions=min(join.buckets, partitions))
+    return sum(r["rows"] for r in results), merge_base(results)

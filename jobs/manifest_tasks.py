@@ -46,6 +46,7 @@ __all__ = [
     "content_task",
     "duplicates_report",
     "duplicates_task",
+    "inspect_rows",
     "inspect_task",
     "read_staged",
     "skip_kind",
@@ -157,11 +158,16 @@ def inspect_task(items: list[tuple[str, int, int]], *, plan: Plan) -> list[int]:
     of rows."""
     rows = [r for uri, start, stop in items for r in read_part(uri).slice(start, stop - start).to_pylist()]
     uri, start, _ = items[0]
-    name = f"part-{uri.rsplit('/', 1)[-1].split('.')[0].split('-')[-1]}-{start:09d}.parquet"
+    inspect_rows(rows, f"part-{uri.rsplit('/', 1)[-1].split('.')[0].split('-')[-1]}-{start:09d}.parquet", plan=plan)
+    return [len(rows)]
+
+
+def inspect_rows(rows: list[dict[str, Any]], name: str, *, plan: Plan) -> None:
+    """Inspect ``rows`` but those whose inspection ``--base`` gave (``reused``); stage them by
+    content bucket, in a file ``name`` of each bucket's folder."""
     inspected = [r for r in rows if r.get("reused")] + inspect_objects([r for r in rows if not r.get("reused")], sniff=plan.sniff)
     for bucket, mine in _by_bucket(inspected, lambda r: _content_bucket(r, plan.content_buckets)).items():
         write_staged(mine, storage.join(plan.folder("inspected", bucket), name))
-    return [len(rows)]
 
 
 def assign_channels(ok: Sequence[dict[str, Any]], plan: Plan) -> list[str]:

@@ -8,7 +8,8 @@
 2. :func:`order_rows`, one task per shard: reads the shard's rows from every slot part of its
    channel (``home`` is the shard, or the slot is one of the deal's exceptions) and writes them
    in position order (:func:`jobs.deal.order_shard`), the *order file* that preprocessing tasks
-   read their segments from.
+   read their segments from. With ``--base``, it also stages its rows for the join with the
+   base (:func:`jobs.reuse.stage_order`).
 
 Nothing here knows about Spark or Dask.
 """
@@ -27,6 +28,7 @@ import pyarrow.dataset as ds
 from jobs.deal import Deal, class_slots, order_shard
 from jobs.manifest_table import read_channel_rows
 from jobs.preprocess import rows_digest
+from jobs.reuse import Reuse, stage_order
 from jobs.tasks import write_table
 from lakeshard import storage
 from lakeshard.errors import ManifestError
@@ -85,7 +87,8 @@ class OrderTask:
     ``parts``; ``shard`` -1 writes the rows the deal drops, by slot (they are preprocessed in
     case rejects change the plan). ``cuts`` are the shard's segment boundaries: the task
     returns each segment's :func:`~jobs.preprocess.rows_digest`. With ``report``, it also returns the key and
-    URI of every dropped and padded row."""
+    URI of every dropped and padded row. With ``reuse`` (``--base``), it stages the rows for
+    the join with the base, under the ids ``segments`` of its segments (one per cut)."""
 
     deal: Deal
     shard: int
@@ -93,12 +96,15 @@ class OrderTask:
     uri: str
     cuts: tuple[int, ...]
     report: bool = False
+    reuse: Reuse | None = None
+    segments: tuple[int, ...] = ()
 
 
 def order_rows(task: OrderTask) -> dict[str, Any]:
-    """Run an :class:`OrderTask`; returns the order file's URI, its segments' digests, its rows
-    per label index (``classes``) and, if ``report``, ``{slot: (key, uri)}`` of the dropped and
-    padded rows."""
+    """Run an :class:`OrderTask`; returns the order file's URI, its segments' digests and ids,
+    its rows per label index (``classes``), if ``report``, ``{slot: (key, uri)}`` of the dropped
+    and padded rows, and with ``reuse``, the staged file (``staged``,
+    :func:`jobs.reuse.stage_order`)."""
     deal = task.deal
     wanted = pa.array(sorted(deal.exceptions), pa.int64())
     where = pc.field("slot").isin(wanted)
@@ -118,7 +124,9 @@ def order_rows(task: OrderTask) -> dict[str, Any]:
     write_table(task.uri, table)
     result: dict[str, Any] = {"uri": task.uri, "channel": deal.channel, "shard": task.shard,
                               "digests": [rows_digest(table.slice(a, b - a)) for a, b in pairwise(task.cuts)],
-                              "classes": _label_counts(table)}
+                              "segments": task.segments, "classes": _label_counts(table)}
+    if task.reuse is not None:
+        result["staged"] = stage_order(task.reuse, table, task.cuts, task.segments)
     if task.report:
         named = set(deal.dropped) | set(deal.padded)
         hit = rows.filter(pc.is_in(rows["slot"], pa.array(sorted(named), pa.int64())))

@@ -11,10 +11,12 @@ The rows stay on the workers (``docs/design/0017-incremental-shards.md``); each 
 by :func:`jobs.manifest_table.hash_bucket` of the URI, one file per staging task, sorted by
 bucket with a row group per bucket (a join task reads only its bucket's row groups):
 
-1. *stage* (:func:`stage`): each base shard file -> ``(uri, file, row)`` of its rows that are
-   not pad copies (the ``uri`` and ``is_pad`` columns only); each part of the base's channel
-   manifests -> ``(uri, etag, size)``; each group of this build's segments ->
-   ``(uri, etag, size, segment, pos)`` of their rows, pad copies and spare rows included.
+1. *stage*, in the plan's order pass (the same engine action): each base shard file ->
+   ``(uri, file, row)`` of its rows that are not pad copies (the ``uri`` and ``is_pad`` columns
+   only; :func:`stage`); each part of the base's channel manifests -> ``(uri, etag, size)``
+   (:func:`stage`); each order task, as it writes its shard's order file -> ``(uri, etag, size,
+   segment, pos)`` of its segments' rows, pad copies and spare rows included
+   (:func:`stage_order`).
 2. *join* (:func:`join`, a task per group of buckets): a segment row whose ``(uri, etag, size)``
    is a base row's is a *match* ``(file, row, segment, pos)``, written sorted by base file.
 3. *scatter* (:func:`scatter`, a task per base shard file): read the matched rows' images, a
@@ -48,8 +50,8 @@ from lakeshard.errors import DatasetError, ShardError
 from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_info
 from lakeshard.format.info import BaseRef, DatasetInfo
 
-__all__ = ["Base", "JoinTask", "ScatterTask", "StageTask", "check_base", "image_options", "join", "reuse_images",
-           "scatter", "stage"]
+__all__ = ["Base", "JoinTask", "Reuse", "ScatterTask", "StageTask", "check_base", "image_options", "join", "plan_reuse",
+           "reuse_images", "scatter", "stage", "stage_order"]
 
 log = logging.getLogger(__name__)
 
@@ -159,18 +161,23 @@ class Reuse:
 
 
 def _write_grouped(uri: str, table: pa.Table, by: str) -> list[int]:
-    """Write ``table`` sorted by its int column ``by``, a row group per value; return the values."""
+    """Write ``table`` sorted by its int column ``by``, a row group per value; return the values.
+    Binary columns (images) are written as they are: no compression, dictionary or statistics
+    (JPEG bytes do not compress, and only ``by``'s statistics are ever read)."""
     table = table.take(pc.sort_indices(table, sort_keys=[(by, "ascending")]))
     values = table[by].to_numpy()
     cuts = [0, *(np.flatnonzero(np.diff(values)) + 1).tolist(), len(values)]
     fs, path = storage.filesystem(uri)
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, table.schema) as writer:
+    plain = [f.name for f in table.schema if pa.types.is_binary(f.type)]
+    with pq.ParquetWriter(sink, table.schema, write_statistics=[by],
+                          compression={f.name: "NONE" if f.name in plain else "SNAPPY" for f in table.schema},
+                          use_dictionary=[f.name for f in table.schema if f.name not in plain]) as writer:
         for a, b in pairwise(cuts):
             if b > a:
                 writer.write_table(table.slice(a, b - a), row_group_size=b - a)
-    storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes())
+    storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes(), durable=False)  # every run stages them anew
     return sorted({int(v) for v in values})
 
 
@@ -183,39 +190,48 @@ def _bucketed(uri: str, table: pa.Table, buckets: int) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class StageTask:
-    """Stage one input of the join by URI bucket (step 1): ``side`` is ``shards`` (base shard
-    ``source[0]``, its index ``file``), ``manifest`` (base manifest part ``source[0]``) or
-    ``current`` (this build's ``segments``, by segment id)."""
+    """Stage one input of the base's side of the join by URI bucket (step 1): ``side`` is
+    ``shards`` (base shard ``source``, its index ``index``) or ``manifest`` (base manifest part
+    ``source``)."""
 
     side: str
     index: int
     reuse: Reuse
-    source: tuple[str, ...] = ()
-    segments: tuple[tuple[int, SegmentTask], ...] = ()
+    source: str
 
 
 def stage(task: StageTask) -> dict[str, Any]:
     """Run a :class:`StageTask`; returns the staged file, its rows and its side."""
     out = task.reuse.staged(task.side, task.index)
     if task.side == "shards":
-        fs, path = storage.filesystem(task.source[0])
+        fs, path = storage.filesystem(task.source)
         rows = pq.read_table(path, filesystem=fs, columns=["uri", "is_pad"])
         keep = pc.invert(rows["is_pad"])
         table = pa.table({"uri": rows["uri"], "file": pa.array(np.full(rows.num_rows, task.index, np.int32)),
                           "row": pa.array(np.arange(rows.num_rows, dtype=np.int64))}).filter(keep)
-    elif task.side == "manifest":
-        table = read_part(task.source[0], ["uri", "etag", "size"])
-        table = table.filter(pc.is_valid(table["etag"]))
     else:
-        pieces = []
-        for segment, seg in task.segments:
-            rows = seg.read_rows()
-            pieces.append(pa.table({"uri": rows["uri"], "etag": rows["etag"], "size": rows["size"],
-                                    "segment": pa.array(np.full(rows.num_rows, segment, np.int32)),
-                                    "pos": pa.array(np.arange(rows.num_rows, dtype=np.int64))}))
-        table = pa.concat_tables(pieces)
+        table = read_part(task.source, ["uri", "etag", "size"])
         table = table.filter(pc.is_valid(table["etag"]))
     return {**_bucketed(out, table, task.reuse.buckets), "side": task.side}
+
+
+def stage_order(reuse: Reuse, rows: pa.Table, cuts: tuple[int, ...], segments: tuple[int, ...]) -> dict[str, Any]:
+    """Stage this build's side of the join for an order file (step 1): its ``rows``, in order,
+    cut at ``cuts`` into segments ``segments``, as ``(uri, etag, size, segment, pos)``, ``pos``
+    a row's position in its segment, rows without an ETag left out. Returns the staged file
+    (named after the first segment), its rows and its side, ``current``."""
+    out = reuse.staged("current", segments[0])
+    if not rows.num_rows:
+        return {"uri": out, "rows": 0, "side": "current"}
+    position = np.arange(rows.num_rows, dtype=np.int64)
+    which = np.searchsorted(np.asarray(cuts[1:-1], np.int64), position, side="right")
+    table = pa.table({"uri": rows["uri"], "etag": rows["etag"], "size": rows["size"],
+                      "segment": pa.array(np.asarray(segments, np.int32)[which]),
+                      "pos": pa.array(position - np.asarray(cuts, np.int64)[which])})
+    table = table.filter(pc.is_valid(table["etag"]))
+    if not table.num_rows:
+        return {"uri": out, "rows": 0, "side": "current"}
+    return {**_bucketed(out, table, reuse.buckets), "side": "current"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +243,8 @@ class JoinTask:
     shards: tuple[str, ...]
     manifest: tuple[str, ...]
     current: tuple[str, ...]
+    #: Segments not to match (an interrupted run of this job finished them).
+    skip: tuple[int, ...] = ()
 
 
 def _first_per_uri(table: pa.Table) -> pa.Table:
@@ -241,6 +259,8 @@ def join(task: JoinTask) -> dict[str, Any]:
     pieces = []
     for b in task.buckets:
         current = read_where(task.current, "bucket", b, ["uri", "etag", "size", "segment", "pos"])
+        if task.skip:
+            current = current.filter(pc.invert(pc.is_in(current["segment"], pa.array(task.skip, pa.int32()))))
         if not current.num_rows or not task.shards or not task.manifest:
             continue
         shards = _first_per_uri(read_where(task.shards, "bucket", b, ["uri", "file", "row"]))
@@ -306,32 +326,31 @@ def scatter(task: ScatterTask) -> dict[str, Any]:
 Runner = Callable[[Callable[[Any], Any], list[Any], list[int], int], list[Any]]
 
 
-def reuse_images(run: Runner, base: Base, tasks: list[SegmentTask], *, folder: str, slots: int) -> tuple[list[SegmentTask], int]:
-    """Find the rows of ``tasks`` whose images ``base`` holds and copy those images into runs
-    on the workers; return the tasks, each naming the runs that hold its rows' images
-    (``reuse``), and how many rows were matched. ``run(fn, items, sizes, slots)`` runs ``fn``
-    over ``items`` on the engine (:func:`jobs.shard._run`)."""
-    total = sum(t.num_rows for t in tasks)
-    if not tasks or not total:
-        return tasks, 0
+def plan_reuse(base: Base, rows: int, *, folder: str, slots: int) -> tuple[Reuse, list[StageTask], list[int]]:
+    """Where a build of ``rows`` rows on ``base`` stages its join (``folder``, emptied), the
+    tasks that stage the base's side (step 1; the plan's order pass runs them, and its order
+    tasks stage this build's side, :func:`stage_order`) and their sizes."""
     storage.remove(folder, recursive=True)  # a killed run's files: every file read is named by a result
-    reuse = Reuse(folder=folder, buckets=max(slots, -(-total // _ROWS_PER_BUCKET)))
-    groups: list[list[tuple[int, SegmentTask]]] = [[] for _ in range(min(slots, len(tasks)))]
-    for i, t in enumerate(tasks):
-        min(groups, key=lambda g: sum(s.num_rows for _, s in g)).append((i, t))
-    items = [StageTask(side="shards", index=f, reuse=reuse, source=(u,)) for f, (u, _) in enumerate(base.shards)]
-    items += [StageTask(side="manifest", index=i, reuse=reuse, source=(u,)) for i, u in enumerate(base.manifest_parts)]
-    items += [StageTask(side="current", index=i, reuse=reuse, segments=tuple(g)) for i, g in enumerate(groups) if g]
-    sizes = [rows for _, rows in base.shards] + [1] * len(base.manifest_parts) + [
-        sum(s.num_rows for _, s in g) for g in groups if g]
-    staged = run(stage, items, sizes, slots)
+    reuse = Reuse(folder=folder, buckets=max(slots, -(-rows // _ROWS_PER_BUCKET)))
+    items = [StageTask(side="shards", index=f, reuse=reuse, source=u) for f, (u, _) in enumerate(base.shards)]
+    items += [StageTask(side="manifest", index=i, reuse=reuse, source=u) for i, u in enumerate(base.manifest_parts)]
+    return reuse, items, [n for _, n in base.shards] + [1] * len(base.manifest_parts)
+
+
+def reuse_images(run: Runner, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask], *,
+                 skip: tuple[int, ...], slots: int) -> tuple[list[SegmentTask], int]:
+    """Find the rows of ``tasks`` whose images ``base`` holds (the join, step 2, of the files
+    ``staged`` in step 1: ``(side, uri, rows)`` each; segments ``skip`` left out) and copy
+    those images into runs on the workers (step 3); return the tasks, each naming the runs
+    that hold its rows' images (``reuse``), and how many rows were matched. ``run(fn, items,
+    sizes, slots)`` runs ``fn`` over ``items`` on the engine (:func:`jobs.shard._run`)."""
     files = {side: tuple(sorted(r["uri"] for r in staged if r["side"] == side and r["rows"]))
              for side in ("shards", "manifest", "current")}
-    if not all(files.values()):
+    if not tasks or not all(files.values()):
         return tasks, 0
     buckets = [list(range(reuse.buckets))[i::slots] for i in range(min(slots, reuse.buckets))]
     joins = [JoinTask(buckets=tuple(b), uri=reuse.matches(i), shards=files["shards"], manifest=files["manifest"],
-                      current=files["current"]) for i, b in enumerate(buckets)]
+                      current=files["current"], skip=skip) for i, b in enumerate(buckets)]
     matched = [r for r in run(join, joins, [len(j.buckets) for j in joins], slots) if r["rows"]]
     count = sum(r["rows"] for r in matched)
     by_file: dict[int, list[str]] = {}
@@ -346,4 +365,4 @@ def reuse_images(run: Runner, base: Base, tasks: list[SegmentTask], *, folder: s
         for uri, segments in d["runs"]:
             for s in segments:
                 runs_of.setdefault(s, []).append(uri)
-    return [replace(t, reuse=tuple(runs_of.get(i, ())), reuse_id=i) for i, t in enumerate(tasks)], count
+    return [replace(t, reuse=tuple(runs_of.get(t.reuse_id, ()))) for t in tasks], count

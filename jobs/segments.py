@@ -47,7 +47,7 @@ def segment_tasks(staging: str, deals: dict[str, Deal], orders: dict[tuple[str, 
 
     def task(uri: str, order: dict[str, Any], j: int, span: tuple[int, int], channel: str, shard: int) -> SegmentTask:
         return SegmentTask(uri=uri, rows=None, source=(order["uri"], span[0], span[1] - span[0]),
-                           digest=order["digests"][j], spec=cfg.image_spec(), threads=cfg.threads,
+                           digest=order["digests"][j], reuse_id=order["segments"][j], spec=cfg.image_spec(), threads=cfg.threads,
                            receipt=receipt_uri(staging, uri), outcomes=outcomes_uri(staging, uri),
                            decode_threads=decode_threads,
                            row_group_bytes=cfg.row_group_size, metadata={**meta, "channel": channel, "shard_index": shard})

@@ -67,7 +67,7 @@ from jobs.preprocess import (
 )
 from jobs.repair import changed_shards, check_reject_budget, final_deals, moved_from, outcome_sources
 from jobs.report import write_report
-from jobs.reuse import Base, reuse_images
+from jobs.reuse import Base, Reuse, StageTask, plan_reuse, reuse_images, stage
 from jobs.segments import SPARE, order_uri, segment_cuts, segment_tasks
 from jobs.settings import ShardConfig
 from jobs.staging import (
@@ -133,15 +133,15 @@ def _preprocess(engine: Engine, tasks: list[SegmentTask], reused: dict[str, dict
     return [*reused.values(), *done], len(todo), sum(d["rows"] for d in done) - taken, taken
 
 
-def _with_base(engine: Engine, base: Base, tasks: list[SegmentTask], finished_: dict[str, dict[str, Any]], *,
-               staging: str, slots: int) -> list[SegmentTask]:
+def _with_base(engine: Engine, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask],
+               finished_: dict[str, dict[str, Any]], *, slots: int) -> list[SegmentTask]:
     """``tasks``, those still to run naming the runs of the images they take from ``base``
-    (:mod:`jobs.reuse`, on the workers)."""
+    (:mod:`jobs.reuse`, on the workers; ``staged`` by the order pass)."""
     todo = [t for t in tasks if t.uri not in finished_]
     log.info("--base %s (version %s): looking up the %d rows to preprocess among its %d shard files", base.root,
              base.info.dataset_version, sum(t.num_rows for t in todo), len(base.shards))
-    found, matched = reuse_images(partial(_run, engine), base, todo, folder=storage.join(staging, RUNS, "reuse"),
-                                  slots=slots)
+    found, matched = reuse_images(partial(_run, engine), base, reuse, staged, todo, slots=slots,
+                                  skip=tuple(t.reuse_id for t in tasks if t.uri in finished_))
     log.info("--base %s holds the images of %d of them, taken from its shards; the other %d are fetched and decoded",
              base.root, matched, sum(t.num_rows for t in todo) - matched)
     swap = {t.uri: t for t in found}
@@ -178,19 +178,33 @@ def _slot_parts(engine: Engine, staging: str, root: str, deals: dict[str, Deal],
     return {c: tuple(t.uri for t in tasks if t.channel == c) for c in deals}
 
 
+def _plan_step(item: OrderTask | StageTask) -> dict[str, Any]:
+    """An item of the order pass: an order task, or (``--base``) one staging the base's side of the join."""
+    return order_rows(item) if isinstance(item, OrderTask) else stage(item)
+
+
 def _order(engine: Engine, staging: str, name: str, deals: dict[str, Deal], shards: dict[str, list[int]],
-           parts: dict[str, tuple[str, ...]], *, segment_rows: int) -> dict[tuple[str, int], dict[str, Any]]:
+           parts: dict[str, tuple[str, ...]], *, segment_rows: int,
+           reuse: tuple[Reuse, list[StageTask], list[int]] | None = None
+           ) -> tuple[dict[tuple[str, int], dict[str, Any]], list[dict[str, Any]]]:
     """Write the order file of each of ``shards`` of each channel of plan ``name`` on the workers,
-    in as many engine tasks as it has cores."""
-    tasks = []
+    in as many engine tasks as it has cores; number the segments. With ``reuse`` (a
+    :func:`jobs.reuse.plan_reuse`), stage both sides of the join with the base in the same
+    engine action. Returns the order tasks' results by (channel, shard), and what was staged."""
+    tasks: list[OrderTask] = []
     for channel, deal in deals.items():
         for k, shard in enumerate(shards[channel]):
             rows = len(deal.dropped) if shard == SPARE else deal.rows_per_shard
             cuts = (0, rows) if shard == SPARE else segment_cuts(rows, segment_rows)
+            first = tasks[-1].segments[-1] + 1 if tasks else 0
             tasks.append(OrderTask(deal=deal, shard=shard, parts=parts[channel], cuts=cuts, report=k == 0,
-                                   uri=order_uri(staging, name, channel, shard)))
-    done = _run(engine, order_rows, tasks, [t.cuts[-1] for t in tasks], engine.parallelism)
-    return {(d["channel"], d["shard"]): d for d in done}
+                                   uri=order_uri(staging, name, channel, shard), reuse=reuse[0] if reuse else None,
+                                   segments=tuple(range(first, first + len(cuts) - 1))))
+    extra, sizes = (reuse[1], reuse[2]) if reuse else ([], [])
+    done = _run(engine, _plan_step, [*tasks, *extra], [*(t.cuts[-1] for t in tasks), *sizes], engine.parallelism)
+    orders = {(d["channel"], d["shard"]): d for d in done if "side" not in d}  # a stage task's result has a side
+    staged = [d for d in done if "side" in d] + [d["staged"] for d in orders.values() if "staged" in d]
+    return orders, staged
 
 
 def _named(deal: Deal, known: dict[int, tuple[str, str]]) -> tuple[list[str], list[str]]:
@@ -241,8 +255,8 @@ def plan_only(cfg: ShardConfig, engine: Engine) -> PlanSummary:
     log.info("plan only: the plan's files go to %s (removed at the end)", staging)
     try:
         parts = _slot_parts(engine, staging, root, deals, classes)
-        orders = _order(engine, staging, "plan", deals, {c: list(range(n)) for c in deals}, parts,
-                        segment_rows=segment_rows)
+        orders, _ = _order(engine, staging, "plan", deals, {c: list(range(n)) for c in deals}, parts,
+                           segment_rows=segment_rows)
     finally:
         storage.remove(staging, recursive=True)
     summary = PlanSummary(dataset=storage.normalize(cfg.dataset), channels=tuple(
@@ -278,13 +292,15 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo | PlanSummary:
 
     parts = _slot_parts(engine, staging, root, first, classes)
     shards = {c: [*range(n), *([SPARE] if d.dropped else [])] for c, d in first.items()}
-    orders = _order(engine, staging, "first", first, shards, parts, segment_rows=segment_rows)
+    reuse = plan_reuse(job.base, total, folder=storage.join(staging, RUNS, "reuse"), slots=slots) \
+        if job.base is not None else None
+    orders, staged = _order(engine, staging, "first", first, shards, parts, segment_rows=segment_rows, reuse=reuse)
     known = {c: dict(orders[(c, 0)].get("named", {})) for c in channels}
     tasks = segment_tasks(staging, first, orders, cfg, meta, segment_rows=segment_rows,
                           decode_threads=cfg.decode_threads or engine.task_cpus)
     reused = finished(staging, tasks)
-    if job.base is not None:
-        tasks = _with_base(engine, job.base, tasks, reused, staging=staging, slots=slots)
+    if job.base is not None and reuse is not None:
+        tasks = _with_base(engine, job.base, reuse[0], staged, tasks, reused, slots=slots)
     done, ran, decoded, taken = _preprocess(engine, tasks, reused, slots=slots, channels=channels, num_shards=n)
     written = {d["uri"]: d["stats"] for d in done}
 
@@ -307,7 +323,7 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo | PlanSummary:
         need[c] = sorted(changed | {s for s in range(n) if len(by_shard[(c, s)]) > 1})
     redone = {c for c in channels if plans[c] is not first[c] and need[c]}
     final_orders = _order(engine, staging, "final", {c: plans[c] for c in redone}, need, parts,
-                          segment_rows=segment_rows) if redone else {}
+                          segment_rows=segment_rows)[0] if redone else {}
     for c in redone:
         known[c].update(final_orders[(c, need[c][0])].get("named", {}))
     repairs: list[RepairTask] = []
@@ -335,7 +351,10 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo | PlanSummary:
     # folder, moved into place by the commit.
     table = RejectsTask(root=root, relpath=rejects_path(staging), receipts=with_rejects) if versioned(staging) \
         else RejectsTask(root=staged_rejects(staging), receipts=with_rejects)
-    _run(engine, write_rejects, [table], [1], 1)
+    if with_rejects:
+        _run(engine, write_rejects, [table], [1], 1)
+    else:  # an empty table: no row to read, and on Spark an engine action costs tenths of a second
+        write_rejects(table)
     paths = place_assembled(root, staging, final, tasks, num_shards=n)
 
     stats = [{"channel": c, "shard": s, "path": paths[(c, s)], **written[uri]} for (c, s), uri in final.items()]

@@ -310,11 +310,11 @@ def read_json(uri: str) -> Any:
         raise StorageError(f"{uri} is not valid JSON: {exc}") from exc
 
 
-def write_bytes_atomic(uri: str, data: bytes) -> None:
+def write_bytes_atomic(uri: str, data: bytes, *, durable: bool = True) -> None:
     """Write ``data`` so that readers see the old object or the new one, never a part.
 
-    Local: write a temporary sibling, fsync, then ``os.replace``. S3: one PUT, which S3
-    makes visible whole.
+    Local: write a temporary sibling, fsync (unless not ``durable``: a job's scratch file that
+    a rerun writes again), then ``os.replace``. S3: one PUT, which S3 makes visible whole.
     """
     fs, path = filesystem(uri)
     try:
@@ -325,8 +325,9 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
         tmp = temp_sibling(path)
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except Exception as exc:
         raise StorageError(f"cannot write {uri}: {exc}") from exc

@@ -16,7 +16,7 @@ from jobs.settings import ManifestConfig
 from lakeshard import storage
 from tests.helpers.lake import encode, make_image
 
-__all__ = ["CLASSES", "NOT_AN_IMAGE", "Growth", "assert_same_tables", "build", "channels", "grow", "write_lake_objects"]
+__all__ = ["CLASSES", "NOT_AN_IMAGE", "CountingEngine", "Growth", "assert_same_tables", "build", "channels", "grow", "write_lake_objects"]
 
 #: The lake before it grows: three classes of small PNGs (some a folder deeper) and one object
 #: that is not an image (a reject of the header read, which ``--base`` reuses as such).
@@ -95,3 +95,17 @@ def channels(root: str) -> dict[str, str]:
     """``{key: channel}`` of the accepted rows of the manifest at ``root``."""
     table: pa.Table = read_channel(root, "all", columns=["key", "channel", "status"])
     return {r["key"]: r["channel"] for r in table.to_pylist() if r["status"] == "ok"}
+
+
+class CountingEngine:
+    """A real engine, recording the task function of each action (``map_partitions`` call)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.actions = engine, []
+        self.name, self.parallelism, self.task_cpus = engine.name, engine.parallelism, engine.task_cpus
+
+    def map_partitions(self, fn: Any, items: Any, *, partitions: int) -> list[Any]:
+        fn_ = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.tasks.each, functools.partial
+        self.actions.append(getattr(fn_, "__name__", repr(fn_)))
+        return self.engine.map_partitions(fn, items, partitions=partitions)
+

@@ -19,6 +19,7 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, ManifestError
 from tests.helpers.incremental import (
     NOT_AN_IMAGE,
+    CountingEngine,
     assert_same_tables,
     build,
     channels,
@@ -239,3 +240,20 @@ def test_the_cli_prints_the_base_counts(tmp_path: Path, base_a: tuple[str, str],
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == (f"base {a}: 60 unchanged (60 not read again), 1 new, 0 changed, 1 left the lake "
                        "(e.g. fox/img_010.png), 0 moved to another channel")
+
+
+def test_a_base_costs_one_engine_action(tmp_path: Path, local_engine) -> None:
+    """The base's rows and the listed rows are staged by key bucket in one engine action, and
+    the header-reading tasks join them (on Spark each action costs tenths of a second): a build
+    with --base runs one action more than one from scratch."""
+    lake = storage.normalize(str(tmp_path / "lake"))
+    a, b, c = (storage.normalize(str(tmp_path / n)) for n in ("a", "b", "c"))
+    before = write_lake_objects(lake)
+    build(local_engine, lake, a)
+    grow(lake, before)
+    scratch, incremental = CountingEngine(local_engine), CountingEngine(local_engine)
+    build(scratch, lake, c)
+    build(incremental, lake, b, base=a)
+    assert_same_tables(b, c)
+    read = scratch.actions.index("inspect_task")
+    assert incremental.actions == [*scratch.actions[:read], "stage_both", "inspect_bucket", *scratch.actions[read + 1:]]

@@ -21,6 +21,7 @@ from lakeshard import storage
 from lakeshard.errors import DatasetError, ShardError
 from lakeshard.format import DatasetInfo, labels_uri
 from tests.helpers.checks import check_dataset, read_table, shard_tables
+from tests.helpers.incremental import CountingEngine
 from tests.helpers.lake import encode, make_image, write_lake
 
 #: A lake of 48 small images in three classes; grown by 5 (about 10%), 3 removed, 1 changed.
@@ -286,3 +287,52 @@ def test_a_base_that_does_not_record_its_preprocessing_code_is_refused(base_and_
     with pytest.raises(ShardError, match=r"was built with image.code None, this build has image.code '[0-9a-f]{16}'.*"
                                          r"does not record it, it was built by an older lakeshard"):
         shard_job.check_shard_inputs(ShardConfig(dataset=str(b), num_shards=2, image_size=16, base=str(a)))
+
+
+def test_the_base_is_staged_in_the_order_pass(base_and_grown: tuple[Path, Path, Path], local_engine):
+    """An incremental shard job runs two engine actions more than a build from scratch, the
+    join and the scatter: both sides of the join are staged by the order pass's action (on
+    Spark each action costs tenths of a second)."""
+    _, a, b = base_and_grown
+    opts = {"num_shards": 2, "image_size": 16, "overwrite": True}
+    scratch, incremental = CountingEngine(local_engine), CountingEngine(local_engine)
+    shard_job.run(ShardConfig(dataset=str(b), **opts), scratch)
+    info = shard_job.run(ShardConfig(dataset=str(b), base=str(a), **opts), incremental)
+    assert info.build.reused > 0
+    assert len(incremental.actions) == len(scratch.actions) + 2, (incremental.actions, scratch.actions)
+    assert [a for a in incremental.actions if a not in ("join", "scatter")] == scratch.actions
+
+
+def test_segments_cut_from_shards_take_their_images_by_position(tmp_path: Path, local_engine):
+    """Shards preprocessed in several segments (``--partitions``) and assembled: each segment
+    takes the base's images of its own rows; B still equals C."""
+    lake = tmp_path / "raw"
+    write_lake(lake, _COUNTS)
+    a, b, c = (str(tmp_path / name) for name in ("a", "b", "c"))
+    info_a = _build(local_engine, str(lake), a)
+    _grow_local(lake)
+    info_b = _build(local_engine, str(lake), b, base=a, partitions=7)
+    info_c = _build(local_engine, str(lake), c, partitions=7)
+    assert info_c.build.assembled_shards > 0
+    _compare(b, c, info_b, info_c)
+    _check_incremental(info_a, info_b, info_c, a)
+
+
+def test_without_rejects_the_empty_rejects_table_is_written_by_the_driver(tmp_path: Path, local_engine):
+    """No segment had a reject: the empty shard rejects table is written without an engine
+    action; with a reject, a task writes it from the receipts."""
+    lake = tmp_path / "raw"
+    write_lake(lake, _COUNTS)
+    a = str(tmp_path / "a")
+    manifest_job.run(ManifestConfig(input=str(lake), output=a, **_MANIFEST), local_engine)
+    clean = CountingEngine(local_engine)
+    info = shard_job.run(ShardConfig(dataset=a, num_shards=2, image_size=16), clean)
+    assert "write_rejects" not in clean.actions and info.counts.shard_rejects == 0
+    assert read_table(storage.join(a, info.rejects_path)).num_rows == 0
+    victim = sorted((lake / "dog").rglob("*.png"))[0]
+    victim.write_bytes(b"\x89PNG not really")  # replaced since the manifest: rejected
+    dirty = CountingEngine(local_engine)
+    info = shard_job.run(ShardConfig(dataset=a, num_shards=2, image_size=16, overwrite=True,
+                                     max_reject_fraction=0.2), dirty)
+    assert dirty.actions.count("write_rejects") == 1 and info.counts.shard_rejects == 1
+    assert read_table(storage.join(a, info.rejects_path))["uri"].to_pylist() == [f"file://{victim}"]
