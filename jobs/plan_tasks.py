@@ -121,7 +121,7 @@ def order_rows(task: OrderTask) -> dict[str, Any]:
         table = table.append_column("is_pad", pa.array(np.zeros(table.num_rows, bool))).append_column(
             "copy", pa.array(np.zeros(table.num_rows, np.int64)))
     table = table.select(ORDER_COLUMNS)
-    write_table(task.uri, table)
+    write_table(task.uri, table, row_group_size=max(1, task.cuts[1] - task.cuts[0]))  # a row group per segment
     result: dict[str, Any] = {"uri": task.uri, "channel": deal.channel, "shard": task.shard,
                               "digests": [rows_digest(table.slice(a, b - a)) for a, b in pairwise(task.cuts)],
                               "segments": task.segments, "classes": _label_counts(table)}

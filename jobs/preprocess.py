@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from jobs.fetch import read_as_listed
 from jobs.images import ImageSpec, preprocess
-from jobs.tasks import compact, write_table
+from jobs.tasks import compact, read_rows, write_table
 from lakeshard import storage
 from lakeshard.errors import ImageRejected
 from lakeshard.format import SHARD_REJECTS_SCHEMA, SHARD_SCHEMA
@@ -135,9 +135,7 @@ class SegmentTask:
         """The segment's rows (read from its source if the task does not carry them)."""
         if self.rows is not None:
             return self.rows
-        uri, offset, length = self.source  # type: ignore[misc]
-        fs, path = storage.filesystem(uri)
-        return pq.read_table(path, filesystem=fs).slice(offset, length)
+        return read_rows(*self.source)  # type: ignore[misc]
 
 
 def read_where(files: Sequence[str], column: str, value: int, columns: list[str]) -> pa.Table:

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from lakeshard import storage
 
-__all__ = ["compact", "each", "pack", "write_table"]
+__all__ = ["compact", "each", "pack", "read_rows", "write_table"]
 
 
 def compact(table: pa.Table) -> pa.Table:
@@ -45,6 +45,22 @@ class each:
 
     def __call__(self, groups: list[list[Any]]) -> list[Any]:
         return [self.fn(item) for group in groups for item in group]
+
+
+def read_rows(uri: str, offset: int, length: int) -> pa.Table:
+    """Rows ``offset`` to ``offset + length`` of the Parquet file ``uri``, reading only the row
+    groups that hold them (an order file has a row group per segment: a segment's task reads
+    its own, not the whole shard's)."""
+    fs, path = storage.filesystem(uri)
+    with fs.open(path, "rb") as handle:
+        pf = pq.ParquetFile(handle)
+        starts = np.cumsum([0, *(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups))])
+        if offset < 0 or length < 0 or offset + length > starts[-1]:
+            raise IndexError(f"{uri} has {starts[-1]} rows; asked for rows {offset} to {offset + length}")
+        first = int(np.searchsorted(starts, offset, side="right")) - 1
+        last = int(np.searchsorted(starts, offset + length, side="left"))
+        groups = list(range(first, max(first + 1, last)))
+        return pf.read_row_groups(groups).slice(offset - int(starts[first]), length)
 
 
 def write_table(uri: str, table: pa.Table, *, metadata: dict[bytes, bytes] | None = None,

@@ -7,18 +7,24 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
 from PIL import Image
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.manifest_table import read_channel
 from jobs.plan import make_plan
+from jobs.plan_tasks import OrderTask
 from jobs.settings import ManifestConfig, ShardConfig
+from jobs.tasks import read_rows, write_table
 from lakeshard import storage
 from lakeshard.format import rejects_uri
 from tests.helpers.checks import check_dataset, read_table, shard_tables
@@ -100,3 +106,57 @@ def test_what_crosses_the_engine_does_not_grow_with_the_rows(tmp_path: Path, loc
     # Ten times the rows, the same tasks: a row per image on either side would show as ~10x.
     assert crossed[400][0] < 1.2 * crossed[40][0], crossed
     assert crossed[400][1] < 1.2 * crossed[40][1], crossed
+
+
+class _OrderFiles(_Recording):
+    """An engine that, as each order pass returns, reads the row-group sizes of the order files
+    it wrote (they are staging files, gone once the job commits)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.files: list[tuple[tuple[int, ...], list[int]]] = []
+
+    def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int) -> list[Any]:
+        out = super().map_partitions(fn, items, partitions=partitions)
+        for item in (i for group in items for i in (group if isinstance(group, list) else [group])):
+            if isinstance(item, OrderTask):
+                meta = pq.ParquetFile(storage.filesystem(item.uri)[1]).metadata
+                self.files.append((item.cuts, [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]))
+        return out
+
+
+def test_an_order_file_has_a_row_group_per_segment(tmp_path: Path, local_engine):
+    # A segment's task reads its rows from the shard's order file: a row group of its own, not
+    # the whole file (at 1M rows the whole file was read by each of its ~100 segments).
+    lake = tmp_path / "raw"
+    write_lake(lake, {"a": 60, "b": 40}, size=(8, 8), nested=False)
+    out = tmp_path / "ds"
+    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1"), local_engine)
+    engine = _OrderFiles(local_engine)
+    shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=8, partitions=10), engine)
+    assert engine.files
+    segmented = [(cuts, groups) for cuts, groups in engine.files if len(cuts) > 2]
+    assert segmented, engine.files  # the shards were cut in segments
+    for cuts, groups in engine.files:
+        assert groups == [b - a for a, b in pairwise(cuts)], (cuts, groups)
+
+
+def test_a_range_of_rows_is_read_from_its_row_groups_only(tmp_path: Path):
+    table = pa.table({"i": pa.array(range(100), pa.int64()), "s": pa.array([f"row{i:03d}" for i in range(100)])})
+    uri = storage.normalize(str(tmp_path / "order.parquet"))
+    write_table(uri, table, row_group_size=25)
+    for offset, length in ((0, 25), (25, 25), (75, 25), (10, 30), (24, 2), (0, 100), (99, 1), (50, 0)):
+        assert read_rows(uri, offset, length).equals(table.slice(offset, length)), (offset, length)
+    with pytest.raises(IndexError, match="has 100 rows"):
+        read_rows(uri, 90, 20)
+    # Spoil the first row group's data: the last one is still read whole and right, the file not.
+    path = tmp_path / "order.parquet"
+    meta = pq.ParquetFile(path).metadata
+    column = meta.row_group(0).column(1)
+    start = column.dictionary_page_offset or column.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start:start + column.total_compressed_size] = b"\xff" * column.total_compressed_size
+    path.write_bytes(bytes(data))
+    assert read_rows(uri, 75, 25).equals(table.slice(75, 25))
+    with pytest.raises(Exception):  # noqa: B017 - whichever error Arrow gives for a spoilt page
+        pq.read_table(path)
