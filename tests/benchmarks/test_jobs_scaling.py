@@ -204,7 +204,9 @@ def test_runs_both_jobs_at_two_sizes(engine: str, tmp_path: Path) -> None:
         # The tree: Spark's JVM, its driver Python and Python workers; Dask's client and its
         # cluster's nannies and workers. The driver's own CPU is a part of it.
         assert r["processes"] >= 3
-        assert 0 < r["driver_cpu_s"] < r["cpu_s"]
+        # Found and within the tree's CPU; /proc's 10 ms ticks can read 0 for the driver of a
+        # 200-object job sampled only in its first moments (one CI run in three saw 0.0).
+        assert r["driver_cpu_s"] is not None and 0 <= r["driver_cpu_s"] < r["cpu_s"]
         assert r["cpu_ms_per_object"] == round(1000 * r["cpu_s"] / r["objects"], 4)
         if engine == "spark":
             assert r["jvm_heap_samples"] > 0 and r["jvm_heap_used_peak_mib"] > 0
