@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs.tasks import compact
+from jobs.tasks import compact, row_group_starts
 from lakeshard import storage
 from lakeshard.errors import ShardError
 from lakeshard.format import SHARD_SCHEMA
@@ -62,8 +62,7 @@ class _RowGroupCache:
             fs, path = storage.filesystem(uri)
             handle = fs.open(path, "rb")
             pf = pq.ParquetFile(handle)
-            sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
-            self._files[uri] = (pf, np.cumsum([0, *sizes]), handle)
+            self._files[uri] = (pf, row_group_starts(pf), handle)
         pf, starts, _ = self._files[uri]
         return pf, starts
 

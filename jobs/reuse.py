@@ -45,6 +45,7 @@ from jobs.manifest_table import channel_parts, hash_bucket, read_part
 from jobs.preprocess import SegmentTask, read_where
 from jobs.settings import ShardConfig
 from jobs.staging import image_code, library_versions
+from jobs.tasks import row_group_starts
 from lakeshard import storage
 from lakeshard.errors import DatasetError, ShardError
 from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_info
@@ -303,7 +304,7 @@ def scatter(task: ScatterTask) -> dict[str, Any]:
 
     with fs.open(path, "rb") as handle:
         pf = pq.ParquetFile(handle)
-        starts = np.cumsum([0, *(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups))])
+        starts = row_group_starts(pf)
         groups = np.searchsorted(starts, rows, side="right") - 1
         for g in np.unique(groups):
             mine = np.flatnonzero(groups == g)

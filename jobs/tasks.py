@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from lakeshard import storage
 
-__all__ = ["compact", "each", "pack", "read_rows", "write_table"]
+__all__ = ["compact", "each", "pack", "read_rows", "row_group_starts", "write_table"]
 
 
 def compact(table: pa.Table) -> pa.Table:
@@ -47,6 +47,11 @@ class each:
         return [self.fn(item) for group in groups for item in group]
 
 
+def row_group_starts(pf: pq.ParquetFile) -> np.ndarray:
+    """The first row of each of ``pf``'s row groups, and its number of rows last."""
+    return np.cumsum([0, *(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups))])
+
+
 def read_rows(uri: str, offset: int, length: int) -> pa.Table:
     """Rows ``offset`` to ``offset + length`` of the Parquet file ``uri``, reading only the row
     groups that hold them (an order file has a row group per segment: a segment's task reads
@@ -54,7 +59,7 @@ def read_rows(uri: str, offset: int, length: int) -> pa.Table:
     fs, path = storage.filesystem(uri)
     with fs.open(path, "rb") as handle:
         pf = pq.ParquetFile(handle)
-        starts = np.cumsum([0, *(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups))])
+        starts = row_group_starts(pf)
         if offset < 0 or length < 0 or offset + length > starts[-1]:
             raise IndexError(f"{uri} has {starts[-1]} rows; asked for rows {offset} to {offset + length}")
         first = int(np.searchsorted(starts, offset, side="right")) - 1
