@@ -2,7 +2,9 @@
 an ephemeral port of 127.0.0.1 in front of nginx that waits ``--latency-ms`` after each request
 before forwarding it, relays each client connection over its own nginx connection, caps each
 response at ``--bandwidth`` bytes/s from then on, and answers bucket-level requests
-(ListObjectsV2, HEAD bucket) itself from the folder.
+(ListObjectsV2, HEAD bucket) itself from the folder. A thread per connection; response bodies
+move from nginx's socket to the client's in the kernel (``splice``), so the shim takes little of
+the CPU it shares with the client it serves.
 
 ETags: nginx's ``"<mtime hex>-<size hex>"`` has the shape of an S3 multipart upload's ETag, which
 a client cannot take for the object's MD5 (the manifest job then reads the whole object to hash
@@ -19,12 +21,14 @@ python benchmarks/remote_shim.py ROOT --upstream NGINX_PORT --log shim.log [--la
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
+import fcntl
 import os
 import re
+import select
 import signal
+import socket
 import sys
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -34,7 +38,9 @@ from remote_store import _IDLE_TIMEOUT_S, parse_rate
 
 __all__ = ["main"]
 
-_CHUNK = 64 * 1024  # responses are relayed (and paced) in chunks of at most this
+#: Response bodies are relayed (and paced) in chunks of at most this: at 80 MB/s, one each 3 ms.
+_CHUNK = 256 * 1024
+_MAX_HEAD = 64 * 1024
 _CONTENT_LENGTH = re.compile(r"(?im)^content-length:\s*(\d+)")
 #: nginx's ETag header in a response, and a client's conditional header in a request.
 _NGINX_ETAG = re.compile(rb'(\r\nETag: "[0-9a-f]{8})-([0-9a-f]+")', re.IGNORECASE)
@@ -46,80 +52,84 @@ def etag(mtime: float, size: int) -> str:
     return f"{int(mtime):08x}0{size:x}"
 
 
-@dataclasses.dataclass(slots=True)
-class _Pace:
-    """When the relay of one connection may send its next chunk (``time.monotonic()``)."""
-
-    due: float = 0.0
-
-
 class _Shim:
     def __init__(self, *, root: Path, bucket: str, upstream: int, latency_s: float, rate: int, log: Path) -> None:
         self.root, self.bucket, self.upstream, self.latency_s, self.rate = root, bucket, upstream, latency_s, rate
-        self.log = log.open("a", buffering=1)
+        self._log = log.open("a", buffering=1)
+        self._log_lock = threading.Lock()
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One client connection: requests in order (HTTP/1.1 without pipelining, as boto
-        sends them), each forwarded ``latency_s`` after it arrived."""
-        self.log.write("connect\n")
-        up_reader: asyncio.StreamReader | None = None
-        up_writer: asyncio.StreamWriter | None = None
-        pump: asyncio.Task[None] | None = None
-        pace = _Pace()
+    def log(self, line: str) -> None:
+        with self._log_lock:
+            self._log.write(line + "\n")
+
+    def handle(self, client: socket.socket) -> None:
+        """One client connection, on a thread of its own: requests in order (HTTP/1.1 without
+        pipelining, as boto sends them), each forwarded ``latency_s`` after it arrived, its
+        response relayed before the next request is read."""
+        self.log("connect")
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a head, then its body: no Nagle wait
+        up: socket.socket | None = None
+        pipe = os.pipe()
         try:
-            while True:
-                try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _IDLE_TIMEOUT_S)
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-                    return
+            fcntl.fcntl(pipe[1], fcntl.F_SETPIPE_SZ, _CHUNK)  # a chunk at a time
+            while (request := _read_head(client, idle_s=_IDLE_TIMEOUT_S)) is not None:
                 arrived = time.monotonic()
-                request_line, _, rest = head.decode("latin-1").partition("\r\n")
+                request_line, _, rest = request.decode("latin-1").partition("\r\n")
                 method, target, *_ = [*request_line.split(" "), "", ""]
                 length = _CONTENT_LENGTH.search(rest)
-                body = await reader.readexactly(int(length.group(1))) if length else b""
+                body = _read_exactly(client, int(length.group(1))) if length else b""
                 answer = self.bucket_answer(method, target)
-                await asyncio.sleep(max(0.0, arrived + self.latency_s - time.monotonic()))
+                time.sleep(max(0.0, arrived + self.latency_s - time.monotonic()))
                 if answer is not None:
-                    self.log.write(f"answer {method} {target} {len(answer)}\n")
-                    writer.write(answer)
-                    await writer.drain()
+                    self.log(f"answer {method} {target} {len(answer)}")
+                    client.sendall(answer)
                     continue
-                if up_writer is None:
-                    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-                    pump = asyncio.create_task(self.relay(up_reader, writer, pace))
-                if pump is not None and pump.done():  # nginx closed the connection
-                    return
-                self.log.write(f"forward {method} {target}\n")
-                pace.due = max(pace.due, time.monotonic())  # this response's schedule starts now
-                up_writer.write(_CLIENT_ETAG.sub(r"\1-\2", head.decode("latin-1")).encode("latin-1") + body)
-                await up_writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+                if up is None:
+                    up = socket.create_connection(("127.0.0.1", self.upstream))
+                self.log(f"forward {method} {target}")
+                up.sendall(_CLIENT_ETAG.sub(r"\1-\2", request.decode("latin-1")).encode("latin-1") + body)
+                if not self.relay(up, client, pipe, method):
+                    return  # nginx closed the connection
+        except OSError:  # a connection reset, a client gone
             return
         finally:
-            if pump is not None:
-                pump.cancel()
-            for w in (up_writer, writer):
-                if w is not None:
-                    w.close()
+            for fd in pipe:
+                os.close(fd)
+            for sock in (up, client):
+                if sock is not None:
+                    sock.close()
 
-    async def relay(self, up: asyncio.StreamReader, writer: asyncio.StreamWriter, pace: _Pace) -> None:
-        """nginx's responses to the client at ``rate`` bytes/s at most; closes the client when
-        nginx closes. Paced by a schedule that starts when the request is forwarded
-        (``pace.due``): after each chunk, wait until ``len / rate`` after the last one was due
-        (a chunk behind its schedule, after a late timer, goes at once: the response's mean
-        rate is ``rate`` whatever the timers do, never more)."""
-        try:
-            while data := await up.read(_CHUNK):
-                writer.write(_NGINX_ETAG.sub(rb"\g<1>0\2", data))
-                await writer.drain()
-                pace.due += len(data) / self.rate
-                delay = pace.due - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
+    def relay(self, up: socket.socket, client: socket.socket, pipe: tuple[int, int], method: str) -> bool:
+        """nginx's response to ``method`` to the client at ``rate`` bytes/s at most: its head
+        rewritten (the ETag), its body (``Content-Length`` bytes; none for a HEAD's or a 304's)
+        moved from socket to socket in the kernel (``splice`` through ``pipe``), in chunks of
+        up to :data:`_CHUNK`. Paced by a schedule that starts now: each chunk goes once the
+        bytes up to its end are due at ``rate`` (a chunk behind its schedule, after a late
+        wake-up, goes at once: the mean rate is ``rate``, never more). False if nginx closed."""
+        due = time.monotonic()
+
+        def wait(n: int) -> None:
+            nonlocal due
+            due += n / self.rate
+            time.sleep(max(0.0, due - time.monotonic()))
+
+        head = _read_head(up, idle_s=None)
+        if head is None:
+            return False
+        length = _CONTENT_LENGTH.search(head.decode("latin-1"))
+        left = 0 if method == "HEAD" or head[9:12] in (b"204", b"304") else int(length.group(1)) if length else -1
+        wait(len(head))
+        client.sendall(_NGINX_ETAG.sub(rb"\g<1>0\2", head))
+        while left:  # -1: no length, until nginx closes
+            n = os.splice(up.fileno(), pipe[1], _CHUNK if left < 0 else min(left, _CHUNK))
+            if n == 0:
+                return False
+            wait(n)
+            moved = 0
+            while moved < n:
+                moved += os.splice(pipe[0], client.fileno(), n - moved)
+            left = left if left < 0 else left - n
+        return True
 
     def bucket_answer(self, method: str, target: str) -> bytes | None:
         """The response to a bucket-level request (``/<bucket>`` or ``/<bucket>/`` with a
@@ -182,15 +192,44 @@ def _response(status: int, body: bytes, *, head: bool = False) -> bytes:
     return headers.encode() + (b"" if head else body)
 
 
-async def _serve_shim(args: argparse.Namespace) -> None:
+def _read_head(sock: socket.socket, *, idle_s: float | None) -> bytes | None:
+    """The next message head on ``sock`` (up to and with its blank line), read without taking
+    a byte of what follows it; None if the peer closed first (or was silent ``idle_s``)."""
+    if idle_s is not None and not select.select([sock], [], [], idle_s)[0]:
+        return None
+    while seen := sock.recv(_MAX_HEAD, socket.MSG_PEEK):
+        end = seen.find(b"\r\n\r\n")
+        if end >= 0:
+            return _read_exactly(sock, end + 4)
+        if len(seen) == _MAX_HEAD:
+            raise ConnectionError(f"a message head longer than {_MAX_HEAD} bytes")
+        time.sleep(0.001)  # part of a head (rare): the rest is on its way
+    return None
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        got = sock.recv(n - len(data))
+        if not got:
+            raise ConnectionError("the peer closed mid-message")
+        data += got
+    return bytes(data)
+
+
+def _serve_shim(args: argparse.Namespace) -> None:
     shim = _Shim(root=Path(args.root), bucket=args.bucket, upstream=args.upstream, latency_s=args.latency_ms / 1000,
                  rate=parse_rate(args.bandwidth), log=Path(args.log))  # fmt: skip
-    server = await asyncio.start_server(shim.handle, "127.0.0.1", 0, backlog=1024, limit=1 << 20)
-    print(f"listening {server.sockets[0].getsockname()[1]}", flush=True)
-    # Until the parent closes our stdin (or dies) or sends SIGTERM.
-    stdin_closed = asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
-    async with server:
-        await stdin_closed
+    server = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    print(f"listening {server.getsockname()[1]}", flush=True)
+
+    def accept() -> None:
+        while True:
+            client, _ = server.accept()
+            threading.Thread(target=shim.handle, args=(client,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    sys.stdin.buffer.read()  # until the parent closes our stdin (or dies) or sends SIGTERM
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", default="80MB")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    asyncio.run(_serve_shim(args))
+    _serve_shim(args)
     return 0
 
 

@@ -8,9 +8,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -243,3 +245,65 @@ def test_the_store_serves_many_keep_alive_connections_at_once(store: RemoteStore
     assert results == [[True] * 3] * 8
     served = store.traffic() - before
     assert (served.connections, served.gets, served.body_bytes) == (8, 24, 24 * 5000)
+
+
+def test_the_store_relays_each_kind_of_response_on_one_connection(store: RemoteStore, lake: Path):
+    """The shim relays nginx's responses one by one (head, then ``Content-Length`` bytes of
+    body): a HEAD (a length, no body), a 404 (a body of its own), a ranged GET of several relay
+    chunks, a whole GET and a 412, in turn on one kept-alive connection, each intact. (nginx
+    closes a connection after a 412, so that comes last.)"""
+    import http.client
+
+    key = "relay/blob.bin"
+    data = np.random.default_rng(0).bytes(700_000)  # several of the shim's chunks
+    (lake / "relay").mkdir(exist_ok=True)
+    (lake / key).write_bytes(data)
+    before = store.traffic()
+    conn = http.client.HTTPConnection("127.0.0.1", int(store.endpoint.rsplit(":", 1)[1]), timeout=30)
+    seen = []
+    for method, path, headers in [
+        ("HEAD", key, {}),
+        ("GET", "relay/missing.bin", {}),
+        ("HEAD", key, {}),
+        ("GET", key, {"Range": "bytes=1000-600999"}),
+        ("GET", key, {}),
+        ("GET", key, {"If-Match": '"00000000000"'}),
+    ]:
+        conn.request(method, f"/bench/{path}", headers=headers)
+        response = conn.getresponse()
+        seen.append((method, response.status, response.getheader("Content-Length"), response.read()))
+    conn.close()
+    assert [(m, status) for m, status, _, _ in seen] == [("HEAD", 200), ("GET", 404), ("HEAD", 200), ("GET", 206),
+                                                         ("GET", 200), ("GET", 412)]  # fmt: skip
+    assert seen[0][2:] == seen[2][2:] == (str(len(data)), b"")
+    assert b"NoSuchKey" in seen[1][3] and seen[5][3]
+    assert seen[3][3] == data[1000:601000] and seen[4][3] == data
+    assert (store.traffic() - before).connections == 1
+
+
+def test_no_response_arrives_before_its_latency_and_its_bytes_at_the_bandwidth(nginx: str, lake: Path):
+    """The store is never faster than it claims: each response is complete no sooner than
+    ``latency + bytes / bandwidth`` after its request (bodies of one byte to several relay
+    chunks, on one connection and on a new one each)."""
+    import http.client
+
+    data = np.random.default_rng(1).bytes(1_500_000)
+    (lake / "pace").mkdir(exist_ok=True)
+    (lake / "pace" / "blob.bin").write_bytes(data)
+    latency_s, rate = 0.03, 10_000_000
+    with RemoteStore(lake, latency_ms=latency_s * 1000, bandwidth=rate) as running:
+        port = int(running.endpoint.rsplit(":", 1)[1])
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        early = []
+        for n in (1, 50_000, 300_000, 1_500_000):
+            for conn in (kept, http.client.HTTPConnection("127.0.0.1", port, timeout=30)):
+                start = time.monotonic()
+                conn.request("GET", "/bench/pace/blob.bin", headers={"Range": f"bytes=0-{n - 1}"})
+                body = conn.getresponse().read()
+                took = time.monotonic() - start
+                assert body == data[:n]
+                if took < latency_s + n / rate:
+                    early.append((n, round(took, 4), round(latency_s + n / rate, 4)))
+            conn.close()
+        kept.close()
+    assert early == []
