@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import boto3
+import pyarrow.dataset as pads
 import pytest
 
 from jobs import manifest as manifest_job
@@ -93,6 +94,15 @@ def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, f
     assert not [r.path for r in fault_proxy.log if r.method == "DELETE" and f"/v={v1}" in unquote(r.path)]
     _read_all(out, first)  # a reader holding the old dataset.json still reads whole shards
     check_dataset(out)
+
+    # As docs/format.md says: the version folder read as one table is the dataset's shard rows,
+    # once each; shards/ as one table holds both versions.
+    fs, path = storage.filesystem(out)
+    rows = sum(c.rows for c in second.channels.values())
+    table = pads.dataset(f"{path}/shards/v={v2}", filesystem=fs, format="parquet", partitioning="hive").to_table()
+    assert table.num_rows == rows and sorted(set(table.column("channel").to_pylist())) == sorted(second.channels)
+    both = pads.dataset(f"{path}/shards", filesystem=fs, format="parquet", partitioning="hive").to_table()
+    assert both.num_rows == 2 * rows and set(both.column("v").to_pylist()) == {v1, v2}
 
     assert versions.main(["list", "--dataset", out]) == 0
     listed = capsys.readouterr().out.splitlines()
