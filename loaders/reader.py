@@ -181,9 +181,11 @@ class WindowReader:
         ``start`` of the plan on; runs on the reader thread and returns early once ``stop`` is set.
 
         Remote row groups are fetched in the order the epoch reads them and, after the last
-        one, the windows of the first batch of epoch ``ahead`` (if given): the epoch after this
-        one starts with its reads done or under way. They are fetched after every read of this
-        epoch, on the fetch threads, so they never delay this epoch's batches."""
+        one, those of epoch ``ahead`` (if given) in its order, as many as the fetcher's memory
+        budget holds: the epoch after this one starts with its first windows read, not only its
+        first batch's (from a far store, a row group read at the start of an epoch is a stall
+        of a whole round trip). They are fetched after every read of this epoch, on the fetch
+        threads, so they never delay this epoch's batches."""
         bs = self.options.batch_size
         plan = plan or self.plan(epoch)
         order, end = plan.order, plan.end
@@ -194,15 +196,12 @@ class WindowReader:
         carry: Rows | None = None  # rows read but not yet in a task
         index = plan.first_index + start
         first = order.window_at(pos)
-        last = first
-        while int(order.starts[last + 1]) < end:
-            last += 1
+        last = _last_window(plan)
         if self.fetcher is not None:
             fetches = self._keys(epoch, plan, range(first, last + 1))
             if ahead is not None and ahead != epoch:
                 following = self.plan(ahead)
-                first_batch = following.order.window_at(min(bs, following.end) - 1) + 1
-                fetches += self._keys(ahead, following, range(first_batch))
+                fetches += self._keys(ahead, following, range(_last_window(following) + 1))
             self.fetcher.schedule(fetches)
         done = False
         try:
@@ -307,6 +306,11 @@ class WindowReader:
             return pf.read_row_group(piece.row_group, columns=columns, use_threads=False)
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _last_window(plan: EpochPlan) -> int:
+    """The last window ``plan`` reads (the one holding its position ``end - 1``; -1 if none)."""
+    return plan.order.window_at(plan.end - 1) if plan.end > 0 else -1
 
 
 def _path(uri: str) -> str:

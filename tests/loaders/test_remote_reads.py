@@ -163,8 +163,9 @@ def test_reads_in_flight_ride_out_transient_store_faults(local_ds: Path, s3_buck
 
 def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(local_ds: Path, s3_bucket: str):
     """In a ``set_epoch(e); for batch in loader`` loop, when the last batch of epoch e reaches the
-    training loop, the reads of epoch e + 1's first batch are already issued and none has been
-    waited on; epoch e + 1 then uses them (each fetched once)."""
+    training loop, the reads of epoch e + 1 are issued in its order (its first batch's at least)
+    and none has been waited on; with a memory budget for them all, every row group of epoch
+    e + 1 is read before it starts, and epoch e + 1 uses them (each fetched once)."""
     remote = upload(local_ds, s3_bucket)
     with ShardLoader(str(local_ds), **OPTIONS) as plain:
         expected = epochs(plain, [0, 1, 2])
@@ -176,17 +177,21 @@ def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(
         loader.set_epoch(epoch)
         following = loader._reader.order(epoch + 1)
         first_batch = following.window_at(OPTIONS["batch_size"] - 1) + 1  # the windows its first batch needs
+        in_order = [int(p) for w in following.windows for p in w]
         got = []
         for i, (images, labels) in enumerate(loader):
             got.append((ids_of(images), labels.tolist()))
             if i == len(loader) - 1:  # the last batch of this epoch, in the training loop
                 waited_next = [k for k in fetcher.waited if k[0] == epoch + 1]
-                issued_next = [k for k in fetcher.submitted if k[0] == epoch + 1]
+                issued_next = [k[-1] for k in fetcher.submitted if k[0] == epoch + 1]
+                _until(lambda e=epoch: sum(k[0] == e + 1 for k in fetcher.completed) == pieces,
+                       f"every row group of epoch {epoch + 1} is read")  # fmt: skip
         assert got == expected[epoch]
         assert waited_next == []
-        assert sorted(k[-1] for k in issued_next) == sorted(int(p) for w in following.windows[:first_batch] for p in w)
+        assert issued_next == in_order[: len(issued_next)] and len(issued_next) >= sum(map(len, following.windows[:first_batch]))
     of_2 = [k for k in fetcher.submitted if k[0] == 2]
     assert len(of_2) == len(set(of_2)) == pieces  # each fetched once: epoch 2 used its read-ahead
+    assert fetcher.peak_bytes_held <= fetcher.budget
     loader.close()
 
 
