@@ -181,11 +181,12 @@ class WindowReader:
         ``start`` of the plan on; runs on the reader thread and returns early once ``stop`` is set.
 
         Remote row groups are fetched in the order the epoch reads them and, after the last
-        one, those of epoch ``ahead`` (if given) in its order, as many as the fetcher's memory
-        budget holds: the epoch after this one starts with its first windows read, not only its
-        first batch's (from a far store, a row group read at the start of an epoch is a stall
-        of a whole round trip). They are fetched after every read of this epoch, on the fetch
-        threads, so they never delay this epoch's batches."""
+        one, the first row groups of epoch ``ahead`` (if given) in its order: its first batch's,
+        and at least ``read_concurrency`` (one round of reads in flight), so the epoch after this
+        one starts with a round trip's worth read, not only its first batch (from a far store,
+        a row group first asked for when its epoch starts is a stall of a whole round trip).
+        They are fetched after every read of this epoch, on the fetch threads, within the
+        memory budget, so they never delay this epoch's batches."""
         bs = self.options.batch_size
         plan = plan or self.plan(epoch)
         order, end = plan.order, plan.end
@@ -201,7 +202,10 @@ class WindowReader:
             fetches = self._keys(epoch, plan, range(first, last + 1))
             if ahead is not None and ahead != epoch:
                 following = self.plan(ahead)
-                fetches += self._keys(ahead, following, range(_last_window(following) + 1))
+                first_batch = following.order.window_at(min(bs, following.end) - 1) + 1
+                needed = sum(len(w) for w in following.order.windows[:first_batch])
+                keys = self._keys(ahead, following, range(_last_window(following) + 1))
+                fetches += keys[: max(needed, self.options.read_concurrency)]
             self.fetcher.schedule(fetches)
         done = False
         try:

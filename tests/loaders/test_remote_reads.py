@@ -164,8 +164,9 @@ def test_reads_in_flight_ride_out_transient_store_faults(local_ds: Path, s3_buck
 def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(local_ds: Path, s3_bucket: str):
     """In a ``set_epoch(e); for batch in loader`` loop, when the last batch of epoch e reaches the
     training loop, the reads of epoch e + 1 are issued in its order (its first batch's at least)
-    and none has been waited on; with a memory budget for them all, every row group of epoch
-    e + 1 is read before it starts, and epoch e + 1 uses them (each fetched once)."""
+    and none has been waited on; with ``read_concurrency`` above the rank's row groups, every row
+    group of epoch e + 1 is read before it starts, and epoch e + 1 uses them (each fetched
+    once)."""
     remote = upload(local_ds, s3_bucket)
     with ShardLoader(str(local_ds), **OPTIONS) as plain:
         expected = epochs(plain, [0, 1, 2])
@@ -319,3 +320,23 @@ def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkey
         2 * _PART_BYTES - 1: [f"bytes=50-{50 + 2 * _PART_BYTES - 2}"],
         2 * _PART_BYTES + 99_000: sorted([f"bytes=50-{50 + half - 1}", f"bytes={50 + half}-{50 + 2 * half - 1}"]),
     }
+
+
+def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_bucket: str):
+    """Before epoch e + 1 starts, exactly its first ``max(first batch's, read_concurrency)``
+    row groups are read ahead, in its order (more than its first batch's); the rest when it
+    starts."""
+    remote = upload(local_ds, s3_bucket)
+    with ShardLoader(str(local_ds), **OPTIONS) as plain:
+        pieces = len(plain._reader.pieces)
+        following = plain._reader.order(1)
+    first_batch = sum(map(len, following.windows[: following.window_at(OPTIONS["batch_size"] - 1) + 1]))
+    concurrency = first_batch + 2
+    assert concurrency < pieces  # the dataset has more row groups than one round
+    with ShardLoader(remote, read_concurrency=concurrency, **OPTIONS) as loader:
+        epochs(loader, [0])
+        fetcher = loader.fetcher
+        _until(lambda: sum(k[0] == 1 for k in fetcher.completed) >= concurrency, "epoch 1's first row groups are read")
+        time.sleep(0.2)  # nothing more is scheduled until epoch 1 starts
+        issued = [k[-1] for k in fetcher.submitted if k[0] == 1]
+    assert issued == [int(p) for w in following.windows for p in w][:concurrency]
