@@ -48,6 +48,9 @@ class ByteRange:
     start: int
     end: int
     etag: str | None = None
+    #: Fetch in at least this many parts (each of at least :data:`_MIN_PART_BYTES`), at once:
+    #: for a read a batch waits on, whose latency matters more than its requests.
+    parts: int = 1
 
     @property
     def size(self) -> int:
@@ -259,13 +262,18 @@ class RangeFetcher:
 #: smaller one is one GET: a full part and a sliver cost the client twice its per-request CPU
 #: and a second copy of the bytes (the join), for no bandwidth gained.
 _PART_BYTES = 4 << 20
+#: The smallest part of a range asked for in several (``ByteRange.parts``): below it, a part's
+#: request costs more than its bytes save.
+_MIN_PART_BYTES = 1 << 20
 
 
-def _parts(start: int, end: int) -> list[tuple[int, int]]:
-    """``[start, end)`` cut into ``max(1, size // _PART_BYTES)`` parts of equal size (the last
-    one up to ``parts - 1`` bytes shorter), in order."""
+def _parts(start: int, end: int, at_least: int = 1) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into ``max(size // _PART_BYTES, min(at_least, size //
+    _MIN_PART_BYTES), 1)`` parts of equal size (the last one up to ``parts - 1`` bytes shorter),
+    in order."""
     size = end - start
-    step = max(1, -(-size // max(1, size // _PART_BYTES)))
+    n = max(size // _PART_BYTES, min(at_least, size // _MIN_PART_BYTES), 1)
+    step = max(1, -(-size // n))
     return [(s, min(s + step, end)) for s in range(start, end, step)]
 
 
@@ -278,7 +286,7 @@ def read_s3_range(r: ByteRange) -> bytes:
 
     async def whole() -> bytes:
         parts = await asyncio.gather(*(storage.s3_get_async(fs, r.path, start=lo, end=hi, if_match=r.etag)
-                                       for lo, hi in _parts(r.start, r.end)))  # fmt: skip
+                                       for lo, hi in _parts(r.start, r.end, r.parts)))  # fmt: skip
         return parts[0][0] if len(parts) == 1 else b"".join(data for data, _ in parts)
 
     return fsspec.asyn.sync(fs.loop, whole)

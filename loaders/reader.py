@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -159,10 +159,16 @@ class WindowReader:
                 per_row = max(per_row, r.size / max(1, md.row_group(piece.row_group).num_rows))
         return int(per_row * self.options.shuffle_window) + self.max_range_bytes()
 
-    def _keys(self, epoch: int, plan: EpochPlan, windows: range) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:
-        """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, plan tag, piece index)``."""
-        keyed = ((int(p), self._range(plan.pieces[int(p)])) for w in windows for p in plan.order.windows[w])
-        return [((epoch, plan.tag, p), r) for p, r in keyed if r is not None]
+    def _keys(self, epoch: int, plan: EpochPlan, windows: range, *, waited: bool = False
+              ) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:  # fmt: skip
+        """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, plan tag, piece index)``.
+        ``waited``: the epoch starts now, so its first batch waits for the reads of its row
+        groups (unless they were read ahead): those are fetched in ``read_concurrency`` parts at
+        once (of at least 1 MiB each), over as many connections."""
+        first_batch = _first_batch_windows(plan, self.options.batch_size) if waited else 0
+        keyed = ((w, int(p), self._range(plan.pieces[int(p)])) for w in windows for p in plan.order.windows[w])
+        return [((epoch, plan.tag, p), r if w >= first_batch else replace(r, parts=self.options.read_concurrency))
+                for w, p, r in keyed if r is not None]  # fmt: skip
 
     def order(self, epoch: int) -> EpochOrder:
         opts = self.options
@@ -199,11 +205,10 @@ class WindowReader:
         first = order.window_at(pos)
         last = _last_window(plan)
         if self.fetcher is not None:
-            fetches = self._keys(epoch, plan, range(first, last + 1))
+            fetches = self._keys(epoch, plan, range(first, last + 1), waited=True)
             if ahead is not None and ahead != epoch:
                 following = self.plan(ahead)
-                first_batch = following.order.window_at(min(bs, following.end) - 1) + 1
-                needed = sum(len(w) for w in following.order.windows[:first_batch])
+                needed = sum(len(w) for w in following.order.windows[: _first_batch_windows(following, bs)])
                 keys = self._keys(ahead, following, range(_last_window(following) + 1))
                 fetches += keys[: max(needed, self.options.read_concurrency)]
             self.fetcher.schedule(fetches)
@@ -310,6 +315,11 @@ class WindowReader:
             return pf.read_row_group(piece.row_group, columns=columns, use_threads=False)
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _first_batch_windows(plan: EpochPlan, batch_size: int) -> int:
+    """How many of ``plan``'s first windows its first batch takes rows from."""
+    return plan.order.window_at(min(batch_size, plan.end) - 1) + 1 if plan.end > 0 else 0
 
 
 def _last_window(plan: EpochPlan) -> int:

@@ -322,6 +322,43 @@ def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkey
     }
 
 
+def test_a_read_a_batch_waits_on_is_fetched_in_parts_of_at_least_1_mib(s3_bucket: str, monkeypatch):
+    """``ByteRange.parts``: that many equal parts at once, but none under 1 MiB (and never
+    fewer than the part size makes); the bytes are the object's."""
+    from loaders.fetch import ByteRange, read_s3_range
+    from tests.hardening.faultproxy import FaultProxy
+
+    mib = 1 << 20
+    data = os.urandom(5 * mib)
+    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key="blob", Body=data)
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        got = {}
+        for size, parts in ((mib - 1, 8), (2 * mib + 10, 8), (4 * mib, 3), (4 * mib, 1)):
+            proxy.reset(mode="pass")
+            r = ByteRange(f"{s3_bucket[len('s3://'):]}/blob", 10, 10 + size, parts=parts)
+            assert read_s3_range(r) == data[10 : 10 + size]
+            got[size, parts] = len([r for r in proxy.log if r.method == "GET"])
+    finally:
+        proxy.stop()
+    assert got == {(mib - 1, 8): 1, (2 * mib + 10, 8): 2, (4 * mib, 3): 3, (4 * mib, 1): 1}
+
+
+def test_the_first_batch_s_row_groups_are_asked_for_in_parts(local_ds: Path, s3_bucket: str):
+    """When an epoch starts, the reads of its first batch carry ``parts=read_concurrency``, the
+    others one; read ahead (no batch waits on them yet), every read is one part."""
+    remote = upload(local_ds, s3_bucket)
+    with ShardLoader(remote, read_concurrency=5, **OPTIONS) as loader:
+        reader = loader._reader
+        plan = reader.plan(0)
+        starting = reader._keys(0, plan, range(len(plan.order.windows)), waited=True)
+        ahead = reader._keys(0, plan, range(len(plan.order.windows)))
+    first = sum(map(len, plan.order.windows[: plan.order.window_at(OPTIONS["batch_size"] - 1) + 1]))
+    assert [r.parts for _, r in starting] == [5] * first + [1] * (len(starting) - first)
+    assert 0 < first < len(starting) and {r.parts for _, r in ahead} == {1}
+
+
 def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_bucket: str):
     """Before epoch e + 1 starts, exactly its first ``max(first batch's, read_concurrency)``
     row groups are read ahead, in its order (more than its first batch's); the rest when it
