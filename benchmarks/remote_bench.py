@@ -24,7 +24,7 @@ Each repeat measures both sources, local first on even repeats and remote first 
 * for the remote, what the store served meanwhile (:class:`remote_store.Traffic`): requests
   (GET, HEAD, LIST), connections opened, body bytes, and in the JSON each file request
   (``*_served``: method, status, bytes, path, ``Range``). An epoch's traffic is what was served
-  while it ran: the next epoch's first window, read ahead, counts in the epoch before;
+  while it ran: the next epoch's first row groups, read ahead, count in the epoch before;
 * ``other_cpu_share``: the machine's CPU others took meanwhile (``loader_bench.other_load``;
   for the remote runs the store's nginx and shim are among them: they share this machine,
   which a real remote does not).
