@@ -82,7 +82,7 @@ def test_local_spark_tasks_run_without_the_archives(spark_engine) -> None:
 def _worker_sockets(_: object) -> list[str | None]:
     import os
 
-    return [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED")]
+    return [str(os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED")).lower()]
 
 
 @pytest.mark.spark
