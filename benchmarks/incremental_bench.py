@@ -14,7 +14,9 @@ from version 1, grow the lake to version 2, then ``--repeats`` times, alternatin
 (manifest job, then shard job, of version 2) and the *incremental* build (the same two jobs, the
 shard job with ``--base A``; the manifest job too when ``python -m jobs.manifest --help`` lists
 ``--base``). Each job is timed around its ``run`` function, the engine already running: engine
-start-up is excluded, everything a job does after it is included. The ratio is of the medians.
+start-up is excluded, everything a job does after it is included. The ratio is of the medians;
+``--only incremental`` times only the incremental builds (two versions of the code compared on a
+busy machine, where the scratch builds vary more than the change).
 Prints a table and writes JSON with the load average before and after (the machine is shared).
 """
 
@@ -169,7 +171,7 @@ def build(engine: Any, lake: str, out: str, *, base: str | None, num_shards: int
 
 
 def bench_engine(name: str, lake: Lake, work: Path, *, repeats: int, num_shards: int,
-                 split: str, lake_uri: str) -> dict[str, Any]:
+                 split: str, lake_uri: str, kinds: tuple[str, ...] = ("scratch", "incremental")) -> dict[str, Any]:
     t = time.perf_counter()
     engine = open_engine(name, app_name="lakeshard-incremental-bench")
     start_s = time.perf_counter() - t
@@ -178,9 +180,9 @@ def bench_engine(name: str, lake: Lake, work: Path, *, repeats: int, num_shards:
         lake.reset()
         first = build(engine, lake_uri, base, base=None, num_shards=num_shards, split=split)
         lake.grow()
-        runs: dict[str, list[dict[str, Any]]] = {"scratch": [], "incremental": []}
+        runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
         for r in range(repeats):
-            order = ["scratch", "incremental"] if r % 2 == 0 else ["incremental", "scratch"]
+            order = list(kinds) if r % 2 == 0 else list(reversed(kinds))
             for kind in order:
                 out = str(work / f"{name}-{kind}")
                 runs[kind].append(build(engine, lake_uri, out, base=base if kind == "incremental" else None,
@@ -195,9 +197,10 @@ def bench_engine(name: str, lake: Lake, work: Path, *, repeats: int, num_shards:
         raise SystemExit(f"{name}: the scratch and incremental builds made different datasets: {versions}")
     med = {kind: {k: statistics.median(run[k] for run in rs) for k in ("manifest_s", "shard_s", "total_s")}
            for kind, rs in runs.items()}
+    both = len(med) == 2
     return {"engine": name, "start_s": start_s, "base_build": first, "runs": runs, "median": med,
-            "ratio": med["incremental"]["total_s"] / med["scratch"]["total_s"],
-            "shard_ratio": med["incremental"]["shard_s"] / med["scratch"]["shard_s"]}
+            "ratio": med["incremental"]["total_s"] / med["scratch"]["total_s"] if both else None,
+            "shard_ratio": med["incremental"]["shard_s"] / med["scratch"]["shard_s"] if both else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=5000, help="objects in version 1 of the lake")
     p.add_argument("--engine", default="spark,dask", help="comma-separated engines")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", choices=["scratch", "incremental"], default=None,
+                   help="time only this kind of build (to compare two versions of the code on a busy machine)")
     p.add_argument("--num-shards", type=int, default=4)
     p.add_argument("--split", default="train=0.8,validation=0.1,test=0.1", help="the manifest job's --split")
     p.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "lakeshard-incremental-cache"),
@@ -232,17 +237,21 @@ def main(argv: list[str] | None = None) -> int:
             store = stack.enter_context(RemoteStore(work / "store", latency_ms=latency, bandwidth=parse_rate(rate)).start())
             os.environ.update(store.environ())
             lake_uri = store.uri("lake")
+        kinds = (args.only,) if args.only else ("scratch", "incremental")
         results = [bench_engine(e, lake, work, repeats=args.repeats, num_shards=args.num_shards, split=args.split,
-                                lake_uri=lake_uri) for e in args.engine.split(",")]
+                                lake_uri=lake_uri, kinds=kinds) for e in args.engine.split(",")]
     out = {"command": " ".join(["python", "benchmarks/incremental_bench.py", *(argv or sys.argv[1:])]),
            "date": time.strftime("%Y-%m-%d"), "lake": lakes, "store": args.store, "manifest_base": manifest_takes_base(),
            "cores": os.cpu_count(), "python": platform.python_version(),
            "load_before": load_before, "load_after": os.getloadavg(), "engines": results}
     print(f"{'engine':8} {'scratch s':>10} {'incr. s':>8} {'ratio':>6} {'shard ratio':>11} {'decoded':>8} {'reused':>7}")
     for r in results:
-        inc = r["runs"]["incremental"][0]
-        print(f"{r['engine']:8} {r['median']['scratch']['total_s']:10.1f} {r['median']['incremental']['total_s']:8.1f} "
-              f"{r['ratio']:6.2f} {r['shard_ratio']:11.2f} {inc['decoded']:8d} {inc['reused']:7d}")
+        last = r["runs"][kinds[-1]][0]
+        total = {kind: f"{r['median'][kind]['total_s']:.2f}" if kind in r["median"] else "-"
+                 for kind in ("scratch", "incremental")}
+        ratio = {k: f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("ratio", "shard_ratio")}
+        print(f"{r['engine']:8} {total['scratch']:>10} {total['incremental']:>8} {ratio['ratio']:>6} "
+              f"{ratio['shard_ratio']:>11} {last['decoded']:8d} {last['reused']:7d}")
     print(f"load average before {load_before}, after {out['load_after']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

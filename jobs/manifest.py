@@ -213,7 +213,9 @@ def rebase(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -
     where = storage.normalize(cfg.base or "")
     marker = storage.read_json(manifest_marker_uri(where))  # checked by check_manifest_inputs
     objects = marker["counts"]["listed"]
-    partitions = cfg.partitions or _inspect_tasks(max(1, listed.rows), engine.parallelism)
+    # Staging moves keys and ETags, not objects: a task per core, or per --rows-per-part rows
+    # (each of these tasks is an engine task to schedule, and writes a file per key bucket).
+    partitions = cfg.partitions or max(engine.parallelism, math.ceil(listed.rows / cfg.rows_per_part))
     # The header-reading tasks join whole buckets: at least a bucket per core keeps every core
     # reading; not one per task, as each staging task writes a file per bucket.
     join = BaseJoin(root=where, parts=marker["parts"], sniff=cfg.sniff, staging=storage.join(staging, "base"),

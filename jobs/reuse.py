@@ -339,20 +339,22 @@ def plan_reuse(base: Base, rows: int, *, folder: str, slots: int) -> tuple[Reuse
 
 
 def reuse_images(run: Runner, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask], *,
-                 skip: tuple[int, ...], slots: int) -> tuple[list[SegmentTask], int]:
+                 skip: tuple[int, ...], slots: int, cores: int) -> tuple[list[SegmentTask], int]:
     """Find the rows of ``tasks`` whose images ``base`` holds (the join, step 2, of the files
     ``staged`` in step 1: ``(side, uri, rows)`` each; segments ``skip`` left out) and copy
     those images into runs on the workers (step 3); return the tasks, each naming the runs
     that hold its rows' images (``reuse``), and how many rows were matched. ``run(fn, items,
-    sizes, slots)`` runs ``fn`` over ``items`` on the engine (:func:`jobs.shard._run`)."""
+    sizes, slots)`` runs ``fn`` over ``items`` on the engine (:func:`jobs.shard._run`); the join
+    runs in a task per core at most (it reads URIs and ETags: more tasks cost more than they
+    share), the copy of the images in at most ``slots``."""
     files = {side: tuple(sorted(r["uri"] for r in staged if r["side"] == side and r["rows"]))
              for side in ("shards", "manifest", "current")}
     if not tasks or not all(files.values()):
         return tasks, 0
-    buckets = [list(range(reuse.buckets))[i::slots] for i in range(min(slots, reuse.buckets))]
+    buckets = [list(range(reuse.buckets))[i::cores] for i in range(min(cores, reuse.buckets))]
     joins = [JoinTask(buckets=tuple(b), uri=reuse.matches(i), shards=files["shards"], manifest=files["manifest"],
                       current=files["current"], skip=skip) for i, b in enumerate(buckets)]
-    matched = [r for r in run(join, joins, [len(j.buckets) for j in joins], slots) if r["rows"]]
+    matched = [r for r in run(join, joins, [len(j.buckets) for j in joins], cores) if r["rows"]]
     count = sum(r["rows"] for r in matched)
     by_file: dict[int, list[str]] = {}
     for r in matched:

@@ -141,7 +141,8 @@ def _with_base(engine: Engine, base: Base, reuse: Reuse, staged: list[dict[str, 
     log.info("--base %s (version %s): looking up the %d rows to preprocess among its %d shard files", base.root,
              base.info.dataset_version, sum(t.num_rows for t in todo), len(base.shards))
     found, matched = reuse_images(partial(_run, engine), base, reuse, staged, todo, slots=slots,
-                                  skip=tuple(t.reuse_id for t in tasks if t.uri in finished_))
+                                  skip=tuple(t.reuse_id for t in tasks if t.uri in finished_),
+                                  cores=engine.parallelism)
     log.info("--base %s holds the images of %d of them, taken from its shards; the other %d are fetched and decoded",
              base.root, matched, sum(t.num_rows for t in todo) - matched)
     swap = {t.uri: t for t in found}

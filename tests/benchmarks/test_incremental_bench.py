@@ -42,3 +42,16 @@ def test_the_bench_times_both_builds_of_the_grown_lake(tmp_path: Path, store: st
             engine["base_build"]["dropped"]
     assert engine["ratio"] == engine["median"]["incremental"]["total_s"] / engine["median"]["scratch"]["total_s"]
     assert len(result["load_before"]) == 3
+
+
+def test_only_incremental_times_no_scratch_build(tmp_path: Path) -> None:
+    """``--only incremental``: the base build and the incremental builds, no scratch build and so no ratio."""
+    out = tmp_path / "r.json"
+    assert incremental_bench.main(["--images", "60", "--engine", "local", "--repeats", "3", "--num-shards", "2",
+                                   "--split", "train=1", "--only", "incremental", "--cache", str(tmp_path / "cache"),
+                                   "--work", str(tmp_path / "w"), "--out", str(out)]) == 0
+    (engine,) = json.loads(out.read_text())["engines"]
+    assert list(engine["runs"]) == ["incremental"] and len(engine["runs"]["incremental"]) == 3
+    assert all(r["reused"] > 0 for r in engine["runs"]["incremental"])
+    assert engine["ratio"] is None and engine["shard_ratio"] is None
+    assert engine["base_build"]["reused"] == 0

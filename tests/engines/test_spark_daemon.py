@@ -1,5 +1,6 @@
 """The Spark engine's worker daemon (``jobs.engines.spark_daemon``): which archives it drops
-from the workers' path, and that local Spark tasks really run without them."""
+from the workers' path, and that local Spark tasks really run without them; and how those
+workers talk to the executor (Unix sockets, not TCP)."""
 
 from __future__ import annotations
 
@@ -76,3 +77,17 @@ def test_local_spark_tasks_run_without_the_archives(spark_engine) -> None:
         archives = [p for p in path if p.endswith((".zip", ".jar"))]
         assert not [p for p in archives if "pyspark" in p], archives
         assert ".zip" not in pyspark_file and pyspark_file.endswith("pyspark/__init__.py"), pyspark_file
+
+
+def _worker_sockets(_: object) -> list[str | None]:
+    import os
+
+    return [str(os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED")).lower()]
+
+
+@pytest.mark.spark
+def test_local_spark_workers_talk_over_unix_sockets(spark_engine) -> None:
+    """The session the engine starts has its executor reach its Python workers over Unix
+    sockets: Spark starts the daemon, and so every worker, in that mode."""
+    assert spark_engine.sc.getConf().get("spark.python.unix.domain.socket.enabled") == "true"
+    assert spark_engine.map_partitions(_worker_sockets, list(range(2)), partitions=2) == ["true", "true"]

@@ -181,12 +181,14 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
     out = tmp_path / "ds"
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     submit = str(Path(sys.executable).parent / "spark-submit")
-    # The manifest job keeps a daemon module the user chose; the shard job gets the engine's.
+    # The manifest job keeps the daemon module and worker sockets the user chose; the shard job
+    # gets the engine's.
     for conf, daemon, argv in (
-            (["--conf", "spark.python.daemon.module=pyspark.daemon"], "pyspark.daemon",
+            (["--conf", "spark.python.daemon.module=pyspark.daemon",
+              "--conf", "spark.python.unix.domain.socket.enabled=false"], "pyspark.daemon, reached over TCP",
              ["jobs/manifest.py", "--input", str(small_lake), "--output", str(out), "--conf", "conf/manifest.yaml",
               "--split-method", "stratified"]),
-            ([], "jobs.engines.spark_daemon",
+            ([], "jobs.engines.spark_daemon, reached over Unix sockets",
              ["jobs/shard.py", "--dataset", str(out), "--num-shards", "2", "--image-size", "32"])):
         proc = subprocess.run([submit, "--master", "local[2]", "--driver-memory", "1g", *conf, *argv], cwd=REPO,
                               env=env, capture_output=True, text=True, timeout=300)
