@@ -1,7 +1,8 @@
 """Listing a lake in balanced tasks: no task lists more than ``task_objects`` objects.
 
-:func:`list_lake` starts one task per class prefix (a :class:`ListUnit`). A task lists its
-units in key order; once it has listed ``task_objects`` objects it stops and hands back, as
+:func:`list_lake` starts with one unit per class prefix (a :class:`ListUnit`), a few units a
+task (at most four tasks per core: a thousand classes are not a thousand tasks, each an engine
+task to schedule and a part file to write). A task lists its units in key order; once it has listed ``task_objects`` objects it stops and hands back, as
 new units, everything it has not listed, cut into pieces the next round runs in parallel. The
 driver holds only units (a few per task), never a key it did not get as a row:
 
@@ -209,9 +210,9 @@ def list_lake(engine: Engine, root: str, prefixes: Sequence[str], *, label_depth
     results: list[Any] = []
     rounds = tasks = 0
     while units:
-        # Round 1: one task per class prefix. Later rounds: the pieces of large prefixes, a
-        # few per core (a task lists its units in turn, up to its budget).
-        parts = len(units) if rounds == 0 else min(len(units), 4 * engine.parallelism)
+        # Round 1: the class prefixes; later rounds: the pieces of large prefixes. At most a
+        # few tasks per core (a task lists its units in turn, up to its budget).
+        parts = min(len(units), 4 * engine.parallelism)
         out = engine.map_partitions(task, units, partitions=parts)
         results += [r for r in out if not isinstance(r, ListUnit)]
         units = sorted((u for u in out if isinstance(u, ListUnit)), key=ListUnit.sort_key)

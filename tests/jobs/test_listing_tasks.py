@@ -144,3 +144,17 @@ def test_without_the_sniff_a_bad_object_is_rejected_by_the_shard_job(tmp_path):
             assert shard_rejects == ["cat/readme.jpg"]
     assert reasons[True]["cat/readme.jpg"].startswith("not an image")
     assert reasons[False] == {"dog/empty.png": "empty object (0 bytes)"}  # still rejected: its listed size
+
+
+def test_many_classes_are_listed_a_few_to_a_task(tmp_path):
+    """Forty small classes on two cores: at most four tasks per core, every object listed once
+    (one task per class would be forty engine tasks, each a part file in the manifest job)."""
+    objects = {f"class_{c:02d}/img_{i}.png": b"x" * (c + i + 1) for c in range(40) for i in range(3)}
+    root = _write_local(tmp_path / "raw", objects)
+    prefixes, _ = discover(root, skip=SKIP)
+    engine = CountingEngine(LocalEngine(workers=2))
+
+    rows = list_lake(engine, root, prefixes, skip=SKIP, task_objects=1000)
+
+    assert sorted(rows, key=lambda r: r["key"]) == _today(root)
+    assert len(prefixes) == 40 and len(engine.rows_per_task) == 8 and sum(engine.rows_per_task) == 120
