@@ -2,9 +2,10 @@
 
 :func:`list_lake` starts with one unit per class prefix (a :class:`ListUnit`), a few units a
 task (at most four tasks per core: a thousand classes are not a thousand tasks, each an engine
-task to schedule and a part file to write). A task lists its units in key order; once it has listed ``task_objects`` objects it stops and hands back, as
-new units, everything it has not listed, cut into pieces the next round runs in parallel. The
-driver holds only units (a few per task), never a key it did not get as a row:
+task to schedule and a part file to write). A task lists its units in key order; once it has
+listed ``task_objects`` objects it stops and hands back, as new units, everything it has not
+listed, cut into pieces the next round runs in parallel. The driver holds only units (a few per
+task), never a key it did not get as a row:
 
 - **Local**: a unit is a folder and a range of its entry names (``after < name <= upto``,
   sorted, each entry walked recursively). A task that stops hands back, for each folder it is
