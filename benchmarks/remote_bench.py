@@ -124,10 +124,14 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     before, logged = store.traffic(), len(store.served())
     start = time.perf_counter()
     fresh = new_loader(dataset, args)
+    # The iterator is held until the clock stops: dropping it is a ``break`` out of the loop,
+    # which stops the epoch (and waits for its reader), no part of the wait for a first batch.
+    batches = iter(fresh)
     try:
-        next(iter(fresh))
+        next(batches)
         out["fresh_first_batch_s"] = time.perf_counter() - start
     finally:
+        batches.close()
         fresh.close()
     if remote:
         out["fresh_first_batch_traffic"] = (store.traffic() - before).as_dict()

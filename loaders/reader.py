@@ -159,15 +159,16 @@ class WindowReader:
                 per_row = max(per_row, r.size / max(1, md.row_group(piece.row_group).num_rows))
         return int(per_row * self.options.shuffle_window) + self.max_range_bytes()
 
-    def _keys(self, epoch: int, plan: EpochPlan, windows: range, *, waited: bool = False
+    def _keys(self, epoch: int, plan: EpochPlan, windows: range, *, waited_from: int | None = None
               ) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:  # fmt: skip
         """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, plan tag, piece index)``.
-        ``waited``: the epoch starts now, so its first batch waits for the reads of its row
-        groups (unless they were read ahead): those are fetched in ``read_concurrency`` parts at
-        once (of at least 1 MiB each), over as many connections."""
-        first_batch = _first_batch_windows(plan, self.options.batch_size) if waited else 0
+        ``waited_from``: the epoch starts now, at row ``waited_from`` of ``plan`` (0, or where a
+        restored state resumes it), so its first batch waits for the reads of its row groups
+        (unless they were read ahead): those are fetched in ``read_concurrency`` parts at once
+        (of at least 1 MiB each), over as many connections."""
+        waited = range(0) if waited_from is None else _batch_windows(plan, waited_from, self.options.batch_size)
         keyed = ((w, int(p), self._range(plan.pieces[int(p)])) for w in windows for p in plan.order.windows[w])
-        return [((epoch, plan.tag, p), r if w >= first_batch else replace(r, parts=self.options.read_concurrency))
+        return [((epoch, plan.tag, p), replace(r, parts=self.options.read_concurrency) if w in waited else r)
                 for w, p, r in keyed if r is not None]  # fmt: skip
 
     def order(self, epoch: int) -> EpochOrder:
@@ -205,10 +206,10 @@ class WindowReader:
         first = order.window_at(pos)
         last = _last_window(plan)
         if self.fetcher is not None:
-            fetches = self._keys(epoch, plan, range(first, last + 1), waited=True)
+            fetches = self._keys(epoch, plan, range(first, last + 1), waited_from=pos)
             if ahead is not None and ahead != epoch:
                 following = self.plan(ahead)
-                needed = sum(len(w) for w in following.order.windows[: _first_batch_windows(following, bs)])
+                needed = sum(len(following.order.windows[w]) for w in _batch_windows(following, 0, bs))
                 keys = self._keys(ahead, following, range(_last_window(following) + 1))
                 fetches += keys[: max(needed, self.options.read_concurrency)]
             self.fetcher.schedule(fetches)
@@ -317,9 +318,11 @@ class WindowReader:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
 
 
-def _first_batch_windows(plan: EpochPlan, batch_size: int) -> int:
-    """How many of ``plan``'s first windows its first batch takes rows from."""
-    return plan.order.window_at(min(batch_size, plan.end) - 1) + 1 if plan.end > 0 else 0
+def _batch_windows(plan: EpochPlan, pos: int, batch_size: int) -> range:
+    """The windows of ``plan`` the batch starting at its row ``pos`` takes rows from."""
+    if pos >= plan.end:
+        return range(0)
+    return range(plan.order.window_at(pos), plan.order.window_at(min(pos + batch_size, plan.end) - 1) + 1)
 
 
 def _last_window(plan: EpochPlan) -> int:

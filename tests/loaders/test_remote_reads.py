@@ -352,11 +352,29 @@ def test_the_first_batch_s_row_groups_are_asked_for_in_parts(local_ds: Path, s3_
     with ShardLoader(remote, read_concurrency=5, **OPTIONS) as loader:
         reader = loader._reader
         plan = reader.plan(0)
-        starting = reader._keys(0, plan, range(len(plan.order.windows)), waited=True)
+        starting = reader._keys(0, plan, range(len(plan.order.windows)), waited_from=0)
         ahead = reader._keys(0, plan, range(len(plan.order.windows)))
     first = sum(map(len, plan.order.windows[: plan.order.window_at(OPTIONS["batch_size"] - 1) + 1]))
     assert [r.parts for _, r in starting] == [5] * first + [1] * (len(starting) - first)
     assert 0 < first < len(starting) and {r.parts for _, r in ahead} == {1}
+
+
+def test_a_resumed_epoch_s_first_batch_is_asked_for_in_parts(local_ds: Path, s3_bucket: str):
+    """An epoch resumed mid-way (a restored state) waits on the row groups of the batch it
+    resumes at: those carry the parts, not the ones of the epoch's first batch, which it skips."""
+    remote = upload(local_ds, s3_bucket)
+    bs = OPTIONS["batch_size"]
+    with ShardLoader(remote, read_concurrency=5, **OPTIONS) as loader:
+        reader = loader._reader
+        plan = reader.plan(0)
+        windows = plan.order.windows
+        # A batch that starts past the first batch's windows, inside a window of its own.
+        at = next(b * bs for b in range(1, plan.end // bs) if plan.order.window_at(b * bs) > plan.order.window_at(bs - 1)
+                  and plan.order.window_at(b * bs) == plan.order.window_at(b * bs + bs - 1))  # fmt: skip
+        w = plan.order.window_at(at)
+        resumed = reader._keys(0, plan, range(w, len(windows)), waited_from=at)
+    assert [r.parts for _, r in resumed] == [5] * len(windows[w]) + [1] * sum(map(len, windows[w + 1 :]))
+    assert sum(map(len, windows[w + 1 :])) > 0
 
 
 def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_bucket: str):
