@@ -174,7 +174,15 @@ def new_loader(dataset: str, args: argparse.Namespace) -> ShardLoader:
 
 
 def bench_loader(dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None) -> tuple[float, float, int]:
-    """One epoch: of a new loader, or the next epoch of ``loader`` (as a training loop runs)."""
+    """One epoch: of a new loader, or the next epoch of ``loader`` (as a training loop runs).
+    Images/s, the wait for the first batch and the images; :func:`epoch_timing` for more."""
+    rate, first, n, _ = epoch_timing(dataset, args, loader)
+    return rate, first, n
+
+
+def epoch_timing(dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None) -> tuple[float, float, int, float]:
+    """:func:`bench_loader`, and the typical gap between two batches of the epoch (the median
+    wait from one batch to the next, the first batch's wait not counted)."""
     if loader is None:
         loader = new_loader(dataset, args)
     else:
@@ -182,11 +190,15 @@ def bench_loader(dataset: str, args: argparse.Namespace, loader: ShardLoader | N
     start = time.perf_counter()
     it = iter(loader)
     images, _ = next(it)
-    first = time.perf_counter() - start
-    n = len(images)
+    last = time.perf_counter()
+    first = last - start
+    n, gaps = len(images), []
     for images, _ in it:
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
         n += len(images)
-    return n / (time.perf_counter() - start), first, n
+    return n / (time.perf_counter() - start), first, n, statistics.median(gaps) if gaps else first
 
 
 def raw_decoder(name: str, encoded: list[bytes]) -> Callable[[list[bytes], np.ndarray], Any]:

@@ -17,7 +17,9 @@ Each repeat measures both sources, local first on even repeats and remote first 
 
 * ``epoch<N>``: images/s of epoch N (``--epochs``, 3) of one loader kept across epochs with
   ``set_epoch``, as a training loop runs it (its constructor not counted), and
-  ``epoch<N>_first_batch_s``, the wait for that epoch's first batch;
+  ``epoch<N>_first_batch_s``, the wait for that epoch's first batch (after the last batch of
+  the epoch before: the gap at the epoch boundary), and ``epoch<N>_gap_s``, the typical gap
+  between two batches of the epoch (median);
 * ``fresh_first_batch_s``: a new loader's first batch, its constructor (``dataset.json``,
   the footers) included; for the remote, in a new S3 filesystem (fsspec's instance cache
   cleared), so with new connections, as a new process has it;
@@ -54,7 +56,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loader_bench import bench_loader, build_dataset, other_load, synthetic_image
+from loader_bench import build_dataset, epoch_timing, other_load, synthetic_image
 from remote_store import NginxMissingError, RemoteStore, Traffic, parse_rate
 from variants import parse_variant
 
@@ -112,8 +114,8 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     try:
         for e in range(args.epochs):
             before, logged = store.traffic(), len(store.served())
-            rate, first, out["images"] = bench_loader(dataset, args, loader)  # the next epoch: set_epoch(e + 1)
-            out[f"epoch{e + 1}"], out[f"epoch{e + 1}_first_batch_s"] = rate, first
+            rate, first, out["images"], gap = epoch_timing(dataset, args, loader)  # the next epoch: set_epoch(e + 1)
+            out[f"epoch{e + 1}"], out[f"epoch{e + 1}_first_batch_s"], out[f"epoch{e + 1}_gap_s"] = rate, first, gap
             if remote:
                 out[f"epoch{e + 1}_traffic"] = (store.traffic() - before).as_dict()
                 out[f"epoch{e + 1}_served"] = store.served(since=logged)
@@ -174,8 +176,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, i
     for e in range(1, args.epochs + 1):
         med = {s: median(s, f"epoch{e}") for s in SOURCES}
         first = {s: median(s, f"epoch{e}_first_batch_s") for s in SOURCES}
+        gap = {s: median(s, f"epoch{e}_gap_s") for s in SOURCES}
         traffic = median_traffic(f"epoch{e}_traffic")
-        epochs.append({"epoch": e, "images_per_s": med, "first_batch_s": first, "traffic": traffic,
+        epochs.append({"epoch": e, "images_per_s": med, "first_batch_s": first, "typical_gap_s": gap, "traffic": traffic,
                        "bounds_s": bounds(med, traffic, images, args.latency_ms, args.bandwidth_bytes)})  # fmt: skip
     fresh = {s: median(s, "fresh_first_batch_s") for s in SOURCES}
     return {"epochs": epochs, "fresh_first_batch_s": fresh, "fresh_first_batch_traffic": median_traffic("fresh_first_batch_traffic"),
@@ -186,12 +189,12 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"remote: {args.latency_ms:g} ms before each response, {args.bandwidth_bytes / 1e6:g} MB/s per connection; "
           f"medians of {args.repeats} repeats")  # fmt: skip
     print(f"{'epoch':>5s} {'local img/s':>12s} {'remote img/s':>13s} {'ratio':>6s} {'1st batch local':>16s} "
-          f"{'remote':>7s} {'requests':>9s} {'GET/HEAD/LIST':>14s} {'conns':>6s} {'MB served':>10s}   "
+          f"{'remote':>7s} {'gap local':>10s} {'remote':>7s} {'requests':>9s} {'GET/HEAD/LIST':>14s} {'conns':>6s} {'MB served':>10s}   "
           f"{'bound: MB/bw':>12s} {'req x lat':>10s} {'decode':>7s} {'epoch':>7s}")  # fmt: skip
     for e in summary["epochs"]:
-        r, f, t, b = e["images_per_s"], e["first_batch_s"], e["traffic"], e["bounds_s"]
+        r, f, t, b, g = e["images_per_s"], e["first_batch_s"], e["traffic"], e["bounds_s"], e["typical_gap_s"]
         print(f"{e['epoch']:5d} {r['local']:12.0f} {r['remote']:13.0f} {r['remote'] / r['local']:6.2f} "
-              f"{f['local']:15.3f}s {f['remote']:6.3f}s {t['requests']:9.0f} "
+              f"{f['local']:15.3f}s {f['remote']:6.3f}s {g['local']:9.3f}s {g['remote']:6.3f}s {t['requests']:9.0f} "
               f"{t['gets']:>6.0f}/{t['heads']:.0f}/{t['lists']:.0f} {t['connections']:6.0f} {t['body_bytes'] / 1e6:10.1f}   "
               f"{b['bytes_at_one_connection_s']:11.2f}s {b['requests_in_sequence_s']:9.2f}s {b['local_epoch_s']:6.2f}s "
               f"{b['remote_epoch_s']:6.2f}s")  # fmt: skip

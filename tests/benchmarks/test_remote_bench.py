@@ -198,6 +198,7 @@ def test_remote_bench_measures_both_sources_and_the_traffic(nginx: str, tmp_path
     for source in ("local", "remote"):
         (run_,) = result["runs"][source]
         assert all(run_[f"epoch{e}"] > 0 and run_[f"epoch{e}_first_batch_s"] > 0 for e in (1, 2))
+        assert all(0 < run_[f"epoch{e}_gap_s"] < 40 / run_[f"epoch{e}"] for e in (1, 2))  # less than the epoch
         assert run_["fresh_first_batch_s"] > 0
     epochs = result["summary"]["epochs"]
     assert [e["epoch"] for e in epochs] == [1, 2]
@@ -207,7 +208,8 @@ def test_remote_bench_measures_both_sources_and_the_traffic(nginx: str, tmp_path
     assert fresh["heads"] == 0 and fresh["gets"] >= 3 and fresh["connections"] >= 1
     assert result["store_total"]["body_bytes"] >= sum(e["traffic"]["body_bytes"] for e in epochs) + fresh["body_bytes"]
     assert not any(map(alive, result["store_pids"]))
-    assert "bound: MB/bw" in done.stdout and "fresh loader, first batch" in done.stdout
+    assert "bound: MB/bw" in done.stdout and "gap local" in done.stdout and "fresh loader, first batch" in done.stdout
+    assert all(e["typical_gap_s"]["remote"] > 0 for e in epochs)
 
 
 @pytest.mark.slow  # starts python and imports torch: ~5 s
