@@ -162,7 +162,7 @@ def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> _Listed:
     parts = [(r.uri, r.rows) for r in results if r.rows]
     if unlabelled := [r for r in stray if r["status"] != "skipped"]:  # few: above the label level
         uri = storage.join(staging, "listed", "part-stray.parquet")
-        write_part(uri, pa.Table.from_pylist(unlabelled, schema=MANIFEST_SCHEMA))
+        write_part(uri, pa.Table.from_pylist(unlabelled, schema=MANIFEST_SCHEMA), durable=False)
         parts.append((uri, len(unlabelled)))
     listed = _Listed(parts=sorted(parts), prefixes=classes, skipped=skipped,
                      skipped_examples=sorted(examples)[:EXAMPLES])

@@ -40,7 +40,7 @@ from jobs.catalog import DUPLICATE, reason_kind
 from jobs.engines import Engine
 from jobs.label_tasks import Buckets, stage_keys
 from jobs.listing import reject
-from jobs.manifest_table import hash_bucket, read_part, write_part
+from jobs.manifest_table import hash_bucket, read_part, table_rows, write_part
 from jobs.manifest_tasks import EXAMPLES, Plan, inspect_rows, read_staged
 from jobs.settings import ManifestConfig
 from lakeshard import storage
@@ -137,13 +137,13 @@ def stage_base(parts: list[int], *, join: BaseJoin) -> list[int]:
     schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in _BASE_COLUMNS])
     n = 0
     for part in parts:
-        rows = read_part(manifest_part_uri(join.root, "all", part, join.parts), _BASE_COLUMNS).to_pylist()
+        rows = table_rows(read_part(manifest_part_uri(join.root, "all", part, join.parts), _BASE_COLUMNS))
         by_bucket: dict[int, list[dict[str, Any]]] = {}
         for r in rows:
             by_bucket.setdefault(hash_bucket(r["key"], join.buckets), []).append(r)
         for bucket, mine in by_bucket.items():
             write_part(storage.join(join.folder("base", bucket), f"part-{part:05d}.parquet"),
-                       pa.Table.from_pylist(mine, schema=schema))
+                       pa.Table.from_pylist(mine, schema=schema), durable=False)
         n += len(rows)
     return [n]
 
