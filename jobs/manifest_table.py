@@ -87,9 +87,9 @@ _STEPS = {"s": timedelta(seconds=1), "ms": timedelta(milliseconds=1), "us": time
 
 
 def _values(column: pa.ChunkedArray) -> list[Any]:
-    """``column.to_pylist()``. A UTC timestamp is the epoch plus a ``timedelta`` here, with the
-    ``tzinfo`` PyArrow gives: PyArrow converts each value through its time zone, which took
-    three quarters of the time of turning a manifest part into rows."""
+    """``column.to_pylist()``. A UTC timestamp (s, ms or µs) is the epoch plus a ``timedelta``
+    here, with the ``tzinfo`` PyArrow gives, instead of PyArrow's conversion of each value
+    through its time zone (docs/performance.md, "Incremental builds")."""
     kind = column.type
     if not (pa.types.is_timestamp(kind) and kind.tz == "UTC" and kind.unit in _STEPS):
         return column.to_pylist()
