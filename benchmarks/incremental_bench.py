@@ -16,7 +16,8 @@ shard job with ``--base A``; the manifest job too when ``python -m jobs.manifest
 ``--base``). Each job is timed around its ``run`` function, the engine already running: engine
 start-up is excluded, everything a job does after it is included. The ratio is of the medians;
 ``--only incremental`` times only the incremental builds (two versions of the code compared on a
-busy machine, where the scratch builds vary more than the change).
+busy machine, where the scratch builds vary more than the change); ``--actions`` also times each
+engine action (``map_partitions`` call) of each build on the driver.
 Prints a table and writes JSON with the load average before and after (the machine is shared).
 """
 
@@ -48,7 +49,7 @@ from remote_store import RemoteStore, parse_rate
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.engines import open_engine
+from jobs.engines import open_engine, split_parts
 from jobs.settings import ManifestConfig, ShardConfig
 
 _SIZE = (640, 480)
@@ -155,8 +156,33 @@ def manifest_takes_base() -> bool:
     return "base" in fields and "--base" in manifest_job.parser().format_help()
 
 
+class TimedActions:
+    """An engine whose actions (``map_partitions`` calls) are timed on the driver: ``actions``
+    holds ``(task function, engine tasks, seconds)`` of each since the last :meth:`take`."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.actions = engine, []
+        self.name = engine.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def map_partitions(self, fn: Any, items: Any, *, partitions: int) -> list[Any]:
+        inner = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.tasks.each, functools.partial
+        t = time.perf_counter()
+        out = self.engine.map_partitions(fn, items, partitions=partitions)
+        self.actions.append((getattr(inner, "__name__", repr(inner)), len(split_parts(items, partitions)),
+                             time.perf_counter() - t))
+        return out
+
+    def take(self) -> list[tuple[str, int, float]]:
+        taken, self.actions = self.actions, []
+        return taken
+
+
 def build(engine: Any, lake: str, out: str, *, base: str | None, num_shards: int, split: str) -> dict[str, Any]:
-    """The manifest job, then the shard job, each timed around its ``run`` (engine running)."""
+    """The manifest job, then the shard job, each timed around its ``run`` (engine running);
+    with a :class:`TimedActions` engine, each action too."""
     shutil.rmtree(out, ignore_errors=True)
     extra = {"base": base} if base is not None and manifest_takes_base() else {}
     t = time.perf_counter()
@@ -165,16 +191,19 @@ def build(engine: Any, lake: str, out: str, *, base: str | None, num_shards: int
     t = time.perf_counter()
     info = shard_job.run(ShardConfig(dataset=out, num_shards=num_shards, engine=engine.name, base=base), engine)
     shard_s = time.perf_counter() - t
-    return {"manifest_s": manifest_s, "shard_s": shard_s, "total_s": manifest_s + shard_s,
+    actions = engine.take() if isinstance(engine, TimedActions) else None
+    return {"manifest_s": manifest_s, "shard_s": shard_s, "total_s": manifest_s + shard_s, "actions": actions,
             "decoded": info.build.preprocessed, "reused": info.build.reused, "dropped": info.counts.dropped,
             "version": info.dataset_version}
 
 
-def bench_engine(name: str, lake: Lake, work: Path, *, repeats: int, num_shards: int,
-                 split: str, lake_uri: str, kinds: tuple[str, ...] = ("scratch", "incremental")) -> dict[str, Any]:
+def bench_engine(name: str, lake: Lake, work: Path, *, repeats: int, num_shards: int, split: str, lake_uri: str,
+                 kinds: tuple[str, ...] = ("scratch", "incremental"), actions: bool = False) -> dict[str, Any]:
     t = time.perf_counter()
     engine = open_engine(name, app_name="lakeshard-incremental-bench")
     start_s = time.perf_counter() - t
+    if actions:
+        engine = TimedActions(engine)
     try:
         base = str(work / f"{name}-a")
         lake.reset()
@@ -208,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=5000, help="objects in version 1 of the lake")
     p.add_argument("--engine", default="spark,dask", help="comma-separated engines")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--actions", action="store_true",
+                   help="also time each engine action of each build on the driver (in the JSON, and their medians printed)")
     p.add_argument("--only", choices=["scratch", "incremental"], default=None,
                    help="time only this kind of build (to compare two versions of the code on a busy machine)")
     p.add_argument("--num-shards", type=int, default=4)
@@ -239,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             lake_uri = store.uri("lake")
         kinds = (args.only,) if args.only else ("scratch", "incremental")
         results = [bench_engine(e, lake, work, repeats=args.repeats, num_shards=args.num_shards, split=args.split,
-                                lake_uri=lake_uri, kinds=kinds) for e in args.engine.split(",")]
+                                lake_uri=lake_uri, kinds=kinds, actions=args.actions) for e in args.engine.split(",")]
     out = {"command": " ".join(["python", "benchmarks/incremental_bench.py", *(argv or sys.argv[1:])]),
            "date": time.strftime("%Y-%m-%d"), "lake": lakes, "store": args.store, "manifest_base": manifest_takes_base(),
            "cores": os.cpu_count(), "python": platform.python_version(),
@@ -252,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         ratio = {k: f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("ratio", "shard_ratio")}
         print(f"{r['engine']:8} {total['scratch']:>10} {total['incremental']:>8} {ratio['ratio']:>6} "
               f"{ratio['shard_ratio']:>11} {last['decoded']:8d} {last['reused']:7d}")
+    if args.actions:
+        for r in results:
+            for kind, runs in r["runs"].items():
+                steps = zip(*(run["actions"] for run in runs), strict=True)  # the same actions in every build
+                print(f"{r['engine']} {kind}: " + ", ".join(
+                    f"{s[0][0]} ({s[0][1]} tasks) {statistics.median(a[2] for a in s):.3f} s" for s in steps))
     print(f"load average before {load_before}, after {out['load_after']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -240,7 +240,7 @@ def stage_lines(ranges: list[tuple[int, int]], *, source: Source) -> list[dict[s
             by_bucket[hash_bucket(key, source.buckets)].append({"key": key, "label": label, "reason": reason})
         for bucket, rows in by_bucket.items():
             write_part(storage.join(source.folder(bucket), f"part-{start:015d}.parquet"),
-                       pa.Table.from_pylist(rows, schema=_LINE_SCHEMA))
+                       pa.Table.from_pylist(rows, schema=_LINE_SCHEMA), durable=False)
         out.append({"lines": lines, "outside": len(outside), "outside_examples": sorted(outside)[:EXAMPLES],
                     "bad": len(bad), "bad_examples": bad[:EXAMPLES]})
     return out

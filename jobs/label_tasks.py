@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from jobs.labels import read_labels
 from jobs.listing import reject
-from jobs.manifest_table import hash_bucket, read_part, write_part
+from jobs.manifest_table import hash_bucket, read_part, table_rows, write_part
 from jobs.manifest_tasks import EXAMPLES, read_staged, write_staged
 from lakeshard import storage
 
@@ -92,7 +92,7 @@ def stage_table(files: list[str], *, join: Join) -> list[dict[str, Any]]:
                 by_bucket[hash_bucket(key, join.buckets)].append({"key": key, "label": label, "channel": channel})
         for bucket, rows in by_bucket.items():
             write_part(storage.join(join.folder("labels", bucket), f"part-{_name(uri)}.parquet"),
-                       pa.Table.from_pylist(rows, schema=_LABEL_SCHEMA))
+                       pa.Table.from_pylist(rows, schema=_LABEL_SCHEMA), durable=False)
         outside = sorted(u for u, k in zip(table[table.column_names[0]].to_pylist(), keys) if k is None)
         out.append({"rows": table.num_rows, "outside": len(outside), "outside_examples": outside[:EXAMPLES]})
     return out
@@ -103,7 +103,7 @@ def stage_keys(items: list[tuple[str, int, int]], *, join: Buckets) -> list[int]
     ``keys`` of ``join``, any join by key bucket); return how many."""
     n = 0
     for uri, start, stop in items:
-        rows = read_part(uri).slice(start, stop - start).to_pylist()
+        rows = table_rows(read_part(uri).slice(start, stop - start))
         by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
             by_bucket[hash_bucket(r["key"], join.buckets)].append(r)

@@ -162,7 +162,7 @@ def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> _Listed:
     parts = [(r.uri, r.rows) for r in results if r.rows]
     if unlabelled := [r for r in stray if r["status"] != "skipped"]:  # few: above the label level
         uri = storage.join(staging, "listed", "part-stray.parquet")
-        write_part(uri, pa.Table.from_pylist(unlabelled, schema=MANIFEST_SCHEMA))
+        write_part(uri, pa.Table.from_pylist(unlabelled, schema=MANIFEST_SCHEMA), durable=False)
         parts.append((uri, len(unlabelled)))
     listed = _Listed(parts=sorted(parts), prefixes=classes, skipped=skipped,
                      skipped_examples=sorted(examples)[:EXAMPLES])
@@ -213,16 +213,18 @@ def rebase(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -
     where = storage.normalize(cfg.base or "")
     marker = storage.read_json(manifest_marker_uri(where))  # checked by check_manifest_inputs
     objects = marker["counts"]["listed"]
-    # Staging moves keys and ETags, not objects: a task per core, or per --rows-per-part rows
-    # (each of these tasks is an engine task to schedule, and writes a file per key bucket).
-    partitions = cfg.partitions or max(engine.parallelism, math.ceil(listed.rows / cfg.rows_per_part))
+    # Staging moves keys and ETags, not objects: a task per core, or per --rows-per-part rows of
+    # both sides (each of these tasks is an engine task to schedule, and writes a file per key
+    # bucket); the listed rows cut into a slice per core (or per --rows-per-part rows).
+    slices = _slices(listed.parts, cfg.partitions or max(engine.parallelism, math.ceil(listed.rows / cfg.rows_per_part)))
+    partitions = cfg.partitions or max(engine.parallelism, math.ceil((listed.rows + objects) / cfg.rows_per_part))
     # The header-reading tasks join whole buckets: at least a bucket per core keeps every core
     # reading; not one per task, as each staging task writes a file per bucket.
     join = BaseJoin(root=where, parts=marker["parts"], sniff=cfg.sniff, staging=storage.join(staging, "base"),
                     buckets=max(engine.parallelism, math.ceil(max(listed.rows, objects) / cfg.rows_per_part)))
     log.info("joining %d listed objects with the %d of --base %s in %d key buckets", listed.rows, objects, where,
              join.buckets)
-    stage_join(engine, join, _slices(listed.parts, partitions), partitions)
+    stage_join(engine, join, slices, partitions, base_rows=objects)
     return join, {"root": where, "fingerprint": marker["fingerprint"], "objects": objects}
 
 

@@ -40,9 +40,10 @@ from jobs.catalog import DUPLICATE, reason_kind
 from jobs.engines import Engine
 from jobs.label_tasks import Buckets, stage_keys
 from jobs.listing import reject
-from jobs.manifest_table import hash_bucket, read_part, write_part
+from jobs.manifest_table import hash_bucket, read_part, table_rows, write_part
 from jobs.manifest_tasks import EXAMPLES, Plan, inspect_rows, read_staged
 from jobs.settings import ManifestConfig
+from jobs.tasks import pack
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, ManifestError
 from lakeshard.format import FORMAT_VERSION, MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri
@@ -137,21 +138,22 @@ def stage_base(parts: list[int], *, join: BaseJoin) -> list[int]:
     schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in _BASE_COLUMNS])
     n = 0
     for part in parts:
-        rows = read_part(manifest_part_uri(join.root, "all", part, join.parts), _BASE_COLUMNS).to_pylist()
+        rows = table_rows(read_part(manifest_part_uri(join.root, "all", part, join.parts), _BASE_COLUMNS))
         by_bucket: dict[int, list[dict[str, Any]]] = {}
         for r in rows:
             by_bucket.setdefault(hash_bucket(r["key"], join.buckets), []).append(r)
         for bucket, mine in by_bucket.items():
             write_part(storage.join(join.folder("base", bucket), f"part-{part:05d}.parquet"),
-                       pa.Table.from_pylist(mine, schema=schema))
+                       pa.Table.from_pylist(mine, schema=schema), durable=False)
         n += len(rows)
     return [n]
 
 
-def stage_both(items: list[tuple[str, Any]], *, join: BaseJoin) -> list[int]:
-    """Steps 1 and 2 in one task: ``items`` are ``("base", part)`` (:func:`stage_base`) and
-    ``("keys", (part URI, start, stop))`` (:func:`jobs.label_tasks.stage_keys`); return how many
-    rows of each were staged."""
+def stage_both(groups: list[list[tuple[str, Any]]], *, join: BaseJoin) -> list[int]:
+    """Steps 1 and 2 in one task: the items of ``groups`` are ``("base", part)``
+    (:func:`stage_base`) and ``("keys", (part URI, start, stop))``
+    (:func:`jobs.label_tasks.stage_keys`); return how many rows of each were staged."""
+    items = [item for group in groups for item in group]
     return [*stage_base([i for kind, i in items if kind == "base"], join=join),
             *stage_keys([i for kind, i in items if kind == "keys"], join=join)]
 
@@ -233,11 +235,15 @@ def merge_base(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "left_examples": sorted(k for r in results for k in r["left_examples"])[:EXAMPLES]}
 
 
-def stage_join(engine: Engine, join: BaseJoin, slices: list[tuple[str, int, int]], partitions: int) -> None:
-    """Steps 1 and 2 on ``engine``, in one action: ``slices`` are ``(listing part URI, start,
-    stop)`` of the listed rows, staged in ``partitions`` tasks (the base's parts a task each)."""
+def stage_join(engine: Engine, join: BaseJoin, slices: list[tuple[str, int, int]], partitions: int, *,
+               base_rows: int) -> None:
+    """Steps 1 and 2 on ``engine``, in one action of at most ``partitions`` tasks: the base's
+    parts (``base_rows`` rows in all) and ``slices``, ``(listing part URI, start, stop)`` of the
+    listed rows, shared by rows (:func:`jobs.tasks.pack`)."""
     items = [("base", p) for p in range(join.parts)] + [("keys", s) for s in slices]
-    engine.map_partitions(partial(stage_both, join=join), items, partitions=join.parts + min(len(slices), partitions))
+    sizes = [-(-base_rows // join.parts)] * join.parts + [stop - start for _, start, stop in slices]
+    groups = pack(items, sizes, partitions)
+    engine.map_partitions(partial(stage_both, join=join), groups, partitions=len(groups))
 
 
 def join_and_inspect(engine: Engine, join: BaseJoin, plan: Plan, partitions: int) -> tuple[int, dict[str, Any]]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,7 +25,7 @@ from lakeshard.errors import DatasetError
 from lakeshard.format import MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri, sagemaker_part_uri
 
 __all__ = ["channel_parts", "hash_bucket", "iter_parts", "label_part", "manifest_parts", "read_channel", "read_channel_rows",
-           "read_part", "sagemaker_parts", "write_part"]
+           "read_part", "sagemaker_parts", "table_rows", "write_part"]
 
 
 def hash_bucket(text: str, buckets: int) -> int:
@@ -72,11 +74,35 @@ def read_part(uri: str, columns: Sequence[str] | None = None) -> pa.Table:
         raise DatasetError(f"manifest part {uri} is missing: the manifest is incomplete; rebuild it") from None
 
 
-def write_part(uri: str, table: pa.Table) -> None:
-    """Write one part file whole (atomically: a killed writer leaves no part behind)."""
+def write_part(uri: str, table: pa.Table, *, durable: bool = True) -> None:
+    """Write one part file whole (atomically: a killed writer leaves no part behind); not
+    ``durable``: not fsynced (a job's staged rows, which a rerun stages anew)."""
     sink = io.BytesIO()
     pq.write_table(table, sink)
-    storage.write_bytes_atomic(uri, sink.getvalue())
+    storage.write_bytes_atomic(uri, sink.getvalue(), durable=durable)
+
+
+#: Timestamp units a column of UTC times is turned into ``datetime`` values from (by step).
+_STEPS = {"s": timedelta(seconds=1), "ms": timedelta(milliseconds=1), "us": timedelta(microseconds=1)}
+
+
+def _values(column: pa.ChunkedArray) -> list[Any]:
+    """``column.to_pylist()``. A UTC timestamp (s, ms or µs) is the epoch plus a ``timedelta``
+    here, with the ``tzinfo`` PyArrow gives, instead of PyArrow's conversion of each value
+    through its time zone (docs/performance.md, "Incremental builds")."""
+    kind = column.type
+    if not (pa.types.is_timestamp(kind) and kind.tz == "UTC" and kind.unit in _STEPS):
+        return column.to_pylist()
+    epoch, step = pa.scalar(0, kind).as_py(), _STEPS[kind.unit]
+    return [None if v is None else epoch + step * v for v in column.cast(pa.int64()).to_pylist()]
+
+
+def table_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """``table.to_pylist()``: a dict per row, the same values (and ``tzinfo`` objects)."""
+    names = table.column_names
+    if not names:
+        return [{} for _ in range(table.num_rows)]
+    return [dict(zip(names, values, strict=True)) for values in zip(*(_values(table[n]) for n in names), strict=True)]
 
 
 def iter_parts(root: str, channel: str, *, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from jobs.catalog import dedupe_rows, fingerprint_line, reason_kind, same_content
 from jobs.listing import inspect_objects
-from jobs.manifest_table import hash_bucket, label_part, read_part, write_part
+from jobs.manifest_table import hash_bucket, label_part, read_part, table_rows, write_part
 from jobs.split import ALGORITHMS
 from lakeshard import storage
 from lakeshard.errors import StorageError
@@ -93,7 +93,8 @@ def skip_kind(reason: str) -> str:
 
 
 def write_staged(rows: Sequence[dict[str, Any]], uri: str) -> None:
-    write_part(uri, pa.Table.from_pylist(list(rows), schema=STAGED_SCHEMA))
+    """Stage ``rows`` at ``uri`` (not fsynced: a rerun removes the staging folder and stages anew)."""
+    write_part(uri, pa.Table.from_pylist(list(rows), schema=STAGED_SCHEMA), durable=False)
 
 
 def read_staged(folder: str) -> list[dict[str, Any]]:
@@ -106,7 +107,7 @@ def read_staged(folder: str) -> list[dict[str, Any]]:
     except Exception as exc:
         raise StorageError(f"cannot list {folder}: {type(exc).__name__}: {exc}") from exc
     prefix = "s3://" if folder.startswith("s3://") else "file://"
-    rows = [r for name in names for r in read_part(prefix + name).to_pylist()]
+    rows = [r for name in names for r in table_rows(read_part(prefix + name))]
     return sorted(rows, key=lambda r: r["key"])
 
 
@@ -156,7 +157,7 @@ def inspect_task(items: list[tuple[str, int, int]], *, plan: Plan) -> list[int]:
     """Inspect the listed rows ``items`` (``(part URI, start, stop)``) but those whose
     inspection ``--base`` gave (``reused``); stage them by content bucket. Returns the number
     of rows."""
-    rows = [r for uri, start, stop in items for r in read_part(uri).slice(start, stop - start).to_pylist()]
+    rows = [r for uri, start, stop in items for r in table_rows(read_part(uri).slice(start, stop - start))]
     uri, start, _ = items[0]
     inspect_rows(rows, f"part-{uri.rsplit('/', 1)[-1].split('.')[0].split('-')[-1]}-{start:09d}.parquet", plan=plan)
     return [len(rows)]
@@ -245,7 +246,7 @@ def class_task(parts: list[int], *, plan: Plan) -> list[dict[str, Any]]:
         duplicates = [r for r in ok if r["duplicate"]]
         for bucket, mine in _by_bucket(duplicates, lambda r: _content_bucket(r, plan.content_buckets)).items():
             table = pa.Table.from_pylist(mine, schema=_DUPLICATE_SCHEMA)
-            write_part(storage.join(plan.folder("duplicates", bucket), f"part-{part:05d}.parquet"), table)
+            write_part(storage.join(plan.folder("duplicates", bucket), f"part-{part:05d}.parquet"), table, durable=False)
         out.append({"counts": dict(counts), "fingerprints": {label: h.hexdigest() for label, h in hashes.items()},
                     "moved": len(moved),
                     "moved_examples": [{"key": r["key"], "from": r["base_channel"], "to": r["channel"]}

@@ -339,14 +339,16 @@ def plan_reuse(base: Base, rows: int, *, folder: str, slots: int) -> tuple[Reuse
 
 
 def reuse_images(run: Runner, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask], *,
-                 skip: tuple[int, ...], slots: int, cores: int) -> tuple[list[SegmentTask], int]:
+                 skip: tuple[int, ...], cores: int) -> tuple[list[SegmentTask], int]:
     """Find the rows of ``tasks`` whose images ``base`` holds (the join, step 2, of the files
     ``staged`` in step 1: ``(side, uri, rows)`` each; segments ``skip`` left out) and copy
     those images into runs on the workers (step 3); return the tasks, each naming the runs
     that hold its rows' images (``reuse``), and how many rows were matched. ``run(fn, items,
     sizes, slots)`` runs ``fn`` over ``items`` on the engine (:func:`jobs.shard._run`); the join
     runs in a task per core at most (it reads URIs and ETags: more tasks cost more than they
-    share), the copy of the images in at most ``slots``."""
+    share), and so does the copy of the images: its work per base file is known (the file's
+    rows), so a task per core shares it as well as more would, and each engine task costs
+    time to schedule."""
     files = {side: tuple(sorted(r["uri"] for r in staged if r["side"] == side and r["rows"]))
              for side in ("shards", "manifest", "current")}
     if not tasks or not all(files.values()):
@@ -362,7 +364,7 @@ def reuse_images(run: Runner, base: Base, reuse: Reuse, staged: list[dict[str, A
             by_file.setdefault(f, []).append(r["uri"])
     scatters = [ScatterTask(file=f, source=base.shards[f][0], matches=tuple(m), reuse=reuse)
                 for f, m in sorted(by_file.items())]
-    done = run(scatter, scatters, [base.shards[s.file][1] for s in scatters], slots)
+    done = run(scatter, scatters, [base.shards[s.file][1] for s in scatters], cores)
     runs_of: dict[int, list[str]] = {}
     for d in done:
         for uri, segments in d["runs"]:

@@ -134,13 +134,13 @@ def _preprocess(engine: Engine, tasks: list[SegmentTask], reused: dict[str, dict
 
 
 def _with_base(engine: Engine, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask],
-               finished_: dict[str, dict[str, Any]], *, slots: int) -> list[SegmentTask]:
+               finished_: dict[str, dict[str, Any]]) -> list[SegmentTask]:
     """``tasks``, those still to run naming the runs of the images they take from ``base``
     (:mod:`jobs.reuse`, on the workers; ``staged`` by the order pass)."""
     todo = [t for t in tasks if t.uri not in finished_]
     log.info("--base %s (version %s): looking up the %d rows to preprocess among its %d shard files", base.root,
              base.info.dataset_version, sum(t.num_rows for t in todo), len(base.shards))
-    found, matched = reuse_images(partial(_run, engine), base, reuse, staged, todo, slots=slots,
+    found, matched = reuse_images(partial(_run, engine), base, reuse, staged, todo,
                                   skip=tuple(t.reuse_id for t in tasks if t.uri in finished_),
                                   cores=engine.parallelism)
     log.info("--base %s holds the images of %d of them, taken from its shards; the other %d are fetched and decoded",
@@ -172,7 +172,9 @@ def _slot_parts(engine: Engine, staging: str, root: str, deals: dict[str, Deal],
             tasks.append(SlotTask(root=root, channel=channel, seed=deal.seed, num_shards=deal.num_shards,
                                   classes=tuple((name, i_, deal.class_start(i_), n) for name, i_, n in sorted(group, key=lambda c: c[1])),
                                   uri=storage.join(staging, RUNS, "slots", channel_dirname(channel), f"part-{i:05d}.parquet")))
-    done = _run(engine, slot_rows, tasks, [sum(c[3] for c in t.classes) for t in tasks], len(tasks))
+    # At most a task per core: every channel has a slot task of its own (three channels on two
+    # cores are four), and these tasks are short; the engine's tasks each run several in turn.
+    done = _run(engine, slot_rows, tasks, [sum(c[3] for c in t.classes) for t in tasks], engine.parallelism)
     if sum(d["rows"] for d in done) != sum(d.total for d in deals.values()):
         raise ShardError(f"the slot tasks gave {sum(d['rows'] for d in done)} rows their slots, "
                          f"the plan counts {sum(d.total for d in deals.values())}")  # slot_rows checks each class
@@ -301,7 +303,7 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo | PlanSummary:
                           decode_threads=cfg.decode_threads or engine.task_cpus)
     reused = finished(staging, tasks)
     if job.base is not None and reuse is not None:
-        tasks = _with_base(engine, job.base, reuse[0], staged, tasks, reused, slots=slots)
+        tasks = _with_base(engine, job.base, reuse[0], staged, tasks, reused)
     done, ran, decoded, taken = _preprocess(engine, tasks, reused, slots=slots, channels=channels, num_shards=n)
     written = {d["uri"]: d["stats"] for d in done}
 

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from jobs import manifest as manifest_job
+from jobs.engines import split_parts
 from jobs.manifest_table import iter_parts, read_channel
 from jobs.settings import ManifestConfig
 from lakeshard import storage
@@ -98,14 +99,18 @@ def channels(root: str) -> dict[str, str]:
 
 
 class CountingEngine:
-    """A real engine, recording the task function of each action (``map_partitions`` call)."""
+    """A real engine, recording the task function of each action (``map_partitions`` call),
+    and how many engine tasks it ran (``tasks``, by action name: one entry per action)."""
 
     def __init__(self, engine: Any) -> None:
         self.engine, self.actions = engine, []
+        self.tasks: dict[str, list[int]] = {}
         self.name, self.parallelism, self.task_cpus = engine.name, engine.parallelism, engine.task_cpus
 
     def map_partitions(self, fn: Any, items: Any, *, partitions: int) -> list[Any]:
         fn_ = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.tasks.each, functools.partial
-        self.actions.append(getattr(fn_, "__name__", repr(fn_)))
+        name = getattr(fn_, "__name__", repr(fn_))
+        self.actions.append(name)
+        self.tasks.setdefault(name, []).append(len(split_parts(items, partitions)))
         return self.engine.map_partitions(fn, items, partitions=partitions)
 

@@ -15,6 +15,7 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
+from jobs.engines.local_engine import LocalEngine
 from jobs.manifest_table import read_channel
 from jobs.settings import ManifestConfig, ShardConfig
 from lakeshard import storage
@@ -301,6 +302,26 @@ def test_the_base_is_staged_in_the_order_pass(base_and_grown: tuple[Path, Path, 
     assert info.build.reused > 0
     assert len(incremental.actions) == len(scratch.actions) + 2, (incremental.actions, scratch.actions)
     assert [a for a in incremental.actions if a not in ("join", "scatter")] == scratch.actions
+
+
+def test_the_short_passes_of_an_incremental_build_run_a_task_per_core(tmp_path: Path):
+    """The slot pass (a slot task per channel at least) and the scatter (a task per base shard
+    file, whatever the preprocessing's tasks) run at most a task per core, each task taking
+    several in turn (on Spark each engine task costs tens of milliseconds); B still equals C."""
+    lake = tmp_path / "raw"
+    write_lake(lake, _COUNTS)
+    a, b, c = (str(tmp_path / name) for name in ("a", "b", "c"))
+    one = LocalEngine(workers=1)
+    info_a = _build(one, str(lake), a, partitions=4)
+    _grow_local(lake)
+    engine = CountingEngine(one)
+    info_b = _build(engine, str(lake), b, base=a, partitions=4)
+    info_c = _build(one, str(lake), c, partitions=4)
+    assert engine.tasks["preprocess_segment"] == [4]  # --partitions: the preprocessing keeps its tasks
+    assert engine.tasks["slot_rows"] == [1] and engine.tasks["scatter"] == [1], engine.tasks
+    assert engine.tasks["stage_both"] == [1], engine.tasks  # the manifest job's: the base and the listed rows
+    _compare(b, c, info_b, info_c)
+    _check_incremental(info_a, info_b, info_c, a)
 
 
 def test_segments_cut_from_shards_take_their_images_by_position(tmp_path: Path, local_engine):

@@ -8,11 +8,14 @@ from __future__ import annotations
 import random
 import shutil
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobs import manifest as manifest_job
 from jobs.catalog import build_manifest, fingerprint
@@ -26,6 +29,7 @@ from jobs.manifest_table import (
     read_channel,
     read_channel_rows,
     read_part,
+    table_rows,
 )
 from jobs.manifest_tasks import ListedPart, stage_listing
 from jobs.settings import ManifestConfig, ShardConfig
@@ -244,3 +248,34 @@ def test_any_listing_task_becomes_a_staging_one(tmp_path, small_lake):
     assert isinstance(part, ListedPart) and part.rows == 40
     assert part.skipped == {"hidden": 1} and part.skipped_examples[0][1] == "hidden: '.x'"
     assert read_part(part.uri, ["key"])["key"].to_pylist() == [r["key"] for r in rows[:40]]
+
+
+_TIMES = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), _TIMES), st.one_of(st.none(), st.text(max_size=5)),
+                          st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))), max_size=30),
+       st.sampled_from(["s", "ms", "us"]), st.integers(0, 3))
+def test_table_rows_are_the_rows_pyarrow_makes(rows: list, unit: str, offset: int) -> None:
+    """``table_rows`` gives what ``Table.to_pylist`` gives: the same dicts, the same values,
+    the same ``tzinfo`` objects, for UTC times in every unit it converts itself (before and
+    after 1970, nulls included), other time zones and other columns, and a slice of a table."""
+    times = [t if t is None or unit == "us" else t.replace(microsecond=0 if unit == "s" else t.microsecond // 1000 * 1000)
+             for t, _, _ in rows]
+    table = pa.table({"t": pa.array(times, pa.timestamp(unit, tz="UTC")),
+                      "local": pa.array(times, pa.timestamp(unit, tz="Europe/Paris")),
+                      "naive": pa.array([None if t is None else t.replace(tzinfo=None) for t in times], pa.timestamp(unit)),
+                      "s": pa.array([s for _, s, _ in rows], pa.string()),
+                      "n": pa.array([n for _, _, n in rows], pa.int64())}).slice(min(offset, len(rows)))
+    expected = table.to_pylist()
+    got = table_rows(table)
+    assert got == expected
+    assert [type(v) for r in got for v in r.values()] == [type(v) for r in expected for v in r.values()]
+    zones = [(a.tzinfo, b.tzinfo) for x, y in zip(got, expected, strict=True) for a, b in zip(x.values(), y.values(), strict=True)
+             if isinstance(a, datetime)]
+    assert all(a is b for a, b in zones)
+
+
+def test_table_rows_of_a_table_without_columns() -> None:
+    assert table_rows(pa.table({"a": [1, 2]}).select([])) == [{}, {}]
