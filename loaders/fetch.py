@@ -146,8 +146,8 @@ class RangeFetcher:
         self.held = 0
         self.peak_bytes_held = 0
         self.bytes_read = 0
-        #: The last keys submitted for reading, read (successfully) and waited on by ``get``,
-        #: oldest first (bounded).
+        #: The last keys submitted for reading, read (successfully) and waited on by ``get``
+        #: (a ``get`` that found its read not yet ended), oldest first (bounded).
         self.submitted: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self.completed: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self.waited: deque[Hashable] = deque(maxlen=_LOG_KEYS)
@@ -170,8 +170,9 @@ class RangeFetcher:
 
     def get(self, key: Hashable, stop: threading.Event) -> bytes | None:
         """The bytes of ``key`` (scheduled), waiting for them; ``None`` if ``stop`` is set first.
-        Raises what the read raised."""
-        self.waited.append(key)
+        Raises what the read raised. ``waited`` records the call unless the read had ended."""
+        if not self.done(key):
+            self.waited.append(key)
         while True:  # not admitted yet: it is, once the ranges before it are released
             with self._lock:
                 future = self._futures.get(key)
@@ -187,6 +188,12 @@ class RangeFetcher:
             except TimeoutError:
                 if stop.is_set():
                     return None
+
+    def done(self, key: Hashable) -> bool:
+        """Whether the read of ``key`` has ended (its bytes, or its error, are in)."""
+        with self._lock:
+            future = self._futures.get(key)
+            return future is not None and future.done()
 
     def release(self, key: Hashable) -> None:
         """``key``'s bytes are no longer needed: free them and admit the next reads."""

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: How long a blocked ``get``/``put``/``result`` waits before it re-checks the stop event and
+#: How long a blocked ``get``/slot/``result`` waits before it re-checks the stop event and
 #: the failure slot. Bounds how late an error or a ``close()`` is noticed; not a poll interval
 #: (each wait returns as soon as its item arrives).
 _WAIT_S = 0.05
@@ -60,9 +60,17 @@ class PipelineStats:
 #
 # Epochs: ``start`` puts an ``Epoch`` (its task iterator, its own queue, stop event and error
 # slot) in ``_jobs``; the reader thread takes one job at a time and runs it. For each task it
-# submits it to the pool *then* puts its Future in the epoch's queue (maxsize=prefetch), so
+# submits it to the pool *then* puts its Future in the epoch's queue (at most ``prefetch`` of them:
+# a slot of ``slots`` each, which the consumer gives back as it takes one), so
 # futures come out in task order; after the last task it puts ``_END``. ``start`` stops the
 # epoch before it.
+#
+# An epoch started early (``start_next``: the next one a training loop will ask for) waits in
+# ``_jobs`` behind the current one, so the reader runs it once the current epoch's last task is
+# queued; it submits a task only while the two epochs have fewer than ``prefetch + 2`` batches
+# outstanding (``_room``, woken by ``consumed``), so the current epoch's batches come first and
+# the bound holds for the two. ``promote`` makes it the current one; ``start`` and ``close``
+# stop it like the current one (one never taken by the reader is skipped when its turn comes).
 #
 # Failure: whichever thread fails first (a read error on the reader, a decode error on a decode
 # thread) stores the exception in the epoch's ``error`` (first one wins, under its lock) and sets
@@ -73,7 +81,7 @@ class PipelineStats:
 # Stop an epoch: ``Epoch.close()`` (called by the consumer on normal end, on ``break`` -- the
 # generator in ``ShardLoader.__iter__`` is finalised --, on error, by ``start`` and by
 # ``Pipeline.close``): sets the epoch's ``stop`` (the reader checks it before each task and in
-# every ``put`` wait; decode tasks check it between images), waits for the reader to leave the
+# every wait for a slot; decode tasks check it between images), waits for the reader to leave the
 # job (``finished``, bounded by _JOIN_TIMEOUT_S) and cancels every queued future.
 #
 # Stop the pipeline: ``Pipeline.close()`` (``ShardLoader.close``, or the loader's finalizer when
@@ -91,7 +99,11 @@ class Epoch(Generic[T, R]):
         self.tasks = tasks
         self.decode = decode
         self.stop = stop
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=pipeline.prefetch)
+        # ``prefetch`` futures (a slot each) and the end marker, which needs no slot: the reader
+        # leaves an epoch once its last task is queued, not once the queue has room again.
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=pipeline.prefetch + 1)
+        self.slots = threading.Semaphore(pipeline.prefetch)
+        self.started = threading.Event()  # set by the reader thread when it takes this epoch
         self.finished = threading.Event()  # set by the reader thread when it leaves this epoch
         self._lock = threading.Lock()
         self.error: BaseException | None = None
@@ -130,6 +142,7 @@ class Epoch(Generic[T, R]):
                     continue
                 if item is _END:
                     return None
+                self.slots.release()
                 self._current = item
             future = self._current
             try:
@@ -143,6 +156,7 @@ class Epoch(Generic[T, R]):
             if result is None:
                 raise LoaderError("a decode task was stopped before it finished (the pipeline was closed)")
             self.stats.consumed += 1
+            self._pipeline.consumed()
             return result
 
     def close(self) -> None:
@@ -150,7 +164,9 @@ class Epoch(Generic[T, R]):
             return
         self._closed = True
         self.stop.set()
-        if not self.finished.wait(timeout=_JOIN_TIMEOUT_S) and self._pipeline.reader_alive():
+        # An epoch started early whose turn has not come is skipped by the reader (its stop is
+        # set): nothing to wait for, though the epoch before it may run on for long.
+        if self.started.is_set() and not self.finished.wait(timeout=_JOIN_TIMEOUT_S) and self._pipeline.reader_alive():
             log.warning("reader thread still busy with a stopped epoch after %.0fs", _JOIN_TIMEOUT_S)
         if self._current is not None:
             self._current.cancel()
@@ -179,6 +195,8 @@ class Pipeline(Generic[T, R]):
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._current: Epoch[T, R] | None = None
+        self._next: Epoch[T, R] | None = None  # started early, after the current one (start_next)
+        self._progress = threading.Condition()  # notified when a batch is consumed
         self._executor: ThreadPoolExecutor | None = None
         self._reader: threading.Thread | None = None
 
@@ -187,32 +205,73 @@ class Pipeline(Generic[T, R]):
 
     def start(self, tasks: Iterator[T], decode: Callable[[T, threading.Event], R], *,
               stop: threading.Event | None = None) -> Epoch[T, R]:  # fmt: skip
-        """Stop the running epoch (if any) and start one that decodes ``tasks`` with ``decode``
-        (``decode(task, stop)``, on the pool; returns ``None`` if it saw ``stop``); ``stop`` (set
-        when this epoch stops) is the one the task iterator watches."""
+        """Stop the running epoch and the one started early (if any) and start one that decodes
+        ``tasks`` with ``decode`` (``decode(task, stop)``, on the pool; returns ``None`` if it saw
+        ``stop``); ``stop`` (set when this epoch stops) is the one the task iterator watches."""
         epoch: Epoch[T, R] = Epoch(self, tasks, decode, stop if stop is not None else threading.Event())
         with self._lock:
             previous, self._current = self._current, epoch
-            if self._reader is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix=f"{self.name}-decode")
-                self._closed = threading.Event()
-                self._reader = threading.Thread(target=self._loop, args=(self._closed,), name=f"{self.name}-reader", daemon=True)
-                self._reader.start()
-        if previous is not None:
-            previous.close()
+            early, self._next = self._next, None
+            self._ensure_threads()
+        for stale in (previous, early):
+            if stale is not None:
+                stale.close()
         self._jobs.put(epoch)
         return epoch
+
+    def start_next(self, tasks: Iterator[T], decode: Callable[[T, threading.Event], R], *,
+                   stop: threading.Event) -> Epoch[T, R]:  # fmt: skip
+        """Start an epoch early, to run once the current one's tasks are all submitted, without
+        stopping it: its batches are decoded while the current epoch's last ones are consumed,
+        with at most ``prefetch + 2`` batches of the two outstanding at once. :meth:`promote`
+        makes it the current one; :meth:`start` (another epoch) or :meth:`close` stops it."""
+        epoch: Epoch[T, R] = Epoch(self, tasks, decode, stop)
+        with self._lock:
+            early, self._next = self._next, epoch
+            self._ensure_threads()
+        if early is not None:
+            early.close()
+        self._jobs.put(epoch)
+        return epoch
+
+    def promote(self, epoch: Epoch[T, R]) -> bool:
+        """Make ``epoch`` (started by :meth:`start_next`) the current one; ``False`` if it is
+        not the one waiting (stopped since, or another one)."""
+        with self._lock:
+            if self._next is not epoch or epoch.stop.is_set():
+                return False
+            self._next, self._current = None, epoch
+        self.consumed()
+        return True
+
+    def consumed(self) -> None:
+        """A batch was consumed (or an epoch ended): an epoch started early may have room now."""
+        with self._progress:
+            self._progress.notify_all()
+
+    def _ensure_threads(self) -> None:
+        """Make the threads (under ``_lock``) if there are none."""
+        if self._reader is None:
+            self._executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix=f"{self.name}-decode")
+            self._closed = threading.Event()
+            self._reader = threading.Thread(target=self._loop, args=(self._closed,), name=f"{self.name}-reader", daemon=True)
+            self._reader.start()
 
     def forget(self, epoch: Epoch[T, R]) -> None:
         with self._lock:
             if self._current is epoch:
                 self._current = None
+            if self._next is epoch:
+                self._next = None
+        self.consumed()  # an epoch started early after this one has room now
 
     def close(self) -> None:
         with self._lock:
             current, self._current = self._current, None
-        if current is not None:
-            current.close()
+            early, self._next = self._next, None
+        for epoch in (current, early):
+            if epoch is not None:
+                epoch.close()
         self._closed.set()
         if self._reader is not None:
             self._reader.join(timeout=_JOIN_TIMEOUT_S)
@@ -234,19 +293,18 @@ class Pipeline(Generic[T, R]):
                 epoch = self._jobs.get(timeout=_WAIT_S)
             except queue.Empty:
                 continue
+            epoch.started.set()
             try:
                 self._run(epoch)
             finally:
                 epoch.finished.set()
                 del epoch  # hold nothing of a finished epoch while waiting for the next
 
-    def _put(self, epoch: Epoch[T, R], item: Any) -> bool:
+    def _slot(self, epoch: Epoch[T, R]) -> bool:
+        """Wait for room in ``epoch``'s queue for one more future; ``False`` if it stopped first."""
         while not epoch.stop.is_set():
-            try:
-                epoch.queue.put(item, timeout=_WAIT_S)
+            if epoch.slots.acquire(timeout=_WAIT_S):
                 return True
-            except queue.Full:
-                continue
         return False
 
     def _decode_task(self, epoch: Epoch[T, R], task: T) -> R:
@@ -258,19 +316,36 @@ class Pipeline(Generic[T, R]):
         epoch.decoded()
         return result
 
+    def _room(self, epoch: Epoch[T, R]) -> bool:
+        """Whether ``epoch`` may submit a task: always, unless it was started early and the
+        epoch before it still has batches outstanding; then while the two have fewer than
+        ``prefetch + 2`` (the bound one epoch has)."""
+        with self._lock:
+            before = self._current if self._next is epoch else None
+        if before is None:
+            return True
+        outstanding = lambda e: e.stats.submitted - e.stats.consumed  # noqa: E731
+        return outstanding(before) + outstanding(epoch) < self.prefetch + 2
+
     def _run(self, epoch: Epoch[T, R]) -> None:
         stats = epoch.stats
+        if epoch.stop.is_set():  # stopped before its turn (an epoch started early, then dropped)
+            return
         try:
             for task in epoch.tasks:
+                with self._progress:
+                    while not self._room(epoch) and not epoch.stop.is_set():
+                        self._progress.wait(_WAIT_S)
                 if epoch.stop.is_set():
                     return
                 future = self._executor.submit(self._decode_task, epoch, task)
                 stats.submitted += 1
                 stats.max_in_flight = max(stats.max_in_flight, stats.submitted - stats.consumed)
-                if not self._put(epoch, future):
+                if not self._slot(epoch):
                     future.cancel()
                     return
-            self._put(epoch, _END)
+                epoch.queue.put_nowait(future)
+            epoch.queue.put_nowait(_END)  # never full: the futures in it hold at most prefetch slots
         except BaseException as exc:
             epoch.fail(exc)
         finally:

@@ -36,9 +36,13 @@ from loaders.options import LoaderOptions
 from loaders.plan import Piece
 from loaders.shuffle import EpochOrder, epoch_order
 
-__all__ = ["EpochPlan", "Rows", "WindowReader"]
+__all__ = ["EpochPlan", "ReadCount", "Rows", "WindowReader"]
 
 log = logging.getLogger(__name__)
+
+#: How often a wait for an epoch's turn re-checks its stop event (not a poll: it returns as
+#: soon as the turn comes).
+_WAIT_S = 0.05
 
 _COLUMNS = ["image", "label", "is_pad"]
 
@@ -107,7 +111,6 @@ class WindowReader:
         self.pieces = pieces
         self._num_batches = num_batches
         self._rows_per_rank = rows_per_rank
-        self.row_groups_read = 0
         #: Remote shards: the footer (read once, by the loader) and the size of each.
         self.remote: dict[int, tuple[pq.FileMetaData, int, str | None]] = {}
         #: Reads remote row groups ahead (None: every shard is local, read on the reader thread).
@@ -183,9 +186,11 @@ class WindowReader:
         return EpochPlan(self.pieces, self.order(epoch), min(self._num_batches * self.options.batch_size, self._rows_per_rank))
 
     def tasks(self, epoch: int, start: int, stop: threading.Event, ahead: int | None = None,
-              plan: EpochPlan | None = None) -> Iterator[BatchTask]:
+              plan: EpochPlan | None = None, *, go: threading.Event | None = None,
+              reads: ReadCount | None = None) -> Iterator[BatchTask]:  # fmt: skip
         """Batch tasks of ``epoch`` (read as ``plan`` says; default: :meth:`plan`) from batch
         ``start`` of the plan on; runs on the reader thread and returns early once ``stop`` is set.
+        ``reads`` counts the row groups read.
 
         Remote row groups are fetched in the order the epoch reads them and, after the last
         one, the first row groups of epoch ``ahead`` (if given) in its order: its first batch's,
@@ -193,7 +198,12 @@ class WindowReader:
         one starts with a round trip's worth read, not only its first batch (from a far store,
         a row group first asked for when its epoch starts is a stall of a whole round trip).
         They are fetched after every read of this epoch, on the fetch threads, within the
-        memory budget, so they never delay this epoch's batches."""
+        memory budget, so they never delay this epoch's batches.
+
+        ``go``: the epoch is started early, while the one before it is still consumed
+        (:meth:`loaders.pipeline.Pipeline.start_next`); until ``go`` is set (its own turn), it
+        makes tasks only of row groups already fetched (the round the epoch before read ahead)
+        or local, and asks for no other read, so the epoch before never waits on its reads."""
         bs = self.options.batch_size
         plan = plan or self.plan(epoch)
         order, end = plan.order, plan.end
@@ -205,23 +215,27 @@ class WindowReader:
         index = plan.first_index + start
         first = order.window_at(pos)
         last = _last_window(plan)
+        early = go is not None and not go.is_set() and self.fetcher is not None
         if self.fetcher is not None:
-            fetches = self._keys(epoch, plan, range(first, last + 1), waited_from=pos)
-            if ahead is not None and ahead != epoch:
-                following = self.plan(ahead)
-                needed = sum(len(following.order.windows[w]) for w in _batch_windows(following, 0, bs))
-                keys = self._keys(ahead, following, range(_last_window(following) + 1))
-                fetches += keys[: max(needed, self.options.read_concurrency)]
-            self.fetcher.schedule(fetches)
+            if early:  # the round the epoch before scheduled ahead: the same keys, kept
+                self.fetcher.schedule(self._keys(epoch, plan, range(first, last + 1))[: self._round(plan)])
+            else:
+                self.fetcher.schedule(self._keys(epoch, plan, range(first, last + 1), waited_from=pos) + self._ahead(epoch, ahead))
         done = False
         try:
             for w in range(first, last + 1):
+                if early and (go.is_set() or not self._fetched_already(epoch, plan, w)):
+                    if not _wait(go, stop):
+                        return
+                    self.fetcher.schedule(self._keys(epoch, plan, range(w, last + 1)) + self._ahead(epoch, ahead))
+                    early = False
                 indexes = [int(p) for p in order.windows[w]]
                 read = self.read_window([plan.pieces[p] for p in indexes], files, stop,
                                         keys=[(epoch, plan.tag, p) for p in indexes])
                 if read is None:
                     return
-                self.row_groups_read += len(order.windows[w])
+                if reads is not None:
+                    reads.row_groups += len(order.windows[w])
                 perm = order.perms[w]
                 lo = max(pos - int(order.starts[w]), 0)
                 hi = min(end - int(order.starts[w]), len(perm))
@@ -238,12 +252,35 @@ class WindowReader:
                 read = window = None
             if carry is not None and len(carry):
                 yield carry.task(index)
+            if early:  # every read was in the first round: the next epoch's, once it is this one's turn
+                if not _wait(go, stop):
+                    return
+                self.fetcher.schedule(self._ahead(epoch, ahead))
             done = True
         finally:
             for f in files.values():
                 f.close()
             if not done and self.fetcher is not None:
                 self.fetcher.drop()  # stopped early or failed: free what was read for later windows
+
+    def _round(self, plan: EpochPlan) -> int:
+        """How many of ``plan``'s first reads one round is: its first batch's, and at least
+        ``read_concurrency``."""
+        needed = sum(len(plan.order.windows[w]) for w in _batch_windows(plan, 0, self.options.batch_size))
+        return max(needed, self.options.read_concurrency)
+
+    def _ahead(self, epoch: int, ahead: int | None) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:
+        """The first round of reads of epoch ``ahead`` (none if it is ``None`` or ``epoch``)."""
+        if ahead is None or ahead == epoch:
+            return []
+        following = self.plan(ahead)
+        return self._keys(ahead, following, range(_last_window(following) + 1))[: self._round(following)]
+
+    def _fetched_already(self, epoch: int, plan: EpochPlan, w: int) -> bool:
+        """Whether every remote row group of window ``w`` of ``plan`` has been read (local ones
+        are read here at once)."""
+        return all(self.fetcher.done((epoch, plan.tag, int(p))) for p in plan.order.windows[w]
+                   if self._range(plan.pieces[int(p)]) is not None)  # fmt: skip
 
     def read_window(self, pieces: Sequence[Piece], files: dict[int, OpenShard], stop: threading.Event,
                     *, keys: Sequence[Hashable] = ()) -> Rows | None:
@@ -316,6 +353,21 @@ class WindowReader:
             return pf.read_row_group(piece.row_group, columns=columns, use_threads=False)
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+
+
+@dataclass
+class ReadCount:
+    """Row groups an epoch's task iterator has read."""
+
+    row_groups: int = 0
+
+
+def _wait(go: threading.Event, stop: threading.Event) -> bool:
+    """Wait for ``go``; ``False`` if ``stop`` is set first."""
+    while not go.wait(_WAIT_S):
+        if stop.is_set():
+            return False
+    return not stop.is_set()
 
 
 def _batch_windows(plan: EpochPlan, pos: int, batch_size: int) -> range:

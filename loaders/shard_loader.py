@@ -30,8 +30,9 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,7 +50,7 @@ from loaders.fetch import RangeFetcher, read_s3_range
 from loaders.options import LoaderOptions, default_threads
 from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.reader import EpochPlan, WindowReader
+from loaders.reader import EpochPlan, ReadCount, WindowReader
 from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
 from loaders.transforms import default_transform
 
@@ -140,6 +141,8 @@ class ShardLoader:
         self._plan_batches = 0  # batches per rank of self._plan
         self._plan_used = False  # an iteration has started from self._plan
         self._running: Epoch[BatchTask, Any] | None = None
+        self._early: _Early | None = None  # the next epoch, started before its iteration
+        self._reads = ReadCount()  # of the current (or last) iteration
         self._last_iter_epoch: int | None = None  # the epoch the last iteration ran
         self._lock = threading.Lock()
         self.skipped_rows: list[SkippedRow] = []
@@ -223,7 +226,7 @@ class ShardLoader:
     @property
     def row_groups_read(self) -> int:
         """Row groups read by the current (or last) iteration."""
-        return self._reader.row_groups_read
+        return self._reads.row_groups
 
     # -- epochs and state --------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -319,11 +322,12 @@ class ShardLoader:
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._stop_pipeline()
+        self._stop_running()  # not the epoch started early: the new iteration may be it
         return self._run()
 
     def _start(self) -> Epoch[BatchTask, Any]:
-        """Start the epoch :meth:`set_epoch` selected, from the batch a restored state says."""
+        """Start the epoch :meth:`set_epoch` selected, from the batch a restored state says: the
+        one started early, if it is that epoch from its first batch, else a new one."""
         if self.cache is not None:  # shards cached since the last epoch are read from disk now
             self._reader.use_local(self.cache.ready())
             self.cache.start(self._cached, name=f"lakeshard-r{self.options.rank}")
@@ -332,31 +336,55 @@ class ShardLoader:
             self._legs, self._plan = (), None
         self._plan_used = True
         self._consumed = start
-        self.skipped_rows = []
-        self._reader.row_groups_read = 0
-        spec = DecodeSpec(
-            decoder=get_decoder(self.options.decoder), size=self.image_size, num_classes=self.num_classes,
-            shard_uris=self.shard_uris, seed=self.options.seed, epoch=self._epoch, rank=self.options.rank,
-            transform=self._transform,
-            pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, buffers=self._buffers,
-            skipped=self.skipped_rows, batch_decoder=get_batch_decoder(self.options.decoder),
-        )  # fmt: skip
         # The epoch expected next, whose first batch's windows are fetched after this epoch's reads
         # (remote shards): epoch + 1 on the first iteration and after a step of one (the
         # set_epoch(epoch + 1) loop). The same epoch again (a validation loader) or a jump reads
-        # nothing ahead.
-        step = 1 if self._last_iter_epoch is None else self._epoch - self._last_iter_epoch
+        # nothing ahead. Once the loop has made a step of one, the expected epoch is also started
+        # early (its first batches decoded while this one's last are consumed); not on a first
+        # iteration, which may be a loader's only one.
+        looping = self._last_iter_epoch is not None and self._epoch - self._last_iter_epoch == 1
+        ahead = self._epoch + 1 if looping or self._last_iter_epoch is None else None
         self._last_iter_epoch = self._epoch
-        ahead = self._epoch + 1 if step == 1 else None
-        reader, plan = self._reader, self._plan
-        stop = threading.Event()
-        epoch = self._pipeline.start(
-            reader.tasks(self._epoch, start - (plan.first_index if plan else 0), stop, ahead, plan), lambda task, stop: decode_batch(task, stop, spec), stop=stop,
-        )  # fmt: skip
+        early, self._early = self._early, None
+        if early is not None and early.epoch == self._epoch and start == 0 and self._plan is None \
+                and self._pipeline.promote(early.run):  # fmt: skip
+            early.go.set()
+            epoch, self.skipped_rows, self._reads = early.run, early.skipped, early.reads
+        else:
+            if early is not None:
+                early.run.close()
+            self.skipped_rows, self._reads = [], ReadCount()
+            stop = threading.Event()
+            plan = self._plan
+            tasks = self._reader.tasks(self._epoch, start - (plan.first_index if plan else 0), stop, ahead, plan, reads=self._reads)
+            epoch = self._pipeline.start(tasks, self._decoder(self._epoch, self.skipped_rows), stop=stop)
+        if looping and self._plan is None:
+            self._early = self._start_early(self._epoch + 1)
         with self._lock:
             self._running = epoch
         self.stats = epoch.stats
         return epoch
+
+    def _start_early(self, epoch: int) -> _Early:
+        """Epoch ``epoch`` from its first batch, to run after the current one (see
+        :meth:`loaders.pipeline.Pipeline.start_next`): its first batches are decoded while this
+        one's last are consumed, from row groups already read; it reads more once it is its turn."""
+        skipped: list[SkippedRow] = []
+        reads, stop, go = ReadCount(), threading.Event(), threading.Event()
+        tasks = self._reader.tasks(epoch, 0, stop, epoch + 1, go=go, reads=reads)
+        run = self._pipeline.start_next(tasks, self._decoder(epoch, skipped), stop=stop)
+        return _Early(epoch, run, go, skipped, reads)
+
+    def _decoder(self, epoch: int, skipped: list[SkippedRow]) -> Callable[[BatchTask, threading.Event], Any]:
+        """What decodes a batch task of ``epoch`` (bad rows it skips go to ``skipped``)."""
+        spec = DecodeSpec(
+            decoder=get_decoder(self.options.decoder), size=self.image_size, num_classes=self.num_classes,
+            shard_uris=self.shard_uris, seed=self.options.seed, epoch=epoch, rank=self.options.rank,
+            transform=self._transform,
+            pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, buffers=self._buffers,
+            skipped=skipped, batch_decoder=get_batch_decoder(self.options.decoder),
+        )  # fmt: skip
+        return lambda task, stop: decode_batch(task, stop, spec)
 
     def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # The epoch starts at the first next(), not at iter(): a set_epoch() between the two
@@ -392,11 +420,18 @@ class ShardLoader:
         self._stop_pipeline()
         _shutdown(self._pipeline, self.fetcher, self.cache)
 
-    def _stop_pipeline(self) -> None:
+    def _stop_running(self) -> None:
         with self._lock:
             running, self._running = self._running, None
         if running is not None:
             running.close()
+
+    def _stop_pipeline(self) -> None:
+        """Stop the running epoch and the one started early."""
+        self._stop_running()
+        early, self._early = self._early, None
+        if early is not None:
+            early.run.close()
 
     def as_dataset(self) -> ShardDataset:
         """This loader as a :class:`torch.utils.data.IterableDataset` (see :mod:`loaders.dataset`):
@@ -420,6 +455,18 @@ def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None, 
         fetcher.close()
     if cache is not None:
         cache.close() if final else cache.stop()
+
+
+@dataclass(frozen=True)
+class _Early:
+    """An epoch started early (:meth:`ShardLoader._start_early`): its pipeline epoch, the event
+    that lets it read more than what is already fetched, and its bad rows and reads."""
+
+    epoch: int
+    run: Epoch[BatchTask, Any]
+    go: threading.Event
+    skipped: list[SkippedRow]
+    reads: ReadCount
 
 
 class _Footers(Mapping[int, list[int]]):

@@ -10,7 +10,8 @@ tests check *which* samples came out, through the real decode path.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -137,3 +138,12 @@ def write_dataset(
     storage.write_json_atomic(contract.labels_uri(uri), labels)
     storage.write_json_atomic(contract.dataset_json_uri(uri), info.to_json())
     return info
+
+
+def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Wait until ``condition()`` holds; fail the test, saying ``what``, after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting ({timeout:.0f} s) until {what}")
+        time.sleep(0.01)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from loader_builders import ids_of, shard_path, write_dataset
+from loader_builders import ids_of, shard_path, until, write_dataset
 
 from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
@@ -185,7 +185,7 @@ def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(
             if i == len(loader) - 1:  # the last batch of this epoch, in the training loop
                 waited_next = [k for k in fetcher.waited if k[0] == epoch + 1]
                 issued_next = [k[-1] for k in fetcher.submitted if k[0] == epoch + 1]
-                _until(lambda e=epoch: sum(k[0] == e + 1 for k in fetcher.completed) == pieces,
+                until(lambda e=epoch: sum(k[0] == e + 1 for k in fetcher.completed) == pieces,
                        f"every row group of epoch {epoch + 1} is read")  # fmt: skip
         assert got == expected[epoch]
         assert waited_next == []
@@ -194,14 +194,6 @@ def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(
     assert len(of_2) == len(set(of_2)) == pieces  # each fetched once: epoch 2 used its read-ahead
     assert fetcher.peak_bytes_held <= fetcher.budget
     loader.close()
-
-
-def _until(condition, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting ({timeout:.0f} s) until {what}")
-        time.sleep(0.01)
 
 
 def test_an_epoch_boundary_never_waits_on_the_store(local_ds: Path, s3_bucket: str, monkeypatch):
@@ -228,13 +220,13 @@ def test_an_epoch_boundary_never_waits_on_the_store(local_ds: Path, s3_bucket: s
         for i, (images, labels) in enumerate(loader):
             got.append((ids_of(images), labels.tolist()))
             if i == len(loader) - 1:
-                _until(lambda: proxy.stalled > 0, "the store holds epoch 1's first reads")
+                until(lambda: proxy.stalled > 0, "the store holds epoch 1's first reads")
         assert proxy.stalled > 0 and proxy.timed_out == 0  # the epoch ended with them still held
         assert got == expected[0]
 
         proxy.unstall()
         fetcher = loader.fetcher
-        _until(lambda: {k for k in fetcher.submitted if k[0] == 1} <= set(fetcher.completed), "epoch 1's first reads are in")
+        until(lambda: {k for k in fetcher.submitted if k[0] == 1} <= set(fetcher.completed), "epoch 1's first reads are in")
         proxy.stall_requests("all")
         loader.set_epoch(1)
         batches = iter(loader)
@@ -391,7 +383,7 @@ def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_b
     with ShardLoader(remote, read_concurrency=concurrency, **OPTIONS) as loader:
         epochs(loader, [0])
         fetcher = loader.fetcher
-        _until(lambda: sum(k[0] == 1 for k in fetcher.completed) >= concurrency, "epoch 1's first row groups are read")
+        until(lambda: sum(k[0] == 1 for k in fetcher.completed) >= concurrency, "epoch 1's first row groups are read")
         time.sleep(0.2)  # nothing more is scheduled until epoch 1 starts
         issued = [k[-1] for k in fetcher.submitted if k[0] == 1]
     assert issued == [int(p) for w in following.windows for p in w][:concurrency]
