@@ -36,7 +36,12 @@ def test_threads_live_across_epochs_and_stop_on_break_and_close(dataset: Path):
     for epoch in (1, 2):  # an epoch is a new order, not new threads
         loader.set_epoch(epoch)
         assert len(list(loader)) == len(loader)
-    assert set(loader_threads()) == threads
+    # The same threads live on (the decode pool may have made the rest of its 3 lazily, as a
+    # ThreadPoolExecutor does when every thread is busy: the next epoch started early keeps
+    # them busier).
+    now = set(loader_threads())
+    assert threads <= now and {t for t in now if t.name.endswith("-reader")} == {t for t in threads if t.name.endswith("-reader")}
+    assert len([t for t in now if "-decode" in t.name]) <= 3
     loader.close()
     assert loader_threads() == []
     assert len(list(loader)) == len(loader)  # a closed loader starts new threads if iterated again
