@@ -189,6 +189,11 @@ class RangeFetcher:
                 if stop.is_set():
                     return None
 
+    def asked(self, key: Hashable) -> bool:
+        """Whether ``key`` is scheduled (pending, under way or read, and not released)."""
+        with self._lock:
+            return key in self._futures or any(k == key for k, _ in self._pending)
+
     def done(self, key: Hashable) -> bool:
         """Whether the read of ``key`` has ended (its bytes, or its error, are in)."""
         with self._lock:

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 #: How often a wait for an epoch's turn re-checks its stop event (not a poll: it returns as
 #: soon as the turn comes).
 _WAIT_S = 0.05
+#: How often an epoch started early checks whether the reads it may use are in.
+_READY_POLL_S = 0.01
 
 _COLUMNS = ["image", "label", "is_pad"]
 
@@ -224,7 +226,7 @@ class WindowReader:
         done = False
         try:
             for w in range(first, last + 1):
-                if early and (go.is_set() or not self._fetched_already(epoch, plan, w)):
+                if early and (go.is_set() or not self._ready(epoch, plan, w, go, stop)):
                     if not _wait(go, stop):
                         return
                     self.fetcher.schedule(self._keys(epoch, plan, range(w, last + 1)) + self._ahead(epoch, ahead))
@@ -246,6 +248,9 @@ class WindowReader:
                 while n - k >= bs:
                     yield window.slice(k, k + bs).task(index)
                     index, k = index + 1, k + bs
+                    if early and go.is_set():  # adopted: the rest of the epoch's reads, at once
+                        self.fetcher.schedule(self._keys(epoch, plan, range(w + 1, last + 1)) + self._ahead(epoch, ahead))
+                        early = False
                 carry = window.slice(k) if k < n else None
                 # The tasks hold their rows now: let each row go once its batch is decoded,
                 # instead of keeping the whole window until the next one is read.
@@ -276,11 +281,19 @@ class WindowReader:
         following = self.plan(ahead)
         return self._keys(ahead, following, range(_last_window(following) + 1))[: self._round(following)]
 
-    def _fetched_already(self, epoch: int, plan: EpochPlan, w: int) -> bool:
-        """Whether every remote row group of window ``w`` of ``plan`` has been read (local ones
-        are read here at once)."""
-        return all(self.fetcher.done((epoch, plan.tag, int(p))) for p in plan.order.windows[w]
-                   if self._range(plan.pieces[int(p)]) is not None)  # fmt: skip
+    def _ready(self, epoch: int, plan: EpochPlan, w: int, go: threading.Event, stop: threading.Event) -> bool:
+        """Whether every remote row group of window ``w`` of ``plan`` is read (local ones are read
+        here at once), once those already asked for are in; ``False`` at once if one was never
+        asked for, and when ``go`` or ``stop`` comes first. Checks every ``_READY_POLL_S`` rather
+        than waiting on the reads: a wait on the next epoch's reads is what an epoch started early
+        must never do before its turn."""
+        keys = [(epoch, plan.tag, int(p)) for p in plan.order.windows[w] if self._range(plan.pieces[int(p)]) is not None]
+        if not all(self.fetcher.asked(k) for k in keys):
+            return False
+        while not all(map(self.fetcher.done, keys)):
+            if go.wait(_READY_POLL_S) or stop.is_set():
+                return False
+        return True
 
     def read_window(self, pieces: Sequence[Piece], files: dict[int, OpenShard], stop: threading.Event,
                     *, keys: Sequence[Hashable] = ()) -> Rows | None:

@@ -387,3 +387,23 @@ def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_b
         time.sleep(0.2)  # nothing more is scheduled until epoch 1 starts
         issued = [k[-1] for k in fetcher.submitted if k[0] == 1]
     assert issued == [int(p) for w in following.windows for p in w][:concurrency]
+
+
+def test_an_epoch_started_early_asks_for_the_rest_of_its_reads_once_adopted(local_ds: Path, s3_bucket: str):
+    """An epoch started early reads only the round read ahead for it; once the loop starts it,
+    it asks for the rest of its row groups at once (while its first batch is consumed), not
+    when its tasks reach the first row group it lacks."""
+    remote = upload(local_ds, s3_bucket)
+    with ShardLoader(remote, read_concurrency=16, prefetch=2, **OPTIONS) as loader:
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            list(loader)
+        fetcher, pieces = loader.fetcher, len(loader._reader.pieces)
+        until(lambda: loader._early.run.stats.submitted >= 1, "epoch 2's first task, from what is read")
+        round_ = {k for k in fetcher.submitted if k[0] == 2}
+        assert 0 < len(round_) < pieces  # only the round epoch 1 read ahead
+        loader.set_epoch(2)
+        batches = iter(loader)
+        next(batches)  # and no further: its tasks stay within the round
+        until(lambda: len({k for k in fetcher.submitted if k[0] == 2}) > len(round_), "the rest of epoch 2 is asked for")
+        batches.close()
