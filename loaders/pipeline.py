@@ -51,6 +51,11 @@ class PipelineStats:
     consumed: int = 0
     max_in_flight: int = 0
 
+    @property
+    def outstanding(self) -> int:
+        """Batches submitted and not yet consumed."""
+        return self.submitted - self.consumed
+
 
 # NOTE [ Prefetch shutdown ]
 #
@@ -322,10 +327,7 @@ class Pipeline(Generic[T, R]):
         ``prefetch + 2`` (the bound one epoch has)."""
         with self._lock:
             before = self._current if self._next is epoch else None
-        if before is None:
-            return True
-        outstanding = lambda e: e.stats.submitted - e.stats.consumed  # noqa: E731
-        return outstanding(before) + outstanding(epoch) < self.prefetch + 2
+        return before is None or before.stats.outstanding + epoch.stats.outstanding < self.prefetch + 2
 
     def _run(self, epoch: Epoch[T, R]) -> None:
         stats = epoch.stats
@@ -340,7 +342,7 @@ class Pipeline(Generic[T, R]):
                     return
                 future = self._executor.submit(self._decode_task, epoch, task)
                 stats.submitted += 1
-                stats.max_in_flight = max(stats.max_in_flight, stats.submitted - stats.consumed)
+                stats.max_in_flight = max(stats.max_in_flight, stats.outstanding)
                 if not self._slot(epoch):
                     future.cancel()
                     return

@@ -218,6 +218,10 @@ class WindowReader:
         first = order.window_at(pos)
         last = _last_window(plan)
         early = go is not None and not go.is_set() and self.fetcher is not None
+
+        def read_rest(window: int) -> None:  # an epoch started early, adopted: its reads from ``window`` on
+            self.fetcher.schedule(self._keys(epoch, plan, range(window, last + 1)) + self._ahead(epoch, ahead))
+
         if self.fetcher is not None:
             if early:  # the round the epoch before scheduled ahead: the same keys, kept
                 self.fetcher.schedule(self._keys(epoch, plan, range(first, last + 1))[: self._round(plan)])
@@ -229,7 +233,7 @@ class WindowReader:
                 if early and (go.is_set() or not self._ready(epoch, plan, w, go, stop)):
                     if not _wait(go, stop):
                         return
-                    self.fetcher.schedule(self._keys(epoch, plan, range(w, last + 1)) + self._ahead(epoch, ahead))
+                    read_rest(w)
                     early = False
                 indexes = [int(p) for p in order.windows[w]]
                 read = self.read_window([plan.pieces[p] for p in indexes], files, stop,
@@ -249,7 +253,7 @@ class WindowReader:
                     yield window.slice(k, k + bs).task(index)
                     index, k = index + 1, k + bs
                     if early and go.is_set():  # adopted: the rest of the epoch's reads, at once
-                        self.fetcher.schedule(self._keys(epoch, plan, range(w + 1, last + 1)) + self._ahead(epoch, ahead))
+                        read_rest(w + 1)
                         early = False
                 carry = window.slice(k) if k < n else None
                 # The tasks hold their rows now: let each row go once its batch is decoded,
@@ -260,7 +264,7 @@ class WindowReader:
             if early:  # every read was in the first round: the next epoch's, once it is this one's turn
                 if not _wait(go, stop):
                     return
-                self.fetcher.schedule(self._ahead(epoch, ahead))
+                read_rest(last + 1)
             done = True
         finally:
             for f in files.values():
