@@ -14,7 +14,6 @@ whatever the shard's size; a single range larger than ``budget`` is refused on s
 
 from __future__ import annotations
 
-import asyncio
 import io
 import logging
 import threading
@@ -270,7 +269,7 @@ class RangeFetcher:
 
 
 #: A row group of at least twice this many bytes is fetched in parts (equal, each at least this
-#: size), at once on fsspec's event loop: a large row group arrives over several connections. A
+#: size), at once on threads of their own: a large row group arrives over several connections. A
 #: smaller one is one GET: a full part and a sliver cost the client twice its per-request CPU
 #: and a second copy of the bytes (the join), for no bandwidth gained.
 _PART_BYTES = 4 << 20
@@ -291,14 +290,13 @@ def _parts(start: int, end: int, at_least: int = 1) -> list[tuple[int, int]]:
 
 def read_s3_range(r: ByteRange) -> bytes:
     """The bytes of ``r``, each GET sent with ``If-Match: <the ETag of the shard the loader
-    checked>``: an object replaced since answers 412, never other bytes."""
-    import fsspec.asyn
-
-    fs, _ = storage.filesystem("s3://" + r.path)
-
-    async def whole() -> bytes:
-        parts = await asyncio.gather(*(storage.s3_get_async(fs, r.path, start=lo, end=hi, if_match=r.etag)
-                                       for lo, hi in _parts(r.start, r.end, r.parts)))  # fmt: skip
-        return parts[0][0] if len(parts) == 1 else b"".join(data for data, _ in parts)
-
-    return fsspec.asyn.sync(fs.loop, whole)
+    checked>``: an object replaced since answers 412, never other bytes. Blocking, on the calling
+    fetch thread (:func:`lakeshard.storage.s3_read_range`); a range in several parts has the
+    others read at once on threads of their own (``<this thread's name>-part``)."""
+    parts = _parts(r.start, r.end, r.parts)
+    if len(parts) == 1:
+        return storage.s3_read_range(r.path, r.start, r.end, if_match=r.etag)
+    with ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=f"{threading.current_thread().name}-part") as pool:
+        rest = [pool.submit(storage.s3_read_range, r.path, lo, hi, if_match=r.etag) for lo, hi in parts[1:]]
+        first = storage.s3_read_range(r.path, *parts[0], if_match=r.etag)
+        return b"".join([first, *(f.result() for f in rest)])

@@ -180,6 +180,7 @@ class ShardLoader:
         opts = self.options
         side = opts.crop or self.image_size
         decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
+        storage.s3_client()  # made now, not in the first batch's reads (s3fs, which read the footers, parsed its models)
         fetcher = RangeFetcher(read_s3_range, concurrency=opts.read_concurrency, budget=0, name=name)
         self._reader.use_fetcher(fetcher, remote)
         largest = self._reader.max_range_bytes()

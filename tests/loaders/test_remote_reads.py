@@ -337,6 +337,64 @@ def test_a_read_a_batch_waits_on_is_fetched_in_parts_of_at_least_1_mib(s3_bucket
     assert got == {(mib - 1, 8): 1, (2 * mib + 10, 8): 2, (4 * mib, 3): 3, (4 * mib, 1): 1}
 
 
+def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: str, monkeypatch):
+    """The fetch threads' blocking client (``storage.s3_read_range``) through a proxy that answers
+    a seeded 30% of requests with 500, 503 SlowDown, a dropped connection or a body cut off
+    halfway: every read still returns the object's bytes, whole parts and a read in parts alike,
+    and each kind of fault was met. The client follows ``AWS_ENDPOINT_URL`` (the proxy saw the
+    reads) and is one per process and setting."""
+    from lakeshard import storage
+    from loaders.fetch import ByteRange, read_s3_range
+    from tests.hardening.faultproxy import FaultProxy
+
+    mib = 1 << 20
+    data = os.urandom(3 * mib)
+    bucket = s3_bucket[len("s3://"):]
+    boto3.client("s3").put_object(Bucket=bucket, Key="blob", Body=data)
+    direct = storage.s3_client()
+    assert storage.s3_client() is direct
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        assert storage.s3_client() is not direct
+        proxy.reset(mode="faults", rate=0.3, seed=4)
+        for i in range(40):
+            start = i * 50_000
+            assert read_s3_range(ByteRange(f"{bucket}/blob", start, start + 200_000)) == data[start : start + 200_000]
+        assert read_s3_range(ByteRange(f"{bucket}/blob", 7, 3 * mib, parts=3)) == data[7:]
+    finally:
+        proxy.stop()
+    assert {"500", "503", "drop", "cut"} <= set(proxy.injected), proxy.injected
+    assert len([r for r in proxy.log if r.method == "GET"]) > 40
+
+
+def test_a_range_read_s_store_errors_are_the_usual_python_ones(s3_bucket: str, tmp_path: Path, monkeypatch):
+    """A missing object is ``FileNotFoundError``, a denied one ``PermissionError``, a changed one
+    (``If-Match`` an old ETag) an ``OSError`` from the store's 412, none retried for long."""
+    from loaders.fetch import ByteRange, read_s3_range
+    from tests.hardening.faultproxy import FaultProxy
+
+    bucket = s3_bucket[len("s3://"):]
+    etag = boto3.client("s3").put_object(Bucket=bucket, Key="blob", Body=b"x" * 1000)["ETag"].strip('"')
+    assert read_s3_range(ByteRange(f"{bucket}/blob", 0, 10, etag=etag)) == b"x" * 10
+    with pytest.raises(FileNotFoundError):
+        read_s3_range(ByteRange(f"{bucket}/no-such-blob", 0, 10))
+    boto3.client("s3").put_object(Bucket=bucket, Key="blob", Body=b"y" * 1000)
+    with pytest.raises(OSError, match="pre-conditions"):
+        read_s3_range(ByteRange(f"{bucket}/blob", 0, 10, etag=etag))
+    proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.reset(mode="deny")
+        started = time.monotonic()
+        with pytest.raises(PermissionError):
+            read_s3_range(ByteRange(f"{bucket}/blob", 0, 10))
+        assert time.monotonic() - started < 10
+        assert proxy.injected["403"] == 1
+    finally:
+        proxy.stop()
+
+
 def test_the_first_batch_s_row_groups_are_asked_for_in_parts(local_ds: Path, s3_bucket: str):
     """When an epoch starts, the reads of its first batch carry ``parts=read_concurrency``, the
     others one; read ahead (no batch waits on them yet), every read is one part."""
