@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,19 +201,17 @@ class ShardCache:
 
     def _download(self, shard: CachedShard, path: Path, stop: threading.Event) -> bool:
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        fs, remote = storage.filesystem(shard.uri)
+        _, remote = storage.filesystem(shard.uri)
         h = hashlib.sha256()
         try:
-            # Parts of _CHUNK bytes, _PARTS at a time (cat_ranges runs them at once on fsspec's
-            # loop): a far store's bandwidth is per connection.
-            with open(tmp, "wb") as dst:
+            # Parts of _CHUNK bytes, _PARTS at a time, through the blocking client the fetch
+            # threads use (design/0025): a far store's bandwidth is per connection.
+            with open(tmp, "wb") as dst, ThreadPoolExecutor(_PARTS, thread_name_prefix=f"{threading.current_thread().name}-part") as pool:
                 starts = list(range(0, shard.bytes, _CHUNK))
                 for i in range(0, len(starts), _PARTS):
                     if stop.is_set():
                         return False
-                    batch = starts[i : i + _PARTS]
-                    parts = fs.cat_ranges([remote] * len(batch), batch, [min(s + _CHUNK, shard.bytes) for s in batch],
-                                          on_error="raise")  # fmt: skip
+                    parts = pool.map(lambda s: storage.s3_read_range(remote, s, min(s + _CHUNK, shard.bytes)), starts[i : i + _PARTS])
                     for chunk in parts:
                         h.update(chunk)
                         dst.write(chunk)
