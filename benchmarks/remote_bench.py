@@ -60,6 +60,7 @@ from loader_bench import build_dataset, epoch_timing, other_load, synthetic_imag
 from remote_store import NginxMissingError, RemoteStore, Traffic, parse_rate
 from variants import parse_variant
 
+from lakeshard import storage
 from lakeshard.format import shard_relpath
 from loaders import LoaderOptions, ShardLoader
 
@@ -100,10 +101,12 @@ def new_loader(dataset: str, args: argparse.Namespace) -> ShardLoader:
 
 
 def fresh_filesystems() -> None:
-    """Forget fsspec's cached S3 filesystems (and their connections), as a new process has none."""
+    """Forget fsspec's cached S3 filesystems and lakeshard's blocking S3 clients (and their
+    connections), as a new process has none."""
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
+    storage.clear_s3_clients()
 
 
 def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteStore) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from lakeshard.errors import StorageError
 __all__ = [
     "GONE",
     "cat",
+    "clear_s3_clients",
     "exists",
     "filesystem",
     "join",
@@ -285,6 +286,13 @@ def s3_client() -> Any:
         if client is None:
             client = _CLIENTS[key] = _new_client(options)
     return client
+
+
+def clear_s3_clients() -> None:
+    """Forget the blocking clients :func:`s3_client` made (their connections close when they
+    are collected), as a new process has none: for benchmarks timing a fresh start."""
+    with _CLIENTS_LOCK:
+        _CLIENTS.clear()
 
 
 def _new_client(options: dict[str, Any]) -> Any:

@@ -206,12 +206,14 @@ class ShardCache:
         try:
             # Parts of _CHUNK bytes, _PARTS at a time, through the blocking client the fetch
             # threads use (design/0025): a far store's bandwidth is per connection.
-            with open(tmp, "wb") as dst, ThreadPoolExecutor(_PARTS, thread_name_prefix=f"{threading.current_thread().name}-part") as pool:
+            part = f"{threading.current_thread().name}-part"
+            with open(tmp, "wb") as dst, ThreadPoolExecutor(_PARTS, thread_name_prefix=part) as pool:
                 starts = list(range(0, shard.bytes, _CHUNK))
                 for i in range(0, len(starts), _PARTS):
                     if stop.is_set():
                         return False
-                    parts = pool.map(lambda s: storage.s3_read_range(remote, s, min(s + _CHUNK, shard.bytes)), starts[i : i + _PARTS])
+                    parts = pool.map(lambda s: storage.s3_read_range(remote, s, min(s + _CHUNK, shard.bytes)),
+                                     starts[i : i + _PARTS])  # fmt: skip
                     for chunk in parts:
                         h.update(chunk)
                         dst.write(chunk)

@@ -342,7 +342,7 @@ def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: s
     a seeded 30% of requests with 500, 503 SlowDown, a dropped connection or a body cut off
     halfway: every read still returns the object's bytes, whole parts and a read in parts alike,
     and each kind of fault was met. The client follows ``AWS_ENDPOINT_URL`` (the proxy saw the
-    reads) and is one per process and setting."""
+    reads) and is one per process and setting, until forgotten."""
     from lakeshard import storage
     from loaders.fetch import ByteRange, read_s3_range
     from tests.hardening.faultproxy import FaultProxy
@@ -351,8 +351,10 @@ def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: s
     data = os.urandom(3 * mib)
     bucket = s3_bucket[len("s3://"):]
     boto3.client("s3").put_object(Bucket=bucket, Key="blob", Body=data)
+    before = storage.s3_client()
+    storage.clear_s3_clients()  # as a new process has none
     direct = storage.s3_client()
-    assert storage.s3_client() is direct
+    assert direct is not before and storage.s3_client() is direct
     proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
