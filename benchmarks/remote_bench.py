@@ -21,8 +21,11 @@ Each repeat measures both sources, local first on even repeats and remote first 
   the epoch before: the gap at the epoch boundary), and ``epoch<N>_gap_s``, the typical gap
   between two batches of the epoch (median);
 * ``fresh_first_batch_s``: a new loader's first batch, its constructor (``dataset.json``,
-  the footers) included; for the remote, in a new S3 filesystem (fsspec's instance cache
-  cleared), so with new connections, as a new process has it;
+  the footers) included; for the remote, with new S3 clients and connections (the process's
+  cached ones forgotten), as a second loader of a process that has read S3 before has it;
+* ``process_first_batch_s``: the same in a new process (``first_batch.py``: its imports done,
+  the clock started at ``ShardLoader(...)``), as a training script's first batch comes: with
+  the modules the loader imports when it first needs them and the S3 client's models to load;
 * for the remote, what the store served meanwhile (:class:`remote_store.Traffic`): requests
   (GET, HEAD, LIST), connections opened, body bytes, and in the JSON each file request
   (``*_served``: method, status, bytes, path, ``Range``). An epoch's traffic is what was served
@@ -44,6 +47,7 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -95,9 +99,26 @@ def loader_options(texts: list[str]) -> dict[str, Any]:
     return out
 
 
+#: Seconds a new process may take for its first batch (``first_batch.py``), imports included.
+_PROCESS_TIMEOUT_S = 300
+
+
 def new_loader(dataset: str, args: argparse.Namespace) -> ShardLoader:
-    options = {"channel": "train", "batch_size": args.batch_size, "shuffle": True, "seed": 0, **args.options}
-    return ShardLoader(dataset, **options)
+    return ShardLoader(dataset, **loader_kwargs(args))
+
+
+def loader_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"channel": "train", "batch_size": args.batch_size, "shuffle": True, "seed": 0, **args.options}
+
+
+def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, float]:
+    """``first_batch.py`` in a new process (this one's environment: the store's endpoint)."""
+    script = Path(__file__).with_name("first_batch.py")
+    done = subprocess.run([sys.executable, str(script), dataset, json.dumps(loader_kwargs(args))],
+                          capture_output=True, text=True, timeout=_PROCESS_TIMEOUT_S)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{script.name} {dataset} failed (exit code {done.returncode}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def fresh_filesystems() -> None:
@@ -141,6 +162,11 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     if remote:
         out["fresh_first_batch_traffic"] = (store.traffic() - before).as_dict()
         out["fresh_first_batch_served"] = store.served(since=logged)
+        before = store.traffic()
+    child = process_first_batch(dataset, args)
+    out["process_first_batch_s"], out["process_constructor_s"] = child["first_batch_s"], child["constructor_s"]
+    if remote:
+        out["process_first_batch_traffic"] = (store.traffic() - before).as_dict()
     return out
 
 
@@ -184,7 +210,11 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, i
         epochs.append({"epoch": e, "images_per_s": med, "first_batch_s": first, "typical_gap_s": gap, "traffic": traffic,
                        "bounds_s": bounds(med, traffic, images, args.latency_ms, args.bandwidth_bytes)})  # fmt: skip
     fresh = {s: median(s, "fresh_first_batch_s") for s in SOURCES}
+    process = {s: median(s, "process_first_batch_s") for s in SOURCES}
+    constructor = {s: median(s, "process_constructor_s") for s in SOURCES}
     return {"epochs": epochs, "fresh_first_batch_s": fresh, "fresh_first_batch_traffic": median_traffic("fresh_first_batch_traffic"),
+            "process_first_batch_s": process, "process_constructor_s": constructor,
+            "process_first_batch_traffic": median_traffic("process_first_batch_traffic"),
             "other_cpu_share": {s: median(s, "other_cpu_share") for s in SOURCES}}  # fmt: skip
 
 
@@ -205,6 +235,10 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"fresh loader, first batch (constructor included): local {fresh['local']:.3f}s, remote {fresh['remote']:.3f}s "
           f"({t['requests']:.0f} requests: {t['gets']:.0f} GET, {t['heads']:.0f} HEAD, {t['lists']:.0f} LIST; "
           f"{t['connections']:.0f} connections; {t['body_bytes'] / 1e6:.1f} MB)")  # fmt: skip
+    process, made, t = summary["process_first_batch_s"], summary["process_constructor_s"], summary["process_first_batch_traffic"]
+    print(f"new process, first batch (constructor included; first_batch.py): local {process['local']:.3f}s, "
+          f"remote {process['remote']:.3f}s (constructor {made['local']:.3f}s, {made['remote']:.3f}s; "
+          f"{t['requests']:.0f} requests, {t['connections']:.0f} connections)")  # fmt: skip
     busy = summary["other_cpu_share"]
     print(f"CPU taken by others meanwhile: {busy['local']:.0%} of the machine (local runs), {busy['remote']:.0%} (remote runs; "
           "the store's own nginx and shim count here)")  # fmt: skip

@@ -1,6 +1,10 @@
 """Every path is a URI: a local path, ``file://`` or ``s3://``. This module is the one place
 that turns a URI into a filesystem, through fsspec (s3fs for S3, so ETags and ranged reads
-come from the listing and retries from botocore's own retry configuration).
+come from the listing and retries from botocore's own retry configuration). Single GETs from a
+thread (:func:`s3_get`, :func:`s3_get_tail`, :func:`s3_read_range`: the loader's every read,
+the jobs' image reads) go through one blocking botocore client per process instead
+(:func:`s3_client`, with the same settings): no event loop to hand each one to, and a loader
+that never imports s3fs (design/0025, design/0026).
 
 S3 settings come from the standard AWS environment: credentials and region as botocore
 resolves them, and the endpoint from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``.
@@ -14,6 +18,7 @@ import logging
 import os
 import posixpath
 import re
+import sys
 import threading
 import time
 import uuid
@@ -40,10 +45,9 @@ __all__ = [
     "replace",
     "s3_client",
     "s3_get",
-    "s3_get_async",
     "s3_get_tail",
-    "s3_get_tail_async",
     "s3_options",
+    "s3_path",
     "s3_read_range",
     "temp_sibling",
     "write_bytes_atomic",
@@ -181,30 +185,38 @@ def read_listed(uri: str, *, end: int | None = None) -> bytes | str:
         raise StorageError(f"cannot read {uri}: {type(exc).__name__}: {exc}") from exc
 
 
-async def s3_get_async(fs: Any, path: str, *, start: int | None = None, end: int | None = None,
-                       if_match: str | None = None) -> tuple[bytes, str | None]:
-    """One GET of the S3 object at ``path`` (``bucket/key``; bytes ``[start, end)`` if given) on
-    ``fs``'s event loop, and the ETag of the very response that carried the bytes.
-    ``if_match``: the object must still have this ETag (else the store answers 412 and this
-    raises: never other bytes).
+def s3_path(uri: str) -> str:
+    """``bucket/key`` of a canonical ``s3://`` URI (:func:`normalize`), without making a
+    filesystem (:func:`filesystem` imports s3fs)."""
+    if not uri.startswith("s3://"):
+        raise StorageError(f"not an s3:// URI: {uri!r}")
+    return uri[len("s3://") :]
 
-    Goes through s3fs's own client, retries and error translation (``FileNotFoundError``,
-    ``PermissionError``, ...); ``cat_file`` offers neither ``If-Match`` nor the response's ETag.
-    A body cut off mid-read (which botocore's retries do not cover: the response had come) is
-    retried as a whole, as many times as botocore retries a request."""
-    data, resp = await _s3_get_response(fs, path, None if start is None else f"bytes={start}-{end - 1}", if_match)
+
+def s3_get(uri: str, *, start: int | None = None, end: int | None = None,
+           if_match: str | None = None) -> tuple[bytes, str | None]:
+    """One GET of the S3 object at ``uri`` (bytes ``[start, end)`` if given) through
+    :func:`s3_client`, blocking the calling thread, and the ETag of the very response that
+    carried the bytes (unquoted). ``if_match``: the object must still have this ETag (else the
+    store answers 412 and this raises: never other bytes); ``cat_file`` offers neither.
+
+    Errors are translated as s3fs translates them (``FileNotFoundError``, ``PermissionError``,
+    ``OSError``); botocore retries a request, and a body cut off mid-read (which botocore's
+    retries do not cover: the response had come) is retried as a whole, as many times."""
+    data, resp = _get(s3_path(uri), None if start is None else f"bytes={start}-{end - 1}", if_match)
     etag = resp.get("ETag")
     return data, etag.strip('"') if isinstance(etag, str) else None
 
 
-async def s3_get_tail_async(fs: Any, path: str, n: int) -> tuple[bytes, int, str | None]:
-    """The last ``n`` bytes of the S3 object at ``path`` (all of it if it is shorter) in one GET
+def s3_get_tail(uri: str, n: int) -> tuple[bytes, int, str | None]:
+    """The last ``n`` bytes of the S3 object at ``uri`` (all of it if it is shorter) in one GET
     (a suffix range, ``Range: bytes=-n``: no HEAD first), the object's size (from the answer's
     ``Content-Range``) and its ETag as the store sent it (quoted: what ``If-Match`` takes).
-    Errors, retries and cut-off bodies as :func:`s3_get_async`."""
+    Errors, retries and cut-off bodies as :func:`s3_get`."""
     if n < 1:
         raise ValueError(f"n must be a positive number of bytes, got {n!r}")
-    data, resp = await _s3_get_response(fs, path, f"bytes=-{n}", None)
+    path = s3_path(uri)
+    data, resp = _get(path, f"bytes=-{n}", None)
     content_range = resp.get("ContentRange")
     if not content_range:  # a 200: the whole object
         return data, len(data), resp.get("ETag")
@@ -212,53 +224,6 @@ async def s3_get_tail_async(fs: Any, path: str, n: int) -> tuple[bytes, int, str
     if not total.isdigit():
         raise OSError(f"s3://{path}: the store answered a suffix range with Content-Range {content_range!r} (no size)")
     return data, int(total), resp.get("ETag")
-
-
-async def _s3_get_response(fs: Any, path: str, byte_range: str | None, if_match: str | None) -> tuple[bytes, dict[str, Any]]:
-    """The body and the response of one GET (see :func:`s3_get_async`)."""
-    import asyncio
-
-    import aiohttp
-    from botocore.exceptions import IncompleteReadError, ResponseStreamingError
-
-    bucket, key, _ = fs.split_path(path)
-    extra: dict[str, str] = {}
-    if byte_range is not None:
-        extra["Range"] = byte_range
-    if if_match:
-        extra["IfMatch"] = if_match
-    attempts = _S3_RETRIES["max_attempts"]
-    for attempt in range(attempts):
-        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
-        try:
-            data = await resp["Body"].read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ResponseStreamingError,
-                IncompleteReadError) as exc:  # fmt: skip
-            if attempt == attempts - 1:
-                raise OSError(f"s3://{path}: the response body was cut off {attempts} times: {exc}") from exc
-            await asyncio.sleep(_cut_off_backoff(attempt))
-            continue
-        finally:
-            resp["Body"].close()
-        return data, resp
-    raise AssertionError("unreachable")  # the loop returns or raises
-
-
-def s3_get(uri: str, *, start: int | None = None, end: int | None = None,
-           if_match: str | None = None) -> tuple[bytes, str | None]:
-    """:func:`s3_get_async` from a thread: ``uri`` is an ``s3://`` URI."""
-    from fsspec.asyn import sync
-
-    fs, path = filesystem(uri)
-    return sync(fs.loop, s3_get_async, fs, path, start=start, end=end, if_match=if_match)
-
-
-def s3_get_tail(uri: str, n: int) -> tuple[bytes, int, str | None]:
-    """:func:`s3_get_tail_async` from a thread: ``uri`` is an ``s3://`` URI."""
-    from fsspec.asyn import sync
-
-    fs, path = filesystem(uri)
-    return sync(fs.loop, s3_get_tail_async, fs, path, n)
 
 
 #: The blocking S3 clients of this process (:func:`s3_client`), by process id and options.
@@ -300,25 +265,27 @@ def _new_client(options: dict[str, Any]) -> Any:
     from botocore.config import Config
 
     session = botocore.session.get_session()
-    s3fs_session = getattr(fsspec.filesystem("s3", **options), "session", None)  # None until s3fs's first call
-    if s3fs_session is not None:
-        session.register_component("data_loader", s3fs_session.get_component("data_loader"))
+    if "s3fs" in sys.modules:  # a process that has s3fs working (the jobs) shares its parsed models
+        s3fs_session = getattr(fsspec.filesystem("s3", **options), "session", None)  # None until s3fs's first call
+        if s3fs_session is not None:
+            session.register_component("data_loader", s3fs_session.get_component("data_loader"))
     config = Config(**options["config_kwargs"], max_pool_connections=_CLIENT_CONNECTIONS)
     return session.create_client("s3", **options["client_kwargs"], config=config)
 
 
 def s3_read_range(path: str, start: int, end: int, *, if_match: str | None = None) -> bytes:
     """Bytes ``[start, end)`` of the S3 object at ``path`` (``bucket/key``) in one GET through
-    :func:`s3_client`, blocking the calling thread. ``if_match`` and errors as
-    :func:`s3_get_async`: the object must still have that ETag (else 412, never other bytes);
-    errors translated as s3fs translates them (``FileNotFoundError``, ``PermissionError``,
-    ``OSError``); botocore retries a request, and a body cut off mid-read is retried as a whole,
-    as many times."""
+    :func:`s3_client`, blocking the calling thread. ``if_match`` and errors as :func:`s3_get`."""
+    return _get(path, f"bytes={start}-{end - 1}", if_match)[0]
+
+
+def _get(path: str, byte_range: str | None, if_match: str | None) -> tuple[bytes, dict[str, Any]]:
+    """The body and the response of one GET of ``path`` (``bucket/key``) through
+    :func:`s3_client` (see :func:`s3_get`)."""
     from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
-    from s3fs.errors import translate_boto_error
 
     bucket, _, key = path.partition("/")
-    extra = {"Range": f"bytes={start}-{end - 1}"}
+    extra = {"Range": byte_range} if byte_range else {}
     if if_match:
         extra["IfMatch"] = if_match
     client = s3_client()
@@ -327,9 +294,11 @@ def s3_read_range(path: str, start: int, end: int, *, if_match: str | None = Non
         try:
             resp = client.get_object(Bucket=bucket, Key=key, **extra)
         except ClientError as exc:
+            from s3fs.errors import translate_boto_error  # s3fs's mapping, imported when needed
+
             raise translate_boto_error(exc) from exc
         try:
-            return resp["Body"].read()
+            return resp["Body"].read(), resp
         except (HTTPClientError, IncompleteReadError) as exc:  # cut off: the response had come
             if attempt == attempts - 1:
                 raise OSError(f"s3://{path}: the response body was cut off {attempts} times: {exc}") from exc

@@ -201,7 +201,7 @@ class ShardCache:
 
     def _download(self, shard: CachedShard, path: Path, stop: threading.Event) -> bool:
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        _, remote = storage.filesystem(shard.uri)
+        remote = storage.s3_path(shard.uri)
         h = hashlib.sha256()
         try:
             # Parts of _CHUNK bytes, _PARTS at a time, through the blocking client the fetch

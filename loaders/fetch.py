@@ -14,12 +14,13 @@ whatever the shard's size; a single range larger than ``budget`` is refused on s
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 _WAIT_S = 0.05
 #: Keys kept in ``RangeFetcher.submitted`` and ``RangeFetcher.waited``.
 _LOG_KEYS = 4096
+#: How long :func:`_started_pool` waits for its threads to be running.
+_START_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +121,17 @@ def read_row_group(md: pq.FileMetaData, size: int, group: int, start: int, data:
 # NOTE [ Fetch threads ]
 #
 # Who calls what: the reader thread calls ``schedule``, ``get``, ``release`` and ``drop``; the
-# fetch threads (a ThreadPoolExecutor of ``concurrency``) run ``read``; ``close`` is called by
-# the pipeline's owner once, after the reader thread has stopped.
+# fetch threads (a ThreadPoolExecutor of ``concurrency``) run ``read``, which reads the other
+# parts of a range in several (``ByteRange.parts``) on the part threads (up to ``concurrency *
+# (concurrency - 1)``; a part read never waits on anything but its own request, so a fetch
+# thread waiting on parts queued behind other ranges' parts cannot deadlock); ``close`` is
+# called by the pipeline's owner once, after the reader thread has stopped.
+#
+# The fetch threads and ``concurrency`` part threads are started (:func:`_started_pool`) by
+# ``start`` (the loader's constructor) or else by the first ``schedule``, before any read is
+# submitted: a thread started while the threads before it prepare requests waits for the GIL
+# they hold (a millisecond or more each), and the reads an epoch's first batch waits on went
+# out last.
 #
 # Admission: ``_pump`` (under ``_lock``) submits the next scheduled range while fewer than
 # ``concurrency`` reads are running and ``held + size <= budget``; it runs after ``schedule``,
@@ -133,7 +145,7 @@ class RangeFetcher:
     """Reads byte ranges on ``concurrency`` threads named ``{name}-fetch``, in schedule order,
     holding at most ``budget`` bytes."""
 
-    def __init__(self, read: Callable[[ByteRange], bytes], *, concurrency: int, budget: int, name: str) -> None:
+    def __init__(self, read: Callable[[ByteRange, Executor | None], bytes], *, concurrency: int, budget: int, name: str) -> None:
         self._read = read
         self.concurrency = concurrency
         self.budget = budget
@@ -151,7 +163,14 @@ class RangeFetcher:
         self.completed: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self.waited: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self._name = name
-        self._executor: ThreadPoolExecutor | None = None  # made on the first read, again after close()
+        # Made by start() or the first schedule(), again after close().
+        self._executor: ThreadPoolExecutor | None = None
+        self._parts: ThreadPoolExecutor | None = None
+
+    def start(self) -> None:
+        """Start the fetch and part threads now rather than on the first :meth:`schedule`."""
+        with self._lock:
+            self._start_locked()
 
     def schedule(self, ranges: list[tuple[Hashable, ByteRange]]) -> None:
         """Read ``ranges`` next, in this order. Reads already made or under way for a key in
@@ -162,6 +181,7 @@ class RangeFetcher:
                                   f"of {r.size} bytes ({r.path}); raise memory_budget")  # fmt: skip
         keep = {k for k, _ in ranges}
         with self._lock:
+            self._start_locked()
             for key in [k for k in self._futures if k not in keep]:
                 self._drop_locked(key)
             self._pending = deque((k, r) for k, r in ranges if k not in self._futures)
@@ -218,9 +238,10 @@ class RangeFetcher:
         """Drop everything and stop the fetch threads (a later :meth:`schedule` makes new ones)."""
         self.drop()
         with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+            pools, self._executor, self._parts = (self._executor, self._parts), None, None
+        for pool in pools:  # the fetch threads first: they wait on their parts
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     # -- internals (under _lock) ---------------------------------------------------------------------
     def _drop_locked(self, key: Hashable) -> None:
@@ -243,16 +264,23 @@ class RangeFetcher:
             self.held += r.size
             self.peak_bytes_held = max(self.peak_bytes_held, self.held)
             self._running += 1
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"{self._name}-fetch")
+            self._start_locked()
             future = self._executor.submit(self._run, r)
             self.submitted.append(key)
             self._sizes[future] = r.size
             self._futures[key] = future
             future.add_done_callback(lambda f, key=key: self._done(key, f))
 
+    def _start_locked(self) -> None:
+        if self._executor is None:
+            self._executor = _started_pool(self.concurrency, f"{self._name}-fetch")
+            # Every read in flight may be in parts (an epoch's first batch: record 0018), the
+            # parts beyond the first at once: up to concurrency * (concurrency - 1), the first
+            # round of them started now.
+            self._parts = _started_pool(self.concurrency, f"{self._name}-part", max_workers=self.concurrency * (self.concurrency - 1))
+
     def _run(self, r: ByteRange) -> bytes:
-        data = self._read(r)
+        data = self._read(r, self._parts)
         if len(data) != r.size:
             raise LoaderError(f"read bytes {r.start}-{r.end} of {r.path}: got {len(data)} bytes, expected {r.size} (file changed?)")
         return data
@@ -288,15 +316,36 @@ def _parts(start: int, end: int, at_least: int = 1) -> list[tuple[int, int]]:
     return [(s, min(s + step, end)) for s in range(start, end, step)]
 
 
-def read_s3_range(r: ByteRange) -> bytes:
+def read_s3_range(r: ByteRange, pool: Executor | None = None) -> bytes:
     """The bytes of ``r``, each GET sent with ``If-Match: <the ETag of the shard the loader
     checked>``: an object replaced since answers 412, never other bytes. Blocking, on the calling
     fetch thread (:func:`lakeshard.storage.s3_read_range`); a range in several parts has the
-    others read at once on threads of their own (``<this thread's name>-part``)."""
+    first read here and the others on ``pool`` (default: threads of their own, named
+    ``<this thread's name>-part``), at once as far as it has threads."""
     parts = _parts(r.start, r.end, r.parts)
     if len(parts) == 1:
         return storage.s3_read_range(r.path, r.start, r.end, if_match=r.etag)
-    with ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=f"{threading.current_thread().name}-part") as pool:
+    with contextlib.ExitStack() as stack:
+        if pool is None:
+            name = f"{threading.current_thread().name}-part"
+            pool = stack.enter_context(ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=name))
         rest = [pool.submit(storage.s3_read_range, r.path, lo, hi, if_match=r.etag) for lo, hi in parts[1:]]
-        first = storage.s3_read_range(r.path, *parts[0], if_match=r.etag)
-        return b"".join([first, *(f.result() for f in rest)])
+        try:
+            first = storage.s3_read_range(r.path, *parts[0], if_match=r.etag)
+            return b"".join([first, *(f.result() for f in rest)])
+        finally:
+            for f in rest:  # on an error, the parts not yet begun are not read
+                f.cancel()
+
+
+def _started_pool(n: int, name: str, *, max_workers: int | None = None) -> ThreadPoolExecutor:
+    """A pool of up to ``max_workers`` (default ``n``) threads named ``{name}_<i>``, ``n`` of them
+    running when it is returned (a ThreadPoolExecutor otherwise starts one per task submitted
+    while the others are busy, up to ``max_workers``, as it still does beyond ``n``): each of
+    ``n`` tasks waits at a barrier for the others. If a thread is slow to start, the barrier
+    breaks after :data:`_START_TIMEOUT_S` and the pool starts the rest later, as it would."""
+    pool = ThreadPoolExecutor(max_workers=max(n, max_workers or n), thread_name_prefix=name)
+    barrier = threading.Barrier(n)
+    for task in [pool.submit(barrier.wait, _START_TIMEOUT_S) for _ in range(n)]:
+        task.exception()  # a BrokenBarrierError: fewer threads for now, not an error
+    return pool

@@ -400,4 +400,4 @@ def _last_window(plan: EpochPlan) -> int:
 
 
 def _path(uri: str) -> str:
-    return storage.filesystem(uri)[1]
+    return storage.s3_path(uri)

@@ -180,8 +180,8 @@ class ShardLoader:
         opts = self.options
         side = opts.crop or self.image_size
         decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
-        storage.s3_client()  # made now, not in the first batch's reads (s3fs, which read the footers, parsed its models)
         fetcher = RangeFetcher(read_s3_range, concurrency=opts.read_concurrency, budget=0, name=name)
+        fetcher.start()  # its threads too: started behind the first reads, each is a wait (NOTE [ Fetch threads ])
         self._reader.use_fetcher(fetcher, remote)
         largest = self._reader.max_range_bytes()
         if opts.memory_budget is None:

@@ -200,15 +200,20 @@ def test_remote_bench_measures_both_sources_and_the_traffic(nginx: str, tmp_path
         assert all(run_[f"epoch{e}"] > 0 and run_[f"epoch{e}_first_batch_s"] > 0 for e in (1, 2))
         assert all(0 < run_[f"epoch{e}_gap_s"] < 40 / run_[f"epoch{e}"] for e in (1, 2))  # less than the epoch
         assert run_["fresh_first_batch_s"] > 0
+        assert 0 < run_["process_constructor_s"] < run_["process_first_batch_s"]
     epochs = result["summary"]["epochs"]
     assert [e["epoch"] for e in epochs] == [1, 2]
     assert epochs[0]["traffic"]["gets"] >= 1 and epochs[0]["traffic"]["body_bytes"] > 0
     fresh = result["summary"]["fresh_first_batch_traffic"]
     # dataset.json, the shard's footer (one suffix-range GET: no HEAD), its row groups
     assert fresh["heads"] == 0 and fresh["gets"] >= 3 and fresh["connections"] >= 1
-    assert result["store_total"]["body_bytes"] >= sum(e["traffic"]["body_bytes"] for e in epochs) + fresh["body_bytes"]
+    process = result["summary"]["process_first_batch_traffic"]  # the new process read from the store too
+    assert process["heads"] == 0 and process["gets"] >= 3 and process["connections"] >= 1
+    assert result["store_total"]["body_bytes"] >= (sum(e["traffic"]["body_bytes"] for e in epochs) + fresh["body_bytes"]
+                                                   + process["body_bytes"])  # fmt: skip
     assert not any(map(alive, result["store_pids"]))
     assert "bound: MB/bw" in done.stdout and "gap local" in done.stdout and "fresh loader, first batch" in done.stdout
+    assert "new process, first batch" in done.stdout
     assert all(e["typical_gap_s"]["remote"] > 0 for e in epochs)
 
 

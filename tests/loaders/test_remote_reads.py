@@ -467,3 +467,46 @@ def test_an_epoch_started_early_asks_for_the_rest_of_its_reads_once_adopted(loca
         next(batches)  # and no further: its tasks stay within the round
         until(lambda: len({k for k in fetcher.submitted if k[0] == 2}) > len(round_), "the rest of epoch 2 is asked for")
         batches.close()
+
+
+def test_the_fetch_and_part_threads_are_started_with_the_loader_and_kept(local_ds: Path, s3_bucket: str):
+    """A remote loader starts its ``read_concurrency`` fetch threads and as many part threads
+    in its constructor (not one by one behind the first batch's reads); its epochs use those,
+    and ``close`` stops them."""
+    import threading
+
+    def fetching() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith(("lakeshard-r0-fetch", "lakeshard-r0-part"))}
+
+    remote = upload(local_ds, s3_bucket)
+    with ShardLoader(remote, read_concurrency=3, **OPTIONS) as loader:
+        started = fetching()
+        assert sorted(t.name for t in started) == [f"lakeshard-r0-{kind}_{i}" for kind in ("fetch", "part") for i in range(3)]
+        assert epochs(loader, [0, 1]) and fetching() == started  # a first batch in parts: the same threads
+        assert loader.fetcher.bytes_read > 0
+    assert fetching() == set()
+
+
+def test_a_remote_loader_reads_through_one_client_without_s3fs(local_ds: Path, s3_bucket: str):
+    """A new process that streams an ``s3://`` dataset (``dataset.json``, footers, row groups)
+    makes one S3 client, the blocking one: it never imports s3fs or aiobotocore and runs no
+    event-loop thread (a second client stack costs a new process ~0.3 s before its first batch)."""
+    import subprocess
+    import sys
+
+    remote = upload(local_ds, s3_bucket)
+    child = (
+        "import json, sys, threading\n"
+        "from loaders import ShardLoader\n"
+        f"with ShardLoader({remote!r}, batch_size=8, num_threads=1) as loader:\n"
+        "    batches = sum(1 for _ in loader)\n"
+        "print(json.dumps({'batches': batches, 'modules': sorted(m for m in ('s3fs', 'aiobotocore', 'aiohttp') if m in sys.modules),\n"
+        "                  'threads': sorted(t.name for t in threading.enumerate())}))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=root)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    assert got["batches"] == 15  # 120 rows in batches of 8: the dataset was read
+    assert got["modules"] == [] and got["threads"] == ["MainThread"], got
