@@ -162,10 +162,16 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     if remote:
         out["fresh_first_batch_traffic"] = (store.traffic() - before).as_dict()
         out["fresh_first_batch_served"] = store.served(since=logged)
-        before = store.traffic()
+    return out
+
+
+def measure_process(source: str, dataset: str, args: argparse.Namespace, store: RemoteStore) -> dict[str, Any]:
+    """A new process's first batch (:func:`process_first_batch`), and for the remote what the
+    store served it. Run outside :func:`loader_bench.other_load`: the child is no other load."""
+    before = store.traffic()
     child = process_first_batch(dataset, args)
-    out["process_first_batch_s"], out["process_constructor_s"] = child["first_batch_s"], child["constructor_s"]
-    if remote:
+    out = {"process_first_batch_s": child["first_batch_s"], "process_constructor_s": child["constructor_s"]}
+    if source == "remote":
         out["process_first_batch_traffic"] = (store.traffic() - before).as_dict()
     return out
 
@@ -311,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                     with other_load() as busy:
                         runs[source].append(measure(source, sources[source], args, store))
                     runs[source][-1]["other_cpu_share"] = busy()
+                    runs[source][-1].update(measure_process(source, sources[source], args, store))
                 log.info("repeat %d/%d done", r + 1, args.repeats)
             total, pids = store.traffic(), store.pids
         finally:
