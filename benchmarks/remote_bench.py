@@ -121,12 +121,9 @@ def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, flo
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def fresh_filesystems() -> None:
-    """Forget fsspec's cached S3 filesystems and lakeshard's blocking S3 clients (and their
-    connections), as a new process has none."""
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()
+def forget_s3_clients() -> None:
+    """Forget lakeshard's blocking S3 clients (and their connections), as a new process has
+    none. (The loader makes no s3fs filesystem: design/0026.)"""
     storage.clear_s3_clients()
 
 
@@ -146,7 +143,7 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     finally:
         loader.close()
     if remote:
-        fresh_filesystems()
+        forget_s3_clients()
     before, logged = store.traffic(), len(store.served())
     start = time.perf_counter()
     fresh = new_loader(dataset, args)

@@ -129,7 +129,7 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         # permanent error (403, 404) is not retried by either. An attribute, not a constructor
         # argument (unknown arguments go to AioSession and fail).
         fs.retries = _S3FS_RETRIES
-        return fs, uri[len("s3://"):]
+        return fs, s3_path(uri)
     return fsspec.filesystem("file"), uri[len("file://"):]
 
 
@@ -302,15 +302,10 @@ def _get(path: str, byte_range: str | None, if_match: str | None) -> tuple[bytes
         except (HTTPClientError, IncompleteReadError) as exc:  # cut off: the response had come
             if attempt == attempts - 1:
                 raise OSError(f"s3://{path}: the response body was cut off {attempts} times: {exc}") from exc
-            time.sleep(_cut_off_backoff(attempt))
+            time.sleep(min(0.1 * 1.7**attempt, 5.0))
         finally:
             resp["Body"].close()
     raise AssertionError("unreachable")  # the loop returns or raises
-
-
-def _cut_off_backoff(attempt: int) -> float:
-    """Seconds before attempt ``attempt + 2`` of a GET whose body was cut off."""
-    return min(0.1 * 1.7**attempt, 5.0)
 
 
 def temp_sibling(path: str) -> str:

@@ -264,8 +264,7 @@ class RangeFetcher:
             self.held += r.size
             self.peak_bytes_held = max(self.peak_bytes_held, self.held)
             self._running += 1
-            self._start_locked()
-            future = self._executor.submit(self._run, r)
+            future = self._executor.submit(self._run, r)  # started by schedule(), the only source of _pending
             self.submitted.append(key)
             self._sizes[future] = r.size
             self._futures[key] = future
