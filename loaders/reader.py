@@ -144,7 +144,7 @@ class WindowReader:
         if key not in self._ranges:
             md, _, etag = self.remote[piece.shard]
             lo, hi = row_group_range(md, piece.row_group)
-            self._ranges[key] = ByteRange(_path(self.shard_uris[piece.shard]), lo, hi, etag)
+            self._ranges[key] = ByteRange(storage.s3_path(self.shard_uris[piece.shard]), lo, hi, etag)
         return self._ranges[key]
 
     def max_range_bytes(self, pieces: Sequence[Piece] | None = None) -> int:
@@ -398,6 +398,3 @@ def _last_window(plan: EpochPlan) -> int:
     """The last window ``plan`` reads (the one holding its position ``end - 1``; -1 if none)."""
     return plan.order.window_at(plan.end - 1) if plan.end > 0 else -1
 
-
-def _path(uri: str) -> str:
-    return storage.s3_path(uri)

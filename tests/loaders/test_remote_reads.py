@@ -5,6 +5,7 @@ dataset version, evicted, shared by processes, safe against a killed writer)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from pathlib import Path
@@ -507,6 +508,6 @@ def test_a_remote_loader_reads_through_one_client_without_s3fs(local_ds: Path, s
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(root)}, cwd=root)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    got = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["batches"] == 15  # 120 rows in batches of 8: the dataset was read
     assert got["modules"] == [] and got["threads"] == ["MainThread"], got
