@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.store != "local":  # before any engine starts: its workers inherit the environment
             latency, rate = PROFILES[args.store]
             (work / "store").mkdir(parents=True, exist_ok=True)
-            store = stack.enter_context(RemoteStore(work / "store", latency_ms=latency, bandwidth=parse_rate(rate)).start())
+            store = stack.enter_context(RemoteStore(work / "store", latency_ms=latency, bandwidth=parse_rate(rate)))
             os.environ.update(store.environ())
             lake_uri = store.uri("lake")
         kinds = (args.only,) if args.only else ("scratch", "incremental")

@@ -186,6 +186,10 @@ class RemoteStore:
 
     # -- life cycle --------------------------------------------------------------------------------
     def start(self) -> RemoteStore:
+        """Start both processes; a store runs once at a time (a second start would orphan the
+        first pair: stop it first)."""
+        if self._tmp is not None:
+            raise RuntimeError(f"the store at {self.endpoint or 'starting'} is already running; stop() it first")
         nginx = find_nginx()
         self._tmp = tempfile.TemporaryDirectory(prefix="remote-store-")
         tmp = Path(self._tmp.name)
@@ -240,7 +244,9 @@ class RemoteStore:
         atexit.unregister(self.stop)
 
     def __enter__(self) -> RemoteStore:
-        return self.start()
+        """Start the store (a store already started with :meth:`start` is used as it is), and
+        stop it when the block ends."""
+        return self if self._tmp is not None else self.start()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()

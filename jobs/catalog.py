@@ -7,7 +7,10 @@ pieces where the rows are) must agree with, and the builder for small inputs and
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import logging
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +28,11 @@ __all__ = [
     "DUPLICATE",
     "Manifest",
     "build_manifest",
+    "case_twins",
     "check_accepted",
     "check_min_per_class",
     "combine_fingerprints",
+    "content_id",
     "dedupe_rows",
     "encode_labels",
     "fingerprint",
@@ -37,9 +42,14 @@ __all__ = [
     "split_function",
 ]
 
+log = logging.getLogger(__name__)
+
 #: The reject reason's head of an object ``dedupe`` removed: "duplicate: same content as 'cat/1.jpg'".
 DUPLICATE = "duplicate"
 _EXAMPLES = 5
+#: A label that is an integer (``"7"``, ``"-1"``, ``"007"``): if every label is one, they are
+#: numbered in numeric order.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -93,24 +103,48 @@ def _duplicates(ok: Sequence[dict[str, Any]], removed: int) -> dict[str, Any]:
     }
 
 
-def encode_labels(names: Sequence[str]) -> dict[str, int]:
-    """Sorted label names -> 0..K-1."""
-    return {name: i for i, name in enumerate(sorted(set(names)))}
+def encode_labels(names: Iterable[str]) -> dict[str, int]:
+    """Label names -> 0..K-1: in numeric order if every name is an integer (``"2"`` before
+    ``"10"``, so that integer classes keep the user's numbers when they are 0..K-1), else in
+    text order. The one place class indices are made (``labels.json``, ``_manifest.json``, every
+    row's ``label_index``), for every label source and with or without ``--base``."""
+    unique = set(names)
+    if unique and all(_INTEGER.fullmatch(n) for n in unique):
+        return {name: i for i, name in enumerate(sorted(unique, key=lambda n: (int(n), n)))}
+    return {name: i for i, name in enumerate(sorted(unique))}
+
+
+def case_twins(names: Iterable[str]) -> list[list[str]]:
+    """The groups (two or more names, sorted) of ``names`` that differ only by case or white
+    space (``"Cat"``, ``"cat"``, ``"c at"``): distinct classes that are likely one."""
+    groups: dict[str, set[str]] = defaultdict(set)
+    for name in names:
+        groups["".join(name.split()).casefold()].add(name)
+    return sorted(sorted(g) for g in groups.values() if len(g) > 1)
 
 
 def check_min_per_class(counts: Mapping[str, Mapping[str, int]], labels: Sequence[str], minimum: int,
-                         split_method: str) -> None:
+                        split_method: str) -> None:
+    """Raise :class:`SplitError` naming every class with fewer than ``minimum`` objects in some
+    channel of ``counts`` (``counts[channel][label]``) and its counts; 0 checks nothing."""
     short = []
     for label in labels:
         got = {channel: counts[channel].get(label, 0) for channel in counts}
         if any(n < minimum for n in got.values()):
             short.append(f"{label!r} (" + ", ".join(f"{c}={n}" for c, n in got.items()) + ")")
-    if short:
-        raise SplitError(
-            f"{len(short)} class(es) have fewer than min_per_class={minimum} objects in some channel: "
-            + "; ".join(short)
-            + ". Add images, lower --min-per-class or change --split"
-            + (" (or use --split-method stratified for exact per-class counts)." if split_method == "hash" else "."))
+    if not short:
+        return
+    if minimum > 1:
+        fix = f"lower --min-per-class (now {minimum}; 0 lets a class be missing from a channel)"
+    else:
+        fix = ("pass --min-per-class 0 to let a class be missing from a channel (it is then absent from that "
+               "channel's shards)")
+    raise SplitError(
+        f"{len(short)} class(es) have fewer than --min-per-class {minimum} objects in some channel: "
+        + "; ".join(short)
+        + f". Add images, {fix}, or change --split"
+        + (" (or use --split-method stratified for exact per-class counts)." if split_method == "hash"
+           else "."))
 
 
 def reason_kind(reason: str) -> str:
@@ -146,6 +180,10 @@ def check_accepted(*, listed: int, reasons: Mapping[str, int], removed: int, ok_
     labels = encode_labels(ok_labels)
     if not labels:
         raise ManifestError(f"no usable images under {where}")
+    if twins := case_twins(labels):
+        log.warning("labels that differ only by case or spaces are different classes: %s; if they are one "
+                    "class, fix %s", "; ".join(", ".join(map(repr, g)) for g in twins),
+                    f"the labels of {label_source}" if label_source else "the folder names (the path labels)")
     if len(labels) < 2:
         raise ManifestError(
             f"a classifier needs at least 2 classes, but {where} has usable images in 1 class only: "
@@ -196,15 +234,16 @@ def build_manifest(rows: Sequence[dict[str, Any]], *, split: Mapping[str, float]
 
 
 def fingerprint(table: pa.Table) -> str:
-    """A content hash of the accepted rows (key, ETag, label, channel): the manifest's
-    identity, from which the dataset version is derived. Each class's rows are hashed in key
-    order and the classes' hashes combined (:func:`combine_fingerprints`), so workers that
-    each hold whole classes compute it without gathering the rows."""
+    """A content hash of the accepted rows (key, what identifies the object's content, label,
+    channel: :func:`fingerprint_line`): the manifest's identity, from which the dataset version
+    is derived. Each class's rows are hashed in key order and the classes' hashes combined
+    (:func:`combine_fingerprints`), so workers that each hold whole classes compute it without
+    gathering the rows."""
     hashes: dict[str, Any] = defaultdict(hashlib.sha256)
-    rows = table.select(["key", "etag", "label", "channel", "status"]).sort_by("key").to_pylist()
-    for r in rows:
+    columns = ["key", "etag", "size", "last_modified", "label", "channel", "status"]
+    for r in table.select(columns).sort_by("key").to_pylist():
         if r["status"] == "ok":
-            hashes[r["label"]].update(fingerprint_line(r["key"], r["etag"], r["label"], r["channel"]))
+            hashes[r["label"]].update(fingerprint_line(r))
     return combine_fingerprints({label: h.hexdigest() for label, h in hashes.items()})
 
 
@@ -217,6 +256,23 @@ def combine_fingerprints(by_label: Mapping[str, str]) -> str:
     return h.hexdigest()
 
 
-def fingerprint_line(key: str, etag: str | None, label: str, channel: str) -> bytes:
-    """What :func:`fingerprint` hashes of one accepted row."""
-    return "\x1f".join((key, etag or "", label, channel)).encode("utf-8", "surrogatepass") + b"\n"
+def content_id(row: Mapping[str, Any]) -> str:
+    """What identifies an object's content in the manifest: its ETag (S3's, or for a local file
+    the MD5 of its bytes, which the listing computes as it sniffs), or where there is none (a
+    local file listed with ``--no-sniff``) its size and modification time in microseconds: a
+    replaced file changes the manifest's fingerprint, hence the dataset version."""
+    if row["etag"]:
+        return row["etag"]
+    modified = row["last_modified"]
+    stamp = "" if modified is None else str((modified - _EPOCH) // dt.timedelta(microseconds=1))
+    return f"size={row['size']};mtime_us={stamp}"
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def fingerprint_line(row: Mapping[str, Any], channel: str | None = None) -> bytes:
+    """What :func:`fingerprint` hashes of one accepted row (``channel``: the row's, unless given):
+    its key, :func:`content_id`, label and channel."""
+    fields = (row["key"], content_id(row), row["label"], channel or row["channel"])
+    return "\x1f".join(fields).encode("utf-8", "surrogatepass") + b"\n"

@@ -7,7 +7,9 @@ label attribute the labelling job was given (``--label-attribute``) and ``<attri
      "sport-metadata": {"class-name": "football", "type": "groundtruth/image-classification", ...}}
 
 The label is the class *name*: the metadata's ``class-name``, else its ``class-map`` entry for
-the attribute's value, else the value itself if it is text (:func:`label_of`). A line without
+the attribute's value, else the value itself if it is text (:func:`label_of`), without
+surrounding white space; values become text as a ``--labels`` table's do
+(:func:`jobs.labels.value_text`: the index ``0.0`` is the ``class-map`` entry ``"0"``). A line without
 the attribute (a worker or the job failed: the metadata holds only ``failure-reason``) labels
 nothing: its object is a reject whose reason says so. Multi-label classification (a list of
 classes), bounding boxes and other task types are refused.
@@ -42,6 +44,7 @@ from typing import Any
 import pyarrow as pa
 
 from jobs.engines import Engine
+from jobs.labels import value_text
 from jobs.listing import Skip, _row, reject
 from jobs.manifest_table import hash_bucket, write_part
 from jobs.manifest_tasks import EXAMPLES, read_staged, skip_kind, write_staged
@@ -84,14 +87,19 @@ def label_of(record: dict[str, Any], attribute: str) -> tuple[str | None, str | 
     if isinstance(value, (dict, bool)):
         raise _Unsupported(f"{attribute!r} is {value!r:.80}{f' ({kind})' if kind else ''}: not an image "
                            "classification label (one class index or name)")
-    name = meta.get("class-name")
+    try:  # a value and a class name become text as a --labels table's do (0.0 is the class index "0")
+        text = value_text(value)
+        name = value_text(meta.get("class-name"))
+    except ValueError as exc:
+        raise _Unsupported(f"{attribute!r} or its class-name is {exc}: not one class") from None
     if name is None and isinstance(meta.get("class-map"), dict):
-        name = meta["class-map"].get(str(value))
+        name = meta["class-map"].get(text)
     if name is None and isinstance(value, str):
         name = value
     if not isinstance(name, str) or not name.strip():
         raise _Unsupported(f"{attribute!r} is {value!r:.80} but {attribute}-metadata gives no class-name for it "
                            f"(got {meta.get('class-name', meta.get('class-map'))!r:.80})")
+    name = name.strip()
     return name, None
 
 

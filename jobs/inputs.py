@@ -1,14 +1,11 @@
 """What each job reads, checked before an engine starts: a bad URI, a missing or incomplete
 manifest, an unknown or repeated channel fail in a second, not after a 10 s engine start.
-
-:data:`INPUT_CHECKS` is the table :func:`jobs.engines.cli.run_job` chooses from by config type.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +21,7 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, DatasetExistsError, ManifestError, ShardError
 from lakeshard.format import dataset_json_uri, manifest_marker_uri
 
-__all__ = ["INPUT_CHECKS", "ShardInputs", "check_manifest_inputs", "check_shard_inputs"]
+__all__ = ["ShardInputs", "check_manifest_inputs", "check_shard_inputs"]
 
 @dataclass(frozen=True, slots=True)
 class ShardInputs:
@@ -155,10 +152,3 @@ def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
 def _local_path(uri: str) -> str:
     """The real path of a local URI (links resolved), or the URI itself."""
     return os.path.realpath(storage.filesystem(uri)[1]) if uri.startswith("file://") else uri
-
-
-#: The check run before the engine starts, by config type.
-INPUT_CHECKS: dict[type, Callable[[Any], Any]] = {
-    ManifestConfig: check_manifest_inputs,
-    ShardConfig: check_shard_inputs,
-}

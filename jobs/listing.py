@@ -89,8 +89,8 @@ def _row(root: str, root_path: str, info: dict[str, Any], label_depth: int, skip
     parts = key.split("/")
     etag = info.get("ETag") or info.get("etag")
     modified = info.get("LastModified") or info.get("mtime")
-    if isinstance(modified, (int, float)):
-        modified = dt.datetime.fromtimestamp(modified, tz=dt.timezone.utc)
+    if isinstance(modified, (int, float)):  # a local file's st_mtime
+        modified = storage.modified_utc(modified)
     elif isinstance(modified, dt.datetime) and modified.tzinfo is None:
         modified = modified.replace(tzinfo=dt.timezone.utc)
     row = {

@@ -45,6 +45,8 @@ import sys
 if __name__ == "__main__" and not __package__:
     import _script  # noqa: F401  (jobs/_script.py: the repository root first on sys.path)
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -86,8 +88,9 @@ from lakeshard.format import (
     manifest_marker_uri,
     manifests_uri,
 )
+from lakeshard.locks import dataset_lock
 
-__all__ = ["main", "run"]
+__all__ = ["hold", "main", "prepare", "run"]
 
 log = logging.getLogger("jobs.manifest")
 
@@ -254,6 +257,18 @@ def _inspect_tasks(rows: int, parallelism: int) -> int:
     return max(1, min(rows, wanted, max(2 * parallelism, _MAX_INSPECT_TASKS)))
 
 
+def _nothing_listed(where: str, skipped: Counter[str]) -> str:
+    """Why no object is left to build from: none found, or all skipped (counted by reason)."""
+    if not skipped:
+        return f"no objects found under {where}"
+    reasons = [f"{n} excluded by {kind.removeprefix('excluded: ')}" if kind.startswith("excluded") else
+               f"{n} hidden (--include-hidden lists them)" if kind == "hidden" else f"{n} {kind}"
+               for kind, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0]))]
+    fix = "; check --exclude" if any(k.startswith("excluded") for k in skipped) else ""
+    return (f"all {skipped.total()} objects found under {where} were skipped ({', '.join(reasons)}): none is "
+            f"left to build a manifest from{fix}")
+
+
 def _predicted_counts(cfg: ManifestConfig, labels: dict[str, int], ok: Counter[str], pinned: Counter[str],
                       per_row: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
     """``counts[channel][label]`` before the split runs: a per-row split's counts came back
@@ -273,7 +288,7 @@ def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan,
     table is written. Returns them, and the join's report (:func:`jobs.manifest_base.merge_base`)."""
     where = storage.normalize(cfg.input)
     if not listed.rows:
-        raise ManifestError(f"no objects found under {where}")
+        raise ManifestError(_nothing_listed(where, listed.skipped))
     split_function(cfg.split_method)
     partitions = cfg.partitions or _inspect_tasks(listed.rows, engine.parallelism)
     log.info("listed %d objects; %s in %d tasks", listed.rows,
@@ -408,9 +423,31 @@ def _warn_duplicates(dups: dict[str, Any]) -> None:
         log.info("dedupe: rejected %d copies of identical content", dups["removed"])
 
 
-def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
-    """Run the job; return the summary written to ``manifests/_manifest.json``."""
+def hold(cfg: ManifestConfig) -> AbstractContextManager[None]:
+    """The output dataset's lock for this run (:mod:`lakeshard.locks`)."""
+    return dataset_lock(cfg.output, job="manifest")
+
+
+@contextmanager
+def prepare(cfg: ManifestConfig) -> Iterator[None]:
+    """Before the engine starts: check the inputs (the output is outside the input, before the
+    lock creates the output's folder), then take the output's lock; hold it to the end."""
     check_manifest_inputs(cfg)
+    with hold(cfg):
+        yield
+
+
+def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
+    """Run the job, holding the output dataset's lock (another job writing it makes this one
+    fail at once: :class:`~lakeshard.locks.DatasetBusyError`); return the summary written to
+    ``manifests/_manifest.json``."""
+    check_manifest_inputs(cfg)
+    with hold(cfg):
+        return _build(cfg, engine)
+
+
+def _build(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
+    """List, label, split and write the manifest (inputs checked, the lock held)."""
     out = storage.normalize(cfg.output)
     if out.startswith("s3://"):
         _check_bucket(out)
@@ -454,13 +491,23 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
              ", ".join(f"{k}={v}" for k, v in c["channels"].items()), c["rejected"])
     if base := summary["base"]:
         log.info("--base %s: %s", base["root"], _base_counts(base))
+        if base["relabelled"]:
+            log.warning("%d objects have another label than in --base %s (e.g. %s): each takes its new "
+                        "label, as a build without --base gives it", base["relabelled"], base["root"],
+                        _relabelled(base))
     return summary
+
+
+def _relabelled(base: dict[str, Any]) -> str:
+    return ", ".join(f"{e['key']}: {e['from']} -> {e['to']}" for e in base["relabelled_examples"])
 
 
 def _base_counts(base: dict[str, Any]) -> str:
     left = f" (e.g. {', '.join(base['left_examples'])})" if base["left"] else ""
+    relabelled = base.get("relabelled") and f", {base['relabelled']} relabelled (e.g. {_relabelled(base)})"
     return (f"{base['unchanged']} unchanged ({base['reused']} not read again), {base['new']} new, {base['changed']} "
-            f"changed, {base['left']} left the lake{left}, {base['moved']} moved to another channel")
+            f"changed, {base['left']} left the lake{left}, {base['moved']} moved to another channel"
+            f"{relabelled or ''}")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -477,7 +524,8 @@ def _summary(cfg: ManifestConfig, summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job(argv, parser=parser(), config=ManifestConfig, run=run, summary=_summary, prog="jobs/manifest.py")
+    return run_job(argv, parser=parser(), config=ManifestConfig, run=run, summary=_summary, prog="jobs/manifest.py",
+                   prepare=prepare)
 
 
 if __name__ == "__main__":

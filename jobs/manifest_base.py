@@ -1,7 +1,7 @@
 """Incremental manifests (``--base URI``): what a previous manifest of the same lake already knows.
 
 The base is checked before an engine starts (:func:`check_base`: complete, of this format, the
-same ``--input``, label source and split). On the workers its rows are joined with the listed
+same ``--input``, kind of label source and split). On the workers its rows are joined with the listed
 rows by key bucket, with the labelling pass's machinery (:class:`jobs.label_tasks.Buckets`,
 :func:`jobs.label_tasks.stage_keys`), after the labelling; the join itself is done by the
 header-reading pass's tasks:
@@ -19,7 +19,8 @@ header-reading pass's tasks:
    channel (``base_channel``) so the split pass counts the objects that changed channel; the
    base's objects not listed now are counted (they left the lake). The task then reads the
    headers of the other rows, as the header-reading pass does (:func:`jobs.manifest_tasks.inspect_rows`):
-   the joined rows are never staged.
+   the joined rows are never staged. A row whose label is not the base's (a labels table or
+   Ground Truth job that changed it) is counted (``relabelled``): it keeps its new label.
 
 The channels are never taken from the base: the split runs on every row as without ``--base``,
 so the manifest is the one a build from scratch writes; the hash split gives an unchanged key
@@ -55,7 +56,7 @@ __all__ = ["BaseJoin", "check_base", "inspect_bucket", "join_and_inspect", "merg
 SPLIT_OPTIONS = {"split": "--split", "split_method": "--split-method", "seed": "--seed"}
 
 #: The base's columns the join reads.
-_BASE_COLUMNS = ("key", "size", "etag", "last_modified", "format", "status", "reason", "channel")
+_BASE_COLUMNS = ("key", "size", "etag", "last_modified", "format", "status", "reason", "channel", "label")
 
 #: Reject reasons (by :func:`jobs.catalog.reason_kind`) that the header read itself gave
 #: (:func:`jobs.listing.inspect_objects`): the same bytes give the same reason. Any other
@@ -73,13 +74,21 @@ def _label_source(label_depth: int | None, labels: str | None, attribute: str | 
     return f"--labels {labels}" if labels else f"the path (--label-depth {label_depth})"
 
 
+def _label_kind(label_depth: int | None, table: bool) -> str:
+    """What decides the labels, not where a table lives: the path at a depth, or a table
+    (``--labels`` or ``--input-manifest``; the join compares its labels key by key)."""
+    return "a table" if table else f"the path at depth {label_depth}"
+
+
 def check_base(cfg: ManifestConfig) -> dict[str, Any]:
     """The ``--base`` manifest's marker, checked before an engine starts: the base is not the
     output, its manifest is complete (``_manifest.json``) and of this format, and it was built
-    from the same ``--input``, label source and split options (``--split``, ``--split-method``,
-    ``--seed``). Other options may differ (the result is the one a build with this run's
-    options writes); so may ``--sniff`` (a base built without reading objects has nothing to
-    reuse, and every object is read).
+    from the same ``--input``, kind of label source (the path at the same ``--label-depth``, or a
+    table: ``--labels`` or ``--input-manifest``, wherever it lives; the join counts the objects
+    whose label changed) and split options (``--split``, ``--split-method``, ``--seed``). Other
+    options may differ (the result is the one a build with this run's options writes); so may
+    ``--sniff`` (a base built without reading objects has nothing to reuse, and every object is
+    read).
 
     Raises :class:`ConfigError` (the base is the output), :class:`DatasetError` (no complete
     manifest of this format) or :class:`ManifestError` naming the option, the base's value and
@@ -105,7 +114,7 @@ def check_base(cfg: ManifestConfig) -> dict[str, Any]:
     new_labels = cfg.labels or cfg.input_manifest
     old = _label_source(marker.get("label_depth"), old_labels, table.get("label_attribute"))
     new = _label_source(cfg.label_depth, storage.normalize(new_labels) if new_labels else None, cfg.label_attribute)
-    if old != new:
+    if _label_kind(marker.get("label_depth"), bool(table)) != _label_kind(cfg.label_depth, bool(new_labels)):
         raise ManifestError(f"--base {base} took its labels from {old}, this run from {new}: objects would change "
                             "class; use the base's label source or build without --base")
     for name, flag in SPLIT_OPTIONS.items():
@@ -138,7 +147,10 @@ def stage_base(parts: list[int], *, join: BaseJoin) -> list[int]:
     schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in _BASE_COLUMNS])
     n = 0
     for part in parts:
-        rows = table_rows(read_part(manifest_part_uri(join.root, "all", part, join.parts), _BASE_COLUMNS))
+        try:
+            rows = table_rows(read_part(manifest_part_uri(join.root, "all", part, join.parts), _BASE_COLUMNS))
+        except DatasetError as exc:  # missing or damaged: name the option it came from
+            raise DatasetError(f"--base {join.root}: {exc}; or build without --base") from None
         by_bucket: dict[int, list[dict[str, Any]]] = {}
         for r in rows:
             by_bucket.setdefault(hash_bucket(r["key"], join.buckets), []).append(r)
@@ -200,18 +212,22 @@ def inspect_bucket(buckets: list[int], *, join: BaseJoin, plan: Plan) -> list[di
     the base's (see the module docstring), then inspect them (but those the base gave) and
     stage them by content bucket (:func:`jobs.manifest_tasks.inspect_rows`). Returns per-bucket
     counts of the listed rows (``rows``; ``new``, ``changed``, ``unchanged``, of which
-    ``reused``) and of the base's rows not listed (``left``, with the first
-    :data:`~jobs.manifest_tasks.EXAMPLES` keys)."""
+    ``reused``; ``relabelled``, with the first :data:`~jobs.manifest_tasks.EXAMPLES` as
+    ``{"key", "from", "to"}``) and of the base's rows not listed (``left``, with the first
+    keys)."""
     out = []
     for bucket in buckets:
         rows = read_staged(join.folder("keys", bucket))
         base = {r["key"]: r for r in read_staged(join.folder("base", bucket))}
         counts = Counter[str]()
+        relabelled = []
         for r in rows:
             old = base.get(r["key"])
             if old is None:
                 counts["new"] += 1
                 continue
+            if None not in (r["label"], old["label"]) and r["label"] != old["label"]:
+                relabelled.append({"key": r["key"], "from": old["label"], "to": r["label"]})
             r["base_channel"] = old["channel"] if old["status"] == "ok" else None
             if not _unchanged(r, old):
                 counts["changed"] += 1
@@ -223,16 +239,21 @@ def inspect_bucket(buckets: list[int], *, join: BaseJoin, plan: Plan) -> list[di
             inspect_rows(rows, f"part-key-{bucket:05d}.parquet", plan=plan)
         listed = {r["key"] for r in rows}
         left = sorted(k for k in base if k not in listed)
+        relabelled.sort(key=lambda e: e["key"])
         out.append({"rows": len(rows), "left": len(left), "left_examples": left[:EXAMPLES],
+                    "relabelled": len(relabelled), "relabelled_examples": relabelled[:EXAMPLES],
                     **{k: counts[k] for k in ("new", "changed", "unchanged", "reused")}})
     return out
 
 
 def merge_base(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """:func:`base_task`'s aggregates merged: what ``_manifest.json`` says under ``base``."""
-    totals = {k: sum(r[k] for r in results) for k in ("unchanged", "reused", "new", "changed", "left")}
+    kinds = ("unchanged", "reused", "new", "changed", "left", "relabelled")
+    totals = {k: sum(r[k] for r in results) for k in kinds}
     return {**totals, "inspected": totals["new"] + totals["changed"] + totals["unchanged"] - totals["reused"],
-            "left_examples": sorted(k for r in results for k in r["left_examples"])[:EXAMPLES]}
+            "left_examples": sorted(k for r in results for k in r["left_examples"])[:EXAMPLES],
+            "relabelled_examples": sorted((e for r in results for e in r["relabelled_examples"]),
+                                          key=lambda e: e["key"])[:EXAMPLES]}
 
 
 def stage_join(engine: Engine, join: BaseJoin, slices: list[tuple[str, int, int]], partitions: int, *,

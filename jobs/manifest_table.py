@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -21,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lakeshard import storage
-from lakeshard.errors import DatasetError
+from lakeshard.errors import DatasetError, StorageError
 from lakeshard.format import MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri, sagemaker_part_uri
 
 __all__ = ["channel_parts", "hash_bucket", "iter_parts", "label_part", "manifest_parts", "read_channel", "read_channel_rows",
@@ -66,12 +67,35 @@ def sagemaker_parts(root: str, channel: str) -> list[str]:
 
 
 def read_part(uri: str, columns: Sequence[str] | None = None) -> pa.Table:
-    """One part file."""
+    """One part file.
+
+    Raises :class:`DatasetError` naming ``uri`` if it is missing or damaged (not a Parquet
+    file: truncated, overwritten), one line (a worker's error reaches the driver as its text),
+    and :class:`StorageError` if it cannot be read (access denied, an endpoint that fails)."""
     fs, path = storage.filesystem(uri)
     try:
         return pq.read_table(path, filesystem=fs, columns=list(columns) if columns is not None else None)
     except FileNotFoundError:
         raise DatasetError(f"manifest part {uri} is missing: the manifest is incomplete; rebuild it") from None
+    except pa.ArrowException as exc:  # ArrowInvalid: no Parquet magic bytes, a footer or page cut off
+        raise DatasetError(_damage(uri, exc)) from None
+    except OSError as exc:
+        if any(s in str(exc) for s in _DAMAGE):
+            raise DatasetError(_damage(uri, exc)) from None
+        raise StorageError(f"cannot read manifest part {uri}: {type(exc).__name__}: {exc}") from exc
+
+
+#: What PyArrow's ``OSError`` says of a Parquet file whose bytes are damaged inside (not of a
+#: file it cannot reach).
+_DAMAGE = ("deserialize thrift", "Unexpected end of stream", "Parquet", "Corrupt")
+
+
+def _damage(uri: str, exc: Exception) -> str:
+    """One line: the part, PyArrow's first sentence about it, and what to do."""
+    text = re.sub(r"Could not open Parquet input source '[^']*': ", "", " ".join(str(exc).split()))
+    cause = text.split(". ")[0].rstrip(".")
+    return (f"manifest part {uri} is damaged (unreadable as Parquet: {cause}): rebuild the manifest "
+            "(jobs/manifest.py --overwrite) and the datasets built on it")
 
 
 def write_part(uri: str, table: pa.Table, *, durable: bool = True) -> None:

@@ -239,7 +239,7 @@ def class_task(parts: list[int], *, plan: Plan) -> list[dict[str, Any]]:
         counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(plan.split, 0))
         for r, channel in zip(ok, channels):
             r["channel"], r["label_index"] = channel, plan.labels[r["label"]]
-            hashes[r["label"]].update(fingerprint_line(r["key"], r["etag"], r["label"], channel))
+            hashes[r["label"]].update(fingerprint_line(r, channel))
             counts[r["label"]][channel] += 1
         moved = [r for r in ok if r.get("base_channel") and r["base_channel"] != r["channel"]]
         _write_tables(plan, part, rows)

@@ -35,13 +35,13 @@ from lakeshard.errors import ManifestError
 
 __all__ = ["ORDER_COLUMNS", "OrderTask", "SlotTask", "order_rows", "slot_rows"]
 
-#: The manifest columns the shard job reads: ``size`` and ``etag`` let it tell an object that
-#: was replaced since the manifest was built.
-_MANIFEST_COLUMNS = ["uri", "key", "label", "label_index", "size", "etag"]
+#: The manifest columns the shard job reads: ``size``, ``etag`` and ``last_modified`` let it
+#: tell an object that was replaced since the manifest was built.
+_MANIFEST_COLUMNS = ["uri", "key", "label", "label_index", "size", "etag", "last_modified"]
 
 #: An order file's columns: a segment's rows (:data:`jobs.preprocess.SEGMENT_SCHEMA`) and what
 #: the repair needs to name a reject (its ``label`` and ``slot``) and order a pad (``copy``).
-ORDER_COLUMNS = ["uri", "key", "label_index", "is_pad", "size", "etag", "label", "slot", "copy"]
+ORDER_COLUMNS = ["uri", "key", "label_index", "is_pad", "size", "etag", "last_modified", "label", "slot", "copy"]
 
 #: Rows per row group of a slot part: ``home`` is sorted, so an order task reads only the
 #: row groups that hold its shard.

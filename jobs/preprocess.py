@@ -54,12 +54,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The rows of one segment, in the order its file holds them. ``size`` and ``etag`` are what
-#: the manifest recorded of the object (null: not checked); an object that is no longer that
-#: one is rejected (:func:`jobs.fetch.read_as_listed`).
+#: The rows of one segment, in the order its file holds them. ``size``, ``etag`` and
+#: ``last_modified`` are what the manifest recorded of the object (null: not checked); an object
+#: that is no longer that one is rejected (:func:`jobs.fetch.read_as_listed`).
 SEGMENT_SCHEMA = pa.schema(
     [("uri", pa.string()), ("key", pa.string()), ("label_index", pa.int64()), ("is_pad", pa.bool_()),
-     ("size", pa.int64()), ("etag", pa.string())]
+     ("size", pa.int64()), ("etag", pa.string()), ("last_modified", pa.timestamp("us", tz="UTC"))]
 )
 
 #: Where preprocessing wrote each row of a segment (the *outcomes* file, read by the assembly
@@ -205,12 +205,13 @@ def _preprocessed_chunks(task: SegmentTask, rows: pa.Table,
     uris = rows["uri"].to_pylist()
     starts = range(0, len(uris), _CHUNK_ROWS)
     read_starts = range(0, len(uris), _READ_ROWS)
-    sizes, etags = rows["size"].to_pylist(), rows["etag"].to_pylist()
+    sizes, etags, modified = (rows[c].to_pylist() for c in ("size", "etag", "last_modified"))
     n_readers = readers(task.threads, [u for i, u in enumerate(uris) if i not in reused])
 
     def read(start: int) -> list[bytes | str | tuple[bytes, int, int]]:
         stop = min(start + _READ_ROWS, len(uris))
-        return [reused[i] if i in reused else read_as_listed(uris[i], size=sizes[i], etag=etags[i])
+        return [reused[i] if i in reused else
+                read_as_listed(uris[i], size=sizes[i], etag=etags[i], modified=modified[i])
                 for i in range(start, stop)]
 
     def preprocess_all(reads: list[Callable[[], list[bytes | str | tuple[bytes, int, int]]]]) -> list[Any]:

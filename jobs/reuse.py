@@ -19,9 +19,15 @@ bucket with a row group per bucket (a join task reads only its bucket's row grou
    (:func:`stage_order`).
 2. *join* (:func:`join`, a task per group of buckets): a segment row whose ``(uri, etag, size)``
    is a base row's is a *match* ``(file, row, segment, pos)``, written sorted by base file.
-3. *scatter* (:func:`scatter`, a task per base shard file): read the matched rows' images, a
+3. *scatter* (:func:`scatter`, a task per base shard file): check the file against the sha256
+   its ``dataset.json`` records (one sequential read), then read the matched rows' images, a
    row group at a time, and write them as *runs* sorted by ``(segment, pos)``, a row group per
    segment, a run each time :data:`_RUN_BYTES` of images are held.
+
+A damaged base shard lends no image: one whose sha256 differs (bytes flipped inside its images
+keep its size) or whose Parquet cannot be read is named in one warning, and its rows are
+fetched and decoded from the lake like new ones; the dataset is the one a build from scratch
+makes.
 
 Each preprocessing task then reads its segment's row groups of the runs
 (:func:`jobs.preprocess.reused_rows`) and fetches and decodes only the rows not there; the shards are made
@@ -30,6 +36,7 @@ from there on exactly as without ``--base``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -51,8 +58,8 @@ from lakeshard.errors import DatasetError, ShardError
 from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_info
 from lakeshard.format.info import BaseRef, DatasetInfo
 
-__all__ = ["Base", "JoinTask", "Reuse", "ScatterTask", "StageTask", "check_base", "image_options", "join", "plan_reuse",
-           "reuse_images", "scatter", "stage", "stage_order"]
+__all__ = ["Base", "BaseShard", "JoinTask", "Reuse", "ScatterTask", "StageTask", "check_base", "image_options", "join",
+           "plan_reuse", "reuse_images", "scatter", "stage", "stage_order"]
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +95,22 @@ def _options_now(cfg: ShardConfig) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
+class BaseShard:
+    """A shard file of the ``--base`` dataset, as its ``dataset.json`` describes it."""
+
+    uri: str
+    rows: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
 class Base:
-    """A ``--base`` dataset, checked: its root, ``dataset.json``, every shard file (URI, rows)
-    and every part of its channel manifests."""
+    """A ``--base`` dataset, checked: its root, ``dataset.json``, every shard file and every part
+    of its channel manifests."""
 
     root: str
     info: DatasetInfo
-    shards: tuple[tuple[str, int], ...]
+    shards: tuple[BaseShard, ...]
     manifest_parts: tuple[str, ...]
 
     def ref(self) -> BaseRef:
@@ -127,16 +143,17 @@ def check_base(uri: str, cfg: ShardConfig) -> Base:
         raise DatasetError(f"--base {root}: its manifest ({marker}) is not the one its shards were built from "
                            f"(fingerprint {fingerprint!r}, dataset.json says {info.inputs.manifest_fingerprint!r}); "
                            "the ETags of its images are unknown, so none can be reused")
-    shards = [s for c in info.channels for s in channel_shards(root, info, c)]
+    shards = [BaseShard(uri=uri, rows=rows, sha256=entry.sha256) for c in info.channels
+              for (uri, rows), entry in zip(channel_shards(root, info, c), info.channels[c].shards, strict=True)]
     sizes = {storage.join(root, s.path): s.bytes for e in info.channels.values() for s in e.shards}
-    for folder in sorted({u.rsplit("/", 1)[0] for u, _ in shards}):
+    for folder in sorted({s.uri.rsplit("/", 1)[0] for s in shards}):
         fs, path = storage.filesystem(folder)
         try:
             found = {p.rstrip("/").rsplit("/", 1)[-1]: d["size"] for p, d in fs.find(path, detail=True).items()}
         except FileNotFoundError:
             found = {}
-        for u, _ in shards:
-            name = u.rsplit("/", 1)[-1]
+        for shard in shards:
+            u, name = shard.uri, shard.uri.rsplit("/", 1)[-1]
             if u.rsplit("/", 1)[0] == folder and found.get(name) != sizes[u]:
                 raise DatasetError(f"--base {root} is incomplete: its shard {u} is "
                                    + ("missing" if name not in found else f"{found[name]} bytes, dataset.json says {sizes[u]}"))
@@ -206,12 +223,20 @@ def stage(task: StageTask) -> dict[str, Any]:
     out = task.reuse.staged(task.side, task.index)
     if task.side == "shards":
         fs, path = storage.filesystem(task.source)
-        rows = pq.read_table(path, filesystem=fs, columns=["uri", "is_pad"])
+        try:
+            rows = pq.read_table(path, filesystem=fs, columns=["uri", "is_pad"])
+        except (pa.ArrowException, OSError) as exc:  # a damaged shard lends no image
+            return {"uri": out, "rows": 0, "side": task.side, "source": task.source,
+                    "damaged": f"cannot be read as Parquet ({type(exc).__name__}: {exc})"}
         keep = pc.invert(rows["is_pad"])
         table = pa.table({"uri": rows["uri"], "file": pa.array(np.full(rows.num_rows, task.index, np.int32)),
                           "row": pa.array(np.arange(rows.num_rows, dtype=np.int64))}).filter(keep)
     else:
-        table = read_part(task.source, ["uri", "etag", "size"])
+        try:
+            table = read_part(task.source, ["uri", "etag", "size"])
+        except (DatasetError, pa.ArrowException, OSError) as exc:  # its rows' ETags are unknown: none is reused
+            return {"uri": out, "rows": 0, "side": task.side, "source": task.source,
+                    "damaged": f"cannot be read ({type(exc).__name__}: {exc})"}
         table = table.filter(pc.is_valid(table["etag"]))
     return {**_bucketed(out, table, task.reuse.buckets), "side": task.side}
 
@@ -277,16 +302,51 @@ def join(task: JoinTask) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class ScatterTask:
-    """Copy the matched images of base shard ``source`` (index ``file``) into runs (step 3)."""
+    """Copy the matched images of base shard ``source`` (index ``file``) into runs (step 3),
+    once the file's bytes hash to ``sha256``."""
 
     file: int
     source: str
+    sha256: str
     matches: tuple[str, ...]
     reuse: Reuse
 
 
-def scatter(task: ScatterTask) -> dict[str, Any]:
-    """Run a :class:`ScatterTask`; returns its runs as ``(uri, segment ids)`` pairs."""
+@dataclass(frozen=True, slots=True)
+class Scattered:
+    """What a :class:`ScatterTask` copied: its runs as ``(uri, segment ids)`` pairs and the
+    images they hold; or, for a damaged base shard, no run and why (``damaged``)."""
+
+    file: int
+    runs: tuple[tuple[str, tuple[int, ...]], ...]
+    images: int
+    damaged: str | None = None
+
+
+_HASH_CHUNK = 8 << 20
+
+
+def _damage(source: str, sha256: str) -> str | None:
+    """Why the base shard file ``source`` cannot lend its images (its bytes do not hash to
+    ``sha256``, as ``dataset.json`` says they do), or None."""
+    fs, path = storage.filesystem(source)
+    digest = hashlib.sha256()
+    try:
+        with fs.open(path, "rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK):
+                digest.update(chunk)
+    except OSError as exc:
+        return f"cannot be read: {type(exc).__name__}: {exc}"
+    if digest.hexdigest() != sha256:
+        return f"its sha256 is {digest.hexdigest()[:16]}..., dataset.json says {sha256[:16]}... (damaged since it was built)"
+    return None
+
+
+def scatter(task: ScatterTask) -> Scattered:
+    """Run a :class:`ScatterTask`: check the base shard's sha256 (a sequential read of the whole
+    file: a damaged image must never be copied into the new dataset), then copy the images."""
+    if (why := _damage(task.source, task.sha256)) is not None:
+        return Scattered(file=task.file, runs=(), images=0, damaged=why)
     want = read_where(task.matches, "file", task.file, ["uri", "row", "segment", "pos"])
     want = want.take(pc.sort_indices(want, sort_keys=[("row", "ascending")]))
     rows = want["row"].to_numpy()
@@ -321,7 +381,7 @@ def scatter(task: ScatterTask) -> dict[str, Any]:
             if size >= _RUN_BYTES:
                 flush()
     flush()
-    return {"file": task.file, "runs": runs}
+    return Scattered(file=task.file, runs=tuple((u, tuple(seg)) for u, seg in runs), images=len(rows))
 
 
 Runner = Callable[[Callable[[Any], Any], list[Any], list[int], int], list[Any]]
@@ -333,9 +393,9 @@ def plan_reuse(base: Base, rows: int, *, folder: str, slots: int) -> tuple[Reuse
     tasks stage this build's side, :func:`stage_order`) and their sizes."""
     storage.remove(folder, recursive=True)  # a killed run's files: every file read is named by a result
     reuse = Reuse(folder=folder, buckets=max(slots, -(-rows // _ROWS_PER_BUCKET)))
-    items = [StageTask(side="shards", index=f, reuse=reuse, source=u) for f, (u, _) in enumerate(base.shards)]
+    items = [StageTask(side="shards", index=f, reuse=reuse, source=s.uri) for f, s in enumerate(base.shards)]
     items += [StageTask(side="manifest", index=i, reuse=reuse, source=u) for i, u in enumerate(base.manifest_parts)]
-    return reuse, items, [n for _, n in base.shards] + [1] * len(base.manifest_parts)
+    return reuse, items, [s.rows for s in base.shards] + [1] * len(base.manifest_parts)
 
 
 def reuse_images(run: Runner, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask], *,
@@ -357,17 +417,28 @@ def reuse_images(run: Runner, base: Base, reuse: Reuse, staged: list[dict[str, A
     joins = [JoinTask(buckets=tuple(b), uri=reuse.matches(i), shards=files["shards"], manifest=files["manifest"],
                       current=files["current"], skip=skip) for i, b in enumerate(buckets)]
     matched = [r for r in run(join, joins, [len(j.buckets) for j in joins], cores) if r["rows"]]
-    count = sum(r["rows"] for r in matched)
     by_file: dict[int, list[str]] = {}
     for r in matched:
         for f in r["files"]:
             by_file.setdefault(f, []).append(r["uri"])
-    scatters = [ScatterTask(file=f, source=base.shards[f][0], matches=tuple(m), reuse=reuse)
-                for f, m in sorted(by_file.items())]
-    done = run(scatter, scatters, [base.shards[s.file][1] for s in scatters], cores)
+    scatters = [ScatterTask(file=f, source=base.shards[f].uri, sha256=base.shards[f].sha256, matches=tuple(m),
+                            reuse=reuse) for f, m in sorted(by_file.items())]
+    done: list[Scattered] = run(scatter, scatters, [base.shards[s.file].rows for s in scatters], cores)
+    _warn_damaged(base, staged, done)
     runs_of: dict[int, list[str]] = {}
     for d in done:
-        for uri, segments in d["runs"]:
+        for uri, segments in d.runs:
             for s in segments:
                 runs_of.setdefault(s, []).append(uri)
-    return [replace(t, reuse=tuple(runs_of.get(t.reuse_id, ()))) for t in tasks], count
+    return [replace(t, reuse=tuple(runs_of.get(t.reuse_id, ()))) for t in tasks], sum(d.images for d in done)
+
+
+def _warn_damaged(base: Base, staged: list[dict[str, Any]], done: list[Scattered]) -> None:
+    """One warning per damaged base shard: those whose Parquet could not be read when staged
+    (they match no row) and those whose sha256 differs."""
+    damaged = [(r["source"], r["damaged"]) for r in staged if r.get("damaged")]
+    damaged += [(base.shards[d.file].uri, d.damaged) for d in done if d.damaged is not None]
+    for uri, why in damaged:
+        what = "manifest part" if "/manifests/" in uri else "shard"
+        log.warning("--base %s %s %s: none of its images is reused; its rows are fetched and decoded from the lake",
+                    what, uri, why)

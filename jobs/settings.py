@@ -14,9 +14,25 @@ __all__ = ["ENGINE_NAMES", "ManifestConfig", "ShardConfig"]
 ENGINE_NAMES = ("spark", "dask", "local")
 
 
+#: The shard job's image options and the :class:`ImageSpec` fields they set.
+_IMAGE_OPTIONS = {"image_size": "size", "resize": "resize", "image_format": "format", "quality": "quality",
+                  "max_image_pixels": "max_pixels"}
+
+
 def _check_fraction(name: str, value: float) -> None:
     if not 0 <= value <= 1:
         raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+def _check_image_option(name: str, value: object) -> None:
+    """Check one image option with :class:`ImageSpec`'s own rule; the error names the option
+    (``max_image_pixels must be positive``), not the spec's field (``max_pixels``)."""
+    try:
+        ImageSpec(**{_IMAGE_OPTIONS[name]: value})
+    except ValueError as exc:
+        text = str(exc)
+        raise ValueError(f"{name} {text[text.index('must '):]}" if "must " in text
+                         else f"{name}: {text}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +44,8 @@ class ManifestConfig:
     split_method: str = opt("hash", choices=tuple(ALGORITHMS),
                             help="hash: stable as the lake grows; stratified: exact per-class counts")
     seed: int = opt(0, parse=parse_seed, help="seed of the split (and, by default, of the shard job), in [0, 2**32 - 1]")
-    min_per_class: int = opt(1, help="fail unless every class has at least this many objects in every channel")
+    min_per_class: int = opt(1, help="fail unless every class has at least this many objects in every "
+                                     "channel (0: a class may be missing from a channel)")
     label_depth: int | None = opt(None, help="which path component below the input is the label (1 = the first; "
                                              "the default: 1, or none with --labels, with which it cannot be given)")
     labels: str | None = opt(None, help="a CSV, Parquet or JSON Lines table (or a folder of them) of the labels: a 'key' "
@@ -68,7 +85,7 @@ class ManifestConfig:
         object.__setattr__(self, "split", parse_split(self.split))
         object.__setattr__(self, "seed", parse_seed(self.seed))
         object.__setattr__(self, "exclude", parse_globs(self.exclude))
-        check_positive("min_per_class", self.min_per_class)
+        check_positive("min_per_class", self.min_per_class, allow_zero=True)
         check_positive("label_depth", self.label_depth, allow_none=True)
         if self.label_depth is None and self.labels is None and self.input_manifest is None:
             object.__setattr__(self, "label_depth", 1)  # path labels, the default
@@ -126,7 +143,9 @@ class ShardConfig:
         _check_fraction("max_reject_fraction", self.max_reject_fraction)
         if self.row_group_size < 1:
             raise ValueError(f"row_group_size must be positive, got {self.row_group_size!r}")
-        self.image_spec()  # validates size, format and quality
+        for name in _IMAGE_OPTIONS:
+            _check_image_option(name, getattr(self, name))
+        self.image_spec()  # the options together
 
     def image_spec(self) -> ImageSpec:
         return ImageSpec(size=self.image_size, resize=self.resize, format=self.image_format,

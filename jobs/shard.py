@@ -39,6 +39,8 @@ import logging
 import math
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Any
 
@@ -84,8 +86,9 @@ from jobs.tasks import each, pack
 from lakeshard import storage
 from lakeshard.errors import ShardError
 from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo, channel_dirname
+from lakeshard.locks import dataset_lock
 
-__all__ = ["dataset_version", "main", "parser", "plan_only", "run"]
+__all__ = ["dataset_version", "hold", "main", "parser", "plan_only", "prepare", "run"]
 
 log = logging.getLogger("jobs.shard")
 
@@ -269,11 +272,34 @@ def plan_only(cfg: ShardConfig, engine: Engine) -> PlanSummary:
     return summary
 
 
-def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo | PlanSummary:
-    """Run the job; return what it wrote to ``dataset.json`` (with ``plan_only``, the plan's
-    summary: :func:`plan_only`)."""
+def hold(cfg: ShardConfig) -> AbstractContextManager[None]:
+    """The dataset's lock for this run (:mod:`lakeshard.locks`): exclusive for a build, shared
+    for ``--plan-only``, which only reads the manifest."""
     if cfg.plan_only:
-        return plan_only(cfg, engine)
+        return dataset_lock(cfg.dataset, job="shard --plan-only", exclusive=False)
+    return dataset_lock(cfg.dataset, job="shard")
+
+
+@contextmanager
+def prepare(cfg: ShardConfig) -> Iterator[None]:
+    """Before the engine starts: take the dataset's lock, then check the inputs (a manifest job
+    still writing the manifest is named as such, not as a missing manifest); hold the lock to
+    the end."""
+    with hold(cfg):
+        check_shard_inputs(cfg)
+        yield
+
+
+def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo | PlanSummary:
+    """Run the job, holding the dataset's lock; return what it wrote to ``dataset.json`` (with
+    ``plan_only``, the plan's summary: :func:`plan_only`). Another job writing the dataset makes
+    it fail at once (:class:`~lakeshard.locks.DatasetBusyError`)."""
+    with hold(cfg):
+        return plan_only(cfg, engine) if cfg.plan_only else _build(cfg, engine)
+
+
+def _build(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
+    """Build and commit the shards (the lock held)."""
     job = check_shard_inputs(cfg)
     root, channels, n = job.root, job.channels, cfg.num_shards
     # The old dataset stays readable until the commit: a run that fails (a denied object, an
@@ -394,7 +420,7 @@ def _summary(cfg: ShardConfig, info: DatasetInfo | PlanSummary) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     return run_job(argv, parser=parser(), config=ShardConfig, run=run, summary=_summary, prog="jobs/shard.py",
-                   check=check_shard_inputs)
+                   prepare=prepare)
 
 
 if __name__ == "__main__":

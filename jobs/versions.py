@@ -25,8 +25,9 @@ import logging
 import sys
 from dataclasses import dataclass
 
+from jobs.engines.cli import cli_main
 from lakeshard import storage
-from lakeshard.errors import ConfigError, DatasetError
+from lakeshard.errors import ConfigError, DatasetError, PlatformError, StorageError
 from lakeshard.format import (
     DatasetInfo,
     dataset_json_uri,
@@ -79,10 +80,35 @@ def current_version(root: str) -> str | None:
     return shard_version(info, source=uri)
 
 
+def _check_dataset(root: str) -> None:
+    """Raise :class:`StorageError` if ``root``'s bucket does not exist, :class:`DatasetError` if
+    nothing is at ``root``: a typo is an error, not a dataset without versions."""
+    fs, path = storage.filesystem(root)
+    try:
+        if root.startswith("s3://"):
+            bucket = path.split("/", 1)[0]
+            try:
+                fs.info(bucket)
+            except FileNotFoundError:
+                raise StorageError(f"--dataset {root}: its bucket {bucket!r} does not exist") from None
+        if not fs.exists(path):
+            raise DatasetError(f"--dataset {root} does not exist")
+    except PlatformError:
+        raise
+    except Exception as exc:  # a denied or unreachable endpoint: name the URI and the cause
+        raise StorageError(f"cannot read --dataset {root}: {type(exc).__name__}: {exc}") from exc
+
+
 def list_versions(root: str) -> list[Version]:
     """Every version folder of the dataset at ``root``, oldest first (complete ones by their
-    ``created_at``, then incomplete ones by name)."""
+    ``created_at``, then incomplete ones by name).
+
+    Raises:
+        DatasetError: nothing is at ``root``.
+        StorageError: ``root``'s bucket does not exist, or cannot be read.
+    """
     root = storage.normalize(root)
+    _check_dataset(root)
     current = current_version(root)
     fs, path = storage.filesystem(versions_uri(root))
     try:
@@ -112,6 +138,7 @@ def remove_versions(root: str, *, keep: int | None = None, version: str | None =
     Raises:
         ConfigError: neither or both of ``keep`` and ``version``, ``keep`` < 1, a ``version``
             the dataset does not have, or the current version.
+        DatasetError, StorageError: as :func:`list_versions`.
     """
     if (keep is None) == (version is None):
         raise ConfigError("give exactly one of --keep N and --version V")
@@ -171,9 +198,6 @@ def _line(v: Version) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Imported here: jobs.engines.cli imports jobs.inputs, which imports jobs.staging, which imports this module.
-    from jobs.engines.cli import cli_main
-
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 

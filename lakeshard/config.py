@@ -3,7 +3,9 @@ dataclass, every key overridable from the command line.
 
 The dataclass is the single source of truth: each field's ``metadata`` holds its help text
 and parser, :func:`add_arguments` builds the argparse options from it, and :func:`resolve`
-layers defaults < YAML file < command line, naming the key and its source in every error.
+layers defaults < YAML file < command line, naming the option as the user types it
+(``--num-shards``) and where its value came from (``command line``, ``--conf FILE`` or
+``default``) in every error: the parsers' errors and the dataclass's own checks alike.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ def parse_size(value: str | int) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(f"a size must look like '4MiB', '512KB' or '1000', got {value!r}")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    size = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    if _SIZE_UNITS[m.group(2).lower()] == 1 and not size.is_integer():
+        raise ValueError(f"a size in bytes must be a whole number (or carry a unit, like '1.5MiB'), got {value!r}")
+    return int(size)
 
 
 def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
@@ -187,6 +192,21 @@ def _convert(cls: type, name: str, raw: Any, source: str) -> Any:
     return value
 
 
+def _named(exc: Exception, names: Sequence[str], sources: Mapping[str, str]) -> ConfigError:
+    """A dataclass check's error as a :class:`ConfigError` naming the option and its source.
+
+    The checks (``__post_init__``) name the field they refuse first: ``"num_shards must be a
+    positive integer, got 0"`` or ``"cache_limit: a size must ..."``; that name becomes the
+    flag and its source (``--num-shards (command line): must be a positive integer, got 0``).
+    An error that names no field is kept as it is."""
+    text = str(exc)
+    m = re.match(r"(\w+)(: | )", text)
+    if m is None or m.group(1) not in names:
+        return exc if isinstance(exc, ConfigError) else ConfigError(text)
+    name = m.group(1)
+    return ConfigError(f"{_flag(name)} ({sources.get(name, 'default')}): {text[m.end():]}")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -248,18 +268,24 @@ def read_yaml(path: str, cls: type) -> dict[str, Any]:
 def resolve(cls: type[T], args: argparse.Namespace | Mapping[str, Any] | None = None,
             *, conf: str | None = None) -> T:
     """Build ``cls`` from its defaults, then the YAML file ``conf`` (or ``args.conf``), then
-    the options in ``args`` that are not ``None``."""
+    the options in ``args`` that are not ``None``.
+
+    Raises :class:`ConfigError` naming the option's flag and where its value came from, for
+    a value its parser refuses and for one the dataclass's checks refuse (see :func:`_named`)."""
     given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
     conf = conf or given.pop("conf", None)
     given.pop("conf", None)
     names = [f.name for f in dataclasses.fields(cls)]
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if conf:
         for name, raw in read_yaml(conf, cls).items():
-            values[name] = _convert(cls, name, raw, conf)
+            values[name] = _convert(cls, name, raw, f"--conf {conf}")
+            sources[name] = f"--conf {conf}"
     for name, raw in given.items():
         if raw is not None and name in names:
             values[name] = _convert(cls, name, raw, "command line")
+            sources[name] = "command line"
     missing = [f.name for f in dataclasses.fields(cls)
                if f.default is dataclasses.MISSING and f.name not in values]
     if missing:
@@ -268,6 +294,4 @@ def resolve(cls: type[T], args: argparse.Namespace | Mapping[str, Any] | None = 
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(str(exc)) from None
+        raise _named(exc, names, sources) from None

@@ -13,6 +13,7 @@ Nothing here logs or returns credentials.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ __all__ = [
     "exists",
     "filesystem",
     "join",
+    "modified_utc",
     "move",
     "normalize",
     "read_bytes",
@@ -137,6 +139,14 @@ def join(uri: str, *parts: str) -> str:
     """Join path components onto a URI with ``/``."""
     uri = normalize(uri)
     return posixpath.join(uri, *parts) if parts else uri
+
+
+def modified_utc(st: os.stat_result | float) -> dt.datetime:
+    """A local file's modification time (its stat, or ``st_mtime``) as the manifest stores it:
+    UTC, rounded to the microsecond as every listing of a local file rounds it (fsspec's
+    ``info`` and the lake listing give ``st_mtime``, a float of seconds)."""
+    seconds = st if isinstance(st, (int, float)) else st.st_mtime
+    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
 
 
 def exists(uri: str) -> bool:

@@ -16,6 +16,13 @@ next holder of the shard's lock.
 Eviction: after each download, least recently used shard files (modification time, touched on
 every use) go until the cache is within ``limit`` bytes; files this loader uses are kept open, so
 another process evicting one does not break a read (POSIX keeps an unlinked open file).
+
+A folder that cannot be written (a read-only mount, no permission, a full disk or quota) is
+used read-only: the shards it holds are verified and read from it, untouched (no LRU mark, a
+bad copy is skipped, not deleted), and the others are read remotely, every epoch, after one
+WARNING naming the folder and the reason (:attr:`ShardCache.read_only`). Found when the cache is
+made, or by the first download that fails so; no download is tried after that. A ``cache_dir``
+that is not a folder at all (a file in the way) is a :class:`LoaderError`.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import tempfile
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +51,12 @@ _CHUNK = 8 << 20
 _PARTS = 8
 #: How long a wait for another process's lock waits before it re-checks the stop event.
 _WAIT_S = 0.1
+#: Errors of a folder that cannot be written (any other error of a write is the shard's).
+_CANNOT_WRITE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
+
+
+class _CannotWrite(Exception):
+    """The cache folder cannot be written; the message says why (``strerror``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +83,20 @@ class ShardCache:
     def __init__(self, root: str | os.PathLike[str], *, dataset_version: str, channel: str, limit: int) -> None:
         self.root = Path(root)
         self.folder = self.root / dataset_version / channel
+        self.channel = channel
         self.limit = limit
+        #: Why the folder cannot be written (``"Read-only file system"``), or ``None``: then
+        #: nothing is downloaded into it (see the module doc).
+        self.read_only: str | None = None
+        self._warned = False
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.folder):  # can we write? (unnamed: nothing left behind)
+                pass
         except OSError as exc:
-            raise LoaderError(f"cache_dir {str(root)!r} cannot be used: {exc}") from exc
+            if exc.errno not in _CANNOT_WRITE:
+                raise LoaderError(f"cache_dir {str(root)!r} cannot be used: {exc}") from exc
+            self.read_only = exc.strerror or str(exc)
         self._lock = threading.Lock()
         self._ready: dict[int, Path] = {}  # verified files
         self._fds: dict[int, int] = {}  # kept open while the loader lives
@@ -94,14 +117,18 @@ class ShardCache:
 
     def start(self, shards: list[CachedShard], *, name: str) -> None:
         """Fill the shards not ready yet, one after another, on a thread named ``{name}-cache``
-        (unless one is running). A failed download is logged and left to the remote reads."""
+        (unless one is running). A failed download is logged and left to the remote reads; a
+        folder that cannot be written gets no download (one WARNING says so)."""
         with self._lock:
             todo = [s for s in shards if s.index not in self._ready]
-            if not todo or (self._thread is not None and self._thread.is_alive()):
-                return
-            self._stop = stop = threading.Event()
-            self._thread = threading.Thread(target=self._fill_all, args=(todo, stop), name=f"{name}-cache", daemon=True)
-            self._thread.start()
+            writable = self.read_only is None
+            if writable and todo and (self._thread is None or not self._thread.is_alive()):
+                self._stop = stop = threading.Event()
+                self._thread = threading.Thread(target=self._fill_all, args=(todo, len(shards), stop),
+                                                name=f"{name}-cache", daemon=True)  # fmt: skip
+                self._thread.start()
+        if todo and not writable:
+            self._warn_read_only(len(shards))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the fill thread to finish; ``True`` if it has (or none runs)."""
@@ -120,15 +147,33 @@ class ShardCache:
         if thread is not None:
             thread.join()
 
-    def _fill_all(self, shards: list[CachedShard], stop: threading.Event) -> None:
+    def _fill_all(self, shards: list[CachedShard], total: int, stop: threading.Event) -> None:
+        """Fill ``shards`` (of the ``total`` this loader wants) in turn, until ``stop``."""
         for shard in shards:
             if stop.is_set():
                 return
             try:
                 self.fill(shard, stop)
+            except _CannotWrite as exc:
+                self.read_only = str(exc)
+                self._warn_read_only(total)
+                return
             except Exception as exc:
                 log.warning("cannot cache %s in %s (reading it remotely): %s", shard.uri, self.folder, exc)
                 self.errors.append((shard.index, f"{type(exc).__name__}: {exc}"))
+
+    def _warn_read_only(self, total: int) -> None:
+        """The one WARNING of a folder that cannot be written; ``total``: the shards this loader
+        wants from it."""
+        with self._lock:
+            warned, self._warned = self._warned, True
+            held = len(self._ready)
+        if not warned:
+            log.warning(
+                "cache_dir %s cannot be written (%s): %d of %d shards of channel %r are read from it, "
+                "the other %d remotely, every epoch",
+                self.root, self.read_only, held, total, self.channel, total - held,
+            )  # fmt: skip
 
     def adopt(self, shard: CachedShard) -> bool:
         """Use the cached copy of ``shard`` if there is one that checks out (deleting one that
@@ -137,10 +182,8 @@ class ShardCache:
         if not path.exists():
             return False
         if not self._verify(shard, path):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+            if self.read_only is None:
+                path.unlink(missing_ok=True)
             return False
         self._mark_ready(shard.index, path)
         return True
@@ -149,7 +192,13 @@ class ShardCache:
         """Make the cached copy of ``shard``: wait for another process writing it, or download it
         (under the shard's lock). ``False`` if ``stop`` was set first."""
         path = self.path(shard)
-        with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        try:
+            lock = open(path.with_name(path.name + ".lock"), "a+b")  # closed by the with below
+        except OSError as exc:
+            if exc.errno in _CANNOT_WRITE:
+                raise _CannotWrite(exc.strerror) from exc
+            raise
+        with lock:
             while True:
                 try:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -192,7 +241,11 @@ class ShardCache:
 
     def _mark_ready(self, index: int, path: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
-        os.utime(path)  # recently used: evicted last
+        if self.read_only is None:
+            try:
+                os.utime(path)  # recently used: evicted last
+            except OSError as exc:  # another user's file, say: it is still read
+                log.debug("cannot mark %s as used: %s", path, exc)
         with self._lock:
             old = self._fds.pop(index, None)
             self._fds[index], self._ready[index] = fd, path
@@ -224,6 +277,12 @@ class ShardCache:
                 raise LoaderError(f"downloaded {shard.uri} into the cache: {size} bytes, sha256 {h.hexdigest()}; "
                                   f"dataset.json says {shard.bytes} bytes, sha256 {shard.sha256} (changed since?)")  # fmt: skip
             os.rename(tmp, path)
+        except OSError as exc:
+            # A full disk or quota (the lock file was written, so the folder is writable): not
+            # this shard's fault. Remote read errors are never ENOSPC/EDQUOT.
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise _CannotWrite(exc.strerror) from exc
+            raise
         finally:
             tmp.unlink(missing_ok=True)
         self.downloaded.append(shard.index)

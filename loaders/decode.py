@@ -137,7 +137,7 @@ if _simplejpeg is not None:
 def get_decoder(name: str) -> Callable[..., np.ndarray]:
     try:
         return DECODERS[name]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: not hashable, so not a name
         raise ValueError(f"decoder must be one of {sorted(DECODERS)}, got {name!r}") from None
 
 

@@ -8,11 +8,12 @@ import math
 import re
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
 from lakeshard.errors import ConfigError
 
-__all__ = ["MODEL_SPEC", "SmallCNN", "build_model"]
+__all__ = ["MODEL_SPEC", "SmallCNN", "build_model", "check_model", "describe", "load_weights"]
 
 #: The form of ``--model``: a dotted module path, a colon, a dotted attribute path.
 MODEL_SPEC = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
@@ -86,3 +87,76 @@ def build_model(spec: str | None, num_classes: int, image_size: int, *, width: i
     if not isinstance(model, nn.Module):
         raise ConfigError(f"--model {spec!r}: {call} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+#: The rows of the batch :func:`check_model` passes through the model.
+_DRY_BATCH = 2
+
+
+def check_model(model: nn.Module, spec: str | None, num_classes: int, image_size: int, *, width: int = 32,
+                bf16: bool = False) -> None:  # fmt: skip
+    """Check that ``model`` fits the data before any training: it has trainable parameters, and
+    one forward pass on a float32 ``[2, 3, image_size, image_size]`` batch (the loader's images)
+    returns ``[2, num_classes]`` floating-point logits. The pass runs where the weights are (the
+    CPU, unless the factory moved them), under bfloat16 autocast with ``bf16`` (as training
+    will), in eval mode, without gradients and with the CPU's random state restored afterwards:
+    the model is left as it was.
+
+    Raises:
+        ConfigError: naming the model (:func:`describe`) and what did not fit.
+    """
+    where = describe(spec, width=width)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"{where}: the model has no trainable parameters: there is nothing to train")
+    shape = [_DRY_BATCH, 3, image_size, image_size]
+    batch = f"a float32 [{', '.join(map(str, shape))}] batch"
+    expected = (f"logits of shape [{_DRY_BATCH}, {num_classes}] "
+                f"(batch, classes: the dataset has {num_classes})")
+    device = next(model.parameters()).device
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), \
+                torch.autocast(device.type, torch.bfloat16, enabled=bf16):  # fmt: skip
+            out = model(torch.zeros(shape, device=device))
+    except Exception as exc:
+        raise ConfigError(
+            f"{where}: a forward pass on {batch} (the dataset's image size) failed: {_one_line(exc)}"
+        ) from None
+    finally:
+        model.train(training)
+    if not isinstance(out, Tensor):
+        raise ConfigError(
+            f"{where}: the model returned a {type(out).__name__} for {batch}; expected a tensor of {expected}"
+        )
+    if list(out.shape) != [_DRY_BATCH, num_classes]:
+        raise ConfigError(
+            f"{where}: the model returned a tensor of shape [{', '.join(map(str, out.shape))}] for {batch}; "
+            f"expected {expected}"
+        )
+    if not out.is_floating_point():
+        raise ConfigError(
+            f"{where}: the model returned a {out.dtype} tensor for {batch}; "
+            f"expected floating-point {expected}"
+        )
+
+
+def describe(spec: str | None, *, width: int) -> str:
+    """How error messages name the model: ``--model 'pkg.mod:f'`` or ``the small CNN (--width 32)``."""
+    return f"the small CNN (--width {width})" if spec is None else f"--model {spec!r}"
+
+
+def load_weights(model: nn.Module, weights: dict[str, Tensor], *, source: str, name: str) -> None:
+    """Load a checkpoint's ``weights`` (from ``source``) into ``model`` (named ``name``, as
+    :func:`describe` does).
+
+    Raises:
+        ConfigError: the weights do not fit the model (missing or unexpected keys, other
+            shapes): a checkpoint of another network.
+    """
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"--resume: the checkpoint {source} does not fit {name}: {_one_line(exc)}"
+        ) from None

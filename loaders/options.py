@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,12 +13,16 @@ from lakeshard.errors import ConfigError
 from lakeshard.format import CHANNELS
 from loaders.decode import get_decoder
 from loaders.plan import RANK_REMAINDER_POLICIES
+from loaders.transforms import check_mean_std
 
 __all__ = ["DEFAULT_READ_CONCURRENCY", "ORDER_KEYS", "LoaderOptions", "default_threads"]
 
 #: Remote row-group reads in flight by default: enough to hide a round trip of tens of ms behind
 #: the reads before it at tens of MB/s per connection (see docs/performance.md).
 DEFAULT_READ_CONCURRENCY = 8
+
+#: The options that are True or False.
+_FLAGS = ("shuffle", "drop_last", "augment", "pin_memory", "skip_bad_rows")
 
 #: The options that decide which batches come out (and so must match on resume).
 ORDER_KEYS = ("world_size", "batch_size", "shuffle", "seed", "drop_last", "remainder", "shuffle_window")
@@ -71,8 +73,9 @@ class LoaderOptions:
             ``"simplejpeg"`` (image by image); see ``loaders/decode.py``.
         augment: random horizontal flip, and a random crop when ``crop`` is set.
         crop: output size; a random crop with ``augment``, a centre crop without.
-        normalize: ``(mean, std)`` per channel on the 0-1 scale: images become float32
-            ``(x/255 - mean) / std`` instead of uint8; every std must be positive.
+        normalize: ``(mean, std)``, 3 numbers each (one per RGB channel, on the 0-1 scale; lists
+            are taken as tuples of floats): images become float32 ``(x/255 - mean) / std``
+            instead of uint8; every std must be positive.
         pin_memory: pin batches for fast host-to-GPU copies (only when CUDA is available).
         read_concurrency: reads of a remote shard's row groups in flight at once, on the loader's
             fetch threads, in the order the epoch needs them; default :data:`DEFAULT_READ_CONCURRENCY`.
@@ -85,7 +88,9 @@ class LoaderOptions:
             reader shuffles (``shuffle_window`` rows) comes on top.
         cache_dir: a local folder for remote shards (``None``: ``LAKESHARD_CACHE_DIR``, or no
             cache): each shard this rank reads is kept there, checked against ``dataset.json``'s
-            sha256, so later epochs (and runs) read nothing remotely; see :mod:`loaders.cache`.
+            sha256, so later epochs (and runs) read nothing remotely; a folder that cannot be
+            written is used read-only (its shards read from it, the others remotely, one
+            WARNING); see :mod:`loaders.cache`.
         cache_limit: the cache's size (``"50GiB"``); least recently used shards go first.
         skip_bad_rows: a row that cannot be decoded (or has a label out of range) becomes an
             all-zero image labelled :data:`~loaders.PAD_LABEL`, is logged and counted in
@@ -136,7 +141,7 @@ class LoaderOptions:
             object.__setattr__(self, "cache_dir", os.environ["LAKESHARD_CACHE_DIR"])
         for name in ("memory_budget", "cache_limit"):
             value = getattr(self, name)
-            if value is not None:
+            if value is not None or name == "cache_limit":
                 try:
                     object.__setattr__(self, name, parse_size(value))
                 except ValueError as exc:
@@ -145,10 +150,15 @@ class LoaderOptions:
             raise ConfigError(f"cache_dir must be a local folder, got {self.cache_dir!r}")
         for name in ("batch_size", "world_size", "shuffle_window", "num_threads", "prefetch", "read_concurrency"):
             check_positive(name, getattr(self, name), error=ConfigError)
-        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"rank must be in [0, world_size={self.world_size}), got {self.rank!r}")
-        if not isinstance(self.seed, int) or self.seed < 0:
+        if not _is_int(self.rank) or not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"rank must be an integer in [0, world_size={self.world_size}), got {self.rank!r}"
+            )
+        if not _is_int(self.seed) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        for name in _FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.remainder not in RANK_REMAINDER_POLICIES:
             raise ConfigError(f"remainder must be one of {RANK_REMAINDER_POLICIES}, got {self.remainder!r}")
         if self.channel not in CHANNELS:
@@ -174,15 +184,21 @@ class LoaderOptions:
             )
 
     def _check_normalize(self) -> None:
-        shape = "((mean_r, mean_g, mean_b), (std_r, std_g, std_b))"
-        if len(self.normalize) != 2 or any(len(v) != 3 for v in self.normalize):
-            raise ConfigError(f"normalize must be {shape}, got {self.normalize!r}")
-        mean, std = self.normalize
-        if not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in (*mean, *std)):
-            raise ConfigError(f"normalize must be {shape} of finite numbers, got {self.normalize!r}")
-        if any(s <= 0 for s in std):
-            raise ConfigError(f"normalize std must be positive (images are divided by it), got std={tuple(std)!r}")
+        """Check ``normalize`` and keep it as ``((3 floats), (3 floats))``."""
+        value = self.normalize
+        if not isinstance(value, tuple | list) or len(value) != 2:
+            raise ConfigError(
+                f"normalize must be (mean, std), 3 numbers each (one per RGB channel), e.g. "
+                f"((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), got {value!r}"
+            )
+        mean, std = check_mean_std(*value, what="normalize", where=f" (normalize={value!r})")
+        object.__setattr__(self, "normalize", (mean, std))
 
     def order_key(self) -> dict[str, Any]:
         """The options that decide which batches come out (and so must match on resume)."""
         return {k: getattr(self, k) for k in ORDER_KEYS}
+
+
+def _is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -39,6 +39,7 @@ _WAIT_S = 0.05
 _JOIN_TIMEOUT_S = 30.0
 
 _END = object()  # end-of-stream marker, put by the reader after the last task
+_CLOSED = "this epoch's iterator was closed (the loader started another epoch or was closed)"
 
 
 @dataclass
@@ -87,7 +88,9 @@ class PipelineStats:
 # generator in ``ShardLoader.__iter__`` is finalised --, on error, by ``start`` and by
 # ``Pipeline.close``): sets the epoch's ``stop`` (the reader checks it before each task and in
 # every wait for a slot; decode tasks check it between images), waits for the reader to leave the
-# job (``finished``, bounded by _JOIN_TIMEOUT_S) and cancels every queued future.
+# job (``finished``, bounded by _JOIN_TIMEOUT_S) and cancels every queued future. A consumer
+# waiting in ``Epoch.next`` on another thread meanwhile sees ``_closed`` (or its future
+# cancelled) within ``_WAIT_S`` and raises LoaderError: nothing will be queued for it any more.
 #
 # Stop the pipeline: ``Pipeline.close()`` (``ShardLoader.close``, or the loader's finalizer when
 # it is garbage-collected) closes the running epoch, sets ``_closed``, joins the reader thread
@@ -133,9 +136,9 @@ class Epoch(Generic[T, R]):
     def next(self) -> R | None:
         """The next batch, or ``None`` at the end of the epoch. Raises the first error of any
         thread."""
-        if self._closed:
-            raise LoaderError("this epoch's iterator was closed (the loader started another epoch or was closed)")
         while True:
+            if self._closed:  # also while waiting: another thread may close it (NOTE [ Prefetch shutdown ])
+                raise LoaderError(_CLOSED)
             self._raise_if_failed()
             if self._current is None:
                 try:
@@ -154,6 +157,8 @@ class Epoch(Generic[T, R]):
                 result = future.result(timeout=_WAIT_S)
             except TimeoutError:
                 continue
+            except CancelledError:  # by a close() on another thread
+                raise LoaderError(_CLOSED) from None
             self._current = None
             # A task that saw ``stop`` returns None: that is a failure elsewhere (re-raise it)
             # or a close() from another thread, never the end of the stream.

@@ -83,7 +83,9 @@ class ShardLoader:
 
     Threads: made on the first iteration and kept across epochs (an epoch is a new order, not
     a new pipeline); a ``break`` out of an epoch, an error, :meth:`close` or the loader's
-    garbage collection stops them all, and a later iteration makes new ones.
+    garbage collection stops them all, and a later iteration makes new ones. One thread at a
+    time iterates a loader: another thread's iteration meanwhile raises :class:`LoaderError`
+    (NOTE [ One iterating thread ]).
 
     Remote shards (``s3://``): each footer is read once, by the constructor; each epoch fetches
     its row groups as byte ranges, ``read_concurrency`` at a time within ``memory_budget``
@@ -145,6 +147,7 @@ class ShardLoader:
         self._reads = ReadCount()  # of the current (or last) iteration
         self._last_iter_epoch: int | None = None  # the epoch the last iteration ran
         self._lock = threading.Lock()
+        self._owner: _Owner | None = None  # the iteration running (or last started) and its thread
         self.skipped_rows: list[SkippedRow] = []
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over and the training loop's previous batch.
@@ -160,7 +163,11 @@ class ShardLoader:
         self.cache: ShardCache | None = None
         self._cached: list[CachedShard] = []
         if remote and opts.cache_dir is not None:
-            self.cache = self._open_cache(sorted(remote))
+            try:
+                self.cache = self._open_cache(sorted(remote))
+            except BaseException:
+                self.fetcher.close()  # its threads run already
+                raise
         # The threads stop when the loader is closed, or garbage-collected unclosed.
         self._finalizer = weakref.finalize(self, _shutdown, self._pipeline, self.fetcher, self.cache, True)
 
@@ -322,9 +329,33 @@ class ShardLoader:
             )
 
     # -- iteration ---------------------------------------------------------------------------------
+    # NOTE [ One iterating thread ]
+    #
+    # A loader yields its batches to one thread at a time. ``_run`` claims the loader (``_owner``:
+    # its thread and a token of its own) at its first ``next()``, under ``_lock``, and gives it
+    # back when it ends (its last batch, a ``break``, an error) if the claim is still its own.
+    # Another iteration on the same thread replaces the claim, and its ``__iter__`` closes the
+    # running epoch (whose iterator then raises LoaderError, as it always has); an iteration on
+    # another thread while a live thread holds the claim raises LoaderError at once, in
+    # ``__iter__`` or at its first ``next()``, and touches nothing of the running epoch.
+    # ``close()`` drops the claim (a thread that holds an unfinished iterator gets LoaderError on
+    # its next ``next()``: its epoch is closed). A claim whose thread has exited is void.
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._stop_running()  # not the epoch started early: the new iteration may be it
+        # Not the epoch started early: the new iteration may be it.
+        self._stop_running(caller=threading.current_thread())
         return self._run()
+
+    def _check_owner(self, caller: threading.Thread) -> None:
+        """Raise :class:`LoaderError` if a live thread other than ``caller`` iterates this loader
+        (under ``_lock``; NOTE [ One iterating thread ])."""
+        owner = self._owner
+        if owner is not None and owner.thread is not caller and owner.thread.is_alive():
+            raise LoaderError(
+                f"this loader is being iterated by thread {owner.thread.name!r}, so thread "
+                f"{caller.name!r} cannot iterate it: a ShardLoader yields its batches to one thread at a "
+                f"time. Finish or break out of that loop (or call close()) first, or make one loader per "
+                f"thread"
+            )
 
     def _start(self) -> Epoch[BatchTask, Any]:
         """Start the epoch :meth:`set_epoch` selected, from the batch a restored state says: the
@@ -390,7 +421,15 @@ class ShardLoader:
     def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # The epoch starts at the first next(), not at iter(): a set_epoch() between the two
         # counts (PyTorch Lightning calls iter() on a resumed run before on_train_epoch_start).
-        epoch = self._start()
+        me = _Owner(threading.current_thread())
+        with self._lock:
+            self._check_owner(me.thread)
+            self._owner = me
+        try:
+            epoch = self._start()
+        except BaseException:
+            self._release(me)
+            raise
         finished = False
         try:
             while True:
@@ -406,6 +445,7 @@ class ShardLoader:
                 current = self._running is epoch
                 if current:
                     self._running = None
+            self._release(me)
             # An epoch run to its end keeps the threads for the next one; a break (or an error)
             # out of the loop that is still this loader's latest epoch stops them all.
             if current and not finished:
@@ -417,12 +457,24 @@ class ShardLoader:
                 )  # fmt: skip
 
     def close(self) -> None:
-        """Stop every thread of the loader and wait for them (a later iteration makes new ones)."""
+        """Stop every thread of the loader and wait for them (a later iteration makes new ones,
+        on any thread)."""
         self._stop_pipeline()
         _shutdown(self._pipeline, self.fetcher, self.cache)
-
-    def _stop_running(self) -> None:
         with self._lock:
+            self._owner = None
+
+    def _release(self, claim: _Owner) -> None:
+        """End ``claim`` on the loader if it is still the current one."""
+        with self._lock:
+            if self._owner is claim:
+                self._owner = None
+
+    def _stop_running(self, *, caller: threading.Thread | None = None) -> None:
+        """Close the running epoch; with ``caller``, only if no other thread iterates the loader."""
+        with self._lock:
+            if caller is not None:
+                self._check_owner(caller)
             running, self._running = self._running, None
         if running is not None:
             running.close()
@@ -456,6 +508,13 @@ def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None, 
         fetcher.close()
     if cache is not None:
         cache.close() if final else cache.stop()
+
+
+@dataclass(frozen=True, eq=False)
+class _Owner:
+    """An iteration's claim on its loader (NOTE [ One iterating thread ]); compared by identity."""
+
+    thread: threading.Thread
 
 
 @dataclass(frozen=True)

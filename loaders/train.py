@@ -25,12 +25,23 @@ reruns one command line. The checkpoint may come from another number of ranks: t
 interrupted epoch is dealt to the new ranks, every sample exactly once (:mod:`loaders.elastic`);
 its ``samples`` in ``metrics.json`` count the epoch's real rows before and after the resume.
 
+SIGTERM (a spot reclaim, Kubernetes, Slurm, torchrun forwarding its own) or SIGUSR1 (Slurm's
+``--signal`` warning), to any of the ranks, stops the run after the current step: the ranks agree
+on the step (one all-reduce per training step and evaluation batch), rank 0 saves a mid-epoch
+checkpoint (the state a ``--checkpoint-every`` checkpoint has; during an evaluation, the epoch's
+trained state before it), logs one line saying where and how to resume, and every rank exits
+with status 75 (:data:`~loaders.preemption.EXIT_PREEMPTED`); ``--resume auto`` then trains every
+remaining sample exactly once (:mod:`loaders.preemption`).
+
 A dataset without a validation (or test) channel trains without that evaluation: the log says
 so, and ``metrics.json`` has ``null`` accuracies and the reason under ``skipped``.
 
-Bad input (options, environment, dataset, checkpoint) is checked on every rank before the
-process group starts and before any loader thread; :func:`main` prints it as one
-``python -m loaders.train: error: ...`` line and returns 2, with no traceback.
+Bad input (options, environment, dataset, checkpoint, a resume with another ``--model``,
+``--width`` or ``--optimizer``, a model whose output does not fit the data, an ``--output`` that
+cannot be written) is checked on every rank before the process group starts and before any
+loader thread (:mod:`loaders.train_plan`); :func:`main` prints it as one
+``python -m loaders.train: error: ...`` line and returns 2, with no traceback. The progress bar is drawn on a terminal only; a log gets the line
+each epoch ends with.
 """
 
 from __future__ import annotations
@@ -38,28 +49,27 @@ from __future__ import annotations
 import io
 import logging
 import os
-import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from lakeshard import format as contract
 from lakeshard import storage
-from lakeshard.errors import ConfigError, DatasetError, LoaderError, PlatformError
+from lakeshard.errors import ConfigError, PlatformError
 from loaders.batch import PAD_LABEL
 from loaders.config import TrainConfig, parse_args
-from loaders.model import build_model
+from loaders.preemption import EXIT_PREEMPTED, Preempted, StopRequest, signal_name, stop_signals
 from loaders.shard_loader import ShardLoader, default_threads
 from loaders.state import last_leg
+from loaders.train_plan import EVAL_CHANNELS, TrainPlan, prepare
 
 __all__ = ["main", "train"]
 
@@ -69,9 +79,6 @@ _PROG = "python -m loaders.train"
 
 #: Images are normalised to [-1, 1] by the loader's decode threads.
 _NORMALIZE = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-
-#: The channels evaluated when the dataset has them: validation after each epoch, test at the end.
-_EVAL_CHANNELS = ("validation", "test")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,122 +129,6 @@ def _init_distributed(cfg: TrainConfig, world: tuple[int, int, int, int]) -> _Di
     return _Dist(rank, world_size, local_rank, local_world, device)
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """What :func:`_prepare` checked before any expensive work, for :func:`train` to use."""
-
-    per_rank_batch: int
-    num_classes: int
-    image_size: int
-    class_names: tuple[str, ...]  # by label index
-    model: nn.Module  # built (seeded) on the CPU, so a bad --model fails before any other work
-    skipped: dict[str, str]  # evaluation channel -> why it is skipped
-    checkpoint_uri: str
-    metrics_uri: str
-    resume_uri: str | None  # the checkpoint to resume from, None for a fresh run
-    checkpoint: dict[str, Any] | None  # its contents
-
-
-def _prepare(cfg: TrainConfig, world_size: int) -> _Plan:
-    """Check the options against the world size, the dataset and the checkpoint; raise a
-    :class:`PlatformError` naming the bad value. Reads ``dataset.json`` and the checkpoint only:
-    every rank runs it before the process group starts, and fails alike."""
-    if not cfg.dataset:
-        raise ConfigError("TrainConfig.dataset is required")
-    output = storage.normalize(cfg.output)
-    checkpoint_uri = storage.join(output, "checkpoint.pt")
-    resume_uri, checkpoint = _find_checkpoint(cfg, checkpoint_uri)
-    if checkpoint is not None:
-        _check_resumed_batch(cfg, world_size, resume_uri, checkpoint)
-    if cfg.batch_size % world_size:
-        raise ConfigError(
-            f"batch_size {cfg.batch_size} (global) is not divisible by the world size {world_size}: "
-            f"each rank would get {cfg.batch_size / world_size:g} rows; pass a --batch-size that is a multiple of {world_size}"
-        )
-    info = contract.read_dataset_info(cfg.dataset)
-    where = contract.dataset_json_uri(storage.normalize(cfg.dataset))
-    channels, labels = info.channels, info.labels
-    if "train" not in channels:
-        raise DatasetError(f"{where} has no 'train' channel (it has: {', '.join(channels) or 'none'}); nothing to train on")
-    if len(labels) < 2:
-        raise DatasetError(
-            f"{where} lists {len(labels)} class(es) ({', '.join(map(str, labels)) or 'none'}): "
-            "a classifier needs at least 2; build the dataset from a lake with two or more label folders"
-        )
-    if set(labels.values()) != set(range(len(labels))):
-        raise DatasetError(f"{where}: label indices must be 0..{len(labels) - 1}, one per label, got {list(labels.values())}")
-    image_size = info.image.size
-    skipped = {
-        c: f"the dataset has no {c!r} channel (it has: {', '.join(channels)})" for c in _EVAL_CHANNELS if c not in channels
-    }
-    if cfg.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"--precision bf16: this GPU ({torch.cuda.get_device_name()}) does not support bfloat16; use --precision fp32")
-    version = info.dataset_version
-    if checkpoint is not None and checkpoint.get("dataset_version") != version:
-        raise DatasetError(
-            f"refusing to resume from {resume_uri}: it was trained on dataset version {checkpoint.get('dataset_version')!r}, "
-            f"{cfg.dataset} is version {version!r}"
-        )
-    _seed_everything(cfg.seed)  # the model's initial weights
-    model = build_model(cfg.model, len(labels), image_size, width=cfg.width)
-    return _Plan(
-        per_rank_batch=cfg.batch_size // world_size, num_classes=len(labels), image_size=image_size,
-        class_names=tuple(sorted(labels, key=labels.__getitem__)), model=model, skipped=skipped, checkpoint_uri=checkpoint_uri,
-        metrics_uri=storage.join(output, "metrics.json"), resume_uri=resume_uri, checkpoint=checkpoint,
-    )  # fmt: skip
-
-
-def _find_checkpoint(cfg: TrainConfig, checkpoint_uri: str) -> tuple[str | None, dict[str, Any] | None]:
-    """The checkpoint ``--resume`` names and its contents; ``(None, None)`` for a fresh run."""
-    if cfg.resume is None:
-        return None, None
-    if cfg.resume == "auto":
-        if not storage.exists(checkpoint_uri):
-            return None, None
-        uri = checkpoint_uri
-    else:
-        uri = storage.normalize(cfg.resume)
-        if not storage.exists(uri):
-            raise ConfigError(f"--resume {cfg.resume}: no checkpoint at {uri} (pass --resume auto to start afresh when there is none)")
-    try:
-        ckpt = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
-    except PlatformError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"--resume: cannot load the checkpoint {uri}: {type(exc).__name__}: {exc}") from None
-    if not isinstance(ckpt, dict) or not {"model", "optimizer", "scheduler", "loader", "metrics"} <= set(ckpt):
-        raise ConfigError(f"--resume: {uri} is not a checkpoint of loaders.train")
-    return uri, ckpt
-
-
-def _check_resumed_batch(cfg: TrainConfig, world_size: int, uri: str | None, ckpt: dict[str, Any]) -> None:
-    """A resumed run keeps its checkpoint's global batch, on any world size that divides it (the
-    loader deals the rest of the interrupted epoch to the new ranks: :mod:`loaders.elastic`)."""
-    try:
-        saved = last_leg(ckpt["loader"])
-    except LoaderError as exc:
-        raise ConfigError(f"--resume: {uri} holds no usable loader state: {exc}") from None
-    g = saved.global_batch
-    was = f"{saved.world_size} rank(s) x {saved.batch_size} rows"
-    if cfg.batch_size != g:
-        raise ConfigError(
-            f"--batch-size {cfg.batch_size} (global) differs from the global batch {g} ({was}) of the checkpoint {uri}: "
-            f"a resumed run keeps its global batch; pass --batch-size {g}"
-        )
-    if g % world_size:
-        works = ", ".join(str(d) for d in range(1, g + 1) if g % d == 0)
-        raise ConfigError(
-            f"cannot resume {uri} on {world_size} ranks: its global batch {g} ({was}) is not divisible by {world_size}; "
-            f"resume on a world size that divides {g} ({works})"
-        )
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def _all_reduce(values: list[float], ctx: _Dist, op: Any = None) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=ctx.device if ctx.device.type == "cuda" else "cpu")
     if ctx.active:
@@ -266,12 +157,24 @@ def _autocast(ctx: _Dist, bf16: bool) -> torch.autocast:
     return torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
+def _agreed_signal(stop: StopRequest, ctx: _Dist) -> int:
+    """The stop signal the ranks agree on: the largest any of them received, 0 for none. A
+    collective (NOTE [ Stopping on a signal ] in :mod:`loaders.preemption`): every rank calls it
+    at the same points, after each training step, evaluation batch and epoch."""
+    if not ctx.active:
+        return stop.signum
+    (agreed,) = _all_reduce([float(stop.signum)], ctx, dist.ReduceOp.MAX)
+    return int(agreed)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: ShardLoader, ctx: _Dist, class_names: tuple[str, ...], *,
-             bf16: bool = False) -> dict[str, Any]:  # fmt: skip
+             bf16: bool = False,
+             stop: Callable[[], bool] | None = None) -> dict[str, Any] | None:  # fmt: skip
     """Top-1 accuracy over the whole channel, and per class: each rank scores its share, the
     counts are summed. ``{"top1": float, "per_class": {name: {"index", "correct", "count",
-    "accuracy"}}}``; an accuracy over no rows is NaN."""
+    "accuracy"}}}``; an accuracy over no rows is None (null in JSON). ``None`` if ``stop()`` (asked after each
+    batch, on every rank: the loader yields as many batches on each) returned true."""
     model.eval()
     n = len(class_names)
     correct, count = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
@@ -283,15 +186,17 @@ def evaluate(model: nn.Module, loader: ShardLoader, ctx: _Dist, class_names: tup
         truth = labels[valid]
         count += torch.bincount(truth, minlength=n).cpu()
         correct += torch.bincount(truth[pred[valid] == truth], minlength=n).cpu()
+        if stop is not None and stop():
+            return None
     totals = _all_reduce([*correct.tolist(), *count.tolist()], ctx)
     correct_all, count_all = [int(v) for v in totals[:n]], [int(v) for v in totals[n:]]
     per_class = {
         name: {"index": i, "correct": correct_all[i], "count": count_all[i],
-               "accuracy": correct_all[i] / count_all[i] if count_all[i] else float("nan")}
+               "accuracy": correct_all[i] / count_all[i] if count_all[i] else None}
         for i, name in enumerate(class_names)
     }  # fmt: skip
     total = sum(count_all)
-    return {"top1": sum(correct_all) / total if total else float("nan"), "per_class": per_class}
+    return {"top1": sum(correct_all) / total if total else None, "per_class": per_class}
 
 
 def _save(uri: str, obj: Any) -> None:
@@ -300,18 +205,22 @@ def _save(uri: str, obj: Any) -> None:
     storage.write_bytes_atomic(uri, buf.getvalue())
 
 
-def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, Any]:
-    """Run the training; return the metrics (also written to ``<output>/metrics.json``).
+@dataclass(frozen=True, slots=True)
+class _Loaders:
+    """A rank's loaders; ``None`` for a channel the dataset does not have."""
 
-    ``plan``: what :func:`_prepare` checked (run here when not given).
-    """
-    plan = plan or _prepare(cfg, ctx.world_size)
+    train: ShardLoader
+    validation: ShardLoader | None
+    test: ShardLoader | None
+
+    def close(self) -> None:
+        for loader in (self.train, self.validation, self.test):
+            if loader is not None:
+                loader.close()
+
+
+def _loaders(cfg: TrainConfig, ctx: _Dist, plan: TrainPlan) -> _Loaders:
     dataset = str(cfg.dataset)
-    torch.set_num_threads(default_threads(ctx.local_world_size))  # this rank's share of its CPUs
-    info_level = logging.INFO if ctx.rank == 0 else logging.DEBUG
-    for channel, reason in plan.skipped.items():
-        log.log(info_level, "skipping %s: %s", "validation after each epoch" if channel == "validation" else "the final test", reason)
-
     common = dict(
         rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed, num_threads=cfg.num_threads,
         prefetch=cfg.prefetch, normalize=_NORMALIZE, pin_memory=ctx.device.type == "cuda",
@@ -326,10 +235,43 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
     eval_batch = cfg.eval_batch_size or plan.per_rank_batch
     val_loader, test_loader = (
         None if channel in plan.skipped else ShardLoader(dataset, channel=channel, batch_size=eval_batch, **common)
-        for channel in _EVAL_CHANNELS
+        for channel in EVAL_CHANNELS
     )
+    return _Loaders(train_loader, val_loader, test_loader)
 
-    model = plan.model.to(ctx.device)
+
+def train(cfg: TrainConfig, ctx: _Dist, plan: TrainPlan | None = None) -> dict[str, Any]:
+    """Run the training; return the metrics (also written to ``<output>/metrics.json``).
+
+    ``plan``: what :func:`~loaders.train_plan.prepare` checked (run here when not given).
+
+    Raises:
+        Preempted: SIGTERM or SIGUSR1 reached a rank (while this runs in the main thread):
+            every rank stopped after the same step, rank 0 saved the checkpoint to resume from.
+    """
+    plan = plan or prepare(cfg, ctx.world_size)
+    torch.set_num_threads(default_threads(ctx.local_world_size))  # this rank's share of its CPUs
+    for channel, reason in plan.skipped.items():
+        what = "validation after each epoch" if channel == "validation" else "the final test"
+        log.log(_info_level(ctx), "skipping %s: %s", what, reason)
+    loaders = _loaders(cfg, ctx, plan)
+    try:
+        with stop_signals() as stop:
+            return _train(cfg, ctx, plan, loaders, stop)
+    finally:
+        loaders.close()
+
+
+def _info_level(ctx: _Dist) -> int:
+    """What every rank does alike is logged by rank 0 (the others log it at DEBUG)."""
+    return logging.INFO if ctx.rank == 0 else logging.DEBUG
+
+
+def _train(cfg: TrainConfig, ctx: _Dist, plan: TrainPlan, loaders: _Loaders,
+           stop: StopRequest) -> dict[str, Any]:  # fmt: skip
+    train_loader, val_loader, test_loader = loaders.train, loaders.validation, loaders.test
+    info_level = _info_level(ctx)
+    model = plan.model.to(ctx.device)  # holds the checkpoint's weights when resuming
     if ctx.device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     bf16 = cfg.precision == "bf16"
@@ -347,7 +289,6 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
     carried = [0.0, 0, 0]
     if plan.checkpoint is not None:
         ckpt = plan.checkpoint
-        model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         train_loader.load_state_dict(ckpt["loader"])
@@ -356,7 +297,7 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
         step = ckpt["loader"]["batches_consumed"]
         if ckpt.get("epoch_done"):
             start_epoch, step = start_epoch + 1, 0
-        elif ckpt.get("epoch_partial", {}).get("epoch") == start_epoch:
+        elif (ckpt.get("epoch_partial") or {}).get("epoch") == start_epoch:
             part = ckpt["epoch_partial"]
             carried = [part["loss_sum"], part["samples"], part["images"]]
         saved = last_leg(ckpt["loader"])
@@ -369,98 +310,138 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: _Plan | None = None) -> dict[str, 
     if ctx.active:
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
-    def checkpoint(epoch_done: bool, partial: dict[str, Any] | None = None) -> None:
+    def checkpoint(epoch_done: bool, partial: list[float] | None = None, epoch: int = 0) -> None:
+        """Rank 0 saves; ``partial``: the epoch's totals so far (loss sum, samples, images)."""
         if ctx.rank == 0:
+            so_far = None if partial is None else {
+                "epoch": epoch, "loss_sum": partial[0], "samples": int(partial[1]), "images": int(partial[2]),
+            }  # fmt: skip
             _save(plan.checkpoint_uri, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "loader": train_loader.state_dict(),
                 "dataset_version": train_loader.dataset_version, "epoch_done": epoch_done,
-                "epoch_partial": partial, "metrics": history, "config": asdict(cfg),
+                "epoch_partial": so_far, "metrics": history, "config": asdict(cfg),
             })  # fmt: skip
+
+    agreed = 0
+
+    def stopping() -> bool:
+        nonlocal agreed
+        agreed = _agreed_signal(stop, ctx)
+        return agreed != 0
+
+    def preempted(where: str) -> Preempted:
+        """Once rank 0 has saved the checkpoint (every rank waits for it: torchrun stops the
+        others as soon as one rank exits), the exception that ends the run."""
+        _all_reduce([0.0], ctx)
+        message = (f"{signal_name(agreed)}: saved the checkpoint {plan.checkpoint_uri} {where}; "
+                   f"exiting with status {EXIT_PREEMPTED}: rerun with --resume auto to continue")  # fmt: skip
+        log.log(logging.WARNING if ctx.rank == 0 else logging.DEBUG, "%s", message)
+        return Preempted(message, signum=agreed, checkpoint=plan.checkpoint_uri)
 
     run = {"dataset": cfg.dataset, "dataset_version": train_loader.dataset_version, "world_size": ctx.world_size,
            "global_batch_size": cfg.batch_size, "config": asdict(cfg), "skipped": plan.skipped}  # fmt: skip
+    # A bar on a terminal; a log (not a terminal) gets the line each epoch ends with instead.
+    show_bar = ctx.rank == 0 and cfg.progress and sys.stderr.isatty()
     for epoch in range(start_epoch, cfg.epochs):
         train_loader.set_epoch(epoch)
         first_step = train_loader.state_dict()["batches_consumed"]
+        steps = len(train_loader)
         ddp.train()
-        bar = tqdm(total=len(train_loader), initial=first_step, desc=f"epoch {epoch}", disable=ctx.rank != 0 or not cfg.progress)
         wait = compute = loss_sum = 0.0
         rows = images_seen = 0
         epoch_start = tick = time.perf_counter()
-        for step, (images, labels) in enumerate(train_loader, start=first_step):
-            got = time.perf_counter()
-            wait += got - tick
-            images, labels = images.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
-            with _autocast(ctx, bf16):
-                loss, valid = _loss(ddp(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_value = float(loss.detach())
-            loss_sum += loss_value * valid
-            rows += valid
-            images_seen += len(labels)
-            tick = time.perf_counter()
-            compute += tick - got
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.3f}")
-            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < len(train_loader):
-                so_far = [a + b for a, b in zip(_all_reduce([loss_sum, rows, images_seen], ctx), carried, strict=True)]
-                checkpoint(epoch_done=False, partial={"epoch": epoch, "loss_sum": so_far[0], "samples": int(so_far[1]),
-                                                      "images": int(so_far[2])})  # fmt: skip
-        bar.close()
-        scheduler.step()
+        with tqdm(total=steps, initial=first_step, desc=f"epoch {epoch}", disable=not show_bar) as bar:
+            for step, (images, labels) in enumerate(train_loader, start=first_step):
+                got = time.perf_counter()
+                wait += got - tick
+                images = images.to(ctx.device, non_blocking=True)
+                labels = labels.to(ctx.device, non_blocking=True)
+                with _autocast(ctx, bf16):
+                    loss, valid = _loss(ddp(images), labels)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                loss_value = float(loss.detach())
+                loss_sum += loss_value * valid
+                rows += valid
+                images_seen += len(labels)
+                tick = time.perf_counter()
+                compute += tick - got
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_value:.3f}")
+                stopped = stopping()
+                every = cfg.checkpoint_every
+                if stopped or (every and (step + 1) % every == 0 and step + 1 < steps):
+                    here = _all_reduce([loss_sum, rows, images_seen], ctx)
+                    checkpoint(epoch_done=False, partial=[a + b for a, b in zip(here, carried)],
+                               epoch=epoch)
+                if stopped:
+                    raise preempted(f"at epoch {epoch}, step {step + 1} of {steps}")
         elapsed = time.perf_counter() - epoch_start
         loss_here, rows_here, images_total = _all_reduce([loss_sum, rows, images_seen], ctx)
-        loss_total, rows_total, images_epoch = loss_here + carried[0], rows_here + carried[1], images_total + carried[2]
+        totals = [loss_here + carried[0], rows_here + carried[1], images_total + carried[2]]
         carried = [0.0, 0, 0]
         (slowest,) = _all_reduce([elapsed], ctx, dist.ReduceOp.MAX if ctx.active else None)
         shares = _all_gather(wait / (wait + compute) if wait + compute > 0 else 0.0, ctx)
-        val = None if val_loader is None else evaluate(model, val_loader, ctx, plan.class_names, bf16=bf16)
+        val = None
+        if val_loader is not None:
+            val = evaluate(model, val_loader, ctx, plan.class_names, bf16=bf16, stop=stopping)
+        if val is None and val_loader is not None:  # stopped: save the epoch as it was before its validation
+            checkpoint(epoch_done=False, partial=totals, epoch=epoch)
+            raise preempted(f"at epoch {epoch}, step {steps} of {steps} (before its validation)")
+        scheduler.step()  # after the validation: a checkpoint saved during it holds the epoch's scheduler
         val_acc = None if val is None else val["top1"]
         history.append({
-            "epoch": epoch, "loss": loss_total / rows_total if rows_total else float("nan"),
+            "epoch": epoch, "loss": totals[0] / totals[1] if totals[1] else None,
             "val_accuracy": val_acc, "validation": val, "images_per_s": images_total / slowest if slowest > 0 else 0.0,
-            "data_wait_share": shares, "steps": len(train_loader) - first_step, "resumed_at_step": first_step,
-            "samples": int(rows_total), "images": int(images_epoch), "legs": train_loader.state_dict()["legs"],
+            "data_wait_share": shares, "steps": steps - first_step, "resumed_at_step": first_step,
+            "samples": int(totals[1]), "images": int(totals[2]), "legs": train_loader.state_dict()["legs"],
             "lr": scheduler.get_last_lr()[0], "seconds": slowest,
             "skipped_rows": len(train_loader.skipped_rows),
         })  # fmt: skip
         log.log(
-            info_level, "epoch %d: loss %.4f, validation accuracy %s, %.0f images/s, data wait %s",
-            epoch, history[-1]["loss"], "n/a" if val_acc is None else f"{val_acc:.4f}", history[-1]["images_per_s"],
+            info_level, "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s",
+            epoch, "n/a" if history[-1]["loss"] is None else f"{history[-1]['loss']:.4f}",
+            "n/a" if val_acc is None else f"{val_acc:.4f}", history[-1]["images_per_s"],
             [f"{s:.0%}" for s in shares],
         )  # fmt: skip
         checkpoint(epoch_done=True)
         if ctx.rank == 0:
             storage.write_json_atomic(plan.metrics_uri, {**run, "epochs": history})
+        if stopping():  # a signal between two epochs: the checkpoint just saved resumes the next
+            raise preempted(f"after epoch {epoch}")
 
-    test = None if test_loader is None else evaluate(model, test_loader, ctx, plan.class_names, bf16=bf16)
+    test = None
+    if test_loader is not None:
+        test = evaluate(model, test_loader, ctx, plan.class_names, bf16=bf16, stop=stopping)
+    if test is None and test_loader is not None:  # the checkpoint of the last epoch resumes the test
+        raise preempted(f"after epoch {cfg.epochs - 1} (before the final test)")
     metrics = {**run, "epochs": history, "test_accuracy": None if test is None else test["top1"], "test": test}
     if ctx.rank == 0:
         storage.write_json_atomic(plan.metrics_uri, metrics)
-    for loader in (train_loader, val_loader, test_loader):
-        if loader is not None:
-            loader.close()
     return metrics
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, check, train; print the summary on rank 0. Returns 0, or 2 after one
+    """Parse, check, train; print the summary on rank 0. Returns 0; 2 after one
     ``python -m loaders.train: error: ...`` line on stderr (on every rank) for an error the
-    platform raises on purpose: a bad option, environment, dataset or checkpoint."""
+    platform raises on purpose: a bad option, environment, dataset, checkpoint, model or
+    output; or 75 (:data:`~loaders.preemption.EXIT_PREEMPTED`) on every rank when SIGTERM or
+    SIGUSR1 stopped the run after rank 0 saved a checkpoint (logged on rank 0)."""
     try:
         world = _world_from_env()
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{world[0]} %(levelname)s %(name)s: %(message)s")
         cfg = parse_args(argv)
-        plan = _prepare(cfg, world[1])
+        plan = prepare(cfg, world[1])
         ctx = _init_distributed(cfg, world)
         try:
             metrics = train(cfg, ctx, plan)
         finally:
             if ctx.active and dist.is_initialized():
                 dist.destroy_process_group()
+    except Preempted:
+        return EXIT_PREEMPTED
     except PlatformError as exc:
         rank = os.environ.get("RANK")
         # One write, newline included: ranks share torchrun's stderr, and unbuffered (print

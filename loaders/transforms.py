@@ -22,6 +22,7 @@ options out of them.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ __all__ = [
     "RandomResizedCrop",
     "Transform",
     "batch_generator",
+    "check_mean_std",
     "default_transform",
 ]
 
@@ -55,6 +57,32 @@ def batch_generator(seed: int, epoch: int, rank: int, index: int) -> torch.Gener
     generator = torch.Generator()
     generator.manual_seed(int(state))
     return generator
+
+
+def check_mean_std(
+    mean: Any, std: Any, *, what: str, where: str = ""
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(mean, std)`` of :class:`Normalize` as two tuples of 3 floats, one per RGB channel:
+    finite numbers, every std positive; else a :class:`ConfigError` naming ``what`` (``"normalize"``),
+    the bad part and its value, followed by ``where`` (the whole value, say)."""
+    out = []
+    for part, value in (("mean", mean), ("std", std)):
+        try:
+            items = tuple(value) if not isinstance(value, str | bytes) else None
+        except TypeError:
+            items = None
+        if items is None or len(items) != 3 or not all(_is_number(v) for v in items):
+            raise ConfigError(f"{what} {part} must be 3 numbers (one per RGB channel), got {value!r}{where}")
+        if not all(math.isfinite(v) for v in items):
+            raise ConfigError(f"{what} {part} must be finite, got {value!r}{where}")
+        out.append(tuple(float(v) for v in items))
+    if any(s <= 0 for s in out[1]):
+        raise ConfigError(f"{what} std must be positive (images are divided by it), got {std!r}{where}")
+    return out[0], out[1]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -148,8 +176,7 @@ class Normalize:
     0-1 scale); padding rows' labels are left as they are."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
-        if len(mean) != 3 or len(std) != 3 or any(not s > 0 for s in std):
-            raise ConfigError(f"Normalize takes 3 means and 3 positive stds, got mean={tuple(mean)!r}, std={tuple(std)!r}")
+        mean, std = check_mean_std(mean, std, what="Normalize")
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
 

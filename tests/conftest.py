@@ -7,7 +7,9 @@ would from a user's shell.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,52 @@ from typing import Any
 import pytest
 
 from tests.helpers.lake import write_lake
+
+#: Set in this test session's environment: every process it starts (a benchmark's subprocess, the
+#: nginx a store starts) inherits it, so the check below counts this session's processes only,
+#: never another session's running beside it.
+_OWNER = "LAKESHARD_TEST_SESSION"
+os.environ[_OWNER] = str(os.getpid())
+
+
+def _store_processes() -> set[tuple[int, str]]:
+    """(pid, command line) of every process of the benchmarks' remote-like store that this test
+    session started and that is alive now: its nginx (config in a ``remote-store-*`` folder) and
+    its latency shim."""
+    found = set()
+    mark = f"{_OWNER}={os.environ[_OWNER]}".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not (("nginx" in cmd and "remote-store-" in cmd) or "remote_shim.py" in cmd):
+                continue
+            if mark not in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                continue
+        except OSError:
+            continue
+        found.add((int(entry.name), cmd.strip()))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_store_process_outlives_its_test() -> Iterator[None]:
+    """Every server a test (or a benchmark it runs) starts stops when it ends: a store process
+    this session started during the test and alive after it fails the test (and is killed, so
+    the next test starts clean). A store of a wider fixture started before the test is not
+    counted."""
+    if not os.path.isdir("/proc"):
+        yield
+        return
+    before = {pid for pid, _ in _store_processes()}
+    yield
+    left = [(pid, cmd) for pid, cmd in _store_processes() if pid not in before]
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"store processes outlived the test: {left}"
+
 
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing-key-id",

@@ -7,10 +7,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 from jobs.engines import Engine, open_engine
-from jobs.inputs import INPUT_CHECKS
 from lakeshard.config import add_arguments, resolve
 from lakeshard.errors import PlatformError
 
@@ -35,12 +35,14 @@ def job_parser(prog: str, config: type, *, description: str, epilog: str = "") -
 
 def run_job(argv: list[str] | None, *, parser: argparse.ArgumentParser, config: type,
             run: Callable[[Any, Engine], Any], summary: Callable[[Any, Any], str], prog: str,
-            check: Callable[[Any], Any] | None = None) -> int:
-    """Parse ``argv`` into ``config``, ``check`` its inputs, start its engine, ``run`` the job,
-    print ``summary``.
+            prepare: Callable[[Any], AbstractContextManager[Any]] | None = None) -> int:
+    """Parse ``argv`` into ``config``, enter ``prepare(config)``, start its engine, ``run`` the
+    job, print ``summary``.
 
-    ``check`` (default: the check :data:`jobs.inputs.INPUT_CHECKS` has for ``config``) runs
-    before the engine starts, so a bad input fails in a second, not after the engine's start.
+    ``prepare`` is the job's: it checks the inputs and takes the output's lock
+    (:mod:`lakeshard.locks`), in the order the job needs, and holds the lock until the job
+    ends (``run`` may take it again). It runs before the engine starts, so a bad input or a busy
+    dataset fails in a second, not after the engine's start.
 
     Returns 0, or 2 with ``prog: error: ...`` on stderr for any error the platform raises on
     purpose (a bad option, a bad input, an existing dataset): see :func:`cli_main`.
@@ -51,12 +53,13 @@ def run_job(argv: list[str] | None, *, parser: argparse.ArgumentParser, config: 
 
     def job() -> tuple[Any, Any]:
         cfg = resolve(config, args)
-        (check or INPUT_CHECKS.get(config) or _no_check)(cfg)
-        engine = open_engine(cfg.engine, scheduler=cfg.scheduler, app_name=f"lakeshard-{os.path.splitext(os.path.basename(prog))[0]}")
-        try:
-            return cfg, run(cfg, engine)
-        finally:
-            engine.close()
+        with prepare(cfg) if prepare is not None else nullcontext():
+            engine = open_engine(cfg.engine, scheduler=cfg.scheduler,
+                                 app_name=f"lakeshard-{os.path.splitext(os.path.basename(prog))[0]}")
+            try:
+                return cfg, run(cfg, engine)
+            finally:
+                engine.close()
 
     return cli_main(prog, job, lambda done: summary(*done))
 
@@ -72,7 +75,3 @@ def cli_main(prog: str, work: Callable[[], T], summary: Callable[[T], str]) -> i
         return 2
     print(summary(done))
     return 0
-
-
-def _no_check(cfg: Any) -> None:
-    """A job with nothing to check before its engine starts."""

@@ -165,6 +165,19 @@ def test_the_store_stops_every_process(nginx: str, lake: Path):
     assert not any(map(alive, pids))
 
 
+def test_a_store_runs_once_and_a_started_store_in_a_with_block_is_stopped(nginx: str, lake: Path):
+    """A store started with start() and then used as a context manager runs one nginx and one
+    shim, stopped at the end of the block (incremental_bench.py once started a second pair this
+    way and left the first nginx running)."""
+    store = RemoteStore(lake, latency_ms=1).start()
+    first = store.pids
+    with pytest.raises(RuntimeError, match="already running"):
+        store.start()
+    with store as same:
+        assert same is store and store.pids == first
+    assert not any(map(alive, first))
+
+
 def test_the_store_checks_its_arguments(tmp_path: Path):
     with pytest.raises(ValueError, match=r"root must be an existing folder, got '.*nowhere'"):
         RemoteStore(tmp_path / "nowhere")

@@ -1,22 +1,31 @@
 """``python -m loaders.train`` that records which samples every rank trains on and, when asked,
-dies on every rank (``os._exit(9)``, no cleanup, as a preempted job) mid-epoch. The training code
-is the real, unpatched one; only the training loader is wrapped, to watch what it yields.
+dies on every rank (``os._exit(9)``, no cleanup, as a preempted job) mid-epoch, or takes its time
+over every batch (so that a test can signal it mid-epoch). The training code is the real,
+unpatched one; only the loaders are wrapped, to watch what they yield.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m tests.hardening.recording_train ...
 
 Environment:
     LAKESHARD_RECORD: a path prefix; rank ``r`` appends one JSON line per training batch,
-        ``{"epoch", "step", "ids"}``, to ``<prefix>-rank<r>.jsonl`` (``ids``: the sample ids of
-        its real rows, decoded from the images of ``tests/loaders/loader_builders.py``).
+        ``{"epoch", "step", "ids", "pid"}``, to ``<prefix>-rank<r>.jsonl`` (``ids``: the sample ids
+        of its real rows, decoded from the images of ``tests/loaders/loader_builders.py``), and
+        one per evaluation batch, ``{"ids", "pid"}``, to ``<prefix>-<channel>-rank<r>.jsonl``.
     LAKESHARD_DIE_EPOCH, LAKESHARD_DIE_AFTER: every rank dies when the training loader is asked
         for the next batch after ``DIE_AFTER`` batches of epoch ``DIE_EPOCH`` (their steps done).
+    LAKESHARD_BATCH_SECONDS: every loader (training and evaluation) waits this long before it
+        yields each batch, after recording it.
+    LAKESHARD_SIGNAL_AFTER: an evaluation channel; the process sends itself SIGTERM when that
+        channel's loader has yielded its last batch, the first time (the trainer asked for one
+        more after its check of the last batch).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 
 import torch
 
@@ -33,21 +42,36 @@ def _ids(images: torch.Tensor, labels: torch.Tensor) -> list[int]:
 
 def _arm() -> None:
     rank = int(os.environ.get("RANK", "0"))
-    record = f"{os.environ['LAKESHARD_RECORD']}-rank{rank}.jsonl"
+    prefix = os.environ["LAKESHARD_RECORD"]
     die_epoch = int(os.environ.get("LAKESHARD_DIE_EPOCH", "-1"))
     die_after = int(os.environ.get("LAKESHARD_DIE_AFTER", "-1"))
+    pause = float(os.environ.get("LAKESHARD_BATCH_SECONDS", "0"))
+    signal_after = [os.environ.get("LAKESHARD_SIGNAL_AFTER")]
     loader_cls = train.ShardLoader
 
     class RecordingLoader(loader_cls):
         def __iter__(self):
-            if self.options.channel != "train":
-                yield from super().__iter__()
+            channel = self.options.channel
+            if channel != "train":
+                with open(f"{prefix}-{channel}-rank{rank}.jsonl", "a") as out:
+                    for images, labels in super().__iter__():
+                        out.write(json.dumps({"ids": _ids(images, labels), "pid": os.getpid()}) + "\n")
+                        out.flush()
+                        time.sleep(pause)
+                        yield images, labels
+                if signal_after[0] == channel:
+                    signal_after[0] = None
+                    sys.stderr.write(f"recording_train: rank {rank} sends itself SIGTERM after its {channel} batches\n")
+                    sys.stderr.flush()
+                    os.kill(os.getpid(), signal.SIGTERM)
                 return
             step = self.state_dict()["batches_consumed"]
-            with open(record, "a") as out:
+            with open(f"{prefix}-rank{rank}.jsonl", "a") as out:
                 for images, labels in super().__iter__():
-                    out.write(json.dumps({"epoch": self.epoch, "step": step, "ids": _ids(images, labels)}) + "\n")
+                    record = {"epoch": self.epoch, "step": step, "ids": _ids(images, labels), "pid": os.getpid()}
+                    out.write(json.dumps(record) + "\n")
                     out.flush()
+                    time.sleep(pause)
                     yield images, labels
                     step += 1
                     if self.epoch == die_epoch and step == die_after:

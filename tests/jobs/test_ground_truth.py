@@ -300,8 +300,9 @@ def test_cli_with_the_shipped_conf_file(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_base_with_the_same_ground_truth_manifest(tmp_path: Path, local_engine) -> None:
-    """--base over a Ground Truth build: the same manifest and attribute are the same label
-    source (the rebuild equals a scratch build and reads nothing again); another attribute is not."""
+    """--base over a Ground Truth build: the same manifest is the same labels (the rebuild equals a
+    scratch build and reads nothing again), and so is a copy of it at another URI (a new Ground
+    Truth job's output path): labels are compared, not where they live (issue 35)."""
     lake, manifest, data = _setup(storage.normalize(str(tmp_path)))
     base = str(tmp_path / "v1")
     _run(lake, manifest, base, local_engine)
@@ -314,8 +315,7 @@ def test_base_with_the_same_ground_truth_manifest(tmp_path: Path, local_engine) 
     # every listed object but the failed line's, which v1 rejected without reading it
     assert summary["base"]["reused"] == len([k for k in listed if k != FAILED])
     other = _write(storage.join(str(tmp_path), "meta", "relabelled.manifest"), storage.read_bytes(manifest))
-    cfg = ManifestConfig(input=lake, output=str(tmp_path / "v3"), input_manifest=other, label_attribute=ATTR,
-                         split=SPLIT, seed=5, base=base, split_method="stratified")
-    with pytest.raises(ManifestError, match=f"output.manifest --label-attribute {ATTR}, this run from --input-manifest "
-                                            f"{other} --label-attribute {ATTR}"):
-        check_manifest_inputs(cfg)
+    summary = _run(lake, other, str(tmp_path / "v3"), local_engine, base=base)
+    _run(lake, other, str(tmp_path / "v4"), local_engine)
+    assert_same_tables(str(tmp_path / "v3"), str(tmp_path / "v4"))
+    assert (summary["base"]["relabelled"], summary["base"]["reused"]) == (0, len(listed) - 1)

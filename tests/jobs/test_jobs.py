@@ -205,7 +205,7 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
     # A bad value exits non-zero and names the value.
     proc = subprocess.run([submit, "--master", "local[1]", "jobs/shard.py", "--dataset", str(out), "--num-shards", "0"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "num_shards must be a positive integer, got 0" in proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "--num-shards (command line): must be a positive integer, got 0" in proc.stdout + proc.stderr
 
 
 def _truncated_jpeg() -> bytes:

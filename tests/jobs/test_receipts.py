@@ -19,7 +19,8 @@ from tests.helpers.lake import write_lake
 def _task(lake: Path, staging: Path, paths: list[Path]) -> SegmentTask:
     rows = pa.table({"uri": [f"file://{p}" for p in paths], "key": [p.name for p in paths],
                      "label_index": [0] * len(paths), "is_pad": [False] * len(paths),
-                     "size": [None] * len(paths), "etag": [None] * len(paths)}, schema=SEGMENT_SCHEMA)
+                     "size": [None] * len(paths), "etag": [None] * len(paths),
+                     "last_modified": [None] * len(paths)}, schema=SEGMENT_SCHEMA)
     return SegmentTask(uri=f"file://{staging}/train/part-0.parquet", rows=rows, spec=ImageSpec(size=16, format="png"),
                        metadata={"channel": "train"}, row_group_bytes=1 << 20, threads=2,
                        receipt=f"file://{staging}/_runs/receipts/train/part-0.parquet",
@@ -92,7 +93,8 @@ def test_a_task_pickles_its_own_rows_not_the_table_it_was_cut_from(tmp_path: Pat
     big = pa.table({"uri": [f"file:///lake/raw/class{i % 10}/image_{i:07d}.png" for i in range(100_000)],
                     "key": [f"class{i % 10}/image_{i:07d}.png" for i in range(100_000)],
                     "label_index": [i % 10 for i in range(100_000)], "is_pad": [False] * 100_000,
-                    "size": [None] * 100_000, "etag": [None] * 100_000},
+                    "size": [None] * 100_000, "etag": [None] * 100_000,
+                    "last_modified": [None] * 100_000},
                    schema=SEGMENT_SCHEMA)
     part = big.slice(40_000, 100)
     task = SegmentTask(uri="file:///x.parquet", rows=part, spec=ImageSpec(size=16), metadata={},

@@ -28,7 +28,8 @@ from tests.helpers.lake import write_lake
 def _rows(paths: list[Path]) -> pa.Table:
     return pa.table({"uri": [f"file://{p}" for p in paths], "key": [p.name for p in paths],
                      "label_index": [i % 3 for i in range(len(paths))], "is_pad": [False] * len(paths),
-                     "size": [None] * len(paths), "etag": [None] * len(paths)},
+                     "size": [None] * len(paths), "etag": [None] * len(paths),
+                     "last_modified": [None] * len(paths)},
                     schema=SEGMENT_SCHEMA)
 
 
@@ -97,8 +98,8 @@ def test_reader_threads_default_to_none_for_local_files_and_several_for_s3():
 
 
 @pytest.mark.parametrize("flag,value,message", [
-    ("--threads", "-1", "threads must be a non-negative integer, got -1"),
-    ("--decode-threads", "0", "decode_threads must be a positive integer, got 0"),
+    ("--threads", "-1", "--threads (command line): must be a non-negative integer, got -1"),
+    ("--decode-threads", "0", "--decode-threads (command line): must be a positive integer, got 0"),
 ])
 def test_bad_thread_counts_are_named(flag, value, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

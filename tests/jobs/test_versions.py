@@ -55,6 +55,7 @@ def test_a_bad_command_line_is_refused_by_argparse(argv: list[str], message: str
 
 def test_bad_values_are_one_error_line_naming_them(tmp_path: Path, capsys):
     root = str(tmp_path / "ds")
+    (tmp_path / "ds" / "manifests").mkdir(parents=True)  # a dataset with no shards yet
     for argv, message in [
         (["remove", "--dataset", root, "--keep", "0"], "--keep must be an integer >= 1 (the current version is always kept), got 0"),
         (["remove", "--dataset", root, "--version", "../up"], "--version: a shard version must match"),

@@ -62,3 +62,50 @@ class _Probe(_Linear):
 
 def dtype_probe(num_classes: int, image_size: int) -> nn.Module:
     return _Probe(num_classes, image_size)
+
+
+# Factories whose models do not fit the data (the trainer's dry forward pass refuses them).
+def for_32px_images(num_classes: int, image_size: int) -> nn.Module:
+    """Builds for any size but expects 32x32 inputs: the first batch of another size fails."""
+    return _Linear(num_classes, 32)
+
+
+class _Mean(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.mean(dim=(2, 3))).squeeze(1)  # [B]: one score, not one per class
+
+
+def one_score_per_image(num_classes: int, image_size: int) -> nn.Module:
+    return _Mean()
+
+
+class _Pair(_Linear):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        out = super().forward(x)
+        return out, out.softmax(dim=1)
+
+
+def logits_and_probabilities(num_classes: int, image_size: int) -> nn.Module:
+    return _Pair(num_classes, image_size)
+
+
+class _Fixed(nn.Module):
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(x.shape[0], self.num_classes)
+
+
+def no_parameters(num_classes: int, image_size: int) -> nn.Module:
+    return _Fixed(num_classes)
+
+
+def three_classes_too_many(num_classes: int, image_size: int) -> nn.Module:
+    """``[B, num_classes + 3]`` logits: cross-entropy accepts them, training would run."""
+    return _Linear(num_classes + 3, image_size)

@@ -77,6 +77,99 @@ def test_close_stops_a_held_iterator_and_a_new_epoch_replaces_the_old(dataset: P
     assert loader_threads() == []
 
 
+def test_a_loader_iterated_on_another_thread_meanwhile_refuses_that_thread(dataset: Path):
+    """Two real threads, one loader: the thread that starts iterating while the other one's
+    iteration runs gets a LoaderError naming that thread; the first thread's epoch goes on,
+    every batch of it; once it is done, the other thread may iterate. Every wait is bounded."""
+    loader = ShardLoader(str(dataset), batch_size=2, num_threads=2, prefetch=1)
+    first_batch, second_done = threading.Event(), threading.Event()
+    got: dict[str, object] = {}
+
+    def first() -> None:
+        ids: list[int] = []
+        try:
+            for images, _ in loader:
+                ids += ids_of(images)
+                if len(ids) == 2:
+                    first_batch.set()
+                    assert second_done.wait(timeout=30), "the second thread did not finish"
+            got["first"] = ids
+        except BaseException as exc:  # the test asserts on it
+            got["first"] = exc
+            first_batch.set()
+
+    def second() -> None:
+        assert first_batch.wait(timeout=30), "the first thread got no batch"
+        try:
+            got["second"] = [ids_of(images) for images, _ in loader]
+        except BaseException as exc:  # the test asserts on it
+            got["second"] = exc
+        finally:
+            second_done.set()
+
+    threads = [threading.Thread(target=f, name=f"trainer-{f.__name__}", daemon=True) for f in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [t.name for t in threads if t.is_alive()] == [], f"hung; so far {got}"
+    assert isinstance(got["second"], LoaderError), got
+    message = str(got["second"])
+    assert "is being iterated by thread 'trainer-first'" in message
+    assert "'trainer-second'" in message
+    assert got["first"] == list(range(40))  # the first thread's epoch, every row of it
+    # Once the first thread's loop is done, another thread may iterate (one at a time).
+    again = threading.Thread(target=lambda: got.update(again=sum(len(lab) for _, lab in loader)), daemon=True)
+    again.start()
+    again.join(timeout=60)
+    assert not again.is_alive() and got["again"] == 40
+    loader.close()
+    assert loader_threads() == []
+
+
+def test_an_epoch_closed_under_a_waiting_consumer_raises_instead_of_hanging():
+    """The consumer thread waits in ``next`` (its task is not read yet) when another thread stops
+    the epoch (what ``load_state_dict`` or a new epoch does): it must get a LoaderError, not wait
+    for a batch that no thread will ever queue."""
+    from loaders.pipeline import Pipeline
+
+    release = threading.Event()
+
+    def tasks():
+        yield 0
+        release.wait(timeout=60)  # the reader is slow to read the second task
+        yield 1
+
+    pipeline = Pipeline(num_threads=1, prefetch=1, name="lakeshard-test")
+    epoch = pipeline.start(tasks(), lambda task, stop: task + 100)
+    got: dict[str, object] = {}
+    waiting = threading.Event()
+
+    def consume() -> None:
+        got["first"] = epoch.next()
+        waiting.set()
+        try:
+            got["second"] = epoch.next()
+        except BaseException as exc:  # the test asserts on it
+            got["second"] = exc
+
+    consumer = threading.Thread(target=consume, name="consumer", daemon=True)
+    consumer.start()
+    assert waiting.wait(timeout=30)
+    stopper = threading.Thread(target=epoch.close, name="stopper", daemon=True)
+    stopper.start()  # blocks until the reader leaves the epoch (after release)
+    release.set()
+    stopper.join(timeout=60)
+    consumer.join(timeout=10)
+    try:
+        assert not consumer.is_alive(), "the consumer still waits on a closed epoch"
+        assert got["first"] == 100
+        assert isinstance(got["second"], LoaderError) and "closed" in str(got["second"]), got
+    finally:
+        pipeline.close()
+    assert loader_threads() == []
+
+
 @pytest.mark.parametrize("threads", [1, 4])
 def test_decode_error_names_shard_and_row_before_its_batch_is_due(tmp_path: Path, threads: int):
     write_dataset(tmp_path, rows={"train": 60, "validation": 4, "test": 4}, num_shards=2, corrupt=[("train", 1, 17)])

@@ -17,7 +17,7 @@ def test_trainer_flags_reach_the_loader_options(tmp_path):
     opts = LoaderOptions(cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit, memory_budget=cfg.memory_budget,
                          read_concurrency=cfg.read_concurrency)  # fmt: skip
     assert (opts.cache_limit, opts.memory_budget) == (2 << 30, 512 << 20)
-    with pytest.raises(ConfigError, match=r"memory_budget: a size must look like .*'plenty'"):
+    with pytest.raises(ConfigError, match=r"--memory-budget \(command line\): a size must look like .*'plenty'"):
         parse_args(["--dataset", "x", "--memory-budget", "plenty"])
     with pytest.raises(ConfigError, match=r"read_concurrency must be a positive integer, got 0"):
         LoaderOptions(read_concurrency=0)

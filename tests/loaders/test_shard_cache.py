@@ -3,14 +3,18 @@ dataset version), what it keeps (a size limit), and its sharing by processes on 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
 
+import boto3
 import pytest
 from loader_builders import shard_path, write_dataset
 from test_remote_reads import OPTIONS, epochs, upload
@@ -161,3 +165,114 @@ def test_processes_share_one_cache_and_one_download(tmp_path: Path, s3_bucket: s
     assert [r for r in gets if r is None or r.startswith("bytes=0-")] == [f"bytes=0-{shard.stat().st_size - 1}"]
     assert len(cached(cache)) == 1
     assert list(cache.rglob("*.tmp-*")) == []
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+@contextlib.contextmanager
+def mounted(target: Path, *, source: Path | None = None, tmpfs: str | None = None) -> Iterator[Path]:
+    """A real mount at ``target``: ``source`` bound there read-only, or a tmpfs with ``tmpfs``
+    options (``"ro"``, ``"size=64k"``): folders that not even root can write. Unmounted at the
+    end; skips the test if this machine cannot mount (no CAP_SYS_ADMIN)."""
+    target.mkdir(parents=True, exist_ok=True)
+    if source is not None:
+        steps = [["mount", "--bind", str(source), str(target)],
+                 ["mount", "-o", "remount,bind,ro", str(target)]]
+    else:
+        steps = [["mount", "-t", "tmpfs", "-o", str(tmpfs), "lakeshard-test", str(target)]]
+    done = 0
+    try:
+        for step in steps:
+            result = _run(*step)
+            if result.returncode != 0:
+                pytest.skip(f"cannot mount here ({' '.join(step)}: {result.stderr.strip()})")
+            done += 1
+        yield target
+    finally:
+        if done and _run("umount", str(target)).returncode != 0:
+            _run("umount", "-l", str(target))  # a file still open in it: detach it anyway
+
+
+def two_shards(tmp_path: Path, s3_bucket: str) -> tuple[Path, str, list]:
+    """A 2-shard dataset of about 100 KiB per shard, uploaded; its batches of epochs 0 and 1."""
+    local = tmp_path / "ds"
+    write_dataset(local, rows={"train": 120, "validation": 4, "test": 4}, num_shards=2, size=32, noise=True)
+    with ShardLoader(str(local), **OPTIONS) as plain:
+        expected = epochs(plain, [0, 1])
+    return local, upload(local, s3_bucket), expected
+
+
+def cache_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    records = caplog.records
+    return [r.getMessage() for r in records if r.name == "loaders.cache" and r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("held", [0, 1, 2])
+def test_a_read_only_cache_dir_serves_the_shards_it_holds_and_the_rest_remotely(
+    tmp_path: Path, s3_bucket: str, caplog: pytest.LogCaptureFixture, held: int
+):
+    """A cache folder on a read-only mount (filled earlier, or empty): its verified shards are
+    read from it, untouched; the others are read remotely every epoch, with one WARNING naming
+    the folder and why; the batches are those of a local read."""
+    local, remote, expected = two_shards(tmp_path, s3_bucket)
+    cache = tmp_path / "cache"
+    if held:
+        fill(remote, cache).close()
+        for path in cached(cache)[held:]:
+            path.unlink()
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in cached(cache)}
+    source = {"source": cache} if held else {"tmpfs": "ro,size=1m"}  # empty: not even its subfolders
+    with mounted(tmp_path / "ro", **source) as ro:
+        caplog.set_level(logging.INFO, logger="loaders.cache")
+        loader = ShardLoader(remote, cache_dir=str(ro), **OPTIONS)
+        try:
+            assert sorted(loader.cache.ready()) == list(range(held))
+            assert loader.cache.read_only == "Read-only file system"
+            # The store loses the shards the cache holds: they must come from the cache (the
+            # constructor has read every footer already).
+            client, bucket = boto3.client("s3"), s3_bucket[len("s3://"):]
+            for i in range(held):
+                key = f"ds/{shard_path(local, 'train', i, 2).relative_to(local).as_posix()}"
+                client.head_object(Bucket=bucket, Key=key)  # there until now
+                client.delete_object(Bucket=bucket, Key=key)
+            assert epochs(loader, [0, 1]) == expected
+            assert loader.cache.wait(timeout=60)
+            assert (loader.cache.downloaded, loader.cache.errors, loader.cache.dropped) == ([], [], [])
+        finally:
+            loader.close()
+        warnings = cache_warnings(caplog)
+        if held == 2:
+            assert warnings == []  # nothing is missing: a read-only cache that holds it all is fine
+        else:
+            assert warnings == [
+                f"cache_dir {ro} cannot be written (Read-only file system): {held} of 2 shards of channel "
+                f"'train' are read from it, the other {2 - held} remotely, every epoch"
+            ]
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in cached(cache)} == before  # not even touched
+
+
+def test_a_full_cache_disk_is_used_as_a_read_only_one(
+    tmp_path: Path, s3_bucket: str, caplog: pytest.LogCaptureFixture
+):
+    """A cache folder whose disk fills up (a 64 KiB tmpfs, smaller than a shard) is treated as one
+    that cannot be written: one WARNING, no more downloads, no temp file left, the shards read
+    remotely, the batches unchanged."""
+    _, remote, expected = two_shards(tmp_path, s3_bucket)
+    with mounted(tmp_path / "small", tmpfs="size=64k") as small:
+        caplog.set_level(logging.INFO, logger="loaders.cache")
+        loader = ShardLoader(remote, cache_dir=str(small), **OPTIONS)
+        try:
+            assert epochs(loader, [0]) == expected[:1]
+            assert loader.cache.wait(timeout=60)
+            assert loader.cache.read_only == "No space left on device"
+            assert epochs(loader, [1]) == expected[1:]  # no second try, no second warning
+            assert loader.cache.downloaded == [] and loader.cache.ready() == {}
+        finally:
+            loader.close()
+        assert cache_warnings(caplog) == [
+            f"cache_dir {small} cannot be written (No space left on device): 0 of 2 shards of channel "
+            f"'train' are read from it, the other 2 remotely, every epoch"
+        ]
+        assert list(small.rglob("*.tmp-*")) == [] and list(small.rglob("*.parquet")) == []

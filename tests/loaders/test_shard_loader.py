@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -339,20 +340,75 @@ def test_file_uri_and_pin_memory_without_cuda(dataset: Path):
     "kwargs, message",
     [
         ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
-        ({"rank": 2, "world_size": 2}, r"rank must be in \[0, world_size=2\), got 2"),
+        ({"rank": 2, "world_size": 2}, r"rank must be an integer in \[0, world_size=2\), got 2"),
         ({"channel": "dev"}, "channel must be one of .* got 'dev'"),
         ({"decoder": "cv2"}, "decoder must be one of .* got 'cv2'"),
         ({"crop": 99}, "crop must be at most the image size 8, got 99"),
         ({"batch_size": 50, "drop_last": True}, "batch_size 50 with drop_last=True leaves no batch"),
-        ({"normalize": ((0.5, 0.5, 0.5), (0.2, 0.0, 0.2))}, r"normalize std must be positive .* got std=\(0.2, 0.0, 0.2\)"),
-        ({"normalize": ((0.5, 0.5, 0.5), (0.2, 0.2, -1.0))}, r"normalize std must be positive .* got std=\(0.2, 0.2, -1.0\)"),
-        ({"normalize": ((0.5, 0.5, float("nan")), (1, 1, 1))}, r"normalize must be .* of finite numbers, got"),
         ({"batch_sise": 4}, r"unknown loader option\(s\) \['batch_sise'\]"),
     ],
 )
 def test_bad_options_are_named(dataset: Path, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ShardLoader(str(dataset), **kwargs)
+
+
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        # normalize: (mean, std), 3 numbers each (the images are RGB), every std positive.
+        ("normalize", (0.5, 0.5), r"normalize mean must be 3 numbers \(one per RGB channel\), got 0\.5 "
+                                  r"\(normalize=\(0\.5, 0\.5\)\)"),
+        ("normalize", 0.5, r"normalize must be \(mean, std\), 3 numbers each .*, got 0\.5$"),
+        ("normalize", "imagenet", r"normalize must be \(mean, std\), 3 numbers each .*, got 'imagenet'$"),
+        ("normalize", ((0.5,) * 3,) * 3, r"normalize must be \(mean, std\), .*got \(\(0\.5"),
+        ("normalize", ((0.5,), (0.5,)), r"normalize mean must be 3 numbers .*, got \(0\.5,\) "),
+        ("normalize", ((0.5,) * 3, (0.5, 0.5)), r"normalize std must be 3 numbers .*, got \(0\.5, 0\.5\) "),
+        ("normalize", ((0.5, 0.5, "a"), (1,) * 3), r"mean must be 3 numbers .*, got \(0\.5, 0\.5, 'a'\) "),
+        ("normalize", ((True, 0, 0), (1, 1, 1)), r"normalize mean must be 3 numbers .*, got \(True, 0, 0\) "),
+        ("normalize", ((0.5, 0.5, _NAN), (1,) * 3), r"mean must be finite, got \(0\.5, 0\.5, nan\) "),
+        ("normalize", ((0.5,) * 3, (1, _INF, 1)), r"normalize std must be finite, got \(1, inf, 1\) "),
+        ("normalize", ((0.5,) * 3, (1, 1, _NAN)), r"normalize std must be finite, got \(1, 1, nan\) "),
+        ("normalize", ((0.5,) * 3, (0.2, 0.0, 0.2)), r"std must be positive .*, got \(0\.2, 0\.0, 0\.2\) "),
+        ("normalize", ((0.5,) * 3, (0.2, 0.2, -1.0)), r"std must be positive .*, got \(0\.2, 0\.2, -1\.0\) "),
+        # Other options of the wrong type: a ConfigError naming the option and the value.
+        ("batch_size", "64", r"batch_size must be a positive integer, got '64'$"),
+        ("num_threads", 0.5, r"num_threads must be a positive integer, got 0\.5$"),
+        ("prefetch", None, r"prefetch must be a positive integer, got None$"),
+        ("rank", True, r"rank must be an integer in \[0, world_size=1\), got True$"),
+        ("seed", True, r"seed must be a non-negative integer, got True$"),
+        ("shuffle", "no", r"shuffle must be True or False, got 'no'$"),
+        ("drop_last", 1, r"drop_last must be True or False, got 1$"),
+        ("augment", None, r"augment must be True or False, got None$"),
+        ("pin_memory", "yes", r"pin_memory must be True or False, got 'yes'$"),
+        ("skip_bad_rows", "no", r"skip_bad_rows must be True or False, got 'no'$"),
+        ("decoder", ["auto"], r"decoder must be one of \['auto', 'pillow', 'simplejpeg'\], got \['auto'\]$"),
+        ("remainder", ["pad"], r"remainder must be one of \('pad', 'drop'\), got \['pad'\]$"),
+        ("channel", ["train"], r"channel must be one of .*, got \['train'\]$"),
+        ("crop", "8", r"crop must be a positive integer, got '8'$"),
+        ("cache_limit", None, r"cache_limit: a size must look like .*, got None$"),
+        ("memory_budget", [1], r"memory_budget: a size must look like .*, got \[1\]$"),
+        ("cache_dir", 5, r"cache_dir must be a local folder, got 5$"),
+    ],
+)
+def test_options_of_the_wrong_shape_or_type_are_named(dataset: Path, name, value, message):
+    """A ConfigError naming the option and the bad value, from the constructor, before any
+    thread starts: never a TypeError from deep inside, nor a value silently taken for another."""
+    before = set(threading.enumerate())
+    with pytest.raises(ConfigError, match=message):
+        ShardLoader(str(dataset), **{name: value})
+    with pytest.raises(ConfigError, match=message):
+        LoaderOptions(**{name: value})
+    assert set(threading.enumerate()) == before
+
+
+def test_normalize_lists_are_taken_as_tuples_of_floats():
+    options = LoaderOptions(normalize=[[0, 0.5, 1], [1, 2, 0.25]])  # as a YAML file gives them
+    assert options.normalize == ((0.0, 0.5, 1.0), (1.0, 2.0, 0.25))
+    assert all(type(v) is float for part in options.normalize for v in part)
 
 
 def test_incomplete_dataset_and_foreign_shards_are_refused(tmp_path: Path):

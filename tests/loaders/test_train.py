@@ -46,6 +46,7 @@ def test_help_explains_every_option(capsys):
     for f in dataclasses.fields(TrainConfig):
         assert "--" + f.name.replace("_", "-") in text
     assert "--no-augment" in text and "--conf" in text
+    assert "75 stopped by SIGTERM or SIGUSR1 after saving a checkpoint" in " ".join(text.split())
 
 
 def test_command_line_overrides_the_file(tmp_path: Path):

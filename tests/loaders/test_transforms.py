@@ -196,5 +196,9 @@ def test_transform_arguments_are_checked():
         ColorJitter(contrast=1.5)
     with pytest.raises(ConfigError, match="CenterCrop size must be a positive integer, got 0"):
         CenterCrop(0)
+    with pytest.raises(ConfigError, match=r"Normalize mean must be 3 numbers \(one per RGB\D+, got 0.5$"):
+        Normalize(0.5, 0.5)
+    with pytest.raises(ConfigError, match=r"Normalize std must be positive \(images are divided by it\)"):
+        Normalize([0, 0, 0], [1, 0, 1])
     with pytest.raises(ValueError, match=r"RandomFlipCrop: crop size 20 is larger than the images \(16x16\)"):
         RandomFlipCrop(20)(*_batch(), batch_generator(0, 0, 0, 0))
