@@ -49,8 +49,9 @@ from remote_store import RemoteStore, parse_rate
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.engines import open_engine, split_parts
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.common.engines import open_engine, split_parts
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 
 _SIZE = (640, 480)
 _CLASSES = 10
@@ -168,7 +169,7 @@ class TimedActions:
         return getattr(self.engine, name)
 
     def map_partitions(self, fn: Any, items: Any, *, partitions: int) -> list[Any]:
-        inner = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.tasks.each, functools.partial
+        inner = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.common.tasks.each, functools.partial
         t = time.perf_counter()
         out = self.engine.map_partitions(fn, items, partitions=partitions)
         self.actions.append((getattr(inner, "__name__", repr(inner)), len(split_parts(items, partitions)),

@@ -29,9 +29,10 @@ from variants import parse_variant
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.engines import open_engine
-from jobs.images import ImageSpec
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.common.engines import open_engine
+from jobs.common.images import ImageSpec
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 
 
 def variant(text: str) -> dict[str, object]:

@@ -33,9 +33,10 @@ from PIL import Image
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.engines import open_engine
-from jobs.images import ImageSpec, preprocess
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.common.engines import open_engine
+from jobs.common.images import ImageSpec, preprocess
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 
 
 def build_lake(root: Path, n: int, *, classes: int, size: tuple[int, int]) -> list[Path]:

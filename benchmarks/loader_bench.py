@@ -68,10 +68,10 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.settings import ShardConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard import format as contract
-from lakeshard.config import parse_size
 from lakeshard.format import ShardWriter
+from lakeshard.settings import parse_size
 from loaders import ShardLoader, default_threads
 from loaders.decode import decode_pillow, get_batch_decoder, get_decoder, has_simplejpeg, is_jpeg
 

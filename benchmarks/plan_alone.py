@@ -1,9 +1,9 @@
 """The shard plan alone at scale, on synthetic class counts: no lake, no rows on disk.
 
-The shard job's plan has a driver side, :func:`jobs.deal.deal_from_counts` (class counts and the
-reject slots in, a small :class:`~jobs.deal.Deal` out), and a worker side
-(:mod:`jobs.plan_tasks`: each row's slot by :func:`jobs.deal.class_slots`, then each shard's order
-by :func:`jobs.deal.order_shard`). :func:`measure_plan` runs the driver side on ``rows`` rows
+The shard job's plan has a driver side, :func:`jobs.shard_steps.deal.deal_from_counts` (class counts and the
+reject slots in, a small :class:`~jobs.shard_steps.deal.Deal` out), and a worker side
+(:mod:`jobs.shard_steps.plan_tasks`: each row's slot by :func:`jobs.shard_steps.deal.class_slots`, then each shard's order
+by :func:`jobs.shard_steps.deal.order_shard`). :func:`measure_plan` runs the driver side on ``rows`` rows
 in ``classes`` classes over ``num_shards`` shards and measures its time and peak memory (Python
 allocations by ``tracemalloc``, and the process's resident set), then runs the worker side's
 functions on a sample of ``sample_rows`` synthetic rows and reports their cost per row, which a
@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 from process_peaks import vm_hwm, vm_rss
 
-from jobs.deal import class_slots, deal_from_counts, order_shard
+from jobs.shard_steps.deal import class_slots, deal_from_counts, order_shard
 
 __all__ = ["class_counts", "measure_plan"]
 
@@ -77,7 +77,7 @@ def _workers(sample_rows: int, *, num_shards: int, seed: int) -> dict[str, Any]:
     """The worker side's functions on ``sample_rows`` rows in 10 classes: wall and CPU time per
     row (timed without ``tracemalloc``, which hooks every allocation and slows this
     allocation-heavy code several times over), then Python allocations per row (a second, traced
-    run). ``order_shard`` is given every row for each shard, as in :func:`jobs.deal.plan_of_rows`
+    run). ``order_shard`` is given every row for each shard, as in :func:`jobs.shard_steps.deal.plan_of_rows`
     (an order task of the job reads its shard's rows only)."""
     counts = class_counts(sample_rows, 10, seed=seed)
     deal = _deal(counts, np.empty(0, np.int64), num_shards=num_shards, seed=seed)

@@ -4,7 +4,7 @@
 :func:`write_manifest` writes one channel, ``train``, of ``rows`` rows in ``classes`` classes of
 uneven sizes (:func:`plan_alone.class_counts`) as the manifest job lays it out:
 ``manifests/train/part-<i>-of-<n>.parquet`` (``MANIFEST_SCHEMA``; every class's rows in the part
-:func:`jobs.manifest_table.label_part` names, each part sorted by key; ``n`` parts of about
+:func:`lakeshard.format.manifest_table.label_part` names, each part sorted by key; ``n`` parts of about
 ``rows_per_part`` rows), ``labels.json`` and the commit marker ``manifests/_manifest.json`` (the
 fields the shard job reads: ``split``, ``seed``, ``labels``, ``fingerprint``, ``parts``,
 ``counts``). The ``all``, ``rejects`` and SageMaker tables, which the shard job does not read,
@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from plan_alone import class_counts
 
-from jobs.manifest_table import label_part
 from lakeshard.format import FORMAT_VERSION, MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri
+from lakeshard.format.manifest_table import label_part
 
 __all__ = ["write_manifest"]
 

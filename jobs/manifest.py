@@ -7,24 +7,24 @@
 
 Writes, under ``--output``, the manifest tables as folders of parts (``manifests/all/``,
 ``manifests/<channel>/``, ``manifests/rejects/``, SageMaker augmented manifests in
-``manifests/sagemaker/<channel>/``; read them with :mod:`jobs.manifest_table`), ``labels.json``,
+``manifests/sagemaker/<channel>/``; read them with :mod:`lakeshard.format.manifest_table`), ``labels.json``,
 and last ``manifests/_manifest.json``, the marker that the shard job waits for.
 
 Extract (list the levels above the labels on the driver, list each class prefix on the
 workers) -> transform (read each object's first bytes, group identical content, check the
 counts) -> load (split each class, write the tables): every row stays on the workers, staged
 under ``_staging/manifest/``; the driver sees counts per class and per reason
-(:mod:`jobs.manifest_tasks`; the rules are :mod:`jobs.catalog`'s).
+(:mod:`jobs.manifest_steps.passes`; the rules are :mod:`jobs.manifest_steps.catalog`'s).
 
 With ``--input-manifest`` the objects and labels come from a SageMaker Ground Truth manifest
-(:mod:`jobs.ground_truth`), not a listing.
+(:mod:`jobs.manifest_steps.ground_truth`), not a listing.
 
 With ``--labels`` the labels come from a table instead of the path: the whole input is
-listed, and the workers join the listed rows with the table's by key (:mod:`jobs.label_tasks`)
+listed, and the workers join the listed rows with the table's by key (:mod:`jobs.manifest_steps.label_tasks`)
 before any object is read.
 
 With ``--base`` (a previous manifest of the same lake, labels and split) the workers join the
-listed rows with the base's by key (:mod:`jobs.manifest_base`) before any object is read: an
+listed rows with the base's by key (:mod:`jobs.manifest_steps.base`) before any object is read: an
 unchanged object is not read again; the manifest is the one a build without ``--base`` writes,
 and ``_manifest.json`` counts (``base``) what was reused, new, changed, left and moved.
 
@@ -32,7 +32,7 @@ Hidden objects (``.DS_Store``, ``._*``, ``.ipynb_checkpoints/``, ``__MACOSX/``, 
 ``desktop.ini``) and ``--exclude`` matches are skipped and counted (``counts.skipped``,
 ``skipped_by_reason`` in ``_manifest.json``); identical content under several keys is reported
 (``duplicates``: across channels is leakage), and removed but for one key with ``--dedupe``.
-:func:`jobs.inputs.check_manifest_inputs` refuses an output inside the input before any engine starts.
+:func:`jobs.manifest_steps.inputs.check_manifest_inputs` refuses an output inside the input before any engine starts.
 """
 
 from __future__ import annotations
@@ -53,19 +53,24 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs.catalog import check_accepted, check_min_per_class, combine_fingerprints, split_function
-from jobs.engines import Engine
-from jobs.engines.cli import job_parser, run_job
-from jobs.ground_truth import read_manifest
-from jobs.inputs import check_manifest_inputs
-from jobs.inventory import inventory_rows, read_inventory
-from jobs.label_tasks import Join, join_task, merge, stage_keys, stage_table
-from jobs.labels import label_files
-from jobs.listing import Skip, discover
-from jobs.listing_tasks import list_lake
-from jobs.manifest_base import BaseJoin, join_and_inspect, stage_join
-from jobs.manifest_table import write_part
-from jobs.manifest_tasks import (
+from jobs.common.cli import job_parser, run_job
+from jobs.common.engines import Engine
+from jobs.manifest_steps.base import BaseJoin, join_and_inspect, stage_join
+from jobs.manifest_steps.catalog import (
+    check_accepted,
+    check_min_per_class,
+    combine_fingerprints,
+    split_function,
+)
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.manifest_steps.ground_truth import read_manifest
+from jobs.manifest_steps.inputs import check_manifest_inputs
+from jobs.manifest_steps.inventory import inventory_rows, read_inventory
+from jobs.manifest_steps.label_tasks import Join, join_task, merge, stage_keys, stage_table
+from jobs.manifest_steps.labels import label_files
+from jobs.manifest_steps.listing import Skip, discover
+from jobs.manifest_steps.listing_tasks import list_lake
+from jobs.manifest_steps.passes import (
     EXAMPLES,
     Plan,
     class_task,
@@ -76,8 +81,7 @@ from jobs.manifest_tasks import (
     skip_kind,
     stage_listing,
 )
-from jobs.settings import ManifestConfig
-from jobs.split import class_quotas
+from jobs.manifest_steps.split import class_quotas
 from lakeshard import storage
 from lakeshard.errors import DatasetExistsError, ManifestError, StorageError
 from lakeshard.format import (
@@ -88,6 +92,7 @@ from lakeshard.format import (
     manifest_marker_uri,
     manifests_uri,
 )
+from lakeshard.format.manifest_table import write_part
 from lakeshard.locks import dataset_lock
 
 __all__ = ["hold", "main", "prepare", "run"]
@@ -131,7 +136,7 @@ def _staging(out: str) -> str:
 
 def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> _Listed:
     """List every object under ``cfg.input`` on the workers (pass 1: class prefixes in balanced
-    rounds, :func:`jobs.listing_tasks.list_lake`, or the ``--inventory`` data files), staging
+    rounds, :func:`jobs.manifest_steps.listing_tasks.list_lake`, or the ``--inventory`` data files), staging
     the rows; only counts come back."""
     src = storage.normalize(cfg.input)
     skip = _skip(cfg)
@@ -177,7 +182,7 @@ def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> _Listed:
 
 
 def label(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -> tuple[_Listed, dict[str, Any]]:
-    """Label the listed rows from ``--labels`` on the workers (:mod:`jobs.label_tasks`):
+    """Label the listed rows from ``--labels`` on the workers (:mod:`jobs.manifest_steps.label_tasks`):
     stage the table's rows and the listed rows by key bucket, join each bucket. Returns the
     labelled rows as the listing for the next pass, and what the summary says of the table.
 
@@ -211,7 +216,7 @@ def label(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) ->
 
 def rebase(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -> tuple[BaseJoin, dict[str, Any]]:
     """Stage the listed rows and ``--base``'s by key bucket on the workers, for the
-    header-reading pass to join them (:mod:`jobs.manifest_base`). Returns the join, and what
+    header-reading pass to join them (:mod:`jobs.manifest_steps.base`). Returns the join, and what
     the summary says of the base so far (its identity)."""
     where = storage.normalize(cfg.base or "")
     marker = storage.read_json(manifest_marker_uri(where))  # checked by check_manifest_inputs
@@ -284,8 +289,8 @@ def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan,
               join: BaseJoin | None = None) -> tuple[_Checked, dict[str, Any] | None]:
     """Inspect (pass 2; with ``join``, the join with ``--base``'s rows in the same tasks) and
     group by content (pass 3) on the workers; check the aggregates: every rule of
-    :func:`jobs.catalog.build_manifest` that fails a run fails it here, before any manifest
-    table is written. Returns them, and the join's report (:func:`jobs.manifest_base.merge_base`)."""
+    :func:`jobs.manifest_steps.catalog.build_manifest` that fails a run fails it here, before any manifest
+    table is written. Returns them, and the join's report (:func:`jobs.manifest_steps.base.merge_base`)."""
     where = storage.normalize(cfg.input)
     if not listed.rows:
         raise ManifestError(_nothing_listed(where, listed.skipped))
@@ -459,7 +464,7 @@ def _build(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     staging = _staging(out)
     storage.remove(staging, recursive=True)  # a killed run's staged rows
     labels_table = None
-    if cfg.input_manifest:  # the objects and their labels from a Ground Truth manifest (jobs/ground_truth.py)
+    if cfg.input_manifest:  # the objects and their labels from a Ground Truth manifest (jobs/manifest_steps/ground_truth.py)
         gt = read_manifest(engine, uri=cfg.input_manifest, attribute=cfg.label_attribute or "", root=cfg.input,
                            skip=_skip(cfg), rows_per_part=cfg.rows_per_part, staging=staging)
         listed = _Listed(parts=gt.parts, prefixes=max(1, len(gt.labels)), skipped=gt.skipped,

@@ -5,31 +5,31 @@
     python -m jobs.shard --dataset ./datasets/pets-v2 --num-shards 2 --base ./datasets/pets-v1
 
 For each channel, writes exactly ``--num-shards`` files ``shards/channel=<c>/part-0000i-of-0000N.parquet``
-(on S3 in a version folder, ``shards/v=<version>/channel=<c>/...``: no copy, see :mod:`jobs.commit`)
+(on S3 in a version folder, ``shards/v=<version>/channel=<c>/...``: no copy, see :mod:`jobs.shard_steps.commit`)
 with equal row counts and every class spread evenly (at most one apart), rows shuffled within
 each shard; images that fail (or were replaced since the manifest was built) go to the shard rejects table;
 ``dataset.json`` comes last, then ``report.html`` (a report that fails is a warning, not a failed job).
 
-Check the inputs (:mod:`jobs.inputs`, before the engine starts) -> plan from the manifest's class
-counts on the driver (:mod:`jobs.deal`), each row's slot and each shard's order on the workers
-(:mod:`jobs.plan_tasks`: the driver never holds the manifest's rows) -> preprocess on the workers
-(:mod:`jobs.preprocess`: fetch, decode, orient, RGB, resize, encode), each task writing its shard's rows straight into
+Check the inputs (:mod:`jobs.shard_steps.inputs`, before the engine starts) -> plan from the manifest's class
+counts on the driver (:mod:`jobs.shard_steps.deal`), each row's slot and each shard's order on the workers
+(:mod:`jobs.shard_steps.plan_tasks`: the driver never holds the manifest's rows) -> preprocess on the workers
+(:mod:`jobs.shard_steps.preprocess`: fetch, decode, orient, RGB, resize, encode), each task writing its shard's rows straight into
 the shard's file in a staging folder -> repair: if images were rejected, re-plan without them, from
 the reject list alone (the plan moves as few rows as it can), and assemble the shards that changed from rows already
-preprocessed (:mod:`jobs.repair`, :mod:`jobs.assemble`) -> commit (:mod:`jobs.commit`): move the staging folder into place
+preprocessed (:mod:`jobs.shard_steps.repair`, :mod:`jobs.shard_steps.assemble`) -> commit (:mod:`jobs.shard_steps.commit`): move the staging folder into place
 (locally; on S3 it is the version folder), then write ``dataset.json``. A
 reader sees the old dataset, no dataset, or the new one, never a part. No image is sent through
 the engine: a task reads it from the lake and writes it to its shard; the tasks return counts
 and rejects, not a row per image.
 
-Incremental (``--base``, :mod:`jobs.reuse`): rows whose object (URI, ETag, size) a previous
+Incremental (``--base``, :mod:`jobs.shard_steps.reuse`): rows whose object (URI, ETag, size) a previous
 dataset built with the same image options already holds take their images from its shards,
 joined on the workers by URI bucket before preprocessing; the rest is as above, and so is the
 dataset (a build from scratch makes the same one).
 
 Resume: the staging folder is named after everything its files depend on, and each
 preprocessing task writes a receipt once its file is complete; a rerun of a killed job reuses
-every segment with a valid receipt (``--no-resume`` starts over; :mod:`jobs.staging`).
+every segment with a valid receipt (``--no-resume`` starts over; :mod:`jobs.shard_steps.staging`).
 """
 
 from __future__ import annotations
@@ -50,16 +50,18 @@ if __name__ == "__main__" and not __package__:
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.assemble import RepairTask, locate_and_assemble
-from jobs.commit import commit, place_assembled, staged_rejects
-from jobs.dataset_info import dataset_info, dataset_version
-from jobs.deal import Deal, deal_from_counts
-from jobs.engines import Engine
-from jobs.engines.cli import job_parser, run_job
-from jobs.inputs import check_shard_inputs
-from jobs.plan_summary import PlanSummary, channel_plan
-from jobs.plan_tasks import OrderTask, SlotTask, order_rows, slot_rows
-from jobs.preprocess import (
+from jobs.common.cli import job_parser, run_job
+from jobs.common.engines import Engine
+from jobs.common.tasks import each, pack
+from jobs.shard_steps.assemble import RepairTask, locate_and_assemble
+from jobs.shard_steps.commit import commit, place_assembled, staged_rejects
+from jobs.shard_steps.config import ShardConfig
+from jobs.shard_steps.dataset_info import dataset_info, dataset_version
+from jobs.shard_steps.deal import Deal, deal_from_counts
+from jobs.shard_steps.inputs import check_shard_inputs
+from jobs.shard_steps.plan_summary import PlanSummary, channel_plan
+from jobs.shard_steps.plan_tasks import OrderTask, SlotTask, order_rows, slot_rows
+from jobs.shard_steps.preprocess import (
     REJECT_SCHEMA,
     RejectsTask,
     SegmentTask,
@@ -67,12 +69,17 @@ from jobs.preprocess import (
     unique_rejects,
     write_rejects,
 )
-from jobs.repair import changed_shards, check_reject_budget, final_deals, moved_from, outcome_sources
-from jobs.report import write_report
-from jobs.reuse import Base, Reuse, StageTask, plan_reuse, reuse_images, stage
-from jobs.segments import SPARE, order_uri, segment_cuts, segment_tasks
-from jobs.settings import ShardConfig
-from jobs.staging import (
+from jobs.shard_steps.repair import (
+    changed_shards,
+    check_reject_budget,
+    final_deals,
+    moved_from,
+    outcome_sources,
+)
+from jobs.shard_steps.report_html import write_report
+from jobs.shard_steps.reuse import Base, Reuse, StageTask, plan_reuse, reuse_images, stage
+from jobs.shard_steps.segments import SPARE, order_uri, segment_cuts, segment_tasks
+from jobs.shard_steps.staging import (
     RUNS,
     assembled_shard,
     finished,
@@ -82,7 +89,6 @@ from jobs.staging import (
     staging_root,
     versioned,
 )
-from jobs.tasks import each, pack
 from lakeshard import storage
 from lakeshard.errors import ShardError
 from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo, channel_dirname
@@ -139,7 +145,7 @@ def _preprocess(engine: Engine, tasks: list[SegmentTask], reused: dict[str, dict
 def _with_base(engine: Engine, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask],
                finished_: dict[str, dict[str, Any]]) -> list[SegmentTask]:
     """``tasks``, those still to run naming the runs of the images they take from ``base``
-    (:mod:`jobs.reuse`, on the workers; ``staged`` by the order pass)."""
+    (:mod:`jobs.shard_steps.reuse`, on the workers; ``staged`` by the order pass)."""
     todo = [t for t in tasks if t.uri not in finished_]
     log.info("--base %s (version %s): looking up the %d rows to preprocess among its %d shard files", base.root,
              base.info.dataset_version, sum(t.num_rows for t in todo), len(base.shards))
@@ -195,7 +201,7 @@ def _order(engine: Engine, staging: str, name: str, deals: dict[str, Deal], shar
            ) -> tuple[dict[tuple[str, int], dict[str, Any]], list[dict[str, Any]]]:
     """Write the order file of each of ``shards`` of each channel of plan ``name`` on the workers,
     in as many engine tasks as it has cores; number the segments. With ``reuse`` (a
-    :func:`jobs.reuse.plan_reuse`), stage both sides of the join with the base in the same
+    :func:`jobs.shard_steps.reuse.plan_reuse`), stage both sides of the join with the base in the same
     engine action. Returns the order tasks' results by (channel, shard), and what was staged."""
     tasks: list[OrderTask] = []
     for channel, deal in deals.items():
@@ -306,7 +312,7 @@ def _build(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
     # outage) or is killed before it leaves it as it was.
     storage.remove_temporaries(root)  # a killed run's half-written files (kept staging included)
 
-    # The plan from the manifest's counts; the rows stay on the workers (jobs.deal, jobs.plan_tasks).
+    # The plan from the manifest's counts; the rows stay on the workers (jobs.shard_steps.deal, jobs.shard_steps.plan_tasks).
     classes = {c: _classes(job.marker, c) for c in channels}
 
     def deal(channel: str, rejected: list[int] | None = None) -> Deal:

@@ -23,61 +23,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import dataclass
 
-from jobs.engines.cli import cli_main
+from jobs.common.cli import cli_main
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, PlatformError, StorageError
-from lakeshard.format import (
-    DatasetInfo,
-    dataset_json_uri,
-    shard_version,
-    version_dirname,
-    version_marker_uri,
-    versions_uri,
-)
+from lakeshard.format import version_dirname, versions_uri
+from lakeshard.format.versions import Version, list_versions
 
-__all__ = ["Version", "current_version", "list_versions", "main", "parser", "remove_versions"]
+__all__ = ["main", "parser", "remove_versions"]
 
 log = logging.getLogger("jobs.versions")
-
-_PREFIX = "v="
-
-
-@dataclass(frozen=True, slots=True)
-class Version:
-    """One version folder below ``shards/``."""
-
-    name: str  #: the folder is ``shards/v=<name>/``
-    uri: str
-    current: bool  #: ``dataset.json`` names it
-    complete: bool  #: its build finished (it has its marker)
-    created_at: str | None  #: from its marker; None for an incomplete version
-    files: int
-    bytes: int
-
-    @property
-    def state(self) -> str:
-        return "current" if self.current else "complete" if self.complete else "incomplete"
-
-
-def current_version(root: str) -> str | None:
-    """The version ``<root>/dataset.json`` names, or None (no dataset, the local layout, or a
-    ``dataset.json`` of another format version, whose shards are no version of this one).
-
-    Raises:
-        DatasetError: ``dataset.json`` of this format names shards the layout does not allow.
-    """
-    uri = dataset_json_uri(root)
-    if not storage.exists(uri):
-        return None
-    data = storage.read_json(uri)
-    try:
-        info = DatasetInfo.from_json(data, source=uri)
-    except DatasetError:
-        log.warning("%s is not a dataset.json this code reads; it names no shard version", uri)
-        return None
-    return shard_version(info, source=uri)
 
 
 def _check_dataset(root: str) -> None:
@@ -99,37 +54,6 @@ def _check_dataset(root: str) -> None:
         raise StorageError(f"cannot read --dataset {root}: {type(exc).__name__}: {exc}") from exc
 
 
-def list_versions(root: str) -> list[Version]:
-    """Every version folder of the dataset at ``root``, oldest first (complete ones by their
-    ``created_at``, then incomplete ones by name).
-
-    Raises:
-        DatasetError: nothing is at ``root``.
-        StorageError: ``root``'s bucket does not exist, or cannot be read.
-    """
-    root = storage.normalize(root)
-    _check_dataset(root)
-    current = current_version(root)
-    fs, path = storage.filesystem(versions_uri(root))
-    try:
-        children = fs.ls(path, detail=False)
-    except FileNotFoundError:
-        return []
-    out = []
-    for child in children:
-        name = child.rstrip("/").rsplit("/", 1)[-1]
-        if not name.startswith(_PREFIX):
-            continue
-        name = name[len(_PREFIX):]
-        uri = versions_uri(root, name)
-        files = fs.find(storage.filesystem(uri)[1], detail=True)
-        marker = version_marker_uri(root, name)
-        created = storage.read_json(marker).get("created_at") if storage.filesystem(marker)[1] in files else None
-        out.append(Version(name=name, uri=uri, current=name == current, complete=created is not None or name == current,
-                           created_at=created, files=len(files), bytes=sum(int(f["size"]) for f in files.values())))
-    return sorted(out, key=lambda v: (not v.complete, v.created_at or "", v.name))
-
-
 def remove_versions(root: str, *, keep: int | None = None, version: str | None = None,
                     dry_run: bool = False) -> list[Version]:
     """Remove old versions of the dataset at ``root`` (``keep`` or ``version``, see the module
@@ -138,13 +62,15 @@ def remove_versions(root: str, *, keep: int | None = None, version: str | None =
     Raises:
         ConfigError: neither or both of ``keep`` and ``version``, ``keep`` < 1, a ``version``
             the dataset does not have, or the current version.
-        DatasetError, StorageError: as :func:`list_versions`.
+        DatasetError: nothing is at ``root``.
+        StorageError: ``root``'s bucket does not exist, or cannot be read.
     """
     if (keep is None) == (version is None):
         raise ConfigError("give exactly one of --keep N and --version V")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise ConfigError(f"--keep must be an integer >= 1 (the current version is always kept), got {keep!r}")
     root = storage.normalize(root)
+    _check_dataset(root)
     found = list_versions(root)
     if version is not None:
         try:
@@ -203,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def work() -> list[Version]:
         if args.command == "list":
+            _check_dataset(storage.normalize(args.dataset))
             return list_versions(args.dataset)
         return remove_versions(args.dataset, keep=args.keep, version=args.version, dry_run=args.dry_run)
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lakeshard.config import check_positive, parse_size
 from lakeshard.errors import ConfigError
 from lakeshard.format import CHANNELS
+from lakeshard.settings import check_positive, parse_size
 from loaders.decode import get_decoder
 from loaders.plan import RANK_REMAINDER_POLICIES
 from loaders.transforms import check_mean_std

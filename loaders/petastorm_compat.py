@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from lakeshard.config import check_positive
 from lakeshard.format import SHARD_SCHEMA
+from lakeshard.settings import check_positive
 from loaders.decode import get_decoder
 
 __all__ = ["LAYOUTS", "decode_images", "make_transform_spec"]

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lakeshard.config import check_positive
 from lakeshard.errors import ConfigError
+from lakeshard.settings import check_positive
 
 __all__ = [
     "RANK_REMAINDER_POLICIES",

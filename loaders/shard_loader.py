@@ -13,7 +13,7 @@ Which rows a rank reads and how many batches it yields: :mod:`loaders.plan`. The
 an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`; remote reads:
 :mod:`loaders.fetch`; the shard cache: :mod:`loaders.cache`. The options:
 :mod:`loaders.options`. The reader thread (windows of row groups in, batch tasks out):
-:mod:`loaders.reader`. The files: :mod:`lakeshard.format`.
+:mod:`loaders.window_reader`. The files: :mod:`lakeshard.format`.
 
 State (``state_dict()``, :mod:`loaders.state`) is the same on every rank, so rank 0's copy
 resumes them all, at this world size or any other (:mod:`loaders.elastic`): at another one the
@@ -50,9 +50,9 @@ from loaders.fetch import RangeFetcher, read_s3_range
 from loaders.options import LoaderOptions, default_threads
 from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.reader import EpochPlan, ReadCount, WindowReader
 from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
 from loaders.transforms import default_transform
+from loaders.window_reader import EpochPlan, ReadCount, WindowReader
 
 __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lakeshard.config import check_positive
 from lakeshard.errors import ConfigError
+from lakeshard.settings import check_positive
 
 __all__ = [
     "CenterCrop",

@@ -116,7 +116,7 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> Iterator[str]
 def spark(s3_endpoint: str):
     """One local[2] Spark session for the whole run (it takes 10-17 s to start here)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from jobs.engines.spark_engine import SparkEngine
+    from jobs.common.engines.spark_engine import SparkEngine
 
     engine = SparkEngine(master="local[2]", app_name="lakeshard-tests")
     yield engine.spark
@@ -125,7 +125,7 @@ def spark(s3_endpoint: str):
 
 @pytest.fixture()
 def spark_engine(spark):
-    from jobs.engines.spark_engine import SparkEngine
+    from jobs.common.engines.spark_engine import SparkEngine
 
     return SparkEngine(spark=spark)
 
@@ -143,7 +143,7 @@ def dask_client(s3_endpoint: str) -> Iterator[Any]:
 
 @pytest.fixture()
 def dask_engine(dask_client):
-    from jobs.engines.dask_engine import DaskEngine
+    from jobs.common.engines.dask_engine import DaskEngine
 
     return DaskEngine(client=dask_client)
 
@@ -151,7 +151,7 @@ def dask_engine(dask_client):
 @pytest.fixture()
 def local_engine():
     """The in-process engine (a thread pool): for tests of the engine-free core."""
-    from jobs.engines.local_engine import LocalEngine
+    from jobs.common.engines.local_engine import LocalEngine
 
     return LocalEngine(workers=2)
 

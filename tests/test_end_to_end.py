@@ -17,7 +17,8 @@ from PIL import Image
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard.format import DatasetInfo
 from loaders import ShardLoader
 from tests.helpers.checks import check_dataset, shard_tables

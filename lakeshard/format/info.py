@@ -97,7 +97,7 @@ class ImageSpec:
     quality: int  #: JPEG quality
     resize: str  #: the resize mode (``crop``, ...)
     max_pixels: int  #: larger source images were rejected
-    #: a hash of the code that made the images (``jobs/images.py``); None: not recorded (older datasets)
+    #: a hash of the code that made the images (``jobs/common/images.py``); None: not recorded (older datasets)
     code: str | None = None
 
 

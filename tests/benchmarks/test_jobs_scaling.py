@@ -226,8 +226,8 @@ def test_synthetic_manifest_is_one_the_shard_job_plans(tmp_path: Path, local_eng
     from synthetic_manifest import write_manifest
 
     from jobs import shard as shard_job
-    from jobs.manifest_table import read_channel
-    from jobs.settings import ShardConfig
+    from jobs.shard_steps.config import ShardConfig
+    from lakeshard.format.manifest_table import read_channel
 
     root = write_manifest(tmp_path / "m", rows=5003, classes=40, rows_per_part=1000)
     rows = read_channel(f"file://{root}", "train")

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.settings import ManifestConfig, ShardConfig
-from lakeshard.config import add_arguments
-from loaders.config import TrainConfig
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
+from lakeshard.settings import add_arguments
+from loaders.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").rglob("*.md")])

@@ -1,7 +1,7 @@
 """docs/jobs.md lists every option of both jobs, and nothing else, with the right defaults.
 
-The option tables are checked against the config dataclasses (``jobs.settings``), which are the
-single source of truth for the command line (``lakeshard.config.add_arguments``) and the YAML
+The option tables are checked against the config dataclasses (``jobs.shard_steps.config``), which are the
+single source of truth for the command line (``lakeshard.settings.add_arguments``) and the YAML
 files. An option added to a dataclass fails this test until its row is added to docs/jobs.md.
 """
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.settings import ManifestConfig, ShardConfig
-from lakeshard.config import add_arguments
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
+from lakeshard.settings import add_arguments
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "jobs.md"
 

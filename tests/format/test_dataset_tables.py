@@ -12,7 +12,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.engines.local_engine import LocalEngine
+from jobs.common.engines.local_engine import LocalEngine
 from lakeshard.format import (
     SHARD_REJECTS_SCHEMA,
     SHARD_SCHEMA,

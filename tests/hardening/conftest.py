@@ -78,7 +78,7 @@ def dask_engine_cli(dask_cluster: DaskCluster):
     environment: the engine forwards AWS_ENDPOINT_URL to the workers as it is at construction)."""
     from distributed import Client
 
-    from jobs.engines.dask_engine import DaskEngine
+    from jobs.common.engines.dask_engine import DaskEngine
 
     clients = []
 

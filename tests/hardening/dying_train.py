@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from loaders import train
+from loaders.train import loop as train
 
 
 def _arm() -> None:

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jobs.manifest_table import read_channel
 from lakeshard import storage
 from lakeshard.format import manifests_uri, read_dataset_info, rejects_uri
+from lakeshard.format.manifest_table import read_channel
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.lake import bad_objects, encode, exif_rotated_jpeg, make_image
 

@@ -29,8 +29,8 @@ import time
 
 import torch
 
-from loaders import train
 from loaders.batch import PAD_LABEL
+from loaders.train import loop as train
 
 
 def _ids(images: torch.Tensor, labels: torch.Tensor) -> list[int]:

@@ -16,11 +16,12 @@ from PIL import Image
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.manifest_table import read_channel
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.errors import SplitError
 from lakeshard.format import rejects_uri
+from lakeshard.format.manifest_table import read_channel
 from tests.hardening.helpers import corpus
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import encode, make_image
@@ -28,7 +29,7 @@ from tests.helpers.lake import encode, make_image
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
 # include_hidden: this corpus counts a hidden file as an ordinary object (skipping hidden files by
-# default is tested in tests/engines/test_edge_lake.py).
+# default is tested in tests/jobs/engines/test_edge_lake.py).
 MANIFEST = {"split_method": "stratified", "seed": 7, "max_reject_fraction": 0.5, "include_hidden": True}
 SHARD = {"num_shards": 2, "image_size": 24, "image_format": "png", "remainder": "pad", "max_reject_fraction": 0.5}
 
@@ -50,7 +51,7 @@ def _upload(bucket: str) -> dict[str, bytes]:
 
 def _engine(kind: str, spark, dask_engine_cli):
     if kind == "spark":
-        from jobs.engines.spark_engine import SparkEngine
+        from jobs.common.engines.spark_engine import SparkEngine
 
         return SparkEngine(spark=spark)
     return dask_engine_cli()

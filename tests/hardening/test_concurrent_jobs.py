@@ -21,8 +21,9 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.engines import open_engine
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.common.engines import open_engine
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard.locks import LOCK_NAME
 from tests.hardening.helpers import dataset_digest, job_env, kill_group
 from tests.helpers.checks import check_dataset

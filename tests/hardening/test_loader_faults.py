@@ -68,7 +68,7 @@ def test_a_dying_rank_fails_the_run_with_the_cause_instead_of_hanging(tmp_path: 
     elapsed = time.monotonic() - start
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
-    assert "rank0 INFO loaders.train: rank 0/2 joined the gloo process group" in out, out[-3000:]
+    assert "rank0 INFO loaders.train.loop: rank 0/2 joined the gloo process group" in out, out[-3000:]
     assert "dying_train: rank 1 dies now" in out
     # The cause is named: the failed rank and its exit code (torchrun's report), not a timeout
     # after minutes of waiting.

@@ -14,7 +14,8 @@ import torch
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.errors import PlatformError, StorageError
 from lakeshard.format import manifest_marker_uri
@@ -79,7 +80,7 @@ def _assert_faults_were_injected(proxy) -> None:
 
 @pytest.mark.spark
 def test_spark_jobs_complete_under_transient_s3_faults(spark, s3_bucket, fault_proxy, s3_via, tmp_path):
-    from jobs.engines.spark_engine import SparkEngine
+    from jobs.common.engines.spark_engine import SparkEngine
 
     lake = _upload_lake(s3_bucket, tmp_path, {"a": 14, "b": 12, "c": 10})
     clean = f"{s3_bucket}/clean"
@@ -182,7 +183,7 @@ def test_permanent_s3_errors_fail_fast_naming_the_uri(s3_bucket, fault_proxy, s3
 def test_spark_jobs_fail_naming_an_object_they_cannot_read(spark, s3_bucket, fault_proxy, s3_via, tmp_path):
     """On Spark too, the task's error reaches the caller as itself: ``StorageError`` naming the
     object, not a JVM stack, and the dataset the --overwrite runs would have replaced stays."""
-    from jobs.engines.spark_engine import SparkEngine
+    from jobs.common.engines.spark_engine import SparkEngine
 
     lake = _upload_lake(s3_bucket, tmp_path, {"a": 10, "b": 10})
     out = f"{s3_bucket}/ds"

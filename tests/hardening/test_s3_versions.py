@@ -18,9 +18,11 @@ import pytest
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs import versions
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.format import DatasetInfo, channel_shards, open_shard, read_dataset_info, shard_version
+from lakeshard.format.versions import list_versions
 from loaders import ShardLoader
 from tests.hardening.faultproxy import FaultProxy, Request
 from tests.hardening.helpers import dataset_digest, job_env, run_until
@@ -122,7 +124,7 @@ def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, f
 
     assert versions.main(["remove", "--dataset", out, "--keep", "1"]) == 0
     assert capsys.readouterr().out.startswith(f"removed {v1}  complete")
-    assert [v.name for v in versions.list_versions(out)] == [v2]
+    assert [v.name for v in list_versions(out)] == [v2]
     fs, path = storage.filesystem(out)
     assert not fs.find(f"{path}/shards/v={v1}")
     check_dataset(out)
@@ -208,6 +210,6 @@ def test_the_s3_commit_killed_at_each_step_reruns_into_the_same_version_folder(s
     assert rc == 0, log.read_text()[-3000:]
     check_dataset(out)
     assert dataset_digest(out) == want
-    found = versions.list_versions(out)
+    found = list_versions(out)
     assert [v.state for v in found] == ["complete", "current"], found
     assert found[0].name == shard_version(old)

@@ -11,7 +11,6 @@ from typing import Any
 import pyarrow.parquet as pq
 from PIL import Image
 
-from jobs.manifest_table import read_channel, sagemaker_parts
 from lakeshard import storage
 from lakeshard.format import (
     SHARD_SCHEMA,
@@ -25,6 +24,7 @@ from lakeshard.format import (
     read_footer,
     rejects_uri,
 )
+from lakeshard.format.manifest_table import read_channel, sagemaker_parts
 
 __all__ = ["check_dataset", "read_table", "sagemaker_refs", "shard_tables"]
 

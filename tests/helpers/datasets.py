@@ -7,8 +7,9 @@ from typing import Any
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.engines import Engine
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.common.engines import Engine
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from tests.helpers.lake import bad_objects, write_lake
 
 __all__ = ["build_dataset_with_rejects"]

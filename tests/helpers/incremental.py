@@ -11,10 +11,10 @@ from typing import Any
 import pyarrow as pa
 
 from jobs import manifest as manifest_job
-from jobs.engines import split_parts
-from jobs.manifest_table import iter_parts, read_channel
-from jobs.settings import ManifestConfig
+from jobs.common.engines import split_parts
+from jobs.manifest_steps.config import ManifestConfig
 from lakeshard import storage
+from lakeshard.format.manifest_table import iter_parts, read_channel
 from tests.helpers.lake import encode, make_image
 
 __all__ = ["CLASSES", "NOT_AN_IMAGE", "CountingEngine", "Growth", "assert_same_tables", "build", "channels", "grow", "write_lake_objects"]
@@ -108,7 +108,7 @@ class CountingEngine:
         self.name, self.parallelism, self.task_cpus = engine.name, engine.parallelism, engine.task_cpus
 
     def map_partitions(self, fn: Any, items: Any, *, partitions: int) -> list[Any]:
-        fn_ = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.tasks.each, functools.partial
+        fn_ = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.common.tasks.each, functools.partial
         name = getattr(fn_, "__name__", repr(fn_))
         self.actions.append(name)
         self.tasks.setdefault(name, []).append(len(split_parts(items, partitions)))

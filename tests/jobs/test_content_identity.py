@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard.format import rejects_uri
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.lake import encode, make_image, write_lake

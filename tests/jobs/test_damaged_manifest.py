@@ -13,10 +13,11 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.manifest_table import channel_parts, read_channel
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.errors import DatasetError
+from lakeshard.format.manifest_table import channel_parts, read_channel
 from tests.helpers.lake import write_lake
 
 SPLIT = "train=0.6,validation=0.2,test=0.2"
@@ -25,7 +26,7 @@ SPLIT = "train=0.6,validation=0.2,test=0.2"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A lake and its manifest (local engine), copied by each test before it damages it."""
-    from jobs.engines.local_engine import LocalEngine
+    from jobs.common.engines.local_engine import LocalEngine
 
     root = tmp_path_factory.mktemp("damaged")
     write_lake(root / "lake", {"cat": 10, "dog": 8})

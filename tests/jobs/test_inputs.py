@@ -14,7 +14,8 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard.errors import ShardError
 from lakeshard.format import shard_relpath
 from tests.helpers.lake import write_lake

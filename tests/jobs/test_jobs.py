@@ -19,12 +19,13 @@ from PIL import Image
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.manifest_table import read_channel
-from jobs.settings import ManifestConfig, ShardConfig
-from jobs.staging import image_code
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
+from jobs.shard_steps.staging import image_code
 from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, RejectFractionError, SplitError
 from lakeshard.format import ImageSpec, read_dataset_info, shard_rejects_uri, shard_relpath
+from lakeshard.format.manifest_table import read_channel
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import bad_objects, exif_rotated_jpeg, write_lake
 
@@ -188,7 +189,7 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
               "--conf", "spark.python.unix.domain.socket.enabled=false"], "pyspark.daemon, reached over TCP",
              ["jobs/manifest.py", "--input", str(small_lake), "--output", str(out), "--conf", "conf/manifest.yaml",
               "--split-method", "stratified"]),
-            ([], "jobs.engines.spark_daemon, reached over Unix sockets",
+            ([], "jobs.common.engines.spark_daemon, reached over Unix sockets",
              ["jobs/shard.py", "--dataset", str(out), "--num-shards", "2", "--image-size", "32"])):
         proc = subprocess.run([submit, "--master", "local[2]", "--driver-memory", "1g", *conf, *argv], cwd=REPO,
                               env=env, capture_output=True, text=True, timeout=300)
@@ -198,7 +199,7 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
         # Not a terminal: no console progress bar redrawn into the log.
         assert "[Stage " not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     info = check_dataset(str(out))
-    # code: the hash of jobs/images.py that made the images (what --base checks before reusing them)
+    # code: the hash of jobs/common/images.py that made the images (what --base checks before reusing them)
     assert info.image == ImageSpec(size=32, format="jpeg", quality=90, resize="crop", max_pixels=89478485,
                                    code=image_code())
     assert pc.sum(read_channel(str(out), "all")["size"]).as_py() > 0

@@ -12,10 +12,11 @@ import pytest
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs import versions
-from jobs.settings import ManifestConfig, ShardConfig
-from lakeshard.config import resolve
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard.errors import ConfigError
-from loaders.config import parse_args as train_args
+from lakeshard.settings import resolve
+from loaders.train.config import parse_args as train_args
 from tests.helpers.lake import write_lake
 
 

@@ -9,10 +9,11 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.manifest_table import read_channel
-from jobs.settings import ManifestConfig, ShardConfig
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
+from lakeshard.format.manifest_table import read_channel
 from tests.conftest import S3_ENV
 from tests.helpers.checks import check_dataset
 from tests.helpers.lake import encode, make_image
@@ -78,6 +79,6 @@ def test_permanent_error_is_not_retried_for_minutes(s3_endpoint, tmp_path, monke
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: connection refused
     with pytest.raises((ManifestError, StorageError), match="s3://some-bucket/raw"):
         storage_check = ManifestConfig(input="s3://some-bucket/raw", output=str(tmp_path / "o"))
-        from jobs.listing import discover
+        from jobs.manifest_steps.listing import discover
 
         discover(storage_check.input)

@@ -7,7 +7,7 @@ import pytest
 
 from lakeshard.errors import ConfigError
 from loaders import LoaderOptions
-from loaders.config import parse_args
+from loaders.train.config import parse_args
 
 
 def test_trainer_flags_reach_the_loader_options(tmp_path):

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from jobs.engines.local_engine import LocalEngine
+from jobs.common.engines.local_engine import LocalEngine
 from lakeshard.format import FOOTER_KEYS, read_dataset_info
 from tests.helpers.datasets import build_dataset_with_rejects
 

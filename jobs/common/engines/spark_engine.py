@@ -1,0 +1,129 @@
+"""The Spark engine: ``spark-submit`` (local or a cluster) or plain Python (local mode).
+
+The jobs need one operation, ``map_partitions``: an RDD of work items, one partition per task,
+each task's small result collected. Images never travel through Spark: a task reads them from
+the lake and writes them to their shard file itself, so there is no JVM<->Python serialisation
+of image bytes, no shuffle and no cache of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jobs.common.engines import FORWARDED_ENV
+from lakeshard import errors
+
+__all__ = ["SparkEngine"]
+
+log = logging.getLogger(__name__)
+
+#: The last line of a Python traceback for one of our errors, as Spark passes it on (as text).
+_TASK_ERROR = re.compile(r"^lakeshard\.errors\.(\w+): (.+)$", re.MULTILINE)
+
+#: Spark 4.1's switch between the executor and its Python workers: Unix sockets instead of TCP.
+_UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
+
+
+def _unix_sockets() -> bool:
+    """Whether this PySpark can reach its Python workers over Unix sockets (Spark 4.1 and later,
+    on a system that has them)."""
+    import pyspark
+
+    major, minor = (int(x) for x in re.findall(r"\d+", pyspark.__version__)[:2])
+    return hasattr(socket, "AF_UNIX") and (major, minor) >= (4, 1)
+
+
+def _task_error(exc: BaseException) -> errors.PlatformError | None:
+    """The error a task raised on purpose (a :class:`~lakeshard.errors.PlatformError`), rebuilt from
+    the text of the Spark exception that carries its traceback; ``None`` for anything else.
+
+    Dask re-raises a task's own exception on the client; Spark gives a ``PythonException`` (or a
+    ``Py4JJavaError``) whose message holds the worker's traceback. Rebuilding the error lets the
+    CLI print ``error: cannot read s3://...`` instead of pages of JVM stack.
+    """
+    found = _TASK_ERROR.findall(str(exc))
+    if not found:
+        return None
+    name, message = found[-1]
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.PlatformError)):
+        return None
+    return cls(message)
+
+
+class SparkEngine:
+    name = "spark"
+
+    def __init__(self, *, spark: Any = None, master: str | None = None, app_name: str = "lakeshard",
+                 **_: Any) -> None:
+        from pyspark import SparkConf, SparkContext
+        from pyspark.sql import SparkSession
+
+        self._owned = spark is None
+        if spark is None:
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            # Workers run the driver's interpreter (the one with this package installed)
+            # unless the user chose another; on a cluster, set PYSPARK_PYTHON to the workers' path.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            builder = SparkSession.builder.master(master) if master else SparkSession.builder
+            SparkContext._ensure_initialized()  # the JVM, so SparkConf() sees spark-submit's --master and --conf
+            given = SparkConf()
+            local = (master or given.get("spark.master", "local[*]")).startswith("local")
+            same_python = os.environ["PYSPARK_PYTHON"] == sys.executable
+            if local and same_python and not given.contains("spark.python.daemon.module"):
+                # Local workers run this interpreter, which has this package: skip the 0.2-0.5 s
+                # each task spends re-reading Spark's archives (see jobs.common.engines.spark_daemon).
+                # On a cluster, pass this --conf if the workers have the package installed.
+                builder = builder.config("spark.python.daemon.module", "jobs.common.engines.spark_daemon")
+            if local and _unix_sockets() and not given.contains(_UNIX_SOCKETS):
+                # The executor talks to its Python workers over Unix sockets, not TCP on
+                # 127.0.0.1: a task's small messages wait on no TCP acknowledgement (each task
+                # spent ~25 ms less here, docs/performance.md). On a cluster, pass this --conf.
+                builder = builder.config(_UNIX_SOCKETS, "true")
+            spark = (builder.appName(app_name)
+                     .config("spark.sql.session.timeZone", "UTC")
+                     # Stage progress on a terminal; in a log file its redrawn bar is a flood.
+                     .config("spark.ui.showConsoleProgress", "true" if sys.stderr.isatty() else "false")
+                     .getOrCreate())
+            spark.sparkContext.setLogLevel("WARN")
+        self.spark = spark
+        self.sc = spark.sparkContext
+        conf = self.sc.getConf()
+        log.info("Spark %s, master %s, Python workers started by %s, reached over %s", spark.version, self.sc.master,
+                 conf.get("spark.python.daemon.module", "pyspark.daemon"),
+                 "Unix sockets" if conf.get(_UNIX_SOCKETS, "false").lower() == "true" else "TCP")
+        # Where S3 is (not who: credentials stay with the AWS environment of each worker).
+        for name in FORWARDED_ENV:
+            if os.environ.get(name):
+                self.sc.environment[name] = os.environ[name]
+
+    @property
+    def parallelism(self) -> int:
+        return max(1, self.sc.defaultParallelism)
+
+    @property
+    def task_cpus(self) -> int:
+        return max(1, int(self.sc.getConf().get("spark.task.cpus", "1")))
+
+    def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *,
+                       partitions: int) -> list[Any]:
+        if not items:
+            return []
+        rdd = self.sc.parallelize(list(items), max(1, min(partitions, len(items))))
+        try:
+            return rdd.mapPartitions(lambda it: fn(list(it))).collect()
+        except Exception as exc:
+            ours = _task_error(exc)
+            if ours is None:
+                raise
+            raise ours from exc
+
+    def close(self) -> None:
+        if self._owned:
+            self.spark.stop()

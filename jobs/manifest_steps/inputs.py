@@ -1,0 +1,84 @@
+"""What the manifest job reads, checked before an engine starts: the ``--input`` and
+``--output`` URIs, a Ground Truth manifest, an S3 Inventory, a labels table and a ``--base``
+fail in a second, not after a 10 s engine start."""
+
+from __future__ import annotations
+
+import os
+
+from jobs.manifest_steps.base import check_base as check_manifest_base
+from jobs.manifest_steps.config import ManifestConfig
+from jobs.manifest_steps.ground_truth import check_input_manifest
+from jobs.manifest_steps.inventory import read_inventory
+from jobs.manifest_steps.labels import check_labels
+from lakeshard import storage
+from lakeshard.errors import ConfigError, ManifestError
+
+__all__ = ["check_manifest_inputs"]
+
+
+def check_manifest_inputs(cfg: ManifestConfig) -> None:
+    """The manifest job's ``--input`` and ``--output`` are URIs this platform reads, a local
+    input exists, the output is neither the input nor inside it (the next run would list
+    the dataset as lake objects): a :class:`ConfigError` names both URIs; an
+    ``--inventory`` is a readable S3 Inventory report of the input's bucket; an
+    ``--input-manifest`` is a Ground Truth manifest (:func:`_check_ground_truth`); a ``--labels``
+    table (not with ``--label-depth``) is readable and every value in it is valid
+    (:func:`jobs.manifest_steps.labels.check_labels`); a ``--base`` is a complete manifest of the same input,
+    label source and split (:func:`jobs.manifest_steps.base.check_base`)."""
+    src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
+    if src.startswith("file://") and not storage.exists(src):
+        raise ManifestError(f"--input {cfg.input!r}: {src} does not exist")
+    if cfg.input_manifest is not None or cfg.label_attribute is not None:
+        _check_ground_truth(cfg, src)
+    if cfg.inventory is not None:
+        _check_inventory(cfg, src)
+    if cfg.labels is not None:
+        if cfg.label_depth is not None:
+            raise ConfigError(f"--labels {cfg.labels} and --label-depth {cfg.label_depth} cannot be combined: with a "
+                              "labels table no label is read from the path; drop --label-depth (or label_depth in "
+                              "the --conf file)")
+        check_labels(cfg.labels, channels=list(cfg.split))
+    if cfg.base is not None:
+        check_manifest_base(cfg)
+    src_path, out_path = _local_path(src), _local_path(out)
+    if out_path == src_path or out_path.startswith(src_path.rstrip("/") + "/"):
+        where = "is the input" if out_path == src_path else "is inside the input"
+        raise ConfigError(f"--output {out} {where} --input {src}; write the dataset outside the lake "
+                          "(the next run would list it as images)")
+
+
+def _check_inventory(cfg: ManifestConfig, src: str) -> None:
+    """``--inventory`` lists an S3 ``--input``'s bucket, and its manifest and data files are
+    readable and well formed (see :func:`jobs.manifest_steps.inventory.read_inventory`)."""
+    if not src.startswith("s3://"):
+        raise ConfigError(f"--inventory {cfg.inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
+                          "prefix; list a local lake without --inventory")
+    read_inventory(cfg.inventory, bucket=src[len("s3://"):].split("/", 1)[0])
+
+
+def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
+    """``--input-manifest`` comes with ``--label-attribute`` and none of the other sources of
+    objects or labels, and its first lines are Ground Truth classification lines under
+    ``--input`` (see :func:`jobs.manifest_steps.ground_truth.check_input_manifest`)."""
+    if cfg.input_manifest is None:
+        raise ConfigError(f"--label-attribute {cfg.label_attribute!r} is only for --input-manifest (a SageMaker Ground "
+                          "Truth manifest); drop it, or give the manifest")
+    for flag, value in (("--labels", cfg.labels), ("--label-depth", cfg.label_depth), ("--inventory", cfg.inventory)):
+        if value is not None:
+            raise ConfigError(f"--input-manifest {cfg.input_manifest} and {flag} {value} cannot be combined: the Ground "
+                              f"Truth manifest names the objects and their labels; drop {flag} (or "
+                              f"{flag[2:].replace('-', '_')} in the --conf file)")
+    attribute = cfg.label_attribute
+    if not attribute or not attribute.strip():
+        raise ConfigError(f"--input-manifest {cfg.input_manifest} needs --label-attribute: the name of the label "
+                          "attribute of the Ground Truth job (its LabelAttributeName, e.g. 'sport')")
+    if attribute.endswith(("-metadata", "-ref")):
+        raise ConfigError(f"--label-attribute {attribute!r}: give the label attribute itself (not its -metadata; "
+                          "a -ref attribute is a semantic segmentation mask, which is not supported)")
+    check_input_manifest(cfg.input_manifest, attribute=attribute, root=src)
+
+
+def _local_path(uri: str) -> str:
+    """The real path of a local URI (links resolved), or the URI itself."""
+    return os.path.realpath(storage.filesystem(uri)[1]) if uri.startswith("file://") else uri

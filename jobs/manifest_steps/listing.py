@@ -1,0 +1,319 @@
+"""Listing the raw lake: ``<prefix>/<class label>/<any sub-path>/<file>``.
+
+Listing scales past one driver: :func:`discover` lists only the levels above the label on the
+driver (a few requests), then :func:`list_prefix` lists each class prefix recursively inside
+an executor, and :func:`inspect_objects` reads each object's first bytes there too (so a
+``.jpg`` that is text is a reject, not a crash later).
+
+An object row is a plain dict with the keys of :data:`lakeshard.format.MANIFEST_SCHEMA`, plus
+``content`` (the MD5 of its bytes, once inspected and accepted; never written). A row whose
+``status`` is ``skipped`` (hidden, or matched by ``--exclude``: see :class:`Skip`) is counted,
+never listed.
+
+Local symbolic links are followed as ``find -L`` does: each object is listed once under the
+path the user gave (through the link), a link to one of its own ancestor folders is a reject
+(a loop), and so is a dangling link; nothing is dropped and no link fails the job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import fnmatch
+import hashlib
+import logging
+import os
+import stat
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from jobs.common.images import SNIFF_BYTES, UNSUPPORTED_FORMATS
+from jobs.common.images import sniff as sniff_format
+from lakeshard import storage
+from lakeshard.errors import ManifestError, StorageError
+
+__all__ = ["HIDDEN_NAMES", "Skip", "discover", "inspect_objects", "list_prefix", "reject"]
+
+log = logging.getLogger(__name__)
+
+_IO_THREADS = 16  # object reads are latency-bound on S3; threads overlap them
+
+
+#: Names that are never data (besides names starting with '.', such as ``.DS_Store``, macOS's
+#: ``._*`` resource forks and ``.ipynb_checkpoints``), compared case-insensitively.
+HIDDEN_NAMES = ("__macosx", "thumbs.db", "desktop.ini")
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Which objects the listing skips (counted as skipped, never listed nor rejected).
+
+    A path component that is hidden (starts with '.', or is one of :data:`HIDDEN_NAMES`)
+    skips everything below it unless ``include_hidden``. An ``exclude`` glob with a '/' is
+    matched against the whole key (relative to the input), one without against each path
+    component (``*.tmp``, ``drafts``).
+    """
+
+    exclude: tuple[str, ...] = ()
+    include_hidden: bool = False
+
+    def reason(self, key: str) -> str | None:
+        """Why ``key`` is skipped (``hidden: ...`` or ``excluded: ...``), or None."""
+        parts = key.split("/")
+        if not self.include_hidden:
+            for part in parts:
+                if (part.startswith(".") and part not in (".", "..")) or part.lower() in HIDDEN_NAMES:
+                    return f"hidden: {part!r}"
+        for pattern in self.exclude:
+            if fnmatch.fnmatchcase(key, pattern) if "/" in pattern else any(
+                    fnmatch.fnmatchcase(part, pattern) for part in parts):
+                return f"excluded: --exclude {pattern!r}"
+        return None
+
+
+_NO_SKIP = Skip(include_hidden=True)
+
+
+def _uri(scheme_root: str, path: str) -> str:
+    return ("s3://" if scheme_root.startswith("s3://") else "file://") + path
+
+
+def _row(root: str, root_path: str, info: dict[str, Any], label_depth: int, skip: Skip = _NO_SKIP) -> dict[str, Any]:
+    """The manifest row of one listed object; its label is the ``label_depth``-th path
+    component (0: no path label, as with ``--labels``)."""
+    path = info["name"]
+    key = path[len(root_path):].lstrip("/")
+    parts = key.split("/")
+    etag = info.get("ETag") or info.get("etag")
+    modified = info.get("LastModified") or info.get("mtime")
+    if isinstance(modified, (int, float)):  # a local file's st_mtime
+        modified = storage.modified_utc(modified)
+    elif isinstance(modified, dt.datetime) and modified.tzinfo is None:
+        modified = modified.replace(tzinfo=dt.timezone.utc)
+    row = {
+        "uri": _uri(root, path),
+        "key": key,
+        "label": parts[label_depth - 1] if 0 < label_depth < len(parts) else None,
+        "label_index": None,
+        "channel": None,
+        "size": int(info.get("size") or 0),
+        "etag": etag.strip('"') if isinstance(etag, str) else None,
+        "last_modified": modified,
+        "format": None,
+        "status": "ok",
+        "reason": None,
+    }
+    if any(p in ("", ".", "..") for p in parts):
+        reject(row, f"unsafe key {key!r}: empty, '.' or '..' path component")
+    elif (why := skip.reason(key)) is not None:
+        row["status"], row["reason"] = "skipped", why
+    elif info.get("reject"):
+        reject(row, info["reject"])
+    return row
+
+
+def reject(row: dict[str, Any], reason: str) -> dict[str, Any]:
+    row["status"] = "rejected"
+    row["reason"] = reason
+    row["channel"] = None
+    row["label_index"] = None
+    return row
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _local_entry(path: str, name: str, chain: frozenset[tuple[int, int]]) -> tuple[str, tuple[int, int] | None, dict[str, Any]]:
+    """``(full path, folder identity or None, info)`` of the entry ``name`` of the local folder
+    ``path``, symbolic links followed. ``chain`` holds the identities of the folders above: a
+    folder among them is a loop. An entry that cannot be listed as a file or a folder gets a
+    ``reject`` reason in its info."""
+    full = path.rstrip("/") + "/" + name
+    link = os.path.islink(full)
+    target = os.readlink(full) if link else None
+    info: dict[str, Any] = {"name": full, "size": 0}
+    try:
+        st = os.stat(full)
+    except FileNotFoundError:
+        info["reject"] = (f"dangling symlink: {name} -> {target!r}, which does not exist" if link
+                          else "cannot read: object disappeared after listing")
+        return full, None, info
+    except OSError as exc:
+        loop = exc.errno == errno.ELOOP
+        info["reject"] = (f"symlink loop: {name} -> {target!r} never resolves" if loop
+                          else f"cannot read: {type(exc).__name__}: {exc.strerror}")
+        return full, None, info
+    info["mtime"] = st.st_mtime
+    if stat.S_ISDIR(st.st_mode):
+        if _ident(st) in chain:
+            info["reject"] = (f"symlink loop: {name} -> {target!r} leads back to a folder above it" if link
+                              else "folder loop: leads back to a folder above it")
+            return full, None, info
+        return full, _ident(st), info
+    if stat.S_ISREG(st.st_mode):
+        info["size"] = st.st_size
+    else:
+        info["reject"] = "not a regular file (a device, socket or pipe)"
+    return full, None, info
+
+
+def _local_entries(path: str, chain: frozenset[tuple[int, int]]) -> list[tuple[str, tuple[int, int] | None, dict[str, Any]]]:
+    """:func:`_local_entry` of each entry of the local folder ``path``, sorted by name."""
+    return [_local_entry(path, name, chain) for name in sorted(os.listdir(path))]
+
+
+def _walk_local(path: str, chain: frozenset[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Every file below the local folder ``path`` (``find -L``), and every entry that could
+    not be followed, as infos."""
+    infos = []
+    for full, ident, info in _local_entries(path, chain):
+        if ident is None:
+            infos.append(info)
+        else:
+            infos += _walk_local(full, chain | {ident})
+    return infos
+
+
+def _entries(fs: Any, path: str, local: bool) -> list[tuple[str, bool, dict[str, Any]]]:
+    """``(name, is a folder, info)`` of each entry of ``path``, sorted by name."""
+    if local:
+        return [(full, ident is not None, info) for full, ident, info in _local_entries(path, frozenset())]
+    entries = fs.ls(path, detail=True, refresh=True)
+    return [(e["name"].rstrip("/") if e["type"] == "directory" else e["name"], e["type"] == "directory", e)
+            for e in sorted(entries, key=lambda e: e["name"]) if e["name"].rstrip("/") != path.rstrip("/")]
+
+
+def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> tuple[list[str], list[dict[str, Any]]]:
+    """List the levels above the label; return the class-level prefix URIs and the objects
+    found above that level (rows already rejected: they have no label; or skipped).
+
+    Raises :class:`ManifestError` if ``root`` does not exist or holds nothing.
+    """
+    if label_depth < 1:
+        raise ManifestError(f"label_depth must be >= 1, got {label_depth!r}")
+    root = storage.normalize(root)
+    fs, root_path = storage.filesystem(root)
+    try:
+        if not fs.exists(root_path):
+            raise ManifestError(f"input {root} does not exist (or holds no objects)")
+        if fs.isfile(root_path):
+            raise ManifestError(f"input {root} is a file; it must be a prefix laid out as <prefix>/<label>/.../<file>")
+    except ManifestError:
+        raise
+    except Exception as exc:  # a 403 included: name the URI and the cause
+        raise StorageError(f"cannot list input {root}: {type(exc).__name__}: {exc}") from exc
+    local = root.startswith("file://")
+    level = [root_path]
+    stray: list[dict[str, Any]] = []
+    for depth in range(label_depth):
+        below: list[str] = []
+        for path in level:
+            try:
+                entries = _entries(fs, path, local)
+            except Exception as exc:
+                raise StorageError(f"cannot list {_uri(root, path)}: {exc}") from exc
+            for name, is_dir, info in entries:
+                if is_dir:
+                    below.append(name)
+                else:
+                    row = _row(root, root_path, info, label_depth, skip)
+                    if row["status"] == "ok":
+                        reject(row, f"no label: object is {depth} level(s) below the input prefix, "
+                                    f"labels are read at depth {label_depth}")
+                    stray.append(row)
+        level = below
+    return [_uri(root, p) for p in level], stray
+
+
+def _chain(root_path: str, path: str) -> frozenset[tuple[int, int]]:
+    """The identities of the local folders from ``root_path`` down to ``path``'s parent."""
+    if path.rstrip("/") == root_path.rstrip("/"):
+        return frozenset()  # the input itself (a flat lake listed whole): nothing above it
+    parts = path[len(root_path):].strip("/").split("/")
+    ancestors = [root_path] + [root_path.rstrip("/") + "/" + "/".join(parts[:i]) for i in range(1, len(parts))]
+    return frozenset(_ident(os.stat(a)) for a in ancestors)
+
+
+def _folder_loop(path: str, chain: frozenset[tuple[int, int]]) -> dict[str, Any] | None:
+    """The reject info of the local folder ``path`` if it is one of the folders above it (a
+    link to an ancestor), else None."""
+    if _ident(os.stat(path)) not in chain:
+        return None
+    target = os.readlink(path) if os.path.islink(path) else path
+    return {"name": path, "size": 0,
+            "reject": f"symlink loop: {path.rsplit('/', 1)[-1]} -> {target!r} leads back to a folder above it"}
+
+
+def _list_local(root_path: str, path: str) -> list[dict[str, Any]]:
+    """``find -L path``, with the folders from ``root_path`` down to ``path`` as the loop chain."""
+    chain = _chain(root_path, path)
+    if (loop := _folder_loop(path, chain)) is not None:
+        return [loop]
+    return _walk_local(path, chain | {_ident(os.stat(path))})
+
+
+def list_prefix(root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> list[dict[str, Any]]:
+    """Every object below one class prefix (recursive), as manifest rows (skipped ones too,
+    with ``status`` ``skipped``)."""
+    root = storage.normalize(root)
+    fs, root_path = storage.filesystem(root)
+    _, path = storage.filesystem(prefix)
+    try:
+        if root.startswith("file://"):
+            found = _list_local(root_path, path)
+        else:
+            found = [info for _, info in sorted(fs.find(path, detail=True, withdirs=False).items())]
+    except Exception as exc:
+        raise StorageError(f"cannot list {prefix}: {exc}") from exc
+    rows = [_row(root, root_path, info, label_depth, skip) for info in found]
+    if not rows:
+        log.warning("class prefix %s holds no objects; it is not a class", prefix)
+    return rows
+
+
+def _inspect(row: dict[str, Any], sniff: bool = True) -> dict[str, Any]:
+    if row["status"] != "ok":
+        return row
+    if row["size"] == 0:
+        if row["etag"] is None:
+            row["etag"] = hashlib.md5(b"", usedforsecurity=False).hexdigest()  # what S3 gives
+        return reject(row, "empty object (0 bytes)")
+    s3 = row["uri"].startswith("s3://")
+    # Local files carry no ETag: the MD5 of the whole content is what S3 would give. A
+    # multipart upload's ETag ('<md5 of the parts' md5s>-<parts>') does not identify the
+    # content, so such an object is read whole to hash it.
+    multipart = s3 and "-" in (row["etag"] or "")
+    if not sniff:  # nothing is read: S3's ETag (an MD5 unless multipart) is all that identifies content
+        row["content"] = row["etag"] if s3 and not multipart else None
+        return row
+    data = storage.read_listed(row["uri"], end=SNIFF_BYTES if s3 and not multipart else None)
+    if isinstance(data, str):
+        return reject(row, data)
+    if not s3:
+        row["etag"] = hashlib.md5(data, usedforsecurity=False).hexdigest()
+    row["content"] = hashlib.md5(data, usedforsecurity=False).hexdigest() if multipart else row["etag"]
+    head = data[:SNIFF_BYTES]
+    fmt = sniff_format(head)
+    if fmt is None:
+        return reject(row, f"not an image: content starts with {head[:8]!r}, no known image signature")
+    if fmt in UNSUPPORTED_FORMATS:
+        return reject(row, f"unsupported format: {fmt} ({UNSUPPORTED_FORMATS[fmt]})")
+    row["format"] = fmt
+    return row
+
+
+def inspect_objects(rows: Iterable[dict[str, Any]], *, sniff: bool = True) -> list[dict[str, Any]]:
+    """Read the first bytes of each object (all bytes of a local one, to hash it) and reject
+    what is empty, unreadable or not an image. Runs inside an executor. With ``sniff`` off
+    nothing is read: only empty objects (by their listed size) are rejected, ``format`` stays
+    None, and a local object gets no ETag (the shard job then checks its size only)."""
+    rows = list(rows)
+    inspect = partial(_inspect, sniff=sniff)
+    if len(rows) <= 1 or not sniff:
+        return [inspect(r) for r in rows]
+    with ThreadPoolExecutor(max_workers=min(_IO_THREADS, len(rows))) as pool:
+        return list(pool.map(inspect, rows))

@@ -1,0 +1,224 @@
+"""Listing a lake in balanced tasks: no task lists more than ``task_objects`` objects.
+
+:func:`list_lake` starts with one unit per class prefix (a :class:`ListUnit`), a few units a
+task (at most four tasks per core: a thousand classes are not a thousand tasks, each an engine
+task to schedule and a part file to write). A task lists its units in key order; once it has
+listed ``task_objects`` objects it stops and hands back, as new units, everything it has not
+listed, cut into pieces the next round runs in parallel. The driver holds only units (a few per
+task), never a key it did not get as a row:
+
+- **Local**: a unit is a folder and a range of its entry names (``after < name <= upto``,
+  sorted, each entry walked recursively). A task that stops hands back, for each folder it is
+  inside, the rest of its entries in ranges of at most ``task_objects`` names (reading a
+  folder's names is one cheap call; only the entries in a task's range are stat'ed).
+- **S3**: a unit is a key prefix (any string, not only a folder) and a ``StartAfter`` key:
+  ListObjectsV2's own order. A task that stops after key ``L`` finds what is left by seeking
+  (``StartAfter``, ``MaxKeys=1``: one request per unit made) and hands back the smallest key
+  prefixes that hold every remaining key and no listed one: one more delimiter level where
+  there are sub-folders, a key range (the next character) where the prefix is flat.
+
+Rows are the ones :func:`jobs.manifest_steps.listing.list_prefix` makes (same keys, labels, sizes, ETags;
+links, loops, hidden and excluded objects alike): only who lists which key changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from jobs.common.engines import Engine
+from jobs.manifest_steps.listing import _NO_SKIP, Skip, _chain, _folder_loop, _ident, _local_entry, _row, _uri
+from lakeshard import storage
+from lakeshard.errors import StorageError
+
+__all__ = ["ListUnit", "list_lake", "list_units"]
+
+log = logging.getLogger(__name__)
+
+#: The largest code point: ``prefix + _LAST`` sorts after every key starting with ``prefix``
+#: (but a key holding U+10FFFF right after it, which :func:`_rest_of` still lists once).
+_LAST = "\U0010ffff"
+_PAGE = 1000  # ListObjectsV2's largest page
+
+
+@dataclass(frozen=True, slots=True)
+class ListUnit:
+    """A piece of a class prefix one task lists.
+
+    Local: ``uri`` is a folder, and its entries named in ``(after, upto]`` (None: no bound)
+    are listed recursively. S3: ``uri`` is ``s3://bucket/<key prefix>`` and the keys starting
+    with that prefix and greater than ``after`` (a whole key) are listed; ``upto`` is None.
+    """
+
+    uri: str
+    after: str | None = None
+    upto: str | None = None
+
+    def sort_key(self) -> tuple[str, str, str]:
+        return self.uri, self.after or "", self.upto or ""
+
+
+def _chunks(path: str, names: Sequence[str], start: int, after: str | None, size: int) -> list[ListUnit]:
+    """``names[start:]`` of the local folder ``path`` as units of at most ``size`` names."""
+    units = []
+    for s in range(start, len(names), size):
+        e = min(s + size, len(names))
+        units.append(ListUnit(_uri("file://", path), after=names[s - 1] if s > 0 else after, upto=names[e - 1]))
+    return units
+
+
+def _names(path: str, after: str | None, upto: str | None) -> list[str]:
+    return [n for n in sorted(os.listdir(path)) if (after is None or n > after) and (upto is None or n <= upto)]
+
+
+@dataclass(slots=True)
+class _Frame:
+    """A local folder being walked: its entry names (in range), the next one, the lower bound
+    of the range and the loop chain of the folders above its entries."""
+
+    path: str
+    chain: frozenset[tuple[int, int]]
+    names: list[str]
+    after: str | None = None
+    next: int = 0
+
+    def rest(self, size: int) -> list[ListUnit]:
+        return _chunks(self.path, self.names, self.next, self.after, size)
+
+
+def _list_local_unit(root_path: str, unit: ListUnit, budget: int) -> tuple[list[dict[str, Any]], list[ListUnit]]:
+    """The infos of ``unit``'s objects (at most ``budget``) and the units of what is left."""
+    path = storage.filesystem(unit.uri)[1]
+    chain = _chain(root_path, path)
+    if unit.after is None and unit.upto is None and (loop := _folder_loop(path, chain)) is not None:
+        return [loop], []
+    frames = [_Frame(path, chain | {_ident(os.stat(path))}, _names(path, unit.after, unit.upto), unit.after)]
+    infos: list[dict[str, Any]] = []
+    while frames:
+        frame = frames[-1]
+        if frame.next == len(frame.names):
+            frames.pop()
+            continue
+        if len(infos) >= budget:
+            return infos, [u for f in frames for u in f.rest(budget)]
+        name = frame.names[frame.next]
+        frame.next += 1
+        full, ident, info = _local_entry(frame.path, name, frame.chain)
+        if ident is None:
+            infos.append(info)
+        else:
+            frames.append(_Frame(full, frame.chain | {ident}, sorted(os.listdir(full))))
+    return infos, []
+
+
+def _s3_info(bucket: str, c: dict[str, Any]) -> dict[str, Any]:
+    return {"name": f"{bucket}/{c['Key']}", "size": c["Size"], "ETag": c.get("ETag"), "LastModified": c.get("LastModified")}
+
+
+def _common(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _rest_of(fs: Any, bucket: str, prefix: str, last: str) -> list[ListUnit]:
+    """The smallest key prefixes under ``prefix`` that together hold every key after ``last``
+    (and none before): found by seeking, one request per prefix and one more."""
+    units: list[ListUnit] = []
+    pos = last
+    while True:
+        page = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, StartAfter=pos, MaxKeys=1, **fs.req_kw)
+        if not page.get("Contents"):
+            return units
+        key = page["Contents"][0]["Key"]
+        node = key[:_common(key, last) + 1]
+        if not units or units[-1].uri != f"s3://{bucket}/{node}":
+            units.append(ListUnit(f"s3://{bucket}/{node}"))
+        pos = max(node + _LAST, key)
+
+
+def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> tuple[list[dict[str, Any]], list[ListUnit]]:
+    bucket, _, prefix = unit.uri[len("s3://"):].partition("/")
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, **fs.req_kw}
+    if unit.after is not None:
+        kwargs["StartAfter"] = unit.after
+    infos: list[dict[str, Any]] = []
+    while True:
+        page = fs.call_s3("list_objects_v2", MaxKeys=min(_PAGE, budget - len(infos)), **kwargs)
+        infos += [_s3_info(bucket, c) for c in page.get("Contents", [])]
+        if not page.get("IsTruncated"):
+            return infos, []
+        if len(infos) >= budget:
+            return infos, _rest_of(fs, bucket, prefix, infos[-1]["name"][len(bucket) + 1:])
+        kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def list_units(units: list[ListUnit], *, root: str, label_depth: int, skip: Skip,
+               budget: int) -> list[dict[str, Any] | ListUnit]:
+    """List ``units`` in order until ``budget`` objects are listed; return their rows and the
+    units left (those not started, and the rest of the one that reached the budget). Runs
+    inside an executor."""
+    root = storage.normalize(root)
+    fs, root_path = storage.filesystem(root)
+    out: list[dict[str, Any] | ListUnit] = []
+    listed = 0
+    for n, unit in enumerate(units):
+        if listed >= budget:
+            out += units[n:]
+            break
+        try:
+            if root.startswith("file://"):
+                infos, rest = _list_local_unit(root_path, unit, budget - listed)
+            else:
+                infos, rest = _list_s3_unit(fs, unit, budget - listed)
+        except Exception as exc:
+            raise StorageError(f"cannot list {unit.uri}: {type(exc).__name__}: {exc}") from exc
+        listed += len(infos)
+        out += [_row(root, root_path, info, label_depth, skip) for info in infos]
+        out += rest
+        if not infos and not rest and unit.after is None and unit.upto is None:
+            log.warning("prefix %s holds no objects", unit.uri)
+    return out
+
+
+def _first_units(root: str, prefixes: Sequence[str]) -> list[ListUnit]:
+    """One unit per class prefix (on S3 the prefix ends with '/': ``cat`` is not ``catfish``)."""
+    s3 = storage.normalize(root).startswith("s3://")
+    return [ListUnit(p.rstrip("/") + "/" if s3 else p) for p in prefixes]
+
+
+def list_lake(engine: Engine, root: str, prefixes: Sequence[str], *, label_depth: int = 1, skip: Skip = _NO_SKIP,
+              task_objects: int = 100_000, stage: Callable[[Callable[[list[Any]], list[Any]]], Callable[[list[Any]], list[Any]]]
+              | None = None) -> list[Any]:  # fmt: skip
+    """Every object below the class ``prefixes`` (from :func:`jobs.manifest_steps.listing.discover`), as
+    rows, listed in rounds of tasks that each list at most ``task_objects`` objects.
+
+    ``stage`` wraps each round's task (the manifest job stages the rows on the worker and hands
+    back a part instead); the result is then what the wrapped tasks return, the work left for
+    the next round (``ListUnit``) aside."""
+    task: Callable[[list[ListUnit]], list[Any]] = partial(
+        list_units, root=storage.normalize(root), label_depth=label_depth, skip=skip, budget=task_objects)
+    if stage is not None:
+        task = stage(task)
+    units = _first_units(root, prefixes)
+    results: list[Any] = []
+    rounds = tasks = 0
+    while units:
+        # Round 1: the class prefixes; later rounds: the pieces of large prefixes. At most a
+        # few tasks per core (a task lists its units in turn, up to its budget).
+        parts = min(len(units), 4 * engine.parallelism)
+        out = engine.map_partitions(task, units, partitions=parts)
+        results += [r for r in out if not isinstance(r, ListUnit)]
+        units = sorted((u for u in out if isinstance(u, ListUnit)), key=ListUnit.sort_key)
+        rounds, tasks = rounds + 1, tasks + parts
+        if units:
+            log.info("listing round %d done; %d pieces of large prefixes left", rounds, len(units))
+    log.info("listed %d class prefixes in %d task(s), %d round(s)", len(prefixes), tasks, rounds)
+    return results

@@ -1,0 +1,280 @@
+"""The manifest job's worker tasks: rows stay on the workers, each task returns aggregates.
+
+Four passes of ``Engine.map_partitions`` (``docs/design/0011-distributed-manifest.md``), each
+writing Parquet parts for the next under the staging folder, and a fifth when there are
+duplicates:
+
+1. :func:`stage_listing` (one item per class prefix): list, write the rows; return counts.
+2. :func:`inspect_task` (one item per slice of the listed rows): read each object's first
+   bytes, write the rows bucketed by content hash.
+3. :func:`content_task` (one item per content bucket: every object of identical content is in
+   one): ``--dedupe``, mark duplicate groups, write the rows bucketed by class part; return
+   per-class counts and reject reasons, from which the driver checks ``--min-per-class``.
+4. :func:`class_task` (one item per class part: every row of a class is in one): split
+   group-wise, write the manifest tables' part; return per-class fingerprints.
+5. :func:`duplicates_task` (content buckets with duplicates): the duplicate-group report.
+
+The result is the manifest :func:`jobs.manifest_steps.catalog.build_manifest` builds from the same rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from jobs.manifest_steps.catalog import dedupe_rows, fingerprint_line, reason_kind, same_content
+from jobs.manifest_steps.listing import inspect_objects
+from jobs.manifest_steps.split import ALGORITHMS
+from lakeshard import storage
+from lakeshard.errors import StorageError
+from lakeshard.format import MANIFEST_SCHEMA, manifest_part_uri, sagemaker_part_uri
+from lakeshard.format.manifest_table import hash_bucket, label_part, read_part, table_rows, write_part
+
+__all__ = [
+    "EXAMPLES",
+    "STAGED_SCHEMA",
+    "ListedPart",
+    "Plan",
+    "assign_channels",
+    "class_task",
+    "content_task",
+    "duplicates_report",
+    "duplicates_task",
+    "inspect_rows",
+    "inspect_task",
+    "read_staged",
+    "skip_kind",
+    "stage_listing",
+    "write_staged",
+]
+
+#: How many examples (skipped objects, duplicate groups) the summary keeps.
+EXAMPLES = 5
+
+#: Staged rows: the manifest columns, the content hash, whether the row is an accepted object
+#: in a group of identical content, the channel ``--labels`` pins it to (None: the split's),
+#: whether its header read was taken from ``--base`` (so the read is skipped) and its channel
+#: in the base (None: not accepted there; :mod:`jobs.manifest_steps.base`).
+STAGED_SCHEMA = pa.schema([*MANIFEST_SCHEMA, pa.field("content", pa.string()), pa.field("duplicate", pa.bool_()),
+                           pa.field("pin", pa.string()), pa.field("reused", pa.bool_()),
+                           pa.field("base_channel", pa.string())])
+_DUPLICATE_SCHEMA = pa.schema([(n, pa.string()) for n in ("content", "key", "label", "channel")])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every task of a run needs (small: no rows)."""
+
+    out: str
+    staging: str
+    content_buckets: int
+    parts: int
+    split: dict[str, float]
+    seed: int
+    split_method: str
+    dedupe: bool
+    labels: dict[str, int] = field(default_factory=dict)
+    #: Read each object's first bytes (``--sniff``); off: rows are inspected by their listing only.
+    sniff: bool = True
+
+    def folder(self, stage: str, bucket: int) -> str:
+        return storage.join(self.staging, stage, f"b={bucket:05d}")
+
+
+def skip_kind(reason: str) -> str:
+    """"hidden" (their names vary without bound, as '._*' files do) or "excluded: --exclude GLOB"."""
+    return reason if reason.startswith("excluded") else reason.split(":")[0]
+
+
+def write_staged(rows: Sequence[dict[str, Any]], uri: str) -> None:
+    """Stage ``rows`` at ``uri`` (not fsynced: a rerun removes the staging folder and stages anew)."""
+    write_part(uri, pa.Table.from_pylist(list(rows), schema=STAGED_SCHEMA), durable=False)
+
+
+def read_staged(folder: str) -> list[dict[str, Any]]:
+    """Every staged row under ``folder``, sorted by key ([] if nothing was staged there)."""
+    fs, path = storage.filesystem(folder)
+    try:
+        names = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+    except FileNotFoundError:
+        return []
+    except Exception as exc:
+        raise StorageError(f"cannot list {folder}: {type(exc).__name__}: {exc}") from exc
+    prefix = "s3://" if folder.startswith("s3://") else "file://"
+    rows = [r for name in names for r in table_rows(read_part(prefix + name))]
+    return sorted(rows, key=lambda r: r["key"])
+
+
+def _by_bucket(rows: Sequence[dict[str, Any]], bucket_of: Any) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        out[bucket_of(r)].append(r)
+    return out
+
+
+@dataclass(frozen=True)
+class ListedPart:
+    """What a listing task hands back for the rows it staged (not a dict: a row never is one
+    of these, so a listing loop that collects dict rows passes it by)."""
+
+    uri: str
+    rows: int
+    skipped: dict[str, int]
+    skipped_examples: list[tuple[str, str]]
+    #: The distinct labels of the staged rows (from their keys; ``None`` above the label level).
+    labels: tuple[str, ...] = ()
+
+
+def stage_listing(items: list[Any], *, produce: Callable[[list[Any]], list[Any]], staging: str) -> list[Any]:
+    """Run the listing task ``produce`` on ``items`` and stage the rows it makes (dicts) in one
+    part; return a :class:`ListedPart` for them, then whatever else ``produce`` returned (work
+    left for another round, say). Any listing (prefixes, balanced pieces, inventory files)
+    becomes a pass that keeps its rows on the workers."""
+    out = produce(items)
+    rows = [r for r in out if isinstance(r, dict)]
+    kept = [r for r in rows if r["status"] != "skipped"]
+    skipped = sorted((r["key"], r["reason"]) for r in rows if r["status"] == "skipped")
+    name = hashlib.blake2b(repr(items).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    uri = storage.join(staging, "listed", f"part-{name}.parquet")
+    write_staged(kept, uri)
+    part = ListedPart(uri=uri, rows=len(kept), skipped=dict(Counter(skip_kind(reason) for _, reason in skipped)),
+                      skipped_examples=skipped[:EXAMPLES],
+                      labels=tuple(sorted({r["label"] for r in kept if r["label"] is not None})))  # fmt: skip
+    return [part, *(r for r in out if not isinstance(r, dict))]
+
+
+def _content_bucket(row: Mapping[str, Any], buckets: int) -> int:
+    return hash_bucket(row.get("content") or "key:" + row["key"], buckets)
+
+
+def inspect_task(items: list[tuple[str, int, int]], *, plan: Plan) -> list[int]:
+    """Inspect the listed rows ``items`` (``(part URI, start, stop)``) but those whose
+    inspection ``--base`` gave (``reused``); stage them by content bucket. Returns the number
+    of rows."""
+    rows = [r for uri, start, stop in items for r in table_rows(read_part(uri).slice(start, stop - start))]
+    uri, start, _ = items[0]
+    inspect_rows(rows, f"part-{uri.rsplit('/', 1)[-1].split('.')[0].split('-')[-1]}-{start:09d}.parquet", plan=plan)
+    return [len(rows)]
+
+
+def inspect_rows(rows: list[dict[str, Any]], name: str, *, plan: Plan) -> None:
+    """Inspect ``rows`` but those whose inspection ``--base`` gave (``reused``); stage them by
+    content bucket, in a file ``name`` of each bucket's folder."""
+    inspected = [r for r in rows if r.get("reused")] + inspect_objects([r for r in rows if not r.get("reused")], sniff=plan.sniff)
+    for bucket, mine in _by_bucket(inspected, lambda r: _content_bucket(r, plan.content_buckets)).items():
+        write_staged(mine, storage.join(plan.folder("inspected", bucket), name))
+
+
+def assign_channels(ok: Sequence[dict[str, Any]], plan: Plan) -> list[str]:
+    """The channel of each accepted row of ``ok``: its ``pin`` (``--labels``' channel column)
+    if it has one, else the split's (the split sees the unpinned rows only)."""
+    free = [r for r in ok if not r.get("pin")]
+    split = iter(ALGORITHMS[plan.split_method]([r["key"] for r in free], [r["label"] for r in free], plan.split, plan.seed))
+    return [r.get("pin") or next(split) for r in ok]
+
+
+def _channel_counts(ok: Sequence[dict[str, Any]], plan: Plan, *, pinned_only: bool) -> dict[str, dict[str, int]]:
+    """``{label: {channel: n}}`` of ``ok``: of every row under a per-row split (the ``hash``
+    split), of the pinned rows only for a split that needs the whole class (the others'
+    counts follow from the class size)."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(plan.split, 0))
+    rows = [r for r in ok if r.get("pin")] if pinned_only else ok
+    for r, channel in zip(rows, assign_channels(rows, plan)):
+        counts[r["label"]][channel] += 1
+    return dict(counts)
+
+
+def content_task(buckets: list[int], *, plan: Plan) -> list[dict[str, Any]]:
+    """For each content bucket: with ``dedupe``, reject all but the first key of each group of
+    identical content (as :func:`jobs.manifest_steps.catalog.build_manifest` does); mark the accepted rows in
+    groups; stage the rows by class part. Returns per-bucket aggregates."""
+    out = []
+    for bucket in buckets:
+        rows = read_staged(plan.folder("inspected", bucket))
+        removed = dedupe_rows([r for r in rows if r["status"] == "ok"]) if plan.dedupe else 0
+        ok = [r for r in rows if r["status"] == "ok"]
+        groups = same_content(ok)
+        for r in (r for g in groups for r in g):
+            r["duplicate"] = True
+        for part, mine in _by_bucket(rows, lambda r: label_part(r["label"], plan.parts)).items():
+            write_staged(mine, storage.join(plan.folder("classes", part), f"part-{bucket:05d}.parquet"))
+        out.append({"listed": len(rows), "ok": dict(Counter(r["label"] for r in ok)),
+                    "channels": _channel_counts(ok, plan, pinned_only=plan.split_method != "hash"),
+                    "pinned": dict(Counter(r["label"] for r in ok if r.get("pin"))), "removed": removed, "duplicate_groups": len(groups),
+                    "reasons": dict(Counter(reason_kind(r["reason"]) for r in rows if r["status"] != "ok"))})
+    return out
+
+
+def _write_tables(plan: Plan, part: int, rows: list[dict[str, Any]]) -> None:
+    """Part ``part`` of every manifest table, and of each channel's SageMaker manifest."""
+    def write(table: str, mine: list[dict[str, Any]]) -> None:
+        write_part(manifest_part_uri(plan.out, table, part, plan.parts), pa.Table.from_pylist(mine, schema=MANIFEST_SCHEMA))
+
+    write("all", rows)
+    write("rejects", [r for r in rows if r["status"] != "ok"])
+    for channel in plan.split:
+        mine = [r for r in rows if r["channel"] == channel and r["status"] == "ok"]
+        write(channel, mine)
+        lines = "".join(json.dumps({"source-ref": r["uri"]}) + "\n" for r in mine)
+        storage.write_bytes_atomic(sagemaker_part_uri(plan.out, channel, part, plan.parts), lines.encode())
+
+
+def class_task(parts: list[int], *, plan: Plan) -> list[dict[str, Any]]:
+    """For each class part: split its accepted rows (each class is whole here, so a stratified
+    split ranks each class's rows group-wise), write the part of every manifest table, stage
+    the rows of duplicate groups by content bucket. Returns per-class counts and fingerprints,
+    and the rows whose channel differs from their ``--base`` channel (count, first few)."""
+    out = []
+    for part in parts:
+        rows = read_staged(plan.folder("classes", part))
+        ok = [r for r in rows if r["status"] == "ok"]
+        channels = assign_channels(ok, plan)
+        hashes: dict[str, Any] = defaultdict(hashlib.sha256)
+        counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(plan.split, 0))
+        for r, channel in zip(ok, channels):
+            r["channel"], r["label_index"] = channel, plan.labels[r["label"]]
+            hashes[r["label"]].update(fingerprint_line(r, channel))
+            counts[r["label"]][channel] += 1
+        moved = [r for r in ok if r.get("base_channel") and r["base_channel"] != r["channel"]]
+        _write_tables(plan, part, rows)
+        duplicates = [r for r in ok if r["duplicate"]]
+        for bucket, mine in _by_bucket(duplicates, lambda r: _content_bucket(r, plan.content_buckets)).items():
+            table = pa.Table.from_pylist(mine, schema=_DUPLICATE_SCHEMA)
+            write_part(storage.join(plan.folder("duplicates", bucket), f"part-{part:05d}.parquet"), table, durable=False)
+        out.append({"counts": dict(counts), "fingerprints": {label: h.hexdigest() for label, h in hashes.items()},
+                    "moved": len(moved),
+                    "moved_examples": [{"key": r["key"], "from": r["base_channel"], "to": r["channel"]}
+                                       for r in moved[:EXAMPLES]]})
+    return out
+
+
+def duplicates_task(buckets: list[int], *, plan: Plan) -> list[dict[str, Any]]:
+    """The groups of identical accepted content in ``buckets``: counts, and the first
+    :data:`EXAMPLES` groups by first key, of all and of those that span channels."""
+    out = []
+    for bucket in buckets:
+        groups = same_content(read_staged(plan.folder("duplicates", bucket)))
+        leaks = [g for g in groups if len({r["channel"] for r in g}) > 1]
+
+        def examples(gs: list[list[dict[str, Any]]]) -> list[dict[str, str]]:
+            return [{r["key"]: r["channel"] for r in g} for g in sorted(gs, key=lambda g: g[0]["key"])[:EXAMPLES]]
+
+        out.append({"groups": len(groups), "objects": sum(len(g) for g in groups), "across_channels": len(leaks),
+                    "across_labels": sum(len({r["label"] for r in g}) > 1 for g in groups),
+                    "leak_examples": examples(leaks), "group_examples": examples(groups)})
+    return out
+
+
+def duplicates_report(parts: Sequence[Mapping[str, Any]], removed: int) -> dict[str, Any]:
+    """:func:`duplicates_task`'s results merged: what ``_manifest.json`` says under ``duplicates``."""
+    leaks = sorted((e for p in parts for e in p["leak_examples"]), key=lambda e: next(iter(e)))
+    groups = sorted((e for p in parts for e in p["group_examples"]), key=lambda e: next(iter(e)))
+    return {**{k: sum(p[k] for p in parts) for k in ("groups", "objects", "across_channels", "across_labels")},
+            "examples": (leaks or groups)[:EXAMPLES], "removed": removed}
+

@@ -1,0 +1,444 @@
+"""Incremental builds (``--base``): take the preprocessed images of unchanged objects from a
+previous dataset's shards instead of fetching and decoding them again.
+
+A row's stored image depends only on its object's bytes and the image options, so a row whose
+object has the same URI, ETag and size as when the base dataset was built, under the same
+image options and preprocessing code (:func:`check_base` refuses any other base), has the image
+the base already stores, byte for byte. The base's shards do not record ETags: its manifest
+does (the one its ``dataset.json`` was built from, checked by fingerprint).
+
+The rows stay on the workers (``docs/design/0017-incremental-shards.md``); each side is staged
+by :func:`lakeshard.format.manifest_table.hash_bucket` of the URI, one file per staging task, sorted by
+bucket with a row group per bucket (a join task reads only its bucket's row groups):
+
+1. *stage*, in the plan's order pass (the same engine action): each base shard file ->
+   ``(uri, file, row)`` of its rows that are not pad copies (the ``uri`` and ``is_pad`` columns
+   only; :func:`stage`); each part of the base's channel manifests -> ``(uri, etag, size)``
+   (:func:`stage`); each order task, as it writes its shard's order file -> ``(uri, etag, size,
+   segment, pos)`` of its segments' rows, pad copies and spare rows included
+   (:func:`stage_order`).
+2. *join* (:func:`join`, a task per group of buckets): a segment row whose ``(uri, etag, size)``
+   is a base row's is a *match* ``(file, row, segment, pos)``, written sorted by base file.
+3. *scatter* (:func:`scatter`, a task per base shard file): check the file against the sha256
+   its ``dataset.json`` records (one sequential read), then read the matched rows' images, a
+   row group at a time, and write them as *runs* sorted by ``(segment, pos)``, a row group per
+   segment, a run each time :data:`_RUN_BYTES` of images are held.
+
+A damaged base shard lends no image: one whose sha256 differs (bytes flipped inside its images
+keep its size) or whose Parquet cannot be read is named in one warning, and its rows are
+fetched and decoded from the lake like new ones; the dataset is the one a build from scratch
+makes.
+
+Each preprocessing task then reads its segment's row groups of the runs
+(:func:`jobs.shard_steps.preprocess.reused_rows`) and fetches and decodes only the rows not there; the shards are made
+from there on exactly as without ``--base``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from jobs.common.tasks import row_group_starts
+from jobs.shard_steps.config import ShardConfig
+from jobs.shard_steps.preprocess import SegmentTask, read_where
+from jobs.shard_steps.staging import image_code, library_versions
+from lakeshard import storage
+from lakeshard.errors import DatasetError, ShardError
+from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_info
+from lakeshard.format.info import BaseRef, DatasetInfo
+from lakeshard.format.manifest_table import channel_parts, hash_bucket, read_part
+
+__all__ = ["Base", "BaseShard", "JoinTask", "Reuse", "ScatterTask", "StageTask", "check_base", "image_options", "join",
+           "plan_reuse", "reuse_images", "scatter", "stage", "stage_order"]
+
+log = logging.getLogger(__name__)
+
+#: Image bytes a scatter task holds before it writes them as a run.
+_RUN_BYTES = 128 << 20
+
+#: Rows per join bucket, at most (the buckets hold URIs and ETags, not images).
+_ROWS_PER_BUCKET = 500_000
+
+#: The library versions whose code makes an image's bytes (Pillow and its codecs; numpy for
+#: the 16-bit conversion).
+_IMAGE_LIBRARIES = ("pillow", "numpy")
+
+
+def image_options(*, size: int, resize: str, image_format: str, quality: int, max_pixels: int,
+                  code: str | None, versions: dict[str, str]) -> dict[str, Any]:
+    """Everything a stored image's bytes depend on besides its object, by the name of its
+    ``dataset.json`` field."""
+    return {"image.size": size, "image.resize": resize, "image.format": image_format, "image.quality": quality,
+            "image.max_pixels": max_pixels, "image.code": code,
+            **{f"versions.{name}": versions.get(name) for name in _IMAGE_LIBRARIES}}
+
+
+def _options_of(info: DatasetInfo) -> dict[str, Any]:
+    i = info.image
+    return image_options(size=i.size, resize=i.resize, image_format=i.format, quality=i.quality,
+                         max_pixels=i.max_pixels, code=i.code, versions=info.versions)
+
+
+def _options_now(cfg: ShardConfig) -> dict[str, Any]:
+    return image_options(size=cfg.image_size, resize=cfg.resize, image_format=cfg.image_format, quality=cfg.quality,
+                         max_pixels=cfg.max_image_pixels, code=image_code(), versions=library_versions())
+
+
+@dataclass(frozen=True, slots=True)
+class BaseShard:
+    """A shard file of the ``--base`` dataset, as its ``dataset.json`` describes it."""
+
+    uri: str
+    rows: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """A ``--base`` dataset, checked: its root, ``dataset.json``, every shard file and every part
+    of its channel manifests."""
+
+    root: str
+    info: DatasetInfo
+    shards: tuple[BaseShard, ...]
+    manifest_parts: tuple[str, ...]
+
+    def ref(self) -> BaseRef:
+        return BaseRef(root=self.root, dataset_version=self.info.dataset_version)
+
+
+def check_base(uri: str, cfg: ShardConfig) -> Base:
+    """The ``--base`` dataset at ``uri``, or an error naming it and what is wrong: no
+    ``dataset.json`` (not complete), another image option, library version or preprocessing
+    code (the option, its value there and here), a manifest rebuilt since its shards, a shard
+    file missing or of another size. Reads ``dataset.json``, the manifest marker and a listing
+    of each shard folder; no row."""
+    root = storage.normalize(uri)
+    try:
+        info = read_dataset_info(root)
+    except DatasetError as exc:
+        raise DatasetError(f"--base {root} is not a complete dataset, so none of its images can be reused: {exc}") from None
+    then, now = _options_of(info), _options_now(cfg)
+    if differ := [k for k in now if then[k] != now[k]]:
+        k = differ[0]
+        raise ShardError(
+            f"--base {root} was built with {k} {then[k]!r}, this build has {k} {now[k]!r}"
+            + (f" (and differs in {', '.join(differ[1:])})" if differ[1:] else "")
+            + (" (None: the base's dataset.json does not record it, it was built by an older lakeshard)"
+               if then[k] is None else "")
+            + ": its images are not the ones this build makes; build without --base, or with the base's options")
+    marker = manifest_marker_uri(root)
+    fingerprint = storage.read_json(marker).get("fingerprint") if storage.exists(marker) else None
+    if fingerprint != info.inputs.manifest_fingerprint:
+        raise DatasetError(f"--base {root}: its manifest ({marker}) is not the one its shards were built from "
+                           f"(fingerprint {fingerprint!r}, dataset.json says {info.inputs.manifest_fingerprint!r}); "
+                           "the ETags of its images are unknown, so none can be reused")
+    shards = [BaseShard(uri=uri, rows=rows, sha256=entry.sha256) for c in info.channels
+              for (uri, rows), entry in zip(channel_shards(root, info, c), info.channels[c].shards, strict=True)]
+    sizes = {storage.join(root, s.path): s.bytes for e in info.channels.values() for s in e.shards}
+    for folder in sorted({s.uri.rsplit("/", 1)[0] for s in shards}):
+        fs, path = storage.filesystem(folder)
+        try:
+            found = {p.rstrip("/").rsplit("/", 1)[-1]: d["size"] for p, d in fs.find(path, detail=True).items()}
+        except FileNotFoundError:
+            found = {}
+        for shard in shards:
+            u, name = shard.uri, shard.uri.rsplit("/", 1)[-1]
+            if u.rsplit("/", 1)[0] == folder and found.get(name) != sizes[u]:
+                raise DatasetError(f"--base {root} is incomplete: its shard {u} is "
+                                   + ("missing" if name not in found else f"{found[name]} bytes, dataset.json says {sizes[u]}"))
+    parts = [p for c in info.channels for p in channel_parts(root, c)]
+    return Base(root=root, info=info, shards=tuple(shards), manifest_parts=tuple(parts))
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """Where the pass stages its files (``folder``) and into how many URI buckets."""
+
+    folder: str
+    buckets: int
+
+    def staged(self, side: str, index: int) -> str:
+        return storage.join(self.folder, side, f"part-{index:05d}.parquet")
+
+    def matches(self, index: int) -> str:
+        return storage.join(self.folder, "matches", f"part-{index:05d}.parquet")
+
+    def run(self, file: int, index: int) -> str:
+        return storage.join(self.folder, "runs", f"file-{file:05d}-{index:03d}.parquet")
+
+
+def _write_grouped(uri: str, table: pa.Table, by: str) -> list[int]:
+    """Write ``table`` sorted by its int column ``by``, a row group per value; return the values.
+    Binary columns (images) are written as they are: no compression, dictionary or statistics
+    (JPEG bytes do not compress, and only ``by``'s statistics are ever read)."""
+    table = table.take(pc.sort_indices(table, sort_keys=[(by, "ascending")]))
+    values = table[by].to_numpy()
+    cuts = [0, *(np.flatnonzero(np.diff(values)) + 1).tolist(), len(values)]
+    fs, path = storage.filesystem(uri)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    sink = pa.BufferOutputStream()
+    plain = [f.name for f in table.schema if pa.types.is_binary(f.type)]
+    with pq.ParquetWriter(sink, table.schema, write_statistics=[by],
+                          compression={f.name: "NONE" if f.name in plain else "SNAPPY" for f in table.schema},
+                          use_dictionary=[f.name for f in table.schema if f.name not in plain]) as writer:
+        for a, b in pairwise(cuts):
+            if b > a:
+                writer.write_table(table.slice(a, b - a), row_group_size=b - a)
+    storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes(), durable=False)  # every run stages them anew
+    return sorted({int(v) for v in values})
+
+
+def _bucketed(uri: str, table: pa.Table, buckets: int) -> dict[str, Any]:
+    """Stage ``table`` (a ``uri`` column) by URI bucket at ``uri``."""
+    bucket = pa.array([hash_bucket(u, buckets) for u in table["uri"].to_pylist()], pa.int32())
+    _write_grouped(uri, table.append_column("bucket", bucket), "bucket")
+    return {"uri": uri, "rows": table.num_rows}
+
+
+@dataclass(frozen=True, slots=True)
+class StageTask:
+    """Stage one input of the base's side of the join by URI bucket (step 1): ``side`` is
+    ``shards`` (base shard ``source``, its index ``index``) or ``manifest`` (base manifest part
+    ``source``)."""
+
+    side: str
+    index: int
+    reuse: Reuse
+    source: str
+
+
+def stage(task: StageTask) -> dict[str, Any]:
+    """Run a :class:`StageTask`; returns the staged file, its rows and its side."""
+    out = task.reuse.staged(task.side, task.index)
+    if task.side == "shards":
+        fs, path = storage.filesystem(task.source)
+        try:
+            rows = pq.read_table(path, filesystem=fs, columns=["uri", "is_pad"])
+        except (pa.ArrowException, OSError) as exc:  # a damaged shard lends no image
+            return {"uri": out, "rows": 0, "side": task.side, "source": task.source,
+                    "damaged": f"cannot be read as Parquet ({type(exc).__name__}: {exc})"}
+        keep = pc.invert(rows["is_pad"])
+        table = pa.table({"uri": rows["uri"], "file": pa.array(np.full(rows.num_rows, task.index, np.int32)),
+                          "row": pa.array(np.arange(rows.num_rows, dtype=np.int64))}).filter(keep)
+    else:
+        try:
+            table = read_part(task.source, ["uri", "etag", "size"])
+        except (DatasetError, pa.ArrowException, OSError) as exc:  # its rows' ETags are unknown: none is reused
+            return {"uri": out, "rows": 0, "side": task.side, "source": task.source,
+                    "damaged": f"cannot be read ({type(exc).__name__}: {exc})"}
+        table = table.filter(pc.is_valid(table["etag"]))
+    return {**_bucketed(out, table, task.reuse.buckets), "side": task.side}
+
+
+def stage_order(reuse: Reuse, rows: pa.Table, cuts: tuple[int, ...], segments: tuple[int, ...]) -> dict[str, Any]:
+    """Stage this build's side of the join for an order file (step 1): its ``rows``, in order,
+    cut at ``cuts`` into segments ``segments``, as ``(uri, etag, size, segment, pos)``, ``pos``
+    a row's position in its segment, rows without an ETag left out. Returns the staged file
+    (named after the first segment), its rows and its side, ``current``."""
+    out = reuse.staged("current", segments[0])
+    if not rows.num_rows:
+        return {"uri": out, "rows": 0, "side": "current"}
+    position = np.arange(rows.num_rows, dtype=np.int64)
+    which = np.searchsorted(np.asarray(cuts[1:-1], np.int64), position, side="right")
+    table = pa.table({"uri": rows["uri"], "etag": rows["etag"], "size": rows["size"],
+                      "segment": pa.array(np.asarray(segments, np.int32)[which]),
+                      "pos": pa.array(position - np.asarray(cuts, np.int64)[which])})
+    table = table.filter(pc.is_valid(table["etag"]))
+    if not table.num_rows:
+        return {"uri": out, "rows": 0, "side": "current"}
+    return {**_bucketed(out, table, reuse.buckets), "side": "current"}
+
+
+@dataclass(frozen=True, slots=True)
+class JoinTask:
+    """Join the staged sides of ``buckets`` (step 2) and write the matches to ``uri``."""
+
+    buckets: tuple[int, ...]
+    uri: str
+    shards: tuple[str, ...]
+    manifest: tuple[str, ...]
+    current: tuple[str, ...]
+    #: Segments not to match (an interrupted run of this job finished them).
+    skip: tuple[int, ...] = ()
+
+
+def _first_per_uri(table: pa.Table) -> pa.Table:
+    """One row per URI (the first by file and row): a base holds each object once, but never trust that."""
+    table = table.take(pc.sort_indices(table, sort_keys=[("uri", "ascending"), ("file", "ascending"), ("row", "ascending")]))
+    uris = table["uri"].to_pylist()
+    return table.take(pa.array([i for i, u in enumerate(uris) if i == 0 or uris[i - 1] != u], pa.int64()))
+
+
+def join(task: JoinTask) -> dict[str, Any]:
+    """Run a :class:`JoinTask`; returns the matches file, its rows and the base files they name."""
+    pieces = []
+    for b in task.buckets:
+        current = read_where(task.current, "bucket", b, ["uri", "etag", "size", "segment", "pos"])
+        if task.skip:
+            current = current.filter(pc.invert(pc.is_in(current["segment"], pa.array(task.skip, pa.int32()))))
+        if not current.num_rows or not task.shards or not task.manifest:
+            continue
+        shards = _first_per_uri(read_where(task.shards, "bucket", b, ["uri", "file", "row"]))
+        manifest = read_where(task.manifest, "bucket", b, ["uri", "etag", "size"])
+        base = shards.join(manifest, keys="uri", join_type="inner")
+        pieces.append(current.join(base, keys=["uri", "etag", "size"], join_type="inner")
+                      .select(["uri", "file", "row", "segment", "pos"]))
+    if not pieces or not sum(p.num_rows for p in pieces):
+        return {"uri": None, "rows": 0, "files": []}
+    matches = pa.concat_tables(pieces)
+    return {"uri": task.uri, "rows": matches.num_rows, "files": _write_grouped(task.uri, matches, "file")}
+
+
+@dataclass(frozen=True, slots=True)
+class ScatterTask:
+    """Copy the matched images of base shard ``source`` (index ``file``) into runs (step 3),
+    once the file's bytes hash to ``sha256``."""
+
+    file: int
+    source: str
+    sha256: str
+    matches: tuple[str, ...]
+    reuse: Reuse
+
+
+@dataclass(frozen=True, slots=True)
+class Scattered:
+    """What a :class:`ScatterTask` copied: its runs as ``(uri, segment ids)`` pairs and the
+    images they hold; or, for a damaged base shard, no run and why (``damaged``)."""
+
+    file: int
+    runs: tuple[tuple[str, tuple[int, ...]], ...]
+    images: int
+    damaged: str | None = None
+
+
+_HASH_CHUNK = 8 << 20
+
+
+def _damage(source: str, sha256: str) -> str | None:
+    """Why the base shard file ``source`` cannot lend its images (its bytes do not hash to
+    ``sha256``, as ``dataset.json`` says they do), or None."""
+    fs, path = storage.filesystem(source)
+    digest = hashlib.sha256()
+    try:
+        with fs.open(path, "rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK):
+                digest.update(chunk)
+    except OSError as exc:
+        return f"cannot be read: {type(exc).__name__}: {exc}"
+    if digest.hexdigest() != sha256:
+        return f"its sha256 is {digest.hexdigest()[:16]}..., dataset.json says {sha256[:16]}... (damaged since it was built)"
+    return None
+
+
+def scatter(task: ScatterTask) -> Scattered:
+    """Run a :class:`ScatterTask`: check the base shard's sha256 (a sequential read of the whole
+    file: a damaged image must never be copied into the new dataset), then copy the images."""
+    if (why := _damage(task.source, task.sha256)) is not None:
+        return Scattered(file=task.file, runs=(), images=0, damaged=why)
+    want = read_where(task.matches, "file", task.file, ["uri", "row", "segment", "pos"])
+    want = want.take(pc.sort_indices(want, sort_keys=[("row", "ascending")]))
+    rows = want["row"].to_numpy()
+    fs, path = storage.filesystem(task.source)
+    runs: list[tuple[str, list[int]]] = []
+    held: list[pa.Table] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal held, size
+        if held:
+            uri = task.reuse.run(task.file, len(runs))
+            runs.append((uri, _write_grouped(uri, pa.concat_tables(held), "segment")))
+        held, size = [], 0
+
+    with fs.open(path, "rb") as handle:
+        pf = pq.ParquetFile(handle)
+        starts = row_group_starts(pf)
+        groups = np.searchsorted(starts, rows, side="right") - 1
+        for g in np.unique(groups):
+            mine = np.flatnonzero(groups == g)
+            got = pf.read_row_group(int(g), columns=["uri", "image", "height", "width"]).take(
+                pa.array(rows[mine] - starts[g]))
+            expect = want["uri"].take(pa.array(mine))
+            if not got["uri"].equals(expect):
+                raise ShardError(f"--base shard {task.source} changed while it was read: row "
+                                 f"{int(rows[mine][0])} is not {expect[0].as_py()}")
+            piece = pa.table({"segment": want["segment"].take(pa.array(mine)), "pos": want["pos"].take(pa.array(mine)),
+                              "image": got["image"], "height": got["height"], "width": got["width"]})
+            held.append(piece)
+            size += piece.nbytes
+            if size >= _RUN_BYTES:
+                flush()
+    flush()
+    return Scattered(file=task.file, runs=tuple((u, tuple(seg)) for u, seg in runs), images=len(rows))
+
+
+Runner = Callable[[Callable[[Any], Any], list[Any], list[int], int], list[Any]]
+
+
+def plan_reuse(base: Base, rows: int, *, folder: str, slots: int) -> tuple[Reuse, list[StageTask], list[int]]:
+    """Where a build of ``rows`` rows on ``base`` stages its join (``folder``, emptied), the
+    tasks that stage the base's side (step 1; the plan's order pass runs them, and its order
+    tasks stage this build's side, :func:`stage_order`) and their sizes."""
+    storage.remove(folder, recursive=True)  # a killed run's files: every file read is named by a result
+    reuse = Reuse(folder=folder, buckets=max(slots, -(-rows // _ROWS_PER_BUCKET)))
+    items = [StageTask(side="shards", index=f, reuse=reuse, source=s.uri) for f, s in enumerate(base.shards)]
+    items += [StageTask(side="manifest", index=i, reuse=reuse, source=u) for i, u in enumerate(base.manifest_parts)]
+    return reuse, items, [s.rows for s in base.shards] + [1] * len(base.manifest_parts)
+
+
+def reuse_images(run: Runner, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask], *,
+                 skip: tuple[int, ...], cores: int) -> tuple[list[SegmentTask], int]:
+    """Find the rows of ``tasks`` whose images ``base`` holds (the join, step 2, of the files
+    ``staged`` in step 1: ``(side, uri, rows)`` each; segments ``skip`` left out) and copy
+    those images into runs on the workers (step 3); return the tasks, each naming the runs
+    that hold its rows' images (``reuse``), and how many rows were matched. ``run(fn, items,
+    sizes, slots)`` runs ``fn`` over ``items`` on the engine (:func:`jobs.shard._run`); the join
+    runs in a task per core at most (it reads URIs and ETags: more tasks cost more than they
+    share), and so does the copy of the images: its work per base file is known (the file's
+    rows), so a task per core shares it as well as more would, and each engine task costs
+    time to schedule."""
+    files = {side: tuple(sorted(r["uri"] for r in staged if r["side"] == side and r["rows"]))
+             for side in ("shards", "manifest", "current")}
+    if not tasks or not all(files.values()):
+        return tasks, 0
+    buckets = [list(range(reuse.buckets))[i::cores] for i in range(min(cores, reuse.buckets))]
+    joins = [JoinTask(buckets=tuple(b), uri=reuse.matches(i), shards=files["shards"], manifest=files["manifest"],
+                      current=files["current"], skip=skip) for i, b in enumerate(buckets)]
+    matched = [r for r in run(join, joins, [len(j.buckets) for j in joins], cores) if r["rows"]]
+    by_file: dict[int, list[str]] = {}
+    for r in matched:
+        for f in r["files"]:
+            by_file.setdefault(f, []).append(r["uri"])
+    scatters = [ScatterTask(file=f, source=base.shards[f].uri, sha256=base.shards[f].sha256, matches=tuple(m),
+                            reuse=reuse) for f, m in sorted(by_file.items())]
+    done: list[Scattered] = run(scatter, scatters, [base.shards[s.file].rows for s in scatters], cores)
+    _warn_damaged(base, staged, done)
+    runs_of: dict[int, list[str]] = {}
+    for d in done:
+        for uri, segments in d.runs:
+            for s in segments:
+                runs_of.setdefault(s, []).append(uri)
+    return [replace(t, reuse=tuple(runs_of.get(t.reuse_id, ()))) for t in tasks], sum(d.images for d in done)
+
+
+def _warn_damaged(base: Base, staged: list[dict[str, Any]], done: list[Scattered]) -> None:
+    """One warning per damaged base shard: those whose Parquet could not be read when staged
+    (they match no row) and those whose sha256 differs."""
+    damaged = [(r["source"], r["damaged"]) for r in staged if r.get("damaged")]
+    damaged += [(base.shards[d.file].uri, d.damaged) for d in done if d.damaged is not None]
+    for uri, why in damaged:
+        what = "manifest part" if "/manifests/" in uri else "shard"
+        log.warning("--base %s %s %s: none of its images is reused; its rows are fetched and decoded from the lake",
+                    what, uri, why)

@@ -1,0 +1,22 @@
+"""The example trainer: a small CNN (or your model) trained with DDP on a lakeshard dataset.
+
+    python -m loaders.train --dataset ./datasets/pets-v1 --epochs 5 --output runs/pets
+    torchrun --nproc_per_node=2 -m loaders.train --dataset ./datasets/pets-v1 --conf conf/train.yaml
+
+A user of the library needs none of this package: :class:`~loaders.ShardLoader` is the loader.
+This is a trainer to try a dataset out, and the reference of how the loader is used under DDP
+(checkpoints, elastic resume, preemption).
+
+| module | what it owns |
+|---|---|
+| :mod:`~loaders.train.loop` | ``main`` and ``train``: the training loop, evaluation, checkpoints |
+| :mod:`~loaders.train.checks` | every check made before the process group starts |
+| :mod:`~loaders.train.config` | :class:`TrainConfig`: the options (``conf/train.yaml``) |
+| :mod:`~loaders.train.model` | the small CNN and ``--model package.module:factory`` |
+| :mod:`~loaders.train.preemption` | SIGTERM / SIGUSR1: stop at an agreed step, checkpoint, exit 75 |
+"""
+
+from loaders.train.config import TrainConfig
+from loaders.train.loop import evaluate, main, train
+
+__all__ = ["TrainConfig", "evaluate", "main", "train"]

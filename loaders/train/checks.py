@@ -1,0 +1,209 @@
+"""What ``python -m loaders.train`` checks before any work, on every rank and before the process
+group starts, so that all ranks fail alike with one error line: the options against the world
+size, the dataset, the checkpoint to resume from (the same model, optimiser and global batch),
+the model (it fits the data: :func:`loaders.train.model.check_model`) and the output (it can be
+written). :func:`prepare` returns what it found as a :class:`TrainPlan`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lakeshard import format as contract
+from lakeshard import storage
+from lakeshard.errors import ConfigError, DatasetError, LoaderError, PlatformError, StorageError
+from loaders.state import last_leg
+from loaders.train.config import TrainConfig
+from loaders.train.model import build_model, check_model, describe, load_weights
+
+__all__ = ["EVAL_CHANNELS", "TrainPlan", "prepare"]
+
+#: The channels evaluated when the dataset has them: validation after each epoch, test at the end.
+EVAL_CHANNELS = ("validation", "test")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainPlan:
+    """What :func:`prepare` checked before any expensive work, for :func:`loaders.train.train` to use."""
+
+    per_rank_batch: int
+    num_classes: int
+    image_size: int
+    class_names: tuple[str, ...]  # by label index
+    model: nn.Module  # built (seeded) on the CPU, so a bad --model fails before any other work
+    skipped: dict[str, str]  # evaluation channel -> why it is skipped
+    checkpoint_uri: str
+    metrics_uri: str
+    resume_uri: str | None  # the checkpoint to resume from, None for a fresh run
+    checkpoint: dict[str, Any] | None  # its contents
+
+
+def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
+    """Check the options against the world size, the dataset and the checkpoint; raise a
+    :class:`PlatformError` naming the bad value. Reads ``dataset.json`` and the checkpoint only:
+    every rank runs it before the process group starts, and fails alike."""
+    if not cfg.dataset:
+        raise ConfigError("TrainConfig.dataset is required")
+    output = storage.normalize(cfg.output)
+    checkpoint_uri = storage.join(output, "checkpoint.pt")
+    resume_uri, checkpoint = _find_checkpoint(cfg, checkpoint_uri)
+    if checkpoint is not None:
+        _check_resumed_options(cfg, resume_uri, checkpoint)
+        _check_resumed_batch(cfg, world_size, resume_uri, checkpoint)
+    if cfg.batch_size % world_size:
+        raise ConfigError(
+            f"batch_size {cfg.batch_size} (global) is not divisible by the world size {world_size}: "
+            f"each rank would get {cfg.batch_size / world_size:g} rows; pass a --batch-size that is a multiple of {world_size}"
+        )
+    info = contract.read_dataset_info(cfg.dataset)
+    where = contract.dataset_json_uri(storage.normalize(cfg.dataset))
+    channels, labels = info.channels, info.labels
+    if "train" not in channels:
+        raise DatasetError(f"{where} has no 'train' channel (it has: {', '.join(channels) or 'none'}); nothing to train on")
+    if len(labels) < 2:
+        raise DatasetError(
+            f"{where} lists {len(labels)} class(es) ({', '.join(map(str, labels)) or 'none'}): "
+            "a classifier needs at least 2; build the dataset from a lake with two or more label folders"
+        )
+    if set(labels.values()) != set(range(len(labels))):
+        raise DatasetError(f"{where}: label indices must be 0..{len(labels) - 1}, one per label, got {list(labels.values())}")
+    image_size = info.image.size
+    skipped = {
+        c: f"the dataset has no {c!r} channel (it has: {', '.join(channels)})" for c in EVAL_CHANNELS if c not in channels
+    }
+    if cfg.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"--precision bf16: this GPU ({torch.cuda.get_device_name()}) does not support bfloat16; use --precision fp32")
+    version = info.dataset_version
+    if checkpoint is not None and checkpoint.get("dataset_version") != version:
+        raise DatasetError(
+            f"refusing to resume from {resume_uri}: it was trained on dataset version {checkpoint.get('dataset_version')!r}, "
+            f"{cfg.dataset} is version {version!r}"
+        )
+    _seed_everything(cfg.seed)  # the model's initial weights
+    model = build_model(cfg.model, len(labels), image_size, width=cfg.width)
+    check_model(model, cfg.model, len(labels), image_size, width=cfg.width, bf16=cfg.precision == "bf16")
+    if checkpoint is not None:
+        name = describe(cfg.model, width=cfg.width)
+        load_weights(model, checkpoint["model"], source=str(resume_uri), name=name)
+    _check_output(cfg, output)  # last: it writes (and removes) a file
+    return TrainPlan(
+        per_rank_batch=cfg.batch_size // world_size, num_classes=len(labels), image_size=image_size,
+        class_names=tuple(sorted(labels, key=labels.__getitem__)), model=model, skipped=skipped, checkpoint_uri=checkpoint_uri,
+        metrics_uri=storage.join(output, "metrics.json"), resume_uri=resume_uri, checkpoint=checkpoint,
+    )  # fmt: skip
+
+
+def _find_checkpoint(cfg: TrainConfig, checkpoint_uri: str) -> tuple[str | None, dict[str, Any] | None]:
+    """The checkpoint ``--resume`` names and its contents; ``(None, None)`` for a fresh run."""
+    if cfg.resume is None:
+        return None, None
+    if cfg.resume == "auto":
+        if not storage.exists(checkpoint_uri):
+            return None, None
+        uri = checkpoint_uri
+    else:
+        uri = storage.normalize(cfg.resume)
+        if not storage.exists(uri):
+            raise ConfigError(f"--resume {cfg.resume}: no checkpoint at {uri} (pass --resume auto to start afresh when there is none)")
+    try:
+        ckpt = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
+    except PlatformError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"--resume: cannot load the checkpoint {uri}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(ckpt, dict) or not {"model", "optimizer", "scheduler", "loader", "metrics"} <= set(ckpt):
+        raise ConfigError(f"--resume: {uri} is not a checkpoint of loaders.train")
+    return uri, ckpt
+
+
+#: The options a resumed run keeps: they decide the shapes of the model's and optimiser's state.
+_KEPT_ON_RESUME = ("model", "width", "optimizer")
+
+
+def _option(name: str, value: Any) -> str:
+    """An option as the user would type it: ``--width 4``, or ``no --model`` for its default."""
+    if name == "model" and value is None:
+        return "no --model"
+    return f"--{name.replace('_', '-')} {value}"
+
+
+def _check_resumed_options(cfg: TrainConfig, uri: str | None, ckpt: dict[str, Any]) -> None:
+    """A resumed run keeps the ``--model``, ``--width`` (of the small CNN) and ``--optimizer``
+    its checkpoint was trained with (its ``config``)."""
+    saved = ckpt.get("config")
+    if not isinstance(saved, dict):
+        return
+    for name in _KEPT_ON_RESUME:
+        if name not in saved or saved[name] == getattr(cfg, name):
+            continue
+        if name == "width" and (cfg.model is not None or saved.get("model") is not None):
+            continue  # the width of the small CNN, which neither run trains
+        now, then = _option(name, getattr(cfg, name)), _option(name, saved[name])
+        small = " (the small CNN)" if name == "model" and saved[name] is None else ""
+        raise ConfigError(
+            f"{now} differs from the checkpoint {uri}, trained with {then}{small}: "
+            f"a resumed run keeps its model and optimizer; pass {then} "
+            "(or another --output to start a new run)"
+        )
+
+
+def _check_output(cfg: TrainConfig, output: str) -> None:
+    """``--output`` can be written: a probe file is written there and removed (on every rank, so
+    that all fail alike), instead of finding out when rank 0 saves the first checkpoint."""
+    probe = storage.join(output, f".write-probe-{uuid.uuid4().hex}")
+    try:
+        storage.write_bytes_atomic(probe, b"", durable=False)
+        storage.remove(probe)
+    except StorageError as exc:
+        raise ConfigError(f"--output {cfg.output}: cannot write there: {_unwritable(output, exc)}") from None
+
+
+def _unwritable(output: str, exc: StorageError) -> str:
+    """Why ``output`` could not be written, in the user's terms."""
+    cause = exc.__cause__
+    if output.startswith("file://"):
+        path = output[len("file://"):]
+        while not os.path.exists(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        if os.path.exists(path) and not os.path.isdir(path):
+            return f"{path} is a file, not a folder"
+    elif "NoSuchBucket" in repr(cause) or "bucket does not exist" in str(exc):
+        return f"the bucket {output[len('s3://'):].split('/', 1)[0]!r} does not exist"
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+
+
+def _check_resumed_batch(cfg: TrainConfig, world_size: int, uri: str | None, ckpt: dict[str, Any]) -> None:
+    """A resumed run keeps its checkpoint's global batch, on any world size that divides it (the
+    loader deals the rest of the interrupted epoch to the new ranks: :mod:`loaders.elastic`)."""
+    try:
+        saved = last_leg(ckpt["loader"])
+    except LoaderError as exc:
+        raise ConfigError(f"--resume: {uri} holds no usable loader state: {exc}") from None
+    g = saved.global_batch
+    was = f"{saved.world_size} rank(s) x {saved.batch_size} rows"
+    if cfg.batch_size != g:
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} (global) differs from the global batch {g} ({was}) of the checkpoint {uri}: "
+            f"a resumed run keeps its global batch; pass --batch-size {g}"
+        )
+    if g % world_size:
+        works = ", ".join(str(d) for d in range(1, g + 1) if g % d == 0)
+        raise ConfigError(
+            f"cannot resume {uri} on {world_size} ranks: its global batch {g} ({was}) is not divisible by {world_size}; "
+            f"resume on a world size that divides {g} ({works})"
+        )
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,165 @@
+"""Training options: ``conf/train.yaml`` loaded into a frozen dataclass, overridable on the
+command line. Precedence: the dataclass defaults < ``--conf FILE`` < command-line flags.
+
+Every field's ``help`` (in its metadata) is the ``--help`` text of its flag; the YAML file
+comments every key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lakeshard.errors import ConfigError
+from lakeshard.settings import add_arguments, check_positive, opt, parse_size, read_yaml, resolve
+from loaders.options import DEFAULT_READ_CONCURRENCY
+from loaders.train.model import MODEL_SPEC
+
+__all__ = ["MAX_SEED", "OPTIMIZERS", "PRECISIONS", "TrainConfig", "build_parser", "load_config", "parse_args"]
+
+OPTIMIZERS = ("adamw", "sgd")
+#: ``bf16``: forward passes under ``torch.autocast(dtype=torch.bfloat16)`` (CUDA or CPU).
+PRECISIONS = ("fp32", "bf16")
+
+#: The largest seed: ``numpy.random.seed`` takes 32-bit seeds.
+MAX_SEED = 2**32 - 1
+
+
+def _parse_seed(raw: Any) -> int:
+    """A seed is an integer in ``[0, MAX_SEED]``, checked where it is read so that the error names
+    the flag or the file."""
+    if isinstance(raw, float) and raw.is_integer():  # YAML's 7.0
+        raw = int(raw)
+    if isinstance(raw, bool) or not re.fullmatch(r"[0-9]+", str(raw).strip()) or int(raw) > MAX_SEED:
+        raise ValueError(f"expected an integer from 0 to {MAX_SEED} (2**32 - 1), got {raw!r}")
+    return int(raw)
+
+
+def _parse_model(raw: Any) -> str:
+    """``--model`` / ``model:`` is ``package.module:factory`` (imported and called later, by
+    :func:`loaders.train.model.build_model`)."""
+    if not isinstance(raw, str) or not MODEL_SPEC.fullmatch(raw):
+        raise ValueError(f"expected package.module:factory, a callable (num_classes, image_size) -> torch.nn.Module, got {raw!r}")
+    return raw
+
+
+def _parse_resume(raw: Any) -> str:
+    """``--resume`` / ``resume:`` is a checkpoint path or ``auto``; YAML's ``true`` is neither (it
+    would otherwise become the path ``./True``)."""
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(
+            f"expected a checkpoint path or 'auto', got {raw!r} (write 'resume: auto' to resume from "
+            "<output>/checkpoint.pt when there is one, or 'resume: null' to start afresh)"
+        )
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    dataset: str | None = opt(None, help="dataset root (local path, file:// or s3://): the folder holding dataset.json")
+    output: str = opt("runs/default", help="where rank 0 writes checkpoint.pt and metrics.json (path or "
+                      "URI); checked writable (a probe file) before training")
+    epochs: int = opt(5, help="number of epochs to train")
+    batch_size: int = opt(256, help="GLOBAL batch size, split evenly across ranks (must be divisible by the world size)")
+    eval_batch_size: int = opt(0, help="per-rank batch size for validation/test; 0 = the per-rank training batch")
+    lr: float = opt(0.01, help="learning rate")
+    gamma: float = opt(0.7, help="StepLR decay: lr *= gamma every step_size epochs")
+    step_size: int = opt(1, help="StepLR period, in epochs")
+    optimizer: str = opt("adamw", choices=OPTIMIZERS, help="optimizer (a resumed run keeps its checkpoint's)")
+    momentum: float = opt(0.9, help="SGD momentum (ignored by AdamW)")
+    weight_decay: float = opt(0.01, help="weight decay")
+    width: int = opt(32, help="channels of the first convolution of the small CNN (doubling per block); "
+                     "a resumed run keeps its checkpoint's")
+    model: str | None = opt(None, parse=_parse_model,
+                            help="your own model: package.module:factory, a callable (num_classes, image_size) -> "
+                            "torch.nn.Module returning [batch, num_classes] logits, checked by one forward "
+                            "pass before training (default: the small CNN; a resumed run keeps its "
+                            "checkpoint's)")
+    precision: str = opt("fp32", choices=PRECISIONS,
+                         help="fp32, or bf16: forward passes under torch.autocast(bfloat16), on CUDA or CPU")
+    seed: int = opt(7, parse=_parse_seed, help=f"seed of model init, shuffling and augmentation (0 to {MAX_SEED})")
+    augment: bool = opt(True, help="random horizontal flips of training images")
+    drop_last: bool = opt(True, help="drop each epoch's short last training batch (same on every rank)")
+    num_threads: int = opt(2, help="decode threads per rank")
+    prefetch: int = opt(4, help="batches each rank decodes ahead of the training step")
+    shuffle_window: int = opt(2048, help="rows shuffled together by the loader (and its read-ahead memory bound)")
+    read_concurrency: int = opt(DEFAULT_READ_CONCURRENCY, help="remote row-group reads each rank keeps in flight")
+    memory_budget: str | None = opt(None, help="bytes for a rank's remote reads plus decoded batches, e.g. 512MiB "
+                                    "(default: read_concurrency row groups plus the decoded batches)")
+    cache_dir: str | None = opt(None, help="local folder caching remote shards, shared by the ranks of a machine "
+                                "(default: $LAKESHARD_CACHE_DIR, else no cache)")
+    cache_limit: str = opt("50GiB", help="size of the shard cache; least recently used shards are evicted beyond it")
+    skip_bad_rows: bool = opt(False, help="replace undecodable rows by ignored padding (counted, logged) instead of failing")
+    checkpoint_every: int = opt(0, help="also checkpoint every N training steps (0 = at the end of each "
+                                "epoch only); SIGTERM or SIGUSR1 also saves one, after the current step, and "
+                                "exits with status 75")
+    resume: str | None = opt(None, const="auto", parse=_parse_resume,
+                             help="checkpoint to resume from; 'auto' (or no value) = <output>/checkpoint.pt if it "
+                             "exists, else a fresh run (rerun a run that exited 75 with it)")
+    dist_timeout: float = opt(300.0, help="seconds a collective may wait for the other ranks before failing")
+    progress: bool = opt(True, help="show a tqdm progress bar on rank 0 when stderr is a terminal (a log "
+                         "gets one line per epoch)")
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "step_size", "width", "num_threads", "prefetch", "shuffle_window",
+                     "read_concurrency"):
+            check_positive(name, getattr(self, name), error=ConfigError)
+        for name in ("eval_batch_size", "checkpoint_every", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"seed must be at most {MAX_SEED} (2**32 - 1), got {self.seed!r}")
+        if self.resume is not None:
+            try:
+                _parse_resume(self.resume)
+            except ValueError as exc:
+                raise ConfigError(f"resume: {exc}") from None
+        if self.model is not None:
+            try:
+                _parse_model(self.model)
+            except ValueError as exc:
+                raise ConfigError(f"model: {exc}") from None
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        for name in ("memory_budget", "cache_limit"):
+            if getattr(self, name) is not None:
+                try:
+                    parse_size(getattr(self, name))
+                except ValueError as exc:
+                    raise ConfigError(f"{name}: {exc}") from None
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        for name in ("lr", "dist_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma!r}")
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """The options set in a YAML file; an unknown key is an error naming the key and the file."""
+    return read_yaml(str(path), TrainConfig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loaders.train",
+        description="Train a small CNN on a lakeshard dataset with DDP "
+        "(python -m loaders.train ... or torchrun --nproc_per_node=N -m loaders.train ...).",
+        epilog="Precedence: built-in defaults < --conf file (conf/train.yaml) < command-line flags. "
+        "Exit status: 0 done; 2 bad input (one error line, before any work); 75 stopped by SIGTERM or SIGUSR1 "
+        "after saving a checkpoint (rerun with --resume auto to continue).",
+    )
+    add_arguments(parser, TrainConfig)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    config = resolve(TrainConfig, build_parser().parse_args(argv))
+    if not config.dataset:
+        raise ConfigError("dataset is required: pass --dataset URI or set 'dataset' in the --conf file")
+    return config

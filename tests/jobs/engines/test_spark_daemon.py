@@ -1,0 +1,93 @@
+"""The Spark engine's worker daemon (``jobs.common.engines.spark_daemon``): which archives it drops
+from the workers' path, and that local Spark tasks really run without them; and how those
+workers talk to the executor (Unix sockets, not TCP)."""
+
+from __future__ import annotations
+
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from jobs.common.engines.spark_daemon import installed_copies
+
+
+def _package(folder: Path, name: str) -> Path:
+    (folder / name).mkdir(parents=True)
+    (folder / name / "__init__.py").write_text("")
+    return folder
+
+
+def _archive(path: Path, *members: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        for m in members:
+            z.writestr(m, "")
+    return str(path)
+
+
+def test_pip_layout_drops_the_archives_inside_the_installed_package(tmp_path: Path) -> None:
+    site = _package(_package(tmp_path / "site-packages", "pyspark"), "py4j")
+    zips = [_archive(site / "pyspark/python/lib/pyspark.zip", "pyspark/__init__.py"),
+            _archive(site / "pyspark/python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py"),
+            _archive(site / "pyspark/jars/spark-core_2.13-4.1.4.jar", "org/Foo.class")]
+    other = _archive(tmp_path / "deps.zip", "dep/__init__.py")
+    assert installed_copies([*zips, other, str(site)]) == zips
+
+
+def test_distribution_layout_keeps_everything(tmp_path: Path) -> None:
+    """A Spark distribution whose PySpark is only in its archives: nothing to drop."""
+    home = tmp_path / "spark-4.1.4-bin"
+    zips = [_archive(home / "python/lib/pyspark.zip", "pyspark/__init__.py"),
+            _archive(home / "python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py")]
+    site = _package(tmp_path / "site-packages", "numpy")
+    assert installed_copies([*zips, str(site)]) == []
+
+
+def test_archives_of_another_spark_home_are_kept(tmp_path: Path) -> None:
+    """PySpark installed, but SPARK_HOME is a separate distribution: its archives win, as Spark
+    intends, so they stay."""
+    site = _package(_package(tmp_path / "site-packages", "pyspark"), "py4j")
+    zips = [_archive(tmp_path / "opt/spark/python/lib/pyspark.zip", "pyspark/__init__.py")]
+    assert installed_copies([*zips, str(site)]) == []
+
+
+def test_py4j_only_in_its_archive_keeps_everything(tmp_path: Path) -> None:
+    site = _package(tmp_path / "site-packages", "pyspark")
+    zips = [_archive(site / "pyspark/python/lib/pyspark.zip", "pyspark/__init__.py"),
+            _archive(site / "pyspark/python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py")]
+    assert installed_copies([*zips, str(site)]) == []
+
+
+def _worker_path(_: object) -> list[tuple[list[str], str]]:
+    import pyspark
+
+    return [(list(sys.path), pyspark.__file__)]
+
+
+@pytest.mark.spark
+def test_local_spark_tasks_run_without_the_archives(spark_engine) -> None:
+    """The session the engine starts runs its Python workers through the daemon: no task has
+    Spark's zips or jars on its path, and PySpark comes from the installed package."""
+    assert spark_engine.sc.getConf().get("spark.python.daemon.module") == "jobs.common.engines.spark_daemon"
+    seen = spark_engine.map_partitions(_worker_path, list(range(4)), partitions=4)
+    assert len(seen) == 4
+    for path, pyspark_file in seen:
+        archives = [p for p in path if p.endswith((".zip", ".jar"))]
+        assert not [p for p in archives if "pyspark" in p], archives
+        assert ".zip" not in pyspark_file and pyspark_file.endswith("pyspark/__init__.py"), pyspark_file
+
+
+def _worker_sockets(_: object) -> list[str | None]:
+    import os
+
+    return [str(os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED")).lower()]
+
+
+@pytest.mark.spark
+def test_local_spark_workers_talk_over_unix_sockets(spark_engine) -> None:
+    """The session the engine starts has its executor reach its Python workers over Unix
+    sockets: Spark starts the daemon, and so every worker, in that mode."""
+    assert spark_engine.sc.getConf().get("spark.python.unix.domain.socket.enabled") == "true"
+    assert spark_engine.map_partitions(_worker_sockets, list(range(2)), partitions=2) == ["true", "true"]
