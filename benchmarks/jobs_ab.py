@@ -30,7 +30,7 @@ from variants import parse_variant
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.common.engines import open_engine
-from jobs.common.images import ImageSpec
+from jobs.common.images import DEFAULT_SPEC
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.shard_steps.config import ShardConfig
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lake = args.cache / f"{args.images}-640x480"
     paths = jobs_bench.build_lake(lake, args.images, classes=10, size=(640, 480))
-    spec = ImageSpec(size=224)
+    spec = DEFAULT_SPEC
     cores = os.cpu_count() or 1
     pool = jobs_bench.reference_pool(cores, paths[:5], spec)
     engine = open_engine(args.engine, app_name="lakeshard-ab")

@@ -15,6 +15,7 @@ after it, as the issue asks ("images/s after engine start"). Prints a table and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -34,7 +35,7 @@ from PIL import Image
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.common.engines import open_engine
-from jobs.common.images import ImageSpec, preprocess
+from jobs.common.images import DEFAULT_SPEC, ImageSpec, preprocess
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.shard_steps.config import ShardConfig
 
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lake = args.cache / f"{args.images}-{args.width}x{args.height}"
     paths = build_lake(lake, args.images, classes=args.classes, size=(args.width, args.height))
-    spec = ImageSpec(size=args.image_size)
+    spec = dataclasses.replace(DEFAULT_SPEC, size=args.image_size)
     cores = os.cpu_count() or 1
 
     pool = reference_pool(cores, paths[:5], spec)

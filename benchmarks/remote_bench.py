@@ -123,7 +123,7 @@ def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, flo
 
 def forget_s3_clients() -> None:
     """Forget lakeshard's blocking S3 clients (and their connections), as a new process has
-    none. (The loader makes no s3fs filesystem: design/0026.)"""
+    none. (The loader makes no s3fs filesystem: design/0030.)"""
     storage.clear_s3_clients()
 
 

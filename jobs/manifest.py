@@ -44,8 +44,8 @@ import sys
 
 if __name__ == "__main__" and not __package__:
     import _script  # noqa: F401  (jobs/_script.py: the repository root first on sys.path)
-from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -55,7 +55,7 @@ import pyarrow as pa
 
 from jobs.common.cli import job_parser, run_job
 from jobs.common.engines import Engine
-from jobs.manifest_steps.base import BaseJoin, join_and_inspect, stage_join
+from jobs.manifest_steps.base import BaseJoin, BaseReport, JoinCounts, join_and_inspect, stage_join
 from jobs.manifest_steps.catalog import (
     check_accepted,
     check_min_per_class,
@@ -66,16 +66,30 @@ from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.ground_truth import read_manifest
 from jobs.manifest_steps.inputs import check_manifest_inputs
 from jobs.manifest_steps.inventory import inventory_rows, read_inventory
-from jobs.manifest_steps.label_tasks import Join, join_task, merge, stage_keys, stage_table
+from jobs.manifest_steps.label_tasks import (
+    LabelJoin,
+    Labelling,
+    conflicts_text,
+    join_task,
+    stage_keys,
+    stage_table,
+)
 from jobs.manifest_steps.labels import label_files
 from jobs.manifest_steps.listing import Skip, discover
 from jobs.manifest_steps.listing_tasks import list_lake
 from jobs.manifest_steps.passes import (
     EXAMPLES,
-    Plan,
+    ClassParts,
+    ContentCounts,
+    DuplicateGroups,
+    Duplicates,
+    ListedPart,
+    Listing,
+    PassPlan,
+    SkippedObject,
+    StagedPart,
     class_task,
     content_task,
-    duplicates_report,
     duplicates_task,
     inspect_task,
     skip_kind,
@@ -99,156 +113,181 @@ __all__ = ["hold", "main", "prepare", "run"]
 
 log = logging.getLogger("jobs.manifest")
 
-@dataclass(frozen=True)
-class _Listed:
-    """Pass 1's aggregates: the staged listing parts ``(URI, rows)``, the class prefixes, and
-    the skipped objects' counts by kind and first few (key, reason) by key."""
 
-    parts: list[tuple[str, int]]
-    prefixes: int
-    skipped: Counter[str]
-    skipped_examples: list[tuple[str, str]]
+@dataclass(frozen=True, slots=True)
+class _CheckedCounts:
+    """Pass 3's counts (:class:`~jobs.manifest_steps.passes.ContentCounts`), checked: the labels'
+    indices, and ``counts[channel][label]`` as the split will make them."""
 
-    @property
-    def rows(self) -> int:
-        return sum(n for _, n in self.parts)
-
-
-@dataclass(frozen=True)
-class _Checked:
-    """Pass 3's aggregates, checked: what the summary needs before the tables are written."""
-
-    listed: int
-    reasons: Counter[str]
-    removed: int
-    duplicate_groups: int
+    content: ContentCounts
     labels: dict[str, int]
     counts: dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class _TablesWritten:
+    """What the passes that write the tables hand back: each class's fingerprint and the
+    objects moved from their ``--base`` channel, and the groups of identical content."""
+
+    classes: ClassParts
+    duplicates: Duplicates
 
 
 def _skip(cfg: ManifestConfig) -> Skip:
     return Skip(exclude=tuple(cfg.exclude), include_hidden=cfg.include_hidden)
 
 
+def _prepare_output(cfg: ManifestConfig, out: str) -> bool:
+    """Check the output (its bucket exists; a manifest there is replaced only with
+    ``--overwrite``) and remove what a killed run left (half-written files, staged rows).
+    Returns whether a manifest is being replaced."""
+    if out.startswith("s3://"):
+        _check_bucket(out)
+    marker = manifest_marker_uri(out)
+    replacing = storage.exists(marker) or storage.exists(dataset_json_uri(out))
+    if replacing and not cfg.overwrite:
+        raise DatasetExistsError(f"{out} already holds a manifest ({marker}); pass --overwrite to replace it")
+    storage.remove_temporaries(out)  # half-written files of a killed run
+    storage.remove(_staging(out), recursive=True)  # a killed run's staged rows
+    return replacing
+
+
 def _staging(out: str) -> str:
     return storage.join(out, "_staging", "manifest")
 
 
-def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> _Listed:
+def read_ground_truth(cfg: ManifestConfig, engine: Engine, staging: str) -> Listing:
+    """The objects and their labels from ``--input-manifest`` (:mod:`jobs.manifest_steps.ground_truth`)."""
+    return read_manifest(engine, uri=cfg.input_manifest or "", attribute=cfg.label_attribute or "",
+                         root=cfg.input, skip=_skip(cfg), rows_per_part=cfg.rows_per_part, staging=staging)
+
+
+def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> Listing:
     """List every object under ``cfg.input`` on the workers (pass 1: class prefixes in balanced
     rounds, :func:`jobs.manifest_steps.listing_tasks.list_lake`, or the ``--inventory`` data files), staging
     the rows; only counts come back."""
     src = storage.normalize(cfg.input)
-    skip = _skip(cfg)
-
-    def stage(produce: Any) -> Any:
-        return partial(stage_listing, produce=produce, staging=staging)
-
-    depth = cfg.label_depth or 0  # 0: no label from the path (--labels)
-    stray: list[dict[str, Any]] = []
     if cfg.inventory:
-        inventory = read_inventory(cfg.inventory, bucket=src[len("s3://"):].split("/", 1)[0])
-        log.info("reading %d inventory data files of %s on %s", len(inventory.files), inventory.uri, engine.name)
-        results = engine.map_partitions(stage(inventory_rows(inventory, src, label_depth=depth, skip=skip)),
-                                        list(inventory.files), partitions=len(inventory.files))
-        classes = len({label for r in results for label in r.labels})
+        listing = _list_inventory(cfg, engine, src, staging)
     elif cfg.labels:  # a flat lake: every object under the input, listed in balanced rounds
-        log.info("listing every object under %s on %s (labels from --labels %s)", src, engine.name, cfg.labels)
-        results = list_lake(engine, src, [src], label_depth=0, skip=skip, task_objects=cfg.list_task_objects, stage=stage)
-        classes = 1
+        log.info("listing every object under %s on %s (labels from --labels %s)", src, engine.name,
+                 cfg.labels)
+        listing = _listing(list_lake(engine, src, [src], label_depth=0, skip=_skip(cfg),
+                                     task_objects=cfg.list_task_objects, stage=_stage(staging)), classes=1)
     else:
-        prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=skip)
-        log.info("found %d class prefixes under %s; listing them on %s", len(prefixes), src, engine.name)
-        results = list_lake(engine, src, prefixes, label_depth=cfg.label_depth, skip=skip,
-                            task_objects=cfg.list_task_objects, stage=stage)
-        classes = len(prefixes)
+        found = discover(src, label_depth=cfg.label_depth, skip=_skip(cfg))
+        log.info("found %d class prefixes under %s; listing them on %s", len(found.prefixes), src,
+                 engine.name)
+        results = list_lake(engine, src, found.prefixes, label_depth=cfg.label_depth, skip=_skip(cfg),
+                            task_objects=cfg.list_task_objects, stage=_stage(staging))
+        listing = _listing(results, classes=len(found.prefixes), stray=found.stray, staging=staging)
+    if listing.skipped:
+        log.info("skipped %d hidden or excluded objects (e.g. %s)", listing.skipped.total(),
+                 listing.skipped_examples[0].key)
+    return listing
+
+
+def _stage(staging: str) -> Callable[[Callable[[list[Any]], list[Any]]], Callable[[list[Any]], list[Any]]]:
+    """A listing task made into one that stages its rows
+    (:func:`jobs.manifest_steps.passes.stage_listing`)."""
+    return lambda produce: partial(stage_listing, produce=produce, staging=staging)
+
+
+def _list_inventory(cfg: ManifestConfig, engine: Engine, src: str, staging: str) -> Listing:
+    """Pass 1 from the ``--inventory`` report's data files, a task each."""
+    inventory = read_inventory(cfg.inventory or "", bucket=src[len("s3://"):].split("/", 1)[0])
+    log.info("reading %d inventory data files of %s on %s", len(inventory.files), inventory.uri, engine.name)
+    task = _stage(staging)(inventory_rows(inventory, src, label_depth=cfg.label_depth or 0, skip=_skip(cfg)))
+    results = engine.map_partitions(task, list(inventory.files), partitions=len(inventory.files))
+    listing = _listing(results, classes=len({label for r in results for label in r.labels}))
+    if not listing.rows:
+        raise ManifestError(f"--inventory {cfg.inventory} lists no object under --input {src}")
+    return listing
+
+
+def _listing(results: Sequence[ListedPart], *, classes: int, stray: Sequence[dict[str, Any]] = (),
+             staging: str = "") -> Listing:
+    """The listing tasks' parts as one listing. ``stray``: the objects the driver found above
+    the label level (few), counted if skipped, else staged in a part of their own (rejects)."""
     skipped = Counter(skip_kind(r["reason"]) for r in stray if r["status"] == "skipped")
-    examples = [(r["key"], r["reason"]) for r in stray if r["status"] == "skipped"]
+    examples = [SkippedObject(r["key"], r["reason"]) for r in stray if r["status"] == "skipped"]
     for r in results:
         skipped.update(r.skipped)
         examples += r.skipped_examples
-    parts = [(r.uri, r.rows) for r in results if r.rows]
-    if unlabelled := [r for r in stray if r["status"] != "skipped"]:  # few: above the label level
+    parts = [StagedPart(r.uri, r.rows) for r in results if r.rows]
+    if unlabelled := [r for r in stray if r["status"] != "skipped"]:
         uri = storage.join(staging, "listed", "part-stray.parquet")
         write_part(uri, pa.Table.from_pylist(unlabelled, schema=MANIFEST_SCHEMA), durable=False)
-        parts.append((uri, len(unlabelled)))
-    listed = _Listed(parts=sorted(parts), prefixes=classes, skipped=skipped,
-                     skipped_examples=sorted(examples)[:EXAMPLES])
-    if cfg.inventory and not listed.rows:
-        raise ManifestError(f"--inventory {cfg.inventory} lists no object under --input {src}")
-    if skipped:
-        log.info("skipped %d hidden or excluded objects (e.g. %s)", skipped.total(), listed.skipped_examples[0][0])
-    return listed
+        parts.append(StagedPart(uri, len(unlabelled)))
+    return Listing(parts=tuple(sorted(parts)), classes=classes, skipped=skipped,
+                   skipped_examples=tuple(sorted(examples)[:EXAMPLES]))
 
 
-def label(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -> tuple[_Listed, dict[str, Any]]:
+def label(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) -> Listing:
     """Label the listed rows from ``--labels`` on the workers (:mod:`jobs.manifest_steps.label_tasks`):
     stage the table's rows and the listed rows by key bucket, join each bucket. Returns the
-    labelled rows as the listing for the next pass, and what the summary says of the table.
+    labelled rows as the listing for the next pass, with what the summary says of the table.
 
     Raises :class:`ManifestError` naming the keys labelled two different ways (before any
     object is read)."""
     where = storage.normalize(cfg.labels or "")
     files = label_files(where)
-    join = Join(root=storage.normalize(cfg.input), labels=where, channels=tuple(cfg.split),
-                staging=storage.join(staging, "labelling"), buckets=max(1, math.ceil(listed.rows / cfg.rows_per_part)))
-    log.info("labelling %d listed objects from %s (%d file(s)) in %d key buckets", listed.rows, where, len(files),
-             join.buckets)
+    join = LabelJoin(root=storage.normalize(cfg.input), labels=where, channels=tuple(cfg.split),
+                     staging=storage.join(staging, "labelling"),
+                     buckets=max(1, math.ceil(listing.rows / cfg.rows_per_part)))
+    log.info("labelling %d listed objects from %s (%d file(s)) in %d key buckets", listing.rows, where,
+             len(files), join.buckets)
     tables = engine.map_partitions(partial(stage_table, join=join), files, partitions=len(files))
-    if listed.rows:
-        partitions = cfg.partitions or _inspect_tasks(listed.rows, engine.parallelism)
-        engine.map_partitions(partial(stage_keys, join=join), _slices(listed.parts, partitions), partitions=partitions)
-    results = engine.map_partitions(partial(join_task, join=join), list(range(join.buckets)), partitions=join.buckets)
-    report = merge(results, tables)
-    if report["conflicts"]:
-        examples = "; ".join(f"{k!r}: {', '.join(v)}" for e in report["conflict_examples"] for k, v in e.items())
-        raise ManifestError(f"--labels {where} labels {report['conflicts']} key(s) in two different ways "
-                            f"(e.g. {examples}); give each key one label and at most one channel (repeating an "
-                            "identical row is fine)")
-    if report["not_in_lake"]:
-        log.warning("%d rows of --labels %s name no object under %s (e.g. %s)", report["not_in_lake"], where,
-                    join.root, ", ".join(report["not_in_lake_examples"]))
-    parts = sorted((r["part"], r["rows"]) for r in results if r["rows"])
-    labelled = replace(listed, parts=parts, prefixes=max(1, len(report["labels"])))
-    summary = {"uri": where, "files": len(files), **{k: v for k, v in report.items() if k != "labels"}}
-    return labelled, summary
+    if listing.rows:
+        partitions = cfg.partitions or _inspect_tasks(listing.rows, engine.parallelism)
+        engine.map_partitions(partial(stage_keys, join=join), listing.slices(partitions),
+                              partitions=partitions)
+    results = engine.map_partitions(partial(join_task, join=join), list(range(join.buckets)),
+                                    partitions=join.buckets)
+    labelling = Labelling.merge(where, len(files), tables, results)
+    joined = labelling.joined
+    if joined.conflicts:
+        raise ManifestError(f"--labels {where} labels {joined.conflicts} key(s) in two different ways "
+                            f"(e.g. {conflicts_text(joined.conflict_examples)}); give each key one label and "
+                            "at most one channel (repeating an identical row is fine)")
+    if labelling.not_in_lake:
+        log.warning("%d rows of --labels %s name no object under %s (e.g. %s)", labelling.not_in_lake, where,
+                    join.root, ", ".join(labelling.not_in_lake_examples))
+    return replace(listing, parts=joined.parts, classes=max(1, len(joined.labels)),
+                   labels_table=labelling.to_json())
 
 
-def rebase(cfg: ManifestConfig, engine: Engine, listed: _Listed, staging: str) -> tuple[BaseJoin, dict[str, Any]]:
+def rebase(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) -> BaseJoin:
     """Stage the listed rows and ``--base``'s by key bucket on the workers, for the
-    header-reading pass to join them (:mod:`jobs.manifest_steps.base`). Returns the join, and what
-    the summary says of the base so far (its identity)."""
+    header-reading pass to join them (:mod:`jobs.manifest_steps.base`). Returns the join, which
+    also holds the base's identity for the summary."""
     where = storage.normalize(cfg.base or "")
     marker = storage.read_json(manifest_marker_uri(where))  # checked by check_manifest_inputs
     objects = marker["counts"]["listed"]
     # Staging moves keys and ETags, not objects: a task per core, or per --rows-per-part rows of
     # both sides (each of these tasks is an engine task to schedule, and writes a file per key
     # bucket); the listed rows cut into a slice per core (or per --rows-per-part rows).
-    slices = _slices(listed.parts, cfg.partitions or max(engine.parallelism, math.ceil(listed.rows / cfg.rows_per_part)))
-    partitions = cfg.partitions or max(engine.parallelism, math.ceil((listed.rows + objects) / cfg.rows_per_part))
+    rows, per_part = listing.rows, cfg.rows_per_part
+    slices = listing.slices(cfg.partitions or max(engine.parallelism, math.ceil(rows / per_part)))
+    partitions = cfg.partitions or max(engine.parallelism, math.ceil((rows + objects) / per_part))
     # The header-reading tasks join whole buckets: at least a bucket per core keeps every core
     # reading; not one per task, as each staging task writes a file per bucket.
     join = BaseJoin(root=where, parts=marker["parts"], sniff=cfg.sniff, staging=storage.join(staging, "base"),
-                    buckets=max(engine.parallelism, math.ceil(max(listed.rows, objects) / cfg.rows_per_part)))
-    log.info("joining %d listed objects with the %d of --base %s in %d key buckets", listed.rows, objects, where,
+                    buckets=max(engine.parallelism, math.ceil(max(rows, objects) / per_part)),
+                    fingerprint=marker["fingerprint"], objects=objects)
+    log.info("joining %d listed objects with the %d of --base %s in %d key buckets", rows, objects, where,
              join.buckets)
-    stage_join(engine, join, slices, partitions, base_rows=objects)
-    return join, {"root": where, "fingerprint": marker["fingerprint"], "objects": objects}
+    stage_join(engine, join, slices, partitions)
+    return join
 
 
-def _slices(parts: list[tuple[str, int]], partitions: int) -> list[tuple[str, int, int]]:
-    """``(part URI, start, stop)`` slices of the listing parts, about ``total / partitions`` rows each."""
-    size = max(1, math.ceil(sum(n for _, n in parts) / partitions))
-    return [(uri, a, min(a + size, n)) for uri, n in parts for a in range(0, n, size)]
-
-
-def _plan(cfg: ManifestConfig, out: str, staging: str, listed: _Listed) -> Plan:
+def _plan(cfg: ManifestConfig, out: str, staging: str, listing: Listing) -> PassPlan:
     """How the later passes part the rows: a function of the lake alone (so every engine writes
     the same parts), each class whole in one part."""
-    buckets = max(1, math.ceil(listed.rows / cfg.rows_per_part))
-    return Plan(out=out, staging=staging, content_buckets=buckets, parts=min(buckets, max(1, listed.prefixes)),
-                split=dict(cfg.split), seed=cfg.seed, split_method=cfg.split_method, dedupe=cfg.dedupe,
-                sniff=cfg.sniff)
+    buckets = max(1, math.ceil(listing.rows / cfg.rows_per_part))
+    return PassPlan(out=out, staging=staging, content_buckets=buckets,
+                    parts=min(buckets, max(1, listing.classes)), split=dict(cfg.split), seed=cfg.seed,
+                    split_method=cfg.split_method, dedupe=cfg.dedupe, sniff=cfg.sniff)
 
 
 #: Objects per header-reading task, and at most this many such tasks unless the engine has more
@@ -274,101 +313,74 @@ def _nothing_listed(where: str, skipped: Counter[str]) -> str:
             f"left to build a manifest from{fix}")
 
 
-def _predicted_counts(cfg: ManifestConfig, labels: dict[str, int], ok: Counter[str], pinned: Counter[str],
-                      per_row: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
-    """``counts[channel][label]`` before the split runs: a per-row split's counts came back
-    from the workers (``per_row``); the stratified split's follow from the class sizes, but
-    for the rows ``--labels`` pins (``pinned`` per class; per channel in ``per_row``)."""
-    if cfg.split_method == "stratified":  # the split's quotas of the unpinned rows, plus the pinned (in per_row)
-        quotas = {label: class_quotas(ok[label] - pinned[label], cfg.split) for label in labels}
-        return {c: {label: quotas[label][c] + per_row[label][c] for label in labels} for c in cfg.split}
-    return {c: {label: per_row[label][c] for label in labels} for c in cfg.split}
-
-
-def transform(cfg: ManifestConfig, engine: Engine, listed: _Listed, plan: Plan,
-              join: BaseJoin | None = None) -> tuple[_Checked, dict[str, Any] | None]:
-    """Inspect (pass 2; with ``join``, the join with ``--base``'s rows in the same tasks) and
-    group by content (pass 3) on the workers; check the aggregates: every rule of
-    :func:`jobs.manifest_steps.catalog.build_manifest` that fails a run fails it here, before any manifest
-    table is written. Returns them, and the join's report (:func:`jobs.manifest_steps.base.merge_base`)."""
-    where = storage.normalize(cfg.input)
-    if not listed.rows:
-        raise ManifestError(_nothing_listed(where, listed.skipped))
+def read_headers(cfg: ManifestConfig, engine: Engine, listing: Listing, plan: PassPlan,
+            join: BaseJoin | None = None) -> JoinCounts | None:
+    """Read each listed object's first bytes on the workers and stage the rows by content
+    bucket (pass 2); with ``join``, join the rows with ``--base``'s in the same tasks and return
+    the join's counts (:func:`jobs.manifest_steps.base.join_and_inspect`)."""
+    if not listing.rows:
+        raise ManifestError(_nothing_listed(storage.normalize(cfg.input), listing.skipped))
     split_function(cfg.split_method)
-    partitions = cfg.partitions or _inspect_tasks(listed.rows, engine.parallelism)
-    log.info("listed %d objects; %s in %d tasks", listed.rows,
+    partitions = cfg.partitions or _inspect_tasks(listing.rows, engine.parallelism)
+    log.info("listed %d objects; %s in %d tasks", listing.rows,
              "reading their headers" if cfg.sniff else "not reading them (--no-sniff)", partitions)
-    report = None
-    if join is not None:
-        rows, report = join_and_inspect(engine, join, plan, partitions)
-        if rows != listed.rows:
-            raise ManifestError(f"the join with --base {join.root} gave {rows} rows, {listed.rows} were listed")
-    else:
-        engine.map_partitions(partial(inspect_task, plan=plan), _slices(listed.parts, partitions),
+    if join is None:
+        engine.map_partitions(partial(inspect_task, plan=plan), listing.slices(partitions),
                               partitions=partitions)  # several slices a task
-    results = engine.map_partitions(partial(content_task, plan=plan), list(range(plan.content_buckets)),
-                                    partitions=plan.content_buckets)
-    ok, pinned, reasons, per_row = Counter[str](), Counter[str](), Counter[str](), defaultdict(Counter)
-    for r in results:
-        ok.update(r["ok"])
-        pinned.update(r["pinned"])
-        reasons.update(r["reasons"])
-        for label, channels in r["channels"].items():
-            per_row[label].update(channels)
-    total, removed = sum(r["listed"] for r in results), sum(r["removed"] for r in results)
-    labels = check_accepted(listed=total, reasons=reasons, removed=removed, ok_labels=list(ok),
-                            max_reject_fraction=cfg.max_reject_fraction, where=where,
-                            label_source=(f"--labels {cfg.labels}" if cfg.labels else
-                                          f"--input-manifest {cfg.input_manifest}" if cfg.input_manifest else None))
-    counts = _predicted_counts(cfg, labels, ok, pinned, per_row)
+        return None
+    counts = join_and_inspect(engine, join, plan, partitions)
+    if counts.rows != listing.rows:
+        raise ManifestError(f"the join with --base {join.root} gave {counts.rows} rows, {listing.rows} were "
+                            "listed")
+    return counts
+
+
+def _predicted_counts(cfg: ManifestConfig, labels: dict[str, int],
+                      content: ContentCounts) -> dict[str, dict[str, int]]:
+    """``counts[channel][label]`` before the split runs: a per-row split's counts came back
+    from the workers; the stratified split's follow from the class sizes, but for the rows
+    ``--labels`` pins (counted per class and per channel on the workers)."""
+    if cfg.split_method == "stratified":  # the split's quotas of the unpinned rows, plus the pinned
+        quotas = {label: class_quotas(content.accepted[label] - content.pinned[label], cfg.split)
+                  for label in labels}
+        return {c: {label: quotas[label][c] + content.in_channel(label, c) for label in labels}
+                for c in cfg.split}
+    return {c: {label: content.in_channel(label, c) for label in labels} for c in cfg.split}
+
+
+def _label_source(cfg: ManifestConfig) -> str | None:
+    """The table or Ground Truth manifest the labels came from (None: the path), as errors name it."""
+    if cfg.labels:
+        return f"--labels {cfg.labels}"
+    return f"--input-manifest {cfg.input_manifest}" if cfg.input_manifest else None
+
+
+def group_and_check(cfg: ManifestConfig, engine: Engine, plan: PassPlan) -> _CheckedCounts:
+    """Group identical content on the workers (pass 3) and check the counts: every rule of
+    :func:`jobs.manifest_steps.catalog.build_manifest` that fails a run fails it here, before any
+    manifest table is written."""
+    content = ContentCounts.merge(engine.map_partitions(partial(content_task, plan=plan),
+                                                        list(range(plan.content_buckets)),
+                                                        partitions=plan.content_buckets))
+    labels = check_accepted(listed=content.listed, reasons=content.reasons, removed=content.removed,
+                            ok_labels=list(content.accepted), max_reject_fraction=cfg.max_reject_fraction,
+                            where=storage.normalize(cfg.input),
+                            label_source=_label_source(cfg))
+    counts = _predicted_counts(cfg, labels, content)
     check_min_per_class(counts, list(labels), cfg.min_per_class, cfg.split_method)
-    return _Checked(listed=total, reasons=reasons, removed=removed, labels=labels, counts=counts,
-                    duplicate_groups=sum(r["duplicate_groups"] for r in results)), report
+    return _CheckedCounts(content=content, labels=labels, counts=counts)
 
 
-def summarize(cfg: ManifestConfig, listed: _Listed, checked: _Checked, *, parts: int, fingerprint: str,
-              duplicates: dict[str, Any], labels_table: dict[str, Any] | None = None,
-              base: dict[str, Any] | None = None) -> dict[str, Any]:
-    counts = checked.counts
-    achieved = {}
-    for label in checked.labels:
-        total = sum(counts[c][label] for c in counts)
-        achieved[label] = {c: round(counts[c][label] / total, 4) for c in counts}
-    rejected = checked.reasons.total()
-    return {
-        "format_version": FORMAT_VERSION,
-        "input": storage.normalize(cfg.input),
-        "split": cfg.split,
-        "split_order": list(cfg.split),  # the channels' order (the hash split's slices are cut in it)
-        "split_method": cfg.split_method,
-        "seed": cfg.seed,
-        "min_per_class": cfg.min_per_class,
-        "label_depth": cfg.label_depth,
-        # --labels: the table's URI, rows, objects it left unlabelled, rows naming no listed object.
-        "labels_table": labels_table,
-        # --base: its root and fingerprint; objects reused (not read), new, changed, left, moved.
-        "base": base,
-        "labels": checked.labels,
-        "fingerprint": fingerprint,
-        "parts": parts,
-        "counts": {
-            "listed": checked.listed,
-            "accepted": checked.listed - rejected,
-            "rejected": rejected,
-            "channels": {c: sum(counts[c].values()) for c in counts},
-            "classes": counts,
-            "skipped": listed.skipped.total(),
-        },
-        "achieved_fractions": achieved,
-        "rejects_by_reason": dict(sorted(checked.reasons.items())),
-        # "hidden" (their names vary without bound, as '._*' files do) or "excluded: --exclude GLOB".
-        "skipped_by_reason": dict(sorted(listed.skipped.items())),
-        "skipped_examples": dict(listed.skipped_examples),
-        "exclude": list(cfg.exclude),
-        "include_hidden": cfg.include_hidden,
-        "dedupe": cfg.dedupe,
-        "duplicates": duplicates,
-    }
+def _clear(out: str, *, replacing: bool) -> None:
+    """Before the tables are written: take the manifest being replaced out of reach, and remove
+    every table."""
+    if replacing:
+        # Invalidate only now that the new manifest passed its checks (a run that fails before
+        # leaves the old one, and its dataset, readable): no reader may see a dataset whose
+        # manifest is being replaced.
+        storage.remove(dataset_json_uri(out))
+        storage.remove(manifest_marker_uri(out))
+    _remove_tables(out)
 
 
 def _remove_tables(out: str) -> None:
@@ -383,26 +395,68 @@ def _remove_tables(out: str) -> None:
             storage.remove(("s3://" if out.startswith("s3://") else "file://") + entry, recursive=True)
 
 
-def load(cfg: ManifestConfig, engine: Engine, listed: _Listed, checked: _Checked, plan: Plan, *,
-         labels_table: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Split each class part and write every manifest table's part on the workers (pass 4), the
-    duplicate report (pass 5, if there are duplicates), ``labels.json``, then the marker. With
-    ``base`` (:func:`rebase`'s report), the marker also counts the objects whose channel is
-    not their base channel."""
+def write_tables(engine: Engine, plan: PassPlan, checked: _CheckedCounts) -> _TablesWritten:
+    """Split each class part and write every manifest table's part on the workers (pass 4),
+    then report the groups of identical content (pass 5, if there are any)."""
     plan = replace(plan, labels=checked.labels)
-    results = engine.map_partitions(partial(class_task, plan=plan), list(range(plan.parts)), partitions=plan.parts)
-    fingerprints = {label: h for r in results for label, h in r["fingerprints"].items()}
-    found = [] if not checked.duplicate_groups else engine.map_partitions(
-        partial(duplicates_task, plan=plan), list(range(plan.content_buckets)), partitions=plan.content_buckets)
-    duplicates = duplicates_report(found, checked.removed)
-    if base is not None:
-        moved = sorted((e for r in results for e in r["moved_examples"]), key=lambda e: e["key"])[:EXAMPLES]
-        base = {**base, "moved": sum(r["moved"] for r in results), "moved_examples": moved}
-    summary = summarize(cfg, listed, checked, parts=plan.parts, fingerprint=combine_fingerprints(fingerprints),
-                        duplicates=duplicates, labels_table=labels_table, base=base)
-    storage.write_json_atomic(labels_uri(plan.out), checked.labels)
-    storage.write_json_atomic(manifest_marker_uri(plan.out), summary)  # last: the manifest is complete
-    return summary
+    classes = engine.map_partitions(partial(class_task, plan=plan), list(range(plan.parts)),
+                                    partitions=plan.parts)
+    found = [] if not checked.content.duplicate_groups else engine.map_partitions(
+        partial(duplicates_task, plan=plan), list(range(plan.content_buckets)),
+        partitions=plan.content_buckets)
+    duplicates = Duplicates(DuplicateGroups.merge(found), removed=checked.content.removed)
+    return _TablesWritten(classes=ClassParts.merge(classes), duplicates=duplicates)
+
+
+def summarize(cfg: ManifestConfig, listing: Listing, checked: _CheckedCounts, written: _TablesWritten, *,
+              parts: int, base: BaseReport | None = None) -> dict[str, Any]:
+    """What ``manifests/_manifest.json`` says."""
+    counts = checked.counts
+    achieved = {}
+    for label in checked.labels:
+        total = sum(counts[c][label] for c in counts)
+        achieved[label] = {c: round(counts[c][label] / total, 4) for c in counts}
+    listed, reasons = checked.content.listed, checked.content.reasons
+    return {
+        "format_version": FORMAT_VERSION,
+        "input": storage.normalize(cfg.input),
+        "split": cfg.split,
+        "split_order": list(cfg.split),  # the channels' order (the hash split's slices are cut in it)
+        "split_method": cfg.split_method,
+        "seed": cfg.seed,
+        "min_per_class": cfg.min_per_class,
+        "label_depth": cfg.label_depth,
+        # --labels: the table's URI, rows, objects it left unlabelled, rows naming no listed object.
+        "labels_table": listing.labels_table,
+        # --base: its root and fingerprint; objects reused (not read), new, changed, left, moved.
+        "base": base.to_json() if base is not None else None,
+        "labels": checked.labels,
+        "fingerprint": combine_fingerprints(written.classes.fingerprints),
+        "parts": parts,
+        "counts": {
+            "listed": listed,
+            "accepted": listed - reasons.total(),
+            "rejected": reasons.total(),
+            "channels": {c: sum(counts[c].values()) for c in counts},
+            "classes": counts,
+            "skipped": listing.skipped.total(),
+        },
+        "achieved_fractions": achieved,
+        "rejects_by_reason": dict(sorted(reasons.items())),
+        # "hidden" (their names vary without bound, as '._*' files do) or "excluded: --exclude GLOB".
+        "skipped_by_reason": dict(sorted(listing.skipped.items())),
+        "skipped_examples": dict(listing.skipped_examples),
+        "exclude": list(cfg.exclude),
+        "include_hidden": cfg.include_hidden,
+        "dedupe": cfg.dedupe,
+        "duplicates": written.duplicates.to_json(),
+    }
+
+
+def commit(out: str, labels: dict[str, int], summary: dict[str, Any]) -> None:
+    """Write ``labels.json``, then the marker: last, it says the manifest is complete."""
+    storage.write_json_atomic(labels_uri(out), labels)
+    storage.write_json_atomic(manifest_marker_uri(out), summary)
 
 
 def _check_bucket(out: str) -> None:
@@ -416,16 +470,29 @@ def _check_bucket(out: str) -> None:
         raise StorageError(f"cannot write {out}: {type(exc).__name__}: {exc}") from exc
 
 
-def _warn_duplicates(dups: dict[str, Any]) -> None:
-    if dups["across_channels"]:
+def _warn_duplicates(dups: Duplicates) -> None:
+    found = dups.found
+    if found.across_channels:
         log.warning("leakage: %d groups of identical images are split across channels (%d objects in %d groups "
                     "of identical content in all; e.g. %s); pass --dedupe to keep one of each",
-                    dups["across_channels"], dups["objects"], dups["groups"], dups["examples"][0])
-    elif dups["groups"]:
+                    found.across_channels, found.objects, found.groups, dups.examples[0])
+    elif found.groups:
         log.warning("%d objects in %d groups of identical content (each group within one channel; e.g. %s)",
-                    dups["objects"], dups["groups"], dups["examples"][0])
-    if dups["removed"]:
-        log.info("dedupe: rejected %d copies of identical content", dups["removed"])
+                    found.objects, found.groups, dups.examples[0])
+    if dups.removed:
+        log.info("dedupe: rejected %d copies of identical content", dups.removed)
+
+
+def _log_written(out: str, summary: dict[str, Any]) -> None:
+    c = summary["counts"]
+    log.info("manifest written to %s: %d listed, %d accepted (%s), %d rejected", out, c["listed"], c["accepted"],
+             ", ".join(f"{k}={v}" for k, v in c["channels"].items()), c["rejected"])
+    if base := summary["base"]:
+        log.info("--base %s: %s", base["root"], _base_counts(base))
+        if base["relabelled"]:
+            log.warning("%d objects have another label than in --base %s (e.g. %s): each takes its new "
+                        "label, as a build without --base gives it", base["relabelled"], base["root"],
+                        _relabelled(base))
 
 
 def hold(cfg: ManifestConfig) -> AbstractContextManager[None]:
@@ -452,54 +519,26 @@ def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
 
 
 def _build(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
-    """List, label, split and write the manifest (inputs checked, the lock held)."""
+    """List (or read the Ground Truth manifest), label, join with the base, inspect, check,
+    split and write the manifest (inputs checked, the lock held)."""
     out = storage.normalize(cfg.output)
-    if out.startswith("s3://"):
-        _check_bucket(out)
-    marker = manifest_marker_uri(out)
-    replacing = storage.exists(marker) or storage.exists(dataset_json_uri(out))
-    if replacing and not cfg.overwrite:
-        raise DatasetExistsError(f"{out} already holds a manifest ({marker}); pass --overwrite to replace it")
-    storage.remove_temporaries(out)  # half-written files of a killed run
+    replacing = _prepare_output(cfg, out)
     staging = _staging(out)
-    storage.remove(staging, recursive=True)  # a killed run's staged rows
-    labels_table = None
-    if cfg.input_manifest:  # the objects and their labels from a Ground Truth manifest (jobs/manifest_steps/ground_truth.py)
-        gt = read_manifest(engine, uri=cfg.input_manifest, attribute=cfg.label_attribute or "", root=cfg.input,
-                           skip=_skip(cfg), rows_per_part=cfg.rows_per_part, staging=staging)
-        listed = _Listed(parts=gt.parts, prefixes=max(1, len(gt.labels)), skipped=gt.skipped,
-                         skipped_examples=gt.skipped_examples)
-        labels_table = gt.summary
-    else:
-        listed = extract(cfg, engine, staging)
+    listing = read_ground_truth(cfg, engine, staging) if cfg.input_manifest else extract(cfg, engine, staging)
     if cfg.labels:
-        listed, labels_table = label(cfg, engine, listed, staging)
-    join = base = None
-    if cfg.base:
-        join, base = rebase(cfg, engine, listed, staging)
-    plan = _plan(cfg, out, staging, listed)
-    checked, report = transform(cfg, engine, listed, plan, join)
-    if base is not None:
-        base.update(report or {})
-    if replacing:
-        # Invalidate only now that the new manifest passed its checks (a run that fails before
-        # leaves the old one, and its dataset, readable): no reader may see a dataset whose
-        # manifest is being replaced.
-        storage.remove(dataset_json_uri(out))
-        storage.remove(marker)
-    _remove_tables(out)
-    summary = load(cfg, engine, listed, checked, plan, labels_table=labels_table, base=base)
+        listing = label(cfg, engine, listing, staging)
+    join = rebase(cfg, engine, listing, staging) if cfg.base else None
+    plan = _plan(cfg, out, staging, listing)
+    joined = read_headers(cfg, engine, listing, plan, join)
+    checked = group_and_check(cfg, engine, plan)
+    _clear(out, replacing=replacing)
+    written = write_tables(engine, plan, checked)
+    base = None if join is None or joined is None else BaseReport(join, joined, written.classes)
+    summary = summarize(cfg, listing, checked, written, parts=plan.parts, base=base)
+    commit(out, checked.labels, summary)
     storage.remove(staging, recursive=True)
-    _warn_duplicates(summary["duplicates"])
-    c = summary["counts"]
-    log.info("manifest written to %s: %d listed, %d accepted (%s), %d rejected", out, c["listed"], c["accepted"],
-             ", ".join(f"{k}={v}" for k, v in c["channels"].items()), c["rejected"])
-    if base := summary["base"]:
-        log.info("--base %s: %s", base["root"], _base_counts(base))
-        if base["relabelled"]:
-            log.warning("%d objects have another label than in --base %s (e.g. %s): each takes its new "
-                        "label, as a build without --base gives it", base["relabelled"], base["root"],
-                        _relabelled(base))
+    _warn_duplicates(written.duplicates)
+    _log_written(out, summary)
     return summary
 
 

@@ -41,6 +41,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -53,45 +54,65 @@ import pyarrow.compute as pc
 from jobs.common.cli import job_parser, run_job
 from jobs.common.engines import Engine
 from jobs.common.tasks import each, pack
-from jobs.shard_steps.assemble import RepairTask, locate_and_assemble
+from jobs.shard_steps.assemble import AssembledShard, locate_and_assemble
 from jobs.shard_steps.commit import commit, place_assembled, staged_rejects
 from jobs.shard_steps.config import ShardConfig
-from jobs.shard_steps.dataset_info import dataset_info, dataset_version
-from jobs.shard_steps.deal import Deal, deal_from_counts
-from jobs.shard_steps.inputs import check_shard_inputs
+from jobs.shard_steps.dataset_info import BuiltChannel, ShardFile, dataset_info, dataset_version
+from jobs.shard_steps.deal import DROPPED_ROWS_SHARD, Deal, deal_from_counts
+from jobs.shard_steps.inputs import ShardInputs, check_shard_inputs
 from jobs.shard_steps.plan_summary import PlanSummary, channel_plan
-from jobs.shard_steps.plan_tasks import OrderTask, SlotTask, order_rows, slot_rows
+from jobs.shard_steps.plan_tasks import (
+    Channel,
+    ClassRows,
+    OrderPass,
+    OrderTask,
+    PlannedChannel,
+    ShardOrder,
+    ShardsToOrder,
+    SlotPart,
+    order_rows,
+    order_tasks,
+    slot_rows,
+    slot_tasks,
+)
 from jobs.shard_steps.preprocess import (
     REJECT_SCHEMA,
     RejectsTask,
+    SegmentResult,
     SegmentTask,
     preprocess_segment,
     unique_rejects,
     write_rejects,
 )
 from jobs.shard_steps.repair import (
-    changed_shards,
+    RepairedChannel,
     check_reject_budget,
-    final_deals,
-    moved_from,
-    outcome_sources,
+    repair_tasks,
+    repaired_channel,
+    shards_to_assemble,
 )
 from jobs.shard_steps.report_html import write_report
-from jobs.shard_steps.reuse import Base, Reuse, StageTask, plan_reuse, reuse_images, stage
-from jobs.shard_steps.segments import SPARE, order_uri, segment_cuts, segment_tasks
+from jobs.shard_steps.reuse import (
+    BaseDataset,
+    ReusePlan,
+    StagedFile,
+    StageTask,
+    plan_reuse,
+    reuse_images,
+    stage,
+)
+from jobs.shard_steps.segments import segment_tasks
 from jobs.shard_steps.staging import (
-    RUNS,
-    assembled_shard,
     finished,
     rejects_path,
-    staged_shard,
     staging_folder,
     staging_root,
     versioned,
+    work_uri,
 )
 from lakeshard import storage
 from lakeshard.errors import ShardError
-from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo, channel_dirname
+from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo
 from lakeshard.locks import dataset_lock
 
 __all__ = ["dataset_version", "hold", "main", "parser", "plan_only", "prepare", "run"]
@@ -112,10 +133,6 @@ def default_tasks(rows: int, cores: int) -> int:
     return max(cores, min(math.ceil(rows / _ROWS_PER_TASK), max(_MAX_TASKS, 4 * cores)))
 
 
-#: Rows given their slots by one task at most (a group of classes; a larger class is one task).
-_ROWS_PER_SLOT_TASK = 500_000
-
-
 def _run(engine: Engine, fn: Any, items: list[Any], sizes: list[int], slots: int) -> list[Any]:
     """``fn`` over ``items`` on the engine, packed into at most ``slots`` tasks by ``sizes``."""
     if not items:
@@ -124,106 +141,285 @@ def _run(engine: Engine, fn: Any, items: list[Any], sizes: list[int], slots: int
     return engine.map_partitions(each(fn), bins, partitions=len(bins))
 
 
-def _preprocess(engine: Engine, tasks: list[SegmentTask], reused: dict[str, dict[str, Any]], *,
-                slots: int, channels: list[str], num_shards: int) -> tuple[list[dict[str, Any]], int, int, int]:
-    """Run the tasks an earlier run did not finish; return every segment's result (reused ones
-    first), the number of tasks run, of images they decoded and of images they took from the
-    ``--base`` dataset."""
-    todo = [t for t in tasks if t.uri not in reused]
-    if reused:
-        log.info("resuming: %d of %d segments (%d images) were preprocessed by an interrupted run of this job; "
-                 "reusing them (--no-resume starts over)", len(reused), len(tasks),
-                 sum(r["rows"] for r in reused.values()))
-    log.info("preprocessing %d images (%s) straight into %d shard files: %d segments in %d tasks on %s",
-             sum(t.num_rows for t in todo), ", ".join(channels), len(channels) * num_shards, len(todo),
-             len(pack(todo, [t.num_rows for t in todo], slots)) if todo else 0, engine.name)
-    done = _run(engine, preprocess_segment, todo, [t.num_rows for t in todo], slots)
-    taken = sum(d["reused"] for d in done)
-    return [*reused.values(), *done], len(todo), sum(d["rows"] for d in done) - taken, taken
+@dataclass(frozen=True, slots=True)
+class Build:
+    """What every step of one build shares: its options, engine and checked inputs, its staging
+    folder, the rows of a preprocessing segment and the engine tasks that preprocess."""
+
+    cfg: ShardConfig
+    engine: Engine
+    job: ShardInputs
+    staging: str
+    segment_rows: int
+    slots: int
+
+    def footer(self) -> dict[str, Any]:
+        """Every shard's footer, less its channel and index."""
+        return {"dataset_version": self.job.version, "num_shards": self.cfg.num_shards,
+                "format_version": FORMAT_VERSION, "image_format": self.cfg.image_format,
+                "image_size": self.cfg.image_size}
 
 
-def _with_base(engine: Engine, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask],
-               finished_: dict[str, dict[str, Any]]) -> list[SegmentTask]:
-    """``tasks``, those still to run naming the runs of the images they take from ``base``
-    (:mod:`jobs.shard_steps.reuse`, on the workers; ``staged`` by the order pass)."""
-    todo = [t for t in tasks if t.uri not in finished_]
-    log.info("--base %s (version %s): looking up the %d rows to preprocess among its %d shard files", base.root,
-             base.info.dataset_version, sum(t.num_rows for t in todo), len(base.shards))
-    found, matched = reuse_images(partial(_run, engine), base, reuse, staged, todo,
-                                  skip=tuple(t.reuse_id for t in tasks if t.uri in finished_),
-                                  cores=engine.parallelism)
-    log.info("--base %s holds the images of %d of them, taken from its shards; the other %d are fetched and decoded",
-             base.root, matched, sum(t.num_rows for t in todo) - matched)
-    swap = {t.uri: t for t in found}
-    return [swap.get(t.uri, t) for t in tasks]
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The first plan of every channel, and (``--base``) where the join with the base is staged
+    and what the order pass staged for it."""
+
+    channels: tuple[PlannedChannel, ...]
+    reuse: ReusePlan | None
+    staged: tuple[StagedFile, ...]
 
 
-def _classes(marker: dict[str, Any], channel: str) -> list[tuple[str, int, int]]:
-    """(label, label index, rows) of each class of ``channel`` with rows, from the manifest's
-    marker (``counts.classes``): the aggregates the plan is made from."""
+@dataclass(frozen=True, slots=True)
+class Preprocessed:
+    """Every segment's task and result (by segment file; those an interrupted run of this job
+    finished first), and what :class:`~lakeshard.format.BuildInfo` counts of them."""
+
+    tasks: list[SegmentTask]
+    results: dict[str, SegmentResult]
+    resumed: int  #: segments an interrupted run finished, reused as they are
+    ran: int  #: preprocessing tasks run
+    decoded: int  #: images fetched and decoded
+    taken: int  #: images taken from the ``--base`` dataset
+
+    def rejects(self) -> pa.Table:
+        """Every segment's rejects (a row and its pad copies may each have failed)."""
+        tables = [r.rejects for r in self.results.values()]
+        return pa.concat_tables(tables) if tables else REJECT_SCHEMA.empty_table()
+
+
+# --- The plan -------------------------------------------------------------------------------
+
+
+def _classes(marker: dict[str, Any], channel: str) -> tuple[ClassRows, ...]:
+    """Each class of ``channel`` with rows, from the manifest's marker (``counts.classes``), by
+    label index: the aggregates the plan is made from."""
     counts = marker["counts"]["classes"][channel]
-    return sorted(((name, int(marker["labels"][name]), int(n)) for name, n in counts.items() if n),
-                  key=lambda c: c[1])
+    classes = (ClassRows(name, int(marker["labels"][name]), int(n)) for name, n in counts.items() if n)
+    return tuple(sorted(classes, key=lambda c: c.index))
 
 
-def _slot_parts(engine: Engine, staging: str, root: str, deals: dict[str, Deal],
-                classes: dict[str, list[tuple[str, int, int]]]) -> dict[str, tuple[str, ...]]:
-    """Give every row its slot on the workers, a task per group of classes; the slot parts of each channel."""
-    tasks = []
-    total = sum(d.total for d in deals.values())
-    for channel, deal in deals.items():
-        mine = classes[channel]
-        # The engine's cores shared by the channels, by rows, and no task over _ROWS_PER_SLOT_TASK rows
-        # (but a class whole): an engine task costs tenths of a second to schedule on Spark.
-        wanted = max(1, round(engine.parallelism * deal.total / total), math.ceil(deal.total / _ROWS_PER_SLOT_TASK))
-        groups = pack(mine, [n for _, _, n in mine], wanted)
-        for i, group in enumerate(sorted(groups, key=lambda g: min(c[1] for c in g))):
-            tasks.append(SlotTask(root=root, channel=channel, seed=deal.seed, num_shards=deal.num_shards,
-                                  classes=tuple((name, i_, deal.class_start(i_), n) for name, i_, n in sorted(group, key=lambda c: c[1])),
-                                  uri=storage.join(staging, RUNS, "slots", channel_dirname(channel), f"part-{i:05d}.parquet")))
+def _deal(cfg: ShardConfig, classes: tuple[ClassRows, ...], *, seed: int, channel: str,
+          rejected: list[int] | None = None) -> Deal:
+    """The plan of ``channel`` from its ``classes``, without the rows at slots ``rejected``."""
+    return deal_from_counts({c.index: c.rows for c in classes}, num_shards=cfg.num_shards, seed=seed,
+                            channel=channel, remainder=cfg.remainder, rejected=rejected or ())
+
+
+def _channels(cfg: ShardConfig, job: ShardInputs) -> list[Channel]:
+    """The channels to shard, each with its first plan, from the manifest's counts (the rows
+    stay on the workers: :mod:`jobs.shard_steps.deal`, :mod:`jobs.shard_steps.plan_tasks`)."""
+    channels = []
+    for name in job.channels:
+        classes = _classes(job.marker, name)
+        first = _deal(cfg, classes, seed=job.seed, channel=name)
+        channels.append(Channel(name=name, classes=classes, first=first))
+    return channels
+
+
+def _preprocess_tasks(cfg: ShardConfig, rows: int, engine: Engine) -> int:
+    """Engine tasks that preprocess ``rows`` rows: one per core, or more when each would get
+    over :data:`_ROWS_PER_TASK` rows, up to :data:`_MAX_TASKS` (``--partitions`` if given). A
+    task uses its core to the end whatever the others do: fewer, longer tasks leave fewer gaps
+    between tasks."""
+    return cfg.partitions or default_tasks(rows, engine.parallelism)
+
+
+def _start(cfg: ShardConfig, engine: Engine, job: ShardInputs, *, rows: int) -> Build:
+    """A build of ``rows`` rows: its segments' size and its staging folder (named after them)."""
+    wanted = _preprocess_tasks(cfg, rows, engine)
+    segment_rows = math.ceil(rows / wanted)
+    return Build(cfg=cfg, engine=engine, job=job, segment_rows=segment_rows,
+                 staging=staging_folder(job.root, job.version, cfg, segment_rows, resume=cfg.resume),
+                 # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
+                 slots=engine.parallelism * math.ceil(wanted / engine.parallelism))
+
+
+def _slot_parts(engine: Engine, staging: str, root: str,
+                channels: list[Channel]) -> dict[str, tuple[str, ...]]:
+    """Give every row its slot on the workers, a task per group of classes; the slot parts of
+    each channel."""
+    tasks = slot_tasks(channels, root=root, staging=staging, cores=engine.parallelism)
     # At most a task per core: every channel has a slot task of its own (three channels on two
     # cores are four), and these tasks are short; the engine's tasks each run several in turn.
-    done = _run(engine, slot_rows, tasks, [sum(c[3] for c in t.classes) for t in tasks], engine.parallelism)
-    if sum(d["rows"] for d in done) != sum(d.total for d in deals.values()):
-        raise ShardError(f"the slot tasks gave {sum(d['rows'] for d in done)} rows their slots, "
-                         f"the plan counts {sum(d.total for d in deals.values())}")  # slot_rows checks each class
-    return {c: tuple(t.uri for t in tasks if t.channel == c) for c in deals}
+    done: list[SlotPart] = _run(engine, slot_rows, tasks, [t.rows for t in tasks], engine.parallelism)
+    total = sum(c.first.total for c in channels)
+    if sum(p.rows for p in done) != total:
+        raise ShardError(f"the slot tasks gave {sum(p.rows for p in done)} rows their slots, "
+                         f"the plan counts {total}")  # slot_rows checks each class
+    return {c.name: tuple(t.uri for t in tasks if t.deal.channel == c.name) for c in channels}
 
 
-def _plan_step(item: OrderTask | StageTask) -> dict[str, Any]:
+def _plan_step(item: OrderTask | StageTask) -> ShardOrder | StagedFile:
     """An item of the order pass: an order task, or (``--base``) one staging the base's side of the join."""
     return order_rows(item) if isinstance(item, OrderTask) else stage(item)
 
 
-def _order(engine: Engine, staging: str, name: str, deals: dict[str, Deal], shards: dict[str, list[int]],
-           parts: dict[str, tuple[str, ...]], *, segment_rows: int,
-           reuse: tuple[Reuse, list[StageTask], list[int]] | None = None
-           ) -> tuple[dict[tuple[str, int], dict[str, Any]], list[dict[str, Any]]]:
-    """Write the order file of each of ``shards`` of each channel of plan ``name`` on the workers,
-    in as many engine tasks as it has cores; number the segments. With ``reuse`` (a
-    :func:`jobs.shard_steps.reuse.plan_reuse`), stage both sides of the join with the base in the same
-    engine action. Returns the order tasks' results by (channel, shard), and what was staged."""
-    tasks: list[OrderTask] = []
-    for channel, deal in deals.items():
-        for k, shard in enumerate(shards[channel]):
-            rows = len(deal.dropped) if shard == SPARE else deal.rows_per_shard
-            cuts = (0, rows) if shard == SPARE else segment_cuts(rows, segment_rows)
-            first = tasks[-1].segments[-1] + 1 if tasks else 0
-            tasks.append(OrderTask(deal=deal, shard=shard, parts=parts[channel], cuts=cuts, report=k == 0,
-                                   uri=order_uri(staging, name, channel, shard), reuse=reuse[0] if reuse else None,
-                                   segments=tuple(range(first, first + len(cuts) - 1))))
-    extra, sizes = (reuse[1], reuse[2]) if reuse else ([], [])
-    done = _run(engine, _plan_step, [*tasks, *extra], [*(t.cuts[-1] for t in tasks), *sizes], engine.parallelism)
-    orders = {(d["channel"], d["shard"]): d for d in done if "side" not in d}  # a stage task's result has a side
-    staged = [d for d in done if "side" in d] + [d["staged"] for d in orders.values() if "staged" in d]
-    return orders, staged
+def _order(engine: Engine, staging: str, plan: str, wanted: list[ShardsToOrder], *, segment_rows: int,
+           reuse: ReusePlan | None = None) -> OrderPass:
+    """Write the order files ``wanted`` of plan ``plan`` on the workers, in as many engine tasks
+    as it has cores. With ``reuse`` (:func:`jobs.shard_steps.reuse.plan_reuse`), stage both
+    sides of the join with the base in the same engine action."""
+    tasks = order_tasks(staging, plan, wanted, segment_rows=segment_rows,
+                        join=reuse.folder if reuse else None)
+    stage_tasks, sizes = (reuse.stage_tasks, reuse.sizes) if reuse else ((), ())
+    done = _run(engine, _plan_step, [*tasks, *stage_tasks], [*(t.cuts[-1] for t in tasks), *sizes],
+                engine.parallelism)
+    orders = tuple(d for d in done if isinstance(d, ShardOrder))
+    staged = [d for d in done if isinstance(d, StagedFile)]
+    staged += [o.staged for o in orders if o.staged is not None]
+    return OrderPass(orders=orders, staged=tuple(staged))
 
 
-def _named(deal: Deal, known: dict[int, tuple[str, str]]) -> tuple[list[str], list[str]]:
-    """The URIs of the deal's dropped and padded rows (a padded row once per copy), by key."""
-    def uris(slots: tuple[int, ...]) -> list[str]:
-        return [known[g][1] for g in sorted(slots, key=lambda g: known[g])]
-    return uris(deal.dropped), uris(deal.padded)
+def _plan(build: Build, channels: list[Channel]) -> Plan:
+    """The first plan on the workers: every row's slot, then the order file of every shard and
+    of the dropped rows (preprocessed too, in case rejects change the plan); with ``--base``,
+    both sides of the join with the base staged in the order pass's engine action."""
+    job, n = build.job, build.cfg.num_shards
+    parts = _slot_parts(build.engine, build.staging, job.root, channels)
+    rows = sum(c.first.total for c in channels)
+    reuse = None if job.base is None else plan_reuse(job.base, rows, folder=work_uri(build.staging, "reuse"),
+                                                     slots=build.slots)
+    wanted = [ShardsToOrder(deal=c.first, slot_parts=parts[c.name],
+                            shards=(*range(n), *([DROPPED_ROWS_SHARD] if c.first.dropped else [])))
+              for c in channels]
+    done = _order(build.engine, build.staging, "first", wanted, segment_rows=build.segment_rows, reuse=reuse)
+    return Plan(channels=tuple(PlannedChannel(channel=c, slot_parts=parts[c.name], orders=done.of(c.name))
+                               for c in channels), reuse=reuse, staged=done.staged)
+
+
+# --- Preprocessing --------------------------------------------------------------------------
+
+
+def _with_base(build: Build, base: BaseDataset, reuse: ReusePlan, staged: tuple[StagedFile, ...],
+               tasks: list[SegmentTask], resumed: dict[str, SegmentResult]) -> list[SegmentTask]:
+    """``tasks``, those still to run naming the runs of the images they take from ``base``
+    (:mod:`jobs.shard_steps.reuse`, on the workers; ``staged`` by the order pass)."""
+    todo = [t for t in tasks if t.uri not in resumed]
+    log.info("--base %s (version %s): looking up the %d rows to preprocess among its %d shard files",
+             base.root, base.info.dataset_version, sum(t.num_rows for t in todo), len(base.shards))
+    found = reuse_images(partial(_run, build.engine), base, reuse.folder, list(staged), todo,
+                         skip=tuple(t.reuse_id for t in tasks if t.uri in resumed),
+                         cores=build.engine.parallelism)
+    log.info("--base %s holds the images of %d of them, taken from its shards; the other %d are fetched "
+             "and decoded", base.root, found.matched, sum(t.num_rows for t in todo) - found.matched)
+    swap = {t.uri: t for t in found.tasks}
+    return [swap.get(t.uri, t) for t in tasks]
+
+
+def _preprocess(build: Build, plan: Plan) -> Preprocessed:
+    """Preprocess every segment of the first plan that an earlier run did not finish, straight
+    into its file (with ``--base``, the base's images of unchanged objects found first)."""
+    cfg, engine, n = build.cfg, build.engine, build.cfg.num_shards
+    tasks = [t for c in plan.channels for t in segment_tasks(
+        build.staging, c.channel.first, c.orders, cfg, build.footer(), segment_rows=build.segment_rows,
+        decode_threads=cfg.decode_threads or engine.task_cpus)]
+    resumed = finished(build.staging, tasks)
+    if build.job.base is not None and plan.reuse is not None:
+        tasks = _with_base(build, build.job.base, plan.reuse, plan.staged, tasks, resumed)
+    todo = [t for t in tasks if t.uri not in resumed]
+    if resumed:
+        log.info("resuming: %d of %d segments (%d images) were preprocessed by an interrupted run of this "
+                 "job; reusing them (--no-resume starts over)", len(resumed), len(tasks),
+                 sum(r.rows for r in resumed.values()))
+    sizes = [t.num_rows for t in todo]
+    log.info("preprocessing %d images (%s) straight into %d shard files: %d segments in %d tasks on %s",
+             sum(sizes), ", ".join(build.job.channels), len(build.job.channels) * n, len(todo),
+             len(pack(todo, sizes, build.slots)) if todo else 0, engine.name)
+    done: list[SegmentResult] = _run(engine, preprocess_segment, todo, sizes, build.slots)
+    taken = sum(d.reused for d in done)
+    return Preprocessed(tasks=tasks, results={**resumed, **{d.uri: d for d in done}}, resumed=len(resumed),
+                        ran=len(todo), decoded=sum(d.rows for d in done) - taken, taken=taken)
+
+
+# --- Repair and assembly --------------------------------------------------------------------
+
+
+def _final_deal(build: Build, channel: Channel, rejects: pa.Table) -> Deal:
+    """The plan of ``channel`` without its ``rejects`` (its first plan if it has none), from the
+    reject list alone: the plan moves as few rows as it can."""
+    slots = rejects.filter(pc.equal(rejects["channel"], channel.name))["slot"].to_pylist()
+    if not slots:
+        return channel.first
+    return _deal(build.cfg, channel.classes, seed=build.job.seed, channel=channel.name, rejected=slots)
+
+
+def _repair(build: Build, plan: Plan, pre: Preprocessed) -> list[RepairedChannel]:
+    """After preprocessing: the rejects checked against their budget, each channel's plan made
+    again without its rejects (:mod:`jobs.shard_steps.repair`), and the shards to assemble (those
+    that changed, and those preprocessed in segments); the order files of those that changed,
+    on the workers."""
+    n = build.cfg.num_shards
+    failed = pre.rejects()
+    rejects = unique_rejects(failed)
+    check_reject_budget(rejects, sum(c.channel.first.total for c in plan.channels),
+                        max_fraction=build.cfg.max_reject_fraction, root=build.job.root)
+    finals = [_final_deal(build, c.channel, rejects) for c in plan.channels]
+    log.info("plan: %s", ", ".join(f"{d.channel}={d.rows_per_shard}×{n}" for d in finals))
+    need = [shards_to_assemble(c, final, failed, pre.tasks, num_shards=n)
+            for c, final in zip(plan.channels, finals, strict=True)]
+    wanted = [ShardsToOrder(deal=final, shards=shards, slot_parts=c.slot_parts)
+              for c, final, shards in zip(plan.channels, finals, need, strict=True)
+              if final is not c.channel.first and shards]
+    redone = _order(build.engine, build.staging, "final", wanted, segment_rows=build.segment_rows) if wanted \
+        else OrderPass(orders=(), staged=())
+    return [repaired_channel(c, final, shards, redone, staging=build.staging,
+                             rejected=int(pc.sum(pc.equal(rejects["channel"], final.channel)).as_py() or 0))
+            for c, final, shards in zip(plan.channels, finals, need, strict=True)]
+
+
+def _assemble(build: Build, channels: list[RepairedChannel], pre: Preprocessed) -> list[AssembledShard]:
+    """Assemble the shards of ``channels`` that need it from rows already preprocessed, each
+    beside its place (:mod:`jobs.shard_steps.assemble`), on the workers."""
+    repairs = [r for c in channels for r in repair_tasks(c, pre.tasks, metadata=build.footer(),
+                                                           row_group_bytes=build.cfg.row_group_size)]
+    if repairs:
+        log.info("assembling %d of %d shard files from preprocessed rows (%d images rejected)", len(repairs),
+                 len(channels) * build.cfg.num_shards, sum(c.rejected for c in channels))
+    sizes = [c.final.rows_per_shard for c in channels for _ in c.assemble]
+    return _run(build.engine, locate_and_assemble, repairs, sizes, build.slots)
+
+
+# --- The rejects table and the commit -------------------------------------------------------
+
+
+def _write_rejects_table(build: Build, pre: Preprocessed) -> None:
+    """The shard rejects table, from the receipts of the segments that had rejects (before
+    :func:`~jobs.shard_steps.commit.place_assembled`, which removes the receipts of the files
+    assembled shards replace). On S3 straight into the version folder (no copy at the commit);
+    locally into the staging folder, moved into place by the commit."""
+    staging = build.staging
+    with_rejects = tuple(t.receipt for t in pre.tasks
+                         if t.receipt is not None and pre.results[t.uri].rejects.num_rows)
+    table = RejectsTask(root=build.job.root, relpath=rejects_path(staging), receipts=with_rejects) \
+        if versioned(staging) else RejectsTask(root=staged_rejects(staging), receipts=with_rejects)
+    if with_rejects:
+        _run(build.engine, write_rejects, [table], [1], 1)
+    else:  # an empty table: no row to read, and on Spark an engine action costs tenths of a second
+        write_rejects(table)
+
+
+def _commit(build: Build, channels: list[RepairedChannel], pre: Preprocessed,
+            assembled: list[AssembledShard]) -> DatasetInfo:
+    """Put the assembled shards in place, then commit them with ``dataset.json``
+    (:mod:`jobs.shard_steps.commit`)."""
+    job, n, staging = build.job, build.cfg.num_shards, build.staging
+    files = {(c.name, s): uri for c in channels for s, uri in c.files.items()}
+    paths = place_assembled(job.root, staging, files, pre.tasks, num_shards=n)
+    written = {r.uri: r.stats for r in pre.results.values()} | {a.uri: a.stats for a in assembled}
+    built = [BuiltChannel(name=c.name, deal=c.final, rejected=c.rejected, dropped=c.uris(c.final.dropped),
+                          padded=c.uris(c.final.padded),
+                          shards=tuple(ShardFile(index=s, path=paths[(c.name, s)], stats=written[uri])
+                                       for s, uri in c.files.items()))
+             for c in channels]
+    made = BuildInfo(preprocess_tasks=pre.ran, preprocessed=pre.decoded, reused_segments=pre.resumed,
+                     assembled_shards=len(assembled), reused=pre.taken,
+                     base=job.base.ref() if job.base is not None else None)
+    info = dataset_info(build.cfg, job, built, made, engine=build.engine.name,
+                        rejects_path=rejects_path(staging))
+    commit(job.root, staging, built, info)
+    log.info("dataset %s committed at %s", job.version, job.root)
+    return info
 
 
 def _write_report(root: str, info: DatasetInfo) -> None:
@@ -236,21 +432,7 @@ def _write_report(root: str, info: DatasetInfo) -> None:
                     "(python -m jobs.report %s writes it again)", root, type(exc).__name__, exc, root)
 
 
-def _deal(cfg: ShardConfig, classes: list[tuple[str, int, int]], *, seed: int, channel: str,
-          rejected: list[int] | None = None) -> Deal:
-    """The plan of ``channel`` from its ``classes`` (:func:`_classes`), without the rows at slots ``rejected``."""
-    return deal_from_counts({i: rows for _, i, rows in classes}, num_shards=cfg.num_shards, seed=seed,
-                            channel=channel, remainder=cfg.remainder, rejected=rejected or ())
-
-
-def _segment_rows(cfg: ShardConfig, total: int, engine: Engine) -> tuple[int, int]:
-    """(rows per preprocessing segment, engine tasks that preprocess) for ``total`` rows."""
-    # One task per core, or more when each would get over _ROWS_PER_TASK rows, up to _MAX_TASKS.
-    # A task uses its core to the end whatever the others do: fewer, longer tasks leave fewer
-    # gaps between tasks.
-    wanted = cfg.partitions or default_tasks(total, engine.parallelism)
-    # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
-    return math.ceil(total / wanted), engine.parallelism * math.ceil(wanted / engine.parallelism)
+# --- The job --------------------------------------------------------------------------------
 
 
 def plan_only(cfg: ShardConfig, engine: Engine) -> PlanSummary:
@@ -259,21 +441,23 @@ def plan_only(cfg: ShardConfig, engine: Engine) -> PlanSummary:
     under the dataset's ``_staging/``, removed at the end whatever happens; returns the plan's
     summary. Reads no image and leaves the dataset (and any staging of a real run) as it was."""
     job = check_shard_inputs(cfg)
-    root, n = job.root, cfg.num_shards
-    classes = {c: _classes(job.marker, c) for c in job.channels}
-    deals = {c: _deal(cfg, classes[c], seed=job.seed, channel=c) for c in job.channels}
-    segment_rows, _ = _segment_rows(cfg, sum(d.total for d in deals.values()), engine)
-    staging = storage.join(staging_root(root), f"plan-only-{uuid.uuid4().hex[:12]}")
+    channels, n = _channels(cfg, job), cfg.num_shards
+    rows = sum(c.first.total for c in channels)
+    segment_rows = math.ceil(rows / _preprocess_tasks(cfg, rows, engine))
+    staging = storage.join(staging_root(job.root), f"plan-only-{uuid.uuid4().hex[:12]}")
     log.info("plan only: the plan's files go to %s (removed at the end)", staging)
     try:
-        parts = _slot_parts(engine, staging, root, deals, classes)
-        orders, _ = _order(engine, staging, "plan", deals, {c: list(range(n)) for c in deals}, parts,
-                           segment_rows=segment_rows)
+        parts = _slot_parts(engine, staging, job.root, channels)
+        wanted = [ShardsToOrder(deal=c.first, shards=tuple(range(n)), slot_parts=parts[c.name])
+                  for c in channels]
+        done = _order(engine, staging, "plan", wanted, segment_rows=segment_rows)
     finally:
         storage.remove(staging, recursive=True)
-    summary = PlanSummary(dataset=storage.normalize(cfg.dataset), channels=tuple(
-        channel_plan(d, {s: orders[(c, s)]["classes"] for s in range(n)}, named=orders[(c, 0)].get("named"))
-        for c, d in deals.items()))
+    plans = []
+    for c in channels:
+        orders = done.of(c.name)
+        plans.append(channel_plan(c.first, {s: o.classes for s, o in orders.items()}, named=orders[0].named))
+    summary = PlanSummary(dataset=storage.normalize(cfg.dataset), channels=tuple(plans))
     log.info("%s", summary.text())
     return summary
 
@@ -305,105 +489,21 @@ def run(cfg: ShardConfig, engine: Engine) -> DatasetInfo | PlanSummary:
 
 
 def _build(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
-    """Build and commit the shards (the lock held)."""
+    """Build and commit the shards (the lock held): plan, preprocess, repair, assemble, write
+    the rejects table, commit; then the report."""
     job = check_shard_inputs(cfg)
-    root, channels, n = job.root, job.channels, cfg.num_shards
     # The old dataset stays readable until the commit: a run that fails (a denied object, an
     # outage) or is killed before it leaves it as it was.
-    storage.remove_temporaries(root)  # a killed run's half-written files (kept staging included)
-
-    # The plan from the manifest's counts; the rows stay on the workers (jobs.shard_steps.deal, jobs.shard_steps.plan_tasks).
-    classes = {c: _classes(job.marker, c) for c in channels}
-
-    def deal(channel: str, rejected: list[int] | None = None) -> Deal:
-        return _deal(cfg, classes[channel], seed=job.seed, channel=channel, rejected=rejected)
-
-    first = {c: deal(c) for c in channels}
-    total = sum(d.total for d in first.values())
-    meta = {"dataset_version": job.version, "num_shards": n, "format_version": FORMAT_VERSION,
-            "image_format": cfg.image_format, "image_size": cfg.image_size}
-    segment_rows, slots = _segment_rows(cfg, total, engine)
-    staging = staging_folder(root, job.version, cfg, segment_rows, resume=cfg.resume)
-
-    parts = _slot_parts(engine, staging, root, first, classes)
-    shards = {c: [*range(n), *([SPARE] if d.dropped else [])] for c, d in first.items()}
-    reuse = plan_reuse(job.base, total, folder=storage.join(staging, RUNS, "reuse"), slots=slots) \
-        if job.base is not None else None
-    orders, staged = _order(engine, staging, "first", first, shards, parts, segment_rows=segment_rows, reuse=reuse)
-    known = {c: dict(orders[(c, 0)].get("named", {})) for c in channels}
-    tasks = segment_tasks(staging, first, orders, cfg, meta, segment_rows=segment_rows,
-                          decode_threads=cfg.decode_threads or engine.task_cpus)
-    reused = finished(staging, tasks)
-    if job.base is not None and reuse is not None:
-        tasks = _with_base(engine, job.base, reuse[0], staged, tasks, reused)
-    done, ran, decoded, taken = _preprocess(engine, tasks, reused, slots=slots, channels=channels, num_shards=n)
-    written = {d["uri"]: d["stats"] for d in done}
-
-    failed = pa.concat_tables([d["rejects"] for d in done]) if done else REJECT_SCHEMA.empty_table()
-    rejects = unique_rejects(failed)
-    check_reject_budget(rejects, total, max_fraction=cfg.max_reject_fraction, root=root)
-    plans = final_deals(first, rejects, deal)
-    log.info("plan: %s", ", ".join(f"{c}={plans[c].rows_per_shard}×{n}" for c in channels))
-
-    # Repair: the shards the rejects changed, and those preprocessed in segments, are assembled.
-    by_shard: dict[tuple[str, int], list[SegmentTask]] = {}
-    for t in tasks:
-        by_shard.setdefault((t.metadata["channel"], t.metadata["shard_index"]), []).append(t)
-    need: dict[str, list[int]] = {}
-    for c in channels:
-        mine = failed.filter(pc.equal(failed["channel"], c))
-        whole = set(mine.filter(pc.invert(mine["is_pad"]))["slot"].to_pylist())
-        changed = changed_shards(first[c], plans[c], written=set(mine["slot"].to_pylist()) - whole) \
-            if plans[c] is not first[c] else set()
-        need[c] = sorted(changed | {s for s in range(n) if len(by_shard[(c, s)]) > 1})
-    redone = {c for c in channels if plans[c] is not first[c] and need[c]}
-    final_orders = _order(engine, staging, "final", {c: plans[c] for c in redone}, need, parts,
-                          segment_rows=segment_rows)[0] if redone else {}
-    for c in redone:
-        known[c].update(final_orders[(c, need[c][0])].get("named", {}))
-    repairs: list[RepairTask] = []
-    final = {(c, s): staged_shard(staging, c, s, n) for c in channels for s in range(n)}
-    for c in channels:
-        for s in need[c]:
-            sources = moved_from(first[c], plans[c], s) if c in redone else set()
-            beside = assembled_shard(staging, c, s, n)
-            repairs.append(RepairTask(
-                uri=beside, order=(final_orders if c in redone else orders)[(c, s)]["uri"],
-                own=outcome_sources(by_shard[(c, s)]),
-                others=outcome_sources([t for k in sorted(sources) for t in by_shard.get((c, k), [])]),
-                metadata={**meta, "channel": c, "shard_index": s}, row_group_bytes=cfg.row_group_size))
-            final[(c, s)] = beside
-    if repairs:
-        log.info("assembling %d of %d shard files from preprocessed rows (%d images rejected)", len(repairs),
-                 len(channels) * n, rejects.num_rows)
-        sizes = [plans[r.metadata["channel"]].rows_per_shard for r in repairs]
-        written.update({d["uri"]: d["stats"] for d in _run(engine, locate_and_assemble, repairs, sizes, slots)})
-    # The rejects table, from the receipts of the segments that had rejects (before
-    # place_assembled, which removes the receipts of the files assembled shards replace).
-    results = {d["uri"]: d for d in done}
-    with_rejects = tuple(t.receipt for t in tasks if t.receipt is not None and results[t.uri]["rejects"].num_rows)
-    # On S3 straight into the version folder (no copy at the commit); locally into the staging
-    # folder, moved into place by the commit.
-    table = RejectsTask(root=root, relpath=rejects_path(staging), receipts=with_rejects) if versioned(staging) \
-        else RejectsTask(root=staged_rejects(staging), receipts=with_rejects)
-    if with_rejects:
-        _run(engine, write_rejects, [table], [1], 1)
-    else:  # an empty table: no row to read, and on Spark an engine action costs tenths of a second
-        write_rejects(table)
-    paths = place_assembled(root, staging, final, tasks, num_shards=n)
-
-    stats = [{"channel": c, "shard": s, "path": paths[(c, s)], **written[uri]} for (c, s), uri in final.items()]
-    reject_counts = {c: int(pc.sum(pc.equal(rejects["channel"], c)).as_py() or 0) for c in channels}
-    info = dataset_info(cfg, marker=job.marker, version=job.version, seed=job.seed, engine=engine.name,
-                        deals=plans, named={c: _named(plans[c], known[c]) for c in channels}, stats=stats,
-                        reject_counts=reject_counts,
-                        build=BuildInfo(preprocess_tasks=ran, preprocessed=decoded, reused_segments=len(reused),
-                                        assembled_shards=len(repairs), reused=taken,
-                                        base=job.base.ref() if job.base is not None else None),
-                        rejects_path=rejects_path(staging))
-    commit(root, staging, stats=stats, plans=plans, info=info)
-    log.info("dataset %s committed at %s", job.version, root)
-    _write_report(root, info)
+    storage.remove_temporaries(job.root)  # a killed run's half-written files (kept staging included)
+    channels = _channels(cfg, job)
+    build = _start(cfg, engine, job, rows=sum(c.first.total for c in channels))
+    plan = _plan(build, channels)
+    pre = _preprocess(build, plan)
+    repaired = _repair(build, plan, pre)
+    assembled = _assemble(build, repaired, pre)
+    _write_rejects_table(build, pre)
+    info = _commit(build, repaired, pre, assembled)
+    _write_report(job.root, info)
     return info
 
 

@@ -4,7 +4,7 @@ come from the listing and retries from botocore's own retry configuration). Sing
 thread (:func:`s3_get`, :func:`s3_get_tail`, :func:`s3_read_range`: the loader's every read,
 the jobs' image reads) go through one blocking botocore client per process instead
 (:func:`s3_client`, with the same settings): no event loop to hand each one to, and a loader
-that never imports s3fs (design/0025, design/0026).
+that never imports s3fs (design/0030).
 
 S3 settings come from the standard AWS environment: credentials and region as botocore
 resolves them, and the endpoint from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``.
@@ -252,8 +252,8 @@ def s3_client() -> Any:
 
     For bulk ranged reads on threads of their own (:func:`s3_read_range`, the loader's row
     groups): its body arrives through ``http.client`` into one buffer, where s3fs's aiohttp
-    copies every chunk twice on one event-loop thread, 2.4 against 4.3 CPU-ms per 4.2 MB GET
-    (design/0025). The S3 models s3fs has parsed already are shared, not parsed again."""
+    copies every chunk twice on one event-loop thread (design/0030; the CPU per GET is in
+    docs/performance.md). The S3 models s3fs has parsed already are shared, not parsed again."""
     options = s3_options()
     key = (os.getpid(), json.dumps(options, sort_keys=True))
     with _CLIENTS_LOCK:

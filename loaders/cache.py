@@ -258,7 +258,7 @@ class ShardCache:
         h = hashlib.sha256()
         try:
             # Parts of _CHUNK bytes, _PARTS at a time, through the blocking client the fetch
-            # threads use (design/0025): a far store's bandwidth is per connection.
+            # threads use (design/0030): a far store's bandwidth is per connection.
             part = f"{threading.current_thread().name}-part"
             with open(tmp, "wb") as dst, ThreadPoolExecutor(_PARTS, thread_name_prefix=part) as pool:
                 starts = list(range(0, shard.bytes, _CHUNK))

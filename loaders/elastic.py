@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from lakeshard.errors import LoaderError
 from loaders.plan import Piece, num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.shuffle import EpochOrder, epoch_order
 
-__all__ = ["EpochSettings", "Leg", "LegPlan", "Window", "order_of", "rows_of"]
+__all__ = ["EpochSettings", "Leg", "LegPlan", "ReadOrder", "SequenceRows", "Window", "order_of", "rows_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +213,14 @@ def _as_pad(w: Window) -> Window:
     return Window(tuple(dataclasses.replace(p, pad=True) for p in w.pieces), w.take)
 
 
-def order_of(windows: Sequence[Window]) -> tuple[list[Piece], EpochOrder]:
+class ReadOrder(NamedTuple):
+    """A sequence of windows as the reader reads it: ``order``'s windows index ``pieces``."""
+
+    pieces: list[Piece]
+    order: EpochOrder
+
+
+def order_of(windows: Sequence[Window]) -> ReadOrder:
     """``windows`` as the reader reads an epoch: distinct pieces, and an :class:`EpochOrder`
     whose ``perms`` select (not only permute) rows of each window's pieces."""
     index: dict[Piece, int] = {}
@@ -221,12 +229,19 @@ def order_of(windows: Sequence[Window]) -> tuple[list[Piece], EpochOrder]:
         wins.append(np.asarray([index.setdefault(p, len(index)) for p in w.pieces], dtype=np.int64))
         takes.append(np.asarray(w.take, dtype=np.int64))
         starts.append(starts[-1] + len(w))
-    return list(index), EpochOrder(windows=wins, perms=takes, starts=np.asarray(starts, dtype=np.int64))
+    return ReadOrder(list(index), EpochOrder(windows=wins, perms=takes, starts=np.asarray(starts, dtype=np.int64)))
 
 
-def rows_of(windows: Sequence[Window], shard_starts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """``(global row ids, pad flags)`` of a sequence, position by position; ``shard_starts[i]`` is
-    shard ``i``'s first global row."""
+class SequenceRows(NamedTuple):
+    """A sequence's rows, position by position: global row ids and pad flags."""
+
+    ids: np.ndarray
+    pads: np.ndarray
+
+
+def rows_of(windows: Sequence[Window], shard_starts: Sequence[int]) -> SequenceRows:
+    """The global row ids and pad flags of a sequence, position by position; ``shard_starts[i]``
+    is shard ``i``'s first global row."""
     ids, pads = [], []
     for w in windows:
         rows = np.concatenate([np.arange(p.start, p.stop) + shard_starts[p.shard] for p in w.pieces])
@@ -234,5 +249,5 @@ def rows_of(windows: Sequence[Window], shard_starts: Sequence[int]) -> tuple[np.
         ids.append(rows[w.take])
         pads.append(flags[w.take])
     if not ids:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
-    return np.concatenate(ids), np.concatenate(pads)
+        return SequenceRows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+    return SequenceRows(np.concatenate(ids), np.concatenate(pads))

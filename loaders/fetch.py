@@ -273,7 +273,7 @@ class RangeFetcher:
     def _start_locked(self) -> None:
         if self._executor is None:
             self._executor = _started_pool(self.concurrency, f"{self._name}-fetch")
-            # Every read in flight may be in parts (an epoch's first batch: record 0018), the
+            # Every read in flight may be in parts (an epoch's first batch: record 0030), the
             # parts beyond the first at once: up to concurrency * (concurrency - 1), the first
             # round of them started now.
             self._parts = _started_pool(self.concurrency, f"{self._name}-part", max_workers=self.concurrency * (self.concurrency - 1))

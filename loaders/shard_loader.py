@@ -119,9 +119,9 @@ class ShardLoader:
         self.total_rows = sum(shard_rows)
         self.rows_per_rank = rows_per_rank(self.total_rows, opts.world_size, remainder=opts.remainder)
         segments = rank_segments(shard_rows, opts.world_size, opts.rank, remainder=opts.remainder)
-        # Footers are read once per loader: a remote shard's is kept (with its size) for the
+        # Footers are read once per loader: a remote shard's is kept (with its size and ETag) for the
         # ranged reads of every epoch.
-        remote: dict[int, tuple[Any, int, str | None]] = {}
+        remote: dict[int, contract.ShardFooter] = {}
         self._groups = groups = self._read_footers(sorted({seg.shard for seg in segments}), shard_rows, remote)
         self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
         if self._num_batches == 0:
@@ -137,13 +137,10 @@ class ShardLoader:
         self._epoch = 0
         self._next_start = 0  # the batch the next iteration starts at (set by load_state_dict)
         self._consumed = 0  # batches of self._epoch consumed so far (by every leg)
-        # An epoch resumed at another world size: the legs before this one and what it reads.
-        self._legs: tuple[Leg, ...] = ()
-        self._plan: EpochPlan | None = None
-        self._plan_batches = 0  # batches per rank of self._plan
-        self._plan_used = False  # an iteration has started from self._plan
+        self._resumed: _ResumedEpoch | None = None  # self._epoch resumed at another world size, if it is
+        self._resumed_used = False  # an iteration has started from self._resumed
         self._running: Epoch[BatchTask, Any] | None = None
-        self._early: _Early | None = None  # the next epoch, started before its iteration
+        self._started_early: _EpochStartedEarly | None = None  # the next epoch, started before its iteration
         self._reads = ReadCount()  # of the current (or last) iteration
         self._last_iter_epoch: int | None = None  # the epoch the last iteration ran
         self._lock = threading.Lock()
@@ -183,7 +180,7 @@ class ShardLoader:
         self._reader.use_local(cache.ready())
         return cache
 
-    def _make_fetcher(self, remote: dict[int, tuple[Any, int, str | None]], blocks: int, name: str) -> RangeFetcher:
+    def _make_fetcher(self, remote: dict[int, contract.ShardFooter], blocks: int, name: str) -> RangeFetcher:
         opts = self.options
         side = opts.crop or self.image_size
         decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
@@ -210,7 +207,7 @@ class ShardLoader:
         return self.fetcher.peak_bytes_held if self.fetcher is not None else 0
 
     def _read_footers(self, shards: list[int], shard_rows: list[int],
-                      remote: dict[int, tuple[Any, int, str | None]]) -> dict[int, list[int]]:  # fmt: skip
+                      remote: dict[int, contract.ShardFooter]) -> dict[int, list[int]]:  # fmt: skip
         """:meth:`_row_groups` of each of ``shards``, up to ``read_concurrency`` at once: a remote
         footer costs round trips, and a rank of many shards would otherwise pay them in a row."""
         if len(shards) < 2:
@@ -219,16 +216,16 @@ class ShardLoader:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"lakeshard-r{self.options.rank}-footer") as pool:
             return dict(zip(shards, pool.map(lambda s: self._row_groups(s, shard_rows[s], remote), shards), strict=True))
 
-    def _row_groups(self, shard: int, rows: int, remote: dict[int, tuple[Any, int, str | None]]) -> list[int]:
+    def _row_groups(self, shard: int, rows: int, remote: dict[int, contract.ShardFooter]) -> list[int]:
         """Row-group sizes of one shard, after checking it against ``dataset.json``; a remote
-        shard's footer and size go into ``remote``."""
+        shard's footer (with its size and ETag) goes into ``remote``."""
         uri = self.shard_uris[shard]
         if uri.startswith("file://"):
             with contract.open_shard(uri) as f:
                 return f.check(self.info, self.options.channel, shard, rows=rows)
         footer = contract.read_shard_footer(uri)  # one GET (no HEAD) for most shards
         groups = footer.check(self.info, self.options.channel, shard, rows=rows)
-        remote[shard] = (footer.metadata, footer.size, footer.etag)
+        remote[shard] = footer
         return groups
 
     @property
@@ -238,8 +235,8 @@ class ShardLoader:
 
     # -- epochs and state --------------------------------------------------------------------------
     def __len__(self) -> int:
-        if self._plan is not None:
-            return self._plan.first_index + self._plan_batches
+        if self._resumed is not None:
+            return self._resumed.plan.first_index + self._resumed.batches
         return self._num_batches
 
     @property
@@ -253,12 +250,14 @@ class ShardLoader:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         if epoch != self._epoch:
             self._epoch, self._next_start, self._consumed = epoch, 0, 0
-            self._legs, self._plan = (), None
+            self._resumed = None
 
     def state_dict(self) -> dict[str, Any]:
         opts = self.options
-        first = self._plan.first_index if self._plan is not None else 0
-        legs = [*self._legs, Leg(opts.world_size, opts.batch_size, self._consumed - first)]
+        resumed = self._resumed
+        before = resumed.legs_before if resumed is not None else ()
+        first = resumed.plan.first_index if resumed is not None else 0
+        legs = [*before, Leg(opts.world_size, opts.batch_size, self._consumed - first)]
         return state_dict(dataset=self.dataset, dataset_version=self.dataset_version, channel=opts.channel,
                           epoch=self._epoch, legs=legs, order=opts.order_key())  # fmt: skip
 
@@ -282,40 +281,41 @@ class ShardLoader:
         last = saved.legs[-1]
         check_global_batch(last, world_size=opts.world_size, batch_size=opts.batch_size)
         consumed = saved.batches_consumed
-        legs: tuple[Leg, ...] = ()
-        plan, plan_batches = None, 0
+        resumed = None
         self._stop_pipeline()  # before the plan: it may add remote shards to the reader
         if len(saved.legs) == 1 and last.world_size == opts.world_size:
             if not 0 <= consumed <= self._num_batches:
                 raise LoaderError(f"batches_consumed must be in [0, {self._num_batches}], got {consumed!r}")
         else:
             # The same world size as the last leg continues it; another one starts a new leg.
-            legs = saved.legs[:-1] if last.world_size == opts.world_size else saved.legs
+            before = saved.legs[:-1] if last.world_size == opts.world_size else saved.legs
             current = last if last.world_size == opts.world_size else Leg(opts.world_size, opts.batch_size, 0)
-            plan, plan_batches = self._leg_plan(saved.epoch, [*legs, current])
+            resumed = self._resume_leg(saved.epoch, before, current)
         self._epoch, self._next_start, self._consumed = saved.epoch, consumed, consumed
-        self._legs, self._plan, self._plan_batches, self._plan_used = legs, plan, plan_batches, False
+        self._resumed, self._resumed_used = resumed, False
 
-    def _leg_plan(self, epoch: int, legs: list[Leg]) -> tuple[EpochPlan, int]:
-        """What this rank reads in the last of ``legs`` of ``epoch``, and its batches. Reads the
-        footers of the shards other ranks read before (once each; a remote one is kept for the
-        ranged reads)."""
+    def _resume_leg(self, epoch: int, before: tuple[Leg, ...], current: Leg) -> _ResumedEpoch:
+        """What this rank reads in leg ``current`` of ``epoch``, after the legs ``before``, and its
+        batches. Reads the footers of the shards other ranks read before (once each; a remote one
+        is kept for the ranged reads)."""
         opts = self.options
-        remote: dict[int, tuple[Any, int, str | None]] = {}
+        legs = [*before, current]
+        remote: dict[int, contract.ShardFooter] = {}
         settings = EpochSettings(
             shard_rows=tuple(self._shard_rows), row_groups=_Footers(self, remote), shuffle=opts.shuffle, seed=opts.seed,
             epoch=epoch, window_rows=opts.shuffle_window, drop_last=opts.drop_last, remainder=opts.remainder,
         )  # fmt: skip
         legs_plan = LegPlan(settings, legs)
         n = len(legs) - 1
-        pieces, order = order_of(legs_plan.sequence(n, opts.rank))
+        read = order_of(legs_plan.sequence(n, opts.rank))
         if remote:
             self._reader.add_remote(remote)
         if self.fetcher is not None:
-            self._fit_budget(self._reader.max_range_bytes(pieces))
-        tag = ("legs", tuple((leg.world_size, leg.batch_size, leg.batches) for leg in legs[:-1]))
-        plan = EpochPlan(pieces, order, legs_plan.end(n), first_index=legs_plan.batches_before(n), tag=tag)
-        return plan, legs_plan.num_batches(n)
+            self._fit_budget(self._reader.max_range_bytes(read.pieces))
+        tag = ("legs", tuple((leg.world_size, leg.batch_size, leg.batches) for leg in before))
+        plan = EpochPlan(read.pieces, read.order, legs_plan.end(n), first_index=legs_plan.batches_before(n),
+                         tag=tag)
+        return _ResumedEpoch(before, plan, legs_plan.num_batches(n))
 
     def _fit_budget(self, largest: int) -> None:
         """Let the fetcher's budget hold row groups of ``largest`` bytes (other ranks' shards)."""
@@ -364,9 +364,9 @@ class ShardLoader:
             self._reader.use_local(self.cache.ready())
             self.cache.start(self._cached, name=f"lakeshard-r{self.options.rank}")
         start, self._next_start = self._next_start, 0
-        if self._plan is not None and self._plan_used:  # the epoch again: afresh, at this world size
-            self._legs, self._plan = (), None
-        self._plan_used = True
+        if self._resumed is not None and self._resumed_used:  # the epoch again: afresh, at this world size
+            self._resumed = None
+        self._resumed_used = True
         self._consumed = start
         # The epoch expected next, whose first batch's windows are fetched after this epoch's reads
         # (remote shards): epoch + 1 on the first iteration and after a step of one (the
@@ -377,35 +377,36 @@ class ShardLoader:
         looping = self._last_iter_epoch is not None and self._epoch - self._last_iter_epoch == 1
         ahead = self._epoch + 1 if looping or self._last_iter_epoch is None else None
         self._last_iter_epoch = self._epoch
-        early, self._early = self._early, None
-        if early is not None and early.epoch == self._epoch and start == 0 and self._plan is None \
+        early, self._started_early = self._started_early, None
+        if early is not None and early.epoch == self._epoch and start == 0 and self._resumed is None \
                 and self._pipeline.promote(early.run):  # fmt: skip
-            early.go.set()
+            early.promoted.set()
             epoch, self.skipped_rows, self._reads = early.run, early.skipped, early.reads
         else:
             if early is not None:
                 early.run.close()
             self.skipped_rows, self._reads = [], ReadCount()
             stop = threading.Event()
-            plan = self._plan
+            plan = self._resumed.plan if self._resumed is not None else None
             tasks = self._reader.tasks(self._epoch, start - (plan.first_index if plan else 0), stop, ahead, plan, reads=self._reads)
             epoch = self._pipeline.start(tasks, self._decoder(self._epoch, self.skipped_rows), stop=stop)
-        if looping and self._plan is None:
-            self._early = self._start_early(self._epoch + 1)
+        if looping and self._resumed is None:
+            self._started_early = self._start_early(self._epoch + 1)
         with self._lock:
             self._running = epoch
         self.stats = epoch.stats
         return epoch
 
-    def _start_early(self, epoch: int) -> _Early:
+    def _start_early(self, epoch: int) -> _EpochStartedEarly:
         """Epoch ``epoch`` from its first batch, to run after the current one (see
         :meth:`loaders.pipeline.Pipeline.start_next`): its first batches are decoded while this
-        one's last are consumed, from row groups already read; it reads more once it is its turn."""
+        one's last are consumed, from row groups already read; it reads more once it is promoted
+        to the current epoch."""
         skipped: list[SkippedRow] = []
-        reads, stop, go = ReadCount(), threading.Event(), threading.Event()
-        tasks = self._reader.tasks(epoch, 0, stop, epoch + 1, go=go, reads=reads)
+        reads, stop, promoted = ReadCount(), threading.Event(), threading.Event()
+        tasks = self._reader.tasks(epoch, 0, stop, epoch + 1, promoted=promoted, reads=reads)
         run = self._pipeline.start_next(tasks, self._decoder(epoch, skipped), stop=stop)
-        return _Early(epoch, run, go, skipped, reads)
+        return _EpochStartedEarly(epoch, run, promoted, skipped, reads)
 
     def _decoder(self, epoch: int, skipped: list[SkippedRow]) -> Callable[[BatchTask, threading.Event], Any]:
         """What decodes a batch task of ``epoch`` (bad rows it skips go to ``skipped``)."""
@@ -482,7 +483,7 @@ class ShardLoader:
     def _stop_pipeline(self) -> None:
         """Stop the running epoch and the one started early."""
         self._stop_running()
-        early, self._early = self._early, None
+        early, self._started_early = self._started_early, None
         if early is not None:
             early.run.close()
 
@@ -518,22 +519,34 @@ class _Owner:
 
 
 @dataclass(frozen=True)
-class _Early:
-    """An epoch started early (:meth:`ShardLoader._start_early`): its pipeline epoch, the event
-    that lets it read more than what is already fetched, and its bad rows and reads."""
+class _EpochStartedEarly:
+    """An epoch started before its iteration (:meth:`ShardLoader._start_early`): its pipeline
+    epoch, the event set once the loader makes it the current epoch (from then on it reads more
+    than what was read ahead for it), and its bad rows and reads."""
 
     epoch: int
     run: Epoch[BatchTask, Any]
-    go: threading.Event
+    promoted: threading.Event
     skipped: list[SkippedRow]
     reads: ReadCount
+
+
+@dataclass(frozen=True, slots=True)
+class _ResumedEpoch:
+    """An epoch resumed after a change of world size, in it or in an earlier resume
+    (:mod:`loaders.elastic`): its legs before the current one, what this rank reads in the
+    current one and the batches it yields there."""
+
+    legs_before: tuple[Leg, ...]
+    plan: EpochPlan
+    batches: int
 
 
 class _Footers(Mapping[int, list[int]]):
     """Row-group sizes of a loader's shards, each footer read (and checked) on first use;
     remote footers go into ``remote``."""
 
-    def __init__(self, loader: ShardLoader, remote: dict[int, tuple[Any, int, str | None]]) -> None:
+    def __init__(self, loader: ShardLoader, remote: dict[int, contract.ShardFooter]) -> None:
         self._loader, self._remote = loader, remote
 
     def __getitem__(self, shard: int) -> list[int]:

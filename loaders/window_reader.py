@@ -24,11 +24,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from lakeshard import storage
 from lakeshard.errors import DatasetError, LoaderError
-from lakeshard.format import DatasetInfo, OpenShard, open_shard
+from lakeshard.format import DatasetInfo, OpenShard, ShardFooter, open_shard
 from loaders.arrow_columns import binary_rows, int64_column
 from loaders.batch import NULL_LABEL, BatchTask
 from loaders.fetch import ByteRange, RangeFetcher, read_row_group, row_group_range
@@ -113,20 +112,20 @@ class WindowReader:
         self.pieces = pieces
         self._num_batches = num_batches
         self._rows_per_rank = rows_per_rank
-        #: Remote shards: the footer (read once, by the loader) and the size of each.
-        self.remote: dict[int, tuple[pq.FileMetaData, int, str | None]] = {}
+        #: Remote shards: the footer of each, with its size and ETag (read once, by the loader).
+        self.remote: dict[int, ShardFooter] = {}
         #: Reads remote row groups ahead (None: every shard is local, read on the reader thread).
         self.fetcher: RangeFetcher | None = None
         self._ranges: dict[tuple[int, int], ByteRange] = {}  # (shard, row group) -> its bytes (remote)
         self._local: dict[int, str] = {}  # shard index -> a verified local copy (loaders.cache)
 
-    def use_fetcher(self, fetcher: RangeFetcher, remote: dict[int, tuple[pq.FileMetaData, int, str | None]]) -> None:
-        """Read the shards in ``remote`` (index -> footer, size, ETag) through ``fetcher``."""
+    def use_fetcher(self, fetcher: RangeFetcher, remote: dict[int, ShardFooter]) -> None:
+        """Read the shards in ``remote`` (index -> footer) through ``fetcher``."""
         self.fetcher = fetcher
         self.add_remote(remote)
 
-    def add_remote(self, remote: dict[int, tuple[pq.FileMetaData, int, str | None]]) -> None:
-        """More remote shards (index -> footer, size, ETag) to read through the fetcher."""
+    def add_remote(self, remote: dict[int, ShardFooter]) -> None:
+        """More remote shards (index -> footer) to read through the fetcher."""
         self.remote.update(remote)
 
     def use_local(self, copies: dict[int, str]) -> None:
@@ -142,9 +141,9 @@ class WindowReader:
             return None
         key = (piece.shard, piece.row_group)
         if key not in self._ranges:
-            md, _, etag = self.remote[piece.shard]
-            lo, hi = row_group_range(md, piece.row_group)
-            self._ranges[key] = ByteRange(storage.s3_path(self.shard_uris[piece.shard]), lo, hi, etag)
+            footer = self.remote[piece.shard]
+            lo, hi = row_group_range(footer.metadata, piece.row_group)
+            self._ranges[key] = ByteRange(storage.s3_path(self.shard_uris[piece.shard]), lo, hi, footer.etag)
         return self._ranges[key]
 
     def max_range_bytes(self, pieces: Sequence[Piece] | None = None) -> int:
@@ -160,7 +159,7 @@ class WindowReader:
         for piece in self.pieces:
             r = self._range(piece)
             if r is not None:
-                md = self.remote[piece.shard][0]
+                md = self.remote[piece.shard].metadata
                 per_row = max(per_row, r.size / max(1, md.row_group(piece.row_group).num_rows))
         return int(per_row * self.options.shuffle_window) + self.max_range_bytes()
 
@@ -188,7 +187,7 @@ class WindowReader:
         return EpochPlan(self.pieces, self.order(epoch), min(self._num_batches * self.options.batch_size, self._rows_per_rank))
 
     def tasks(self, epoch: int, start: int, stop: threading.Event, ahead: int | None = None,
-              plan: EpochPlan | None = None, *, go: threading.Event | None = None,
+              plan: EpochPlan | None = None, *, promoted: threading.Event | None = None,
               reads: ReadCount | None = None) -> Iterator[BatchTask]:  # fmt: skip
         """Batch tasks of ``epoch`` (read as ``plan`` says; default: :meth:`plan`) from batch
         ``start`` of the plan on; runs on the reader thread and returns early once ``stop`` is set.
@@ -202,10 +201,11 @@ class WindowReader:
         They are fetched after every read of this epoch, on the fetch threads, within the
         memory budget, so they never delay this epoch's batches.
 
-        ``go``: the epoch is started early, while the one before it is still consumed
-        (:meth:`loaders.pipeline.Pipeline.start_next`); until ``go`` is set (its own turn), it
-        makes tasks only of row groups already fetched (the round the epoch before read ahead)
-        or local, and asks for no other read, so the epoch before never waits on its reads."""
+        ``promoted``: the epoch is started early, while the one before it is still consumed
+        (:meth:`loaders.pipeline.Pipeline.start_next`); until ``promoted`` is set (the loader made
+        it the current epoch: its own turn), it makes tasks only of row groups already fetched
+        (the round the epoch before read ahead) or local, and asks for no other read, so the
+        epoch before never waits on its reads."""
         bs = self.options.batch_size
         plan = plan or self.plan(epoch)
         order, end = plan.order, plan.end
@@ -217,7 +217,7 @@ class WindowReader:
         index = plan.first_index + start
         first = order.window_at(pos)
         last = _last_window(plan)
-        early = go is not None and not go.is_set() and self.fetcher is not None
+        early = promoted is not None and not promoted.is_set() and self.fetcher is not None
 
         def read_rest(window: int) -> None:  # an epoch started early, adopted: its reads from ``window`` on
             self.fetcher.schedule(self._keys(epoch, plan, range(window, last + 1)) + self._ahead(epoch, ahead))
@@ -230,8 +230,8 @@ class WindowReader:
         done = False
         try:
             for w in range(first, last + 1):
-                if early and (go.is_set() or not self._ready(epoch, plan, w, go, stop)):
-                    if not _wait(go, stop):
+                if early and (promoted.is_set() or not self._ready(epoch, plan, w, promoted, stop)):
+                    if not _wait(promoted, stop):
                         return
                     read_rest(w)
                     early = False
@@ -252,7 +252,7 @@ class WindowReader:
                 while n - k >= bs:
                     yield window.slice(k, k + bs).task(index)
                     index, k = index + 1, k + bs
-                    if early and go.is_set():  # adopted: the rest of the epoch's reads, at once
+                    if early and promoted.is_set():  # adopted: the rest of the epoch's reads, at once
                         read_rest(w + 1)
                         early = False
                 carry = window.slice(k) if k < n else None
@@ -262,7 +262,7 @@ class WindowReader:
             if carry is not None and len(carry):
                 yield carry.task(index)
             if early:  # every read was in the first round: the next epoch's, once it is this one's turn
-                if not _wait(go, stop):
+                if not _wait(promoted, stop):
                     return
                 read_rest(last + 1)
             done = True
@@ -285,17 +285,18 @@ class WindowReader:
         following = self.plan(ahead)
         return self._keys(ahead, following, range(_last_window(following) + 1))[: self._round(following)]
 
-    def _ready(self, epoch: int, plan: EpochPlan, w: int, go: threading.Event, stop: threading.Event) -> bool:
+    def _ready(self, epoch: int, plan: EpochPlan, w: int, promoted: threading.Event,
+               stop: threading.Event) -> bool:  # fmt: skip
         """Whether every remote row group of window ``w`` of ``plan`` is read (local ones are read
         here at once), once those already asked for are in; ``False`` at once if one was never
-        asked for, and when ``go`` or ``stop`` comes first. Checks every ``_READY_POLL_S`` rather
-        than waiting on the reads: a wait on the next epoch's reads is what an epoch started early
-        must never do before its turn."""
+        asked for, and when ``promoted`` or ``stop`` comes first. Checks every ``_READY_POLL_S``
+        rather than waiting on the reads: a wait on the next epoch's reads is what an epoch
+        started early must never do before its turn."""
         keys = [(epoch, plan.tag, int(p)) for p in plan.order.windows[w] if self._range(plan.pieces[int(p)]) is not None]
         if not all(self.fetcher.asked(k) for k in keys):
             return False
         while not all(map(self.fetcher.done, keys)):
-            if go.wait(_READY_POLL_S) or stop.is_set():
+            if promoted.wait(_READY_POLL_S) or stop.is_set():
                 return False
         return True
 
@@ -343,12 +344,14 @@ class WindowReader:
         """``piece``'s row group from the fetcher (scheduled by :meth:`tasks` under ``key``),
         decoded with the footer the loader read once; its bytes are released as soon as they
         are decoded."""
-        md, size, _ = self.remote[piece.shard]
+        footer = self.remote[piece.shard]
+        md = footer.metadata
         try:
             data = self.fetcher.get(key, stop)
             if data is None:
                 return None
-            return read_row_group(md, size, piece.row_group, r.start, data, [c for c in _COLUMNS if c in md.schema.names])
+            columns = [c for c in _COLUMNS if c in md.schema.names]
+            return read_row_group(md, footer.size, piece.row_group, r.start, data, columns)
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
         finally:
@@ -379,9 +382,9 @@ class ReadCount:
     row_groups: int = 0
 
 
-def _wait(go: threading.Event, stop: threading.Event) -> bool:
-    """Wait for ``go``; ``False`` if ``stop`` is set first."""
-    while not go.wait(_WAIT_S):
+def _wait(promoted: threading.Event, stop: threading.Event) -> bool:
+    """Wait for ``promoted``; ``False`` if ``stop`` is set first."""
+    while not promoted.wait(_WAIT_S):
         if stop.is_set():
             return False
     return not stop.is_set()

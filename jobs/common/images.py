@@ -2,25 +2,24 @@
 
 ``sniff`` tells an image from anything else by its first bytes (the manifest job); ``preprocess``
 decodes, applies EXIF orientation, converts to 8-bit RGB, resizes and re-encodes (the shard
-job). Preprocessing belongs here, once, not in every epoch of the training loop.
+job) as an :class:`~lakeshard.format.ImageSpec` says (the format's model of ``dataset.json``'s
+``image``, re-exported here). Preprocessing belongs here, once, not in every epoch of the
+training loop.
 """
 
 from __future__ import annotations
 
 import io
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageOps
 
 from lakeshard.errors import ImageRejected
+from lakeshard.format.info import ImageSpec
 from lakeshard.format.layout import STORED_IMAGE_SIGNATURES
 
-__all__ = ["RESIZE_MODES", "UNSUPPORTED_FORMATS", "ImageSpec", "preprocess", "sniff"]
-
-RESIZE_MODES = ("crop", "pad", "stretch")
-IMAGE_FORMATS = ("jpeg", "png")
+__all__ = ["DEFAULT_SPEC", "UNSUPPORTED_FORMATS", "ImageSpec", "preprocess", "sniff"]
 
 # Magic numbers of the formats Pillow decodes for us; anything else is asked of Pillow itself.
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
@@ -69,32 +68,10 @@ def sniff(head: bytes) -> str | None:
     return _pillow_format(head)
 
 
-@dataclass(frozen=True, slots=True)
-class ImageSpec:
-    """What every output image looks like.
-
-    ``resize``: ``crop`` scales the shorter side to ``size`` and takes the center square;
-    ``pad`` fits the whole image inside ``size``×``size`` on black; ``stretch`` ignores the
-    aspect ratio. Transparent images are composited over white.
-    """
-
-    size: int = 224
-    resize: str = "crop"
-    format: str = "jpeg"
-    quality: int = 90
-    max_pixels: int = 89_478_485  # Pillow's own decompression-bomb limit
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or not 8 <= self.size <= 8192:
-            raise ValueError(f"image size must be an integer in [8, 8192], got {self.size!r}")
-        if self.resize not in RESIZE_MODES:
-            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
-        if self.format not in IMAGE_FORMATS:
-            raise ValueError(f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {self.format!r}")
-        if not 1 <= self.quality <= 100:
-            raise ValueError(f"quality must be in [1, 100], got {self.quality!r}")
-        if self.max_pixels < 1:
-            raise ValueError(f"max_pixels must be positive, got {self.max_pixels!r}")
+#: The image options by default, the shard job's (``conf/shard.yaml``): 224-pixel center crops as
+#: JPEG quality 90, sources over Pillow's own decompression-bomb limit rejected. Another spec is
+#: ``dataclasses.replace(DEFAULT_SPEC, size=64)``.
+DEFAULT_SPEC = ImageSpec(size=224, format="jpeg", quality=90, resize="crop", max_pixels=89_478_485)
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:

@@ -2,7 +2,7 @@
 
 The base is checked before an engine starts (:func:`check_base`: complete, of this format, the
 same ``--input``, kind of label source and split). On the workers its rows are joined with the listed
-rows by key bucket, with the labelling pass's machinery (:class:`jobs.manifest_steps.label_tasks.Buckets`,
+rows by key bucket, with the labelling pass's machinery (:class:`jobs.manifest_steps.label_tasks.BucketJoin`,
 :func:`jobs.manifest_steps.label_tasks.stage_keys`), after the labelling; the join itself is done by the
 header-reading pass's tasks:
 
@@ -41,15 +41,24 @@ from jobs.common.engines import Engine
 from jobs.common.tasks import pack
 from jobs.manifest_steps.catalog import DUPLICATE, reason_kind
 from jobs.manifest_steps.config import ManifestConfig
-from jobs.manifest_steps.label_tasks import Buckets, stage_keys
+from jobs.manifest_steps.label_tasks import BucketJoin, stage_keys
 from jobs.manifest_steps.listing import reject
-from jobs.manifest_steps.passes import EXAMPLES, Plan, inspect_rows, read_staged
+from jobs.manifest_steps.passes import (
+    EXAMPLES,
+    ClassParts,
+    KeyChange,
+    PartSlice,
+    PassPlan,
+    inspect_rows,
+    read_staged,
+)
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, ManifestError
 from lakeshard.format import FORMAT_VERSION, MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri
 from lakeshard.format.manifest_table import hash_bucket, read_part, table_rows, write_part
 
-__all__ = ["BaseJoin", "check_base", "inspect_bucket", "join_and_inspect", "merge_base", "stage_base", "stage_both", "stage_join"]
+__all__ = ["BaseJoin", "BaseReport", "JoinCounts", "check_base", "inspect_bucket", "join_and_inspect",
+           "stage_base", "stage_both", "stage_join"]
 
 #: The options that decide each object's channel: a base split otherwise would have its objects
 #: moved, which ``--base`` promises not to do (their flags name them in errors).
@@ -133,13 +142,17 @@ def check_base(cfg: ManifestConfig) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BaseJoin(Buckets):
+class BaseJoin(BucketJoin):
     """What every task of the join with the base needs: the base's root and number of parts,
-    whether objects are read at all (``--sniff``), the staging folder and the key buckets."""
+    whether objects are read at all (``--sniff``), the staging folder and the key buckets; and
+    what the summary says of the base's identity: its fingerprint and how many objects it
+    listed."""
 
     root: str
     parts: int
     sniff: bool
+    fingerprint: str
+    objects: int
 
 
 def stage_base(parts: list[int], *, join: BaseJoin) -> list[int]:
@@ -161,13 +174,13 @@ def stage_base(parts: list[int], *, join: BaseJoin) -> list[int]:
     return [n]
 
 
-def stage_both(groups: list[list[tuple[str, Any]]], *, join: BaseJoin) -> list[int]:
-    """Steps 1 and 2 in one task: the items of ``groups`` are ``("base", part)``
-    (:func:`stage_base`) and ``("keys", (part URI, start, stop))``
-    (:func:`jobs.manifest_steps.label_tasks.stage_keys`); return how many rows of each were staged."""
+def stage_both(groups: list[list[int | PartSlice]], *, join: BaseJoin) -> list[int]:
+    """Steps 1 and 2 in one task: the items of ``groups`` are parts of the base (a number:
+    :func:`stage_base`) and slices of the listed rows (:func:`jobs.manifest_steps.label_tasks.stage_keys`);
+    return how many rows of each were staged."""
     items = [item for group in groups for item in group]
-    return [*stage_base([i for kind, i in items if kind == "base"], join=join),
-            *stage_keys([i for kind, i in items if kind == "keys"], join=join)]
+    return [*stage_base([i for i in items if isinstance(i, int)], join=join),
+            *stage_keys([i for i in items if isinstance(i, PartSlice)], join=join)]
 
 
 def _s3(row: dict[str, Any]) -> bool:
@@ -207,14 +220,43 @@ def _reuse(row: dict[str, Any], old: dict[str, Any]) -> bool:
     return True
 
 
-def inspect_bucket(buckets: list[int], *, join: BaseJoin, plan: Plan) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class JoinCounts:
+    """What :func:`inspect_bucket` hands back for its key buckets, merged by :meth:`merge`: the
+    listed rows (``rows``), of which ``new``, ``changed`` and ``unchanged``, of those ``reused``
+    (not read again); those whose label is not the base's (``relabelled``, the first few); the
+    base's rows not listed (``left``, the first few keys)."""
+
+    rows: int
+    new: int
+    changed: int
+    unchanged: int
+    reused: int
+    relabelled: int
+    relabelled_examples: tuple[KeyChange, ...]
+    left: int
+    left_examples: tuple[str, ...]
+
+    @classmethod
+    def merge(cls, results: Sequence[JoinCounts]) -> JoinCounts:
+        relabelled = sorted((e for r in results for e in r.relabelled_examples), key=lambda e: e.key)
+        return cls(rows=sum(r.rows for r in results), new=sum(r.new for r in results),
+                   changed=sum(r.changed for r in results), unchanged=sum(r.unchanged for r in results),
+                   reused=sum(r.reused for r in results), relabelled=sum(r.relabelled for r in results),
+                   relabelled_examples=tuple(relabelled[:EXAMPLES]), left=sum(r.left for r in results),
+                   left_examples=tuple(sorted(k for r in results for k in r.left_examples)[:EXAMPLES]))
+
+    @property
+    def inspected(self) -> int:
+        """The listed objects whose headers were read."""
+        return self.new + self.changed + self.unchanged - self.reused
+
+
+def inspect_bucket(buckets: list[int], *, join: BaseJoin, plan: PassPlan) -> list[JoinCounts]:
     """Step 3 and the header reads in one task: for each key bucket, join the listed rows with
     the base's (see the module docstring), then inspect them (but those the base gave) and
-    stage them by content bucket (:func:`jobs.manifest_steps.passes.inspect_rows`). Returns per-bucket
-    counts of the listed rows (``rows``; ``new``, ``changed``, ``unchanged``, of which
-    ``reused``; ``relabelled``, with the first :data:`~jobs.manifest_steps.passes.EXAMPLES` as
-    ``{"key", "from", "to"}``) and of the base's rows not listed (``left``, with the first
-    keys)."""
+    stage them by content bucket (:func:`jobs.manifest_steps.passes.inspect_rows`). Returns each
+    bucket's counts, with the first :data:`~jobs.manifest_steps.passes.EXAMPLES` of each kind."""
     out = []
     for bucket in buckets:
         rows = read_staged(join.folder("keys", bucket))
@@ -227,7 +269,7 @@ def inspect_bucket(buckets: list[int], *, join: BaseJoin, plan: Plan) -> list[di
                 counts["new"] += 1
                 continue
             if None not in (r["label"], old["label"]) and r["label"] != old["label"]:
-                relabelled.append({"key": r["key"], "from": old["label"], "to": r["label"]})
+                relabelled.append(KeyChange(r["key"], old["label"], r["label"]))
             r["base_channel"] = old["channel"] if old["status"] == "ok" else None
             if not _unchanged(r, old):
                 counts["changed"] += 1
@@ -239,37 +281,46 @@ def inspect_bucket(buckets: list[int], *, join: BaseJoin, plan: Plan) -> list[di
             inspect_rows(rows, f"part-key-{bucket:05d}.parquet", plan=plan)
         listed = {r["key"] for r in rows}
         left = sorted(k for k in base if k not in listed)
-        relabelled.sort(key=lambda e: e["key"])
-        out.append({"rows": len(rows), "left": len(left), "left_examples": left[:EXAMPLES],
-                    "relabelled": len(relabelled), "relabelled_examples": relabelled[:EXAMPLES],
-                    **{k: counts[k] for k in ("new", "changed", "unchanged", "reused")}})
+        relabelled.sort(key=lambda e: e.key)
+        out.append(JoinCounts(rows=len(rows), new=counts["new"], changed=counts["changed"],
+                              unchanged=counts["unchanged"], reused=counts["reused"],
+                              relabelled=len(relabelled), relabelled_examples=tuple(relabelled[:EXAMPLES]),
+                              left=len(left), left_examples=tuple(left[:EXAMPLES])))
     return out
 
 
-def merge_base(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """:func:`base_task`'s aggregates merged: what ``_manifest.json`` says under ``base``."""
-    kinds = ("unchanged", "reused", "new", "changed", "left", "relabelled")
-    totals = {k: sum(r[k] for r in results) for k in kinds}
-    return {**totals, "inspected": totals["new"] + totals["changed"] + totals["unchanged"] - totals["reused"],
-            "left_examples": sorted(k for r in results for k in r["left_examples"])[:EXAMPLES],
-            "relabelled_examples": sorted((e for r in results for e in r["relabelled_examples"]),
-                                          key=lambda e: e["key"])[:EXAMPLES]}
+@dataclass(frozen=True, slots=True)
+class BaseReport:
+    """What ``_manifest.json`` says under ``base``: the base's identity (root, fingerprint,
+    objects), the join's counts, and the objects now in another channel than in the base."""
+
+    join: BaseJoin
+    counts: JoinCounts
+    classes: ClassParts
+
+    def to_json(self) -> dict[str, Any]:
+        c, moved = self.counts, self.classes
+        return {"root": self.join.root, "fingerprint": self.join.fingerprint, "objects": self.join.objects,
+                "unchanged": c.unchanged, "reused": c.reused, "new": c.new, "changed": c.changed,
+                "left": c.left, "relabelled": c.relabelled, "inspected": c.inspected,
+                "left_examples": list(c.left_examples),
+                "relabelled_examples": [e.to_json() for e in c.relabelled_examples],
+                "moved": moved.moved, "moved_examples": [e.to_json() for e in moved.moved_examples]}
 
 
-def stage_join(engine: Engine, join: BaseJoin, slices: list[tuple[str, int, int]], partitions: int, *,
-               base_rows: int) -> None:
+def stage_join(engine: Engine, join: BaseJoin, slices: list[PartSlice], partitions: int) -> None:
     """Steps 1 and 2 on ``engine``, in one action of at most ``partitions`` tasks: the base's
-    parts (``base_rows`` rows in all) and ``slices``, ``(listing part URI, start, stop)`` of the
-    listed rows, shared by rows (:func:`jobs.common.tasks.pack`)."""
-    items = [("base", p) for p in range(join.parts)] + [("keys", s) for s in slices]
-    sizes = [-(-base_rows // join.parts)] * join.parts + [stop - start for _, start, stop in slices]
+    parts (``join.objects`` rows in all) and ``slices`` of the listed rows, shared by rows
+    (:func:`jobs.common.tasks.pack`)."""
+    items: list[int | PartSlice] = [*range(join.parts), *slices]
+    sizes = [-(-join.objects // join.parts)] * join.parts + [s.stop - s.start for s in slices]
     groups = pack(items, sizes, partitions)
     engine.map_partitions(partial(stage_both, join=join), groups, partitions=len(groups))
 
 
-def join_and_inspect(engine: Engine, join: BaseJoin, plan: Plan, partitions: int) -> tuple[int, dict[str, Any]]:
+def join_and_inspect(engine: Engine, join: BaseJoin, plan: PassPlan, partitions: int) -> JoinCounts:
     """Step 3 with the header reads on ``engine`` (:func:`inspect_bucket`, the key buckets in
-    ``partitions`` tasks); return the listed rows and :func:`merge_base`'s report."""
+    ``partitions`` tasks); return the join's counts."""
     results = engine.map_partitions(partial(inspect_bucket, join=join, plan=plan), list(range(join.buckets)),
                                     partitions=min(join.buckets, partitions))
-    return sum(r["rows"] for r in results), merge_base(results)
+    return JoinCounts.merge(results)

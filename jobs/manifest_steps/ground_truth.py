@@ -31,28 +31,38 @@ not a listing of ``--input``. Two passes on the workers, no row on the driver:
 
 from __future__ import annotations
 
-import json
+import itertools
 import logging
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from jobs.common.engines import Engine
+from jobs.manifest_steps.json_lines import JsonLineError, json_lines
+from jobs.manifest_steps.label_tasks import Conflict, conflicts_text
 from jobs.manifest_steps.labels import value_text
 from jobs.manifest_steps.listing import Skip, _row, reject
-from jobs.manifest_steps.passes import EXAMPLES, read_staged, skip_kind, write_staged
+from jobs.manifest_steps.passes import (
+    EXAMPLES,
+    Listing,
+    SkippedObject,
+    StagedPart,
+    read_staged,
+    skip_kind,
+    write_staged,
+)
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 from lakeshard.format.manifest_table import hash_bucket, write_part
 
-__all__ = ["CHECK_LINES", "GroundTruth", "Source", "check_input_manifest", "label_of", "read_manifest",
-           "resolve_task", "stage_lines"]
+__all__ = ["CHECK_LINES", "ByteRange", "GroundTruthSource", "LineLabel", "Resolved", "StagedLines",
+           "check_input_manifest", "label_of", "read_manifest", "resolve_task", "stage_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +78,23 @@ class _Unsupported(ValueError):
     """A line that is not a single-label classification (the caller names where it is)."""
 
 
-def label_of(record: dict[str, Any], attribute: str) -> tuple[str | None, str | None]:
-    """``(label, None)``, or ``(None, reject reason)`` for a line without the attribute.
+class LineLabel(NamedTuple):
+    """A line's class name, or (``label`` None) the reject reason of a line without the attribute."""
+
+    label: str | None
+    reason: str | None
+
+
+class _Line(NamedTuple):
+    """One line of the manifest: its object's URI, its class name or its reject reason."""
+
+    uri: str
+    label: str | None
+    reason: str | None
+
+
+def label_of(record: dict[str, Any], attribute: str) -> LineLabel:
+    """The line's class name, or the reject reason of a line without the attribute.
 
     Raises ``ValueError`` (with no location: the caller adds it) for a value that is not one
     class: a list (multi-label), an object (bounding boxes, ...), an index with no class name."""
@@ -79,7 +104,7 @@ def label_of(record: dict[str, Any], attribute: str) -> tuple[str | None, str | 
     if value is None:
         failure = meta.get("failure-reason")
         why = f" (failure-reason: {failure})" if failure else ""
-        return None, f"no label: the line has no {attribute!r} in --input-manifest{why}"
+        return LineLabel(None, f"no label: the line has no {attribute!r} in --input-manifest{why}")
     kind = str(meta.get("type", ""))
     if isinstance(value, list) or kind.endswith("multilabel"):
         raise _Unsupported(f"{attribute!r} is {value!r:.80} ({kind or 'a list'}): multi-label classification is not "
@@ -99,22 +124,11 @@ def label_of(record: dict[str, Any], attribute: str) -> tuple[str | None, str | 
     if not isinstance(name, str) or not name.strip():
         raise _Unsupported(f"{attribute!r} is {value!r:.80} but {attribute}-metadata gives no class-name for it "
                            f"(got {meta.get('class-name', meta.get('class-map'))!r:.80})")
-    name = name.strip()
-    return name, None
+    return LineLabel(name.strip(), None)
 
 
-def _record(line: bytes) -> dict[str, Any]:
-    try:
-        record = json.loads(line)
-    except ValueError as exc:
-        raise _Unsupported(f"not JSON ({exc}): {line[:80]!r}") from None
-    if not isinstance(record, dict):
-        raise _Unsupported(f"not a JSON object: {line[:80]!r}")
-    return record
-
-
-def _parse(record: dict[str, Any], attribute: str) -> tuple[str, str | None, str | None]:
-    """``(source-ref URI, label, reject reason)`` of one manifest line."""
+def _parse(record: dict[str, Any], attribute: str) -> _Line:
+    """One line's object and class name (or reject reason)."""
     ref = record.get("source-ref")
     if not isinstance(ref, str) or not ref.startswith(("s3://", "file://")):
         raise _Unsupported(f"source-ref is {ref!r:.120}, not an s3:// (or file://) URI")
@@ -122,7 +136,7 @@ def _parse(record: dict[str, Any], attribute: str) -> tuple[str, str | None, str
         uri = storage.normalize(ref)
     except StorageError as exc:
         raise _Unsupported(f"source-ref {ref!r}: {exc}") from None
-    return (uri, *label_of(record, attribute))
+    return _Line(uri, *label_of(record, attribute))
 
 
 def _key(uri: str, root: str) -> str | None:
@@ -140,26 +154,24 @@ def check_input_manifest(uri: str, *, attribute: str, root: str) -> int:
     uri, root = storage.normalize(uri), storage.normalize(root)
     fs, path = storage.filesystem(uri)
     seen: set[str] = set()
-    under = n = 0
+    under = 0
     try:
         if not fs.isfile(path):
             raise ManifestError(f"--input-manifest {uri} does not exist (give the output.manifest file of a "
                                 "Ground Truth labelling job)")
         with fs.open(path, "rb") as f:
-            for line in f:
-                n += 1
-                if n > CHECK_LINES:
-                    n -= 1
-                    break
-                if not line.strip():
-                    continue
+            first = list(itertools.islice(f, CHECK_LINES))
+        n = len(first)
+        try:
+            for line in json_lines(enumerate(first, 1)):
                 try:
-                    record = _record(line)
-                    ref, _, _ = _parse(record, attribute)
+                    ref = _parse(line.record, attribute).uri
                 except _Unsupported as exc:
-                    raise ManifestError(f"--input-manifest {uri}: line {n}: {exc}") from None
-                seen.update(record.keys())
+                    raise ManifestError(f"--input-manifest {uri}: line {line.at}: {exc}") from None
+                seen.update(line.record.keys())
                 under += _key(ref, root) is not None
+        except JsonLineError as exc:
+            raise ManifestError(f"--input-manifest {uri}: line {exc.at}: {exc}") from None
     except (ManifestError, StorageError):
         raise
     except Exception as exc:
@@ -177,7 +189,7 @@ def check_input_manifest(uri: str, *, attribute: str, root: str) -> int:
 
 
 @dataclass(frozen=True)
-class Source:
+class GroundTruthSource:
     """What every task needs: the manifest, the label attribute, the input (keys are relative
     to it), the skip rules, the staging folder and the number of key buckets."""
 
@@ -220,38 +232,69 @@ def _lines(uri: str, start: int, end: int) -> Iterator[tuple[int, bytes]]:
         pos = stop + 1
 
 
-def stage_lines(ranges: list[tuple[int, int]], *, source: Source) -> list[dict[str, Any]]:
-    """Parse the lines starting in each byte range ``(start, end)`` of the manifest; stage
-    ``(key, label, reason)`` by key bucket. Returns per range: its lines, those outside
-    ``--input`` and those that are not a single-label classification (counts, first few)."""
-    out = []
-    for start, end in ranges:
-        by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        lines, outside, bad = 0, [], []
+@dataclass(frozen=True, slots=True)
+class StagedLines:
+    """What :func:`stage_lines` hands back for its byte ranges, merged by :meth:`merge`: the
+    lines, those naming an object outside ``--input`` (the first few URIs, sorted) and those
+    that are not a single-label classification (the first few, in the manifest's order)."""
+
+    lines: int
+    outside: int
+    outside_examples: tuple[str, ...]
+    bad: int
+    bad_examples: tuple[str, ...]
+
+    @classmethod
+    def merge(cls, parts: Sequence[StagedLines]) -> StagedLines:
+        return cls(lines=sum(p.lines for p in parts), outside=sum(p.outside for p in parts),
+                   outside_examples=tuple(sorted(u for p in parts for u in p.outside_examples)[:EXAMPLES]),
+                   bad=sum(p.bad for p in parts),
+                   bad_examples=tuple(e for p in parts for e in p.bad_examples)[:EXAMPLES])
+
+
+class ByteRange(NamedTuple):
+    """Bytes ``start`` to ``end`` (excluded) of the manifest: a task reads the lines starting there."""
+
+    start: int
+    end: int
+
+
+def stage_lines(ranges: list[ByteRange], *, source: GroundTruthSource) -> list[StagedLines]:
+    """Parse the lines starting in each byte range of the manifest; stage ``(key, label,
+    reason)`` by key bucket. Returns, per range, its counts."""
+    return [_stage_range(source, r.start, r.end) for r in ranges]
+
+
+def _stage_range(source: GroundTruthSource, start: int, end: int) -> StagedLines:
+    try:
+        found = list(_lines(source.uri, start, end))
+    except Exception as exc:
+        raise StorageError(f"cannot read --input-manifest {source.uri} bytes {start}-{end}: "
+                           f"{type(exc).__name__}: {exc}") from exc
+    by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    outside: list[str] = []
+    bad: list[str] = []
+
+    def refuse(offset: int, why: Exception) -> None:
+        bad.append(f"the line at byte {offset}: {why}")
+
+    for offset, record in json_lines(found, on_error=lambda exc: refuse(exc.at, exc)):
         try:
-            found = list(_lines(source.uri, start, end))
-        except Exception as exc:
-            raise StorageError(f"cannot read --input-manifest {source.uri} bytes {start}-{end}: "
-                               f"{type(exc).__name__}: {exc}") from exc
-        for offset, line in found:
-            if not line.strip():
-                continue
-            lines += 1
-            try:
-                ref, label, reason = _parse(_record(line), source.attribute)
-            except _Unsupported as exc:
-                bad.append(f"the line at byte {offset}: {exc}")
-                continue
-            if (key := _key(ref, source.root)) is None:
-                outside.append(ref)
-                continue
-            by_bucket[hash_bucket(key, source.buckets)].append({"key": key, "label": label, "reason": reason})
-        for bucket, rows in by_bucket.items():
-            write_part(storage.join(source.folder(bucket), f"part-{start:015d}.parquet"),
-                       pa.Table.from_pylist(rows, schema=_LINE_SCHEMA), durable=False)
-        out.append({"lines": lines, "outside": len(outside), "outside_examples": sorted(outside)[:EXAMPLES],
-                    "bad": len(bad), "bad_examples": bad[:EXAMPLES]})
-    return out
+            line = _parse(record, source.attribute)
+        except _Unsupported as exc:
+            refuse(offset, exc)
+            continue
+        if (key := _key(line.uri, source.root)) is None:
+            outside.append(line.uri)
+            continue
+        row = {"key": key, "label": line.label, "reason": line.reason}
+        by_bucket[hash_bucket(key, source.buckets)].append(row)
+    for bucket, rows in by_bucket.items():
+        write_part(storage.join(source.folder(bucket), f"part-{start:015d}.parquet"),
+                   pa.Table.from_pylist(rows, schema=_LINE_SCHEMA), durable=False)
+    return StagedLines(lines=sum(1 for _, line in found if line.strip()), outside=len(outside),
+                       outside_examples=tuple(sorted(outside)[:EXAMPLES]), bad=len(bad),
+                       bad_examples=tuple(bad[:EXAMPLES]))
 
 
 def _head(fs: Any, path: str) -> dict[str, Any] | None:
@@ -265,12 +308,44 @@ def _head(fs: Any, path: str) -> dict[str, Any] | None:
     return info if info.get("type") == "file" else None
 
 
-def resolve_task(buckets: list[int], *, source: Source) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """What :func:`resolve_task` hands back for its key buckets, merged by :meth:`merge`: the
+    labelled rows' staged parts and labels; the objects whose line has no label (``unlabelled``,
+    rejected); the source-refs naming no object (``missing``, the first few keys); the hidden
+    and excluded keys (``skipped`` by kind, the first few); the keys labelled two ways (the
+    first few of each bucket)."""
+
+    parts: tuple[StagedPart, ...]
+    labels: tuple[str, ...]
+    unlabelled: int
+    missing: int
+    missing_examples: tuple[str, ...]
+    skipped: Counter[str]
+    skipped_examples: tuple[SkippedObject, ...]
+    conflicts: int
+    conflict_examples: tuple[Conflict, ...]
+
+    @classmethod
+    def merge(cls, results: Sequence[Resolved]) -> Resolved:
+        skipped = Counter[str]()
+        for r in results:
+            skipped.update(r.skipped)
+        return cls(parts=tuple(sorted(p for r in results for p in r.parts)),
+                   labels=tuple(sorted({x for r in results for x in r.labels})),
+                   unlabelled=sum(r.unlabelled for r in results), missing=sum(r.missing for r in results),
+                   missing_examples=tuple(sorted(k for r in results for k in r.missing_examples)[:EXAMPLES]),
+                   skipped=skipped,
+                   skipped_examples=tuple(sorted(e for r in results for e in r.skipped_examples)[:EXAMPLES]),
+                   conflicts=sum(r.conflicts for r in results),
+                   conflict_examples=tuple(e for r in results for e in r.conflict_examples))
+
+
+def resolve_task(buckets: list[int], *, source: GroundTruthSource) -> list[Resolved]:
     """For each key bucket: one label per key (identical lines of a key are one; a failed line
     beside a labelled one is ignored; two labels are a conflict), skip hidden and excluded keys,
     HEAD each other object, stage its row (accepted, or rejected with the line's reason).
-    Returns per-bucket aggregates: rows, labels, unlabelled, missing, skipped and conflicts
-    (counts and first few). A bucket with a conflict reads no object."""
+    Returns each bucket's counts. A bucket with a conflict reads no object."""
     fs, root_path = storage.filesystem(source.root)
     out = []
     for bucket in buckets:
@@ -281,60 +356,55 @@ def resolve_task(buckets: list[int], *, source: Source) -> list[dict[str, Any]]:
                 given[line["key"]].add(line["label"])
             else:
                 failed.setdefault(line["key"], line["reason"])
-        conflicts = sorted(k for k, v in given.items() if len(v) > 1)
-        result: dict[str, Any] = {"part": source.labelled(bucket), "rows": 0, "labels": [], "unlabelled": 0, "missing": 0, "missing_examples": [],
-                                  "skipped": {}, "skipped_examples": [], "conflicts": len(conflicts),
-                                  "conflict_examples": [{k: sorted(given[k])} for k in conflicts[:EXAMPLES]]}
-        if conflicts:
-            out.append(result)
+        if conflicts := sorted(k for k, v in given.items() if len(v) > 1):
+            out.append(Resolved(parts=(), labels=(), unlabelled=0, missing=0, missing_examples=(),
+                                skipped=Counter(), skipped_examples=(), conflicts=len(conflicts),
+                                conflict_examples=tuple(Conflict(k, tuple(sorted(given[k])))
+                                                        for k in conflicts[:EXAMPLES])))
             continue
-        rows = [_row(source.root, root_path, {"name": f"{root_path}/{k}", "size": 0}, 0, source.skip)
-                for k in sorted(set(given) | set(failed))]
-        skipped = [r for r in rows if r["status"] == "skipped"]
-        todo = [r for r in rows if r["status"] == "ok"]
-        with ThreadPoolExecutor(max_workers=max(1, min(_IO_THREADS, len(todo)))) as pool:
-            infos = list(pool.map(partial(_head, fs), [f"{root_path}/{r['key']}" for r in todo]))
-        missing = sorted(r["key"] for r, info in zip(todo, infos) if info is None)
-        found = {r["key"]: _row(source.root, root_path, {**info, "name": f"{root_path}/{r['key']}"}, 0, source.skip)
-                 for r, info in zip(todo, infos) if info is not None}
-        staged = [found.get(r["key"], r) for r in rows if r["status"] == "rejected" or r["key"] in found]
-        for r in staged:
-            if r["status"] != "ok":
-                continue
-            if r["key"] in given:
-                r["label"] = next(iter(given[r["key"]]))
-            else:
-                reject(r, failed[r["key"]])
-                result["unlabelled"] += 1
-        write_staged(staged, source.labelled(bucket))
-        result.update(rows=len(staged), labels=sorted({r["label"] for r in staged if r["label"] is not None}),
-                      missing=len(missing), missing_examples=missing[:EXAMPLES],
-                      skipped=dict(Counter(skip_kind(r["reason"]) for r in skipped)),
-                      skipped_examples=sorted((r["key"], r["reason"]) for r in skipped)[:EXAMPLES])
-        out.append(result)
+        out.append(_resolve_bucket(source, bucket, fs, root_path, given, failed))
     return out
 
 
-@dataclass(frozen=True)
-class GroundTruth:
-    """The manifest's objects, labelled and staged: the listing parts ``(URI, rows)``, the
-    labels, the skipped objects (by kind; first few ``(key, reason)``) and what the summary
-    says of the manifest (``labels_table`` in ``_manifest.json``)."""
+def _resolve_bucket(source: GroundTruthSource, bucket: int, fs: Any, root_path: str,
+                    given: dict[str, set[str]], failed: dict[str, str]) -> Resolved:
+    """One key bucket with no conflict: its objects HEADed, labelled (or rejected) and staged."""
+    rows = [_row(source.root, root_path, {"name": f"{root_path}/{k}", "size": 0}, 0, source.skip)
+            for k in sorted(set(given) | set(failed))]
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    todo = [r for r in rows if r["status"] == "ok"]
+    with ThreadPoolExecutor(max_workers=max(1, min(_IO_THREADS, len(todo)))) as pool:
+        infos = list(pool.map(partial(_head, fs), [f"{root_path}/{r['key']}" for r in todo]))
+    missing = sorted(r["key"] for r, info in zip(todo, infos) if info is None)
+    found = {r["key"]: _row(source.root, root_path, {**info, "name": f"{root_path}/{r['key']}"}, 0, source.skip)
+             for r, info in zip(todo, infos) if info is not None}
+    staged = [found.get(r["key"], r) for r in rows if r["status"] == "rejected" or r["key"] in found]
+    unlabelled = 0
+    for r in staged:
+        if r["status"] != "ok":
+            continue
+        if r["key"] in given:
+            r["label"] = next(iter(given[r["key"]]))
+        else:
+            reject(r, failed[r["key"]])
+            unlabelled += 1
+    write_staged(staged, source.labelled(bucket))
+    return Resolved(parts=(StagedPart(source.labelled(bucket), len(staged)),) if staged else (),
+                    labels=tuple(sorted({r["label"] for r in staged if r["label"] is not None})),
+                    unlabelled=unlabelled, missing=len(missing), missing_examples=tuple(missing[:EXAMPLES]),
+                    skipped=Counter(skip_kind(r["reason"]) for r in skipped),
+                    skipped_examples=tuple(sorted(SkippedObject(r["key"], r["reason"])
+                                                  for r in skipped)[:EXAMPLES]),
+                    conflicts=0, conflict_examples=())
 
-    parts: list[tuple[str, int]]
-    labels: list[str]
-    skipped: Counter[str]
-    skipped_examples: list[tuple[str, str]]
-    summary: dict[str, Any]
 
-
-def _ranges(size: int, pieces: int) -> list[tuple[int, int]]:
+def _ranges(size: int, pieces: int) -> list[ByteRange]:
     step = max(1, math.ceil(size / pieces))
-    return [(a, min(a + step, size)) for a in range(0, size, step)]
+    return [ByteRange(a, min(a + step, size)) for a in range(0, size, step)]
 
 
 def read_manifest(engine: Engine, *, uri: str, attribute: str, root: str, skip: Skip, rows_per_part: int,
-                  staging: str) -> GroundTruth:
+                  staging: str) -> Listing:
     """The objects of the Ground Truth manifest at ``uri`` under ``root``, labelled, as staged
     listing parts (the two passes above). Raises :class:`ManifestError`, before any image is
     read, naming the lines that are not a single-label classification or the keys labelled two
@@ -343,42 +413,39 @@ def read_manifest(engine: Engine, *, uri: str, attribute: str, root: str, skip: 
     fs, path = storage.filesystem(uri)
     size = fs.size(path)
     pieces = max(1, math.ceil(size / (rows_per_part * _LINE_BYTES)))
-    source = Source(uri=uri, attribute=attribute, root=root, skip=skip, staging=storage.join(staging, "ground-truth"),
-                    buckets=pieces)
+    source = GroundTruthSource(uri=uri, attribute=attribute, root=root, skip=skip,
+                               staging=storage.join(staging, "ground-truth"), buckets=pieces)
     ranges = _ranges(size, pieces)
     log.info("reading --input-manifest %s (%d bytes) in %d ranges on %s", uri, size, len(ranges), engine.name)
-    staged = engine.map_partitions(partial(stage_lines, source=source), ranges, partitions=len(ranges))
-    if bad := sum(s["bad"] for s in staged):
-        example = next(e for s in staged for e in s["bad_examples"])
-        raise ManifestError(f"--input-manifest {uri}: {bad} line(s) are not a single-label image classification "
-                            f"with --label-attribute {attribute!r}; e.g. {example}")
-    lines = sum(s["lines"] for s in staged)
-    if not lines:
+    staged = StagedLines.merge(engine.map_partitions(partial(stage_lines, source=source), ranges,
+                                                     partitions=len(ranges)))
+    if staged.bad:
+        raise ManifestError(f"--input-manifest {uri}: {staged.bad} line(s) are not a single-label image "
+                            f"classification with --label-attribute {attribute!r}; e.g. {staged.bad_examples[0]}")
+    if not staged.lines:
         raise ManifestError(f"--input-manifest {uri} has no lines")
-    results = engine.map_partitions(partial(resolve_task, source=source), list(range(source.buckets)),
-                                    partitions=source.buckets)
-    if conflicts := sum(r["conflicts"] for r in results):
-        examples = "; ".join(f"{k!r}: {', '.join(v)}" for r in results for e in r["conflict_examples"]
-                             for k, v in e.items())
-        raise ManifestError(f"--input-manifest {uri} labels {conflicts} key(s) in two different ways (e.g. {examples}); "
-                            "give each source-ref one class (repeating an identical line is fine)")
-    outside = sorted(u for s in staged for u in s["outside_examples"])[:EXAMPLES]
-    missing = sorted(k for r in results for k in r["missing_examples"])[:EXAMPLES]
-    n_outside, n_missing = sum(s["outside"] for s in staged), sum(r["missing"] for r in results)
-    if n_outside:
-        log.warning("%d lines of --input-manifest %s name an object outside --input %s (e.g. %s)", n_outside, uri,
-                    root, ", ".join(outside))
-    if n_missing:
-        log.warning("%d source-refs of --input-manifest %s name no object (e.g. %s)", n_missing, uri, ", ".join(missing))
-    skipped = Counter[str]()
-    for r in results:
-        skipped.update(r["skipped"])
-    summary = {"uri": uri, "format": "sagemaker-ground-truth", "label_attribute": attribute, "files": 1,
-               "rows": lines, "unlabelled": sum(r["unlabelled"] for r in results), "pinned": 0,
-               "not_in_lake": n_missing + n_outside, "not_in_lake_examples": sorted(missing + outside)[:EXAMPLES],
-               "missing_objects": n_missing, "outside_input": n_outside, "outside_input_examples": outside,
-               "conflicts": 0, "conflict_examples": []}
-    return GroundTruth(parts=sorted((r["part"], r["rows"]) for r in results if r["rows"]),
-                       labels=sorted({x for r in results for x in r["labels"]}), skipped=skipped,
-                       skipped_examples=sorted(e for r in results for e in r["skipped_examples"])[:EXAMPLES],
-                       summary=summary)
+    resolved = Resolved.merge(engine.map_partitions(partial(resolve_task, source=source),
+                                                    list(range(source.buckets)), partitions=source.buckets))
+    if resolved.conflicts:
+        raise ManifestError(f"--input-manifest {uri} labels {resolved.conflicts} key(s) in two different ways "
+                            f"(e.g. {conflicts_text(resolved.conflict_examples)}); give each source-ref one class "
+                            "(repeating an identical line is fine)")
+    if staged.outside:
+        log.warning("%d lines of --input-manifest %s name an object outside --input %s (e.g. %s)", staged.outside,
+                    uri, root, ", ".join(staged.outside_examples))
+    if resolved.missing:
+        log.warning("%d source-refs of --input-manifest %s name no object (e.g. %s)", resolved.missing, uri,
+                    ", ".join(resolved.missing_examples))
+    return Listing(parts=resolved.parts, classes=max(1, len(resolved.labels)), skipped=resolved.skipped,
+                   skipped_examples=resolved.skipped_examples,
+                   labels_table=_summary(uri, attribute, staged, resolved))
+
+
+def _summary(uri: str, attribute: str, staged: StagedLines, resolved: Resolved) -> dict[str, Any]:
+    """What ``_manifest.json`` says of the manifest (``labels_table``)."""
+    examples = sorted([*resolved.missing_examples, *staged.outside_examples])[:EXAMPLES]
+    return {"uri": uri, "format": "sagemaker-ground-truth", "label_attribute": attribute, "files": 1,
+            "rows": staged.lines, "unlabelled": resolved.unlabelled, "pinned": 0,
+            "not_in_lake": resolved.missing + staged.outside, "not_in_lake_examples": examples,
+            "missing_objects": resolved.missing, "outside_input": staged.outside,
+            "outside_input_examples": list(staged.outside_examples), "conflicts": 0, "conflict_examples": []}

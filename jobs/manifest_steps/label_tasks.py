@@ -21,25 +21,26 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from jobs.manifest_steps.labels import read_labels
 from jobs.manifest_steps.listing import reject
-from jobs.manifest_steps.passes import EXAMPLES, read_staged, write_staged
+from jobs.manifest_steps.passes import EXAMPLES, PartSlice, StagedPart, read_staged, write_staged
 from lakeshard import storage
 from lakeshard.format.manifest_table import hash_bucket, read_part, table_rows, write_part
 
-__all__ = ["Buckets", "Join", "join_task", "merge", "stage_keys", "stage_table"]
+__all__ = ["BucketJoin", "Conflict", "LabelJoin", "LabelledBuckets", "Labelling", "StagedLabels",
+           "conflicts_text", "join_task", "stage_keys", "stage_table"]
 
 _LABEL_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.string()), ("channel", pa.string())])
 
 
 @dataclass(frozen=True, kw_only=True)
-class Buckets:
+class BucketJoin:
     """A join of the listed rows with another table by key bucket: its staging folder (one
     folder per side and bucket) and the number of key buckets."""
 
@@ -51,7 +52,7 @@ class Buckets:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Join(Buckets):
+class LabelJoin(BucketJoin):
     """What every labelling task needs: the input, the table's URI (named in reasons), the
     split's channels, the staging folder and the number of key buckets."""
 
@@ -79,9 +80,19 @@ def _keys(table: pa.Table, root: str) -> list[str | None]:
     return out
 
 
-def stage_table(files: list[str], *, join: Join) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class StagedLabels:
+    """What :func:`stage_table` hands back for the table files it staged: their rows, and the
+    rows whose ``uri`` is outside ``--input`` (how many; the first few)."""
+
+    rows: int
+    outside: int
+    outside_examples: tuple[str, ...]
+
+
+def stage_table(files: list[str], *, join: LabelJoin) -> list[StagedLabels]:
     """Stage the label rows of ``files`` by key bucket; return, per file, its rows and the
-    rows whose ``uri`` is outside ``--input`` (count and first few)."""
+    rows whose ``uri`` is outside ``--input``."""
     out = []
     for uri in files:
         table = read_labels(uri, channels=join.channels)
@@ -94,31 +105,76 @@ def stage_table(files: list[str], *, join: Join) -> list[dict[str, Any]]:
             write_part(storage.join(join.folder("labels", bucket), f"part-{_name(uri)}.parquet"),
                        pa.Table.from_pylist(rows, schema=_LABEL_SCHEMA), durable=False)
         outside = sorted(u for u, k in zip(table[table.column_names[0]].to_pylist(), keys) if k is None)
-        out.append({"rows": table.num_rows, "outside": len(outside), "outside_examples": outside[:EXAMPLES]})
+        out.append(StagedLabels(rows=table.num_rows, outside=len(outside),
+                                outside_examples=tuple(outside[:EXAMPLES])))
     return out
 
 
-def stage_keys(items: list[tuple[str, int, int]], *, join: Buckets) -> list[int]:
-    """Stage the listed rows ``items`` (``(part URI, start, stop)``) by key bucket (side
-    ``keys`` of ``join``, any join by key bucket); return how many."""
+def stage_keys(items: list[PartSlice], *, join: BucketJoin) -> list[int]:
+    """Stage the listed rows ``items`` by key bucket (side ``keys`` of ``join``, any join by
+    key bucket); return how many."""
     n = 0
-    for uri, start, stop in items:
-        rows = table_rows(read_part(uri).slice(start, stop - start))
+    for piece in items:
+        rows = table_rows(read_part(piece.uri).slice(piece.start, piece.stop - piece.start))
         by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
             by_bucket[hash_bucket(r["key"], join.buckets)].append(r)
         for bucket, mine in by_bucket.items():
-            write_staged(mine, storage.join(join.folder("keys", bucket), f"part-{_name(uri)}-{start:09d}.parquet"))
+            name = f"part-{_name(piece.uri)}-{piece.start:09d}.parquet"
+            write_staged(mine, storage.join(join.folder("keys", bucket), name))
         n += len(rows)
     return [n]
 
 
-def join_task(buckets: list[int], *, join: Join) -> list[dict[str, Any]]:
+class Conflict(NamedTuple):
+    """A key labelled in two different ways, and each way (a label, and its channel if pinned)."""
+
+    key: str
+    labels: tuple[str, ...]
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {self.key: list(self.labels)}
+
+
+def conflicts_text(conflicts: Iterable[Conflict]) -> str:
+    """``'a.png': cat, dog; ...``: the conflicts as an error names them."""
+    return "; ".join(f"{c.key!r}: {', '.join(c.labels)}" for c in conflicts)
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledBuckets:
+    """What :func:`join_task` hands back for its key buckets, merged by :meth:`merge`: the
+    labelled rows' staged parts and labels; how many listed objects have no label row
+    (``unlabelled``, rejected) and how many a row pins to a channel; the label rows naming no
+    listed object (``missing``; the first few keys); the keys labelled two ways (the first few
+    of each bucket)."""
+
+    parts: tuple[StagedPart, ...]
+    labels: tuple[str, ...]
+    unlabelled: int
+    pinned: int
+    missing: int
+    missing_examples: tuple[str, ...]
+    conflicts: int
+    conflict_examples: tuple[Conflict, ...]
+
+    @classmethod
+    def merge(cls, results: Sequence[LabelledBuckets]) -> LabelledBuckets:
+        return cls(parts=tuple(sorted(p for r in results for p in r.parts)),
+                   labels=tuple(sorted({x for r in results for x in r.labels})),
+                   unlabelled=sum(r.unlabelled for r in results), pinned=sum(r.pinned for r in results),
+                   missing=sum(r.missing for r in results),
+                   missing_examples=tuple(k for r in results for k in r.missing_examples),
+                   conflicts=sum(r.conflicts for r in results),
+                   conflict_examples=tuple(sorted((e for r in results for e in r.conflict_examples),
+                                                  key=lambda e: e.key)[:EXAMPLES]))
+
+
+def join_task(buckets: list[int], *, join: LabelJoin) -> list[LabelledBuckets]:
     """For each key bucket: label its listed rows from its label rows (identical label rows
     of a key are one), reject a listed object that has none, count the label rows naming no
-    listed object and the keys labelled two ways; stage the labelled rows. Returns per-bucket
-    aggregates: rows, labels, unlabelled, pinned, missing and conflicts (counts, and the first
-    :data:`~jobs.manifest_steps.passes.EXAMPLES` keys; a conflict as ``{key: [label/channel, ...]}``)."""
+    listed object and the keys labelled two ways; stage the labelled rows. Returns each
+    bucket's counts, and the first :data:`~jobs.manifest_steps.passes.EXAMPLES` keys of each."""
     out = []
     for bucket in buckets:
         rows = read_staged(join.folder("keys", bucket))
@@ -137,11 +193,13 @@ def join_task(buckets: list[int], *, join: Join) -> list[dict[str, Any]]:
                 unlabelled += 1
         write_staged(rows, join.labelled(bucket))
         ok = [r for r in rows if r["status"] == "ok"]
-        out.append({"part": join.labelled(bucket), "rows": len(rows), "labels": sorted({r["label"] for r in rows if r["label"] is not None}),
-                    "unlabelled": unlabelled, "pinned": sum(1 for r in ok if r["pin"]),
-                    "missing": len(missing), "missing_examples": missing[:EXAMPLES],
-                    "conflicts": len(conflicts),
-                    "conflict_examples": [{k: sorted(_spelled(v) for v in given[k])} for k in conflicts[:EXAMPLES]]})
+        out.append(LabelledBuckets(
+            parts=(StagedPart(join.labelled(bucket), len(rows)),) if rows else (),
+            labels=tuple(sorted({r["label"] for r in rows if r["label"] is not None})),
+            unlabelled=unlabelled, pinned=sum(1 for r in ok if r["pin"]),
+            missing=len(missing), missing_examples=tuple(missing[:EXAMPLES]), conflicts=len(conflicts),
+            conflict_examples=tuple(Conflict(k, tuple(sorted(_spelled(v) for v in given[k])))
+                                    for k in conflicts[:EXAMPLES])))
     return out
 
 
@@ -150,17 +208,30 @@ def _spelled(value: tuple[str, str | None]) -> str:
     return label if channel is None else f"{label} (channel {channel})"
 
 
-def merge(results: Sequence[dict[str, Any]], tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The join's and the table staging's aggregates merged (what the summary reports)."""
-    def first(examples: list[Any]) -> list[Any]:
-        return sorted(examples, key=str)[:EXAMPLES]
+@dataclass(frozen=True, slots=True)
+class Labelling:
+    """The labelling's outcome: the table (its URI and files), the join's counts, and the label
+    rows naming no object of the lake (``uri`` outside ``--input`` or no listed key)."""
 
-    missing = [k for r in results for k in r["missing_examples"]] + [u for t in tables for u in t["outside_examples"]]
-    return {"rows": sum(t["rows"] for t in tables), "labels": sorted({x for r in results for x in r["labels"]}),
-            "unlabelled": sum(r["unlabelled"] for r in results), "pinned": sum(r["pinned"] for r in results),
-            "not_in_lake": sum(r["missing"] for r in results) + sum(t["outside"] for t in tables),
-            "not_in_lake_examples": first(missing),
-            "conflicts": sum(r["conflicts"] for r in results),
-            "conflict_examples": sorted((e for r in results for e in r["conflict_examples"]), key=lambda e: next(iter(e)))
-            [:EXAMPLES]}
+    uri: str
+    files: int
+    rows: int
+    joined: LabelledBuckets
+    not_in_lake: int
+    not_in_lake_examples: tuple[str, ...]
 
+    @classmethod
+    def merge(cls, uri: str, files: int, tables: Sequence[StagedLabels],
+              results: Sequence[LabelledBuckets]) -> Labelling:
+        joined = LabelledBuckets.merge(results)
+        missing = [*joined.missing_examples, *(u for t in tables for u in t.outside_examples)]
+        return cls(uri=uri, files=files, rows=sum(t.rows for t in tables), joined=joined,
+                   not_in_lake=joined.missing + sum(t.outside for t in tables),
+                   not_in_lake_examples=tuple(sorted(missing, key=str)[:EXAMPLES]))
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``_manifest.json`` says of the table (``labels_table``)."""
+        return {"uri": self.uri, "files": self.files, "rows": self.rows, "unlabelled": self.joined.unlabelled,
+                "pinned": self.joined.pinned, "not_in_lake": self.not_in_lake,
+                "not_in_lake_examples": list(self.not_in_lake_examples), "conflicts": self.joined.conflicts,
+                "conflict_examples": [c.to_json() for c in self.joined.conflict_examples]}

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from jobs.manifest_steps.json_lines import JsonLineError, json_lines
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 
@@ -129,23 +130,18 @@ def _jsonl(uri: str, data: bytes) -> pa.Table:
     text = data.decode("utf-8")
     columns: dict[str, list[Any]] = {c: [] for c in LABEL_COLUMNS}
     seen: set[str] = set()
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            found = _document(uri, text)
-            raise ManifestError(found or f"--labels {uri}: line {n} is not JSON: {exc}") from None
-        if not isinstance(record, dict):
-            found = _document(uri, text)
-            raise ManifestError(found or f"--labels {uri}: line {n} is not a JSON object: {line[:80]!r}")
-        seen.update(record)
-        for c in LABEL_COLUMNS:
-            try:
-                columns[c].append(value_text(record.get(c)))
-            except ValueError as exc:
-                raise ManifestError(f"--labels {uri}: line {n}: {c!r} is {exc}; {_ONE_CLASS}") from None
+    try:
+        for n, record in json_lines(enumerate(text.splitlines(), 1)):
+            seen.update(record)
+            for c in LABEL_COLUMNS:
+                try:
+                    columns[c].append(value_text(record.get(c)))
+                except ValueError as exc:
+                    raise ManifestError(f"--labels {uri}: line {n}: {c!r} is {exc}; {_ONE_CLASS}") from None
+    except JsonLineError as exc:
+        what = (f"is not JSON: {exc.cause}" if exc.cause is not None
+                else f"is not a JSON object: {exc.line[:80]!r}")
+        raise ManifestError(_document(uri, text) or f"--labels {uri}: line {exc.at} {what}") from None
     if seen and not seen & {"key", "uri", "label"}:
         names = sorted(seen)
         raise ManifestError(_document(uri, text) or (

@@ -28,14 +28,15 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs.common.images import SNIFF_BYTES, UNSUPPORTED_FORMATS
 from jobs.common.images import sniff as sniff_format
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 
-__all__ = ["HIDDEN_NAMES", "Skip", "discover", "inspect_objects", "list_prefix", "reject"]
+__all__ = ["HIDDEN_NAMES", "Discovered", "LocalEntry", "Skip", "discover", "inspect_objects", "list_prefix",
+           "reject"]
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +128,19 @@ def _ident(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _local_entry(path: str, name: str, chain: frozenset[tuple[int, int]]) -> tuple[str, tuple[int, int] | None, dict[str, Any]]:
-    """``(full path, folder identity or None, info)`` of the entry ``name`` of the local folder
-    ``path``, symbolic links followed. ``chain`` holds the identities of the folders above: a
-    folder among them is a loop. An entry that cannot be listed as a file or a folder gets a
-    ``reject`` reason in its info."""
+class LocalEntry(NamedTuple):
+    """An entry of a local folder, symbolic links followed: its full path, its identity if it
+    is a folder to walk (None: a file, or an entry that cannot be followed) and its info."""
+
+    path: str
+    folder: tuple[int, int] | None
+    info: dict[str, Any]
+
+
+def _local_entry(path: str, name: str, chain: frozenset[tuple[int, int]]) -> LocalEntry:
+    """The entry ``name`` of the local folder ``path``, symbolic links followed. ``chain`` holds
+    the identities of the folders above: a folder among them is a loop. An entry that cannot be
+    listed as a file or a folder gets a ``reject`` reason in its info."""
     full = path.rstrip("/") + "/" + name
     link = os.path.islink(full)
     target = os.readlink(full) if link else None
@@ -141,27 +150,27 @@ def _local_entry(path: str, name: str, chain: frozenset[tuple[int, int]]) -> tup
     except FileNotFoundError:
         info["reject"] = (f"dangling symlink: {name} -> {target!r}, which does not exist" if link
                           else "cannot read: object disappeared after listing")
-        return full, None, info
+        return LocalEntry(full, None, info)
     except OSError as exc:
         loop = exc.errno == errno.ELOOP
         info["reject"] = (f"symlink loop: {name} -> {target!r} never resolves" if loop
                           else f"cannot read: {type(exc).__name__}: {exc.strerror}")
-        return full, None, info
+        return LocalEntry(full, None, info)
     info["mtime"] = st.st_mtime
     if stat.S_ISDIR(st.st_mode):
         if _ident(st) in chain:
             info["reject"] = (f"symlink loop: {name} -> {target!r} leads back to a folder above it" if link
                               else "folder loop: leads back to a folder above it")
-            return full, None, info
-        return full, _ident(st), info
+            return LocalEntry(full, None, info)
+        return LocalEntry(full, _ident(st), info)
     if stat.S_ISREG(st.st_mode):
         info["size"] = st.st_size
     else:
         info["reject"] = "not a regular file (a device, socket or pipe)"
-    return full, None, info
+    return LocalEntry(full, None, info)
 
 
-def _local_entries(path: str, chain: frozenset[tuple[int, int]]) -> list[tuple[str, tuple[int, int] | None, dict[str, Any]]]:
+def _local_entries(path: str, chain: frozenset[tuple[int, int]]) -> list[LocalEntry]:
     """:func:`_local_entry` of each entry of the local folder ``path``, sorted by name."""
     return [_local_entry(path, name, chain) for name in sorted(os.listdir(path))]
 
@@ -170,26 +179,45 @@ def _walk_local(path: str, chain: frozenset[tuple[int, int]]) -> list[dict[str, 
     """Every file below the local folder ``path`` (``find -L``), and every entry that could
     not be followed, as infos."""
     infos = []
-    for full, ident, info in _local_entries(path, chain):
-        if ident is None:
-            infos.append(info)
+    for entry in _local_entries(path, chain):
+        if entry.folder is None:
+            infos.append(entry.info)
         else:
-            infos += _walk_local(full, chain | {ident})
+            infos += _walk_local(entry.path, chain | {entry.folder})
     return infos
 
 
-def _entries(fs: Any, path: str, local: bool) -> list[tuple[str, bool, dict[str, Any]]]:
-    """``(name, is a folder, info)`` of each entry of ``path``, sorted by name."""
+class _Entry(NamedTuple):
+    """An entry of a folder (local or S3): its path, whether it is a folder, its info."""
+
+    path: str
+    is_folder: bool
+    info: dict[str, Any]
+
+
+def _entries(fs: Any, path: str, local: bool) -> list[_Entry]:
+    """Each entry of ``path``, sorted by name."""
     if local:
-        return [(full, ident is not None, info) for full, ident, info in _local_entries(path, frozenset())]
-    entries = fs.ls(path, detail=True, refresh=True)
-    return [(e["name"].rstrip("/") if e["type"] == "directory" else e["name"], e["type"] == "directory", e)
-            for e in sorted(entries, key=lambda e: e["name"]) if e["name"].rstrip("/") != path.rstrip("/")]
+        return [_Entry(e.path, e.folder is not None, e.info) for e in _local_entries(path, frozenset())]
+    out = []
+    for e in sorted(fs.ls(path, detail=True, refresh=True), key=lambda e: e["name"]):
+        folder = e["type"] == "directory"
+        if e["name"].rstrip("/") != path.rstrip("/"):
+            out.append(_Entry(e["name"].rstrip("/") if folder else e["name"], folder, e))
+    return out
 
 
-def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> tuple[list[str], list[dict[str, Any]]]:
-    """List the levels above the label; return the class-level prefix URIs and the objects
-    found above that level (rows already rejected: they have no label; or skipped).
+class Discovered(NamedTuple):
+    """What the driver finds above the label level: the class-level prefix URIs, and the
+    objects there (rows already rejected: they have no label; or skipped)."""
+
+    prefixes: list[str]
+    stray: list[dict[str, Any]]
+
+
+def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> Discovered:
+    """List the levels above the label; return the class-level prefixes and the objects found
+    above that level.
 
     Raises :class:`ManifestError` if ``root`` does not exist or holds nothing.
     """
@@ -216,17 +244,17 @@ def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> tuple
                 entries = _entries(fs, path, local)
             except Exception as exc:
                 raise StorageError(f"cannot list {_uri(root, path)}: {exc}") from exc
-            for name, is_dir, info in entries:
-                if is_dir:
-                    below.append(name)
+            for entry in entries:
+                if entry.is_folder:
+                    below.append(entry.path)
                 else:
-                    row = _row(root, root_path, info, label_depth, skip)
+                    row = _row(root, root_path, entry.info, label_depth, skip)
                     if row["status"] == "ok":
                         reject(row, f"no label: object is {depth} level(s) below the input prefix, "
                                     f"labels are read at depth {label_depth}")
                     stray.append(row)
         level = below
-    return [_uri(root, p) for p in level], stray
+    return Discovered([_uri(root, p) for p in level], stray)
 
 
 def _chain(root_path: str, path: str) -> frozenset[tuple[int, int]]:

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs.common.engines import Engine
 from jobs.manifest_steps.listing import _NO_SKIP, Skip, _chain, _folder_loop, _ident, _local_entry, _row, _uri
@@ -90,12 +90,20 @@ class _Frame:
         return _chunks(self.path, self.names, self.next, self.after, size)
 
 
-def _list_local_unit(root_path: str, unit: ListUnit, budget: int) -> tuple[list[dict[str, Any]], list[ListUnit]]:
+class _UnitListed(NamedTuple):
+    """A unit's objects listed (their infos, at most the task's budget) and the units of what
+    is left of it."""
+
+    infos: list[dict[str, Any]]
+    rest: list[ListUnit]
+
+
+def _list_local_unit(root_path: str, unit: ListUnit, budget: int) -> _UnitListed:
     """The infos of ``unit``'s objects (at most ``budget``) and the units of what is left."""
     path = storage.filesystem(unit.uri)[1]
     chain = _chain(root_path, path)
     if unit.after is None and unit.upto is None and (loop := _folder_loop(path, chain)) is not None:
-        return [loop], []
+        return _UnitListed([loop], [])
     frames = [_Frame(path, chain | {_ident(os.stat(path))}, _names(path, unit.after, unit.upto), unit.after)]
     infos: list[dict[str, Any]] = []
     while frames:
@@ -104,15 +112,15 @@ def _list_local_unit(root_path: str, unit: ListUnit, budget: int) -> tuple[list[
             frames.pop()
             continue
         if len(infos) >= budget:
-            return infos, [u for f in frames for u in f.rest(budget)]
+            return _UnitListed(infos, [u for f in frames for u in f.rest(budget)])
         name = frame.names[frame.next]
         frame.next += 1
-        full, ident, info = _local_entry(frame.path, name, frame.chain)
-        if ident is None:
-            infos.append(info)
+        entry = _local_entry(frame.path, name, frame.chain)
+        if entry.folder is None:
+            infos.append(entry.info)
         else:
-            frames.append(_Frame(full, frame.chain | {ident}, sorted(os.listdir(full))))
-    return infos, []
+            frames.append(_Frame(entry.path, frame.chain | {entry.folder}, sorted(os.listdir(entry.path))))
+    return _UnitListed(infos, [])
 
 
 def _s3_info(bucket: str, c: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +152,7 @@ def _rest_of(fs: Any, bucket: str, prefix: str, last: str) -> list[ListUnit]:
         pos = max(node + _LAST, key)
 
 
-def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> tuple[list[dict[str, Any]], list[ListUnit]]:
+def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
     bucket, _, prefix = unit.uri[len("s3://"):].partition("/")
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, **fs.req_kw}
     if unit.after is not None:
@@ -154,9 +162,9 @@ def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> tuple[list[dict[str, 
         page = fs.call_s3("list_objects_v2", MaxKeys=min(_PAGE, budget - len(infos)), **kwargs)
         infos += [_s3_info(bucket, c) for c in page.get("Contents", [])]
         if not page.get("IsTruncated"):
-            return infos, []
+            return _UnitListed(infos, [])
         if len(infos) >= budget:
-            return infos, _rest_of(fs, bucket, prefix, infos[-1]["name"][len(bucket) + 1:])
+            return _UnitListed(infos, _rest_of(fs, bucket, prefix, infos[-1]["name"][len(bucket) + 1:]))
         kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
 
@@ -175,15 +183,15 @@ def list_units(units: list[ListUnit], *, root: str, label_depth: int, skip: Skip
             break
         try:
             if root.startswith("file://"):
-                infos, rest = _list_local_unit(root_path, unit, budget - listed)
+                found = _list_local_unit(root_path, unit, budget - listed)
             else:
-                infos, rest = _list_s3_unit(fs, unit, budget - listed)
+                found = _list_s3_unit(fs, unit, budget - listed)
         except Exception as exc:
             raise StorageError(f"cannot list {unit.uri}: {type(exc).__name__}: {exc}") from exc
-        listed += len(infos)
-        out += [_row(root, root_path, info, label_depth, skip) for info in infos]
-        out += rest
-        if not infos and not rest and unit.after is None and unit.upto is None:
+        listed += len(found.infos)
+        out += [_row(root, root_path, info, label_depth, skip) for info in found.infos]
+        out += found.rest
+        if not found.infos and not found.rest and unit.after is None and unit.upto is None:
             log.warning("prefix %s holds no objects", unit.uri)
     return out
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -39,12 +40,20 @@ from lakeshard.format.manifest_table import hash_bucket, label_part, read_part, 
 __all__ = [
     "EXAMPLES",
     "STAGED_SCHEMA",
+    "ClassParts",
+    "ContentCounts",
+    "DuplicateGroups",
+    "Duplicates",
+    "KeyChange",
     "ListedPart",
-    "Plan",
+    "Listing",
+    "PartSlice",
+    "PassPlan",
+    "SkippedObject",
+    "StagedPart",
     "assign_channels",
     "class_task",
     "content_task",
-    "duplicates_report",
     "duplicates_task",
     "inspect_rows",
     "inspect_task",
@@ -68,8 +77,8 @@ _DUPLICATE_SCHEMA = pa.schema([(n, pa.string()) for n in ("content", "key", "lab
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What every task of a run needs (small: no rows)."""
+class PassPlan:
+    """What every task of the passes after the listing needs (small: no rows)."""
 
     out: str
     staging: str
@@ -118,7 +127,29 @@ def _by_bucket(rows: Sequence[dict[str, Any]], bucket_of: Any) -> dict[int, list
     return out
 
 
-@dataclass(frozen=True)
+class SkippedObject(NamedTuple):
+    """An object the listing skipped, and why (``hidden: ...`` or ``excluded: ...``)."""
+
+    key: str
+    reason: str
+
+
+class StagedPart(NamedTuple):
+    """A staged part of listed rows, and how many rows it holds."""
+
+    uri: str
+    rows: int
+
+
+class PartSlice(NamedTuple):
+    """Rows ``start`` to ``stop`` (excluded) of a staged part: a task's share of the listed rows."""
+
+    uri: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, slots=True)
 class ListedPart:
     """What a listing task hands back for the rows it staged (not a dict: a row never is one
     of these, so a listing loop that collects dict rows passes it by)."""
@@ -126,9 +157,33 @@ class ListedPart:
     uri: str
     rows: int
     skipped: dict[str, int]
-    skipped_examples: list[tuple[str, str]]
+    skipped_examples: tuple[SkippedObject, ...]
     #: The distinct labels of the staged rows (from their keys; ``None`` above the label level).
     labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """The listed rows, staged on the workers, as the header reads start from them: the parts,
+    how many classes are known before then (class prefixes or labels), the skipped
+    objects (by kind; the first few by key), and what ``_manifest.json`` says of the labels
+    table or Ground Truth manifest the labels came from (``labels_table``; None: the path)."""
+
+    parts: tuple[StagedPart, ...]
+    classes: int
+    skipped: Counter[str]
+    skipped_examples: tuple[SkippedObject, ...]
+    labels_table: dict[str, Any] | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(part.rows for part in self.parts)
+
+    def slices(self, tasks: int) -> list[PartSlice]:
+        """The parts cut into slices of about ``rows / tasks`` rows each."""
+        size = max(1, math.ceil(self.rows / tasks))
+        return [PartSlice(p.uri, a, min(a + size, p.rows))
+                for p in self.parts for a in range(0, p.rows, size)]
 
 
 def stage_listing(items: list[Any], *, produce: Callable[[list[Any]], list[Any]], staging: str) -> list[Any]:
@@ -139,12 +194,12 @@ def stage_listing(items: list[Any], *, produce: Callable[[list[Any]], list[Any]]
     out = produce(items)
     rows = [r for r in out if isinstance(r, dict)]
     kept = [r for r in rows if r["status"] != "skipped"]
-    skipped = sorted((r["key"], r["reason"]) for r in rows if r["status"] == "skipped")
+    skipped = sorted(SkippedObject(r["key"], r["reason"]) for r in rows if r["status"] == "skipped")
     name = hashlib.blake2b(repr(items).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
     uri = storage.join(staging, "listed", f"part-{name}.parquet")
     write_staged(kept, uri)
-    part = ListedPart(uri=uri, rows=len(kept), skipped=dict(Counter(skip_kind(reason) for _, reason in skipped)),
-                      skipped_examples=skipped[:EXAMPLES],
+    part = ListedPart(uri=uri, rows=len(kept), skipped=dict(Counter(skip_kind(s.reason) for s in skipped)),
+                      skipped_examples=tuple(skipped[:EXAMPLES]),
                       labels=tuple(sorted({r["label"] for r in kept if r["label"] is not None})))  # fmt: skip
     return [part, *(r for r in out if not isinstance(r, dict))]
 
@@ -153,17 +208,17 @@ def _content_bucket(row: Mapping[str, Any], buckets: int) -> int:
     return hash_bucket(row.get("content") or "key:" + row["key"], buckets)
 
 
-def inspect_task(items: list[tuple[str, int, int]], *, plan: Plan) -> list[int]:
-    """Inspect the listed rows ``items`` (``(part URI, start, stop)``) but those whose
-    inspection ``--base`` gave (``reused``); stage them by content bucket. Returns the number
-    of rows."""
-    rows = [r for uri, start, stop in items for r in table_rows(read_part(uri).slice(start, stop - start))]
-    uri, start, _ = items[0]
-    inspect_rows(rows, f"part-{uri.rsplit('/', 1)[-1].split('.')[0].split('-')[-1]}-{start:09d}.parquet", plan=plan)
+def inspect_task(items: list[PartSlice], *, plan: PassPlan) -> list[int]:
+    """Inspect the listed rows ``items`` but those whose inspection ``--base`` gave
+    (``reused``); stage them by content bucket. Returns the number of rows."""
+    rows = [r for s in items for r in table_rows(read_part(s.uri).slice(s.start, s.stop - s.start))]
+    first = items[0]
+    name = f"part-{first.uri.rsplit('/', 1)[-1].split('.')[0].split('-')[-1]}-{first.start:09d}.parquet"
+    inspect_rows(rows, name, plan=plan)
     return [len(rows)]
 
 
-def inspect_rows(rows: list[dict[str, Any]], name: str, *, plan: Plan) -> None:
+def inspect_rows(rows: list[dict[str, Any]], name: str, *, plan: PassPlan) -> None:
     """Inspect ``rows`` but those whose inspection ``--base`` gave (``reused``); stage them by
     content bucket, in a file ``name`` of each bucket's folder."""
     inspected = [r for r in rows if r.get("reused")] + inspect_objects([r for r in rows if not r.get("reused")], sniff=plan.sniff)
@@ -171,7 +226,7 @@ def inspect_rows(rows: list[dict[str, Any]], name: str, *, plan: Plan) -> None:
         write_staged(mine, storage.join(plan.folder("inspected", bucket), name))
 
 
-def assign_channels(ok: Sequence[dict[str, Any]], plan: Plan) -> list[str]:
+def assign_channels(ok: Sequence[dict[str, Any]], plan: PassPlan) -> list[str]:
     """The channel of each accepted row of ``ok``: its ``pin`` (``--labels``' channel column)
     if it has one, else the split's (the split sees the unpinned rows only)."""
     free = [r for r in ok if not r.get("pin")]
@@ -179,7 +234,8 @@ def assign_channels(ok: Sequence[dict[str, Any]], plan: Plan) -> list[str]:
     return [r.get("pin") or next(split) for r in ok]
 
 
-def _channel_counts(ok: Sequence[dict[str, Any]], plan: Plan, *, pinned_only: bool) -> dict[str, dict[str, int]]:
+def _channel_counts(ok: Sequence[dict[str, Any]], plan: PassPlan, *,
+                    pinned_only: bool) -> dict[str, dict[str, int]]:
     """``{label: {channel: n}}`` of ``ok``: of every row under a per-row split (the ``hash``
     split), of the pinned rows only for a split that needs the whole class (the others'
     counts follow from the class size)."""
@@ -190,10 +246,46 @@ def _channel_counts(ok: Sequence[dict[str, Any]], plan: Plan, *, pinned_only: bo
     return dict(counts)
 
 
-def content_task(buckets: list[int], *, plan: Plan) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class ContentCounts:
+    """What :func:`content_task` hands back for its content buckets, and merged (:meth:`merge`)
+    what the driver checks: the rows, the rejects ``--dedupe`` made, the groups of identical
+    accepted content; per label, the accepted rows and those ``--labels`` pins; the rejects by
+    reason kind; per label, the accepted rows per channel the workers counted (every row under
+    the ``hash`` split; the pinned rows only under a split that needs the whole class)."""
+
+    listed: int
+    removed: int
+    duplicate_groups: int
+    accepted: Counter[str]
+    pinned: Counter[str]
+    reasons: Counter[str]
+    channels: dict[str, Counter[str]]
+
+    @classmethod
+    def merge(cls, parts: Iterable[ContentCounts]) -> ContentCounts:
+        listed = removed = groups = 0
+        accepted, pinned, reasons = Counter[str](), Counter[str](), Counter[str]()
+        channels: dict[str, Counter[str]] = defaultdict(Counter)
+        for p in parts:
+            listed, removed, groups = listed + p.listed, removed + p.removed, groups + p.duplicate_groups
+            accepted.update(p.accepted)
+            pinned.update(p.pinned)
+            reasons.update(p.reasons)
+            for label, counts in p.channels.items():
+                channels[label].update(counts)
+        return cls(listed=listed, removed=removed, duplicate_groups=groups, accepted=accepted, pinned=pinned,
+                   reasons=reasons, channels=dict(channels))
+
+    def in_channel(self, label: str, channel: str) -> int:
+        """The accepted rows of ``label`` the workers counted in ``channel``."""
+        return self.channels[label][channel] if label in self.channels else 0
+
+
+def content_task(buckets: list[int], *, plan: PassPlan) -> list[ContentCounts]:
     """For each content bucket: with ``dedupe``, reject all but the first key of each group of
     identical content (as :func:`jobs.manifest_steps.catalog.build_manifest` does); mark the accepted rows in
-    groups; stage the rows by class part. Returns per-bucket aggregates."""
+    groups; stage the rows by class part. Returns each bucket's counts."""
     out = []
     for bucket in buckets:
         rows = read_staged(plan.folder("inspected", bucket))
@@ -204,14 +296,16 @@ def content_task(buckets: list[int], *, plan: Plan) -> list[dict[str, Any]]:
             r["duplicate"] = True
         for part, mine in _by_bucket(rows, lambda r: label_part(r["label"], plan.parts)).items():
             write_staged(mine, storage.join(plan.folder("classes", part), f"part-{bucket:05d}.parquet"))
-        out.append({"listed": len(rows), "ok": dict(Counter(r["label"] for r in ok)),
-                    "channels": _channel_counts(ok, plan, pinned_only=plan.split_method != "hash"),
-                    "pinned": dict(Counter(r["label"] for r in ok if r.get("pin"))), "removed": removed, "duplicate_groups": len(groups),
-                    "reasons": dict(Counter(reason_kind(r["reason"]) for r in rows if r["status"] != "ok"))})
+        channels = _channel_counts(ok, plan, pinned_only=plan.split_method != "hash")
+        out.append(ContentCounts(
+            listed=len(rows), removed=removed, duplicate_groups=len(groups),
+            accepted=Counter(r["label"] for r in ok), pinned=Counter(r["label"] for r in ok if r.get("pin")),
+            reasons=Counter(reason_kind(r["reason"]) for r in rows if r["status"] != "ok"),
+            channels={label: Counter(counts) for label, counts in channels.items()}))
     return out
 
 
-def _write_tables(plan: Plan, part: int, rows: list[dict[str, Any]]) -> None:
+def _write_tables(plan: PassPlan, part: int, rows: list[dict[str, Any]]) -> None:
     """Part ``part`` of every manifest table, and of each channel's SageMaker manifest."""
     def write(table: str, mine: list[dict[str, Any]]) -> None:
         write_part(manifest_part_uri(plan.out, table, part, plan.parts), pa.Table.from_pylist(mine, schema=MANIFEST_SCHEMA))
@@ -225,36 +319,89 @@ def _write_tables(plan: Plan, part: int, rows: list[dict[str, Any]]) -> None:
         storage.write_bytes_atomic(sagemaker_part_uri(plan.out, channel, part, plan.parts), lines.encode())
 
 
-def class_task(parts: list[int], *, plan: Plan) -> list[dict[str, Any]]:
+class KeyChange(NamedTuple):
+    """An object whose channel (or label) is not the one ``--base`` gave it: its key, the
+    base's value and this build's."""
+
+    key: str
+    old: str
+    new: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"key": self.key, "from": self.old, "to": self.new}
+
+
+@dataclass(frozen=True, slots=True)
+class ClassParts:
+    """What :func:`class_task` hands back for its class parts, merged by :meth:`merge`: each
+    class's fingerprint (:func:`jobs.manifest_steps.catalog.combine_fingerprints` makes the
+    manifest's), and the accepted rows whose channel is not their ``--base`` channel (how many;
+    the first few by key)."""
+
+    fingerprints: dict[str, str]
+    moved: int
+    moved_examples: tuple[KeyChange, ...]
+
+    @classmethod
+    def merge(cls, parts: Sequence[ClassParts]) -> ClassParts:
+        moved = sorted((e for p in parts for e in p.moved_examples), key=lambda e: e.key)
+        return cls(fingerprints={label: h for p in parts for label, h in p.fingerprints.items()},
+                   moved=sum(p.moved for p in parts), moved_examples=tuple(moved[:EXAMPLES]))
+
+
+def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
     """For each class part: split its accepted rows (each class is whole here, so a stratified
     split ranks each class's rows group-wise), write the part of every manifest table, stage
-    the rows of duplicate groups by content bucket. Returns per-class counts and fingerprints,
-    and the rows whose channel differs from their ``--base`` channel (count, first few)."""
+    the rows of duplicate groups by content bucket. Returns, for each part, its classes'
+    fingerprints and the rows whose channel differs from their ``--base`` channel."""
     out = []
     for part in parts:
         rows = read_staged(plan.folder("classes", part))
         ok = [r for r in rows if r["status"] == "ok"]
         channels = assign_channels(ok, plan)
         hashes: dict[str, Any] = defaultdict(hashlib.sha256)
-        counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(plan.split, 0))
         for r, channel in zip(ok, channels):
             r["channel"], r["label_index"] = channel, plan.labels[r["label"]]
             hashes[r["label"]].update(fingerprint_line(r, channel))
-            counts[r["label"]][channel] += 1
         moved = [r for r in ok if r.get("base_channel") and r["base_channel"] != r["channel"]]
         _write_tables(plan, part, rows)
         duplicates = [r for r in ok if r["duplicate"]]
         for bucket, mine in _by_bucket(duplicates, lambda r: _content_bucket(r, plan.content_buckets)).items():
             table = pa.Table.from_pylist(mine, schema=_DUPLICATE_SCHEMA)
             write_part(storage.join(plan.folder("duplicates", bucket), f"part-{part:05d}.parquet"), table, durable=False)
-        out.append({"counts": dict(counts), "fingerprints": {label: h.hexdigest() for label, h in hashes.items()},
-                    "moved": len(moved),
-                    "moved_examples": [{"key": r["key"], "from": r["base_channel"], "to": r["channel"]}
-                                       for r in moved[:EXAMPLES]]})
+        examples = tuple(KeyChange(r["key"], r["base_channel"], r["channel"]) for r in moved[:EXAMPLES])
+        out.append(ClassParts(fingerprints={label: h.hexdigest() for label, h in hashes.items()},
+                              moved=len(moved), moved_examples=examples))
     return out
 
 
-def duplicates_task(buckets: list[int], *, plan: Plan) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class DuplicateGroups:
+    """What :func:`duplicates_task` hands back for its content buckets, merged by :meth:`merge`:
+    the groups of identical accepted content, their objects, the groups that span channels
+    (leakage) and labels; the first groups by first key (``{key: channel}``), of those that span
+    channels and of all."""
+
+    groups: int
+    objects: int
+    across_channels: int
+    across_labels: int
+    leak_examples: tuple[dict[str, str], ...]
+    group_examples: tuple[dict[str, str], ...]
+
+    @classmethod
+    def merge(cls, parts: Sequence[DuplicateGroups]) -> DuplicateGroups:
+        def first(examples: Iterable[dict[str, str]]) -> tuple[dict[str, str], ...]:
+            return tuple(sorted(examples, key=lambda e: next(iter(e)))[:EXAMPLES])
+
+        return cls(groups=sum(p.groups for p in parts), objects=sum(p.objects for p in parts),
+                   across_channels=sum(p.across_channels for p in parts),
+                   across_labels=sum(p.across_labels for p in parts),
+                   leak_examples=first(e for p in parts for e in p.leak_examples),
+                   group_examples=first(e for p in parts for e in p.group_examples))
+
+
+def duplicates_task(buckets: list[int], *, plan: PassPlan) -> list[DuplicateGroups]:
     """The groups of identical accepted content in ``buckets``: counts, and the first
     :data:`EXAMPLES` groups by first key, of all and of those that span channels."""
     out = []
@@ -262,19 +409,31 @@ def duplicates_task(buckets: list[int], *, plan: Plan) -> list[dict[str, Any]]:
         groups = same_content(read_staged(plan.folder("duplicates", bucket)))
         leaks = [g for g in groups if len({r["channel"] for r in g}) > 1]
 
-        def examples(gs: list[list[dict[str, Any]]]) -> list[dict[str, str]]:
-            return [{r["key"]: r["channel"] for r in g} for g in sorted(gs, key=lambda g: g[0]["key"])[:EXAMPLES]]
+        def examples(gs: list[list[dict[str, Any]]]) -> tuple[dict[str, str], ...]:
+            first = sorted(gs, key=lambda g: g[0]["key"])[:EXAMPLES]
+            return tuple({r["key"]: r["channel"] for r in g} for g in first)
 
-        out.append({"groups": len(groups), "objects": sum(len(g) for g in groups), "across_channels": len(leaks),
-                    "across_labels": sum(len({r["label"] for r in g}) > 1 for g in groups),
-                    "leak_examples": examples(leaks), "group_examples": examples(groups)})
+        out.append(DuplicateGroups(groups=len(groups), objects=sum(len(g) for g in groups),
+                                   across_channels=len(leaks),
+                                   across_labels=sum(len({r["label"] for r in g}) > 1 for g in groups),
+                                   leak_examples=examples(leaks), group_examples=examples(groups)))
     return out
 
 
-def duplicates_report(parts: Sequence[Mapping[str, Any]], removed: int) -> dict[str, Any]:
-    """:func:`duplicates_task`'s results merged: what ``_manifest.json`` says under ``duplicates``."""
-    leaks = sorted((e for p in parts for e in p["leak_examples"]), key=lambda e: next(iter(e)))
-    groups = sorted((e for p in parts for e in p["group_examples"]), key=lambda e: next(iter(e)))
-    return {**{k: sum(p[k] for p in parts) for k in ("groups", "objects", "across_channels", "across_labels")},
-            "examples": (leaks or groups)[:EXAMPLES], "removed": removed}
+@dataclass(frozen=True, slots=True)
+class Duplicates:
+    """The manifest's accepted objects of identical content (:class:`DuplicateGroups`, merged),
+    and how many ``--dedupe`` rejected: what ``_manifest.json`` says under ``duplicates``."""
 
+    found: DuplicateGroups
+    removed: int
+
+    @property
+    def examples(self) -> tuple[dict[str, str], ...]:
+        """The first groups that span channels, else the first groups."""
+        return self.found.leak_examples or self.found.group_examples
+
+    def to_json(self) -> dict[str, Any]:
+        f = self.found
+        return {"groups": f.groups, "objects": f.objects, "across_channels": f.across_channels,
+                "across_labels": f.across_labels, "examples": list(self.examples), "removed": self.removed}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +24,8 @@ from lakeshard.errors import ShardError
 from lakeshard.format import SHARD_SCHEMA
 from lakeshard.format.writer import ShardWriter
 
-__all__ = ["SOURCE_SCHEMA", "AssembleTask", "RepairTask", "assemble_shard", "locate_and_assemble"]
+__all__ = ["SOURCE_SCHEMA", "AssembleTask", "AssembledShard", "RepairTask", "SegmentFiles", "assemble_shard",
+           "locate_and_assemble"]
 
 #: Where each row of an assembled shard comes from, in shard order.
 #: ``file`` is dictionary-encoded: a shard of 20,000 rows comes from a handful of segment files, and
@@ -92,8 +93,16 @@ class _RowGroupCache:
         self._groups.clear()
 
 
-def assemble_shard(task: AssembleTask) -> dict[str, Any]:
-    """Write ``task.uri`` from its sources, in order; returns the file's URI and stats.
+@dataclass(frozen=True, slots=True)
+class AssembledShard:
+    """A shard file an assembly wrote: its URI and its :attr:`~lakeshard.format.writer.ShardWriter.stats`."""
+
+    uri: str
+    stats: dict[str, Any]
+
+
+def assemble_shard(task: AssembleTask) -> AssembledShard:
+    """Write ``task.uri`` from its sources, in order.
 
     ``task.uri`` must not be a source of any assembly running at the same time: the job
     assembles into new files and moves them into place once every assembly is done.
@@ -115,20 +124,26 @@ def assemble_shard(task: AssembleTask) -> dict[str, Any]:
                 start = stop
     finally:
         cache.close()
-    return {"uri": task.uri, "stats": writer.stats}
+    return AssembledShard(uri=task.uri, stats=writer.stats)
+
+
+class SegmentFiles(NamedTuple):
+    """A preprocessed segment's file and its outcomes file (where it wrote each of its rows)."""
+
+    outcomes: str
+    segment: str
 
 
 @dataclass(frozen=True, slots=True)
 class RepairTask:
     """Write ``uri`` with the rows of the order file ``order``, in order, each taken from where
-    preprocessing wrote it: ``own`` and ``others`` are (outcomes file, segment file) pairs, the
-    shard's own segments and those of the shards rows moved in from; a row is taken from its
-    own segments if it is there."""
+    preprocessing wrote it: ``own`` are the shard's own segments, ``others`` those of the shards
+    rows moved in from; a row is taken from its own segments if it is there."""
 
     uri: str
     order: str
-    own: tuple[tuple[str, str], ...]
-    others: tuple[tuple[str, str], ...]
+    own: tuple[SegmentFiles, ...]
+    others: tuple[SegmentFiles, ...]
     metadata: Mapping[str, str]
     row_group_bytes: int
 
@@ -139,17 +154,17 @@ def _read(uri: str, columns: list[str], *, only: pa.Array | None = None) -> pa.T
     return table if only is None else table.filter(pc.is_in(table["uri"], value_set=only))
 
 
-def locate_and_assemble(task: RepairTask) -> dict[str, Any]:
-    """Run a :class:`RepairTask`; returns the file's URI and stats."""
+def locate_and_assemble(task: RepairTask) -> AssembledShard:
+    """Run a :class:`RepairTask`."""
     want = _read(task.order, ["uri", "is_pad"])
     where: dict[str, tuple[str, int]] = {}
     others = want["uri"].unique()
     for group, only in ((task.own, None), (task.others, others)):
-        for outcomes, segment in group:
-            got = _read(outcomes, ["uri", "row"], only=only)
+        for files in group:
+            got = _read(files.outcomes, ["uri", "row"], only=only)
             for uri, row in zip(got["uri"].to_pylist(), got["row"].to_pylist(), strict=True):
                 if row is not None:
-                    where.setdefault(uri, (segment, row))
+                    where.setdefault(uri, (files.segment, row))
     uris = want["uri"].to_pylist()
     if missing := [u for u in uris if u not in where]:
         raise ShardError(f"assembling {task.uri}: {len(missing)} rows were not written by any segment it was "

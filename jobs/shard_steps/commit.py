@@ -11,11 +11,9 @@ versions stay until ``python -m jobs.versions remove`` removes them.
 
 from __future__ import annotations
 
-from typing import Any
-
-from jobs.shard_steps.deal import Deal
+from jobs.shard_steps.dataset_info import BuiltChannel
 from jobs.shard_steps.preprocess import SegmentTask
-from jobs.shard_steps.staging import RUNS, staged_shard, staging_root, versioned
+from jobs.shard_steps.staging import staged_shard, staging_root, versioned, work_uri
 from lakeshard import storage
 from lakeshard.errors import ShardError
 from lakeshard.format import (
@@ -53,13 +51,14 @@ def place_assembled(root: str, staging: str, final: dict[tuple[str, int], str], 
     return {(channel, shard): shard_relpath(channel, shard, num_shards) for channel, shard in final}
 
 
-def _check_counts(stats: list[dict[str, Any]], plans: dict[str, Deal], num_shards: int) -> None:
+def _check_counts(channels: list[BuiltChannel], num_shards: int) -> None:
     """The invariant, counted: exactly ``num_shards`` files of equal size per channel."""
-    for channel, plan in plans.items():
-        got = sorted((s["shard"], s["rows"]) for s in stats if s["channel"] == channel)
-        want = [(i, plan.rows_per_shard) for i in range(num_shards)]
+    for channel in channels:
+        got = sorted((s.index, s.stats["rows"]) for s in channel.shards)
+        want = [(i, channel.deal.rows_per_shard) for i in range(num_shards)]
         if got != want:
-            raise ShardError(f"channel {channel!r}: wrote shards {got}, planned {want}; nothing was committed")
+            raise ShardError(f"channel {channel.name!r}: wrote shards {got}, planned {want}; "
+                             "nothing was committed")
 
 
 def _remove_strays(staging: str, keep: set[str]) -> None:
@@ -79,20 +78,20 @@ def staged_rejects(staging: str) -> str:
     """The folder below which a worker writes the shard rejects table of a local build before the
     commit (:func:`~lakeshard.format.shard_rejects_uri` of it); on S3 it writes it straight into
     the version folder (``dataset.json``'s ``rejects_path``)."""
-    return storage.join(staging, RUNS, "table")
+    return work_uri(staging, "table")
 
 
-def commit(root: str, staging: str, *, stats: list[dict[str, Any]], plans: dict[str, Deal], info: DatasetInfo) -> None:
-    """Check the staged shards, then locally: invalidate the old dataset, put the shard rejects
+def commit(root: str, staging: str, channels: list[BuiltChannel], info: DatasetInfo) -> None:
+    """Check the staged shards (``channels``), then locally: invalidate the old dataset, put the shard rejects
     table a worker wrote and the new shards in place, and last ``dataset.json`` (``info``). On S3
     the shards and the rejects table are in place in the version folder: mark the version
     complete, and last ``dataset.json``, which replaces the old one in one PUT (a reader sees the
     old dataset or the new one, never none)."""
-    _check_counts(stats, plans, info.num_shards)
+    _check_counts(channels, info.num_shards)
     if not versioned(root):
         storage.remove(dataset_json_uri(root))
         storage.replace(shard_rejects_uri(staged_rejects(staging)), storage.join(root, info.rejects_path))
-    storage.remove(storage.join(staging, RUNS), recursive=True)
+    storage.remove(work_uri(staging), recursive=True)
     storage.remove_temporaries(staging)  # a killed client's tasks may still have been writing
     # a shard's path below the staging folder (its channel folder and file name), and on S3 the
     # rejects table beside them

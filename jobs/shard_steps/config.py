@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobs.common.engines import ENGINE_NAMES
-from jobs.common.images import IMAGE_FORMATS, RESIZE_MODES, ImageSpec
-from jobs.shard_steps.balance import REMAINDER_POLICIES
+from jobs.common.images import DEFAULT_SPEC, ImageSpec
+from jobs.shard_steps.deal import REMAINDER_POLICIES
+from lakeshard.format.info import IMAGE_FORMATS, RESIZE_MODES
 from lakeshard.settings import check_fraction, check_positive, opt, parse_seed, parse_size
 
 __all__ = ["ShardConfig"]
@@ -18,10 +19,11 @@ _IMAGE_OPTIONS = {"image_size": "size", "resize": "resize", "image_format": "for
 
 
 def _check_image_option(name: str, value: object) -> None:
-    """Check one image option with :class:`ImageSpec`'s own rule; the error names the option
-    (``max_image_pixels must be positive``), not the spec's field (``max_pixels``)."""
+    """Check one image option with :class:`ImageSpec`'s own rule (the others at their defaults);
+    the error names the option (``max_image_pixels must be positive``), not the spec's field
+    (``max_pixels``)."""
     try:
-        ImageSpec(**{_IMAGE_OPTIONS[name]: value})
+        replace(DEFAULT_SPEC, **{_IMAGE_OPTIONS[name]: value})
     except ValueError as exc:
         text = str(exc)
         raise ValueError(f"{name} {text[text.index('must '):]}" if "must " in text
@@ -32,12 +34,13 @@ def _check_image_option(name: str, value: object) -> None:
 class ShardConfig:
     dataset: str = opt(help="the dataset URI the manifest job wrote")
     num_shards: int = opt(1, help="shards per channel: one per target GPU (or a multiple)")
-    image_size: int = opt(224, help="side of the square output images, in pixels")
-    resize: str = opt("crop", choices=RESIZE_MODES,
+    image_size: int = opt(DEFAULT_SPEC.size, help="side of the square output images, in pixels")
+    resize: str = opt(DEFAULT_SPEC.resize, choices=RESIZE_MODES,
                       help="crop: shorter side to size, center crop; pad: fit inside on black; stretch: ignore aspect")
-    image_format: str = opt("jpeg", choices=IMAGE_FORMATS, help="encoding of the stored images")
-    quality: int = opt(90, help="JPEG quality (1-100)")
-    max_image_pixels: int = opt(89_478_485, help="reject images with more pixels than this (decompression bombs)")
+    image_format: str = opt(DEFAULT_SPEC.format, choices=IMAGE_FORMATS, help="encoding of the stored images")
+    quality: int = opt(DEFAULT_SPEC.quality, help="JPEG quality (1-100)")
+    max_image_pixels: int = opt(DEFAULT_SPEC.max_pixels,
+                                help="reject images with more pixels than this (decompression bombs)")
     remainder: str = opt("drop", choices=REMAINDER_POLICIES,
                          help="rows beyond a multiple of num_shards: drop them, or pad by repeating samples")
     seed: int | None = opt(None, parse=parse_seed,
@@ -81,5 +84,6 @@ class ShardConfig:
         self.image_spec()  # the options together
 
     def image_spec(self) -> ImageSpec:
-        return ImageSpec(size=self.image_size, resize=self.resize, format=self.image_format,
-                         quality=self.quality, max_pixels=self.max_image_pixels)
+        """The spec the images are preprocessed to (its ``code`` not set: ``dataset.json`` records it)."""
+        return ImageSpec(size=self.image_size, format=self.image_format, quality=self.quality,
+                         resize=self.resize, max_pixels=self.max_image_pixels)

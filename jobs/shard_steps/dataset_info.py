@@ -1,12 +1,14 @@
 """What the shard job writes to ``dataset.json``: the dataset's identity (:func:`dataset_version`)
-and its description (:func:`dataset_info`), built from the plans and the shard files' stats."""
+and its description (:func:`dataset_info`), built from each channel as built (:class:`BuiltChannel`:
+its final plan and its shard files' stats)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
 import json
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.deal import Deal
@@ -17,12 +19,38 @@ from lakeshard.format import (
     ChannelInfo,
     Counts,
     DatasetInfo,
-    ImageSpec,
     Inputs,
     ShardInfo,
 )
 
-__all__ = ["dataset_info", "dataset_version"]
+if TYPE_CHECKING:  # jobs.shard_steps.inputs names the dataset with dataset_version, below
+    from jobs.shard_steps.inputs import ShardInputs
+
+__all__ = ["BuiltChannel", "ShardFile", "dataset_info", "dataset_version"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardFile:
+    """A shard file as the commit leaves it: its index, its path relative to the dataset root
+    and its :attr:`~lakeshard.format.writer.ShardWriter.stats`."""
+
+    index: int
+    path: str
+    stats: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltChannel:
+    """A channel as built: its final plan, its ``num_shards`` shard files (by index), how many
+    of its manifest rows were rejected, and the URIs of the rows its plan dropped and padded
+    (a padded row once per pad copy), by key."""
+
+    name: str
+    deal: Deal
+    shards: tuple[ShardFile, ...]
+    rejected: int
+    dropped: tuple[str, ...]
+    padded: tuple[str, ...]
 
 
 def dataset_version(fingerprint: str, cfg: ShardConfig, seed: int, channels: list[str]) -> str:
@@ -34,47 +62,43 @@ def dataset_version(fingerprint: str, cfg: ShardConfig, seed: int, channels: lis
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def dataset_info(cfg: ShardConfig, *, marker: dict[str, Any], version: str, seed: int, engine: str,
-                 deals: dict[str, Deal], named: dict[str, tuple[list[str], list[str]]], stats: list[dict[str, Any]],
-                 reject_counts: dict[str, int], build: BuildInfo, rejects_path: str) -> DatasetInfo:
-    """What ``dataset.json`` says. ``stats`` has one entry per shard file (its channel, shard
-    index, path relative to the dataset root and :class:`~lakeshard.format.writer.ShardWriter`
-    stats); ``named`` the URIs of each channel's dropped and padded rows (once per pad copy), by
-    key; ``build`` says how this run made them (depends on the engine's parallelism, not part of
-    the dataset's identity); ``rejects_path`` is where the shard rejects table goes, relative to
-    the dataset root."""
+def dataset_info(cfg: ShardConfig, job: ShardInputs, channels: list[BuiltChannel], build: BuildInfo, *,
+                 engine: str, rejects_path: str) -> DatasetInfo:
+    """What ``dataset.json`` says of the dataset ``job`` names, built as ``channels`` say.
+    ``build`` says how this run made them (depends on the engine's parallelism, not part of the
+    dataset's identity); ``rejects_path`` is where the shard rejects table goes, relative to the
+    dataset root."""
+    marker = job.marker
     labels: dict[str, int] = marker["labels"]
     return DatasetInfo(
         format_version=FORMAT_VERSION,
-        dataset_version=version,
+        dataset_version=job.version,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         engine=engine,
         inputs=Inputs(lake=marker["input"], manifest_fingerprint=marker["fingerprint"], split=marker["split"],
                       split_method=marker["split_method"], manifest_seed=marker["seed"]),
-        seed=seed,
+        seed=job.seed,
         labels=labels,
         num_classes=len(labels),
-        image=ImageSpec(size=cfg.image_size, format=cfg.image_format, quality=cfg.quality, resize=cfg.resize,
-                        max_pixels=cfg.max_image_pixels, code=image_code()),
+        image=replace(cfg.image_spec(), code=image_code()),
         num_shards=cfg.num_shards,
         remainder=cfg.remainder,
         row_group_bytes=cfg.row_group_size,
         counts=Counts(listed=marker["counts"]["listed"], manifest_rejects=marker["counts"]["rejected"],
-                      shard_rejects=sum(reject_counts.values()),
-                      dropped=sum(len(d.dropped) for d in deals.values()),
-                      padded=sum(len(d.pads) for d in deals.values())),
+                      shard_rejects=sum(c.rejected for c in channels),
+                      dropped=sum(len(c.deal.dropped) for c in channels),
+                      padded=sum(len(c.deal.pads) for c in channels)),
         build=build,
-        channels={c: _channel_info(c, deals[c], named[c], stats, labels, reject_counts[c]) for c in deals},
+        channels={c.name: _channel_info(c, labels) for c in channels},
         rejects_path=rejects_path,
         versions=library_versions(),
     )
 
 
-def _channel_info(channel: str, deal: Deal, named: tuple[list[str], list[str]], stats: list[dict[str, Any]],
-                  labels: dict[str, int], rejected: int) -> ChannelInfo:
+def _channel_info(channel: BuiltChannel, labels: dict[str, int]) -> ChannelInfo:
     names = {i: name for name, i in labels.items()}
-    mine = sorted((s for s in stats if s["channel"] == channel), key=lambda s: s["shard"])
-    dropped, padded = named
+    shards = sorted(channel.shards, key=lambda s: s.index)
     return ChannelInfo.of_shards(
-        [ShardInfo.from_stats(channel, s["shard"], deal.num_shards, s, names, path=s["path"]) for s in mine],
-        rejected=rejected, dropped=dropped, padded=padded)
+        [ShardInfo.from_stats(channel.name, s.index, channel.deal.num_shards, s.stats, names, path=s.path)
+         for s in shards],
+        rejected=channel.rejected, dropped=list(channel.dropped), padded=list(channel.padded))

@@ -1,23 +1,72 @@
-"""The shard plan from aggregates: :func:`jobs.shard_steps.balance.make_plan`'s plan without every row on the driver.
+"""The shard plan: which row of a channel goes to which shard, at which position; made on the
+driver from class counts alone, a :class:`Deal`.
 
-The plan is a function of (per-class row counts, the slots of the rejected rows, seed, channel,
-num_shards, remainder) plus one per-row quantity, each row's *slot*: its class's start (the
-rows of the classes with lower labels) plus its rank within its class by ``(deal hash, key)``.
-The driver computes a :class:`Deal` from the counts and the (small) reject list; the workers
-compute the slots (:func:`class_slots`, over one class's rows at a time) and apply the deal to
-their rows (:func:`route`, :func:`order_shard`). The result is the same plan as
-:func:`jobs.shard_steps.balance.make_plan` on the same rows, row for row (property-tested in
-``tests/jobs/shard/test_deal.py``): same shards, same rows, same positions, same pad copies.
+Made before preprocessing (the first plan, P0), so that each worker preprocesses its shard's
+rows straight into the shard's file. Rows whose image fails to decode are known only
+afterwards; the plan made again with them ``rejected`` differs from P0 in few rows, so a repair
+pass moves only those between files. Equal shards come from this explicit plan, not from
+``repartition(N)`` (uneven files) nor from hashing ``idx % N`` (collisions).
+
+Invariants (property-tested for every input), with S the rows not rejected:
+
+- every shard has exactly ``rows_per_shard`` rows, at positions ``0 .. rows_per_shard - 1``;
+- a rejected row is never placed; every other row is placed once or dropped; ``drop`` drops
+  exactly ``S mod N`` rows, ``pad`` adds exactly ``(-S) mod N`` copies of placed rows;
+- for every class, its count in any two shards differs by at most one (pad copies count);
+- the plan is a function of (keys, labels, rejected keys, seed, channel, num_shards,
+  remainder) only: not of the order rows arrive in, so every engine gets the same plan;
+- stability: at most ``2·|R| + 2·(N - 1)`` rows not rejected (pad copies included) are in
+  another shard, or placed in one plan and dropped in the other, than in P0 (``rejected=None``):
+  step 2 below moves at most ``|R|`` rows, step 3 at most ``|R|``, and each plan's remainder
+  drops or pads at most ``N - 1``;
+- within a shard, rows are ordered by ``(unit_hash("shuffle", seed, channel, shard, key, copy),
+  key, copy)``, copy 0 the row itself and 1, 2, … its pad copies in shard order: two rows in
+  the same shard in P0 and in the repaired plan keep their relative order.
+
+How, in four steps (N shards):
+
+1. Slots. Classes are laid end to end in label order, within a class in the order of a seeded
+   hash of the key, rejected rows included; slot i belongs to shard ``i mod N``. A contiguous
+   run of slots is spread over the shards evenly, so each class is balanced.
+2. Holes. Rejected rows leave holes. Each class fills its holes with its survivors from beyond
+   its first ``s_c`` slots (``s_c`` its survivors), a survivor in the same shard as the hole
+   first, then the last into the earliest; the class then holds a contiguous run again. At most
+   one row moves per reject.
+3. Totals. While the fullest shard a holds two rows more than the emptiest b (lowest index on
+   ties), a class with one row more in a than in b exists; the lowest such label moves its row
+   in a with the highest slot to b. Each move keeps its class balanced. At most ``|R|`` moves:
+   P0's totals are m or m + 1 and rejects only lowered them, by ``|R|`` in all; a shard never
+   both gives and takes, and takes only up to m, so no more than it lost.
+4. Remainder. Totals now differ by at most one. ``drop``: each shard holding one row more than
+   the others drops a row of a class with a row more there than in its emptiest shard (the
+   largest class, lower label on ties; its row with the highest slot). ``pad``: each shard
+   holding one row fewer, in shard order, gets a copy of a row of a class whose count there is
+   its lowest (of those, the class with the fewest rows so far, pad copies counted, lower label
+   on ties), and of that class the row with the fewest copies so far (a row already in the
+   shard first, then the lowest slot). So pad copies spread over the smallest classes and over
+   distinct images before any image is repeated twice. Either keeps every class balanced.
+
+With no rejects, steps 2 and 3 do nothing: P0 is the deal of step 1 with step 4's remainder.
+
+**From counts.** The plan is a function of (per-class row counts, the slots of the rejected
+rows, seed, channel, num_shards, remainder) plus one per-row quantity, each row's *slot*: its
+class's start (the rows of the classes with lower labels) plus its rank within its class by
+``(deal hash, key)``. The driver computes a :class:`Deal` from the counts and the (small) reject
+list (:func:`deal_from_counts`); the workers compute the slots (:func:`class_slots`, over one
+class's rows at a time) and apply the deal to their rows (:func:`route`, :func:`order_shard`).
+``tests/helpers/reference_plan.py`` makes the plan step by step from every row of a channel,
+the reference ``tests/jobs/shard/test_deal.py`` checks the deal against, row for row, for every
+input: same shards, same rows, same positions, same pad copies.
 
 A :class:`Deal` is small: classes × shards counts plus an exception per row that is not in the
 shard its slot gives (``slot mod N``): rows rejected, moved by the repair or dropped by the
 remainder policy, and pad copies. That is O(classes × N + rejects + N), never O(rows).
 
-How the steps of :mod:`jobs.shard_steps.balance` work on slots alone:
+How the steps work on slots alone:
 
 1. Slots: class c holds slots ``start[c] .. start[c] + size[c] - 1``; slot g is in shard g mod N.
 2. Holes: only the rejected slots and the last ``rejects(c)`` slots of each class take part
-   (:func:`jobs.shard_steps.balance.fill_holes` on just those); a mover takes its hole's slot.
+   (:func:`fill_holes` on just those); a mover takes its hole's slot.
 3. Totals and 4. Remainder: per (class, shard) counts are arithmetic on each class's slot run;
    "the row of class c in shard s with the highest slot" is found by walking down the slots
    congruent to s, skipping the few rows that moved, and the rows moved into s.
@@ -25,18 +74,29 @@ How the steps of :mod:`jobs.shard_steps.balance` work on slots alone:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.common.hashing import unit_hashes
-from jobs.shard_steps.balance import ShardPlan, check_options, check_survivors, fill_holes, key_ranks
 from lakeshard.errors import ShardError
+from lakeshard.settings import check_positive
 
-__all__ = ["Deal", "class_slots", "deal_from_counts", "order_shard", "plan_of_rows", "route"]
+__all__ = ["DROPPED_ROWS_SHARD", "REMAINDER_POLICIES", "Deal", "check_options", "check_survivors",
+           "class_slots", "deal_from_counts", "fill_holes", "key_ranks", "order_shard", "route"]
+
+#: What ``--remainder`` does with the rows beyond a multiple of ``num_shards`` (step 4).
+REMAINDER_POLICIES = ("drop", "pad")
+
+#: The shard index of the first plan's dropped rows (those the remainder policy leaves out), the
+#: shard :meth:`Deal.shard_of` gives a row it does not place. The shard job preprocesses them
+#: all the same, from an order file and in a segment of their own under this index, in case
+#: rejects change the plan and it places some of them after all.
+DROPPED_ROWS_SHARD = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +146,7 @@ class Deal:
 def deal_from_counts(counts: Mapping[int, int], *, num_shards: int, seed: int, channel: str,
                      remainder: str = "drop", rejected: Iterable[int] = ()) -> Deal:
     """The plan of a channel whose class ``label`` has ``counts[label]`` rows, with the rows at
-    slots ``rejected`` left out: :func:`jobs.shard_steps.balance.make_plan`'s plan, from counts alone."""
+    slots ``rejected`` left out: the four steps above, from counts alone."""
     check_options(num_shards, remainder)
     present = sorted((int(k), int(v)) for k, v in counts.items() if v)
     if any(v < 0 for _, v in present):
@@ -236,7 +296,7 @@ class _Walk:
 
     def pad_row(self, c: int, s: int, copies: Mapping[int, int]) -> int:
         """The row of class c a pad in shard s copies: the fewest copies so far, then a row in
-        shard s, then the lowest slot (:func:`jobs.shard_steps.balance.make_plan`'s order)."""
+        shard s, then the lowest slot (step 4's order)."""
         a, b = self._range(c)
         mine = {p: k for p, k in copies.items() if a <= p < b}
         if len(mine) < b - a:  # some row has no copy yet
@@ -301,24 +361,61 @@ def order_shard(deal: Deal, rows: pa.Table, shard: int) -> pa.Table:
     return table.take(pa.array(order, pa.int64()))
 
 
-def plan_of_rows(deal: Deal, keys: list[str], labels: list[int]) -> ShardPlan:
-    """The deal applied to a channel's rows, as :func:`jobs.shard_steps.balance.make_plan` returns it: the
-    workers' code path (:func:`class_slots`, :func:`order_shard`) on one machine. For tests and
-    small inputs."""
-    slots = np.empty(len(keys), dtype=np.int64)
-    label = np.asarray(labels, dtype=np.int64)
-    for c in np.unique(label).tolist():
-        idx = np.flatnonzero(label == c)
-        slots[idx] = class_slots([keys[i] for i in idx], seed=deal.seed, channel=deal.channel,
-                                 start=deal.class_start(c))
-    rows = pa.table({"key": keys, "slot": slots, "row": np.arange(len(keys))})
-    parts = [order_shard(deal, rows, s) for s in range(deal.num_shards)]
-    source = np.concatenate([p["row"].to_numpy() for p in parts]).astype(np.int64)
-    copy = np.concatenate([p["copy"].to_numpy() for p in parts]).astype(np.int64)
-    by_slot = np.empty(len(keys), dtype=np.int64)
-    by_slot[slots] = np.arange(len(keys))
-    return ShardPlan(num_shards=deal.num_shards, rows_per_shard=deal.rows_per_shard, source=source,
-                     shard=np.repeat(np.arange(deal.num_shards, dtype=np.int64), deal.rows_per_shard),
-                     position=np.tile(np.arange(deal.rows_per_shard, dtype=np.int64), deal.num_shards),
-                     is_pad=copy > 0, dropped=np.sort(by_slot[np.asarray(deal.dropped, dtype=np.int64)]),
-                     padded=np.sort(source[copy > 0]))
+def check_options(num_shards: int, remainder: str) -> None:
+    """``num_shards`` and ``remainder`` are values a plan can be made with."""
+    check_positive("num_shards", num_shards, error=ShardError)
+    if remainder not in REMAINDER_POLICIES:
+        raise ShardError(f"remainder must be one of {', '.join(REMAINDER_POLICIES)}, got {remainder!r}")
+
+
+def check_survivors(channel: str, total: int, num_rejected: int, *, num_shards: int, remainder: str) -> None:
+    """A channel of ``total`` rows, ``num_rejected`` of them rejected, can be planned."""
+    survivors = total - num_rejected
+    if survivors == 0:
+        raise ShardError(f"channel {channel!r} has no rows to shard: all {total} were rejected")
+    if remainder == "drop" and survivors < num_shards:
+        counted = f"{survivors} rows" if not num_rejected else \
+            f"{survivors} rows left ({num_rejected} of {total} rejected)"
+        raise ShardError(
+            f"channel {channel!r} has {counted}, fewer than num_shards={num_shards}: "
+            "dropping the remainder would leave empty shards; use --remainder pad or fewer shards")
+
+
+def key_ranks(keys: Sequence[str], channel: str) -> np.ndarray:
+    """Each key's rank in sorted order; keys must be unique (the plan breaks ties by key)."""
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    for i, j in pairwise(order):
+        if keys[i] == keys[j]:
+            raise ShardError(f"key {keys[i]!r} appears twice in channel {channel!r} (rows {i} and {j})")
+    rank = np.empty(len(keys), dtype=np.int64)
+    rank[order] = np.arange(len(keys))
+    return rank
+
+
+def fill_holes(slot: np.ndarray, cls: np.ndarray, is_rejected: np.ndarray, start: np.ndarray,
+                kept: np.ndarray, num_shards: int) -> np.ndarray:
+    """Step 2: survivors from beyond each class's first ``kept[c]`` slots move into the holes
+    rejected rows leave there, same shard first, then the last survivor into the earliest hole."""
+    inside = slot - start[cls] < kept[cls]
+    holes = np.flatnonzero(is_rejected & inside)
+    movers = np.flatnonzero(~is_rejected & ~inside)
+    if not len(holes):
+        return slot
+    group_h = cls[holes] * num_shards + slot[holes] % num_shards
+    group_m = cls[movers] * num_shards + slot[movers] % num_shards
+    holes = holes[np.lexsort((slot[holes], group_h))]
+    movers = movers[np.lexsort((-slot[movers], group_m))]
+    group_h, group_m = np.sort(group_h), np.sort(group_m)
+    # Rank within the (class, shard) group; the first min(#holes, #movers) of a group pair up.
+    rank_h = np.arange(len(holes)) - np.searchsorted(group_h, group_h)
+    rank_m = np.arange(len(movers)) - np.searchsorted(group_m, group_m)
+    paired_h = rank_h < np.searchsorted(group_m, group_h, side="right") - np.searchsorted(group_m, group_h)
+    paired_m = rank_m < np.searchsorted(group_h, group_m, side="right") - np.searchsorted(group_h, group_m)
+    # The rest, class by class (each class has as many holes as movers): last into earliest.
+    rest_h, rest_m = holes[~paired_h], movers[~paired_m]
+    rest_h = rest_h[np.lexsort((slot[rest_h], cls[rest_h]))]
+    rest_m = rest_m[np.lexsort((-slot[rest_m], cls[rest_m]))]
+    new = slot.copy()
+    new[movers[paired_m]] = slot[holes[paired_h]]
+    new[rest_m] = slot[rest_h]
+    return new

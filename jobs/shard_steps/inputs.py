@@ -10,7 +10,7 @@ from typing import Any
 
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.dataset_info import dataset_version
-from jobs.shard_steps.reuse import Base
+from jobs.shard_steps.reuse import BaseDataset
 from jobs.shard_steps.reuse import check_base as check_shard_base
 from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, ShardError
@@ -29,7 +29,8 @@ class ShardInputs:
     channels: list[str]
     seed: int
     version: str
-    base: Base | None = None  #: the ``--base`` dataset, checked (:func:`jobs.shard_steps.reuse.check_base`)
+    #: the ``--base`` dataset, checked (:func:`jobs.shard_steps.reuse.check_base`)
+    base: BaseDataset | None = None
 
 
 def _channels(cfg: ShardConfig, known: list[str], root: str) -> list[str]:

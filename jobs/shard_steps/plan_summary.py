@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from jobs.shard_steps.deal import Deal
+from jobs.shard_steps.plan_tasks import NamedRow
 from lakeshard.errors import ShardError
 
 __all__ = ["ChannelPlan", "PlanSummary", "channel_plan"]
@@ -54,9 +55,9 @@ class PlanSummary:
 
 
 def channel_plan(deal: Deal, per_shard: Mapping[int, Mapping[int, int]], *,
-                 named: Mapping[int, tuple[str, str]] | None = None, show: int = 10) -> ChannelPlan:
+                 named: Mapping[int, NamedRow] | None = None, show: int = 10) -> ChannelPlan:
     """The summary of ``deal``'s channel; ``per_shard[s]`` counts shard s's rows per label index
-    (pad copies included), as its order task found them. ``named`` gives the (key, URI) of
+    (pad copies included), as its order task found them. ``named`` gives the key and URI of
     dropped and padded slots; the first ``show`` are listed."""
     missing = [s for s in range(deal.num_shards) if s not in per_shard]
     if missing:
@@ -67,8 +68,8 @@ def channel_plan(deal: Deal, per_shard: Mapping[int, Mapping[int, int]], *,
         rows = [int(per_shard[s].get(label, 0)) for s in range(deal.num_shards)]
         spread = max(spread, max(rows) - min(rows))
         uneven += max(rows) - min(rows) == 1
-    shown = [("dropped", named[g][1]) for g in deal.dropped[:show] if g in named]
-    shown += [("padded", named[g][1]) for g in deal.padded[:max(0, show - len(shown))] if g in named]
+    shown = [("dropped", named[g].uri) for g in deal.dropped[:show] if g in named]
+    shown += [("padded", named[g].uri) for g in deal.padded[:max(0, show - len(shown))] if g in named]
     return ChannelPlan(channel=deal.channel, rows=deal.total, classes=len(deal.labels), num_shards=deal.num_shards,
                        rows_per_shard=deal.rows_per_shard, dropped=len(deal.dropped), padded=len(deal.pads),
                        spread=spread, uneven_classes=uneven, named=tuple(shown))

@@ -5,7 +5,7 @@ about Spark or Dask (:mod:`jobs.shard_steps.assemble` is the second step).
 Each image crosses the network once, from the lake to the worker that writes its shard: the
 plan is made before preprocessing, so a task knows which shard, and which position in it, every
 row of its segment goes to. Rows move between shard files only when images fail to decode (the
-plan's repair moves a few rows, see :mod:`jobs.shard_steps.balance`) and when a shard is cut into several
+plan's repair moves a few rows, see :mod:`jobs.shard_steps.deal`) and when a shard is cut into several
 segments to spread its work over more tasks.
 """
 
@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,7 +40,10 @@ __all__ = [
     "OUTCOME_SCHEMA",
     "REJECT_SCHEMA",
     "SEGMENT_SCHEMA",
+    "RejectsTable",
     "RejectsTask",
+    "RowRange",
+    "SegmentResult",
     "SegmentTask",
     "preprocess_segment",
     "read_receipt",
@@ -85,6 +88,14 @@ _READ_ROWS = 4
 _S3_READERS = 8
 
 
+class RowRange(NamedTuple):
+    """Rows ``offset`` to ``offset + length`` of the Parquet file ``uri`` (a shard's order file)."""
+
+    uri: str
+    offset: int
+    length: int
+
+
 @dataclass(frozen=True, slots=True)
 class SegmentTask:
     """Preprocess a segment's rows (:data:`SEGMENT_SCHEMA`, other columns carried along) in
@@ -93,9 +104,9 @@ class SegmentTask:
     returns (:func:`read_receipt` reads it back), so a rerun of an interrupted job can reuse the
     file instead of preprocessing its rows again.
 
-    The rows are ``rows``, or, when that is None, ``length`` rows from row ``offset`` of the
-    order file ``source`` (read by the task: the driver never holds them); ``digest`` is their
-    :func:`rows_digest`, which a receipt must match.
+    The rows are ``rows``, or, when that is None, the range ``source`` of an order file (read by
+    the task: the driver never holds them); ``digest`` is their :func:`rows_digest`, which a
+    receipt must match.
 
     ``threads`` read the images ahead of decoding (:func:`readers`: by default none for local
     files, several for S3); ``decode_threads`` decode, resize and encode them: as many as the
@@ -110,12 +121,12 @@ class SegmentTask:
     threads: int | None
     receipt: str | None = None
     decode_threads: int = 1
-    source: tuple[str, int, int] | None = None
+    source: RowRange | None = None
     digest: str | None = None
     outcomes: str | None = None
     #: Runs holding images of this segment's rows already preprocessed (``--base``), under
-    #: segment id ``reuse_id`` (:func:`jobs.shard_steps.reuse.reused_rows`): those rows are not fetched.
-    reuse: tuple[str, ...] = ()
+    #: segment id ``reuse_id`` (:func:`reused_rows`): those rows are not fetched.
+    base_runs: tuple[str, ...] = ()
     reuse_id: int = -1
 
     def __post_init__(self) -> None:
@@ -126,7 +137,7 @@ class SegmentTask:
 
     @property
     def num_rows(self) -> int:
-        return self.rows.num_rows if self.rows is not None else self.source[2]  # type: ignore[index]
+        return self.rows.num_rows if self.rows is not None else self.source.length  # type: ignore[union-attr]
 
     def expected_digest(self) -> str:
         return self.digest if self.digest is not None else rows_digest(self.rows)  # type: ignore[arg-type]
@@ -135,7 +146,8 @@ class SegmentTask:
         """The segment's rows (read from its source if the task does not carry them)."""
         if self.rows is not None:
             return self.rows
-        return read_rows(*self.source)  # type: ignore[misc]
+        source: RowRange = self.source  # type: ignore[assignment]
+        return read_rows(source.uri, source.offset, source.length)
 
 
 def read_where(files: Sequence[str], column: str, value: int, columns: list[str]) -> pa.Table:
@@ -149,9 +161,9 @@ def read_where(files: Sequence[str], column: str, value: int, columns: list[str]
 def reused_rows(task: SegmentTask) -> dict[int, tuple[bytes, int, int]]:
     """The images of the segment's rows an incremental build reuses (position -> ``(image,
     height, width)``), from the runs it names (:mod:`jobs.shard_steps.reuse`)."""
-    if not task.reuse:
+    if not task.base_runs:
         return {}
-    got = read_where(task.reuse, "segment", task.reuse_id, ["pos", "image", "height", "width"])
+    got = read_where(task.base_runs, "segment", task.reuse_id, ["pos", "image", "height", "width"])
     return {int(p): (i, int(h), int(w)) for p, i, h, w in zip(
         got["pos"].to_pylist(), got["image"].to_pylist(), got["height"].to_pylist(), got["width"].to_pylist(),
         strict=True)}
@@ -233,10 +245,22 @@ def _preprocessed_chunks(task: SegmentTask, rows: pa.Table,
             yield rows.slice(start, _CHUNK_ROWS), done.result()
 
 
-def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class SegmentResult:
+    """What a segment's task wrote (:func:`preprocess_segment`), or its receipt says it wrote
+    (:func:`read_receipt`): counts and a few rows, never a row per image."""
+
+    uri: str  #: the segment's file
+    stats: dict[str, Any]  #: the file's :attr:`~lakeshard.format.writer.ShardWriter.stats`
+    rows: int  #: the segment's rows, rejects included
+    reused: int  #: images taken from the ``--base`` dataset, not fetched and decoded
+    rejects: pa.Table  #: :data:`REJECT_SCHEMA`
+    digest: str  #: the :func:`rows_digest` of the rows it preprocessed
+
+
+def preprocess_segment(task: SegmentTask) -> SegmentResult:
     """Fetch, decode, orient, resize and encode the segment's rows and write those that
-    survive, in order, to ``task.uri``. Returns the file's URI and stats, its number of rows
-    and its rejects (:data:`REJECT_SCHEMA`): counts and a few rows, never a row per image."""
+    survive, in order, to ``task.uri``."""
     rows = task.read_rows()
     reused = reused_rows(task)
     outcome_rows: list[int | None] = []
@@ -272,27 +296,28 @@ def preprocess_segment(task: SegmentTask) -> dict[str, Any]:
                         "channel": pa.array([task.metadata.get("channel")] * len(bad), pa.string()),
                         "reason": pa.array([reasons[i] for i in bad], pa.string()),
                         "slot": column("slot", pa.int64()), "is_pad": rejects["is_pad"]}, schema=REJECT_SCHEMA)
-    result = {"uri": task.uri, "stats": writer.stats, "rows": rows.num_rows, "reused": len(reused), "rejects": rejects}
+    result = SegmentResult(uri=task.uri, stats=writer.stats, rows=rows.num_rows, reused=len(reused),
+                           rejects=rejects, digest=rows_digest(rows))
     if task.outcomes is not None:
         write_table(task.outcomes, pa.table({"uri": rows["uri"], "row": pa.array(outcome_rows, pa.int64())},
                                             schema=OUTCOME_SCHEMA))
     if task.receipt is not None:  # after the file (and its outcomes) is complete: a receipt vouches for it
         write_table(task.receipt, rejects, metadata={
-            b"lakeshard.uri": task.uri.encode(), b"lakeshard.stats": json.dumps(writer.stats).encode(),
-            b"lakeshard.rows": str(rows.num_rows).encode(), b"lakeshard.reused": str(len(reused)).encode(),
-            b"lakeshard.digest": rows_digest(rows).encode()})
+            b"lakeshard.uri": result.uri.encode(), b"lakeshard.stats": json.dumps(result.stats).encode(),
+            b"lakeshard.rows": str(result.rows).encode(), b"lakeshard.reused": str(result.reused).encode(),
+            b"lakeshard.digest": result.digest.encode()})
     return result
 
 
-def read_receipt(data: bytes) -> dict[str, Any]:
-    """What :func:`preprocess_segment` returned, from the receipt it wrote, and the digest of
-    the rows it preprocessed (``digest``)."""
+def read_receipt(data: bytes) -> SegmentResult:
+    """What :func:`preprocess_segment` returned, from the receipt it wrote (a Parquet file of
+    its rejects, the rest in the file's metadata)."""
     table = pq.read_table(pa.BufferReader(data))
     meta = table.schema.metadata
-    return {"uri": meta[b"lakeshard.uri"].decode(), "stats": json.loads(meta[b"lakeshard.stats"]),
-            "rows": int(meta[b"lakeshard.rows"]), "reused": int(meta.get(b"lakeshard.reused", b"0")),
-            "digest": meta[b"lakeshard.digest"].decode(),
-            "rejects": table.replace_schema_metadata(None).cast(REJECT_SCHEMA)}
+    return SegmentResult(uri=meta[b"lakeshard.uri"].decode(), stats=json.loads(meta[b"lakeshard.stats"]),
+                         rows=int(meta[b"lakeshard.rows"]), reused=int(meta.get(b"lakeshard.reused", b"0")),
+                         rejects=table.replace_schema_metadata(None).cast(REJECT_SCHEMA),
+                         digest=meta[b"lakeshard.digest"].decode())
 
 
 def unique_rejects(rejects: pa.Table) -> pa.Table:
@@ -315,9 +340,17 @@ class RejectsTask:
     relpath: str | None = None
 
 
-def write_rejects(task: RejectsTask) -> dict[str, Any]:
-    """Run a :class:`RejectsTask` (:func:`~lakeshard.format.writer.write_shard_rejects`);
-    returns the table's URI and number of rows."""
-    tables = [read_receipt(storage.read_bytes(r))["rejects"] for r in task.receipts]
+@dataclass(frozen=True, slots=True)
+class RejectsTable:
+    """The shard rejects table a :class:`RejectsTask` wrote: its URI and rows."""
+
+    uri: str
+    rows: int
+
+
+def write_rejects(task: RejectsTask) -> RejectsTable:
+    """Run a :class:`RejectsTask` (:func:`~lakeshard.format.writer.write_shard_rejects`)."""
+    tables = [read_receipt(storage.read_bytes(r)).rejects for r in task.receipts]
     rejects = unique_rejects(pa.concat_tables(tables) if tables else REJECT_SCHEMA.empty_table())
-    return {"uri": write_shard_rejects(task.root, rejects, relpath=task.relpath), "rows": rejects.num_rows}
+    uri = write_shard_rejects(task.root, rejects, relpath=task.relpath)
+    return RejectsTable(uri=uri, rows=rejects.num_rows)

@@ -58,7 +58,8 @@ from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_i
 from lakeshard.format.info import BaseRef, DatasetInfo
 from lakeshard.format.manifest_table import channel_parts, hash_bucket, read_part
 
-__all__ = ["Base", "BaseShard", "JoinTask", "Reuse", "ScatterTask", "StageTask", "check_base", "image_options", "join",
+__all__ = ["BaseDataset", "BaseImages", "BaseShard", "JoinFolder", "JoinTask", "Matches", "ReusePlan",
+           "ScatterTask", "Scattered", "StageTask", "StagedFile", "check_base", "image_options", "join",
            "plan_reuse", "reuse_images", "scatter", "stage", "stage_order"]
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,9 @@ class BaseShard:
 
 
 @dataclass(frozen=True, slots=True)
-class Base:
-    """A ``--base`` dataset, checked: its root, ``dataset.json``, every shard file and every part
-    of its channel manifests."""
+class BaseDataset:
+    """The ``--base`` dataset, checked (:func:`check_base`): its root, ``dataset.json``, every
+    shard file and every part of its channel manifests."""
 
     root: str
     info: DatasetInfo
@@ -117,7 +118,7 @@ class Base:
         return BaseRef(root=self.root, dataset_version=self.info.dataset_version)
 
 
-def check_base(uri: str, cfg: ShardConfig) -> Base:
+def check_base(uri: str, cfg: ShardConfig) -> BaseDataset:
     """The ``--base`` dataset at ``uri``, or an error naming it and what is wrong: no
     ``dataset.json`` (not complete), another image option, library version or preprocessing
     code (the option, its value there and here), a manifest rebuilt since its shards, a shard
@@ -158,24 +159,25 @@ def check_base(uri: str, cfg: ShardConfig) -> Base:
                 raise DatasetError(f"--base {root} is incomplete: its shard {u} is "
                                    + ("missing" if name not in found else f"{found[name]} bytes, dataset.json says {sizes[u]}"))
     parts = [p for c in info.channels for p in channel_parts(root, c)]
-    return Base(root=root, info=info, shards=tuple(shards), manifest_parts=tuple(parts))
+    return BaseDataset(root=root, info=info, shards=tuple(shards), manifest_parts=tuple(parts))
 
 
 @dataclass(frozen=True, slots=True)
-class Reuse:
-    """Where the pass stages its files (``folder``) and into how many URI buckets."""
+class JoinFolder:
+    """Where the join with the base stages its files (the folder ``uri``: both sides, the
+    matches and the runs of images) and into how many URI buckets."""
 
-    folder: str
+    uri: str
     buckets: int
 
     def staged(self, side: str, index: int) -> str:
-        return storage.join(self.folder, side, f"part-{index:05d}.parquet")
+        return storage.join(self.uri, side, f"part-{index:05d}.parquet")
 
     def matches(self, index: int) -> str:
-        return storage.join(self.folder, "matches", f"part-{index:05d}.parquet")
+        return storage.join(self.uri, "matches", f"part-{index:05d}.parquet")
 
     def run(self, file: int, index: int) -> str:
-        return storage.join(self.folder, "runs", f"file-{file:05d}-{index:03d}.parquet")
+        return storage.join(self.uri, "runs", f"file-{file:05d}-{index:03d}.parquet")
 
 
 def _write_grouped(uri: str, table: pa.Table, by: str) -> list[int]:
@@ -199,11 +201,24 @@ def _write_grouped(uri: str, table: pa.Table, by: str) -> list[int]:
     return sorted({int(v) for v in values})
 
 
-def _bucketed(uri: str, table: pa.Table, buckets: int) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class StagedFile:
+    """A file of one side of the join, staged by URI bucket (step 1): ``side`` is ``shards``,
+    ``manifest`` (the base's) or ``current`` (this build's). A base input that could not be
+    read stages no row: ``source`` names it and ``damaged`` says why."""
+
+    side: str
+    uri: str
+    rows: int
+    source: str | None = None
+    damaged: str | None = None
+
+
+def _bucketed(side: str, uri: str, table: pa.Table, buckets: int) -> StagedFile:
     """Stage ``table`` (a ``uri`` column) by URI bucket at ``uri``."""
     bucket = pa.array([hash_bucket(u, buckets) for u in table["uri"].to_pylist()], pa.int32())
     _write_grouped(uri, table.append_column("bucket", bucket), "bucket")
-    return {"uri": uri, "rows": table.num_rows}
+    return StagedFile(side=side, uri=uri, rows=table.num_rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,20 +229,20 @@ class StageTask:
 
     side: str
     index: int
-    reuse: Reuse
+    folder: JoinFolder
     source: str
 
 
-def stage(task: StageTask) -> dict[str, Any]:
-    """Run a :class:`StageTask`; returns the staged file, its rows and its side."""
-    out = task.reuse.staged(task.side, task.index)
+def stage(task: StageTask) -> StagedFile:
+    """Run a :class:`StageTask`."""
+    out = task.folder.staged(task.side, task.index)
     if task.side == "shards":
         fs, path = storage.filesystem(task.source)
         try:
             rows = pq.read_table(path, filesystem=fs, columns=["uri", "is_pad"])
         except (pa.ArrowException, OSError) as exc:  # a damaged shard lends no image
-            return {"uri": out, "rows": 0, "side": task.side, "source": task.source,
-                    "damaged": f"cannot be read as Parquet ({type(exc).__name__}: {exc})"}
+            return StagedFile(side=task.side, uri=out, rows=0, source=task.source,
+                              damaged=f"cannot be read as Parquet ({type(exc).__name__}: {exc})")
         keep = pc.invert(rows["is_pad"])
         table = pa.table({"uri": rows["uri"], "file": pa.array(np.full(rows.num_rows, task.index, np.int32)),
                           "row": pa.array(np.arange(rows.num_rows, dtype=np.int64))}).filter(keep)
@@ -235,20 +250,21 @@ def stage(task: StageTask) -> dict[str, Any]:
         try:
             table = read_part(task.source, ["uri", "etag", "size"])
         except (DatasetError, pa.ArrowException, OSError) as exc:  # its rows' ETags are unknown: none is reused
-            return {"uri": out, "rows": 0, "side": task.side, "source": task.source,
-                    "damaged": f"cannot be read ({type(exc).__name__}: {exc})"}
+            return StagedFile(side=task.side, uri=out, rows=0, source=task.source,
+                              damaged=f"cannot be read ({type(exc).__name__}: {exc})")
         table = table.filter(pc.is_valid(table["etag"]))
-    return {**_bucketed(out, table, task.reuse.buckets), "side": task.side}
+    return _bucketed(task.side, out, table, task.folder.buckets)
 
 
-def stage_order(reuse: Reuse, rows: pa.Table, cuts: tuple[int, ...], segments: tuple[int, ...]) -> dict[str, Any]:
+def stage_order(folder: JoinFolder, rows: pa.Table, cuts: tuple[int, ...],
+                segments: tuple[int, ...]) -> StagedFile:
     """Stage this build's side of the join for an order file (step 1): its ``rows``, in order,
     cut at ``cuts`` into segments ``segments``, as ``(uri, etag, size, segment, pos)``, ``pos``
-    a row's position in its segment, rows without an ETag left out. Returns the staged file
-    (named after the first segment), its rows and its side, ``current``."""
-    out = reuse.staged("current", segments[0])
+    a row's position in its segment, rows without an ETag left out. The staged file, side
+    ``current``, is named after the first segment."""
+    out = folder.staged("current", segments[0])
     if not rows.num_rows:
-        return {"uri": out, "rows": 0, "side": "current"}
+        return StagedFile(side="current", uri=out, rows=0)
     position = np.arange(rows.num_rows, dtype=np.int64)
     which = np.searchsorted(np.asarray(cuts[1:-1], np.int64), position, side="right")
     table = pa.table({"uri": rows["uri"], "etag": rows["etag"], "size": rows["size"],
@@ -256,8 +272,8 @@ def stage_order(reuse: Reuse, rows: pa.Table, cuts: tuple[int, ...], segments: t
                       "pos": pa.array(position - np.asarray(cuts, np.int64)[which])})
     table = table.filter(pc.is_valid(table["etag"]))
     if not table.num_rows:
-        return {"uri": out, "rows": 0, "side": "current"}
-    return {**_bucketed(out, table, reuse.buckets), "side": "current"}
+        return StagedFile(side="current", uri=out, rows=0)
+    return _bucketed("current", out, table, folder.buckets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,8 +296,18 @@ def _first_per_uri(table: pa.Table) -> pa.Table:
     return table.take(pa.array([i for i, u in enumerate(uris) if i == 0 or uris[i - 1] != u], pa.int64()))
 
 
-def join(task: JoinTask) -> dict[str, Any]:
-    """Run a :class:`JoinTask`; returns the matches file, its rows and the base files they name."""
+@dataclass(frozen=True, slots=True)
+class Matches:
+    """What a :class:`JoinTask` matched: the matches file (None: no match), its rows and the
+    base shard files (by index) they name."""
+
+    uri: str | None
+    rows: int
+    files: tuple[int, ...]
+
+
+def join(task: JoinTask) -> Matches:
+    """Run a :class:`JoinTask`."""
     pieces = []
     for b in task.buckets:
         current = read_where(task.current, "bucket", b, ["uri", "etag", "size", "segment", "pos"])
@@ -295,9 +321,10 @@ def join(task: JoinTask) -> dict[str, Any]:
         pieces.append(current.join(base, keys=["uri", "etag", "size"], join_type="inner")
                       .select(["uri", "file", "row", "segment", "pos"]))
     if not pieces or not sum(p.num_rows for p in pieces):
-        return {"uri": None, "rows": 0, "files": []}
+        return Matches(uri=None, rows=0, files=())
     matches = pa.concat_tables(pieces)
-    return {"uri": task.uri, "rows": matches.num_rows, "files": _write_grouped(task.uri, matches, "file")}
+    files = _write_grouped(task.uri, matches, "file")
+    return Matches(uri=task.uri, rows=matches.num_rows, files=tuple(files))
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +336,7 @@ class ScatterTask:
     source: str
     sha256: str
     matches: tuple[str, ...]
-    reuse: Reuse
+    folder: JoinFolder
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +385,7 @@ def scatter(task: ScatterTask) -> Scattered:
     def flush() -> None:
         nonlocal held, size
         if held:
-            uri = task.reuse.run(task.file, len(runs))
+            uri = task.folder.run(task.file, len(runs))
             runs.append((uri, _write_grouped(uri, pa.concat_tables(held), "segment")))
         held, size = [], 0
 
@@ -387,42 +414,62 @@ def scatter(task: ScatterTask) -> Scattered:
 Runner = Callable[[Callable[[Any], Any], list[Any], list[int], int], list[Any]]
 
 
-def plan_reuse(base: Base, rows: int, *, folder: str, slots: int) -> tuple[Reuse, list[StageTask], list[int]]:
-    """Where a build of ``rows`` rows on ``base`` stages its join (``folder``, emptied), the
+@dataclass(frozen=True, slots=True)
+class ReusePlan:
+    """Where a build stages its join with the base, and the tasks that stage the base's side
+    (step 1) with their sizes (rows)."""
+
+    folder: JoinFolder
+    stage_tasks: tuple[StageTask, ...]
+    sizes: tuple[int, ...]
+
+
+def plan_reuse(base: BaseDataset, rows: int, *, folder: str, slots: int) -> ReusePlan:
+    """Where a build of ``rows`` rows on ``base`` stages its join (``folder``, emptied), and the
     tasks that stage the base's side (step 1; the plan's order pass runs them, and its order
-    tasks stage this build's side, :func:`stage_order`) and their sizes."""
+    tasks stage this build's side, :func:`stage_order`)."""
     storage.remove(folder, recursive=True)  # a killed run's files: every file read is named by a result
-    reuse = Reuse(folder=folder, buckets=max(slots, -(-rows // _ROWS_PER_BUCKET)))
-    items = [StageTask(side="shards", index=f, reuse=reuse, source=s.uri) for f, s in enumerate(base.shards)]
-    items += [StageTask(side="manifest", index=i, reuse=reuse, source=u) for i, u in enumerate(base.manifest_parts)]
-    return reuse, items, [s.rows for s in base.shards] + [1] * len(base.manifest_parts)
+    where = JoinFolder(uri=folder, buckets=max(slots, -(-rows // _ROWS_PER_BUCKET)))
+    items = [StageTask(side="shards", index=f, folder=where, source=s.uri) for f, s in enumerate(base.shards)]
+    items += [StageTask(side="manifest", index=i, folder=where, source=u)
+              for i, u in enumerate(base.manifest_parts)]
+    return ReusePlan(folder=where, stage_tasks=tuple(items),
+                     sizes=(*(s.rows for s in base.shards), *[1] * len(base.manifest_parts)))
 
 
-def reuse_images(run: Runner, base: Base, reuse: Reuse, staged: list[dict[str, Any]], tasks: list[SegmentTask], *,
-                 skip: tuple[int, ...], cores: int) -> tuple[list[SegmentTask], int]:
+@dataclass(frozen=True, slots=True)
+class BaseImages:
+    """What the join and the copy found (:func:`reuse_images`): the segment tasks, each naming
+    the runs that hold the images of its rows the base had, and how many rows were matched."""
+
+    tasks: list[SegmentTask]
+    matched: int
+
+
+def reuse_images(run: Runner, base: BaseDataset, folder: JoinFolder, staged: list[StagedFile],
+                 tasks: list[SegmentTask], *, skip: tuple[int, ...], cores: int) -> BaseImages:
     """Find the rows of ``tasks`` whose images ``base`` holds (the join, step 2, of the files
-    ``staged`` in step 1: ``(side, uri, rows)`` each; segments ``skip`` left out) and copy
-    those images into runs on the workers (step 3); return the tasks, each naming the runs
-    that hold its rows' images (``reuse``), and how many rows were matched. ``run(fn, items,
-    sizes, slots)`` runs ``fn`` over ``items`` on the engine (:func:`jobs.shard._run`); the join
-    runs in a task per core at most (it reads URIs and ETags: more tasks cost more than they
-    share), and so does the copy of the images: its work per base file is known (the file's
-    rows), so a task per core shares it as well as more would, and each engine task costs
-    time to schedule."""
-    files = {side: tuple(sorted(r["uri"] for r in staged if r["side"] == side and r["rows"]))
+    ``staged`` in step 1; segments ``skip`` left out) and copy those images into runs on the
+    workers (step 3). ``run(fn, items, sizes, slots)`` runs ``fn`` over ``items`` on the engine
+    (:func:`jobs.shard._run`); the join runs in a task per core at most (it reads URIs and
+    ETags: more tasks cost more than they share), and so does the copy of the images: its work
+    per base file is known (the file's rows), so a task per core shares it as well as more
+    would, and each engine task costs time to schedule."""
+    files = {side: tuple(sorted(f.uri for f in staged if f.side == side and f.rows))
              for side in ("shards", "manifest", "current")}
     if not tasks or not all(files.values()):
-        return tasks, 0
-    buckets = [list(range(reuse.buckets))[i::cores] for i in range(min(cores, reuse.buckets))]
-    joins = [JoinTask(buckets=tuple(b), uri=reuse.matches(i), shards=files["shards"], manifest=files["manifest"],
-                      current=files["current"], skip=skip) for i, b in enumerate(buckets)]
-    matched = [r for r in run(join, joins, [len(j.buckets) for j in joins], cores) if r["rows"]]
+        return BaseImages(tasks=tasks, matched=0)
+    buckets = [list(range(folder.buckets))[i::cores] for i in range(min(cores, folder.buckets))]
+    joins = [JoinTask(buckets=tuple(b), uri=folder.matches(i), shards=files["shards"],
+                      manifest=files["manifest"], current=files["current"], skip=skip)
+             for i, b in enumerate(buckets)]
+    matched: list[Matches] = [m for m in run(join, joins, [len(j.buckets) for j in joins], cores) if m.rows]
     by_file: dict[int, list[str]] = {}
-    for r in matched:
-        for f in r["files"]:
-            by_file.setdefault(f, []).append(r["uri"])
+    for m in matched:
+        for f in m.files:
+            by_file.setdefault(f, []).append(m.uri)  # type: ignore[arg-type]  (a match has a file)
     scatters = [ScatterTask(file=f, source=base.shards[f].uri, sha256=base.shards[f].sha256, matches=tuple(m),
-                            reuse=reuse) for f, m in sorted(by_file.items())]
+                            folder=folder) for f, m in sorted(by_file.items())]
     done: list[Scattered] = run(scatter, scatters, [base.shards[s.file].rows for s in scatters], cores)
     _warn_damaged(base, staged, done)
     runs_of: dict[int, list[str]] = {}
@@ -430,13 +477,14 @@ def reuse_images(run: Runner, base: Base, reuse: Reuse, staged: list[dict[str, A
         for uri, segments in d.runs:
             for s in segments:
                 runs_of.setdefault(s, []).append(uri)
-    return [replace(t, reuse=tuple(runs_of.get(t.reuse_id, ()))) for t in tasks], sum(d.images for d in done)
+    return BaseImages(tasks=[replace(t, base_runs=tuple(runs_of.get(t.reuse_id, ()))) for t in tasks],
+                      matched=sum(d.images for d in done))
 
 
-def _warn_damaged(base: Base, staged: list[dict[str, Any]], done: list[Scattered]) -> None:
+def _warn_damaged(base: BaseDataset, staged: list[StagedFile], done: list[Scattered]) -> None:
     """One warning per damaged base shard: those whose Parquet could not be read when staged
     (they match no row) and those whose sha256 differs."""
-    damaged = [(r["source"], r["damaged"]) for r in staged if r.get("damaged")]
+    damaged = [(f.source, f.damaged) for f in staged if f.damaged]
     damaged += [(base.shards[d.file].uri, d.damaged) for d in done if d.damaged is not None]
     for uri, why in damaged:
         what = "manifest part" if "/manifests/" in uri else "shard"

@@ -6,20 +6,20 @@ reads on its worker."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.shard_steps.config import ShardConfig
-from jobs.shard_steps.deal import Deal
-from jobs.shard_steps.preprocess import SegmentTask
-from jobs.shard_steps.staging import RUNS, outcomes_uri, receipt_uri, staged_shard
-from lakeshard import storage
+from jobs.shard_steps.deal import DROPPED_ROWS_SHARD, Deal
+from jobs.shard_steps.preprocess import RowRange, SegmentTask
+from jobs.shard_steps.staging import outcomes_uri, receipt_uri, staged_shard, work_uri
 from lakeshard.format import channel_dirname
 
-__all__ = ["SPARE", "order_uri", "segment_cuts", "segment_tasks"]
+if TYPE_CHECKING:  # the order tasks cut their shards with segment_cuts, below
+    from jobs.shard_steps.plan_tasks import ShardOrder
 
-#: The shard index of a channel's spare rows (those the remainder policy drops).
-SPARE = -1
+__all__ = ["segment_cuts", "segment_tasks"]
 
 
 def segment_cuts(rows: int, segment_rows: int) -> tuple[int, ...]:
@@ -30,37 +30,30 @@ def segment_cuts(rows: int, segment_rows: int) -> tuple[int, ...]:
     return (*(min(j * size, rows) for j in range(pieces)), rows)
 
 
-def order_uri(staging: str, plan: str, channel: str, shard: int) -> str:
-    """The order file of ``shard`` (or the spare rows) of ``channel`` in plan ``plan``."""
-    name = "spare.parquet" if shard == SPARE else f"{shard:05d}.parquet"
-    return storage.join(staging, RUNS, f"order-{plan}", channel_dirname(channel), name)
+def segment_tasks(staging: str, deal: Deal, orders: Mapping[int, ShardOrder], cfg: ShardConfig,
+                  meta: dict[str, Any], *, segment_rows: int, decode_threads: int) -> list[SegmentTask]:
+    """Preprocessing tasks for the first plan of a channel (``deal``): each shard whole into its
+    file, or, if it has more than ``segment_rows`` rows, in segments written apart and assembled
+    afterwards. The rows the remainder policy left out are preprocessed too (a task of their
+    own), in case rejects change the plan. ``orders`` holds the channel's order files, by shard."""
+    channel = deal.channel
 
+    def task(uri: str, order: ShardOrder, j: int, span: tuple[int, int], shard: int) -> SegmentTask:
+        return SegmentTask(uri=uri, rows=None, source=RowRange(order.uri, span[0], span[1] - span[0]),
+                           digest=order.digests[j], reuse_id=order.segments[j], spec=cfg.image_spec(),
+                           threads=cfg.threads, receipt=receipt_uri(staging, uri),
+                           outcomes=outcomes_uri(staging, uri), decode_threads=decode_threads,
+                           row_group_bytes=cfg.row_group_size,
+                           metadata={**meta, "channel": channel, "shard_index": shard})
 
-def segment_tasks(staging: str, deals: dict[str, Deal], orders: dict[tuple[str, int], dict[str, Any]],
-                  cfg: ShardConfig, meta: dict[str, Any], *, segment_rows: int,
-                  decode_threads: int) -> list[SegmentTask]:
-    """Preprocessing tasks for the first plan: each shard whole into its file, or, if it has more
-    than ``segment_rows`` rows, in segments written apart and assembled afterwards. The rows the
-    remainder policy left out are preprocessed too (a spare task per channel), in case rejects
-    change the plan. ``orders`` holds each order task's result by (channel, shard)."""
     tasks = []
-
-    def task(uri: str, order: dict[str, Any], j: int, span: tuple[int, int], channel: str, shard: int) -> SegmentTask:
-        return SegmentTask(uri=uri, rows=None, source=(order["uri"], span[0], span[1] - span[0]),
-                           digest=order["digests"][j], reuse_id=order["segments"][j], spec=cfg.image_spec(), threads=cfg.threads,
-                           receipt=receipt_uri(staging, uri), outcomes=outcomes_uri(staging, uri),
-                           decode_threads=decode_threads,
-                           row_group_bytes=cfg.row_group_size, metadata={**meta, "channel": channel, "shard_index": shard})
-
-    for channel, deal in deals.items():
-        cuts = segment_cuts(deal.rows_per_shard, segment_rows)
-        for shard in range(deal.num_shards):
-            order = orders[(channel, shard)]
-            for j, span in enumerate(pairwise(cuts)):
-                uri = staged_shard(staging, channel, shard, cfg.num_shards) if len(cuts) == 2 else \
-                    storage.join(staging, RUNS, channel_dirname(channel), f"{shard:05d}-{j:05d}.parquet")
-                tasks.append(task(uri, order, j, span, channel, shard))
-        if deal.dropped:
-            uri = storage.join(staging, RUNS, channel_dirname(channel), "spare.parquet")
-            tasks.append(task(uri, orders[(channel, SPARE)], 0, (0, len(deal.dropped)), channel, SPARE))
+    cuts = segment_cuts(deal.rows_per_shard, segment_rows)
+    for shard in range(deal.num_shards):
+        for j, span in enumerate(pairwise(cuts)):
+            uri = staged_shard(staging, channel, shard, cfg.num_shards) if len(cuts) == 2 else \
+                work_uri(staging, channel_dirname(channel), f"{shard:05d}-{j:05d}.parquet")
+            tasks.append(task(uri, orders[shard], j, span, shard))
+    if deal.dropped:
+        uri = work_uri(staging, channel_dirname(channel), "spare.parquet")
+        tasks.append(task(uri, orders[DROPPED_ROWS_SHARD], 0, (0, len(deal.dropped)), DROPPED_ROWS_SHARD))
     return tasks

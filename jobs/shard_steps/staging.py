@@ -3,7 +3,8 @@ everything they depend on, so a rerun of an interrupted job finds the segments i
 
     local:  <dataset>/_staging/shards-<hash>/<channel folder>/part-00000-of-00004.parquet
     S3:     <dataset>/shards/v=<dataset version>-<hash>/<channel folder>/part-00000-of-00004.parquet
-    both:   <staging>/_runs/...       segments, spare rows, receipts (removed by the commit)
+    both:   <staging>/_runs/...       the work folder: slot parts, order files, segments, the dropped
+                                      rows' segment, receipts, the --base join (removed by the commit)
 
 The staging folder is laid out as ``shards/`` is (:func:`staged_shard` goes through the format's
 layout helpers). Locally the commit moves it into place whole (a rename). On S3, which has no
@@ -23,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from jobs.shard_steps.config import ShardConfig
-from jobs.shard_steps.preprocess import SegmentTask, read_receipt
+from jobs.shard_steps.preprocess import SegmentResult, SegmentTask, read_receipt
 from lakeshard import storage
 from lakeshard.format import (
     VERSION_MARKER,
@@ -35,14 +36,20 @@ from lakeshard.format import (
 )
 from lakeshard.format.versions import current_version, list_versions
 
-__all__ = ["RUNS", "assembled_shard", "finished", "image_code", "library_versions", "outcomes_uri", "preprocessing_code", "receipt_uri",
-           "rejects_path", "staged_shard", "staging_folder", "staging_root", "versioned"]
+__all__ = ["WORK_FOLDER", "assembled_shard", "finished", "image_code", "library_versions", "outcomes_uri",
+           "preprocessing_code", "receipt_uri", "rejects_path", "staged_shard", "staging_folder",
+           "staging_root", "versioned", "work_uri"]
 
 log = logging.getLogger(__name__)
 
-#: Inside the staging folder: segment files, spare rows, receipts and assemblies, removed
-#: before the commit.
-RUNS = "_runs"
+#: The staging folder's work folder: every file the build needs only until the commit (slot
+#: parts, order files, segment files, receipts, outcomes, the ``--base`` join), removed by it.
+WORK_FOLDER = "_runs"
+
+
+def work_uri(staging: str, *parts: str) -> str:
+    """``parts`` below the work folder of ``staging`` (:data:`WORK_FOLDER`)."""
+    return storage.join(staging, WORK_FOLDER, *parts)
 
 
 def staging_root(root: str) -> str:
@@ -76,12 +83,12 @@ def assembled_shard(staging: str, channel: str, shard: int, count: int) -> str:
 
 def receipt_uri(staging: str, uri: str) -> str:
     """The receipt of the segment file ``uri`` (inside ``staging``)."""
-    return storage.join(staging, RUNS, "receipts", uri[len(staging) + 1 :])
+    return work_uri(staging, "receipts", uri[len(staging) + 1 :])
 
 
 def outcomes_uri(staging: str, uri: str) -> str:
     """Where the segment file ``uri`` (inside ``staging``) says where it wrote each row."""
-    return storage.join(staging, RUNS, "outcomes", uri[len(staging) + 1 :])
+    return work_uri(staging, "outcomes", uri[len(staging) + 1 :])
 
 
 def staging_folder(root: str, version: str, cfg: ShardConfig, segment_rows: int, *, resume: bool) -> str:
@@ -172,11 +179,11 @@ def library_versions() -> dict[str, str]:
             "numpy": numpy.__version__}
 
 
-def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]]:
-    """The results of the segments an earlier run of this job finished: those whose receipt is
-    there, names the same rows (their digest), and whose file has the size the receipt says and
-    whose outcomes are there (one listing, then one read per receipt: a receipt holds the
-    segment's rejects, not a row per image)."""
+def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, SegmentResult]:
+    """The results of the segments an earlier run of this job finished, by segment file: those
+    whose receipt is there, names the same rows (their digest), and whose file has the size the
+    receipt says and whose outcomes are there (one listing, then one read per receipt: a receipt
+    holds the segment's rejects, not a row per image)."""
     fs, path = storage.filesystem(staging)
     try:
         found = fs.find(path, detail=True)
@@ -184,7 +191,7 @@ def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]
         return {}
     by_receipt = {storage.filesystem(t.receipt)[1]: t for t in tasks if t.receipt is not None}
     hits = [p for p in found if p in by_receipt]
-    reused: dict[str, dict[str, Any]] = {}
+    reused: dict[str, SegmentResult] = {}
     for p, data in (fs.cat(hits) if hits else {}).items():
         task = by_receipt[p]
         try:
@@ -194,8 +201,7 @@ def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, dict[str, Any]
             continue
         segment = found.get(storage.filesystem(task.uri)[1])
         outcomes = task.outcomes is None or storage.filesystem(task.outcomes)[1] in found
-        if (result["uri"] == task.uri and segment is not None and segment["size"] == result["stats"]["bytes"]
-                and outcomes and result["rows"] == task.num_rows
-                and result.pop("digest") == task.expected_digest()):
+        if (result.uri == task.uri and segment is not None and segment["size"] == result.stats["bytes"]
+                and outcomes and result.rows == task.num_rows and result.digest == task.expected_digest()):
             reused[task.uri] = result
     return reused

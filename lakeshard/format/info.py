@@ -26,6 +26,8 @@ from lakeshard.errors import DatasetError, StorageError
 from lakeshard.format.layout import FORMAT_VERSION, check_shard_path, dataset_json_uri, shard_relpath
 
 __all__ = [
+    "IMAGE_FORMATS",
+    "RESIZE_MODES",
     "BaseRef",
     "BuildInfo",
     "ChannelInfo",
@@ -88,17 +90,42 @@ class ChannelInfo:
                    rejected=rejected, dropped=dropped or [], padded=padded or [], class_counts=counts, shards=shards)
 
 
+#: How an image is fitted to ``size``×``size`` (:class:`ImageSpec`'s ``resize``).
+RESIZE_MODES = ("crop", "pad", "stretch")
+#: How a stored image is encoded (:class:`ImageSpec`'s ``format``).
+IMAGE_FORMATS = ("jpeg", "png")
+
+
 @dataclass(frozen=True, slots=True)
 class ImageSpec:
-    """How every stored image was made."""
+    """How every stored image is made: what the shard job preprocesses to (``jobs/common/images.py``)
+    and what ``dataset.json`` records. Checked on creation (:class:`ValueError` naming the field).
 
-    size: int  #: height and width in pixels
+    ``resize``: ``crop`` scales the shorter side to ``size`` and takes the center square;
+    ``pad`` fits the whole image inside ``size``×``size`` on black; ``stretch`` ignores the
+    aspect ratio. Transparent images are composited over white.
+    """
+
+    size: int  #: height and width in pixels, 8 to 8192
     format: str  #: ``jpeg`` or ``png``
-    quality: int  #: JPEG quality
-    resize: str  #: the resize mode (``crop``, ...)
-    max_pixels: int  #: larger source images were rejected
-    #: a hash of the code that made the images (``jobs/common/images.py``); None: not recorded (older datasets)
+    quality: int  #: JPEG quality, 1 to 100
+    resize: str  #: the resize mode (``crop``, ``pad`` or ``stretch``)
+    max_pixels: int  #: larger source images are rejected (decompression bombs)
+    #: a hash of the code that made the images (``jobs/common/images.py``); None: not recorded (older
+    #: datasets), or a spec to preprocess with
     code: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or not 8 <= self.size <= 8192:
+            raise ValueError(f"image size must be an integer in [8, 8192], got {self.size!r}")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
+        if self.format not in IMAGE_FORMATS:
+            raise ValueError(f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {self.format!r}")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality must be in [1, 100], got {self.quality!r}")
+        if self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be positive, got {self.max_pixels!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +290,10 @@ def _convert(hint: Any, value: Any, source: str, path: str) -> Any:
                     continue
                 raise DatasetError(f"{source}: field {where} is missing")
             kwargs[f.name] = _convert(hints[f.name], value[f.name], source, where)
-        return hint(**kwargs)
+        try:
+            return hint(**kwargs)
+        except ValueError as exc:  # the model's own check (an image size out of range, say)
+            raise DatasetError(f"{source}: field {path or '(top level)'}: {exc}") from None
     if (inner := _optional(hint)) is not None:
         return None if value is None else _convert(inner, value, source, path)
     if origin is dict:

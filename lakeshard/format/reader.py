@@ -92,9 +92,9 @@ class ShardFooter:
         return _check(self.uri, self.metadata, self.footer, info, channel, index, rows=rows)
 
 
-#: A remote shard's first request asks for this many bytes of its end: the footer of a shard of
-#: up to ~380 row groups (~680 bytes each with SHARD_SCHEMA: 13 row groups take 8.9 kB), 3 ms at
-#: 80 MB/s; a longer footer costs a second GET.
+#: A remote shard's first request asks for this many bytes of its end: the whole footer of a shard
+#: of a few hundred row groups (each row group's metadata is well under 1 kB with SHARD_SCHEMA), in
+#: one GET; a longer footer costs a second GET.
 _TAIL_BYTES = 256 << 10
 #: Parquet's last 8 bytes: the footer's length (4, little-endian) and the magic.
 _MAGIC = b"PAR1"

@@ -9,7 +9,10 @@ This is a trainer to try a dataset out, and the reference of how the loader is u
 
 | module | what it owns |
 |---|---|
-| :mod:`~loaders.train.loop` | ``main`` and ``train``: the training loop, evaluation, checkpoints |
+| :mod:`~loaders.train.loop` | ``main`` and ``train``: the loop's steps, checkpoints, ``metrics.json`` |
+| :mod:`~loaders.train.world` | :class:`World`: this process's rank and device; collectives over the ranks |
+| :mod:`~loaders.train.evaluation` | ``evaluate``: accuracy over a channel, top-1 and per class |
+| :mod:`~loaders.train.metrics` | an epoch's training totals and its record in ``metrics.json`` |
 | :mod:`~loaders.train.checks` | every check made before the process group starts |
 | :mod:`~loaders.train.config` | :class:`TrainConfig`: the options (``conf/train.yaml``) |
 | :mod:`~loaders.train.model` | the small CNN and ``--model package.module:factory`` |
@@ -17,6 +20,8 @@ This is a trainer to try a dataset out, and the reference of how the loader is u
 """
 
 from loaders.train.config import TrainConfig
-from loaders.train.loop import evaluate, main, train
+from loaders.train.evaluation import evaluate
+from loaders.train.loop import main, train
+from loaders.train.world import World
 
-__all__ = ["TrainConfig", "evaluate", "main", "train"]
+__all__ = ["TrainConfig", "World", "evaluate", "main", "train"]

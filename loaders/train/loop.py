@@ -51,10 +51,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -63,13 +62,16 @@ from torch import nn
 from tqdm import tqdm
 
 from lakeshard import storage
-from lakeshard.errors import ConfigError, PlatformError
+from lakeshard.errors import PlatformError
 from loaders.batch import PAD_LABEL
 from loaders.shard_loader import ShardLoader, default_threads
 from loaders.state import last_leg
 from loaders.train.checks import EVAL_CHANNELS, TrainPlan, prepare
 from loaders.train.config import TrainConfig, parse_args
+from loaders.train.evaluation import Accuracy, evaluate
+from loaders.train.metrics import EpochRecord, EpochTotals
 from loaders.train.preemption import EXIT_PREEMPTED, Preempted, StopRequest, signal_name, stop_signals
+from loaders.train.world import Ranks, World, all_gather, all_reduce
 
 __all__ = ["main", "train"]
 
@@ -81,128 +83,50 @@ _PROG = "python -m loaders.train"
 _NORMALIZE = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 
-@dataclass(frozen=True, slots=True)
-class _Dist:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    device: torch.device
-
-    @property
-    def active(self) -> bool:
-        return self.world_size > 1
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"environment variable {name} must be a non-negative integer, got {raw!r} (set by torchrun)")
-    return value
-
-
-def _world_from_env() -> tuple[int, int, int, int]:
-    """``(rank, world_size, local_rank, local_world_size)`` as torchrun sets them (1 process
-    without it)."""
-    world = _env_int("WORLD_SIZE", 1)
-    if world < 1:
-        raise ConfigError(f"environment variable WORLD_SIZE must be at least 1, got {world}")
-    return _env_int("RANK", 0), world, _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", world)
-
-
-def _init_distributed(cfg: TrainConfig, world: tuple[int, int, int, int]) -> _Dist:
-    rank, world_size, local_rank, local_world = world
+def _init_distributed(cfg: TrainConfig, ranks: Ranks) -> World:
+    """This process's device (its local GPU, else the CPU), in the process group when there are
+    several ranks."""
     cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    device = torch.device(f"cuda:{ranks.local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if world_size > 1:
+    if ranks.world_size > 1:
         backend = "nccl" if cuda else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.dist_timeout))
-        log.info("rank %d/%d joined the %s process group", rank, world_size, backend)
-    return _Dist(rank, world_size, local_rank, local_world, device)
+        log.info("rank %d/%d joined the %s process group", ranks.rank, ranks.world_size, backend)
+    return World(ranks.rank, ranks.world_size, ranks.local_rank, ranks.local_world_size, device)
 
 
-def _all_reduce(values: list[float], ctx: _Dist, op: Any = None) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device if ctx.device.type == "cuda" else "cpu")
-    if ctx.active:
-        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
-    return t.tolist()
+def _info_level(world: World) -> int:
+    """What every rank does alike is logged by rank 0 (the others log it at DEBUG)."""
+    return logging.INFO if world.rank == 0 else logging.DEBUG
 
 
-def _all_gather(value: float, ctx: _Dist) -> list[float]:
-    if not ctx.active:
-        return [value]
-    out: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(out, value)
-    return [float(v) for v in out]
+class _Stop:
+    """The stop signal the ranks agree on (NOTE [ Stopping on a signal ] in
+    :mod:`loaders.train.preemption`): :meth:`agreed` is a collective, which every rank calls at
+    the same points, after each training step, evaluation batch and epoch."""
 
+    def __init__(self, request: StopRequest, world: World, checkpoint_uri: str) -> None:
+        self._request, self._world, self._checkpoint_uri = request, world, checkpoint_uri
+        self.signum = 0  # the largest signal any rank had received when last agreed; 0 for none
 
-def _loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Mean cross-entropy over rows that count (padding is labelled PAD_LABEL)."""
-    valid = int((labels != PAD_LABEL).sum())
-    if valid == 0:  # keep the graph (DDP needs every parameter's gradient), contribute nothing
-        return logits.sum() * 0.0, 0
-    return F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="sum") / valid, valid
+    def agreed(self) -> bool:
+        """Whether any rank has received a stop signal (:attr:`signum`: the largest)."""
+        signum = self._request.signum
+        if self._world.active:
+            (signum,) = all_reduce([float(signum)], self._world, maximum=True)
+        self.signum = int(signum)
+        return self.signum != 0
 
-
-def _autocast(ctx: _Dist, bf16: bool) -> torch.autocast:
-    """The forward pass's precision: bfloat16 autocast, or none."""
-    return torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bf16)
-
-
-def _agreed_signal(stop: StopRequest, ctx: _Dist) -> int:
-    """The stop signal the ranks agree on: the largest any of them received, 0 for none. A
-    collective (NOTE [ Stopping on a signal ] in :mod:`loaders.train.preemption`): every rank calls it
-    at the same points, after each training step, evaluation batch and epoch."""
-    if not ctx.active:
-        return stop.signum
-    (agreed,) = _all_reduce([float(stop.signum)], ctx, dist.ReduceOp.MAX)
-    return int(agreed)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: ShardLoader, ctx: _Dist, class_names: tuple[str, ...], *,
-             bf16: bool = False,
-             stop: Callable[[], bool] | None = None) -> dict[str, Any] | None:  # fmt: skip
-    """Top-1 accuracy over the whole channel, and per class: each rank scores its share, the
-    counts are summed. ``{"top1": float, "per_class": {name: {"index", "correct", "count",
-    "accuracy"}}}``; an accuracy over no rows is None (null in JSON). ``None`` if ``stop()`` (asked after each
-    batch, on every rank: the loader yields as many batches on each) returned true."""
-    model.eval()
-    n = len(class_names)
-    correct, count = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
-    for images, labels in loader:
-        images, labels = images.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
-        valid = labels != PAD_LABEL
-        with _autocast(ctx, bf16):
-            pred = model(images).argmax(dim=1)
-        truth = labels[valid]
-        count += torch.bincount(truth, minlength=n).cpu()
-        correct += torch.bincount(truth[pred[valid] == truth], minlength=n).cpu()
-        if stop is not None and stop():
-            return None
-    totals = _all_reduce([*correct.tolist(), *count.tolist()], ctx)
-    correct_all, count_all = [int(v) for v in totals[:n]], [int(v) for v in totals[n:]]
-    per_class = {
-        name: {"index": i, "correct": correct_all[i], "count": count_all[i],
-               "accuracy": correct_all[i] / count_all[i] if count_all[i] else None}
-        for i, name in enumerate(class_names)
-    }  # fmt: skip
-    total = sum(count_all)
-    return {"top1": sum(correct_all) / total if total else None, "per_class": per_class}
-
-
-def _save(uri: str, obj: Any) -> None:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    storage.write_bytes_atomic(uri, buf.getvalue())
+    def preempted(self, where: str) -> Preempted:
+        """Once rank 0 has saved the checkpoint (every rank waits for it: torchrun stops the
+        others as soon as one rank exits), the exception that ends the run."""
+        all_reduce([0.0], self._world)
+        message = (f"{signal_name(self.signum)}: saved the checkpoint {self._checkpoint_uri} {where}; "
+                   f"exiting with status {EXIT_PREEMPTED}: rerun with --resume auto to continue")  # fmt: skip
+        log.log(logging.WARNING if self._world.rank == 0 else logging.DEBUG, "%s", message)
+        return Preempted(message, signum=self.signum, checkpoint=self._checkpoint_uri)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,11 +143,11 @@ class _Loaders:
                 loader.close()
 
 
-def _loaders(cfg: TrainConfig, ctx: _Dist, plan: TrainPlan) -> _Loaders:
+def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
     dataset = str(cfg.dataset)
     common = dict(
-        rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed, num_threads=cfg.num_threads,
-        prefetch=cfg.prefetch, normalize=_NORMALIZE, pin_memory=ctx.device.type == "cuda",
+        rank=world.rank, world_size=world.world_size, seed=cfg.seed, num_threads=cfg.num_threads,
+        prefetch=cfg.prefetch, normalize=_NORMALIZE, pin_memory=world.device.type == "cuda",
         skip_bad_rows=cfg.skip_bad_rows, shuffle_window=cfg.shuffle_window,
         read_concurrency=cfg.read_concurrency, memory_budget=cfg.memory_budget, cache_dir=cfg.cache_dir,
         cache_limit=cfg.cache_limit,
@@ -240,7 +164,88 @@ def _loaders(cfg: TrainConfig, ctx: _Dist, plan: TrainPlan) -> _Loaders:
     return _Loaders(train_loader, val_loader, test_loader)
 
 
-def train(cfg: TrainConfig, ctx: _Dist, plan: TrainPlan | None = None) -> dict[str, Any]:
+def _on_device(model: nn.Module, world: World) -> nn.Module:
+    """``model`` on this rank's device (in ``channels_last``, as the loader's images are, on CUDA)."""
+    model = model.to(world.device)
+    if world.device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay)  # fmt: skip
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _ddp(model: nn.Module, world: World) -> nn.Module:
+    """``model`` under DistributedDataParallel when there are several ranks (``model`` itself else)."""
+    if not world.active:
+        return model
+    device_ids = [world.device.index] if world.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """Where a run starts: the epoch, its totals a mid-epoch checkpoint saved (none for an
+    epoch's start), and ``metrics.json``'s epochs before it."""
+
+    epoch: int
+    carried: EpochTotals
+    history: list[dict[str, Any]]
+
+
+def _resume(cfg: TrainConfig, world: World, plan: TrainPlan, *, optimizer: torch.optim.Optimizer,
+            scheduler: torch.optim.lr_scheduler.StepLR, loader: ShardLoader) -> _Start:  # fmt: skip
+    """The optimiser's, the scheduler's and the training loader's state as the checkpoint saved
+    them, and where the run goes on; epoch 0 without a checkpoint."""
+    ckpt = plan.checkpoint
+    if ckpt is None:
+        if cfg.resume == "auto":
+            log.log(_info_level(world), "--resume auto: no checkpoint at %s, starting a fresh run",
+                    plan.checkpoint_uri)  # fmt: skip
+        return _Start(0, EpochTotals(), [])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    loader.load_state_dict(ckpt["loader"])
+    epoch, step = ckpt["loader"]["epoch"], ckpt["loader"]["batches_consumed"]
+    carried = EpochTotals()
+    if ckpt.get("epoch_done"):
+        epoch, step = epoch + 1, 0
+    elif (ckpt.get("epoch_partial") or {}).get("epoch") == epoch:
+        carried = EpochTotals.from_checkpoint(ckpt["epoch_partial"])
+    saved = last_leg(ckpt["loader"])
+    log.info("resumed from %s at epoch %d, step %d (saved on %d rank(s) x %d rows, now %d x %d)",
+             plan.resume_uri, epoch, step, saved.world_size, saved.batch_size, world.world_size,
+             plan.per_rank_batch)  # fmt: skip
+    return _Start(epoch, carried, list(ckpt["metrics"]))
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What the steps of a run share: the options, this rank's world, what the checks found, the
+    loaders, the model (``ddp``: under DDP, or itself on one rank), its optimiser and scheduler,
+    the agreed stop signal and ``metrics.json``'s epochs so far (appended as each ends)."""
+
+    cfg: TrainConfig
+    world: World
+    plan: TrainPlan
+    loaders: _Loaders
+    model: nn.Module
+    ddp: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.StepLR
+    stop: _Stop
+    history: list[dict[str, Any]]
+
+    @property
+    def bf16(self) -> bool:
+        return self.cfg.precision == "bf16"
+
+
+def train(cfg: TrainConfig, world: World, plan: TrainPlan | None = None) -> dict[str, Any]:
     """Run the training; return the metrics (also written to ``<output>/metrics.json``).
 
     ``plan``: what :func:`~loaders.train.checks.prepare` checked (run here when not given).
@@ -249,178 +254,200 @@ def train(cfg: TrainConfig, ctx: _Dist, plan: TrainPlan | None = None) -> dict[s
         Preempted: SIGTERM or SIGUSR1 reached a rank (while this runs in the main thread):
             every rank stopped after the same step, rank 0 saved the checkpoint to resume from.
     """
-    plan = plan or prepare(cfg, ctx.world_size)
-    torch.set_num_threads(default_threads(ctx.local_world_size))  # this rank's share of its CPUs
+    plan = plan or prepare(cfg, world.world_size)
+    torch.set_num_threads(default_threads(world.local_world_size))  # this rank's share of its CPUs
     for channel, reason in plan.skipped.items():
         what = "validation after each epoch" if channel == "validation" else "the final test"
-        log.log(_info_level(ctx), "skipping %s: %s", what, reason)
-    loaders = _loaders(cfg, ctx, plan)
+        log.log(_info_level(world), "skipping %s: %s", what, reason)
+    loaders = _loaders(cfg, world, plan)
     try:
-        with stop_signals() as stop:
-            return _train(cfg, ctx, plan, loaders, stop)
+        with stop_signals() as request:
+            return _train(cfg, world, plan, loaders, request)
     finally:
         loaders.close()
 
 
-def _info_level(ctx: _Dist) -> int:
-    """What every rank does alike is logged by rank 0 (the others log it at DEBUG)."""
-    return logging.INFO if ctx.rank == 0 else logging.DEBUG
-
-
-def _train(cfg: TrainConfig, ctx: _Dist, plan: TrainPlan, loaders: _Loaders,
-           stop: StopRequest) -> dict[str, Any]:  # fmt: skip
-    train_loader, val_loader, test_loader = loaders.train, loaders.validation, loaders.test
-    info_level = _info_level(ctx)
-    model = plan.model.to(ctx.device)  # holds the checkpoint's weights when resuming
-    if ctx.device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
-    bf16 = cfg.precision == "bf16"
-    if cfg.optimizer == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(
-            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+def _train(cfg: TrainConfig, world: World, plan: TrainPlan, loaders: _Loaders,
+           request: StopRequest) -> dict[str, Any]:  # fmt: skip
+    """Set up, resume, then train, validate, record and checkpoint each epoch; test at the end."""
+    model = _on_device(plan.model, world)  # holds the checkpoint's weights when resuming
+    optimizer = _optimizer(cfg, model)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.step_size, gamma=cfg.gamma)
+    start = _resume(cfg, world, plan, optimizer=optimizer, scheduler=scheduler, loader=loaders.train)
+    run = _Run(cfg, world, plan, loaders, model, _ddp(model, world), optimizer, scheduler,
+               _Stop(request, world, plan.checkpoint_uri), start.history)  # fmt: skip
+    carried = start.carried
+    for epoch in range(start.epoch, cfg.epochs):
+        trained = _train_epoch(run, epoch, carried)
+        carried = EpochTotals()
+        validation = _validate(run, epoch, trained)
+        run.scheduler.step()  # after the validation: a checkpoint saved during it holds the epoch's scheduler
+        _record_epoch(run, epoch, trained, validation)
+        _save_checkpoint(run, epoch_done=True)
+        _write_metrics(run)
+        if run.stop.agreed():  # a signal between two epochs: the checkpoint just saved resumes the next
+            raise run.stop.preempted(f"after epoch {epoch}")
+    return _test(run)
 
-    history: list[dict[str, Any]] = []
-    start_epoch = 0
-    # The interrupted epoch's totals up to the checkpoint (all ranks): loss sum, samples, images.
-    carried = [0.0, 0, 0]
-    if plan.checkpoint is not None:
-        ckpt = plan.checkpoint
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        train_loader.load_state_dict(ckpt["loader"])
-        history = list(ckpt["metrics"])
-        start_epoch = ckpt["loader"]["epoch"]
-        step = ckpt["loader"]["batches_consumed"]
-        if ckpt.get("epoch_done"):
-            start_epoch, step = start_epoch + 1, 0
-        elif (ckpt.get("epoch_partial") or {}).get("epoch") == start_epoch:
-            part = ckpt["epoch_partial"]
-            carried = [part["loss_sum"], part["samples"], part["images"]]
-        saved = last_leg(ckpt["loader"])
-        log.info("resumed from %s at epoch %d, step %d (saved on %d rank(s) x %d rows, now %d x %d)", plan.resume_uri,
-                 start_epoch, step, saved.world_size, saved.batch_size, ctx.world_size, plan.per_rank_batch)  # fmt: skip
-    elif cfg.resume == "auto":
-        log.log(info_level, "--resume auto: no checkpoint at %s, starting a fresh run", plan.checkpoint_uri)
 
-    ddp: nn.Module = model
-    if ctx.active:
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+class _BatchLoss(NamedTuple):
+    """A batch's mean loss over its real rows, and how many there are."""
 
-    def checkpoint(epoch_done: bool, partial: list[float] | None = None, epoch: int = 0) -> None:
-        """Rank 0 saves; ``partial``: the epoch's totals so far (loss sum, samples, images)."""
-        if ctx.rank == 0:
-            so_far = None if partial is None else {
-                "epoch": epoch, "loss_sum": partial[0], "samples": int(partial[1]), "images": int(partial[2]),
-            }  # fmt: skip
-            _save(plan.checkpoint_uri, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "loader": train_loader.state_dict(),
-                "dataset_version": train_loader.dataset_version, "epoch_done": epoch_done,
-                "epoch_partial": so_far, "metrics": history, "config": asdict(cfg),
-            })  # fmt: skip
+    mean: torch.Tensor
+    rows: int
 
-    agreed = 0
 
-    def stopping() -> bool:
-        nonlocal agreed
-        agreed = _agreed_signal(stop, ctx)
-        return agreed != 0
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> _BatchLoss:
+    """Mean cross-entropy over rows that count (padding is labelled PAD_LABEL)."""
+    valid = int((labels != PAD_LABEL).sum())
+    if valid == 0:  # keep the graph (DDP needs every parameter's gradient), contribute nothing
+        return _BatchLoss(logits.sum() * 0.0, 0)
+    return _BatchLoss(F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="sum") / valid, valid)
 
-    def preempted(where: str) -> Preempted:
-        """Once rank 0 has saved the checkpoint (every rank waits for it: torchrun stops the
-        others as soon as one rank exits), the exception that ends the run."""
-        _all_reduce([0.0], ctx)
-        message = (f"{signal_name(agreed)}: saved the checkpoint {plan.checkpoint_uri} {where}; "
-                   f"exiting with status {EXIT_PREEMPTED}: rerun with --resume auto to continue")  # fmt: skip
-        log.log(logging.WARNING if ctx.rank == 0 else logging.DEBUG, "%s", message)
-        return Preempted(message, signum=agreed, checkpoint=plan.checkpoint_uri)
 
-    run = {"dataset": cfg.dataset, "dataset_version": train_loader.dataset_version, "world_size": ctx.world_size,
-           "global_batch_size": cfg.batch_size, "config": asdict(cfg), "skipped": plan.skipped}  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A training step's mean loss (what the progress bar shows) and its totals."""
+
+    loss: float
+    totals: EpochTotals
+
+
+def _step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> _Step:
+    """One forward and backward pass and optimiser step on a batch."""
+    images = images.to(run.world.device, non_blocking=True)
+    labels = labels.to(run.world.device, non_blocking=True)
+    with run.world.autocast(run.bf16):
+        loss = _loss(run.ddp(images), labels)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.mean.backward()
+    run.optimizer.step()
+    value = float(loss.mean.detach())
+    return _Step(value, EpochTotals(value * loss.rows, loss.rows, len(labels)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Trained:
+    """An epoch's training steps over every rank: their totals since the epoch began (before a
+    resume included), the images of this run's steps, the slowest rank's seconds, each rank's
+    share of step time spent waiting for data, the step this run began at and the epoch's steps."""
+
+    totals: EpochTotals
+    images_this_run: int
+    seconds: float
+    data_wait_share: list[float]
+    first_step: int
+    steps: int
+
+
+def _train_epoch(run: _Run, epoch: int, carried: EpochTotals) -> _Trained:
+    """Epoch ``epoch``'s training steps, from the one a restored state resumes at (``carried``:
+    the totals its checkpoint saved). A checkpoint every ``--checkpoint-every`` steps; a stop
+    signal saves one after the step and raises :class:`Preempted`."""
+    loader, world, every = run.loaders.train, run.world, run.cfg.checkpoint_every
+    loader.set_epoch(epoch)
+    first_step, steps = loader.state_dict()["batches_consumed"], len(loader)
+    run.ddp.train()
+    here, wait, compute = EpochTotals(), 0.0, 0.0
     # A bar on a terminal; a log (not a terminal) gets the line each epoch ends with instead.
-    show_bar = ctx.rank == 0 and cfg.progress and sys.stderr.isatty()
-    for epoch in range(start_epoch, cfg.epochs):
-        train_loader.set_epoch(epoch)
-        first_step = train_loader.state_dict()["batches_consumed"]
-        steps = len(train_loader)
-        ddp.train()
-        wait = compute = loss_sum = 0.0
-        rows = images_seen = 0
-        epoch_start = tick = time.perf_counter()
-        with tqdm(total=steps, initial=first_step, desc=f"epoch {epoch}", disable=not show_bar) as bar:
-            for step, (images, labels) in enumerate(train_loader, start=first_step):
-                got = time.perf_counter()
-                wait += got - tick
-                images = images.to(ctx.device, non_blocking=True)
-                labels = labels.to(ctx.device, non_blocking=True)
-                with _autocast(ctx, bf16):
-                    loss, valid = _loss(ddp(images), labels)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                loss_value = float(loss.detach())
-                loss_sum += loss_value * valid
-                rows += valid
-                images_seen += len(labels)
-                tick = time.perf_counter()
-                compute += tick - got
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.3f}")
-                stopped = stopping()
-                every = cfg.checkpoint_every
-                if stopped or (every and (step + 1) % every == 0 and step + 1 < steps):
-                    here = _all_reduce([loss_sum, rows, images_seen], ctx)
-                    checkpoint(epoch_done=False, partial=[a + b for a, b in zip(here, carried)],
-                               epoch=epoch)
-                if stopped:
-                    raise preempted(f"at epoch {epoch}, step {step + 1} of {steps}")
-        elapsed = time.perf_counter() - epoch_start
-        loss_here, rows_here, images_total = _all_reduce([loss_sum, rows, images_seen], ctx)
-        totals = [loss_here + carried[0], rows_here + carried[1], images_total + carried[2]]
-        carried = [0.0, 0, 0]
-        (slowest,) = _all_reduce([elapsed], ctx, dist.ReduceOp.MAX if ctx.active else None)
-        shares = _all_gather(wait / (wait + compute) if wait + compute > 0 else 0.0, ctx)
-        val = None
-        if val_loader is not None:
-            val = evaluate(model, val_loader, ctx, plan.class_names, bf16=bf16, stop=stopping)
-        if val is None and val_loader is not None:  # stopped: save the epoch as it was before its validation
-            checkpoint(epoch_done=False, partial=totals, epoch=epoch)
-            raise preempted(f"at epoch {epoch}, step {steps} of {steps} (before its validation)")
-        scheduler.step()  # after the validation: a checkpoint saved during it holds the epoch's scheduler
-        val_acc = None if val is None else val["top1"]
-        history.append({
-            "epoch": epoch, "loss": totals[0] / totals[1] if totals[1] else None,
-            "val_accuracy": val_acc, "validation": val, "images_per_s": images_total / slowest if slowest > 0 else 0.0,
-            "data_wait_share": shares, "steps": steps - first_step, "resumed_at_step": first_step,
-            "samples": int(totals[1]), "images": int(totals[2]), "legs": train_loader.state_dict()["legs"],
-            "lr": scheduler.get_last_lr()[0], "seconds": slowest,
-            "skipped_rows": len(train_loader.skipped_rows),
-        })  # fmt: skip
-        log.log(
-            info_level, "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s",
-            epoch, "n/a" if history[-1]["loss"] is None else f"{history[-1]['loss']:.4f}",
-            "n/a" if val_acc is None else f"{val_acc:.4f}", history[-1]["images_per_s"],
-            [f"{s:.0%}" for s in shares],
-        )  # fmt: skip
-        checkpoint(epoch_done=True)
-        if ctx.rank == 0:
-            storage.write_json_atomic(plan.metrics_uri, {**run, "epochs": history})
-        if stopping():  # a signal between two epochs: the checkpoint just saved resumes the next
-            raise preempted(f"after epoch {epoch}")
+    show_bar = world.rank == 0 and run.cfg.progress and sys.stderr.isatty()
+    epoch_start = tick = time.perf_counter()
+    with tqdm(total=steps, initial=first_step, desc=f"epoch {epoch}", disable=not show_bar) as bar:
+        for step, (images, labels) in enumerate(loader, start=first_step):
+            got = time.perf_counter()
+            wait += got - tick
+            done = _step(run, images, labels)
+            here += done.totals
+            tick = time.perf_counter()
+            compute += tick - got
+            bar.update(1)
+            bar.set_postfix(loss=f"{done.loss:.3f}")
+            stopped = run.stop.agreed()
+            if stopped or (every and (step + 1) % every == 0 and step + 1 < steps):
+                so_far = here.all_reduce(world) + carried
+                _save_checkpoint(run, epoch_done=False, partial=so_far.to_checkpoint(epoch))
+            if stopped:
+                raise run.stop.preempted(f"at epoch {epoch}, step {step + 1} of {steps}")
+    elapsed = time.perf_counter() - epoch_start
+    everyone = here.all_reduce(world)
+    (slowest,) = all_reduce([elapsed], world, maximum=True)
+    shares = all_gather(wait / (wait + compute) if wait + compute > 0 else 0.0, world)
+    return _Trained(everyone + carried, everyone.images, slowest, shares, first_step, steps)
 
-    test = None
-    if test_loader is not None:
-        test = evaluate(model, test_loader, ctx, plan.class_names, bf16=bf16, stop=stopping)
-    if test is None and test_loader is not None:  # the checkpoint of the last epoch resumes the test
-        raise preempted(f"after epoch {cfg.epochs - 1} (before the final test)")
-    metrics = {**run, "epochs": history, "test_accuracy": None if test is None else test["top1"], "test": test}
-    if ctx.rank == 0:
-        storage.write_json_atomic(plan.metrics_uri, metrics)
+
+def _validate(run: _Run, epoch: int, trained: _Trained) -> Accuracy | None:
+    """The validation accuracy after epoch ``epoch`` (None without the channel). A stop signal
+    saves the epoch as it was before its validation and raises :class:`Preempted`."""
+    loader = run.loaders.validation
+    if loader is None:
+        return None
+    accuracy = evaluate(run.model, loader, run.world, run.plan.class_names, bf16=run.bf16,
+                        stop=run.stop.agreed)  # fmt: skip
+    if accuracy is None:
+        _save_checkpoint(run, epoch_done=False, partial=trained.totals.to_checkpoint(epoch))
+        steps = trained.steps
+        raise run.stop.preempted(f"at epoch {epoch}, step {steps} of {steps} (before its validation)")
+    return accuracy
+
+
+def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy | None) -> EpochRecord:
+    """Epoch ``epoch``'s record, appended to the run's epochs and logged as the line it ends with."""
+    loader = run.loaders.train
+    record = EpochRecord(
+        epoch=epoch, loss=trained.totals.loss, validation=validation,
+        images_per_s=trained.images_this_run / trained.seconds if trained.seconds > 0 else 0.0,
+        data_wait_share=trained.data_wait_share, steps=trained.steps - trained.first_step,
+        resumed_at_step=trained.first_step, samples=trained.totals.samples, images=trained.totals.images,
+        legs=loader.state_dict()["legs"], lr=run.scheduler.get_last_lr()[0], seconds=trained.seconds,
+        skipped_rows=len(loader.skipped_rows),
+    )  # fmt: skip
+    run.history.append(record.to_json())
+    log.log(
+        _info_level(run.world), "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s",
+        epoch, "n/a" if record.loss is None else f"{record.loss:.4f}",
+        "n/a" if record.val_accuracy is None else f"{record.val_accuracy:.4f}", record.images_per_s,
+        [f"{s:.0%}" for s in record.data_wait_share],
+    )  # fmt: skip
+    return record
+
+
+def _save_checkpoint(run: _Run, *, epoch_done: bool, partial: dict[str, Any] | None = None) -> None:
+    """Rank 0 saves the checkpoint; ``partial``: an unfinished epoch's totals so far
+    (:meth:`EpochTotals.to_checkpoint`)."""
+    if run.world.rank != 0:
+        return
+    buf = io.BytesIO()
+    torch.save({
+        "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(), "loader": run.loaders.train.state_dict(),
+        "dataset_version": run.loaders.train.dataset_version, "epoch_done": epoch_done,
+        "epoch_partial": partial, "metrics": run.history, "config": asdict(run.cfg),
+    }, buf)  # fmt: skip
+    storage.write_bytes_atomic(run.plan.checkpoint_uri, buf.getvalue())
+
+
+def _write_metrics(run: _Run, **final: Any) -> dict[str, Any]:
+    """``metrics.json`` (rank 0 writes it): the run, its epochs so far and, at the end, the test
+    (``final``)."""
+    cfg = run.cfg
+    metrics = {"dataset": cfg.dataset, "dataset_version": run.loaders.train.dataset_version,
+               "world_size": run.world.world_size, "global_batch_size": cfg.batch_size, "config": asdict(cfg),
+               "skipped": run.plan.skipped, "epochs": run.history, **final}  # fmt: skip
+    if run.world.rank == 0:
+        storage.write_json_atomic(run.plan.metrics_uri, metrics)
     return metrics
+
+
+def _test(run: _Run) -> dict[str, Any]:
+    """The final test (if the dataset has a test channel), and the metrics with it. A stop signal
+    raises :class:`Preempted`: the last epoch's checkpoint resumes the test."""
+    loader = run.loaders.test
+    if loader is None:
+        return _write_metrics(run, test_accuracy=None, test=None)
+    test = evaluate(run.model, loader, run.world, run.plan.class_names, bf16=run.bf16, stop=run.stop.agreed)
+    if test is None:
+        raise run.stop.preempted(f"after epoch {run.cfg.epochs - 1} (before the final test)")
+    return _write_metrics(run, test_accuracy=test.top1, test=test.to_json())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,15 +457,16 @@ def main(argv: list[str] | None = None) -> int:
     output; or 75 (:data:`~loaders.train.preemption.EXIT_PREEMPTED`) on every rank when SIGTERM or
     SIGUSR1 stopped the run after rank 0 saved a checkpoint (logged on rank 0)."""
     try:
-        world = _world_from_env()
-        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{world[0]} %(levelname)s %(name)s: %(message)s")
+        ranks = Ranks.from_env()
+        line = f"%(asctime)s rank{ranks.rank} %(levelname)s %(name)s: %(message)s"
+        logging.basicConfig(level=logging.INFO, format=line)
         cfg = parse_args(argv)
-        plan = prepare(cfg, world[1])
-        ctx = _init_distributed(cfg, world)
+        plan = prepare(cfg, ranks.world_size)
+        world = _init_distributed(cfg, ranks)
         try:
-            metrics = train(cfg, ctx, plan)
+            metrics = train(cfg, world, plan)
         finally:
-            if ctx.active and dist.is_initialized():
+            if world.active and dist.is_initialized():
                 dist.destroy_process_group()
     except Preempted:
         return EXIT_PREEMPTED
@@ -449,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{_PROG}: error: {exc}" + (f" (rank {rank})" if rank is not None else "") + "\n")
         sys.stderr.flush()
         return 2
-    if ctx.rank == 0:
+    if world.rank == 0:
         print(_summary(cfg, metrics))
     return 0
 

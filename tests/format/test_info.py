@@ -93,6 +93,7 @@ def test_a_missing_field_is_named_with_the_file(root: Path, path: list[Any], fie
         (lambda d: d.update(num_shards="2"), "field num_shards must be an integer, got '2'"),
         (lambda d: d.update(num_shards=True), "field num_shards must be an integer, got True"),
         (lambda d: d["image"].update(format=None), "field image.format must be a string, got None"),
+        (lambda d: d["image"].update(size=4), r"field image: image size must be an integer in \[8, 8192\], got 4"),
         (lambda d: d["channels"]["test"].update(shards={}), r"field channels.test.shards must be a list, got \{\}"),
         (lambda d: d["inputs"]["split"].update(train="half"), "field inputs.split.train must be a number, got 'half'"),
         (lambda d: d.update(labels=[]), r"field labels must be an object, got \[\]"),

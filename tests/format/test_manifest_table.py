@@ -247,7 +247,7 @@ def test_any_listing_task_becomes_a_staging_one(tmp_path, small_lake):
     assert out[1:] == [left]
     part = out[0]
     assert isinstance(part, ListedPart) and part.rows == 40
-    assert part.skipped == {"hidden": 1} and part.skipped_examples[0][1] == "hidden: '.x'"
+    assert part.skipped == {"hidden": 1} and part.skipped_examples[0].reason == "hidden: '.x'"
     assert read_part(part.uri, ["key"])["key"].to_pylist() == [r["key"] for r in rows[:40]]
 
 

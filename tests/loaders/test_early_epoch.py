@@ -36,17 +36,18 @@ def test_the_next_epoch_s_first_batches_are_decoded_before_it_is_asked_for(ds: P
     with ShardLoader(str(ds), **OPTIONS) as loader:
         loader.set_epoch(0)
         assert [ids_of(images) for images, _ in loader] == afresh(ds, 0)
-        assert loader._early is None  # a first iteration: maybe the loader's only one
+        assert loader._started_early is None  # a first iteration: maybe the loader's only one
         for epoch in range(1, 4):
             loader.set_epoch(epoch)
-            early = loader._early
+            early = loader._started_early
             got = [ids_of(images) for images, _ in loader]
             assert got == afresh(ds, epoch)
             if epoch > 1:
                 assert loader.stats is early.run.stats  # the epoch started early was used
-            assert loader._early is not None and loader._early.epoch == epoch + 1
-            until(lambda: loader._early.run.stats.decoded >= 2, f"epoch {epoch + 1}'s first batches are decoded")
-            assert loader._early.run.stats.consumed == 0
+            assert loader._started_early is not None and loader._started_early.epoch == epoch + 1
+            until(lambda: loader._started_early.run.stats.decoded >= 2,
+                  f"epoch {epoch + 1}'s first batches are decoded")  # fmt: skip
+            assert loader._started_early.run.stats.consumed == 0
 
 
 def test_a_jump_or_a_restored_state_drops_the_epoch_started_early(ds: Path):
@@ -56,7 +57,7 @@ def test_a_jump_or_a_restored_state_drops_the_epoch_started_early(ds: Path):
         for epoch in (0, 1):
             loader.set_epoch(epoch)
             list(loader)
-        early = loader._early
+        early = loader._started_early
         loader.set_epoch(3)
         assert [ids_of(images) for images, _ in loader] == afresh(ds, 3)
         assert early.run.stop.is_set() and loader.stats is not early.run.stats
@@ -66,7 +67,7 @@ def test_a_jump_or_a_restored_state_drops_the_epoch_started_early(ds: Path):
         first = [ids_of(next(batches)[0]) for _ in range(3)]
         state = loader.state_dict()
         batches.close()
-        early = loader._early
+        early = loader._started_early
         loader.load_state_dict(state)
         assert early.run.stop.is_set()
         assert first + [ids_of(images) for images, _ in loader] == afresh(ds, 4)
@@ -82,11 +83,12 @@ def test_the_two_epochs_hold_at_most_prefetch_plus_two_batches_outstanding(ds: P
             loader.set_epoch(epoch)
             for _ in loader:
                 time.sleep(0.02)  # the pipeline runs ahead meanwhile
-                current, early = loader.stats, loader._early
+                current, early = loader.stats, loader._started_early
                 outstanding = current.submitted - current.consumed
                 if early is not None:
                     outstanding += early.run.stats.submitted - early.run.stats.consumed
                 most = max(most, outstanding)
             if epoch:
-                until(lambda: loader._early.run.stats.decoded >= 1, "the next epoch's first batch is decoded")
+                until(lambda: loader._started_early.run.stats.decoded >= 1,
+                      "the next epoch's first batch is decoded")  # fmt: skip
     assert 0 < most <= bound

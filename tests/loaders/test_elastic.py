@@ -140,9 +140,10 @@ def test_a_chained_resume_still_gives_every_real_row_exactly_once(case, data):
     plan, consumed = _consume(LegPlan, s, worlds, g, lambda n: data.draw(st.integers(0, n), label="consumed"))
     resumed: Counter = Counter()
     for r in range(worlds[-1]):
-        resumed += _real(*rows_of(plan.sequence(2, r), _starts(s)))
+        rows = rows_of(plan.sequence(2, r), _starts(s))
+        resumed += _real(rows.ids, rows.pads)
     assert consumed + resumed == _epoch_real_rows(s, worlds[0], g // worlds[0])
-    assert {len(rows_of(plan.sequence(2, r), _starts(s))[0]) for r in range(worlds[-1])} == {plan.end(2)}
+    assert {len(rows_of(plan.sequence(2, r), _starts(s)).ids) for r in range(worlds[-1])} == {plan.end(2)}
 
 
 @PROPERTY
@@ -160,7 +161,7 @@ def test_the_same_world_size_gives_exactly_todays_remaining_batches(case, data):
         assert pads.tolist() == want_pads[k * batch :].tolist()
         # The first leg is today's epoch itself.
         first = rows_of(plan.sequence(0, r), _starts(s))
-        assert first[0].tolist() == want_ids.tolist() and first[1].tolist() == want_pads.tolist()
+        assert first.ids.tolist() == want_ids.tolist() and first.pads.tolist() == want_pads.tolist()
 
 
 @PROPERTY
@@ -182,7 +183,7 @@ def test_the_reader_order_selects_the_same_rows(case, data):
             offsets = np.cumsum([0] + [pieces[p].rows for p in w])
             used = set((np.searchsorted(offsets, take, side="right") - 1).tolist())
             assert used == set(range(len(w)))  # no piece read for nothing
-        assert ids == rows_of(windows, starts)[0].tolist()
+        assert ids == rows_of(windows, starts).ids.tolist()
         assert order.rows == plan.end(1)
 
 

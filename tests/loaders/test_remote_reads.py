@@ -16,6 +16,7 @@ from loader_builders import ids_of, shard_path, until, write_dataset
 
 from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
+from loaders.fetch import RangeFetcher
 
 pytestmark = pytest.mark.s3
 
@@ -44,6 +45,14 @@ def epochs(loader: ShardLoader, which: list[int]) -> list[list[tuple[list[int], 
         loader.set_epoch(e)
         out.append([(ids_of(images), labels.tolist()) for images, labels in loader])
     return out
+
+
+def _every_read_ended(fetcher: RangeFetcher) -> bool:
+    """Whether every read ``fetcher`` submitted has ended (well). Asked under its lock, which the
+    end of a read holds until it has submitted the reads it made room for: when this holds, the
+    fetcher submits nothing more until it is asked to (a ``schedule``, ``release`` or ``drop``)."""
+    with fetcher._lock:
+        return set(fetcher.submitted) <= set(fetcher.completed)
 
 
 @pytest.fixture
@@ -445,7 +454,9 @@ def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_b
         epochs(loader, [0])
         fetcher = loader.fetcher
         until(lambda: sum(k[0] == 1 for k in fetcher.completed) >= concurrency, "epoch 1's first row groups are read")
-        time.sleep(0.2)  # nothing more is scheduled until epoch 1 starts
+        # Nothing more is read until epoch 1 starts: once every read submitted has ended, the
+        # fetcher has admitted whatever it would (it does so as each read ends, under its lock).
+        until(lambda: _every_read_ended(fetcher), "the fetcher has no read under way")
         issued = [k[-1] for k in fetcher.submitted if k[0] == 1]
     assert issued == [int(p) for w in following.windows for p in w][:concurrency]
 
@@ -460,7 +471,8 @@ def test_an_epoch_started_early_asks_for_the_rest_of_its_reads_once_adopted(loca
             loader.set_epoch(epoch)
             list(loader)
         fetcher, pieces = loader.fetcher, len(loader._reader.pieces)
-        until(lambda: loader._early.run.stats.submitted >= 1, "epoch 2's first task, from what is read")
+        following = loader._started_early
+        until(lambda: following.run.stats.submitted >= 1, "epoch 2's first task, from what is read")
         round_ = {k for k in fetcher.submitted if k[0] == 2}
         assert 0 < len(round_) < pieces  # only the round epoch 1 read ahead
         loader.set_epoch(2)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loader_builders import CHANNEL_OFFSET, ids_of, shard_path, write_dataset
+from loader_builders import CHANNEL_OFFSET, ids_of, shard_path, until, write_dataset
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders import PAD_LABEL, LoaderOptions, ShardLoader, decode
@@ -223,8 +222,12 @@ def test_first_batch_before_the_shard_is_read_and_prefetch_is_bounded(tmp_path: 
     it = iter(loader)
     next(it)
     assert loader.row_groups_read < 80 // 2  # far from the 80 row groups of the shard
-    time.sleep(0.3)  # let the pipeline run ahead of a slow consumer
-    assert loader.stats.submitted - loader.stats.consumed <= 2 + 2
+    # A consumer that stops: the pipeline runs ahead as far as it may (the queue's 2 futures and
+    # the one the reader holds, all decoded), and never further.
+    stats = loader.stats
+    until(lambda: stats.submitted - stats.consumed >= 2 + 1 and stats.decoded == stats.submitted,
+          "the pipeline runs ahead of a stopped consumer")  # fmt: skip
+    assert stats.submitted - stats.consumed <= 2 + 2 and stats.max_in_flight <= 2 + 2
     for _ in it:
         pass
     assert loader.stats.max_in_flight <= 2 + 2

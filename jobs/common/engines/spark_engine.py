@@ -83,8 +83,8 @@ class SparkEngine:
                 builder = builder.config("spark.python.daemon.module", "jobs.common.engines.spark_daemon")
             if local and _unix_sockets() and not given.contains(_UNIX_SOCKETS):
                 # The executor talks to its Python workers over Unix sockets, not TCP on
-                # 127.0.0.1: a task's small messages wait on no TCP acknowledgement (each task
-                # spent ~25 ms less here, docs/performance.md). On a cluster, pass this --conf.
+                # 127.0.0.1: a task's small messages wait on no TCP acknowledgement
+                # (design/0030). On a cluster, pass this --conf.
                 builder = builder.config(_UNIX_SOCKETS, "true")
             spark = (builder.appName(app_name)
                      .config("spark.sql.session.timeZone", "UTC")

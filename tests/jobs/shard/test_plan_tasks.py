@@ -22,7 +22,6 @@ from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.common.tasks import read_rows, write_table
 from jobs.manifest_steps.config import ManifestConfig
-from jobs.shard_steps.balance import make_plan
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.plan_tasks import OrderTask
 from lakeshard import storage
@@ -30,6 +29,7 @@ from lakeshard.format import rejects_uri
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.lake import write_lake
+from tests.helpers.reference_plan import make_plan
 
 
 def _truncated_jpeg(seed: int) -> bytes:

@@ -4,14 +4,15 @@ the same rows, and its file is the size the receipt says), and what a task carri
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.common.images import ImageSpec
+from jobs.common.images import DEFAULT_SPEC
 from jobs.shard_steps.assemble import SOURCE_SCHEMA, AssembleTask
-from jobs.shard_steps.preprocess import SEGMENT_SCHEMA, SegmentTask, preprocess_segment, rows_digest
+from jobs.shard_steps.preprocess import SEGMENT_SCHEMA, RowRange, SegmentTask, preprocess_segment, rows_digest
 from jobs.shard_steps.staging import finished
 from tests.helpers.lake import write_lake
 
@@ -21,7 +22,8 @@ def _task(lake: Path, staging: Path, paths: list[Path]) -> SegmentTask:
                      "label_index": [0] * len(paths), "is_pad": [False] * len(paths),
                      "size": [None] * len(paths), "etag": [None] * len(paths),
                      "last_modified": [None] * len(paths)}, schema=SEGMENT_SCHEMA)
-    return SegmentTask(uri=f"file://{staging}/train/part-0.parquet", rows=rows, spec=ImageSpec(size=16, format="png"),
+    return SegmentTask(uri=f"file://{staging}/train/part-0.parquet", rows=rows,
+                       spec=replace(DEFAULT_SPEC, size=16, format="png"),
                        metadata={"channel": "train"}, row_group_bytes=1 << 20, threads=2,
                        receipt=f"file://{staging}/_runs/receipts/train/part-0.parquet",
                        outcomes=f"file://{staging}/_runs/outcomes/train/part-0.parquet")
@@ -38,12 +40,13 @@ def test_a_finished_segment_is_reused_and_a_damaged_one_is_not(tmp_path: Path):
     result = preprocess_segment(task)
     reused = finished(f"file://{staging}", [task])
     assert list(reused) == [task.uri]
-    assert reused[task.uri]["stats"] == result["stats"]
-    assert reused[task.uri]["rows"] == result["rows"] == 7
-    assert reused[task.uri]["rejects"].equals(result["rejects"])
-    assert reused[task.uri]["rejects"].select(["key", "reason"]).to_pylist() == [
-        {"key": "broken.png", "reason": result["rejects"]["reason"][0].as_py()}]  # the reason came back too
-    assert result["rejects"]["reason"][0].as_py().startswith("cannot decode")
+    assert reused[task.uri].stats == result.stats
+    assert reused[task.uri].rows == result.rows == 7
+    assert reused[task.uri].rejects.equals(result.rejects)
+    assert reused[task.uri].rejects.select(["key", "reason"]).to_pylist() == [
+        {"key": "broken.png", "reason": result.rejects["reason"][0].as_py()}]  # the reason came back too
+    assert reused[task.uri].digest == result.digest == rows_digest(task.rows)
+    assert result.rejects["reason"][0].as_py().startswith("cannot decode")
     outcomes = pq.read_table(task.outcomes[len("file://"):])
     assert outcomes["row"].to_pylist() == [0, 1, 2, 3, 4, 5, None]  # where each row was written
 
@@ -75,13 +78,14 @@ def test_a_segment_read_from_its_order_file_is_reused_only_for_the_same_rows(tmp
     staging = tmp_path / "staging"
 
     def task(offset: int, length: int, digest: str) -> SegmentTask:
-        return SegmentTask(uri=f"file://{staging}/train/seg.parquet", rows=None, source=(f"file://{order}", offset, length),
-                           digest=digest, spec=ImageSpec(size=16, format="png"), metadata={"channel": "train"},
+        return SegmentTask(uri=f"file://{staging}/train/seg.parquet", rows=None,
+                           source=RowRange(f"file://{order}", offset, length), digest=digest,
+                           spec=replace(DEFAULT_SPEC, size=16, format="png"), metadata={"channel": "train"},
                            row_group_bytes=1 << 20, threads=0, receipt=f"file://{staging}/_runs/receipts/train/seg.parquet")
 
     mine = task(2, 5, rows_digest(rows.slice(2, 5)))
     result = preprocess_segment(mine)
-    assert result["rows"] == 5 and result["rejects"].num_rows == 0
+    assert result.rows == 5 and result.rejects.num_rows == 0
     written = pq.read_table(staging / "train" / "seg.parquet", columns=["uri"])["uri"].to_pylist()
     assert written == rows["uri"].to_pylist()[2:7]
     assert list(finished(f"file://{staging}", [mine])) == [mine.uri]
@@ -97,7 +101,7 @@ def test_a_task_pickles_its_own_rows_not_the_table_it_was_cut_from(tmp_path: Pat
                     "last_modified": [None] * 100_000},
                    schema=SEGMENT_SCHEMA)
     part = big.slice(40_000, 100)
-    task = SegmentTask(uri="file:///x.parquet", rows=part, spec=ImageSpec(size=16), metadata={},
+    task = SegmentTask(uri="file:///x.parquet", rows=part, spec=replace(DEFAULT_SPEC, size=16), metadata={},
                        row_group_bytes=1 << 20, threads=1)
     assert task.rows.equals(part)
     assert len(pickle.dumps(big)) > 5_000_000

@@ -9,17 +9,19 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.common.images import ImageSpec
+from jobs.common.images import DEFAULT_SPEC
 from jobs.shard import parser as shard_parser
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.preprocess import (
     SEGMENT_SCHEMA,
+    SegmentResult,
     SegmentTask,
     ShardWriter,
     _ahead,
@@ -53,8 +55,9 @@ def lake(tmp_path_factory) -> list[Path]:
 
 @pytest.mark.parametrize("threads,decode_threads", [(0, 1), (3, 1), (2, 3), (None, 2), (1, 4)])
 def test_the_file_and_outcomes_do_not_depend_on_the_threads(lake, tmp_path, threads, decode_threads):
-    def run(threads: int | None, decode_threads: int, name: str) -> tuple[str, dict, list]:
-        task = SegmentTask(uri=f"file://{tmp_path}/{name}.parquet", rows=_rows(lake), spec=ImageSpec(size=16),
+    def run(threads: int | None, decode_threads: int, name: str) -> tuple[str, SegmentResult, list]:
+        task = SegmentTask(uri=f"file://{tmp_path}/{name}.parquet", rows=_rows(lake),
+                           spec=replace(DEFAULT_SPEC, size=16),
                            metadata={"channel": "train"}, row_group_bytes=20_000, threads=threads,
                            decode_threads=decode_threads, outcomes=f"file://{tmp_path}/outcomes/{name}.parquet")
         result = preprocess_segment(task)
@@ -64,13 +67,14 @@ def test_the_file_and_outcomes_do_not_depend_on_the_threads(lake, tmp_path, thre
     want_digest, want, want_outcomes = run(0, 1, "reference")
     got_digest, got, outcomes = run(threads, decode_threads, "other")
     assert got_digest == want_digest
-    assert outcomes == want_outcomes and got["rejects"].equals(want["rejects"])
+    assert outcomes == want_outcomes and got.rejects.equals(want.rejects)
     assert [o["uri"] for o in outcomes] == [f"file://{p}" for p in lake]  # every row, in order
-    reasons = {Path(u).name: r for u, r in zip(got["rejects"]["uri"].to_pylist(), got["rejects"]["reason"].to_pylist())}
+    rejects = got.rejects
+    reasons = {Path(u).name: r for u, r in zip(rejects["uri"].to_pylist(), rejects["reason"].to_pylist())}
     assert set(reasons) == {"broken.png", "gone.png"}
     assert reasons["gone.png"] == "cannot read: object disappeared after listing"
     assert reasons["broken.png"].startswith("cannot decode")
-    assert got["rows"] == len(lake) and set(got["rejects"]["channel"].to_pylist()) == {"train"}
+    assert got.rows == len(lake) and set(got.rejects["channel"].to_pylist()) == {"train"}
     written = pq.read_table(tmp_path / "other.parquet", columns=["uri"])["uri"].to_pylist()
     assert written == [o["uri"] for o in outcomes if o["row"] is not None] and len(written) == len(lake) - 2
     assert [o["row"] for o in outcomes if o["row"] is not None] == list(range(len(lake) - 2))

@@ -22,7 +22,8 @@ from loader_builders import write_dataset
 from lakeshard.errors import ConfigError
 from lakeshard.format import channel_dirname
 from loaders.train.config import TrainConfig, build_parser, load_config, parse_args
-from loaders.train.loop import _Dist, main, train
+from loaders.train.loop import main, train
+from loaders.train.world import World
 
 REPO = Path(__file__).resolve().parents[3]
 CONF = REPO / "conf" / "train.yaml"
@@ -70,7 +71,7 @@ def test_global_batch_must_split_across_ranks(tmp_path: Path):
     write_dataset(tmp_path)
     cfg = TrainConfig(dataset=str(tmp_path), batch_size=8, output=str(tmp_path / "out"))
     with pytest.raises(ConfigError, match="batch_size 8 \\(global\\) is not divisible by the world size 3"):
-        train(cfg, _Dist(0, 3, 0, 3, torch.device("cpu")))
+        train(cfg, World(0, 3, 0, 3, torch.device("cpu")))
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:

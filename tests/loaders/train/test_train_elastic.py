@@ -20,7 +20,8 @@ from loader_builders import write_dataset
 
 from lakeshard.errors import ConfigError
 from loaders.train.config import TrainConfig
-from loaders.train.loop import _Dist, main, train
+from loaders.train.loop import main, train
+from loaders.train.world import World
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -101,7 +102,7 @@ def test_a_resume_keeps_its_global_batch_and_names_the_world_sizes_that_can(tmp_
     cpu = torch.device("cpu")
     with pytest.raises(ConfigError, match=r"cannot resume .*checkpoint\.pt on 3 ranks: its global batch 8 \(1 rank\(s\) x 8 rows\) "
                        r"is not divisible by 3; resume on a world size that divides 8 \(1, 2, 4, 8\)"):
-        train(cfg, _Dist(0, 3, 0, 3, cpu))
+        train(cfg, World(0, 3, 0, 3, cpu))
     with pytest.raises(ConfigError, match=r"--batch-size 4 \(global\) differs from the global batch 8 \(1 rank\(s\) x 8 rows\) "
                        r"of the checkpoint .*checkpoint\.pt: a resumed run keeps its global batch; pass --batch-size 8"):
-        train(dataclasses.replace(cfg, batch_size=4), _Dist(0, 1, 0, 1, cpu))
+        train(dataclasses.replace(cfg, batch_size=4), World(0, 1, 0, 1, cpu))
