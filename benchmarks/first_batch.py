@@ -12,6 +12,7 @@ Prints one JSON line: ``{"first_batch_s": ..., "constructor_s": ...}``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -25,13 +26,13 @@ from loaders import ShardLoader
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) not in (1, 2):
-        print(__doc__, file=sys.stderr)
-        return 2
-    options = json.loads(argv[1]) if len(argv) == 2 else {}
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dataset", help="the dataset URI (a local path, file:// or s3://)")
+    p.add_argument("options", nargs="?", default="{}", help="ShardLoader keyword arguments as a JSON object")
+    args = p.parse_args(argv)
+    options = json.loads(args.options)
     start = time.perf_counter()
-    loader = ShardLoader(argv[0], **options)
+    loader = ShardLoader(args.dataset, **options)
     made = time.perf_counter()
     batches = iter(loader)
     try:

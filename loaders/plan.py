@@ -14,7 +14,7 @@ The shards of one channel are laid end to end in shard-index order, giving one g
 * ``remainder="drop"``: ``q = floor(total / W)``; the last ``total mod W`` rows of the last shard
   are read by no rank.
 
-Consequences, all property-tested in ``tests/loaders/test_plan.py``:
+Consequences, all property-tested in ``tests/loaders/test_loader_plan.py``:
 
 * ``W`` shards of equal size: rank ``r`` reads exactly shard ``r``.
 * ``k*W`` equal shards: rank ``r`` reads exactly the fixed subset ``[r*k, (r+1)*k)``.
