@@ -64,6 +64,45 @@ def _no_store_process_outlives_its_test() -> Iterator[None]:
     assert not left, f"store processes outlived the test: {left}"
 
 
+#: The fixtures that start a Spark session or a Dask cluster, and the engine each starts. A test that
+#: uses one is ``slow`` (and marked with its engine), whether it asks for it by name, through a
+#: fixture that needs it, or through ``request.getfixturevalue`` under a parametrization whose value
+#: names it (``[spark]``, ``[dask_engine]``).
+ENGINE_FIXTURES = {
+    "spark": "spark",
+    "spark_engine": "spark",
+    "spark_cluster": "spark",
+    "dask_client": "dask",
+    "dask_engine": "dask",
+    "dask_cluster": "dask",
+    "dask_cli_cluster": "dask",
+    "dask_engine_cli": "dask",
+}
+
+
+def _engines_of(item: pytest.Item) -> set[str]:
+    """The engines a test starts: by the fixtures it uses, the values of its parametrization, and
+    its ``spark``/``dask`` markers."""
+    named = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        named |= {value for value in callspec.params.values() if isinstance(value, str)}
+    engines = {ENGINE_FIXTURES[name] for name in named if name in ENGINE_FIXTURES}
+    return engines | {engine for engine in ("spark", "dask") if item.get_closest_marker(engine)}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``slow`` is what needs Spark, a Dask cluster or several processes (``distributed``): those
+    tests are marked here, with their engine's marker; a test that is slow for another reason
+    (more than ~2 s here) carries ``@pytest.mark.slow`` itself."""
+    for item in items:
+        engines = _engines_of(item)
+        for engine in sorted(engines):
+            item.add_marker(engine)
+        if engines or item.get_closest_marker("distributed"):
+            item.add_marker(pytest.mark.slow)
+
+
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing-key-id",
     "AWS_SECRET_ACCESS_KEY": "testing-secret-key",

@@ -217,7 +217,8 @@ def test_the_training_side_loads_no_engine():
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
-@pytest.mark.parametrize("command", ["jobs.manifest", "jobs.shard", "jobs.versions", "jobs.report", "loaders.train"])
+@pytest.mark.parametrize("command", ["jobs.manifest", "jobs.shard", "jobs.versions", "jobs.report",
+                                     pytest.param("loaders.train", marks=pytest.mark.slow)])  # imports torch: ~3 s
 def test_every_command_answers_help(command: str):
     proc = subprocess.run([sys.executable, "-m", command, "--help"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -19,7 +20,7 @@ from lakeshard.errors import ImageRejected
 from lakeshard.format.info import ImageSpec
 from lakeshard.format.layout import STORED_IMAGE_SIGNATURES
 
-__all__ = ["DEFAULT_SPEC", "UNSUPPORTED_FORMATS", "ImageSpec", "preprocess", "sniff"]
+__all__ = ["DEFAULT_SPEC", "UNSUPPORTED_FORMATS", "EncodedImage", "ImageSpec", "preprocess", "sniff"]
 
 # Magic numbers of the formats Pillow decodes for us; anything else is asked of Pillow itself.
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
@@ -96,6 +97,14 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")  # L, 1, P, CMYK (Pillow undoes Adobe's inversion), YCbCr, LAB, HSV
 
 
+class EncodedImage(NamedTuple):
+    """A preprocessed image as a shard stores it: its encoded bytes and their size in pixels."""
+
+    data: bytes
+    height: int
+    width: int
+
+
 def _target_box(w: int, h: int, spec: ImageSpec) -> tuple[tuple[int, int], tuple[float, float, float, float]]:
     """Output size and the source box that maps onto it."""
     s = spec.size
@@ -109,10 +118,10 @@ def _target_box(w: int, h: int, spec: ImageSpec) -> tuple[tuple[int, int], tuple
     return (max(1, round(w * scale)), max(1, round(h * scale))), (0, 0, w, h)
 
 
-def preprocess(data: bytes, spec: ImageSpec) -> tuple[bytes, int, int]:
+def preprocess(data: bytes, spec: ImageSpec) -> EncodedImage:
     """Decode ``data``, orient, convert, resize and encode it as ``spec`` says.
 
-    Returns ``(encoded, height, width)``. Raises :class:`ImageRejected` with a reason for
+    Returns the encoded image and its height and width. Raises :class:`ImageRejected` with a reason for
     anything that cannot become a training image.
     """
     if not data:
@@ -157,4 +166,4 @@ def preprocess(data: bytes, spec: ImageSpec) -> tuple[bytes, int, int]:
         img.save(buf, "JPEG", quality=spec.quality)
     else:
         img.save(buf, "PNG", compress_level=1)
-    return buf.getvalue(), img.height, img.width
+    return EncodedImage(buf.getvalue(), img.height, img.width)

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from jobs.common.images import ImageSpec, preprocess
+from jobs.common.images import EncodedImage, ImageSpec, preprocess
 from jobs.common.tasks import compact, read_rows, write_table
 from jobs.shard_steps.as_listed import read_as_listed
 from lakeshard import storage
@@ -158,13 +158,13 @@ def read_where(files: Sequence[str], column: str, value: int, columns: list[str]
         columns=columns, filter=pc.field(column) == value)
 
 
-def reused_rows(task: SegmentTask) -> dict[int, tuple[bytes, int, int]]:
-    """The images of the segment's rows an incremental build reuses (position -> ``(image,
-    height, width)``), from the runs it names (:mod:`jobs.shard_steps.reuse`)."""
+def reused_rows(task: SegmentTask) -> dict[int, EncodedImage]:
+    """The images of the segment's rows an incremental build reuses (by position), from the
+    runs it names (:mod:`jobs.shard_steps.reuse`)."""
     if not task.base_runs:
         return {}
     got = read_where(task.base_runs, "segment", task.reuse_id, ["pos", "image", "height", "width"])
-    return {int(p): (i, int(h), int(w)) for p, i, h, w in zip(
+    return {int(p): EncodedImage(i, int(h), int(w)) for p, i, h, w in zip(
         got["pos"].to_pylist(), got["image"].to_pylist(), got["height"].to_pylist(), got["width"].to_pylist(),
         strict=True)}
 
@@ -177,7 +177,7 @@ def rows_digest(rows: pa.Table) -> str:
     return digest.hexdigest()[:32]
 
 
-def _preprocessed(data: bytes | str | tuple[bytes, int, int], spec: ImageSpec) -> tuple[bytes, int, int] | str:
+def _preprocessed(data: bytes | str | EncodedImage, spec: ImageSpec) -> EncodedImage | str:
     """The encoded image with its height and width, or the reason there is none (``data``
     already preprocessed: as it is)."""
     if isinstance(data, (str, tuple)):
@@ -209,8 +209,8 @@ def readers(threads: int | None, uris: list[str]) -> int:
 
 
 def _preprocessed_chunks(task: SegmentTask, rows: pa.Table,
-                         reused: Mapping[int, tuple[bytes, int, int]]) -> Iterator[tuple[pa.Table, list[Any]]]:
-    """The segment's rows with their outcomes (an image tuple or a reason), chunk by chunk, in
+                         reused: Mapping[int, EncodedImage]) -> Iterator[tuple[pa.Table, list[Any]]]:
+    """The segment's rows with their outcomes (an :class:`EncodedImage` or a reason), chunk by chunk, in
     order: read ahead on :func:`readers` threads (or by the decoder as it goes, if none), then
     preprocessed on ``task.decode_threads`` threads (on the task's own thread when that is one).
     A row in ``reused`` (by position) has its image already: it is neither read nor decoded."""
@@ -220,13 +220,13 @@ def _preprocessed_chunks(task: SegmentTask, rows: pa.Table,
     sizes, etags, modified = (rows[c].to_pylist() for c in ("size", "etag", "last_modified"))
     n_readers = readers(task.threads, [u for i, u in enumerate(uris) if i not in reused])
 
-    def read(start: int) -> list[bytes | str | tuple[bytes, int, int]]:
+    def read(start: int) -> list[bytes | str | EncodedImage]:
         stop = min(start + _READ_ROWS, len(uris))
         return [reused[i] if i in reused else
                 read_as_listed(uris[i], size=sizes[i], etag=etags[i], modified=modified[i])
                 for i in range(start, stop)]
 
-    def preprocess_all(reads: list[Callable[[], list[bytes | str | tuple[bytes, int, int]]]]) -> list[Any]:
+    def preprocess_all(reads: list[Callable[[], list[bytes | str | EncodedImage]]]) -> list[Any]:
         return [_preprocessed(data, task.spec) for get in reads for data in get()]
 
     with ExitStack() as stack:

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import incremental_bench  # noqa: E402 - benchmarks/ is not a package
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["local", "near"])
 def test_the_bench_times_both_builds_of_the_grown_lake(tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On local disk, and with the lake read from the remote-like S3 store (nginx + shim)."""
@@ -44,6 +45,7 @@ def test_the_bench_times_both_builds_of_the_grown_lake(tmp_path: Path, store: st
     assert len(result["load_before"]) == 3
 
 
+@pytest.mark.slow
 def test_only_incremental_times_no_scratch_build(tmp_path: Path) -> None:
     """``--only incremental``: the base build and the incremental builds, no scratch build and so no ratio."""
     out = tmp_path / "r.json"

@@ -49,6 +49,7 @@ _BURN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_peak_watch_counts_the_cpu_of_the_whole_tree(tmp_path: Path) -> None:
     # The command starts two children that each start a grandchild; each of the four burns a
     # known amount of CPU, then the command burns its own share (the driver's).

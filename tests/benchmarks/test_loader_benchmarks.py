@@ -18,6 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # starts processes
 def test_loader_bench_measures_every_ratio(tmp_path: Path):
     out = tmp_path / "loader.json"
     done = run("benchmarks/loader_bench.py", "--images", "40", "--size", "32", "--repeats", "2",
@@ -34,6 +35,7 @@ def test_loader_bench_measures_every_ratio(tmp_path: Path):
     assert "loader and ceiling output: identical" in done.stderr
 
 
+@pytest.mark.slow
 def test_loader_ab_runs_each_variant_in_its_own_processes(tmp_path: Path):
     out = tmp_path / "ab.json"
     done = run("benchmarks/loader_ab.py", "--images", "40", "--size", "32", "--rounds", "2", "--epochs", "3",
@@ -51,6 +53,7 @@ def test_loader_ab_runs_each_variant_in_its_own_processes(tmp_path: Path):
     assert "'threads' in variant 'threads=2' is not a ShardLoader option" in bad.stderr
 
 
+@pytest.mark.slow
 def test_loader_gil_samples_the_loader_and_the_ceiling_each_in_its_own_process(tmp_path: Path):
     out = tmp_path / "gil.json"
     done = run("benchmarks/loader_gil.py", "--images", "40", "--size", "32", "--seconds", "2", "--warmup", "2",

@@ -104,6 +104,7 @@ def test_the_loader_reads_the_same_batches_from_the_store_as_from_disk(store: Re
     assert store.traffic().connections >= 1
 
 
+@pytest.mark.slow
 def test_the_store_answers_what_s3fs_asks(store: RemoteStore, lake: Path):
     import boto3
     import s3fs

@@ -73,6 +73,7 @@ def s3_dataset(s3_bucket, fault_proxy, s3_via, local_engine, tmp_path):
     return out
 
 
+@pytest.mark.slow
 def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, fault_proxy, local_engine, capsys):
     out = s3_dataset
     fault_proxy.reset(mode="pass")
@@ -132,6 +133,7 @@ def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, f
         assert sum(len(y) for _, y in loader) == second.channels["train"].rows
 
 
+@pytest.mark.slow
 def test_a_reader_during_an_s3_rebuild_sees_one_whole_version(s3_dataset, fault_proxy, local_engine):
     """While the shard job rebuilds (another image size: another dataset version), a reader
     opening the dataset sees the old version or the new one, each whole, never none; and one

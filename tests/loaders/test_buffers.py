@@ -6,6 +6,7 @@ import gc
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from loader_builders import ids_of, write_dataset
 
@@ -13,6 +14,7 @@ from loaders import ShardLoader
 from loaders.buffers import BufferPool
 
 
+@pytest.mark.slow  # a full garbage collection per view
 def test_a_block_comes_back_only_when_its_last_view_is_gone():
     pool = BufferPool(keep=4)
     a = pool.take((2, 3, 3, 3))

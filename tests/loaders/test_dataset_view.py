@@ -58,6 +58,7 @@ def test_state_passes_through_the_dataset_view(dataset: Path):
     assert _same(_batches(DataLoader(resumed, batch_size=None)), expected[3:])
 
 
+@pytest.mark.slow  # DataLoader worker processes: ~10 s to stop
 def test_worker_processes_are_refused_with_the_reason(dataset: Path):
     ds = ShardLoader(str(dataset), batch_size=8).as_dataset()
     with pytest.raises(ConfigError, match=r"iterated in DataLoader worker 0 of 2: use DataLoader\(dataset, batch_size=None, "

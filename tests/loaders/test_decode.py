@@ -167,6 +167,7 @@ def test_image_rows_copied_without_the_gil_match_arrow(type_: pa.DataType):
         assert all(type(x) is bytes for x in got if x is not None), name
 
 
+@pytest.mark.slow  # a fresh python imports torch
 def test_without_the_extension_the_loader_yields_the_same_batches(tmp_path: Path):
     """``LAKESHARD_NO_EXTENSIONS=1`` (or an install without a C compiler) falls back to Arrow's
     ``to_pylist`` and to simplejpeg image by image: the same batches, each way in a fresh process."""
@@ -197,6 +198,7 @@ def test_a_missing_extension_is_a_warning_once_when_a_loader_falls_back(caplog: 
     ]
 
 
+@pytest.mark.slow  # a fresh python imports torch
 def test_a_loader_without_its_extensions_warns_once_per_process_not_at_import(tmp_path: Path):
     """Before, ``import loaders`` logged at INFO, before logging was set up: nobody saw it."""
     write_dataset(tmp_path, rows={"train": 12, "validation": 4, "test": 4}, num_shards=2, fmt="jpeg")
@@ -244,6 +246,7 @@ def test_the_row_copier_refuses_buffers_that_do_not_hold_the_rows():
                 pa.Array.from_buffers(pa.binary(), length, [bits, offs, values]).validate(full=True)
 
 
+@pytest.mark.slow  # a fresh python imports torch
 def test_a_fresh_process_loads_without_importing_pandas_or_arrow_compute(tmp_path: Path):
     """Arrow's ``to_numpy`` imports pandas on first use (0.4 s), and ``cast`` imports
     ``pyarrow.compute`` (~0.1 s): both on the reader thread, before a fresh process's first

@@ -81,6 +81,7 @@ def _finish(root: str, world: int, batch: int, state: dict, **kw) -> tuple[Count
     return seen, sizes, lengths
 
 
+@pytest.mark.slow
 @HYPOTHESIS
 @given(
     layout=st.sampled_from(["2x23", "3x11"]),

@@ -62,6 +62,7 @@ def local_ds(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_remote_batches_are_the_local_ones_whatever_the_concurrency(local_ds: Path, s3_bucket: str):
     remote = upload(local_ds, s3_bucket)
     with ShardLoader(str(local_ds), **OPTIONS) as local:
@@ -76,6 +77,7 @@ def test_remote_batches_are_the_local_ones_whatever_the_concurrency(local_ds: Pa
             assert epochs(loader, [3]) == epochs(local, [3])
 
 
+@pytest.mark.slow
 def test_bytes_held_stay_within_the_memory_budget(tmp_path: Path, s3_bucket: str):
     local = tmp_path / "ds"
     write_dataset(local, rows={"train": 400, "validation": 4, "test": 4}, num_shards=1, row_group_rows=4, noise=True)
@@ -150,6 +152,7 @@ def test_an_object_replaced_mid_run_is_refused_not_decoded(tmp_path: Path, s3_bu
     loader.close()
 
 
+@pytest.mark.slow
 def test_reads_in_flight_ride_out_transient_store_faults(local_ds: Path, s3_bucket: str, monkeypatch, tmp_path: Path):
     """A proxy answers a seeded 10% of requests with 500, 503 SlowDown or a dropped connection:
     with 8 reads in flight and the cache filling, the batches are still the local ones."""
@@ -206,6 +209,7 @@ def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(
     loader.close()
 
 
+@pytest.mark.slow
 def test_an_epoch_boundary_never_waits_on_the_store(local_ds: Path, s3_bucket: str, monkeypatch):
     """Through a store that stops answering (a proxy holding requests, counted at the proxy):
     epoch 0 runs to its end while every read of epoch 1 is held unanswered, and epoch 1's first
@@ -252,6 +256,7 @@ def test_an_epoch_boundary_never_waits_on_the_store(local_ds: Path, s3_bucket: s
         proxy.stop()
 
 
+@pytest.mark.slow
 def test_a_new_loader_reads_its_shards_footers_at_once(tmp_path: Path, s3_bucket: str, monkeypatch):
     """A rank of several remote shards opens them concurrently: with the store holding every
     request for a while, all four shards' first requests are held at the same time."""
@@ -347,6 +352,7 @@ def test_a_read_a_batch_waits_on_is_fetched_in_parts_of_at_least_1_mib(s3_bucket
     assert got == {(mib - 1, 8): 1, (2 * mib + 10, 8): 2, (4 * mib, 3): 3, (4 * mib, 1): 1}
 
 
+@pytest.mark.slow  # retries with backoff through ~120 injected faults
 def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: str, monkeypatch):
     """The fetch threads' blocking client (``storage.s3_read_range``) through a proxy that answers
     a seeded 30% of requests with 500, 503 SlowDown, a dropped connection or a body cut off
@@ -500,6 +506,7 @@ def test_the_fetch_and_part_threads_are_started_with_the_loader_and_kept(local_d
     assert fetching() == set()
 
 
+@pytest.mark.slow
 def test_a_remote_loader_reads_through_one_client_without_s3fs(local_ds: Path, s3_bucket: str):
     """A new process that streams an ``s3://`` dataset (``dataset.json``, footers, row groups)
     makes one S3 client, the blocking one: it never imports s3fs or aiobotocore and runs no

@@ -131,6 +131,7 @@ loader.close()
 """
 
 
+@pytest.mark.slow  # starts processes
 def test_processes_share_one_cache_and_one_download(tmp_path: Path, s3_bucket: str):
     """Two processes, one cache folder, both through a proxy that logs what the store served:
     the store sends the shard whole once (the cache's download starts at byte 0; the streamed

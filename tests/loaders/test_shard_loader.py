@@ -149,6 +149,7 @@ def test_no_shuffle_reads_shards_in_order(datasets):
     assert ids == list(range(39))
 
 
+@pytest.mark.slow
 @HYPOTHESIS
 @given(stop=st.integers(0, 9), threads=st.sampled_from([1, 2, 5]), epoch=st.integers(0, 3))
 def test_resume_mid_epoch_yields_the_remaining_batches(datasets, stop, threads, epoch):

@@ -1,4 +1,6 @@
-"""The Dask engine's operations, one by one, on a LocalCluster of worker processes."""
+"""The Dask engine's operations, one by one, on a LocalCluster of worker processes (``slow``:
+tests/conftest.py marks every test that uses one) and, where the claim is the engine's own code,
+also on a cluster of threads in this process, which starts in a fraction of a second (quick)."""
 
 from __future__ import annotations
 
@@ -6,13 +8,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lakeshard.errors import ManifestError
-
-pytestmark = pytest.mark.dask
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -31,7 +33,26 @@ def _boom(items: list[int]) -> list[int]:
     return items
 
 
-def test_map_partitions_runs_every_item_once(dask_engine) -> None:
+@pytest.fixture(scope="module")
+def threaded_dask_engine() -> Iterator[Any]:
+    """A DaskEngine on a LocalCluster of one worker of two threads in this process: the engine's
+    code, without worker processes (so no pickling: the process cluster's tests check that)."""
+    from distributed import Client, LocalCluster
+
+    from jobs.common.engines.dask_engine import DaskEngine
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        yield DaskEngine(client=client)
+
+
+#: Each engine test runs on both clusters: the engine of worker processes (slow) and of threads.
+ON_BOTH = pytest.mark.parametrize("engine_fixture", ["dask_engine", "threaded_dask_engine"])
+
+
+@ON_BOTH
+def test_map_partitions_runs_every_item_once(engine_fixture: str, request: pytest.FixtureRequest) -> None:
+    dask_engine = request.getfixturevalue(engine_fixture)
     items = list(range(23))
     assert sorted(dask_engine.map_partitions(_double, items, partitions=4)) == [2 * i for i in items]
     assert sorted(dask_engine.map_partitions(_sizes, items, partitions=4)) == [5, 6, 6, 6]
@@ -40,23 +61,28 @@ def test_map_partitions_runs_every_item_once(dask_engine) -> None:
     assert dask_engine.map_partitions(_double, [], partitions=4) == []
 
 
-def test_map_partitions_reraises_the_worker_error(dask_engine) -> None:
+@ON_BOTH
+def test_map_partitions_reraises_the_worker_error(engine_fixture: str, request: pytest.FixtureRequest) -> None:
     with pytest.raises(ManifestError, match="boom on 3"):
-        dask_engine.map_partitions(_boom, list(range(10)), partitions=5)
+        request.getfixturevalue(engine_fixture).map_partitions(_boom, list(range(10)), partitions=5)
 
 
-def test_parallelism_counts_worker_threads(dask_engine) -> None:
-    assert dask_engine.parallelism == 2
+@ON_BOTH
+def test_parallelism_counts_worker_threads(engine_fixture: str, request: pytest.FixtureRequest) -> None:
+    assert request.getfixturevalue(engine_fixture).parallelism == 2
 
 
-def test_a_handed_client_is_not_closed(dask_client) -> None:
+@ON_BOTH
+def test_a_handed_client_is_not_closed(engine_fixture: str, request: pytest.FixtureRequest) -> None:
     from jobs.common.engines.dask_engine import DaskEngine
 
-    DaskEngine(client=dask_client).close()
-    assert dask_client.status == "running"
+    client = request.getfixturevalue(engine_fixture).client
+    DaskEngine(client=client).close()
+    assert client.status == "running"
 
 
 @pytest.mark.slow
+@pytest.mark.dask
 def test_an_owned_local_cluster_is_closed() -> None:
     from jobs.common.engines.dask_engine import DaskEngine
 

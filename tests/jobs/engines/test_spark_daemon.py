@@ -91,3 +91,18 @@ def test_local_spark_workers_talk_over_unix_sockets(spark_engine) -> None:
     sockets: Spark starts the daemon, and so every worker, in that mode."""
     assert spark_engine.sc.getConf().get("spark.python.unix.domain.socket.enabled") == "true"
     assert spark_engine.map_partitions(_worker_sockets, list(range(2)), partitions=2) == ["true", "true"]
+
+
+@pytest.mark.parametrize(("version", "unix"), [("4.0.1", False), ("4.1.0", True), ("4.1.0.dev1", True),
+                                                ("4.10.2", True), ("5.0.0", True), ("3.5.4", False)])
+def test_unix_sockets_are_asked_for_from_spark_4_1(monkeypatch, version: str, unix: bool) -> None:
+    """The engine turns them on only where this PySpark has them (4.1 and later), read from its
+    version without a session."""
+    import socket
+
+    import pyspark
+
+    from jobs.common.engines.spark_engine import _unix_sockets
+
+    monkeypatch.setattr(pyspark, "__version__", version)
+    assert _unix_sockets() is (unix and hasattr(socket, "AF_UNIX"))

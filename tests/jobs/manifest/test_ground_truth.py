@@ -157,17 +157,17 @@ def test_ground_truth_manifest_local(tmp_path: Path, local_engine) -> None:
     assert sum(c.rows for c in info.channels.values()) == summary["counts"]["accepted"] == len(OBJECTS) - 2
 
 
+@pytest.mark.slow
 @pytest.mark.s3
-@pytest.mark.parametrize("engine", ["local_engine",
-                                    pytest.param("spark_engine", marks=[pytest.mark.slow, pytest.mark.spark]),
-                                    pytest.param("dask_engine", marks=[pytest.mark.slow, pytest.mark.dask])])
+@pytest.mark.parametrize("engine", ["local_engine", pytest.param("spark_engine", marks=pytest.mark.spark),
+                                    pytest.param("dask_engine", marks=pytest.mark.dask)])
 def test_ground_truth_manifest_on_s3(s3_bucket: str, engine: str, request: pytest.FixtureRequest) -> None:
     lake, manifest, data = _setup(s3_bucket)
     summary = _run(lake, manifest, f"{s3_bucket}/ds", request.getfixturevalue(engine))
     _check(f"{s3_bucket}/ds", summary, lake, manifest, data)
 
 
-@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
 def test_conflicting_labels_fail_before_any_image_is_read(tmp_path: Path, local_engine, where: str,
                                                           request: pytest.FixtureRequest) -> None:
     base = storage.normalize(str(tmp_path)) if where == "local" else request.getfixturevalue("s3_bucket")

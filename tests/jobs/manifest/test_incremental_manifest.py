@@ -98,6 +98,7 @@ def test_base_with_a_labels_table_and_a_stray_object(tmp_path: Path, local_engin
     assert f"took its labels from --labels {table}, this run from the path (--label-depth 1)" in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_base_on_s3(s3_bucket: str, local_engine) -> None:
     lake, a, b, c = (f"{s3_bucket}/{n}" for n in ("raw", "ds/a", "ds/b", "ds/c"))

@@ -125,6 +125,7 @@ def test_labels_table_local(tmp_path: Path, local_engine, fmt: str) -> None:
     _check_manifest(out, summary, table)
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_labels_uri_column_on_s3(s3_bucket: str, local_engine) -> None:
     lake, out = f"{s3_bucket}/raw", f"{s3_bucket}/ds"
@@ -135,6 +136,7 @@ def test_labels_uri_column_on_s3(s3_bucket: str, local_engine) -> None:
     assert read_channel(out, "all")["uri"].to_pylist()[0].startswith(lake + "/")
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_labels_key_column_parquet_folder_on_s3(s3_bucket: str, local_engine) -> None:
     """A folder of table files on S3 (each staged by its own task), with a key column."""
@@ -147,7 +149,7 @@ def test_labels_key_column_parquet_folder_on_s3(s3_bucket: str, local_engine) ->
     _check_manifest(out, summary, f"{s3_bucket}/meta/labels")
 
 
-@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
 def test_conflicting_labels_fail_before_any_object_is_read(tmp_path: Path, local_engine, where: str,
                                                            request: pytest.FixtureRequest) -> None:
     base = storage.normalize(str(tmp_path)) if where == "local" else request.getfixturevalue("s3_bucket")

@@ -77,7 +77,7 @@ def _today(root: str) -> list[dict[str, Any]]:
     return sorted((r for p in prefixes for r in list_prefix(root, p, skip=SKIP)), key=lambda r: r["key"])
 
 
-@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
 def test_a_class_50x_the_others_is_listed_in_balanced_tasks(where, tmp_path, request):
     objects = _big_lake()
     root = (_write_local(tmp_path / "raw", objects) if where == "local"

@@ -80,6 +80,7 @@ def test_class_quotas_add_up_and_round_correctly(n, weights):
     assert all(abs(quotas[c] - n * f) < 1 for c, f in fractions.items())
 
 
+@pytest.mark.slow  # 100,000 keys hashed one by one
 def test_unit_hashes_are_unit_hash_bit_for_bit() -> None:
     # Many keys: random printable and non-ASCII text, separators, a lone surrogate, the empty key.
     rng = np.random.default_rng(7)

@@ -50,6 +50,7 @@ def test_a_local_file_replaced_after_the_manifest_is_rejected_with_the_change(tm
     assert not {f"file://{paths[k]}" for k in reasons} & _stored_uris(str(out), info)
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.parametrize("engine_name", ["local", pytest.param("spark", marks=pytest.mark.spark)])
 def test_an_s3_object_replaced_after_the_manifest_is_rejected_with_the_change(

@@ -59,6 +59,7 @@ def _cases(draw):
         draw(st.integers(0, 1000)), draw(st.sampled_from(["train", "validation"]))
 
 
+@pytest.mark.slow  # 400 examples
 @settings(max_examples=400, deadline=None)
 @given(_cases())
 def test_the_plan_from_counts_is_make_plans_plan(case):

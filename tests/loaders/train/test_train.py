@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,15 @@ def test_help_explains_every_option(capsys):
         assert "--" + f.name.replace("_", "-") in text
     assert "--no-augment" in text and "--conf" in text
     assert "75 stopped by SIGTERM or SIGUSR1 after saving a checkpoint" in " ".join(text.split())
+
+
+def test_python_m_loaders_train_runs_main(monkeypatch, capsys):
+    """``python -m loaders.train`` is :func:`main` on the command line (run here in this process;
+    tests/test_layering.py runs it in a fresh one)."""
+    monkeypatch.setattr(sys, "argv", ["python -m loaders.train", "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("loaders.train", run_name="__main__")
+    assert done.value.code == 0 and "usage: python -m loaders.train" in capsys.readouterr().out
 
 
 def test_command_line_overrides_the_file(tmp_path: Path):
