@@ -38,8 +38,13 @@ def _metric(data: Any, path: str) -> float:
 def _run(code: Path, command: list[str], out: Path) -> dict[str, Any]:
     script, *args = command
     env_path = {"PYTHONPATH": str(code)}
-    proc = subprocess.run([sys.executable, str(code / script), *args, "--out", str(out)], cwd=code,
-                          env={**_environ(), **env_path}, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(code / script), *args, "--out", str(out)],
+        cwd=code,
+        env={**_environ(), **env_path},
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{script} failed in {code}:\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -54,7 +59,9 @@ def _environ() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        raise SystemExit("usage: code_ab.py --ref REF [--rounds N] --metric PATH ... -- benchmarks/X.py [args]")
+        raise SystemExit(
+            "usage: code_ab.py --ref REF [--rounds N] --metric PATH ... -- benchmarks/X.py [args]"
+        )
     cut = argv.index("--")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ref", required=True, help="the git ref to compare the working tree with")
@@ -75,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
                 for name, code in order if r % 2 == 0 else order[::-1]:
                     data = _run(code, command, Path(tmp) / f"{name}-{r}.json")
                     results[name].append({m: _metric(data, m) for m in args.metric})
-                    print(f"round {r + 1}/{args.rounds} {name}: "
-                          + ", ".join(f"{m} {v:.4g}" for m, v in results[name][-1].items()), flush=True)
+                    print(
+                        f"round {r + 1}/{args.rounds} {name}: "
+                        + ", ".join(f"{m} {v:.4g}" for m, v in results[name][-1].items()),
+                        flush=True,
+                    )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
     print(f"{'metric':48} {'ref':>10} {'tree':>10} {'tree/ref':>9}")
@@ -85,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         tree = statistics.median(x[m] for x in results["tree"])
         print(f"{m:48} {ref:10.4g} {tree:10.4g} {tree / ref if ref else float('nan'):9.3f}")
     if args.out:
-        args.out.write_text(json.dumps({"ref": args.ref, "command": command, "rounds": results}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"ref": args.ref, "command": command, "rounds": results}, indent=2) + "\n"
+        )
     return 0
 
 

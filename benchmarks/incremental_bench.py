@@ -68,7 +68,9 @@ def _photo(i: int) -> bytes:
     a, b, c = rng.uniform(0.002, 0.03, 3)
     base = np.stack([np.sin(xx * a + i), np.cos(yy * b - i), np.sin((xx + yy) * c)], -1) * 90 + 128
     texture = np.sin(xx * rng.uniform(0.1, 0.4)) * np.cos(yy * rng.uniform(0.1, 0.4)) * rng.uniform(4, 12)
-    arr = np.clip(base + texture[..., None] + rng.normal(0, rng.uniform(5, 12), base.shape), 0, 255).astype(np.uint8)
+    arr = np.clip(base + texture[..., None] + rng.normal(0, rng.uniform(5, 12), base.shape), 0, 255).astype(
+        np.uint8
+    )
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, "JPEG", quality=88)
     return buf.getvalue()
@@ -125,7 +127,9 @@ class Lake:
 
     @property
     def removed(self) -> set[int]:
-        return {7 + k * (self.n // _REMOVED) for k in range(_REMOVED)}  # spread over version 1, never object 3
+        return {
+            7 + k * (self.n // _REMOVED) for k in range(_REMOVED)
+        }  # spread over version 1, never object 3
 
     def reset(self) -> None:
         """Version 1."""
@@ -133,7 +137,7 @@ class Lake:
 
     def grow(self) -> None:
         """Version 1 becomes version 2."""
-        for f in self.files[self.n:]:
+        for f in self.files[self.n :]:
             dst = self.root / f.relative_to(self.cache)
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.link(f, dst)
@@ -145,10 +149,17 @@ class Lake:
 
     def describe(self) -> dict[str, Any]:
         sizes = [f.stat().st_size for f in self.files]
-        return {"root": str(self.root), "v1_objects": self.n, "v2_objects": len(self.files) - len(self.removed),
-                "added": len(self.files) - self.n, "removed": len(self.removed), "changed": 1,
-                "jpeg_kb_median": statistics.median(sizes) / 1024, "jpeg_kb_min": min(sizes) / 1024,
-                "jpeg_kb_max": max(sizes) / 1024}
+        return {
+            "root": str(self.root),
+            "v1_objects": self.n,
+            "v2_objects": len(self.files) - len(self.removed),
+            "added": len(self.files) - self.n,
+            "removed": len(self.removed),
+            "changed": 1,
+            "jpeg_kb_median": statistics.median(sizes) / 1024,
+            "jpeg_kb_min": min(sizes) / 1024,
+            "jpeg_kb_max": max(sizes) / 1024,
+        }
 
 
 def manifest_takes_base() -> bool:
@@ -172,8 +183,13 @@ class TimedActions:
         inner = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.common.tasks.each, functools.partial
         t = time.perf_counter()
         out = self.engine.map_partitions(fn, items, partitions=partitions)
-        self.actions.append((getattr(inner, "__name__", repr(inner)), len(split_parts(items, partitions)),
-                             time.perf_counter() - t))
+        self.actions.append(
+            (
+                getattr(inner, "__name__", repr(inner)),
+                len(split_parts(items, partitions)),
+                time.perf_counter() - t,
+            )
+        )
         return out
 
     def take(self) -> list[tuple[str, int, float]]:
@@ -181,7 +197,9 @@ class TimedActions:
         return taken
 
 
-def build(engine: Any, lake: str, out: str, *, base: str | None, num_shards: int, split: str) -> dict[str, Any]:
+def build(
+    engine: Any, lake: str, out: str, *, base: str | None, num_shards: int, split: str
+) -> dict[str, Any]:
     """The manifest job, then the shard job, each timed around its ``run`` (engine running);
     with a :class:`TimedActions` engine, each action too."""
     shutil.rmtree(out, ignore_errors=True)
@@ -190,16 +208,35 @@ def build(engine: Any, lake: str, out: str, *, base: str | None, num_shards: int
     manifest_job.run(ManifestConfig(input=lake, output=out, engine=engine.name, split=split, **extra), engine)
     manifest_s = time.perf_counter() - t
     t = time.perf_counter()
-    info = shard_job.run(ShardConfig(dataset=out, num_shards=num_shards, engine=engine.name, base=base), engine)
+    info = shard_job.run(
+        ShardConfig(dataset=out, num_shards=num_shards, engine=engine.name, base=base), engine
+    )
     shard_s = time.perf_counter() - t
     actions = engine.take() if isinstance(engine, TimedActions) else None
-    return {"manifest_s": manifest_s, "shard_s": shard_s, "total_s": manifest_s + shard_s, "actions": actions,
-            "decoded": info.build.preprocessed, "reused": info.build.reused, "dropped": info.counts.dropped,
-            "version": info.dataset_version}
+    return {
+        "manifest_s": manifest_s,
+        "shard_s": shard_s,
+        "total_s": manifest_s + shard_s,
+        "actions": actions,
+        "decoded": info.build.preprocessed,
+        "reused": info.build.reused,
+        "dropped": info.counts.dropped,
+        "version": info.dataset_version,
+    }
 
 
-def bench_engine(name: str, lake: Lake, work: Path, *, repeats: int, num_shards: int, split: str, lake_uri: str,
-                 kinds: tuple[str, ...] = ("scratch", "incremental"), actions: bool = False) -> dict[str, Any]:
+def bench_engine(
+    name: str,
+    lake: Lake,
+    work: Path,
+    *,
+    repeats: int,
+    num_shards: int,
+    split: str,
+    lake_uri: str,
+    kinds: tuple[str, ...] = ("scratch", "incremental"),
+    actions: bool = False,
+) -> dict[str, Any]:
     t = time.perf_counter()
     engine = open_engine(name, app_name="lakeshard-incremental-bench")
     start_s = time.perf_counter() - t
@@ -215,22 +252,41 @@ def bench_engine(name: str, lake: Lake, work: Path, *, repeats: int, num_shards:
             order = list(kinds) if r % 2 == 0 else list(reversed(kinds))
             for kind in order:
                 out = str(work / f"{name}-{kind}")
-                runs[kind].append(build(engine, lake_uri, out, base=base if kind == "incremental" else None,
-                                        num_shards=num_shards, split=split))
-                print(f"{name} {kind} #{r + 1}: {runs[kind][-1]['total_s']:.1f} s "
-                      f"(manifest {runs[kind][-1]['manifest_s']:.1f} s, shard {runs[kind][-1]['shard_s']:.1f} s; "
-                      f"{runs[kind][-1]['decoded']} decoded, {runs[kind][-1]['reused']} reused)", flush=True)
+                runs[kind].append(
+                    build(
+                        engine,
+                        lake_uri,
+                        out,
+                        base=base if kind == "incremental" else None,
+                        num_shards=num_shards,
+                        split=split,
+                    )
+                )
+                print(
+                    f"{name} {kind} #{r + 1}: {runs[kind][-1]['total_s']:.1f} s "
+                    f"(manifest {runs[kind][-1]['manifest_s']:.1f} s, shard {runs[kind][-1]['shard_s']:.1f} s; "
+                    f"{runs[kind][-1]['decoded']} decoded, {runs[kind][-1]['reused']} reused)",
+                    flush=True,
+                )
     finally:
         engine.close()
     versions = {run["version"] for kind in runs.values() for run in kind}
     if len(versions) != 1:
         raise SystemExit(f"{name}: the scratch and incremental builds made different datasets: {versions}")
-    med = {kind: {k: statistics.median(run[k] for run in rs) for k in ("manifest_s", "shard_s", "total_s")}
-           for kind, rs in runs.items()}
+    med = {
+        kind: {k: statistics.median(run[k] for run in rs) for k in ("manifest_s", "shard_s", "total_s")}
+        for kind, rs in runs.items()
+    }
     both = len(med) == 2
-    return {"engine": name, "start_s": start_s, "base_build": first, "runs": runs, "median": med,
-            "ratio": med["incremental"]["total_s"] / med["scratch"]["total_s"] if both else None,
-            "shard_ratio": med["incremental"]["shard_s"] / med["scratch"]["shard_s"] if both else None}
+    return {
+        "engine": name,
+        "start_s": start_s,
+        "base_build": first,
+        "runs": runs,
+        "median": med,
+        "ratio": med["incremental"]["total_s"] / med["scratch"]["total_s"] if both else None,
+        "shard_ratio": med["incremental"]["shard_s"] / med["scratch"]["shard_s"] if both else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,21 +294,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=5000, help="objects in version 1 of the lake")
     p.add_argument("--engine", default="spark,dask", help="comma-separated engines")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--actions", action="store_true",
-                   help="also time each engine action of each build on the driver (in the JSON, and their medians printed)")
-    p.add_argument("--only", choices=["scratch", "incremental"], default=None,
-                   help="time only this kind of build (to compare two versions of the code on a busy machine)")
+    p.add_argument(
+        "--actions",
+        action="store_true",
+        help="also time each engine action of each build on the driver (in the JSON, and their medians printed)",
+    )
+    p.add_argument(
+        "--only",
+        choices=["scratch", "incremental"],
+        default=None,
+        help="time only this kind of build (to compare two versions of the code on a busy machine)",
+    )
     p.add_argument("--num-shards", type=int, default=4)
     p.add_argument("--split", default="train=0.8,validation=0.1,test=0.1", help="the manifest job's --split")
-    p.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "lakeshard-incremental-cache"),
-                   help="where the generated photos are kept between runs")
-    p.add_argument("--work", default=None, help="where lakes and datasets are written (default: a temporary folder)")
+    p.add_argument(
+        "--cache",
+        default=str(Path(tempfile.gettempdir()) / "lakeshard-incremental-cache"),
+        help="where the generated photos are kept between runs",
+    )
+    p.add_argument(
+        "--work", default=None, help="where lakes and datasets are written (default: a temporary folder)"
+    )
     p.add_argument("--out", default=None, help="write the results as JSON here")
-    p.add_argument("--store", choices=["local", *PROFILES], default="local",
-                   help="where the lake is read from: local disk, or a remote-like S3 store on 127.0.0.1 "
-                        "(nginx behind a latency shim, benchmarks/remote_store.py) with remote_bench.py's "
-                        "near (20 ms, 80 MB/s a connection) or far (100 ms, 25 MB/s) profile; the datasets "
-                        "are written to local disk either way")
+    p.add_argument(
+        "--store",
+        choices=["local", *PROFILES],
+        default="local",
+        help="where the lake is read from: local disk, or a remote-like S3 store on 127.0.0.1 "
+        "(nginx behind a latency shim, benchmarks/remote_store.py) with remote_bench.py's "
+        "near (20 ms, 80 MB/s a connection) or far (100 ms, 25 MB/s) profile; the datasets "
+        "are written to local disk either way",
+    )
     args = p.parse_args(argv)
     load_before = os.getloadavg()
     cache = Path(args.cache)
@@ -266,30 +338,63 @@ def main(argv: list[str] | None = None) -> int:
         if args.store != "local":  # before any engine starts: its workers inherit the environment
             latency, rate = PROFILES[args.store]
             (work / "store").mkdir(parents=True, exist_ok=True)
-            store = stack.enter_context(RemoteStore(work / "store", latency_ms=latency, bandwidth=parse_rate(rate)))
+            store = stack.enter_context(
+                RemoteStore(work / "store", latency_ms=latency, bandwidth=parse_rate(rate))
+            )
             os.environ.update(store.environ())
             lake_uri = store.uri("lake")
         kinds = (args.only,) if args.only else ("scratch", "incremental")
-        results = [bench_engine(e, lake, work, repeats=args.repeats, num_shards=args.num_shards, split=args.split,
-                                lake_uri=lake_uri, kinds=kinds, actions=args.actions) for e in args.engine.split(",")]
-    out = {"command": " ".join(["python", "benchmarks/incremental_bench.py", *(argv or sys.argv[1:])]),
-           "date": time.strftime("%Y-%m-%d"), "lake": lakes, "store": args.store, "manifest_base": manifest_takes_base(),
-           "cores": os.cpu_count(), "python": platform.python_version(),
-           "load_before": load_before, "load_after": os.getloadavg(), "engines": results}
-    print(f"{'engine':8} {'scratch s':>10} {'incr. s':>8} {'ratio':>6} {'shard ratio':>11} {'decoded':>8} {'reused':>7}")
+        results = [
+            bench_engine(
+                e,
+                lake,
+                work,
+                repeats=args.repeats,
+                num_shards=args.num_shards,
+                split=args.split,
+                lake_uri=lake_uri,
+                kinds=kinds,
+                actions=args.actions,
+            )
+            for e in args.engine.split(",")
+        ]
+    out = {
+        "command": " ".join(["python", "benchmarks/incremental_bench.py", *(argv or sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d"),
+        "lake": lakes,
+        "store": args.store,
+        "manifest_base": manifest_takes_base(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "engines": results,
+    }
+    print(
+        f"{'engine':8} {'scratch s':>10} {'incr. s':>8} {'ratio':>6} {'shard ratio':>11} {'decoded':>8} {'reused':>7}"
+    )
     for r in results:
         last = r["runs"][kinds[-1]][0]
-        total = {kind: f"{r['median'][kind]['total_s']:.2f}" if kind in r["median"] else "-"
-                 for kind in ("scratch", "incremental")}
+        total = {
+            kind: f"{r['median'][kind]['total_s']:.2f}" if kind in r["median"] else "-"
+            for kind in ("scratch", "incremental")
+        }
         ratio = {k: f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("ratio", "shard_ratio")}
-        print(f"{r['engine']:8} {total['scratch']:>10} {total['incremental']:>8} {ratio['ratio']:>6} "
-              f"{ratio['shard_ratio']:>11} {last['decoded']:8d} {last['reused']:7d}")
+        print(
+            f"{r['engine']:8} {total['scratch']:>10} {total['incremental']:>8} {ratio['ratio']:>6} "
+            f"{ratio['shard_ratio']:>11} {last['decoded']:8d} {last['reused']:7d}"
+        )
     if args.actions:
         for r in results:
             for kind, runs in r["runs"].items():
                 steps = zip(*(run["actions"] for run in runs), strict=True)  # the same actions in every build
-                print(f"{r['engine']} {kind}: " + ", ".join(
-                    f"{s[0][0]} ({s[0][1]} tasks) {statistics.median(a[2] for a in s):.3f} s" for s in steps))
+                print(
+                    f"{r['engine']} {kind}: "
+                    + ", ".join(
+                        f"{s[0][0]} ({s[0][1]} tasks) {statistics.median(a[2] for a in s):.3f} s"
+                        for s in steps
+                    )
+                )
     print(f"load average before {load_before}, after {out['load_after']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -68,12 +68,23 @@ def main(argv: list[str] | None = None) -> int:
         manifest_job.run(ManifestConfig(input=str(lake), output=out, seed=0), engine)
         for r in range(args.rounds + 1):
             if r:
-                seconds["ceiling"].append(len(paths) / (cores * jobs_bench.single_thread_rate(pool, paths, spec)))
+                seconds["ceiling"].append(
+                    len(paths) / (cores * jobs_bench.single_thread_rate(pool, paths, spec))
+                )
                 seconds["2 procs"].append(len(paths) / jobs_bench.parallel_rate(pool, paths, spec, cores))
             for v in args.variants:
                 t = time.perf_counter()
-                shard_job.run(ShardConfig(dataset=out, num_shards=args.num_shards, engine=args.engine,
-                                          overwrite=True, resume=False, **options[v]), engine)
+                shard_job.run(
+                    ShardConfig(
+                        dataset=out,
+                        num_shards=args.num_shards,
+                        engine=args.engine,
+                        overwrite=True,
+                        resume=False,
+                        **options[v],
+                    ),
+                    engine,
+                )
                 if r:
                     seconds[v].append(time.perf_counter() - t)
     finally:
@@ -83,12 +94,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':32} {'median s':>9} {'images/s':>9} {'÷ ceiling':>10}  runs")
     for name in ["ceiling", "2 procs", *args.variants]:
         m = statistics.median(seconds[name])
-        print(f"{name or 'defaults':32} {m:9.3f} {len(paths) / m:9.1f} {ceiling / m:10.2f}  "
-              f"{[round(x, 2) for x in seconds[name]]}")
+        print(
+            f"{name or 'defaults':32} {m:9.3f} {len(paths) / m:9.1f} {ceiling / m:10.2f}  "
+            f"{[round(x, 2) for x in seconds[name]]}"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "engine": args.engine,
-                                        "images": len(paths), "seconds": seconds}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "date": time.strftime("%Y-%m-%d"),
+                    "engine": args.engine,
+                    "images": len(paths),
+                    "seconds": seconds,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -54,7 +54,7 @@ def build_lake(root: Path, n: int, *, classes: int, size: tuple[int, int]) -> li
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         a, b, c = rng.uniform(0.002, 0.03, 3)
-        base = np.stack([np.sin(xx * a + i) , np.cos(yy * b - i), np.sin((xx + yy) * c)], -1) * 90 + 128
+        base = np.stack([np.sin(xx * a + i), np.cos(yy * b - i), np.sin((xx + yy) * c)], -1) * 90 + 128
         arr = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
         Image.fromarray(arr).save(path, "JPEG", quality=88)
     return sorted(root.rglob("*.jpg"))[:n]
@@ -100,7 +100,7 @@ def reference_pool(cores: int, warm_up: list[Path], spec: ImageSpec) -> ProcessP
 def parallel_rate(pool: ProcessPoolExecutor, paths: list[Path], spec: ImageSpec, cores: int) -> float:
     """What ``cores`` processes preprocessing at once really get from this (shared, virtual)
     machine: 200 images each, started together; images/s over the wall time."""
-    slices = [paths[(i * 200) % len(paths):][:200] for i in range(cores)]
+    slices = [paths[(i * 200) % len(paths) :][:200] for i in range(cores)]
     t = time.perf_counter()
     list(pool.map(_preprocess_files, slices, [spec] * cores))
     return sum(len(s) for s in slices) / (time.perf_counter() - t)
@@ -116,8 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-shards", type=int, default=4)
     p.add_argument("--engine", choices=["spark", "dask"], default="spark")
     p.add_argument("--repeats", type=int, default=3, help="runs of each job (median reported)")
-    p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lakeshard-bench-lake",
-                   help="where the generated lake is kept between runs")
+    p.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "lakeshard-bench-lake",
+        help="where the generated lake is kept between runs",
+    )
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -141,8 +145,15 @@ def main(argv: list[str] | None = None) -> int:
             manifest_job.run(ManifestConfig(input=str(lake), output=str(out), seed=r), engine)
             manifest_s.append(time.perf_counter() - t)
             t = time.perf_counter()
-            shard_job.run(ShardConfig(dataset=str(out), num_shards=args.num_shards, image_size=args.image_size,
-                                      engine=args.engine), engine)
+            shard_job.run(
+                ShardConfig(
+                    dataset=str(out),
+                    num_shards=args.num_shards,
+                    image_size=args.image_size,
+                    engine=args.engine,
+                ),
+                engine,
+            )
             shard_s.append(time.perf_counter() - t)
     finally:
         engine.close()
@@ -150,11 +161,17 @@ def main(argv: list[str] | None = None) -> int:
 
     ceiling = statistics.median(ceilings) * cores
     result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {cores} cores",
-        "engine": args.engine, "images": len(paths), "source": f"{args.width}x{args.height} JPEG",
-        "image_size": args.image_size, "num_shards": args.num_shards, "repeats": args.repeats,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {cores} cores",
+        "engine": args.engine,
+        "images": len(paths),
+        "source": f"{args.width}x{args.height} JPEG",
+        "image_size": args.image_size,
+        "num_shards": args.num_shards,
+        "repeats": args.repeats,
         "engine_start_s": round(start, 2),
-        "manifest_s": [round(x, 2) for x in manifest_s], "shard_s": [round(x, 2) for x in shard_s],
+        "manifest_s": [round(x, 2) for x in manifest_s],
+        "shard_s": [round(x, 2) for x in shard_s],
         "manifest_images_per_s": round(len(paths) / statistics.median(manifest_s), 1),
         "shard_images_per_s": round(len(paths) / statistics.median(shard_s), 1),
         "single_thread_preprocess_per_s": round(statistics.median(ceilings), 1),
@@ -162,14 +179,20 @@ def main(argv: list[str] | None = None) -> int:
         "parallel_processes_images_per_s": round(statistics.median(parallel), 1),
     }
     result["shard_vs_ceiling"] = round(result["shard_images_per_s"] / ceiling, 3)
-    result["shard_vs_parallel_processes"] = round(result["shard_images_per_s"] / statistics.median(parallel), 3)
-    print(f"{'engine':8} {'images':>7} {'start s':>8} {'manifest s':>11} {'shard s':>8} "
-          f"{'manifest img/s':>15} {'shard img/s':>12} {'ceiling img/s':>14} {'shard/ceiling':>14} "
-          f"{'N procs img/s':>14} {'shard/N procs':>14}")
-    print(f"{args.engine:8} {len(paths):7d} {start:8.1f} {statistics.median(manifest_s):11.1f} "
-          f"{statistics.median(shard_s):8.1f} {result['manifest_images_per_s']:15.1f} "
-          f"{result['shard_images_per_s']:12.1f} {ceiling:14.1f} {result['shard_vs_ceiling']:14.2f} "
-          f"{result['parallel_processes_images_per_s']:14.1f} {result['shard_vs_parallel_processes']:14.2f}")
+    result["shard_vs_parallel_processes"] = round(
+        result["shard_images_per_s"] / statistics.median(parallel), 3
+    )
+    print(
+        f"{'engine':8} {'images':>7} {'start s':>8} {'manifest s':>11} {'shard s':>8} "
+        f"{'manifest img/s':>15} {'shard img/s':>12} {'ceiling img/s':>14} {'shard/ceiling':>14} "
+        f"{'N procs img/s':>14} {'shard/N procs':>14}"
+    )
+    print(
+        f"{args.engine:8} {len(paths):7d} {start:8.1f} {statistics.median(manifest_s):11.1f} "
+        f"{statistics.median(shard_s):8.1f} {result['manifest_images_per_s']:15.1f} "
+        f"{result['shard_images_per_s']:12.1f} {ceiling:14.1f} {result['shard_vs_ceiling']:14.2f} "
+        f"{result['parallel_processes_images_per_s']:14.1f} {result['shard_vs_parallel_processes']:14.2f}"
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -79,13 +79,18 @@ def build_lake(cache: Path, n: int, *, classes: int, side: int, progress: bool =
     step = max(1, min(10_000, n // (4 * (os.cpu_count() or 1))))
     t0, done, shown = time.perf_counter(), 0, 0
     with ProcessPoolExecutor() as pool:
-        futures = [pool.submit(_write_range, str(root / "raw"), classes, a, min(n, a + step), side)
-                   for a in range(0, n, step)]
+        futures = [
+            pool.submit(_write_range, str(root / "raw"), classes, a, min(n, a + step), side)
+            for a in range(0, n, step)
+        ]
         for f in as_completed(futures):
             done += f.result()
             if progress and (done - shown >= max(1, n // 10) or done == n):
                 shown = done
-                print(f"  lake {n}: {done:,}/{n:,} objects written, {time.perf_counter() - t0:.0f} s", flush=True)
+                print(
+                    f"  lake {n}: {done:,}/{n:,} objects written, {time.perf_counter() - t0:.0f} s",
+                    flush=True,
+                )
     (root / ".complete").touch()
     return root / "raw"
 
@@ -93,8 +98,13 @@ def build_lake(cache: Path, n: int, *, classes: int, side: int, progress: bool =
 def job_command(engine: str, job: str, args: list[str], *, spark_master: str, python: str) -> list[str]:
     """The command line the README gives for ``job`` on ``engine``."""
     if engine == "spark":
-        return [shutil.which("spark-submit") or str(Path(python).parent / "spark-submit"),
-                "--master", spark_master, f"jobs/{job}.py", *args]
+        return [
+            shutil.which("spark-submit") or str(Path(python).parent / "spark-submit"),
+            "--master",
+            spark_master,
+            f"jobs/{job}.py",
+            *args,
+        ]
     return [python, "-m", f"jobs.{job}", "--engine", "dask", *args]
 
 
@@ -119,8 +129,17 @@ def job_env(python: str, code_root: Path = ROOT) -> dict[str, str]:
     return env
 
 
-def run_job(engine: str, job: str, n: int, lake: Path | None, out: Path, a: argparse.Namespace, *,
-            args: list[str] | None = None, tag: str = "") -> dict[str, Any]:
+def run_job(
+    engine: str,
+    job: str,
+    n: int,
+    lake: Path | None,
+    out: Path,
+    a: argparse.Namespace,
+    *,
+    args: list[str] | None = None,
+    tag: str = "",
+) -> dict[str, Any]:
     """Run one job on one lake (its arguments: ``args``, else those of :func:`job_args`); its
     wall time, its CPU time and its driver's peaks. ``tag`` marks its log's name."""
     if args is None:
@@ -139,31 +158,60 @@ def run_job(engine: str, job: str, n: int, lake: Path | None, out: Path, a: argp
         print(f"    ... {elapsed:.0f} s, {_peaks_text(p)}", flush=True)
 
     with open(log_path, "w") as log:
-        peaks = PeakWatch(cmd, env=job_env(a.python, a.code_root), cwd=a.code_root, log=log, interval=a.sample_interval,
-                          script=f"jobs/{job}.py" if engine == "spark" else None, progress=progress).run()
+        peaks = PeakWatch(
+            cmd,
+            env=job_env(a.python, a.code_root),
+            cwd=a.code_root,
+            log=log,
+            interval=a.sample_interval,
+            script=f"jobs/{job}.py" if engine == "spark" else None,
+            progress=progress,
+        ).run()
     if peaks.returncode != 0:
         tail = log_path.read_text().splitlines()[-20:]
-        raise BenchError(f"{engine} {job} {n} failed with exit code {peaks.returncode}; "
-                         f"the end of {log_path}:\n" + "\n".join(tail))
-    missing = [name for name, value in [("the driver Python's peak", peaks.driver_python_rss_peak),
-                                        ("the JVM's heap", peaks.jvm_heap_used_peak if engine == "spark" else 0)]
-               if value is None]
+        raise BenchError(
+            f"{engine} {job} {n} failed with exit code {peaks.returncode}; "
+            f"the end of {log_path}:\n" + "\n".join(tail)
+        )
+    missing = [
+        name
+        for name, value in [
+            ("the driver Python's peak", peaks.driver_python_rss_peak),
+            ("the JVM's heap", peaks.jvm_heap_used_peak if engine == "spark" else 0),
+        ]
+        if value is None
+    ]
     if missing:
-        raise BenchError(f"{engine} {job} {n}: could not measure {' or '.join(missing)} "
-                         f"({peaks.samples} samples; {'; '.join(peaks.notes) or 'no jstat output'})")
+        raise BenchError(
+            f"{engine} {job} {n}: could not measure {' or '.join(missing)} "
+            f"({peaks.samples} samples; {'; '.join(peaks.notes) or 'no jstat output'})"
+        )
     print(f"    done in {peaks.wall_s:.1f} s, {_peaks_text(peaks)}", flush=True)
-    return {"engine": engine, "job": job, "objects": n, "wall_s": round(peaks.wall_s, 2),
-            "ms_per_object": round(1000 * peaks.wall_s / n, 4),
-            "cpu_s": round(peaks.tree_cpu_s, 2), "cpu_ms_per_object": round(1000 * peaks.tree_cpu_s / n, 4),
-            "driver_cpu_s": peaks.driver_python_cpu_s,
-            "driver_cpu_ms_per_object": _per_object_ms(peaks.driver_python_cpu_s, n),
-            "jvm_cpu_s": peaks.jvm_cpu_s, "reaped_cpu_s": peaks.reaped_cpu_s, "processes": peaks.tree_processes,
-            "driver_python_rss_peak_mib": peaks.mib("driver_python_rss_peak"),
-            "jvm_heap_used_peak_mib": peaks.mib("jvm_heap_used_peak"),
-            "jvm_old_used_peak_mib": peaks.mib("jvm_old_used_peak"),
-            "jvm_rss_peak_mib": peaks.mib("jvm_rss_peak"), "jvm_heap_samples": peaks.jvm_heap_samples,
-            "samples": peaks.samples, "notes": peaks.notes, "command": cmd, "log": str(log_path),
-            "load_before": load_before, "load_after": os.getloadavg()}
+    return {
+        "engine": engine,
+        "job": job,
+        "objects": n,
+        "wall_s": round(peaks.wall_s, 2),
+        "ms_per_object": round(1000 * peaks.wall_s / n, 4),
+        "cpu_s": round(peaks.tree_cpu_s, 2),
+        "cpu_ms_per_object": round(1000 * peaks.tree_cpu_s / n, 4),
+        "driver_cpu_s": peaks.driver_python_cpu_s,
+        "driver_cpu_ms_per_object": _per_object_ms(peaks.driver_python_cpu_s, n),
+        "jvm_cpu_s": peaks.jvm_cpu_s,
+        "reaped_cpu_s": peaks.reaped_cpu_s,
+        "processes": peaks.tree_processes,
+        "driver_python_rss_peak_mib": peaks.mib("driver_python_rss_peak"),
+        "jvm_heap_used_peak_mib": peaks.mib("jvm_heap_used_peak"),
+        "jvm_old_used_peak_mib": peaks.mib("jvm_old_used_peak"),
+        "jvm_rss_peak_mib": peaks.mib("jvm_rss_peak"),
+        "jvm_heap_samples": peaks.jvm_heap_samples,
+        "samples": peaks.samples,
+        "notes": peaks.notes,
+        "command": cmd,
+        "log": str(log_path),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+    }
 
 
 def _per_object_ms(seconds: float | None, n: int) -> float | None:
@@ -173,8 +221,13 @@ def _per_object_ms(seconds: float | None, n: int) -> float | None:
 def _peaks_text(p: Peaks) -> str:
     text = f"driver Python peak {p.mib('driver_python_rss_peak')} MiB"
     if p.jvm_pid is not None:
-        text += f", JVM heap used peak {p.mib('jvm_heap_used_peak')} MiB (old {p.mib('jvm_old_used_peak')} MiB)"
-    return text + f", CPU {p.tree_cpu_s:.1f} s in {p.tree_processes} processes (driver {p.driver_python_cpu_s} s)"
+        text += (
+            f", JVM heap used peak {p.mib('jvm_heap_used_peak')} MiB (old {p.mib('jvm_old_used_peak')} MiB)"
+        )
+    return (
+        text
+        + f", CPU {p.tree_cpu_s:.1f} s in {p.tree_processes} processes (driver {p.driver_python_cpu_s} s)"
+    )
 
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -183,13 +236,26 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for engine in ENGINES:
         for job in JOBS:
-            rows = sorted((r for r in results if r["engine"] == engine and r["job"] == job), key=lambda r: r["objects"])
+            rows = sorted(
+                (r for r in results if r["engine"] == engine and r["job"] == job), key=lambda r: r["objects"]
+            )
             if len(rows) < 2:
                 continue
             small, large = rows[0], rows[-1]
-            entry: dict[str, Any] = {"engine": engine, "job": job, "from": small["objects"], "to": large["objects"]}
-            for key in ("driver_python_rss_peak_mib", "jvm_heap_used_peak_mib", "jvm_old_used_peak_mib", "ms_per_object",
-                        "cpu_ms_per_object", "driver_cpu_ms_per_object"):
+            entry: dict[str, Any] = {
+                "engine": engine,
+                "job": job,
+                "from": small["objects"],
+                "to": large["objects"],
+            }
+            for key in (
+                "driver_python_rss_peak_mib",
+                "jvm_heap_used_peak_mib",
+                "jvm_old_used_peak_mib",
+                "ms_per_object",
+                "cpu_ms_per_object",
+                "driver_cpu_ms_per_object",
+            ):
                 if small.get(key) and large.get(key) is not None:
                     entry[key.removesuffix("_mib")] = round(large[key] / small[key], 2)
             out.append(entry)
@@ -202,10 +268,31 @@ def table(rows: list[dict[str, Any]], head: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-RUN_COLUMNS = ("engine", "job", "objects", "wall_s", "ms_per_object", "cpu_s", "cpu_ms_per_object", "driver_cpu_s",
-               "driver_python_rss_peak_mib", "jvm_heap_used_peak_mib", "jvm_old_used_peak_mib")
-RATIO_COLUMNS = ("engine", "job", "from", "to", "driver_python_rss_peak", "jvm_heap_used_peak",
-                 "jvm_old_used_peak", "ms_per_object", "cpu_ms_per_object", "driver_cpu_ms_per_object")
+RUN_COLUMNS = (
+    "engine",
+    "job",
+    "objects",
+    "wall_s",
+    "ms_per_object",
+    "cpu_s",
+    "cpu_ms_per_object",
+    "driver_cpu_s",
+    "driver_python_rss_peak_mib",
+    "jvm_heap_used_peak_mib",
+    "jvm_old_used_peak_mib",
+)
+RATIO_COLUMNS = (
+    "engine",
+    "job",
+    "from",
+    "to",
+    "driver_python_rss_peak",
+    "jvm_heap_used_peak",
+    "jvm_old_used_peak",
+    "ms_per_object",
+    "cpu_ms_per_object",
+    "driver_cpu_ms_per_object",
+)
 
 
 def _int_list(text: str) -> list[int]:
@@ -236,7 +323,9 @@ def _code_root(text: str) -> Path:
     root = Path(text).resolve()
     missing = [f"jobs/{job}.py" for job in JOBS if not (root / "jobs" / f"{job}.py").is_file()]
     if missing:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a source tree of the jobs: no {', '.join(missing)}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a source tree of the jobs: no {', '.join(missing)}"
+        )
     return root
 
 
@@ -249,52 +338,131 @@ def _engine_list(text: str) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="Run from anywhere; the jobs run from the repository root with it on PYTHONPATH.")
-    p.add_argument("--objects", "--sizes", dest="objects", type=_int_list, nargs="+", default=[[1000, 10000]],
-                   help="objects per lake, comma- or space-separated (e.g. 100000,1000000); default 1000,10000")
-    p.add_argument("--engines", type=_engine_list, nargs="+", default=[list(ENGINES)],
-                   help="engines to run, comma- or space-separated, among spark and dask; default both")
-    p.add_argument("--jobs", type=lambda t: [j for j in t.split(",") if j], default=list(JOBS),
-                   help="jobs to run, comma-separated (shard needs manifest before it); default manifest,shard")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Run from anywhere; the jobs run from the repository root with it on PYTHONPATH.",
+    )
+    p.add_argument(
+        "--objects",
+        "--sizes",
+        dest="objects",
+        type=_int_list,
+        nargs="+",
+        default=[[1000, 10000]],
+        help="objects per lake, comma- or space-separated (e.g. 100000,1000000); default 1000,10000",
+    )
+    p.add_argument(
+        "--engines",
+        type=_engine_list,
+        nargs="+",
+        default=[list(ENGINES)],
+        help="engines to run, comma- or space-separated, among spark and dask; default both",
+    )
+    p.add_argument(
+        "--jobs",
+        type=lambda t: [j for j in t.split(",") if j],
+        default=list(JOBS),
+        help="jobs to run, comma-separated (shard needs manifest before it); default manifest,shard",
+    )
     p.add_argument("--classes", type=_positive, default=100, help="classes in each lake (default 100)")
-    p.add_argument("--side", type=_positive, default=8, help="side of the lake's PNGs, in pixels (default 8: tiny objects)")
-    p.add_argument("--image-size", type=_positive, default=32, help="the shard job's --image-size (default 32)")
+    p.add_argument(
+        "--side",
+        type=_positive,
+        default=8,
+        help="side of the lake's PNGs, in pixels (default 8: tiny objects)",
+    )
+    p.add_argument(
+        "--image-size", type=_positive, default=32, help="the shard job's --image-size (default 32)"
+    )
     p.add_argument("--num-shards", type=_positive, default=4, help="the shard job's --num-shards (default 4)")
-    p.add_argument("--threads", type=_positive, default=None, help="the shard job's --threads (default: the job's own)")
-    p.add_argument("--partitions", type=_positive, default=None,
-                   help="the shard job's --partitions: its preprocessing tasks (default: the job's own, one per "
-                   "2,000 rows); the same number at every size tells what grows per task from what grows per object")
+    p.add_argument(
+        "--threads", type=_positive, default=None, help="the shard job's --threads (default: the job's own)"
+    )
+    p.add_argument(
+        "--partitions",
+        type=_positive,
+        default=None,
+        help="the shard job's --partitions: its preprocessing tasks (default: the job's own, one per "
+        "2,000 rows); the same number at every size tells what grows per task from what grows per object",
+    )
     p.add_argument("--spark-master", default="local[2]", help="spark-submit's --master (default local[2])")
-    p.add_argument("--scheduler", default=None, help="dask: a scheduler address to pass to the jobs "
-                   "(default: each job starts its own LocalCluster)")
-    p.add_argument("--python", default=sys.executable, help="the Python the Dask jobs and Spark's driver and "
-                   "workers run (default: this one)")
-    p.add_argument("--sample-interval", type=float, default=0.1,
-                   help="seconds between memory samples (default 0.1; jstat ticks at twice this)")
-    p.add_argument("--cache-dir", type=Path, default=ROOT / "benchmarks/results/lakes",
-                   help="where the lakes are built and kept between runs")
-    p.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks/results/work",
-                   help="where the datasets and the jobs' logs are written")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/jobs_scaling.json", help="the JSON written")
-    p.add_argument("--code-root", type=_code_root, default=ROOT,
-                   help="the source tree whose jobs run (its jobs/ and its packages, first on PYTHONPATH), "
-                   "e.g. a worktree of an older commit to measure it with this script (default: this one)")
-    p.add_argument("--keep", action="store_true", help="keep the datasets written (default: removed after each size)")
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        help="dask: a scheduler address to pass to the jobs (default: each job starts its own LocalCluster)",
+    )
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the Python the Dask jobs and Spark's driver and workers run (default: this one)",
+    )
+    p.add_argument(
+        "--sample-interval",
+        type=float,
+        default=0.1,
+        help="seconds between memory samples (default 0.1; jstat ticks at twice this)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=ROOT / "benchmarks/results/lakes",
+        help="where the lakes are built and kept between runs",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=ROOT / "benchmarks/results/work",
+        help="where the datasets and the jobs' logs are written",
+    )
+    p.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks/results/jobs_scaling.json", help="the JSON written"
+    )
+    p.add_argument(
+        "--code-root",
+        type=_code_root,
+        default=ROOT,
+        help="the source tree whose jobs run (its jobs/ and its packages, first on PYTHONPATH), "
+        "e.g. a worktree of an older commit to measure it with this script (default: this one)",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="keep the datasets written (default: removed after each size)"
+    )
     g = p.add_argument_group("the shard plan alone (--plan-only)")
-    g.add_argument("--plan-only", action="store_true", help="run only the shard plan on synthetic counts, no lake")
-    g.add_argument("--plan-rows", type=_positive, default=100_000_000, help="rows of the synthetic channel (default 100M)")
-    g.add_argument("--plan-classes", type=_positive, default=1000, help="classes of the synthetic channel (default 1000)")
+    g.add_argument(
+        "--plan-only", action="store_true", help="run only the shard plan on synthetic counts, no lake"
+    )
+    g.add_argument(
+        "--plan-rows",
+        type=_positive,
+        default=100_000_000,
+        help="rows of the synthetic channel (default 100M)",
+    )
+    g.add_argument(
+        "--plan-classes", type=_positive, default=1000, help="classes of the synthetic channel (default 1000)"
+    )
     g.add_argument("--plan-shards", type=_positive, default=8, help="shards of the plan (default 8)")
-    g.add_argument("--plan-rejects", type=lambda t: _whole(t, minimum=0), default=10_000,
-                   help="rows rejected at random slots, for the repair (default 10000)")
-    g.add_argument("--plan-sample-rows", type=_positive, default=200_000,
-                   help="rows the workers' side is timed on, to give its cost per row (default 200000)")
-    g.add_argument("--plan-through-engine", type=_int_list, default=None, metavar="ROWS",
-                   help="instead: for each number of rows (comma-separated), write a synthetic manifest of that many "
-                   "rows in --plan-classes classes (benchmarks/synthetic_manifest.py, kept in --cache-dir) and run "
-                   "the shard job on it with --plan-only and --num-shards --plan-shards, on each of --engines, "
-                   "under the same sampler as the jobs")
+    g.add_argument(
+        "--plan-rejects",
+        type=lambda t: _whole(t, minimum=0),
+        default=10_000,
+        help="rows rejected at random slots, for the repair (default 10000)",
+    )
+    g.add_argument(
+        "--plan-sample-rows",
+        type=_positive,
+        default=200_000,
+        help="rows the workers' side is timed on, to give its cost per row (default 200000)",
+    )
+    g.add_argument(
+        "--plan-through-engine",
+        type=_int_list,
+        default=None,
+        metavar="ROWS",
+        help="instead: for each number of rows (comma-separated), write a synthetic manifest of that many "
+        "rows in --plan-classes classes (benchmarks/synthetic_manifest.py, kept in --cache-dir) and run "
+        "the shard job on it with --plan-only and --num-shards --plan-shards, on each of --engines, "
+        "under the same sampler as the jobs",
+    )
     return p
 
 
@@ -317,8 +485,14 @@ def _main(argv: list[str] | None) -> int:
     bad = [j for j in a.jobs if j not in JOBS]
     if bad or (a.jobs == ["shard"]):
         raise BenchError(f"--jobs must be manifest or manifest,shard, got {','.join(a.jobs)!r}")
-    meta = {"argv": sys.argv[1:] if argv is None else argv, "cpus": os.cpu_count(), "python": platform.python_version(),
-            "code_root": str(a.code_root), "code_commit": _commit(a.code_root), "load_before": os.getloadavg()}
+    meta = {
+        "argv": sys.argv[1:] if argv is None else argv,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "code_root": str(a.code_root),
+        "code_commit": _commit(a.code_root),
+        "load_before": os.getloadavg(),
+    }
     if a.plan_only:
         return _plan_only(a, meta)
     if a.plan_through_engine:
@@ -341,7 +515,9 @@ def _main(argv: list[str] | None) -> int:
     print(table(results, RUN_COLUMNS))
     found = ratios(results)
     if found:
-        print(f"\nlargest / smallest size (targets: driver peaks ≤ 1.3, ms_per_object ≤ 1.2; cpu_: CPU of the job's process tree, driver_cpu_: of the driver Python alone)\n{table(found, RATIO_COLUMNS)}")
+        print(
+            f"\nlargest / smallest size (targets: driver peaks ≤ 1.3, ms_per_object ≤ 1.2; cpu_: CPU of the job's process tree, driver_cpu_: of the driver Python alone)\n{table(found, RATIO_COLUMNS)}"
+        )
     _write(a.out, {**meta, "load_after": os.getloadavg(), "results": results, "ratios": found})
     return 0
 
@@ -349,10 +525,18 @@ def _main(argv: list[str] | None) -> int:
 def _plan_only(a: argparse.Namespace, meta: dict[str, Any]) -> int:
     from plan_alone import measure_plan
 
-    print(f"the shard plan alone: {a.plan_rows:,} rows, {a.plan_classes} classes, {a.plan_shards} shards, "
-          f"{a.plan_rejects} rejects ...", flush=True)
-    r = measure_plan(rows=a.plan_rows, classes=a.plan_classes, num_shards=a.plan_shards, rejects=a.plan_rejects,
-                     sample_rows=a.plan_sample_rows)
+    print(
+        f"the shard plan alone: {a.plan_rows:,} rows, {a.plan_classes} classes, {a.plan_shards} shards, "
+        f"{a.plan_rejects} rejects ...",
+        flush=True,
+    )
+    r = measure_plan(
+        rows=a.plan_rows,
+        classes=a.plan_classes,
+        num_shards=a.plan_shards,
+        rejects=a.plan_rejects,
+        sample_rows=a.plan_sample_rows,
+    )
     print(table([r], tuple(r)))
     _write(a.out, {**meta, "load_after": os.getloadavg(), "plan": r})
     return 0
@@ -370,9 +554,14 @@ def _plan_through_engine(a: argparse.Namespace, meta: dict[str, Any]) -> int:
             t = time.perf_counter()
             write_manifest(root, rows=n, classes=a.plan_classes)
             (root / ".complete").touch()
-            print(f"synthetic manifest of {n:,} rows written in {time.perf_counter() - t:.1f} s: {root}", flush=True)
+            print(
+                f"synthetic manifest of {n:,} rows written in {time.perf_counter() - t:.1f} s: {root}",
+                flush=True,
+            )
         args = ["--dataset", str(root), "--num-shards", str(a.plan_shards), "--plan-only"]
-        results += [run_job(engine, "shard", n, None, root, a, args=args, tag="-plan-only") for engine in a.engines]
+        results += [
+            run_job(engine, "shard", n, None, root, a, args=args, tag="-plan-only") for engine in a.engines
+        ]
     print(table(results, (*RUN_COLUMNS, "jvm_cpu_s")))
     found = [{**r, "job": "shard --plan-only"} for r in ratios(results)]
     if found:
@@ -384,8 +573,9 @@ def _plan_through_engine(a: argparse.Namespace, meta: dict[str, Any]) -> int:
 def _commit(root: Path) -> str | None:
     """The commit checked out at ``root`` (``None`` outside git)."""
     try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 

@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=2000, help="images in the synthetic shard (default: 2000)")
     p.add_argument("--size", type=int, default=224, help="image side in pixels (default: 224)")
     p.add_argument("--rounds", type=int, default=5, help="processes per variant (default: 5)")
-    p.add_argument("--epochs", type=int, default=8, help="epochs per process, the first counted apart (default: 8)")
+    p.add_argument(
+        "--epochs", type=int, default=8, help="epochs per process, the first counted apart (default: 8)"
+    )
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lakeshard-loader-ab")
     p.add_argument("--out", type=Path, help="write every run as JSON here")
     args = p.parse_args(argv)
@@ -106,25 +108,33 @@ def main(argv: list[str] | None = None) -> int:
         for v in args.variants if r % 2 == 0 else args.variants[::-1]:
             kwargs, env = options[v]
             cmd = [sys.executable, "-c", _CHILD, str(root), json.dumps(kwargs), here, str(args.epochs)]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(here).parent, env={**os.environ, **env})
+            out = subprocess.run(
+                cmd, capture_output=True, text=True, cwd=Path(here).parent, env={**os.environ, **env}
+            )
             if out.returncode:
                 raise SystemExit(f"variant {v!r} failed:\n{out.stderr}")
             runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
-    print(f"{'variant':30s} {'first epoch ÷ ceiling':>22s} {'later epochs ÷ ceiling':>23s}   per process (later)")
+    print(
+        f"{'variant':30s} {'first epoch ÷ ceiling':>22s} {'later epochs ÷ ceiling':>23s}   per process (later)"
+    )
     for v, rs in runs.items():
         first = statistics.median(x["first"] for x in rs)
         later = statistics.median(x["later"] for x in rs)
         each = " ".join(f"{x['later']:.3f}" for x in rs)
         print(f"{v or '(defaults)':30s} {first:22.3f} {later:23.3f}   {each}")
-    print(f"\n{'variant':30s} {'images/s, first epoch':>22s} {'later epochs':>13s} {'(min-max)':>13s}  ÷ first variant")
+    print(
+        f"\n{'variant':30s} {'images/s, first epoch':>22s} {'later epochs':>13s} {'(min-max)':>13s}  ÷ first variant"
+    )
     base = statistics.median(x["rate_later"] for x in runs[args.variants[0]])
     for v, rs in runs.items():
         first = statistics.median(x["rate_first"] for x in rs)
         later = [x["rate_later"] for x in rs]
         spread = f"{min(later):.0f}-{max(later):.0f}"
-        print(f"{v or '(defaults)':30s} {first:22.0f} {statistics.median(later):13.0f} {spread:>13s}  {statistics.median(later) / base:.3f}")
+        print(
+            f"{v or '(defaults)':30s} {first:22.0f} {statistics.median(later):13.0f} {spread:>13s}  {statistics.median(later) / base:.3f}"
+        )
     write_runs(args.out, args, runs)
     return 0
 

@@ -78,7 +78,9 @@ from loaders.decode import decode_pillow, get_batch_decoder, get_decoder, has_si
 log = logging.getLogger("loader_bench")
 
 #: The shard job's default row-group size.
-_ROW_GROUP_BYTES = parse_size(next(f.default for f in dataclasses.fields(ShardConfig) if f.name == "row_group_size"))
+_ROW_GROUP_BYTES = parse_size(
+    next(f.default for f in dataclasses.fields(ShardConfig) if f.name == "row_group_size")
+)
 
 
 def synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -92,9 +94,14 @@ def synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
 
 
 def build_dataset(
-    root: Path, *, images: int, size: int, quality: int, classes: int = 10,
+    root: Path,
+    *,
+    images: int,
+    size: int,
+    quality: int,
+    classes: int = 10,
     image: Callable[[np.random.Generator, int], np.ndarray] = synthetic_image,
-) -> None:  # fmt: skip
+) -> None:
     """One shard per channel following the contract, written by the format's own
     :class:`lakeshard.format.ShardWriter` (so the image column is stored as the job stores it:
     uncompressed, no dictionary, 4 MiB row groups), plus the same JPEGs as files under
@@ -127,25 +134,51 @@ def build_dataset(
             },
             schema=contract.SHARD_SCHEMA,
         )
-        meta = {"dataset_version": version, "channel": channel, "shard_index": 0, "num_shards": 1,
-                "format_version": contract.FORMAT_VERSION, "image_format": "jpeg", "image_size": size}
-        with ShardWriter(contract.shard_uri(str(root), channel, 0, 1), metadata=meta,
-                         row_group_bytes=_ROW_GROUP_BYTES) as writer:
+        meta = {
+            "dataset_version": version,
+            "channel": channel,
+            "shard_index": 0,
+            "num_shards": 1,
+            "format_version": contract.FORMAT_VERSION,
+            "image_format": "jpeg",
+            "image_size": size,
+        }
+        with ShardWriter(
+            contract.shard_uri(str(root), channel, 0, 1), metadata=meta, row_group_bytes=_ROW_GROUP_BYTES
+        ) as writer:
             writer.write(table)
         channels[channel] = contract.ChannelInfo.of_shards(
-            [contract.ShardInfo.from_stats(channel, 0, 1, writer.stats, names)])
+            [contract.ShardInfo.from_stats(channel, 0, 1, writer.stats, names)]
+        )
     info = contract.DatasetInfo(
-        format_version=contract.FORMAT_VERSION, dataset_version=version, created_at="", engine="loader_bench",
-        inputs=contract.Inputs(lake=(root / "files").as_uri(), manifest_fingerprint=version, split={"train": 1.0},
-                               split_method="none", manifest_seed=0),
-        seed=0, labels={name: c for c, name in names.items()}, num_classes=classes,
-        image=contract.ImageSpec(size=size, format="jpeg", quality=quality, resize="crop", max_pixels=size * size),
-        num_shards=1, remainder="drop", row_group_bytes=_ROW_GROUP_BYTES,
+        format_version=contract.FORMAT_VERSION,
+        dataset_version=version,
+        created_at="",
+        engine="loader_bench",
+        inputs=contract.Inputs(
+            lake=(root / "files").as_uri(),
+            manifest_fingerprint=version,
+            split={"train": 1.0},
+            split_method="none",
+            manifest_seed=0,
+        ),
+        seed=0,
+        labels={name: c for c, name in names.items()},
+        num_classes=classes,
+        image=contract.ImageSpec(
+            size=size, format="jpeg", quality=quality, resize="crop", max_pixels=size * size
+        ),
+        num_shards=1,
+        remainder="drop",
+        row_group_bytes=_ROW_GROUP_BYTES,
         counts=contract.Counts(listed=images, manifest_rejects=0, shard_rejects=0, dropped=0, padded=0),
-        build=contract.BuildInfo(preprocess_tasks=0, preprocessed=images, reused_segments=0, assembled_shards=0),
-        channels=channels, rejects_path=contract.shard_rejects_relpath(),
+        build=contract.BuildInfo(
+            preprocess_tasks=0, preprocessed=images, reused_segments=0, assembled_shards=0
+        ),
+        channels=channels,
+        rejects_path=contract.shard_rejects_relpath(),
         versions={},
-    )  # fmt: skip
+    )
     (root / "labels.json").write_text(json.dumps(info.labels))
     (root / "dataset.json").write_text(json.dumps(info.to_json()))
 
@@ -168,19 +201,29 @@ def _fs_open(uri: str) -> Any:
 
 def new_loader(dataset: str, args: argparse.Namespace) -> ShardLoader:
     return ShardLoader(
-        dataset, channel=args.channel, batch_size=args.batch_size, shuffle=True, seed=0,
-        num_threads=args.threads, prefetch=args.prefetch, decoder=args.decoder,
-    )  # fmt: skip
+        dataset,
+        channel=args.channel,
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=0,
+        num_threads=args.threads,
+        prefetch=args.prefetch,
+        decoder=args.decoder,
+    )
 
 
-def bench_loader(dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None) -> tuple[float, float, int]:
+def bench_loader(
+    dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None
+) -> tuple[float, float, int]:
     """One epoch: of a new loader, or the next epoch of ``loader`` (as a training loop runs).
     Images/s, the wait for the first batch and the images; :func:`epoch_timing` for more."""
     rate, first, n, _ = epoch_timing(dataset, args, loader)
     return rate, first, n
 
 
-def epoch_timing(dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None) -> tuple[float, float, int, float]:
+def epoch_timing(
+    dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None
+) -> tuple[float, float, int, float]:
     """:func:`bench_loader`, and the typical gap between two batches of the epoch (the median
     wait from one batch to the next, the first batch's wait not counted)."""
     if loader is None:
@@ -231,7 +274,9 @@ def raw_decoder(name: str, encoded: list[bytes]) -> Callable[[list[bytes], np.nd
     return each_own
 
 
-def ceiling_batches(encoded: list[bytes], size: int, batch_size: int, decode: Callable[..., Any]) -> Iterator[torch.Tensor]:
+def ceiling_batches(
+    encoded: list[bytes], size: int, batch_size: int, decode: Callable[..., Any]
+) -> Iterator[torch.Tensor]:
     """What the ceiling produces, batch by batch (the loader's layout: a zero-copy
     ``[B, 3, H, W]`` view of a ``[B, H, W, 3]`` uint8 array)."""
     for lo in range(0, len(encoded), batch_size):
@@ -259,10 +304,14 @@ def check_same_output(dataset: str, encoded: list[bytes], size: int, args: argpa
     loader = ShardLoader(dataset, channel=args.channel, batch_size=args.batch_size, decoder=args.decoder)
     ours = next(iter(loader))[0]
     loader.close()
-    theirs = next(ceiling_batches(encoded[: len(ours)], size, args.batch_size, raw_decoder(args.decoder, encoded)))
+    theirs = next(
+        ceiling_batches(encoded[: len(ours)], size, args.batch_size, raw_decoder(args.decoder, encoded))
+    )
     if ours.dtype != theirs.dtype or ours.shape != theirs.shape or ours.stride() != theirs.stride():
-        raise SystemExit(f"loader gives {ours.dtype} {tuple(ours.shape)} strides {ours.stride()}, ceiling "
-                         f"{theirs.dtype} {tuple(theirs.shape)} strides {theirs.stride()}: not the same work")  # fmt: skip
+        raise SystemExit(
+            f"loader gives {ours.dtype} {tuple(ours.shape)} strides {ours.stride()}, ceiling "
+            f"{theirs.dtype} {tuple(theirs.shape)} strides {theirs.stride()}: not the same work"
+        )
     if not torch.equal(ours, theirs):
         raise SystemExit("loader and ceiling decode the same bytes to different pixels: not the same work")
     log.info("loader and ceiling output: identical (%s %s, channels_last)", ours.dtype, tuple(ours.shape))
@@ -315,7 +364,9 @@ class FileImages(torch.utils.data.Dataset):
 
 
 def bench_dataloader(files: Path, args: argparse.Namespace) -> tuple[float, float]:
-    loader = torch.utils.data.DataLoader(FileImages(files), batch_size=args.batch_size, shuffle=True, num_workers=2)
+    loader = torch.utils.data.DataLoader(
+        FileImages(files), batch_size=args.batch_size, shuffle=True, num_workers=2
+    )
     start = time.perf_counter()
     it = iter(loader)
     images, _ = next(it)
@@ -334,11 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=224, help="image size of the synthetic dataset")
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality of the synthetic dataset")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, help="ShardLoader decode threads (default: the loader's own, one per core)")
+    parser.add_argument(
+        "--threads", type=int, help="ShardLoader decode threads (default: the loader's own, one per core)"
+    )
     parser.add_argument("--prefetch", type=int, default=4)
     parser.add_argument("--decoder", default="auto", help="auto, pillow or simplejpeg")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workdir", help="where to build the synthetic dataset (default: a temporary folder)")
+    parser.add_argument(
+        "--workdir", help="where to build the synthetic dataset (default: a temporary folder)"
+    )
     parser.add_argument("--out", default="loader_bench.json", help="JSON results")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -414,7 +469,10 @@ def main(argv: list[str] | None = None) -> int:
             a / b for a, b in zip(runs["shardloader"], runs[f"decode_ceiling_{best}threads"], strict=True)
         ),
         "shardloader_next_epoch_vs_ceiling_paired": statistics.median(
-            a / b for a, b in zip(runs["shardloader_next_epoch"], runs[f"decode_ceiling_{best}threads"], strict=True)
+            a / b
+            for a, b in zip(
+                runs["shardloader_next_epoch"], runs[f"decode_ceiling_{best}threads"], strict=True
+            )
         ),
     }
     if "dataloader_files" in med:
@@ -429,11 +487,16 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in ratios.items():
         print(f"{k:34s} {v:12.2f} x")
     result = {
-        "args": vars(args), "images": len(encoded), "image_size": size, "cpu_count": os.cpu_count(),
+        "args": vars(args),
+        "images": len(encoded),
+        "image_size": size,
+        "cpu_count": os.cpu_count(),
         "ceiling_threads": best,
-        "median": med, "runs": runs, "ratios": ratios,
+        "median": med,
+        "runs": runs,
+        "ratios": ratios,
         "targets": {"shardloader_vs_ceiling": 0.9, "shardloader_vs_dataloader": 2.0},
-    }  # fmt: skip
+    }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -103,8 +103,23 @@ def profile(workload: str, dataset: Path, args: argparse.Namespace, py_spy: str,
         for _ in range(args.warmup):
             next_pass()
         raw = work / f"{workload}.txt"
-        spy = [py_spy, "record", "--gil", "--idle", "--nonblocking", "--rate", str(args.rate), "--format", "raw",
-               "--duration", str(args.seconds), "--output", str(raw), "--pid", str(child.pid)]  # fmt: skip
+        spy = [
+            py_spy,
+            "record",
+            "--gil",
+            "--idle",
+            "--nonblocking",
+            "--rate",
+            str(args.rate),
+            "--format",
+            "raw",
+            "--duration",
+            str(args.seconds),
+            "--output",
+            str(raw),
+            "--pid",
+            str(child.pid),
+        ]
         t0 = time.time()
         done = subprocess.run(spy, capture_output=True, text=True)
         t1 = time.time()
@@ -142,12 +157,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=2000, help="images in the synthetic shard (default: 2000)")
     p.add_argument("--size", type=int, default=224, help="image side in pixels (default: 224)")
-    p.add_argument("--seconds", type=int, default=15, help="sampling time per workload and repeat (default: 15)")
+    p.add_argument(
+        "--seconds", type=int, default=15, help="sampling time per workload and repeat (default: 15)"
+    )
     p.add_argument("--rate", type=int, default=1000, help="py-spy samples per second (default: 1000)")
     p.add_argument("--warmup", type=int, default=3, help="passes before sampling starts (default: 3)")
     p.add_argument("--repeats", type=int, default=3, help="processes per workload (default: 3)")
     p.add_argument("--top", type=int, default=12, help="source lines to print per workload (default: 12)")
-    p.add_argument("--py-spy", default=_default_py_spy(), help="the py-spy executable (default: next to this Python, else on PATH)")
+    p.add_argument(
+        "--py-spy",
+        default=_default_py_spy(),
+        help="the py-spy executable (default: next to this Python, else on PATH)",
+    )
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lakeshard-loader-ab")
     p.add_argument("--out", type=Path, help="write every run as JSON here")
     args = p.parse_args(argv)
@@ -155,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if not args.py_spy or not os.access(args.py_spy, os.X_OK):
-        p.error(f"py-spy not found (--py-spy {args.py_spy!r}): pip install py-spy, or pip install -e '.[dev]'")
+        p.error(
+            f"py-spy not found (--py-spy {args.py_spy!r}): pip install py-spy, or pip install -e '.[dev]'"
+        )
 
     root = args.cache / f"v{FORMAT_VERSION}-{args.images}-{args.size}"  # a new format: a new dataset
     if not (root / "dataset.json").exists():
@@ -172,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':10s} {'images/s':>9s} {'GIL share':>10s} {'GIL us/image':>13s}   per process (us/image)")
     for w, rs in runs.items():
         each = " ".join(f"{x['gil_us_per_image']:.1f}" for x in rs)
-        print(f"{w:10s} {med(x['images_per_s'] for x in rs):9.0f} {med(x['gil_share'] for x in rs):10.1%} "
-              f"{med(x['gil_us_per_image'] for x in rs):13.1f}   {each}")  # fmt: skip
+        print(
+            f"{w:10s} {med(x['images_per_s'] for x in rs):9.0f} {med(x['gil_share'] for x in rs):10.1%} "
+            f"{med(x['gil_us_per_image'] for x in rs):13.1f}   {each}"
+        )
     for w, rs in runs.items():
         print(f"\n{w}: GIL us/image by source line (median over repeats)")
         names = {k for x in rs for k in list(x["lines_us_per_image"])[: args.top]}

@@ -37,7 +37,9 @@ print(json.dumps({"rows": rows, "peak_rss_mib": resource.getrusage(resource.RUSA
 
 
 def run_epoch(dataset: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(dataset)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(dataset)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -48,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=2000, help="images in the small shard (default: 2000)")
-    p.add_argument("--factor", type=int, default=10, help="the large shard is this many times larger (default: 10)")
+    p.add_argument(
+        "--factor", type=int, default=10, help="the large shard is this many times larger (default: 10)"
+    )
     p.add_argument("--size", type=int, default=128, help="image side in pixels (default: 128)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lakeshard-memory-bench")
@@ -70,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio = results["large"]["peak_rss_mib"] / results["small"]["peak_rss_mib"]
     print(f"{'shard':6} {'images':>7} {'peak RSS MiB':>13} {'first batch s':>14} {'images/s':>9}")
     for name, r in results.items():
-        print(f"{name:6} {r['images']:7d} {r['peak_rss_mib']:13.1f} {r['first_batch_s']:14.3f} {r['images_per_s']:9.0f}")
+        print(
+            f"{name:6} {r['images']:7d} {r['peak_rss_mib']:13.1f} {r['first_batch_s']:14.3f} {r['images_per_s']:9.0f}"
+        )
     print(f"peak RSS large/small: {ratio:.3f} (target <= 1.1)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,8 +46,13 @@ sys.path.insert(0, str(REPO))
 log = logging.getLogger("petastorm_bench")
 
 #: worker -> the environment it runs in
-WORKERS = {"shardloader": "main", "shardloader_pillow": "main", "petastorm_reader": "petastorm",
-           "petastorm_reader_pillow": "petastorm", "petastorm_dataloader": "petastorm"}
+WORKERS = {
+    "shardloader": "main",
+    "shardloader_pillow": "main",
+    "petastorm_reader": "petastorm",
+    "petastorm_reader_pillow": "petastorm",
+    "petastorm_dataloader": "petastorm",
+}
 
 
 # -- workers (each runs in its own environment and prints one JSON object) ---------------------------
@@ -63,12 +68,20 @@ def _time_passes(one_pass, repeats: int) -> dict[str, Any]:
     return {"images": images, "images_per_s": rates, "first_batch_s": firsts}
 
 
-def _worker_shardloader(dataset: str, channel: str, threads: int, batch_size: int, decoder: str,
-                        repeats: int) -> dict[str, Any]:
+def _worker_shardloader(
+    dataset: str, channel: str, threads: int, batch_size: int, decoder: str, repeats: int
+) -> dict[str, Any]:
     from loaders import ShardLoader
 
-    loader = ShardLoader(dataset, channel=channel, batch_size=batch_size, num_threads=threads, prefetch=4,
-                         decoder=decoder, remainder="drop")
+    loader = ShardLoader(
+        dataset,
+        channel=channel,
+        batch_size=batch_size,
+        num_threads=threads,
+        prefetch=4,
+        decoder=decoder,
+        remainder="drop",
+    )
 
     def one_pass() -> tuple[int, float]:
         n, first = 0, 0.0
@@ -80,8 +93,9 @@ def _worker_shardloader(dataset: str, channel: str, threads: int, batch_size: in
     return _time_passes(one_pass, repeats)
 
 
-def _worker_petastorm(dataset: str, channel: str, threads: int, batch_size: int, decoder: str, dataloader: bool,
-                      repeats: int) -> dict[str, Any]:
+def _worker_petastorm(
+    dataset: str, channel: str, threads: int, batch_size: int, decoder: str, dataloader: bool, repeats: int
+) -> dict[str, Any]:
     from petastorm import make_batch_reader
     from petastorm.pytorch import DataLoader
 
@@ -96,8 +110,9 @@ def _worker_petastorm(dataset: str, channel: str, threads: int, batch_size: int,
 
     def one_pass() -> tuple[int, float]:
         n, first = 0, 0.0
-        with make_batch_reader(urls, transform_spec=spec, num_epochs=1, reader_pool_type="thread",
-                               workers_count=threads) as reader:
+        with make_batch_reader(
+            urls, transform_spec=spec, num_epochs=1, reader_pool_type="thread", workers_count=threads
+        ) as reader:
             batches = DataLoader(reader, batch_size=batch_size) if dataloader else reader
             for batch in batches:
                 first = first or time.perf_counter()
@@ -109,13 +124,24 @@ def _worker_petastorm(dataset: str, channel: str, threads: int, batch_size: int,
 
 def run_worker(args: argparse.Namespace) -> None:
     if args.worker == "shardloader":
-        result = _worker_shardloader(args.dataset, args.channel, args.threads, args.batch_size, "auto", args.repeats)
+        result = _worker_shardloader(
+            args.dataset, args.channel, args.threads, args.batch_size, "auto", args.repeats
+        )
     elif args.worker == "shardloader_pillow":
-        result = _worker_shardloader(args.dataset, args.channel, args.threads, args.batch_size, "pillow", args.repeats)
+        result = _worker_shardloader(
+            args.dataset, args.channel, args.threads, args.batch_size, "pillow", args.repeats
+        )
     else:
         decoder = "pillow" if args.worker.endswith("_pillow") else "auto"
-        result = _worker_petastorm(args.dataset, args.channel, args.threads, args.batch_size, decoder,
-                                   args.worker == "petastorm_dataloader", args.repeats)
+        result = _worker_petastorm(
+            args.dataset,
+            args.channel,
+            args.threads,
+            args.batch_size,
+            decoder,
+            args.worker == "petastorm_dataloader",
+            args.repeats,
+        )
     import numpy
     import pyarrow
 
@@ -129,11 +155,15 @@ def _run(cmd: list[str], *, timeout: float = 1800) -> str:
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise SystemExit(f"petastorm_bench: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise SystemExit(
+            f"petastorm_bench: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
     return proc.stdout
 
 
-def build_dataset(root: Path, *, python: str, images: int, size: int, quality: int, classes: int = 10) -> Path:
+def build_dataset(
+    root: Path, *, python: str, images: int, size: int, quality: int, classes: int = 10
+) -> Path:
     """A synthetic JPEG lake -> our manifest and shard jobs (dask engine, one shard per channel)."""
     import numpy as np
     from PIL import Image
@@ -142,31 +172,77 @@ def build_dataset(root: Path, *, python: str, images: int, size: int, quality: i
     lake = root / "raw"
     for i in range(images):
         coarse = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-        field = np.asarray(Image.fromarray(coarse).resize((size + 32, size + 32), Image.BICUBIC), dtype=np.float32)
+        field = np.asarray(
+            Image.fromarray(coarse).resize((size + 32, size + 32), Image.BICUBIC), dtype=np.float32
+        )
         noise = rng.normal(0, 6, size=field.shape).astype(np.float32)
         path = lake / f"class{i % classes}" / f"{i:06d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.clip(field + noise, 0, 255).astype(np.uint8)).save(path, quality=quality)
     out = root / "ds"
-    _run([python, "-m", "jobs.manifest", "--input", str(lake), "--output", str(out), "--seed", "1", "--engine", "dask"])
-    _run([python, "-m", "jobs.shard", "--dataset", str(out), "--num-shards", "1", "--image-size", str(size),
-          "--image-format", "jpeg", "--quality", str(quality), "--engine", "dask"])
+    _run(
+        [
+            python,
+            "-m",
+            "jobs.manifest",
+            "--input",
+            str(lake),
+            "--output",
+            str(out),
+            "--seed",
+            "1",
+            "--engine",
+            "dask",
+        ]
+    )
+    _run(
+        [
+            python,
+            "-m",
+            "jobs.shard",
+            "--dataset",
+            str(out),
+            "--num-shards",
+            "1",
+            "--image-size",
+            str(size),
+            "--image-format",
+            "jpeg",
+            "--quality",
+            str(quality),
+            "--engine",
+            "dask",
+        ]
+    )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="ShardLoader vs petastorm's reader on the same shards (images/s).")
-    p.add_argument("--dataset", help="an existing dataset root (local path); default: build one with our jobs")
+    p = argparse.ArgumentParser(
+        description="ShardLoader vs petastorm's reader on the same shards (images/s)."
+    )
+    p.add_argument(
+        "--dataset", help="an existing dataset root (local path); default: build one with our jobs"
+    )
     p.add_argument("--channel", default="train", help="channel to read (default: train)")
     p.add_argument("--images", type=int, default=2000, help="images in the synthetic lake (default: 2000)")
     p.add_argument("--size", type=int, default=224, help="image size of the synthetic dataset (default: 224)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (default: 90)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="decode threads / petastorm workers")
+    p.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 2, help="decode threads / petastorm workers"
+    )
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
-    p.add_argument("--repeats", type=int, default=5, help="timed passes per worker, after one warm-up (default: 5)")
-    p.add_argument("--main-python", default=str(REPO / ".venv" / "bin" / "python"), help="the main environment's Python")
-    p.add_argument("--petastorm-python", default=str(REPO / ".venv-petastorm" / "bin" / "python"),
-                   help="the petastorm environment's Python (scripts/setup_petastorm.sh)")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="timed passes per worker, after one warm-up (default: 5)"
+    )
+    p.add_argument(
+        "--main-python", default=str(REPO / ".venv" / "bin" / "python"), help="the main environment's Python"
+    )
+    p.add_argument(
+        "--petastorm-python",
+        default=str(REPO / ".venv-petastorm" / "bin" / "python"),
+        help="the petastorm environment's Python (scripts/setup_petastorm.sh)",
+    )
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -177,22 +253,40 @@ def main(argv: list[str] | None = None) -> int:
     pythons = {"main": args.main_python, "petastorm": args.petastorm_python}
     for env, python in pythons.items():
         if not os.access(python, os.X_OK):
-            raise SystemExit(f"petastorm_bench: the {env} environment's Python {python} is missing "
-                             f"(scripts/setup.sh, scripts/setup_petastorm.sh)")
+            raise SystemExit(
+                f"petastorm_bench: the {env} environment's Python {python} is missing "
+                f"(scripts/setup.sh, scripts/setup_petastorm.sh)"
+            )
 
     with tempfile.TemporaryDirectory(prefix="petastorm-bench-") as tmp:
         if args.dataset:
             dataset = Path(args.dataset).resolve()
         else:
             log.info("building a dataset of %d %dpx JPEGs with our jobs", args.images, args.size)
-            dataset = build_dataset(Path(tmp), python=pythons["main"], images=args.images, size=args.size,
-                                    quality=args.quality)
+            dataset = build_dataset(
+                Path(tmp), python=pythons["main"], images=args.images, size=args.size, quality=args.quality
+            )
         results: dict[str, Any] = {}
         for worker, env in WORKERS.items():
             log.info("%s (%s env, %d threads, %d repeats)", worker, env, args.threads, args.repeats)
-            out = _run([pythons[env], str(Path(__file__).resolve()), "--worker", worker, "--dataset", str(dataset),
-                        "--channel", args.channel, "--threads", str(args.threads), "--batch-size", str(args.batch_size),
-                        "--repeats", str(args.repeats)])
+            out = _run(
+                [
+                    pythons[env],
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    worker,
+                    "--dataset",
+                    str(dataset),
+                    "--channel",
+                    args.channel,
+                    "--threads",
+                    str(args.threads),
+                    "--batch-size",
+                    str(args.batch_size),
+                    "--repeats",
+                    str(args.repeats),
+                ]
+            )
             sample = json.loads(out.strip().splitlines()[-1])
             sample["median_images_per_s"] = statistics.median(sample["images_per_s"])
             sample["median_first_batch_ms"] = 1000 * statistics.median(sample["first_batch_s"])
@@ -202,20 +296,36 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(counts.values())) != 1:
         raise SystemExit(f"petastorm_bench: the workers read different numbers of images: {counts}")
     base = results["petastorm_reader"]["median_images_per_s"]
-    print(f"{'worker':<24} {'env':<10} {'images/s (median)':>18} {'min':>8} {'max':>8} {'first batch ms':>15} {'× petastorm_reader':>19}")
+    print(
+        f"{'worker':<24} {'env':<10} {'images/s (median)':>18} {'min':>8} {'max':>8} {'first batch ms':>15} {'× petastorm_reader':>19}"
+    )
     for worker, r in results.items():
         rates = r["images_per_s"]
-        print(f"{worker:<24} {WORKERS[worker]:<10} {r['median_images_per_s']:>18.0f} {min(rates):>8.0f} {max(rates):>8.0f} "
-              f"{r['median_first_batch_ms']:>15.1f} {r['median_images_per_s'] / base:>19.2f}")
+        print(
+            f"{worker:<24} {WORKERS[worker]:<10} {r['median_images_per_s']:>18.0f} {min(rates):>8.0f} {max(rates):>8.0f} "
+            f"{r['median_first_batch_ms']:>15.1f} {r['median_images_per_s'] / base:>19.2f}"
+        )
     ratio = results["shardloader"]["median_images_per_s"] / base
-    ratio_pillow = (results["shardloader_pillow"]["median_images_per_s"]
-                    / results["petastorm_reader_pillow"]["median_images_per_s"])
-    print(f"images per pass: {counts['shardloader']}; threads {args.threads}; shardloader / petastorm_reader = "
-          f"{ratio:.2f} (target >= 3); with Pillow on both sides: {ratio_pillow:.2f}")
+    ratio_pillow = (
+        results["shardloader_pillow"]["median_images_per_s"]
+        / results["petastorm_reader_pillow"]["median_images_per_s"]
+    )
+    print(
+        f"images per pass: {counts['shardloader']}; threads {args.threads}; shardloader / petastorm_reader = "
+        f"{ratio:.2f} (target >= 3); with Pillow on both sides: {ratio_pillow:.2f}"
+    )
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "worker"},
-                                              "results": results, "ratio_vs_petastorm_reader": ratio,
-                                              "ratio_pillow": ratio_pillow}, indent=2))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "args": {k: v for k, v in vars(args).items() if k != "worker"},
+                    "results": results,
+                    "ratio_vs_petastorm_reader": ratio,
+                    "ratio_pillow": ratio_pillow,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

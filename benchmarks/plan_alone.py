@@ -42,11 +42,14 @@ def class_counts(rows: int, classes: int, *, seed: int) -> dict[int, int]:
 
 
 def _deal(counts: dict[int, int], rejected: np.ndarray, *, num_shards: int, seed: int) -> Any:
-    return deal_from_counts(counts, num_shards=num_shards, seed=seed, channel="train", rejected=rejected.tolist())
+    return deal_from_counts(
+        counts, num_shards=num_shards, seed=seed, channel="train", rejected=rejected.tolist()
+    )
 
 
-def measure_plan(*, rows: int, classes: int, num_shards: int, rejects: int, sample_rows: int,
-                 seed: int = 0) -> dict[str, Any]:
+def measure_plan(
+    *, rows: int, classes: int, num_shards: int, rejects: int, sample_rows: int, seed: int = 0
+) -> dict[str, Any]:
     """The driver side's time and peak memory at ``rows`` rows, and the worker side's cost per
     row on ``sample_rows`` rows (see the module docstring)."""
     rss_before = vm_rss(os.getpid()) or 0
@@ -61,13 +64,17 @@ def measure_plan(*, rows: int, classes: int, num_shards: int, rejects: int, samp
     _, traced_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     result: dict[str, Any] = {
-        "rows": rows, "classes": classes, "num_shards": num_shards, "rejects": len(rejected),
+        "rows": rows,
+        "classes": classes,
+        "num_shards": num_shards,
+        "rejects": len(rejected),
         "driver_s": round(driver_s, 3),
         "driver_traced_peak_mib": round(traced_peak / _MIB, 2),
         "driver_rss_before_mib": round(rss_before / _MIB, 1),
         "driver_rss_peak_mib": round((rss_peak or 0) / _MIB, 1),
         "deal_pickled_bytes": len(pickle.dumps(deal)),
-        "deal_exceptions": len(deal.exceptions), "rows_per_shard": deal.rows_per_shard,
+        "deal_exceptions": len(deal.exceptions),
+        "rows_per_shard": deal.rows_per_shard,
     }
     result.update(_workers(sample_rows, num_shards=num_shards, seed=seed))
     return result
@@ -81,11 +88,14 @@ def _workers(sample_rows: int, *, num_shards: int, seed: int) -> dict[str, Any]:
     (an order task of the job reads its shard's rows only)."""
     counts = class_counts(sample_rows, 10, seed=seed)
     deal = _deal(counts, np.empty(0, np.int64), num_shards=num_shards, seed=seed)
-    keys = {c: [f"class_{c:03d}/batch{i % 16:02d}/img_{i:09d}.png" for i in range(n)] for c, n in counts.items()}
+    keys = {
+        c: [f"class_{c:03d}/batch{i % 16:02d}/img_{i:09d}.png" for i in range(n)] for c, n in counts.items()
+    }
 
     def slot() -> np.ndarray:
-        return np.concatenate([class_slots(k, seed=seed, channel="train", start=deal.class_start(c))
-                               for c, k in keys.items()])
+        return np.concatenate(
+            [class_slots(k, seed=seed, channel="train", start=deal.class_start(c)) for c, k in keys.items()]
+        )
 
     def order(table: pa.Table) -> None:
         for s in range(num_shards):
@@ -99,11 +109,14 @@ def _workers(sample_rows: int, *, num_shards: int, seed: int) -> dict[str, Any]:
     _, traced = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     per_row = 1e6 / sample_rows
-    return {"worker_sample_rows": sample_rows,
-            "worker_slot_us_per_row": round(slot_s * per_row, 3), "worker_slot_cpu_us_per_row": round(slot_cpu * per_row, 3),
-            "worker_order_us_per_row": round(order_s * per_row, 3),
-            "worker_order_cpu_us_per_row": round(order_cpu * per_row, 3),
-            "worker_traced_bytes_per_row": round(traced / sample_rows, 1)}
+    return {
+        "worker_sample_rows": sample_rows,
+        "worker_slot_us_per_row": round(slot_s * per_row, 3),
+        "worker_slot_cpu_us_per_row": round(slot_cpu * per_row, 3),
+        "worker_order_us_per_row": round(order_s * per_row, 3),
+        "worker_order_cpu_us_per_row": round(order_cpu * per_row, 3),
+        "worker_traced_bytes_per_row": round(traced / sample_rows, 1),
+    }
 
 
 def _timed(fn: Any) -> tuple[Any, float, float]:

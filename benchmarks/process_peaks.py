@@ -76,7 +76,7 @@ def cpu_seconds(pid: int) -> tuple[float, float] | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     # The command name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'.
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     utime, stime, start = int(fields[11]), int(fields[12]), int(fields[19])
     return start / _TICKS, (utime + stime) / _TICKS
 
@@ -140,8 +140,18 @@ class PeakWatch:
     (a path its command line holds), ``None`` when the command itself is the driver Python.
     ``progress`` is called every ``progress_every`` seconds with the peaks so far."""
 
-    def __init__(self, cmd: list[str], *, env: dict[str, str], cwd: Path, log: IO[str], script: str | None,
-                 interval: float = 0.1, progress=None, progress_every: float = 30.0) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        *,
+        env: dict[str, str],
+        cwd: Path,
+        log: IO[str],
+        script: str | None,
+        interval: float = 0.1,
+        progress=None,
+        progress_every: float = 30.0,
+    ) -> None:
         self.cmd, self.env, self.cwd, self.log, self.script = cmd, env, cwd, log, script
         self.interval, self.progress, self.progress_every = interval, progress, progress_every
         self.peaks = Peaks()
@@ -150,7 +160,9 @@ class PeakWatch:
 
     def run(self) -> Peaks:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=self.log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            self.cmd, env=self.env, cwd=self.cwd, stdout=self.log, stderr=subprocess.STDOUT
+        )
         next_report = t0 + self.progress_every
         try:
             while not self._reaped(proc):
@@ -212,7 +224,11 @@ class PeakWatch:
         p = self.peaks
         try:
             proc = psutil.Process(pid)
-            if p.jvm_pid is None and proc.name() == "java" and any("SparkSubmit" in a for a in proc.cmdline()):
+            if (
+                p.jvm_pid is None
+                and proc.name() == "java"
+                and any("SparkSubmit" in a for a in proc.cmdline())
+            ):
                 p.jvm_pid = pid
                 self._start_jstat(pid)
             children = proc.children() if p.jvm_pid is not None and p.driver_python_pid is None else []
@@ -228,8 +244,9 @@ class PeakWatch:
 
     def _start_jstat(self, pid: int) -> None:
         ms = max(50, int(self.interval * 1000) * 2)
-        self._jstat = subprocess.Popen(["jstat", "-gc", str(pid), f"{ms}ms"], stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)
+        self._jstat = subprocess.Popen(
+            ["jstat", "-gc", str(pid), f"{ms}ms"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self._jstat_thread = threading.Thread(target=self._read_jstat, args=(self._jstat,), daemon=True)
         self._jstat_thread.start()
 

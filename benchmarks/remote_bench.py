@@ -94,8 +94,15 @@ def loader_options(texts: list[str]) -> dict[str, Any]:
         try:
             parsed = parse_variant(text, known, "ShardLoader")
         except argparse.ArgumentTypeError as exc:
-            raise argparse.ArgumentTypeError(f"--loader-option: {exc} (it takes: {', '.join(known)})") from None
-        out.update({k: {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v for k, v in parsed.items()})
+            raise argparse.ArgumentTypeError(
+                f"--loader-option: {exc} (it takes: {', '.join(known)})"
+            ) from None
+        out.update(
+            {
+                k: {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v
+                for k, v in parsed.items()
+            }
+        )
     return out
 
 
@@ -114,10 +121,16 @@ def loader_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, float]:
     """``first_batch.py`` in a new process (this one's environment: the store's endpoint)."""
     script = Path(__file__).with_name("first_batch.py")
-    done = subprocess.run([sys.executable, str(script), dataset, json.dumps(loader_kwargs(args))],
-                          capture_output=True, text=True, timeout=_PROCESS_TIMEOUT_S)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script), dataset, json.dumps(loader_kwargs(args))],
+        capture_output=True,
+        text=True,
+        timeout=_PROCESS_TIMEOUT_S,
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"{script.name} {dataset} failed (exit code {done.returncode}): {done.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"{script.name} {dataset} failed (exit code {done.returncode}): {done.stderr.strip()[-2000:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -135,8 +148,14 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     try:
         for e in range(args.epochs):
             before, logged = store.traffic(), len(store.served())
-            rate, first, out["images"], gap = epoch_timing(dataset, args, loader)  # the next epoch: set_epoch(e + 1)
-            out[f"epoch{e + 1}"], out[f"epoch{e + 1}_first_batch_s"], out[f"epoch{e + 1}_gap_s"] = rate, first, gap
+            rate, first, out["images"], gap = epoch_timing(
+                dataset, args, loader
+            )  # the next epoch: set_epoch(e + 1)
+            out[f"epoch{e + 1}"], out[f"epoch{e + 1}_first_batch_s"], out[f"epoch{e + 1}_gap_s"] = (
+                rate,
+                first,
+                gap,
+            )
             if remote:
                 out[f"epoch{e + 1}_traffic"] = (store.traffic() - before).as_dict()
                 out[f"epoch{e + 1}_served"] = store.served(since=logged)
@@ -162,7 +181,9 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     return out
 
 
-def measure_process(source: str, dataset: str, args: argparse.Namespace, store: RemoteStore) -> dict[str, Any]:
+def measure_process(
+    source: str, dataset: str, args: argparse.Namespace, store: RemoteStore
+) -> dict[str, Any]:
     """A new process's first batch (:func:`process_first_batch`), and for the remote what the
     store served it. Run outside :func:`loader_bench.other_load`: the child is no other load."""
     before = store.traffic()
@@ -182,11 +203,15 @@ def check_same_batches(local: str, remote: str, args: argparse.Namespace) -> Non
         a.close()
         b.close()
     if not (torch.equal(xa, xb) and torch.equal(ya, yb)):
-        raise SystemExit("remote_bench: error: the loader's first batch differs between local disk and the store")
+        raise SystemExit(
+            "remote_bench: error: the loader's first batch differs between local disk and the store"
+        )
     log.info("first batch: identical from local disk and from the store")
 
 
-def bounds(med: dict[str, float], traffic: dict[str, float], images: int, latency_ms: float, bandwidth: int) -> dict[str, float]:
+def bounds(
+    med: dict[str, float], traffic: dict[str, float], images: int, latency_ms: float, bandwidth: int
+) -> dict[str, float]:
     """Seconds an epoch needs for each cause alone: the bytes at one connection's bandwidth,
     the requests one after another at the latency, the decode (the local epoch)."""
     return {
@@ -202,7 +227,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, i
         return statistics.median(r[key] for r in runs[source])
 
     def median_traffic(key: str) -> dict[str, float]:
-        return {f.name: statistics.median(r[key][f.name] for r in runs["remote"]) for f in dataclasses.fields(Traffic)}
+        return {
+            f.name: statistics.median(r[key][f.name] for r in runs["remote"])
+            for f in dataclasses.fields(Traffic)
+        }
 
     epochs = []
     for e in range(1, args.epochs + 1):
@@ -210,41 +238,70 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, i
         first = {s: median(s, f"epoch{e}_first_batch_s") for s in SOURCES}
         gap = {s: median(s, f"epoch{e}_gap_s") for s in SOURCES}
         traffic = median_traffic(f"epoch{e}_traffic")
-        epochs.append({"epoch": e, "images_per_s": med, "first_batch_s": first, "typical_gap_s": gap, "traffic": traffic,
-                       "bounds_s": bounds(med, traffic, images, args.latency_ms, args.bandwidth_bytes)})  # fmt: skip
+        epochs.append(
+            {
+                "epoch": e,
+                "images_per_s": med,
+                "first_batch_s": first,
+                "typical_gap_s": gap,
+                "traffic": traffic,
+                "bounds_s": bounds(med, traffic, images, args.latency_ms, args.bandwidth_bytes),
+            }
+        )
     fresh = {s: median(s, "fresh_first_batch_s") for s in SOURCES}
     process = {s: median(s, "process_first_batch_s") for s in SOURCES}
     constructor = {s: median(s, "process_constructor_s") for s in SOURCES}
-    return {"epochs": epochs, "fresh_first_batch_s": fresh, "fresh_first_batch_traffic": median_traffic("fresh_first_batch_traffic"),
-            "process_first_batch_s": process, "process_constructor_s": constructor,
-            "process_first_batch_traffic": median_traffic("process_first_batch_traffic"),
-            "other_cpu_share": {s: median(s, "other_cpu_share") for s in SOURCES}}  # fmt: skip
+    return {
+        "epochs": epochs,
+        "fresh_first_batch_s": fresh,
+        "fresh_first_batch_traffic": median_traffic("fresh_first_batch_traffic"),
+        "process_first_batch_s": process,
+        "process_constructor_s": constructor,
+        "process_first_batch_traffic": median_traffic("process_first_batch_traffic"),
+        "other_cpu_share": {s: median(s, "other_cpu_share") for s in SOURCES},
+    }
 
 
 def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"remote: {args.latency_ms:g} ms before each response, {args.bandwidth_bytes / 1e6:g} MB/s per connection; "
-          f"medians of {args.repeats} repeats")  # fmt: skip
-    print(f"{'epoch':>5s} {'local img/s':>12s} {'remote img/s':>13s} {'ratio':>6s} {'1st batch local':>16s} "
-          f"{'remote':>7s} {'gap local':>10s} {'remote':>7s} {'requests':>9s} {'GET/HEAD/LIST':>14s} {'conns':>6s} {'MB served':>10s}   "
-          f"{'bound: MB/bw':>12s} {'req x lat':>10s} {'decode':>7s} {'epoch':>7s}")  # fmt: skip
+    print(
+        f"remote: {args.latency_ms:g} ms before each response, {args.bandwidth_bytes / 1e6:g} MB/s per connection; "
+        f"medians of {args.repeats} repeats"
+    )
+    print(
+        f"{'epoch':>5s} {'local img/s':>12s} {'remote img/s':>13s} {'ratio':>6s} {'1st batch local':>16s} "
+        f"{'remote':>7s} {'gap local':>10s} {'remote':>7s} {'requests':>9s} {'GET/HEAD/LIST':>14s} {'conns':>6s} {'MB served':>10s}   "
+        f"{'bound: MB/bw':>12s} {'req x lat':>10s} {'decode':>7s} {'epoch':>7s}"
+    )
     for e in summary["epochs"]:
         r, f, t, b, g = e["images_per_s"], e["first_batch_s"], e["traffic"], e["bounds_s"], e["typical_gap_s"]
-        print(f"{e['epoch']:5d} {r['local']:12.0f} {r['remote']:13.0f} {r['remote'] / r['local']:6.2f} "
-              f"{f['local']:15.3f}s {f['remote']:6.3f}s {g['local']:9.3f}s {g['remote']:6.3f}s {t['requests']:9.0f} "
-              f"{t['gets']:>6.0f}/{t['heads']:.0f}/{t['lists']:.0f} {t['connections']:6.0f} {t['body_bytes'] / 1e6:10.1f}   "
-              f"{b['bytes_at_one_connection_s']:11.2f}s {b['requests_in_sequence_s']:9.2f}s {b['local_epoch_s']:6.2f}s "
-              f"{b['remote_epoch_s']:6.2f}s")  # fmt: skip
+        print(
+            f"{e['epoch']:5d} {r['local']:12.0f} {r['remote']:13.0f} {r['remote'] / r['local']:6.2f} "
+            f"{f['local']:15.3f}s {f['remote']:6.3f}s {g['local']:9.3f}s {g['remote']:6.3f}s {t['requests']:9.0f} "
+            f"{t['gets']:>6.0f}/{t['heads']:.0f}/{t['lists']:.0f} {t['connections']:6.0f} {t['body_bytes'] / 1e6:10.1f}   "
+            f"{b['bytes_at_one_connection_s']:11.2f}s {b['requests_in_sequence_s']:9.2f}s {b['local_epoch_s']:6.2f}s "
+            f"{b['remote_epoch_s']:6.2f}s"
+        )
     fresh, t = summary["fresh_first_batch_s"], summary["fresh_first_batch_traffic"]
-    print(f"fresh loader, first batch (constructor included): local {fresh['local']:.3f}s, remote {fresh['remote']:.3f}s "
-          f"({t['requests']:.0f} requests: {t['gets']:.0f} GET, {t['heads']:.0f} HEAD, {t['lists']:.0f} LIST; "
-          f"{t['connections']:.0f} connections; {t['body_bytes'] / 1e6:.1f} MB)")  # fmt: skip
-    process, made, t = summary["process_first_batch_s"], summary["process_constructor_s"], summary["process_first_batch_traffic"]
-    print(f"new process, first batch (constructor included; first_batch.py): local {process['local']:.3f}s, "
-          f"remote {process['remote']:.3f}s (constructor {made['local']:.3f}s, {made['remote']:.3f}s; "
-          f"{t['requests']:.0f} requests, {t['connections']:.0f} connections)")  # fmt: skip
+    print(
+        f"fresh loader, first batch (constructor included): local {fresh['local']:.3f}s, remote {fresh['remote']:.3f}s "
+        f"({t['requests']:.0f} requests: {t['gets']:.0f} GET, {t['heads']:.0f} HEAD, {t['lists']:.0f} LIST; "
+        f"{t['connections']:.0f} connections; {t['body_bytes'] / 1e6:.1f} MB)"
+    )
+    process, made, t = (
+        summary["process_first_batch_s"],
+        summary["process_constructor_s"],
+        summary["process_first_batch_traffic"],
+    )
+    print(
+        f"new process, first batch (constructor included; first_batch.py): local {process['local']:.3f}s, "
+        f"remote {process['remote']:.3f}s (constructor {made['local']:.3f}s, {made['remote']:.3f}s; "
+        f"{t['requests']:.0f} requests, {t['connections']:.0f} connections)"
+    )
     busy = summary["other_cpu_share"]
-    print(f"CPU taken by others meanwhile: {busy['local']:.0%} of the machine (local runs), {busy['remote']:.0%} (remote runs; "
-          "the store's own nginx and shim count here)")  # fmt: skip
+    print(
+        f"CPU taken by others meanwhile: {busy['local']:.0%} of the machine (local runs), {busy['remote']:.0%} (remote runs; "
+        "the store's own nginx and shim count here)"
+    )
 
 
 def prepare(args: argparse.Namespace, work: Path) -> Path:
@@ -253,8 +310,13 @@ def prepare(args: argparse.Namespace, work: Path) -> Path:
     dataset = work / f"ds-{kind}-{args.images}-{args.size}-q{args.quality}"
     if not (dataset / "dataset.json").exists():
         log.info("building %d synthetic %dpx JPEGs (%s) in %s", args.images, args.size, kind, dataset)
-        build_dataset(dataset, images=args.images, size=args.size, quality=args.quality,
-                      image=photo_image if args.photo else synthetic_image)  # fmt: skip
+        build_dataset(
+            dataset,
+            images=args.images,
+            size=args.size,
+            quality=args.quality,
+            image=photo_image if args.photo else synthetic_image,
+        )
     return dataset
 
 
@@ -262,18 +324,38 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=4000, help="images in the synthetic dataset")
     parser.add_argument("--size", type=int, default=224, help="image size of the synthetic dataset")
-    parser.add_argument("--quality", type=int, help=f"JPEG quality (default 90; {PHOTO_QUALITY} with --photo)")
-    parser.add_argument("--photo", action="store_true", help="noisier images, ~100 kB each at 224px (see photo_image)")
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="near",
-                        help="; ".join(f"{k}: {v[0]:g} ms, {v[1]}/s" for k, v in PROFILES.items()))  # fmt: skip
-    parser.add_argument("--latency-ms", type=float, help="before each response's first byte (default: the profile's)")
-    parser.add_argument("--bandwidth", help="per connection, per second, e.g. 80MB (decimal) or 64MiB (default: the profile's)")
+    parser.add_argument(
+        "--quality", type=int, help=f"JPEG quality (default 90; {PHOTO_QUALITY} with --photo)"
+    )
+    parser.add_argument(
+        "--photo", action="store_true", help="noisier images, ~100 kB each at 224px (see photo_image)"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="near",
+        help="; ".join(f"{k}: {v[0]:g} ms, {v[1]}/s" for k, v in PROFILES.items()),
+    )
+    parser.add_argument(
+        "--latency-ms", type=float, help="before each response's first byte (default: the profile's)"
+    )
+    parser.add_argument(
+        "--bandwidth",
+        help="per connection, per second, e.g. 80MB (decimal) or 64MiB (default: the profile's)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the kept loader per repeat")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--loader-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a ShardLoader keyword argument for both sources (repeatable)")  # fmt: skip
-    parser.add_argument("--workdir", help="where to build (and keep) the synthetic dataset (default: a temporary folder)")
+    parser.add_argument(
+        "--loader-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a ShardLoader keyword argument for both sources (repeatable)",
+    )
+    parser.add_argument(
+        "--workdir", help="where to build (and keep) the synthetic dataset (default: a temporary folder)"
+    )
     parser.add_argument("--out", default="remote_bench.json", help="JSON results")
     args = parser.parse_args(argv)
     latency, bandwidth = PROFILES[args.profile]
@@ -325,10 +407,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{images} images, {shard / 1e6:.1f} MB train shard ({shard / images / 1e3:.1f} kB an image)")
     print_table(summary, args)
     result = {
-        "args": vars(args), "cpu_count": os.cpu_count(), "images": images, "shard_bytes": shard,
-        "latency_ms": args.latency_ms, "bandwidth_bytes_per_s": args.bandwidth_bytes, "summary": summary,
-        "runs": runs, "store_total": total.as_dict(), "store_pids": pids, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }  # fmt: skip
+        "args": vars(args),
+        "cpu_count": os.cpu_count(),
+        "images": images,
+        "shard_bytes": shard,
+        "latency_ms": args.latency_ms,
+        "bandwidth_bytes_per_s": args.bandwidth_bytes,
+        "summary": summary,
+        "runs": runs,
+        "store_total": total.as_dict(),
+        "store_pids": pids,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0

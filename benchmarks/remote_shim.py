@@ -53,8 +53,16 @@ def etag(mtime: float, size: int) -> str:
 
 
 class _Shim:
-    def __init__(self, *, root: Path, bucket: str, upstream: int, latency_s: float, rate: int, log: Path) -> None:
-        self.root, self.bucket, self.upstream, self.latency_s, self.rate = root, bucket, upstream, latency_s, rate
+    def __init__(
+        self, *, root: Path, bucket: str, upstream: int, latency_s: float, rate: int, log: Path
+    ) -> None:
+        self.root, self.bucket, self.upstream, self.latency_s, self.rate = (
+            root,
+            bucket,
+            upstream,
+            latency_s,
+            rate,
+        )
         self._log = log.open("a", buffering=1)
         self._log_lock = threading.Lock()
 
@@ -117,7 +125,13 @@ class _Shim:
         if head is None:
             return False
         length = _CONTENT_LENGTH.search(head.decode("latin-1"))
-        left = 0 if method == "HEAD" or head[9:12] in (b"204", b"304") else int(length.group(1)) if length else -1
+        left = (
+            0
+            if method == "HEAD" or head[9:12] in (b"204", b"304")
+            else int(length.group(1))
+            if length
+            else -1
+        )
         wait(len(head))
         client.sendall(_NGINX_ETAG.sub(rb"\g<1>0\2", head))
         while left:  # -1: no length, until nginx closes
@@ -141,8 +155,11 @@ class _Shim:
         if method == "HEAD":
             return _response(200, b"", head=True)
         if method != "GET" or params.get("list-type") != "2":
-            return _response(501, b"<Error><Code>NotImplemented</Code><Message>read-only store: only GET/HEAD of "
-                                  b"objects and ListObjectsV2</Message></Error>")  # fmt: skip
+            return _response(
+                501,
+                b"<Error><Code>NotImplemented</Code><Message>read-only store: only GET/HEAD of "
+                b"objects and ListObjectsV2</Message></Error>",
+            )
         return _response(200, self.list_v2(params).encode())
 
     def list_v2(self, params: dict[str, str]) -> str:
@@ -152,9 +169,10 @@ class _Shim:
         max_keys = min(1000, int(params.get("max-keys") or 1000))
         after = params.get("continuation-token") or params.get("start-after") or ""
         keys = sorted(
-            p.relative_to(self.root).as_posix() for p in self.root.rglob("*")
+            p.relative_to(self.root).as_posix()
+            for p in self.root.rglob("*")
             if p.is_file() and p.relative_to(self.root).as_posix().startswith(prefix)
-        )  # fmt: skip
+        )
         contents: list[str] = []
         prefixes: list[str] = []
         last = ""
@@ -170,9 +188,11 @@ class _Shim:
             else:
                 st = (self.root / key).stat()
                 modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime))
-                contents.append(f"<Contents><Key>{escape(key)}</Key><LastModified>{modified}</LastModified>"
-                                f'<ETag>"{etag(st.st_mtime, st.st_size)}"</ETag><Size>{st.st_size}</Size>'
-                                "<StorageClass>STANDARD</StorageClass></Contents>")  # fmt: skip
+                contents.append(
+                    f"<Contents><Key>{escape(key)}</Key><LastModified>{modified}</LastModified>"
+                    f'<ETag>"{etag(st.st_mtime, st.st_size)}"</ETag><Size>{st.st_size}</Size>'
+                    "<StorageClass>STANDARD</StorageClass></Contents>"
+                )
             last = name
         truncated = any(k > last and not k.startswith(last) for k in keys) if last else False
         token = f"<NextContinuationToken>{escape(last)}</NextContinuationToken>" if truncated else ""
@@ -188,7 +208,9 @@ class _Shim:
 
 def _response(status: int, body: bytes, *, head: bool = False) -> bytes:
     reason = {200: "OK", 501: "Not Implemented"}[status]
-    headers = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n\r\n"
+    headers = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     return headers.encode() + (b"" if head else body)
 
 
@@ -218,8 +240,14 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 def _serve_shim(args: argparse.Namespace) -> None:
-    shim = _Shim(root=Path(args.root), bucket=args.bucket, upstream=args.upstream, latency_s=args.latency_ms / 1000,
-                 rate=parse_rate(args.bandwidth), log=Path(args.log))  # fmt: skip
+    shim = _Shim(
+        root=Path(args.root),
+        bucket=args.bucket,
+        upstream=args.upstream,
+        latency_s=args.latency_ms / 1000,
+        rate=parse_rate(args.bandwidth),
+        log=Path(args.log),
+    )
     server = socket.create_server(("127.0.0.1", 0), backlog=1024)
     print(f"listening {server.getsockname()[1]}", flush=True)
 

@@ -80,7 +80,9 @@ def find_nginx() -> str:
     """The nginx binary, or :class:`NginxMissingError` saying how to install it."""
     found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
     if found is None:
-        raise NginxMissingError(f"nginx is not installed (the remote-like store serves files with it): run {_SETUP}")
+        raise NginxMissingError(
+            f"nginx is not installed (the remote-like store serves files with it): run {_SETUP}"
+        )
     return found
 
 
@@ -88,7 +90,9 @@ def parse_rate(text: str) -> int:
     """Bytes per second from ``"80MB"`` (decimal: 80e6), ``"25MiB"``, ``"500k"`` or a plain number."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(i?)[bB]?(?:/s)?\s*", str(text))
     if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"bandwidth must be a positive size per second such as '80MB' or '25MiB', got {text!r}")
+        raise ValueError(
+            f"bandwidth must be a positive size per second such as '80MB' or '25MiB', got {text!r}"
+        )
     base = 1024 if match.group(3) else 1000
     return int(float(match.group(1)) * base ** " kmg".index(match.group(2).lower() or " "))
 
@@ -110,7 +114,9 @@ class Traffic:
     bytes_sent: int = 0
 
     def __sub__(self, other: Traffic) -> Traffic:
-        return Traffic(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
+        return Traffic(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)}
+        )
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -124,7 +130,9 @@ def _free_port() -> int:
 
 def _nginx_conf(tmp: Path, *, port: int, root: Path, bucket: str) -> str:
     user = "user root;" if os.geteuid() == 0 else ""  # root's workers would otherwise run as nobody
-    temps = "\n".join(f"    {k}_temp_path {tmp / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    temps = "\n".join(
+        f"    {k}_temp_path {tmp / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
     (tmp / "errors").mkdir(exist_ok=True)
     (tmp / "errors" / "404.xml").write_text(
         '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchKey</Code>'
@@ -168,7 +176,9 @@ class RemoteStore:
     docstring. ``bandwidth`` is in bytes per second per connection, ``latency_ms`` before each
     response's first byte. A context manager; :meth:`start`/:meth:`stop` also work."""
 
-    def __init__(self, root: Path, *, bucket: str = "bench", latency_ms: float = 20.0, bandwidth: int = 80_000_000) -> None:
+    def __init__(
+        self, root: Path, *, bucket: str = "bench", latency_ms: float = 20.0, bandwidth: int = 80_000_000
+    ) -> None:
         if not Path(root).is_dir():
             raise ValueError(f"root must be an existing folder, got {str(root)!r}")
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{2,62}", bucket):
@@ -189,7 +199,9 @@ class RemoteStore:
         """Start both processes; a store runs once at a time (a second start would orphan the
         first pair: stop it first)."""
         if self._tmp is not None:
-            raise RuntimeError(f"the store at {self.endpoint or 'starting'} is already running; stop() it first")
+            raise RuntimeError(
+                f"the store at {self.endpoint or 'starting'} is already running; stop() it first"
+            )
         nginx = find_nginx()
         self._tmp = tempfile.TemporaryDirectory(prefix="remote-store-")
         tmp = Path(self._tmp.name)
@@ -197,13 +209,30 @@ class RemoteStore:
         try:
             port = self._start_nginx(nginx, tmp)
             self._shim = subprocess.Popen(
-                [sys.executable, str(_SHIM), str(self.root), "--upstream", str(port), "--bucket", self.bucket,
-                 "--latency-ms", str(self.latency_ms), "--bandwidth", str(self.bandwidth), "--log", str(tmp / "shim.log")],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    str(_SHIM),
+                    str(self.root),
+                    "--upstream",
+                    str(port),
+                    "--bucket",
+                    self.bucket,
+                    "--latency-ms",
+                    str(self.latency_ms),
+                    "--bandwidth",
+                    str(self.bandwidth),
+                    "--log",
+                    str(tmp / "shim.log"),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+            )
             line = _read_line(self._shim, _START_TIMEOUT_S)
             if not line.startswith("listening "):
-                raise RuntimeError(f"the latency shim did not start (said {line!r}, exit code {self._shim.poll()})")
+                raise RuntimeError(
+                    f"the latency shim did not start (said {line!r}, exit code {self._shim.poll()})"
+                )
             self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
         except BaseException:
             self.stop()
@@ -220,8 +249,10 @@ class RemoteStore:
             (tmp / "access.log").write_bytes(b"")
             self._nginx = subprocess.Popen(
                 [nginx, "-e", str(tmp / "error.log"), "-c", str(conf), "-p", str(tmp)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-            )  # fmt: skip
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
             deadline = time.monotonic() + _START_TIMEOUT_S
             while time.monotonic() < deadline and self._nginx.poll() is None:
                 with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -230,7 +261,9 @@ class RemoteStore:
             err = (tmp / "error.log").read_text(errors="replace") if (tmp / "error.log").exists() else ""
             _stop_group(self._nginx)
             if "Address already in use" not in err:
-                raise RuntimeError(f"nginx did not start on 127.0.0.1:{port}: {err.strip()[-500:] or 'no error log'}")
+                raise RuntimeError(
+                    f"nginx did not start on 127.0.0.1:{port}: {err.strip()[-500:] or 'no error log'}"
+                )
         raise RuntimeError("nginx found no free port in three tries")
 
     def stop(self) -> None:
@@ -248,7 +281,9 @@ class RemoteStore:
         stop it when the block ends."""
         return self if self._tmp is not None else self.start()
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     @property
@@ -264,9 +299,11 @@ class RemoteStore:
     def environ(self) -> dict[str, str]:
         """The AWS environment that points boto3/s3fs at this store (dummy credentials)."""
         return {
-            "AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
             "AWS_REGION": "us-east-1",
-        }  # fmt: skip
+        }
 
     def served(self, *, since: int = 0) -> list[str]:
         """nginx's log of the file requests served, one line each from the ``since``-th
@@ -292,15 +329,22 @@ class RemoteStore:
             if len(nginx) >= forwarded or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
-        kinds = collections.Counter(" ".join(line.split()[:2]) for line in shim)  # "forward GET", "connect", ...
+        kinds = collections.Counter(
+            " ".join(line.split()[:2]) for line in shim
+        )  # "forward GET", "connect", ...
         requests = sum(n for k, n in kinds.items() if k.startswith(("forward ", "answer ")))
         known = kinds["forward GET"] + kinds["forward HEAD"] + kinds["answer GET"]
         answered = sum(int(line.split()[3]) for line in shim if line.startswith("answer "))
         return Traffic(
-            requests=requests, gets=kinds["forward GET"], heads=kinds["forward HEAD"], lists=kinds["answer GET"],
-            other=requests - known, connections=kinds["connect"], body_bytes=sum(int(f[2]) for f in nginx),
+            requests=requests,
+            gets=kinds["forward GET"],
+            heads=kinds["forward HEAD"],
+            lists=kinds["answer GET"],
+            other=requests - known,
+            connections=kinds["connect"],
+            body_bytes=sum(int(f[2]) for f in nginx),
             bytes_sent=sum(int(f[3]) for f in nginx) + answered,
-        )  # fmt: skip
+        )
 
 
 def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
@@ -339,8 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", default="80MB", help="per connection, per second (80MB = 80e6 bytes)")
     args = parser.parse_args(argv)
     try:
-        store = RemoteStore(Path(args.root), bucket=args.bucket, latency_ms=args.latency_ms,
-                            bandwidth=parse_rate(args.bandwidth))  # fmt: skip
+        store = RemoteStore(
+            Path(args.root),
+            bucket=args.bucket,
+            latency_ms=args.latency_ms,
+            bandwidth=parse_rate(args.bandwidth),
+        )
     except ValueError as exc:
         parser.error(str(exc))
     try:

@@ -35,7 +35,9 @@ def _lake(root: Path, images: int) -> None:
         sub = root / label / (f"b{i % 3}" if i % 2 else "")
         sub.mkdir(parents=True, exist_ok=True)
         fmt = "JPEG" if i % 3 else "PNG"
-        (sub / f"img_{i:05d}.{fmt.lower()[:3]}").write_bytes(encode(make_image(i, size=(64 + i % 40, 48 + i % 30)), fmt))
+        (sub / f"img_{i:05d}.{fmt.lower()[:3]}").write_bytes(
+            encode(make_image(i, size=(64 + i % 40, 48 + i % 30)), fmt)
+        )
     for name, data in bad_objects().items():
         path = root / "cat" / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,15 +46,55 @@ def _lake(root: Path, images: int) -> None:
 
 def _run(code: Path, args: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(code), "SPARK_LOCAL_IP": "127.0.0.1"}
-    subprocess.run([sys.executable, *args], cwd=code, env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.PIPE)
+    subprocess.run(
+        [sys.executable, *args],
+        cwd=code,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _build(code: Path, lake: Path, out: Path, engine: str) -> None:
-    _run(code, ["-m", "jobs.manifest", "--engine", engine, "--input", str(lake), "--output", str(out),
-                "--split", "train=0.7,validation=0.2,test=0.1", "--seed", "5", "--max-reject-fraction", "0.2"])
-    _run(code, ["-m", "jobs.shard", "--engine", engine, "--dataset", str(out), "--num-shards", "3",
-                "--image-size", "32", "--remainder", "pad", "--max-reject-fraction", "0.2"])
+    _run(
+        code,
+        [
+            "-m",
+            "jobs.manifest",
+            "--engine",
+            engine,
+            "--input",
+            str(lake),
+            "--output",
+            str(out),
+            "--split",
+            "train=0.7,validation=0.2,test=0.1",
+            "--seed",
+            "5",
+            "--max-reject-fraction",
+            "0.2",
+        ],
+    )
+    _run(
+        code,
+        [
+            "-m",
+            "jobs.shard",
+            "--engine",
+            engine,
+            "--dataset",
+            str(out),
+            "--num-shards",
+            "3",
+            "--image-size",
+            "32",
+            "--remainder",
+            "pad",
+            "--max-reject-fraction",
+            "0.2",
+        ],
+    )
 
 
 def _digest(out: Path) -> dict:
@@ -66,12 +108,18 @@ def _digest(out: Path) -> dict:
     for folder in sorted((out / "manifests").iterdir()):
         if folder.is_dir() and folder.name != "sagemaker":
             rows = [r for f in sorted(folder.glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
-            manifests[folder.name] = hashlib.sha256(json.dumps(rows, default=str, sort_keys=True).encode()).hexdigest()
+            manifests[folder.name] = hashlib.sha256(
+                json.dumps(rows, default=str, sort_keys=True).encode()
+            ).hexdigest()
     rejects = pq.read_table(out / info["rejects_path"]).to_pylist()
-    return {"dataset_version": info["dataset_version"], "labels": (out / "labels.json").read_text(),
-            "shards": shards, "manifests": manifests,
-            "rejects": hashlib.sha256(json.dumps(rejects, default=str, sort_keys=True).encode()).hexdigest(),
-            "counts": info["counts"]}
+    return {
+        "dataset_version": info["dataset_version"],
+        "labels": (out / "labels.json").read_text(),
+        "shards": shards,
+        "manifests": manifests,
+        "rejects": hashlib.sha256(json.dumps(rejects, default=str, sort_keys=True).encode()).hexdigest(),
+        "counts": info["counts"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                 ok = digests["ref"] == digests["tree"]
                 same &= ok
                 d = digests["tree"]
-                print(f"{engine}: {'same' if ok else 'DIFFERENT'}: dataset_version {digests['ref']['dataset_version']} "
-                      f"-> {d['dataset_version']}, {len(d['shards'])} shard files, counts {d['counts']}")
+                print(
+                    f"{engine}: {'same' if ok else 'DIFFERENT'}: dataset_version {digests['ref']['dataset_version']} "
+                    f"-> {d['dataset_version']}, {len(d['shards'])} shard files, counts {d['counts']}"
+                )
                 if not ok:
                     for key in digests["ref"]:
                         if digests["ref"][key] != digests["tree"][key]:

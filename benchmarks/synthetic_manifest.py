@@ -34,25 +34,32 @@ _CHANNEL = "train"
 
 
 def _class_rows(label: str, index: int, count: int) -> pa.Table:
-    numbers = pc.utf8_lpad(pc.cast(pa.array(np.arange(count, dtype=np.int64)), pa.string()), width=10, padding="0")
+    numbers = pc.utf8_lpad(
+        pc.cast(pa.array(np.arange(count, dtype=np.int64)), pa.string()), width=10, padding="0"
+    )
     key = pc.binary_join_element_wise(f"{label}/img_", numbers, ".png", "")
     n = len(key)
-    return pa.table({
-        "uri": pc.binary_join_element_wise("s3://synthetic-lake/raw/", key, ""),
-        "key": key,
-        "label": pa.repeat(label, n),
-        "label_index": pa.repeat(pa.scalar(index, pa.int64()), n),
-        "channel": pa.repeat(_CHANNEL, n),
-        "size": pa.repeat(pa.scalar(1000, pa.int64()), n),
-        "etag": pa.repeat("0" * 32, n),
-        "last_modified": pa.repeat(pa.scalar(0, pa.timestamp("us", tz="UTC")), n),
-        "format": pa.repeat("PNG", n),
-        "status": pa.repeat("ok", n),
-        "reason": pa.nulls(n, pa.string()),
-    }, schema=MANIFEST_SCHEMA)
+    return pa.table(
+        {
+            "uri": pc.binary_join_element_wise("s3://synthetic-lake/raw/", key, ""),
+            "key": key,
+            "label": pa.repeat(label, n),
+            "label_index": pa.repeat(pa.scalar(index, pa.int64()), n),
+            "channel": pa.repeat(_CHANNEL, n),
+            "size": pa.repeat(pa.scalar(1000, pa.int64()), n),
+            "etag": pa.repeat("0" * 32, n),
+            "last_modified": pa.repeat(pa.scalar(0, pa.timestamp("us", tz="UTC")), n),
+            "format": pa.repeat("PNG", n),
+            "status": pa.repeat("ok", n),
+            "reason": pa.nulls(n, pa.string()),
+        },
+        schema=MANIFEST_SCHEMA,
+    )
 
 
-def write_manifest(root: Path, *, rows: int, classes: int, rows_per_part: int = 100_000, seed: int = 0) -> Path:
+def write_manifest(
+    root: Path, *, rows: int, classes: int, rows_per_part: int = 100_000, seed: int = 0
+) -> Path:
     """Write the manifest at ``root`` (a new folder); returns ``root``."""
     counts = class_counts(rows, classes, seed=seed)
     labels = {f"class_{i:04d}": i for i in range(classes)}
@@ -63,17 +70,31 @@ def write_manifest(root: Path, *, rows: int, classes: int, rows_per_part: int = 
         by_part.setdefault(label_part(label, parts), []).append(label)
     for p in range(parts):
         # Labels in sorted order, numbers zero-padded: each part comes out sorted by key.
-        tables = [_class_rows(label, labels[label], counts[labels[label]]) for label in sorted(by_part.get(p, []))]
+        tables = [
+            _class_rows(label, labels[label], counts[labels[label]]) for label in sorted(by_part.get(p, []))
+        ]
         path = Path(manifest_part_uri(uri, _CHANNEL, p, parts).removeprefix("file://"))
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.concat_tables(tables) if tables else MANIFEST_SCHEMA.empty_table(), path)
     per_class = {label: counts[i] for label, i in labels.items()}
     marker = {
-        "format_version": FORMAT_VERSION, "input": "s3://synthetic-lake/raw", "split": {_CHANNEL: 1.0},
-        "split_order": [_CHANNEL], "split_method": "hash", "seed": seed, "labels": labels, "parts": parts,
+        "format_version": FORMAT_VERSION,
+        "input": "s3://synthetic-lake/raw",
+        "split": {_CHANNEL: 1.0},
+        "split_order": [_CHANNEL],
+        "split_method": "hash",
+        "seed": seed,
+        "labels": labels,
+        "parts": parts,
         "fingerprint": hashlib.sha256(f"synthetic {rows} {classes} {seed}".encode()).hexdigest(),
-        "counts": {"listed": rows, "accepted": rows, "rejected": 0, "channels": {_CHANNEL: rows},
-                   "classes": {_CHANNEL: per_class}, "skipped": 0},
+        "counts": {
+            "listed": rows,
+            "accepted": rows,
+            "rejected": 0,
+            "channels": {_CHANNEL: rows},
+            "classes": {_CHANNEL: per_class},
+            "skipped": 0,
+        },
     }
     (root / "labels.json").write_text(json.dumps(labels, sort_keys=True))
     Path(manifest_marker_uri(uri).removeprefix("file://")).write_text(json.dumps(marker, sort_keys=True))

@@ -28,4 +28,6 @@ def write_runs(out: Path | None, args: argparse.Namespace, runs: dict[str, Any])
     """Write the command line's arguments and every run to ``out`` as JSON (nothing if ``None``)."""
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"args": {k: str(x) for k, x in vars(args).items()}, "runs": runs}, indent=2) + "\n")
+        out.write_text(
+            json.dumps({"args": {k: str(x) for k, x in vars(args).items()}, "runs": runs}, indent=2) + "\n"
+        )

@@ -158,8 +158,15 @@ def _staging(out: str) -> str:
 
 def read_ground_truth(cfg: ManifestConfig, engine: Engine, staging: str) -> Listing:
     """The objects and their labels from ``--input-manifest`` (:mod:`jobs.manifest_steps.ground_truth`)."""
-    return read_manifest(engine, uri=cfg.input_manifest or "", attribute=cfg.label_attribute or "",
-                         root=cfg.input, skip=_skip(cfg), rows_per_part=cfg.rows_per_part, staging=staging)
+    return read_manifest(
+        engine,
+        uri=cfg.input_manifest or "",
+        attribute=cfg.label_attribute or "",
+        root=cfg.input,
+        skip=_skip(cfg),
+        rows_per_part=cfg.rows_per_part,
+        staging=staging,
+    )
 
 
 def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> Listing:
@@ -170,20 +177,42 @@ def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> Listing:
     if cfg.inventory:
         listing = _list_inventory(cfg, engine, src, staging)
     elif cfg.labels:  # a flat lake: every object under the input, listed in balanced rounds
-        log.info("listing every object under %s on %s (labels from --labels %s)", src, engine.name,
-                 cfg.labels)
-        listing = _listing(list_lake(engine, src, [src], label_depth=0, skip=_skip(cfg),
-                                     task_objects=cfg.list_task_objects, stage=_stage(staging)), classes=1)
+        log.info(
+            "listing every object under %s on %s (labels from --labels %s)", src, engine.name, cfg.labels
+        )
+        listing = _listing(
+            list_lake(
+                engine,
+                src,
+                [src],
+                label_depth=0,
+                skip=_skip(cfg),
+                task_objects=cfg.list_task_objects,
+                stage=_stage(staging),
+            ),
+            classes=1,
+        )
     else:
         found = discover(src, label_depth=cfg.label_depth, skip=_skip(cfg))
-        log.info("found %d class prefixes under %s; listing them on %s", len(found.prefixes), src,
-                 engine.name)
-        results = list_lake(engine, src, found.prefixes, label_depth=cfg.label_depth, skip=_skip(cfg),
-                            task_objects=cfg.list_task_objects, stage=_stage(staging))
+        log.info(
+            "found %d class prefixes under %s; listing them on %s", len(found.prefixes), src, engine.name
+        )
+        results = list_lake(
+            engine,
+            src,
+            found.prefixes,
+            label_depth=cfg.label_depth,
+            skip=_skip(cfg),
+            task_objects=cfg.list_task_objects,
+            stage=_stage(staging),
+        )
         listing = _listing(results, classes=len(found.prefixes), stray=found.stray, staging=staging)
     if listing.skipped:
-        log.info("skipped %d hidden or excluded objects (e.g. %s)", listing.skipped.total(),
-                 listing.skipped_examples[0].key)
+        log.info(
+            "skipped %d hidden or excluded objects (e.g. %s)",
+            listing.skipped.total(),
+            listing.skipped_examples[0].key,
+        )
     return listing
 
 
@@ -195,7 +224,7 @@ def _stage(staging: str) -> Callable[[Callable[[list[Any]], list[Any]]], Callabl
 
 def _list_inventory(cfg: ManifestConfig, engine: Engine, src: str, staging: str) -> Listing:
     """Pass 1 from the ``--inventory`` report's data files, a task each."""
-    inventory = read_inventory(cfg.inventory or "", bucket=src[len("s3://"):].split("/", 1)[0])
+    inventory = read_inventory(cfg.inventory or "", bucket=src[len("s3://") :].split("/", 1)[0])
     log.info("reading %d inventory data files of %s on %s", len(inventory.files), inventory.uri, engine.name)
     task = _stage(staging)(inventory_rows(inventory, src, label_depth=cfg.label_depth or 0, skip=_skip(cfg)))
     results = engine.map_partitions(task, list(inventory.files), partitions=len(inventory.files))
@@ -205,8 +234,9 @@ def _list_inventory(cfg: ManifestConfig, engine: Engine, src: str, staging: str)
     return listing
 
 
-def _listing(results: Sequence[ListedPart], *, classes: int, stray: Sequence[dict[str, Any]] = (),
-             staging: str = "") -> Listing:
+def _listing(
+    results: Sequence[ListedPart], *, classes: int, stray: Sequence[dict[str, Any]] = (), staging: str = ""
+) -> Listing:
     """The listing tasks' parts as one listing. ``stray``: the objects the driver found above
     the label level (few), counted if skipped, else staged in a part of their own (rejects)."""
     skipped = Counter(skip_kind(r["reason"]) for r in stray if r["status"] == "skipped")
@@ -219,8 +249,12 @@ def _listing(results: Sequence[ListedPart], *, classes: int, stray: Sequence[dic
         uri = storage.join(staging, "listed", "part-stray.parquet")
         write_part(uri, pa.Table.from_pylist(unlabelled, schema=MANIFEST_SCHEMA), durable=False)
         parts.append(StagedPart(uri, len(unlabelled)))
-    return Listing(parts=tuple(sorted(parts)), classes=classes, skipped=skipped,
-                   skipped_examples=tuple(sorted(examples)[:EXAMPLES]))
+    return Listing(
+        parts=tuple(sorted(parts)),
+        classes=classes,
+        skipped=skipped,
+        skipped_examples=tuple(sorted(examples)[:EXAMPLES]),
+    )
 
 
 def label(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) -> Listing:
@@ -232,29 +266,48 @@ def label(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) -
     object is read)."""
     where = storage.normalize(cfg.labels or "")
     files = label_files(where)
-    join = LabelJoin(root=storage.normalize(cfg.input), labels=where, channels=tuple(cfg.split),
-                     staging=storage.join(staging, "labelling"),
-                     buckets=max(1, math.ceil(listing.rows / cfg.rows_per_part)))
-    log.info("labelling %d listed objects from %s (%d file(s)) in %d key buckets", listing.rows, where,
-             len(files), join.buckets)
+    join = LabelJoin(
+        root=storage.normalize(cfg.input),
+        labels=where,
+        channels=tuple(cfg.split),
+        staging=storage.join(staging, "labelling"),
+        buckets=max(1, math.ceil(listing.rows / cfg.rows_per_part)),
+    )
+    log.info(
+        "labelling %d listed objects from %s (%d file(s)) in %d key buckets",
+        listing.rows,
+        where,
+        len(files),
+        join.buckets,
+    )
     tables = engine.map_partitions(partial(stage_table, join=join), files, partitions=len(files))
     if listing.rows:
         partitions = cfg.partitions or _inspect_tasks(listing.rows, engine.parallelism)
-        engine.map_partitions(partial(stage_keys, join=join), listing.slices(partitions),
-                              partitions=partitions)
-    results = engine.map_partitions(partial(join_task, join=join), list(range(join.buckets)),
-                                    partitions=join.buckets)
+        engine.map_partitions(
+            partial(stage_keys, join=join), listing.slices(partitions), partitions=partitions
+        )
+    results = engine.map_partitions(
+        partial(join_task, join=join), list(range(join.buckets)), partitions=join.buckets
+    )
     labelling = Labelling.merge(where, len(files), tables, results)
     joined = labelling.joined
     if joined.conflicts:
-        raise ManifestError(f"--labels {where} labels {joined.conflicts} key(s) in two different ways "
-                            f"(e.g. {conflicts_text(joined.conflict_examples)}); give each key one label and "
-                            "at most one channel (repeating an identical row is fine)")
+        raise ManifestError(
+            f"--labels {where} labels {joined.conflicts} key(s) in two different ways "
+            f"(e.g. {conflicts_text(joined.conflict_examples)}); give each key one label and "
+            "at most one channel (repeating an identical row is fine)"
+        )
     if labelling.not_in_lake:
-        log.warning("%d rows of --labels %s name no object under %s (e.g. %s)", labelling.not_in_lake, where,
-                    join.root, ", ".join(labelling.not_in_lake_examples))
-    return replace(listing, parts=joined.parts, classes=max(1, len(joined.labels)),
-                   labels_table=labelling.to_json())
+        log.warning(
+            "%d rows of --labels %s name no object under %s (e.g. %s)",
+            labelling.not_in_lake,
+            where,
+            join.root,
+            ", ".join(labelling.not_in_lake_examples),
+        )
+    return replace(
+        listing, parts=joined.parts, classes=max(1, len(joined.labels)), labels_table=labelling.to_json()
+    )
 
 
 def rebase(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) -> BaseJoin:
@@ -272,11 +325,22 @@ def rebase(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) 
     partitions = cfg.partitions or max(engine.parallelism, math.ceil((rows + objects) / per_part))
     # The header-reading tasks join whole buckets: at least a bucket per core keeps every core
     # reading; not one per task, as each staging task writes a file per bucket.
-    join = BaseJoin(root=where, parts=marker["parts"], sniff=cfg.sniff, staging=storage.join(staging, "base"),
-                    buckets=max(engine.parallelism, math.ceil(max(rows, objects) / per_part)),
-                    fingerprint=marker["fingerprint"], objects=objects)
-    log.info("joining %d listed objects with the %d of --base %s in %d key buckets", rows, objects, where,
-             join.buckets)
+    join = BaseJoin(
+        root=where,
+        parts=marker["parts"],
+        sniff=cfg.sniff,
+        staging=storage.join(staging, "base"),
+        buckets=max(engine.parallelism, math.ceil(max(rows, objects) / per_part)),
+        fingerprint=marker["fingerprint"],
+        objects=objects,
+    )
+    log.info(
+        "joining %d listed objects with the %d of --base %s in %d key buckets",
+        rows,
+        objects,
+        where,
+        join.buckets,
+    )
     stage_join(engine, join, slices, partitions)
     return join
 
@@ -285,9 +349,17 @@ def _plan(cfg: ManifestConfig, out: str, staging: str, listing: Listing) -> Pass
     """How the later passes part the rows: a function of the lake alone (so every engine writes
     the same parts), each class whole in one part."""
     buckets = max(1, math.ceil(listing.rows / cfg.rows_per_part))
-    return PassPlan(out=out, staging=staging, content_buckets=buckets,
-                    parts=min(buckets, max(1, listing.classes)), split=dict(cfg.split), seed=cfg.seed,
-                    split_method=cfg.split_method, dedupe=cfg.dedupe, sniff=cfg.sniff)
+    return PassPlan(
+        out=out,
+        staging=staging,
+        content_buckets=buckets,
+        parts=min(buckets, max(1, listing.classes)),
+        split=dict(cfg.split),
+        seed=cfg.seed,
+        split_method=cfg.split_method,
+        dedupe=cfg.dedupe,
+        sniff=cfg.sniff,
+    )
 
 
 #: Objects per header-reading task, and at most this many such tasks unless the engine has more
@@ -305,16 +377,24 @@ def _nothing_listed(where: str, skipped: Counter[str]) -> str:
     """Why no object is left to build from: none found, or all skipped (counted by reason)."""
     if not skipped:
         return f"no objects found under {where}"
-    reasons = [f"{n} excluded by {kind.removeprefix('excluded: ')}" if kind.startswith("excluded") else
-               f"{n} hidden (--include-hidden lists them)" if kind == "hidden" else f"{n} {kind}"
-               for kind, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0]))]
+    reasons = [
+        f"{n} excluded by {kind.removeprefix('excluded: ')}"
+        if kind.startswith("excluded")
+        else f"{n} hidden (--include-hidden lists them)"
+        if kind == "hidden"
+        else f"{n} {kind}"
+        for kind, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
     fix = "; check --exclude" if any(k.startswith("excluded") for k in skipped) else ""
-    return (f"all {skipped.total()} objects found under {where} were skipped ({', '.join(reasons)}): none is "
-            f"left to build a manifest from{fix}")
+    return (
+        f"all {skipped.total()} objects found under {where} were skipped ({', '.join(reasons)}): none is "
+        f"left to build a manifest from{fix}"
+    )
 
 
-def read_headers(cfg: ManifestConfig, engine: Engine, listing: Listing, plan: PassPlan,
-            join: BaseJoin | None = None) -> JoinCounts | None:
+def read_headers(
+    cfg: ManifestConfig, engine: Engine, listing: Listing, plan: PassPlan, join: BaseJoin | None = None
+) -> JoinCounts | None:
     """Read each listed object's first bytes on the workers and stage the rows by content
     bucket (pass 2); with ``join``, join the rows with ``--base``'s in the same tasks and return
     the join's counts (:func:`jobs.manifest_steps.base.join_and_inspect`)."""
@@ -322,29 +402,39 @@ def read_headers(cfg: ManifestConfig, engine: Engine, listing: Listing, plan: Pa
         raise ManifestError(_nothing_listed(storage.normalize(cfg.input), listing.skipped))
     split_function(cfg.split_method)
     partitions = cfg.partitions or _inspect_tasks(listing.rows, engine.parallelism)
-    log.info("listed %d objects; %s in %d tasks", listing.rows,
-             "reading their headers" if cfg.sniff else "not reading them (--no-sniff)", partitions)
+    log.info(
+        "listed %d objects; %s in %d tasks",
+        listing.rows,
+        "reading their headers" if cfg.sniff else "not reading them (--no-sniff)",
+        partitions,
+    )
     if join is None:
-        engine.map_partitions(partial(inspect_task, plan=plan), listing.slices(partitions),
-                              partitions=partitions)  # several slices a task
+        engine.map_partitions(
+            partial(inspect_task, plan=plan), listing.slices(partitions), partitions=partitions
+        )  # several slices a task
         return None
     counts = join_and_inspect(engine, join, plan, partitions)
     if counts.rows != listing.rows:
-        raise ManifestError(f"the join with --base {join.root} gave {counts.rows} rows, {listing.rows} were "
-                            "listed")
+        raise ManifestError(
+            f"the join with --base {join.root} gave {counts.rows} rows, {listing.rows} were listed"
+        )
     return counts
 
 
-def _predicted_counts(cfg: ManifestConfig, labels: dict[str, int],
-                      content: ContentCounts) -> dict[str, dict[str, int]]:
+def _predicted_counts(
+    cfg: ManifestConfig, labels: dict[str, int], content: ContentCounts
+) -> dict[str, dict[str, int]]:
     """``counts[channel][label]`` before the split runs: a per-row split's counts came back
     from the workers; the stratified split's follow from the class sizes, but for the rows
     ``--labels`` pins (counted per class and per channel on the workers)."""
     if cfg.split_method == "stratified":  # the split's quotas of the unpinned rows, plus the pinned
-        quotas = {label: class_quotas(content.accepted[label] - content.pinned[label], cfg.split)
-                  for label in labels}
-        return {c: {label: quotas[label][c] + content.in_channel(label, c) for label in labels}
-                for c in cfg.split}
+        quotas = {
+            label: class_quotas(content.accepted[label] - content.pinned[label], cfg.split)
+            for label in labels
+        }
+        return {
+            c: {label: quotas[label][c] + content.in_channel(label, c) for label in labels} for c in cfg.split
+        }
     return {c: {label: content.in_channel(label, c) for label in labels} for c in cfg.split}
 
 
@@ -359,13 +449,22 @@ def group_and_check(cfg: ManifestConfig, engine: Engine, plan: PassPlan) -> _Che
     """Group identical content on the workers (pass 3) and check the counts: every rule of
     :func:`jobs.manifest_steps.catalog.build_manifest` that fails a run fails it here, before any
     manifest table is written."""
-    content = ContentCounts.merge(engine.map_partitions(partial(content_task, plan=plan),
-                                                        list(range(plan.content_buckets)),
-                                                        partitions=plan.content_buckets))
-    labels = check_accepted(listed=content.listed, reasons=content.reasons, removed=content.removed,
-                            ok_labels=list(content.accepted), max_reject_fraction=cfg.max_reject_fraction,
-                            where=storage.normalize(cfg.input),
-                            label_source=_label_source(cfg))
+    content = ContentCounts.merge(
+        engine.map_partitions(
+            partial(content_task, plan=plan),
+            list(range(plan.content_buckets)),
+            partitions=plan.content_buckets,
+        )
+    )
+    labels = check_accepted(
+        listed=content.listed,
+        reasons=content.reasons,
+        removed=content.removed,
+        ok_labels=list(content.accepted),
+        max_reject_fraction=cfg.max_reject_fraction,
+        where=storage.normalize(cfg.input),
+        label_source=_label_source(cfg),
+    )
     counts = _predicted_counts(cfg, labels, content)
     check_min_per_class(counts, list(labels), cfg.min_per_class, cfg.split_method)
     return _CheckedCounts(content=content, labels=labels, counts=counts)
@@ -399,17 +498,31 @@ def write_tables(engine: Engine, plan: PassPlan, checked: _CheckedCounts) -> _Ta
     """Split each class part and write every manifest table's part on the workers (pass 4),
     then report the groups of identical content (pass 5, if there are any)."""
     plan = replace(plan, labels=checked.labels)
-    classes = engine.map_partitions(partial(class_task, plan=plan), list(range(plan.parts)),
-                                    partitions=plan.parts)
-    found = [] if not checked.content.duplicate_groups else engine.map_partitions(
-        partial(duplicates_task, plan=plan), list(range(plan.content_buckets)),
-        partitions=plan.content_buckets)
+    classes = engine.map_partitions(
+        partial(class_task, plan=plan), list(range(plan.parts)), partitions=plan.parts
+    )
+    found = (
+        []
+        if not checked.content.duplicate_groups
+        else engine.map_partitions(
+            partial(duplicates_task, plan=plan),
+            list(range(plan.content_buckets)),
+            partitions=plan.content_buckets,
+        )
+    )
     duplicates = Duplicates(DuplicateGroups.merge(found), removed=checked.content.removed)
     return _TablesWritten(classes=ClassParts.merge(classes), duplicates=duplicates)
 
 
-def summarize(cfg: ManifestConfig, listing: Listing, checked: _CheckedCounts, written: _TablesWritten, *,
-              parts: int, base: BaseReport | None = None) -> dict[str, Any]:
+def summarize(
+    cfg: ManifestConfig,
+    listing: Listing,
+    checked: _CheckedCounts,
+    written: _TablesWritten,
+    *,
+    parts: int,
+    base: BaseReport | None = None,
+) -> dict[str, Any]:
     """What ``manifests/_manifest.json`` says."""
     counts = checked.counts
     achieved = {}
@@ -465,7 +578,9 @@ def _check_bucket(out: str) -> None:
     try:
         fs.info(path.split("/", 1)[0])
     except FileNotFoundError:
-        raise StorageError(f"cannot write {out}: its bucket does not exist (the job never creates buckets)") from None
+        raise StorageError(
+            f"cannot write {out}: its bucket does not exist (the job never creates buckets)"
+        ) from None
     except Exception as exc:
         raise StorageError(f"cannot write {out}: {type(exc).__name__}: {exc}") from exc
 
@@ -473,26 +588,45 @@ def _check_bucket(out: str) -> None:
 def _warn_duplicates(dups: Duplicates) -> None:
     found = dups.found
     if found.across_channels:
-        log.warning("leakage: %d groups of identical images are split across channels (%d objects in %d groups "
-                    "of identical content in all; e.g. %s); pass --dedupe to keep one of each",
-                    found.across_channels, found.objects, found.groups, dups.examples[0])
+        log.warning(
+            "leakage: %d groups of identical images are split across channels (%d objects in %d groups "
+            "of identical content in all; e.g. %s); pass --dedupe to keep one of each",
+            found.across_channels,
+            found.objects,
+            found.groups,
+            dups.examples[0],
+        )
     elif found.groups:
-        log.warning("%d objects in %d groups of identical content (each group within one channel; e.g. %s)",
-                    found.objects, found.groups, dups.examples[0])
+        log.warning(
+            "%d objects in %d groups of identical content (each group within one channel; e.g. %s)",
+            found.objects,
+            found.groups,
+            dups.examples[0],
+        )
     if dups.removed:
         log.info("dedupe: rejected %d copies of identical content", dups.removed)
 
 
 def _log_written(out: str, summary: dict[str, Any]) -> None:
     c = summary["counts"]
-    log.info("manifest written to %s: %d listed, %d accepted (%s), %d rejected", out, c["listed"], c["accepted"],
-             ", ".join(f"{k}={v}" for k, v in c["channels"].items()), c["rejected"])
+    log.info(
+        "manifest written to %s: %d listed, %d accepted (%s), %d rejected",
+        out,
+        c["listed"],
+        c["accepted"],
+        ", ".join(f"{k}={v}" for k, v in c["channels"].items()),
+        c["rejected"],
+    )
     if base := summary["base"]:
         log.info("--base %s: %s", base["root"], _base_counts(base))
         if base["relabelled"]:
-            log.warning("%d objects have another label than in --base %s (e.g. %s): each takes its new "
-                        "label, as a build without --base gives it", base["relabelled"], base["root"],
-                        _relabelled(base))
+            log.warning(
+                "%d objects have another label than in --base %s (e.g. %s): each takes its new "
+                "label, as a build without --base gives it",
+                base["relabelled"],
+                base["root"],
+                _relabelled(base),
+            )
 
 
 def hold(cfg: ManifestConfig) -> AbstractContextManager[None]:
@@ -549,27 +683,43 @@ def _relabelled(base: dict[str, Any]) -> str:
 def _base_counts(base: dict[str, Any]) -> str:
     left = f" (e.g. {', '.join(base['left_examples'])})" if base["left"] else ""
     relabelled = base.get("relabelled") and f", {base['relabelled']} relabelled (e.g. {_relabelled(base)})"
-    return (f"{base['unchanged']} unchanged ({base['reused']} not read again), {base['new']} new, {base['changed']} "
-            f"changed, {base['left']} left the lake{left}, {base['moved']} moved to another channel"
-            f"{relabelled or ''}")
+    return (
+        f"{base['unchanged']} unchanged ({base['reused']} not read again), {base['new']} new, {base['changed']} "
+        f"changed, {base['left']} left the lake{left}, {base['moved']} moved to another channel"
+        f"{relabelled or ''}"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    return job_parser("jobs/manifest.py", ManifestConfig,
-                      description="List a raw image lake (<prefix>/<label>/.../<file>, local, file:// or s3://), "
-                                  "label and split it, and write manifests, labels.json and a rejects table.")
+    return job_parser(
+        "jobs/manifest.py",
+        ManifestConfig,
+        description="List a raw image lake (<prefix>/<label>/.../<file>, local, file:// or s3://), "
+        "label and split it, and write manifests, labels.json and a rejects table.",
+    )
 
 
 def _summary(cfg: ManifestConfig, summary: dict[str, Any]) -> str:
     c = summary["counts"]
-    line = (f"manifest: {c['listed']} listed, {c['accepted']} accepted, {c['rejected']} rejected, "
-            f"{len(summary['labels'])} classes -> {storage.normalize(cfg.output)}")
-    return line + (f"\nbase {summary['base']['root']}: {_base_counts(summary['base'])}" if summary["base"] else "")
+    line = (
+        f"manifest: {c['listed']} listed, {c['accepted']} accepted, {c['rejected']} rejected, "
+        f"{len(summary['labels'])} classes -> {storage.normalize(cfg.output)}"
+    )
+    return line + (
+        f"\nbase {summary['base']['root']}: {_base_counts(summary['base'])}" if summary["base"] else ""
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job(argv, parser=parser(), config=ManifestConfig, run=run, summary=_summary, prog="jobs/manifest.py",
-                   prepare=prepare)
+    return run_job(
+        argv,
+        parser=parser(),
+        config=ManifestConfig,
+        run=run,
+        summary=_summary,
+        prog="jobs/manifest.py",
+        prepare=prepare,
+    )
 
 
 if __name__ == "__main__":

@@ -28,12 +28,21 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m jobs.report",
         description="(Re)write <dataset>/report.html, a self-contained HTML report of a complete dataset "
-                    "(one that has dataset.json): counts, splits, rejects, shard balance, samples, lineage.",
+        "(one that has dataset.json): counts, splits, rejects, shard balance, samples, lineage.",
     )
-    p.add_argument("dataset", help="dataset root: a local path, file:// or s3:// URI (the folder holding dataset.json)")
-    p.add_argument("--samples-per-class", type=int, default=6, metavar="N", help="thumbnails per class (default: 6)")
-    p.add_argument("--max-classes", type=int, default=24, metavar="N",
-                   help="classes shown in the sample grid (default: 24)")
+    p.add_argument(
+        "dataset", help="dataset root: a local path, file:// or s3:// URI (the folder holding dataset.json)"
+    )
+    p.add_argument(
+        "--samples-per-class", type=int, default=6, metavar="N", help="thumbnails per class (default: 6)"
+    )
+    p.add_argument(
+        "--max-classes",
+        type=int,
+        default=24,
+        metavar="N",
+        help="classes shown in the sample grid (default: 24)",
+    )
     return p
 
 
@@ -43,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def rewrite() -> str:
         root = storage.normalize(args.dataset)
-        return write_report(root, read_dataset_info(root), samples_per_class=args.samples_per_class,
-                            max_classes=args.max_classes)
+        return write_report(
+            root,
+            read_dataset_info(root),
+            samples_per_class=args.samples_per_class,
+            max_classes=args.max_classes,
+        )
 
     return cli_main("jobs/shard_steps/report_html.py", rewrite, lambda uri: f"report: {uri}")
 

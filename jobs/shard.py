@@ -155,9 +155,13 @@ class Build:
 
     def footer(self) -> dict[str, Any]:
         """Every shard's footer, less its channel and index."""
-        return {"dataset_version": self.job.version, "num_shards": self.cfg.num_shards,
-                "format_version": FORMAT_VERSION, "image_format": self.cfg.image_format,
-                "image_size": self.cfg.image_size}
+        return {
+            "dataset_version": self.job.version,
+            "num_shards": self.cfg.num_shards,
+            "format_version": FORMAT_VERSION,
+            "image_format": self.cfg.image_format,
+            "image_size": self.cfg.image_size,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,11 +203,23 @@ def _classes(marker: dict[str, Any], channel: str) -> tuple[ClassRows, ...]:
     return tuple(sorted(classes, key=lambda c: c.index))
 
 
-def _deal(cfg: ShardConfig, classes: tuple[ClassRows, ...], *, seed: int, channel: str,
-          rejected: list[int] | None = None) -> Deal:
+def _deal(
+    cfg: ShardConfig,
+    classes: tuple[ClassRows, ...],
+    *,
+    seed: int,
+    channel: str,
+    rejected: list[int] | None = None,
+) -> Deal:
     """The plan of ``channel`` from its ``classes``, without the rows at slots ``rejected``."""
-    return deal_from_counts({c.index: c.rows for c in classes}, num_shards=cfg.num_shards, seed=seed,
-                            channel=channel, remainder=cfg.remainder, rejected=rejected or ())
+    return deal_from_counts(
+        {c.index: c.rows for c in classes},
+        num_shards=cfg.num_shards,
+        seed=seed,
+        channel=channel,
+        remainder=cfg.remainder,
+        rejected=rejected or (),
+    )
 
 
 def _channels(cfg: ShardConfig, job: ShardInputs) -> list[Channel]:
@@ -229,14 +245,20 @@ def _start(cfg: ShardConfig, engine: Engine, job: ShardInputs, *, rows: int) -> 
     """A build of ``rows`` rows: its segments' size and its staging folder (named after them)."""
     wanted = _preprocess_tasks(cfg, rows, engine)
     segment_rows = math.ceil(rows / wanted)
-    return Build(cfg=cfg, engine=engine, job=job, segment_rows=segment_rows,
-                 staging=staging_folder(job.root, job.version, cfg, segment_rows, resume=cfg.resume),
-                 # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
-                 slots=engine.parallelism * math.ceil(wanted / engine.parallelism))
+    return Build(
+        cfg=cfg,
+        engine=engine,
+        job=job,
+        segment_rows=segment_rows,
+        staging=staging_folder(job.root, job.version, cfg, segment_rows, resume=cfg.resume),
+        # Engine tasks in a multiple of the cores, so the last round of tasks keeps every core busy.
+        slots=engine.parallelism * math.ceil(wanted / engine.parallelism),
+    )
 
 
-def _slot_parts(engine: Engine, staging: str, root: str,
-                channels: list[Channel]) -> dict[str, tuple[str, ...]]:
+def _slot_parts(
+    engine: Engine, staging: str, root: str, channels: list[Channel]
+) -> dict[str, tuple[str, ...]]:
     """Give every row its slot on the workers, a task per group of classes; the slot parts of
     each channel."""
     tasks = slot_tasks(channels, root=root, staging=staging, cores=engine.parallelism)
@@ -245,8 +267,9 @@ def _slot_parts(engine: Engine, staging: str, root: str,
     done: list[SlotPart] = _run(engine, slot_rows, tasks, [t.rows for t in tasks], engine.parallelism)
     total = sum(c.first.total for c in channels)
     if sum(p.rows for p in done) != total:
-        raise ShardError(f"the slot tasks gave {sum(p.rows for p in done)} rows their slots, "
-                         f"the plan counts {total}")  # slot_rows checks each class
+        raise ShardError(
+            f"the slot tasks gave {sum(p.rows for p in done)} rows their slots, the plan counts {total}"
+        )  # slot_rows checks each class
     return {c.name: tuple(t.uri for t in tasks if t.deal.channel == c.name) for c in channels}
 
 
@@ -255,16 +278,25 @@ def _plan_step(item: OrderTask | StageTask) -> ShardOrder | StagedFile:
     return order_rows(item) if isinstance(item, OrderTask) else stage(item)
 
 
-def _order(engine: Engine, staging: str, plan: str, wanted: list[ShardsToOrder], *, segment_rows: int,
-           reuse: ReusePlan | None = None) -> OrderPass:
+def _order(
+    engine: Engine,
+    staging: str,
+    plan: str,
+    wanted: list[ShardsToOrder],
+    *,
+    segment_rows: int,
+    reuse: ReusePlan | None = None,
+) -> OrderPass:
     """Write the order files ``wanted`` of plan ``plan`` on the workers, in as many engine tasks
     as it has cores. With ``reuse`` (:func:`jobs.shard_steps.reuse.plan_reuse`), stage both
     sides of the join with the base in the same engine action."""
-    tasks = order_tasks(staging, plan, wanted, segment_rows=segment_rows,
-                        join=reuse.folder if reuse else None)
+    tasks = order_tasks(
+        staging, plan, wanted, segment_rows=segment_rows, join=reuse.folder if reuse else None
+    )
     stage_tasks, sizes = (reuse.stage_tasks, reuse.sizes) if reuse else ((), ())
-    done = _run(engine, _plan_step, [*tasks, *stage_tasks], [*(t.cuts[-1] for t in tasks), *sizes],
-                engine.parallelism)
+    done = _run(
+        engine, _plan_step, [*tasks, *stage_tasks], [*(t.cuts[-1] for t in tasks), *sizes], engine.parallelism
+    )
     orders = tuple(d for d in done if isinstance(d, ShardOrder))
     staged = [d for d in done if isinstance(d, StagedFile)]
     staged += [o.staged for o in orders if o.staged is not None]
@@ -278,31 +310,66 @@ def _plan(build: Build, channels: list[Channel]) -> Plan:
     job, n = build.job, build.cfg.num_shards
     parts = _slot_parts(build.engine, build.staging, job.root, channels)
     rows = sum(c.first.total for c in channels)
-    reuse = None if job.base is None else plan_reuse(job.base, rows, folder=work_uri(build.staging, "reuse"),
-                                                     slots=build.slots)
-    wanted = [ShardsToOrder(deal=c.first, slot_parts=parts[c.name],
-                            shards=(*range(n), *([DROPPED_ROWS_SHARD] if c.first.dropped else [])))
-              for c in channels]
+    reuse = (
+        None
+        if job.base is None
+        else plan_reuse(job.base, rows, folder=work_uri(build.staging, "reuse"), slots=build.slots)
+    )
+    wanted = [
+        ShardsToOrder(
+            deal=c.first,
+            slot_parts=parts[c.name],
+            shards=(*range(n), *([DROPPED_ROWS_SHARD] if c.first.dropped else [])),
+        )
+        for c in channels
+    ]
     done = _order(build.engine, build.staging, "first", wanted, segment_rows=build.segment_rows, reuse=reuse)
-    return Plan(channels=tuple(PlannedChannel(channel=c, slot_parts=parts[c.name], orders=done.of(c.name))
-                               for c in channels), reuse=reuse, staged=done.staged)
+    return Plan(
+        channels=tuple(
+            PlannedChannel(channel=c, slot_parts=parts[c.name], orders=done.of(c.name)) for c in channels
+        ),
+        reuse=reuse,
+        staged=done.staged,
+    )
 
 
 # --- Preprocessing --------------------------------------------------------------------------
 
 
-def _with_base(build: Build, base: BaseDataset, reuse: ReusePlan, staged: tuple[StagedFile, ...],
-               tasks: list[SegmentTask], resumed: dict[str, SegmentResult]) -> list[SegmentTask]:
+def _with_base(
+    build: Build,
+    base: BaseDataset,
+    reuse: ReusePlan,
+    staged: tuple[StagedFile, ...],
+    tasks: list[SegmentTask],
+    resumed: dict[str, SegmentResult],
+) -> list[SegmentTask]:
     """``tasks``, those still to run naming the runs of the images they take from ``base``
     (:mod:`jobs.shard_steps.reuse`, on the workers; ``staged`` by the order pass)."""
     todo = [t for t in tasks if t.uri not in resumed]
-    log.info("--base %s (version %s): looking up the %d rows to preprocess among its %d shard files",
-             base.root, base.info.dataset_version, sum(t.num_rows for t in todo), len(base.shards))
-    found = reuse_images(partial(_run, build.engine), base, reuse.folder, list(staged), todo,
-                         skip=tuple(t.reuse_id for t in tasks if t.uri in resumed),
-                         cores=build.engine.parallelism)
-    log.info("--base %s holds the images of %d of them, taken from its shards; the other %d are fetched "
-             "and decoded", base.root, found.matched, sum(t.num_rows for t in todo) - found.matched)
+    log.info(
+        "--base %s (version %s): looking up the %d rows to preprocess among its %d shard files",
+        base.root,
+        base.info.dataset_version,
+        sum(t.num_rows for t in todo),
+        len(base.shards),
+    )
+    found = reuse_images(
+        partial(_run, build.engine),
+        base,
+        reuse.folder,
+        list(staged),
+        todo,
+        skip=tuple(t.reuse_id for t in tasks if t.uri in resumed),
+        cores=build.engine.parallelism,
+    )
+    log.info(
+        "--base %s holds the images of %d of them, taken from its shards; the other %d are fetched "
+        "and decoded",
+        base.root,
+        found.matched,
+        sum(t.num_rows for t in todo) - found.matched,
+    )
     swap = {t.uri: t for t in found.tasks}
     return [swap.get(t.uri, t) for t in tasks]
 
@@ -311,25 +378,51 @@ def _preprocess(build: Build, plan: Plan) -> Preprocessed:
     """Preprocess every segment of the first plan that an earlier run did not finish, straight
     into its file (with ``--base``, the base's images of unchanged objects found first)."""
     cfg, engine, n = build.cfg, build.engine, build.cfg.num_shards
-    tasks = [t for c in plan.channels for t in segment_tasks(
-        build.staging, c.channel.first, c.orders, cfg, build.footer(), segment_rows=build.segment_rows,
-        decode_threads=cfg.decode_threads or engine.task_cpus)]
+    tasks = [
+        t
+        for c in plan.channels
+        for t in segment_tasks(
+            build.staging,
+            c.channel.first,
+            c.orders,
+            cfg,
+            build.footer(),
+            segment_rows=build.segment_rows,
+            decode_threads=cfg.decode_threads or engine.task_cpus,
+        )
+    ]
     resumed = finished(build.staging, tasks)
     if build.job.base is not None and plan.reuse is not None:
         tasks = _with_base(build, build.job.base, plan.reuse, plan.staged, tasks, resumed)
     todo = [t for t in tasks if t.uri not in resumed]
     if resumed:
-        log.info("resuming: %d of %d segments (%d images) were preprocessed by an interrupted run of this "
-                 "job; reusing them (--no-resume starts over)", len(resumed), len(tasks),
-                 sum(r.rows for r in resumed.values()))
+        log.info(
+            "resuming: %d of %d segments (%d images) were preprocessed by an interrupted run of this "
+            "job; reusing them (--no-resume starts over)",
+            len(resumed),
+            len(tasks),
+            sum(r.rows for r in resumed.values()),
+        )
     sizes = [t.num_rows for t in todo]
-    log.info("preprocessing %d images (%s) straight into %d shard files: %d segments in %d tasks on %s",
-             sum(sizes), ", ".join(build.job.channels), len(build.job.channels) * n, len(todo),
-             len(pack(todo, sizes, build.slots)) if todo else 0, engine.name)
+    log.info(
+        "preprocessing %d images (%s) straight into %d shard files: %d segments in %d tasks on %s",
+        sum(sizes),
+        ", ".join(build.job.channels),
+        len(build.job.channels) * n,
+        len(todo),
+        len(pack(todo, sizes, build.slots)) if todo else 0,
+        engine.name,
+    )
     done: list[SegmentResult] = _run(engine, preprocess_segment, todo, sizes, build.slots)
     taken = sum(d.reused for d in done)
-    return Preprocessed(tasks=tasks, results={**resumed, **{d.uri: d for d in done}}, resumed=len(resumed),
-                        ran=len(todo), decoded=sum(d.rows for d in done) - taken, taken=taken)
+    return Preprocessed(
+        tasks=tasks,
+        results={**resumed, **{d.uri: d for d in done}},
+        resumed=len(resumed),
+        ran=len(todo),
+        decoded=sum(d.rows for d in done) - taken,
+        taken=taken,
+    )
 
 
 # --- Repair and assembly --------------------------------------------------------------------
@@ -352,30 +445,56 @@ def _repair(build: Build, plan: Plan, pre: Preprocessed) -> list[RepairedChannel
     n = build.cfg.num_shards
     failed = pre.rejects()
     rejects = unique_rejects(failed)
-    check_reject_budget(rejects, sum(c.channel.first.total for c in plan.channels),
-                        max_fraction=build.cfg.max_reject_fraction, root=build.job.root)
+    check_reject_budget(
+        rejects,
+        sum(c.channel.first.total for c in plan.channels),
+        max_fraction=build.cfg.max_reject_fraction,
+        root=build.job.root,
+    )
     finals = [_final_deal(build, c.channel, rejects) for c in plan.channels]
     log.info("plan: %s", ", ".join(f"{d.channel}={d.rows_per_shard}×{n}" for d in finals))
-    need = [shards_to_assemble(c, final, failed, pre.tasks, num_shards=n)
-            for c, final in zip(plan.channels, finals, strict=True)]
-    wanted = [ShardsToOrder(deal=final, shards=shards, slot_parts=c.slot_parts)
-              for c, final, shards in zip(plan.channels, finals, need, strict=True)
-              if final is not c.channel.first and shards]
-    redone = _order(build.engine, build.staging, "final", wanted, segment_rows=build.segment_rows) if wanted \
+    need = [
+        shards_to_assemble(c, final, failed, pre.tasks, num_shards=n)
+        for c, final in zip(plan.channels, finals, strict=True)
+    ]
+    wanted = [
+        ShardsToOrder(deal=final, shards=shards, slot_parts=c.slot_parts)
+        for c, final, shards in zip(plan.channels, finals, need, strict=True)
+        if final is not c.channel.first and shards
+    ]
+    redone = (
+        _order(build.engine, build.staging, "final", wanted, segment_rows=build.segment_rows)
+        if wanted
         else OrderPass(orders=(), staged=())
-    return [repaired_channel(c, final, shards, redone, staging=build.staging,
-                             rejected=int(pc.sum(pc.equal(rejects["channel"], final.channel)).as_py() or 0))
-            for c, final, shards in zip(plan.channels, finals, need, strict=True)]
+    )
+    return [
+        repaired_channel(
+            c,
+            final,
+            shards,
+            redone,
+            staging=build.staging,
+            rejected=int(pc.sum(pc.equal(rejects["channel"], final.channel)).as_py() or 0),
+        )
+        for c, final, shards in zip(plan.channels, finals, need, strict=True)
+    ]
 
 
 def _assemble(build: Build, channels: list[RepairedChannel], pre: Preprocessed) -> list[AssembledShard]:
     """Assemble the shards of ``channels`` that need it from rows already preprocessed, each
     beside its place (:mod:`jobs.shard_steps.assemble`), on the workers."""
-    repairs = [r for c in channels for r in repair_tasks(c, pre.tasks, metadata=build.footer(),
-                                                           row_group_bytes=build.cfg.row_group_size)]
+    repairs = [
+        r
+        for c in channels
+        for r in repair_tasks(c, pre.tasks, metadata=build.footer(), row_group_bytes=build.cfg.row_group_size)
+    ]
     if repairs:
-        log.info("assembling %d of %d shard files from preprocessed rows (%d images rejected)", len(repairs),
-                 len(channels) * build.cfg.num_shards, sum(c.rejected for c in channels))
+        log.info(
+            "assembling %d of %d shard files from preprocessed rows (%d images rejected)",
+            len(repairs),
+            len(channels) * build.cfg.num_shards,
+            sum(c.rejected for c in channels),
+        )
     sizes = [c.final.rows_per_shard for c in channels for _ in c.assemble]
     return _run(build.engine, locate_and_assemble, repairs, sizes, build.slots)
 
@@ -389,34 +508,53 @@ def _write_rejects_table(build: Build, pre: Preprocessed) -> None:
     assembled shards replace). On S3 straight into the version folder (no copy at the commit);
     locally into the staging folder, moved into place by the commit."""
     staging = build.staging
-    with_rejects = tuple(t.receipt for t in pre.tasks
-                         if t.receipt is not None and pre.results[t.uri].rejects.num_rows)
-    table = RejectsTask(root=build.job.root, relpath=rejects_path(staging), receipts=with_rejects) \
-        if versioned(staging) else RejectsTask(root=staged_rejects(staging), receipts=with_rejects)
+    with_rejects = tuple(
+        t.receipt for t in pre.tasks if t.receipt is not None and pre.results[t.uri].rejects.num_rows
+    )
+    table = (
+        RejectsTask(root=build.job.root, relpath=rejects_path(staging), receipts=with_rejects)
+        if versioned(staging)
+        else RejectsTask(root=staged_rejects(staging), receipts=with_rejects)
+    )
     if with_rejects:
         _run(build.engine, write_rejects, [table], [1], 1)
     else:  # an empty table: no row to read, and on Spark an engine action costs tenths of a second
         write_rejects(table)
 
 
-def _commit(build: Build, channels: list[RepairedChannel], pre: Preprocessed,
-            assembled: list[AssembledShard]) -> DatasetInfo:
+def _commit(
+    build: Build, channels: list[RepairedChannel], pre: Preprocessed, assembled: list[AssembledShard]
+) -> DatasetInfo:
     """Put the assembled shards in place, then commit them with ``dataset.json``
     (:mod:`jobs.shard_steps.commit`)."""
     job, n, staging = build.job, build.cfg.num_shards, build.staging
     files = {(c.name, s): uri for c in channels for s, uri in c.files.items()}
     paths = place_assembled(job.root, staging, files, pre.tasks, num_shards=n)
     written = {r.uri: r.stats for r in pre.results.values()} | {a.uri: a.stats for a in assembled}
-    built = [BuiltChannel(name=c.name, deal=c.final, rejected=c.rejected, dropped=c.uris(c.final.dropped),
-                          padded=c.uris(c.final.padded),
-                          shards=tuple(ShardFile(index=s, path=paths[(c.name, s)], stats=written[uri])
-                                       for s, uri in c.files.items()))
-             for c in channels]
-    made = BuildInfo(preprocess_tasks=pre.ran, preprocessed=pre.decoded, reused_segments=pre.resumed,
-                     assembled_shards=len(assembled), reused=pre.taken,
-                     base=job.base.ref() if job.base is not None else None)
-    info = dataset_info(build.cfg, job, built, made, engine=build.engine.name,
-                        rejects_path=rejects_path(staging))
+    built = [
+        BuiltChannel(
+            name=c.name,
+            deal=c.final,
+            rejected=c.rejected,
+            dropped=c.uris(c.final.dropped),
+            padded=c.uris(c.final.padded),
+            shards=tuple(
+                ShardFile(index=s, path=paths[(c.name, s)], stats=written[uri]) for s, uri in c.files.items()
+            ),
+        )
+        for c in channels
+    ]
+    made = BuildInfo(
+        preprocess_tasks=pre.ran,
+        preprocessed=pre.decoded,
+        reused_segments=pre.resumed,
+        assembled_shards=len(assembled),
+        reused=pre.taken,
+        base=job.base.ref() if job.base is not None else None,
+    )
+    info = dataset_info(
+        build.cfg, job, built, made, engine=build.engine.name, rejects_path=rejects_path(staging)
+    )
     commit(job.root, staging, built, info)
     log.info("dataset %s committed at %s", job.version, job.root)
     return info
@@ -428,8 +566,14 @@ def _write_report(root: str, info: DatasetInfo) -> None:
     try:
         write_report(root, info)
     except Exception as exc:
-        log.warning("the dataset at %s is committed, but its report could not be written: %s: %s "
-                    "(python -m jobs.report %s writes it again)", root, type(exc).__name__, exc, root)
+        log.warning(
+            "the dataset at %s is committed, but its report could not be written: %s: %s "
+            "(python -m jobs.report %s writes it again)",
+            root,
+            type(exc).__name__,
+            exc,
+            root,
+        )
 
 
 # --- The job --------------------------------------------------------------------------------
@@ -448,8 +592,9 @@ def plan_only(cfg: ShardConfig, engine: Engine) -> PlanSummary:
     log.info("plan only: the plan's files go to %s (removed at the end)", staging)
     try:
         parts = _slot_parts(engine, staging, job.root, channels)
-        wanted = [ShardsToOrder(deal=c.first, shards=tuple(range(n)), slot_parts=parts[c.name])
-                  for c in channels]
+        wanted = [
+            ShardsToOrder(deal=c.first, shards=tuple(range(n)), slot_parts=parts[c.name]) for c in channels
+        ]
         done = _order(engine, staging, "plan", wanted, segment_rows=segment_rows)
     finally:
         storage.remove(staging, recursive=True)
@@ -509,24 +654,35 @@ def _build(cfg: ShardConfig, engine: Engine) -> DatasetInfo:
 
 def parser() -> argparse.ArgumentParser:
     return job_parser(
-        "jobs/shard.py", ShardConfig,
+        "jobs/shard.py",
+        ShardConfig,
         description="Preprocess the images of a manifest (decode, EXIF orientation, RGB, resize, encode) and write, "
-                    "for each channel, exactly --num-shards Parquet shards of equal size, one per target GPU.",
+        "for each channel, exactly --num-shards Parquet shards of equal size, one per target GPU.",
         epilog="--overwrite replaces every channel of the existing dataset: with --channels naming fewer channels "
-               "than it has, the job refuses (naming the channels it would delete) rather than delete them.")
+        "than it has, the job refuses (naming the channels it would delete) rather than delete them.",
+    )
 
 
 def _summary(cfg: ShardConfig, info: DatasetInfo | PlanSummary) -> str:
     if isinstance(info, PlanSummary):
         return info.text()
     rows = ", ".join(f"{c}={e.rows_per_shard}×{info.num_shards}" for c, e in info.channels.items())
-    return (f"shards: {rows} rows, {info.counts.shard_rejects} rejected, "
-            f"version {info.dataset_version} -> {storage.normalize(cfg.dataset)}")
+    return (
+        f"shards: {rows} rows, {info.counts.shard_rejects} rejected, "
+        f"version {info.dataset_version} -> {storage.normalize(cfg.dataset)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job(argv, parser=parser(), config=ShardConfig, run=run, summary=_summary, prog="jobs/shard.py",
-                   prepare=prepare)
+    return run_job(
+        argv,
+        parser=parser(),
+        config=ShardConfig,
+        run=run,
+        summary=_summary,
+        prog="jobs/shard.py",
+        prepare=prepare,
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ def _check_dataset(root: str) -> None:
         raise StorageError(f"cannot read --dataset {root}: {type(exc).__name__}: {exc}") from exc
 
 
-def remove_versions(root: str, *, keep: int | None = None, version: str | None = None,
-                    dry_run: bool = False) -> list[Version]:
+def remove_versions(
+    root: str, *, keep: int | None = None, version: str | None = None, dry_run: bool = False
+) -> list[Version]:
     """Remove old versions of the dataset at ``root`` (``keep`` or ``version``, see the module
     docstring); return what was removed (or would be, with ``dry_run``).
 
@@ -68,7 +69,9 @@ def remove_versions(root: str, *, keep: int | None = None, version: str | None =
     if (keep is None) == (version is None):
         raise ConfigError("give exactly one of --keep N and --version V")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        raise ConfigError(f"--keep must be an integer >= 1 (the current version is always kept), got {keep!r}")
+        raise ConfigError(
+            f"--keep must be an integer >= 1 (the current version is always kept), got {keep!r}"
+        )
     root = storage.normalize(root)
     _check_dataset(root)
     found = list_versions(root)
@@ -79,11 +82,15 @@ def remove_versions(root: str, *, keep: int | None = None, version: str | None =
             raise ConfigError(f"--version: {exc}") from None
         by_name = {v.name: v for v in found}
         if version not in by_name:
-            raise ConfigError(f"--version {version!r}: {versions_uri(root)} has no such version "
-                              f"(it has {sorted(by_name) or 'none'}; python -m jobs.versions list --dataset {root})")
+            raise ConfigError(
+                f"--version {version!r}: {versions_uri(root)} has no such version "
+                f"(it has {sorted(by_name) or 'none'}; python -m jobs.versions list --dataset {root})"
+            )
         if by_name[version].current:
-            raise ConfigError(f"--version {version!r} is the current version of {root} (dataset.json names it); "
-                              "it cannot be removed")
+            raise ConfigError(
+                f"--version {version!r} is the current version of {root} (dataset.json names it); "
+                "it cannot be removed"
+            )
         doomed = [by_name[version]]
     else:
         complete = [v for v in found if v.complete]
@@ -106,14 +113,17 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m jobs.versions",
         description="List or remove the shard versions of a dataset on S3 (shards/v=<version>/). The version "
-                    "dataset.json names is never removed.")
+        "dataset.json names is never removed.",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("list", help="every version folder: current, complete or incomplete, files, bytes")
     rm = sub.add_parser("remove", help="remove old versions (--keep N or --version V)")
     for s in (ls, rm):
         s.add_argument("--dataset", required=True, help="the dataset's URI (s3://... or a local path)")
     which = rm.add_mutually_exclusive_group(required=True)
-    which.add_argument("--keep", type=int, help="keep the N newest complete versions (the current one included)")
+    which.add_argument(
+        "--keep", type=int, help="keep the N newest complete versions (the current one included)"
+    )
     which.add_argument("--version", help="remove this version (not the current one)")
     rm.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     return p
@@ -135,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def summary(done: list[Version]) -> str:
         if args.command == "list":
-            return "\n".join(map(_line, done)) if done else f"{storage.normalize(args.dataset)} has no version folders"
+            return (
+                "\n".join(map(_line, done))
+                if done
+                else f"{storage.normalize(args.dataset)} has no version folders"
+            )
         verb = "would remove" if args.dry_run else "removed"
         return "\n".join(f"{verb} {_line(v)}" for v in done) if done else "nothing to remove"
 

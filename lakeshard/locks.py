@@ -67,9 +67,13 @@ _HELD_LOCK = threading.Lock()
 
 
 def _describe(job: str) -> dict[str, object]:
-    return {"job": job, "pid": os.getpid(), "host": socket.gethostname(),
-            "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(sys.argv)[:300]}
+    return {
+        "job": job,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv)[:300],
+    }
 
 
 def _holder(fd: int) -> str:
@@ -81,8 +85,10 @@ def _holder(fd: int) -> str:
         held = None
     if not isinstance(held, dict):
         return "another job is reading it (e.g. jobs/shard.py --plan-only)"
-    return (f"{held.get('job', 'a')} job is writing it since {held.get('since', '?')} "
-            f"(pid {held.get('pid', '?')} on {held.get('host', '?')}: {held.get('command', '')})")
+    return (
+        f"{held.get('job', 'a')} job is writing it since {held.get('since', '?')} "
+        f"(pid {held.get('pid', '?')} on {held.get('host', '?')}: {held.get('command', '')})"
+    )
 
 
 @contextmanager
@@ -108,7 +114,9 @@ def dataset_lock(root: str, *, job: str, exclusive: bool = True) -> Iterator[Non
         held = _HELD.get(path)
         if held is not None:
             if exclusive and not held.exclusive:
-                raise DatasetBusyError(f"{root}: this process holds the dataset's lock shared and asks for it exclusive")
+                raise DatasetBusyError(
+                    f"{root}: this process holds the dataset's lock shared and asks for it exclusive"
+                )
             held.count += 1
     if held is not None:
         try:
@@ -150,12 +158,18 @@ def _acquire(root: str, folder: str, path: str, *, job: str, exclusive: bool) ->
         os.close(fd)
         raise DatasetBusyError(
             f"{root} is busy: {holder}; wait for it to finish (a killed job releases the lock at once), "
-            "or write to another dataset") from None
+            "or write to another dataset"
+        ) from None
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            log.warning("%s: this filesystem cannot lock %s (%s): two jobs writing this dataset at once "
-                        "would not be refused", root, path, exc.strerror)
+            log.warning(
+                "%s: this filesystem cannot lock %s (%s): two jobs writing this dataset at once "
+                "would not be refused",
+                root,
+                path,
+                exc.strerror,
+            )
             return None
         raise
     if exclusive:

@@ -43,9 +43,16 @@ MAX_SEED = 2**32 - 1
 T = TypeVar("T")
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 
 
@@ -62,7 +69,9 @@ def parse_size(value: str | int) -> int:
         raise ValueError(f"a size must look like '4MiB', '512KB' or '1000', got {value!r}")
     size = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
     if _SIZE_UNITS[m.group(2).lower()] == 1 and not size.is_integer():
-        raise ValueError(f"a size in bytes must be a whole number (or carry a unit, like '1.5MiB'), got {value!r}")
+        raise ValueError(
+            f"a size in bytes must be a whole number (or carry a unit, like '1.5MiB'), got {value!r}"
+        )
     return int(size)
 
 
@@ -75,8 +84,10 @@ def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
     if isinstance(value, Mapping):
         items = list(value.items())
     elif not isinstance(value, str):
-        raise ValueError(f"split must be a mapping like {{train: 0.8, validation: 0.2}} or a string like "
-                         f"'train=0.8,validation=0.2', got a {type(value).__name__}: {value!r}")
+        raise ValueError(
+            f"split must be a mapping like {{train: 0.8, validation: 0.2}} or a string like "
+            f"'train=0.8,validation=0.2', got a {type(value).__name__}: {value!r}"
+        )
     else:
         items = []
         for part in str(value).split(","):
@@ -89,8 +100,10 @@ def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, frac in items:
         if name not in CHANNELS:
-            raise ValueError(f"unknown channel {name!r} in split {_show(value)!r}; channels are "
-                             f"{', '.join(CHANNELS)} (any of them)")
+            raise ValueError(
+                f"unknown channel {name!r} in split {_show(value)!r}; channels are "
+                f"{', '.join(CHANNELS)} (any of them)"
+            )
         if name in out:
             raise ValueError(f"channel {name!r} appears twice in split {value!r}")
         try:
@@ -108,8 +121,14 @@ def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def check_positive(name: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False,
-                   error: type[Exception] = ValueError) -> None:
+def check_positive(
+    name: str,
+    value: Any,
+    *,
+    allow_none: bool = False,
+    allow_zero: bool = False,
+    error: type[Exception] = ValueError,
+) -> None:
     """Raise ``error`` naming ``name`` unless ``value`` is a positive integer (or zero with
     ``allow_zero``, or None with ``allow_none``); a bool is not an integer here."""
     if value is None and allow_none:
@@ -147,9 +166,16 @@ def parse_globs(value: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(items)
 
 
-def opt(default: Any = dataclasses.MISSING, *, help: str, parse: Callable[[Any], Any] | None = None,
-        choices: tuple[str, ...] | None = None, flag: bool = True, const: str | None = None,
-        repeat: bool = False) -> Any:
+def opt(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    parse: Callable[[Any], Any] | None = None,
+    choices: tuple[str, ...] | None = None,
+    flag: bool = True,
+    const: str | None = None,
+    repeat: bool = False,
+) -> Any:
     """A dataclass field with its help text, parser and choices for the command line.
 
     ``const``: the flag may be given without a value, meaning ``const`` (``--resume`` = auto).
@@ -181,8 +207,10 @@ def _convert(cls: type, name: str, raw: Any, source: str) -> Any:
             base = _base_type(hints[name])
             if isinstance(raw, (list, tuple, set, dict)):
                 hint = " (several values go in one comma-separated string)" if base is str else ""
-                raise ValueError(f"expected a single {getattr(base, '__name__', 'value')}, got a "
-                                 f"{type(raw).__name__}: {raw!r}{hint}")
+                raise ValueError(
+                    f"expected a single {getattr(base, '__name__', 'value')}, got a "
+                    f"{type(raw).__name__}: {raw!r}{hint}"
+                )
             if base is bool:
                 if isinstance(raw, bool):
                     value = raw
@@ -221,7 +249,7 @@ def _named(exc: Exception, names: Sequence[str], sources: Mapping[str, str]) -> 
     if m is None or m.group(1) not in names:
         return exc if isinstance(exc, ConfigError) else ConfigError(text)
     name = m.group(1)
-    return ConfigError(f"{_flag(name)} ({sources.get(name, 'default')}): {text[m.end():]}")
+    return ConfigError(f"{_flag(name)} ({sources.get(name, 'default')}): {text[m.end() :]}")
 
 
 def _flag(name: str) -> str:
@@ -231,7 +259,9 @@ def _flag(name: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add one option per field of ``cls``; defaults stay ``None`` so that only what the user
     typed overrides the YAML file."""
-    parser.add_argument("--conf", metavar="YAML", help="a YAML file of these options (see conf/); flags override it")
+    parser.add_argument(
+        "--conf", metavar="YAML", help="a YAML file of these options (see conf/); flags override it"
+    )
     for f in dataclasses.fields(cls):
         if not f.metadata.get("flag", True):
             continue
@@ -243,15 +273,33 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         elif default not in (None, ()) and base is not bool:
             help_text += f" (default: {_show(default)})"
         if f.metadata.get("repeat"):
-            parser.add_argument(_flag(f.name), dest=f.name, default=None, action="append", metavar=f.name.upper(),
-                                help=help_text + " (repeatable)")
+            parser.add_argument(
+                _flag(f.name),
+                dest=f.name,
+                default=None,
+                action="append",
+                metavar=f.name.upper(),
+                help=help_text + " (repeatable)",
+            )
         elif base is bool:
-            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=help_text + f" (default: {'on' if default else 'off'})")
+            parser.add_argument(
+                _flag(f.name),
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text + f" (default: {'on' if default else 'off'})",
+            )
         else:
             extra = {"nargs": "?", "const": f.metadata["const"]} if f.metadata.get("const") else {}
-            parser.add_argument(_flag(f.name), dest=f.name, default=None, metavar=f.name.upper(),
-                                choices=f.metadata.get("choices"), help=help_text, **extra)
+            parser.add_argument(
+                _flag(f.name),
+                dest=f.name,
+                default=None,
+                metavar=f.name.upper(),
+                choices=f.metadata.get("choices"),
+                help=help_text,
+                **extra,
+            )
 
 
 def _show(value: Any) -> str:
@@ -282,8 +330,9 @@ def read_yaml(path: str, cls: type) -> dict[str, Any]:
     return out
 
 
-def resolve(cls: type[T], args: argparse.Namespace | Mapping[str, Any] | None = None,
-            *, conf: str | None = None) -> T:
+def resolve(
+    cls: type[T], args: argparse.Namespace | Mapping[str, Any] | None = None, *, conf: str | None = None
+) -> T:
     """Build ``cls`` from its defaults, then the YAML file ``conf`` (or ``args.conf``), then
     the options in ``args`` that are not ``None``.
 
@@ -303,11 +352,15 @@ def resolve(cls: type[T], args: argparse.Namespace | Mapping[str, Any] | None = 
         if raw is not None and name in names:
             values[name] = _convert(cls, name, raw, "command line")
             sources[name] = "command line"
-    missing = [f.name for f in dataclasses.fields(cls)
-               if f.default is dataclasses.MISSING and f.name not in values]
+    missing = [
+        f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in values
+    ]
     if missing:
-        raise ConfigError("missing required option(s): " + ", ".join(_flag(n) for n in missing)
-                          + (f" (not on the command line, nor in {conf})" if conf else ""))
+        raise ConfigError(
+            "missing required option(s): "
+            + ", ".join(_flag(n) for n in missing)
+            + (f" (not on the command line, nor in {conf})" if conf else "")
+        )
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:

@@ -112,7 +112,9 @@ def normalize(uri: str) -> str:
     elif not scheme or len(scheme) == 1:  # plain path (or a Windows drive)
         path = uri
     else:
-        raise StorageError(f"unsupported URI scheme {scheme!r} in {uri!r}: use a local path, file:// or s3://")
+        raise StorageError(
+            f"unsupported URI scheme {scheme!r} in {uri!r}: use a local path, file:// or s3://"
+        )
     path = os.path.abspath(os.path.expanduser(path))
     return "file://" + path
 
@@ -132,7 +134,7 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         # argument (unknown arguments go to AioSession and fail).
         fs.retries = _S3FS_RETRIES
         return fs, s3_path(uri)
-    return fsspec.filesystem("file"), uri[len("file://"):]
+    return fsspec.filesystem("file"), uri[len("file://") :]
 
 
 def join(uri: str, *parts: str) -> str:
@@ -167,7 +169,7 @@ def cat(uri: str, *, end: int | None = None) -> bytes:
     Local files are read with ``open``: half the cost of fsspec's ``cat_file``, which counts
     when the shard job reads a lake of small images on a shared disk."""
     if uri.startswith("file://"):
-        with open(uri[len("file://"):], "rb") as f:
+        with open(uri[len("file://") :], "rb") as f:
             return f.read(end) if end is not None else f.read()
     if uri.startswith("s3://"):
         return s3_get(uri, start=0 if end is not None else None, end=end)[0]
@@ -203,8 +205,9 @@ def s3_path(uri: str) -> str:
     return uri[len("s3://") :]
 
 
-def s3_get(uri: str, *, start: int | None = None, end: int | None = None,
-           if_match: str | None = None) -> tuple[bytes, str | None]:
+def s3_get(
+    uri: str, *, start: int | None = None, end: int | None = None, if_match: str | None = None
+) -> tuple[bytes, str | None]:
     """One GET of the S3 object at ``uri`` (bytes ``[start, end)`` if given) through
     :func:`s3_client`, blocking the calling thread, and the ETag of the very response that
     carried the bytes (unquoted). ``if_match``: the object must still have this ETag (else the
@@ -232,7 +235,9 @@ def s3_get_tail(uri: str, n: int) -> tuple[bytes, int, str | None]:
         return data, len(data), resp.get("ETag")
     total = content_range.rpartition("/")[2]
     if not total.isdigit():
-        raise OSError(f"s3://{path}: the store answered a suffix range with Content-Range {content_range!r} (no size)")
+        raise OSError(
+            f"s3://{path}: the store answered a suffix range with Content-Range {content_range!r} (no size)"
+        )
     return data, int(total), resp.get("ETag")
 
 
@@ -276,7 +281,9 @@ def _new_client(options: dict[str, Any]) -> Any:
 
     session = botocore.session.get_session()
     if "s3fs" in sys.modules:  # a process that has s3fs working (the jobs) shares its parsed models
-        s3fs_session = getattr(fsspec.filesystem("s3", **options), "session", None)  # None until s3fs's first call
+        s3fs_session = getattr(
+            fsspec.filesystem("s3", **options), "session", None
+        )  # None until s3fs's first call
         if s3fs_session is not None:
             session.register_component("data_loader", s3fs_session.get_component("data_loader"))
     config = Config(**options["config_kwargs"], max_pool_connections=_CLIENT_CONNECTIONS)
@@ -421,12 +428,14 @@ def replace(src: str, dst: str) -> None:
     """
     src, dst = normalize(src), normalize(dst)
     if not (src.startswith("file://") and dst.startswith("file://")):
-        raise StorageError(f"cannot move {src} to {dst}: only local files are renamed (S3 has no rename; "
-                           "write the object where it stays)")
-    dst_path = dst[len("file://"):]
+        raise StorageError(
+            f"cannot move {src} to {dst}: only local files are renamed (S3 has no rename; "
+            "write the object where it stays)"
+        )
+    dst_path = dst[len("file://") :]
     try:
         os.makedirs(os.path.dirname(dst_path), exist_ok=True)
-        os.replace(src[len("file://"):], dst_path)
+        os.replace(src[len("file://") :], dst_path)
     except Exception as exc:
         raise StorageError(f"cannot move {src} to {dst}: {exc}") from exc
 

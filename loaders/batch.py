@@ -101,7 +101,9 @@ def _where(spec: DecodeSpec, task: BatchTask) -> str:
         by_shard.setdefault(shard, []).append(row)
     parts = []
     for shard, rows in by_shard.items():
-        shown = ", ".join(map(str, rows[:_ROWS_SHOWN])) + (f", ... ({len(rows)} rows)" if len(rows) > _ROWS_SHOWN else "")
+        shown = ", ".join(map(str, rows[:_ROWS_SHOWN])) + (
+            f", ... ({len(rows)} rows)" if len(rows) > _ROWS_SHOWN else ""
+        )
         parts.append(f"rows {shown} of {spec.shard_uris[shard]}")
     return "; ".join(parts)
 
@@ -116,7 +118,9 @@ def _transform(spec: DecodeSpec, task: BatchTask, images: torch.Tensor, labels: 
             f"transform {spec.transform!r} failed on batch {task.index} ({_where(spec, task)}): {type(exc).__name__}: {exc}"
         ) from exc
     if out is None:
-        raise LoaderError(f"transform {spec.transform!r} returned None for batch {task.index} ({_where(spec, task)})")
+        raise LoaderError(
+            f"transform {spec.transform!r} returned None for batch {task.index} ({_where(spec, task)})"
+        )
     return out
 
 
@@ -139,7 +143,11 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> An
     reported). Without it, the loop decodes every row with ``spec.decoder``.
     """
     n, s = len(task.images), spec.size
-    hwc = spec.buffers.take((n, s, s, 3)) if spec.buffers is not None else np.empty((n, s, s, 3), dtype=np.uint8)
+    hwc = (
+        spec.buffers.take((n, s, s, 3))
+        if spec.buffers is not None
+        else np.empty((n, s, s, 3), dtype=np.uint8)
+    )
     labels = task.labels.astype(np.int64, copy=True)
     bad_label = ~task.pads & ((labels < 0) | (labels >= spec.num_classes))
     bad = bad_label.tolist() if bad_label.any() else None
@@ -156,7 +164,11 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> An
             return None
         data = images[i]
         if bad is not None and bad[i]:
-            what = "label is null" if labels[i] == NULL_LABEL else f"label {int(labels[i])} out of range [0, {spec.num_classes})"
+            what = (
+                "label is null"
+                if labels[i] == NULL_LABEL
+                else f"label {int(labels[i])} out of range [0, {spec.num_classes})"
+            )
             _bad_row(spec, task, i, what, None)
         elif data is None:
             _bad_row(spec, task, i, "image is null", None)

@@ -34,7 +34,12 @@ class _Lease:
 
     def __init__(self, block: np.ndarray, shape: tuple[int, ...]) -> None:
         self.block = block  # keeps the memory alive while any array over it is
-        self.__array_interface__ = {"shape": shape, "typestr": "|u1", "data": (block.ctypes.data, False), "version": 3}
+        self.__array_interface__ = {
+            "shape": shape,
+            "typestr": "|u1",
+            "data": (block.ctypes.data, False),
+            "version": 3,
+        }
 
 
 class BufferPool:

@@ -80,7 +80,9 @@ def _sha256(path: Path) -> str:
 class ShardCache:
     """The cache folder for one dataset version and channel of ``root`` (see the module doc)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, dataset_version: str, channel: str, limit: int) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, dataset_version: str, channel: str, limit: int
+    ) -> None:
         self.root = Path(root)
         self.folder = self.root / dataset_version / channel
         self.channel = channel
@@ -124,8 +126,9 @@ class ShardCache:
             writable = self.read_only is None
             if writable and todo and (self._thread is None or not self._thread.is_alive()):
                 self._stop = stop = threading.Event()
-                self._thread = threading.Thread(target=self._fill_all, args=(todo, len(shards), stop),
-                                                name=f"{name}-cache", daemon=True)  # fmt: skip
+                self._thread = threading.Thread(
+                    target=self._fill_all, args=(todo, len(shards), stop), name=f"{name}-cache", daemon=True
+                )
                 self._thread.start()
         if todo and not writable:
             self._warn_read_only(len(shards))
@@ -172,8 +175,13 @@ class ShardCache:
             log.warning(
                 "cache_dir %s cannot be written (%s): %d of %d shards of channel %r are read from it, "
                 "the other %d remotely, every epoch",
-                self.root, self.read_only, held, total, self.channel, total - held,
-            )  # fmt: skip
+                self.root,
+                self.read_only,
+                held,
+                total,
+                self.channel,
+                total - held,
+            )
 
     def adopt(self, shard: CachedShard) -> bool:
         """Use the cached copy of ``shard`` if there is one that checks out (deleting one that
@@ -265,8 +273,10 @@ class ShardCache:
                 for i in range(0, len(starts), _PARTS):
                     if stop.is_set():
                         return False
-                    parts = pool.map(lambda s: storage.s3_read_range(remote, s, min(s + _CHUNK, shard.bytes)),
-                                     starts[i : i + _PARTS])  # fmt: skip
+                    parts = pool.map(
+                        lambda s: storage.s3_read_range(remote, s, min(s + _CHUNK, shard.bytes)),
+                        starts[i : i + _PARTS],
+                    )
                     for chunk in parts:
                         h.update(chunk)
                         dst.write(chunk)
@@ -274,8 +284,10 @@ class ShardCache:
                 os.fsync(dst.fileno())
             size = tmp.stat().st_size
             if size != shard.bytes or h.hexdigest() != shard.sha256:
-                raise LoaderError(f"downloaded {shard.uri} into the cache: {size} bytes, sha256 {h.hexdigest()}; "
-                                  f"dataset.json says {shard.bytes} bytes, sha256 {shard.sha256} (changed since?)")  # fmt: skip
+                raise LoaderError(
+                    f"downloaded {shard.uri} into the cache: {size} bytes, sha256 {h.hexdigest()}; "
+                    f"dataset.json says {shard.bytes} bytes, sha256 {shard.sha256} (changed since?)"
+                )
             os.rename(tmp, path)
         except OSError as exc:
             # A full disk or quota (the lock file was written, so the folder is writable): not

@@ -39,7 +39,9 @@ try:  # optional: the fast JPEG path
 except ImportError:  # pragma: no cover - depends on the environment
     _simplejpeg = None
 
-_jpeg = extension("_jpeg", f"JPEGs are decoded image by image with {'simplejpeg' if _simplejpeg else 'Pillow'} (slower)")
+_jpeg = extension(
+    "_jpeg", f"JPEGs are decoded image by image with {'simplejpeg' if _simplejpeg else 'Pillow'} (slower)"
+)
 
 __all__ = [
     "BATCH_DECODERS",

@@ -154,9 +154,18 @@ class LegPlan:
     def _fresh(self, rank: int) -> list[Window]:
         s, w = self.settings, self.legs[0].world_size
         pieces = split_pieces(rank_segments(list(s.shard_rows), w, rank, remainder=s.remainder), s.row_groups)
-        order = epoch_order([p.rows for p in pieces], shuffle=s.shuffle, seed=s.seed, epoch=s.epoch, rank=rank,
-                            window_rows=s.window_rows)  # fmt: skip
-        windows = [Window(tuple(pieces[int(p)] for p in order.windows[i]), order.perms[i]) for i in range(len(order.windows))]
+        order = epoch_order(
+            [p.rows for p in pieces],
+            shuffle=s.shuffle,
+            seed=s.seed,
+            epoch=s.epoch,
+            rank=rank,
+            window_rows=s.window_rows,
+        )
+        windows = [
+            Window(tuple(pieces[int(p)] for p in order.windows[i]), order.perms[i])
+            for i in range(len(order.windows))
+        ]
         return _cut(windows, 0, self.end(0))
 
     def _dealt(self, leg: int, rank: int) -> list[Window]:
@@ -229,7 +238,9 @@ def order_of(windows: Sequence[Window]) -> ReadOrder:
         wins.append(np.asarray([index.setdefault(p, len(index)) for p in w.pieces], dtype=np.int64))
         takes.append(np.asarray(w.take, dtype=np.int64))
         starts.append(starts[-1] + len(w))
-    return ReadOrder(list(index), EpochOrder(windows=wins, perms=takes, starts=np.asarray(starts, dtype=np.int64)))
+    return ReadOrder(
+        list(index), EpochOrder(windows=wins, perms=takes, starts=np.asarray(starts, dtype=np.int64))
+    )
 
 
 class SequenceRows(NamedTuple):

@@ -65,7 +65,11 @@ def row_group_range(md: pq.FileMetaData, group: int) -> tuple[int, int]:
     start, end = None, 0
     for i in range(rg.num_columns):
         col = rg.column(i)
-        first = col.dictionary_page_offset if col.has_dictionary_page and col.dictionary_page_offset else col.data_page_offset
+        first = (
+            col.dictionary_page_offset
+            if col.has_dictionary_page and col.dictionary_page_offset
+            else col.data_page_offset
+        )
         start = first if start is None else min(start, first)
         end = max(end, first + col.total_compressed_size)
     if start is None:
@@ -100,8 +104,10 @@ class _RangeFile(io.RawIOBase):
         n = self._size - self._pos if n is None or n < 0 else n
         lo = self._pos - self._start
         if lo < 0 or lo + n > len(self._data):
-            raise OSError(f"read of bytes {self._pos}-{self._pos + n} outside the fetched range "
-                          f"{self._start}-{self._start + len(self._data)}")  # fmt: skip
+            raise OSError(
+                f"read of bytes {self._pos}-{self._pos + n} outside the fetched range "
+                f"{self._start}-{self._start + len(self._data)}"
+            )
         self._pos += n
         return self._data[lo : lo + n]
 
@@ -111,7 +117,9 @@ class _RangeFile(io.RawIOBase):
         return len(data)
 
 
-def read_row_group(md: pq.FileMetaData, size: int, group: int, start: int, data: bytes, columns: list[str]) -> pa.Table:
+def read_row_group(
+    md: pq.FileMetaData, size: int, group: int, start: int, data: bytes, columns: list[str]
+) -> pa.Table:
     """Row group ``group`` of a file of ``size`` bytes whose footer is ``md``, decoded from
     ``data``, the file's bytes from ``start`` on (:func:`row_group_range`)."""
     pf = pq.ParquetFile(_RangeFile(size, start, data), metadata=md)
@@ -145,7 +153,9 @@ class RangeFetcher:
     """Reads byte ranges on ``concurrency`` threads named ``{name}-fetch``, in schedule order,
     holding at most ``budget`` bytes."""
 
-    def __init__(self, read: Callable[[ByteRange, Executor | None], bytes], *, concurrency: int, budget: int, name: str) -> None:
+    def __init__(
+        self, read: Callable[[ByteRange, Executor | None], bytes], *, concurrency: int, budget: int, name: str
+    ) -> None:
         self._read = read
         self.concurrency = concurrency
         self.budget = budget
@@ -177,8 +187,10 @@ class RangeFetcher:
         ``ranges`` are kept; every other one is dropped."""
         for _, r in ranges:
             if r.size > self.budget:
-                raise ConfigError(f"memory_budget leaves {self.budget} bytes for reads, less than one row group "
-                                  f"of {r.size} bytes ({r.path}); raise memory_budget")  # fmt: skip
+                raise ConfigError(
+                    f"memory_budget leaves {self.budget} bytes for reads, less than one row group "
+                    f"of {r.size} bytes ({r.path}); raise memory_budget"
+                )
         keep = {k for k, _ in ranges}
         with self._lock:
             self._start_locked()
@@ -276,12 +288,16 @@ class RangeFetcher:
             # Every read in flight may be in parts (an epoch's first batch: record 0030), the
             # parts beyond the first at once: up to concurrency * (concurrency - 1), the first
             # round of them started now.
-            self._parts = _started_pool(self.concurrency, f"{self._name}-part", max_workers=self.concurrency * (self.concurrency - 1))
+            self._parts = _started_pool(
+                self.concurrency, f"{self._name}-part", max_workers=self.concurrency * (self.concurrency - 1)
+            )
 
     def _run(self, r: ByteRange) -> bytes:
         data = self._read(r, self._parts)
         if len(data) != r.size:
-            raise LoaderError(f"read bytes {r.start}-{r.end} of {r.path}: got {len(data)} bytes, expected {r.size} (file changed?)")
+            raise LoaderError(
+                f"read bytes {r.start}-{r.end} of {r.path}: got {len(data)} bytes, expected {r.size} (file changed?)"
+            )
         return data
 
     def _done(self, key: Hashable, future: Future[bytes]) -> None:

@@ -44,7 +44,9 @@ def default_threads(local_world_size: int | None = None) -> int:
         except ValueError:
             local_world_size = 0
         if local_world_size < 1:
-            raise ConfigError(f"LOCAL_WORLD_SIZE must be a positive integer, got {raw!r} (from the environment)")
+            raise ConfigError(
+                f"LOCAL_WORLD_SIZE must be a positive integer, got {raw!r} (from the environment)"
+            )
     return max(1, cpus // max(1, local_world_size))
 
 
@@ -146,9 +148,18 @@ class LoaderOptions:
                     object.__setattr__(self, name, parse_size(value))
                 except ValueError as exc:
                     raise ConfigError(f"{name}: {exc}") from None
-        if self.cache_dir is not None and (not isinstance(self.cache_dir, str | os.PathLike) or not str(self.cache_dir)):
+        if self.cache_dir is not None and (
+            not isinstance(self.cache_dir, str | os.PathLike) or not str(self.cache_dir)
+        ):
             raise ConfigError(f"cache_dir must be a local folder, got {self.cache_dir!r}")
-        for name in ("batch_size", "world_size", "shuffle_window", "num_threads", "prefetch", "read_concurrency"):
+        for name in (
+            "batch_size",
+            "world_size",
+            "shuffle_window",
+            "num_threads",
+            "prefetch",
+            "read_concurrency",
+        ):
             check_positive(name, getattr(self, name), error=ConfigError)
         if not _is_int(self.rank) or not 0 <= self.rank < self.world_size:
             raise ConfigError(
@@ -175,8 +186,14 @@ class LoaderOptions:
 
     def _check_transform(self) -> None:
         if not callable(self.transform):
-            raise ConfigError(f"transform must be a callable fn(images, labels, generator), got {self.transform!r}")
-        builtin = {k: v for k, v in (("augment", self.augment), ("crop", self.crop), ("normalize", self.normalize)) if v}
+            raise ConfigError(
+                f"transform must be a callable fn(images, labels, generator), got {self.transform!r}"
+            )
+        builtin = {
+            k: v
+            for k, v in (("augment", self.augment), ("crop", self.crop), ("normalize", self.normalize))
+            if v
+        }
         if builtin:
             raise ConfigError(
                 f"pass either transform= or the built-in {', '.join(builtin)} option(s), not both (got transform="

@@ -43,8 +43,14 @@ LAYOUTS = ("hwc", "chw")
 _SHARD_COLUMNS = tuple(SHARD_SCHEMA.names)
 
 
-def decode_images(images: Sequence[bytes], *, size: int, layout: str = "hwc", decoder: str = "pillow",
-                  uris: Sequence[str] | None = None) -> list[np.ndarray]:
+def decode_images(
+    images: Sequence[bytes],
+    *,
+    size: int,
+    layout: str = "hwc",
+    decoder: str = "pillow",
+    uris: Sequence[str] | None = None,
+) -> list[np.ndarray]:
     """Decode encoded images into C-contiguous ``uint8`` arrays of one fixed shape.
 
     Raises:
@@ -104,15 +110,22 @@ def make_transform_spec(
     def transform(df: Any) -> Any:
         if drop_padding:
             if "is_pad" not in df.columns:
-                raise ValueError("drop_padding=True needs the is_pad column: add it to schema_fields "
-                                 "or pass drop_padding=False")
+                raise ValueError(
+                    "drop_padding=True needs the is_pad column: add it to schema_fields "
+                    "or pass drop_padding=False"
+                )
             df = df[~df["is_pad"].astype(bool)]
         df = df.reset_index(drop=True)
         uris = df["uri"].tolist() if "uri" in df.columns else None
         if "image" in fields:
-            decoded = decode_images(df["image"].tolist(), size=size, layout=layout, decoder=decoder, uris=uris)
+            decoded = decode_images(
+                df["image"].tolist(), size=size, layout=layout, decoder=decoder, uris=uris
+            )
             df["image"] = pd.Series(decoded, index=df.index, dtype=object)  # one array per cell
         return df[fields]
 
-    return TransformSpec(transform, edit_fields=[("image", np.uint8, shape, False)] if "image" in fields else [],
-                         selected_fields=fields)
+    return TransformSpec(
+        transform,
+        edit_fields=[("image", np.uint8, shape, False)] if "image" in fields else [],
+        selected_fields=fields,
+    )

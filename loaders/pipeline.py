@@ -101,8 +101,13 @@ class PipelineStats:
 class Epoch(Generic[T, R]):
     """One epoch's stream of batches out of a :class:`Pipeline`."""
 
-    def __init__(self, pipeline: Pipeline[T, R], tasks: Iterator[T], decode: Callable[[T, threading.Event], R],
-                 stop: threading.Event) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pipeline: Pipeline[T, R],
+        tasks: Iterator[T],
+        decode: Callable[[T, threading.Event], R],
+        stop: threading.Event,
+    ) -> None:
         self._pipeline = pipeline
         self.tasks = tasks
         self.decode = decode
@@ -176,7 +181,11 @@ class Epoch(Generic[T, R]):
         self.stop.set()
         # An epoch started early whose turn has not come is skipped by the reader (its stop is
         # set): nothing to wait for, though the epoch before it may run on for long.
-        if self.started.is_set() and not self.finished.wait(timeout=_JOIN_TIMEOUT_S) and self._pipeline.reader_alive():
+        if (
+            self.started.is_set()
+            and not self.finished.wait(timeout=_JOIN_TIMEOUT_S)
+            and self._pipeline.reader_alive()
+        ):
             log.warning("reader thread still busy with a stopped epoch after %.0fs", _JOIN_TIMEOUT_S)
         if self._current is not None:
             self._current.cancel()
@@ -213,8 +222,13 @@ class Pipeline(Generic[T, R]):
     def reader_alive(self) -> bool:
         return self._reader is not None and self._reader.is_alive()
 
-    def start(self, tasks: Iterator[T], decode: Callable[[T, threading.Event], R], *,
-              stop: threading.Event | None = None) -> Epoch[T, R]:  # fmt: skip
+    def start(
+        self,
+        tasks: Iterator[T],
+        decode: Callable[[T, threading.Event], R],
+        *,
+        stop: threading.Event | None = None,
+    ) -> Epoch[T, R]:
         """Stop the running epoch and the one started early (if any) and start one that decodes
         ``tasks`` with ``decode`` (``decode(task, stop)``, on the pool; returns ``None`` if it saw
         ``stop``); ``stop`` (set when this epoch stops) is the one the task iterator watches."""
@@ -229,8 +243,9 @@ class Pipeline(Generic[T, R]):
         self._jobs.put(epoch)
         return epoch
 
-    def start_next(self, tasks: Iterator[T], decode: Callable[[T, threading.Event], R], *,
-                   stop: threading.Event) -> Epoch[T, R]:  # fmt: skip
+    def start_next(
+        self, tasks: Iterator[T], decode: Callable[[T, threading.Event], R], *, stop: threading.Event
+    ) -> Epoch[T, R]:
         """Start an epoch early, to run once the current one's tasks are all submitted, without
         stopping it: its batches are decoded while the current epoch's last ones are consumed,
         with at most ``prefetch + 2`` batches of the two outstanding at once. :meth:`promote`
@@ -262,9 +277,13 @@ class Pipeline(Generic[T, R]):
     def _ensure_threads(self) -> None:
         """Make the threads (under ``_lock``) if there are none."""
         if self._reader is None:
-            self._executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix=f"{self.name}-decode")
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.num_threads, thread_name_prefix=f"{self.name}-decode"
+            )
             self._closed = threading.Event()
-            self._reader = threading.Thread(target=self._loop, args=(self._closed,), name=f"{self.name}-reader", daemon=True)
+            self._reader = threading.Thread(
+                target=self._loop, args=(self._closed,), name=f"{self.name}-reader", daemon=True
+            )
             self._reader.start()
 
     def forget(self, epoch: Epoch[T, R]) -> None:
@@ -286,7 +305,11 @@ class Pipeline(Generic[T, R]):
         if self._reader is not None:
             self._reader.join(timeout=_JOIN_TIMEOUT_S)
             if self._reader.is_alive():
-                log.warning("reader thread %s still busy after %.0fs; leaving it (daemon)", self._reader.name, _JOIN_TIMEOUT_S)
+                log.warning(
+                    "reader thread %s still busy after %.0fs; leaving it (daemon)",
+                    self._reader.name,
+                    _JOIN_TIMEOUT_S,
+                )
         while True:  # epochs started but never run
             try:
                 self._jobs.get_nowait().finished.set()

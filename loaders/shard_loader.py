@@ -58,6 +58,7 @@ __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 
 log = logging.getLogger(__name__)
 
+
 class ShardLoader:
     """Stream rank ``rank``'s share of channel ``channel`` of the dataset at ``dataset`` (a
     local path, ``file://`` or ``s3://`` URI) as ``(images, labels)`` batches.
@@ -96,9 +97,13 @@ class ShardLoader:
     any of this: the same seed and epoch give the same batches, local or remote, cached or not.
     """
 
-    def __init__(self, dataset: str | os.PathLike[str], *, options: LoaderOptions | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: str | os.PathLike[str], *, options: LoaderOptions | None = None, **kwargs: Any
+    ) -> None:
         if options is not None and kwargs:
-            raise ConfigError(f"pass the loader options either as options= or as keywords, not both (got {sorted(kwargs)})")
+            raise ConfigError(
+                f"pass the loader options either as options= or as keywords, not both (got {sorted(kwargs)})"
+            )
         self.options = opts = options if options is not None else LoaderOptions.from_keywords(kwargs)
         if not isinstance(dataset, str | os.PathLike):
             raise ConfigError(f"dataset must be a path or a URI, got {dataset!r}")
@@ -122,7 +127,9 @@ class ShardLoader:
         # Footers are read once per loader: a remote shard's is kept (with its size and ETag) for the
         # ranged reads of every epoch.
         remote: dict[int, contract.ShardFooter] = {}
-        self._groups = groups = self._read_footers(sorted({seg.shard for seg in segments}), shard_rows, remote)
+        self._groups = groups = self._read_footers(
+            sorted({seg.shard for seg in segments}), shard_rows, remote
+        )
         self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
         if self._num_batches == 0:
             raise ConfigError(
@@ -130,9 +137,14 @@ class ShardLoader:
                 f"ranks reads {self.rows_per_rank} rows of channel {opts.channel!r} of {self.dataset}"
             )
         self._reader = WindowReader(
-            self.info, opts, shard_uris=self.shard_uris, shard_rows=shard_rows,
-            pieces=split_pieces(segments, groups), num_batches=self._num_batches, rows_per_rank=self.rows_per_rank,
-        )  # fmt: skip
+            self.info,
+            opts,
+            shard_uris=self.shard_uris,
+            shard_rows=shard_rows,
+            pieces=split_pieces(segments, groups),
+            num_batches=self._num_batches,
+            rows_per_rank=self.rows_per_rank,
+        )
 
         self._epoch = 0
         self._next_start = 0  # the batch the next iteration starts at (set by load_state_dict)
@@ -151,9 +163,13 @@ class ShardLoader:
         blocks = opts.num_threads + opts.prefetch + 3
         self._buffers = BufferPool(keep=blocks)
         self.stats = PipelineStats()
-        self._transform = opts.transform or default_transform(augment=opts.augment, crop=opts.crop, normalize=opts.normalize)
+        self._transform = opts.transform or default_transform(
+            augment=opts.augment, crop=opts.crop, normalize=opts.normalize
+        )
         name = f"lakeshard-r{opts.rank}"
-        self._pipeline: Pipeline[BatchTask, Any] = Pipeline(num_threads=opts.num_threads, prefetch=opts.prefetch, name=name)
+        self._pipeline: Pipeline[BatchTask, Any] = Pipeline(
+            num_threads=opts.num_threads, prefetch=opts.prefetch, name=name
+        )
         self.fetcher: RangeFetcher | None = None
         if remote:
             self.fetcher = self._make_fetcher(remote, blocks, name)
@@ -172,9 +188,13 @@ class ShardLoader:
         """The cache of this dataset version's shards; copies already there (and sound) are used
         from the first epoch, the others are filled in the background (see :mod:`loaders.cache`)."""
         opts = self.options
-        cache = ShardCache(opts.cache_dir, dataset_version=self.dataset_version, channel=opts.channel, limit=opts.cache_limit)
+        cache = ShardCache(
+            opts.cache_dir, dataset_version=self.dataset_version, channel=opts.channel, limit=opts.cache_limit
+        )
         entries = self.info.channel(opts.channel).shards
-        self._cached = [CachedShard(i, self.shard_uris[i], entries[i].bytes, entries[i].sha256) for i in shards]
+        self._cached = [
+            CachedShard(i, self.shard_uris[i], entries[i].bytes, entries[i].sha256) for i in shards
+        ]
         for shard in self._cached:
             cache.adopt(shard)
         self._reader.use_local(cache.ready())
@@ -206,15 +226,24 @@ class ShardLoader:
         reads' share of ``memory_budget``."""
         return self.fetcher.peak_bytes_held if self.fetcher is not None else 0
 
-    def _read_footers(self, shards: list[int], shard_rows: list[int],
-                      remote: dict[int, contract.ShardFooter]) -> dict[int, list[int]]:  # fmt: skip
+    def _read_footers(
+        self, shards: list[int], shard_rows: list[int], remote: dict[int, contract.ShardFooter]
+    ) -> dict[int, list[int]]:
         """:meth:`_row_groups` of each of ``shards``, up to ``read_concurrency`` at once: a remote
         footer costs round trips, and a rank of many shards would otherwise pay them in a row."""
         if len(shards) < 2:
             return {s: self._row_groups(s, shard_rows[s], remote) for s in shards}
         workers = min(len(shards), self.options.read_concurrency)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"lakeshard-r{self.options.rank}-footer") as pool:
-            return dict(zip(shards, pool.map(lambda s: self._row_groups(s, shard_rows[s], remote), shards), strict=True))
+        with ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix=f"lakeshard-r{self.options.rank}-footer"
+        ) as pool:
+            return dict(
+                zip(
+                    shards,
+                    pool.map(lambda s: self._row_groups(s, shard_rows[s], remote), shards),
+                    strict=True,
+                )
+            )
 
     def _row_groups(self, shard: int, rows: int, remote: dict[int, contract.ShardFooter]) -> list[int]:
         """Row-group sizes of one shard, after checking it against ``dataset.json``; a remote
@@ -258,8 +287,14 @@ class ShardLoader:
         before = resumed.legs_before if resumed is not None else ()
         first = resumed.plan.first_index if resumed is not None else 0
         legs = [*before, Leg(opts.world_size, opts.batch_size, self._consumed - first)]
-        return state_dict(dataset=self.dataset, dataset_version=self.dataset_version, channel=opts.channel,
-                          epoch=self._epoch, legs=legs, order=opts.order_key())  # fmt: skip
+        return state_dict(
+            dataset=self.dataset,
+            dataset_version=self.dataset_version,
+            channel=opts.channel,
+            epoch=self._epoch,
+            legs=legs,
+            order=opts.order_key(),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` left off: the next iteration (after ``set_epoch`` of the saved
@@ -275,9 +310,13 @@ class ShardLoader:
         """
         opts = self.options
         saved = read_state(
-            state, dataset=self.dataset, dataset_version=self.dataset_version, channel=opts.channel,
-            order=opts.order_key(), rows_per_rank=lambda w: rows_per_rank(self.total_rows, w, remainder=opts.remainder),
-        )  # fmt: skip
+            state,
+            dataset=self.dataset,
+            dataset_version=self.dataset_version,
+            channel=opts.channel,
+            order=opts.order_key(),
+            rows_per_rank=lambda w: rows_per_rank(self.total_rows, w, remainder=opts.remainder),
+        )
         last = saved.legs[-1]
         check_global_batch(last, world_size=opts.world_size, batch_size=opts.batch_size)
         consumed = saved.batches_consumed
@@ -302,9 +341,15 @@ class ShardLoader:
         legs = [*before, current]
         remote: dict[int, contract.ShardFooter] = {}
         settings = EpochSettings(
-            shard_rows=tuple(self._shard_rows), row_groups=_Footers(self, remote), shuffle=opts.shuffle, seed=opts.seed,
-            epoch=epoch, window_rows=opts.shuffle_window, drop_last=opts.drop_last, remainder=opts.remainder,
-        )  # fmt: skip
+            shard_rows=tuple(self._shard_rows),
+            row_groups=_Footers(self, remote),
+            shuffle=opts.shuffle,
+            seed=opts.seed,
+            epoch=epoch,
+            window_rows=opts.shuffle_window,
+            drop_last=opts.drop_last,
+            remainder=opts.remainder,
+        )
         legs_plan = LegPlan(settings, legs)
         n = len(legs) - 1
         read = order_of(legs_plan.sequence(n, opts.rank))
@@ -313,8 +358,9 @@ class ShardLoader:
         if self.fetcher is not None:
             self._fit_budget(self._reader.max_range_bytes(read.pieces))
         tag = ("legs", tuple((leg.world_size, leg.batch_size, leg.batches) for leg in before))
-        plan = EpochPlan(read.pieces, read.order, legs_plan.end(n), first_index=legs_plan.batches_before(n),
-                         tag=tag)
+        plan = EpochPlan(
+            read.pieces, read.order, legs_plan.end(n), first_index=legs_plan.batches_before(n), tag=tag
+        )
         return _ResumedEpoch(before, plan, legs_plan.num_batches(n))
 
     def _fit_budget(self, largest: int) -> None:
@@ -378,8 +424,13 @@ class ShardLoader:
         ahead = self._epoch + 1 if looping or self._last_iter_epoch is None else None
         self._last_iter_epoch = self._epoch
         early, self._started_early = self._started_early, None
-        if early is not None and early.epoch == self._epoch and start == 0 and self._resumed is None \
-                and self._pipeline.promote(early.run):  # fmt: skip
+        if (
+            early is not None
+            and early.epoch == self._epoch
+            and start == 0
+            and self._resumed is None
+            and self._pipeline.promote(early.run)
+        ):
             early.promoted.set()
             epoch, self.skipped_rows, self._reads = early.run, early.skipped, early.reads
         else:
@@ -388,7 +439,9 @@ class ShardLoader:
             self.skipped_rows, self._reads = [], ReadCount()
             stop = threading.Event()
             plan = self._resumed.plan if self._resumed is not None else None
-            tasks = self._reader.tasks(self._epoch, start - (plan.first_index if plan else 0), stop, ahead, plan, reads=self._reads)
+            tasks = self._reader.tasks(
+                self._epoch, start - (plan.first_index if plan else 0), stop, ahead, plan, reads=self._reads
+            )
             epoch = self._pipeline.start(tasks, self._decoder(self._epoch, self.skipped_rows), stop=stop)
         if looping and self._resumed is None:
             self._started_early = self._start_early(self._epoch + 1)
@@ -411,12 +464,20 @@ class ShardLoader:
     def _decoder(self, epoch: int, skipped: list[SkippedRow]) -> Callable[[BatchTask, threading.Event], Any]:
         """What decodes a batch task of ``epoch`` (bad rows it skips go to ``skipped``)."""
         spec = DecodeSpec(
-            decoder=get_decoder(self.options.decoder), size=self.image_size, num_classes=self.num_classes,
-            shard_uris=self.shard_uris, seed=self.options.seed, epoch=epoch, rank=self.options.rank,
+            decoder=get_decoder(self.options.decoder),
+            size=self.image_size,
+            num_classes=self.num_classes,
+            shard_uris=self.shard_uris,
+            seed=self.options.seed,
+            epoch=epoch,
+            rank=self.options.rank,
             transform=self._transform,
-            pin_memory=self._pin, skip_bad_rows=self.options.skip_bad_rows, buffers=self._buffers,
-            skipped=skipped, batch_decoder=get_batch_decoder(self.options.decoder),
-        )  # fmt: skip
+            pin_memory=self._pin,
+            skip_bad_rows=self.options.skip_bad_rows,
+            buffers=self._buffers,
+            skipped=skipped,
+            batch_decoder=get_batch_decoder(self.options.decoder),
+        )
         return lambda task, stop: decode_batch(task, stop, spec)
 
     def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -454,8 +515,11 @@ class ShardLoader:
             if self.skipped_rows:
                 log.warning(
                     "skipped %d bad rows of channel %r in epoch %d (rank %d)",
-                    len(self.skipped_rows), self.options.channel, self._epoch, self.options.rank,
-                )  # fmt: skip
+                    len(self.skipped_rows),
+                    self.options.channel,
+                    self._epoch,
+                    self.options.rank,
+                )
 
     def close(self) -> None:
         """Stop every thread of the loader and wait for them (a later iteration makes new ones,
@@ -500,8 +564,12 @@ class ShardLoader:
         self.close()
 
 
-def _shutdown(pipeline: Pipeline[BatchTask, Any], fetcher: RangeFetcher | None, cache: ShardCache | None,
-              final: bool = False) -> None:  # fmt: skip
+def _shutdown(
+    pipeline: Pipeline[BatchTask, Any],
+    fetcher: RangeFetcher | None,
+    cache: ShardCache | None,
+    final: bool = False,
+) -> None:
     """Stop every thread of a loader (a later epoch makes new ones); ``final``: it is gone, close
     its cache files too."""
     pipeline.close()

@@ -57,8 +57,10 @@ class EpochOrder:
         """The window holding epoch position ``position`` (``len(windows)`` at the end)."""
         if not 0 <= position <= self.rows:
             raise IndexError(f"position must be in [0, {self.rows}], got {position!r}")
-        return int(np.searchsorted(self.starts, position, side="right")) - 1 if position < self.rows else len(
-            self.windows
+        return (
+            int(np.searchsorted(self.starts, position, side="right")) - 1
+            if position < self.rows
+            else len(self.windows)
         )
 
 

@@ -27,7 +27,15 @@ from typing import Any
 from lakeshard.errors import DatasetError, LoaderError
 from loaders.elastic import Leg
 
-__all__ = ["ORDER_SETTINGS", "STATE_FORMAT", "SavedState", "check_global_batch", "last_leg", "read_state", "state_dict"]
+__all__ = [
+    "ORDER_SETTINGS",
+    "STATE_FORMAT",
+    "SavedState",
+    "check_global_batch",
+    "last_leg",
+    "read_state",
+    "state_dict",
+]
 
 STATE_FORMAT = "lakeshard.ShardLoader/2"
 _FORMAT_1 = "lakeshard.ShardLoader/1"
@@ -47,19 +55,28 @@ class SavedState:
         return sum(leg.batches for leg in self.legs)
 
 
-def state_dict(*, dataset: str, dataset_version: str, channel: str, epoch: int, legs: list[Leg],
-               order: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def state_dict(
+    *, dataset: str, dataset_version: str, channel: str, epoch: int, legs: list[Leg], order: dict[str, Any]
+) -> dict[str, Any]:
     """A format-2 state (see the module docstring)."""
     return {
-        "format": STATE_FORMAT, "dataset": dataset, "dataset_version": dataset_version, "channel": channel,
-        "epoch": epoch, "batches_consumed": sum(leg.batches for leg in legs),
-        "legs": [{"world_size": leg.world_size, "batch_size": leg.batch_size, "batches": leg.batches} for leg in legs],
+        "format": STATE_FORMAT,
+        "dataset": dataset,
+        "dataset_version": dataset_version,
+        "channel": channel,
+        "epoch": epoch,
+        "batches_consumed": sum(leg.batches for leg in legs),
+        "legs": [
+            {"world_size": leg.world_size, "batch_size": leg.batch_size, "batches": leg.batches}
+            for leg in legs
+        ],
         "order": {k: order[k] for k in ORDER_SETTINGS},
-    }  # fmt: skip
+    }
 
 
-def read_state(state: Any, *, dataset: str, dataset_version: str, channel: str, order: dict[str, Any],
-               rows_per_rank: Any) -> SavedState:  # fmt: skip
+def read_state(
+    state: Any, *, dataset: str, dataset_version: str, channel: str, order: dict[str, Any], rows_per_rank: Any
+) -> SavedState:
     """The epoch and legs of ``state`` (format 2, or 1 converted), after checking it was saved on
     this dataset version and channel with these ``order`` settings.
 
@@ -73,7 +90,9 @@ def read_state(state: Any, *, dataset: str, dataset_version: str, channel: str, 
     fmt = state.get("format") if isinstance(state, dict) else None
     if fmt not in (STATE_FORMAT, _FORMAT_1):
         got = fmt if isinstance(state, dict) else type(state).__name__
-        raise LoaderError(f"not a ShardLoader state (format {got!r}, expected {STATE_FORMAT!r} or {_FORMAT_1!r})")
+        raise LoaderError(
+            f"not a ShardLoader state (format {got!r}, expected {STATE_FORMAT!r} or {_FORMAT_1!r})"
+        )
     if state.get("dataset_version") != dataset_version:
         raise DatasetError(
             f"refusing to resume: the loader state was saved on dataset version {state.get('dataset_version')!r} "
@@ -81,7 +100,9 @@ def read_state(state: Any, *, dataset: str, dataset_version: str, channel: str, 
             "start a new run (or restore the old dataset)"
         )
     if state.get("channel") != channel:
-        raise LoaderError(f"loader state is for channel {state.get('channel')!r}, this loader reads {channel!r}")
+        raise LoaderError(
+            f"loader state is for channel {state.get('channel')!r}, this loader reads {channel!r}"
+        )
     theirs = state.get("order")
     if not isinstance(theirs, dict):
         raise LoaderError(f"loader state has no 'order' settings, got {theirs!r}")
@@ -123,7 +144,9 @@ def last_leg(state: Any) -> Leg:
     """
     fmt = state.get("format") if isinstance(state, dict) else None
     if fmt not in (STATE_FORMAT, _FORMAT_1):
-        raise LoaderError(f"not a ShardLoader state (format {fmt!r}, expected {STATE_FORMAT!r} or {_FORMAT_1!r})")
+        raise LoaderError(
+            f"not a ShardLoader state (format {fmt!r}, expected {STATE_FORMAT!r} or {_FORMAT_1!r})"
+        )
     return _legs(_raw_legs(state))[-1]
 
 
@@ -131,8 +154,13 @@ def _raw_legs(state: dict[str, Any]) -> Any:
     """The legs of a state as saved; a format-1 state has one (its settings under ``order``)."""
     if state.get("format") == _FORMAT_1:
         order = state.get("order") if isinstance(state.get("order"), dict) else {}
-        return [{"world_size": order.get("world_size"), "batch_size": order.get("batch_size"),
-                 "batches": state.get("batches_consumed")}]  # fmt: skip
+        return [
+            {
+                "world_size": order.get("world_size"),
+                "batch_size": order.get("batch_size"),
+                "batches": state.get("batches_consumed"),
+            }
+        ]
     return state.get("legs")
 
 
@@ -141,8 +169,10 @@ def _legs(raw: Any) -> tuple[Leg, ...]:
         raise LoaderError(f"loader state legs must be a non-empty list, got {raw!r}")
     legs = []
     for i, leg in enumerate(raw):
-        ok = isinstance(leg, dict) and set(leg) == {"world_size", "batch_size", "batches"} and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in leg.values()
+        ok = (
+            isinstance(leg, dict)
+            and set(leg) == {"world_size", "batch_size", "batches"}
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in leg.values())
         )
         if not ok or leg["world_size"] < 1 or leg["batch_size"] < 1 or leg["batches"] < 0:
             raise LoaderError(
@@ -167,7 +197,9 @@ def check_global_batch(saved: Leg, *, world_size: int, batch_size: int) -> None:
         f"= global batch {g}, this loader has {world_size} rank(s) x batch_size {batch_size} = {world_size * batch_size}"
     )
     if g % world_size == 0:
-        raise LoaderError(f"{head}; pass batch_size={g // world_size} to continue the epoch with the same global batch")
+        raise LoaderError(
+            f"{head}; pass batch_size={g // world_size} to continue the epoch with the same global batch"
+        )
     works = [d for d in range(1, g + 1) if g % d == 0]
     raise LoaderError(
         f"{head}; a global batch of {g} cannot be split over {world_size} ranks: resume on a world size that "

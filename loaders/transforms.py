@@ -107,7 +107,9 @@ def _crop(images: torch.Tensor, size: int, ys: Sequence[int], xs: Sequence[int])
 
 def _check_fits(images: torch.Tensor, size: int, what: str) -> None:
     if images.shape[-1] < size or images.shape[-2] < size:
-        raise ValueError(f"{what}: crop size {size} is larger than the images ({images.shape[-2]}x{images.shape[-1]})")
+        raise ValueError(
+            f"{what}: crop size {size} is larger than the images ({images.shape[-2]}x{images.shape[-1]})"
+        )
 
 
 class Compose:
@@ -135,7 +137,9 @@ class CenterCrop:
     def __init__(self, size: int) -> None:
         self.size = _positive_int("CenterCrop size", size)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.size
         _check_fits(images, c, "CenterCrop")
         n, y, x = images.shape[0], (images.shape[-2] - c) // 2, (images.shape[-1] - c) // 2
@@ -152,7 +156,9 @@ class RandomFlipCrop:
     def __init__(self, size: int | None = None) -> None:
         self.size = None if size is None else _positive_int("RandomFlipCrop size", size)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = images.shape[0]
         if self.size is not None:
             c = self.size
@@ -180,7 +186,9 @@ class Normalize:
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return images.to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std), labels
 
     def __repr__(self) -> str:
@@ -192,7 +200,13 @@ class RandomResizedCrop:
     ``ratio`` (log-uniform), resized to ``size`` x ``size`` with bilinear interpolation; the
     whole batch in one ``grid_sample``. uint8 in, uint8 out."""
 
-    def __init__(self, size: int, *, scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    ) -> None:
         self.size = _positive_int("RandomResizedCrop size", size)
         if not 0 < scale[0] <= scale[1] <= 1:
             raise ConfigError(f"RandomResizedCrop scale must satisfy 0 < low <= high <= 1, got {scale!r}")
@@ -200,10 +214,14 @@ class RandomResizedCrop:
             raise ConfigError(f"RandomResizedCrop ratio must satisfy 0 < low <= high, got {ratio!r}")
         self.scale, self.ratio = scale, ratio
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = images.shape[0]
         area = torch.empty(n).uniform_(*self.scale, generator=generator)
-        log_ratio = torch.empty(n).uniform_(math.log(self.ratio[0]), math.log(self.ratio[1]), generator=generator)
+        log_ratio = torch.empty(n).uniform_(
+            math.log(self.ratio[0]), math.log(self.ratio[1]), generator=generator
+        )
         aspect = log_ratio.exp()
         # Window width and height as fractions of the image's (at most the whole image).
         w = (area * aspect).sqrt().clamp(max=1.0)
@@ -214,7 +232,9 @@ class RandomResizedCrop:
         theta = torch.zeros(n, 2, 3)
         theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = w, cx, h, cy
         grid = F.affine_grid(theta, [n, 3, self.size, self.size], align_corners=False)
-        out = F.grid_sample(images.to(torch.float32), grid, mode="bilinear", padding_mode="border", align_corners=False)
+        out = F.grid_sample(
+            images.to(torch.float32), grid, mode="bilinear", padding_mode="border", align_corners=False
+        )
         return out.round_().clamp_(0, 255).to(torch.uint8), labels
 
     def __repr__(self) -> str:
@@ -234,7 +254,9 @@ class ColorJitter:
     def _factors(self, n: int, amount: float, generator: torch.Generator) -> torch.Tensor:
         return torch.empty(n, 1, 1, 1).uniform_(1 - amount, 1 + amount, generator=generator)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = images.shape[0]
         x = images.to(torch.float32)
         x = x * self._factors(n, self.brightness, generator)

@@ -63,18 +63,32 @@ class Rows:
 
     def take(self, perm: np.ndarray) -> Rows:
         images = self.images
-        return Rows([images[j] for j in perm.tolist()], self.labels[perm], self.pads[perm], self.shards[perm], self.rows[perm])
+        return Rows(
+            [images[j] for j in perm.tolist()],
+            self.labels[perm],
+            self.pads[perm],
+            self.shards[perm],
+            self.rows[perm],
+        )
 
     def slice(self, lo: int, hi: int | None = None) -> Rows:
-        return Rows(self.images[lo:hi], self.labels[lo:hi], self.pads[lo:hi], self.shards[lo:hi], self.rows[lo:hi])
+        return Rows(
+            self.images[lo:hi], self.labels[lo:hi], self.pads[lo:hi], self.shards[lo:hi], self.rows[lo:hi]
+        )
 
     def then(self, other: Rows) -> Rows:
         """These rows followed by ``other``'s."""
         return Rows(
             self.images + other.images,
-            *(np.concatenate([a, b]) for a, b in
-              zip((self.labels, self.pads, self.shards, self.rows), (other.labels, other.pads, other.shards, other.rows), strict=True)),
-        )  # fmt: skip
+            *(
+                np.concatenate([a, b])
+                for a, b in zip(
+                    (self.labels, self.pads, self.shards, self.rows),
+                    (other.labels, other.pads, other.shards, other.rows),
+                    strict=True,
+                )
+            ),
+        )
 
     def task(self, index: int) -> BatchTask:
         return BatchTask(index, self.images, self.labels, self.pads, self.shards, self.rows)
@@ -103,8 +117,17 @@ class WindowReader:
     holds at most one window of encoded rows (plus one read ahead, see :meth:`tasks`).
     """
 
-    def __init__(self, info: DatasetInfo, options: LoaderOptions, *, shard_uris: tuple[str, ...],
-                 shard_rows: list[int], pieces: list[Piece], num_batches: int, rows_per_rank: int) -> None:
+    def __init__(
+        self,
+        info: DatasetInfo,
+        options: LoaderOptions,
+        *,
+        shard_uris: tuple[str, ...],
+        shard_rows: list[int],
+        pieces: list[Piece],
+        num_batches: int,
+        rows_per_rank: int,
+    ) -> None:
         self.info = info
         self.options = options
         self.shard_uris = shard_uris
@@ -163,32 +186,56 @@ class WindowReader:
                 per_row = max(per_row, r.size / max(1, md.row_group(piece.row_group).num_rows))
         return int(per_row * self.options.shuffle_window) + self.max_range_bytes()
 
-    def _keys(self, epoch: int, plan: EpochPlan, windows: range, *, waited_from: int | None = None
-              ) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:  # fmt: skip
+    def _keys(
+        self, epoch: int, plan: EpochPlan, windows: range, *, waited_from: int | None = None
+    ) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:
         """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, plan tag, piece index)``.
         ``waited_from``: the epoch starts now, at row ``waited_from`` of ``plan`` (0, or where a
         restored state resumes it), so its first batch waits for the reads of its row groups
         (unless they were read ahead): those are fetched in ``read_concurrency`` parts at once
         (of at least 1 MiB each), over as many connections."""
-        waited = range(0) if waited_from is None else _batch_windows(plan, waited_from, self.options.batch_size)
-        keyed = ((w, int(p), self._range(plan.pieces[int(p)])) for w in windows for p in plan.order.windows[w])
-        return [((epoch, plan.tag, p), replace(r, parts=self.options.read_concurrency) if w in waited else r)
-                for w, p, r in keyed if r is not None]  # fmt: skip
+        waited = (
+            range(0) if waited_from is None else _batch_windows(plan, waited_from, self.options.batch_size)
+        )
+        keyed = (
+            (w, int(p), self._range(plan.pieces[int(p)])) for w in windows for p in plan.order.windows[w]
+        )
+        return [
+            ((epoch, plan.tag, p), replace(r, parts=self.options.read_concurrency) if w in waited else r)
+            for w, p, r in keyed
+            if r is not None
+        ]
 
     def order(self, epoch: int) -> EpochOrder:
         opts = self.options
         return epoch_order(
-            [p.rows for p in self.pieces], shuffle=opts.shuffle, seed=opts.seed, epoch=epoch,
-            rank=opts.rank, window_rows=opts.shuffle_window,
-        )  # fmt: skip
+            [p.rows for p in self.pieces],
+            shuffle=opts.shuffle,
+            seed=opts.seed,
+            epoch=epoch,
+            rank=opts.rank,
+            window_rows=opts.shuffle_window,
+        )
 
     def plan(self, epoch: int) -> EpochPlan:
         """Epoch ``epoch`` started afresh on this rank: its own pieces, in its own order."""
-        return EpochPlan(self.pieces, self.order(epoch), min(self._num_batches * self.options.batch_size, self._rows_per_rank))
+        return EpochPlan(
+            self.pieces,
+            self.order(epoch),
+            min(self._num_batches * self.options.batch_size, self._rows_per_rank),
+        )
 
-    def tasks(self, epoch: int, start: int, stop: threading.Event, ahead: int | None = None,
-              plan: EpochPlan | None = None, *, promoted: threading.Event | None = None,
-              reads: ReadCount | None = None) -> Iterator[BatchTask]:  # fmt: skip
+    def tasks(
+        self,
+        epoch: int,
+        start: int,
+        stop: threading.Event,
+        ahead: int | None = None,
+        plan: EpochPlan | None = None,
+        *,
+        promoted: threading.Event | None = None,
+        reads: ReadCount | None = None,
+    ) -> Iterator[BatchTask]:
         """Batch tasks of ``epoch`` (read as ``plan`` says; default: :meth:`plan`) from batch
         ``start`` of the plan on; runs on the reader thread and returns early once ``stop`` is set.
         ``reads`` counts the row groups read.
@@ -220,13 +267,18 @@ class WindowReader:
         early = promoted is not None and not promoted.is_set() and self.fetcher is not None
 
         def read_rest(window: int) -> None:  # an epoch started early, adopted: its reads from ``window`` on
-            self.fetcher.schedule(self._keys(epoch, plan, range(window, last + 1)) + self._ahead(epoch, ahead))
+            self.fetcher.schedule(
+                self._keys(epoch, plan, range(window, last + 1)) + self._ahead(epoch, ahead)
+            )
 
         if self.fetcher is not None:
             if early:  # the round the epoch before scheduled ahead: the same keys, kept
                 self.fetcher.schedule(self._keys(epoch, plan, range(first, last + 1))[: self._round(plan)])
             else:
-                self.fetcher.schedule(self._keys(epoch, plan, range(first, last + 1), waited_from=pos) + self._ahead(epoch, ahead))
+                self.fetcher.schedule(
+                    self._keys(epoch, plan, range(first, last + 1), waited_from=pos)
+                    + self._ahead(epoch, ahead)
+                )
         done = False
         try:
             for w in range(first, last + 1):
@@ -236,8 +288,12 @@ class WindowReader:
                     read_rest(w)
                     early = False
                 indexes = [int(p) for p in order.windows[w]]
-                read = self.read_window([plan.pieces[p] for p in indexes], files, stop,
-                                        keys=[(epoch, plan.tag, p) for p in indexes])
+                read = self.read_window(
+                    [plan.pieces[p] for p in indexes],
+                    files,
+                    stop,
+                    keys=[(epoch, plan.tag, p) for p in indexes],
+                )
                 if read is None:
                     return
                 if reads is not None:
@@ -285,14 +341,19 @@ class WindowReader:
         following = self.plan(ahead)
         return self._keys(ahead, following, range(_last_window(following) + 1))[: self._round(following)]
 
-    def _ready(self, epoch: int, plan: EpochPlan, w: int, promoted: threading.Event,
-               stop: threading.Event) -> bool:  # fmt: skip
+    def _ready(
+        self, epoch: int, plan: EpochPlan, w: int, promoted: threading.Event, stop: threading.Event
+    ) -> bool:
         """Whether every remote row group of window ``w`` of ``plan`` is read (local ones are read
         here at once), once those already asked for are in; ``False`` at once if one was never
         asked for, and when ``promoted`` or ``stop`` comes first. Checks every ``_READY_POLL_S``
         rather than waiting on the reads: a wait on the next epoch's reads is what an epoch
         started early must never do before its turn."""
-        keys = [(epoch, plan.tag, int(p)) for p in plan.order.windows[w] if self._range(plan.pieces[int(p)]) is not None]
+        keys = [
+            (epoch, plan.tag, int(p))
+            for p in plan.order.windows[w]
+            if self._range(plan.pieces[int(p)]) is not None
+        ]
         if not all(self.fetcher.asked(k) for k in keys):
             return False
         while not all(map(self.fetcher.done, keys)):
@@ -300,8 +361,14 @@ class WindowReader:
                 return False
         return True
 
-    def read_window(self, pieces: Sequence[Piece], files: dict[int, OpenShard], stop: threading.Event,
-                    *, keys: Sequence[Hashable] = ()) -> Rows | None:
+    def read_window(
+        self,
+        pieces: Sequence[Piece],
+        files: dict[int, OpenShard],
+        stop: threading.Event,
+        *,
+        keys: Sequence[Hashable] = (),
+    ) -> Rows | None:
         """The rows of ``pieces``, in order (``None`` if ``stop`` is set meanwhile). Remote
         pieces come from the fetcher, piece ``i`` under ``keys[i]`` (as :meth:`tasks` scheduled
         it); local ones are read here: opens shards not yet in ``files``, checks
@@ -326,7 +393,9 @@ class WindowReader:
                 table = self._read_local(piece, files, where)
             table = table.slice(piece.start - piece.group_start, piece.rows)
             if table.num_rows != piece.rows:
-                raise LoaderError(f"{where}: expected {piece.rows} rows, read {table.num_rows} (shard changed?)")
+                raise LoaderError(
+                    f"{where}: expected {piece.rows} rows, read {table.num_rows} (shard changed?)"
+                )
             # Copies: one ``bytes`` per row, the copy made without the GIL (``binary_rows``), so a
             # queued task never pins its whole window's Arrow buffers (zero-copy views did: see
             # docs/design/0006-loader-c-extensions.md).
@@ -338,9 +407,13 @@ class WindowReader:
             pads.append(pad)
             shards.append(np.full(piece.rows, piece.shard, dtype=np.int32))
             rows.append(np.arange(piece.start, piece.stop, dtype=np.int64))
-        return Rows(images, np.concatenate(labels), np.concatenate(pads), np.concatenate(shards), np.concatenate(rows))
+        return Rows(
+            images, np.concatenate(labels), np.concatenate(pads), np.concatenate(shards), np.concatenate(rows)
+        )
 
-    def _fetched(self, key: Hashable, piece: Piece, r: ByteRange, where: str, stop: threading.Event) -> pa.Table | None:
+    def _fetched(
+        self, key: Hashable, piece: Piece, r: ByteRange, where: str, stop: threading.Event
+    ) -> pa.Table | None:
         """``piece``'s row group from the fetcher (scheduled by :meth:`tasks` under ``key``),
         decoded with the footer the loader read once; its bytes are released as soon as they
         are decoded."""
@@ -365,7 +438,9 @@ class WindowReader:
             except DatasetError as exc:
                 raise LoaderError(f"cannot read {where}: {exc}") from exc
             # The shard dataset.json described when the loader started, not one rebuilt since.
-            files[piece.shard].check(self.info, self.options.channel, piece.shard, rows=self._shard_rows[piece.shard])
+            files[piece.shard].check(
+                self.info, self.options.channel, piece.shard, rows=self._shard_rows[piece.shard]
+            )
         pf = files[piece.shard].parquet
         try:
             columns = [c for c in _COLUMNS if c in pf.schema_arrow.names]
@@ -400,4 +475,3 @@ def _batch_windows(plan: EpochPlan, pos: int, batch_size: int) -> range:
 def _last_window(plan: EpochPlan) -> int:
     """The last window ``plan`` reads (the one holding its position ``end - 1``; -1 if none)."""
     return plan.order.window_at(plan.end - 1) if plan.end > 0 else -1
-

@@ -19,7 +19,9 @@ from PIL import Image
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="folder to write <digit>/<index>.png under")
-    p.add_argument("--scale", type=int, default=4, help="upscale factor of the 8x8 scans (default: 4 -> 32x32)")
+    p.add_argument(
+        "--scale", type=int, default=4, help="upscale factor of the 8x8 scans (default: 4 -> 32x32)"
+    )
     args = p.parse_args(argv)
     if args.scale < 1:
         p.error(f"--scale must be a positive integer, got {args.scale}")

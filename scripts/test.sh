@@ -9,6 +9,9 @@ bash scripts/setup_test_extras.sh
 bash scripts/setup_petastorm.sh
 source .venv/bin/activate
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"
+# The linter and the formatter first: a tree that is not formatted fails in seconds, not after the tests.
+ruff check .
+ruff format --check .
 python -m pytest --ignore=tests/petastorm "$@"
 # The decode tests again with the C extensions switched off: the fallback CI would not otherwise see.
 LAKESHARD_NO_EXTENSIONS=1 python -m pytest tests/loaders/test_decode.py -q -p no:cacheprovider

@@ -32,8 +32,9 @@ def _pixels_key(hwc: np.ndarray) -> str:
 def _stored(root: str, channel: str, num_shards: int) -> Counter:
     out: Counter = Counter()
     for table in shard_tables(root, channel, num_shards):
-        for blob, label, pad in zip(table["image"].to_pylist(), table["label"].to_pylist(),
-                                    table["is_pad"].to_pylist()):
+        for blob, label, pad in zip(
+            table["image"].to_pylist(), table["label"].to_pylist(), table["is_pad"].to_pylist()
+        ):
             if not pad:
                 out[(_pixels_key(np.asarray(Image.open(io.BytesIO(blob)).convert("RGB"))), label)] += 1
     return out
@@ -42,8 +43,18 @@ def _stored(root: str, channel: str, num_shards: int) -> Counter:
 def _streamed(root: str, channel: str, world_size: int, *, epoch: int = 0) -> Counter:
     out: Counter = Counter()
     for rank in range(world_size):
-        with ShardLoader(root, channel=channel, rank=rank, world_size=world_size, batch_size=4, shuffle=True,
-                         seed=5, num_threads=2, prefetch=2, remainder="drop") as loader:
+        with ShardLoader(
+            root,
+            channel=channel,
+            rank=rank,
+            world_size=world_size,
+            batch_size=4,
+            shuffle=True,
+            seed=5,
+            num_threads=2,
+            prefetch=2,
+            remainder="drop",
+        ) as loader:
             loader.set_epoch(epoch)
             batches = 0
             for images, labels in loader:
@@ -57,7 +68,9 @@ def _streamed(root: str, channel: str, world_size: int, *, epoch: int = 0) -> Co
 
 def _build(lake: str, out: str, engine, num_shards: int) -> DatasetInfo:
     manifest_job.run(ManifestConfig(input=lake, output=out, seed=1, split_method="stratified"), engine)
-    return shard_job.run(ShardConfig(dataset=out, num_shards=num_shards, image_size=16, image_format="png"), engine)
+    return shard_job.run(
+        ShardConfig(dataset=out, num_shards=num_shards, image_size=16, image_format="png"), engine
+    )
 
 
 def test_local_lake_streams_every_sample_once_per_epoch(small_lake, tmp_path, local_engine):
@@ -79,8 +92,11 @@ def test_s3_dataset_streams_into_the_loader(s3_bucket, s3_endpoint, spark_engine
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     for label in ("a", "b"):
         for i in range(20):
-            client.put_object(Bucket=s3_bucket[5:], Key=f"raw/{label}/{i}.png",
-                              Body=encode(make_image(i + (100 if label == "b" else 0)), "PNG"))
+            client.put_object(
+                Bucket=s3_bucket[5:],
+                Key=f"raw/{label}/{i}.png",
+                Body=encode(make_image(i + (100 if label == "b" else 0)), "PNG"),
+            )
     root = f"{s3_bucket}/ds"
     _build(f"{s3_bucket}/raw", root, spark_engine, num_shards=2)
     assert _streamed(root, "train", world_size=2) == _stored(root, "train", 2)

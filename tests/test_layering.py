@@ -31,15 +31,42 @@ FORBIDDEN = {
     "loaders": ("jobs", "loaders.train"),
     "loaders.train": ("jobs",),
     "jobs": ("loaders",),
-    "jobs.common": ("jobs.manifest_steps", "jobs.shard_steps", "jobs.manifest", "jobs.shard", "jobs.versions",
-                    "jobs.report"),
-    "jobs.manifest_steps": ("jobs.shard_steps", "jobs.manifest", "jobs.shard", "jobs.versions", "jobs.report"),
-    "jobs.shard_steps": ("jobs.manifest_steps", "jobs.manifest", "jobs.shard", "jobs.versions", "jobs.report"),
+    "jobs.common": (
+        "jobs.manifest_steps",
+        "jobs.shard_steps",
+        "jobs.manifest",
+        "jobs.shard",
+        "jobs.versions",
+        "jobs.report",
+    ),
+    "jobs.manifest_steps": (
+        "jobs.shard_steps",
+        "jobs.manifest",
+        "jobs.shard",
+        "jobs.versions",
+        "jobs.report",
+    ),
+    "jobs.shard_steps": (
+        "jobs.manifest_steps",
+        "jobs.manifest",
+        "jobs.shard",
+        "jobs.versions",
+        "jobs.report",
+    ),
 }
 
 #: What ``jobs/`` holds at its top: the commands, the script helper and the three packages.
-JOBS_TOP = {"__init__.py", "_script.py", "manifest.py", "shard.py", "versions.py", "report.py",
-            "common", "manifest_steps", "shard_steps"}
+JOBS_TOP = {
+    "__init__.py",
+    "_script.py",
+    "manifest.py",
+    "shard.py",
+    "versions.py",
+    "report.py",
+    "common",
+    "manifest_steps",
+    "shard_steps",
+}
 
 #: Module names that stand in several packages, each time for the same role in its package.
 SAME_ROLE = {
@@ -68,8 +95,13 @@ def _imported(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
     ``from a.b import c``, ``a.b.c`` if it is a module, else ``a.b``."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(), filename=str(path))
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
-                   for stmt in block.body for n in ast.walk(stmt)}  # not imported when the code runs
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and _is_type_checking(block.test)
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }  # not imported when the code runs
     found = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -81,7 +113,9 @@ def _imported(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -94,7 +128,8 @@ def _imported(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _graph() -> dict[str, set[str]]:
@@ -192,7 +227,9 @@ def test_jobs_top_level_holds_only_the_commands():
 def test_a_module_name_means_one_thing():
     by_name = defaultdict(list)
     for name in _modules():
-        by_name[name.rpartition(".")[2] if not (REPO / name.replace(".", "/")).is_dir() else "__init__"].append(name)
+        by_name[
+            name.rpartition(".")[2] if not (REPO / name.replace(".", "/")).is_dir() else "__init__"
+        ].append(name)
     repeated = {k: v for k, v in by_name.items() if len(v) > 1 and k not in SAME_ROLE}
     assert not repeated, repeated
 
@@ -201,7 +238,10 @@ def test_the_layout_record_names_every_module():
     record = (REPO / "docs" / "design" / "0029-layout.md").read_text()
     listed = set(re.findall(r"`((?:jobs|lakeshard|loaders)/[\w/]+\.py)`", record))
     modules = {str(p.relative_to(REPO)) for p in _modules().values()} - {
-        str(p.relative_to(REPO)) for p in _modules().values() if p.name == "__init__.py" and not p.read_text().strip()}
+        str(p.relative_to(REPO))
+        for p in _modules().values()
+        if p.name == "__init__.py" and not p.read_text().strip()
+    }
     assert modules - listed == set(), "modules missing from docs/design/0029-layout.md"
     assert listed - modules == set(), "docs/design/0029-layout.md names modules that do not exist"
 
@@ -217,10 +257,19 @@ def test_the_training_side_loads_no_engine():
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
-@pytest.mark.parametrize("command", ["jobs.manifest", "jobs.shard", "jobs.versions", "jobs.report",
-                                     pytest.param("loaders.train", marks=pytest.mark.slow)])  # imports torch: ~3 s
+@pytest.mark.parametrize(
+    "command",
+    [
+        "jobs.manifest",
+        "jobs.shard",
+        "jobs.versions",
+        "jobs.report",
+        pytest.param("loaders.train", marks=pytest.mark.slow),
+    ],
+)  # imports torch: ~3 s
 def test_every_command_answers_help(command: str):
-    proc = subprocess.run([sys.executable, "-m", command, "--help"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", command, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "usage:" in proc.stdout

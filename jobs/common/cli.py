@@ -23,19 +23,34 @@ def job_parser(prog: str, config: type, *, description: str, epilog: str = "") -
     """The job's argument parser: every field of ``config`` as an option (see
     :func:`lakeshard.settings.add_arguments`), with the YAML file and the AWS environment noted."""
     p = argparse.ArgumentParser(
-        prog=prog, description=description,
-        epilog=" ".join(filter(None, [
-            f"Options also come from a YAML file (--conf conf/{prog.rsplit('/', 1)[-1].removesuffix('.py')}.yaml); "
-            "flags override it. S3 endpoint and credentials come from the standard AWS environment "
-            "(AWS_ENDPOINT_URL, AWS_REGION, profiles, instance roles).", epilog])),
+        prog=prog,
+        description=description,
+        epilog=" ".join(
+            filter(
+                None,
+                [
+                    f"Options also come from a YAML file (--conf conf/{prog.rsplit('/', 1)[-1].removesuffix('.py')}.yaml); "
+                    "flags override it. S3 endpoint and credentials come from the standard AWS environment "
+                    "(AWS_ENDPOINT_URL, AWS_REGION, profiles, instance roles).",
+                    epilog,
+                ],
+            )
+        ),
     )
     add_arguments(p, config)
     return p
 
 
-def run_job(argv: list[str] | None, *, parser: argparse.ArgumentParser, config: type,
-            run: Callable[[Any, Engine], Any], summary: Callable[[Any, Any], str], prog: str,
-            prepare: Callable[[Any], AbstractContextManager[Any]] | None = None) -> int:
+def run_job(
+    argv: list[str] | None,
+    *,
+    parser: argparse.ArgumentParser,
+    config: type,
+    run: Callable[[Any, Engine], Any],
+    summary: Callable[[Any, Any], str],
+    prog: str,
+    prepare: Callable[[Any], AbstractContextManager[Any]] | None = None,
+) -> int:
     """Parse ``argv`` into ``config``, enter ``prepare(config)``, start its engine, ``run`` the
     job, print ``summary``.
 
@@ -54,8 +69,11 @@ def run_job(argv: list[str] | None, *, parser: argparse.ArgumentParser, config: 
     def job() -> tuple[Any, Any]:
         cfg = resolve(config, args)
         with prepare(cfg) if prepare is not None else nullcontext():
-            engine = open_engine(cfg.engine, scheduler=cfg.scheduler,
-                                 app_name=f"lakeshard-{os.path.splitext(os.path.basename(prog))[0]}")
+            engine = open_engine(
+                cfg.engine,
+                scheduler=cfg.scheduler,
+                app_name=f"lakeshard-{os.path.splitext(os.path.basename(prog))[0]}",
+            )
             try:
                 return cfg, run(cfg, engine)
             finally:

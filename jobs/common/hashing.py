@@ -21,7 +21,9 @@ def unit_hash(*parts: object) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-def unit_hashes(head: Sequence[object], keys: Iterable[str], tails: Iterable[object] | None = None) -> np.ndarray:
+def unit_hashes(
+    head: Sequence[object], keys: Iterable[str], tails: Iterable[object] | None = None
+) -> np.ndarray:
     """``unit_hash(*head, key)`` for each of ``keys`` (``unit_hash(*head, key, tail)`` with
     ``tails``, one per key), the same numbers, as float64: the shared ``head`` is encoded once
     and the digests are turned into numbers by numpy (uint64 to float64 rounds to nearest as
@@ -31,6 +33,8 @@ def unit_hashes(head: Sequence[object], keys: Iterable[str], tails: Iterable[obj
     if tails is None:
         digests = [blake2b(prefix + k.encode("utf-8", "surrogatepass"), digest_size=8).digest() for k in keys]
     else:
-        digests = [blake2b(prefix + f"{k}\x1f{t}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
-                   for k, t in zip(keys, tails, strict=True)]
+        digests = [
+            blake2b(prefix + f"{k}\x1f{t}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            for k, t in zip(keys, tails, strict=True)
+        ]
     return np.frombuffer(b"".join(digests), dtype=">u8").astype(np.float64) / 2.0**64

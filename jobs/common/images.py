@@ -133,7 +133,8 @@ def preprocess(data: bytes, spec: ImageSpec) -> EncodedImage:
             w, h = img.size
             if w * h > spec.max_pixels:
                 raise ImageRejected(
-                    f"decompression bomb: {w}x{h} = {w * h} pixels exceeds max_image_pixels={spec.max_pixels}")
+                    f"decompression bomb: {w}x{h} = {w * h} pixels exceeds max_image_pixels={spec.max_pixels}"
+                )
             if img.format == "JPEG" and spec.resize != "pad":
                 # DCT scaling while decoding: far less work for large JPEGs (Pillow's draft).
                 short = min(w, h)

@@ -68,10 +68,16 @@ def read_rows(uri: str, offset: int, length: int) -> pa.Table:
         return pf.read_row_groups(groups).slice(offset - int(starts[first]), length)
 
 
-def write_table(uri: str, table: pa.Table, *, metadata: dict[bytes, bytes] | None = None,
-                row_group_size: int | None = None) -> None:
+def write_table(
+    uri: str,
+    table: pa.Table,
+    *,
+    metadata: dict[bytes, bytes] | None = None,
+    row_group_size: int | None = None,
+) -> None:
     """Write ``table`` as Parquet to ``uri`` atomically (:func:`lakeshard.storage.write_bytes_atomic`)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table.replace_schema_metadata(metadata) if metadata else table, sink,
-                   row_group_size=row_group_size)
+    pq.write_table(
+        table.replace_schema_metadata(metadata) if metadata else table, sink, row_group_size=row_group_size
+    )
     storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes())

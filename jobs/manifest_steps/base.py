@@ -57,8 +57,17 @@ from lakeshard.errors import ConfigError, DatasetError, ManifestError
 from lakeshard.format import FORMAT_VERSION, MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri
 from lakeshard.format.manifest_table import hash_bucket, read_part, table_rows, write_part
 
-__all__ = ["BaseJoin", "BaseReport", "JoinCounts", "check_base", "inspect_bucket", "join_and_inspect",
-           "stage_base", "stage_both", "stage_join"]
+__all__ = [
+    "BaseJoin",
+    "BaseReport",
+    "JoinCounts",
+    "check_base",
+    "inspect_bucket",
+    "join_and_inspect",
+    "stage_base",
+    "stage_both",
+    "stage_join",
+]
 
 #: The options that decide each object's channel: a base split otherwise would have its objects
 #: moved, which ``--base`` promises not to do (their flags name them in errors).
@@ -104,40 +113,56 @@ def check_base(cfg: ManifestConfig) -> dict[str, Any]:
     this run's."""
     base, out, src = (storage.normalize(u) for u in (cfg.base or "", cfg.output, cfg.input))
     if base == out:
-        raise ConfigError(f"--base {base} is the --output: write the new version to another --output (the base's "
-                          "manifest is read while the new one is written)")
+        raise ConfigError(
+            f"--base {base} is the --output: write the new version to another --output (the base's "
+            "manifest is read while the new one is written)"
+        )
     marker_uri = manifest_marker_uri(base)
     if not storage.exists(marker_uri):
-        raise DatasetError(f"--base {base} holds no complete manifest: {marker_uri} is missing (a manifest job that "
-                           "did not finish, or not a dataset); give a dataset the manifest job completed")
+        raise DatasetError(
+            f"--base {base} holds no complete manifest: {marker_uri} is missing (a manifest job that "
+            "did not finish, or not a dataset); give a dataset the manifest job completed"
+        )
     marker = storage.read_json(marker_uri)
     version = marker.get("format_version")
     if version != FORMAT_VERSION or not isinstance(marker.get("parts"), int):
-        raise DatasetError(f"--base {base}: its manifest is of format version {version!r}, this lakeshard writes "
-                           f"{FORMAT_VERSION}; build without --base")
+        raise DatasetError(
+            f"--base {base}: its manifest is of format version {version!r}, this lakeshard writes "
+            f"{FORMAT_VERSION}; build without --base"
+        )
     if marker.get("input") != src:
-        raise ManifestError(f"--base {base} is a manifest of --input {marker.get('input')}, not of --input {src}: "
-                            "a base must be an earlier manifest of the same lake")
+        raise ManifestError(
+            f"--base {base} is a manifest of --input {marker.get('input')}, not of --input {src}: "
+            "a base must be an earlier manifest of the same lake"
+        )
     table = marker.get("labels_table") or {}
     old_labels = storage.normalize(table["uri"]) if table.get("uri") else None
     new_labels = cfg.labels or cfg.input_manifest
     old = _label_source(marker.get("label_depth"), old_labels, table.get("label_attribute"))
-    new = _label_source(cfg.label_depth, storage.normalize(new_labels) if new_labels else None, cfg.label_attribute)
+    new = _label_source(
+        cfg.label_depth, storage.normalize(new_labels) if new_labels else None, cfg.label_attribute
+    )
     if _label_kind(marker.get("label_depth"), bool(table)) != _label_kind(cfg.label_depth, bool(new_labels)):
-        raise ManifestError(f"--base {base} took its labels from {old}, this run from {new}: objects would change "
-                            "class; use the base's label source or build without --base")
+        raise ManifestError(
+            f"--base {base} took its labels from {old}, this run from {new}: objects would change "
+            "class; use the base's label source or build without --base"
+        )
     for name, flag in SPLIT_OPTIONS.items():
         was, now = marker.get(name), getattr(cfg, name)
-        if name == "split" and isinstance(was, dict):  # the marker's keys are sorted: its order is split_order
+        if name == "split" and isinstance(
+            was, dict
+        ):  # the marker's keys are sorted: its order is split_order
             order = marker.get("split_order") or list(now)  # older markers did not record it
             was = {c: was[c] for c in order if c in was} if set(order) == set(was) else was
             now = dict(now)
         same = list(was.items()) == list(now.items()) if isinstance(was, dict) else was == now
         if not same:
             show = _split_text if name == "split" else str
-            raise ManifestError(f"--base {base} was split with {flag} {show(was)}, this run with {flag} {show(now)}: "
-                                f"a different split moves objects between channels, which --base promises not to "
-                                f"do; use the base's {flag} or build without --base")
+            raise ManifestError(
+                f"--base {base} was split with {flag} {show(was)}, this run with {flag} {show(now)}: "
+                f"a different split moves objects between channels, which --base promises not to "
+                f"do; use the base's {flag} or build without --base"
+            )
     return marker
 
 
@@ -168,8 +193,11 @@ def stage_base(parts: list[int], *, join: BaseJoin) -> list[int]:
         for r in rows:
             by_bucket.setdefault(hash_bucket(r["key"], join.buckets), []).append(r)
         for bucket, mine in by_bucket.items():
-            write_part(storage.join(join.folder("base", bucket), f"part-{part:05d}.parquet"),
-                       pa.Table.from_pylist(mine, schema=schema), durable=False)
+            write_part(
+                storage.join(join.folder("base", bucket), f"part-{part:05d}.parquet"),
+                pa.Table.from_pylist(mine, schema=schema),
+                durable=False,
+            )
         n += len(rows)
     return [n]
 
@@ -179,8 +207,10 @@ def stage_both(groups: list[list[int | PartSlice]], *, join: BaseJoin) -> list[i
     :func:`stage_base`) and slices of the listed rows (:func:`jobs.manifest_steps.label_tasks.stage_keys`);
     return how many rows of each were staged."""
     items = [item for group in groups for item in group]
-    return [*stage_base([i for i in items if isinstance(i, int)], join=join),
-            *stage_keys([i for i in items if isinstance(i, PartSlice)], join=join)]
+    return [
+        *stage_base([i for i in items if isinstance(i, int)], join=join),
+        *stage_keys([i for i in items if isinstance(i, PartSlice)], join=join),
+    ]
 
 
 def _s3(row: dict[str, Any]) -> bool:
@@ -204,7 +234,9 @@ def _reuse(row: dict[str, Any], old: dict[str, Any]) -> bool:
     the base has no ETag for, a base row rejected for anything but its read (no label, say),
     an accepted base row without a format (the base did not read objects)."""
     kind = reason_kind(old["reason"] or "")
-    accepted = (old["status"] == "ok" or kind == DUPLICATE) and old["format"] is not None  # dedupe came after the read
+    accepted = (old["status"] == "ok" or kind == DUPLICATE) and old[
+        "format"
+    ] is not None  # dedupe came after the read
     if not (accepted or (old["status"] != "ok" and kind in _READ_REJECTS)):
         return False
     if (_s3(row) and "-" in (row["etag"] or "")) or (not _s3(row) and old["etag"] is None):
@@ -240,11 +272,17 @@ class JoinCounts:
     @classmethod
     def merge(cls, results: Sequence[JoinCounts]) -> JoinCounts:
         relabelled = sorted((e for r in results for e in r.relabelled_examples), key=lambda e: e.key)
-        return cls(rows=sum(r.rows for r in results), new=sum(r.new for r in results),
-                   changed=sum(r.changed for r in results), unchanged=sum(r.unchanged for r in results),
-                   reused=sum(r.reused for r in results), relabelled=sum(r.relabelled for r in results),
-                   relabelled_examples=tuple(relabelled[:EXAMPLES]), left=sum(r.left for r in results),
-                   left_examples=tuple(sorted(k for r in results for k in r.left_examples)[:EXAMPLES]))
+        return cls(
+            rows=sum(r.rows for r in results),
+            new=sum(r.new for r in results),
+            changed=sum(r.changed for r in results),
+            unchanged=sum(r.unchanged for r in results),
+            reused=sum(r.reused for r in results),
+            relabelled=sum(r.relabelled for r in results),
+            relabelled_examples=tuple(relabelled[:EXAMPLES]),
+            left=sum(r.left for r in results),
+            left_examples=tuple(sorted(k for r in results for k in r.left_examples)[:EXAMPLES]),
+        )
 
     @property
     def inspected(self) -> int:
@@ -282,10 +320,19 @@ def inspect_bucket(buckets: list[int], *, join: BaseJoin, plan: PassPlan) -> lis
         listed = {r["key"] for r in rows}
         left = sorted(k for k in base if k not in listed)
         relabelled.sort(key=lambda e: e.key)
-        out.append(JoinCounts(rows=len(rows), new=counts["new"], changed=counts["changed"],
-                              unchanged=counts["unchanged"], reused=counts["reused"],
-                              relabelled=len(relabelled), relabelled_examples=tuple(relabelled[:EXAMPLES]),
-                              left=len(left), left_examples=tuple(left[:EXAMPLES])))
+        out.append(
+            JoinCounts(
+                rows=len(rows),
+                new=counts["new"],
+                changed=counts["changed"],
+                unchanged=counts["unchanged"],
+                reused=counts["reused"],
+                relabelled=len(relabelled),
+                relabelled_examples=tuple(relabelled[:EXAMPLES]),
+                left=len(left),
+                left_examples=tuple(left[:EXAMPLES]),
+            )
+        )
     return out
 
 
@@ -300,12 +347,22 @@ class BaseReport:
 
     def to_json(self) -> dict[str, Any]:
         c, moved = self.counts, self.classes
-        return {"root": self.join.root, "fingerprint": self.join.fingerprint, "objects": self.join.objects,
-                "unchanged": c.unchanged, "reused": c.reused, "new": c.new, "changed": c.changed,
-                "left": c.left, "relabelled": c.relabelled, "inspected": c.inspected,
-                "left_examples": list(c.left_examples),
-                "relabelled_examples": [e.to_json() for e in c.relabelled_examples],
-                "moved": moved.moved, "moved_examples": [e.to_json() for e in moved.moved_examples]}
+        return {
+            "root": self.join.root,
+            "fingerprint": self.join.fingerprint,
+            "objects": self.join.objects,
+            "unchanged": c.unchanged,
+            "reused": c.reused,
+            "new": c.new,
+            "changed": c.changed,
+            "left": c.left,
+            "relabelled": c.relabelled,
+            "inspected": c.inspected,
+            "left_examples": list(c.left_examples),
+            "relabelled_examples": [e.to_json() for e in c.relabelled_examples],
+            "moved": moved.moved,
+            "moved_examples": [e.to_json() for e in moved.moved_examples],
+        }
 
 
 def stage_join(engine: Engine, join: BaseJoin, slices: list[PartSlice], partitions: int) -> None:
@@ -321,6 +378,9 @@ def stage_join(engine: Engine, join: BaseJoin, slices: list[PartSlice], partitio
 def join_and_inspect(engine: Engine, join: BaseJoin, plan: PassPlan, partitions: int) -> JoinCounts:
     """Step 3 with the header reads on ``engine`` (:func:`inspect_bucket`, the key buckets in
     ``partitions`` tasks); return the join's counts."""
-    results = engine.map_partitions(partial(inspect_bucket, join=join, plan=plan), list(range(join.buckets)),
-                                    partitions=min(join.buckets, partitions))
+    results = engine.map_partitions(
+        partial(inspect_bucket, join=join, plan=plan),
+        list(range(join.buckets)),
+        partitions=min(join.buckets, partitions),
+    )
     return JoinCounts.merge(results)

@@ -123,8 +123,9 @@ def case_twins(names: Iterable[str]) -> list[list[str]]:
     return sorted(sorted(g) for g in groups.values() if len(g) > 1)
 
 
-def check_min_per_class(counts: Mapping[str, Mapping[str, int]], labels: Sequence[str], minimum: int,
-                        split_method: str) -> None:
+def check_min_per_class(
+    counts: Mapping[str, Mapping[str, int]], labels: Sequence[str], minimum: int, split_method: str
+) -> None:
     """Raise :class:`SplitError` naming every class with fewer than ``minimum`` objects in some
     channel of ``counts`` (``counts[channel][label]``) and its counts; 0 checks nothing."""
     short = []
@@ -137,14 +138,20 @@ def check_min_per_class(counts: Mapping[str, Mapping[str, int]], labels: Sequenc
     if minimum > 1:
         fix = f"lower --min-per-class (now {minimum}; 0 lets a class be missing from a channel)"
     else:
-        fix = ("pass --min-per-class 0 to let a class be missing from a channel (it is then absent from that "
-               "channel's shards)")
+        fix = (
+            "pass --min-per-class 0 to let a class be missing from a channel (it is then absent from that "
+            "channel's shards)"
+        )
     raise SplitError(
         f"{len(short)} class(es) have fewer than --min-per-class {minimum} objects in some channel: "
         + "; ".join(short)
         + f". Add images, {fix}, or change --split"
-        + (" (or use --split-method stratified for exact per-class counts)." if split_method == "hash"
-           else "."))
+        + (
+            " (or use --split-method stratified for exact per-class counts)."
+            if split_method == "hash"
+            else "."
+        )
+    )
 
 
 def reason_kind(reason: str) -> str:
@@ -156,11 +163,21 @@ def split_function(split_method: str) -> SplitFn:
     try:
         return ALGORITHMS[split_method]
     except KeyError:
-        raise ManifestError(f"split_method must be one of {', '.join(ALGORITHMS)}, got {split_method!r}") from None
+        raise ManifestError(
+            f"split_method must be one of {', '.join(ALGORITHMS)}, got {split_method!r}"
+        ) from None
 
 
-def check_accepted(*, listed: int, reasons: Mapping[str, int], removed: int, ok_labels: Iterable[str],
-                   max_reject_fraction: float, where: str, label_source: str | None = None) -> dict[str, int]:
+def check_accepted(
+    *,
+    listed: int,
+    reasons: Mapping[str, int],
+    removed: int,
+    ok_labels: Iterable[str],
+    max_reject_fraction: float,
+    where: str,
+    label_source: str | None = None,
+) -> dict[str, int]:
     """Check what the inspection left of ``listed`` objects (rejected: ``reasons``, by
     :func:`reason_kind`, ``removed`` of them by ``dedupe``, which do not count against
     ``max_reject_fraction``: they were asked for); return the labels of the accepted objects.
@@ -171,30 +188,49 @@ def check_accepted(*, listed: int, reasons: Mapping[str, int], removed: int, ok_
     """
     rejected, listed = sum(reasons.values()) - removed, listed - removed
     if rejected > max_reject_fraction * listed:
-        common = sorted(((n, reason) for reason, n in reasons.items() if reason != DUPLICATE), key=lambda x: (-x[0], x[1]))
+        common = sorted(
+            ((n, reason) for reason, n in reasons.items() if reason != DUPLICATE), key=lambda x: (-x[0], x[1])
+        )
         top = ", ".join(f"{n}× {reason}" for n, reason in common[:5])
         raise RejectFractionError(
             f"{rejected} of {listed} listed objects under {where} were rejected "
             f"({rejected / listed:.1%} > max_reject_fraction={max_reject_fraction:g}): {top}. "
-            "See the reasons above, or raise --max-reject-fraction.")
+            "See the reasons above, or raise --max-reject-fraction."
+        )
     labels = encode_labels(ok_labels)
     if not labels:
         raise ManifestError(f"no usable images under {where}")
     if twins := case_twins(labels):
-        log.warning("labels that differ only by case or spaces are different classes: %s; if they are one "
-                    "class, fix %s", "; ".join(", ".join(map(repr, g)) for g in twins),
-                    f"the labels of {label_source}" if label_source else "the folder names (the path labels)")
+        log.warning(
+            "labels that differ only by case or spaces are different classes: %s; if they are one "
+            "class, fix %s",
+            "; ".join(", ".join(map(repr, g)) for g in twins),
+            f"the labels of {label_source}" if label_source else "the folder names (the path labels)",
+        )
     if len(labels) < 2:
         raise ManifestError(
             f"a classifier needs at least 2 classes, but {where} has usable images in 1 class only: "
-            f"{next(iter(labels))!r}. " + (f"Check the labels of {label_source}." if label_source else
-            "Lay the lake out as <prefix>/<label>/.../<file> with a folder per class (or check --label-depth)."))
+            f"{next(iter(labels))!r}. "
+            + (
+                f"Check the labels of {label_source}."
+                if label_source
+                else "Lay the lake out as <prefix>/<label>/.../<file> with a folder per class (or check --label-depth)."
+            )
+        )
     return labels
 
 
-def build_manifest(rows: Sequence[dict[str, Any]], *, split: Mapping[str, float], seed: int,
-                   split_method: str = "hash", min_per_class: int = 1,
-                   max_reject_fraction: float = 1.0, source: str = "", dedupe: bool = False) -> Manifest:
+def build_manifest(
+    rows: Sequence[dict[str, Any]],
+    *,
+    split: Mapping[str, float],
+    seed: int,
+    split_method: str = "hash",
+    min_per_class: int = 1,
+    max_reject_fraction: float = 1.0,
+    source: str = "",
+    dedupe: bool = False,
+) -> Manifest:
     """Label, split and check ``rows`` (from :func:`jobs.manifest_steps.listing.inspect_objects`).
 
     With ``dedupe``, of the objects with identical content only the first by key is kept, the
@@ -212,8 +248,14 @@ def build_manifest(rows: Sequence[dict[str, Any]], *, split: Mapping[str, float]
     removed = dedupe_rows([r for r in rows if r["status"] == "ok"]) if dedupe else 0
     ok = [r for r in rows if r["status"] == "ok"]
     reasons = Counter(reason_kind(r["reason"]) for r in rows if r["status"] != "ok")
-    labels = check_accepted(listed=len(rows), reasons=reasons, removed=removed, ok_labels=[r["label"] for r in ok],
-                            max_reject_fraction=max_reject_fraction, where=where)
+    labels = check_accepted(
+        listed=len(rows),
+        reasons=reasons,
+        removed=removed,
+        ok_labels=[r["label"] for r in ok],
+        max_reject_fraction=max_reject_fraction,
+        where=where,
+    )
     assign = split_function(split_method)
     channels = assign([r["key"] for r in ok], [r["label"] for r in ok], split, seed)
     for r, channel in zip(ok, channels):
@@ -229,8 +271,14 @@ def build_manifest(rows: Sequence[dict[str, Any]], *, split: Mapping[str, float]
     accepted = pa.Table.from_pylist(ok, schema=MANIFEST_SCHEMA)
     by_channel = {c: accepted.filter(pc.equal(accepted["channel"], c)) for c in split}
     rejects = table.filter(pc.equal(table["status"], "rejected"))
-    return Manifest(all=table, channels=by_channel, rejects=rejects, labels=labels, counts=counts,
-                    duplicates=_duplicates(ok, removed))
+    return Manifest(
+        all=table,
+        channels=by_channel,
+        rejects=rejects,
+        labels=labels,
+        counts=counts,
+        duplicates=_duplicates(ok, removed),
+    )
 
 
 def fingerprint(table: pa.Table) -> str:

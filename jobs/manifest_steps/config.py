@@ -13,49 +13,104 @@ __all__ = ["ManifestConfig"]
 
 @dataclass(frozen=True, slots=True)
 class ManifestConfig:
-    input: str = opt(help="the raw lake: a local folder, file:// or s3:// prefix laid out as <prefix>/<label>/.../<file>")
+    input: str = opt(
+        help="the raw lake: a local folder, file:// or s3:// prefix laid out as <prefix>/<label>/.../<file>"
+    )
     output: str = opt(help="the dataset URI to write manifests/ and labels.json under")
-    split: dict = opt("train=0.8,validation=0.1,test=0.1", parse=parse_split,
-                      help="channel fractions, adding up to 1")
-    split_method: str = opt("hash", choices=tuple(ALGORITHMS),
-                            help="hash: stable as the lake grows; stratified: exact per-class counts")
-    seed: int = opt(0, parse=parse_seed, help="seed of the split (and, by default, of the shard job), in [0, 2**32 - 1]")
-    min_per_class: int = opt(1, help="fail unless every class has at least this many objects in every "
-                                     "channel (0: a class may be missing from a channel)")
-    label_depth: int | None = opt(None, help="which path component below the input is the label (1 = the first; "
-                                             "the default: 1, or none with --labels, with which it cannot be given)")
-    labels: str | None = opt(None, help="a CSV, Parquet or JSON Lines table (or a folder of them) of the labels: a 'key' "
-                                        "(relative to --input) or 'uri' column, a 'label' column and optionally a "
-                                        "'channel' column pinning an object to a channel; every object under --input "
-                                        "is listed (no path label), and one with no label row is rejected")
-    input_manifest: str | None = opt(None, help="a SageMaker Ground Truth augmented manifest (JSON Lines of 'source-ref' "
-                                                "and the --label-attribute): its objects under --input, not a listing "
-                                                "of --input, are the lake, labelled with their class names")
-    label_attribute: str | None = opt(None, help="with --input-manifest: the label attribute of the Ground Truth job "
-                                                 "(its LabelAttributeName), whose class name labels each object")
-    base: str | None = opt(None, help="a previous complete manifest of the same --input, labels and split: objects it "
-                                      "listed with the same size and ETag (local: size and modification time) are not "
-                                      "read again; the result is what a build without --base writes")
-    max_reject_fraction: float = opt(0.05, help="fail if more than this fraction of listed objects is rejected")
+    split: dict = opt(
+        "train=0.8,validation=0.1,test=0.1", parse=parse_split, help="channel fractions, adding up to 1"
+    )
+    split_method: str = opt(
+        "hash",
+        choices=tuple(ALGORITHMS),
+        help="hash: stable as the lake grows; stratified: exact per-class counts",
+    )
+    seed: int = opt(
+        0, parse=parse_seed, help="seed of the split (and, by default, of the shard job), in [0, 2**32 - 1]"
+    )
+    min_per_class: int = opt(
+        1,
+        help="fail unless every class has at least this many objects in every "
+        "channel (0: a class may be missing from a channel)",
+    )
+    label_depth: int | None = opt(
+        None,
+        help="which path component below the input is the label (1 = the first; "
+        "the default: 1, or none with --labels, with which it cannot be given)",
+    )
+    labels: str | None = opt(
+        None,
+        help="a CSV, Parquet or JSON Lines table (or a folder of them) of the labels: a 'key' "
+        "(relative to --input) or 'uri' column, a 'label' column and optionally a "
+        "'channel' column pinning an object to a channel; every object under --input "
+        "is listed (no path label), and one with no label row is rejected",
+    )
+    input_manifest: str | None = opt(
+        None,
+        help="a SageMaker Ground Truth augmented manifest (JSON Lines of 'source-ref' "
+        "and the --label-attribute): its objects under --input, not a listing "
+        "of --input, are the lake, labelled with their class names",
+    )
+    label_attribute: str | None = opt(
+        None,
+        help="with --input-manifest: the label attribute of the Ground Truth job "
+        "(its LabelAttributeName), whose class name labels each object",
+    )
+    base: str | None = opt(
+        None,
+        help="a previous complete manifest of the same --input, labels and split: objects it "
+        "listed with the same size and ETag (local: size and modification time) are not "
+        "read again; the result is what a build without --base writes",
+    )
+    max_reject_fraction: float = opt(
+        0.05, help="fail if more than this fraction of listed objects is rejected"
+    )
     overwrite: bool = opt(False, help="replace an existing manifest (and invalidate the dataset built on it)")
     engine: str = opt("spark", choices=ENGINE_NAMES, help="the engine that runs the job")
-    scheduler: str | None = opt(None, help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)")
-    partitions: int | None = opt(None, help="tasks for reading object headers (default: from the number of objects)")
-    rows_per_part: int = opt(100_000, help="objects per part of the manifest tables (a class is never split across "
-                                           "parts) and per task that groups identical content")
-    exclude: tuple = opt((), parse=parse_globs, repeat=True,
-                         help="skip objects matching this glob: against the key if it has a '/', else against "
-                              "each path component (e.g. '*.tmp')")
-    include_hidden: bool = opt(False, help="list hidden objects too (names starting with '.', __MACOSX, Thumbs.db, "
-                                           "desktop.ini), which are skipped by default")
-    inventory: str | None = opt(None, help="an S3 Inventory report of --input's bucket (its manifest.json, or the dated "
-                                          "folder holding it): its CSV or Parquet files are the lake instead of a listing")
-    sniff: bool = opt(True, help="read each object's first bytes to reject what is not an image now; off: no object is "
-                                 "read, bad objects are rejected by the shard job's decode instead")
-    list_task_objects: int = opt(100_000, help="a listing task that has listed this many objects hands the rest of its "
-                                               "class prefix to new tasks, so a large class is listed in parallel")
-    dedupe: bool = opt(False, help="keep one object of each set with identical content (the others are rejected "
-                                   "naming the kept key), so no image is in two channels")
+    scheduler: str | None = opt(
+        None,
+        help="dask: address of a dask.distributed scheduler (else DASK_SCHEDULER_ADDRESS, else a LocalCluster)",
+    )
+    partitions: int | None = opt(
+        None, help="tasks for reading object headers (default: from the number of objects)"
+    )
+    rows_per_part: int = opt(
+        100_000,
+        help="objects per part of the manifest tables (a class is never split across "
+        "parts) and per task that groups identical content",
+    )
+    exclude: tuple = opt(
+        (),
+        parse=parse_globs,
+        repeat=True,
+        help="skip objects matching this glob: against the key if it has a '/', else against "
+        "each path component (e.g. '*.tmp')",
+    )
+    include_hidden: bool = opt(
+        False,
+        help="list hidden objects too (names starting with '.', __MACOSX, Thumbs.db, "
+        "desktop.ini), which are skipped by default",
+    )
+    inventory: str | None = opt(
+        None,
+        help="an S3 Inventory report of --input's bucket (its manifest.json, or the dated "
+        "folder holding it): its CSV or Parquet files are the lake instead of a listing",
+    )
+    sniff: bool = opt(
+        True,
+        help="read each object's first bytes to reject what is not an image now; off: no object is "
+        "read, bad objects are rejected by the shard job's decode instead",
+    )
+    list_task_objects: int = opt(
+        100_000,
+        help="a listing task that has listed this many objects hands the rest of its "
+        "class prefix to new tasks, so a large class is listed in parallel",
+    )
+    dedupe: bool = opt(
+        False,
+        help="keep one object of each set with identical content (the others are rejected "
+        "naming the kept key), so no image is in two channels",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", parse_split(self.split))

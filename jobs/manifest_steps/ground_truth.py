@@ -61,8 +61,19 @@ from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 from lakeshard.format.manifest_table import hash_bucket, write_part
 
-__all__ = ["CHECK_LINES", "ByteRange", "GroundTruthSource", "LineLabel", "Resolved", "StagedLines",
-           "check_input_manifest", "label_of", "read_manifest", "resolve_task", "stage_lines"]
+__all__ = [
+    "CHECK_LINES",
+    "ByteRange",
+    "GroundTruthSource",
+    "LineLabel",
+    "Resolved",
+    "StagedLines",
+    "check_input_manifest",
+    "label_of",
+    "read_manifest",
+    "resolve_task",
+    "stage_lines",
+]
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +118,15 @@ def label_of(record: dict[str, Any], attribute: str) -> LineLabel:
         return LineLabel(None, f"no label: the line has no {attribute!r} in --input-manifest{why}")
     kind = str(meta.get("type", ""))
     if isinstance(value, list) or kind.endswith("multilabel"):
-        raise _Unsupported(f"{attribute!r} is {value!r:.80} ({kind or 'a list'}): multi-label classification is not "
-                           "supported (each object needs exactly one class)")
+        raise _Unsupported(
+            f"{attribute!r} is {value!r:.80} ({kind or 'a list'}): multi-label classification is not "
+            "supported (each object needs exactly one class)"
+        )
     if isinstance(value, (dict, bool)):
-        raise _Unsupported(f"{attribute!r} is {value!r:.80}{f' ({kind})' if kind else ''}: not an image "
-                           "classification label (one class index or name)")
+        raise _Unsupported(
+            f"{attribute!r} is {value!r:.80}{f' ({kind})' if kind else ''}: not an image "
+            "classification label (one class index or name)"
+        )
     try:  # a value and a class name become text as a --labels table's do (0.0 is the class index "0")
         text = value_text(value)
         name = value_text(meta.get("class-name"))
@@ -122,8 +137,10 @@ def label_of(record: dict[str, Any], attribute: str) -> LineLabel:
     if name is None and isinstance(value, str):
         name = value
     if not isinstance(name, str) or not name.strip():
-        raise _Unsupported(f"{attribute!r} is {value!r:.80} but {attribute}-metadata gives no class-name for it "
-                           f"(got {meta.get('class-name', meta.get('class-map'))!r:.80})")
+        raise _Unsupported(
+            f"{attribute!r} is {value!r:.80} but {attribute}-metadata gives no class-name for it "
+            f"(got {meta.get('class-name', meta.get('class-map'))!r:.80})"
+        )
     return LineLabel(name.strip(), None)
 
 
@@ -142,7 +159,7 @@ def _parse(record: dict[str, Any], attribute: str) -> _Line:
 def _key(uri: str, root: str) -> str | None:
     """``uri``'s key relative to ``root``, or None if it is not under ``root``."""
     under = root.rstrip("/") + "/"
-    return uri[len(under):] if uri.startswith(under) else None
+    return uri[len(under) :] if uri.startswith(under) else None
 
 
 def check_input_manifest(uri: str, *, attribute: str, root: str) -> int:
@@ -157,8 +174,10 @@ def check_input_manifest(uri: str, *, attribute: str, root: str) -> int:
     under = 0
     try:
         if not fs.isfile(path):
-            raise ManifestError(f"--input-manifest {uri} does not exist (give the output.manifest file of a "
-                                "Ground Truth labelling job)")
+            raise ManifestError(
+                f"--input-manifest {uri} does not exist (give the output.manifest file of a "
+                "Ground Truth labelling job)"
+            )
         with fs.open(path, "rb") as f:
             first = list(itertools.islice(f, CHECK_LINES))
         n = len(first)
@@ -180,11 +199,15 @@ def check_input_manifest(uri: str, *, attribute: str, root: str) -> int:
         raise ManifestError(f"--input-manifest {uri} has no lines")
     if attribute not in seen and f"{attribute}-metadata" not in seen:
         names = sorted(k for k in seen if k != "source-ref" and not k.endswith("-metadata"))
-        raise ManifestError(f"--label-attribute {attribute!r}: none of the first {n} line(s) of --input-manifest {uri} "
-                            f"has it (their label attributes: {names})")
+        raise ManifestError(
+            f"--label-attribute {attribute!r}: none of the first {n} line(s) of --input-manifest {uri} "
+            f"has it (their label attributes: {names})"
+        )
     if not under:
-        raise ManifestError(f"--input-manifest {uri}: none of the first {n} line(s) names an object under --input "
-                            f"{root} (give as --input the prefix every source-ref is under)")
+        raise ManifestError(
+            f"--input-manifest {uri}: none of the first {n} line(s) names an object under --input "
+            f"{root} (give as --input the prefix every source-ref is under)"
+        )
     return n
 
 
@@ -221,7 +244,7 @@ def _lines(uri: str, start: int, end: int) -> Iterator[tuple[int, bytes]]:
     while not data.endswith(b"\n") and read < size:  # complete the last line
         more = fs.cat_file(path, start=read, end=min(read + 65536, size))
         cut = more.find(b"\n")
-        data += more if cut < 0 else more[:cut + 1]
+        data += more if cut < 0 else more[: cut + 1]
         read += len(more)
         if cut >= 0:
             break
@@ -246,10 +269,13 @@ class StagedLines:
 
     @classmethod
     def merge(cls, parts: Sequence[StagedLines]) -> StagedLines:
-        return cls(lines=sum(p.lines for p in parts), outside=sum(p.outside for p in parts),
-                   outside_examples=tuple(sorted(u for p in parts for u in p.outside_examples)[:EXAMPLES]),
-                   bad=sum(p.bad for p in parts),
-                   bad_examples=tuple(e for p in parts for e in p.bad_examples)[:EXAMPLES])
+        return cls(
+            lines=sum(p.lines for p in parts),
+            outside=sum(p.outside for p in parts),
+            outside_examples=tuple(sorted(u for p in parts for u in p.outside_examples)[:EXAMPLES]),
+            bad=sum(p.bad for p in parts),
+            bad_examples=tuple(e for p in parts for e in p.bad_examples)[:EXAMPLES],
+        )
 
 
 class ByteRange(NamedTuple):
@@ -269,8 +295,9 @@ def _stage_range(source: GroundTruthSource, start: int, end: int) -> StagedLines
     try:
         found = list(_lines(source.uri, start, end))
     except Exception as exc:
-        raise StorageError(f"cannot read --input-manifest {source.uri} bytes {start}-{end}: "
-                           f"{type(exc).__name__}: {exc}") from exc
+        raise StorageError(
+            f"cannot read --input-manifest {source.uri} bytes {start}-{end}: {type(exc).__name__}: {exc}"
+        ) from exc
     by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
     outside: list[str] = []
     bad: list[str] = []
@@ -290,11 +317,18 @@ def _stage_range(source: GroundTruthSource, start: int, end: int) -> StagedLines
         row = {"key": key, "label": line.label, "reason": line.reason}
         by_bucket[hash_bucket(key, source.buckets)].append(row)
     for bucket, rows in by_bucket.items():
-        write_part(storage.join(source.folder(bucket), f"part-{start:015d}.parquet"),
-                   pa.Table.from_pylist(rows, schema=_LINE_SCHEMA), durable=False)
-    return StagedLines(lines=sum(1 for _, line in found if line.strip()), outside=len(outside),
-                       outside_examples=tuple(sorted(outside)[:EXAMPLES]), bad=len(bad),
-                       bad_examples=tuple(bad[:EXAMPLES]))
+        write_part(
+            storage.join(source.folder(bucket), f"part-{start:015d}.parquet"),
+            pa.Table.from_pylist(rows, schema=_LINE_SCHEMA),
+            durable=False,
+        )
+    return StagedLines(
+        lines=sum(1 for _, line in found if line.strip()),
+        outside=len(outside),
+        outside_examples=tuple(sorted(outside)[:EXAMPLES]),
+        bad=len(bad),
+        bad_examples=tuple(bad[:EXAMPLES]),
+    )
 
 
 def _head(fs: Any, path: str) -> dict[str, Any] | None:
@@ -331,14 +365,17 @@ class Resolved:
         skipped = Counter[str]()
         for r in results:
             skipped.update(r.skipped)
-        return cls(parts=tuple(sorted(p for r in results for p in r.parts)),
-                   labels=tuple(sorted({x for r in results for x in r.labels})),
-                   unlabelled=sum(r.unlabelled for r in results), missing=sum(r.missing for r in results),
-                   missing_examples=tuple(sorted(k for r in results for k in r.missing_examples)[:EXAMPLES]),
-                   skipped=skipped,
-                   skipped_examples=tuple(sorted(e for r in results for e in r.skipped_examples)[:EXAMPLES]),
-                   conflicts=sum(r.conflicts for r in results),
-                   conflict_examples=tuple(e for r in results for e in r.conflict_examples))
+        return cls(
+            parts=tuple(sorted(p for r in results for p in r.parts)),
+            labels=tuple(sorted({x for r in results for x in r.labels})),
+            unlabelled=sum(r.unlabelled for r in results),
+            missing=sum(r.missing for r in results),
+            missing_examples=tuple(sorted(k for r in results for k in r.missing_examples)[:EXAMPLES]),
+            skipped=skipped,
+            skipped_examples=tuple(sorted(e for r in results for e in r.skipped_examples)[:EXAMPLES]),
+            conflicts=sum(r.conflicts for r in results),
+            conflict_examples=tuple(e for r in results for e in r.conflict_examples),
+        )
 
 
 def resolve_task(buckets: list[int], *, source: GroundTruthSource) -> list[Resolved]:
@@ -357,27 +394,49 @@ def resolve_task(buckets: list[int], *, source: GroundTruthSource) -> list[Resol
             else:
                 failed.setdefault(line["key"], line["reason"])
         if conflicts := sorted(k for k, v in given.items() if len(v) > 1):
-            out.append(Resolved(parts=(), labels=(), unlabelled=0, missing=0, missing_examples=(),
-                                skipped=Counter(), skipped_examples=(), conflicts=len(conflicts),
-                                conflict_examples=tuple(Conflict(k, tuple(sorted(given[k])))
-                                                        for k in conflicts[:EXAMPLES])))
+            out.append(
+                Resolved(
+                    parts=(),
+                    labels=(),
+                    unlabelled=0,
+                    missing=0,
+                    missing_examples=(),
+                    skipped=Counter(),
+                    skipped_examples=(),
+                    conflicts=len(conflicts),
+                    conflict_examples=tuple(
+                        Conflict(k, tuple(sorted(given[k]))) for k in conflicts[:EXAMPLES]
+                    ),
+                )
+            )
             continue
         out.append(_resolve_bucket(source, bucket, fs, root_path, given, failed))
     return out
 
 
-def _resolve_bucket(source: GroundTruthSource, bucket: int, fs: Any, root_path: str,
-                    given: dict[str, set[str]], failed: dict[str, str]) -> Resolved:
+def _resolve_bucket(
+    source: GroundTruthSource,
+    bucket: int,
+    fs: Any,
+    root_path: str,
+    given: dict[str, set[str]],
+    failed: dict[str, str],
+) -> Resolved:
     """One key bucket with no conflict: its objects HEADed, labelled (or rejected) and staged."""
-    rows = [_row(source.root, root_path, {"name": f"{root_path}/{k}", "size": 0}, 0, source.skip)
-            for k in sorted(set(given) | set(failed))]
+    rows = [
+        _row(source.root, root_path, {"name": f"{root_path}/{k}", "size": 0}, 0, source.skip)
+        for k in sorted(set(given) | set(failed))
+    ]
     skipped = [r for r in rows if r["status"] == "skipped"]
     todo = [r for r in rows if r["status"] == "ok"]
     with ThreadPoolExecutor(max_workers=max(1, min(_IO_THREADS, len(todo)))) as pool:
         infos = list(pool.map(partial(_head, fs), [f"{root_path}/{r['key']}" for r in todo]))
     missing = sorted(r["key"] for r, info in zip(todo, infos) if info is None)
-    found = {r["key"]: _row(source.root, root_path, {**info, "name": f"{root_path}/{r['key']}"}, 0, source.skip)
-             for r, info in zip(todo, infos) if info is not None}
+    found = {
+        r["key"]: _row(source.root, root_path, {**info, "name": f"{root_path}/{r['key']}"}, 0, source.skip)
+        for r, info in zip(todo, infos)
+        if info is not None
+    }
     staged = [found.get(r["key"], r) for r in rows if r["status"] == "rejected" or r["key"] in found]
     unlabelled = 0
     for r in staged:
@@ -389,13 +448,17 @@ def _resolve_bucket(source: GroundTruthSource, bucket: int, fs: Any, root_path: 
             reject(r, failed[r["key"]])
             unlabelled += 1
     write_staged(staged, source.labelled(bucket))
-    return Resolved(parts=(StagedPart(source.labelled(bucket), len(staged)),) if staged else (),
-                    labels=tuple(sorted({r["label"] for r in staged if r["label"] is not None})),
-                    unlabelled=unlabelled, missing=len(missing), missing_examples=tuple(missing[:EXAMPLES]),
-                    skipped=Counter(skip_kind(r["reason"]) for r in skipped),
-                    skipped_examples=tuple(sorted(SkippedObject(r["key"], r["reason"])
-                                                  for r in skipped)[:EXAMPLES]),
-                    conflicts=0, conflict_examples=())
+    return Resolved(
+        parts=(StagedPart(source.labelled(bucket), len(staged)),) if staged else (),
+        labels=tuple(sorted({r["label"] for r in staged if r["label"] is not None})),
+        unlabelled=unlabelled,
+        missing=len(missing),
+        missing_examples=tuple(missing[:EXAMPLES]),
+        skipped=Counter(skip_kind(r["reason"]) for r in skipped),
+        skipped_examples=tuple(sorted(SkippedObject(r["key"], r["reason"]) for r in skipped)[:EXAMPLES]),
+        conflicts=0,
+        conflict_examples=(),
+    )
 
 
 def _ranges(size: int, pieces: int) -> list[ByteRange]:
@@ -403,8 +466,9 @@ def _ranges(size: int, pieces: int) -> list[ByteRange]:
     return [ByteRange(a, min(a + step, size)) for a in range(0, size, step)]
 
 
-def read_manifest(engine: Engine, *, uri: str, attribute: str, root: str, skip: Skip, rows_per_part: int,
-                  staging: str) -> Listing:
+def read_manifest(
+    engine: Engine, *, uri: str, attribute: str, root: str, skip: Skip, rows_per_part: int, staging: str
+) -> Listing:
     """The objects of the Ground Truth manifest at ``uri`` under ``root``, labelled, as staged
     listing parts (the two passes above). Raises :class:`ManifestError`, before any image is
     read, naming the lines that are not a single-label classification or the keys labelled two
@@ -413,39 +477,77 @@ def read_manifest(engine: Engine, *, uri: str, attribute: str, root: str, skip: 
     fs, path = storage.filesystem(uri)
     size = fs.size(path)
     pieces = max(1, math.ceil(size / (rows_per_part * _LINE_BYTES)))
-    source = GroundTruthSource(uri=uri, attribute=attribute, root=root, skip=skip,
-                               staging=storage.join(staging, "ground-truth"), buckets=pieces)
+    source = GroundTruthSource(
+        uri=uri,
+        attribute=attribute,
+        root=root,
+        skip=skip,
+        staging=storage.join(staging, "ground-truth"),
+        buckets=pieces,
+    )
     ranges = _ranges(size, pieces)
     log.info("reading --input-manifest %s (%d bytes) in %d ranges on %s", uri, size, len(ranges), engine.name)
-    staged = StagedLines.merge(engine.map_partitions(partial(stage_lines, source=source), ranges,
-                                                     partitions=len(ranges)))
+    staged = StagedLines.merge(
+        engine.map_partitions(partial(stage_lines, source=source), ranges, partitions=len(ranges))
+    )
     if staged.bad:
-        raise ManifestError(f"--input-manifest {uri}: {staged.bad} line(s) are not a single-label image "
-                            f"classification with --label-attribute {attribute!r}; e.g. {staged.bad_examples[0]}")
+        raise ManifestError(
+            f"--input-manifest {uri}: {staged.bad} line(s) are not a single-label image "
+            f"classification with --label-attribute {attribute!r}; e.g. {staged.bad_examples[0]}"
+        )
     if not staged.lines:
         raise ManifestError(f"--input-manifest {uri} has no lines")
-    resolved = Resolved.merge(engine.map_partitions(partial(resolve_task, source=source),
-                                                    list(range(source.buckets)), partitions=source.buckets))
+    resolved = Resolved.merge(
+        engine.map_partitions(
+            partial(resolve_task, source=source), list(range(source.buckets)), partitions=source.buckets
+        )
+    )
     if resolved.conflicts:
-        raise ManifestError(f"--input-manifest {uri} labels {resolved.conflicts} key(s) in two different ways "
-                            f"(e.g. {conflicts_text(resolved.conflict_examples)}); give each source-ref one class "
-                            "(repeating an identical line is fine)")
+        raise ManifestError(
+            f"--input-manifest {uri} labels {resolved.conflicts} key(s) in two different ways "
+            f"(e.g. {conflicts_text(resolved.conflict_examples)}); give each source-ref one class "
+            "(repeating an identical line is fine)"
+        )
     if staged.outside:
-        log.warning("%d lines of --input-manifest %s name an object outside --input %s (e.g. %s)", staged.outside,
-                    uri, root, ", ".join(staged.outside_examples))
+        log.warning(
+            "%d lines of --input-manifest %s name an object outside --input %s (e.g. %s)",
+            staged.outside,
+            uri,
+            root,
+            ", ".join(staged.outside_examples),
+        )
     if resolved.missing:
-        log.warning("%d source-refs of --input-manifest %s name no object (e.g. %s)", resolved.missing, uri,
-                    ", ".join(resolved.missing_examples))
-    return Listing(parts=resolved.parts, classes=max(1, len(resolved.labels)), skipped=resolved.skipped,
-                   skipped_examples=resolved.skipped_examples,
-                   labels_table=_summary(uri, attribute, staged, resolved))
+        log.warning(
+            "%d source-refs of --input-manifest %s name no object (e.g. %s)",
+            resolved.missing,
+            uri,
+            ", ".join(resolved.missing_examples),
+        )
+    return Listing(
+        parts=resolved.parts,
+        classes=max(1, len(resolved.labels)),
+        skipped=resolved.skipped,
+        skipped_examples=resolved.skipped_examples,
+        labels_table=_summary(uri, attribute, staged, resolved),
+    )
 
 
 def _summary(uri: str, attribute: str, staged: StagedLines, resolved: Resolved) -> dict[str, Any]:
     """What ``_manifest.json`` says of the manifest (``labels_table``)."""
     examples = sorted([*resolved.missing_examples, *staged.outside_examples])[:EXAMPLES]
-    return {"uri": uri, "format": "sagemaker-ground-truth", "label_attribute": attribute, "files": 1,
-            "rows": staged.lines, "unlabelled": resolved.unlabelled, "pinned": 0,
-            "not_in_lake": resolved.missing + staged.outside, "not_in_lake_examples": examples,
-            "missing_objects": resolved.missing, "outside_input": staged.outside,
-            "outside_input_examples": list(staged.outside_examples), "conflicts": 0, "conflict_examples": []}
+    return {
+        "uri": uri,
+        "format": "sagemaker-ground-truth",
+        "label_attribute": attribute,
+        "files": 1,
+        "rows": staged.lines,
+        "unlabelled": resolved.unlabelled,
+        "pinned": 0,
+        "not_in_lake": resolved.missing + staged.outside,
+        "not_in_lake_examples": examples,
+        "missing_objects": resolved.missing,
+        "outside_input": staged.outside,
+        "outside_input_examples": list(staged.outside_examples),
+        "conflicts": 0,
+        "conflict_examples": [],
+    }

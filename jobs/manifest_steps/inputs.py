@@ -35,26 +35,32 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
         _check_inventory(cfg, src)
     if cfg.labels is not None:
         if cfg.label_depth is not None:
-            raise ConfigError(f"--labels {cfg.labels} and --label-depth {cfg.label_depth} cannot be combined: with a "
-                              "labels table no label is read from the path; drop --label-depth (or label_depth in "
-                              "the --conf file)")
+            raise ConfigError(
+                f"--labels {cfg.labels} and --label-depth {cfg.label_depth} cannot be combined: with a "
+                "labels table no label is read from the path; drop --label-depth (or label_depth in "
+                "the --conf file)"
+            )
         check_labels(cfg.labels, channels=list(cfg.split))
     if cfg.base is not None:
         check_manifest_base(cfg)
     src_path, out_path = _local_path(src), _local_path(out)
     if out_path == src_path or out_path.startswith(src_path.rstrip("/") + "/"):
         where = "is the input" if out_path == src_path else "is inside the input"
-        raise ConfigError(f"--output {out} {where} --input {src}; write the dataset outside the lake "
-                          "(the next run would list it as images)")
+        raise ConfigError(
+            f"--output {out} {where} --input {src}; write the dataset outside the lake "
+            "(the next run would list it as images)"
+        )
 
 
 def _check_inventory(cfg: ManifestConfig, src: str) -> None:
     """``--inventory`` lists an S3 ``--input``'s bucket, and its manifest and data files are
     readable and well formed (see :func:`jobs.manifest_steps.inventory.read_inventory`)."""
     if not src.startswith("s3://"):
-        raise ConfigError(f"--inventory {cfg.inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
-                          "prefix; list a local lake without --inventory")
-    read_inventory(cfg.inventory, bucket=src[len("s3://"):].split("/", 1)[0])
+        raise ConfigError(
+            f"--inventory {cfg.inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
+            "prefix; list a local lake without --inventory"
+        )
+    read_inventory(cfg.inventory, bucket=src[len("s3://") :].split("/", 1)[0])
 
 
 def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
@@ -62,20 +68,32 @@ def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
     objects or labels, and its first lines are Ground Truth classification lines under
     ``--input`` (see :func:`jobs.manifest_steps.ground_truth.check_input_manifest`)."""
     if cfg.input_manifest is None:
-        raise ConfigError(f"--label-attribute {cfg.label_attribute!r} is only for --input-manifest (a SageMaker Ground "
-                          "Truth manifest); drop it, or give the manifest")
-    for flag, value in (("--labels", cfg.labels), ("--label-depth", cfg.label_depth), ("--inventory", cfg.inventory)):
+        raise ConfigError(
+            f"--label-attribute {cfg.label_attribute!r} is only for --input-manifest (a SageMaker Ground "
+            "Truth manifest); drop it, or give the manifest"
+        )
+    for flag, value in (
+        ("--labels", cfg.labels),
+        ("--label-depth", cfg.label_depth),
+        ("--inventory", cfg.inventory),
+    ):
         if value is not None:
-            raise ConfigError(f"--input-manifest {cfg.input_manifest} and {flag} {value} cannot be combined: the Ground "
-                              f"Truth manifest names the objects and their labels; drop {flag} (or "
-                              f"{flag[2:].replace('-', '_')} in the --conf file)")
+            raise ConfigError(
+                f"--input-manifest {cfg.input_manifest} and {flag} {value} cannot be combined: the Ground "
+                f"Truth manifest names the objects and their labels; drop {flag} (or "
+                f"{flag[2:].replace('-', '_')} in the --conf file)"
+            )
     attribute = cfg.label_attribute
     if not attribute or not attribute.strip():
-        raise ConfigError(f"--input-manifest {cfg.input_manifest} needs --label-attribute: the name of the label "
-                          "attribute of the Ground Truth job (its LabelAttributeName, e.g. 'sport')")
+        raise ConfigError(
+            f"--input-manifest {cfg.input_manifest} needs --label-attribute: the name of the label "
+            "attribute of the Ground Truth job (its LabelAttributeName, e.g. 'sport')"
+        )
     if attribute.endswith(("-metadata", "-ref")):
-        raise ConfigError(f"--label-attribute {attribute!r}: give the label attribute itself (not its -metadata; "
-                          "a -ref attribute is a semantic segmentation mask, which is not supported)")
+        raise ConfigError(
+            f"--label-attribute {attribute!r}: give the label attribute itself (not its -metadata; "
+            "a -ref attribute is a semantic segmentation mask, which is not supported)"
+        )
     check_input_manifest(cfg.input_manifest, attribute=attribute, root=src)
 
 

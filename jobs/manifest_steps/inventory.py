@@ -42,9 +42,16 @@ __all__ = ["Inventory", "inventory_rows", "read_inventory"]
 
 #: Inventory fields the lake needs, by their Parquet/ORC names (CSV names map onto them).
 _NEEDED = ("bucket", "key", "size")
-_CSV_NAMES = {"Bucket": "bucket", "Key": "key", "VersionId": "version_id", "IsLatest": "is_latest",
-              "IsDeleteMarker": "is_delete_marker", "Size": "size", "LastModifiedDate": "last_modified_date",
-              "ETag": "e_tag"}
+_CSV_NAMES = {
+    "Bucket": "bucket",
+    "Key": "key",
+    "VersionId": "version_id",
+    "IsLatest": "is_latest",
+    "IsDeleteMarker": "is_delete_marker",
+    "Size": "size",
+    "LastModifiedDate": "last_modified_date",
+    "ETag": "e_tag",
+}
 _FORMATS = ("CSV", "Parquet")
 
 
@@ -61,8 +68,12 @@ class Inventory:
 
 def _parquet_columns(schema: str) -> list[str]:
     """The column names of a Parquet ``message s3.inventory { required binary key (UTF8); ...}``."""
-    body = schema[schema.find("{") + 1:schema.rfind("}")]
-    return [m.group(1) for field in body.split(";") if (m := re.search(r"(\w+)\s*(?:\([^)]*\))?\s*$", field.strip()))]
+    body = schema[schema.find("{") + 1 : schema.rfind("}")]
+    return [
+        m.group(1)
+        for field in body.split(";")
+        if (m := re.search(r"(\w+)\s*(?:\([^)]*\))?\s*$", field.strip()))
+    ]
 
 
 def _manifest_uri(uri: str) -> str:
@@ -86,29 +97,46 @@ def read_inventory(uri: str, *, bucket: str) -> Inventory:
     where = _manifest_uri(uri)
     what = f"--inventory {uri!r}: {where}"
     if not storage.exists(where):
-        raise ManifestError(f"{what} does not exist (give an S3 Inventory manifest.json or the folder holding it)")
+        raise ManifestError(
+            f"{what} does not exist (give an S3 Inventory manifest.json or the folder holding it)"
+        )
     try:
         manifest = json.loads(storage.read_bytes(where))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{what} is not JSON: {exc}") from exc
     if not isinstance(manifest, dict):
-        raise ManifestError(f"{what} is not an S3 Inventory manifest (a JSON object with sourceBucket, fileFormat, "
-                            "fileSchema and files)")
-    if missing := [k for k in ("sourceBucket", "destinationBucket", "fileFormat", "fileSchema", "files") if k not in manifest]:
+        raise ManifestError(
+            f"{what} is not an S3 Inventory manifest (a JSON object with sourceBucket, fileFormat, "
+            "fileSchema and files)"
+        )
+    if missing := [
+        k
+        for k in ("sourceBucket", "destinationBucket", "fileFormat", "fileSchema", "files")
+        if k not in manifest
+    ]:
         raise ManifestError(f"{what} is not an S3 Inventory manifest: it has no {', '.join(missing)}")
     fmt = manifest["fileFormat"]
     if fmt not in _FORMATS:
-        raise ManifestError(f"{what}: fileFormat {fmt!r} is not supported (use an inventory in {' or '.join(_FORMATS)})")
+        raise ManifestError(
+            f"{what}: fileFormat {fmt!r} is not supported (use an inventory in {' or '.join(_FORMATS)})"
+        )
     schema = str(manifest["fileSchema"])
-    columns = (tuple(_CSV_NAMES.get(c.strip(), c.strip()) for c in schema.split(",")) if fmt == "CSV"
-               else tuple(_parquet_columns(schema)))
+    columns = (
+        tuple(_CSV_NAMES.get(c.strip(), c.strip()) for c in schema.split(","))
+        if fmt == "CSV"
+        else tuple(_parquet_columns(schema))
+    )
     if lacking := [c for c in _NEEDED if c not in columns]:
         raise ManifestError(f"{what}: fileSchema {schema!r} has no {', '.join(lacking)} field")
     if manifest["sourceBucket"] != bucket:
-        raise ManifestError(f"{what} lists bucket {manifest['sourceBucket']!r}, not --input's bucket {bucket!r}")
+        raise ManifestError(
+            f"{what} lists bucket {manifest['sourceBucket']!r}, not --input's bucket {bucket!r}"
+        )
     files = manifest["files"]
-    if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("key"), str) for f in files):
-        raise ManifestError(f"{what}: files must be a list of {{\"key\": ...}} objects, got {files!r:.200}")
+    if not isinstance(files, list) or not all(
+        isinstance(f, dict) and isinstance(f.get("key"), str) for f in files
+    ):
+        raise ManifestError(f'{what}: files must be a list of {{"key": ...}} objects, got {files!r:.200}')
     destination = str(manifest["destinationBucket"]).removeprefix("arn:aws:s3:::")
     data = tuple(_data_uri(where, f["key"], destination) for f in files)
     _check_files_exist(what, data)
@@ -123,9 +151,15 @@ def _check_files_exist(what: str, files: tuple[str, ...]) -> None:
     for folder, wanted in folders.items():
         fs, path = storage.filesystem(folder)
         try:
-            have = {posixpath.basename(p) for p in fs.ls(path, detail=False, refresh=True)} if fs.exists(path) else set()
+            have = (
+                {posixpath.basename(p) for p in fs.ls(path, detail=False, refresh=True)}
+                if fs.exists(path)
+                else set()
+            )
         except Exception as exc:
-            raise StorageError(f"{what}: cannot list its data folder {folder}: {type(exc).__name__}: {exc}") from exc
+            raise StorageError(
+                f"{what}: cannot list its data folder {folder}: {type(exc).__name__}: {exc}"
+            ) from exc
         if gone := sorted(f for f in wanted if posixpath.basename(f) not in have):
             raise ManifestError(f"{what} names {len(gone)} data file(s) that do not exist, e.g. {gone[0]}")
 
@@ -140,8 +174,10 @@ def _records(inventory: Inventory, uri: str) -> Iterator[dict[str, Any]]:
     text = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
     for n, fields in enumerate(csv.reader(io.StringIO(text.decode("utf-8"))), start=1):
         if len(fields) != len(inventory.columns):
-            raise ManifestError(f"inventory data file {uri} line {n}: {len(fields)} fields, its manifest's fileSchema "
-                                f"has {len(inventory.columns)}")
+            raise ManifestError(
+                f"inventory data file {uri} line {n}: {len(fields)} fields, its manifest's fileSchema "
+                f"has {len(inventory.columns)}"
+            )
         record: dict[str, Any] = dict(zip(inventory.columns, fields, strict=True))
         record["key"] = unquote_plus(record["key"])
         yield record
@@ -159,7 +195,9 @@ def _modified(value: Any) -> dt.datetime | None:
     return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
-def _file_rows(uri: str, *, inventory: Inventory, root: str, label_depth: int, skip: Skip) -> list[dict[str, Any]]:
+def _file_rows(
+    uri: str, *, inventory: Inventory, root: str, label_depth: int, skip: Skip
+) -> list[dict[str, Any]]:
     root = storage.normalize(root)
     root_path = storage.filesystem(root)[1].rstrip("/")
     bucket, _, prefix = root_path.partition("/")
@@ -177,12 +215,19 @@ def _file_rows(uri: str, *, inventory: Inventory, root: str, label_depth: int, s
             continue
         if _true(rec.get("is_delete_marker")) or ("is_latest" in rec and not _true(rec["is_latest"])):
             continue  # not a current object
-        info = {"name": f"{bucket}/{key}", "size": int(rec.get("size") or 0), "ETag": rec.get("e_tag") or None,
-                "LastModified": _modified(rec.get("last_modified_date"))}
+        info = {
+            "name": f"{bucket}/{key}",
+            "size": int(rec.get("size") or 0),
+            "ETag": rec.get("e_tag") or None,
+            "LastModified": _modified(rec.get("last_modified_date")),
+        }
         row = _row(root, root_path, info, label_depth, skip)
         depth = row["key"].count("/")
         if row["status"] == "ok" and depth < label_depth:
-            reject(row, f"no label: object is {depth} level(s) below the input prefix, labels are read at depth {label_depth}")
+            reject(
+                row,
+                f"no label: object is {depth} level(s) below the input prefix, labels are read at depth {label_depth}",
+            )
         rows.append(row)
     return rows
 
@@ -190,6 +235,12 @@ def _file_rows(uri: str, *, inventory: Inventory, root: str, label_depth: int, s
 def inventory_rows(inventory: Inventory, root: str, *, label_depth: int, skip: Skip):
     """The task that turns a part of ``inventory.files`` into the rows of the objects under
     ``root`` (one data file read at a time, inside an executor)."""
+
     def rows_of(files: list[str]) -> list[dict[str, Any]]:
-        return [r for f in files for r in _file_rows(f, inventory=inventory, root=root, label_depth=label_depth, skip=skip)]
+        return [
+            r
+            for f in files
+            for r in _file_rows(f, inventory=inventory, root=root, label_depth=label_depth, skip=skip)
+        ]
+
     return rows_of

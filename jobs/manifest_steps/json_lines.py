@@ -30,8 +30,9 @@ class JsonLineError(ValueError):
         self.at, self.line, self.cause = at, line, cause
 
 
-def json_lines(lines: Iterable[tuple[int, str | bytes]], *,
-               on_error: Callable[[JsonLineError], None] | None = None) -> Iterator[JsonLine]:
+def json_lines(
+    lines: Iterable[tuple[int, str | bytes]], *, on_error: Callable[[JsonLineError], None] | None = None
+) -> Iterator[JsonLine]:
     """The JSON object of each line of ``lines`` (``(where, line)``: a line number or a byte
     offset, and the line), blank lines passed by.
 

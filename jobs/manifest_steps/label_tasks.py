@@ -33,8 +33,18 @@ from jobs.manifest_steps.passes import EXAMPLES, PartSlice, StagedPart, read_sta
 from lakeshard import storage
 from lakeshard.format.manifest_table import hash_bucket, read_part, table_rows, write_part
 
-__all__ = ["BucketJoin", "Conflict", "LabelJoin", "LabelledBuckets", "Labelling", "StagedLabels",
-           "conflicts_text", "join_task", "stage_keys", "stage_table"]
+__all__ = [
+    "BucketJoin",
+    "Conflict",
+    "LabelJoin",
+    "LabelledBuckets",
+    "Labelling",
+    "StagedLabels",
+    "conflicts_text",
+    "join_task",
+    "stage_keys",
+    "stage_table",
+]
 
 _LABEL_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.string()), ("channel", pa.string())])
 
@@ -76,7 +86,7 @@ def _keys(table: pa.Table, root: str) -> list[str | None]:
     out: list[str | None] = []
     for uri in table["uri"].to_pylist():
         full = storage.normalize(uri)
-        out.append(full[len(under):] if full.startswith(under) else None)
+        out.append(full[len(under) :] if full.startswith(under) else None)
     return out
 
 
@@ -100,13 +110,21 @@ def stage_table(files: list[str], *, join: LabelJoin) -> list[StagedLabels]:
         by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for key, label, channel in zip(keys, table["label"].to_pylist(), table["channel"].to_pylist()):
             if key is not None:
-                by_bucket[hash_bucket(key, join.buckets)].append({"key": key, "label": label, "channel": channel})
+                by_bucket[hash_bucket(key, join.buckets)].append(
+                    {"key": key, "label": label, "channel": channel}
+                )
         for bucket, rows in by_bucket.items():
-            write_part(storage.join(join.folder("labels", bucket), f"part-{_name(uri)}.parquet"),
-                       pa.Table.from_pylist(rows, schema=_LABEL_SCHEMA), durable=False)
+            write_part(
+                storage.join(join.folder("labels", bucket), f"part-{_name(uri)}.parquet"),
+                pa.Table.from_pylist(rows, schema=_LABEL_SCHEMA),
+                durable=False,
+            )
         outside = sorted(u for u, k in zip(table[table.column_names[0]].to_pylist(), keys) if k is None)
-        out.append(StagedLabels(rows=table.num_rows, outside=len(outside),
-                                outside_examples=tuple(outside[:EXAMPLES])))
+        out.append(
+            StagedLabels(
+                rows=table.num_rows, outside=len(outside), outside_examples=tuple(outside[:EXAMPLES])
+            )
+        )
     return out
 
 
@@ -160,14 +178,18 @@ class LabelledBuckets:
 
     @classmethod
     def merge(cls, results: Sequence[LabelledBuckets]) -> LabelledBuckets:
-        return cls(parts=tuple(sorted(p for r in results for p in r.parts)),
-                   labels=tuple(sorted({x for r in results for x in r.labels})),
-                   unlabelled=sum(r.unlabelled for r in results), pinned=sum(r.pinned for r in results),
-                   missing=sum(r.missing for r in results),
-                   missing_examples=tuple(k for r in results for k in r.missing_examples),
-                   conflicts=sum(r.conflicts for r in results),
-                   conflict_examples=tuple(sorted((e for r in results for e in r.conflict_examples),
-                                                  key=lambda e: e.key)[:EXAMPLES]))
+        return cls(
+            parts=tuple(sorted(p for r in results for p in r.parts)),
+            labels=tuple(sorted({x for r in results for x in r.labels})),
+            unlabelled=sum(r.unlabelled for r in results),
+            pinned=sum(r.pinned for r in results),
+            missing=sum(r.missing for r in results),
+            missing_examples=tuple(k for r in results for k in r.missing_examples),
+            conflicts=sum(r.conflicts for r in results),
+            conflict_examples=tuple(
+                sorted((e for r in results for e in r.conflict_examples), key=lambda e: e.key)[:EXAMPLES]
+            ),
+        )
 
 
 def join_task(buckets: list[int], *, join: LabelJoin) -> list[LabelledBuckets]:
@@ -193,13 +215,20 @@ def join_task(buckets: list[int], *, join: LabelJoin) -> list[LabelledBuckets]:
                 unlabelled += 1
         write_staged(rows, join.labelled(bucket))
         ok = [r for r in rows if r["status"] == "ok"]
-        out.append(LabelledBuckets(
-            parts=(StagedPart(join.labelled(bucket), len(rows)),) if rows else (),
-            labels=tuple(sorted({r["label"] for r in rows if r["label"] is not None})),
-            unlabelled=unlabelled, pinned=sum(1 for r in ok if r["pin"]),
-            missing=len(missing), missing_examples=tuple(missing[:EXAMPLES]), conflicts=len(conflicts),
-            conflict_examples=tuple(Conflict(k, tuple(sorted(_spelled(v) for v in given[k])))
-                                    for k in conflicts[:EXAMPLES])))
+        out.append(
+            LabelledBuckets(
+                parts=(StagedPart(join.labelled(bucket), len(rows)),) if rows else (),
+                labels=tuple(sorted({r["label"] for r in rows if r["label"] is not None})),
+                unlabelled=unlabelled,
+                pinned=sum(1 for r in ok if r["pin"]),
+                missing=len(missing),
+                missing_examples=tuple(missing[:EXAMPLES]),
+                conflicts=len(conflicts),
+                conflict_examples=tuple(
+                    Conflict(k, tuple(sorted(_spelled(v) for v in given[k]))) for k in conflicts[:EXAMPLES]
+                ),
+            )
+        )
     return out
 
 
@@ -221,17 +250,30 @@ class Labelling:
     not_in_lake_examples: tuple[str, ...]
 
     @classmethod
-    def merge(cls, uri: str, files: int, tables: Sequence[StagedLabels],
-              results: Sequence[LabelledBuckets]) -> Labelling:
+    def merge(
+        cls, uri: str, files: int, tables: Sequence[StagedLabels], results: Sequence[LabelledBuckets]
+    ) -> Labelling:
         joined = LabelledBuckets.merge(results)
         missing = [*joined.missing_examples, *(u for t in tables for u in t.outside_examples)]
-        return cls(uri=uri, files=files, rows=sum(t.rows for t in tables), joined=joined,
-                   not_in_lake=joined.missing + sum(t.outside for t in tables),
-                   not_in_lake_examples=tuple(sorted(missing, key=str)[:EXAMPLES]))
+        return cls(
+            uri=uri,
+            files=files,
+            rows=sum(t.rows for t in tables),
+            joined=joined,
+            not_in_lake=joined.missing + sum(t.outside for t in tables),
+            not_in_lake_examples=tuple(sorted(missing, key=str)[:EXAMPLES]),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """What ``_manifest.json`` says of the table (``labels_table``)."""
-        return {"uri": self.uri, "files": self.files, "rows": self.rows, "unlabelled": self.joined.unlabelled,
-                "pinned": self.joined.pinned, "not_in_lake": self.not_in_lake,
-                "not_in_lake_examples": list(self.not_in_lake_examples), "conflicts": self.joined.conflicts,
-                "conflict_examples": [c.to_json() for c in self.joined.conflict_examples]}
+        return {
+            "uri": self.uri,
+            "files": self.files,
+            "rows": self.rows,
+            "unlabelled": self.joined.unlabelled,
+            "pinned": self.joined.pinned,
+            "not_in_lake": self.not_in_lake,
+            "not_in_lake_examples": list(self.not_in_lake_examples),
+            "conflicts": self.joined.conflicts,
+            "conflict_examples": [c.to_json() for c in self.joined.conflict_examples],
+        }

@@ -44,8 +44,14 @@ __all__ = ["LABEL_COLUMNS", "check_labels", "label_files", "read_labels", "value
 
 #: The columns read (the first of ``key``/``uri`` present names the object).
 LABEL_COLUMNS = ("key", "uri", "label", "channel")
-_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl",
-            ".json": "jsonl"}
+_FORMATS = {
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+}
 #: What a row of a JSON Lines table looks like (named in the errors about a table's shape).
 _JSONL_ROW = '{"key": "a.png", "label": "cat"}'
 #: What a value that is not one class is told (after what it is).
@@ -69,7 +75,7 @@ def label_files(uri: str) -> list[str]:
             files = [uri]
         elif fs.isdir(path):
             scheme = "s3://" if uri.startswith("s3://") else "file://"
-            files = sorted(scheme + p for p in fs.find(path) if _format(p) and "/." not in p[len(path):])
+            files = sorted(scheme + p for p in fs.find(path) if _format(p) and "/." not in p[len(path) :])
             if not files:
                 raise ManifestError(f"--labels {uri} is a folder holding no .csv, .parquet or .jsonl file")
         else:
@@ -103,8 +109,13 @@ def value_text(value: Any) -> str | None:
         if value == int(value):
             return str(int(value))
         return repr(value) if isinstance(value, float) else str(value.normalize())
-    kind = "a list" if isinstance(value, (list, tuple)) else "an object" if isinstance(value, dict) else \
-        f"a {type(value).__name__}"
+    kind = (
+        "a list"
+        if isinstance(value, (list, tuple))
+        else "an object"
+        if isinstance(value, dict)
+        else f"a {type(value).__name__}"
+    )
     raise ValueError(f"{kind} ({value!r:.80})")
 
 
@@ -122,8 +133,10 @@ def _document(uri: str, text: str) -> str | None:
         found = f"one JSON object of {len(doc)} member{'' if len(doc) == 1 else 's'} ({names})"
     else:
         return None
-    return (f"--labels {uri} holds {found}, not JSON Lines: the table is expected as JSON Lines, one JSON "
-            f"object a line, such as {_JSONL_ROW} (jq -c '.[]' turns an array of such objects into it)")
+    return (
+        f"--labels {uri} holds {found}, not JSON Lines: the table is expected as JSON Lines, one JSON "
+        f"object a line, such as {_JSONL_ROW} (jq -c '.[]' turns an array of such objects into it)"
+    )
 
 
 def _jsonl(uri: str, data: bytes) -> pa.Table:
@@ -139,14 +152,21 @@ def _jsonl(uri: str, data: bytes) -> pa.Table:
                 except ValueError as exc:
                     raise ManifestError(f"--labels {uri}: line {n}: {c!r} is {exc}; {_ONE_CLASS}") from None
     except JsonLineError as exc:
-        what = (f"is not JSON: {exc.cause}" if exc.cause is not None
-                else f"is not a JSON object: {exc.line[:80]!r}")
+        what = (
+            f"is not JSON: {exc.cause}"
+            if exc.cause is not None
+            else f"is not a JSON object: {exc.line[:80]!r}"
+        )
         raise ManifestError(_document(uri, text) or f"--labels {uri}: line {exc.at} {what}") from None
     if seen and not seen & {"key", "uri", "label"}:
         names = sorted(seen)
-        raise ManifestError(_document(uri, text) or (
-            f"--labels {uri}: no line has a 'key', 'uri' or 'label' member (their members: "
-            f"{names[:5]}{' ...' if len(names) > 5 else ''}); JSON Lines rows look like {_JSONL_ROW}"))
+        raise ManifestError(
+            _document(uri, text)
+            or (
+                f"--labels {uri}: no line has a 'key', 'uri' or 'label' member (their members: "
+                f"{names[:5]}{' ...' if len(names) > 5 else ''}); JSON Lines rows look like {_JSONL_ROW}"
+            )
+        )
     return pa.table({c: pa.array(v, pa.string()) for c, v in columns.items() if c in seen})
 
 
@@ -155,15 +175,19 @@ def _parse(uri: str, data: bytes) -> pa.Table:
     try:
         if fmt == "csv":
             types = {c: pa.string() for c in LABEL_COLUMNS}
-            return pacsv.read_csv(io.BytesIO(data), convert_options=pacsv.ConvertOptions(
-                column_types=types, strings_can_be_null=False))
+            return pacsv.read_csv(
+                io.BytesIO(data),
+                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+            )
         if fmt == "parquet":
             return pq.read_table(io.BytesIO(data))
         return _jsonl(uri, data)
     except ManifestError:
         raise
     except Exception as exc:
-        raise ManifestError(f"--labels {uri} is not a readable {fmt} table: {type(exc).__name__}: {exc}") from None
+        raise ManifestError(
+            f"--labels {uri} is not a readable {fmt} table: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _first(mask: pa.ChunkedArray) -> int | None:
@@ -191,11 +215,15 @@ def _column(uri: str, table: pa.Table, name: str) -> pa.ChunkedArray:
 
 def _missing_columns(uri: str, names: list[str], missing: str) -> str:
     if len(names) == 1 and (seps := [label for sep, label in _SEPARATORS.items() if sep in names[0]]):
-        return (f"--labels {uri}: its header {names[0]!r} is separated by {seps[0]}, not by commas: the "
-                "table is expected as a comma-separated file (CSV) with a header naming 'key' (or 'uri'), "
-                "'label' and optionally 'channel'")
-    return (f"--labels {uri} has no {missing} (its columns: {names}); a 'key' (or 'uri') and a 'label' "
-            "column are needed")
+        return (
+            f"--labels {uri}: its header {names[0]!r} is separated by {seps[0]}, not by commas: the "
+            "table is expected as a comma-separated file (CSV) with a header naming 'key' (or 'uri'), "
+            "'label' and optionally 'channel'"
+        )
+    return (
+        f"--labels {uri} has no {missing} (its columns: {names}); a 'key' (or 'uri') and a 'label' "
+        "column are needed"
+    )
 
 
 def read_labels(uri: str, *, channels: Sequence[str]) -> pa.Table:
@@ -223,15 +251,21 @@ def read_labels(uri: str, *, channels: Sequence[str]) -> pa.Table:
     for name in (where, "label"):
         empty = pc.or_kleene(pc.is_null(out[name]), pc.equal(pc.utf8_trim_whitespace(out[name]), ""))
         if (row := _first(empty)) is not None:
-            raise ManifestError(f"--labels {uri}: row {row + 1} has an empty {name!r} (every object needs a "
-                                f"{'label' if name == 'label' else 'key'})")
+            raise ManifestError(
+                f"--labels {uri}: row {row + 1} has an empty {name!r} (every object needs a "
+                f"{'label' if name == 'label' else 'key'})"
+            )
     channel = _column(uri, table, "channel") if "channel" in names else pa.nulls(table.num_rows, pa.string())
     channel = pc.utf8_trim_whitespace(channel)
     channel = pc.if_else(pc.equal(channel, ""), None, channel)
-    unknown = pc.and_(pc.is_valid(channel), pc.invert(pc.is_in(channel, value_set=pa.array(list(channels), pa.string()))))
+    unknown = pc.and_(
+        pc.is_valid(channel), pc.invert(pc.is_in(channel, value_set=pa.array(list(channels), pa.string())))
+    )
     if (row := _first(unknown)) is not None:
-        raise ManifestError(f"--labels {uri}: row {row + 1} has channel {channel[row].as_py()!r}, which is not a "
-                            f"channel of --split ({', '.join(channels)})")
+        raise ManifestError(
+            f"--labels {uri}: row {row + 1} has channel {channel[row].as_py()!r}, which is not a "
+            f"channel of --split ({', '.join(channels)})"
+        )
     return pa.table({where: out[where], "label": out["label"], "channel": channel})
 
 

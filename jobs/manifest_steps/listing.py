@@ -35,8 +35,16 @@ from jobs.common.images import sniff as sniff_format
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 
-__all__ = ["HIDDEN_NAMES", "Discovered", "LocalEntry", "Skip", "discover", "inspect_objects", "list_prefix",
-           "reject"]
+__all__ = [
+    "HIDDEN_NAMES",
+    "Discovered",
+    "LocalEntry",
+    "Skip",
+    "discover",
+    "inspect_objects",
+    "list_prefix",
+    "reject",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +77,11 @@ class Skip:
                 if (part.startswith(".") and part not in (".", "..")) or part.lower() in HIDDEN_NAMES:
                     return f"hidden: {part!r}"
         for pattern in self.exclude:
-            if fnmatch.fnmatchcase(key, pattern) if "/" in pattern else any(
-                    fnmatch.fnmatchcase(part, pattern) for part in parts):
+            if (
+                fnmatch.fnmatchcase(key, pattern)
+                if "/" in pattern
+                else any(fnmatch.fnmatchcase(part, pattern) for part in parts)
+            ):
                 return f"excluded: --exclude {pattern!r}"
         return None
 
@@ -82,11 +93,13 @@ def _uri(scheme_root: str, path: str) -> str:
     return ("s3://" if scheme_root.startswith("s3://") else "file://") + path
 
 
-def _row(root: str, root_path: str, info: dict[str, Any], label_depth: int, skip: Skip = _NO_SKIP) -> dict[str, Any]:
+def _row(
+    root: str, root_path: str, info: dict[str, Any], label_depth: int, skip: Skip = _NO_SKIP
+) -> dict[str, Any]:
     """The manifest row of one listed object; its label is the ``label_depth``-th path
     component (0: no path label, as with ``--labels``)."""
     path = info["name"]
-    key = path[len(root_path):].lstrip("/")
+    key = path[len(root_path) :].lstrip("/")
     parts = key.split("/")
     etag = info.get("ETag") or info.get("etag")
     modified = info.get("LastModified") or info.get("mtime")
@@ -148,19 +161,28 @@ def _local_entry(path: str, name: str, chain: frozenset[tuple[int, int]]) -> Loc
     try:
         st = os.stat(full)
     except FileNotFoundError:
-        info["reject"] = (f"dangling symlink: {name} -> {target!r}, which does not exist" if link
-                          else "cannot read: object disappeared after listing")
+        info["reject"] = (
+            f"dangling symlink: {name} -> {target!r}, which does not exist"
+            if link
+            else "cannot read: object disappeared after listing"
+        )
         return LocalEntry(full, None, info)
     except OSError as exc:
         loop = exc.errno == errno.ELOOP
-        info["reject"] = (f"symlink loop: {name} -> {target!r} never resolves" if loop
-                          else f"cannot read: {type(exc).__name__}: {exc.strerror}")
+        info["reject"] = (
+            f"symlink loop: {name} -> {target!r} never resolves"
+            if loop
+            else f"cannot read: {type(exc).__name__}: {exc.strerror}"
+        )
         return LocalEntry(full, None, info)
     info["mtime"] = st.st_mtime
     if stat.S_ISDIR(st.st_mode):
         if _ident(st) in chain:
-            info["reject"] = (f"symlink loop: {name} -> {target!r} leads back to a folder above it" if link
-                              else "folder loop: leads back to a folder above it")
+            info["reject"] = (
+                f"symlink loop: {name} -> {target!r} leads back to a folder above it"
+                if link
+                else "folder loop: leads back to a folder above it"
+            )
             return LocalEntry(full, None, info)
         return LocalEntry(full, _ident(st), info)
     if stat.S_ISREG(st.st_mode):
@@ -229,7 +251,9 @@ def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> Disco
         if not fs.exists(root_path):
             raise ManifestError(f"input {root} does not exist (or holds no objects)")
         if fs.isfile(root_path):
-            raise ManifestError(f"input {root} is a file; it must be a prefix laid out as <prefix>/<label>/.../<file>")
+            raise ManifestError(
+                f"input {root} is a file; it must be a prefix laid out as <prefix>/<label>/.../<file>"
+            )
     except ManifestError:
         raise
     except Exception as exc:  # a 403 included: name the URI and the cause
@@ -250,8 +274,11 @@ def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> Disco
                 else:
                     row = _row(root, root_path, entry.info, label_depth, skip)
                     if row["status"] == "ok":
-                        reject(row, f"no label: object is {depth} level(s) below the input prefix, "
-                                    f"labels are read at depth {label_depth}")
+                        reject(
+                            row,
+                            f"no label: object is {depth} level(s) below the input prefix, "
+                            f"labels are read at depth {label_depth}",
+                        )
                     stray.append(row)
         level = below
     return Discovered([_uri(root, p) for p in level], stray)
@@ -261,8 +288,10 @@ def _chain(root_path: str, path: str) -> frozenset[tuple[int, int]]:
     """The identities of the local folders from ``root_path`` down to ``path``'s parent."""
     if path.rstrip("/") == root_path.rstrip("/"):
         return frozenset()  # the input itself (a flat lake listed whole): nothing above it
-    parts = path[len(root_path):].strip("/").split("/")
-    ancestors = [root_path] + [root_path.rstrip("/") + "/" + "/".join(parts[:i]) for i in range(1, len(parts))]
+    parts = path[len(root_path) :].strip("/").split("/")
+    ancestors = [root_path] + [
+        root_path.rstrip("/") + "/" + "/".join(parts[:i]) for i in range(1, len(parts))
+    ]
     return frozenset(_ident(os.stat(a)) for a in ancestors)
 
 
@@ -272,8 +301,11 @@ def _folder_loop(path: str, chain: frozenset[tuple[int, int]]) -> dict[str, Any]
     if _ident(os.stat(path)) not in chain:
         return None
     target = os.readlink(path) if os.path.islink(path) else path
-    return {"name": path, "size": 0,
-            "reject": f"symlink loop: {path.rsplit('/', 1)[-1]} -> {target!r} leads back to a folder above it"}
+    return {
+        "name": path,
+        "size": 0,
+        "reject": f"symlink loop: {path.rsplit('/', 1)[-1]} -> {target!r} leads back to a folder above it",
+    }
 
 
 def _list_local(root_path: str, path: str) -> list[dict[str, Any]]:
@@ -284,7 +316,9 @@ def _list_local(root_path: str, path: str) -> list[dict[str, Any]]:
     return _walk_local(path, chain | {_ident(os.stat(path))})
 
 
-def list_prefix(root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> list[dict[str, Any]]:
+def list_prefix(
+    root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP
+) -> list[dict[str, Any]]:
     """Every object below one class prefix (recursive), as manifest rows (skipped ones too,
     with ``status`` ``skipped``)."""
     root = storage.normalize(root)

@@ -67,12 +67,16 @@ def _chunks(path: str, names: Sequence[str], start: int, after: str | None, size
     units = []
     for s in range(start, len(names), size):
         e = min(s + size, len(names))
-        units.append(ListUnit(_uri("file://", path), after=names[s - 1] if s > 0 else after, upto=names[e - 1]))
+        units.append(
+            ListUnit(_uri("file://", path), after=names[s - 1] if s > 0 else after, upto=names[e - 1])
+        )
     return units
 
 
 def _names(path: str, after: str | None, upto: str | None) -> list[str]:
-    return [n for n in sorted(os.listdir(path)) if (after is None or n > after) and (upto is None or n <= upto)]
+    return [
+        n for n in sorted(os.listdir(path)) if (after is None or n > after) and (upto is None or n <= upto)
+    ]
 
 
 @dataclass(slots=True)
@@ -124,7 +128,12 @@ def _list_local_unit(root_path: str, unit: ListUnit, budget: int) -> _UnitListed
 
 
 def _s3_info(bucket: str, c: dict[str, Any]) -> dict[str, Any]:
-    return {"name": f"{bucket}/{c['Key']}", "size": c["Size"], "ETag": c.get("ETag"), "LastModified": c.get("LastModified")}
+    return {
+        "name": f"{bucket}/{c['Key']}",
+        "size": c["Size"],
+        "ETag": c.get("ETag"),
+        "LastModified": c.get("LastModified"),
+    }
 
 
 def _common(a: str, b: str) -> int:
@@ -142,18 +151,20 @@ def _rest_of(fs: Any, bucket: str, prefix: str, last: str) -> list[ListUnit]:
     units: list[ListUnit] = []
     pos = last
     while True:
-        page = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, StartAfter=pos, MaxKeys=1, **fs.req_kw)
+        page = fs.call_s3(
+            "list_objects_v2", Bucket=bucket, Prefix=prefix, StartAfter=pos, MaxKeys=1, **fs.req_kw
+        )
         if not page.get("Contents"):
             return units
         key = page["Contents"][0]["Key"]
-        node = key[:_common(key, last) + 1]
+        node = key[: _common(key, last) + 1]
         if not units or units[-1].uri != f"s3://{bucket}/{node}":
             units.append(ListUnit(f"s3://{bucket}/{node}"))
         pos = max(node + _LAST, key)
 
 
 def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
-    bucket, _, prefix = unit.uri[len("s3://"):].partition("/")
+    bucket, _, prefix = unit.uri[len("s3://") :].partition("/")
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, **fs.req_kw}
     if unit.after is not None:
         kwargs["StartAfter"] = unit.after
@@ -164,12 +175,13 @@ def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
         if not page.get("IsTruncated"):
             return _UnitListed(infos, [])
         if len(infos) >= budget:
-            return _UnitListed(infos, _rest_of(fs, bucket, prefix, infos[-1]["name"][len(bucket) + 1:]))
+            return _UnitListed(infos, _rest_of(fs, bucket, prefix, infos[-1]["name"][len(bucket) + 1 :]))
         kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
 
-def list_units(units: list[ListUnit], *, root: str, label_depth: int, skip: Skip,
-               budget: int) -> list[dict[str, Any] | ListUnit]:
+def list_units(
+    units: list[ListUnit], *, root: str, label_depth: int, skip: Skip, budget: int
+) -> list[dict[str, Any] | ListUnit]:
     """List ``units`` in order until ``budget`` objects are listed; return their rows and the
     units left (those not started, and the rest of the one that reached the budget). Runs
     inside an executor."""
@@ -202,9 +214,16 @@ def _first_units(root: str, prefixes: Sequence[str]) -> list[ListUnit]:
     return [ListUnit(p.rstrip("/") + "/" if s3 else p) for p in prefixes]
 
 
-def list_lake(engine: Engine, root: str, prefixes: Sequence[str], *, label_depth: int = 1, skip: Skip = _NO_SKIP,
-              task_objects: int = 100_000, stage: Callable[[Callable[[list[Any]], list[Any]]], Callable[[list[Any]], list[Any]]]
-              | None = None) -> list[Any]:  # fmt: skip
+def list_lake(
+    engine: Engine,
+    root: str,
+    prefixes: Sequence[str],
+    *,
+    label_depth: int = 1,
+    skip: Skip = _NO_SKIP,
+    task_objects: int = 100_000,
+    stage: Callable[[Callable[[list[Any]], list[Any]]], Callable[[list[Any]], list[Any]]] | None = None,
+) -> list[Any]:
     """Every object below the class ``prefixes`` (from :func:`jobs.manifest_steps.listing.discover`), as
     rows, listed in rounds of tasks that each list at most ``task_objects`` objects.
 
@@ -212,7 +231,8 @@ def list_lake(engine: Engine, root: str, prefixes: Sequence[str], *, label_depth
     back a part instead); the result is then what the wrapped tasks return, the work left for
     the next round (``ListUnit``) aside."""
     task: Callable[[list[ListUnit]], list[Any]] = partial(
-        list_units, root=storage.normalize(root), label_depth=label_depth, skip=skip, budget=task_objects)
+        list_units, root=storage.normalize(root), label_depth=label_depth, skip=skip, budget=task_objects
+    )
     if stage is not None:
         task = stage(task)
     units = _first_units(root, prefixes)

@@ -70,9 +70,16 @@ EXAMPLES = 5
 #: in a group of identical content, the channel ``--labels`` pins it to (None: the split's),
 #: whether its header read was taken from ``--base`` (so the read is skipped) and its channel
 #: in the base (None: not accepted there; :mod:`jobs.manifest_steps.base`).
-STAGED_SCHEMA = pa.schema([*MANIFEST_SCHEMA, pa.field("content", pa.string()), pa.field("duplicate", pa.bool_()),
-                           pa.field("pin", pa.string()), pa.field("reused", pa.bool_()),
-                           pa.field("base_channel", pa.string())])
+STAGED_SCHEMA = pa.schema(
+    [
+        *MANIFEST_SCHEMA,
+        pa.field("content", pa.string()),
+        pa.field("duplicate", pa.bool_()),
+        pa.field("pin", pa.string()),
+        pa.field("reused", pa.bool_()),
+        pa.field("base_channel", pa.string()),
+    ]
+)
 _DUPLICATE_SCHEMA = pa.schema([(n, pa.string()) for n in ("content", "key", "label", "channel")])
 
 
@@ -97,7 +104,7 @@ class PassPlan:
 
 
 def skip_kind(reason: str) -> str:
-    """"hidden" (their names vary without bound, as '._*' files do) or "excluded: --exclude GLOB"."""
+    """ "hidden" (their names vary without bound, as '._*' files do) or "excluded: --exclude GLOB"."""
     return reason if reason.startswith("excluded") else reason.split(":")[0]
 
 
@@ -182,8 +189,9 @@ class Listing:
     def slices(self, tasks: int) -> list[PartSlice]:
         """The parts cut into slices of about ``rows / tasks`` rows each."""
         size = max(1, math.ceil(self.rows / tasks))
-        return [PartSlice(p.uri, a, min(a + size, p.rows))
-                for p in self.parts for a in range(0, p.rows, size)]
+        return [
+            PartSlice(p.uri, a, min(a + size, p.rows)) for p in self.parts for a in range(0, p.rows, size)
+        ]
 
 
 def stage_listing(items: list[Any], *, produce: Callable[[list[Any]], list[Any]], staging: str) -> list[Any]:
@@ -198,9 +206,13 @@ def stage_listing(items: list[Any], *, produce: Callable[[list[Any]], list[Any]]
     name = hashlib.blake2b(repr(items).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
     uri = storage.join(staging, "listed", f"part-{name}.parquet")
     write_staged(kept, uri)
-    part = ListedPart(uri=uri, rows=len(kept), skipped=dict(Counter(skip_kind(s.reason) for s in skipped)),
-                      skipped_examples=tuple(skipped[:EXAMPLES]),
-                      labels=tuple(sorted({r["label"] for r in kept if r["label"] is not None})))  # fmt: skip
+    part = ListedPart(
+        uri=uri,
+        rows=len(kept),
+        skipped=dict(Counter(skip_kind(s.reason) for s in skipped)),
+        skipped_examples=tuple(skipped[:EXAMPLES]),
+        labels=tuple(sorted({r["label"] for r in kept if r["label"] is not None})),
+    )
     return [part, *(r for r in out if not isinstance(r, dict))]
 
 
@@ -221,7 +233,9 @@ def inspect_task(items: list[PartSlice], *, plan: PassPlan) -> list[int]:
 def inspect_rows(rows: list[dict[str, Any]], name: str, *, plan: PassPlan) -> None:
     """Inspect ``rows`` but those whose inspection ``--base`` gave (``reused``); stage them by
     content bucket, in a file ``name`` of each bucket's folder."""
-    inspected = [r for r in rows if r.get("reused")] + inspect_objects([r for r in rows if not r.get("reused")], sniff=plan.sniff)
+    inspected = [r for r in rows if r.get("reused")] + inspect_objects(
+        [r for r in rows if not r.get("reused")], sniff=plan.sniff
+    )
     for bucket, mine in _by_bucket(inspected, lambda r: _content_bucket(r, plan.content_buckets)).items():
         write_staged(mine, storage.join(plan.folder("inspected", bucket), name))
 
@@ -230,12 +244,17 @@ def assign_channels(ok: Sequence[dict[str, Any]], plan: PassPlan) -> list[str]:
     """The channel of each accepted row of ``ok``: its ``pin`` (``--labels``' channel column)
     if it has one, else the split's (the split sees the unpinned rows only)."""
     free = [r for r in ok if not r.get("pin")]
-    split = iter(ALGORITHMS[plan.split_method]([r["key"] for r in free], [r["label"] for r in free], plan.split, plan.seed))
+    split = iter(
+        ALGORITHMS[plan.split_method](
+            [r["key"] for r in free], [r["label"] for r in free], plan.split, plan.seed
+        )
+    )
     return [r.get("pin") or next(split) for r in ok]
 
 
-def _channel_counts(ok: Sequence[dict[str, Any]], plan: PassPlan, *,
-                    pinned_only: bool) -> dict[str, dict[str, int]]:
+def _channel_counts(
+    ok: Sequence[dict[str, Any]], plan: PassPlan, *, pinned_only: bool
+) -> dict[str, dict[str, int]]:
     """``{label: {channel: n}}`` of ``ok``: of every row under a per-row split (the ``hash``
     split), of the pinned rows only for a split that needs the whole class (the others'
     counts follow from the class size)."""
@@ -274,8 +293,15 @@ class ContentCounts:
             reasons.update(p.reasons)
             for label, counts in p.channels.items():
                 channels[label].update(counts)
-        return cls(listed=listed, removed=removed, duplicate_groups=groups, accepted=accepted, pinned=pinned,
-                   reasons=reasons, channels=dict(channels))
+        return cls(
+            listed=listed,
+            removed=removed,
+            duplicate_groups=groups,
+            accepted=accepted,
+            pinned=pinned,
+            reasons=reasons,
+            channels=dict(channels),
+        )
 
     def in_channel(self, label: str, channel: str) -> int:
         """The accepted rows of ``label`` the workers counted in ``channel``."""
@@ -297,18 +323,28 @@ def content_task(buckets: list[int], *, plan: PassPlan) -> list[ContentCounts]:
         for part, mine in _by_bucket(rows, lambda r: label_part(r["label"], plan.parts)).items():
             write_staged(mine, storage.join(plan.folder("classes", part), f"part-{bucket:05d}.parquet"))
         channels = _channel_counts(ok, plan, pinned_only=plan.split_method != "hash")
-        out.append(ContentCounts(
-            listed=len(rows), removed=removed, duplicate_groups=len(groups),
-            accepted=Counter(r["label"] for r in ok), pinned=Counter(r["label"] for r in ok if r.get("pin")),
-            reasons=Counter(reason_kind(r["reason"]) for r in rows if r["status"] != "ok"),
-            channels={label: Counter(counts) for label, counts in channels.items()}))
+        out.append(
+            ContentCounts(
+                listed=len(rows),
+                removed=removed,
+                duplicate_groups=len(groups),
+                accepted=Counter(r["label"] for r in ok),
+                pinned=Counter(r["label"] for r in ok if r.get("pin")),
+                reasons=Counter(reason_kind(r["reason"]) for r in rows if r["status"] != "ok"),
+                channels={label: Counter(counts) for label, counts in channels.items()},
+            )
+        )
     return out
 
 
 def _write_tables(plan: PassPlan, part: int, rows: list[dict[str, Any]]) -> None:
     """Part ``part`` of every manifest table, and of each channel's SageMaker manifest."""
+
     def write(table: str, mine: list[dict[str, Any]]) -> None:
-        write_part(manifest_part_uri(plan.out, table, part, plan.parts), pa.Table.from_pylist(mine, schema=MANIFEST_SCHEMA))
+        write_part(
+            manifest_part_uri(plan.out, table, part, plan.parts),
+            pa.Table.from_pylist(mine, schema=MANIFEST_SCHEMA),
+        )
 
     write("all", rows)
     write("rejects", [r for r in rows if r["status"] != "ok"])
@@ -345,8 +381,11 @@ class ClassParts:
     @classmethod
     def merge(cls, parts: Sequence[ClassParts]) -> ClassParts:
         moved = sorted((e for p in parts for e in p.moved_examples), key=lambda e: e.key)
-        return cls(fingerprints={label: h for p in parts for label, h in p.fingerprints.items()},
-                   moved=sum(p.moved for p in parts), moved_examples=tuple(moved[:EXAMPLES]))
+        return cls(
+            fingerprints={label: h for p in parts for label, h in p.fingerprints.items()},
+            moved=sum(p.moved for p in parts),
+            moved_examples=tuple(moved[:EXAMPLES]),
+        )
 
 
 def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
@@ -366,12 +405,23 @@ def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
         moved = [r for r in ok if r.get("base_channel") and r["base_channel"] != r["channel"]]
         _write_tables(plan, part, rows)
         duplicates = [r for r in ok if r["duplicate"]]
-        for bucket, mine in _by_bucket(duplicates, lambda r: _content_bucket(r, plan.content_buckets)).items():
+        for bucket, mine in _by_bucket(
+            duplicates, lambda r: _content_bucket(r, plan.content_buckets)
+        ).items():
             table = pa.Table.from_pylist(mine, schema=_DUPLICATE_SCHEMA)
-            write_part(storage.join(plan.folder("duplicates", bucket), f"part-{part:05d}.parquet"), table, durable=False)
+            write_part(
+                storage.join(plan.folder("duplicates", bucket), f"part-{part:05d}.parquet"),
+                table,
+                durable=False,
+            )
         examples = tuple(KeyChange(r["key"], r["base_channel"], r["channel"]) for r in moved[:EXAMPLES])
-        out.append(ClassParts(fingerprints={label: h.hexdigest() for label, h in hashes.items()},
-                              moved=len(moved), moved_examples=examples))
+        out.append(
+            ClassParts(
+                fingerprints={label: h.hexdigest() for label, h in hashes.items()},
+                moved=len(moved),
+                moved_examples=examples,
+            )
+        )
     return out
 
 
@@ -394,11 +444,14 @@ class DuplicateGroups:
         def first(examples: Iterable[dict[str, str]]) -> tuple[dict[str, str], ...]:
             return tuple(sorted(examples, key=lambda e: next(iter(e)))[:EXAMPLES])
 
-        return cls(groups=sum(p.groups for p in parts), objects=sum(p.objects for p in parts),
-                   across_channels=sum(p.across_channels for p in parts),
-                   across_labels=sum(p.across_labels for p in parts),
-                   leak_examples=first(e for p in parts for e in p.leak_examples),
-                   group_examples=first(e for p in parts for e in p.group_examples))
+        return cls(
+            groups=sum(p.groups for p in parts),
+            objects=sum(p.objects for p in parts),
+            across_channels=sum(p.across_channels for p in parts),
+            across_labels=sum(p.across_labels for p in parts),
+            leak_examples=first(e for p in parts for e in p.leak_examples),
+            group_examples=first(e for p in parts for e in p.group_examples),
+        )
 
 
 def duplicates_task(buckets: list[int], *, plan: PassPlan) -> list[DuplicateGroups]:
@@ -413,10 +466,16 @@ def duplicates_task(buckets: list[int], *, plan: PassPlan) -> list[DuplicateGrou
             first = sorted(gs, key=lambda g: g[0]["key"])[:EXAMPLES]
             return tuple({r["key"]: r["channel"] for r in g} for g in first)
 
-        out.append(DuplicateGroups(groups=len(groups), objects=sum(len(g) for g in groups),
-                                   across_channels=len(leaks),
-                                   across_labels=sum(len({r["label"] for r in g}) > 1 for g in groups),
-                                   leak_examples=examples(leaks), group_examples=examples(groups)))
+        out.append(
+            DuplicateGroups(
+                groups=len(groups),
+                objects=sum(len(g) for g in groups),
+                across_channels=len(leaks),
+                across_labels=sum(len({r["label"] for r in g}) > 1 for g in groups),
+                leak_examples=examples(leaks),
+                group_examples=examples(groups),
+            )
+        )
     return out
 
 
@@ -435,5 +494,11 @@ class Duplicates:
 
     def to_json(self) -> dict[str, Any]:
         f = self.found
-        return {"groups": f.groups, "objects": f.objects, "across_channels": f.across_channels,
-                "across_labels": f.across_labels, "examples": list(self.examples), "removed": self.removed}
+        return {
+            "groups": f.groups,
+            "objects": f.objects,
+            "across_channels": f.across_channels,
+            "across_labels": f.across_labels,
+            "examples": list(self.examples),
+            "removed": self.removed,
+        }

@@ -38,8 +38,9 @@ def _read(uri: str) -> tuple[bytes, str | None] | str:
         raise StorageError(f"cannot read {uri}: {type(exc).__name__}: {exc}") from exc
 
 
-def read_as_listed(uri: str, *, size: int | None, etag: str | None,
-                   modified: dt.datetime | None = None) -> bytes | str:
+def read_as_listed(
+    uri: str, *, size: int | None, etag: str | None, modified: dt.datetime | None = None
+) -> bytes | str:
     """The bytes of ``uri``, or a reject reason: :data:`storage.GONE`, or ``changed since the
     manifest was built: size 123 -> 456`` (or ``etag a -> b``, ``modified ... -> ...``) when the
     object is not the one the manifest listed. ``size``, ``etag`` or ``modified`` None skips that

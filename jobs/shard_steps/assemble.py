@@ -24,14 +24,23 @@ from lakeshard.errors import ShardError
 from lakeshard.format import SHARD_SCHEMA
 from lakeshard.format.writer import ShardWriter
 
-__all__ = ["SOURCE_SCHEMA", "AssembleTask", "AssembledShard", "RepairTask", "SegmentFiles", "assemble_shard",
-           "locate_and_assemble"]
+__all__ = [
+    "SOURCE_SCHEMA",
+    "AssembleTask",
+    "AssembledShard",
+    "RepairTask",
+    "SegmentFiles",
+    "assemble_shard",
+    "locate_and_assemble",
+]
 
 #: Where each row of an assembled shard comes from, in shard order.
 #: ``file`` is dictionary-encoded: a shard of 20,000 rows comes from a handful of segment files, and
 #: their paths repeated on every row made a 100,000-image Spark job's assembly tasks 1.9 MB each
 #: (over Spark's 1 MB task-size warning).
-SOURCE_SCHEMA = pa.schema([("file", pa.dictionary(pa.int32(), pa.string())), ("row", pa.int64()), ("is_pad", pa.bool_())])
+SOURCE_SCHEMA = pa.schema(
+    [("file", pa.dictionary(pa.int32(), pa.string())), ("row", pa.int64()), ("is_pad", pa.bool_())]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +93,9 @@ class _RowGroupCache:
         table = pa.concat_tables(pieces)
         offsets = np.concatenate([[0], np.cumsum([t.num_rows for t in pieces])])
         first = {int(g): int(o - starts[g]) for g, o in zip(np.unique(groups), offsets[:-1], strict=True)}
-        return table.take(pa.array([first[int(g)] + int(r) for g, r in zip(groups, rows, strict=True)], pa.int64()))
+        return table.take(
+            pa.array([first[int(g)] + int(r) for g, r in zip(groups, rows, strict=True)], pa.int64())
+        )
 
     def close(self) -> None:
         for _, _, handle in self._files.values():
@@ -119,8 +130,11 @@ def assemble_shard(task: AssembleTask) -> AssembledShard:
                 while stop < len(files) and files[stop] == files[start] and stop - start < 1024:
                     stop += 1
                 got = cache.take(files[start], rows[start:stop])
-                writer.write(got.append_column("is_pad", sources["is_pad"].slice(start, stop - start))
-                             .cast(SHARD_SCHEMA))
+                writer.write(
+                    got.append_column("is_pad", sources["is_pad"].slice(start, stop - start)).cast(
+                        SHARD_SCHEMA
+                    )
+                )
                 start = stop
     finally:
         cache.close()
@@ -167,9 +181,16 @@ def locate_and_assemble(task: RepairTask) -> AssembledShard:
                     where.setdefault(uri, (files.segment, row))
     uris = want["uri"].to_pylist()
     if missing := [u for u in uris if u not in where]:
-        raise ShardError(f"assembling {task.uri}: {len(missing)} rows were not written by any segment it was "
-                         f"given, first {missing[:3]}")
-    sources = pa.table({"file": [where[u][0] for u in uris], "row": [where[u][1] for u in uris],
-                        "is_pad": want["is_pad"]}, schema=SOURCE_SCHEMA)
-    return assemble_shard(AssembleTask(uri=task.uri, sources=sources, metadata=task.metadata,
-                                       row_group_bytes=task.row_group_bytes))
+        raise ShardError(
+            f"assembling {task.uri}: {len(missing)} rows were not written by any segment it was "
+            f"given, first {missing[:3]}"
+        )
+    sources = pa.table(
+        {"file": [where[u][0] for u in uris], "row": [where[u][1] for u in uris], "is_pad": want["is_pad"]},
+        schema=SOURCE_SCHEMA,
+    )
+    return assemble_shard(
+        AssembleTask(
+            uri=task.uri, sources=sources, metadata=task.metadata, row_group_bytes=task.row_group_bytes
+        )
+    )

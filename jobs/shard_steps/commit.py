@@ -28,8 +28,9 @@ from lakeshard.format import (
 __all__ = ["commit", "place_assembled", "staged_rejects"]
 
 
-def place_assembled(root: str, staging: str, final: dict[tuple[str, int], str], tasks: list[SegmentTask], *,
-                    num_shards: int) -> dict[tuple[str, int], str]:
+def place_assembled(
+    root: str, staging: str, final: dict[tuple[str, int], str], tasks: list[SegmentTask], *, num_shards: int
+) -> dict[tuple[str, int], str]:
     """Put each shard assembled beside in its place; a segment file it replaces loses its
     receipt (which no longer vouches for it). Locally that is a rename onto its place in the
     staging folder; on S3 the shard stays where it was written and the segment file at its
@@ -57,8 +58,9 @@ def _check_counts(channels: list[BuiltChannel], num_shards: int) -> None:
         got = sorted((s.index, s.stats["rows"]) for s in channel.shards)
         want = [(i, channel.deal.rows_per_shard) for i in range(num_shards)]
         if got != want:
-            raise ShardError(f"channel {channel.name!r}: wrote shards {got}, planned {want}; "
-                             "nothing was committed")
+            raise ShardError(
+                f"channel {channel.name!r}: wrote shards {got}, planned {want}; nothing was committed"
+            )
 
 
 def _remove_strays(staging: str, keep: set[str]) -> None:
@@ -69,7 +71,7 @@ def _remove_strays(staging: str, keep: set[str]) -> None:
         found = fs.find(path)
     except FileNotFoundError:
         return
-    strays = [f for f in found if f[len(path) + 1:] not in keep]
+    strays = [f for f in found if f[len(path) + 1 :] not in keep]
     if strays:
         fs.rm(strays)
 

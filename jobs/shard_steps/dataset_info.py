@@ -56,14 +56,27 @@ class BuiltChannel:
 def dataset_version(fingerprint: str, cfg: ShardConfig, seed: int, channels: list[str]) -> str:
     """The dataset's identity: a hash of the manifest's content and every option that changes
     the shards (not the engine: every engine writes the same dataset)."""
-    spec = {"format_version": FORMAT_VERSION, "manifest": fingerprint, "num_shards": cfg.num_shards,
-            "image": [cfg.image_size, cfg.resize, cfg.image_format, cfg.quality, cfg.max_image_pixels],
-            "remainder": cfg.remainder, "seed": seed, "channels": channels}
+    spec = {
+        "format_version": FORMAT_VERSION,
+        "manifest": fingerprint,
+        "num_shards": cfg.num_shards,
+        "image": [cfg.image_size, cfg.resize, cfg.image_format, cfg.quality, cfg.max_image_pixels],
+        "remainder": cfg.remainder,
+        "seed": seed,
+        "channels": channels,
+    }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def dataset_info(cfg: ShardConfig, job: ShardInputs, channels: list[BuiltChannel], build: BuildInfo, *,
-                 engine: str, rejects_path: str) -> DatasetInfo:
+def dataset_info(
+    cfg: ShardConfig,
+    job: ShardInputs,
+    channels: list[BuiltChannel],
+    build: BuildInfo,
+    *,
+    engine: str,
+    rejects_path: str,
+) -> DatasetInfo:
     """What ``dataset.json`` says of the dataset ``job`` names, built as ``channels`` say.
     ``build`` says how this run made them (depends on the engine's parallelism, not part of the
     dataset's identity); ``rejects_path`` is where the shard rejects table goes, relative to the
@@ -75,8 +88,13 @@ def dataset_info(cfg: ShardConfig, job: ShardInputs, channels: list[BuiltChannel
         dataset_version=job.version,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         engine=engine,
-        inputs=Inputs(lake=marker["input"], manifest_fingerprint=marker["fingerprint"], split=marker["split"],
-                      split_method=marker["split_method"], manifest_seed=marker["seed"]),
+        inputs=Inputs(
+            lake=marker["input"],
+            manifest_fingerprint=marker["fingerprint"],
+            split=marker["split"],
+            split_method=marker["split_method"],
+            manifest_seed=marker["seed"],
+        ),
         seed=job.seed,
         labels=labels,
         num_classes=len(labels),
@@ -84,10 +102,13 @@ def dataset_info(cfg: ShardConfig, job: ShardInputs, channels: list[BuiltChannel
         num_shards=cfg.num_shards,
         remainder=cfg.remainder,
         row_group_bytes=cfg.row_group_size,
-        counts=Counts(listed=marker["counts"]["listed"], manifest_rejects=marker["counts"]["rejected"],
-                      shard_rejects=sum(c.rejected for c in channels),
-                      dropped=sum(len(c.deal.dropped) for c in channels),
-                      padded=sum(len(c.deal.pads) for c in channels)),
+        counts=Counts(
+            listed=marker["counts"]["listed"],
+            manifest_rejects=marker["counts"]["rejected"],
+            shard_rejects=sum(c.rejected for c in channels),
+            dropped=sum(len(c.deal.dropped) for c in channels),
+            padded=sum(len(c.deal.pads) for c in channels),
+        ),
         build=build,
         channels={c.name: _channel_info(c, labels) for c in channels},
         rejects_path=rejects_path,
@@ -99,6 +120,11 @@ def _channel_info(channel: BuiltChannel, labels: dict[str, int]) -> ChannelInfo:
     names = {i: name for name, i in labels.items()}
     shards = sorted(channel.shards, key=lambda s: s.index)
     return ChannelInfo.of_shards(
-        [ShardInfo.from_stats(channel.name, s.index, channel.deal.num_shards, s.stats, names, path=s.path)
-         for s in shards],
-        rejected=channel.rejected, dropped=list(channel.dropped), padded=list(channel.padded))
+        [
+            ShardInfo.from_stats(channel.name, s.index, channel.deal.num_shards, s.stats, names, path=s.path)
+            for s in shards
+        ],
+        rejected=channel.rejected,
+        dropped=list(channel.dropped),
+        padded=list(channel.padded),
+    )

@@ -86,8 +86,19 @@ from jobs.common.hashing import unit_hashes
 from lakeshard.errors import ShardError
 from lakeshard.settings import check_positive
 
-__all__ = ["DROPPED_ROWS_SHARD", "REMAINDER_POLICIES", "Deal", "check_options", "check_survivors",
-           "class_slots", "deal_from_counts", "fill_holes", "key_ranks", "order_shard", "route"]
+__all__ = [
+    "DROPPED_ROWS_SHARD",
+    "REMAINDER_POLICIES",
+    "Deal",
+    "check_options",
+    "check_survivors",
+    "class_slots",
+    "deal_from_counts",
+    "fill_holes",
+    "key_ranks",
+    "order_shard",
+    "route",
+]
 
 #: What ``--remainder`` does with the rows beyond a multiple of ``num_shards`` (step 4).
 REMAINDER_POLICIES = ("drop", "pad")
@@ -143,8 +154,15 @@ class Deal:
         return self.start[i]
 
 
-def deal_from_counts(counts: Mapping[int, int], *, num_shards: int, seed: int, channel: str,
-                     remainder: str = "drop", rejected: Iterable[int] = ()) -> Deal:
+def deal_from_counts(
+    counts: Mapping[int, int],
+    *,
+    num_shards: int,
+    seed: int,
+    channel: str,
+    remainder: str = "drop",
+    rejected: Iterable[int] = (),
+) -> Deal:
     """The plan of a channel whose class ``label`` has ``counts[label]`` rows, with the rows at
     slots ``rejected`` left out: the four steps above, from counts alone."""
     check_options(num_shards, remainder)
@@ -234,10 +252,19 @@ def deal_from_counts(counts: Mapping[int, int], *, num_shards: int, seed: int, c
         seen[g] = seen.get(g, 0) + 1
         numbered.append((g, s, seen[g]))
     rows_out = survivors - len(dropped) + len(pads)
-    return Deal(channel=channel, num_shards=n, seed=seed, rows_per_shard=rows_out // n,
-                labels=tuple(labels.tolist()), start=tuple(start.tolist()), size=tuple(size.tolist()),
-                rejected=frozenset(rejected_slots.tolist()), moved=moved, pads=tuple(numbered),
-                dropped=tuple(sorted(original(p) for p in dropped)))
+    return Deal(
+        channel=channel,
+        num_shards=n,
+        seed=seed,
+        rows_per_shard=rows_out // n,
+        labels=tuple(labels.tolist()),
+        start=tuple(start.tolist()),
+        size=tuple(size.tolist()),
+        rejected=frozenset(rejected_slots.tolist()),
+        moved=moved,
+        pads=tuple(numbered),
+        dropped=tuple(sorted(original(p) for p in dropped)),
+    )
 
 
 class _Walk:
@@ -343,11 +370,15 @@ def order_shard(deal: Deal, rows: pa.Table, shard: int) -> pa.Table:
         at = {g: i for i, g in enumerate(rows["slot"].to_pylist())}
         missing = [g for g, _ in copies if g not in at]
         if missing:
-            raise ShardError(f"channel {deal.channel!r} shard {shard}: the rows at slots {missing[:5]} to pad from "
-                             "were not given")
+            raise ShardError(
+                f"channel {deal.channel!r} shard {shard}: the rows at slots {missing[:5]} to pad from "
+                "were not given"
+            )
         extra = rows.take(pa.array([at[g] for g, _ in copies], pa.int64()))
         table = pa.concat_tables([mine, extra])
-        copy = np.concatenate([np.zeros(mine.num_rows, np.int64), np.asarray([k for _, k in copies], np.int64)])
+        copy = np.concatenate(
+            [np.zeros(mine.num_rows, np.int64), np.asarray([k for _, k in copies], np.int64)]
+        )
     else:
         table, copy = mine, np.zeros(mine.num_rows, np.int64)
     keys = table["key"].to_pylist()
@@ -356,8 +387,9 @@ def order_shard(deal: Deal, rows: pa.Table, shard: int) -> pa.Table:
     order = np.lexsort((copy, key_rank, shuffle))
     table = table.append_column("is_pad", pa.array(copy > 0)).append_column("copy", pa.array(copy))
     if table.num_rows != deal.rows_per_shard:
-        raise ShardError(f"channel {deal.channel!r} shard {shard}: {table.num_rows} rows, "
-                         f"planned {deal.rows_per_shard}")
+        raise ShardError(
+            f"channel {deal.channel!r} shard {shard}: {table.num_rows} rows, planned {deal.rows_per_shard}"
+        )
     return table.take(pa.array(order, pa.int64()))
 
 
@@ -374,11 +406,15 @@ def check_survivors(channel: str, total: int, num_rejected: int, *, num_shards: 
     if survivors == 0:
         raise ShardError(f"channel {channel!r} has no rows to shard: all {total} were rejected")
     if remainder == "drop" and survivors < num_shards:
-        counted = f"{survivors} rows" if not num_rejected else \
-            f"{survivors} rows left ({num_rejected} of {total} rejected)"
+        counted = (
+            f"{survivors} rows"
+            if not num_rejected
+            else f"{survivors} rows left ({num_rejected} of {total} rejected)"
+        )
         raise ShardError(
             f"channel {channel!r} has {counted}, fewer than num_shards={num_shards}: "
-            "dropping the remainder would leave empty shards; use --remainder pad or fewer shards")
+            "dropping the remainder would leave empty shards; use --remainder pad or fewer shards"
+        )
 
 
 def key_ranks(keys: Sequence[str], channel: str) -> np.ndarray:
@@ -392,8 +428,14 @@ def key_ranks(keys: Sequence[str], channel: str) -> np.ndarray:
     return rank
 
 
-def fill_holes(slot: np.ndarray, cls: np.ndarray, is_rejected: np.ndarray, start: np.ndarray,
-                kept: np.ndarray, num_shards: int) -> np.ndarray:
+def fill_holes(
+    slot: np.ndarray,
+    cls: np.ndarray,
+    is_rejected: np.ndarray,
+    start: np.ndarray,
+    kept: np.ndarray,
+    num_shards: int,
+) -> np.ndarray:
     """Step 2: survivors from beyond each class's first ``kept[c]`` slots move into the holes
     rejected rows leave there, same shard first, then the last survivor into the earliest hole."""
     inside = slot - start[cls] < kept[cls]

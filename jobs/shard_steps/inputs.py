@@ -40,10 +40,14 @@ def _channels(cfg: ShardConfig, known: list[str], root: str) -> list[str]:
     if "" in channels:
         raise ShardError(f"--channels {cfg.channels!r} has an empty channel name")
     if repeated := sorted(c for c, n in Counter(channels).items() if n > 1):
-        raise ShardError(f"--channels {cfg.channels!r} names {', '.join(map(repr, repeated))} more than once; "
-                         "name each channel once")
+        raise ShardError(
+            f"--channels {cfg.channels!r} names {', '.join(map(repr, repeated))} more than once; "
+            "name each channel once"
+        )
     if unknown := [c for c in channels if c not in known]:
-        raise ShardError(f"--channels names {unknown}, which the manifest at {root} does not have (it has {known})")
+        raise ShardError(
+            f"--channels names {unknown}, which the manifest at {root} does not have (it has {known})"
+        )
     return channels
 
 
@@ -61,7 +65,8 @@ def _check_overwrite(cfg: ShardConfig, root: str, channels: list[str]) -> None:
         raise ShardError(
             f"--channels {cfg.channels!r} with --overwrite would delete the shards of channel(s) {dropped} of the "
             f"dataset at {root} (it has {has}); rebuild every channel it has (e.g. --channels {','.join(has)}), "
-            "or write the subset to another dataset")
+            "or write the subset to another dataset"
+        )
 
 
 def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
@@ -70,15 +75,24 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
     root = storage.normalize(cfg.dataset)
     marker_uri = manifest_marker_uri(root)
     if not storage.exists(marker_uri):
-        raise DatasetError(f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first")
+        raise DatasetError(
+            f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first"
+        )
     marker = storage.read_json(marker_uri)
     channels = _channels(cfg, list(marker["split"]), root)
     classes = marker.get("counts", {}).get("classes", {})
     if missing := [c for c in channels if c not in classes]:  # the plan is made from these counts
-        raise DatasetError(f"the manifest marker {marker_uri} has no class counts (counts.classes) for channel(s) "
-                           f"{missing}; run jobs/manifest.py again")
+        raise DatasetError(
+            f"the manifest marker {marker_uri} has no class counts (counts.classes) for channel(s) "
+            f"{missing}; run jobs/manifest.py again"
+        )
     _check_overwrite(cfg, root, channels)
     seed = marker["seed"] if cfg.seed is None else cfg.seed
-    return ShardInputs(root=root, marker=marker, channels=channels, seed=seed,
-                       version=dataset_version(marker["fingerprint"], cfg, seed, channels),
-                       base=check_shard_base(cfg.base, cfg) if cfg.base is not None else None)
+    return ShardInputs(
+        root=root,
+        marker=marker,
+        channels=channels,
+        seed=seed,
+        version=dataset_version(marker["fingerprint"], cfg, seed, channels),
+        base=check_shard_base(cfg.base, cfg) if cfg.base is not None else None,
+    )

@@ -37,10 +37,12 @@ class ChannelPlan:
     def text(self) -> str:
         kept = self.rows_per_shard * self.num_shards
         named = "".join(f"\n    {kind} {uri}" for kind, uri in self.named)
-        return (f"  {self.channel}: {self.rows:,} rows in {self.classes} classes -> {self.num_shards} shards × "
-                f"{self.rows_per_shard:,} rows ({kept:,} rows: {self.dropped} dropped, {self.padded} padded); "
-                f"per class, shards differ by at most {self.spread} row(s) "
-                f"({self.uneven_classes} of {self.classes} classes differ by one){named}")
+        return (
+            f"  {self.channel}: {self.rows:,} rows in {self.classes} classes -> {self.num_shards} shards × "
+            f"{self.rows_per_shard:,} rows ({kept:,} rows: {self.dropped} dropped, {self.padded} padded); "
+            f"per class, shards differ by at most {self.spread} row(s) "
+            f"({self.uneven_classes} of {self.classes} classes differ by one){named}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +53,18 @@ class PlanSummary:
     channels: tuple[ChannelPlan, ...]
 
     def text(self) -> str:
-        return "\n".join([f"plan only (nothing written) for {self.dataset}:", *(c.text() for c in self.channels)])
+        return "\n".join(
+            [f"plan only (nothing written) for {self.dataset}:", *(c.text() for c in self.channels)]
+        )
 
 
-def channel_plan(deal: Deal, per_shard: Mapping[int, Mapping[int, int]], *,
-                 named: Mapping[int, NamedRow] | None = None, show: int = 10) -> ChannelPlan:
+def channel_plan(
+    deal: Deal,
+    per_shard: Mapping[int, Mapping[int, int]],
+    *,
+    named: Mapping[int, NamedRow] | None = None,
+    show: int = 10,
+) -> ChannelPlan:
     """The summary of ``deal``'s channel; ``per_shard[s]`` counts shard s's rows per label index
     (pad copies included), as its order task found them. ``named`` gives the key and URI of
     dropped and padded slots; the first ``show`` are listed."""
@@ -69,7 +78,16 @@ def channel_plan(deal: Deal, per_shard: Mapping[int, Mapping[int, int]], *,
         spread = max(spread, max(rows) - min(rows))
         uneven += max(rows) - min(rows) == 1
     shown = [("dropped", named[g].uri) for g in deal.dropped[:show] if g in named]
-    shown += [("padded", named[g].uri) for g in deal.padded[:max(0, show - len(shown))] if g in named]
-    return ChannelPlan(channel=deal.channel, rows=deal.total, classes=len(deal.labels), num_shards=deal.num_shards,
-                       rows_per_shard=deal.rows_per_shard, dropped=len(deal.dropped), padded=len(deal.pads),
-                       spread=spread, uneven_classes=uneven, named=tuple(shown))
+    shown += [("padded", named[g].uri) for g in deal.padded[: max(0, show - len(shown))] if g in named]
+    return ChannelPlan(
+        channel=deal.channel,
+        rows=deal.total,
+        classes=len(deal.labels),
+        num_shards=deal.num_shards,
+        rows_per_shard=deal.rows_per_shard,
+        dropped=len(deal.dropped),
+        padded=len(deal.pads),
+        spread=spread,
+        uneven_classes=uneven,
+        named=tuple(shown),
+    )

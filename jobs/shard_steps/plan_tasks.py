@@ -39,9 +39,24 @@ from lakeshard.errors import ManifestError
 from lakeshard.format import channel_dirname
 from lakeshard.format.manifest_table import read_channel_rows
 
-__all__ = ["ORDER_COLUMNS", "Channel", "ClassRows", "NamedRow", "OrderPass", "OrderTask", "PlannedChannel",
-           "ShardOrder", "ShardsToOrder", "SlotPart", "SlotTask", "order_rows", "order_tasks", "order_uri",
-           "slot_rows", "slot_tasks"]
+__all__ = [
+    "ORDER_COLUMNS",
+    "Channel",
+    "ClassRows",
+    "NamedRow",
+    "OrderPass",
+    "OrderTask",
+    "PlannedChannel",
+    "ShardOrder",
+    "ShardsToOrder",
+    "SlotPart",
+    "SlotTask",
+    "order_rows",
+    "order_tasks",
+    "order_uri",
+    "slot_rows",
+    "slot_tasks",
+]
 
 #: The manifest columns the shard job reads: ``size``, ``etag`` and ``last_modified`` let it
 #: tell an object that was replaced since the manifest was built.
@@ -49,7 +64,18 @@ _MANIFEST_COLUMNS = ["uri", "key", "label", "label_index", "size", "etag", "last
 
 #: An order file's columns: a segment's rows (:data:`jobs.shard_steps.preprocess.SEGMENT_SCHEMA`) and what
 #: the repair needs to name a reject (its ``label`` and ``slot``) and order a pad (``copy``).
-ORDER_COLUMNS = ["uri", "key", "label_index", "is_pad", "size", "etag", "last_modified", "label", "slot", "copy"]
+ORDER_COLUMNS = [
+    "uri",
+    "key",
+    "label_index",
+    "is_pad",
+    "size",
+    "etag",
+    "last_modified",
+    "label",
+    "slot",
+    "copy",
+]
 
 #: Rows per row group of a slot part: ``home`` is sorted, so an order task reads only the
 #: row groups that hold its shard.
@@ -92,8 +118,9 @@ class SlotPart:
 def slot_rows(task: SlotTask) -> SlotPart:
     """Run a :class:`SlotTask`."""
     deal, channel = task.deal, task.deal.channel
-    rows = read_channel_rows(task.root, channel, labels=[c.label for c in task.classes],
-                             columns=_MANIFEST_COLUMNS)
+    rows = read_channel_rows(
+        task.root, channel, labels=[c.label for c in task.classes], columns=_MANIFEST_COLUMNS
+    )
     code = pc.dictionary_encode(rows["label"]).combine_chunks()
     names = code.dictionary.to_pylist()
     indices = code.indices.to_numpy(zero_copy_only=False)
@@ -103,9 +130,11 @@ def slot_rows(task: SlotTask) -> SlotPart:
         if len(mine) != c.rows:
             raise ManifestError(
                 f"channel {channel!r}, class {c.label!r}: the manifest table has {len(mine)} rows but "
-                f"_manifest.json counts {c.rows}; the manifest is inconsistent, run jobs/manifest.py again")
-        slots[mine] = class_slots(rows["key"].take(pa.array(mine)), seed=deal.seed, channel=channel,
-                                  start=deal.class_start(c.index))
+                f"_manifest.json counts {c.rows}; the manifest is inconsistent, run jobs/manifest.py again"
+            )
+        slots[mine] = class_slots(
+            rows["key"].take(pa.array(mine)), seed=deal.seed, channel=channel, start=deal.class_start(c.index)
+        )
     table = rows.append_column("slot", pa.array(slots))
     table = table.append_column("home", pa.array(slots % deal.num_shards))
     table = table.take(pc.sort_indices(table, sort_keys=[("home", "ascending"), ("slot", "ascending")]))
@@ -166,30 +195,44 @@ def order_rows(task: OrderTask) -> ShardOrder:
     if placed:
         where = (pc.field("home") == task.shard) | where
     fs, _ = storage.filesystem(task.parts[0])
-    rows = ds.dataset([storage.filesystem(p)[1] for p in task.parts], filesystem=fs, format="parquet").to_table(
-        filter=where)
+    rows = ds.dataset(
+        [storage.filesystem(p)[1] for p in task.parts], filesystem=fs, format="parquet"
+    ).to_table(filter=where)
     if placed:
         table = order_shard(deal, rows, task.shard)
     else:
         table = rows.filter(pc.is_in(rows["slot"], pa.array(deal.dropped, pa.int64())))
         table = table.take(pc.sort_indices(table, sort_keys=[("slot", "ascending")]))
         table = table.append_column("is_pad", pa.array(np.zeros(table.num_rows, bool))).append_column(
-            "copy", pa.array(np.zeros(table.num_rows, np.int64)))
+            "copy", pa.array(np.zeros(table.num_rows, np.int64))
+        )
     table = table.select(ORDER_COLUMNS)
-    write_table(task.uri, table, row_group_size=max(1, task.cuts[1] - task.cuts[0]))  # a row group per segment
+    write_table(
+        task.uri, table, row_group_size=max(1, task.cuts[1] - task.cuts[0])
+    )  # a row group per segment
     staged = stage_order(task.join, table, task.cuts, task.segments) if task.join is not None else None
-    return ShardOrder(uri=task.uri, channel=deal.channel, shard=task.shard,
-                      digests=tuple(rows_digest(table.slice(a, b - a)) for a, b in pairwise(task.cuts)),
-                      segments=task.segments, classes=_label_counts(table),
-                      named=_named_rows(deal, rows) if task.report else None, staged=staged)
+    return ShardOrder(
+        uri=task.uri,
+        channel=deal.channel,
+        shard=task.shard,
+        digests=tuple(rows_digest(table.slice(a, b - a)) for a, b in pairwise(task.cuts)),
+        segments=task.segments,
+        classes=_label_counts(table),
+        named=_named_rows(deal, rows) if task.report else None,
+        staged=staged,
+    )
 
 
 def _named_rows(deal: Deal, rows: pa.Table) -> dict[int, NamedRow]:
     """The key and URI of the deal's dropped and padded rows among ``rows``, by slot."""
     named = set(deal.dropped) | set(deal.padded)
     hit = rows.filter(pc.is_in(rows["slot"], pa.array(sorted(named), pa.int64())))
-    return {int(g): NamedRow(k, u) for g, k, u in zip(hit["slot"].to_pylist(), hit["key"].to_pylist(),
-                                                      hit["uri"].to_pylist(), strict=True)}
+    return {
+        int(g): NamedRow(k, u)
+        for g, k, u in zip(
+            hit["slot"].to_pylist(), hit["key"].to_pylist(), hit["uri"].to_pylist(), strict=True
+        )
+    }
 
 
 def _label_counts(table: pa.Table) -> dict[int, int]:
@@ -230,8 +273,9 @@ def slot_tasks(channels: list[Channel], *, root: str, staging: str, cores: int) 
         groups = pack(list(channel.classes), [c.rows for c in channel.classes], wanted)
         for i, group in enumerate(sorted(groups, key=lambda g: min(c.index for c in g))):
             uri = work_uri(staging, "slots", channel_dirname(channel.name), f"part-{i:05d}.parquet")
-            tasks.append(SlotTask(root=root, deal=deal, classes=tuple(sorted(group, key=lambda c: c.index)),
-                                  uri=uri))
+            tasks.append(
+                SlotTask(root=root, deal=deal, classes=tuple(sorted(group, key=lambda c: c.index)), uri=uri)
+            )
     return tasks
 
 
@@ -245,8 +289,9 @@ class ShardsToOrder:
     slot_parts: tuple[str, ...]
 
 
-def order_tasks(staging: str, plan: str, wanted: list[ShardsToOrder], *, segment_rows: int,
-                join: JoinFolder | None = None) -> list[OrderTask]:
+def order_tasks(
+    staging: str, plan: str, wanted: list[ShardsToOrder], *, segment_rows: int, join: JoinFolder | None = None
+) -> list[OrderTask]:
     """The order tasks that write the order files ``wanted`` of plan ``plan``, each shard cut
     into segments (:func:`~jobs.shard_steps.segments.segment_cuts`), the segments numbered
     across the pass; the first shard of each channel reports its channel's dropped and padded
@@ -258,9 +303,18 @@ def order_tasks(staging: str, plan: str, wanted: list[ShardsToOrder], *, segment
             rows = len(deal.dropped) if shard == DROPPED_ROWS_SHARD else deal.rows_per_shard
             cuts = (0, rows) if shard == DROPPED_ROWS_SHARD else segment_cuts(rows, segment_rows)
             first = tasks[-1].segments[-1] + 1 if tasks else 0
-            tasks.append(OrderTask(deal=deal, shard=shard, parts=shards.slot_parts, cuts=cuts, report=k == 0,
-                                   uri=order_uri(staging, plan, deal.channel, shard), join=join,
-                                   segments=tuple(range(first, first + len(cuts) - 1))))
+            tasks.append(
+                OrderTask(
+                    deal=deal,
+                    shard=shard,
+                    parts=shards.slot_parts,
+                    cuts=cuts,
+                    report=k == 0,
+                    uri=order_uri(staging, plan, deal.channel, shard),
+                    join=join,
+                    segments=tuple(range(first, first + len(cuts) - 1)),
+                )
+            )
     return tasks
 
 

@@ -61,8 +61,15 @@ log = logging.getLogger(__name__)
 #: ``last_modified`` are what the manifest recorded of the object (null: not checked); an object
 #: that is no longer that one is rejected (:func:`jobs.shard_steps.as_listed.read_as_listed`).
 SEGMENT_SCHEMA = pa.schema(
-    [("uri", pa.string()), ("key", pa.string()), ("label_index", pa.int64()), ("is_pad", pa.bool_()),
-     ("size", pa.int64()), ("etag", pa.string()), ("last_modified", pa.timestamp("us", tz="UTC"))]
+    [
+        ("uri", pa.string()),
+        ("key", pa.string()),
+        ("label_index", pa.int64()),
+        ("is_pad", pa.bool_()),
+        ("size", pa.int64()),
+        ("etag", pa.string()),
+        ("last_modified", pa.timestamp("us", tz="UTC")),
+    ]
 )
 
 #: Where preprocessing wrote each row of a segment (the *outcomes* file, read by the assembly
@@ -155,7 +162,8 @@ def read_where(files: Sequence[str], column: str, value: int, columns: list[str]
     whose statistics hold it are read (files written a row group per value, :mod:`jobs.shard_steps.reuse`)."""
     fs, _ = storage.filesystem(files[0])
     return ds.dataset([storage.filesystem(f)[1] for f in files], filesystem=fs, format="parquet").to_table(
-        columns=columns, filter=pc.field(column) == value)
+        columns=columns, filter=pc.field(column) == value
+    )
 
 
 def reused_rows(task: SegmentTask) -> dict[int, EncodedImage]:
@@ -164,9 +172,16 @@ def reused_rows(task: SegmentTask) -> dict[int, EncodedImage]:
     if not task.base_runs:
         return {}
     got = read_where(task.base_runs, "segment", task.reuse_id, ["pos", "image", "height", "width"])
-    return {int(p): EncodedImage(i, int(h), int(w)) for p, i, h, w in zip(
-        got["pos"].to_pylist(), got["image"].to_pylist(), got["height"].to_pylist(), got["width"].to_pylist(),
-        strict=True)}
+    return {
+        int(p): EncodedImage(i, int(h), int(w))
+        for p, i, h, w in zip(
+            got["pos"].to_pylist(),
+            got["image"].to_pylist(),
+            got["height"].to_pylist(),
+            got["width"].to_pylist(),
+            strict=True,
+        )
+    }
 
 
 def rows_digest(rows: pa.Table) -> str:
@@ -188,7 +203,9 @@ def _preprocessed(data: bytes | str | EncodedImage, spec: ImageSpec) -> EncodedI
         return exc.reason
 
 
-def _ahead(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any], depth: int) -> Iterator[Future]:
+def _ahead(
+    pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any], depth: int
+) -> Iterator[Future]:
     """Futures of ``fn(item)`` on ``pool``, in the order of ``items``, never more than ``depth``
     submitted beyond the one the caller is at."""
     items = iter(items)
@@ -208,8 +225,9 @@ def readers(threads: int | None, uris: list[str]) -> int:
     return 0 if all(u.startswith("file://") for u in uris) else _S3_READERS
 
 
-def _preprocessed_chunks(task: SegmentTask, rows: pa.Table,
-                         reused: Mapping[int, EncodedImage]) -> Iterator[tuple[pa.Table, list[Any]]]:
+def _preprocessed_chunks(
+    task: SegmentTask, rows: pa.Table, reused: Mapping[int, EncodedImage]
+) -> Iterator[tuple[pa.Table, list[Any]]]:
     """The segment's rows with their outcomes (an :class:`EncodedImage` or a reason), chunk by chunk, in
     order: read ahead on :func:`readers` threads (or by the decoder as it goes, if none), then
     preprocessed on ``task.decode_threads`` threads (on the task's own thread when that is one).
@@ -222,9 +240,12 @@ def _preprocessed_chunks(task: SegmentTask, rows: pa.Table,
 
     def read(start: int) -> list[bytes | str | EncodedImage]:
         stop = min(start + _READ_ROWS, len(uris))
-        return [reused[i] if i in reused else
-                read_as_listed(uris[i], size=sizes[i], etag=etags[i], modified=modified[i])
-                for i in range(start, stop)]
+        return [
+            reused[i]
+            if i in reused
+            else read_as_listed(uris[i], size=sizes[i], etag=etags[i], modified=modified[i])
+            for i in range(start, stop)
+        ]
 
     def preprocess_all(reads: list[Callable[[], list[bytes | str | EncodedImage]]]) -> list[Any]:
         return [_preprocessed(data, task.spec) for get in reads for data in get()]
@@ -241,7 +262,9 @@ def _preprocessed_chunks(task: SegmentTask, rows: pa.Table,
                 yield rows.slice(start, _CHUNK_ROWS), preprocess_all(chunk)
             return
         cpu = stack.enter_context(ThreadPoolExecutor(task.decode_threads, thread_name_prefix="preprocess"))
-        for start, done in zip(starts, _ahead(cpu, preprocess_all, chunks, depth=task.decode_threads), strict=True):
+        for start, done in zip(
+            starts, _ahead(cpu, preprocess_all, chunks, depth=task.decode_threads), strict=True
+        ):
             yield rows.slice(start, _CHUNK_ROWS), done.result()
 
 
@@ -277,35 +300,63 @@ def preprocess_segment(task: SegmentTask) -> SegmentResult:
             if not images:
                 continue
             chunk = chunk.filter(pa.array(keep))
-            writer.write(pa.table({
-                "image": pa.array([o[0] for o in images], pa.binary()),
-                "label": chunk["label_index"],
-                "uri": chunk["uri"],
-                "key": chunk["key"],
-                "height": pa.array([o[1] for o in images], pa.int32()),
-                "width": pa.array([o[2] for o in images], pa.int32()),
-                "is_pad": chunk["is_pad"],
-            }, schema=SHARD_SCHEMA))
+            writer.write(
+                pa.table(
+                    {
+                        "image": pa.array([o[0] for o in images], pa.binary()),
+                        "label": chunk["label_index"],
+                        "uri": chunk["uri"],
+                        "key": chunk["key"],
+                        "height": pa.array([o[1] for o in images], pa.int32()),
+                        "width": pa.array([o[2] for o in images], pa.int32()),
+                        "is_pad": chunk["is_pad"],
+                    },
+                    schema=SHARD_SCHEMA,
+                )
+            )
     bad = [i for i, why in enumerate(reasons) if why is not None]
     rejects = rows.take(pa.array(bad, pa.int64()))
 
     def column(name: str, kind: pa.DataType) -> pa.Array:
         return rejects[name].cast(kind) if name in rejects.column_names else pa.nulls(len(bad), kind)
 
-    rejects = pa.table({"uri": rejects["uri"], "key": rejects["key"], "label": column("label", pa.string()),
-                        "channel": pa.array([task.metadata.get("channel")] * len(bad), pa.string()),
-                        "reason": pa.array([reasons[i] for i in bad], pa.string()),
-                        "slot": column("slot", pa.int64()), "is_pad": rejects["is_pad"]}, schema=REJECT_SCHEMA)
-    result = SegmentResult(uri=task.uri, stats=writer.stats, rows=rows.num_rows, reused=len(reused),
-                           rejects=rejects, digest=rows_digest(rows))
+    rejects = pa.table(
+        {
+            "uri": rejects["uri"],
+            "key": rejects["key"],
+            "label": column("label", pa.string()),
+            "channel": pa.array([task.metadata.get("channel")] * len(bad), pa.string()),
+            "reason": pa.array([reasons[i] for i in bad], pa.string()),
+            "slot": column("slot", pa.int64()),
+            "is_pad": rejects["is_pad"],
+        },
+        schema=REJECT_SCHEMA,
+    )
+    result = SegmentResult(
+        uri=task.uri,
+        stats=writer.stats,
+        rows=rows.num_rows,
+        reused=len(reused),
+        rejects=rejects,
+        digest=rows_digest(rows),
+    )
     if task.outcomes is not None:
-        write_table(task.outcomes, pa.table({"uri": rows["uri"], "row": pa.array(outcome_rows, pa.int64())},
-                                            schema=OUTCOME_SCHEMA))
+        write_table(
+            task.outcomes,
+            pa.table({"uri": rows["uri"], "row": pa.array(outcome_rows, pa.int64())}, schema=OUTCOME_SCHEMA),
+        )
     if task.receipt is not None:  # after the file (and its outcomes) is complete: a receipt vouches for it
-        write_table(task.receipt, rejects, metadata={
-            b"lakeshard.uri": result.uri.encode(), b"lakeshard.stats": json.dumps(result.stats).encode(),
-            b"lakeshard.rows": str(result.rows).encode(), b"lakeshard.reused": str(result.reused).encode(),
-            b"lakeshard.digest": result.digest.encode()})
+        write_table(
+            task.receipt,
+            rejects,
+            metadata={
+                b"lakeshard.uri": result.uri.encode(),
+                b"lakeshard.stats": json.dumps(result.stats).encode(),
+                b"lakeshard.rows": str(result.rows).encode(),
+                b"lakeshard.reused": str(result.reused).encode(),
+                b"lakeshard.digest": result.digest.encode(),
+            },
+        )
     return result
 
 
@@ -314,16 +365,22 @@ def read_receipt(data: bytes) -> SegmentResult:
     its rejects, the rest in the file's metadata)."""
     table = pq.read_table(pa.BufferReader(data))
     meta = table.schema.metadata
-    return SegmentResult(uri=meta[b"lakeshard.uri"].decode(), stats=json.loads(meta[b"lakeshard.stats"]),
-                         rows=int(meta[b"lakeshard.rows"]), reused=int(meta.get(b"lakeshard.reused", b"0")),
-                         rejects=table.replace_schema_metadata(None).cast(REJECT_SCHEMA),
-                         digest=meta[b"lakeshard.digest"].decode())
+    return SegmentResult(
+        uri=meta[b"lakeshard.uri"].decode(),
+        stats=json.loads(meta[b"lakeshard.stats"]),
+        rows=int(meta[b"lakeshard.rows"]),
+        reused=int(meta.get(b"lakeshard.reused", b"0")),
+        rejects=table.replace_schema_metadata(None).cast(REJECT_SCHEMA),
+        digest=meta[b"lakeshard.digest"].decode(),
+    )
 
 
 def unique_rejects(rejects: pa.Table) -> pa.Table:
     """One row per rejected manifest row (a row and its pad copies may all have failed), sorted
     by key; a row's own failure comes before its copies'."""
-    rejects = rejects.take(pc.sort_indices(rejects, sort_keys=[("key", "ascending"), ("is_pad", "ascending")]))
+    rejects = rejects.take(
+        pc.sort_indices(rejects, sort_keys=[("key", "ascending"), ("is_pad", "ascending")])
+    )
     keys = rejects["key"].to_pylist()
     first = [i for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
     return rejects.take(pa.array(first, pa.int64()))

@@ -20,17 +20,29 @@ from jobs.shard_steps.preprocess import SegmentTask
 from jobs.shard_steps.staging import assembled_shard, staged_shard
 from lakeshard.errors import RejectFractionError
 
-__all__ = ["RepairedChannel", "changed_shards", "check_reject_budget", "moved_from", "outcome_sources",
-           "repair_tasks", "repaired_channel", "segments_by_shard", "shards_to_assemble"]
+__all__ = [
+    "RepairedChannel",
+    "changed_shards",
+    "check_reject_budget",
+    "moved_from",
+    "outcome_sources",
+    "repair_tasks",
+    "repaired_channel",
+    "segments_by_shard",
+    "shards_to_assemble",
+]
 
 
 def check_reject_budget(rejects: pa.Table, total: int, *, max_fraction: float, root: str) -> None:
     """Raise :class:`RejectFractionError` if more than ``max_fraction`` of ``total`` rows were rejected."""
     if rejects.num_rows > max_fraction * max(1, total):
-        sample = "; ".join(f"{u}: {r}" for u, r in zip(rejects["uri"].to_pylist()[:5], rejects["reason"].to_pylist()[:5]))
+        sample = "; ".join(
+            f"{u}: {r}" for u, r in zip(rejects["uri"].to_pylist()[:5], rejects["reason"].to_pylist()[:5])
+        )
         raise RejectFractionError(
             f"{rejects.num_rows} of {total} images in {root} could not be used "
-            f"(> max_reject_fraction={max_fraction:g}); first: {sample}")
+            f"(> max_reject_fraction={max_fraction:g}); first: {sample}"
+        )
 
 
 def changed_shards(first: Deal, final: Deal, *, written: set[int]) -> set[int]:
@@ -52,8 +64,11 @@ def moved_from(first: Deal, final: Deal, shard: int) -> set[int]:
     """The shards of the first plan (:data:`~jobs.shard_steps.deal.DROPPED_ROWS_SHARD`: its
     dropped rows) that hold rows the final plan puts in ``shard``, other than ``shard`` itself:
     where an assembly of ``shard`` looks for its rows."""
-    came = {first.shard_of(g) for g in set(first.moved) | set(final.moved)
-            if final.shard_of(g) == shard and first.shard_of(g) != shard}
+    came = {
+        first.shard_of(g)
+        for g in set(first.moved) | set(final.moved)
+        if final.shard_of(g) == shard and first.shard_of(g) != shard
+    }
     came |= {first.shard_of(g) for g, s, _ in final.pads if s == shard}
     return came - {shard}
 
@@ -72,16 +87,20 @@ def segments_by_shard(tasks: list[SegmentTask], channel: str) -> dict[int, list[
     return by_shard
 
 
-def shards_to_assemble(planned: PlannedChannel, final: Deal, failed: pa.Table, tasks: list[SegmentTask], *,
-                       num_shards: int) -> tuple[int, ...]:
+def shards_to_assemble(
+    planned: PlannedChannel, final: Deal, failed: pa.Table, tasks: list[SegmentTask], *, num_shards: int
+) -> tuple[int, ...]:
     """The shards of a channel assembled from preprocessed rows: those its rejects changed
     (``failed``: every segment's rejects, a row's pad copies' included), and those preprocessed
     in segments (``tasks``: every segment's task)."""
     first = planned.channel.first
     mine = failed.filter(pc.equal(failed["channel"], first.channel))
     whole = set(mine.filter(pc.invert(mine["is_pad"]))["slot"].to_pylist())
-    changed = changed_shards(first, final, written=set(mine["slot"].to_pylist()) - whole) \
-        if final is not first else set()
+    changed = (
+        changed_shards(first, final, written=set(mine["slot"].to_pylist()) - whole)
+        if final is not first
+        else set()
+    )
     segments = segments_by_shard(tasks, first.channel)
     return tuple(sorted(changed | {s for s in range(num_shards) if len(segments[s]) > 1}))
 
@@ -114,8 +133,15 @@ class RepairedChannel:
         return tuple(self.named[g].uri for g in sorted(slots, key=lambda g: self.named[g]))
 
 
-def repaired_channel(planned: PlannedChannel, final: Deal, shards: tuple[int, ...], redone: OrderPass, *,
-                     staging: str, rejected: int) -> RepairedChannel:
+def repaired_channel(
+    planned: PlannedChannel,
+    final: Deal,
+    shards: tuple[int, ...],
+    redone: OrderPass,
+    *,
+    staging: str,
+    rejected: int,
+) -> RepairedChannel:
     """The channel with its ``final`` plan and the ``shards`` to assemble, each following its
     order file in the final plan (``redone``, the pass that wrote them) if rejects changed the
     plan, else in the first."""
@@ -125,13 +151,21 @@ def repaired_channel(planned: PlannedChannel, final: Deal, shards: tuple[int, ..
         orders = redone.of(name)
         named.update(orders[shards[0]].named or {})
     return RepairedChannel(
-        planned=planned, final=final, assemble={s: orders[s] for s in shards}, named=named, rejected=rejected,
-        files={s: assembled_shard(staging, name, s, n) if s in shards else staged_shard(staging, name, s, n)
-               for s in range(n)})
+        planned=planned,
+        final=final,
+        assemble={s: orders[s] for s in shards},
+        named=named,
+        rejected=rejected,
+        files={
+            s: assembled_shard(staging, name, s, n) if s in shards else staged_shard(staging, name, s, n)
+            for s in range(n)
+        },
+    )
 
 
-def repair_tasks(channel: RepairedChannel, tasks: list[SegmentTask], *, metadata: Mapping[str, Any],
-                 row_group_bytes: int) -> list[RepairTask]:
+def repair_tasks(
+    channel: RepairedChannel, tasks: list[SegmentTask], *, metadata: Mapping[str, Any], row_group_bytes: int
+) -> list[RepairTask]:
     """The assembly of each shard of ``channel`` that needs one, from the segments (``tasks``)
     that wrote its rows: its own, and those of the shards rows moved in from. ``metadata``:
     every shard's footer, less its channel and index."""
@@ -139,9 +173,14 @@ def repair_tasks(channel: RepairedChannel, tasks: list[SegmentTask], *, metadata
     repairs = []
     for s, order in channel.assemble.items():
         moved = moved_from(channel.planned.channel.first, channel.final, s) if channel.replanned else set()
-        repairs.append(RepairTask(
-            uri=channel.files[s], order=order.uri, own=outcome_sources(segments[s]),
-            others=outcome_sources([t for k in sorted(moved) for t in segments.get(k, [])]),
-            metadata={**metadata, "channel": channel.name, "shard_index": s},
-            row_group_bytes=row_group_bytes))
+        repairs.append(
+            RepairTask(
+                uri=channel.files[s],
+                order=order.uri,
+                own=outcome_sources(segments[s]),
+                others=outcome_sources([t for k in sorted(moved) for t in segments.get(k, [])]),
+                metadata={**metadata, "channel": channel.name, "shard_index": s},
+                row_group_bytes=row_group_bytes,
+            )
+        )
     return repairs

@@ -92,16 +92,22 @@ def render_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, m
 # -- sections ----------------------------------------------------------------------------------------
 def _summary(info: DatasetInfo, channels: list[str]) -> str:
     counts = info.counts
-    rows: list[tuple[Any, ...]] = [("objects listed in the lake", counts.listed),
-                                   ("rejected by the manifest job", counts.manifest_rejects),
-                                   ("rejected by the shard job", counts.shard_rejects),
-                                   ("dropped by the remainder policy", counts.dropped),
-                                   ("padding rows added", counts.padded)]
-    rows += [(f"rows in {c} ({info.num_shards} shards × {info.channels[c].rows_per_shard})", info.channels[c].rows)
-             for c in channels]
+    rows: list[tuple[Any, ...]] = [
+        ("objects listed in the lake", counts.listed),
+        ("rejected by the manifest job", counts.manifest_rejects),
+        ("rejected by the shard job", counts.shard_rejects),
+        ("dropped by the remainder policy", counts.dropped),
+        ("padding rows added", counts.padded),
+    ]
+    rows += [
+        (f"rows in {c} ({info.num_shards} shards × {info.channels[c].rows_per_shard})", info.channels[c].rows)
+        for c in channels
+    ]
     image = info.image
-    facts = (f"{info.num_classes} classes · images {image.size}×{image.size} {image.format} "
-             f"(resize {image.resize}) · remainder policy <b>{_e(info.remainder)}</b>")
+    facts = (
+        f"{info.num_classes} classes · images {image.size}×{image.size} {image.format} "
+        f"(resize {image.resize}) · remainder policy <b>{_e(info.remainder)}</b>"
+    )
     return _section("Counts", f"<p>{facts}</p>" + _table(["", "count"], rows))
 
 
@@ -114,11 +120,19 @@ def _splits(info: DatasetInfo, channels: list[str]) -> str:
         want = asked.get(c)
         rows.append((c, f"{want:.3f}" if want is not None else "–", f"{got:.3f}", info.channels[c].rows))
         bars.append((c, [want or 0.0, got]))
-    chart = _bar_chart(bars, series=["asked", "achieved"], title="fraction of rows per channel", fmt="{:.3f}",
-                       horizontal=True)
-    return _section("Splits: asked vs achieved",
-                    _table(["channel", "asked", "achieved", "rows"], rows) + chart
-                    + f"<p class='muted'>split method {_e(info.inputs.split_method)}</p>")
+    chart = _bar_chart(
+        bars,
+        series=["asked", "achieved"],
+        title="fraction of rows per channel",
+        fmt="{:.3f}",
+        horizontal=True,
+    )
+    return _section(
+        "Splits: asked vs achieved",
+        _table(["channel", "asked", "achieved", "rows"], rows)
+        + chart
+        + f"<p class='muted'>split method {_e(info.inputs.split_method)}</p>",
+    )
 
 
 def _class_counts(info: DatasetInfo, channels: list[str], labels: list[str]) -> str:
@@ -133,8 +147,12 @@ def _rejects(manifest_rejects: list[dict[str, Any]], shard_rejects: list[dict[st
     if not everything:
         return _section("Rejects", "<p>No object was rejected.</p>")
     by_reason = Counter(f"{stage}: {_reason_kind(r.get('reason'))}" for stage, r in everything)
-    chart = _bar_chart([(k, [v]) for k, v in by_reason.most_common()], series=["objects"],
-                       title="rejected objects by reason", horizontal=True)
+    chart = _bar_chart(
+        [(k, [v]) for k, v in by_reason.most_common()],
+        series=["objects"],
+        title="rejected objects by reason",
+        horizontal=True,
+    )
     rows = [(stage, r.get("key") or "", r.get("reason") or "") for stage, r in everything[:_MAX_REJECT_ROWS]]
     more = len(everything) - len(rows)
     note = f"<p class='muted'>… and {more} more (see the rejects tables)</p>" if more > 0 else ""
@@ -150,20 +168,27 @@ def _lake(marker: dict[str, Any]) -> str:
     if skipped:
         rows = list(marker.get("skipped_by_reason", {}).items())
         examples = ", ".join(f"<code>{_e(k)}</code>" for k in list(marker.get("skipped_examples", {}))[:5])
-        parts.append(f"<p>{skipped} objects skipped, not rejected (hidden files, --exclude): e.g. {examples}</p>"
-                     + _table(["why", "objects"], rows))
+        parts.append(
+            f"<p>{skipped} objects skipped, not rejected (hidden files, --exclude): e.g. {examples}</p>"
+            + _table(["why", "objects"], rows)
+        )
     else:
         parts.append("<p>No object was skipped.</p>")
     if dups.get("groups"):
         leak = dups.get("across_channels", 0)
-        warn = (f"<p class='warn'><b>Leakage:</b> {leak} set(s) of identical images span channels: the same image is "
-                "trained on and evaluated. Rebuild the manifest with <code>--dedupe</code> to keep one copy.</p>"
-                if leak else "")
+        warn = (
+            f"<p class='warn'><b>Leakage:</b> {leak} set(s) of identical images span channels: the same image is "
+            "trained on and evaluated. Rebuild the manifest with <code>--dedupe</code> to keep one copy.</p>"
+            if leak
+            else ""
+        )
         removed = f" {dups['removed']} copies were removed by --dedupe." if dups.get("removed") else ""
         rows = [(", ".join(f"{k} ({c})" for k, c in group.items()),) for group in dups.get("examples", [])]
-        parts.append(warn + f"<p>{dups['objects']} objects in {dups['groups']} sets of identical content "
-                     f"({dups.get('across_labels', 0)} set(s) under different labels).{removed}</p>"
-                     + _table(["identical objects (channel)"], rows))
+        parts.append(
+            warn + f"<p>{dups['objects']} objects in {dups['groups']} sets of identical content "
+            f"({dups.get('across_labels', 0)} set(s) under different labels).{removed}</p>"
+            + _table(["identical objects (channel)"], rows)
+        )
     else:
         parts.append("<p>No two accepted objects have the same content.</p>")
     return _section("The lake: skipped objects and duplicates", "".join(parts) + _labels_table(marker))
@@ -180,18 +205,33 @@ def _incremental(marker: dict[str, Any], info: DatasetInfo) -> str:
     if base:
         left = ", ".join(f"<code>{_e(k)}</code>" for k in base.get("left_examples", [])[:5])
         moved = ", ".join(f"<code>{_e(k)}</code>" for k in base.get("moved_examples", [])[:5])
-        parts.append(_table(["manifest job: --base " + str(base.get("root", "")), "objects"], [
-            ("unchanged (same size and ETag)", base.get("unchanged", 0)), ("of which not read again", base.get("reused", 0)),
-            ("new", base.get("new", 0)), ("changed", base.get("changed", 0)),
-            ("left the lake", base.get("left", 0)), ("moved to another channel", base.get("moved", 0)),
-        ]))  # fmt: skip
+        parts.append(
+            _table(
+                ["manifest job: --base " + str(base.get("root", "")), "objects"],
+                [
+                    ("unchanged (same size and ETag)", base.get("unchanged", 0)),
+                    ("of which not read again", base.get("reused", 0)),
+                    ("new", base.get("new", 0)),
+                    ("changed", base.get("changed", 0)),
+                    ("left the lake", base.get("left", 0)),
+                    ("moved to another channel", base.get("moved", 0)),
+                ],
+            )
+        )
         if left:
             parts.append(f"<p>Left the lake, e.g. {left}</p>")
         if moved:
             parts.append(f"<p>Moved to another channel, e.g. {moved}</p>")
     if build.base is not None:
-        parts.append(_table([f"shard job: --base {build.base.root} (version {build.base.dataset_version})", "images"],
-                            [("reused from the base's shards", build.reused), ("fetched and decoded", build.preprocessed)]))
+        parts.append(
+            _table(
+                [f"shard job: --base {build.base.root} (version {build.base.dataset_version})", "images"],
+                [
+                    ("reused from the base's shards", build.reused),
+                    ("fetched and decoded", build.preprocessed),
+                ],
+            )
+        )
     return _section("Incremental build", "".join(parts))
 
 
@@ -203,12 +243,17 @@ def _labels_table(marker: dict[str, Any]) -> str:
         return ""
     missing = table.get("not_in_lake", 0)
     examples = ", ".join(f"<code>{_e(k)}</code>" for k in table.get("not_in_lake_examples", []))
-    rows = [("rows in the table", table.get("rows", 0)),
-            ("objects without a label row (rejected: no label)", table.get("unlabelled", 0)),
-            ("objects pinned to a channel", table.get("pinned", 0)),
-            ("label rows naming no object of the lake", missing)]
-    note = (f"<p class='warn'>{missing} label row(s) name no object under the input (e.g. {examples}).</p>"
-            if missing else "")
+    rows = [
+        ("rows in the table", table.get("rows", 0)),
+        ("objects without a label row (rejected: no label)", table.get("unlabelled", 0)),
+        ("objects pinned to a channel", table.get("pinned", 0)),
+        ("label rows naming no object of the lake", missing),
+    ]
+    note = (
+        f"<p class='warn'>{missing} label row(s) name no object under the input (e.g. {examples}).</p>"
+        if missing
+        else ""
+    )
     return f"<h3>Labels from <code>{_e(table.get('uri'))}</code></h3>" + note + _table(["", "count"], rows)
 
 
@@ -228,16 +273,19 @@ def _shard_balance(info: DatasetInfo, channels: list[str], labels: list[str]) ->
         spread = {name: _spread([s.class_counts.get(name, 0) for s in shards]) for name in labels}
         worst = max(spread.values(), default=0)
         rows = [(s.path, s.rows, _bytes(s.bytes), s.row_groups, s.sha256[:12]) for s in shards]
-        parts.append(f"<h3>{_e(c)}</h3><p>rows per shard: {sorted({s.rows for s in shards})}; largest per-class "
-                     f"difference across shards: <b>{worst}</b> (the shard job keeps it ≤ 1)</p>"
-                     + _table(["shard", "rows", "size", "row groups", "sha256"], rows))
+        parts.append(
+            f"<h3>{_e(c)}</h3><p>rows per shard: {sorted({s.rows for s in shards})}; largest per-class "
+            f"difference across shards: <b>{worst}</b> (the shard job keeps it ≤ 1)</p>"
+            + _table(["shard", "rows", "size", "row groups", "sha256"], rows)
+        )
         bars += [(f"{c} {i}", [s.rows]) for i, s in enumerate(shards)]
     chart = _bar_chart(bars, series=["rows"], title="rows per shard", horizontal=True)
     return _section("Shard balance", chart + "".join(parts))
 
 
-def _samples(root: str, info: DatasetInfo, channels: list[str], labels: list[str], *, per_class: int,
-             max_classes: int) -> str:
+def _samples(
+    root: str, info: DatasetInfo, channels: list[str], labels: list[str], *, per_class: int, max_classes: int
+) -> str:
     """Up to ``per_class`` thumbnails of each shown class, from at most
     :data:`_SAMPLE_ROW_GROUPS` row groups of the channel's shards, whatever the dataset's size:
     a class too rare to fill its row (or absent from them) shows fewer."""
@@ -264,24 +312,41 @@ def _samples(root: str, info: DatasetInfo, channels: list[str], labels: list[str
     for index, name in want.items():
         imgs = "".join(f"<img class='thumb' alt='{_e(name)}' src='{_data_uri(b)}'>" for b in found[index])
         rows.append(f"<tr><th>{_e(name)}</th><td>{imgs or '<span class=muted>none</span>'}</td></tr>")
-    note = f"<p class='muted'>first {len(shown)} of {len(labels)} classes</p>" if len(shown) < len(labels) else ""
-    return _section(f"Samples ({channel}, as the loader reads them)",
-                    f"<table class='samples'>{''.join(rows)}</table>{note}")
+    note = (
+        f"<p class='muted'>first {len(shown)} of {len(labels)} classes</p>"
+        if len(shown) < len(labels)
+        else ""
+    )
+    return _section(
+        f"Samples ({channel}, as the loader reads them)",
+        f"<table class='samples'>{''.join(rows)}</table>{note}",
+    )
 
 
 def _lineage(info: DatasetInfo) -> str:
     inputs, build = info.inputs, info.build
     image = dataclasses.asdict(info.image)
     rows: list[tuple[Any, ...]] = [
-        ("dataset version", info.dataset_version), ("format version", info.format_version),
-        ("lake", inputs.lake), ("manifest fingerprint", inputs.manifest_fingerprint),
-        ("manifest seed", inputs.manifest_seed), ("shard seed", info.seed),
+        ("dataset version", info.dataset_version),
+        ("format version", info.format_version),
+        ("lake", inputs.lake),
+        ("manifest fingerprint", inputs.manifest_fingerprint),
+        ("manifest seed", inputs.manifest_seed),
+        ("shard seed", info.seed),
         ("split", ", ".join(f"{k}={v}" for k, v in sorted(inputs.split.items()))),
         ("image", ", ".join(f"{k}={v}" for k, v in sorted(image.items()))),
-        ("row group bytes", _bytes(info.row_group_bytes)), ("engine", info.engine),
-        ("build", f"{build.preprocessed} images decoded in {build.preprocess_tasks} tasks; "
-                  + (f"{build.reused_segments} segments reused from an interrupted run; " if build.reused_segments else "")
-                  + f"{build.assembled_shards} shard files assembled afterwards"),
+        ("row group bytes", _bytes(info.row_group_bytes)),
+        ("engine", info.engine),
+        (
+            "build",
+            f"{build.preprocessed} images decoded in {build.preprocess_tasks} tasks; "
+            + (
+                f"{build.reused_segments} segments reused from an interrupted run; "
+                if build.reused_segments
+                else ""
+            )
+            + f"{build.assembled_shards} shard files assembled afterwards",
+        ),
     ]
     rows += [(f"version of {k}", v) for k, v in sorted(info.versions.items())]
     return _section("Lineage", _table(["", ""], rows))
@@ -333,16 +398,28 @@ def _table(header: list[str], rows: list[tuple[Any, ...]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _bar_chart(groups: list[tuple[str, list[float]]], *, series: list[str], title: str, fmt: str = "{:g}",
-               horizontal: bool = False) -> str:
+def _bar_chart(
+    groups: list[tuple[str, list[float]]],
+    *,
+    series: list[str],
+    title: str,
+    fmt: str = "{:g}",
+    horizontal: bool = False,
+) -> str:
     """Grouped bars as inline SVG: one group per ``(name, values)``, one bar per series."""
     if not groups:
         return ""
     top = max((v for _, values in groups for v in values), default=0) or 1
     k = len(series)
-    legend = "".join(
-        f"<rect x='{10 + 110 * i}' y='8' width='12' height='12' fill='{_PALETTE[i % len(_PALETTE)]}'/>"
-        f"<text x='{26 + 110 * i}' y='19'>{_e(s)}</text>" for i, s in enumerate(series)) if k > 1 else ""
+    legend = (
+        "".join(
+            f"<rect x='{10 + 110 * i}' y='8' width='12' height='12' fill='{_PALETTE[i % len(_PALETTE)]}'/>"
+            f"<text x='{26 + 110 * i}' y='19'>{_e(s)}</text>"
+            for i, s in enumerate(series)
+        )
+        if k > 1
+        else ""
+    )
     shapes = []
     if horizontal:
         bar, label_w, plot_w = 16, 200, 520
@@ -350,12 +427,16 @@ def _bar_chart(groups: list[tuple[str, list[float]]], *, series: list[str], titl
         shapes.append(f"<line x1='{label_w}' y1='26' x2='{label_w}' y2='{height - 4}' stroke='#888'/>")
         for gi, (name, values) in enumerate(groups):
             y0 = 30 + gi * (k * bar + 8)
-            shapes.append(f"<text x='{label_w - 6}' y='{y0 + k * bar / 2 + 4}' text-anchor='end'>{_e(name[:40])}</text>")
+            shapes.append(
+                f"<text x='{label_w - 6}' y='{y0 + k * bar / 2 + 4}' text-anchor='end'>{_e(name[:40])}</text>"
+            )
             for si, v in enumerate(values):
                 w = plot_w * v / top
-                shapes.append(f"<rect x='{label_w}' y='{y0 + si * bar}' width='{w:.1f}' height='{bar - 2}' "
-                              f"fill='{_PALETTE[si % len(_PALETTE)]}'><title>{_e(name)}: {fmt.format(v)}</title></rect>"
-                              f"<text x='{label_w + w + 4:.1f}' y='{y0 + si * bar + bar - 5}'>{fmt.format(v)}</text>")
+                shapes.append(
+                    f"<rect x='{label_w}' y='{y0 + si * bar}' width='{w:.1f}' height='{bar - 2}' "
+                    f"fill='{_PALETTE[si % len(_PALETTE)]}'><title>{_e(name)}: {fmt.format(v)}</title></rect>"
+                    f"<text x='{label_w + w + 4:.1f}' y='{y0 + si * bar + bar - 5}'>{fmt.format(v)}</text>"
+                )
     else:
         bar = max(4, min(28, 900 // max(1, len(groups) * k)))
         group_w = k * bar + 10
@@ -366,14 +447,20 @@ def _bar_chart(groups: list[tuple[str, list[float]]], *, series: list[str], titl
             x0 = 36 + gi * group_w
             for si, v in enumerate(values):
                 h = plot_h * v / top
-                shapes.append(f"<rect x='{x0 + si * bar}' y='{base - h:.1f}' width='{bar - 1}' height='{h:.1f}' "
-                              f"fill='{_PALETTE[si % len(_PALETTE)]}'><title>{_e(name)} {_e(series[si])}: "
-                              f"{fmt.format(v)}</title></rect>")
-            shapes.append(f"<text x='{x0 + k * bar / 2}' y='{base + 16}' text-anchor='middle'>{_e(name[:12])}</text>")
+                shapes.append(
+                    f"<rect x='{x0 + si * bar}' y='{base - h:.1f}' width='{bar - 1}' height='{h:.1f}' "
+                    f"fill='{_PALETTE[si % len(_PALETTE)]}'><title>{_e(name)} {_e(series[si])}: "
+                    f"{fmt.format(v)}</title></rect>"
+                )
+            shapes.append(
+                f"<text x='{x0 + k * bar / 2}' y='{base + 16}' text-anchor='middle'>{_e(name[:12])}</text>"
+            )
         shapes.append(f"<text x='28' y='{base - plot_h + 4}' text-anchor='end'>{fmt.format(top)}</text>")
-    return (f"<figure><svg class='chart' xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-            f"viewBox='0 0 {width} {height}' role='img' aria-label='{_e(title)}'>{legend}{''.join(shapes)}</svg>"
-            f"<figcaption>{_e(title)}</figcaption></figure>")
+    return (
+        f"<figure><svg class='chart' xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}' role='img' aria-label='{_e(title)}'>{legend}{''.join(shapes)}</svg>"
+        f"<figcaption>{_e(title)}</figcaption></figure>"
+    )
 
 
 _CSS = """

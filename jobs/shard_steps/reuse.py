@@ -58,9 +58,27 @@ from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_i
 from lakeshard.format.info import BaseRef, DatasetInfo
 from lakeshard.format.manifest_table import channel_parts, hash_bucket, read_part
 
-__all__ = ["BaseDataset", "BaseImages", "BaseShard", "JoinFolder", "JoinTask", "Matches", "ReusePlan",
-           "ScatterTask", "Scattered", "StageTask", "StagedFile", "check_base", "image_options", "join",
-           "plan_reuse", "reuse_images", "scatter", "stage", "stage_order"]
+__all__ = [
+    "BaseDataset",
+    "BaseImages",
+    "BaseShard",
+    "JoinFolder",
+    "JoinTask",
+    "Matches",
+    "ReusePlan",
+    "ScatterTask",
+    "Scattered",
+    "StageTask",
+    "StagedFile",
+    "check_base",
+    "image_options",
+    "join",
+    "plan_reuse",
+    "reuse_images",
+    "scatter",
+    "stage",
+    "stage_order",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,24 +93,52 @@ _ROWS_PER_BUCKET = 500_000
 _IMAGE_LIBRARIES = ("pillow", "numpy")
 
 
-def image_options(*, size: int, resize: str, image_format: str, quality: int, max_pixels: int,
-                  code: str | None, versions: dict[str, str]) -> dict[str, Any]:
+def image_options(
+    *,
+    size: int,
+    resize: str,
+    image_format: str,
+    quality: int,
+    max_pixels: int,
+    code: str | None,
+    versions: dict[str, str],
+) -> dict[str, Any]:
     """Everything a stored image's bytes depend on besides its object, by the name of its
     ``dataset.json`` field."""
-    return {"image.size": size, "image.resize": resize, "image.format": image_format, "image.quality": quality,
-            "image.max_pixels": max_pixels, "image.code": code,
-            **{f"versions.{name}": versions.get(name) for name in _IMAGE_LIBRARIES}}
+    return {
+        "image.size": size,
+        "image.resize": resize,
+        "image.format": image_format,
+        "image.quality": quality,
+        "image.max_pixels": max_pixels,
+        "image.code": code,
+        **{f"versions.{name}": versions.get(name) for name in _IMAGE_LIBRARIES},
+    }
 
 
 def _options_of(info: DatasetInfo) -> dict[str, Any]:
     i = info.image
-    return image_options(size=i.size, resize=i.resize, image_format=i.format, quality=i.quality,
-                         max_pixels=i.max_pixels, code=i.code, versions=info.versions)
+    return image_options(
+        size=i.size,
+        resize=i.resize,
+        image_format=i.format,
+        quality=i.quality,
+        max_pixels=i.max_pixels,
+        code=i.code,
+        versions=info.versions,
+    )
 
 
 def _options_now(cfg: ShardConfig) -> dict[str, Any]:
-    return image_options(size=cfg.image_size, resize=cfg.resize, image_format=cfg.image_format, quality=cfg.quality,
-                         max_pixels=cfg.max_image_pixels, code=image_code(), versions=library_versions())
+    return image_options(
+        size=cfg.image_size,
+        resize=cfg.resize,
+        image_format=cfg.image_format,
+        quality=cfg.quality,
+        max_pixels=cfg.max_image_pixels,
+        code=image_code(),
+        versions=library_versions(),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,36 +174,55 @@ def check_base(uri: str, cfg: ShardConfig) -> BaseDataset:
     try:
         info = read_dataset_info(root)
     except DatasetError as exc:
-        raise DatasetError(f"--base {root} is not a complete dataset, so none of its images can be reused: {exc}") from None
+        raise DatasetError(
+            f"--base {root} is not a complete dataset, so none of its images can be reused: {exc}"
+        ) from None
     then, now = _options_of(info), _options_now(cfg)
     if differ := [k for k in now if then[k] != now[k]]:
         k = differ[0]
         raise ShardError(
             f"--base {root} was built with {k} {then[k]!r}, this build has {k} {now[k]!r}"
             + (f" (and differs in {', '.join(differ[1:])})" if differ[1:] else "")
-            + (" (None: the base's dataset.json does not record it, it was built by an older lakeshard)"
-               if then[k] is None else "")
-            + ": its images are not the ones this build makes; build without --base, or with the base's options")
+            + (
+                " (None: the base's dataset.json does not record it, it was built by an older lakeshard)"
+                if then[k] is None
+                else ""
+            )
+            + ": its images are not the ones this build makes; build without --base, or with the base's options"
+        )
     marker = manifest_marker_uri(root)
     fingerprint = storage.read_json(marker).get("fingerprint") if storage.exists(marker) else None
     if fingerprint != info.inputs.manifest_fingerprint:
-        raise DatasetError(f"--base {root}: its manifest ({marker}) is not the one its shards were built from "
-                           f"(fingerprint {fingerprint!r}, dataset.json says {info.inputs.manifest_fingerprint!r}); "
-                           "the ETags of its images are unknown, so none can be reused")
-    shards = [BaseShard(uri=uri, rows=rows, sha256=entry.sha256) for c in info.channels
-              for (uri, rows), entry in zip(channel_shards(root, info, c), info.channels[c].shards, strict=True)]
+        raise DatasetError(
+            f"--base {root}: its manifest ({marker}) is not the one its shards were built from "
+            f"(fingerprint {fingerprint!r}, dataset.json says {info.inputs.manifest_fingerprint!r}); "
+            "the ETags of its images are unknown, so none can be reused"
+        )
+    shards = [
+        BaseShard(uri=uri, rows=rows, sha256=entry.sha256)
+        for c in info.channels
+        for (uri, rows), entry in zip(channel_shards(root, info, c), info.channels[c].shards, strict=True)
+    ]
     sizes = {storage.join(root, s.path): s.bytes for e in info.channels.values() for s in e.shards}
     for folder in sorted({s.uri.rsplit("/", 1)[0] for s in shards}):
         fs, path = storage.filesystem(folder)
         try:
-            found = {p.rstrip("/").rsplit("/", 1)[-1]: d["size"] for p, d in fs.find(path, detail=True).items()}
+            found = {
+                p.rstrip("/").rsplit("/", 1)[-1]: d["size"] for p, d in fs.find(path, detail=True).items()
+            }
         except FileNotFoundError:
             found = {}
         for shard in shards:
             u, name = shard.uri, shard.uri.rsplit("/", 1)[-1]
             if u.rsplit("/", 1)[0] == folder and found.get(name) != sizes[u]:
-                raise DatasetError(f"--base {root} is incomplete: its shard {u} is "
-                                   + ("missing" if name not in found else f"{found[name]} bytes, dataset.json says {sizes[u]}"))
+                raise DatasetError(
+                    f"--base {root} is incomplete: its shard {u} is "
+                    + (
+                        "missing"
+                        if name not in found
+                        else f"{found[name]} bytes, dataset.json says {sizes[u]}"
+                    )
+                )
     parts = [p for c in info.channels for p in channel_parts(root, c)]
     return BaseDataset(root=root, info=info, shards=tuple(shards), manifest_parts=tuple(parts))
 
@@ -191,9 +256,13 @@ def _write_grouped(uri: str, table: pa.Table, by: str) -> list[int]:
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     sink = pa.BufferOutputStream()
     plain = [f.name for f in table.schema if pa.types.is_binary(f.type)]
-    with pq.ParquetWriter(sink, table.schema, write_statistics=[by],
-                          compression={f.name: "NONE" if f.name in plain else "SNAPPY" for f in table.schema},
-                          use_dictionary=[f.name for f in table.schema if f.name not in plain]) as writer:
+    with pq.ParquetWriter(
+        sink,
+        table.schema,
+        write_statistics=[by],
+        compression={f.name: "NONE" if f.name in plain else "SNAPPY" for f in table.schema},
+        use_dictionary=[f.name for f in table.schema if f.name not in plain],
+    ) as writer:
         for a, b in pairwise(cuts):
             if b > a:
                 writer.write_table(table.slice(a, b - a), row_group_size=b - a)
@@ -241,23 +310,43 @@ def stage(task: StageTask) -> StagedFile:
         try:
             rows = pq.read_table(path, filesystem=fs, columns=["uri", "is_pad"])
         except (pa.ArrowException, OSError) as exc:  # a damaged shard lends no image
-            return StagedFile(side=task.side, uri=out, rows=0, source=task.source,
-                              damaged=f"cannot be read as Parquet ({type(exc).__name__}: {exc})")
+            return StagedFile(
+                side=task.side,
+                uri=out,
+                rows=0,
+                source=task.source,
+                damaged=f"cannot be read as Parquet ({type(exc).__name__}: {exc})",
+            )
         keep = pc.invert(rows["is_pad"])
-        table = pa.table({"uri": rows["uri"], "file": pa.array(np.full(rows.num_rows, task.index, np.int32)),
-                          "row": pa.array(np.arange(rows.num_rows, dtype=np.int64))}).filter(keep)
+        table = pa.table(
+            {
+                "uri": rows["uri"],
+                "file": pa.array(np.full(rows.num_rows, task.index, np.int32)),
+                "row": pa.array(np.arange(rows.num_rows, dtype=np.int64)),
+            }
+        ).filter(keep)
     else:
         try:
             table = read_part(task.source, ["uri", "etag", "size"])
-        except (DatasetError, pa.ArrowException, OSError) as exc:  # its rows' ETags are unknown: none is reused
-            return StagedFile(side=task.side, uri=out, rows=0, source=task.source,
-                              damaged=f"cannot be read ({type(exc).__name__}: {exc})")
+        except (
+            DatasetError,
+            pa.ArrowException,
+            OSError,
+        ) as exc:  # its rows' ETags are unknown: none is reused
+            return StagedFile(
+                side=task.side,
+                uri=out,
+                rows=0,
+                source=task.source,
+                damaged=f"cannot be read ({type(exc).__name__}: {exc})",
+            )
         table = table.filter(pc.is_valid(table["etag"]))
     return _bucketed(task.side, out, table, task.folder.buckets)
 
 
-def stage_order(folder: JoinFolder, rows: pa.Table, cuts: tuple[int, ...],
-                segments: tuple[int, ...]) -> StagedFile:
+def stage_order(
+    folder: JoinFolder, rows: pa.Table, cuts: tuple[int, ...], segments: tuple[int, ...]
+) -> StagedFile:
     """Stage this build's side of the join for an order file (step 1): its ``rows``, in order,
     cut at ``cuts`` into segments ``segments``, as ``(uri, etag, size, segment, pos)``, ``pos``
     a row's position in its segment, rows without an ETag left out. The staged file, side
@@ -267,9 +356,15 @@ def stage_order(folder: JoinFolder, rows: pa.Table, cuts: tuple[int, ...],
         return StagedFile(side="current", uri=out, rows=0)
     position = np.arange(rows.num_rows, dtype=np.int64)
     which = np.searchsorted(np.asarray(cuts[1:-1], np.int64), position, side="right")
-    table = pa.table({"uri": rows["uri"], "etag": rows["etag"], "size": rows["size"],
-                      "segment": pa.array(np.asarray(segments, np.int32)[which]),
-                      "pos": pa.array(position - np.asarray(cuts, np.int64)[which])})
+    table = pa.table(
+        {
+            "uri": rows["uri"],
+            "etag": rows["etag"],
+            "size": rows["size"],
+            "segment": pa.array(np.asarray(segments, np.int32)[which]),
+            "pos": pa.array(position - np.asarray(cuts, np.int64)[which]),
+        }
+    )
     table = table.filter(pc.is_valid(table["etag"]))
     if not table.num_rows:
         return StagedFile(side="current", uri=out, rows=0)
@@ -291,7 +386,9 @@ class JoinTask:
 
 def _first_per_uri(table: pa.Table) -> pa.Table:
     """One row per URI (the first by file and row): a base holds each object once, but never trust that."""
-    table = table.take(pc.sort_indices(table, sort_keys=[("uri", "ascending"), ("file", "ascending"), ("row", "ascending")]))
+    table = table.take(
+        pc.sort_indices(table, sort_keys=[("uri", "ascending"), ("file", "ascending"), ("row", "ascending")])
+    )
     uris = table["uri"].to_pylist()
     return table.take(pa.array([i for i, u in enumerate(uris) if i == 0 or uris[i - 1] != u], pa.int64()))
 
@@ -318,8 +415,11 @@ def join(task: JoinTask) -> Matches:
         shards = _first_per_uri(read_where(task.shards, "bucket", b, ["uri", "file", "row"]))
         manifest = read_where(task.manifest, "bucket", b, ["uri", "etag", "size"])
         base = shards.join(manifest, keys="uri", join_type="inner")
-        pieces.append(current.join(base, keys=["uri", "etag", "size"], join_type="inner")
-                      .select(["uri", "file", "row", "segment", "pos"]))
+        pieces.append(
+            current.join(base, keys=["uri", "etag", "size"], join_type="inner").select(
+                ["uri", "file", "row", "segment", "pos"]
+            )
+        )
     if not pieces or not sum(p.num_rows for p in pieces):
         return Matches(uri=None, rows=0, files=())
     matches = pa.concat_tables(pieces)
@@ -396,13 +496,23 @@ def scatter(task: ScatterTask) -> Scattered:
         for g in np.unique(groups):
             mine = np.flatnonzero(groups == g)
             got = pf.read_row_group(int(g), columns=["uri", "image", "height", "width"]).take(
-                pa.array(rows[mine] - starts[g]))
+                pa.array(rows[mine] - starts[g])
+            )
             expect = want["uri"].take(pa.array(mine))
             if not got["uri"].equals(expect):
-                raise ShardError(f"--base shard {task.source} changed while it was read: row "
-                                 f"{int(rows[mine][0])} is not {expect[0].as_py()}")
-            piece = pa.table({"segment": want["segment"].take(pa.array(mine)), "pos": want["pos"].take(pa.array(mine)),
-                              "image": got["image"], "height": got["height"], "width": got["width"]})
+                raise ShardError(
+                    f"--base shard {task.source} changed while it was read: row "
+                    f"{int(rows[mine][0])} is not {expect[0].as_py()}"
+                )
+            piece = pa.table(
+                {
+                    "segment": want["segment"].take(pa.array(mine)),
+                    "pos": want["pos"].take(pa.array(mine)),
+                    "image": got["image"],
+                    "height": got["height"],
+                    "width": got["width"],
+                }
+            )
             held.append(piece)
             size += piece.nbytes
             if size >= _RUN_BYTES:
@@ -431,10 +541,14 @@ def plan_reuse(base: BaseDataset, rows: int, *, folder: str, slots: int) -> Reus
     storage.remove(folder, recursive=True)  # a killed run's files: every file read is named by a result
     where = JoinFolder(uri=folder, buckets=max(slots, -(-rows // _ROWS_PER_BUCKET)))
     items = [StageTask(side="shards", index=f, folder=where, source=s.uri) for f, s in enumerate(base.shards)]
-    items += [StageTask(side="manifest", index=i, folder=where, source=u)
-              for i, u in enumerate(base.manifest_parts)]
-    return ReusePlan(folder=where, stage_tasks=tuple(items),
-                     sizes=(*(s.rows for s in base.shards), *[1] * len(base.manifest_parts)))
+    items += [
+        StageTask(side="manifest", index=i, folder=where, source=u) for i, u in enumerate(base.manifest_parts)
+    ]
+    return ReusePlan(
+        folder=where,
+        stage_tasks=tuple(items),
+        sizes=(*(s.rows for s in base.shards), *[1] * len(base.manifest_parts)),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,8 +560,16 @@ class BaseImages:
     matched: int
 
 
-def reuse_images(run: Runner, base: BaseDataset, folder: JoinFolder, staged: list[StagedFile],
-                 tasks: list[SegmentTask], *, skip: tuple[int, ...], cores: int) -> BaseImages:
+def reuse_images(
+    run: Runner,
+    base: BaseDataset,
+    folder: JoinFolder,
+    staged: list[StagedFile],
+    tasks: list[SegmentTask],
+    *,
+    skip: tuple[int, ...],
+    cores: int,
+) -> BaseImages:
     """Find the rows of ``tasks`` whose images ``base`` holds (the join, step 2, of the files
     ``staged`` in step 1; segments ``skip`` left out) and copy those images into runs on the
     workers (step 3). ``run(fn, items, sizes, slots)`` runs ``fn`` over ``items`` on the engine
@@ -455,21 +577,35 @@ def reuse_images(run: Runner, base: BaseDataset, folder: JoinFolder, staged: lis
     ETags: more tasks cost more than they share), and so does the copy of the images: its work
     per base file is known (the file's rows), so a task per core shares it as well as more
     would, and each engine task costs time to schedule."""
-    files = {side: tuple(sorted(f.uri for f in staged if f.side == side and f.rows))
-             for side in ("shards", "manifest", "current")}
+    files = {
+        side: tuple(sorted(f.uri for f in staged if f.side == side and f.rows))
+        for side in ("shards", "manifest", "current")
+    }
     if not tasks or not all(files.values()):
         return BaseImages(tasks=tasks, matched=0)
     buckets = [list(range(folder.buckets))[i::cores] for i in range(min(cores, folder.buckets))]
-    joins = [JoinTask(buckets=tuple(b), uri=folder.matches(i), shards=files["shards"],
-                      manifest=files["manifest"], current=files["current"], skip=skip)
-             for i, b in enumerate(buckets)]
+    joins = [
+        JoinTask(
+            buckets=tuple(b),
+            uri=folder.matches(i),
+            shards=files["shards"],
+            manifest=files["manifest"],
+            current=files["current"],
+            skip=skip,
+        )
+        for i, b in enumerate(buckets)
+    ]
     matched: list[Matches] = [m for m in run(join, joins, [len(j.buckets) for j in joins], cores) if m.rows]
     by_file: dict[int, list[str]] = {}
     for m in matched:
         for f in m.files:
             by_file.setdefault(f, []).append(m.uri)  # type: ignore[arg-type]  (a match has a file)
-    scatters = [ScatterTask(file=f, source=base.shards[f].uri, sha256=base.shards[f].sha256, matches=tuple(m),
-                            folder=folder) for f, m in sorted(by_file.items())]
+    scatters = [
+        ScatterTask(
+            file=f, source=base.shards[f].uri, sha256=base.shards[f].sha256, matches=tuple(m), folder=folder
+        )
+        for f, m in sorted(by_file.items())
+    ]
     done: list[Scattered] = run(scatter, scatters, [base.shards[s.file].rows for s in scatters], cores)
     _warn_damaged(base, staged, done)
     runs_of: dict[int, list[str]] = {}
@@ -477,8 +613,10 @@ def reuse_images(run: Runner, base: BaseDataset, folder: JoinFolder, staged: lis
         for uri, segments in d.runs:
             for s in segments:
                 runs_of.setdefault(s, []).append(uri)
-    return BaseImages(tasks=[replace(t, base_runs=tuple(runs_of.get(t.reuse_id, ()))) for t in tasks],
-                      matched=sum(d.images for d in done))
+    return BaseImages(
+        tasks=[replace(t, base_runs=tuple(runs_of.get(t.reuse_id, ()))) for t in tasks],
+        matched=sum(d.images for d in done),
+    )
 
 
 def _warn_damaged(base: BaseDataset, staged: list[StagedFile], done: list[Scattered]) -> None:
@@ -488,5 +626,9 @@ def _warn_damaged(base: BaseDataset, staged: list[StagedFile], done: list[Scatte
     damaged += [(base.shards[d.file].uri, d.damaged) for d in done if d.damaged is not None]
     for uri, why in damaged:
         what = "manifest part" if "/manifests/" in uri else "shard"
-        log.warning("--base %s %s %s: none of its images is reused; its rows are fetched and decoded from the lake",
-                    what, uri, why)
+        log.warning(
+            "--base %s %s %s: none of its images is reused; its rows are fetched and decoded from the lake",
+            what,
+            uri,
+            why,
+        )

@@ -30,8 +30,16 @@ def segment_cuts(rows: int, segment_rows: int) -> tuple[int, ...]:
     return (*(min(j * size, rows) for j in range(pieces)), rows)
 
 
-def segment_tasks(staging: str, deal: Deal, orders: Mapping[int, ShardOrder], cfg: ShardConfig,
-                  meta: dict[str, Any], *, segment_rows: int, decode_threads: int) -> list[SegmentTask]:
+def segment_tasks(
+    staging: str,
+    deal: Deal,
+    orders: Mapping[int, ShardOrder],
+    cfg: ShardConfig,
+    meta: dict[str, Any],
+    *,
+    segment_rows: int,
+    decode_threads: int,
+) -> list[SegmentTask]:
     """Preprocessing tasks for the first plan of a channel (``deal``): each shard whole into its
     file, or, if it has more than ``segment_rows`` rows, in segments written apart and assembled
     afterwards. The rows the remainder policy left out are preprocessed too (a task of their
@@ -39,19 +47,30 @@ def segment_tasks(staging: str, deal: Deal, orders: Mapping[int, ShardOrder], cf
     channel = deal.channel
 
     def task(uri: str, order: ShardOrder, j: int, span: tuple[int, int], shard: int) -> SegmentTask:
-        return SegmentTask(uri=uri, rows=None, source=RowRange(order.uri, span[0], span[1] - span[0]),
-                           digest=order.digests[j], reuse_id=order.segments[j], spec=cfg.image_spec(),
-                           threads=cfg.threads, receipt=receipt_uri(staging, uri),
-                           outcomes=outcomes_uri(staging, uri), decode_threads=decode_threads,
-                           row_group_bytes=cfg.row_group_size,
-                           metadata={**meta, "channel": channel, "shard_index": shard})
+        return SegmentTask(
+            uri=uri,
+            rows=None,
+            source=RowRange(order.uri, span[0], span[1] - span[0]),
+            digest=order.digests[j],
+            reuse_id=order.segments[j],
+            spec=cfg.image_spec(),
+            threads=cfg.threads,
+            receipt=receipt_uri(staging, uri),
+            outcomes=outcomes_uri(staging, uri),
+            decode_threads=decode_threads,
+            row_group_bytes=cfg.row_group_size,
+            metadata={**meta, "channel": channel, "shard_index": shard},
+        )
 
     tasks = []
     cuts = segment_cuts(deal.rows_per_shard, segment_rows)
     for shard in range(deal.num_shards):
         for j, span in enumerate(pairwise(cuts)):
-            uri = staged_shard(staging, channel, shard, cfg.num_shards) if len(cuts) == 2 else \
-                work_uri(staging, channel_dirname(channel), f"{shard:05d}-{j:05d}.parquet")
+            uri = (
+                staged_shard(staging, channel, shard, cfg.num_shards)
+                if len(cuts) == 2
+                else work_uri(staging, channel_dirname(channel), f"{shard:05d}-{j:05d}.parquet")
+            )
             tasks.append(task(uri, orders[shard], j, span, shard))
     if deal.dropped:
         uri = work_uri(staging, channel_dirname(channel), "spare.parquet")

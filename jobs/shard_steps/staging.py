@@ -36,9 +36,22 @@ from lakeshard.format import (
 )
 from lakeshard.format.versions import current_version, list_versions
 
-__all__ = ["WORK_FOLDER", "assembled_shard", "finished", "image_code", "library_versions", "outcomes_uri",
-           "preprocessing_code", "receipt_uri", "rejects_path", "staged_shard", "staging_folder",
-           "staging_root", "versioned", "work_uri"]
+__all__ = [
+    "WORK_FOLDER",
+    "assembled_shard",
+    "finished",
+    "image_code",
+    "library_versions",
+    "outcomes_uri",
+    "preprocessing_code",
+    "receipt_uri",
+    "rejects_path",
+    "staged_shard",
+    "staging_folder",
+    "staging_root",
+    "versioned",
+    "work_uri",
+]
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +108,13 @@ def staging_folder(root: str, version: str, cfg: ShardConfig, segment_rows: int,
     """This job's staging folder, named after everything its files depend on, so a rerun of an
     interrupted job finds the segments it finished (``resume``); any other staging folder is a
     leftover of a job with other settings, and is removed."""
-    key = {"dataset_version": version, "versions": library_versions(), "code": preprocessing_code(),
-           "segment_rows": segment_rows, "row_group_bytes": cfg.row_group_size}
+    key = {
+        "dataset_version": version,
+        "versions": library_versions(),
+        "code": preprocessing_code(),
+        "segment_rows": segment_rows,
+        "row_group_bytes": cfg.row_group_size,
+    }
     if versioned(root):
         return _version_folder(root, version, key, resume=resume)
     name = "shards-" + _digest(key)[:12]
@@ -142,9 +160,15 @@ def _remove_children(parent: str, *, keep: set[str]) -> None:
 
 
 #: The modules whose source decides a segment file's bytes (:func:`preprocessing_code`).
-_PREPROCESSING_MODULES = ("jobs.common.images", "jobs.shard_steps.as_listed", "jobs.shard_steps.preprocess",
-                          "jobs.shard_steps.assemble", "jobs.shard_steps.segments", "lakeshard.format.layout",
-                          "lakeshard.format.writer")
+_PREPROCESSING_MODULES = (
+    "jobs.common.images",
+    "jobs.shard_steps.as_listed",
+    "jobs.shard_steps.preprocess",
+    "jobs.shard_steps.assemble",
+    "jobs.shard_steps.segments",
+    "lakeshard.format.layout",
+    "lakeshard.format.writer",
+)
 
 
 def _source(module: str) -> bytes:
@@ -175,8 +199,12 @@ def library_versions() -> dict[str, str]:
     import numpy
     import PIL
 
-    return {"python": platform.python_version(), "pyarrow": pa.__version__, "pillow": PIL.__version__,
-            "numpy": numpy.__version__}
+    return {
+        "python": platform.python_version(),
+        "pyarrow": pa.__version__,
+        "pillow": PIL.__version__,
+        "numpy": numpy.__version__,
+    }
 
 
 def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, SegmentResult]:
@@ -201,7 +229,13 @@ def finished(staging: str, tasks: list[SegmentTask]) -> dict[str, SegmentResult]
             continue
         segment = found.get(storage.filesystem(task.uri)[1])
         outcomes = task.outcomes is None or storage.filesystem(task.outcomes)[1] in found
-        if (result.uri == task.uri and segment is not None and segment["size"] == result.stats["bytes"]
-                and outcomes and result.rows == task.num_rows and result.digest == task.expected_digest()):
+        if (
+            result.uri == task.uri
+            and segment is not None
+            and segment["size"] == result.stats["bytes"]
+            and outcomes
+            and result.rows == task.num_rows
+            and result.digest == task.expected_digest()
+        ):
             reused[task.uri] = result
     return reused

@@ -35,7 +35,9 @@ def footer_metadata(values: Mapping[str, Any]) -> dict[str, str]:
 def read_footer(metadata: Mapping[bytes, bytes] | None) -> dict[str, str]:
     """The ``lakeshard.*`` keys of a Parquet footer's key-value metadata, without the prefix."""
     prefix = PREFIX.encode()
-    return {k[len(prefix):].decode(): v.decode() for k, v in (metadata or {}).items() if k.startswith(prefix)}
+    return {
+        k[len(prefix) :].decode(): v.decode() for k, v in (metadata or {}).items() if k.startswith(prefix)
+    }
 
 
 def check_footer(uri: str, footer: Mapping[str, str], expected: Mapping[str, Any]) -> None:

@@ -53,17 +53,30 @@ class ShardInfo:
     class_counts: dict[str, int]  #: label name -> rows of that label (pad copies count)
 
     @classmethod
-    def from_stats(cls, channel: str, index: int, count: int, stats: Mapping[str, Any],
-                   names: Mapping[int, str], *, path: str | None = None) -> ShardInfo:
+    def from_stats(
+        cls,
+        channel: str,
+        index: int,
+        count: int,
+        stats: Mapping[str, Any],
+        names: Mapping[int, str],
+        *,
+        path: str | None = None,
+    ) -> ShardInfo:
         """The entry of shard ``index`` of ``count`` of ``channel`` from its writer's ``stats``
         (:attr:`ShardWriter.stats`); ``names`` maps label index -> label name. ``path``: where
         the file is, relative to the dataset root (the local layout's place when not given)."""
         if path is None:
             path = shard_relpath(channel, index, count)
         check_shard_path(path, channel, index, count)
-        return cls(path=path, rows=stats["rows"], bytes=stats["bytes"],
-                   sha256=stats["sha256"], row_groups=stats["row_groups"],
-                   class_counts={names[int(k)]: v for k, v in stats["label_counts"].items()})
+        return cls(
+            path=path,
+            rows=stats["rows"],
+            bytes=stats["bytes"],
+            sha256=stats["sha256"],
+            row_groups=stats["row_groups"],
+            class_counts={names[int(k)]: v for k, v in stats["label_counts"].items()},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,15 +92,28 @@ class ChannelInfo:
     shards: list[ShardInfo]
 
     @classmethod
-    def of_shards(cls, shards: list[ShardInfo], *, rejected: int = 0, dropped: list[str] | None = None,
-                  padded: list[str] | None = None) -> ChannelInfo:
+    def of_shards(
+        cls,
+        shards: list[ShardInfo],
+        *,
+        rejected: int = 0,
+        dropped: list[str] | None = None,
+        padded: list[str] | None = None,
+    ) -> ChannelInfo:
         """A channel of equal ``shards``: its rows and class counts summed from theirs."""
         counts: dict[str, int] = {}
         for shard in shards:
             for name, n in shard.class_counts.items():
                 counts[name] = counts.get(name, 0) + n
-        return cls(rows=sum(s.rows for s in shards), rows_per_shard=shards[0].rows if shards else 0,
-                   rejected=rejected, dropped=dropped or [], padded=padded or [], class_counts=counts, shards=shards)
+        return cls(
+            rows=sum(s.rows for s in shards),
+            rows_per_shard=shards[0].rows if shards else 0,
+            rejected=rejected,
+            dropped=dropped or [],
+            padded=padded or [],
+            class_counts=counts,
+            shards=shards,
+        )
 
 
 #: How an image is fitted to ``size``×``size`` (:class:`ImageSpec`'s ``resize``).
@@ -189,7 +215,9 @@ class DatasetInfo:
     counts: Counts
     build: BuildInfo
     channels: dict[str, ChannelInfo]
-    rejects_path: str  #: the shard rejects table, relative to the dataset root (``layout.shard_rejects_relpath``)
+    rejects_path: (
+        str  #: the shard rejects table, relative to the dataset root (``layout.shard_rejects_relpath``)
+    )
     versions: dict[str, str]  #: library versions of the run (python, pyarrow, pillow, numpy)
 
     @classmethod

@@ -193,8 +193,10 @@ def version_marker_uri(root: str, version: str) -> str:
 
 
 _VERSION = re.compile(r"[0-9a-f]{16}-[0-9a-f]{8}")
-_SHARD_PATH = re.compile(r"shards/(?:v=(?P<version>[^/]+)/)?channel=(?P<channel>[^/]+)/"
-                         r"part-(?P<index>\d{5})-of-(?P<count>\d{5})(?:\.assembled)?\.parquet")
+_SHARD_PATH = re.compile(
+    r"shards/(?:v=(?P<version>[^/]+)/)?channel=(?P<channel>[^/]+)/"
+    r"part-(?P<index>\d{5})-of-(?P<count>\d{5})(?:\.assembled)?\.parquet"
+)
 
 
 def check_shard_path(path: str, channel: str, index: int, count: int) -> str | None:
@@ -210,8 +212,13 @@ def check_shard_path(path: str, channel: str, index: int, count: int) -> str | N
     """
     match = _SHARD_PATH.fullmatch(path)
     want = f"shards/[v=<version>/]{channel_dirname(channel)}/{shard_name(index, count)}"
-    if (match is None or match["channel"] != channel or int(match["index"]) != index
-            or int(match["count"]) != count or (match["version"] is not None and not _VERSION.fullmatch(match["version"]))):
+    if (
+        match is None
+        or match["channel"] != channel
+        or int(match["index"]) != index
+        or int(match["count"]) != count
+        or (match["version"] is not None and not _VERSION.fullmatch(match["version"]))
+    ):
         raise ValueError(f"shard path {path!r} is not {want}")
     return match["version"]
 

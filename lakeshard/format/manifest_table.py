@@ -30,8 +30,19 @@ from lakeshard.format.layout import (
     sagemaker_part_uri,
 )
 
-__all__ = ["channel_parts", "hash_bucket", "iter_parts", "label_part", "manifest_parts", "read_channel", "read_channel_rows",
-           "read_part", "sagemaker_parts", "table_rows", "write_part"]
+__all__ = [
+    "channel_parts",
+    "hash_bucket",
+    "iter_parts",
+    "label_part",
+    "manifest_parts",
+    "read_channel",
+    "read_channel_rows",
+    "read_part",
+    "sagemaker_parts",
+    "table_rows",
+    "write_part",
+]
 
 
 def hash_bucket(text: str, buckets: int) -> int:
@@ -52,8 +63,10 @@ def manifest_parts(root: str) -> int:
         raise DatasetError(f"no complete manifest at {root}: {marker} is missing; run jobs/manifest.py first")
     parts = storage.read_json(marker).get("parts")
     if not isinstance(parts, int) or parts < 1:
-        raise DatasetError(f"{marker} has no valid 'parts' ({parts!r}): it was written by an older lakeshard; "
-                           "rebuild the manifest")
+        raise DatasetError(
+            f"{marker} has no valid 'parts' ({parts!r}): it was written by an older lakeshard; "
+            "rebuild the manifest"
+        )
     return parts
 
 
@@ -81,7 +94,9 @@ def read_part(uri: str, columns: Sequence[str] | None = None) -> pa.Table:
     try:
         return pq.read_table(path, filesystem=fs, columns=list(columns) if columns is not None else None)
     except FileNotFoundError:
-        raise DatasetError(f"manifest part {uri} is missing: the manifest is incomplete; rebuild it") from None
+        raise DatasetError(
+            f"manifest part {uri} is missing: the manifest is incomplete; rebuild it"
+        ) from None
     except pa.ArrowException as exc:  # ArrowInvalid: no Parquet magic bytes, a footer or page cut off
         raise DatasetError(_damage(uri, exc)) from None
     except OSError as exc:
@@ -99,8 +114,10 @@ def _damage(uri: str, exc: Exception) -> str:
     """One line: the part, PyArrow's first sentence about it, and what to do."""
     text = re.sub(r"Could not open Parquet input source '[^']*': ", "", " ".join(str(exc).split()))
     cause = text.split(". ")[0].rstrip(".")
-    return (f"manifest part {uri} is damaged (unreadable as Parquet: {cause}): rebuild the manifest "
-            "(jobs/manifest.py --overwrite) and the datasets built on it")
+    return (
+        f"manifest part {uri} is damaged (unreadable as Parquet: {cause}): rebuild the manifest "
+        "(jobs/manifest.py --overwrite) and the datasets built on it"
+    )
 
 
 def write_part(uri: str, table: pa.Table, *, durable: bool = True) -> None:
@@ -131,7 +148,10 @@ def table_rows(table: pa.Table) -> list[dict[str, Any]]:
     names = table.column_names
     if not names:
         return [{} for _ in range(table.num_rows)]
-    return [dict(zip(names, values, strict=True)) for values in zip(*(_values(table[n]) for n in names), strict=True)]
+    return [
+        dict(zip(names, values, strict=True))
+        for values in zip(*(_values(table[n]) for n in names), strict=True)
+    ]
 
 
 def iter_parts(root: str, channel: str, *, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
@@ -147,8 +167,14 @@ def read_channel(root: str, channel: str, *, columns: Sequence[str] | None = Non
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-def read_channel_rows(root: str, channel: str, *, labels: Sequence[str] | None = None,
-                      columns: Sequence[str] | None = None, part: int | None = None) -> pa.Table:
+def read_channel_rows(
+    root: str,
+    channel: str,
+    *,
+    labels: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+    part: int | None = None,
+) -> pa.Table:
     """Rows of a table inside a worker: those whose ``label`` is one of ``labels`` (read from
     the parts that hold those classes only), or part ``part`` of :func:`manifest_parts`, or
     with neither the whole table; all columns, or ``columns``. Row order is not specified."""
@@ -156,8 +182,10 @@ def read_channel_rows(root: str, channel: str, *, labels: Sequence[str] | None =
         n = manifest_parts(root)
         read = None if columns is None else list(dict.fromkeys([*columns, "label"]))  # the filter needs label
         schema = MANIFEST_SCHEMA if read is None else pa.schema([MANIFEST_SCHEMA.field(c) for c in read])
-        tables = [read_part(manifest_part_uri(root, channel, p, n), read)
-                  for p in sorted({label_part(label, n) for label in labels})]  # fmt: skip
+        tables = [
+            read_part(manifest_part_uri(root, channel, p, n), read)
+            for p in sorted({label_part(label, n) for label in labels})
+        ]
         table = pa.concat_tables(tables) if tables else schema.empty_table()
         table = table.filter(pc.is_in(table["label"], value_set=pa.array(sorted(set(labels)), pa.string())))
         return table if columns is None else table.select(list(columns))

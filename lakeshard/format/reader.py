@@ -25,8 +25,17 @@ from lakeshard.format.footer import check_footer, read_footer
 from lakeshard.format.info import DatasetInfo
 from lakeshard.format.layout import check_shard_path, dataset_json_uri, shard_rejects_relpath
 
-__all__ = ["REQUIRED_COLUMNS", "OpenShard", "ShardFooter", "channel_shards", "expected_footer", "open_shard",
-           "read_shard_footer", "rejects_uri", "shard_version"]
+__all__ = [
+    "REQUIRED_COLUMNS",
+    "OpenShard",
+    "ShardFooter",
+    "channel_shards",
+    "expected_footer",
+    "open_shard",
+    "read_shard_footer",
+    "rejects_uri",
+    "shard_version",
+]
 
 #: Columns a reader needs; the others of ``SHARD_SCHEMA`` may be absent from another writer's shards.
 REQUIRED_COLUMNS = ("image", "label")
@@ -123,7 +132,7 @@ def read_shard_footer(uri: str) -> ShardFooter:
         if need > len(tail):
             rest, _ = storage.s3_get(uri, start=size - need, end=size - len(tail), if_match=etag)
             tail = rest + tail
-        metadata = pq.read_metadata(pa.BufferReader(tail[len(tail) - need:]))
+        metadata = pq.read_metadata(pa.BufferReader(tail[len(tail) - need :]))
     except Exception as exc:
         raise DatasetError(f"cannot open shard {uri}: {exc}") from exc
     return ShardFooter(uri, metadata, size, etag)
@@ -155,8 +164,16 @@ def open_shard(uri: str) -> OpenShard:
         raise
 
 
-def _check(uri: str, md: pq.FileMetaData, footer: dict[str, str], info: DatasetInfo, channel: str, index: int, *,
-           rows: int | None) -> list[int]:  # fmt: skip
+def _check(
+    uri: str,
+    md: pq.FileMetaData,
+    footer: dict[str, str],
+    info: DatasetInfo,
+    channel: str,
+    index: int,
+    *,
+    rows: int | None,
+) -> list[int]:
     check_footer(uri, footer, expected_footer(info, channel, index))
     if rows is not None and md.num_rows != rows:
         raise DatasetError(f"shard {uri} has {md.num_rows} rows, dataset.json says {rows}")
@@ -192,7 +209,9 @@ def channel_shards(root: str, info: DatasetInfo, channel: str) -> list[tuple[str
     where = dataset_json_uri(root)
     entry = info.channel(channel, source=where)
     if len(entry.shards) != info.num_shards:
-        raise DatasetError(f"{where} lists {len(entry.shards)} {channel} shards, expected num_shards={info.num_shards}")
+        raise DatasetError(
+            f"{where} lists {len(entry.shards)} {channel} shards, expected num_shards={info.num_shards}"
+        )
     shard_version(info, source=where)  # every path allowed, every channel in one folder
     return [(storage.join(root, shard.path), shard.rows) for shard in entry.shards]
 
@@ -206,7 +225,9 @@ def rejects_uri(root: str, info: DatasetInfo) -> str:
     """
     want = shard_rejects_relpath(shard_version(info))
     if info.rejects_path != want:
-        raise DatasetError(f"{dataset_json_uri(root)}: rejects_path is {info.rejects_path!r}, expected {want!r}")
+        raise DatasetError(
+            f"{dataset_json_uri(root)}: rejects_path is {info.rejects_path!r}, expected {want!r}"
+        )
     return storage.join(root, info.rejects_path)
 
 

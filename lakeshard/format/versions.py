@@ -79,11 +79,22 @@ def list_versions(root: str) -> list[Version]:
         name = child.rstrip("/").rsplit("/", 1)[-1]
         if not name.startswith(_PREFIX):
             continue
-        name = name[len(_PREFIX):]
+        name = name[len(_PREFIX) :]
         uri = versions_uri(root, name)
         files = fs.find(storage.filesystem(uri)[1], detail=True)
         marker = version_marker_uri(root, name)
-        created = storage.read_json(marker).get("created_at") if storage.filesystem(marker)[1] in files else None
-        out.append(Version(name=name, uri=uri, current=name == current, complete=created is not None or name == current,
-                           created_at=created, files=len(files), bytes=sum(int(f["size"]) for f in files.values())))
+        created = (
+            storage.read_json(marker).get("created_at") if storage.filesystem(marker)[1] in files else None
+        )
+        out.append(
+            Version(
+                name=name,
+                uri=uri,
+                current=name == current,
+                complete=created is not None or name == current,
+                created_at=created,
+                files=len(files),
+                bytes=sum(int(f["size"]) for f in files.values()),
+            )
+        )
     return sorted(out, key=lambda v: (not v.complete, v.created_at or "", v.name))

@@ -53,8 +53,14 @@ class ShardWriter:
     many rows, whichever of the two comes first.
     """
 
-    def __init__(self, uri: str, *, metadata: Mapping[str, Any], row_group_bytes: int,
-                 row_group_rows: int | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        metadata: Mapping[str, Any],
+        row_group_bytes: int,
+        row_group_rows: int | None = None,
+    ) -> None:
         self._schema = SHARD_SCHEMA.with_metadata(footer_metadata(metadata))
         self._row_group_bytes = row_group_bytes
         self._row_group_rows = row_group_rows
@@ -78,9 +84,17 @@ class ShardWriter:
         self._raw = self._fs.open(self._path, "wb")
         self._sink = _HashingWriter(self._raw)
         self._writer = pq.ParquetWriter(
-            self._sink, self._schema,
-            compression={"image": "NONE", "label": "SNAPPY", "uri": "SNAPPY", "key": "SNAPPY",
-                         "height": "SNAPPY", "width": "SNAPPY", "is_pad": "SNAPPY"},
+            self._sink,
+            self._schema,
+            compression={
+                "image": "NONE",
+                "label": "SNAPPY",
+                "uri": "SNAPPY",
+                "key": "SNAPPY",
+                "height": "SNAPPY",
+                "width": "SNAPPY",
+                "is_pad": "SNAPPY",
+            },
             use_dictionary=["label", "height", "width", "is_pad"],
             write_statistics=["label", "height", "width", "is_pad"],
         )

@@ -68,20 +68,28 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
     where = contract.dataset_json_uri(storage.normalize(cfg.dataset))
     channels, labels = info.channels, info.labels
     if "train" not in channels:
-        raise DatasetError(f"{where} has no 'train' channel (it has: {', '.join(channels) or 'none'}); nothing to train on")
+        raise DatasetError(
+            f"{where} has no 'train' channel (it has: {', '.join(channels) or 'none'}); nothing to train on"
+        )
     if len(labels) < 2:
         raise DatasetError(
             f"{where} lists {len(labels)} class(es) ({', '.join(map(str, labels)) or 'none'}): "
             "a classifier needs at least 2; build the dataset from a lake with two or more label folders"
         )
     if set(labels.values()) != set(range(len(labels))):
-        raise DatasetError(f"{where}: label indices must be 0..{len(labels) - 1}, one per label, got {list(labels.values())}")
+        raise DatasetError(
+            f"{where}: label indices must be 0..{len(labels) - 1}, one per label, got {list(labels.values())}"
+        )
     image_size = info.image.size
     skipped = {
-        c: f"the dataset has no {c!r} channel (it has: {', '.join(channels)})" for c in EVAL_CHANNELS if c not in channels
+        c: f"the dataset has no {c!r} channel (it has: {', '.join(channels)})"
+        for c in EVAL_CHANNELS
+        if c not in channels
     }
     if cfg.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"--precision bf16: this GPU ({torch.cuda.get_device_name()}) does not support bfloat16; use --precision fp32")
+        raise ConfigError(
+            f"--precision bf16: this GPU ({torch.cuda.get_device_name()}) does not support bfloat16; use --precision fp32"
+        )
     version = info.dataset_version
     if checkpoint is not None and checkpoint.get("dataset_version") != version:
         raise DatasetError(
@@ -96,10 +104,17 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
         load_weights(model, checkpoint["model"], source=str(resume_uri), name=name)
     _check_output(cfg, output)  # last: it writes (and removes) a file
     return TrainPlan(
-        per_rank_batch=cfg.batch_size // world_size, num_classes=len(labels), image_size=image_size,
-        class_names=tuple(sorted(labels, key=labels.__getitem__)), model=model, skipped=skipped, checkpoint_uri=checkpoint_uri,
-        metrics_uri=storage.join(output, "metrics.json"), resume_uri=resume_uri, checkpoint=checkpoint,
-    )  # fmt: skip
+        per_rank_batch=cfg.batch_size // world_size,
+        num_classes=len(labels),
+        image_size=image_size,
+        class_names=tuple(sorted(labels, key=labels.__getitem__)),
+        model=model,
+        skipped=skipped,
+        checkpoint_uri=checkpoint_uri,
+        metrics_uri=storage.join(output, "metrics.json"),
+        resume_uri=resume_uri,
+        checkpoint=checkpoint,
+    )
 
 
 def _find_checkpoint(cfg: TrainConfig, checkpoint_uri: str) -> tuple[str | None, dict[str, Any] | None]:
@@ -113,14 +128,20 @@ def _find_checkpoint(cfg: TrainConfig, checkpoint_uri: str) -> tuple[str | None,
     else:
         uri = storage.normalize(cfg.resume)
         if not storage.exists(uri):
-            raise ConfigError(f"--resume {cfg.resume}: no checkpoint at {uri} (pass --resume auto to start afresh when there is none)")
+            raise ConfigError(
+                f"--resume {cfg.resume}: no checkpoint at {uri} (pass --resume auto to start afresh when there is none)"
+            )
     try:
         ckpt = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
     except PlatformError:
         raise
     except Exception as exc:
-        raise ConfigError(f"--resume: cannot load the checkpoint {uri}: {type(exc).__name__}: {exc}") from None
-    if not isinstance(ckpt, dict) or not {"model", "optimizer", "scheduler", "loader", "metrics"} <= set(ckpt):
+        raise ConfigError(
+            f"--resume: cannot load the checkpoint {uri}: {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(ckpt, dict) or not {"model", "optimizer", "scheduler", "loader", "metrics"} <= set(
+        ckpt
+    ):
         raise ConfigError(f"--resume: {uri} is not a checkpoint of loaders.train")
     return uri, ckpt
 
@@ -171,13 +192,13 @@ def _unwritable(output: str, exc: StorageError) -> str:
     """Why ``output`` could not be written, in the user's terms."""
     cause = exc.__cause__
     if output.startswith("file://"):
-        path = output[len("file://"):]
+        path = output[len("file://") :]
         while not os.path.exists(path) and os.path.dirname(path) != path:
             path = os.path.dirname(path)
         if os.path.exists(path) and not os.path.isdir(path):
             return f"{path} is a file, not a folder"
     elif "NoSuchBucket" in repr(cause) or "bucket does not exist" in str(exc):
-        return f"the bucket {output[len('s3://'):].split('/', 1)[0]!r} does not exist"
+        return f"the bucket {output[len('s3://') :].split('/', 1)[0]!r} does not exist"
     return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
 
 

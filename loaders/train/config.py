@@ -42,7 +42,9 @@ def _parse_model(raw: Any) -> str:
     """``--model`` / ``model:`` is ``package.module:factory`` (imported and called later, by
     :func:`loaders.train.model.build_model`)."""
     if not isinstance(raw, str) or not MODEL_SPEC.fullmatch(raw):
-        raise ValueError(f"expected package.module:factory, a callable (num_classes, image_size) -> torch.nn.Module, got {raw!r}")
+        raise ValueError(
+            f"expected package.module:factory, a callable (num_classes, image_size) -> torch.nn.Module, got {raw!r}"
+        )
     return raw
 
 
@@ -59,53 +61,104 @@ def _parse_resume(raw: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    dataset: str | None = opt(None, help="dataset root (local path, file:// or s3://): the folder holding dataset.json")
-    output: str = opt("runs/default", help="where rank 0 writes checkpoint.pt and metrics.json (path or "
-                      "URI); checked writable (a probe file) before training")
+    dataset: str | None = opt(
+        None, help="dataset root (local path, file:// or s3://): the folder holding dataset.json"
+    )
+    output: str = opt(
+        "runs/default",
+        help="where rank 0 writes checkpoint.pt and metrics.json (path or "
+        "URI); checked writable (a probe file) before training",
+    )
     epochs: int = opt(5, help="number of epochs to train")
-    batch_size: int = opt(256, help="GLOBAL batch size, split evenly across ranks (must be divisible by the world size)")
-    eval_batch_size: int = opt(0, help="per-rank batch size for validation/test; 0 = the per-rank training batch")
+    batch_size: int = opt(
+        256, help="GLOBAL batch size, split evenly across ranks (must be divisible by the world size)"
+    )
+    eval_batch_size: int = opt(
+        0, help="per-rank batch size for validation/test; 0 = the per-rank training batch"
+    )
     lr: float = opt(0.01, help="learning rate")
     gamma: float = opt(0.7, help="StepLR decay: lr *= gamma every step_size epochs")
     step_size: int = opt(1, help="StepLR period, in epochs")
     optimizer: str = opt("adamw", choices=OPTIMIZERS, help="optimizer (a resumed run keeps its checkpoint's)")
     momentum: float = opt(0.9, help="SGD momentum (ignored by AdamW)")
     weight_decay: float = opt(0.01, help="weight decay")
-    width: int = opt(32, help="channels of the first convolution of the small CNN (doubling per block); "
-                     "a resumed run keeps its checkpoint's")
-    model: str | None = opt(None, parse=_parse_model,
-                            help="your own model: package.module:factory, a callable (num_classes, image_size) -> "
-                            "torch.nn.Module returning [batch, num_classes] logits, checked by one forward "
-                            "pass before training (default: the small CNN; a resumed run keeps its "
-                            "checkpoint's)")
-    precision: str = opt("fp32", choices=PRECISIONS,
-                         help="fp32, or bf16: forward passes under torch.autocast(bfloat16), on CUDA or CPU")
-    seed: int = opt(7, parse=_parse_seed, help=f"seed of model init, shuffling and augmentation (0 to {MAX_SEED})")
+    width: int = opt(
+        32,
+        help="channels of the first convolution of the small CNN (doubling per block); "
+        "a resumed run keeps its checkpoint's",
+    )
+    model: str | None = opt(
+        None,
+        parse=_parse_model,
+        help="your own model: package.module:factory, a callable (num_classes, image_size) -> "
+        "torch.nn.Module returning [batch, num_classes] logits, checked by one forward "
+        "pass before training (default: the small CNN; a resumed run keeps its "
+        "checkpoint's)",
+    )
+    precision: str = opt(
+        "fp32",
+        choices=PRECISIONS,
+        help="fp32, or bf16: forward passes under torch.autocast(bfloat16), on CUDA or CPU",
+    )
+    seed: int = opt(
+        7, parse=_parse_seed, help=f"seed of model init, shuffling and augmentation (0 to {MAX_SEED})"
+    )
     augment: bool = opt(True, help="random horizontal flips of training images")
     drop_last: bool = opt(True, help="drop each epoch's short last training batch (same on every rank)")
     num_threads: int = opt(2, help="decode threads per rank")
     prefetch: int = opt(4, help="batches each rank decodes ahead of the training step")
-    shuffle_window: int = opt(2048, help="rows shuffled together by the loader (and its read-ahead memory bound)")
-    read_concurrency: int = opt(DEFAULT_READ_CONCURRENCY, help="remote row-group reads each rank keeps in flight")
-    memory_budget: str | None = opt(None, help="bytes for a rank's remote reads plus decoded batches, e.g. 512MiB "
-                                    "(default: read_concurrency row groups plus the decoded batches)")
-    cache_dir: str | None = opt(None, help="local folder caching remote shards, shared by the ranks of a machine "
-                                "(default: $LAKESHARD_CACHE_DIR, else no cache)")
-    cache_limit: str = opt("50GiB", help="size of the shard cache; least recently used shards are evicted beyond it")
-    skip_bad_rows: bool = opt(False, help="replace undecodable rows by ignored padding (counted, logged) instead of failing")
-    checkpoint_every: int = opt(0, help="also checkpoint every N training steps (0 = at the end of each "
-                                "epoch only); SIGTERM or SIGUSR1 also saves one, after the current step, and "
-                                "exits with status 75")
-    resume: str | None = opt(None, const="auto", parse=_parse_resume,
-                             help="checkpoint to resume from; 'auto' (or no value) = <output>/checkpoint.pt if it "
-                             "exists, else a fresh run (rerun a run that exited 75 with it)")
+    shuffle_window: int = opt(
+        2048, help="rows shuffled together by the loader (and its read-ahead memory bound)"
+    )
+    read_concurrency: int = opt(
+        DEFAULT_READ_CONCURRENCY, help="remote row-group reads each rank keeps in flight"
+    )
+    memory_budget: str | None = opt(
+        None,
+        help="bytes for a rank's remote reads plus decoded batches, e.g. 512MiB "
+        "(default: read_concurrency row groups plus the decoded batches)",
+    )
+    cache_dir: str | None = opt(
+        None,
+        help="local folder caching remote shards, shared by the ranks of a machine "
+        "(default: $LAKESHARD_CACHE_DIR, else no cache)",
+    )
+    cache_limit: str = opt(
+        "50GiB", help="size of the shard cache; least recently used shards are evicted beyond it"
+    )
+    skip_bad_rows: bool = opt(
+        False, help="replace undecodable rows by ignored padding (counted, logged) instead of failing"
+    )
+    checkpoint_every: int = opt(
+        0,
+        help="also checkpoint every N training steps (0 = at the end of each "
+        "epoch only); SIGTERM or SIGUSR1 also saves one, after the current step, and "
+        "exits with status 75",
+    )
+    resume: str | None = opt(
+        None,
+        const="auto",
+        parse=_parse_resume,
+        help="checkpoint to resume from; 'auto' (or no value) = <output>/checkpoint.pt if it "
+        "exists, else a fresh run (rerun a run that exited 75 with it)",
+    )
     dist_timeout: float = opt(300.0, help="seconds a collective may wait for the other ranks before failing")
-    progress: bool = opt(True, help="show a tqdm progress bar on rank 0 when stderr is a terminal (a log "
-                         "gets one line per epoch)")
+    progress: bool = opt(
+        True,
+        help="show a tqdm progress bar on rank 0 when stderr is a terminal (a log gets one line per epoch)",
+    )
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "step_size", "width", "num_threads", "prefetch", "shuffle_window",
-                     "read_concurrency"):
+        for name in (
+            "epochs",
+            "batch_size",
+            "step_size",
+            "width",
+            "num_threads",
+            "prefetch",
+            "shuffle_window",
+            "read_concurrency",
+        ):
             check_positive(name, getattr(self, name), error=ConfigError)
         for name in ("eval_batch_size", "checkpoint_every", "seed"):
             value = getattr(self, name)

@@ -55,8 +55,15 @@ class Accuracy:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: ShardLoader, world: World, class_names: tuple[str, ...], *,
-             bf16: bool = False, stop: Callable[[], bool] | None = None) -> Accuracy | None:  # fmt: skip
+def evaluate(
+    model: nn.Module,
+    loader: ShardLoader,
+    world: World,
+    class_names: tuple[str, ...],
+    *,
+    bf16: bool = False,
+    stop: Callable[[], bool] | None = None,
+) -> Accuracy | None:
     """Top-1 accuracy over the whole channel, and per class: each rank scores its share, the
     counts are summed. ``None`` if ``stop()`` (asked after each batch, on every rank: the loader
     yields as many batches on each) returned true."""
@@ -75,6 +82,8 @@ def evaluate(model: nn.Module, loader: ShardLoader, world: World, class_names: t
         if stop is not None and stop():
             return None
     totals = all_reduce([*correct.tolist(), *count.tolist()], world)
-    per_class = (ClassAccuracy(name, i, correct=int(totals[i]), count=int(totals[n + i]))
-                 for i, name in enumerate(class_names))  # fmt: skip
+    per_class = (
+        ClassAccuracy(name, i, correct=int(totals[i]), count=int(totals[n + i]))
+        for i, name in enumerate(class_names)
+    )
     return Accuracy(tuple(per_class))

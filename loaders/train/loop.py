@@ -123,8 +123,10 @@ class _Stop:
         """Once rank 0 has saved the checkpoint (every rank waits for it: torchrun stops the
         others as soon as one rank exits), the exception that ends the run."""
         all_reduce([0.0], self._world)
-        message = (f"{signal_name(self.signum)}: saved the checkpoint {self._checkpoint_uri} {where}; "
-                   f"exiting with status {EXIT_PREEMPTED}: rerun with --resume auto to continue")  # fmt: skip
+        message = (
+            f"{signal_name(self.signum)}: saved the checkpoint {self._checkpoint_uri} {where}; "
+            f"exiting with status {EXIT_PREEMPTED}: rerun with --resume auto to continue"
+        )
         log.log(logging.WARNING if self._world.rank == 0 else logging.DEBUG, "%s", message)
         return Preempted(message, signum=self.signum, checkpoint=self._checkpoint_uri)
 
@@ -146,19 +148,34 @@ class _Loaders:
 def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
     dataset = str(cfg.dataset)
     common = dict(
-        rank=world.rank, world_size=world.world_size, seed=cfg.seed, num_threads=cfg.num_threads,
-        prefetch=cfg.prefetch, normalize=_NORMALIZE, pin_memory=world.device.type == "cuda",
-        skip_bad_rows=cfg.skip_bad_rows, shuffle_window=cfg.shuffle_window,
-        read_concurrency=cfg.read_concurrency, memory_budget=cfg.memory_budget, cache_dir=cfg.cache_dir,
+        rank=world.rank,
+        world_size=world.world_size,
+        seed=cfg.seed,
+        num_threads=cfg.num_threads,
+        prefetch=cfg.prefetch,
+        normalize=_NORMALIZE,
+        pin_memory=world.device.type == "cuda",
+        skip_bad_rows=cfg.skip_bad_rows,
+        shuffle_window=cfg.shuffle_window,
+        read_concurrency=cfg.read_concurrency,
+        memory_budget=cfg.memory_budget,
+        cache_dir=cfg.cache_dir,
         cache_limit=cfg.cache_limit,
-    )  # fmt: skip
+    )
     train_loader = ShardLoader(
-        dataset, channel="train", batch_size=plan.per_rank_batch, shuffle=True, drop_last=cfg.drop_last,
-        augment=cfg.augment, **common,
-    )  # fmt: skip
+        dataset,
+        channel="train",
+        batch_size=plan.per_rank_batch,
+        shuffle=True,
+        drop_last=cfg.drop_last,
+        augment=cfg.augment,
+        **common,
+    )
     eval_batch = cfg.eval_batch_size or plan.per_rank_batch
     val_loader, test_loader = (
-        None if channel in plan.skipped else ShardLoader(dataset, channel=channel, batch_size=eval_batch, **common)
+        None
+        if channel in plan.skipped
+        else ShardLoader(dataset, channel=channel, batch_size=eval_batch, **common)
         for channel in EVAL_CHANNELS
     )
     return _Loaders(train_loader, val_loader, test_loader)
@@ -174,8 +191,9 @@ def _on_device(model: nn.Module, world: World) -> nn.Module:
 
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay)  # fmt: skip
+        return torch.optim.SGD(
+            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
@@ -197,15 +215,25 @@ class _Start:
     history: list[dict[str, Any]]
 
 
-def _resume(cfg: TrainConfig, world: World, plan: TrainPlan, *, optimizer: torch.optim.Optimizer,
-            scheduler: torch.optim.lr_scheduler.StepLR, loader: ShardLoader) -> _Start:  # fmt: skip
+def _resume(
+    cfg: TrainConfig,
+    world: World,
+    plan: TrainPlan,
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.StepLR,
+    loader: ShardLoader,
+) -> _Start:
     """The optimiser's, the scheduler's and the training loader's state as the checkpoint saved
     them, and where the run goes on; epoch 0 without a checkpoint."""
     ckpt = plan.checkpoint
     if ckpt is None:
         if cfg.resume == "auto":
-            log.log(_info_level(world), "--resume auto: no checkpoint at %s, starting a fresh run",
-                    plan.checkpoint_uri)  # fmt: skip
+            log.log(
+                _info_level(world),
+                "--resume auto: no checkpoint at %s, starting a fresh run",
+                plan.checkpoint_uri,
+            )
         return _Start(0, EpochTotals(), [])
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
@@ -217,9 +245,16 @@ def _resume(cfg: TrainConfig, world: World, plan: TrainPlan, *, optimizer: torch
     elif (ckpt.get("epoch_partial") or {}).get("epoch") == epoch:
         carried = EpochTotals.from_checkpoint(ckpt["epoch_partial"])
     saved = last_leg(ckpt["loader"])
-    log.info("resumed from %s at epoch %d, step %d (saved on %d rank(s) x %d rows, now %d x %d)",
-             plan.resume_uri, epoch, step, saved.world_size, saved.batch_size, world.world_size,
-             plan.per_rank_batch)  # fmt: skip
+    log.info(
+        "resumed from %s at epoch %d, step %d (saved on %d rank(s) x %d rows, now %d x %d)",
+        plan.resume_uri,
+        epoch,
+        step,
+        saved.world_size,
+        saved.batch_size,
+        world.world_size,
+        plan.per_rank_batch,
+    )
     return _Start(epoch, carried, list(ckpt["metrics"]))
 
 
@@ -267,15 +302,26 @@ def train(cfg: TrainConfig, world: World, plan: TrainPlan | None = None) -> dict
         loaders.close()
 
 
-def _train(cfg: TrainConfig, world: World, plan: TrainPlan, loaders: _Loaders,
-           request: StopRequest) -> dict[str, Any]:  # fmt: skip
+def _train(
+    cfg: TrainConfig, world: World, plan: TrainPlan, loaders: _Loaders, request: StopRequest
+) -> dict[str, Any]:
     """Set up, resume, then train, validate, record and checkpoint each epoch; test at the end."""
     model = _on_device(plan.model, world)  # holds the checkpoint's weights when resuming
     optimizer = _optimizer(cfg, model)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.step_size, gamma=cfg.gamma)
     start = _resume(cfg, world, plan, optimizer=optimizer, scheduler=scheduler, loader=loaders.train)
-    run = _Run(cfg, world, plan, loaders, model, _ddp(model, world), optimizer, scheduler,
-               _Stop(request, world, plan.checkpoint_uri), start.history)  # fmt: skip
+    run = _Run(
+        cfg,
+        world,
+        plan,
+        loaders,
+        model,
+        _ddp(model, world),
+        optimizer,
+        scheduler,
+        _Stop(request, world, plan.checkpoint_uri),
+        start.history,
+    )
     carried = start.carried
     for epoch in range(start.epoch, cfg.epochs):
         trained = _train_epoch(run, epoch, carried)
@@ -381,8 +427,9 @@ def _validate(run: _Run, epoch: int, trained: _Trained) -> Accuracy | None:
     loader = run.loaders.validation
     if loader is None:
         return None
-    accuracy = evaluate(run.model, loader, run.world, run.plan.class_names, bf16=run.bf16,
-                        stop=run.stop.agreed)  # fmt: skip
+    accuracy = evaluate(
+        run.model, loader, run.world, run.plan.class_names, bf16=run.bf16, stop=run.stop.agreed
+    )
     if accuracy is None:
         _save_checkpoint(run, epoch_done=False, partial=trained.totals.to_checkpoint(epoch))
         steps = trained.steps
@@ -394,20 +441,30 @@ def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy
     """Epoch ``epoch``'s record, appended to the run's epochs and logged as the line it ends with."""
     loader = run.loaders.train
     record = EpochRecord(
-        epoch=epoch, loss=trained.totals.loss, validation=validation,
+        epoch=epoch,
+        loss=trained.totals.loss,
+        validation=validation,
         images_per_s=trained.images_this_run / trained.seconds if trained.seconds > 0 else 0.0,
-        data_wait_share=trained.data_wait_share, steps=trained.steps - trained.first_step,
-        resumed_at_step=trained.first_step, samples=trained.totals.samples, images=trained.totals.images,
-        legs=loader.state_dict()["legs"], lr=run.scheduler.get_last_lr()[0], seconds=trained.seconds,
+        data_wait_share=trained.data_wait_share,
+        steps=trained.steps - trained.first_step,
+        resumed_at_step=trained.first_step,
+        samples=trained.totals.samples,
+        images=trained.totals.images,
+        legs=loader.state_dict()["legs"],
+        lr=run.scheduler.get_last_lr()[0],
+        seconds=trained.seconds,
         skipped_rows=len(loader.skipped_rows),
-    )  # fmt: skip
+    )
     run.history.append(record.to_json())
     log.log(
-        _info_level(run.world), "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s",
-        epoch, "n/a" if record.loss is None else f"{record.loss:.4f}",
-        "n/a" if record.val_accuracy is None else f"{record.val_accuracy:.4f}", record.images_per_s,
+        _info_level(run.world),
+        "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s",
+        epoch,
+        "n/a" if record.loss is None else f"{record.loss:.4f}",
+        "n/a" if record.val_accuracy is None else f"{record.val_accuracy:.4f}",
+        record.images_per_s,
         [f"{s:.0%}" for s in record.data_wait_share],
-    )  # fmt: skip
+    )
     return record
 
 
@@ -417,12 +474,20 @@ def _save_checkpoint(run: _Run, *, epoch_done: bool, partial: dict[str, Any] | N
     if run.world.rank != 0:
         return
     buf = io.BytesIO()
-    torch.save({
-        "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict(), "loader": run.loaders.train.state_dict(),
-        "dataset_version": run.loaders.train.dataset_version, "epoch_done": epoch_done,
-        "epoch_partial": partial, "metrics": run.history, "config": asdict(run.cfg),
-    }, buf)  # fmt: skip
+    torch.save(
+        {
+            "model": run.model.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "loader": run.loaders.train.state_dict(),
+            "dataset_version": run.loaders.train.dataset_version,
+            "epoch_done": epoch_done,
+            "epoch_partial": partial,
+            "metrics": run.history,
+            "config": asdict(run.cfg),
+        },
+        buf,
+    )
     storage.write_bytes_atomic(run.plan.checkpoint_uri, buf.getvalue())
 
 
@@ -430,9 +495,16 @@ def _write_metrics(run: _Run, **final: Any) -> dict[str, Any]:
     """``metrics.json`` (rank 0 writes it): the run, its epochs so far and, at the end, the test
     (``final``)."""
     cfg = run.cfg
-    metrics = {"dataset": cfg.dataset, "dataset_version": run.loaders.train.dataset_version,
-               "world_size": run.world.world_size, "global_batch_size": cfg.batch_size, "config": asdict(cfg),
-               "skipped": run.plan.skipped, "epochs": run.history, **final}  # fmt: skip
+    metrics = {
+        "dataset": cfg.dataset,
+        "dataset_version": run.loaders.train.dataset_version,
+        "world_size": run.world.world_size,
+        "global_batch_size": cfg.batch_size,
+        "config": asdict(cfg),
+        "skipped": run.plan.skipped,
+        "epochs": run.history,
+        **final,
+    }
     if run.world.rank == 0:
         storage.write_json_atomic(run.plan.metrics_uri, metrics)
     return metrics

@@ -23,8 +23,9 @@ class EpochTotals:
     images: int = 0
 
     def __add__(self, other: EpochTotals) -> EpochTotals:
-        return EpochTotals(self.loss_sum + other.loss_sum, self.samples + other.samples,
-                           self.images + other.images)  # fmt: skip
+        return EpochTotals(
+            self.loss_sum + other.loss_sum, self.samples + other.samples, self.images + other.images
+        )
 
     @property
     def loss(self) -> float | None:
@@ -71,9 +72,18 @@ class EpochRecord:
     def to_json(self) -> dict[str, Any]:
         """The record as ``metrics.json`` (and a checkpoint's ``metrics``) has it."""
         return {
-            "epoch": self.epoch, "loss": self.loss, "val_accuracy": self.val_accuracy,
+            "epoch": self.epoch,
+            "loss": self.loss,
+            "val_accuracy": self.val_accuracy,
             "validation": None if self.validation is None else self.validation.to_json(),
-            "images_per_s": self.images_per_s, "data_wait_share": self.data_wait_share, "steps": self.steps,
-            "resumed_at_step": self.resumed_at_step, "samples": self.samples, "images": self.images,
-            "legs": self.legs, "lr": self.lr, "seconds": self.seconds, "skipped_rows": self.skipped_rows,
-        }  # fmt: skip
+            "images_per_s": self.images_per_s,
+            "data_wait_share": self.data_wait_share,
+            "steps": self.steps,
+            "resumed_at_step": self.resumed_at_step,
+            "samples": self.samples,
+            "images": self.images,
+            "legs": self.legs,
+            "lr": self.lr,
+            "seconds": self.seconds,
+            "skipped_rows": self.skipped_rows,
+        }

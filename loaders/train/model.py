@@ -35,7 +35,11 @@ class SmallCNN(nn.Module):
         c_in = 3
         for b in range(blocks):
             c_out = width * min(2**b, 8)
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+            layers += [
+                nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+                nn.BatchNorm2d(c_out),
+                nn.ReLU(inplace=True),
+            ]
             layers.append(nn.MaxPool2d(2))
             c_in = c_out
         self.features = nn.Sequential(*layers)
@@ -53,7 +57,9 @@ def _one_line(exc: BaseException) -> str:
 def _load_factory(spec: str) -> Callable[..., object]:
     where = f"--model {spec!r}"
     if not MODEL_SPEC.fullmatch(spec):
-        raise ConfigError(f"{where}: expected package.module:factory, a callable (num_classes, image_size) -> torch.nn.Module")
+        raise ConfigError(
+            f"{where}: expected package.module:factory, a callable (num_classes, image_size) -> torch.nn.Module"
+        )
     module_name, attr = spec.split(":")
     try:
         obj: object = importlib.import_module(module_name)
@@ -85,7 +91,9 @@ def build_model(spec: str | None, num_classes: int, image_size: int, *, width: i
     except Exception as exc:
         raise ConfigError(f"--model {spec!r}: {call} failed: {_one_line(exc)}") from None
     if not isinstance(model, nn.Module):
-        raise ConfigError(f"--model {spec!r}: {call} returned a {type(model).__name__}, not a torch.nn.Module")
+        raise ConfigError(
+            f"--model {spec!r}: {call} returned a {type(model).__name__}, not a torch.nn.Module"
+        )
     return model
 
 
@@ -93,8 +101,15 @@ def build_model(spec: str | None, num_classes: int, image_size: int, *, width: i
 _DRY_BATCH = 2
 
 
-def check_model(model: nn.Module, spec: str | None, num_classes: int, image_size: int, *, width: int = 32,
-                bf16: bool = False) -> None:  # fmt: skip
+def check_model(
+    model: nn.Module,
+    spec: str | None,
+    num_classes: int,
+    image_size: int,
+    *,
+    width: int = 32,
+    bf16: bool = False,
+) -> None:
     """Check that ``model`` fits the data before any training: it has trainable parameters, and
     one forward pass on a float32 ``[2, 3, image_size, image_size]`` batch (the loader's images)
     returns ``[2, num_classes]`` floating-point logits. The pass runs where the weights are (the
@@ -110,14 +125,18 @@ def check_model(model: nn.Module, spec: str | None, num_classes: int, image_size
         raise ConfigError(f"{where}: the model has no trainable parameters: there is nothing to train")
     shape = [_DRY_BATCH, 3, image_size, image_size]
     batch = f"a float32 [{', '.join(map(str, shape))}] batch"
-    expected = (f"logits of shape [{_DRY_BATCH}, {num_classes}] "
-                f"(batch, classes: the dataset has {num_classes})")
+    expected = (
+        f"logits of shape [{_DRY_BATCH}, {num_classes}] (batch, classes: the dataset has {num_classes})"
+    )
     device = next(model.parameters()).device
     training = model.training
     model.eval()
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), \
-                torch.autocast(device.type, torch.bfloat16, enabled=bf16):  # fmt: skip
+        with (
+            torch.no_grad(),
+            torch.random.fork_rng(devices=[]),
+            torch.autocast(device.type, torch.bfloat16, enabled=bf16),
+        ):
             out = model(torch.zeros(shape, device=device))
     except Exception as exc:
         raise ConfigError(

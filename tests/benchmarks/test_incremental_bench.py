@@ -18,14 +18,40 @@ import incremental_bench  # noqa: E402 - benchmarks/ is not a package
 
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["local", "near"])
-def test_the_bench_times_both_builds_of_the_grown_lake(tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_bench_times_both_builds_of_the_grown_lake(
+    tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On local disk, and with the lake read from the remote-like S3 store (nginx + shim)."""
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
-        monkeypatch.setenv(name, os.environ.get(name, ""))  # the bench points them at its store: restored after
+        monkeypatch.setenv(
+            name, os.environ.get(name, "")
+        )  # the bench points them at its store: restored after
     out = tmp_path / "r.json"
-    assert incremental_bench.main(["--images", "60", "--engine", "local", "--repeats", "2", "--num-shards", "2", "--split", "train=1",
-                                   "--cache", str(tmp_path / "cache"), "--work", str(tmp_path / "w"),
-                                   "--store", store, "--out", str(out)]) == 0
+    assert (
+        incremental_bench.main(
+            [
+                "--images",
+                "60",
+                "--engine",
+                "local",
+                "--repeats",
+                "2",
+                "--num-shards",
+                "2",
+                "--split",
+                "train=1",
+                "--cache",
+                str(tmp_path / "cache"),
+                "--work",
+                str(tmp_path / "w"),
+                "--store",
+                store,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert result["store"] == store and result["manifest_base"]
     lake = result["lake"]
@@ -39,9 +65,14 @@ def test_the_bench_times_both_builds_of_the_grown_lake(tmp_path: Path, store: st
         assert s["reused"] == 0 and i["reused"] > 0
         assert i["reused"] + i["decoded"] == s["decoded"]
         # The new and changed objects, and those of A's rows its plan dropped (not in its shards) still there.
-        assert lake["added"] + lake["changed"] <= i["decoded"] <= lake["added"] + lake["changed"] + \
-            engine["base_build"]["dropped"]
-    assert engine["ratio"] == engine["median"]["incremental"]["total_s"] / engine["median"]["scratch"]["total_s"]
+        assert (
+            lake["added"] + lake["changed"]
+            <= i["decoded"]
+            <= lake["added"] + lake["changed"] + engine["base_build"]["dropped"]
+        )
+    assert (
+        engine["ratio"] == engine["median"]["incremental"]["total_s"] / engine["median"]["scratch"]["total_s"]
+    )
     assert len(result["load_before"]) == 3
 
 
@@ -49,9 +80,31 @@ def test_the_bench_times_both_builds_of_the_grown_lake(tmp_path: Path, store: st
 def test_only_incremental_times_no_scratch_build(tmp_path: Path) -> None:
     """``--only incremental``: the base build and the incremental builds, no scratch build and so no ratio."""
     out = tmp_path / "r.json"
-    assert incremental_bench.main(["--images", "60", "--engine", "local", "--repeats", "3", "--num-shards", "2",
-                                   "--split", "train=1", "--only", "incremental", "--cache", str(tmp_path / "cache"),
-                                   "--work", str(tmp_path / "w"), "--out", str(out)]) == 0
+    assert (
+        incremental_bench.main(
+            [
+                "--images",
+                "60",
+                "--engine",
+                "local",
+                "--repeats",
+                "3",
+                "--num-shards",
+                "2",
+                "--split",
+                "train=1",
+                "--only",
+                "incremental",
+                "--cache",
+                str(tmp_path / "cache"),
+                "--work",
+                str(tmp_path / "w"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (engine,) = json.loads(out.read_text())["engines"]
     assert list(engine["runs"]) == ["incremental"] and len(engine["runs"]["incremental"]) == 3
     assert all(r["reused"] > 0 for r in engine["runs"]["incremental"])

@@ -31,8 +31,9 @@ def test_peak_watch_sees_the_commands_own_peak(tmp_path: Path) -> None:
         time.sleep(0.5)
     """)
     with open(tmp_path / "log", "w") as log:
-        peaks = PeakWatch([sys.executable, "-c", script], env={}, cwd=tmp_path, log=log, script=None,
-                          interval=0.05).run()
+        peaks = PeakWatch(
+            [sys.executable, "-c", script], env={}, cwd=tmp_path, log=log, script=None, interval=0.05
+        ).run()
     assert peaks.returncode == 0
     assert peaks.driver_python_rss_peak is not None
     assert peaks.driver_python_rss_peak >= 300 * _MIB
@@ -53,17 +54,26 @@ _BURN = textwrap.dedent("""
 def test_peak_watch_counts_the_cpu_of_the_whole_tree(tmp_path: Path) -> None:
     # The command starts two children that each start a grandchild; each of the four burns a
     # known amount of CPU, then the command burns its own share (the driver's).
-    (tmp_path / "burn.py").write_text(_BURN + textwrap.dedent("""
+    (tmp_path / "burn.py").write_text(
+        _BURN
+        + textwrap.dedent("""
         import subprocess
         level, seconds = int(sys.argv[1]), float(sys.argv[2])
         kids = [subprocess.Popen([sys.executable, __file__, str(level - 1), "0.6"]) for _ in range(2 if level else 0)]
         burn(seconds)
         for kid in kids:
             kid.wait()
-    """))
+    """)
+    )
     with open(tmp_path / "log", "w") as log:
-        peaks = PeakWatch([sys.executable, str(tmp_path / "burn.py"), "2", "0.8"], env={}, cwd=tmp_path, log=log,
-                          script=None, interval=0.05).run()
+        peaks = PeakWatch(
+            [sys.executable, str(tmp_path / "burn.py"), "2", "0.8"],
+            env={},
+            cwd=tmp_path,
+            log=log,
+            script=None,
+            interval=0.05,
+        ).run()
     assert peaks.returncode == 0, (tmp_path / "log").read_text()
     burnt = 0.8 + 6 * 0.6  # the command, two children, four grandchildren
     starts = 7 * 0.3  # each Python's own start, at most (it imports little)
@@ -78,7 +88,9 @@ def test_peak_watch_cpu_misses_only_what_outlives_the_command(tmp_path: Path) ->
     # A child that is never waited for burns 0.5 s, tells the command, which exits, then burns
     # 1 s more: the sampled tree counts the first part only; the kernel's account of the
     # command (wait4) counts neither.
-    (tmp_path / "orphan.py").write_text(_BURN + textwrap.dedent("""
+    (tmp_path / "orphan.py").write_text(
+        _BURN
+        + textwrap.dedent("""
         import subprocess
         if sys.argv[1] == "parent":
             child = subprocess.Popen([sys.executable, __file__, "child"], stdout=subprocess.PIPE)
@@ -87,10 +99,17 @@ def test_peak_watch_cpu_misses_only_what_outlives_the_command(tmp_path: Path) ->
             burn(0.5)
             print("burnt", flush=True)
             burn(1.0)
-    """))
+    """)
+    )
     with open(tmp_path / "log", "w") as log:
-        peaks = PeakWatch([sys.executable, str(tmp_path / "orphan.py"), "parent"], env={}, cwd=tmp_path, log=log,
-                          script=None, interval=0.05).run()
+        peaks = PeakWatch(
+            [sys.executable, str(tmp_path / "orphan.py"), "parent"],
+            env={},
+            cwd=tmp_path,
+            log=log,
+            script=None,
+            interval=0.05,
+        ).run()
     assert peaks.returncode == 0, (tmp_path / "log").read_text()
     assert peaks.tree_processes == 2
     assert 0.5 - 0.07 <= peaks.tree_cpu_s <= 0.5 + 2 * 0.2
@@ -106,27 +125,46 @@ def test_jstat_heap_sums_the_used_spaces() -> None:
 
 
 def test_ratios_are_largest_over_smallest() -> None:
-    rows = [{"engine": "dask", "job": "shard", "objects": n, "ms_per_object": ms, "driver_python_rss_peak_mib": mib,
-             "cpu_ms_per_object": cpu, "driver_cpu_ms_per_object": driver}
-            for n, ms, mib, cpu, driver in [(1000, 2.0, 100.0, 3.0, 0.5), (100, 4.0, 80.0, 5.0, 1.0),
-                                             (10_000, 1.0, 200.0, 6.0, 0.25)]]
+    rows = [
+        {
+            "engine": "dask",
+            "job": "shard",
+            "objects": n,
+            "ms_per_object": ms,
+            "driver_python_rss_peak_mib": mib,
+            "cpu_ms_per_object": cpu,
+            "driver_cpu_ms_per_object": driver,
+        }
+        for n, ms, mib, cpu, driver in [
+            (1000, 2.0, 100.0, 3.0, 0.5),
+            (100, 4.0, 80.0, 5.0, 1.0),
+            (10_000, 1.0, 200.0, 6.0, 0.25),
+        ]
+    ]
     [r] = jobs_scaling.ratios(rows)
     assert (r["from"], r["to"]) == (100, 10_000)
     assert r["ms_per_object"] == 0.25 and r["driver_python_rss_peak"] == 2.5
     assert r["cpu_ms_per_object"] == 1.2 and r["driver_cpu_ms_per_object"] == 0.25
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--objects", "100,0"], "'100,0'"),
-    (["--objects", "1e5"], "'1e5'"),
-    (["--engines", "spark,ray"], "'spark,ray'"),
-    (["--plan-rejects", "-1"], "'-1'"),
-    (["--jobs", "shard"], "'shard'"),
-    (["--plan-only", "--plan-rows", "10"], "10 rows in 1000 classes"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--objects", "100,0"], "'100,0'"),
+        (["--objects", "1e5"], "'1e5'"),
+        (["--engines", "spark,ray"], "'spark,ray'"),
+        (["--plan-rejects", "-1"], "'-1'"),
+        (["--jobs", "shard"], "'shard'"),
+        (["--plan-only", "--plan-rows", "10"], "10 rows in 1000 classes"),
+    ],
+)
 def test_bad_flags_name_the_value(argv: list[str], needle: str) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), *argv],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert needle in done.stderr
 
@@ -139,8 +177,12 @@ def test_objects_and_engines_take_commas_or_spaces() -> None:
 def test_code_root_must_hold_the_jobs(tmp_path: Path) -> None:
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "manifest.py").write_text("")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), "--code-root", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), "--code-root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert str(tmp_path) in done.stderr and "jobs/shard.py" in done.stderr
 
@@ -187,10 +229,29 @@ def test_plan_alone_deals_every_surviving_row() -> None:
 def test_runs_both_jobs_at_two_sizes(engine: str, tmp_path: Path) -> None:
     out = tmp_path / "scaling.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), "--objects", "200,400", "--engines", engine,
-         "--classes", "4", "--num-shards", "2", "--cache-dir", str(tmp_path / "lakes"),
-         "--work-dir", str(tmp_path / "work"), "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/jobs_scaling.py"),
+            "--objects",
+            "200,400",
+            "--engines",
+            engine,
+            "--classes",
+            "4",
+            "--num-shards",
+            "2",
+            "--cache-dir",
+            str(tmp_path / "lakes"),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(out.read_text())
     runs = {(r["job"], r["objects"]): r for r in doc["results"]}
@@ -216,7 +277,10 @@ def test_runs_both_jobs_at_two_sizes(engine: str, tmp_path: Path) -> None:
         else:
             assert r["jvm_heap_used_peak_mib"] is None and r["jvm_cpu_s"] is None
         assert Path(r["log"]).stat().st_size > 0
-    assert {(r["job"], r["from"], r["to"]) for r in doc["ratios"]} == {("manifest", 200, 400), ("shard", 200, 400)}
+    assert {(r["job"], r["from"], r["to"]) for r in doc["ratios"]} == {
+        ("manifest", 200, 400),
+        ("shard", 200, 400),
+    }
     assert all(r["cpu_ms_per_object"] > 0 for r in doc["ratios"])
     assert (tmp_path / "lakes" / "lake-400-c4-8px" / ".complete").exists()
 
@@ -244,17 +308,44 @@ def test_synthetic_manifest_is_one_the_shard_job_plans(tmp_path: Path, local_eng
 def test_plan_through_engine_runs_the_shard_jobs_plan_only(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/jobs_scaling.py"), "--plan-through-engine", "3000,6000",
-         "--engines", "spark", "--plan-classes", "20", "--plan-shards", "4", "--cache-dir", str(tmp_path / "cache"),
-         "--work-dir", str(tmp_path / "work"), "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/jobs_scaling.py"),
+            "--plan-through-engine",
+            "3000,6000",
+            "--engines",
+            "spark",
+            "--plan-classes",
+            "20",
+            "--plan-shards",
+            "4",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(out.read_text())
     runs = {r["objects"]: r for r in doc["plan_through_engine"]}
     assert set(runs) == {3000, 6000}
     for n, r in runs.items():
-        assert r["command"][1:] == ["--master", "local[2]", "jobs/shard.py", "--dataset",
-                                    str(tmp_path / "cache" / f"manifest-{n}-c20"), "--num-shards", "4", "--plan-only"]
+        assert r["command"][1:] == [
+            "--master",
+            "local[2]",
+            "jobs/shard.py",
+            "--dataset",
+            str(tmp_path / "cache" / f"manifest-{n}-c20"),
+            "--num-shards",
+            "4",
+            "--plan-only",
+        ]
         assert r["driver_python_rss_peak_mib"] > 20 and r["jvm_heap_used_peak_mib"] > 0
         assert 0 < r["driver_cpu_s"] < r["jvm_cpu_s"] < r["cpu_s"]
         log = Path(r["log"]).read_text()

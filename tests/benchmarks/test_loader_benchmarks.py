@@ -21,13 +21,29 @@ def run(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # starts processes
 def test_loader_bench_measures_every_ratio(tmp_path: Path):
     out = tmp_path / "loader.json"
-    done = run("benchmarks/loader_bench.py", "--images", "40", "--size", "32", "--repeats", "2",
-               "--workdir", str(tmp_path), "--out", str(out))  # fmt: skip
+    done = run(
+        "benchmarks/loader_bench.py",
+        "--images",
+        "40",
+        "--size",
+        "32",
+        "--repeats",
+        "2",
+        "--workdir",
+        str(tmp_path),
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["images"] == 40
-    for name in ("shardloader_vs_ceiling", "shardloader_next_epoch_vs_ceiling", "shardloader_vs_ceiling_paired",
-                 "shardloader_next_epoch_vs_ceiling_paired", "shardloader_vs_dataloader"):  # fmt: skip
+    for name in (
+        "shardloader_vs_ceiling",
+        "shardloader_next_epoch_vs_ceiling",
+        "shardloader_vs_ceiling_paired",
+        "shardloader_next_epoch_vs_ceiling_paired",
+        "shardloader_vs_dataloader",
+    ):
         assert math.isfinite(result["ratios"][name]) and result["ratios"][name] > 0, name
     assert len(result["runs"]["shardloader_next_epoch"]) == len(result["runs"]["dataloader_files"]) == 2
     assert len(result["runs"]["shardloader_new_loader_extra_s"]) == 2  # may be < 0 on a noisy machine
@@ -38,8 +54,23 @@ def test_loader_bench_measures_every_ratio(tmp_path: Path):
 @pytest.mark.slow
 def test_loader_ab_runs_each_variant_in_its_own_processes(tmp_path: Path):
     out = tmp_path / "ab.json"
-    done = run("benchmarks/loader_ab.py", "--images", "40", "--size", "32", "--rounds", "2", "--epochs", "3",
-               "--cache", str(tmp_path), "--out", str(out), "", "num_threads=1,prefetch=2")  # fmt: skip
+    done = run(
+        "benchmarks/loader_ab.py",
+        "--images",
+        "40",
+        "--size",
+        "32",
+        "--rounds",
+        "2",
+        "--epochs",
+        "3",
+        "--cache",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "",
+        "num_threads=1,prefetch=2",
+    )
     assert done.returncode == 0, done.stderr
     runs = json.loads(out.read_text())["runs"]
     assert set(runs) == {"", "num_threads=1,prefetch=2"}
@@ -56,8 +87,23 @@ def test_loader_ab_runs_each_variant_in_its_own_processes(tmp_path: Path):
 @pytest.mark.slow
 def test_loader_gil_samples_the_loader_and_the_ceiling_each_in_its_own_process(tmp_path: Path):
     out = tmp_path / "gil.json"
-    done = run("benchmarks/loader_gil.py", "--images", "40", "--size", "32", "--seconds", "2", "--warmup", "2",
-               "--repeats", "1", "--cache", str(tmp_path), "--out", str(out))  # fmt: skip
+    done = run(
+        "benchmarks/loader_gil.py",
+        "--images",
+        "40",
+        "--size",
+        "32",
+        "--seconds",
+        "2",
+        "--warmup",
+        "2",
+        "--repeats",
+        "1",
+        "--cache",
+        str(tmp_path),
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     runs = json.loads(out.read_text())["runs"]
     (loader,), (ceiling,) = runs["loader"], runs["ceiling"]

@@ -71,8 +71,11 @@ def read_columns_bytes(shard: Path, columns: list[str]) -> int:
     """The bytes of ``columns``' chunks in ``shard`` (what a reader of those columns must fetch)."""
     meta = pq.ParquetFile(shard).metadata
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-    return sum(meta.row_group(g).column(names.index(c)).total_compressed_size
-               for g in range(meta.num_row_groups) for c in columns)  # fmt: skip
+    return sum(
+        meta.row_group(g).column(names.index(c)).total_compressed_size
+        for g in range(meta.num_row_groups)
+        for c in columns
+    )
 
 
 def test_the_loader_reads_the_same_batches_from_the_store_as_from_disk(store: RemoteStore, lake: Path):
@@ -90,13 +93,19 @@ def test_the_loader_reads_the_same_batches_from_the_store_as_from_disk(store: Re
                 assert torch.equal(xa, xb) and torch.equal(ya, yb)
             if epoch == 0:  # epoch 1 may have been read ahead during epoch 0: its bytes counted there
                 shard = lake / "bench-ds" / shard_relpath("train", 0, 1)
-                assert served.gets >= 1 and served.requests == served.gets + served.heads + served.lists + served.other
+                assert (
+                    served.gets >= 1
+                    and served.requests == served.gets + served.heads + served.lists + served.other
+                )
                 assert served.body_bytes >= read_columns_bytes(shard, ["image", "label", "is_pad"])
                 assert served.body_bytes <= 3 * shard.stat().st_size  # nothing read many times over
                 assert served.bytes_sent > served.body_bytes  # headers too
                 # The log names each file request and its range: ranged GETs of the shard.
                 assert len(requests) == served.gets + served.heads
-                assert any(r.startswith("GET 206 ") and f"/{shard_relpath('train', 0, 1)}" in r and '"bytes=' in r for r in requests)
+                assert any(
+                    r.startswith("GET 206 ") and f"/{shard_relpath('train', 0, 1)}" in r and '"bytes=' in r
+                    for r in requests
+                )
                 assert sum(int(r.split()[2]) for r in requests) == served.body_bytes
     finally:
         local.close()
@@ -124,27 +133,39 @@ def test_the_store_answers_what_s3fs_asks(store: RemoteStore, lake: Path):
     data = info_path.read_bytes()
     assert fs.cat_file("bench/bench-ds/dataset.json", start=5, end=25) == data[5:25]  # a ranged GET
     assert sorted(fs.ls("bench/bench-ds", detail=False)) == sorted(
-        f"bench/bench-ds/{p.name}" for p in (lake / "bench-ds").iterdir())  # fmt: skip
+        f"bench/bench-ds/{p.name}" for p in (lake / "bench-ds").iterdir()
+    )
 
     # ListObjectsV2 pages: every key once, in order, across pages of two.
     client = boto3.client("s3", endpoint_url=store.endpoint, region_name="us-east-1")
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix="bench-ds/files/class1/", MaxKeys=2)
+    pages = client.get_paginator("list_objects_v2").paginate(
+        Bucket="bench", Prefix="bench-ds/files/class1/", MaxKeys=2
+    )
     keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
-    on_disk = sorted(f"bench-ds/files/class1/{p.name}" for p in (lake / "bench-ds" / "files" / "class1").iterdir())
+    on_disk = sorted(
+        f"bench-ds/files/class1/{p.name}" for p in (lake / "bench-ds" / "files" / "class1").iterdir()
+    )
     assert keys == on_disk and len(keys) == 4
     assert store.traffic().lists >= 3  # two from exists/isdir, and the pages
 
     # ETags of an object uploaded in one PUT (no "-", which marks a multipart upload's): the
     # same in a listing, a HEAD and a GET, and a GET with If-Match of it is answered, another 412.
-    listed = {obj["Key"]: obj["ETag"] for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket="bench", Prefix="bench-ds/files/class1/") for obj in page["Contents"]}  # fmt: skip
+    listed = {
+        obj["Key"]: obj["ETag"]
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket="bench", Prefix="bench-ds/files/class1/"
+        )
+        for obj in page["Contents"]
+    }
     key = keys[0]
     head = client.head_object(Bucket="bench", Key=key)["ETag"]
     got = client.get_object(Bucket="bench", Key=key, IfMatch=head)
     assert got["Body"].read() == (lake / key).read_bytes()
     assert "-" not in head and head == listed[key] == got["ETag"]
     with pytest.raises(Exception, match=r"412|PreconditionFailed"):
-        client.get_object(Bucket="bench", Key=key, IfMatch=head.replace(head[2], "f" if head[2] != "f" else "e"))
+        client.get_object(
+            Bucket="bench", Key=key, IfMatch=head.replace(head[2], "f" if head[2] != "f" else "e")
+        )
 
     # Read-only: a write is refused, not stored.
     with pytest.raises(Exception, match=r"405|Not Allowed|MethodNotAllowed"):
@@ -201,18 +222,38 @@ def run(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_remote_bench_measures_both_sources_and_the_traffic(nginx: str, tmp_path: Path):
     out = tmp_path / "remote.json"
-    done = run("benchmarks/remote_bench.py", "--images", "40", "--size", "32", "--repeats", "1", "--epochs", "2",
-               "--latency-ms", "1", "--workdir", str(tmp_path), "--out", str(out),
-               "--loader-option", "num_threads=1,prefetch=2")  # fmt: skip
+    done = run(
+        "benchmarks/remote_bench.py",
+        "--images",
+        "40",
+        "--size",
+        "32",
+        "--repeats",
+        "1",
+        "--epochs",
+        "2",
+        "--latency-ms",
+        "1",
+        "--workdir",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "--loader-option",
+        "num_threads=1,prefetch=2",
+    )
     assert done.returncode == 0, done.stderr
     assert "first batch: identical from local disk and from the store" in done.stderr
     result = json.loads(out.read_text())
-    assert result["images"] == 40 and result["latency_ms"] == 1 and result["bandwidth_bytes_per_s"] == 80_000_000
+    assert (
+        result["images"] == 40 and result["latency_ms"] == 1 and result["bandwidth_bytes_per_s"] == 80_000_000
+    )
     assert result["args"]["options"] == {"num_threads": 1, "prefetch": 2}
     for source in ("local", "remote"):
         (run_,) = result["runs"][source]
         assert all(run_[f"epoch{e}"] > 0 and run_[f"epoch{e}_first_batch_s"] > 0 for e in (1, 2))
-        assert all(0 < run_[f"epoch{e}_gap_s"] < 40 / run_[f"epoch{e}"] for e in (1, 2))  # less than the epoch
+        assert all(
+            0 < run_[f"epoch{e}_gap_s"] < 40 / run_[f"epoch{e}"] for e in (1, 2)
+        )  # less than the epoch
         assert run_["fresh_first_batch_s"] > 0
         assert 0 < run_["process_constructor_s"] < run_["process_first_batch_s"]
     epochs = result["summary"]["epochs"]
@@ -223,17 +264,24 @@ def test_remote_bench_measures_both_sources_and_the_traffic(nginx: str, tmp_path
     assert fresh["heads"] == 0 and fresh["gets"] >= 3 and fresh["connections"] >= 1
     process = result["summary"]["process_first_batch_traffic"]  # the new process read from the store too
     assert process["heads"] == 0 and process["gets"] >= 3 and process["connections"] >= 1
-    assert result["store_total"]["body_bytes"] >= (sum(e["traffic"]["body_bytes"] for e in epochs) + fresh["body_bytes"]
-                                                   + process["body_bytes"])  # fmt: skip
+    assert result["store_total"]["body_bytes"] >= (
+        sum(e["traffic"]["body_bytes"] for e in epochs) + fresh["body_bytes"] + process["body_bytes"]
+    )
     assert not any(map(alive, result["store_pids"]))
-    assert "bound: MB/bw" in done.stdout and "gap local" in done.stdout and "fresh loader, first batch" in done.stdout
+    assert (
+        "bound: MB/bw" in done.stdout
+        and "gap local" in done.stdout
+        and "fresh loader, first batch" in done.stdout
+    )
     assert "new process, first batch" in done.stdout
     assert all(e["typical_gap_s"]["remote"] > 0 for e in epochs)
 
 
 @pytest.mark.slow  # starts python and imports torch: ~5 s
 def test_remote_bench_refuses_an_unknown_loader_option(tmp_path: Path):
-    bad = run("benchmarks/remote_bench.py", "--workdir", str(tmp_path), "--loader-option", "cache_dirr=/tmp/x")
+    bad = run(
+        "benchmarks/remote_bench.py", "--workdir", str(tmp_path), "--loader-option", "cache_dirr=/tmp/x"
+    )
     assert bad.returncode == 2
     assert "'cache_dirr' in variant 'cache_dirr=/tmp/x' is not a ShardLoader option" in bad.stderr
     assert not list(tmp_path.iterdir())  # refused before building anything
@@ -294,8 +342,14 @@ def test_the_store_relays_each_kind_of_response_on_one_connection(store: RemoteS
         response = conn.getresponse()
         seen.append((method, response.status, response.getheader("Content-Length"), response.read()))
     conn.close()
-    assert [(m, status) for m, status, _, _ in seen] == [("HEAD", 200), ("GET", 404), ("HEAD", 200), ("GET", 206),
-                                                         ("GET", 200), ("GET", 412)]  # fmt: skip
+    assert [(m, status) for m, status, _, _ in seen] == [
+        ("HEAD", 200),
+        ("GET", 404),
+        ("HEAD", 200),
+        ("GET", 206),
+        ("GET", 200),
+        ("GET", 412),
+    ]
     assert seen[0][2:] == seen[2][2:] == (str(len(data)), b"")
     assert b"NoSuchKey" in seen[1][3] and seen[5][3]
     assert seen[3][3] == data[1000:601000] and seen[4][3] == data

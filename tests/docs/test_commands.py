@@ -20,8 +20,10 @@ DOCS = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "
 
 # How a command names each entry point, and the config dataclass its options come from.
 ENTRY_POINTS = {
-    "jobs.manifest": ManifestConfig, "jobs/manifest.py": ManifestConfig,
-    "jobs.shard": ShardConfig, "jobs/shard.py": ShardConfig,
+    "jobs.manifest": ManifestConfig,
+    "jobs/manifest.py": ManifestConfig,
+    "jobs.shard": ShardConfig,
+    "jobs/shard.py": ShardConfig,
     "loaders.train": TrainConfig,
 }
 
@@ -59,7 +61,9 @@ def test_ci_runs_the_readme_test_command() -> None:
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
     assert commands[:2] == ["bash scripts/demo.sh", "bash scripts/test.sh"], commands
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    assert "bash scripts/test.sh" in [line.strip() for line in ci], ".ci/run does not run bash scripts/test.sh"
+    assert "bash scripts/test.sh" in [line.strip() for line in ci], (
+        ".ci/run does not run bash scripts/test.sh"
+    )
 
 
 def test_the_docs_show_commands() -> None:

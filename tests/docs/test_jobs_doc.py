@@ -47,7 +47,9 @@ def _doc_rows(section: str) -> dict[str, tuple[str, str, str]]:
         if flag is None:
             if cells[0].lower() == "option":
                 continue  # the header row
-            raise AssertionError(f"docs/jobs.md, {section}: row {line.strip()!r} names no `--flag` in its first cell")
+            raise AssertionError(
+                f"docs/jobs.md, {section}: row {line.strip()!r} names no `--flag` in its first cell"
+            )
         if flag.group(1) in rows:
             raise AssertionError(f"docs/jobs.md, {section}: {flag.group(1)} has two rows")
         rows[flag.group(1)] = (cells[0], cells[1], cells[2])
@@ -66,7 +68,7 @@ def _expected_default(cls: type, action: argparse.Action) -> str | None:
     the field's help text with `` (required)`` or `` (default: ...)``), or None for an option
     whose default is decided at run time, which the doc explains in words."""
     field_help = {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}[action.dest]
-    added = action.help[len(field_help):] if action.help.startswith(field_help) else action.help
+    added = action.help[len(field_help) :] if action.help.startswith(field_help) else action.help
     if added.strip() == "(required)":
         return "required"
     shown = re.fullmatch(r" \(default: (.*)\)", added)
@@ -82,8 +84,12 @@ def test_every_option_has_one_row_and_every_row_is_an_option(section: str) -> No
     cls = JOBS[section]
     in_code = set(_options(cls))
     in_doc = set(_doc_rows(section))
-    assert not in_code - in_doc, f"options of {cls.__name__} missing from docs/jobs.md ({section}): {sorted(in_code - in_doc)}"
-    assert not in_doc - in_code, f"docs/jobs.md ({section}) documents options {cls.__name__} does not have: {sorted(in_doc - in_code)}"
+    assert not in_code - in_doc, (
+        f"options of {cls.__name__} missing from docs/jobs.md ({section}): {sorted(in_code - in_doc)}"
+    )
+    assert not in_doc - in_code, (
+        f"docs/jobs.md ({section}) documents options {cls.__name__} does not have: {sorted(in_doc - in_code)}"
+    )
 
 
 @pytest.mark.parametrize("section", sorted(JOBS))

@@ -28,7 +28,9 @@ from tests.helpers.datasets import build_dataset_with_rejects
 def dataset(tmp_path_factory) -> Path:
     """Built by the real jobs (in-process engine: the readers below are what is tested)."""
     engine = LocalEngine(workers=2)
-    return build_dataset_with_rejects(engine, tmp_path_factory.mktemp("tables"), {"ant": 9, "bee": 8, "cat": 7}, seed=3)
+    return build_dataset_with_rejects(
+        engine, tmp_path_factory.mktemp("tables"), {"ant": 9, "bee": 8, "cat": 7}, seed=3
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,9 @@ def expected(dataset: Path) -> Counter:
     rows: Counter = Counter()
     for channel in info.channels:
         for table in shard_tables(str(dataset), channel, info.num_shards):
-            rows.update((channel, u, p) for u, p in zip(table["uri"].to_pylist(), table["is_pad"].to_pylist()))
+            rows.update(
+                (channel, u, p) for u, p in zip(table["uri"].to_pylist(), table["is_pad"].to_pylist())
+            )
     assert sum(rows.values()) == sum(c.rows for c in info.channels.values()) > 0
     assert len({c for c, _, _ in rows}) == len(info.channels) == 3
     return rows

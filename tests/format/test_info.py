@@ -20,7 +20,9 @@ from tests.loaders.loader_builders import shard_path, write_dataset
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    write_dataset(tmp_path / "ds", rows={"train": 8, "validation": 4, "test": 4}, num_shards=2, row_group_rows=3)
+    write_dataset(
+        tmp_path / "ds", rows={"train": 8, "validation": 4, "test": 4}, num_shards=2, row_group_rows=3
+    )
     return tmp_path / "ds"
 
 
@@ -58,8 +60,11 @@ def test_another_format_version_is_refused_with_what_to_do(root: Path, version: 
     data = raw(root)
     data["format_version"] = version
     (root / "dataset.json").write_text(json.dumps(data))
-    with pytest.raises(DatasetError, match=rf"dataset.json has format_version {version!r}; this code reads format "
-                                           r"version 3 only: rebuild the dataset .*jobs/shard.py --overwrite"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"dataset.json has format_version {version!r}; this code reads format "
+        r"version 3 only: rebuild the dataset .*jobs/shard.py --overwrite",
+    ):
         fmt.read_dataset_info(str(root))
 
 
@@ -93,9 +98,18 @@ def test_a_missing_field_is_named_with_the_file(root: Path, path: list[Any], fie
         (lambda d: d.update(num_shards="2"), "field num_shards must be an integer, got '2'"),
         (lambda d: d.update(num_shards=True), "field num_shards must be an integer, got True"),
         (lambda d: d["image"].update(format=None), "field image.format must be a string, got None"),
-        (lambda d: d["image"].update(size=4), r"field image: image size must be an integer in \[8, 8192\], got 4"),
-        (lambda d: d["channels"]["test"].update(shards={}), r"field channels.test.shards must be a list, got \{\}"),
-        (lambda d: d["inputs"]["split"].update(train="half"), "field inputs.split.train must be a number, got 'half'"),
+        (
+            lambda d: d["image"].update(size=4),
+            r"field image: image size must be an integer in \[8, 8192\], got 4",
+        ),
+        (
+            lambda d: d["channels"]["test"].update(shards={}),
+            r"field channels.test.shards must be a list, got \{\}",
+        ),
+        (
+            lambda d: d["inputs"]["split"].update(train="half"),
+            "field inputs.split.train must be a number, got 'half'",
+        ),
         (lambda d: d.update(labels=[]), r"field labels must be an object, got \[\]"),
     ],
 )
@@ -118,8 +132,11 @@ def test_a_missing_channel_is_named(root: Path):
 def test_check_footer_names_the_key_both_values_and_the_shard():
     footer = {"dataset_version": "aaa", "channel": "train", "shard_index": "1"}
     fmt.check_footer("s3://b/x.parquet", footer, {"channel": "train", "shard_index": 1})
-    with pytest.raises(DatasetError, match=r"^shard s3://b/x.parquet footer says lakeshard.dataset_version='aaa', "
-                                           r"expected 'bbb' \(the dataset was rebuilt"):
+    with pytest.raises(
+        DatasetError,
+        match=r"^shard s3://b/x.parquet footer says lakeshard.dataset_version='aaa', "
+        r"expected 'bbb' \(the dataset was rebuilt",
+    ):
         fmt.check_footer("s3://b/x.parquet", footer, {"dataset_version": "bbb"})
     with pytest.raises(DatasetError, match=r"footer says lakeshard.num_shards=None, expected '2'"):
         fmt.check_footer("s3://b/x.parquet", footer, {"num_shards": 2})
@@ -134,8 +151,15 @@ def test_the_opener_checks_a_shard_against_dataset_json(root: Path):
     info = fmt.read_dataset_info(str(root))
     uri = fmt.shard_uri(storage.normalize(str(root)), "train", 1, 2)
     with fmt.open_shard(uri) as shard:
-        assert shard.footer == {"dataset_version": info.dataset_version, "channel": "train", "shard_index": "1",
-                                "num_shards": "2", "format_version": "3", "image_format": "png", "image_size": "8"}
+        assert shard.footer == {
+            "dataset_version": info.dataset_version,
+            "channel": "train",
+            "shard_index": "1",
+            "num_shards": "2",
+            "format_version": "3",
+            "image_format": "png",
+            "image_size": "8",
+        }
         assert shard.check(info, "train", 1, rows=4) == [3, 1]  # row_group_rows=3
         with pytest.raises(DatasetError, match=r"footer says lakeshard.shard_index='1', expected '0'"):
             shard.check(info, "train", 0)
@@ -147,13 +171,24 @@ def test_the_opener_checks_a_shard_against_dataset_json(root: Path):
 
 
 def test_the_writer_closes_row_groups_by_rows_or_bytes(tmp_path: Path):
-    table = pa.table({"image": [b"x" * 10] * 7, "label": list(range(7)), "uri": ["u"] * 7, "key": ["k"] * 7,
-                      "height": pa.array([1] * 7, pa.int32()), "width": pa.array([1] * 7, pa.int32()),
-                      "is_pad": [False] * 7}, schema=fmt.SHARD_SCHEMA)
+    table = pa.table(
+        {
+            "image": [b"x" * 10] * 7,
+            "label": list(range(7)),
+            "uri": ["u"] * 7,
+            "key": ["k"] * 7,
+            "height": pa.array([1] * 7, pa.int32()),
+            "width": pa.array([1] * 7, pa.int32()),
+            "is_pad": [False] * 7,
+        },
+        schema=fmt.SHARD_SCHEMA,
+    )
     sizes = {}
-    for name, options in {"rows": {"row_group_bytes": 1000, "row_group_rows": 3},
-                          "bytes": {"row_group_bytes": 20, "row_group_rows": 3},
-                          "bytes only": {"row_group_bytes": 40}}.items():
+    for name, options in {
+        "rows": {"row_group_bytes": 1000, "row_group_rows": 3},
+        "bytes": {"row_group_bytes": 20, "row_group_rows": 3},
+        "bytes only": {"row_group_bytes": 40},
+    }.items():
         uri = storage.normalize(str(tmp_path / f"{name}.parquet"))
         with fmt.ShardWriter(uri, metadata={"channel": "train"}, **options) as writer:
             writer.write(table.slice(0, 2))
@@ -166,8 +201,14 @@ def test_the_writer_closes_row_groups_by_rows_or_bytes(tmp_path: Path):
 
 def test_the_layout_keeps_shards_alone_below_shards():
     assert fmt.shard_relpath("validation", 2, 4) == "shards/channel=validation/part-00002-of-00004.parquet"
-    assert fmt.shard_uri("s3://b/ds", "test", 0, 1) == "s3://b/ds/shards/channel=test/part-00000-of-00001.parquet"
-    assert fmt.shards_folder_uri("s3://b/stage", "train", 0, 1) == "s3://b/stage/channel=train/part-00000-of-00001.parquet"
+    assert (
+        fmt.shard_uri("s3://b/ds", "test", 0, 1)
+        == "s3://b/ds/shards/channel=test/part-00000-of-00001.parquet"
+    )
+    assert (
+        fmt.shards_folder_uri("s3://b/stage", "train", 0, 1)
+        == "s3://b/stage/channel=train/part-00000-of-00001.parquet"
+    )
     assert fmt.shard_rejects_uri("s3://b/ds") == "s3://b/ds/rejects/shards.parquet"
     assert not fmt.shard_rejects_uri("s3://b/ds").startswith(fmt.shards_uri("s3://b/ds"))
 
@@ -178,18 +219,25 @@ V = "0123456789abcdef-89abcdef"  # a version folder's name: <dataset_version>-<b
 def test_a_shard_path_is_the_local_layout_or_one_version_folder():
     assert fmt.check_shard_path("shards/channel=train/part-00001-of-00002.parquet", "train", 1, 2) is None
     assert fmt.check_shard_path(f"shards/v={V}/channel=train/part-00001-of-00002.parquet", "train", 1, 2) == V
-    assert fmt.check_shard_path(f"shards/v={V}/channel=test/part-00000-of-00002.assembled.parquet", "test", 0, 2) == V
+    assert (
+        fmt.check_shard_path(f"shards/v={V}/channel=test/part-00000-of-00002.assembled.parquet", "test", 0, 2)
+        == V
+    )
     assert fmt.versions_uri("s3://b/ds", V) == f"s3://b/ds/shards/v={V}"
     assert fmt.version_marker_uri("s3://b/ds", V) == f"s3://b/ds/shards/v={V}/_version.json"
-    for bad in ["shards/channel=train/part-00000-of-00002.parquet",  # another index
-                "shards/channel=test/part-00001-of-00002.parquet",  # another channel
-                "shards/channel=train/part-00001-of-00003.parquet",  # another count
-                "shards/v=../channel=train/part-00001-of-00002.parquet",
-                f"shards/v={V}/x/channel=train/part-00001-of-00002.parquet",
-                f"/shards/v={V}/channel=train/part-00001-of-00002.parquet",
-                "s3://elsewhere/shards/channel=train/part-00001-of-00002.parquet",
-                "manifests/all.parquet"]:
-        with pytest.raises(ValueError, match=r"is not shards/\[v=<version>/\]channel=train/part-00001-of-00002"):
+    for bad in [
+        "shards/channel=train/part-00000-of-00002.parquet",  # another index
+        "shards/channel=test/part-00001-of-00002.parquet",  # another channel
+        "shards/channel=train/part-00001-of-00003.parquet",  # another count
+        "shards/v=../channel=train/part-00001-of-00002.parquet",
+        f"shards/v={V}/x/channel=train/part-00001-of-00002.parquet",
+        f"/shards/v={V}/channel=train/part-00001-of-00002.parquet",
+        "s3://elsewhere/shards/channel=train/part-00001-of-00002.parquet",
+        "manifests/all.parquet",
+    ]:
+        with pytest.raises(
+            ValueError, match=r"is not shards/\[v=<version>/\]channel=train/part-00001-of-00002"
+        ):
             fmt.check_shard_path(bad, "train", 1, 2)
     with pytest.raises(ValueError, match="a shard version must match"):
         fmt.version_dirname("../x")
@@ -212,7 +260,9 @@ def test_the_loader_reads_the_shards_where_dataset_json_names_them(root: Path):
     info = fmt.read_dataset_info(str(root))
     base = storage.normalize(str(root))
     shards = fmt.channel_shards(base, info, "train")
-    assert shards == [(f"{base}/shards/v={V}/channel=train/part-0000{i}-of-00002.parquet", 4) for i in range(2)]
+    assert shards == [
+        (f"{base}/shards/v={V}/channel=train/part-0000{i}-of-00002.parquet", 4) for i in range(2)
+    ]
     assert fmt.shard_version(info) == V
     with fmt.open_shard(shards[1][0]) as shard:
         assert shard.check(info, "train", 1, rows=4) == [3, 1]
@@ -240,7 +290,10 @@ def test_the_rejects_table_is_where_dataset_json_names_it_beside_the_shards(root
     assert fmt.rejects_uri(base, fmt.read_dataset_info(str(root))) == f"{base}/rejects/shards.parquet"
     data = raw(root)
     _move_to_version(root, data, {c: V for c in data["channels"]})
-    with pytest.raises(DatasetError, match=rf"rejects_path is 'rejects/shards.parquet', expected 'shards/v={V}/_rejects.parquet'"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"rejects_path is 'rejects/shards.parquet', expected 'shards/v={V}/_rejects.parquet'",
+    ):
         fmt.rejects_uri(base, fmt.read_dataset_info(str(root)))
     data["rejects_path"] = f"shards/v={V}/_rejects.parquet"
     (root / "dataset.json").write_text(json.dumps(data))
@@ -257,12 +310,14 @@ def test_a_remote_footer_is_read_without_a_head(tmp_path: Path, s3_bucket: str, 
 
     from tests.hardening.faultproxy import FaultProxy
 
-    write_dataset(tmp_path / "ds", rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, row_group_rows=3)
+    write_dataset(
+        tmp_path / "ds", rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, row_group_rows=3
+    )
     small = shard_path(tmp_path / "ds", "train", 0, 1)
     big = tmp_path / "big.parquet"  # a footer of ~400 kB: long key-value metadata
     table = pq.read_table(small)
     pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"filler": b"x" * 400_000}), big)
-    client, bucket = boto3.client("s3"), s3_bucket[len("s3://"):]
+    client, bucket = boto3.client("s3"), s3_bucket[len("s3://") :]
     for name, path in (("small.parquet", small), ("big.parquet", big)):
         client.put_object(Bucket=bucket, Key=name, Body=path.read_bytes())
     client.put_object(Bucket=bucket, Key="not.parquet", Body=b"PAR1 and then nothing of the sort")
@@ -277,14 +332,20 @@ def test_a_remote_footer_is_read_without_a_head(tmp_path: Path, s3_bucket: str, 
             assert footer.metadata.equals(pq.read_metadata(path)) and footer.size == path.stat().st_size
             assert footer.etag == client.head_object(Bucket=bucket, Key=name)["ETag"]
         assert footer.metadata.metadata[b"filler"] == b"x" * 400_000
-        with pytest.raises(DatasetError, match=rf"^cannot open shard {s3_bucket}/not.parquet: .*Parquet's magic"):
+        with pytest.raises(
+            DatasetError, match=rf"^cannot open shard {s3_bucket}/not.parquet: .*Parquet's magic"
+        ):
             fmt.read_shard_footer(f"{s3_bucket}/not.parquet")
     finally:
         proxy.stop()
     info = fmt.read_dataset_info(str(tmp_path / "ds"))
     assert fmt.read_shard_footer(f"{s3_bucket}/small.parquet").check(info, "train", 0, rows=8) == [3, 3, 2]
     size = big.stat().st_size
-    footer_start = size - 8 - int.from_bytes(big.read_bytes()[-8:-4], "little")  # Parquet: ...footer, length, PAR1
+    footer_start = (
+        size - 8 - int.from_bytes(big.read_bytes()[-8:-4], "little")
+    )  # Parquet: ...footer, length, PAR1
     assert footer_start < size - 262144
-    assert requests == {"small.parquet": [("GET", "bytes=-262144")],
-                        "big.parquet": [("GET", "bytes=-262144"), ("GET", f"bytes={footer_start}-{size - 262144 - 1}")]}
+    assert requests == {
+        "small.parquet": [("GET", "bytes=-262144")],
+        "big.parquet": [("GET", "bytes=-262144"), ("GET", f"bytes={footer_start}-{size - 262144 - 1}")],
+    }

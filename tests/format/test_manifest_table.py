@@ -67,9 +67,16 @@ def _reference(cfg: ManifestConfig):
     src = storage.normalize(cfg.input)
     prefixes, stray = discover(src, label_depth=cfg.label_depth, skip=Skip())
     rows = stray + [r for p in prefixes for r in list_prefix(src, p, label_depth=cfg.label_depth)]
-    return build_manifest(inspect_objects(rows), split=cfg.split, seed=cfg.seed, split_method=cfg.split_method,
-                          min_per_class=cfg.min_per_class, max_reject_fraction=cfg.max_reject_fraction,
-                          source=src, dedupe=cfg.dedupe)
+    return build_manifest(
+        inspect_objects(rows),
+        split=cfg.split,
+        seed=cfg.seed,
+        split_method=cfg.split_method,
+        min_per_class=cfg.min_per_class,
+        max_reject_fraction=cfg.max_reject_fraction,
+        source=src,
+        dedupe=cfg.dedupe,
+    )
 
 
 def _sorted(table: pa.Table) -> list[dict]:
@@ -81,9 +88,16 @@ def _sorted(table: pa.Table) -> list[dict]:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_distributed_manifest_equals_the_reference(tmp_path, local_engine, seed, method, dedupe):
     _random_lake(tmp_path / "raw", seed)
-    cfg = ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / "ds"), seed=seed, split_method=method,
-                         split={"train": 0.6, "validation": 0.2, "test": 0.2}, max_reject_fraction=1.0,
-                         dedupe=dedupe, rows_per_part=7)
+    cfg = ManifestConfig(
+        input=str(tmp_path / "raw"),
+        output=str(tmp_path / "ds"),
+        seed=seed,
+        split_method=method,
+        split={"train": 0.6, "validation": 0.2, "test": 0.2},
+        max_reject_fraction=1.0,
+        dedupe=dedupe,
+        rows_per_part=7,
+    )
     try:
         want = _reference(cfg)
     except PlatformError as exc:  # e.g. a class too small for a channel: the job fails alike
@@ -112,8 +126,16 @@ def _parted_manifest(tmp_path, local_engine, seed: int) -> str:
     """A random lake's manifest in parts of about 5 rows; its root."""
     _random_lake(tmp_path / "raw", seed)
     out = str(tmp_path / "ds")
-    manifest_job.run(ManifestConfig(input=str(tmp_path / "raw"), output=out, max_reject_fraction=1.0,
-                                    split={"train": 0.5, "test": 0.5}, rows_per_part=5), local_engine)
+    manifest_job.run(
+        ManifestConfig(
+            input=str(tmp_path / "raw"),
+            output=out,
+            max_reject_fraction=1.0,
+            split={"train": 0.5, "test": 0.5},
+            rows_per_part=5,
+        ),
+        local_engine,
+    )
     return storage.normalize(out)
 
 
@@ -151,8 +173,14 @@ def test_a_failed_check_writes_no_table_and_keeps_the_old_manifest(tmp_path, loc
     _random_lake(tmp_path / "raw", 5)
     (tmp_path / "raw" / "tiny").mkdir()
     (tmp_path / "raw" / "tiny" / "one.png").write_bytes(encode(make_image(99, size=(6, 5))))
-    cfg = ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / "ds"), max_reject_fraction=1.0,
-                         split_method="stratified", split={"train": 0.5, "test": 0.5}, rows_per_part=7)
+    cfg = ManifestConfig(
+        input=str(tmp_path / "raw"),
+        output=str(tmp_path / "ds"),
+        max_reject_fraction=1.0,
+        split_method="stratified",
+        split={"train": 0.5, "test": 0.5},
+        rows_per_part=7,
+    )
     with pytest.raises(PlatformError) as want:
         _reference(cfg)
     with pytest.raises(type(want.value)) as got:
@@ -179,13 +207,19 @@ def test_a_killed_runs_parts_and_staged_rows_are_never_a_manifest(tmp_path, loca
     # What a run killed in its last pass leaves: some table parts, staged rows, no marker.
     (tmp_path / "ds" / "manifests" / "train").mkdir(parents=True)
     part = f"part-00000-of-{clean['parts']:05d}.parquet"
-    shutil.copy(tmp_path / "clean" / "manifests" / "train" / part, tmp_path / "ds" / "manifests" / "train" / part)
+    shutil.copy(
+        tmp_path / "clean" / "manifests" / "train" / part, tmp_path / "ds" / "manifests" / "train" / part
+    )
     staged = tmp_path / "ds" / "_staging" / "manifest" / "classes" / "b=00000"
     staged.mkdir(parents=True)
     stray = read_channel(storage.normalize(str(tmp_path / "clean")), "all").slice(0, 1).to_pylist()
-    staged_schema = MANIFEST_SCHEMA.append(pa.field("content", pa.string())).append(pa.field("duplicate", pa.bool_()))
-    pq.write_table(pa.Table.from_pylist([{**stray[0], "key": "zzz/ghost.png"}], schema=staged_schema),
-                   staged / "part-00099.parquet")
+    staged_schema = MANIFEST_SCHEMA.append(pa.field("content", pa.string())).append(
+        pa.field("duplicate", pa.bool_())
+    )
+    pq.write_table(
+        pa.Table.from_pylist([{**stray[0], "key": "zzz/ghost.png"}], schema=staged_schema),
+        staged / "part-00099.parquet",
+    )
     with pytest.raises(DatasetError, match="no complete manifest"):
         check_shard_inputs(ShardConfig(dataset=out))
     with pytest.raises(DatasetError, match="no complete manifest"):
@@ -225,8 +259,9 @@ def test_the_driver_gets_aggregates_never_rows(tmp_path):
     raw = tmp_path / "raw"
     write_lake(raw, {"cat": 120, "dog": 90, "emu": 60})
     engine = _Recording()
-    summary = manifest_job.run(ManifestConfig(input=str(raw), output=str(tmp_path / "ds"), rows_per_part=100),
-                               engine)
+    summary = manifest_job.run(
+        ManifestConfig(input=str(raw), output=str(tmp_path / "ds"), rows_per_part=100), engine
+    )
     assert summary["counts"]["accepted"] == 270
     assert len(engine.calls) >= 4  # list, inspect, group by content, split by class
     for items, results in engine.calls:
@@ -242,8 +277,11 @@ def test_any_listing_task_becomes_a_staging_one(tmp_path, small_lake):
     hidden = {**list_prefix(src, f"{src}/dog")[0], "status": "skipped", "reason": "hidden: '.x'"}
     rows = [*list_prefix(src, f"{src}/cat"), hidden]
     left = ("more work", 7)
-    out = stage_listing([f"{src}/cat"], produce=lambda items: [*rows, left],
-                        staging=storage.normalize(str(tmp_path / "staging")))
+    out = stage_listing(
+        [f"{src}/cat"],
+        produce=lambda items: [*rows, left],
+        staging=storage.normalize(str(tmp_path / "staging")),
+    )
     assert out[1:] == [left]
     part = out[0]
     assert isinstance(part, ListedPart) and part.rows == 40
@@ -255,26 +293,49 @@ _TIMES = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.one_of(st.none(), _TIMES), st.one_of(st.none(), st.text(max_size=5)),
-                          st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))), max_size=30),
-       st.sampled_from(["s", "ms", "us"]), st.integers(0, 3))
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), _TIMES),
+            st.one_of(st.none(), st.text(max_size=5)),
+            st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+        ),
+        max_size=30,
+    ),
+    st.sampled_from(["s", "ms", "us"]),
+    st.integers(0, 3),
+)
 def test_table_rows_are_the_rows_pyarrow_makes(rows: list, unit: str, offset: int) -> None:
     """``table_rows`` gives what ``Table.to_pylist`` gives: the same dicts, the same values,
     the same ``tzinfo`` objects, for UTC times in every unit it converts itself (before and
     after 1970, nulls included), other time zones and other columns, and a slice of a table."""
-    times = [t if t is None or unit == "us" else t.replace(microsecond=0 if unit == "s" else t.microsecond // 1000 * 1000)
-             for t, _, _ in rows]
-    table = pa.table({"t": pa.array(times, pa.timestamp(unit, tz="UTC")),
-                      "local": pa.array(times, pa.timestamp(unit, tz="Europe/Paris")),
-                      "naive": pa.array([None if t is None else t.replace(tzinfo=None) for t in times], pa.timestamp(unit)),
-                      "s": pa.array([s for _, s, _ in rows], pa.string()),
-                      "n": pa.array([n for _, _, n in rows], pa.int64())}).slice(min(offset, len(rows)))
+    times = [
+        t
+        if t is None or unit == "us"
+        else t.replace(microsecond=0 if unit == "s" else t.microsecond // 1000 * 1000)
+        for t, _, _ in rows
+    ]
+    table = pa.table(
+        {
+            "t": pa.array(times, pa.timestamp(unit, tz="UTC")),
+            "local": pa.array(times, pa.timestamp(unit, tz="Europe/Paris")),
+            "naive": pa.array(
+                [None if t is None else t.replace(tzinfo=None) for t in times], pa.timestamp(unit)
+            ),
+            "s": pa.array([s for _, s, _ in rows], pa.string()),
+            "n": pa.array([n for _, _, n in rows], pa.int64()),
+        }
+    ).slice(min(offset, len(rows)))
     expected = table.to_pylist()
     got = table_rows(table)
     assert got == expected
     assert [type(v) for r in got for v in r.values()] == [type(v) for r in expected for v in r.values()]
-    zones = [(a.tzinfo, b.tzinfo) for x, y in zip(got, expected, strict=True) for a, b in zip(x.values(), y.values(), strict=True)
-             if isinstance(a, datetime)]
+    zones = [
+        (a.tzinfo, b.tzinfo)
+        for x, y in zip(got, expected, strict=True)
+        for a, b in zip(x.values(), y.values(), strict=True)
+        if isinstance(a, datetime)
+    ]
     assert all(a is b for a, b in zones)
 
 

@@ -38,7 +38,11 @@ def spec_table(title: str) -> list[list[str]]:
 
 @pytest.mark.parametrize(
     "title, schema",
-    [("Shard columns", SHARD_SCHEMA), ("Manifest columns", MANIFEST_SCHEMA), ("Shard rejects columns", SHARD_REJECTS_SCHEMA)],
+    [
+        ("Shard columns", SHARD_SCHEMA),
+        ("Manifest columns", MANIFEST_SCHEMA),
+        ("Shard rejects columns", SHARD_REJECTS_SCHEMA),
+    ],
 )
 def test_columns_and_types_match_the_schemas(title: str, schema: pa.Schema):
     assert [(r[0], r[1]) for r in spec_table(title)] == [(f.name, str(f.type)) for f in schema]
@@ -102,9 +106,11 @@ def test_the_files_table_names_the_manifest_parts_as_the_layout_writes_them():
     from lakeshard.format import manifest_part_uri, sagemaker_part_uri
 
     paths = [r[0] for r in spec_table("Files")]
-    got = {manifest_part_uri("s3://b/d", t, 1, 4)[len("s3://b/d/"):] for t in ("all", "train", "rejects")}
-    got.add(sagemaker_part_uri("s3://b/d", "train", 1, 4)[len("s3://b/d/"):])
-    documented = {p.replace("<i>", "00001").replace("<n>", "00004").replace("<channel>", "train") for p in paths}
+    got = {manifest_part_uri("s3://b/d", t, 1, 4)[len("s3://b/d/") :] for t in ("all", "train", "rejects")}
+    got.add(sagemaker_part_uri("s3://b/d", "train", 1, 4)[len("s3://b/d/") :])
+    documented = {
+        p.replace("<i>", "00001").replace("<n>", "00004").replace("<channel>", "train") for p in paths
+    }
     assert got <= documented, sorted(got - documented)
 
 

@@ -47,16 +47,51 @@ def dask_cluster(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> 
         log = root / f"{name}.log"
         logs.append(log)
         with open(log, "wb") as out:
-            procs.append(subprocess.Popen([str(BIN / "dask"), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                          cwd=root, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [str(BIN / "dask"), *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=root,
+                    start_new_session=True,
+                )
+            )
 
     try:
-        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-              "--scheduler-file", str(scheduler_file))
-        address = wait_for(lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
-                           "dask scheduler", 90, logs)
-        start("worker", "worker", address, "--host", "127.0.0.1", "--nthreads", "2", "--nworkers", "1",
-              "--no-dashboard", "--name", "hardening-0", "--local-directory", str(root / "w0"))
+        start(
+            "scheduler",
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(scheduler_file),
+        )
+        address = wait_for(
+            lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
+            "dask scheduler",
+            90,
+            logs,
+        )
+        start(
+            "worker",
+            "worker",
+            address,
+            "--host",
+            "127.0.0.1",
+            "--nthreads",
+            "2",
+            "--nworkers",
+            "1",
+            "--no-dashboard",
+            "--name",
+            "hardening-0",
+            "--local-directory",
+            str(root / "w0"),
+        )
         from distributed import Client
 
         with Client(address, timeout=60) as client:
@@ -105,6 +140,8 @@ def fault_proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
 def s3_via(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch):
     """``s3_via(endpoint)`` points this process's S3 clients (and engines built afterwards) at
     ``endpoint``; the environment is restored after the test."""
+
     def point(endpoint: str) -> None:
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+
     return point

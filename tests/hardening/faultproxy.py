@@ -27,7 +27,15 @@ _ERRORS = {
     503: ("SlowDown", "Please reduce your request rate."),
     403: ("AccessDenied", "Access Denied"),
 }
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+}
 
 
 class Request(NamedTuple):
@@ -43,8 +51,10 @@ class Request(NamedTuple):
 
 
 def _error_body(code: str, message: str, path: str) -> bytes:
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
-            f"<Resource>{path}</Resource><RequestId>hardening-proxy</RequestId></Error>").encode()
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+        f"<Resource>{path}</Resource><RequestId>hardening-proxy</RequestId></Error>"
+    ).encode()
 
 
 class FaultProxy:
@@ -86,8 +96,9 @@ class FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                fault = proxy._choose(self.command, self.path, self.headers.get("x-amz-copy-source"),
-                                      self.headers.get("Range"))
+                fault = proxy._choose(
+                    self.command, self.path, self.headers.get("x-amz-copy-source"), self.headers.get("Range")
+                )
                 if fault == "drop":
                     self.close_connection = True
                     self.connection.shutdown(2)  # no response at all: a dropped connection
@@ -135,9 +146,13 @@ class FaultProxy:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="hardening-fault-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="hardening-fault-proxy", daemon=True
+        )
 
-    def _choose(self, method: str, path: str, copy_source: str | None, byte_range: str | None) -> int | str | None:
+    def _choose(
+        self, method: str, path: str, copy_source: str | None, byte_range: str | None
+    ) -> int | str | None:
         with self._lock:
             self.requests += 1
             fault: int | str | None = None
@@ -147,7 +162,9 @@ class FaultProxy:
                 fault = self._rng.choice([500, 503, "drop", "cut"])
             if fault is not None:
                 self.injected[str(fault)] += 1
-            self.log.append(Request(method, path, copy_source, byte_range, "forwarded" if fault is None else fault))
+            self.log.append(
+                Request(method, path, copy_source, byte_range, "forwarded" if fault is None else fault)
+            )
             return fault
 
     @property

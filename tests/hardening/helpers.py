@@ -39,7 +39,13 @@ BIN = Path(sys.executable).parent
 
 
 def job_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **extra}
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(REPO),
+        **extra,
+    }
     env.pop("DASK_SCHEDULER_ADDRESS", None)
     return env
 
@@ -63,8 +69,15 @@ def kill_group(proc: subprocess.Popen, *, sig: int = signal.SIGKILL) -> None:
     raise AssertionError(f"process group {proc.pid} still alive 30 s after SIGKILL")
 
 
-def run_until(cmd: list[str], *, env: dict[str, str], log: Path, kill_after: float | None,
-              timeout: float = 300, kill_when: Callable[[], bool] | None = None) -> tuple[int | None, float]:
+def run_until(
+    cmd: list[str],
+    *,
+    env: dict[str, str],
+    log: Path,
+    kill_after: float | None,
+    timeout: float = 300,
+    kill_when: Callable[[], bool] | None = None,
+) -> tuple[int | None, float]:
     """Run ``cmd`` in its own process group, output appended to ``log``. Kill the group with
     SIGKILL after ``kill_after`` seconds, or as soon as ``kill_when()`` is true (checked every
     20 ms), if it is still running. Returns ``(returncode or None if killed, seconds)``."""
@@ -72,7 +85,9 @@ def run_until(cmd: list[str], *, env: dict[str, str], log: Path, kill_after: flo
         out.write(f"\n=== {' '.join(cmd)} (kill after {kill_after})\n".encode())
         out.flush()
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             if kill_when is not None:
                 deadline = start + (kill_after if kill_after is not None else timeout)
@@ -102,7 +117,10 @@ def manifest_digest(root: str) -> dict[str, Any]:
     """What the manifest job wrote, comparable across runs."""
     root = storage.normalize(root)
     marker = json.loads(storage.read_bytes(manifests_uri(root, "_manifest.json")))
-    out: dict[str, Any] = {"marker": marker, "labels": json.loads(storage.read_bytes(storage.join(root, "labels.json")))}
+    out: dict[str, Any] = {
+        "marker": marker,
+        "labels": json.loads(storage.read_bytes(storage.join(root, "labels.json"))),
+    }
     for name in ["all", "rejects", *marker["split"]]:
         out[name] = read_channel(root, name).to_pylist()
     return out
@@ -127,8 +145,14 @@ def dataset_digest(root: str) -> dict[str, Any]:
 def bomb_png(side: int = 12_000) -> bytes:
     """A ``side``×``side`` RGB PNG of one colour, written row by row (never held decoded):
     144 M pixels for the default, compressing to a few hundred KiB."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
     comp = zlib.compressobj(9)
     row = b"\x00" + b"\x40\x80\xc0" * side
@@ -143,32 +167,34 @@ def corpus(seed: int = 3) -> dict[str, bytes]:
     unless dropped), ``bad_`` is rejected with a reason. Keys with ``/../`` only exist on S3."""
     objs = {f"cls_a/{k.split('/', 1)[1]}": v for k, v in bad_objects(seed).items()}
     good = make_image(seed, size=(50, 30))
-    objs.update({
-        "cls_a/ok_upright_probe.jpg": exif_rotated_jpeg(),
-        "cls_a/ok_tall.png": encode(make_image(seed + 1, size=(3, 1500)), "PNG"),
-        "cls_a/ok_gray.png": encode(good.convert("L"), "PNG"),
-        "cls_a/ok_la.png": encode(good.convert("LA"), "PNG"),
-        "cls_a/ok_gif.gif": encode(good.convert("P"), "GIF"),
-        "cls_a/ok_webp.webp": encode(good, "WEBP"),
-        "cls_a/ok_bmp.bmp": encode(good, "BMP"),
-        "cls_a/ok_jpeg_named.png": encode(good, "JPEG"),
-        "cls_a/ok_no_extension": encode(good, "PNG"),
-        "cls_a/ok_UPPER.JPG": encode(good, "JPEG"),
-        "cls_a/sub dir/ok 日本語.png": encode(make_image(seed + 2), "PNG"),
-        "cls_a/bad_bomb.png": bomb_png(),
-        "cls_a/bad_png_header_only.png": encode(good, "PNG")[:40],
-        "cls_a/bad_html.jpg": b"<html><body>403 Forbidden</body></html>",
-        "cls_a/bad_jpeg_soi_only.jpg": b"\xff\xd8\xff\xe0" + b"\x00" * 60,
-        "cls_a/bad_gzip.png": zlib.compress(b"x" * 100),
-        "cls_a/.hidden_ok.png": encode(make_image(seed + 3), "PNG"),
-        # A class with a single image, and a class whose label is unicode with a space.
-        "solo/ok_only.png": encode(make_image(seed + 4), "PNG"),
-        **{f"ünï cls/ok_{i}.png": encode(make_image(seed + 10 + i), "PNG") for i in range(10)},
-        # An object above the label level: no label.
-        "bad_stray_top.png": encode(good, "PNG"),
-        # `..` in the key (S3 only: no local filesystem holds such a path).
-        "cls_b/../bad_dotdot.png": encode(good, "PNG"),
-        "cls_b/./bad_dot.png": encode(good, "PNG"),
-        "cls_b//bad_empty_component.png": encode(good, "PNG"),
-    })
+    objs.update(
+        {
+            "cls_a/ok_upright_probe.jpg": exif_rotated_jpeg(),
+            "cls_a/ok_tall.png": encode(make_image(seed + 1, size=(3, 1500)), "PNG"),
+            "cls_a/ok_gray.png": encode(good.convert("L"), "PNG"),
+            "cls_a/ok_la.png": encode(good.convert("LA"), "PNG"),
+            "cls_a/ok_gif.gif": encode(good.convert("P"), "GIF"),
+            "cls_a/ok_webp.webp": encode(good, "WEBP"),
+            "cls_a/ok_bmp.bmp": encode(good, "BMP"),
+            "cls_a/ok_jpeg_named.png": encode(good, "JPEG"),
+            "cls_a/ok_no_extension": encode(good, "PNG"),
+            "cls_a/ok_UPPER.JPG": encode(good, "JPEG"),
+            "cls_a/sub dir/ok 日本語.png": encode(make_image(seed + 2), "PNG"),
+            "cls_a/bad_bomb.png": bomb_png(),
+            "cls_a/bad_png_header_only.png": encode(good, "PNG")[:40],
+            "cls_a/bad_html.jpg": b"<html><body>403 Forbidden</body></html>",
+            "cls_a/bad_jpeg_soi_only.jpg": b"\xff\xd8\xff\xe0" + b"\x00" * 60,
+            "cls_a/bad_gzip.png": zlib.compress(b"x" * 100),
+            "cls_a/.hidden_ok.png": encode(make_image(seed + 3), "PNG"),
+            # A class with a single image, and a class whose label is unicode with a space.
+            "solo/ok_only.png": encode(make_image(seed + 4), "PNG"),
+            **{f"ünï cls/ok_{i}.png": encode(make_image(seed + 10 + i), "PNG") for i in range(10)},
+            # An object above the label level: no label.
+            "bad_stray_top.png": encode(good, "PNG"),
+            # `..` in the key (S3 only: no local filesystem holds such a path).
+            "cls_b/../bad_dotdot.png": encode(good, "PNG"),
+            "cls_b/./bad_dot.png": encode(good, "PNG"),
+            "cls_b//bad_empty_component.png": encode(good, "PNG"),
+        }
+    )
     return objs

@@ -61,21 +61,30 @@ def _arm() -> None:
                         yield images, labels
                 if signal_after[0] == channel:
                     signal_after[0] = None
-                    sys.stderr.write(f"recording_train: rank {rank} sends itself SIGTERM after its {channel} batches\n")
+                    sys.stderr.write(
+                        f"recording_train: rank {rank} sends itself SIGTERM after its {channel} batches\n"
+                    )
                     sys.stderr.flush()
                     os.kill(os.getpid(), signal.SIGTERM)
                 return
             step = self.state_dict()["batches_consumed"]
             with open(f"{prefix}-rank{rank}.jsonl", "a") as out:
                 for images, labels in super().__iter__():
-                    record = {"epoch": self.epoch, "step": step, "ids": _ids(images, labels), "pid": os.getpid()}
+                    record = {
+                        "epoch": self.epoch,
+                        "step": step,
+                        "ids": _ids(images, labels),
+                        "pid": os.getpid(),
+                    }
                     out.write(json.dumps(record) + "\n")
                     out.flush()
                     time.sleep(pause)
                     yield images, labels
                     step += 1
                     if self.epoch == die_epoch and step == die_after:
-                        sys.stderr.write(f"recording_train: rank {rank} dies now (os._exit) at epoch {die_epoch}, step {step}\n")
+                        sys.stderr.write(
+                            f"recording_train: rank {rank} dies now (os._exit) at epoch {die_epoch}, step {step}\n"
+                        )
                         sys.stderr.flush()
                         os._exit(9)
 

@@ -31,7 +31,13 @@ pytestmark = [pytest.mark.s3, pytest.mark.slow]
 # include_hidden: this corpus counts a hidden file as an ordinary object (skipping hidden files by
 # default is tested in tests/jobs/engines/test_edge_lake.py).
 MANIFEST = {"split_method": "stratified", "seed": 7, "max_reject_fraction": 0.5, "include_hidden": True}
-SHARD = {"num_shards": 2, "image_size": 24, "image_format": "png", "remainder": "pad", "max_reject_fraction": 0.5}
+SHARD = {
+    "num_shards": 2,
+    "image_size": 24,
+    "image_format": "png",
+    "remainder": "pad",
+    "max_reject_fraction": 0.5,
+}
 
 
 def _upload(bucket: str) -> dict[str, bytes]:
@@ -40,7 +46,7 @@ def _upload(bucket: str) -> dict[str, bytes]:
         for i in range(n):
             objects[f"{label}/img_{i:03d}.png"] = encode(make_image(1000 + 100 * len(label) + i), "PNG")
     client = boto3.client("s3")
-    name = bucket[len("s3://"):]
+    name = bucket[len("s3://") :]
     for key, data in objects.items():
         client.put_object(Bucket=name, Key=f"raw/{key}", Body=data)
     client.put_object(Bucket=name, Key="raw/empty_cls/", Body=b"")  # an empty class prefix (a folder marker)
@@ -62,7 +68,9 @@ def spark_if_needed(request):
     return request.getfixturevalue("spark") if request.node.callspec.params["kind"] == "spark" else None
 
 
-@pytest.mark.parametrize("kind", [pytest.param("spark", marks=pytest.mark.spark), pytest.param("dask", marks=pytest.mark.dask)])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("spark", marks=pytest.mark.spark), pytest.param("dask", marks=pytest.mark.dask)]
+)
 def test_bad_corpus_is_accounted_for(kind, s3_bucket, spark_if_needed, dask_engine_cli):
     engine = _engine(kind, spark_if_needed, dask_engine_cli)
     objects = _upload(s3_bucket)
@@ -70,7 +78,7 @@ def test_bad_corpus_is_accounted_for(kind, s3_bucket, spark_if_needed, dask_engi
     with pytest.raises(SplitError, match=r"'solo' \(train=1, validation=0, test=0\)") as err:
         manifest_job.run(ManifestConfig(input=lake, output=out, **MANIFEST), engine)
     assert "cls_a" not in str(err.value)
-    boto3.client("s3").delete_object(Bucket=s3_bucket[len("s3://"):], Key="raw/solo/ok_only.png")
+    boto3.client("s3").delete_object(Bucket=s3_bucket[len("s3://") :], Key="raw/solo/ok_only.png")
     del objects["solo/ok_only.png"]
 
     summary = manifest_job.run(ManifestConfig(input=lake, output=out, **MANIFEST), engine)
@@ -87,7 +95,9 @@ def test_bad_corpus_is_accounted_for(kind, s3_bucket, spark_if_needed, dask_engi
 
     # Listed = channel manifests + manifest rejects, each with a reason; then shards + shard rejects.
     m_rejects = dict(zip(*(read_channel(str(out), "rejects")[c].to_pylist() for c in ("key", "reason"))))
-    s_rejects = dict(zip(*(read_table(rejects_uri(str(out), info))[c].to_pylist() for c in ("key", "reason"))))
+    s_rejects = dict(
+        zip(*(read_table(rejects_uri(str(out), info))[c].to_pylist() for c in ("key", "reason")))
+    )
     in_channels = [k for c in info.channels for k in read_channel(out, c)["key"].to_pylist()]
     assert sorted(in_channels + list(m_rejects)) == listed
     assert all(m_rejects.values()) and all(s_rejects.values())
@@ -99,7 +109,9 @@ def test_bad_corpus_is_accounted_for(kind, s3_bucket, spark_if_needed, dask_engi
         if "bad_" in key.rsplit("/", 1)[-1] or key.startswith("bad_"):
             assert key in m_rejects or key in s_rejects, f"{key} was not rejected"
         else:
-            assert key in in_shards, f"{key} is in no shard (manifest reject: {m_rejects.get(key)}, shard reject: {s_rejects.get(key)})"
+            assert key in in_shards, (
+                f"{key} is in no shard (manifest reject: {m_rejects.get(key)}, shard reject: {s_rejects.get(key)})"
+            )
 
     assert m_rejects["cls_b/../bad_dotdot.png"].startswith("unsafe key")
     assert m_rejects["cls_b/./bad_dot.png"].startswith("unsafe key")
@@ -110,8 +122,12 @@ def test_bad_corpus_is_accounted_for(kind, s3_bucket, spark_if_needed, dask_engi
     for key in ("cls_a/bad_text.jpg", "cls_a/bad_html.jpg", "cls_a/bad_gzip.png", "cls_a/bad_notes.txt"):
         assert m_rejects[key].startswith("not an image"), (key, m_rejects[key])
     assert s_rejects["cls_a/bad_bomb.png"].startswith("decompression bomb"), s_rejects["cls_a/bad_bomb.png"]
-    for key in ("cls_a/bad_truncated.jpg", "cls_a/bad_corrupt.png", "cls_a/bad_png_header_only.png",
-                "cls_a/bad_jpeg_soi_only.jpg"):
+    for key in (
+        "cls_a/bad_truncated.jpg",
+        "cls_a/bad_corrupt.png",
+        "cls_a/bad_png_header_only.png",
+        "cls_a/bad_jpeg_soi_only.jpg",
+    ):
         assert s_rejects[key].startswith("cannot decode"), (key, s_rejects[key])
 
     for key in ("cls_a/ok_upright_probe.jpg", "cls_a/ok_exif_rotated.jpg"):

@@ -35,13 +35,36 @@ _LOCAL = ["--engine", "local"]
 
 
 def _shard(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "jobs.shard", *_LOCAL, "--dataset", str(out), "--num-shards", "2",
-            "--image-size", "16", "--overwrite", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "jobs.shard",
+        *_LOCAL,
+        "--dataset",
+        str(out),
+        "--num-shards",
+        "2",
+        "--image-size",
+        "16",
+        "--overwrite",
+        *extra,
+    ]
 
 
 def _manifest(lake: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "jobs.manifest", *_LOCAL, "--input", str(lake), "--output", str(out),
-            "--split", "train=0.8,validation=0.2", "--overwrite"]
+    return [
+        sys.executable,
+        "-m",
+        "jobs.manifest",
+        *_LOCAL,
+        "--input",
+        str(lake),
+        "--output",
+        str(out),
+        "--split",
+        "train=0.8,validation=0.2",
+        "--overwrite",
+    ]
 
 
 @pytest.fixture
@@ -51,7 +74,9 @@ def built(tmp_path: Path) -> tuple[Path, Path]:
     write_lake(lake, {"a": 40, "b": 40})
     engine = open_engine("local")
     try:
-        manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=0.8,validation=0.2"), engine)
+        manifest_job.run(
+            ManifestConfig(input=str(lake), output=str(out), split="train=0.8,validation=0.2"), engine
+        )
         shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=16), engine)
     finally:
         engine.close()
@@ -69,7 +94,9 @@ def _holder(out: Path) -> dict | None:
 def _start(cmd: list[str], out: Path, log: Path) -> subprocess.Popen:
     """Start ``cmd`` and wait until it holds ``out``'s lock."""
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(cmd, env=job_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=job_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 60
         while not ((h := _holder(out)) is not None and h["pid"] == proc.pid):
@@ -135,7 +162,9 @@ def test_a_second_shard_job_and_a_plan_only_run_are_refused_while_a_build_writes
     for refused, what in ((second, "shard job"), (plan, "--plan-only")):
         assert refused.returncode == 2, (what, refused.stderr)
         lines = refused.stderr.strip().splitlines()
-        assert lines[-1].startswith("jobs/shard.py: error: ") and "Traceback" not in refused.stderr, refused.stderr
+        assert lines[-1].startswith("jobs/shard.py: error: ") and "Traceback" not in refused.stderr, (
+            refused.stderr
+        )
         assert f"{out}" in lines[-1] and "is busy: shard job is writing it since " in lines[-1]
         assert f"pid {first.pid} on " in lines[-1]
     check_dataset(str(out))
@@ -177,12 +206,22 @@ def test_two_builds_started_together_never_break_the_dataset(built, tmp_path: Pa
         procs = []
         for log in logs:
             with open(log, "wb") as sink:
-                procs.append(subprocess.Popen(_shard(out), env=job_env(), stdout=subprocess.DEVNULL, stderr=sink,
-                                              start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        _shard(out),
+                        env=job_env(),
+                        stdout=subprocess.DEVNULL,
+                        stderr=sink,
+                        start_new_session=True,
+                    )
+                )
         results = [(p.wait(timeout=180), log.read_text()) for p, log in zip(procs, logs)]
         assert any(rc == 0 for rc, _ in results), results
         for rc, err in results:
-            assert rc == 0 or (rc == 2 and "is busy: shard job is writing it since" in err.splitlines()[-1]
-                               and "Traceback" not in err), err
+            assert rc == 0 or (
+                rc == 2
+                and "is busy: shard job is writing it since" in err.splitlines()[-1]
+                and "Traceback" not in err
+            ), err
         check_dataset(str(out))
         assert dataset_digest(str(out)) == reference

@@ -33,14 +33,36 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 KILLS = 10
 SEED = 20_240_611
 MANIFEST_ARGS = ["--split-method", "stratified", "--seed", "7", "--overwrite"]
-SHARD_ARGS = ["--num-shards", "3", "--image-size", "24", "--image-format", "png", "--remainder", "pad", "--overwrite"]
+SHARD_ARGS = [
+    "--num-shards",
+    "3",
+    "--image-size",
+    "24",
+    "--image-format",
+    "png",
+    "--remainder",
+    "pad",
+    "--overwrite",
+]
 #: local[1], no UI, and a JVM tuned for short runs (C1 only): the kills pay Spark's start-up.
-SPARK_ENV = {"PYSPARK_SUBMIT_ARGS": "--master local[1] --conf spark.ui.enabled=false "
-                                    "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell"}
+SPARK_ENV = {
+    "PYSPARK_SUBMIT_ARGS": "--master local[1] --conf spark.ui.enabled=false "
+    "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell"
+}
 
 
 def _manifest_cmd(engine: list[str], lake: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "jobs.manifest", *engine, "--input", str(lake), "--output", str(out), *MANIFEST_ARGS]
+    return [
+        sys.executable,
+        "-m",
+        "jobs.manifest",
+        *engine,
+        "--input",
+        str(lake),
+        "--output",
+        str(out),
+        *MANIFEST_ARGS,
+    ]
 
 
 def _shard_cmd(engine: list[str], out: Path) -> list[str]:
@@ -67,8 +89,17 @@ def _reader_check(out: Path, *, dataset: dict[str, Any] | None, manifest: dict[s
     return "complete"
 
 
-def _kill_loop(cmd: list[str], env: dict[str, str], out: Path, log: Path, duration: float, rng: random.Random,
-               *, dataset: dict[str, Any] | None, manifest: dict[str, Any]) -> list[tuple[float, Any, str]]:
+def _kill_loop(
+    cmd: list[str],
+    env: dict[str, str],
+    out: Path,
+    log: Path,
+    duration: float,
+    rng: random.Random,
+    *,
+    dataset: dict[str, Any] | None,
+    manifest: dict[str, Any],
+) -> list[tuple[float, Any, str]]:
     history: list[tuple[float, Any, str]] = []
     kills = 0
     while kills < KILLS:
@@ -85,7 +116,9 @@ def _kill_loop(cmd: list[str], env: dict[str, str], out: Path, log: Path, durati
     return history
 
 
-def _reference(engine: list[str], env: dict[str, str], lake: Path, ref: Path, log: Path) -> tuple[float, float]:
+def _reference(
+    engine: list[str], env: dict[str, str], lake: Path, ref: Path, log: Path
+) -> tuple[float, float]:
     rc, dm = run_until(_manifest_cmd(engine, lake, ref), env=env, log=log, kill_after=None)
     assert rc == 0, _tail(log)
     rc, ds = run_until(_shard_cmd(engine, ref), env=env, log=log, kill_after=None)
@@ -110,12 +143,28 @@ def _both_loops(engine: list[str], env: dict[str, str], tmp_path: Path, *, paral
     m_out, s_out = tmp_path / "m", _with_manifest_of(ref, tmp_path / "s")
 
     def manifest_loop():
-        return _kill_loop(_manifest_cmd(engine, lake, m_out), env, m_out, tmp_path / "manifest.log", dm,
-                          random.Random(SEED), dataset=None, manifest=want_manifest)
+        return _kill_loop(
+            _manifest_cmd(engine, lake, m_out),
+            env,
+            m_out,
+            tmp_path / "manifest.log",
+            dm,
+            random.Random(SEED),
+            dataset=None,
+            manifest=want_manifest,
+        )
 
     def shard_loop():
-        return _kill_loop(_shard_cmd(engine, s_out), env, s_out, tmp_path / "shard.log", ds,
-                          random.Random(SEED + 1), dataset=want_dataset, manifest=want_manifest)
+        return _kill_loop(
+            _shard_cmd(engine, s_out),
+            env,
+            s_out,
+            tmp_path / "shard.log",
+            ds,
+            random.Random(SEED + 1),
+            dataset=want_dataset,
+            manifest=want_manifest,
+        )
 
     if parallel:  # two process trees at once: the wall time of one loop, not two
         with ThreadPoolExecutor(2) as pool:
@@ -174,12 +223,25 @@ def test_shard_job_killed_at_each_commit_step_reruns_to_the_same_dataset(dask_cl
     log = tmp_path / "commit.log"
     died = []
     for func, suffix, when in COMMIT_POINTS:
-        cmd = [sys.executable, "-m", "tests.hardening.killpoint", f"{func}:{suffix}:{when}", "jobs.shard",
-               *engine, "--dataset", str(out), *SHARD_ARGS]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.hardening.killpoint",
+            f"{func}:{suffix}:{when}",
+            "jobs.shard",
+            *engine,
+            "--dataset",
+            str(out),
+            *SHARD_ARGS,
+        ]
         rc, _ = run_until(cmd, env=env, log=log, kill_after=None)
         assert rc == 137, f"{func}:{suffix}:{when} exited {rc}, expected to die there:\n{_tail(log)}"
         died.append((func, suffix, when))
-        assert _reader_check(out, dataset=want_dataset, manifest=want_manifest) == "none", (func, suffix, when)
+        assert _reader_check(out, dataset=want_dataset, manifest=want_manifest) == "none", (
+            func,
+            suffix,
+            when,
+        )
     rc, _ = run_until(_shard_cmd(engine, out), env=env, log=log, kill_after=None)
     assert rc == 0, _tail(log)
     check_dataset(str(out))

@@ -39,10 +39,12 @@ def test_shard_deleted_mid_epoch_names_the_file(tmp_path: Path):
     root = tmp_path / "ds"
     write_dataset(root, rows={"train": 60, "validation": 6, "test": 6}, row_group_rows=5)
     victim = contract.shard_uri(str(root), "train", 1, 2)
-    loader = ShardLoader(str(root), channel="train", batch_size=5, shuffle_window=5, num_threads=1, prefetch=1)
+    loader = ShardLoader(
+        str(root), channel="train", batch_size=5, shuffle_window=5, num_threads=1, prefetch=1
+    )
     it = iter(loader)
     next(it)  # the reader is in shard 0 (30 rows, 6 batches; it runs at most prefetch + 2 ahead)
-    os.remove(victim[len("file://"):])
+    os.remove(victim[len("file://") :])
     got = 1
     with pytest.raises(LoaderError) as err:
         for _ in it:
@@ -58,11 +60,35 @@ def test_shard_deleted_mid_epoch_names_the_file(tmp_path: Path):
 def test_a_dying_rank_fails_the_run_with_the_cause_instead_of_hanging(tmp_path: Path):
     data = tmp_path / "ds"
     write_dataset(data, rows={"train": 80, "validation": 10, "test": 10}, num_shards=2, size=16)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "tests.hardening.dying_train", "--dataset", str(data), "--batch-size", "8", "--epochs", "3",
-           "--no-progress", "--width", "4", "--output", str(tmp_path / "run"), "--dist-timeout", "20"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "LAKESHARD_DIE_RANK": "1",
-           "LAKESHARD_DIE_AFTER": "2"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "tests.hardening.dying_train",
+        "--dataset",
+        str(data),
+        "--batch-size",
+        "8",
+        "--epochs",
+        "3",
+        "--no-progress",
+        "--width",
+        "4",
+        "--output",
+        str(tmp_path / "run"),
+        "--dist-timeout",
+        "20",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "LAKESHARD_DIE_RANK": "1",
+        "LAKESHARD_DIE_AFTER": "2",
+    }
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     elapsed = time.monotonic() - start

@@ -19,8 +19,18 @@ from tests.helpers.lake import write_lake
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-SHARD_ARGS = ["--num-shards", "3", "--image-size", "24", "--image-format", "png", "--remainder", "pad",
-              "--partitions", "12"]
+SHARD_ARGS = [
+    "--num-shards",
+    "3",
+    "--image-size",
+    "24",
+    "--image-format",
+    "png",
+    "--remainder",
+    "pad",
+    "--partitions",
+    "12",
+]
 
 
 def _receipts(out: Path) -> list[Path]:
@@ -31,8 +41,9 @@ def _build(out: Path) -> dict:
     return json.loads((out / "dataset.json").read_text())["build"]
 
 
-@pytest.mark.parametrize("engine", [pytest.param("dask", marks=pytest.mark.dask),
-                                    pytest.param("spark", marks=pytest.mark.spark)])
+@pytest.mark.parametrize(
+    "engine", [pytest.param("dask", marks=pytest.mark.dask), pytest.param("spark", marks=pytest.mark.spark)]
+)
 @pytest.mark.timeout(600)
 def test_a_killed_shard_job_reuses_the_segments_it_finished(engine, request, tmp_path: Path):
     if engine == "dask":
@@ -44,20 +55,39 @@ def test_a_killed_shard_job_reuses_the_segments_it_finished(engine, request, tmp
     write_lake(lake, {"a": 60, "b": 45, "c": 36}, size=(320, 240))
     ref = tmp_path / "ref"
     log = tmp_path / "jobs.log"
-    manifest = [sys.executable, "-m", "jobs.manifest", *flags, "--input", str(lake), "--output", str(ref),
-                "--split-method", "stratified", "--seed", "7"]
+    manifest = [
+        sys.executable,
+        "-m",
+        "jobs.manifest",
+        *flags,
+        "--input",
+        str(lake),
+        "--output",
+        str(ref),
+        "--split-method",
+        "stratified",
+        "--seed",
+        "7",
+    ]
     assert run_until(manifest, env=env, log=log, kill_after=None)[0] == 0, log.read_text()[-3000:]
     out = tmp_path / "ds"
     shutil.copytree(ref, out)
     shard = [sys.executable, "-m", "jobs.shard", *flags, *SHARD_ARGS]
-    assert run_until([*shard, "--dataset", str(ref)], env=env, log=log, kill_after=None)[0] == 0, log.read_text()[-3000:]
+    assert run_until([*shard, "--dataset", str(ref)], env=env, log=log, kill_after=None)[0] == 0, (
+        log.read_text()[-3000:]
+    )
     want = dataset_digest(str(ref))
     total = _build(ref)["preprocessed"]
     assert _build(ref)["reused_segments"] == 0
 
     # Killed as soon as a first segment is finished (its receipt written), long before the end.
-    rc, _ = run_until([*shard, "--dataset", str(out)], env=env, log=log, kill_after=240,
-                      kill_when=lambda: len(_receipts(out)) >= 1)
+    rc, _ = run_until(
+        [*shard, "--dataset", str(out)],
+        env=env,
+        log=log,
+        kill_after=240,
+        kill_when=lambda: len(_receipts(out)) >= 1,
+    )
     assert rc is None, f"the job ended (rc={rc}) before it could be killed:\n{log.read_text()[-3000:]}"
     finished = len(_receipts(out))
     assert 1 <= finished < 12 + 3 and not (out / "dataset.json").exists()
@@ -68,7 +98,9 @@ def test_a_killed_shard_job_reuses_the_segments_it_finished(engine, request, tmp
     (staging / "train").mkdir(exist_ok=True)
     Path(storage.temp_sibling(str(staging / "train" / "part-00000-of-00003.parquet"))).write_bytes(b"")
 
-    assert run_until([*shard, "--dataset", str(out)], env=env, log=log, kill_after=None)[0] == 0, log.read_text()[-3000:]
+    assert run_until([*shard, "--dataset", str(out)], env=env, log=log, kill_after=None)[0] == 0, (
+        log.read_text()[-3000:]
+    )
     build = _build(out)
     assert build["reused_segments"] >= finished  # (a killed Dask client's running tasks may finish later)
     assert 0 <= build["preprocessed"] < total
@@ -79,10 +111,19 @@ def test_a_killed_shard_job_reuses_the_segments_it_finished(engine, request, tmp
     assert not list(out.rglob("*.tmp-*"))
 
     # --no-resume: the same kill, then a rerun that decodes everything again.
-    rc, _ = run_until([*shard, "--dataset", str(out), "--overwrite"], env=env, log=log, kill_after=240,
-                      kill_when=lambda: len(_receipts(out)) >= 1)
+    rc, _ = run_until(
+        [*shard, "--dataset", str(out), "--overwrite"],
+        env=env,
+        log=log,
+        kill_after=240,
+        kill_when=lambda: len(_receipts(out)) >= 1,
+    )
     assert rc is None, log.read_text()[-3000:]
-    assert run_until([*shard, "--dataset", str(out), "--overwrite", "--no-resume"], env=env, log=log,
-                     kill_after=None)[0] == 0, log.read_text()[-3000:]
+    assert (
+        run_until(
+            [*shard, "--dataset", str(out), "--overwrite", "--no-resume"], env=env, log=log, kill_after=None
+        )[0]
+        == 0
+    ), log.read_text()[-3000:]
     assert _build(out)["reused_segments"] == 0 and _build(out)["preprocessed"] == total
     assert dataset_digest(str(out)) == want

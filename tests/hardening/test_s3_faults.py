@@ -37,7 +37,7 @@ def _upload_lake(bucket: str, tmp_path: Path, counts: dict[str, int]) -> str:
     local = tmp_path / "lake"
     write_lake(local, counts)
     client = boto3.client("s3")
-    name = bucket[len("s3://"):]
+    name = bucket[len("s3://") :]
     for p in sorted(local.rglob("*")):
         if p.is_file():
             client.put_object(Bucket=name, Key=f"raw/{p.relative_to(local).as_posix()}", Body=p.read_bytes())
@@ -45,14 +45,22 @@ def _upload_lake(bucket: str, tmp_path: Path, counts: dict[str, int]) -> str:
 
 
 def _a_key(bucket: str, prefix: str) -> str:
-    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket[len("s3://"):], Prefix=prefix)["Contents"]]
+    keys = [
+        o["Key"]
+        for o in boto3.client("s3").list_objects_v2(Bucket=bucket[len("s3://") :], Prefix=prefix)["Contents"]
+    ]
     return keys[len(keys) // 2]
 
 
 def _overwrite_runs(engine, lake: str, out: str) -> list[tuple[str, Callable[[], object]]]:
     """Both jobs, rebuilding ``out`` from ``lake`` with ``--overwrite``, by name."""
     return [
-        ("manifest", lambda: manifest_job.run(ManifestConfig(input=lake, output=out, overwrite=True, **MANIFEST), engine)),
+        (
+            "manifest",
+            lambda: manifest_job.run(
+                ManifestConfig(input=lake, output=out, overwrite=True, **MANIFEST), engine
+            ),
+        ),
         ("shard", lambda: shard_job.run(ShardConfig(dataset=out, overwrite=True, **SHARD), engine)),
     ]
 
@@ -63,8 +71,17 @@ def _build(engine, lake: str, out: str) -> None:
 
 
 def _batches(root: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    with ShardLoader(root, channel="train", rank=0, world_size=1, batch_size=8, shuffle=True, seed=3,
-                     num_threads=2, prefetch=2) as loader:
+    with ShardLoader(
+        root,
+        channel="train",
+        rank=0,
+        world_size=1,
+        batch_size=8,
+        shuffle=True,
+        seed=3,
+        num_threads=2,
+        prefetch=2,
+    ) as loader:
         return list(loader)
 
 
@@ -99,8 +116,9 @@ def test_spark_jobs_complete_under_transient_s3_faults(spark, s3_bucket, fault_p
 
 
 @pytest.mark.dask
-def test_dask_jobs_and_loader_complete_under_transient_s3_faults(s3_bucket, fault_proxy, s3_via, dask_engine_cli,
-                                                                 tmp_path):
+def test_dask_jobs_and_loader_complete_under_transient_s3_faults(
+    s3_bucket, fault_proxy, s3_via, dask_engine_cli, tmp_path
+):
     lake = _upload_lake(s3_bucket, tmp_path, {"a": 14, "b": 12, "c": 10})
     clean = f"{s3_bucket}/clean"
     _build(dask_engine_cli(), lake, clean)
@@ -122,7 +140,9 @@ def test_dask_jobs_and_loader_complete_under_transient_s3_faults(s3_bucket, faul
 
 
 @pytest.mark.dask
-def test_permanent_s3_errors_fail_fast_naming_the_uri(s3_bucket, fault_proxy, s3_via, dask_engine_cli, tmp_path):
+def test_permanent_s3_errors_fail_fast_naming_the_uri(
+    s3_bucket, fault_proxy, s3_via, dask_engine_cli, tmp_path
+):
     lake = _upload_lake(s3_bucket, tmp_path, {"a": 10, "b": 10})
     out = f"{s3_bucket}/ds"
     _build(dask_engine_cli(), lake, out)
@@ -139,23 +159,36 @@ def test_permanent_s3_errors_fail_fast_naming_the_uri(s3_bucket, fault_proxy, s3
         return str(err.value)
 
     # A missing bucket: as input, as output, as a dataset to load.
-    fails_fast(lambda: manifest_job.run(ManifestConfig(input=f"{missing}/raw", output=f"{s3_bucket}/m2"), engine),
-               f"{missing}/raw")
-    fails_fast(lambda: manifest_job.run(ManifestConfig(input=lake, output=f"{missing}/ds", **MANIFEST), engine),
-               f"{missing}/ds")
+    fails_fast(
+        lambda: manifest_job.run(ManifestConfig(input=f"{missing}/raw", output=f"{s3_bucket}/m2"), engine),
+        f"{missing}/raw",
+    )
+    fails_fast(
+        lambda: manifest_job.run(ManifestConfig(input=lake, output=f"{missing}/ds", **MANIFEST), engine),
+        f"{missing}/ds",
+    )
     fails_fast(lambda: ShardLoader(f"{missing}/ds"), f"{missing}/ds")
 
     try:
         s3_via(fault_proxy.endpoint)
         engine = dask_engine_cli()
         fault_proxy.reset(mode="deny", match="raw")  # the lake only
-        message = fails_fast(lambda: manifest_job.run(ManifestConfig(input=lake, output=f"{s3_bucket}/m3", **MANIFEST),
-                                                      engine), lake)
+        message = fails_fast(
+            lambda: manifest_job.run(
+                ManifestConfig(input=lake, output=f"{s3_bucket}/m3", **MANIFEST), engine
+            ),
+            lake,
+        )
         assert "forbidden" in message.lower(), message
         fault_proxy.reset(mode="deny")  # everything
         for what, fn, uri in [
-            ("manifest", lambda: manifest_job.run(ManifestConfig(input=lake, output=f"{s3_bucket}/m3", **MANIFEST), engine),
-             f"{s3_bucket}/m3"),
+            (
+                "manifest",
+                lambda: manifest_job.run(
+                    ManifestConfig(input=lake, output=f"{s3_bucket}/m3", **MANIFEST), engine
+                ),
+                f"{s3_bucket}/m3",
+            ),
             ("shard", lambda: shard_job.run(ShardConfig(dataset=out, overwrite=True, **SHARD), engine), out),
             ("loader", lambda: ShardLoader(out), out),
             ("read", lambda: storage.read_bytes(f"{out}/dataset.json"), f"{out}/dataset.json"),
@@ -197,7 +230,10 @@ def test_spark_jobs_fail_naming_an_object_they_cannot_read(spark, s3_bucket, fau
         for what, fn in _overwrite_runs(engine, lake, out):
             with pytest.raises(StorageError) as err:
                 fn()
-            assert str(err.value).startswith(f"cannot read {s3_bucket}/{denied}: PermissionError"), (what, err.value)
+            assert str(err.value).startswith(f"cannot read {s3_bucket}/{denied}: PermissionError"), (
+                what,
+                err.value,
+            )
             assert fault_proxy.injected["403"] >= 1, (what, fault_proxy.injected)
     finally:
         fault_proxy.reset(mode="pass")

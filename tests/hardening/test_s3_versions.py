@@ -31,7 +31,13 @@ from tests.helpers.lake import encode, make_image, write_lake
 
 pytestmark = [pytest.mark.s3]
 
-SHARD = {"num_shards": 2, "image_size": 16, "image_format": "png", "remainder": "pad", "max_reject_fraction": 0.2}
+SHARD = {
+    "num_shards": 2,
+    "image_size": 16,
+    "image_format": "png",
+    "remainder": "pad",
+    "max_reject_fraction": 0.2,
+}
 
 
 def _s3_lake(bucket: str, tmp_path: Path) -> str:
@@ -40,7 +46,7 @@ def _s3_lake(bucket: str, tmp_path: Path) -> str:
     local = tmp_path / "lake"
     write_lake(local, {"cat": 9, "dog": 8, "fox": 7})
     client = boto3.client("s3")
-    name = bucket[len("s3://"):]
+    name = bucket[len("s3://") :]
     for p in sorted(local.rglob("*")):
         if p.is_file():
             client.put_object(Bucket=name, Key=f"raw/{p.relative_to(local).as_posix()}", Body=p.read_bytes())
@@ -68,13 +74,23 @@ def s3_dataset(s3_bucket, fault_proxy, s3_via, local_engine, tmp_path):
     s3_via(fault_proxy.endpoint)
     lake = _s3_lake(s3_bucket, tmp_path)
     out = f"{s3_bucket}/datasets/pets"
-    manifest_job.run(ManifestConfig(input=lake, output=out, split_method="stratified", seed=7,
-                                    split={"train": 0.6, "validation": 0.2, "test": 0.2}), local_engine)
+    manifest_job.run(
+        ManifestConfig(
+            input=lake,
+            output=out,
+            split_method="stratified",
+            seed=7,
+            split={"train": 0.6, "validation": 0.2, "test": 0.2},
+        ),
+        local_engine,
+    )
     return out
 
 
 @pytest.mark.slow
-def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, fault_proxy, local_engine, capsys):
+def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(
+    s3_dataset, fault_proxy, local_engine, capsys
+):
     out = s3_dataset
     fault_proxy.reset(mode="pass")
     first = shard_job.run(ShardConfig(dataset=out, **SHARD), local_engine)
@@ -84,8 +100,14 @@ def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, f
     check_dataset(out)
     v1 = shard_version(first)
     assert v1 is not None and v1.startswith(first.dataset_version + "-")
-    assert all(s.path.startswith(f"shards/v={v1}/channel=") for c in first.channels.values() for s in c.shards)
-    put_shards = {unquote(r.path) for r in fault_proxy.log if r.method in ("PUT", "POST") and ".parquet" in r.path and "/shards/" in r.path}
+    assert all(
+        s.path.startswith(f"shards/v={v1}/channel=") for c in first.channels.values() for s in c.shards
+    )
+    put_shards = {
+        unquote(r.path)
+        for r in fault_proxy.log
+        if r.method in ("PUT", "POST") and ".parquet" in r.path and "/shards/" in r.path
+    }
     assert put_shards and all(f"/shards/v={v1}/" in p for p in put_shards), sorted(put_shards)[:5]
 
     # The same dataset again (--overwrite): a new version folder; the old one is not touched.
@@ -102,8 +124,12 @@ def test_the_shard_job_on_s3_copies_nothing_and_keeps_old_versions(s3_dataset, f
     # once each; shards/ as one table holds both versions.
     fs, path = storage.filesystem(out)
     rows = sum(c.rows for c in second.channels.values())
-    table = pads.dataset(f"{path}/shards/v={v2}", filesystem=fs, format="parquet", partitioning="hive").to_table()
-    assert table.num_rows == rows and sorted(set(table.column("channel").to_pylist())) == sorted(second.channels)
+    table = pads.dataset(
+        f"{path}/shards/v={v2}", filesystem=fs, format="parquet", partitioning="hive"
+    ).to_table()
+    assert table.num_rows == rows and sorted(set(table.column("channel").to_pylist())) == sorted(
+        second.channels
+    )
     both = pads.dataset(f"{path}/shards", filesystem=fs, format="parquet", partitioning="hive").to_table()
     assert both.num_rows == 2 * rows and set(both.column("v").to_pylist()) == {v1, v2}
 
@@ -160,7 +186,9 @@ def test_a_reader_during_an_s3_rebuild_sees_one_whole_version(s3_dataset, fault_
     thread.start()
     assert first.wait(timeout=60), (failures, seen)
     try:
-        new = shard_job.run(ShardConfig(dataset=out, overwrite=True, **{**SHARD, "image_size": 12}), local_engine)
+        new = shard_job.run(
+            ShardConfig(dataset=out, overwrite=True, **{**SHARD, "image_size": 12}), local_engine
+        )
     finally:
         done.set()
         thread.join(timeout=120)
@@ -190,9 +218,26 @@ def test_the_s3_commit_killed_at_each_step_reruns_into_the_same_version_folder(s
     new one."""
     out = s3_dataset
     env, log = job_env(), tmp_path / "shard.log"
-    cmd = [sys.executable, "-m", "jobs.shard", "--engine", "local", "--dataset", out, "--num-shards", "2",
-           "--image-size", "16", "--image-format", "png", "--remainder", "pad", "--max-reject-fraction", "0.2",
-           "--overwrite"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.shard",
+        "--engine",
+        "local",
+        "--dataset",
+        out,
+        "--num-shards",
+        "2",
+        "--image-size",
+        "16",
+        "--image-format",
+        "png",
+        "--remainder",
+        "pad",
+        "--max-reject-fraction",
+        "0.2",
+        "--overwrite",
+    ]
     rc, _ = run_until(cmd, env=env, log=log, kill_after=None)
     assert rc == 0, log.read_text()[-3000:]
     want, old = dataset_digest(out), read_dataset_info(out)
@@ -207,7 +252,9 @@ def test_the_s3_commit_killed_at_each_step_reruns_into_the_same_version_folder(s
         if suffix == "/_rejects.parquet":  # right after the kill at /_runs
             # every segment but those the assemblies replaced (their receipts were removed)
             reused = 6 - old.build.assembled_shards
-            assert f"resuming: {reused} of 6 segments" in log.read_text()[len(before):], log.read_text()[len(before):]
+            assert f"resuming: {reused} of 6 segments" in log.read_text()[len(before) :], log.read_text()[
+                len(before) :
+            ]
     rc, _ = run_until(cmd, env=env, log=log, kill_after=None)
     assert rc == 0, log.read_text()[-3000:]
     check_dataset(out)

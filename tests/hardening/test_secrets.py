@@ -32,7 +32,7 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> None:
 def test_no_credentials_in_logs_or_outputs(s3_bucket, dask_cluster, tmp_path: Path):
     local = tmp_path / "lake"
     write_lake(local, {"a": 10, "b": 10})
-    name = s3_bucket[len("s3://"):]
+    name = s3_bucket[len("s3://") :]
     client = boto3.client("s3")
     for p in sorted(local.rglob("*")):
         if p.is_file():
@@ -41,25 +41,85 @@ def test_no_credentials_in_logs_or_outputs(s3_bucket, dask_cluster, tmp_path: Pa
     env = secret_env(PYSPARK_PYTHON=sys.executable)
     events = tmp_path / "events"
     events.mkdir()
-    submit = [str(BIN / "spark-submit"), "--master", "local[1]", "--verbose", "--conf", "spark.ui.enabled=false",
-              "--conf", "spark.eventLog.enabled=true", "--conf", "spark.eventLog.compress=false", "--conf", f"spark.eventLog.dir=file://{events}"]
+    submit = [
+        str(BIN / "spark-submit"),
+        "--master",
+        "local[1]",
+        "--verbose",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.eventLog.enabled=true",
+        "--conf",
+        "spark.eventLog.compress=false",
+        "--conf",
+        f"spark.eventLog.dir=file://{events}",
+    ]
     logs = tmp_path / "logs"
     logs.mkdir()
     common = ["--split-method", "stratified", "--seed", "7"]
-    _run([*submit, "jobs/manifest.py", "--input", lake, "--output", f"{s3_bucket}/spark", *common], env,
-         logs / "spark-manifest.log")
-    _run([*submit, "jobs/shard.py", "--dataset", f"{s3_bucket}/spark", "--num-shards", "2", "--image-size", "16"], env,
-         logs / "spark-shard.log")
+    _run(
+        [*submit, "jobs/manifest.py", "--input", lake, "--output", f"{s3_bucket}/spark", *common],
+        env,
+        logs / "spark-manifest.log",
+    )
+    _run(
+        [
+            *submit,
+            "jobs/shard.py",
+            "--dataset",
+            f"{s3_bucket}/spark",
+            "--num-shards",
+            "2",
+            "--image-size",
+            "16",
+        ],
+        env,
+        logs / "spark-shard.log",
+    )
     dask = ["--engine", "dask", "--scheduler", dask_cluster.address]
-    _run([sys.executable, "-m", "jobs.manifest", *dask, "--input", lake, "--output", f"{s3_bucket}/dask", *common], env,
-         logs / "dask-manifest.log")
-    _run([sys.executable, "-m", "jobs.shard", *dask, "--dataset", f"{s3_bucket}/dask", "--num-shards", "2",
-          "--image-size", "16"], env, logs / "dask-shard.log")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.manifest",
+            *dask,
+            "--input",
+            lake,
+            "--output",
+            f"{s3_bucket}/dask",
+            *common,
+        ],
+        env,
+        logs / "dask-manifest.log",
+    )
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.shard",
+            *dask,
+            "--dataset",
+            f"{s3_bucket}/dask",
+            "--num-shards",
+            "2",
+            "--image-size",
+            "16",
+        ],
+        env,
+        logs / "dask-shard.log",
+    )
 
-    searched: dict[str, bytes] = {str(p): p.read_bytes() for p in [*logs.iterdir(), *events.rglob("*")] if p.is_file()}
+    searched: dict[str, bytes] = {
+        str(p): p.read_bytes() for p in [*logs.iterdir(), *events.rglob("*")] if p.is_file()
+    }
     searched.update({str(p): p.read_bytes() for p in dask_cluster.logs})
-    outputs = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=name)
-               for o in page.get("Contents", []) if not o["Key"].startswith("raw/")]
+    outputs = [
+        o["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name)
+        for o in page.get("Contents", [])
+        if not o["Key"].startswith("raw/")
+    ]
     for key in outputs:
         searched[f"s3://{name}/{key}"] = client.get_object(Bucket=name, Key=key)["Body"].read()
     kinds = {k.rsplit("/", 1)[-1].split("-")[0] for k in outputs}

@@ -36,7 +36,11 @@ def read_table(uri: str):
 
 def sagemaker_refs(root: str, channel: str) -> list[str]:
     """The ``source-ref`` of every line of a channel's SageMaker augmented manifest, in part order."""
-    lines = [line for uri in sagemaker_parts(root, channel) for line in storage.read_bytes(uri).decode().splitlines()]
+    lines = [
+        line
+        for uri in sagemaker_parts(root, channel)
+        for line in storage.read_bytes(uri).decode().splitlines()
+    ]
     return [json.loads(line)["source-ref"] for line in lines]
 
 
@@ -91,10 +95,15 @@ def check_dataset(root: str, *, decode_images: bool = True) -> DatasetInfo:
             counts = [c.get(label, 0) for c in per_shard]
             assert max(counts) - min(counts) <= 1, (channel, label, counts)
         # Accounting: manifest rows = shard rows (without padding) + shard rejects + dropped.
-        shard_uris = [u for t in tables for u, pad in zip(t["uri"].to_pylist(), t["is_pad"].to_pylist()) if not pad]
+        shard_uris = [
+            u for t in tables for u, pad in zip(t["uri"].to_pylist(), t["is_pad"].to_pylist()) if not pad
+        ]
         assert len(shard_uris) == len(set(shard_uris))
-        rejected = [u for u, c in zip(shard_rejects["uri"].to_pylist(), shard_rejects["channel"].to_pylist())
-                    if c == channel]
+        rejected = [
+            u
+            for u, c in zip(shard_rejects["uri"].to_pylist(), shard_rejects["channel"].to_pylist())
+            if c == channel
+        ]
         assert sorted(shard_uris + rejected + entry.dropped) == sorted(manifest["uri"].to_pylist())
         # The rows marked is_pad are exactly the copies dataset.json lists as padded (none
         # with the drop policy), one row per listed URI.

@@ -15,8 +15,9 @@ from tests.helpers.lake import bad_objects, write_lake
 __all__ = ["build_dataset_with_rejects"]
 
 
-def build_dataset_with_rejects(engine: Engine, tmp: Path, counts: dict[str, int], *, seed: int,
-                               **shard_options: Any) -> Path:
+def build_dataset_with_rejects(
+    engine: Engine, tmp: Path, counts: dict[str, int], *, seed: int, **shard_options: Any
+) -> Path:
     """A lake of ``counts`` small PNGs plus one object the manifest job rejects (text named
     .jpg, in the first class) and one the shard job rejects (a truncated JPEG, in the second),
     through both jobs on ``engine``: 2 shards of 24 px PNGs. Returns the dataset root."""
@@ -27,8 +28,21 @@ def build_dataset_with_rejects(engine: Engine, tmp: Path, counts: dict[str, int]
     (lake / first / "notes.jpg").write_bytes(bad["cls_a/bad_text.jpg"])
     (lake / second / "broken.jpg").write_bytes(bad["cls_a/bad_truncated.jpg"])
     out = tmp / "ds"
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), seed=seed, split_method="stratified",
-                                    max_reject_fraction=0.5), engine)
-    shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png",
-                              max_reject_fraction=0.5, **shard_options), engine)
+    manifest_job.run(
+        ManifestConfig(
+            input=str(lake), output=str(out), seed=seed, split_method="stratified", max_reject_fraction=0.5
+        ),
+        engine,
+    )
+    shard_job.run(
+        ShardConfig(
+            dataset=str(out),
+            num_shards=2,
+            image_size=24,
+            image_format="png",
+            max_reject_fraction=0.5,
+            **shard_options,
+        ),
+        engine,
+    )
     return out

@@ -14,8 +14,14 @@ __all__ = ["EXTRA_FORMATS", "HIDDEN", "write_edge_lake"]
 EXTRA_FORMATS = {"icon.ico": "ICO", "scan.jp2": "JPEG2000", "frame.ppm": "PPM", "render.tga": "TGA"}
 
 #: Keys (below the lake) of the hidden objects :func:`write_edge_lake` writes.
-HIDDEN = (".DS_Store", "cat/.ipynb_checkpoints/img_00000-checkpoint.png", "cat/._img_00000.png",
-          "__MACOSX/cat/._img_00002.png", "dog/Thumbs.db", "dog/desktop.ini")
+HIDDEN = (
+    ".DS_Store",
+    "cat/.ipynb_checkpoints/img_00000-checkpoint.png",
+    "cat/._img_00000.png",
+    "__MACOSX/cat/._img_00002.png",
+    "dog/Thumbs.db",
+    "dog/desktop.ini",
+)
 
 
 def write_edge_lake(tmp: Path) -> Path:
@@ -43,8 +49,11 @@ def write_edge_lake(tmp: Path) -> Path:
     os.symlink("selfloop.png", raw / "cat" / "selfloop.png")
     for key in HIDDEN:
         (raw / key).parent.mkdir(parents=True, exist_ok=True)
-        (raw / key).write_bytes((raw / "cat" / "img_00000.png").read_bytes() if key.endswith(".png") and "._" not in key
-                                else b"\x00\x05\x16\x07 AppleDouble or Windows junk")
+        (raw / key).write_bytes(
+            (raw / "cat" / "img_00000.png").read_bytes()
+            if key.endswith(".png") and "._" not in key
+            else b"\x00\x05\x16\x07 AppleDouble or Windows junk"
+        )
     (raw / "cat" / "notes.tmp").write_bytes(b"scratch")
     copy = encode(make_image(999), "PNG")
     (raw / "dup").mkdir()

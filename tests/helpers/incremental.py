@@ -17,7 +17,17 @@ from lakeshard import storage
 from lakeshard.format.manifest_table import iter_parts, read_channel
 from tests.helpers.lake import encode, make_image
 
-__all__ = ["CLASSES", "NOT_AN_IMAGE", "CountingEngine", "Growth", "assert_same_tables", "build", "channels", "grow", "write_lake_objects"]
+__all__ = [
+    "CLASSES",
+    "NOT_AN_IMAGE",
+    "CountingEngine",
+    "Growth",
+    "assert_same_tables",
+    "build",
+    "channels",
+    "grow",
+    "write_lake_objects",
+]
 
 #: The lake before it grows: three classes of small PNGs (some a folder deeper) and one object
 #: that is not an image (a reject of the header read, which ``--base`` reuses as such).
@@ -34,7 +44,9 @@ def write_lake_objects(lake: str) -> list[str]:
     keys = []
     for li, (label, n) in enumerate(CLASSES.items()):
         for i in range(n):
-            storage.write_bytes_atomic(storage.join(lake, _key(label, i)), encode(make_image(li * 1000 + i), "PNG"))
+            storage.write_bytes_atomic(
+                storage.join(lake, _key(label, i)), encode(make_image(li * 1000 + i), "PNG")
+            )
             keys.append(_key(label, i))
     storage.write_bytes_atomic(storage.join(lake, NOT_AN_IMAGE), b"not a picture, a note about the dogs\n")
     return [*keys, NOT_AN_IMAGE]
@@ -56,7 +68,9 @@ def grow(lake: str, keys: list[str], *, added_per_class: int = 2) -> Growth:
     for li, label in enumerate(CLASSES):
         for j in range(added_per_class):
             key = f"{label}/new_{j:02d}.png"
-            storage.write_bytes_atomic(storage.join(lake, key), encode(make_image(50_000 + li * 100 + j), "PNG"))
+            storage.write_bytes_atomic(
+                storage.join(lake, key), encode(make_image(50_000 + li * 100 + j), "PNG")
+            )
             g.added.append(key)
     g.removed = [_key("cat", 4), _key("dog", 7), _key("fox", 9)]
     for key in g.removed:
@@ -67,22 +81,34 @@ def grow(lake: str, keys: list[str], *, added_per_class: int = 2) -> Growth:
     if uri.startswith("file://"):
         path = storage.filesystem(uri)[1]
         st = os.stat(path)
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))  # a later mtime, whatever the clock
+        os.utime(
+            path, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000)
+        )  # a later mtime, whatever the clock
     return g
 
 
 def build(engine: Any, lake: str, out: str, **opts: Any) -> dict[str, Any]:
     """Run the manifest job on ``engine``; return its summary."""
-    cfg = ManifestConfig(input=lake, output=out, engine=engine.name, seed=5, max_reject_fraction=0.1,
-                         split={"train": 0.6, "validation": 0.2, "test": 0.2}, rows_per_part=25,
-                         list_task_objects=16, **opts)
+    cfg = ManifestConfig(
+        input=lake,
+        output=out,
+        engine=engine.name,
+        seed=5,
+        max_reject_fraction=0.1,
+        split={"train": 0.6, "validation": 0.2, "test": 0.2},
+        rows_per_part=25,
+        list_task_objects=16,
+        **opts,
+    )
     return manifest_job.run(cfg, engine)
 
 
 def assert_same_tables(a: str, b: str) -> None:
     """``labels.json``, every manifest table part (row for row) and ``_manifest.json`` but for
     ``base`` are equal in the datasets at ``a`` and ``b``."""
-    assert storage.read_json(storage.join(a, "labels.json")) == storage.read_json(storage.join(b, "labels.json"))
+    assert storage.read_json(storage.join(a, "labels.json")) == storage.read_json(
+        storage.join(b, "labels.json")
+    )
     ma, mb = (storage.read_json(storage.join(d, "manifests", "_manifest.json")) for d in (a, b))
     assert {k: v for k, v in ma.items() if k != "base"} == {k: v for k, v in mb.items() if k != "base"}
     for table in ("all", "rejects", *ma["split"]):
@@ -113,4 +139,3 @@ class CountingEngine:
         self.actions.append(name)
         self.tasks.setdefault(name, []).append(len(split_parts(items, partitions)))
         return self.engine.map_partitions(fn, items, partitions=partitions)
-

@@ -17,8 +17,10 @@ def make_image(seed: int, *, size: tuple[int, int] = (48, 40), mode: str = "RGB"
     rng = np.random.default_rng(seed)
     w, h = size
     yy, xx = np.mgrid[0:h, 0:w]
-    base = np.stack([(xx * (seed % 7 + 1)) % 256, (yy * (seed % 5 + 1)) % 256,
-                     ((xx + yy) * (seed % 3 + 1)) % 256], axis=-1).astype(np.float64)
+    base = np.stack(
+        [(xx * (seed % 7 + 1)) % 256, (yy * (seed % 5 + 1)) % 256, ((xx + yy) * (seed % 3 + 1)) % 256],
+        axis=-1,
+    ).astype(np.float64)
     arr = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
     img = Image.fromarray(arr, "RGB")
     return img if mode == "RGB" else img.convert(mode)
@@ -30,8 +32,15 @@ def encode(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
     return buf.getvalue()
 
 
-def write_lake(root: Path, counts: dict[str, int], *, size: tuple[int, int] = (48, 40), fmt: str = "PNG",
-               seed: int = 0, nested: bool = True) -> list[Path]:
+def write_lake(
+    root: Path,
+    counts: dict[str, int],
+    *,
+    size: tuple[int, int] = (48, 40),
+    fmt: str = "PNG",
+    seed: int = 0,
+    nested: bool = True,
+) -> list[Path]:
     """Write ``counts[label]`` images under ``root/<label>/`` (some one folder deeper)."""
     paths = []
     for li, (label, n) in enumerate(sorted(counts.items())):
@@ -53,7 +62,9 @@ def exif_rotated_jpeg() -> bytes:
     exif = Image.Exif()
     exif[0x0112] = 6
     buf = io.BytesIO()
-    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90).save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90).save(
+        buf, "JPEG", quality=95, exif=exif.tobytes()
+    )
     return buf.getvalue()
 
 

@@ -50,9 +50,16 @@ class ShardPlan:
     padded: np.ndarray
 
 
-def make_plan(keys: Sequence[str], labels: Sequence[int], *, num_shards: int, seed: int, channel: str,
-              remainder: str = "drop", rejected: Sequence[int] | Sequence[bool] | np.ndarray | None = None,
-              ) -> ShardPlan:
+def make_plan(
+    keys: Sequence[str],
+    labels: Sequence[int],
+    *,
+    num_shards: int,
+    seed: int,
+    channel: str,
+    remainder: str = "drop",
+    rejected: Sequence[int] | Sequence[bool] | np.ndarray | None = None,
+) -> ShardPlan:
     """Plan the rows of ``channel`` that are not ``rejected`` into ``num_shards`` equal shards.
 
     Args:
@@ -92,7 +99,7 @@ def make_plan(keys: Sequence[str], labels: Sequence[int], *, num_shards: int, se
 
     def last_in(c: int, s: int) -> int:
         """Class c's row in shard s with the highest slot."""
-        rows = row_at[start[c]:start[c] + kept[c]]
+        rows = row_at[start[c] : start[c] + kept[c]]
         return int(rows[np.flatnonzero(shard[rows] == s)[-1]])
 
     # 3. Totals: from the fullest shard to the emptiest, one row of a class with its extra there.
@@ -123,7 +130,7 @@ def make_plan(keys: Sequence[str], labels: Sequence[int], *, num_shards: int, se
         for s in np.flatnonzero(totals == low).tolist():
             fewest = np.flatnonzero((counts[:, s] == counts.min(axis=1)) & (kept > 0))
             c = int(fewest[np.argmin(counts[fewest].sum(axis=1))])  # first of the smallest
-            rows = row_at[start[c]:start[c] + kept[c]]
+            rows = row_at[start[c] : start[c] + kept[c]]
             row = int(rows[np.lexsort((np.arange(len(rows)), shard[rows] != s, copies[rows]))[0]])
             pads.append((row, s))
             copies[row] += 1
@@ -136,46 +143,82 @@ def make_plan(keys: Sequence[str], labels: Sequence[int], *, num_shards: int, se
     copies: dict[int, int] = {}
     for i, (row, _) in enumerate(pads, start=len(placed)):
         copies[row] = copy[i] = copies.get(row, 0) + 1
-    return _shuffled(keys, key_rank, source, out_shard, copy, num_shards=num_shards, seed=seed,
-                     channel=channel, dropped=np.sort(np.asarray(dropped, dtype=np.int64)))
+    return _shuffled(
+        keys,
+        key_rank,
+        source,
+        out_shard,
+        copy,
+        num_shards=num_shards,
+        seed=seed,
+        channel=channel,
+        dropped=np.sort(np.asarray(dropped, dtype=np.int64)),
+    )
 
 
-def _rejected_mask(rejected: Sequence[int] | Sequence[bool] | np.ndarray | None, total: int,
-                   channel: str) -> np.ndarray:
+def _rejected_mask(
+    rejected: Sequence[int] | Sequence[bool] | np.ndarray | None, total: int, channel: str
+) -> np.ndarray:
     """``rejected`` (indices or a boolean mask) as a boolean mask of ``total`` rows."""
     if rejected is None:
         return np.zeros(total, dtype=bool)
     given = np.asarray(rejected)
     if given.dtype == bool:
         if given.shape != (total,):
-            raise ShardError(f"rejected mask for channel {channel!r} has shape {given.shape}, "
-                             f"expected ({total},)")
+            raise ShardError(
+                f"rejected mask for channel {channel!r} has shape {given.shape}, expected ({total},)"
+            )
         return given.copy()
     if given.size == 0:
         return np.zeros(total, dtype=bool)
     if given.ndim != 1 or not np.issubdtype(given.dtype, np.integer):
-        raise ShardError(f"rejected must be row indices or a boolean mask, got {given.dtype} "
-                         f"array of shape {given.shape} for channel {channel!r}")
+        raise ShardError(
+            f"rejected must be row indices or a boolean mask, got {given.dtype} "
+            f"array of shape {given.shape} for channel {channel!r}"
+        )
     bad = given[(given < 0) | (given >= total)]
     if len(bad):
-        raise ShardError(f"rejected row index {int(bad[0])} is out of range for channel {channel!r} "
-                         f"of {total} rows")
+        raise ShardError(
+            f"rejected row index {int(bad[0])} is out of range for channel {channel!r} of {total} rows"
+        )
     mask = np.zeros(total, dtype=bool)
     mask[given] = True
     return mask
 
 
-def _shuffled(keys: Sequence[str], key_rank: np.ndarray, source: np.ndarray, shard: np.ndarray,
-              copy: np.ndarray, *, num_shards: int, seed: int, channel: str,
-              dropped: np.ndarray) -> ShardPlan:
+def _shuffled(
+    keys: Sequence[str],
+    key_rank: np.ndarray,
+    source: np.ndarray,
+    shard: np.ndarray,
+    copy: np.ndarray,
+    *,
+    num_shards: int,
+    seed: int,
+    channel: str,
+    dropped: np.ndarray,
+) -> ShardPlan:
     """The plan with each shard's rows ranked by ``(unit_hash("shuffle", …), key, copy)``."""
-    shuffle = np.fromiter((unit_hash("shuffle", seed, channel, int(s), keys[r], int(k))
-                           for r, s, k in zip(source, shard, copy)), dtype=np.float64, count=len(source))
+    shuffle = np.fromiter(
+        (
+            unit_hash("shuffle", seed, channel, int(s), keys[r], int(k))
+            for r, s, k in zip(source, shard, copy)
+        ),
+        dtype=np.float64,
+        count=len(source),
+    )
     order = np.lexsort((copy, key_rank[source], shuffle, shard))
     rows_per_shard = len(source) // num_shards
-    return ShardPlan(num_shards=num_shards, rows_per_shard=rows_per_shard, source=source[order],
-                     shard=shard[order], position=np.arange(len(source), dtype=np.int64) % rows_per_shard,
-                     is_pad=copy[order] > 0, dropped=dropped, padded=np.sort(source[copy > 0]))
+    return ShardPlan(
+        num_shards=num_shards,
+        rows_per_shard=rows_per_shard,
+        source=source[order],
+        shard=shard[order],
+        position=np.arange(len(source), dtype=np.int64) % rows_per_shard,
+        is_pad=copy[order] > 0,
+        dropped=dropped,
+        padded=np.sort(source[copy > 0]),
+    )
 
 
 def plan_of_rows(deal: Deal, keys: list[str], labels: list[int]) -> ShardPlan:
@@ -186,16 +229,22 @@ def plan_of_rows(deal: Deal, keys: list[str], labels: list[int]) -> ShardPlan:
     label = np.asarray(labels, dtype=np.int64)
     for c in np.unique(label).tolist():
         idx = np.flatnonzero(label == c)
-        slots[idx] = class_slots([keys[i] for i in idx], seed=deal.seed, channel=deal.channel,
-                                 start=deal.class_start(c))
+        slots[idx] = class_slots(
+            [keys[i] for i in idx], seed=deal.seed, channel=deal.channel, start=deal.class_start(c)
+        )
     rows = pa.table({"key": keys, "slot": slots, "row": np.arange(len(keys))})
     parts = [order_shard(deal, rows, s) for s in range(deal.num_shards)]
     source = np.concatenate([p["row"].to_numpy() for p in parts]).astype(np.int64)
     copy = np.concatenate([p["copy"].to_numpy() for p in parts]).astype(np.int64)
     by_slot = np.empty(len(keys), dtype=np.int64)
     by_slot[slots] = np.arange(len(keys))
-    return ShardPlan(num_shards=deal.num_shards, rows_per_shard=deal.rows_per_shard, source=source,
-                     shard=np.repeat(np.arange(deal.num_shards, dtype=np.int64), deal.rows_per_shard),
-                     position=np.tile(np.arange(deal.rows_per_shard, dtype=np.int64), deal.num_shards),
-                     is_pad=copy > 0, dropped=np.sort(by_slot[np.asarray(deal.dropped, dtype=np.int64)]),
-                     padded=np.sort(source[copy > 0]))
+    return ShardPlan(
+        num_shards=deal.num_shards,
+        rows_per_shard=deal.rows_per_shard,
+        source=source,
+        shard=np.repeat(np.arange(deal.num_shards, dtype=np.int64), deal.rows_per_shard),
+        position=np.tile(np.arange(deal.rows_per_shard, dtype=np.int64), deal.num_shards),
+        is_pad=copy > 0,
+        dropped=np.sort(by_slot[np.asarray(deal.dropped, dtype=np.int64)]),
+        padded=np.sort(source[copy > 0]),
+    )

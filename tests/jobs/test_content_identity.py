@@ -20,10 +20,19 @@ from tests.helpers.lake import encode, make_image, write_lake
 
 
 def _build(lake: Path, out: Path, engine, *, overwrite: bool = False) -> str:
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=0.75,validation=0.25",
-                                    sniff=False, overwrite=overwrite), engine)
-    return shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=16, overwrite=overwrite),
-                         engine).dataset_version
+    manifest_job.run(
+        ManifestConfig(
+            input=str(lake),
+            output=str(out),
+            split="train=0.75,validation=0.25",
+            sniff=False,
+            overwrite=overwrite,
+        ),
+        engine,
+    )
+    return shard_job.run(
+        ShardConfig(dataset=str(out), num_shards=2, image_size=16, overwrite=overwrite), engine
+    ).dataset_version
 
 
 def test_no_sniff_local_files_replaced_in_place_give_another_dataset_version(tmp_path: Path, local_engine):
@@ -50,13 +59,16 @@ def test_no_sniff_version_is_stable_when_nothing_changed(tmp_path: Path, local_e
 def test_no_sniff_file_replaced_between_the_jobs_is_a_counted_reject(tmp_path: Path, local_engine):
     lake, out = tmp_path / "raw", tmp_path / "ds"
     paths = sorted(write_lake(lake, {"a": 10, "b": 10}, fmt="BMP", nested=False))
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1", sniff=False), local_engine)
+    manifest_job.run(
+        ManifestConfig(input=str(lake), output=str(out), split="train=1", sniff=False), local_engine
+    )
     replaced = paths[4]
     stat = replaced.stat()
     replaced.write_bytes(encode(make_image(9999), "BMP"))  # same size, other pixels, a later mtime
     os.utime(replaced, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
-    info = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=16, max_reject_fraction=0.2),
-                         local_engine)
+    info = shard_job.run(
+        ShardConfig(dataset=str(out), num_shards=2, image_size=16, max_reject_fraction=0.2), local_engine
+    )
     table = read_table(rejects_uri(str(out), info))
     reasons = dict(zip(table["key"].to_pylist(), table["reason"].to_pylist(), strict=True))
     key = replaced.relative_to(lake).as_posix()
@@ -70,7 +82,9 @@ def test_no_sniff_file_replaced_between_the_jobs_is_a_counted_reject(tmp_path: P
 def test_the_manifest_records_the_content_identity_of_no_sniff_files(tmp_path: Path, local_engine):
     lake, out = tmp_path / "raw", tmp_path / "ds"
     paths = write_lake(lake, {"a": 3, "b": 3}, fmt="BMP", nested=False)
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1", sniff=False), local_engine)
+    manifest_job.run(
+        ManifestConfig(input=str(lake), output=str(out), split="train=1", sniff=False), local_engine
+    )
     table = pq.read_table(next((out / "manifests" / "train").glob("part-*.parquet")))
     assert table.num_rows == len(paths)
     assert table["etag"].null_count == len(paths)  # nothing read: no content hash

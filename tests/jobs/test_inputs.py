@@ -38,7 +38,9 @@ def manifested(tmp_path: Path, local_engine) -> Path:
     lake = tmp_path / "raw"
     write_lake(lake, {"a": 12, "b": 9})
     out = tmp_path / "ds"
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split_method="stratified"), local_engine)
+    manifest_job.run(
+        ManifestConfig(input=str(lake), output=str(out), split_method="stratified"), local_engine
+    )
     return out
 
 
@@ -50,22 +52,45 @@ def test_bad_inputs_fail_before_any_engine_starts(manifested: Path, tmp_path: Pa
     del marker["counts"]["classes"]
     (uncounted / "manifests" / "_manifest.json").write_text(json.dumps(marker))
     cases = [
-        ("shard", ["--engine", "spark", "--dataset", str(tmp_path / "nothing-here")],
-         f"no complete manifest at file://{tmp_path / 'nothing-here'}"),
-        ("shard", ["--engine", "spark", "--dataset", ds, "--channels", "train,bogus"],
-         "--channels names ['bogus'], which the manifest"),
-        ("shard", ["--engine", "dask", "--dataset", ds, "--channels", "train,train"],
-         "--channels 'train,train' names 'train' more than once"),
+        (
+            "shard",
+            ["--engine", "spark", "--dataset", str(tmp_path / "nothing-here")],
+            f"no complete manifest at file://{tmp_path / 'nothing-here'}",
+        ),
+        (
+            "shard",
+            ["--engine", "spark", "--dataset", ds, "--channels", "train,bogus"],
+            "--channels names ['bogus'], which the manifest",
+        ),
+        (
+            "shard",
+            ["--engine", "dask", "--dataset", ds, "--channels", "train,train"],
+            "--channels 'train,train' names 'train' more than once",
+        ),
         ("shard", ["--engine", "dask", "--dataset", "ftp://host/ds"], "unsupported URI scheme 'ftp'"),
-        ("shard", ["--engine", "spark", "--dataset", str(uncounted)],
-         "has no class counts (counts.classes) for channel(s) ['test', 'train', 'validation']; run jobs/manifest.py again"),
-        ("manifest", ["--engine", "spark", "--input", "ftp://host/raw", "--output", str(tmp_path / "o")],
-         "unsupported URI scheme 'ftp'"),
-        ("manifest", ["--engine", "dask", "--input", str(tmp_path / "no-lake"), "--output", str(tmp_path / "o")],
-         f"--input {str(tmp_path / 'no-lake')!r}: file://{tmp_path / 'no-lake'} does not exist"),
+        (
+            "shard",
+            ["--engine", "spark", "--dataset", str(uncounted)],
+            "has no class counts (counts.classes) for channel(s) ['test', 'train', 'validation']; run jobs/manifest.py again",
+        ),
+        (
+            "manifest",
+            ["--engine", "spark", "--input", "ftp://host/raw", "--output", str(tmp_path / "o")],
+            "unsupported URI scheme 'ftp'",
+        ),
+        (
+            "manifest",
+            ["--engine", "dask", "--input", str(tmp_path / "no-lake"), "--output", str(tmp_path / "o")],
+            f"--input {str(tmp_path / 'no-lake')!r}: file://{tmp_path / 'no-lake'} does not exist",
+        ),
     ]
-    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps([(job, argv) for job, argv, _ in cases])],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps([(job, argv) for job, argv, _ in cases])],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     codes = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("RC ")]
     assert codes == [2] * len(cases), proc.stdout + proc.stderr[-3000:]
@@ -83,12 +108,26 @@ def test_overwriting_a_subset_of_channels_is_refused_naming_the_others(manifeste
     assert set(first.channels) == {"train", "validation", "test"}
     before = (manifested / "dataset.json").read_bytes()
     with pytest.raises(ShardError, match=r"would delete the shards of channel\(s\) \['test', 'validation'\]"):
-        shard_job.run(ShardConfig(dataset=str(manifested), num_shards=1, image_size=16, channels="train",
-                                  overwrite=True), local_engine)
+        shard_job.run(
+            ShardConfig(
+                dataset=str(manifested), num_shards=1, image_size=16, channels="train", overwrite=True
+            ),
+            local_engine,
+        )
     assert (manifested / "dataset.json").read_bytes() == before
     assert (manifested / shard_relpath("validation", 0, 1)).exists()
     # Every channel the dataset has, named explicitly, is a rebuild like any other.
-    again = shard_job.run(ShardConfig(dataset=str(manifested), num_shards=1, image_size=16,
-                                      channels="train,validation,test", overwrite=True), local_engine)
+    again = shard_job.run(
+        ShardConfig(
+            dataset=str(manifested),
+            num_shards=1,
+            image_size=16,
+            channels="train,validation,test",
+            overwrite=True,
+        ),
+        local_engine,
+    )
     assert set(again.channels) == {"train", "validation", "test"}
-    assert "--channels naming fewer channels" in shard_job.parser().format_help().replace("\n", " ").replace("  ", " ")
+    assert "--channels naming fewer channels" in shard_job.parser().format_help().replace("\n", " ").replace(
+        "  ", " "
+    )

@@ -33,10 +33,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _build(lake: Path | str, out: Path | str, engine, *, num_shards: int = 2, **shard_opts):
-    m = manifest_job.run(ManifestConfig(input=str(lake), output=str(out), seed=7, split_method="stratified",
-                                        max_reject_fraction=0.5), engine)
-    s = shard_job.run(ShardConfig(dataset=str(out), num_shards=num_shards, image_size=24, image_format="png",
-                                  **shard_opts), engine)
+    m = manifest_job.run(
+        ManifestConfig(
+            input=str(lake), output=str(out), seed=7, split_method="stratified", max_reject_fraction=0.5
+        ),
+        engine,
+    )
+    s = shard_job.run(
+        ShardConfig(dataset=str(out), num_shards=num_shards, image_size=24, image_format="png", **shard_opts),
+        engine,
+    )
     return m, s
 
 
@@ -69,8 +75,10 @@ def test_pipeline_accounts_for_every_object(messy_lake, tmp_path, local_engine):
     assert reasons["cls_a/bad_notes.txt"].startswith("not an image")
     assert reasons["stray_at_top.png"].startswith("no label")
     shard_rejects = read_table(shard_rejects_uri(str(out)))
-    bad_decodes = {k.rsplit("/", 1)[-1]: r for k, r in zip(shard_rejects["key"].to_pylist(),
-                                                           shard_rejects["reason"].to_pylist())}
+    bad_decodes = {
+        k.rsplit("/", 1)[-1]: r
+        for k, r in zip(shard_rejects["key"].to_pylist(), shard_rejects["reason"].to_pylist())
+    }
     assert set(bad_decodes) == {"bad_truncated.jpg", "bad_corrupt.png"}
     assert all(r.startswith("cannot decode") for r in bad_decodes.values())
     assert "empty_class" not in json.loads((out / "labels.json").read_text())
@@ -106,9 +114,13 @@ def test_rerun_refuses_then_overwrite_gives_the_same_dataset(small_lake, tmp_pat
         manifest_job.run(ManifestConfig(input=str(small_lake), output=str(out)), local_engine)
     with pytest.raises(DatasetExistsError, match="--overwrite"):
         shard_job.run(ShardConfig(dataset=str(out), num_shards=2), local_engine)
-    again = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png",
-                                      overwrite=True), local_engine)
-    assert replace(again, created_at="") == replace(first, created_at="")  # same files, byte for byte (sha256s)
+    again = shard_job.run(
+        ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png", overwrite=True),
+        local_engine,
+    )
+    assert replace(again, created_at="") == replace(
+        first, created_at=""
+    )  # same files, byte for byte (sha256s)
 
 
 def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_path, local_engine):
@@ -121,8 +133,10 @@ def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_p
         Path(storage.temp_sibling(str(path))).write_bytes(b"")
 
     killed_writer(out / "manifests" / "train" / "part-00000-of-00001.parquet")
-    manifest_job.run(ManifestConfig(input=str(small_lake), output=str(out), seed=7, split_method="stratified"),
-                     local_engine)
+    manifest_job.run(
+        ManifestConfig(input=str(small_lake), output=str(out), seed=7, split_method="stratified"),
+        local_engine,
+    )
     assert not list(out.rglob("*.tmp-*"))
     # What a job killed mid-commit leaves: staged files, a half-moved shards folder, no dataset.json.
     shutil.copytree(clean / "shards", out / "_staging" / "shards-dead")
@@ -132,7 +146,9 @@ def test_interrupted_run_leaves_no_dataset_and_rerun_completes(small_lake, tmp_p
     killed_writer(out / "dataset.json")
     with pytest.raises(DatasetError, match="no complete dataset"):
         read_dataset_info(str(out))  # what every reader calls first
-    got = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png"), local_engine)
+    got = shard_job.run(
+        ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png"), local_engine
+    )
     assert not (out / "_staging").exists()
     assert not list(out.rglob("*.tmp-*"))
     assert [e.shards for e in got.channels.values()] == [e.shards for e in want.channels.values()]
@@ -143,8 +159,10 @@ def test_min_per_class_fails_before_any_image_is_fetched(tmp_path, local_engine)
     write_lake(lake, {"big": 40, "tiny": 3, "small": 6})
     out = tmp_path / "ds"
     with pytest.raises(SplitError) as err:
-        manifest_job.run(ManifestConfig(input=str(lake), output=str(out), min_per_class=2,
-                                        split_method="stratified"), local_engine)
+        manifest_job.run(
+            ManifestConfig(input=str(lake), output=str(out), min_per_class=2, split_method="stratified"),
+            local_engine,
+        )
     message = str(err.value)
     assert "'tiny' (train=3, validation=0, test=0)" in message
     assert "'small' (train=5, validation=1, test=0)" in message
@@ -185,14 +203,40 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
     # The manifest job keeps the daemon module and worker sockets the user chose; the shard job
     # gets the engine's.
     for conf, daemon, argv in (
-            (["--conf", "spark.python.daemon.module=pyspark.daemon",
-              "--conf", "spark.python.unix.domain.socket.enabled=false"], "pyspark.daemon, reached over TCP",
-             ["jobs/manifest.py", "--input", str(small_lake), "--output", str(out), "--conf", "conf/manifest.yaml",
-              "--split-method", "stratified"]),
-            ([], "jobs.common.engines.spark_daemon, reached over Unix sockets",
-             ["jobs/shard.py", "--dataset", str(out), "--num-shards", "2", "--image-size", "32"])):
-        proc = subprocess.run([submit, "--master", "local[2]", "--driver-memory", "1g", *conf, *argv], cwd=REPO,
-                              env=env, capture_output=True, text=True, timeout=300)
+        (
+            [
+                "--conf",
+                "spark.python.daemon.module=pyspark.daemon",
+                "--conf",
+                "spark.python.unix.domain.socket.enabled=false",
+            ],
+            "pyspark.daemon, reached over TCP",
+            [
+                "jobs/manifest.py",
+                "--input",
+                str(small_lake),
+                "--output",
+                str(out),
+                "--conf",
+                "conf/manifest.yaml",
+                "--split-method",
+                "stratified",
+            ],
+        ),
+        (
+            [],
+            "jobs.common.engines.spark_daemon, reached over Unix sockets",
+            ["jobs/shard.py", "--dataset", str(out), "--num-shards", "2", "--image-size", "32"],
+        ),
+    ):
+        proc = subprocess.run(
+            [submit, "--master", "local[2]", "--driver-memory", "1g", *conf, *argv],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         # (spark-submit passes the Python driver's stderr to its own stdout)
         assert f"master local[2], Python workers started by {daemon}\n" in proc.stdout, proc.stdout[-3000:]
@@ -200,13 +244,23 @@ def test_spark_submit_runs_both_jobs(small_lake, tmp_path):
         assert "[Stage " not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     info = check_dataset(str(out))
     # code: the hash of jobs/common/images.py that made the images (what --base checks before reusing them)
-    assert info.image == ImageSpec(size=32, format="jpeg", quality=90, resize="crop", max_pixels=89478485,
-                                   code=image_code())
+    assert info.image == ImageSpec(
+        size=32, format="jpeg", quality=90, resize="crop", max_pixels=89478485, code=image_code()
+    )
     assert pc.sum(read_channel(str(out), "all")["size"]).as_py() > 0
     # A bad value exits non-zero and names the value.
-    proc = subprocess.run([submit, "--master", "local[1]", "jobs/shard.py", "--dataset", str(out), "--num-shards", "0"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "--num-shards (command line): must be a positive integer, got 0" in proc.stdout + proc.stderr
+    proc = subprocess.run(
+        [submit, "--master", "local[1]", "jobs/shard.py", "--dataset", str(out), "--num-shards", "0"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        proc.returncode == 2
+        and "--num-shards (command line): must be a positive integer, got 0" in proc.stdout + proc.stderr
+    )
 
 
 def _truncated_jpeg() -> bytes:
@@ -236,8 +290,10 @@ def test_a_rejected_image_is_repaired_in_its_shard_without_decoding_twice(tmp_pa
     segmented = tmp_path / "segmented"
     shutil.copytree(out / "manifests", segmented / "manifests")
     shutil.copy(out / "labels.json", segmented / "labels.json")
-    info2 = shard_job.run(ShardConfig(dataset=str(segmented), num_shards=4, image_size=24, partitions=16),
-                          local_engine)
+    info2 = shard_job.run(
+        ShardConfig(dataset=str(segmented), num_shards=4, image_size=24, partitions=16), local_engine
+    )
     assert info2.build.assembled_shards == 4 and info2.build.preprocessed == 81
-    assert ([s.sha256 for s in info2.channels["train"].shards]
-            == [s.sha256 for s in info.channels["train"].shards])
+    assert [s.sha256 for s in info2.channels["train"].shards] == [
+        s.sha256 for s in info.channels["train"].shards
+    ]

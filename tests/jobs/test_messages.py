@@ -99,10 +99,7 @@ def test_a_bad_value_from_the_conf_file_names_the_file(tmp_path: Path) -> None:
     ],
 )
 def test_manifest_options_are_named_as_typed(tmp_path: Path, capsys, argv: list[str], message: str) -> None:
-    assert (
-        _manifest_main(str(tmp_path), str(tmp_path / "o"), *argv)
-        == 2
-    )
+    assert _manifest_main(str(tmp_path), str(tmp_path / "o"), *argv) == 2
     assert _last_error(capsys, "jobs/manifest.py") == message
 
 

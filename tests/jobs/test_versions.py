@@ -35,17 +35,25 @@ def test_the_commands_the_docs_show_parse():
 
 
 def test_help_names_both_commands():
-    out = subprocess.run([sys.executable, "-m", "jobs.versions", "--help"], capture_output=True, text=True,
-                         cwd=ROOT, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "jobs.versions", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
     assert "{list,remove}" in out and "never removed" in out
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["remove", "--dataset", "x", "--keep", "1", "--version", "v"], "not allowed with argument"),
-    (["remove", "--dataset", "x"], "one of the arguments --keep --version is required"),
-    (["remove", "--dataset", "x", "--keep", "two"], "invalid int value: 'two'"),
-    (["list"], "the following arguments are required: --dataset"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["remove", "--dataset", "x", "--keep", "1", "--version", "v"], "not allowed with argument"),
+        (["remove", "--dataset", "x"], "one of the arguments --keep --version is required"),
+        (["remove", "--dataset", "x", "--keep", "two"], "invalid int value: 'two'"),
+        (["list"], "the following arguments are required: --dataset"),
+    ],
+)
 def test_a_bad_command_line_is_refused_by_argparse(argv: list[str], message: str, capsys):
     with pytest.raises(SystemExit) as exit_:
         versions.main(argv)
@@ -57,9 +65,15 @@ def test_bad_values_are_one_error_line_naming_them(tmp_path: Path, capsys):
     root = str(tmp_path / "ds")
     (tmp_path / "ds" / "manifests").mkdir(parents=True)  # a dataset with no shards yet
     for argv, message in [
-        (["remove", "--dataset", root, "--keep", "0"], "--keep must be an integer >= 1 (the current version is always kept), got 0"),
+        (
+            ["remove", "--dataset", root, "--keep", "0"],
+            "--keep must be an integer >= 1 (the current version is always kept), got 0",
+        ),
         (["remove", "--dataset", root, "--version", "../up"], "--version: a shard version must match"),
-        (["remove", "--dataset", root, "--version", "0123456789abcdef-01234567"], "has no such version (it has none"),
+        (
+            ["remove", "--dataset", root, "--version", "0123456789abcdef-01234567"],
+            "has no such version (it has none",
+        ),
         (["list", "--dataset", "ftp://host/ds"], "unsupported URI scheme 'ftp'"),
     ]:
         assert versions.main(argv) == 2, argv

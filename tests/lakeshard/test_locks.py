@@ -25,8 +25,13 @@ with dataset_lock(sys.argv[1], job="test", exclusive=sys.argv[2] == "x"):
 
 @contextmanager
 def _held_elsewhere(root: Path, *, exclusive: bool) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(root), "x" if exclusive else "s"], env=job_env(),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(root), "x" if exclusive else "s"],
+        env=job_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline() == "held\n"
         yield proc

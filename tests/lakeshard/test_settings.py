@@ -12,8 +12,10 @@ from lakeshard.errors import ConfigError
 from lakeshard.settings import parse_size, parse_split, resolve
 
 
-@pytest.mark.parametrize("text,expected", [("128MiB", 128 * 2**20), ("4MB", 4_000_000), ("512", 512),
-                                           ("1.5KiB", 1536), (1024, 1024)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [("128MiB", 128 * 2**20), ("4MB", 4_000_000), ("512", 512), ("1.5KiB", 1536), (1024, 1024)],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -36,10 +38,17 @@ def test_parse_split_keeps_order_and_checks_sum():
 
 def test_yaml_then_command_line(tmp_path):
     conf = tmp_path / "m.yaml"
-    conf.write_text("input: /lake/raw\noutput: /out\nseed: 3\nsplit: {train: 0.5, test: 0.5}\nmin_per_class: 2\n")
+    conf.write_text(
+        "input: /lake/raw\noutput: /out\nseed: 3\nsplit: {train: 0.5, test: 0.5}\nmin_per_class: 2\n"
+    )
     args = manifest_parser().parse_args(["--conf", str(conf), "--seed", "9"])
     cfg = resolve(ManifestConfig, args)
-    assert (cfg.input, cfg.seed, cfg.min_per_class, cfg.split) == ("/lake/raw", 9, 2, {"train": 0.5, "test": 0.5})
+    assert (cfg.input, cfg.seed, cfg.min_per_class, cfg.split) == (
+        "/lake/raw",
+        9,
+        2,
+        {"train": 0.5, "test": 0.5},
+    )
 
 
 def test_unknown_yaml_key_is_named_with_its_file(tmp_path):
@@ -54,7 +63,9 @@ def test_bad_value_names_flag_and_source(tmp_path):
     conf.write_text("dataset: /d\nnum_shards: four\n")
     with pytest.raises(ConfigError, match=r"--num-shards \(.*s.yaml\): expected an integer|invalid literal"):
         resolve(ShardConfig, conf=str(conf))
-    with pytest.raises(ConfigError, match=r"^--num-shards \(command line\): must be a positive integer, got 0$"):
+    with pytest.raises(
+        ConfigError, match=r"^--num-shards \(command line\): must be a positive integer, got 0$"
+    ):
         resolve(ShardConfig, shard_parser().parse_args(["--dataset", "/d", "--num-shards", "0"]))
 
 
@@ -74,7 +85,14 @@ def test_help_explains_every_option(capsys):
     with pytest.raises(SystemExit):
         shard_parser().parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for flag in ("--num-shards", "--image-size", "--remainder", "--row-group-size", "--engine", "--overwrite"):
+    for flag in (
+        "--num-shards",
+        "--image-size",
+        "--remainder",
+        "--row-group-size",
+        "--engine",
+        "--overwrite",
+    ):
         assert flag in text
     assert "(default: 224)" in text
 
@@ -82,8 +100,13 @@ def test_help_explains_every_option(capsys):
 @pytest.mark.parametrize("split", ["train=0.9,val=0.1", "train=0.8,valid=0.2", "training=1"])
 def test_unknown_channel_names_are_refused_naming_the_allowed(split):
     bad = split.split(",")[-1].split("=")[0]
-    with pytest.raises(ConfigError, match=rf"--split \(command line\): unknown channel '{bad}'.*train, validation, test"):
-        resolve(ManifestConfig, manifest_parser().parse_args(["--input", "/a", "--output", "/b", "--split", split]))
+    with pytest.raises(
+        ConfigError, match=rf"--split \(command line\): unknown channel '{bad}'.*train, validation, test"
+    ):
+        resolve(
+            ManifestConfig,
+            manifest_parser().parse_args(["--input", "/a", "--output", "/b", "--split", split]),
+        )
 
 
 @pytest.mark.parametrize("split", ["train=1", "train=0.9,validation=0.1", "test=0.5,train=0.5"])
@@ -95,27 +118,40 @@ def test_a_subset_of_the_channels_is_allowed(split):
 def test_yaml_lists_give_one_error_naming_key_value_and_file(tmp_path):
     conf = tmp_path / "m.yaml"
     conf.write_text("input: /a\noutput: /b\nsplit: [train, validation]\n")
-    with pytest.raises(ConfigError, match=rf"--split \(--conf {re.escape(str(conf))}\): split must be a mapping .* "
-                                          r"got a list: \['train', 'validation'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"--split \(--conf {re.escape(str(conf))}\): split must be a mapping .* "
+        r"got a list: \['train', 'validation'\]",
+    ):
         resolve(ManifestConfig, conf=str(conf))
     shard_conf = tmp_path / "s.yaml"
     shard_conf.write_text("dataset: /d\nchannels: [train, validation]\n")
-    with pytest.raises(ConfigError, match=rf"--channels \(--conf {re.escape(str(shard_conf))}\): expected a single str, "
-                                          r"got a list: \['train', 'validation'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"--channels \(--conf {re.escape(str(shard_conf))}\): expected a single str, "
+        r"got a list: \['train', 'validation'\]",
+    ):
         resolve(ShardConfig, conf=str(shard_conf))
 
 
 def test_a_seed_beyond_32_bits_is_named_with_its_source(tmp_path):
     conf = tmp_path / "m.yaml"
     conf.write_text(f"input: /a\noutput: /b\nseed: {2**32}\n")
-    with pytest.raises(ConfigError, match=rf"--seed \(--conf {re.escape(str(conf))}\): .*\[0, 2\*\*32 - 1 = 4294967295\], "
-                                          r"got 4294967296"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"--seed \(--conf {re.escape(str(conf))}\): .*\[0, 2\*\*32 - 1 = 4294967295\], "
+        r"got 4294967296",
+    ):
         resolve(ManifestConfig, conf=str(conf))
     with pytest.raises(ConfigError, match=r"--seed \(command line\): .* got '-1'"):
-        resolve(ManifestConfig, manifest_parser().parse_args(["--input", "/a", "--output", "/b", "--seed", "-1"]))
+        resolve(
+            ManifestConfig, manifest_parser().parse_args(["--input", "/a", "--output", "/b", "--seed", "-1"])
+        )
     assert resolve(ManifestConfig, {"input": "/a", "output": "/b", "seed": str(2**32 - 1)}).seed == 2**32 - 1
     # The shard job's own --seed is held to the same range.
-    with pytest.raises(ConfigError, match=r"--seed \(command line\): .*\[0, 2\*\*32 - 1 = 4294967295\], got '4294967296'"):
+    with pytest.raises(
+        ConfigError, match=r"--seed \(command line\): .*\[0, 2\*\*32 - 1 = 4294967295\], got '4294967296'"
+    ):
         resolve(ShardConfig, shard_parser().parse_args(["--dataset", "/d", "--seed", str(2**32)]))
     assert resolve(ShardConfig, {"dataset": "/d"}).seed is None
     assert resolve(ShardConfig, {"dataset": "/d", "seed": "7"}).seed == 7

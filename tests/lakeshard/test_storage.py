@@ -10,7 +10,9 @@ from lakeshard import storage
 from lakeshard.errors import StorageError
 
 
-@pytest.mark.parametrize("name", ["photo #1.png", "what?.png", "a+b=c&d.png", "pre%20encoded.png", "日本 語.png"])
+@pytest.mark.parametrize(
+    "name", ["photo #1.png", "what?.png", "a+b=c&d.png", "pre%20encoded.png", "日本 語.png"]
+)
 def test_uri_syntax_in_a_name_stays_in_the_name(tmp_path, name):
     path = tmp_path / "cls" / name
     path.parent.mkdir()
@@ -62,8 +64,12 @@ def test_remove_temporaries_deletes_only_what_killed_writers_left(tmp_path):
     ``<name>.tmp-<32 hex>``; nothing else is touched, however alike its name."""
     stale = [tmp_path / "train" / "part-00000-of-00003.parquet", tmp_path / "dataset.json"]
     stale = [storage.temp_sibling(str(p)) for p in stale]
-    kept = [tmp_path / "train" / "part-00001-of-00003.parquet", tmp_path / "notes.tmp-1234",
-            tmp_path / f"x.tmp-{'a' * 32}.parquet", tmp_path / f"y.tmp-{'A' * 32}"]  # fmt: skip
+    kept = [
+        tmp_path / "train" / "part-00001-of-00003.parquet",
+        tmp_path / "notes.tmp-1234",
+        tmp_path / f"x.tmp-{'a' * 32}.parquet",
+        tmp_path / f"y.tmp-{'A' * 32}",
+    ]
     for p in [*map(Path, stale), *kept]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"")
@@ -82,8 +88,13 @@ def test_only_local_files_are_moved(tmp_path):
     assert (tmp_path / "b" / "c" / "f").read_bytes() == b"x" and not (tmp_path / "a").exists()
     # S3 has no rename: a move there would copy every byte, so it is refused before any request
     # (no endpoint is configured here: a request would fail otherwise).
-    for src, dst in [("s3://bucket/ds/_staging", "s3://bucket/ds/shards"), (str(tmp_path / "b"), "s3://bucket/x")]:
-        with pytest.raises(StorageError, match=r"^cannot move .* to s3://bucket/\S+: only local files are renamed"):
+    for src, dst in [
+        ("s3://bucket/ds/_staging", "s3://bucket/ds/shards"),
+        (str(tmp_path / "b"), "s3://bucket/x"),
+    ]:
+        with pytest.raises(
+            StorageError, match=r"^cannot move .* to s3://bucket/\S+: only local files are renamed"
+        ):
             storage.move(src, dst)
     with pytest.raises(StorageError, match=r"cannot move file://\S+/missing to"):
         storage.replace(str(tmp_path / "missing"), str(tmp_path / "elsewhere"))

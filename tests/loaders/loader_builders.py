@@ -78,8 +78,13 @@ def write_dataset(
     labels = {f"class{i}": i for i in range(num_classes)}
     names = {i: name for name, i in labels.items()}
     uri = storage.normalize(str(root))
-    meta = {"dataset_version": version, "num_shards": num_shards, "format_version": contract.FORMAT_VERSION,
-            "image_format": fmt, "image_size": size}
+    meta = {
+        "dataset_version": version,
+        "num_shards": num_shards,
+        "format_version": contract.FORMAT_VERSION,
+        "image_format": fmt,
+        "image_size": size,
+    }
     channels: dict[str, contract.ChannelInfo] = {}
     for channel in contract.CHANNELS:
         per_shard = rows.get(channel, 0) // num_shards
@@ -94,12 +99,15 @@ def write_dataset(
                 {
                     "image": pa.array(images, pa.binary()),
                     "label": pa.array([i % num_classes for i in ids], pa.int64()),
-                    "uri": pa.array([f"file:///raw/class{i % num_classes}/{i}.{fmt}" for i in ids], pa.string()),
+                    "uri": pa.array(
+                        [f"file:///raw/class{i % num_classes}/{i}.{fmt}" for i in ids], pa.string()
+                    ),
                     "key": pa.array([f"class{i % num_classes}/{i}.{fmt}" for i in ids], pa.string()),
                     "height": pa.array([size] * per_shard, pa.int32()),
                     "width": pa.array([size] * per_shard, pa.int32()),
                     "is_pad": pa.array(
-                        [s == num_shards - 1 and j >= per_shard - pad_rows for j in range(per_shard)], pa.bool_()
+                        [s == num_shards - 1 and j >= per_shard - pad_rows for j in range(per_shard)],
+                        pa.bool_(),
                     ),
                 },
                 schema=contract.SHARD_SCHEMA,
@@ -107,7 +115,8 @@ def write_dataset(
             writer = contract.ShardWriter(
                 contract.shard_uri(uri, channel, s, num_shards),
                 metadata={**meta, "channel": channel, "shard_index": s},
-                row_group_bytes=1 << 40, row_group_rows=row_group_rows,
+                row_group_bytes=1 << 40,
+                row_group_rows=row_group_rows,
             )
             with writer:
                 writer.write(table)
@@ -118,9 +127,13 @@ def write_dataset(
         dataset_version=version,
         created_at="2026-01-01T00:00:00+00:00",
         engine="tests.loaders.loader_builders",
-        inputs=contract.Inputs(lake="file:///raw", manifest_fingerprint="0" * 16,
-                               split={c: 1 / len(contract.CHANNELS) for c in contract.CHANNELS},
-                               split_method="stratified", manifest_seed=7),
+        inputs=contract.Inputs(
+            lake="file:///raw",
+            manifest_fingerprint="0" * 16,
+            split={c: 1 / len(contract.CHANNELS) for c in contract.CHANNELS},
+            split_method="stratified",
+            manifest_seed=7,
+        ),
         seed=7,
         labels=labels,
         num_classes=num_classes,
@@ -128,8 +141,13 @@ def write_dataset(
         num_shards=num_shards,
         remainder="drop",
         row_group_bytes=1 << 40,
-        counts=contract.Counts(listed=sum(c.rows for c in channels.values()), manifest_rejects=0, shard_rejects=0,
-                               dropped=0, padded=0),
+        counts=contract.Counts(
+            listed=sum(c.rows for c in channels.values()),
+            manifest_rejects=0,
+            shard_rejects=0,
+            dropped=0,
+            padded=0,
+        ),
         build=contract.BuildInfo(preprocess_tasks=0, preprocessed=0, reused_segments=0, assembled_shards=0),
         channels=channels,
         rejects_path=contract.shard_rejects_relpath(),

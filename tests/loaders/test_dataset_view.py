@@ -20,7 +20,9 @@ def _batches(iterable) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _same(a, b) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) and torch.equal(lx, ly) for (x, lx), (y, ly) in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        torch.equal(x, y) and torch.equal(lx, ly) for (x, lx), (y, ly) in zip(a, b, strict=True)
+    )
 
 
 def test_a_plain_dataloader_yields_the_loaders_batches(dataset: Path):
@@ -61,8 +63,11 @@ def test_state_passes_through_the_dataset_view(dataset: Path):
 @pytest.mark.slow  # DataLoader worker processes: ~10 s to stop
 def test_worker_processes_are_refused_with_the_reason(dataset: Path):
     ds = ShardLoader(str(dataset), batch_size=8).as_dataset()
-    with pytest.raises(ConfigError, match=r"iterated in DataLoader worker 0 of 2: use DataLoader\(dataset, batch_size=None, "
-                       r"num_workers=0\)\. The loader reads and decodes on its own threads"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"iterated in DataLoader worker 0 of 2: use DataLoader\(dataset, batch_size=None, "
+        r"num_workers=0\)\. The loader reads and decodes on its own threads",
+    ):
         next(iter(DataLoader(ds, batch_size=None, num_workers=2)))
 
 
@@ -103,9 +108,14 @@ def test_lightning_trainer_fits_two_epochs_on_the_dataset_view_and_resumes(datas
     def fit(epochs: int, ckpt_path: str | None = None) -> tuple[Module, lightning.Trainer]:
         module = Module()
         trainer = lightning.Trainer(
-            max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-            enable_model_summary=False, default_root_dir=str(tmp_path),
-        )  # fmt: skip
+            max_epochs=epochs,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path),
+        )
         trainer.fit(module, ckpt_path=ckpt_path)
         module.data.loader.close()
         return module, trainer

@@ -47,8 +47,14 @@ def in_fresh_process(code: str, dataset: Path, **env: str) -> str:
     """Run ``code`` (``sys.argv[1]`` is ``dataset``) in a new Python from the repository root,
     with ``env`` added to the environment; its stdout, after checking that it succeeded."""
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code, str(dataset)], cwd=root, env={**os.environ, **env},
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(dataset)],
+        cwd=root,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -80,16 +86,27 @@ def test_wrong_size_and_null_rows_name_the_row(tmp_path: Path):
     labels = table.column("label").to_pylist()
     labels[7] = None
     pads = [None, *table.column("is_pad").to_pylist()[1:]]  # a null is_pad: not a pad
-    for name, values in (("image", pa.array(images, pa.binary())), ("label", pa.array(labels, pa.int64())), ("is_pad", pa.array(pads))):
+    for name, values in (
+        ("image", pa.array(images, pa.binary())),
+        ("label", pa.array(labels, pa.int64())),
+        ("is_pad", pa.array(pads)),
+    ):
         table = table.set_column(table.schema.get_field_index(name), name, values)
     pq.write_table(table, path, row_group_size=5)
 
-    with pytest.raises(LoaderError, match=r"cannot decode image at row 3 of .*part-00000-of-00001.parquet: ImageSizeError: image is 4x4, expected 8x8"):
+    with pytest.raises(
+        LoaderError,
+        match=r"cannot decode image at row 3 of .*part-00000-of-00001.parquet: ImageSizeError: image is 4x4, expected 8x8",
+    ):
         list(ShardLoader(str(tmp_path), batch_size=4, num_threads=1))  # one thread: row 3 fails first
     loader = ShardLoader(str(tmp_path), batch_size=4, skip_bad_rows=True)
     batches = list(loader)
     reasons = {s.row: s.reason for s in loader.skipped_rows}
-    assert reasons == {3: "cannot decode image: image is 4x4, expected 8x8", 6: "image is null", 7: "label is null"}
+    assert reasons == {
+        3: "cannot decode image: image is 4x4, expected 8x8",
+        6: "image is null",
+        7: "label is null",
+    }
     labels = torch.cat([lab for _, lab in batches]).tolist()
     assert [i for i, label in enumerate(labels) if label == PAD_LABEL] == [3, 6, 7]
     assert len(batches) == 2 and all(len(im) == 4 for im, _ in batches)
@@ -127,7 +144,9 @@ def test_label_and_pad_columns_read_from_their_buffers_match_arrow(type_: pa.Dat
         raw = [3, -1, None, 7, 0, 127, 5, None, 1, 9, 4]
     for values in (raw, [v for v in raw if v is not None]):
         one_chunk = pa.chunked_array([pa.array(values, type_)]).slice(3, 5)
-        two_chunks = pa.chunked_array([pa.array(values[:6], type_), pa.array(values[6:], type_)]).slice(3, len(values) - 4)
+        two_chunks = pa.chunked_array([pa.array(values[:6], type_), pa.array(values[6:], type_)]).slice(
+            3, len(values) - 4
+        )
         for column in (one_chunk, two_chunks):
             want = [-7 if v is None else int(v) for v in column.to_pylist()]
             got = _int64s(column, null=-7)
@@ -156,7 +175,10 @@ def test_image_rows_copied_without_the_gil_match_arrow(type_: pa.DataType):
     cases = {  # each column, and the rows written into it
         "one chunk": (full, values),
         "a slice": (full.slice(3, 30), values[3:33]),
-        "two chunks, sliced": (pa.chunked_array([pa.array(values[:11], type_), pa.array(values[11:], type_)]).slice(2, 33), values[2:35]),
+        "two chunks, sliced": (
+            pa.chunked_array([pa.array(values[:11], type_), pa.array(values[11:], type_)]).slice(2, 33),
+            values[2:35],
+        ),
         "no nulls": (pa.chunked_array([pa.array(values[18:], type_)]), values[18:]),
         "empty": (full.slice(40), []),
         "all null": (pa.chunked_array([pa.array([None, None], type_)]), [None, None]),
@@ -192,9 +214,16 @@ def test_a_missing_extension_is_a_warning_once_when_a_loader_falls_back(caplog: 
         assert caplog.records == []  # nothing yet: only falling back is announced
         extensions.fall_back("_no_such_extension")
         extensions.fall_back("_no_such_extension")
-    why = "is switched off (LAKESHARD_NO_EXTENSIONS is set)" if os.environ.get("LAKESHARD_NO_EXTENSIONS") else "is not built"
+    why = (
+        "is switched off (LAKESHARD_NO_EXTENSIONS is set)"
+        if os.environ.get("LAKESHARD_NO_EXTENSIONS")
+        else "is not built"
+    )
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("WARNING", f"loaders._no_such_extension {why}: rows are counted by hand (slower); see docs/performance.md")
+        (
+            "WARNING",
+            f"loaders._no_such_extension {why}: rows are counted by hand (slower); see docs/performance.md",
+        )
     ]
 
 
@@ -220,8 +249,16 @@ def test_a_loader_without_its_extensions_warns_once_per_process_not_at_import(tm
     assert at_import == []
     off = "is switched off (LAKESHARD_NO_EXTENSIONS is set)"
     assert sorted(warnings) == [
-        ["loaders.extensions", "WARNING", f"loaders._jpeg {off}: JPEGs are decoded image by image with simplejpeg (slower); see docs/performance.md"],
-        ["loaders.extensions", "WARNING", f"loaders._rows {off}: images are copied out of Arrow with to_pylist(), which holds the GIL (slower); see docs/performance.md"],
+        [
+            "loaders.extensions",
+            "WARNING",
+            f"loaders._jpeg {off}: JPEGs are decoded image by image with simplejpeg (slower); see docs/performance.md",
+        ],
+        [
+            "loaders.extensions",
+            "WARNING",
+            f"loaders._rows {off}: images are copied out of Arrow with to_pylist(), which holds the GIL (slower); see docs/performance.md",
+        ],
     ]
 
 
@@ -235,7 +272,12 @@ def test_the_row_copier_refuses_buffers_that_do_not_hold_the_rows():
         (int32s(0, 3, 9), 2, None, "outside the 5-byte values buffer"),  # row 1 ends past the 5 bytes
         (int32s(0, 4, 2), 2, None, "row 1 has a negative length"),
         # Rows 0 and 2 are null: only row 1's own offsets (9 to 12) show that it leaves the buffer.
-        (int32s(0, 9, 12, 2), 3, pa.py_buffer(bytes([0b010])), "row 1 points outside the 5-byte values buffer"),
+        (
+            int32s(0, 9, 12, 2),
+            3,
+            pa.py_buffer(bytes([0b010])),
+            "row 1 points outside the 5-byte values buffer",
+        ),
     ]
     for offs, length, bits, message in cases:
         if _rows is not None:
@@ -298,7 +340,9 @@ def test_the_batch_jpeg_decoder_gives_simplejpegs_pixels():
     import simplejpeg
 
     rng = np.random.default_rng(5)
-    smooth = np.asarray(Image.fromarray(rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)).resize((40, 24), Image.BILINEAR))
+    smooth = np.asarray(
+        Image.fromarray(rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)).resize((40, 24), Image.BILINEAR)
+    )
     noisy = rng.integers(0, 256, (24, 40, 3), dtype=np.uint8)
     images = [
         encoded(smooth, quality=95, subsampling=0),
@@ -398,7 +442,7 @@ def test_a_batch_with_bad_rows_reports_them_in_row_order(tmp_path: Path):
     with pytest.raises(LoaderError, match=r"cannot decode image at row 1 of .*part-00000-of-00001.parquet"):
         list(ShardLoader(str(tmp_path), batch_size=8, num_threads=1))
     loader = ShardLoader(str(tmp_path), batch_size=8, skip_bad_rows=True)
-    (batch, got_labels), = list(loader)
+    ((batch, got_labels),) = list(loader)
     assert [s.row for s in loader.skipped_rows] == [1, 2, 6]
     assert loader.skipped_rows[1].reason == "label 99 out of range [0, 3)"
     assert all(s.reason.startswith("cannot decode image") for s in loader.skipped_rows[::2])

@@ -18,7 +18,9 @@ OPTIONS = {"batch_size": 4, "shuffle": True, "seed": 3, "shuffle_window": 12, "n
 
 @pytest.fixture
 def ds(tmp_path: Path) -> Path:
-    write_dataset(tmp_path / "ds", rows={"train": 60, "validation": 4, "test": 4}, num_shards=2, row_group_rows=5)
+    write_dataset(
+        tmp_path / "ds", rows={"train": 60, "validation": 4, "test": 4}, num_shards=2, row_group_rows=5
+    )
     return tmp_path / "ds"
 
 
@@ -45,8 +47,10 @@ def test_the_next_epoch_s_first_batches_are_decoded_before_it_is_asked_for(ds: P
             if epoch > 1:
                 assert loader.stats is early.run.stats  # the epoch started early was used
             assert loader._started_early is not None and loader._started_early.epoch == epoch + 1
-            until(lambda: loader._started_early.run.stats.decoded >= 2,
-                  f"epoch {epoch + 1}'s first batches are decoded")  # fmt: skip
+            until(
+                lambda: loader._started_early.run.stats.decoded >= 2,
+                f"epoch {epoch + 1}'s first batches are decoded",
+            )
             assert loader._started_early.run.stats.consumed == 0
 
 
@@ -89,6 +93,8 @@ def test_the_two_epochs_hold_at_most_prefetch_plus_two_batches_outstanding(ds: P
                     outstanding += early.run.stats.submitted - early.run.stats.consumed
                 most = max(most, outstanding)
             if epoch:
-                until(lambda: loader._started_early.run.stats.decoded >= 1,
-                      "the next epoch's first batch is decoded")  # fmt: skip
+                until(
+                    lambda: loader._started_early.run.stats.decoded >= 1,
+                    "the next epoch's first batch is decoded",
+                )
     assert 0 < most <= bound

@@ -35,10 +35,15 @@ def epochs(draw) -> tuple[EpochSettings, int, int]:
     world = draw(st.integers(1, 6))
     batch = draw(st.integers(1, 5))
     s = EpochSettings(
-        shard_rows=shard_rows, row_groups=groups, shuffle=draw(st.booleans()), seed=draw(st.integers(0, 2**31)),
-        epoch=draw(st.integers(0, 5)), window_rows=draw(st.integers(1, 12)), drop_last=draw(st.booleans()),
+        shard_rows=shard_rows,
+        row_groups=groups,
+        shuffle=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31)),
+        epoch=draw(st.integers(0, 5)),
+        window_rows=draw(st.integers(1, 12)),
+        drop_last=draw(st.booleans()),
         remainder=draw(st.sampled_from(["pad", "drop"])),
-    )  # fmt: skip
+    )
     total = sum(shard_rows)
     assume(s.remainder == "pad" or total >= world)
     q = rows_per_rank(total, world, remainder=s.remainder)
@@ -53,8 +58,14 @@ def _starts(s: EpochSettings) -> list[int]:
 def _today(s: EpochSettings, world: int, rank: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """Rank ``rank``'s uninterrupted epoch: (global row ids, pad flags) of the positions it yields."""
     pieces = split_pieces(rank_segments(list(s.shard_rows), world, rank, remainder=s.remainder), s.row_groups)
-    order = epoch_order([p.rows for p in pieces], shuffle=s.shuffle, seed=s.seed, epoch=s.epoch, rank=rank,
-                        window_rows=s.window_rows)  # fmt: skip
+    order = epoch_order(
+        [p.rows for p in pieces],
+        shuffle=s.shuffle,
+        seed=s.seed,
+        epoch=s.epoch,
+        rank=rank,
+        window_rows=s.window_rows,
+    )
     starts = _starts(s)
     ids, pads = [], []
     for w, perm in zip(order.windows, order.perms, strict=True):
@@ -84,7 +95,9 @@ def resumes(draw, legs: int = 2):
     after any number of batches of the leg before."""
     s, world, batch = draw(epochs())
     g = world * batch
-    worlds = [world] + [draw(st.sampled_from([d for d in range(1, g + 1) if g % d == 0])) for _ in range(legs - 1)]
+    worlds = [world] + [
+        draw(st.sampled_from([d for d in range(1, g + 1) if g % d == 0])) for _ in range(legs - 1)
+    ]
     return s, worlds, g
 
 
@@ -150,7 +163,9 @@ def test_a_chained_resume_still_gives_every_real_row_exactly_once(case, data):
 @given(epochs(), st.data())
 def test_the_same_world_size_gives_exactly_todays_remaining_batches(case, data):
     s, world, batch = case
-    nb = num_batches(rows_per_rank(sum(s.shard_rows), world, remainder=s.remainder), batch, drop_last=s.drop_last)
+    nb = num_batches(
+        rows_per_rank(sum(s.shard_rows), world, remainder=s.remainder), batch, drop_last=s.drop_last
+    )
     k = data.draw(st.integers(0, nb), label="consumed")
     plan = LegPlan(s, [Leg(world, batch, k), Leg(world, batch, 0)])
     assert plan.num_batches(1) == nb - k
@@ -178,7 +193,9 @@ def test_the_reader_order_selects_the_same_rows(case, data):
         assert len(set(pieces)) == len(pieces)
         ids = []
         for w, take in zip(order.windows, order.perms, strict=True):
-            rows = np.concatenate([np.arange(pieces[p].start, pieces[p].stop) + starts[pieces[p].shard] for p in w])
+            rows = np.concatenate(
+                [np.arange(pieces[p].start, pieces[p].stop) + starts[pieces[p].shard] for p in w]
+            )
             ids += rows[take].tolist()
             offsets = np.cumsum([0] + [pieces[p].rows for p in w])
             used = set((np.searchsorted(offsets, take, side="right") - 1).tolist())
@@ -188,9 +205,19 @@ def test_the_reader_order_selects_the_same_rows(case, data):
 
 
 def test_a_leg_that_consumed_more_than_it_has_or_changed_the_global_batch_is_refused():
-    s = EpochSettings(shard_rows=(10, 10), row_groups={0: [5, 5], 1: [5, 5]}, shuffle=False, seed=0, epoch=0,
-                      window_rows=4, drop_last=False, remainder="pad")  # fmt: skip
-    with pytest.raises(LoaderError, match=r"leg 0 \(2 ranks x 3 rows\) has 4 batches per rank, got 5 consumed"):
+    s = EpochSettings(
+        shard_rows=(10, 10),
+        row_groups={0: [5, 5], 1: [5, 5]},
+        shuffle=False,
+        seed=0,
+        epoch=0,
+        window_rows=4,
+        drop_last=False,
+        remainder="pad",
+    )
+    with pytest.raises(
+        LoaderError, match=r"leg 0 \(2 ranks x 3 rows\) has 4 batches per rank, got 5 consumed"
+    ):
         LegPlan(s, [Leg(2, 3, 5), Leg(1, 6, 0)])
     with pytest.raises(LoaderError, match=r"leg 1 has global batch 3 x 2 = 6, leg 0 has 8"):
         LegPlan(s, [Leg(2, 4, 1), Leg(3, 2, 0)])

@@ -17,7 +17,9 @@ from test_remote_reads import upload
 from lakeshard.errors import LoaderError
 from loaders import PAD_LABEL, STATE_FORMAT, ShardLoader
 
-HYPOTHESIS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+HYPOTHESIS = settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,9 @@ def layouts(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name, n, rows, groups in [("2x23", 2, 46, 5), ("3x11", 3, 33, 4)]:
         root = tmp_path_factory.mktemp(name)
-        write_dataset(root, rows={"train": rows, "validation": 3, "test": 3}, num_shards=n, row_group_rows=groups)
+        write_dataset(
+            root, rows={"train": rows, "validation": 3, "test": 3}, num_shards=n, row_group_rows=groups
+        )
         out[name] = root
     return out
 
@@ -62,7 +66,9 @@ def _consume(root: str, world: int, batch: int, k: int, state=None, **kw) -> tup
     return seen, saved
 
 
-def _finish(root: str, world: int, batch: int, state: dict, **kw) -> tuple[Counter, list[list[int]], list[int]]:
+def _finish(
+    root: str, world: int, batch: int, state: dict, **kw
+) -> tuple[Counter, list[list[int]], list[int]]:
     """Every rank of ``world`` resumes ``state`` and runs to the end of the epoch; returns the real
     samples, each rank's batch sizes and each rank's ``len(loader)``."""
     seen: Counter = Counter()
@@ -92,8 +98,9 @@ def _finish(root: str, world: int, batch: int, state: dict, **kw) -> tuple[Count
     remainder=st.sampled_from(["pad", "drop"]),
     shuffle=st.booleans(),
 )
-def test_the_rest_of_an_epoch_resumes_on_another_world_size_exactly_once(layouts, layout, worlds, per_global, k,
-                                                                          drop_last, remainder, shuffle):  # fmt: skip
+def test_the_rest_of_an_epoch_resumes_on_another_world_size_exactly_once(
+    layouts, layout, worlds, per_global, k, drop_last, remainder, shuffle
+):
     root = str(layouts[layout])
     w, w2 = worlds
     g = w * w2 * per_global  # a global batch both world sizes divide
@@ -102,7 +109,9 @@ def test_the_rest_of_an_epoch_resumes_on_another_world_size_exactly_once(layouts
     with ShardLoader(root, world_size=w, batch_size=g // w, **kw) as probe:
         k = min(k, len(probe))
     consumed, state = _consume(root, w, g // w, k, **kw)
-    assert state["format"] == STATE_FORMAT and state["legs"] == [{"world_size": w, "batch_size": g // w, "batches": k}]
+    assert state["format"] == STATE_FORMAT and state["legs"] == [
+        {"world_size": w, "batch_size": g // w, "batches": k}
+    ]
     rest, sizes, lengths = _finish(root, w2, g // w2, state, **kw)
     assert consumed + rest == whole  # every real sample of the epoch exactly once
     steps = {len(s) for s in sizes}
@@ -119,8 +128,10 @@ def test_a_chained_resume_and_the_epochs_after_it(layouts):
     whole = _epoch(root, 2, 3, **kw)
     first, state = _consume(root, 2, 3, 2, **kw)
     second, state = _consume(root, 3, 2, 3, state=state, **kw)
-    assert state["legs"] == [{"world_size": 2, "batch_size": 3, "batches": 2},
-                             {"world_size": 3, "batch_size": 2, "batches": 3}]  # fmt: skip
+    assert state["legs"] == [
+        {"world_size": 2, "batch_size": 3, "batches": 2},
+        {"world_size": 3, "batch_size": 2, "batches": 3},
+    ]
     assert state["batches_consumed"] == 5
     rest, sizes, lengths = _finish(root, 1, 6, state, **kw)
     assert first + second + rest == whole
@@ -142,7 +153,9 @@ def test_threads_and_prefetch_do_not_change_the_resumed_batches_nor_their_augmen
     _, state = _consume(root, 2, 4, 2, **kw)
     runs = []
     for threads, prefetch in ((1, 1), (3, 4)):
-        with ShardLoader(root, rank=1, world_size=4, batch_size=2, num_threads=threads, prefetch=prefetch, **kw) as loader:
+        with ShardLoader(
+            root, rank=1, world_size=4, batch_size=2, num_threads=threads, prefetch=prefetch, **kw
+        ) as loader:
             loader.load_state_dict(state)
             runs.append([(images.clone(), labels.clone()) for images, labels in loader])
     assert len(runs[0]) == len(runs[1]) > 0
@@ -158,10 +171,24 @@ def test_a_format_1_state_still_resumes(layouts):
     with ShardLoader(root, rank=1, world_size=2, batch_size=3, **kw) as loader:
         version = loader.dataset_version
         full = [ids_of(images) for images, _ in loader]
-    old = {"format": "lakeshard.ShardLoader/1", "dataset": root, "dataset_version": version, "channel": "train",
-           "epoch": 0, "batches_consumed": 4,
-           "order": {"world_size": 2, "batch_size": 3, "shuffle": False, "seed": 3, "drop_last": False,
-                     "remainder": "pad", "shuffle_window": 6, "rows_per_rank": 23}}  # fmt: skip
+    old = {
+        "format": "lakeshard.ShardLoader/1",
+        "dataset": root,
+        "dataset_version": version,
+        "channel": "train",
+        "epoch": 0,
+        "batches_consumed": 4,
+        "order": {
+            "world_size": 2,
+            "batch_size": 3,
+            "shuffle": False,
+            "seed": 3,
+            "drop_last": False,
+            "remainder": "pad",
+            "shuffle_window": 6,
+            "rows_per_rank": 23,
+        },
+    }
     with ShardLoader(root, rank=1, world_size=2, batch_size=3, **kw) as loader:
         loader.load_state_dict(old)
         assert [ids_of(images) for images, _ in loader] == full[4:]
@@ -181,12 +208,28 @@ def test_a_format_1_state_saved_mid_epoch_with_shuffle_is_refused(layouts):
     with ShardLoader(root, rank=1, world_size=2, batch_size=3, **kw) as loader:
         version = loader.dataset_version
         expected = [ids_of(images) for images, _ in (loader.set_epoch(1), loader)[1]]
-    old = {"format": "lakeshard.ShardLoader/1", "dataset": root, "dataset_version": version, "channel": "train",
-           "epoch": 0, "batches_consumed": 4,
-           "order": {"world_size": 2, "batch_size": 3, "shuffle": True, "seed": 3, "drop_last": False,
-                     "remainder": "pad", "shuffle_window": 6, "rows_per_rank": 23}}  # fmt: skip
+    old = {
+        "format": "lakeshard.ShardLoader/1",
+        "dataset": root,
+        "dataset_version": version,
+        "channel": "train",
+        "epoch": 0,
+        "batches_consumed": 4,
+        "order": {
+            "world_size": 2,
+            "batch_size": 3,
+            "shuffle": True,
+            "seed": 3,
+            "drop_last": False,
+            "remainder": "pad",
+            "shuffle_window": 6,
+            "rows_per_rank": 23,
+        },
+    }
     with ShardLoader(root, rank=1, world_size=2, batch_size=3, **kw) as loader:
-        with pytest.raises(LoaderError, match=r"saved in the middle of epoch 0 \(after 4 batches\) by an earlier release"):
+        with pytest.raises(
+            LoaderError, match=r"saved in the middle of epoch 0 \(after 4 batches\) by an earlier release"
+        ):
             loader.load_state_dict(old)
         loader.load_state_dict({**old, "epoch": 1, "batches_consumed": 0})
         assert [ids_of(images) for images, _ in loader] == expected
@@ -196,29 +239,44 @@ def test_another_global_batch_is_refused_naming_the_sizes_that_work(layouts):
     root = str(layouts["2x23"])
     _, state = _consume(root, 2, 4, 1)  # global batch 8
     with ShardLoader(root, rank=0, world_size=4, batch_size=4) as loader:
-        with pytest.raises(LoaderError, match=r"saved by 2 rank\(s\) x batch_size 4 = global batch 8, this loader has 4 "
-                           r"rank\(s\) x batch_size 4 = 16; pass batch_size=2 to continue the epoch"):
+        with pytest.raises(
+            LoaderError,
+            match=r"saved by 2 rank\(s\) x batch_size 4 = global batch 8, this loader has 4 "
+            r"rank\(s\) x batch_size 4 = 16; pass batch_size=2 to continue the epoch",
+        ):
             loader.load_state_dict(state)
     with ShardLoader(root, rank=0, world_size=3, batch_size=3) as loader:
-        with pytest.raises(LoaderError, match=r"global batch of 8 cannot be split over 3 ranks: resume on a world size "
-                           r"that divides it \(1, 2, 4, 8\)"):
+        with pytest.raises(
+            LoaderError,
+            match=r"global batch of 8 cannot be split over 3 ranks: resume on a world size "
+            r"that divides it \(1, 2, 4, 8\)",
+        ):
             loader.load_state_dict(state)
 
 
 def test_changed_order_settings_are_still_refused_at_another_world_size(layouts):
     root = str(layouts["2x23"])
     _, state = _consume(root, 2, 4, 1, shuffle=True, seed=1)
-    for change, message in (({"seed": 2}, "seed: saved 1, now 2"), ({"shuffle": False}, "shuffle: saved True, now False"),
-                            ({"drop_last": True}, "drop_last: saved False, now True")):  # fmt: skip
-        with ShardLoader(root, world_size=1, batch_size=8, **{"shuffle": True, "seed": 1, **change}) as loader:
+    for change, message in (
+        ({"seed": 2}, "seed: saved 1, now 2"),
+        ({"shuffle": False}, "shuffle: saved True, now False"),
+        ({"drop_last": True}, "drop_last: saved False, now True"),
+    ):
+        with ShardLoader(
+            root, world_size=1, batch_size=8, **{"shuffle": True, "seed": 1, **change}
+        ) as loader:
             with pytest.raises(LoaderError, match=f"other settings \\({message}\\)"):
                 loader.load_state_dict(state)
     bad_legs = {**state, "legs": [{"world_size": 2, "batch_size": 4}], "batches_consumed": 1}
     with ShardLoader(root, world_size=1, batch_size=8, shuffle=True, seed=1) as loader:
         with pytest.raises(LoaderError, match=r"leg 0 must be"):
             loader.load_state_dict(bad_legs)
-        with pytest.raises(LoaderError, match=r"leg 0 \(2 ranks x 4 rows\) has 6 batches per rank, got 9 consumed"):
-            loader.load_state_dict({**state, "legs": [{"world_size": 2, "batch_size": 4, "batches": 9}], "batches_consumed": 9})
+        with pytest.raises(
+            LoaderError, match=r"leg 0 \(2 ranks x 4 rows\) has 6 batches per rank, got 9 consumed"
+        ):
+            loader.load_state_dict(
+                {**state, "legs": [{"world_size": 2, "batch_size": 4, "batches": 9}], "batches_consumed": 9}
+            )
 
 
 @pytest.mark.s3
@@ -233,7 +291,10 @@ def test_remote_shards_of_other_ranks_are_read_on_resume(layouts, s3_bucket: str
     with ShardLoader(remote, rank=0, world_size=3, batch_size=2, **kw) as loader:
         assert loader.fetcher is not None and set(loader._reader.remote) == {0}  # its own shard
         loader.load_state_dict(state)
-        assert set(loader._reader.remote) == {0, 1}  # old rank 0 read shard 1 too: its footer, read once, kept
+        assert set(loader._reader.remote) == {
+            0,
+            1,
+        }  # old rank 0 read shard 1 too: its footer, read once, kept
     rest, sizes, _ = _finish(remote, 3, 2, state, **kw)
     assert consumed + rest == whole
     assert len({len(s) for s in sizes}) == 1

@@ -13,7 +13,9 @@ from lakeshard.errors import ConfigError
 from loaders.plan import batch_size_at, num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.shuffle import RAMP, epoch_order
 
-shard_rows_st = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=7).filter(lambda r: sum(r) > 0)
+shard_rows_st = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=7).filter(
+    lambda r: sum(r) > 0
+)
 
 
 def global_rows(shard_rows, segments):
@@ -25,7 +27,9 @@ def global_rows(shard_rows, segments):
 @given(shard_rows=shard_rows_st, world=st.integers(1, 9), batch=st.integers(1, 50), drop_last=st.booleans())
 def test_every_rank_gets_same_rows_and_batches_pad(shard_rows, world, batch, drop_last):
     total = sum(shard_rows)
-    per_rank = [global_rows(shard_rows, rank_segments(shard_rows, world, r, remainder="pad")) for r in range(world)]
+    per_rank = [
+        global_rows(shard_rows, rank_segments(shard_rows, world, r, remainder="pad")) for r in range(world)
+    ]
     sizes = {len(rows) for rows in per_rank}
     assert len(sizes) == 1, sizes
     (q,) = sizes
@@ -55,7 +59,9 @@ def test_drop_remainder_reads_each_row_at_most_once(shard_rows, world):
         with pytest.raises(ConfigError, match="leaves no rows"):
             rank_segments(shard_rows, world, 0, remainder="drop")
         return
-    per_rank = [global_rows(shard_rows, rank_segments(shard_rows, world, r, remainder="drop")) for r in range(world)]
+    per_rank = [
+        global_rows(shard_rows, rank_segments(shard_rows, world, r, remainder="drop")) for r in range(world)
+    ]
     assert len({len(rows) for rows in per_rank}) == 1
     seen = [g for rows in per_rank for g, pad in rows]
     assert not any(pad for rows in per_rank for _, pad in rows)
@@ -107,8 +113,12 @@ def test_bad_arguments_are_named(call, message):
     epoch=st.integers(0, 100),
     shuffle=st.booleans(),
 )
-def test_epoch_order_is_a_seeded_permutation_within_windows(shard_rows, group, world, window, seed, epoch, shuffle):
-    groups = {s: [group] * (n // group) + ([n % group] if n % group else []) for s, n in enumerate(shard_rows)}
+def test_epoch_order_is_a_seeded_permutation_within_windows(
+    shard_rows, group, world, window, seed, epoch, shuffle
+):
+    groups = {
+        s: [group] * (n // group) + ([n % group] if n % group else []) for s, n in enumerate(shard_rows)
+    }
     segs = rank_segments(shard_rows, world, world - 1)
     pieces = split_pieces(segs, groups)
     assert sum(p.rows for p in pieces) == sum(s.rows for s in segs)
@@ -141,7 +151,9 @@ def test_epoch_order_changes_with_epoch_and_seed():
     flat = {}
     for seed, epoch in [(7, 0), (7, 1), (8, 0)]:
         o = epoch_order(sizes, shuffle=True, seed=seed, epoch=epoch, rank=0, window_rows=50)
-        flat[(seed, epoch)] = [(tuple(w.tolist()), tuple(p.tolist())) for w, p in zip(o.windows, o.perms, strict=True)]
+        flat[(seed, epoch)] = [
+            (tuple(w.tolist()), tuple(p.tolist())) for w, p in zip(o.windows, o.perms, strict=True)
+        ]
     assert flat[(7, 0)] != flat[(7, 1)]
     assert flat[(7, 0)] != flat[(8, 0)]
 

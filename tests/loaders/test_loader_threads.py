@@ -40,7 +40,9 @@ def test_threads_live_across_epochs_and_stop_on_break_and_close(dataset: Path):
     # ThreadPoolExecutor does when every thread is busy: the next epoch started early keeps
     # them busier).
     now = set(loader_threads())
-    assert threads <= now and {t for t in now if t.name.endswith("-reader")} == {t for t in threads if t.name.endswith("-reader")}
+    assert threads <= now and {t for t in now if t.name.endswith("-reader")} == {
+        t for t in threads if t.name.endswith("-reader")
+    }
     assert len([t for t in now if "-decode" in t.name]) <= 3
     loader.close()
     assert loader_threads() == []
@@ -172,14 +174,18 @@ def test_an_epoch_closed_under_a_waiting_consumer_raises_instead_of_hanging():
 
 @pytest.mark.parametrize("threads", [1, 4])
 def test_decode_error_names_shard_and_row_before_its_batch_is_due(tmp_path: Path, threads: int):
-    write_dataset(tmp_path, rows={"train": 60, "validation": 4, "test": 4}, num_shards=2, corrupt=[("train", 1, 17)])
+    write_dataset(
+        tmp_path, rows={"train": 60, "validation": 4, "test": 4}, num_shards=2, corrupt=[("train", 1, 17)]
+    )
     loader = ShardLoader(str(tmp_path), batch_size=4, num_threads=threads, prefetch=2)
     yielded = 0
     with pytest.raises(LoaderError) as info:
         for _ in loader:
             yielded += 1
     message = str(info.value)
-    assert message.startswith(f"cannot decode image at row 17 of file://{shard_path(tmp_path, 'train', 1, 2)}: ")
+    assert message.startswith(
+        f"cannot decode image at row 17 of file://{shard_path(tmp_path, 'train', 1, 2)}: "
+    )
     assert "UnidentifiedImageError" in message  # Pillow's reason, after simplejpeg also refused
     assert info.value.__cause__ is not None  # the decode thread's own exception is chained
     assert yielded < 12  # row 17 of shard 1 is in batch (30 + 17) // 4 = 11: never yielded
@@ -188,7 +194,9 @@ def test_decode_error_names_shard_and_row_before_its_batch_is_due(tmp_path: Path
 
 def test_error_is_raised_while_the_consumer_waits_on_an_earlier_batch(tmp_path: Path, monkeypatch):
     """Batch 0 decodes slowly; batch 1 holds the bad row. The error must not wait for batch 0."""
-    write_dataset(tmp_path, rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, corrupt=[("train", 0, 5)])
+    write_dataset(
+        tmp_path, rows={"train": 8, "validation": 4, "test": 4}, num_shards=1, corrupt=[("train", 0, 5)]
+    )
     from loaders import batch as batch_module
 
     release = threading.Event()
@@ -218,7 +226,10 @@ def test_error_is_raised_while_the_consumer_waits_on_an_earlier_batch(tmp_path: 
 
 def test_skip_bad_rows_counts_and_reports(tmp_path: Path):
     write_dataset(
-        tmp_path, rows={"train": 20, "validation": 4, "test": 4}, num_shards=2, corrupt=[("train", 0, 3), ("train", 1, 8)]
+        tmp_path,
+        rows={"train": 20, "validation": 4, "test": 4},
+        num_shards=2,
+        corrupt=[("train", 0, 3), ("train", 1, 8)],
     )
     loader = ShardLoader(str(tmp_path), batch_size=6, skip_bad_rows=True)
     batches = list(loader)
@@ -244,12 +255,17 @@ def test_read_error_names_the_shard(tmp_path: Path):
     shard = shard_path(tmp_path, "train", 1, 2)
     data = shard.read_bytes()
     shard.write_bytes(data[:4] + b"\0" * (len(data) - 4))  # same size, garbage row groups
-    with pytest.raises(LoaderError, match=r"cannot read row group \d+ \(rows \d+-\d+\) of file://.*part-00001-of-00002.parquet"):
+    with pytest.raises(
+        LoaderError,
+        match=r"cannot read row group \d+ \(rows \d+-\d+\) of file://.*part-00001-of-00002.parquet",
+    ):
         list(loader)
     assert loader_threads() == []
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and 2 CPUs")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and 2 CPUs"
+)
 def test_default_threads_are_this_ranks_share_of_its_cpus(dataset: Path, monkeypatch):
     """One decode thread per CPU the process may run on, divided among torchrun's local ranks."""
     mine = os.sched_getaffinity(0)

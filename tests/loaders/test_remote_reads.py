@@ -25,16 +25,18 @@ OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 5, "shuffle_window": 40, "n
 
 def upload(local: Path, bucket: str, prefix: str = "ds") -> str:
     client = boto3.client("s3")
-    name = bucket[len("s3://"):]
+    name = bucket[len("s3://") :]
     for p in sorted(local.rglob("*")):
         if p.is_file():
-            client.put_object(Bucket=name, Key=f"{prefix}/{p.relative_to(local).as_posix()}", Body=p.read_bytes())
+            client.put_object(
+                Bucket=name, Key=f"{prefix}/{p.relative_to(local).as_posix()}", Body=p.read_bytes()
+            )
     return f"{bucket}/{prefix}"
 
 
 def delete_all(bucket: str) -> None:
     client = boto3.client("s3")
-    name = bucket[len("s3://"):]
+    name = bucket[len("s3://") :]
     for obj in client.list_objects_v2(Bucket=name).get("Contents", []):
         client.delete_object(Bucket=name, Key=obj["Key"])
 
@@ -58,7 +60,9 @@ def _every_read_ended(fetcher: RangeFetcher) -> bool:
 @pytest.fixture
 def local_ds(tmp_path: Path) -> Path:
     root = tmp_path / "ds"
-    write_dataset(root, rows={"train": 120, "validation": 8, "test": 8}, num_shards=2, row_group_rows=5, noise=True)
+    write_dataset(
+        root, rows={"train": 120, "validation": 8, "test": 8}, num_shards=2, row_group_rows=5, noise=True
+    )
     return root
 
 
@@ -80,7 +84,9 @@ def test_remote_batches_are_the_local_ones_whatever_the_concurrency(local_ds: Pa
 @pytest.mark.slow
 def test_bytes_held_stay_within_the_memory_budget(tmp_path: Path, s3_bucket: str):
     local = tmp_path / "ds"
-    write_dataset(local, rows={"train": 400, "validation": 4, "test": 4}, num_shards=1, row_group_rows=4, noise=True)
+    write_dataset(
+        local, rows={"train": 400, "validation": 4, "test": 4}, num_shards=1, row_group_rows=4, noise=True
+    )
     remote = upload(local, s3_bucket)
     shard_bytes = shard_path(local, "train", 0, 1).stat().st_size
     probe = ShardLoader(remote, **OPTIONS)
@@ -137,23 +143,40 @@ def test_a_local_dataset_is_never_copied(local_ds: Path, tmp_path: Path):
 def test_an_object_replaced_mid_run_is_refused_not_decoded(tmp_path: Path, s3_bucket: str):
     """Footers are read once per loader; every ranged read asks for the object the loader checked
     (its ETag), so a shard rebuilt at the same key fails the read instead of decoding other bytes."""
-    write_dataset(tmp_path / "a", rows={"train": 40, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5, noise=True)
+    write_dataset(
+        tmp_path / "a",
+        rows={"train": 40, "validation": 4, "test": 4},
+        num_shards=1,
+        row_group_rows=5,
+        noise=True,
+    )
     # Rebuilt with the same rows: the same row-group offsets, another footer (another version).
-    write_dataset(tmp_path / "b", rows={"train": 40, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5,
-                  noise=True, version="89abcdef")  # fmt: skip
+    write_dataset(
+        tmp_path / "b",
+        rows={"train": 40, "validation": 4, "test": 4},
+        num_shards=1,
+        row_group_rows=5,
+        noise=True,
+        version="89abcdef",
+    )
     remote = upload(tmp_path / "a", s3_bucket)
     loader = ShardLoader(remote, **OPTIONS)
     epochs(loader, [0])
     shard = shard_path(tmp_path / "b", "train", 0, 1)
-    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key=f"ds/{shard.relative_to(tmp_path / 'b').as_posix()}",
-                                  Body=shard.read_bytes())  # fmt: skip
+    boto3.client("s3").put_object(
+        Bucket=s3_bucket[len("s3://") :],
+        Key=f"ds/{shard.relative_to(tmp_path / 'b').as_posix()}",
+        Body=shard.read_bytes(),
+    )
     with pytest.raises(LoaderError, match=r"cannot read row group \d+ .*part-00000-of-00001.parquet"):
         epochs(loader, [1, 2])  # (epoch 1's window may have been read ahead, from the old object)
     loader.close()
 
 
 @pytest.mark.slow
-def test_reads_in_flight_ride_out_transient_store_faults(local_ds: Path, s3_bucket: str, monkeypatch, tmp_path: Path):
+def test_reads_in_flight_ride_out_transient_store_faults(
+    local_ds: Path, s3_bucket: str, monkeypatch, tmp_path: Path
+):
     """A proxy answers a seeded 10% of requests with 500, 503 SlowDown or a dropped connection:
     with 8 reads in flight and the cache filling, the batches are still the local ones."""
     from tests.hardening.faultproxy import FaultProxy
@@ -174,7 +197,9 @@ def test_reads_in_flight_ride_out_transient_store_faults(local_ds: Path, s3_buck
         proxy.stop()
 
 
-def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(local_ds: Path, s3_bucket: str):
+def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(
+    local_ds: Path, s3_bucket: str
+):
     """In a ``set_epoch(e); for batch in loader`` loop, when the last batch of epoch e reaches the
     training loop, the reads of epoch e + 1 are issued in its order (its first batch's at least)
     and none has been waited on; with ``read_concurrency`` above the rank's row groups, every row
@@ -198,11 +223,15 @@ def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(
             if i == len(loader) - 1:  # the last batch of this epoch, in the training loop
                 waited_next = [k for k in fetcher.waited if k[0] == epoch + 1]
                 issued_next = [k[-1] for k in fetcher.submitted if k[0] == epoch + 1]
-                until(lambda e=epoch: sum(k[0] == e + 1 for k in fetcher.completed) == pieces,
-                       f"every row group of epoch {epoch + 1} is read")  # fmt: skip
+                until(
+                    lambda e=epoch: sum(k[0] == e + 1 for k in fetcher.completed) == pieces,
+                    f"every row group of epoch {epoch + 1} is read",
+                )
         assert got == expected[epoch]
         assert waited_next == []
-        assert issued_next == in_order[: len(issued_next)] and len(issued_next) >= sum(map(len, following.windows[:first_batch]))
+        assert issued_next == in_order[: len(issued_next)] and len(issued_next) >= sum(
+            map(len, following.windows[:first_batch])
+        )
     of_2 = [k for k in fetcher.submitted if k[0] == 2]
     assert len(of_2) == len(set(of_2)) == pieces  # each fetched once: epoch 2 used its read-ahead
     assert fetcher.peak_bytes_held <= fetcher.budget
@@ -240,7 +269,10 @@ def test_an_epoch_boundary_never_waits_on_the_store(local_ds: Path, s3_bucket: s
 
         proxy.unstall()
         fetcher = loader.fetcher
-        until(lambda: {k for k in fetcher.submitted if k[0] == 1} <= set(fetcher.completed), "epoch 1's first reads are in")
+        until(
+            lambda: {k for k in fetcher.submitted if k[0] == 1} <= set(fetcher.completed),
+            "epoch 1's first reads are in",
+        )
         proxy.stall_requests("all")
         loader.set_epoch(1)
         batches = iter(loader)
@@ -262,7 +294,9 @@ def test_a_new_loader_reads_its_shards_footers_at_once(tmp_path: Path, s3_bucket
     request for a while, all four shards' first requests are held at the same time."""
     from tests.hardening.faultproxy import FaultProxy
 
-    write_dataset(tmp_path / "ds", rows={"train": 40, "validation": 4, "test": 4}, num_shards=4, row_group_rows=5)
+    write_dataset(
+        tmp_path / "ds", rows={"train": 40, "validation": 4, "test": 4}, num_shards=4, row_group_rows=5
+    )
     remote = upload(tmp_path / "ds", s3_bucket)
     proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
     try:
@@ -277,7 +311,9 @@ def test_a_new_loader_reads_its_shards_footers_at_once(tmp_path: Path, s3_bucket
         proxy.stop()
 
 
-def test_a_new_loader_opens_each_remote_shard_with_one_get_and_no_head(local_ds: Path, s3_bucket: str, monkeypatch):
+def test_a_new_loader_opens_each_remote_shard_with_one_get_and_no_head(
+    local_ds: Path, s3_bucket: str, monkeypatch
+):
     """A fresh loader reads a remote shard's footer with one suffix-range GET (whose answer
     carries the size and ETag): no HEAD of a shard, at its opening or after (requests counted at
     a proxy in front of the store)."""
@@ -291,13 +327,19 @@ def test_a_new_loader_opens_each_remote_shard_with_one_get_and_no_head(local_ds:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         proxy.reset(mode="pass")
         with ShardLoader(remote, **OPTIONS) as loader:
-            opening = [(r.method, r.path.split("?")[0].rsplit("/", 1)[-1], r.byte_range) for r in proxy.log if ".parquet" in r.path]
+            opening = [
+                (r.method, r.path.split("?")[0].rsplit("/", 1)[-1], r.byte_range)
+                for r in proxy.log
+                if ".parquet" in r.path
+            ]
             assert epochs(loader, [0]) == expected
         shard_requests = [r for r in proxy.log if ".parquet" in r.path]
     finally:
         proxy.stop()
-    assert sorted(opening) == [("GET", "part-00000-of-00002.parquet", "bytes=-262144"),
-                               ("GET", "part-00001-of-00002.parquet", "bytes=-262144")]  # fmt: skip
+    assert sorted(opening) == [
+        ("GET", "part-00000-of-00002.parquet", "bytes=-262144"),
+        ("GET", "part-00001-of-00002.parquet", "bytes=-262144"),
+    ]
     assert len(shard_requests) > len(opening)  # the row groups came through the proxy too
     assert [r for r in shard_requests if r.method != "GET"] == []
 
@@ -309,14 +351,17 @@ def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkey
     from tests.hardening.faultproxy import FaultProxy
 
     data = os.urandom(2 * _PART_BYTES + 100_000)
-    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key="blob", Body=data)
+    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://") :], Key="blob", Body=data)
     proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         got = {}
         for size in (_PART_BYTES - 10, _PART_BYTES + 20_000, 2 * _PART_BYTES - 1, 2 * _PART_BYTES + 99_000):
             proxy.reset(mode="pass")
-            assert read_s3_range(ByteRange(f"{s3_bucket[len('s3://'):]}/blob", 50, 50 + size)) == data[50 : 50 + size]
+            assert (
+                read_s3_range(ByteRange(f"{s3_bucket[len('s3://') :]}/blob", 50, 50 + size))
+                == data[50 : 50 + size]
+            )
             got[size] = sorted(r.byte_range for r in proxy.log if r.method == "GET")
     finally:
         proxy.stop()
@@ -325,7 +370,9 @@ def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkey
         _PART_BYTES - 10: [f"bytes=50-{50 + _PART_BYTES - 11}"],
         _PART_BYTES + 20_000: [f"bytes=50-{50 + _PART_BYTES + 19_999}"],
         2 * _PART_BYTES - 1: [f"bytes=50-{50 + 2 * _PART_BYTES - 2}"],
-        2 * _PART_BYTES + 99_000: sorted([f"bytes=50-{50 + half - 1}", f"bytes={50 + half}-{50 + 2 * half - 1}"]),
+        2 * _PART_BYTES + 99_000: sorted(
+            [f"bytes=50-{50 + half - 1}", f"bytes={50 + half}-{50 + 2 * half - 1}"]
+        ),
     }
 
 
@@ -337,14 +384,14 @@ def test_a_read_a_batch_waits_on_is_fetched_in_parts_of_at_least_1_mib(s3_bucket
 
     mib = 1 << 20
     data = os.urandom(5 * mib)
-    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key="blob", Body=data)
+    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://") :], Key="blob", Body=data)
     proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         got = {}
         for size, parts in ((mib - 1, 8), (2 * mib + 10, 8), (4 * mib, 3), (4 * mib, 1)):
             proxy.reset(mode="pass")
-            r = ByteRange(f"{s3_bucket[len('s3://'):]}/blob", 10, 10 + size, parts=parts)
+            r = ByteRange(f"{s3_bucket[len('s3://') :]}/blob", 10, 10 + size, parts=parts)
             assert read_s3_range(r) == data[10 : 10 + size]
             got[size, parts] = len([r for r in proxy.log if r.method == "GET"])
     finally:
@@ -365,7 +412,7 @@ def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: s
 
     mib = 1 << 20
     data = os.urandom(3 * mib)
-    bucket = s3_bucket[len("s3://"):]
+    bucket = s3_bucket[len("s3://") :]
     boto3.client("s3").put_object(Bucket=bucket, Key="blob", Body=data)
     before = storage.s3_client()
     storage.clear_s3_clients()  # as a new process has none
@@ -378,7 +425,10 @@ def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: s
         proxy.reset(mode="faults", rate=0.3, seed=4)
         for i in range(40):
             start = i * 50_000
-            assert read_s3_range(ByteRange(f"{bucket}/blob", start, start + 200_000)) == data[start : start + 200_000]
+            assert (
+                read_s3_range(ByteRange(f"{bucket}/blob", start, start + 200_000))
+                == data[start : start + 200_000]
+            )
         assert read_s3_range(ByteRange(f"{bucket}/blob", 7, 3 * mib, parts=3)) == data[7:]
     finally:
         proxy.stop()
@@ -392,7 +442,7 @@ def test_a_range_read_s_store_errors_are_the_usual_python_ones(s3_bucket: str, t
     from loaders.fetch import ByteRange, read_s3_range
     from tests.hardening.faultproxy import FaultProxy
 
-    bucket = s3_bucket[len("s3://"):]
+    bucket = s3_bucket[len("s3://") :]
     etag = boto3.client("s3").put_object(Bucket=bucket, Key="blob", Body=b"x" * 1000)["ETag"].strip('"')
     assert read_s3_range(ByteRange(f"{bucket}/blob", 0, 10, etag=etag)) == b"x" * 10
     with pytest.raises(FileNotFoundError):
@@ -437,8 +487,12 @@ def test_a_resumed_epoch_s_first_batch_is_asked_for_in_parts(local_ds: Path, s3_
         plan = reader.plan(0)
         windows = plan.order.windows
         # A batch that starts past the first batch's windows, inside a window of its own.
-        at = next(b * bs for b in range(1, plan.end // bs) if plan.order.window_at(b * bs) > plan.order.window_at(bs - 1)
-                  and plan.order.window_at(b * bs) == plan.order.window_at(b * bs + bs - 1))  # fmt: skip
+        at = next(
+            b * bs
+            for b in range(1, plan.end // bs)
+            if plan.order.window_at(b * bs) > plan.order.window_at(bs - 1)
+            and plan.order.window_at(b * bs) == plan.order.window_at(b * bs + bs - 1)
+        )
         w = plan.order.window_at(at)
         resumed = reader._keys(0, plan, range(w, len(windows)), waited_from=at)
     assert [r.parts for _, r in resumed] == [5] * len(windows[w]) + [1] * sum(map(len, windows[w + 1 :]))
@@ -459,7 +513,10 @@ def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_b
     with ShardLoader(remote, read_concurrency=concurrency, **OPTIONS) as loader:
         epochs(loader, [0])
         fetcher = loader.fetcher
-        until(lambda: sum(k[0] == 1 for k in fetcher.completed) >= concurrency, "epoch 1's first row groups are read")
+        until(
+            lambda: sum(k[0] == 1 for k in fetcher.completed) >= concurrency,
+            "epoch 1's first row groups are read",
+        )
         # Nothing more is read until epoch 1 starts: once every read submitted has ended, the
         # fetcher has admitted whatever it would (it does so as each read ends, under its lock).
         until(lambda: _every_read_ended(fetcher), "the fetcher has no read under way")
@@ -484,7 +541,10 @@ def test_an_epoch_started_early_asks_for_the_rest_of_its_reads_once_adopted(loca
         loader.set_epoch(2)
         batches = iter(loader)
         next(batches)  # and no further: its tasks stay within the round
-        until(lambda: len({k for k in fetcher.submitted if k[0] == 2}) > len(round_), "the rest of epoch 2 is asked for")
+        until(
+            lambda: len({k for k in fetcher.submitted if k[0] == 2}) > len(round_),
+            "the rest of epoch 2 is asked for",
+        )
         batches.close()
 
 
@@ -495,12 +555,16 @@ def test_the_fetch_and_part_threads_are_started_with_the_loader_and_kept(local_d
     import threading
 
     def fetching() -> set[threading.Thread]:
-        return {t for t in threading.enumerate() if t.name.startswith(("lakeshard-r0-fetch", "lakeshard-r0-part"))}
+        return {
+            t for t in threading.enumerate() if t.name.startswith(("lakeshard-r0-fetch", "lakeshard-r0-part"))
+        }
 
     remote = upload(local_ds, s3_bucket)
     with ShardLoader(remote, read_concurrency=3, **OPTIONS) as loader:
         started = fetching()
-        assert sorted(t.name for t in started) == [f"lakeshard-r0-{kind}_{i}" for kind in ("fetch", "part") for i in range(3)]
+        assert sorted(t.name for t in started) == [
+            f"lakeshard-r0-{kind}_{i}" for kind in ("fetch", "part") for i in range(3)
+        ]
         assert epochs(loader, [0, 1]) and fetching() == started  # a first batch in parts: the same threads
         assert loader.fetcher.bytes_read > 0
     assert fetching() == set()
@@ -524,8 +588,14 @@ def test_a_remote_loader_reads_through_one_client_without_s3fs(local_ds: Path, s
         "                  'threads': sorted(t.name for t in threading.enumerate())}))\n"
     )
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=root)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        cwd=root,
+    )
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["batches"] == 15  # 120 rows in batches of 8: the dataset was read

@@ -26,8 +26,14 @@ pytestmark = pytest.mark.s3
 
 
 def one_shard(root: Path, *, version: str = "0123abcd", rows: int = 60) -> Path:
-    write_dataset(root, rows={"train": rows, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5,
-                  noise=True, version=version)  # fmt: skip
+    write_dataset(
+        root,
+        rows={"train": rows, "validation": 4, "test": 4},
+        num_shards=1,
+        row_group_rows=5,
+        noise=True,
+        version=version,
+    )
     return shard_path(root, "train", 0, 1)
 
 
@@ -145,11 +151,22 @@ def test_processes_share_one_cache_and_one_download(tmp_path: Path, s3_bucket: s
         expected = json.loads(json.dumps(epochs(plain, [0, 1])))
     here = str(Path(__file__).parent)
     proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
-    env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint,
-           "PYTHONPATH": os.pathsep.join([os.getcwd(), here, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": proxy.endpoint,
+        "PYTHONPATH": os.pathsep.join([os.getcwd(), here, os.environ.get("PYTHONPATH", "")]),
+    }
     try:
-        procs = [subprocess.Popen([sys.executable, "-c", _WORKER, remote, str(cache), here], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _WORKER, remote, str(cache), here],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
         results = []
         for p in procs:
             out, err = p.communicate(timeout=300)
@@ -159,11 +176,15 @@ def test_processes_share_one_cache_and_one_download(tmp_path: Path, s3_bucket: s
         proxy.stop()
     assert [r["batches"] for r in results] == [expected, expected]
     assert sorted(len(r["downloaded"]) for r in results) == [0, 1]  # one process downloaded, one waited
-    key = f"/{remote[len('s3://'):]}/{shard.relative_to(tmp_path / 'ds').as_posix()}"
-    gets = [r.byte_range for r in proxy.forwarded if r.method == "GET" and unquote(r.path.split("?")[0]) == key]
+    key = f"/{remote[len('s3://') :]}/{shard.relative_to(tmp_path / 'ds').as_posix()}"
+    gets = [
+        r.byte_range for r in proxy.forwarded if r.method == "GET" and unquote(r.path.split("?")[0]) == key
+    ]
     assert shard.stat().st_size > 1 << 16  # so no footer read (the last 64 KiB) starts at byte 0
     assert gets, proxy.forwarded
-    assert [r for r in gets if r is None or r.startswith("bytes=0-")] == [f"bytes=0-{shard.stat().st_size - 1}"]
+    assert [r for r in gets if r is None or r.startswith("bytes=0-")] == [
+        f"bytes=0-{shard.stat().st_size - 1}"
+    ]
     assert len(cached(cache)) == 1
     assert list(cache.rglob("*.tmp-*")) == []
 
@@ -179,8 +200,10 @@ def mounted(target: Path, *, source: Path | None = None, tmpfs: str | None = Non
     end; skips the test if this machine cannot mount (no CAP_SYS_ADMIN)."""
     target.mkdir(parents=True, exist_ok=True)
     if source is not None:
-        steps = [["mount", "--bind", str(source), str(target)],
-                 ["mount", "-o", "remount,bind,ro", str(target)]]
+        steps = [
+            ["mount", "--bind", str(source), str(target)],
+            ["mount", "-o", "remount,bind,ro", str(target)],
+        ]
     else:
         steps = [["mount", "-t", "tmpfs", "-o", str(tmpfs), "lakeshard-test", str(target)]]
     done = 0
@@ -233,7 +256,7 @@ def test_a_read_only_cache_dir_serves_the_shards_it_holds_and_the_rest_remotely(
             assert loader.cache.read_only == "Read-only file system"
             # The store loses the shards the cache holds: they must come from the cache (the
             # constructor has read every footer already).
-            client, bucket = boto3.client("s3"), s3_bucket[len("s3://"):]
+            client, bucket = boto3.client("s3"), s3_bucket[len("s3://") :]
             for i in range(held):
                 key = f"ds/{shard_path(local, 'train', i, 2).relative_to(local).as_posix()}"
                 client.head_object(Bucket=bucket, Key=key)  # there until now

@@ -15,7 +15,9 @@ from loader_builders import CHANNEL_OFFSET, ids_of, shard_path, until, write_dat
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders import PAD_LABEL, LoaderOptions, ShardLoader, decode
 
-HYPOTHESIS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+HYPOTHESIS = settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +66,22 @@ def test_batches_are_uint8_images_and_int64_labels(dataset: Path):
     shuffle=st.booleans(),
     remainder=st.sampled_from(["pad", "drop"]),
 )
-def test_ranks_yield_equal_batches_and_cover_every_sample(datasets, layout, world, batch, drop_last, shuffle, remainder):
+def test_ranks_yield_equal_batches_and_cover_every_sample(
+    datasets, layout, world, batch, drop_last, shuffle, remainder
+):
     root = datasets[layout]
     total = {"2x21": 42, "3x13": 39, "4x6": 24}[layout]
     per_rank = total // world if remainder == "drop" else -(-total // world)
     options = dict(
-        world_size=world, batch_size=batch, shuffle=shuffle, seed=3, drop_last=drop_last,
-        remainder=remainder, num_threads=2, shuffle_window=5,
-    )  # fmt: skip
+        world_size=world,
+        batch_size=batch,
+        shuffle=shuffle,
+        seed=3,
+        drop_last=drop_last,
+        remainder=remainder,
+        num_threads=2,
+        shuffle_window=5,
+    )
     if drop_last and per_rank < batch:  # no whole batch on any rank: refused up front
         with pytest.raises(ConfigError, match="leaves no batch"):
             ShardLoader(str(root), rank=0, **options)
@@ -107,7 +117,11 @@ def test_dataset_pad_rows_are_labelled_pad(tmp_path: Path):
 def test_same_seed_same_batches_whatever_the_threads(datasets):
     root = str(datasets["3x13"])
     runs = [
-        epoch_ids(ShardLoader(root, batch_size=5, shuffle=True, seed=11, num_threads=t, prefetch=p, shuffle_window=6))
+        epoch_ids(
+            ShardLoader(
+                root, batch_size=5, shuffle=True, seed=11, num_threads=t, prefetch=p, shuffle_window=6
+            )
+        )
         for t, p in [(1, 1), (4, 2), (3, 8)]
     ]
     assert runs[0] == runs[1] == runs[2]
@@ -219,15 +233,19 @@ def test_resume_refuses_other_order_settings(dataset: Path):
 
 def test_first_batch_before_the_shard_is_read_and_prefetch_is_bounded(tmp_path: Path):
     write_dataset(tmp_path, rows={"train": 400, "validation": 4, "test": 4}, num_shards=1, row_group_rows=5)
-    loader = ShardLoader(str(tmp_path), batch_size=4, shuffle=True, shuffle_window=10, num_threads=2, prefetch=2)
+    loader = ShardLoader(
+        str(tmp_path), batch_size=4, shuffle=True, shuffle_window=10, num_threads=2, prefetch=2
+    )
     it = iter(loader)
     next(it)
     assert loader.row_groups_read < 80 // 2  # far from the 80 row groups of the shard
     # A consumer that stops: the pipeline runs ahead as far as it may (the queue's 2 futures and
     # the one the reader holds, all decoded), and never further.
     stats = loader.stats
-    until(lambda: stats.submitted - stats.consumed >= 2 + 1 and stats.decoded == stats.submitted,
-          "the pipeline runs ahead of a stopped consumer")  # fmt: skip
+    until(
+        lambda: stats.submitted - stats.consumed >= 2 + 1 and stats.decoded == stats.submitted,
+        "the pipeline runs ahead of a stopped consumer",
+    )
     assert stats.submitted - stats.consumed <= 2 + 2 and stats.max_in_flight <= 2 + 2
     for _ in it:
         pass
@@ -269,7 +287,12 @@ def test_normalize_crop_and_flip(tmp_path: Path):
     write_dataset(tmp_path, rows={"train": 16, "validation": 2, "test": 2}, num_shards=1, size=12, noise=True)
     plain = torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=4)])
     norm = torch.cat(
-        [im for im, _ in ShardLoader(str(tmp_path), batch_size=4, normalize=((0.5, 0.25, 0.0), (0.5, 0.5, 1.0)))]
+        [
+            im
+            for im, _ in ShardLoader(
+                str(tmp_path), batch_size=4, normalize=((0.5, 0.25, 0.0), (0.5, 0.5, 1.0))
+            )
+        ]
     )
     assert norm.dtype == torch.float32
     mean = torch.tensor([0.5, 0.25, 0.0]).view(1, 3, 1, 1)
@@ -280,7 +303,12 @@ def test_normalize_crop_and_flip(tmp_path: Path):
     assert center.shape == (16, 3, 8, 8)
     assert torch.equal(center, plain[:, :, 2:10, 2:10])
 
-    aug = [torch.cat([im for im, _ in ShardLoader(str(tmp_path), batch_size=4, crop=8, augment=True, num_threads=t)]) for t in (1, 3)]
+    aug = [
+        torch.cat(
+            [im for im, _ in ShardLoader(str(tmp_path), batch_size=4, crop=8, augment=True, num_threads=t)]
+        )
+        for t in (1, 3)
+    ]
     assert torch.equal(aug[0], aug[1])  # seeded per batch, not per thread
     # each augmented image is a (possibly flipped) 8x8 window of the original
     flips = 0
@@ -294,7 +322,9 @@ def test_normalize_crop_and_flip(tmp_path: Path):
 
 
 def test_a_pathlib_path_is_a_dataset_like_its_string(dataset: Path):
-    by_path, by_str = (ShardLoader(root, batch_size=7, shuffle=True, seed=2) for root in (dataset, str(dataset)))
+    by_path, by_str = (
+        ShardLoader(root, batch_size=7, shuffle=True, seed=2) for root in (dataset, str(dataset))
+    )
     assert by_path.dataset == by_str.dataset
     assert epoch_ids(by_path) == epoch_ids(by_str)
 
@@ -303,7 +333,9 @@ def test_options_given_at_once_are_the_keywords(dataset: Path):
     options = LoaderOptions(batch_size=6, shuffle=True, seed=4, num_threads=2)
     by_options = ShardLoader(dataset, options=options)
     assert by_options.options is options
-    assert epoch_ids(by_options) == epoch_ids(ShardLoader(dataset, batch_size=6, shuffle=True, seed=4, num_threads=2))
+    assert epoch_ids(by_options) == epoch_ids(
+        ShardLoader(dataset, batch_size=6, shuffle=True, seed=4, num_threads=2)
+    )
     with pytest.raises(ConfigError, match=r"either as options= or as keywords, not both \(got \['seed'\]\)"):
         ShardLoader(dataset, options=options, seed=5)
 
@@ -328,7 +360,10 @@ def test_a_dataset_rebuilt_mid_epoch_is_refused_not_mixed(tmp_path: Path):
         for _ in batches:
             pass
     message = str(err.value)
-    assert "part-00001-of-00002.parquet footer says lakeshard.dataset_version='bbbb2222', expected 'aaaa1111'" in message
+    assert (
+        "part-00001-of-00002.parquet footer says lakeshard.dataset_version='bbbb2222', expected 'aaaa1111'"
+        in message
+    )
     loader.close()
 
 
@@ -364,8 +399,12 @@ _NAN, _INF = float("nan"), float("inf")
     "name, value, message",
     [
         # normalize: (mean, std), 3 numbers each (the images are RGB), every std positive.
-        ("normalize", (0.5, 0.5), r"normalize mean must be 3 numbers \(one per RGB channel\), got 0\.5 "
-                                  r"\(normalize=\(0\.5, 0\.5\)\)"),
+        (
+            "normalize",
+            (0.5, 0.5),
+            r"normalize mean must be 3 numbers \(one per RGB channel\), got 0\.5 "
+            r"\(normalize=\(0\.5, 0\.5\)\)",
+        ),
         ("normalize", 0.5, r"normalize must be \(mean, std\), 3 numbers each .*, got 0\.5$"),
         ("normalize", "imagenet", r"normalize must be \(mean, std\), 3 numbers each .*, got 'imagenet'$"),
         ("normalize", ((0.5,) * 3,) * 3, r"normalize must be \(mean, std\), .*got \(\(0\.5"),
@@ -425,7 +464,9 @@ def test_incomplete_dataset_and_foreign_shards_are_refused(tmp_path: Path):
     write_dataset(root, version="v1")
     write_dataset(other, version="v2")
     shard_path(root, "train", 1, 2).write_bytes(shard_path(other, "train", 1, 2).read_bytes())
-    with pytest.raises(DatasetError, match=r"part-00001-of-00002.parquet footer says lakeshard.dataset_version='v2'"):
+    with pytest.raises(
+        DatasetError, match=r"part-00001-of-00002.parquet footer says lakeshard.dataset_version='v2'"
+    ):
         ShardLoader(str(root))
 
 

@@ -26,7 +26,9 @@ from loaders.transforms import (
 
 
 def _noise_dataset(root: Path, *, train: int = 24, size: int = 12) -> str:
-    write_dataset(root, rows={"train": train, "validation": 2, "test": 2}, num_shards=2, size=size, noise=True)
+    write_dataset(
+        root, rows={"train": train, "validation": 2, "test": 2}, num_shards=2, size=size, noise=True
+    )
     return str(root)
 
 
@@ -37,7 +39,15 @@ class _Record:
         self.calls: list[tuple[str, type, torch.dtype, tuple[int, ...], torch.dtype]] = []
 
     def __call__(self, images, labels, generator):
-        self.calls.append((threading.current_thread().name, type(generator), images.dtype, tuple(images.shape), labels.dtype))
+        self.calls.append(
+            (
+                threading.current_thread().name,
+                type(generator),
+                images.dtype,
+                tuple(images.shape),
+                labels.dtype,
+            )
+        )
         noise = torch.randint(0, 50, images.shape, generator=generator, dtype=torch.int16)
         return {"images": images.to(torch.int16) + noise, "labels": labels, "ids": ids_of(images)}
 
@@ -72,8 +82,13 @@ def test_a_random_transform_is_reproducible_and_varies_by_batch_epoch_and_seed(d
 @pytest.mark.parametrize("stop", [1, 3, 5])
 def test_resumed_loader_augments_like_an_uninterrupted_one(tmp_path: Path, stop: int):
     root = _noise_dataset(tmp_path)
-    kwargs = dict(batch_size=4, shuffle=True, seed=3, shuffle_window=5,
-                  transform=Compose([RandomResizedCrop(8, scale=(0.3, 1.0)), ColorJitter(0.4, 0.4, 0.4)]))  # fmt: skip
+    kwargs = dict(
+        batch_size=4,
+        shuffle=True,
+        seed=3,
+        shuffle_window=5,
+        transform=Compose([RandomResizedCrop(8, scale=(0.3, 1.0)), ColorJitter(0.4, 0.4, 0.4)]),
+    )
     reference = ShardLoader(root, **kwargs, num_threads=2)
     reference.set_epoch(2)
     expected = [(im.clone(), lab.clone()) for im, lab in reference]
@@ -112,25 +127,41 @@ def test_a_failing_transform_reaches_the_training_loop_naming_the_shard_and_rows
     message = str(info.value)
     assert seen in ([], [0, 1, 2, 3])  # the error may overtake the batch before it
     shard0 = re.escape(loader.shard_uris[0])
-    assert re.search(rf"transform <function _fails_on_row_7 .*> failed on batch 1 \(rows 4, 5, 6, 7 of {shard0}\): "
-                     r"ValueError: cannot jitter sample 7", message), message  # fmt: skip
+    assert re.search(
+        rf"transform <function _fails_on_row_7 .*> failed on batch 1 \(rows 4, 5, 6, 7 of {shard0}\): "
+        r"ValueError: cannot jitter sample 7",
+        message,
+    ), message
     assert isinstance(info.value.__cause__, ValueError)
 
 
 def test_a_transform_returning_none_is_an_error(dataset: Path):
-    with pytest.raises(LoaderError, match=r"returned None for batch 0 \(rows 0, 1, 2, 3, 4, 5, 6, 7, \.\.\. \(20 rows\) of "):
+    with pytest.raises(
+        LoaderError, match=r"returned None for batch 0 \(rows 0, 1, 2, 3, 4, 5, 6, 7, \.\.\. \(20 rows\) of "
+    ):
         # one thread: batch 0 fails first (with two, batch 1's failure could come first)
-        next(iter(ShardLoader(str(dataset), batch_size=20, num_threads=1, transform=lambda images, labels, generator: None)))
+        next(
+            iter(
+                ShardLoader(
+                    str(dataset),
+                    batch_size=20,
+                    num_threads=1,
+                    transform=lambda images, labels, generator: None,
+                )
+            )
+        )
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         ({"transform": "flip"}, r"transform must be a callable fn\(images, labels, generator\), got 'flip'"),
-        ({"transform": Normalize((0, 0, 0), (1, 1, 1)), "augment": True, "crop": 4},
-         r"pass either transform= or the built-in augment, crop option\(s\), not both"),
+        (
+            {"transform": Normalize((0, 0, 0), (1, 1, 1)), "augment": True, "crop": 4},
+            r"pass either transform= or the built-in augment, crop option\(s\), not both",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_transform_options(dataset: Path, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ShardLoader(str(dataset), **kwargs)
@@ -176,7 +207,9 @@ def test_torch_op_transforms_shape_dtype_and_determinism(transform, shape):
 
 def test_random_resized_crop_of_the_whole_image_is_the_image():
     images, labels = _batch(size=8)
-    out, _ = RandomResizedCrop(8, scale=(1.0, 1.0), ratio=(1.0, 1.0))(images, labels, batch_generator(0, 0, 0, 0))
+    out, _ = RandomResizedCrop(8, scale=(1.0, 1.0), ratio=(1.0, 1.0))(
+        images, labels, batch_generator(0, 0, 0, 0)
+    )
     assert torch.equal(out, images)
 
 
@@ -190,7 +223,9 @@ def test_color_jitter_keeps_a_grey_image_grey_and_zero_jitter_changes_nothing():
 
 
 def test_transform_arguments_are_checked():
-    with pytest.raises(ConfigError, match=r"RandomResizedCrop scale must satisfy 0 < low <= high <= 1, got \(0.5, 2.0\)"):
+    with pytest.raises(
+        ConfigError, match=r"RandomResizedCrop scale must satisfy 0 < low <= high <= 1, got \(0.5, 2.0\)"
+    ):
         RandomResizedCrop(8, scale=(0.5, 2.0))
     with pytest.raises(ConfigError, match=r"ColorJitter contrast must be in \[0, 1\], got 1.5"):
         ColorJitter(contrast=1.5)

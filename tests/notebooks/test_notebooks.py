@@ -35,15 +35,22 @@ def test_notebooks_are_committed_without_outputs():
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three classes, two row groups or more per shard, one reject from each job."""
-    return build_dataset_with_rejects(LocalEngine(), tmp_path_factory.mktemp("notebooks"), {"ant": 30, "bee": 24, "cow": 18}, seed=5, row_group_size="8KiB")
+    return build_dataset_with_rejects(
+        LocalEngine(),
+        tmp_path_factory.mktemp("notebooks"),
+        {"ant": 30, "bee": 24, "cow": 18},
+        seed=5,
+        row_group_size="8KiB",
+    )
 
 
 def _run(name: str, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
     monkeypatch.setenv("DATASET_URI", str(dataset))  # the kernel inherits this process's environment
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     # cwd = notebooks/, as in Jupyter; a failing cell raises CellExecutionError with its traceback.
-    NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    NotebookClient(
+        nb, timeout=CELL_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     figures = sum(1 for o in outputs if "image/png" in o.get("data", {}))

@@ -24,8 +24,10 @@ def main_python() -> Path:
     """The main environment's interpreter: ``$LAKESHARD_MAIN_PYTHON``, else ``<repo>/.venv/bin/python``."""
     path = Path(os.environ.get("LAKESHARD_MAIN_PYTHON") or REPO / ".venv" / "bin" / "python")
     if not os.access(path, os.X_OK):
-        pytest.fail(f"the main environment's Python {path} is missing: run scripts/setup.sh "
-                    "(or set LAKESHARD_MAIN_PYTHON); the petastorm tests need it to run the jobs")
+        pytest.fail(
+            f"the main environment's Python {path} is missing: run scripts/setup.sh "
+            "(or set LAKESHARD_MAIN_PYTHON); the petastorm tests need it to run the jobs"
+        )
     return path
 
 
@@ -34,10 +36,13 @@ def run_job(module: str, *args: str) -> None:
     env.pop("PYTHONPATH", None)
     python = main_python()
     env["PYSPARK_PYTHON"] = str(python)
-    proc = subprocess.run([str(python), "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [str(python), "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     if proc.returncode != 0:
-        pytest.fail(f"{python} -m {module} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            f"{python} -m {module} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +53,34 @@ def petastorm_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lake = tmp / "raw"
     write_lake(lake, {"ant": 41, "bee": 33, "cow": 27, "doe": 20}, size=(40, 32), fmt="JPEG")
     out = tmp / "ds"
-    run_job("jobs.manifest", "--input", str(lake), "--output", str(out), "--seed", "11",
-            "--split-method", "stratified", "--engine", "dask")
-    run_job("jobs.shard", "--dataset", str(out), "--num-shards", "3", "--image-size", "24", "--image-format", "jpeg",
-            "--remainder", "pad", "--row-group-size", "8KiB", "--engine", "dask")
+    run_job(
+        "jobs.manifest",
+        "--input",
+        str(lake),
+        "--output",
+        str(out),
+        "--seed",
+        "11",
+        "--split-method",
+        "stratified",
+        "--engine",
+        "dask",
+    )
+    run_job(
+        "jobs.shard",
+        "--dataset",
+        str(out),
+        "--num-shards",
+        "3",
+        "--image-size",
+        "24",
+        "--image-format",
+        "jpeg",
+        "--remainder",
+        "pad",
+        "--row-group-size",
+        "8KiB",
+        "--engine",
+        "dask",
+    )
     return out

@@ -20,8 +20,10 @@ try:
     from petastorm import make_batch_reader
     from petastorm.pytorch import DataLoader
 except ImportError as exc:  # loud, never a skip: this folder runs in its own environment
-    raise ImportError(f"{exc}: run tests/petastorm with .venv-petastorm/bin/python -m pytest tests/petastorm "
-                      "(scripts/setup_petastorm.sh creates it)") from exc
+    raise ImportError(
+        f"{exc}: run tests/petastorm with .venv-petastorm/bin/python -m pytest tests/petastorm "
+        "(scripts/setup_petastorm.sh creates it)"
+    ) from exc
 
 from lakeshard import storage
 from lakeshard.format import DatasetInfo, channel_shards, read_dataset_info
@@ -69,8 +71,15 @@ def test_batch_reader_yields_every_row_once(petastorm_dataset: Path, info: Datas
     manifest = _manifest_labels(petastorm_dataset, channel)
     spec = make_transform_spec(size, fields=("uri", "label", "image"))
     seen: list[str] = []
-    with make_batch_reader(_shard_urls(petastorm_dataset, info, channel), transform_spec=spec, num_epochs=1,
-                           reader_pool_type="thread", workers_count=3, shuffle_row_groups=True, seed=1) as reader:
+    with make_batch_reader(
+        _shard_urls(petastorm_dataset, info, channel),
+        transform_spec=spec,
+        num_epochs=1,
+        reader_pool_type="thread",
+        workers_count=3,
+        shuffle_row_groups=True,
+        seed=1,
+    ) as reader:
         for batch in reader:
             assert batch.image.dtype == np.uint8 and batch.image.shape[1:] == (size, size, 3)
             for uri, label, image in zip(batch.uri, batch.label, batch.image):
@@ -85,7 +94,9 @@ def test_batch_reader_yields_every_row_once(petastorm_dataset: Path, info: Datas
 
 
 def _digest(image: np.ndarray, label: int) -> str:
-    return hashlib.sha256(np.ascontiguousarray(image).tobytes() + int(label).to_bytes(8, "little", signed=True)).hexdigest()
+    return hashlib.sha256(
+        np.ascontiguousarray(image).tobytes() + int(label).to_bytes(8, "little", signed=True)
+    ).hexdigest()
 
 
 @pytest.mark.parametrize("layout", ["hwc", "chw"])
@@ -94,13 +105,19 @@ def test_pytorch_dataloader_yields_every_row_once(petastorm_dataset: Path, info:
 
     size = info.image.size
     expected = _expected(petastorm_dataset, info, "train")
-    want = Counter(_digest(img if layout == "hwc" else img.transpose(2, 0, 1), label)
-                   for label, img in expected.values())
+    want = Counter(
+        _digest(img if layout == "hwc" else img.transpose(2, 0, 1), label) for label, img in expected.values()
+    )
     spec = make_transform_spec(size, layout=layout)
     got: Counter[str] = Counter()
     shape = (size, size, 3) if layout == "hwc" else (3, size, size)
-    with make_batch_reader(_shard_urls(petastorm_dataset, info, "train"), transform_spec=spec, num_epochs=1,
-                           reader_pool_type="thread", workers_count=2) as reader:
+    with make_batch_reader(
+        _shard_urls(petastorm_dataset, info, "train"),
+        transform_spec=spec,
+        num_epochs=1,
+        reader_pool_type="thread",
+        workers_count=2,
+    ) as reader:
         loader = DataLoader(reader, batch_size=16)
         for batch in loader:
             images, labels = batch["image"], batch["label"]
@@ -112,8 +129,10 @@ def test_pytorch_dataloader_yields_every_row_once(petastorm_dataset: Path, info:
 
 
 def _pads(root: Path, info: DatasetInfo, channel: str) -> int:
-    return sum(sum(pq.read_table(root / s.path, columns=["is_pad"])["is_pad"].to_pylist())
-               for s in info.channels[channel].shards)
+    return sum(
+        sum(pq.read_table(root / s.path, columns=["is_pad"])["is_pad"].to_pylist())
+        for s in info.channels[channel].shards
+    )
 
 
 def test_transform_spec_checks_its_arguments():
@@ -127,8 +146,15 @@ def test_transform_spec_checks_its_arguments():
 
 def test_a_wrong_size_fails_with_the_uri(petastorm_dataset: Path, info: DatasetInfo):
     spec = make_transform_spec(info.image.size + 1, fields=("uri", "label", "image"))
-    with make_batch_reader(_shard_urls(petastorm_dataset, info, "test"), transform_spec=spec, num_epochs=1,
-                           reader_pool_type="dummy") as reader, pytest.raises(ValueError, match="cannot decode the image of file://"):
+    with (
+        make_batch_reader(
+            _shard_urls(petastorm_dataset, info, "test"),
+            transform_spec=spec,
+            num_epochs=1,
+            reader_pool_type="dummy",
+        ) as reader,
+        pytest.raises(ValueError, match="cannot decode the image of file://"),
+    ):
         next(iter(reader))
 
 

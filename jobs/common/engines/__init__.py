@@ -35,8 +35,9 @@ class Engine(Protocol):
     def task_cpus(self) -> int:
         """Cores each task has to itself (Spark's ``spark.task.cpus``; 1 on Dask)."""
 
-    def map_partitions(self, fn: Callable[[list[T]], list[R]], items: Sequence[T], *,
-                       partitions: int) -> list[R]:
+    def map_partitions(
+        self, fn: Callable[[list[T]], list[R]], items: Sequence[T], *, partitions: int
+    ) -> list[R]:
         """Split ``items`` into ``partitions`` parts, run ``fn`` on each part on a worker,
         and return the concatenated results (in no particular order)."""
 

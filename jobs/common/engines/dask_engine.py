@@ -50,15 +50,18 @@ def _check_address(address: str, source: str, *, timeout: float = _PROBE_TIMEOUT
         scheme, location = parse_address(address)
         host, port = parse_host_port(location, 8786) if scheme in ("tcp", "tls") else (None, None)
     except (ValueError, TypeError) as exc:
-        raise EngineError(f"{source} {address!r} is not a dask scheduler address (like tcp://10.0.0.5:8786): "
-                          f"{exc}") from None
+        raise EngineError(
+            f"{source} {address!r} is not a dask scheduler address (like tcp://10.0.0.5:8786): {exc}"
+        ) from None
     if host is None:
         return
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as exc:
-        raise EngineError(f"cannot connect to the dask scheduler at {address!r} ({source}): "
-                          f"{exc.strerror or type(exc).__name__}; is a scheduler running there?") from None
+        raise EngineError(
+            f"cannot connect to the dask scheduler at {address!r} ({source}): "
+            f"{exc.strerror or type(exc).__name__}; is a scheduler running there?"
+        ) from None
 
 
 def _connect(client_cls: Any, address: str, name: str, timeout: float) -> Any:
@@ -76,8 +79,10 @@ def _connect(client_cls: Any, address: str, name: str, timeout: float) -> Any:
             raise EngineError(f"cannot connect to the dask scheduler at {address!r}: {exc}") from exc
         except AssertionError:
             if attempt == 2:
-                raise EngineError(f"the dask scheduler at {address!r} answered the handshake with "
-                                  "unexpected messages three times") from None
+                raise EngineError(
+                    f"the dask scheduler at {address!r} answered the handshake with "
+                    "unexpected messages three times"
+                ) from None
             log.warning("dask handshake with %s was interrupted; connecting again", address)
     raise AssertionError("unreachable")
 
@@ -109,7 +114,9 @@ def _progress(futures: list[Any], desc: str) -> Iterator[Any]:
     from distributed import as_completed
     from tqdm import tqdm
 
-    with tqdm(total=len(futures), desc=desc, unit="task", disable=not sys.stderr.isatty(), leave=False) as bar:
+    with tqdm(
+        total=len(futures), desc=desc, unit="task", disable=not sys.stderr.isatty(), leave=False
+    ) as bar:
         for future in as_completed(futures):
             bar.update(1)
             yield future
@@ -118,9 +125,17 @@ def _progress(futures: list[Any], desc: str) -> Iterator[Any]:
 class DaskEngine:
     name = "dask"
 
-    def __init__(self, *, scheduler: str | None = None, client: Any = None, app_name: str = "lakeshard",
-                 n_workers: int | None = None, threads_per_worker: int = 1,
-                 connect_timeout: float = _CONNECT_TIMEOUT, **_: Any) -> None:
+    def __init__(
+        self,
+        *,
+        scheduler: str | None = None,
+        client: Any = None,
+        app_name: str = "lakeshard",
+        n_workers: int | None = None,
+        threads_per_worker: int = 1,
+        connect_timeout: float = _CONNECT_TIMEOUT,
+        **_: Any,
+    ) -> None:
         import dask
         from distributed import Client, LocalCluster
 
@@ -129,26 +144,40 @@ class DaskEngine:
         if client is None:
             address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
             if address:
-                _check_address(address, "--scheduler" if scheduler else "DASK_SCHEDULER_ADDRESS",
-                               timeout=min(connect_timeout, _PROBE_TIMEOUT))
+                _check_address(
+                    address,
+                    "--scheduler" if scheduler else "DASK_SCHEDULER_ADDRESS",
+                    timeout=min(connect_timeout, _PROBE_TIMEOUT),
+                )
                 log.info("connecting to the dask scheduler at %s", address)
                 client = _connect(Client, address, app_name, connect_timeout)
             else:
                 workers = n_workers or os.cpu_count() or 1
-                log.info("starting a LocalCluster of %d worker processes × %d thread(s)", workers, threads_per_worker)
+                log.info(
+                    "starting a LocalCluster of %d worker processes × %d thread(s)",
+                    workers,
+                    threads_per_worker,
+                )
                 # The cluster's own INFO lines (nannies starting and stopping) drown the job's.
                 logging.getLogger("distributed").setLevel(logging.WARNING)
                 with dask.config.set({"distributed.nanny.pre-spawn-environ": _worker_environ()}):
-                    self._cluster = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker,
-                                                 processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                                 silence_logs=logging.WARNING)
+                    self._cluster = LocalCluster(
+                        n_workers=workers,
+                        threads_per_worker=threads_per_worker,
+                        processes=True,
+                        host="127.0.0.1",
+                        dashboard_address="127.0.0.1:0",
+                        silence_logs=logging.WARNING,
+                    )
                 client = Client(self._cluster, name=app_name)
             try:
                 client.wait_for_workers(1, timeout=connect_timeout)
             except TimeoutError as exc:
                 self._close(client)
-                raise EngineError(f"the dask scheduler at {client.scheduler.address} has no workers after "
-                                  f"{connect_timeout:g} s; start some with `dask worker {client.scheduler.address}`") from exc
+                raise EngineError(
+                    f"the dask scheduler at {client.scheduler.address} has no workers after "
+                    f"{connect_timeout:g} s; start some with `dask worker {client.scheduler.address}`"
+                ) from exc
         self.client = client
         self._env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
 
@@ -171,12 +200,15 @@ class DaskEngine:
     def task_cpus(self) -> int:
         return 1  # each of a worker's threads runs one task at a time
 
-    def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *,
-                       partitions: int) -> list[Any]:
+    def map_partitions(
+        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+    ) -> list[Any]:
         token = uuid.uuid4().hex[:8]
         # Each part travels inside its task (not scattered): a task whose worker dies can be rerun.
-        futures = [self._submit(fn, part, key=f"lakeshard-map-{token}-{i}")
-                   for i, part in enumerate(split_parts(items, partitions))]
+        futures = [
+            self._submit(fn, part, key=f"lakeshard-map-{token}-{i}")
+            for i, part in enumerate(split_parts(items, partitions))
+        ]
         if not futures:
             return []
         try:

@@ -40,8 +40,9 @@ class LocalEngine:
     def task_cpus(self) -> int:
         return 1
 
-    def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *,
-                       partitions: int) -> list[Any]:
+    def map_partitions(
+        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+    ) -> list[Any]:
         parts = split_parts(items, partitions)
         if not parts:
             return []

@@ -60,8 +60,9 @@ def _task_error(exc: BaseException) -> errors.PlatformError | None:
 class SparkEngine:
     name = "spark"
 
-    def __init__(self, *, spark: Any = None, master: str | None = None, app_name: str = "lakeshard",
-                 **_: Any) -> None:
+    def __init__(
+        self, *, spark: Any = None, master: str | None = None, app_name: str = "lakeshard", **_: Any
+    ) -> None:
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
@@ -86,18 +87,24 @@ class SparkEngine:
                 # 127.0.0.1: a task's small messages wait on no TCP acknowledgement
                 # (design/0030). On a cluster, pass this --conf.
                 builder = builder.config(_UNIX_SOCKETS, "true")
-            spark = (builder.appName(app_name)
-                     .config("spark.sql.session.timeZone", "UTC")
-                     # Stage progress on a terminal; in a log file its redrawn bar is a flood.
-                     .config("spark.ui.showConsoleProgress", "true" if sys.stderr.isatty() else "false")
-                     .getOrCreate())
+            spark = (
+                builder.appName(app_name)
+                .config("spark.sql.session.timeZone", "UTC")
+                # Stage progress on a terminal; in a log file its redrawn bar is a flood.
+                .config("spark.ui.showConsoleProgress", "true" if sys.stderr.isatty() else "false")
+                .getOrCreate()
+            )
             spark.sparkContext.setLogLevel("WARN")
         self.spark = spark
         self.sc = spark.sparkContext
         conf = self.sc.getConf()
-        log.info("Spark %s, master %s, Python workers started by %s, reached over %s", spark.version, self.sc.master,
-                 conf.get("spark.python.daemon.module", "pyspark.daemon"),
-                 "Unix sockets" if conf.get(_UNIX_SOCKETS, "false").lower() == "true" else "TCP")
+        log.info(
+            "Spark %s, master %s, Python workers started by %s, reached over %s",
+            spark.version,
+            self.sc.master,
+            conf.get("spark.python.daemon.module", "pyspark.daemon"),
+            "Unix sockets" if conf.get(_UNIX_SOCKETS, "false").lower() == "true" else "TCP",
+        )
         # Where S3 is (not who: credentials stay with the AWS environment of each worker).
         for name in FORWARDED_ENV:
             if os.environ.get(name):
@@ -111,8 +118,9 @@ class SparkEngine:
     def task_cpus(self) -> int:
         return max(1, int(self.sc.getConf().get("spark.task.cpus", "1")))
 
-    def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *,
-                       partitions: int) -> list[Any]:
+    def map_partitions(
+        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+    ) -> list[Any]:
         if not items:
             return []
         rdd = self.sc.parallelize(list(items), max(1, min(partitions, len(items))))

@@ -16,7 +16,9 @@ def _channel_of(u: float, names: list[str], bounds: list[float]) -> str:
     return names[-1]
 
 
-def hash_split(keys: Sequence[str], labels: Sequence[str], fractions: Mapping[str, float], seed: int) -> list[str]:
+def hash_split(
+    keys: Sequence[str], labels: Sequence[str], fractions: Mapping[str, float], seed: int
+) -> list[str]:
     """Channel of each key: ``unit_hash(seed, key)`` falls in the channel's slice of [0, 1).
 
     ``labels`` is unused: the key already names the class, and a per-object rule is what keeps

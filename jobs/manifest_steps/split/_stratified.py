@@ -22,7 +22,9 @@ def class_quotas(n: int, fractions: Mapping[str, float]) -> dict[str, int]:
     return quotas
 
 
-def stratified_split(keys: Sequence[str], labels: Sequence[str], fractions: Mapping[str, float], seed: int) -> list[str]:
+def stratified_split(
+    keys: Sequence[str], labels: Sequence[str], fractions: Mapping[str, float], seed: int
+) -> list[str]:
     """Within each class, order objects by ``unit_hash(seed, key)`` and cut the order at the
     class's quotas."""
     by_class: dict[str, list[int]] = defaultdict(list)
@@ -34,7 +36,7 @@ def stratified_split(keys: Sequence[str], labels: Sequence[str], fractions: Mapp
         quotas = class_quotas(len(members), fractions)
         pos = 0
         for name, count in quotas.items():
-            for i in members[pos:pos + count]:
+            for i in members[pos : pos + count]:
                 out[i] = name
             pos += count
     return out

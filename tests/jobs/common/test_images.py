@@ -27,12 +27,15 @@ def test_awkward_but_valid_images_become_rgb_squares(key):
     assert (img.mode, img.size, (h, w)) == ("RGB", (32, 32), (32, 32))
 
 
-@pytest.mark.parametrize("key,reason", [
-    ("cls_a/bad_truncated.jpg", "cannot decode"),
-    ("cls_a/bad_zero.jpg", "empty object"),
-    ("cls_a/bad_text.jpg", "cannot decode"),
-    ("cls_a/bad_corrupt.png", "cannot decode"),
-])
+@pytest.mark.parametrize(
+    "key,reason",
+    [
+        ("cls_a/bad_truncated.jpg", "cannot decode"),
+        ("cls_a/bad_zero.jpg", "empty object"),
+        ("cls_a/bad_text.jpg", "cannot decode"),
+        ("cls_a/bad_corrupt.png", "cannot decode"),
+    ],
+)
 def test_bad_images_are_rejected_with_a_reason(key, reason):
     with pytest.raises(ImageRejected, match=reason):
         preprocess(OBJECTS[key], replace(DEFAULT_SPEC, size=32))
@@ -73,8 +76,9 @@ def test_crop_keeps_center_and_pad_keeps_everything():
     arr = np.zeros((20, 60, 3), np.uint8)
     arr[:, 20:40] = 255  # a white center square on a wide black image
     src = encode(Image.fromarray(arr), "PNG")
-    crop = np.asarray(_decode(preprocess(src, replace(DEFAULT_SPEC, size=20, resize="crop",
-                                                      format="png"))[0]))
+    crop = np.asarray(
+        _decode(preprocess(src, replace(DEFAULT_SPEC, size=20, resize="crop", format="png"))[0])
+    )
     pad = np.asarray(_decode(preprocess(src, replace(DEFAULT_SPEC, size=30, resize="pad", format="png"))[0]))
     assert crop.mean() > 240  # only the white center survives
     assert pad[:5].max() == 0 and pad[13:17, 12:18].min() > 200  # black bars, white center
@@ -86,15 +90,32 @@ def test_large_jpeg_uses_draft_and_still_gives_exact_size():
     assert (h, w) == (64, 64) and _decode(out).format == "JPEG"
 
 
-@pytest.mark.parametrize("head,fmt", [(b"\xff\xd8\xff\xe0", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"),
-                                      (b"GIF89a", "gif"), (b"RIFF\0\0\0\0WEBPVP8 ", "webp"),
-                                      (b"hello", None), (b"", None)])
+@pytest.mark.parametrize(
+    "head,fmt",
+    [
+        (b"\xff\xd8\xff\xe0", "jpeg"),
+        (b"\x89PNG\r\n\x1a\n", "png"),
+        (b"GIF89a", "gif"),
+        (b"RIFF\0\0\0\0WEBPVP8 ", "webp"),
+        (b"hello", None),
+        (b"", None),
+    ],
+)
 def test_sniff(head, fmt):
     assert sniff(head) == fmt
 
 
-@pytest.mark.parametrize("fmt,name", [("ICO", "ico"), ("JPEG2000", "jpeg2000"), ("PPM", "ppm"), ("TGA", "tga"),
-                                      ("PCX", "pcx"), ("SGI", "sgi")])
+@pytest.mark.parametrize(
+    "fmt,name",
+    [
+        ("ICO", "ico"),
+        ("JPEG2000", "jpeg2000"),
+        ("PPM", "ppm"),
+        ("TGA", "tga"),
+        ("PCX", "pcx"),
+        ("SGI", "sgi"),
+    ],
+)
 def test_formats_pillow_reads_are_sniffed_and_preprocessed(fmt, name):
     data = encode(make_image(5, size=(48, 40)), fmt)
     assert sniff(data[:SNIFF_BYTES]) == name
@@ -102,7 +123,9 @@ def test_formats_pillow_reads_are_sniffed_and_preprocessed(fmt, name):
     assert (_decode(out).mode, (h, w)) == ("RGB", (16, 16))
 
 
-@pytest.mark.parametrize("head", [b"this is not an image, just text\n" * 20, b"some notes", b"P1 is a paragraph"])
+@pytest.mark.parametrize(
+    "head", [b"this is not an image, just text\n" * 20, b"some notes", b"P1 is a paragraph"]
+)
 def test_text_is_not_sniffed_as_an_image(head):
     assert sniff(head[:SNIFF_BYTES]) is None
 

@@ -31,7 +31,9 @@ def _assert_tables_equal(a: pa.Table, b: pa.Table, what: str) -> None:
         left, right = a[name].to_pylist(), b[name].to_pylist()
         if left != right:
             i = next(i for i, (x, y) in enumerate(zip(left, right, strict=True)) if x != y)
-            raise AssertionError(f"{what}: column {name!r} differs first at row {i}: {left[i]!r:.80} != {right[i]!r:.80}")
+            raise AssertionError(
+                f"{what}: column {name!r} differs first at row {i}: {left[i]!r:.80} != {right[i]!r:.80}"
+            )
 
 
 def assert_same_manifest(a: str, b: str) -> dict[str, Any]:
@@ -57,8 +59,13 @@ def assert_same_dataset(a: str, b: str) -> DatasetInfo:
     info_a, info_b = read_dataset_info(a), read_dataset_info(b)
     assert replace(info_a, **{key: getattr(info_b, key) for key in DATASET_JSON_ENGINE_KEYS}) == info_b
     for channel in info_a.channels:
-        for i, (x, y) in enumerate(zip(shard_tables(a, channel, info_a.num_shards),
-                                       shard_tables(b, channel, info_b.num_shards), strict=True)):
+        for i, (x, y) in enumerate(
+            zip(
+                shard_tables(a, channel, info_a.num_shards),
+                shard_tables(b, channel, info_b.num_shards),
+                strict=True,
+            )
+        ):
             _assert_tables_equal(x, y, f"shards/{channel}/part {i}")
     # The rejects' row order follows the engine's partitioning, not the data: compare as sets.
     ra, rb = (read_table(rejects_uri(r, i)) for r, i in ((a, info_a), (b, info_b)))

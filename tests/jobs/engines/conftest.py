@@ -30,9 +30,18 @@ BIN = Path(sys.executable).parent
 #: The job options every engine test uses: stratified (every class in every channel of a small
 #: lake), a reject budget the bad objects fit in, ``pad`` so some rows are routed twice, and
 #: listing tasks of 16 objects, so every engine lists the classes in pieces over several rounds.
-MANIFEST_OPTS: dict[str, Any] = {"split_method": "stratified", "seed": 7, "max_reject_fraction": 0.2,
-                                 "list_task_objects": 16}
-SHARD_OPTS: dict[str, Any] = {"num_shards": 3, "image_size": 32, "remainder": "pad", "max_reject_fraction": 0.2}
+MANIFEST_OPTS: dict[str, Any] = {
+    "split_method": "stratified",
+    "seed": 7,
+    "max_reject_fraction": 0.2,
+    "list_task_objects": 16,
+}
+SHARD_OPTS: dict[str, Any] = {
+    "num_shards": 3,
+    "image_size": 32,
+    "remainder": "pad",
+    "max_reject_fraction": 0.2,
+}
 
 
 def cli_args(opts: dict[str, Any]) -> list[str]:
@@ -54,8 +63,12 @@ def job_env(**extra: str) -> dict[str, str]:
 
 def run_job(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 240) -> str:
     """Run a job command line; fail with its output if it fails."""
-    proc = subprocess.run(cmd, cwd=REPO, env=env or job_env(), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env or job_env(), capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
     return proc.stdout
 
 
@@ -89,7 +102,9 @@ def spark_reference(spark, mixed_lake: str, tmp_path_factory: pytest.TempPathFac
     """The dataset Spark writes from ``mixed_lake`` in local mode: what every other run must equal."""
     from jobs.common.engines.spark_engine import SparkEngine
 
-    return build_dataset(SparkEngine(spark=spark), mixed_lake, str(tmp_path_factory.mktemp("spark-local") / "ds"))
+    return build_dataset(
+        SparkEngine(spark=spark), mixed_lake, str(tmp_path_factory.mktemp("spark-local") / "ds")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,17 +121,52 @@ def dask_cli_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log = root / f"{name}.log"
         logs.append(log)
         with open(log, "wb") as out:
-            procs.append(subprocess.Popen([str(BIN / "dask"), *args], stdout=out, stderr=subprocess.STDOUT,
-                                          env=job_env(), cwd=root, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [str(BIN / "dask"), *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=job_env(),
+                    cwd=root,
+                    start_new_session=True,
+                )
+            )
 
     try:
-        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-              "--scheduler-file", str(scheduler_file))
-        address = wait_for(lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
-                            "dask scheduler", 60, logs)
+        start(
+            "scheduler",
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(scheduler_file),
+        )
+        address = wait_for(
+            lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
+            "dask scheduler",
+            60,
+            logs,
+        )
         for i in range(2):
-            start(f"worker-{i}", "worker", address, "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "1",
-                  "--no-dashboard", "--name", f"lakeshard-test-{i}", "--local-directory", str(root / f"w{i}"))
+            start(
+                f"worker-{i}",
+                "worker",
+                address,
+                "--host",
+                "127.0.0.1",
+                "--nthreads",
+                "1",
+                "--nworkers",
+                "1",
+                "--no-dashboard",
+                "--name",
+                f"lakeshard-test-{i}",
+                "--local-directory",
+                str(root / f"w{i}"),
+            )
         with Client(address, timeout=30) as client:
             client.wait_for_workers(2, timeout=90)
         yield address
@@ -133,10 +183,15 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     home = Path(pyspark.__file__).parent
     root = tmp_path_factory.mktemp("spark-cluster")
-    env = job_env(SPARK_HOME=str(home), SPARK_LOG_DIR=str(root / "logs"), SPARK_PID_DIR=str(root / "pids"),
-                  SPARK_WORKER_DIR=str(root / "work"), SPARK_IDENT_STRING="lakeshard-tests",
-                  # No REST submission server: its fixed port (6066) would clash across runs.
-                  SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")
+    env = job_env(
+        SPARK_HOME=str(home),
+        SPARK_LOG_DIR=str(root / "logs"),
+        SPARK_PID_DIR=str(root / "pids"),
+        SPARK_WORKER_DIR=str(root / "work"),
+        SPARK_IDENT_STRING="lakeshard-tests",
+        # No REST submission server: its fixed port (6066) would clash across runs.
+        SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+    )
     daemon = str(home / "sbin" / "spark-daemon.sh")
     master, worker = "org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker"
     port = free_port()
@@ -147,11 +202,46 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return "".join(p.read_text(errors="replace") for p in logs.glob(f"*{cls}*.out"))
 
     try:
-        subprocess.run([daemon, "start", master, "1", "--host", "127.0.0.1", "--port", str(port),
-                        "--webui-port", str(free_port())], env=env, check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                daemon,
+                "start",
+                master,
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(free_port()),
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         wait_for(lambda: "ALIVE" in log_text(master), "spark master", 90, list(logs.glob("*")))
-        subprocess.run([daemon, "start", worker, "1", url, "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
-                        "--webui-port", str(free_port())], env=env, check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                daemon,
+                "start",
+                worker,
+                "1",
+                url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "2",
+                "--memory",
+                "2g",
+                "--webui-port",
+                str(free_port()),
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         wait_for(lambda: "Registering worker" in log_text(master), "spark worker", 90, list(logs.glob("*")))
         yield url
     finally:

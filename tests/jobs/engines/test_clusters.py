@@ -28,12 +28,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 @pytest.mark.dask
 @pytest.mark.spark
-def test_dask_cluster_by_address(dask_cli_cluster: str, spark_reference: str, mixed_lake: str,
-                                 tmp_path: Path) -> None:
+def test_dask_cluster_by_address(
+    dask_cli_cluster: str, spark_reference: str, mixed_lake: str, tmp_path: Path
+) -> None:
     out = str(tmp_path / "ds")
     common = ["--engine", "dask", "--scheduler", dask_cli_cluster]
-    stdout = run_job([sys.executable, "-m", "jobs.manifest", "--input", mixed_lake, "--output", out,
-                      *cli_args(MANIFEST_OPTS), *common])
+    stdout = run_job(
+        [
+            sys.executable,
+            "-m",
+            "jobs.manifest",
+            "--input",
+            mixed_lake,
+            "--output",
+            out,
+            *cli_args(MANIFEST_OPTS),
+            *common,
+        ]
+    )
     on_disk = sum(1 for p in Path(mixed_lake).rglob("*") if p.is_file())
     assert f"manifest: {on_disk} listed," in stdout
     run_job([sys.executable, "-m", "jobs.shard", "--dataset", out, *cli_args(SHARD_OPTS), *common])
@@ -45,23 +57,46 @@ def _executor_python(folder: Path) -> Path:
     """The venv's interpreter minus site processing: pyarrow and friends, but not lakeshard."""
     wrapper = folder / "python-without-lakeshard"
     site = sysconfig.get_paths()["purelib"]
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}" exec {sys.executable} -S "$@"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}" exec {sys.executable} -S "$@"\n'
+    )
     wrapper.chmod(0o755)
-    probe = subprocess.run([str(wrapper), "-c", "import pyarrow, PIL, fsspec; import jobs"], cwd=folder,
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [str(wrapper), "-c", "import pyarrow, PIL, fsspec; import jobs"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
     assert "No module named 'jobs'" in probe.stderr, probe.stderr
     return wrapper
 
 
 @pytest.mark.spark
-def test_spark_standalone_with_py_files(spark_cluster: str, spark_reference: str, mixed_lake: str,
-                                        tmp_path: Path) -> None:
+def test_spark_standalone_with_py_files(
+    spark_cluster: str, spark_reference: str, mixed_lake: str, tmp_path: Path
+) -> None:
     pyfiles = tmp_path / "lakeshard-pyfiles.zip"
-    subprocess.run([str(REPO / "scripts" / "build_pyfiles.sh"), str(pyfiles)], check=True, capture_output=True)
+    subprocess.run(
+        [str(REPO / "scripts" / "build_pyfiles.sh"), str(pyfiles)], check=True, capture_output=True
+    )
     env = job_env(PYSPARK_PYTHON=str(_executor_python(tmp_path)), PYSPARK_DRIVER_PYTHON=sys.executable)
-    submit = [str(BIN / "spark-submit"), "--master", spark_cluster, "--driver-memory", "1g",
-              "--executor-memory", "1g", "--conf", "spark.ui.enabled=false", "--py-files", str(pyfiles)]
+    submit = [
+        str(BIN / "spark-submit"),
+        "--master",
+        spark_cluster,
+        "--driver-memory",
+        "1g",
+        "--executor-memory",
+        "1g",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--py-files",
+        str(pyfiles),
+    ]
     out = str(tmp_path / "ds")
-    run_job([*submit, "jobs/manifest.py", "--input", mixed_lake, "--output", out, *cli_args(MANIFEST_OPTS)], env=env)
+    run_job(
+        [*submit, "jobs/manifest.py", "--input", mixed_lake, "--output", out, *cli_args(MANIFEST_OPTS)],
+        env=env,
+    )
     run_job([*submit, "jobs/shard.py", "--dataset", out, *cli_args(SHARD_OPTS)], env=env)
     assert_same_dataset(spark_reference, out)

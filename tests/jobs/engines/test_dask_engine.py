@@ -41,8 +41,10 @@ def threaded_dask_engine() -> Iterator[Any]:
 
     from jobs.common.engines.dask_engine import DaskEngine
 
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         yield DaskEngine(client=client)
 
 
@@ -62,7 +64,9 @@ def test_map_partitions_runs_every_item_once(engine_fixture: str, request: pytes
 
 
 @ON_BOTH
-def test_map_partitions_reraises_the_worker_error(engine_fixture: str, request: pytest.FixtureRequest) -> None:
+def test_map_partitions_reraises_the_worker_error(
+    engine_fixture: str, request: pytest.FixtureRequest
+) -> None:
     with pytest.raises(ManifestError, match="boom on 3"):
         request.getfixturevalue(engine_fixture).map_partitions(_boom, list(range(10)), partitions=5)
 
@@ -114,16 +118,34 @@ def manifested(tmp_path: Path, local_engine) -> Path:
     from tests.helpers.lake import write_lake
 
     write_lake(tmp_path / "raw", {"a": 6, "b": 6})
-    manifest_job.run(ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / "ds"), split="train=1"),
-                     local_engine)
+    manifest_job.run(
+        ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / "ds"), split="train=1"),
+        local_engine,
+    )
     return tmp_path / "ds"
 
 
 def _shard_cli(dataset: Path, scheduler: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
     # A hang guard below the client's own 60 s connect timeout: a refused port must fail sooner.
-    return subprocess.run([sys.executable, "-m", "jobs.shard", "--engine", "dask", "--scheduler", scheduler,
-                           "--dataset", str(dataset)], cwd=REPO, env=env, capture_output=True, text=True, timeout=40)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.shard",
+            "--engine",
+            "dask",
+            "--scheduler",
+            scheduler,
+            "--dataset",
+            str(dataset),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=40,
+    )
 
 
 def test_a_malformed_scheduler_address_is_one_error_line_naming_it(manifested: Path) -> None:
@@ -131,7 +153,8 @@ def test_a_malformed_scheduler_address_is_one_error_line_naming_it(manifested: P
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert errors == [errors[0]] and errors[0].startswith(
-        "jobs/shard.py: error: --scheduler '127.0.0.1:8786x' is not a dask scheduler address"), proc.stderr[-3000:]
+        "jobs/shard.py: error: --scheduler '127.0.0.1:8786x' is not a dask scheduler address"
+    ), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
 
 
@@ -141,7 +164,10 @@ def test_a_refused_scheduler_port_fails_naming_the_address(manifested: Path) -> 
     address = f"tcp://127.0.0.1:{free_port()}"
     proc = _shard_cli(manifested, address)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"jobs/shard.py: error: cannot connect to the dask scheduler at '{address}' (--scheduler)" in proc.stderr
+    assert (
+        f"jobs/shard.py: error: cannot connect to the dask scheduler at '{address}' (--scheduler)"
+        in proc.stderr
+    )
     assert "Traceback" not in proc.stderr
 
 

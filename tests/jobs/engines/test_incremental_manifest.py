@@ -40,5 +40,7 @@ def test_spark_base_gives_the_manifest_built_from_scratch(spark_engine, local_en
 
 @pytest.mark.dask
 @pytest.mark.s3
-def test_dask_base_on_s3_gives_the_manifest_built_from_scratch(dask_engine, local_engine, s3_bucket: str) -> None:
+def test_dask_base_on_s3_gives_the_manifest_built_from_scratch(
+    dask_engine, local_engine, s3_bucket: str
+) -> None:
     _scenario(dask_engine, f"{s3_bucket}/raw", f"{s3_bucket}/ds", local_engine)

@@ -27,7 +27,9 @@ def test_map_partitions_runs_every_item_once_in_parts_cut_as_spark_cuts_them() -
     engine = open_engine("local", scheduler=None, app_name="test")
     assert isinstance(engine, LocalEngine) and engine.task_cpus == 1 and engine.parallelism >= 1
     items = list(range(23))
-    assert sorted(engine.map_partitions(lambda part: [2 * i for i in part], items, partitions=4)) == [2 * i for i in items]
+    assert sorted(engine.map_partitions(lambda part: [2 * i for i in part], items, partitions=4)) == [
+        2 * i for i in items
+    ]
     assert engine.map_partitions(_sizes, items, partitions=4) == [5, 6, 6, 6]
     assert engine.map_partitions(_sizes, items[:3], partitions=50) == [1, 1, 1]
     assert engine.map_partitions(_sizes, [], partitions=4) == []
@@ -60,10 +62,17 @@ def test_both_jobs_run_on_the_local_engine_from_the_command_line(tmp_path: Path)
     lake = tmp_path / "raw"
     write_lake(lake, {"a": 10, "b": 8})
     out = tmp_path / "ds"
-    for argv in (["jobs/manifest.py", "--input", str(lake), "--output", str(out), "--split-method", "stratified"],
-                 ["jobs/shard.py", "--dataset", str(out), "--num-shards", "2", "--image-size", "16"]):
-        proc = subprocess.run([sys.executable, *argv, "--engine", "local"], cwd=REPO, capture_output=True, text=True,
-                              timeout=120)
+    for argv in (
+        ["jobs/manifest.py", "--input", str(lake), "--output", str(out), "--split-method", "stratified"],
+        ["jobs/shard.py", "--dataset", str(out), "--num-shards", "2", "--image-size", "16"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, *argv, "--engine", "local"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     info = check_dataset(str(out))
     assert info.engine == "local"

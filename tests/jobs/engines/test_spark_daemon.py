@@ -29,9 +29,11 @@ def _archive(path: Path, *members: str) -> str:
 
 def test_pip_layout_drops_the_archives_inside_the_installed_package(tmp_path: Path) -> None:
     site = _package(_package(tmp_path / "site-packages", "pyspark"), "py4j")
-    zips = [_archive(site / "pyspark/python/lib/pyspark.zip", "pyspark/__init__.py"),
-            _archive(site / "pyspark/python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py"),
-            _archive(site / "pyspark/jars/spark-core_2.13-4.1.4.jar", "org/Foo.class")]
+    zips = [
+        _archive(site / "pyspark/python/lib/pyspark.zip", "pyspark/__init__.py"),
+        _archive(site / "pyspark/python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py"),
+        _archive(site / "pyspark/jars/spark-core_2.13-4.1.4.jar", "org/Foo.class"),
+    ]
     other = _archive(tmp_path / "deps.zip", "dep/__init__.py")
     assert installed_copies([*zips, other, str(site)]) == zips
 
@@ -39,8 +41,10 @@ def test_pip_layout_drops_the_archives_inside_the_installed_package(tmp_path: Pa
 def test_distribution_layout_keeps_everything(tmp_path: Path) -> None:
     """A Spark distribution whose PySpark is only in its archives: nothing to drop."""
     home = tmp_path / "spark-4.1.4-bin"
-    zips = [_archive(home / "python/lib/pyspark.zip", "pyspark/__init__.py"),
-            _archive(home / "python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py")]
+    zips = [
+        _archive(home / "python/lib/pyspark.zip", "pyspark/__init__.py"),
+        _archive(home / "python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py"),
+    ]
     site = _package(tmp_path / "site-packages", "numpy")
     assert installed_copies([*zips, str(site)]) == []
 
@@ -55,8 +59,10 @@ def test_archives_of_another_spark_home_are_kept(tmp_path: Path) -> None:
 
 def test_py4j_only_in_its_archive_keeps_everything(tmp_path: Path) -> None:
     site = _package(tmp_path / "site-packages", "pyspark")
-    zips = [_archive(site / "pyspark/python/lib/pyspark.zip", "pyspark/__init__.py"),
-            _archive(site / "pyspark/python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py")]
+    zips = [
+        _archive(site / "pyspark/python/lib/pyspark.zip", "pyspark/__init__.py"),
+        _archive(site / "pyspark/python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py"),
+    ]
     assert installed_copies([*zips, str(site)]) == []
 
 
@@ -93,8 +99,17 @@ def test_local_spark_workers_talk_over_unix_sockets(spark_engine) -> None:
     assert spark_engine.map_partitions(_worker_sockets, list(range(2)), partitions=2) == ["true", "true"]
 
 
-@pytest.mark.parametrize(("version", "unix"), [("4.0.1", False), ("4.1.0", True), ("4.1.0.dev1", True),
-                                                ("4.10.2", True), ("5.0.0", True), ("3.5.4", False)])
+@pytest.mark.parametrize(
+    ("version", "unix"),
+    [
+        ("4.0.1", False),
+        ("4.1.0", True),
+        ("4.1.0.dev1", True),
+        ("4.10.2", True),
+        ("5.0.0", True),
+        ("3.5.4", False),
+    ],
+)
 def test_unix_sockets_are_asked_for_from_spark_4_1(monkeypatch, version: str, unix: bool) -> None:
     """The engine turns them on only where this PySpark has them (4.1 and later), read from its
     version without a session."""

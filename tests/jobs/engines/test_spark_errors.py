@@ -14,12 +14,14 @@ def test_the_error_is_rebuilt_from_the_last_of_ours_in_the_text_spark_passes_on(
     """As a ``PythonException`` carries it: the worker's traceback, one of our errors on its last
     line (a chained traceback names the error it led to last); text naming no error of ours gives
     ``None``, and the engine re-raises what Spark raised."""
-    trace = ("An exception was thrown from the Python worker. Please see the stack trace below.\n"
-             "Traceback (most recent call last):\n"
-             '  File "/work/jobs/shard_steps/preprocess.py", line 40, in read\n'
-             "lakeshard.errors.ShardError: shard 3 is short\n\n"
-             "During handling of the above exception, another exception occurred:\n\n"
-             "lakeshard.errors.StorageError: cannot read s3://lake/cat/3.jpg: PermissionError: Access Denied\n")
+    trace = (
+        "An exception was thrown from the Python worker. Please see the stack trace below.\n"
+        "Traceback (most recent call last):\n"
+        '  File "/work/jobs/shard_steps/preprocess.py", line 40, in read\n'
+        "lakeshard.errors.ShardError: shard 3 is short\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "lakeshard.errors.StorageError: cannot read s3://lake/cat/3.jpg: PermissionError: Access Denied\n"
+    )
     got = _task_error(RuntimeError(trace))
     assert type(got) is StorageError
     assert str(got) == "cannot read s3://lake/cat/3.jpg: PermissionError: Access Denied"

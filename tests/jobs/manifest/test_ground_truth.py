@@ -47,15 +47,26 @@ def _class(i: int) -> str:
 def _line(uri: str, i: int) -> dict[str, Any]:
     """The Ground Truth line of image ``i``, in one of the shapes a classification job writes:
     a class index with its class-name, a class index with a class-map, a class name."""
-    meta: dict[str, Any] = {"type": "groundtruth/image-classification", "job-name": "labeling-job/animals",
-                            "human-annotated": "yes", "confidence": 0.9}
+    meta: dict[str, Any] = {
+        "type": "groundtruth/image-classification",
+        "job-name": "labeling-job/animals",
+        "human-annotated": "yes",
+        "confidence": 0.9,
+    }
     shape = (i // 3) % 3
     if shape == 0:
-        return {"source-ref": uri, ATTR: CLASSES.index(_class(i)), f"{ATTR}-metadata": {**meta, "class-name": _class(i)}}
+        return {
+            "source-ref": uri,
+            ATTR: CLASSES.index(_class(i)),
+            f"{ATTR}-metadata": {**meta, "class-name": _class(i)},
+        }
     if shape == 1:  # the class-map lists the classes in another order than CLASSES
         order = sorted(CLASSES, reverse=True)
-        return {"source-ref": uri, ATTR: order.index(_class(i)),
-                f"{ATTR}-metadata": {**meta, "class-map": {str(n): c for n, c in enumerate(order)}}}
+        return {
+            "source-ref": uri,
+            ATTR: order.index(_class(i)),
+            f"{ATTR}-metadata": {**meta, "class-map": {str(n): c for n, c in enumerate(order)}},
+        }
     return {"source-ref": uri, ATTR: _class(i), f"{ATTR}-metadata": meta}
 
 
@@ -67,8 +78,12 @@ def _manifest_lines(lake: str, base: str) -> list[dict[str, Any]]:
         if key == UNLISTED:
             continue
         if key == FAILED:
-            lines.append({"source-ref": f"{lake}/{key}",
-                          f"{ATTR}-metadata": {"failure-reason": "ClientError: worker did not answer"}})
+            lines.append(
+                {
+                    "source-ref": f"{lake}/{key}",
+                    f"{ATTR}-metadata": {"failure-reason": "ClientError: worker did not answer"},
+                }
+            )
         else:
             lines.append(_line(f"{lake}/{key}", i))
     lines.insert(7, _line(f"{lake}/{GHOST}", 1))
@@ -106,8 +121,17 @@ def _setup(base: str) -> tuple[str, str, dict[str, bytes]]:
 def _run(lake: str, manifest: str, out: str, engine: Any, **opts: Any) -> dict[str, Any]:
     opts.setdefault("rows_per_part", 8)
     opts.setdefault("split_method", "stratified")  # every class in every channel of a small lake
-    cfg = ManifestConfig(input=lake, output=out, input_manifest=manifest, label_attribute=ATTR, split=SPLIT, seed=5,
-                         max_reject_fraction=0.1, engine=engine.name, **opts)
+    cfg = ManifestConfig(
+        input=lake,
+        output=out,
+        input_manifest=manifest,
+        label_attribute=ATTR,
+        split=SPLIT,
+        seed=5,
+        max_reject_fraction=0.1,
+        engine=engine.name,
+        **opts,
+    )
     return manifest_job.run(cfg, engine)
 
 
@@ -126,8 +150,10 @@ def _check(out: str, summary: dict[str, Any], lake: str, manifest: str, data: di
         assert r["last_modified"] is not None, key
         if key == FAILED:
             assert (r["status"], r["label"], r["channel"]) == ("rejected", None, None)
-            assert r["reason"] == (f"no label: the line has no {ATTR!r} in --input-manifest "
-                                   "(failure-reason: ClientError: worker did not answer)")
+            assert r["reason"] == (
+                f"no label: the line has no {ATTR!r} in --input-manifest "
+                "(failure-reason: ClientError: worker did not answer)"
+            )
         else:
             assert (r["status"], r["label"], r["format"]) == ("ok", _class(OBJECTS[key]), "png"), key
             assert r["label_index"] == CLASSES.index(r["label"])  # sorted names -> 0..K-1
@@ -139,10 +165,17 @@ def _check(out: str, summary: dict[str, Any], lake: str, manifest: str, data: di
     assert (summary["counts"]["skipped"], summary["skipped_by_reason"]) == (1, {"hidden": 1})
     for channel in SPLIT:
         assert sorted(read_channel(out, channel)["key"].to_pylist()) == sorted(
-            k for k, r in rows.items() if r["channel"] == channel)
+            k for k, r in rows.items() if r["channel"] == channel
+        )
     t = summary["labels_table"]
     assert (t["uri"], t["format"], t["label_attribute"]) == (manifest, "sagemaker-ground-truth", ATTR)
-    assert (t["rows"], t["unlabelled"], t["missing_objects"], t["outside_input"], t["not_in_lake"]) == (28, 1, 2, 1, 3)
+    assert (t["rows"], t["unlabelled"], t["missing_objects"], t["outside_input"], t["not_in_lake"]) == (
+        28,
+        1,
+        2,
+        1,
+        3,
+    )
     assert t["outside_input_examples"] == [f"{lake.rsplit('/', 1)[0]}/{OUTSIDE_KEY}"]
     assert GHOST in t["not_in_lake_examples"] and FOLDER in t["not_in_lake_examples"]
 
@@ -152,15 +185,23 @@ def test_ground_truth_manifest_local(tmp_path: Path, local_engine) -> None:
     summary = _run(lake, manifest, str(tmp_path / "ds"), local_engine)
     _check(str(tmp_path / "ds"), summary, lake, manifest, data)
     assert summary["parts"] > 1  # several key buckets and byte ranges
-    shard_job.run(ShardConfig(dataset=str(tmp_path / "ds"), engine="local", num_shards=1, image_size=16), local_engine)
+    shard_job.run(
+        ShardConfig(dataset=str(tmp_path / "ds"), engine="local", num_shards=1, image_size=16), local_engine
+    )
     info = read_dataset_info(str(tmp_path / "ds"))
     assert sum(c.rows for c in info.channels.values()) == summary["counts"]["accepted"] == len(OBJECTS) - 2
 
 
 @pytest.mark.slow
 @pytest.mark.s3
-@pytest.mark.parametrize("engine", ["local_engine", pytest.param("spark_engine", marks=pytest.mark.spark),
-                                    pytest.param("dask_engine", marks=pytest.mark.dask)])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "local_engine",
+        pytest.param("spark_engine", marks=pytest.mark.spark),
+        pytest.param("dask_engine", marks=pytest.mark.dask),
+    ],
+)
 def test_ground_truth_manifest_on_s3(s3_bucket: str, engine: str, request: pytest.FixtureRequest) -> None:
     lake, manifest, data = _setup(s3_bucket)
     summary = _run(lake, manifest, f"{s3_bucket}/ds", request.getfixturevalue(engine))
@@ -168,8 +209,9 @@ def test_ground_truth_manifest_on_s3(s3_bucket: str, engine: str, request: pytes
 
 
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
-def test_conflicting_labels_fail_before_any_image_is_read(tmp_path: Path, local_engine, where: str,
-                                                          request: pytest.FixtureRequest) -> None:
+def test_conflicting_labels_fail_before_any_image_is_read(
+    tmp_path: Path, local_engine, where: str, request: pytest.FixtureRequest
+) -> None:
     base = storage.normalize(str(tmp_path)) if where == "local" else request.getfixturevalue("s3_bucket")
     lake, _ = _lake(base)
     lines = [*_manifest_lines(lake, base), _line(f"{lake}/img_001.png", 2), _line(f"{lake}/img_002.png", 0)]
@@ -191,12 +233,22 @@ def test_unsupported_line_past_the_checked_ones_fails_on_the_workers(tmp_path: P
     base = storage.normalize(str(tmp_path))
     lake, _ = _lake(base)
     lines = _manifest_lines(lake, base)
-    lines += [lines[0]] * CHECK_LINES  # identical repeats: fine, and they put the bad line past the checked ones
-    bad = {"source-ref": f"{lake}/img_001.png", ATTR: [0, 2],
-           f"{ATTR}-metadata": {"type": "groundtruth/image-classification-multilabel", "class-map": {"0": "cat"}}}
+    lines += [
+        lines[0]
+    ] * CHECK_LINES  # identical repeats: fine, and they put the bad line past the checked ones
+    bad = {
+        "source-ref": f"{lake}/img_001.png",
+        ATTR: [0, 2],
+        f"{ATTR}-metadata": {
+            "type": "groundtruth/image-classification-multilabel",
+            "class-map": {"0": "cat"},
+        },
+    }
     text = "".join(json.dumps(line) + "\n" for line in lines)
     manifest = _write(f"{base}/output.manifest", (text + json.dumps(bad) + "\n").encode())
-    with pytest.raises(ManifestError, match=rf"at byte {len(text.encode())}: 'animal' is \[0, 2\].*multi-label"):
+    with pytest.raises(
+        ManifestError, match=rf"at byte {len(text.encode())}: 'animal' is \[0, 2\].*multi-label"
+    ):
         _run(lake, manifest, f"{base}/ds", local_engine, rows_per_part=200)
     assert not storage.exists(f"{base}/ds/_staging/manifest/ground-truth/labelled")  # no object was read
 
@@ -205,7 +257,11 @@ def test_unsupported_line_past_the_checked_ones_fails_on_the_workers(tmp_path: P
 def test_byte_ranges_read_every_line_once(tmp_path: Path, size: int) -> None:
     text = b"".join(b"x" * (n % 13) + b"\n" for n in range(60)) + b"last line, no newline"
     uri = _write(str(tmp_path / "m.manifest"), text)
-    got = [(offset, line) for a in range(0, len(text), size) for offset, line in _lines(uri, a, min(a + size, len(text)))]
+    got = [
+        (offset, line)
+        for a in range(0, len(text), size)
+        for offset, line in _lines(uri, a, min(a + size, len(text)))
+    ]
     want, pos = [], 0
     for line in text.split(b"\n"):
         want.append((pos, line))
@@ -220,38 +276,77 @@ def _cfg(tmp_path: Path, manifest: str | None, **opts: Any) -> ManifestConfig:
     lake = tmp_path / "lake"
     lake.mkdir(exist_ok=True)
     opts.setdefault("label_attribute", ATTR)
-    return ManifestConfig(input=str(lake), output=str(tmp_path / "ds"), input_manifest=manifest, split=SPLIT, **opts)
+    return ManifestConfig(
+        input=str(lake), output=str(tmp_path / "ds"), input_manifest=manifest, split=SPLIT, **opts
+    )
 
 
 def _good(tmp_path: Path, i: int = 1) -> dict[str, Any]:
     return _line(storage.normalize(str(tmp_path / "lake" / f"img_{i}.png")), i)
 
 
-@pytest.mark.parametrize(("lines", "message"), [
-    (None, "--input-manifest {uri} does not exist"),
-    ([], "--input-manifest {uri} has no lines"),
-    (["GOOD", "{oops"], "--input-manifest {uri}: line 2: not JSON"),
-    (["GOOD", "GOOD", '["a"]'], "--input-manifest {uri}: line 3: not a JSON object"),
-    (["GOOD", {"source-ref": "lake/img_1.png", ATTR: "cat"}], "--input-manifest {uri}: line 2: source-ref is "
-                                                              "'lake/img_1.png', not an s3:// (or file://) URI"),
-    (["GOOD", {"source-ref": "LAKE/img_2.png", ATTR: [0, 1], f"{ATTR}-metadata": {"class-map": {"0": "a", "1": "b"}}}],
-     "--input-manifest {uri}: line 2: 'animal' is [0, 1] (a list): multi-label classification is not supported"),
-    ([{"source-ref": "LAKE/img_2.png", ATTR: {"annotations": []}, f"{ATTR}-metadata": {"type": "groundtruth/object-detection"}}],
-     "line 1: 'animal' is {{'annotations': []}} (groundtruth/object-detection): not an image classification label"),
-    ([{"source-ref": "LAKE/img_2.png", ATTR: 3, f"{ATTR}-metadata": {}}],
-     "line 1: 'animal' is 3 but animal-metadata gives no class-name for it"),
-    ([{"source-ref": "LAKE/img_2.png", "sport": 1, "sport-metadata": {"class-name": "golf"}}],
-     "--label-attribute 'animal': none of the first 1 line(s) of --input-manifest {uri} has it (their label "
-     "attributes: ['sport'])"),
-    ([{"source-ref": "s3://other/img_2.png", ATTR: "cat"}],
-     "--input-manifest {uri}: none of the first 1 line(s) names an object under --input"),
-])
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (None, "--input-manifest {uri} does not exist"),
+        ([], "--input-manifest {uri} has no lines"),
+        (["GOOD", "{oops"], "--input-manifest {uri}: line 2: not JSON"),
+        (["GOOD", "GOOD", '["a"]'], "--input-manifest {uri}: line 3: not a JSON object"),
+        (
+            ["GOOD", {"source-ref": "lake/img_1.png", ATTR: "cat"}],
+            "--input-manifest {uri}: line 2: source-ref is 'lake/img_1.png', not an s3:// (or file://) URI",
+        ),
+        (
+            [
+                "GOOD",
+                {
+                    "source-ref": "LAKE/img_2.png",
+                    ATTR: [0, 1],
+                    f"{ATTR}-metadata": {"class-map": {"0": "a", "1": "b"}},
+                },
+            ],
+            "--input-manifest {uri}: line 2: 'animal' is [0, 1] (a list): multi-label classification is not supported",
+        ),
+        (
+            [
+                {
+                    "source-ref": "LAKE/img_2.png",
+                    ATTR: {"annotations": []},
+                    f"{ATTR}-metadata": {"type": "groundtruth/object-detection"},
+                }
+            ],
+            "line 1: 'animal' is {{'annotations': []}} (groundtruth/object-detection): not an image classification label",
+        ),
+        (
+            [{"source-ref": "LAKE/img_2.png", ATTR: 3, f"{ATTR}-metadata": {}}],
+            "line 1: 'animal' is 3 but animal-metadata gives no class-name for it",
+        ),
+        (
+            [{"source-ref": "LAKE/img_2.png", "sport": 1, "sport-metadata": {"class-name": "golf"}}],
+            "--label-attribute 'animal': none of the first 1 line(s) of --input-manifest {uri} has it (their label "
+            "attributes: ['sport'])",
+        ),
+        (
+            [{"source-ref": "s3://other/img_2.png", ATTR: "cat"}],
+            "--input-manifest {uri}: none of the first 1 line(s) names an object under --input",
+        ),
+    ],
+)
 def test_bad_manifest_fails_before_the_engine(tmp_path: Path, lines: list[Any] | None, message: str) -> None:
     uri = storage.normalize(str(tmp_path / "output.manifest"))
     lake = storage.normalize(str(tmp_path / "lake"))
     if lines is not None:
-        text = "".join((json.dumps(_good(tmp_path)) if line == "GOOD" else
-                        line if isinstance(line, str) else json.dumps(line).replace("LAKE", lake)) + "\n" for line in lines)
+        text = "".join(
+            (
+                json.dumps(_good(tmp_path))
+                if line == "GOOD"
+                else line
+                if isinstance(line, str)
+                else json.dumps(line).replace("LAKE", lake)
+            )
+            + "\n"
+            for line in lines
+        )
         _write(uri, text.encode())
     with pytest.raises(ManifestError) as err:
         check_manifest_inputs(_cfg(tmp_path, uri))
@@ -259,18 +354,34 @@ def test_bad_manifest_fails_before_the_engine(tmp_path: Path, lines: list[Any] |
 
 
 def test_a_failed_line_counts_as_having_the_attribute(tmp_path: Path) -> None:
-    uri = _write_manifest(str(tmp_path / "output.manifest"), [
-        {"source-ref": storage.normalize(str(tmp_path / "lake" / "a.png")), f"{ATTR}-metadata": {"failure-reason": "x"}}])
+    uri = _write_manifest(
+        str(tmp_path / "output.manifest"),
+        [
+            {
+                "source-ref": storage.normalize(str(tmp_path / "lake" / "a.png")),
+                f"{ATTR}-metadata": {"failure-reason": "x"},
+            }
+        ],
+    )
     check_manifest_inputs(_cfg(tmp_path, uri))
 
 
-@pytest.mark.parametrize(("opts", "message"), [
-    ({"labels": "labels.csv"}, "--input-manifest {uri} and --labels labels.csv cannot be combined"),
-    ({"label_depth": 2}, "--input-manifest {uri} and --label-depth 2 cannot be combined"),
-    ({"inventory": "s3://inv/manifest.json"}, "--input-manifest {uri} and --inventory s3://inv/manifest.json cannot be combined"),
-    ({"label_attribute": None}, "--input-manifest {uri} needs --label-attribute"),
-    ({"label_attribute": "animal-metadata"}, "--label-attribute 'animal-metadata': give the label attribute itself"),
-])
+@pytest.mark.parametrize(
+    ("opts", "message"),
+    [
+        ({"labels": "labels.csv"}, "--input-manifest {uri} and --labels labels.csv cannot be combined"),
+        ({"label_depth": 2}, "--input-manifest {uri} and --label-depth 2 cannot be combined"),
+        (
+            {"inventory": "s3://inv/manifest.json"},
+            "--input-manifest {uri} and --inventory s3://inv/manifest.json cannot be combined",
+        ),
+        ({"label_attribute": None}, "--input-manifest {uri} needs --label-attribute"),
+        (
+            {"label_attribute": "animal-metadata"},
+            "--label-attribute 'animal-metadata': give the label attribute itself",
+        ),
+    ],
+)
 def test_option_combinations(tmp_path: Path, opts: dict[str, Any], message: str) -> None:
     uri = _write_manifest(str(tmp_path / "output.manifest"), [_good(tmp_path)])
     with pytest.raises(ConfigError) as err:
@@ -289,15 +400,38 @@ def test_cli_with_the_shipped_conf_file(tmp_path: Path, capsys: pytest.CaptureFi
     base = storage.normalize(str(tmp_path))
     lake, manifest, _ = _setup(base)
     out = str(tmp_path / "ds")
-    code = manifest_job.main(["--conf", "conf/manifest.yaml", "--engine", "local", "--input", lake, "--output", out,
-                              "--input-manifest", manifest, "--label-attribute", ATTR, "--max-reject-fraction", "0.1",
-                              "--split-method", "stratified"])
+    code = manifest_job.main(
+        [
+            "--conf",
+            "conf/manifest.yaml",
+            "--engine",
+            "local",
+            "--input",
+            lake,
+            "--output",
+            out,
+            "--input-manifest",
+            manifest,
+            "--label-attribute",
+            ATTR,
+            "--max-reject-fraction",
+            "0.1",
+            "--split-method",
+            "stratified",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     marker = json.loads(storage.read_bytes(storage.join(out, "manifests", "_manifest.json")))
     assert marker["counts"]["accepted"] == len(OBJECTS) - 2 and marker["labels_table"]["unlabelled"] == 1
-    code = manifest_job.main(["--engine", "local", "--input", lake, "--output", out, "--input-manifest", manifest])
+    code = manifest_job.main(
+        ["--engine", "local", "--input", lake, "--output", out, "--input-manifest", manifest]
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("jobs/manifest.py: error: --input-manifest") and "--label-attribute" in err[-1]
+    assert (
+        code == 2
+        and err[-1].startswith("jobs/manifest.py: error: --input-manifest")
+        and "--label-attribute" in err[-1]
+    )
 
 
 def test_base_with_the_same_ground_truth_manifest(tmp_path: Path, local_engine) -> None:

@@ -28,7 +28,9 @@ from tests.helpers.incremental import (
 )
 
 
-def _check_counts(summary: dict[str, Any], before: list[str], growth: Any, root_a: str, *, unread: int = 0) -> None:
+def _check_counts(
+    summary: dict[str, Any], before: list[str], growth: Any, root_a: str, *, unread: int = 0
+) -> None:
     """The summary's ``base`` counts are what :func:`grow` did to the lake (``unread``: the
     unchanged objects rejected before any read, so not reused)."""
     base = summary["base"]
@@ -36,7 +38,10 @@ def _check_counts(summary: dict[str, Any], before: list[str], growth: Any, root_
     assert base["root"] == root_a
     assert base["fingerprint"] == storage.read_json(f"{root_a}/manifests/_manifest.json")["fingerprint"]
     assert base["objects"] == len(before)
-    assert (base["unchanged"], base["reused"]) == (unchanged, unchanged - unread)  # the non-image's reject is reused
+    assert (base["unchanged"], base["reused"]) == (
+        unchanged,
+        unchanged - unread,
+    )  # the non-image's reject is reused
     assert (base["new"], base["changed"]) == (len(growth.added), len(growth.changed))
     assert base["inspected"] == len(growth.added) + len(growth.changed) + unread
     assert (base["left"], base["left_examples"]) == (len(growth.removed), sorted(growth.removed))
@@ -95,7 +100,9 @@ def test_base_with_a_labels_table_and_a_stray_object(tmp_path: Path, local_engin
     assert summary["labels_table"]["not_in_lake"] == len(growth.removed)
     with pytest.raises(ManifestError) as err:  # path labels on a base labelled from the table
         check_manifest_inputs(_cfg(lake, str(tmp_path / "d"), a))
-    assert f"took its labels from --labels {table}, this run from the path (--label-depth 1)" in str(err.value)
+    assert f"took its labels from --labels {table}, this run from the path (--label-depth 1)" in str(
+        err.value
+    )
 
 
 @pytest.mark.slow
@@ -162,17 +169,31 @@ def _cfg(lake: str, out: str, base: str, **opts: Any) -> ManifestConfig:
     return ManifestConfig(input=lake, output=out, base=base, engine="local", **kw)
 
 
-@pytest.mark.parametrize("opts, message", [
-    ({"seed": 6}, "was split with --seed 5, this run with --seed 6"),
-    ({"split_method": "stratified"}, "was split with --split-method hash, this run with --split-method stratified"),
-    ({"split": {"train": 0.8, "validation": 0.1, "test": 0.1}},
-     "was split with --split train=0.6,validation=0.2,test=0.2, this run with --split train=0.8,validation=0.1,test=0.1"),
-    ({"split": {"train": 0.6, "test": 0.2, "validation": 0.2}},
-     "this run with --split train=0.6,test=0.2,validation=0.2"),
-    ({"label_depth": 2}, "took its labels from the path (--label-depth 1), this run from the path (--label-depth 2)"),
-])
-def test_a_base_split_otherwise_is_refused(tmp_path: Path, base_a: tuple[str, str], opts: dict[str, Any],
-                                           message: str) -> None:
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        ({"seed": 6}, "was split with --seed 5, this run with --seed 6"),
+        (
+            {"split_method": "stratified"},
+            "was split with --split-method hash, this run with --split-method stratified",
+        ),
+        (
+            {"split": {"train": 0.8, "validation": 0.1, "test": 0.1}},
+            "was split with --split train=0.6,validation=0.2,test=0.2, this run with --split train=0.8,validation=0.1,test=0.1",
+        ),
+        (
+            {"split": {"train": 0.6, "test": 0.2, "validation": 0.2}},
+            "this run with --split train=0.6,test=0.2,validation=0.2",
+        ),
+        (
+            {"label_depth": 2},
+            "took its labels from the path (--label-depth 1), this run from the path (--label-depth 2)",
+        ),
+    ],
+)
+def test_a_base_split_otherwise_is_refused(
+    tmp_path: Path, base_a: tuple[str, str], opts: dict[str, Any], message: str
+) -> None:
     lake, a = base_a
     with pytest.raises(ManifestError, match="base") as err:
         check_manifest_inputs(_cfg(lake, str(tmp_path / "b"), a, **opts))
@@ -202,11 +223,26 @@ def test_the_output_as_base_is_refused(base_a: tuple[str, str]) -> None:
         check_manifest_inputs(_cfg(lake, a, a, overwrite=True))
 
 
-def test_the_cli_names_the_refusal_in_one_line(tmp_path: Path, base_a: tuple[str, str],
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_names_the_refusal_in_one_line(
+    tmp_path: Path, base_a: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     lake, a = base_a
-    code = manifest_job.main(["--engine", "local", "--input", lake, "--output", str(tmp_path / "b"), "--base", a,
-                              "--seed", "9", "--split", "train=0.6,validation=0.2,test=0.2"])
+    code = manifest_job.main(
+        [
+            "--engine",
+            "local",
+            "--input",
+            lake,
+            "--output",
+            str(tmp_path / "b"),
+            "--base",
+            a,
+            "--seed",
+            "9",
+            "--split",
+            "train=0.6,validation=0.2,test=0.2",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("jobs/manifest.py: error: --base ")
@@ -230,17 +266,36 @@ def test_base_with_dedupe_reuses_the_removed_copies(tmp_path: Path, local_engine
     assert summary["duplicates"]["removed"] == 1
 
 
-def test_the_cli_prints_the_base_counts(tmp_path: Path, base_a: tuple[str, str],
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_prints_the_base_counts(
+    tmp_path: Path, base_a: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     lake, a = base_a
     storage.remove(f"{lake}/fox/img_010.png")
-    storage.write_bytes_atomic(f"{lake}/fox/new.png", storage.read_bytes(f"{lake}/fox/img_001.png")[:-1] + b"\0")
-    code = manifest_job.main(["--engine", "local", "--input", lake, "--output", str(tmp_path / "b"), "--base", a,
-                              "--seed", "5", "--split", "train=0.6,validation=0.2,test=0.2"])
+    storage.write_bytes_atomic(
+        f"{lake}/fox/new.png", storage.read_bytes(f"{lake}/fox/img_001.png")[:-1] + b"\0"
+    )
+    code = manifest_job.main(
+        [
+            "--engine",
+            "local",
+            "--input",
+            lake,
+            "--output",
+            str(tmp_path / "b"),
+            "--base",
+            a,
+            "--seed",
+            "5",
+            "--split",
+            "train=0.6,validation=0.2,test=0.2",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1] == (f"base {a}: 60 unchanged (60 not read again), 1 new, 0 changed, 1 left the lake "
-                       "(e.g. fox/img_010.png), 0 moved to another channel")
+    assert out[-1] == (
+        f"base {a}: 60 unchanged (60 not read again), 1 new, 0 changed, 1 left the lake "
+        "(e.g. fox/img_010.png), 0 moved to another channel"
+    )
 
 
 def test_a_base_costs_one_engine_action(tmp_path: Path, local_engine) -> None:
@@ -257,4 +312,9 @@ def test_a_base_costs_one_engine_action(tmp_path: Path, local_engine) -> None:
     build(incremental, lake, b, base=a)
     assert_same_tables(b, c)
     read = scratch.actions.index("inspect_task")
-    assert incremental.actions == [*scratch.actions[:read], "stage_both", "inspect_bucket", *scratch.actions[read + 1:]]
+    assert incremental.actions == [
+        *scratch.actions[:read],
+        "stage_both",
+        "inspect_bucket",
+        *scratch.actions[read + 1 :],
+    ]

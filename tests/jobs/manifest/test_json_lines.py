@@ -10,15 +10,23 @@ from jobs.manifest_steps.json_lines import JsonLine, JsonLineError, json_lines
 
 def test_each_object_comes_with_where_its_line_is():
     lines = ['{"key": "a.png"}', "", "  ", b'{"key": "b.png", "label": 0}']
-    assert list(json_lines(enumerate(lines, 1))) == [JsonLine(1, {"key": "a.png"}),
-                                                     JsonLine(4, {"key": "b.png", "label": 0})]
+    assert list(json_lines(enumerate(lines, 1))) == [
+        JsonLine(1, {"key": "a.png"}),
+        JsonLine(4, {"key": "b.png", "label": 0}),
+    ]
 
 
-@pytest.mark.parametrize(("line", "text", "parsed"), [
-    ("{oops", "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)): "
-              "'{oops'", False),
-    (b"[1, 2]\n", "not a JSON object: b'[1, 2]\\n'", True),
-])
+@pytest.mark.parametrize(
+    ("line", "text", "parsed"),
+    [
+        (
+            "{oops",
+            "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)): '{oops'",
+            False,
+        ),
+        (b"[1, 2]\n", "not a JSON object: b'[1, 2]\\n'", True),
+    ],
+)
 def test_a_bad_line_is_named_by_where_it_is(line, text, parsed):
     with pytest.raises(JsonLineError) as caught:
         list(json_lines([(120, '{"key": "a.png"}'), (130, line), (140, '{"key": "c.png"}')]))

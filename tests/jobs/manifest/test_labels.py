@@ -54,8 +54,11 @@ def _records(prefix: str = "") -> list[dict[str, Any]]:
     """The label table: a row per object but one, a row naming no object, an identical
     duplicate row, three pinned rows. ``prefix``: a ``uri`` column of ``prefix + key``."""
     pinned = _pinned()
-    rows = [{"key": k, "label": _label_of(i), "channel": pinned.get(k, "")} for k, i in sorted(OBJECTS.items())
-            if k != UNLABELLED]
+    rows = [
+        {"key": k, "label": _label_of(i), "channel": pinned.get(k, "")}
+        for k, i in sorted(OBJECTS.items())
+        if k != UNLABELLED
+    ]
     rows += [{"key": GHOST, "label": "cat", "channel": ""}, dict(rows[4])]
     if prefix:
         rows = [{"uri": prefix + r.pop("key"), **r} for r in rows]
@@ -87,8 +90,18 @@ def _lake(root: str) -> None:
 
 
 def _run(lake: str, table: str, out: str, engine: Any, **opts: Any) -> dict[str, Any]:
-    cfg = ManifestConfig(input=lake, output=out, labels=table, split=SPLIT, seed=SEED, max_reject_fraction=0.2,
-                         engine=engine.name, list_task_objects=8, rows_per_part=10, **opts)
+    cfg = ManifestConfig(
+        input=lake,
+        output=out,
+        labels=table,
+        split=SPLIT,
+        seed=SEED,
+        max_reject_fraction=0.2,
+        engine=engine.name,
+        list_task_objects=8,
+        rows_per_part=10,
+        **opts,
+    )
     return manifest_job.run(cfg, engine)
 
 
@@ -103,12 +116,15 @@ def _check_manifest(out: str, summary: dict[str, Any], table: str) -> None:
     assert sorted(accepted) == sorted(k for k in OBJECTS if k != UNLABELLED)
     assert {k: r["label"] for k, r in accepted.items()} == {k: _label_of(OBJECTS[k]) for k in accepted}
     assert summary["labels"] == {"cat": 0, "dog": 1}
-    assert {k: r["label_index"] for k, r in accepted.items()} == {k: summary["labels"][r["label"]] for k, r in accepted.items()}
+    assert {k: r["label_index"] for k, r in accepted.items()} == {
+        k: summary["labels"][r["label"]] for k, r in accepted.items()
+    }
     for key in _pinned():
         assert accepted[key]["channel"] == "test", key
     for channel in SPLIT:  # the channel tables hold what "all" says
         assert sorted(read_channel(out, channel)["key"].to_pylist()) == sorted(
-            k for k, r in accepted.items() if r["channel"] == channel)
+            k for k, r in accepted.items() if r["channel"] == channel
+        )
     t = summary["labels_table"]
     assert (t["uri"], t["rows"], t["unlabelled"], t["pinned"]) == (table, 31, 1, 3)
     assert t["not_in_lake"] == 1 and t["not_in_lake_examples"][0].endswith(GHOST)
@@ -150,13 +166,17 @@ def test_labels_key_column_parquet_folder_on_s3(s3_bucket: str, local_engine) ->
 
 
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
-def test_conflicting_labels_fail_before_any_object_is_read(tmp_path: Path, local_engine, where: str,
-                                                           request: pytest.FixtureRequest) -> None:
+def test_conflicting_labels_fail_before_any_object_is_read(
+    tmp_path: Path, local_engine, where: str, request: pytest.FixtureRequest
+) -> None:
     base = storage.normalize(str(tmp_path)) if where == "local" else request.getfixturevalue("s3_bucket")
     lake, out = f"{base}/lake", f"{base}/ds"
     _lake(lake)
-    records = [*_records(), {"key": "img_001.png", "label": "dog", "channel": ""},
-               {"key": "img_002.png", "label": "dog", "channel": "test"}]
+    records = [
+        *_records(),
+        {"key": "img_001.png", "label": "dog", "channel": ""},
+        {"key": "img_002.png", "label": "dog", "channel": "test"},
+    ]
     table = _write(f"{base}/labels.csv", _table_bytes(records, "csv"))
     with pytest.raises(ManifestError, match=r"labels 2 key\(s\) in two different ways") as err:
         _run(lake, table, out, local_engine)
@@ -209,20 +229,32 @@ def _cfg(tmp_path: Path, table: str, **opts: Any) -> ManifestConfig:
     return ManifestConfig(input=str(lake), output=str(tmp_path / "ds"), labels=table, split=SPLIT, **opts)
 
 
-@pytest.mark.parametrize(("name", "data", "message"), [
-    ("labels.csv", None, "--labels {uri} does not exist"),
-    ("labels.parquet", b"not parquet at all", "--labels {uri} is not a readable parquet table"),
-    ("labels.jsonl", b'{"key": "a.png", "label": "cat"}\n{oops\n', "--labels {uri}: line 2 is not JSON"),
-    ("labels.csv", b"name,label\na.png,cat\n", "--labels {uri} has no 'key' or 'uri' column (its columns: ['name', 'label'])"),
-    ("labels.csv", b"key,class\na.png,cat\n", "--labels {uri} has no 'label' column"),
-    ("labels.csv", b"key,label\na.png,cat\nb.png, \n", "--labels {uri}: row 2 has an empty 'label'"),
-    ("labels.csv", b"key,label\n,cat\n", "--labels {uri}: row 1 has an empty 'key'"),
-    ("labels.csv", b"key,label,channel\na.png,cat,train\nb.png,dog,holdout\n",
-     "--labels {uri}: row 2 has channel 'holdout', which is not a channel of --split (train, validation, test)"),
-    ("labels.csv", b"key,label\n", "--labels {uri} has no rows"),
-    ("labels.txt", b"key,label\na.png,cat\n", "--labels {uri}: unknown table format"),
-])
-def test_bad_table_fails_before_the_engine(tmp_path: Path, name: str, data: bytes | None, message: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("labels.csv", None, "--labels {uri} does not exist"),
+        ("labels.parquet", b"not parquet at all", "--labels {uri} is not a readable parquet table"),
+        ("labels.jsonl", b'{"key": "a.png", "label": "cat"}\n{oops\n', "--labels {uri}: line 2 is not JSON"),
+        (
+            "labels.csv",
+            b"name,label\na.png,cat\n",
+            "--labels {uri} has no 'key' or 'uri' column (its columns: ['name', 'label'])",
+        ),
+        ("labels.csv", b"key,class\na.png,cat\n", "--labels {uri} has no 'label' column"),
+        ("labels.csv", b"key,label\na.png,cat\nb.png, \n", "--labels {uri}: row 2 has an empty 'label'"),
+        ("labels.csv", b"key,label\n,cat\n", "--labels {uri}: row 1 has an empty 'key'"),
+        (
+            "labels.csv",
+            b"key,label,channel\na.png,cat,train\nb.png,dog,holdout\n",
+            "--labels {uri}: row 2 has channel 'holdout', which is not a channel of --split (train, validation, test)",
+        ),
+        ("labels.csv", b"key,label\n", "--labels {uri} has no rows"),
+        ("labels.txt", b"key,label\na.png,cat\n", "--labels {uri}: unknown table format"),
+    ],
+)
+def test_bad_table_fails_before_the_engine(
+    tmp_path: Path, name: str, data: bytes | None, message: str
+) -> None:
     uri = storage.normalize(str(tmp_path / name))
     if data is not None:
         _write(uri, data)
@@ -242,8 +274,18 @@ def test_labels_and_label_depth_cannot_be_combined(tmp_path: Path) -> None:
 def test_cli_bad_table_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "lake").mkdir()
     uri = _write(str(tmp_path / "labels.csv"), b"key,label,channel\na.png,cat,holdout\n")
-    code = manifest_job.main(["--engine", "local", "--input", str(tmp_path / "lake"), "--output", str(tmp_path / "ds"),
-                              "--labels", uri])
+    code = manifest_job.main(
+        [
+            "--engine",
+            "local",
+            "--input",
+            str(tmp_path / "lake"),
+            "--output",
+            str(tmp_path / "ds"),
+            "--labels",
+            uri,
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert err[-1].startswith("jobs/manifest.py: error: --labels") and "'holdout'" in err[-1]
@@ -251,7 +293,9 @@ def test_cli_bad_table_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureF
 
 @pytest.mark.s3
 def test_s3_table_missing(s3_bucket: str, tmp_path: Path) -> None:
-    boto3.client("s3").put_object(Bucket=s3_bucket[len("s3://"):], Key="raw/a.png", Body=encode(make_image(1), "PNG"))
+    boto3.client("s3").put_object(
+        Bucket=s3_bucket[len("s3://") :], Key="raw/a.png", Body=encode(make_image(1), "PNG")
+    )
     cfg = ManifestConfig(input=f"{s3_bucket}/raw", output=f"{s3_bucket}/ds", labels=f"{s3_bucket}/nope.csv")
     with pytest.raises(ManifestError, match=f"--labels {s3_bucket}/nope.csv does not exist"):
         check_manifest_inputs(cfg)
@@ -262,8 +306,22 @@ def test_cli_with_the_shipped_conf_file(tmp_path: Path, capsys: pytest.CaptureFi
     lake, out = storage.normalize(str(tmp_path / "lake")), str(tmp_path / "ds")
     _lake(lake)
     table = _write(str(tmp_path / "labels.jsonl"), _table_bytes(_records(), "jsonl"))
-    code = manifest_job.main(["--conf", "conf/manifest.yaml", "--engine", "local", "--input", lake, "--output", out,
-                              "--labels", table, "--split-method", "stratified"])
+    code = manifest_job.main(
+        [
+            "--conf",
+            "conf/manifest.yaml",
+            "--engine",
+            "local",
+            "--input",
+            lake,
+            "--output",
+            out,
+            "--labels",
+            table,
+            "--split-method",
+            "stratified",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     marker = json.loads(storage.read_bytes(storage.join(out, "manifests", "_manifest.json")))
     assert marker["counts"]["accepted"] == len(OBJECTS) - 1 and marker["labels_table"]["unlabelled"] == 1
@@ -288,8 +346,14 @@ def test_one_class_left_names_the_labels_table(tmp_path: Path, local_engine) -> 
     lake = storage.join(root, "lake")
     for i in range(6):
         _write(storage.join(lake, f"img_{i}.png"), encode(make_image(i), "PNG"))
-    table = _write(storage.join(root, "labels.csv"),
-                   b"key,label\n" + "".join(f"img_{i}.png,cat\n" for i in range(6)).encode())
-    with pytest.raises(ManifestError, match=rf"1 class only: 'cat'\. Check the labels of --labels {table}\.$"):
-        manifest_job.run(ManifestConfig(input=lake, output=str(tmp_path / "ds"), labels=table, engine="local"),
-                         local_engine)
+    table = _write(
+        storage.join(root, "labels.csv"),
+        b"key,label\n" + "".join(f"img_{i}.png,cat\n" for i in range(6)).encode(),
+    )
+    with pytest.raises(
+        ManifestError, match=rf"1 class only: 'cat'\. Check the labels of --labels {table}\.$"
+    ):
+        manifest_job.run(
+            ManifestConfig(input=lake, output=str(tmp_path / "ds"), labels=table, engine="local"),
+            local_engine,
+        )

@@ -54,19 +54,37 @@ def test_links_are_followed_or_rejected_by_reason_and_hidden_objects_skipped(tmp
     assert set(HIDDEN) | {"cat/notes.tmp"} <= set(shown)
 
 
-@pytest.mark.parametrize("key,pattern,skipped", [
-    ("cat/a.tmp", "*.tmp", True), ("cat/drafts/a.png", "drafts", True), ("cat/old/a.png", "cat/old/*", True),
-    ("dog/old/a.png", "cat/old/*", False), ("cat/a.png", "*.tmp", False), ("cat/.keep/a.png", None, True),
-    ("cat/x/../a.png", None, False),  # '..' is an unsafe key (rejected), not a hidden name
-])
+@pytest.mark.parametrize(
+    "key,pattern,skipped",
+    [
+        ("cat/a.tmp", "*.tmp", True),
+        ("cat/drafts/a.png", "drafts", True),
+        ("cat/old/a.png", "cat/old/*", True),
+        ("dog/old/a.png", "cat/old/*", False),
+        ("cat/a.png", "*.tmp", False),
+        ("cat/.keep/a.png", None, True),
+        ("cat/x/../a.png", None, False),  # '..' is an unsafe key (rejected), not a hidden name
+    ],
+)
 def test_skip_rules(key, pattern, skipped):
     assert (Skip(exclude=(pattern,) if pattern else ()).reason(key) is not None) is skipped
 
 
 def _row(key: str, content: str, status: str = "ok") -> dict[str, Any]:
-    return {"uri": f"file:///raw/{key}", "key": key, "label": key.split("/")[0], "label_index": None,
-            "channel": None, "size": 10, "etag": content, "content": content, "last_modified": None,
-            "format": "png", "status": status, "reason": None if status == "ok" else "not an image: x"}
+    return {
+        "uri": f"file:///raw/{key}",
+        "key": key,
+        "label": key.split("/")[0],
+        "label_index": None,
+        "channel": None,
+        "size": 10,
+        "etag": content,
+        "content": content,
+        "last_modified": None,
+        "format": "png",
+        "status": status,
+        "reason": None if status == "ok" else "not an image: x",
+    }
 
 
 def _lake_rows() -> list[dict[str, Any]]:
@@ -90,32 +108,47 @@ def test_identical_content_across_channels_is_reported():
 
 def test_dedupe_keeps_the_first_key_and_no_content_is_in_two_channels():
     rows = _lake_rows()
-    m = build_manifest(rows, split={"train": 0.5, "validation": 0.5}, seed=3, dedupe=True, max_reject_fraction=0.0)
+    m = build_manifest(
+        rows, split={"train": 0.5, "validation": 0.5}, seed=3, dedupe=True, max_reject_fraction=0.0
+    )
     reasons = dict(zip(m.rejects["key"].to_pylist(), m.rejects["reason"].to_pylist()))
-    assert reasons == {**{f"a/copy{i}.png": "duplicate: same content as 'a/copy0.png'" for i in range(1, 6)},
-                       "b/copy_of_a0.png": "duplicate: same content as 'a/0.png'"}
+    assert reasons == {
+        **{f"a/copy{i}.png": "duplicate: same content as 'a/copy0.png'" for i in range(1, 6)},
+        "b/copy_of_a0.png": "duplicate: same content as 'a/0.png'",
+    }
     ok = m.all.filter(pc.equal(m.all["status"], "ok"))
     assert len(set(ok["etag"].to_pylist())) == ok.num_rows == len(rows) - 6
     assert (m.duplicates["groups"], m.duplicates["removed"]) == (0, 6)
     # Other rejects still count against the budget (the copies do not).
     with pytest.raises(RejectFractionError, match="1 of 42 listed objects"):
-        build_manifest([*rows, _row("a/junk.png", "j", "rejected")], split={"train": 1.0}, seed=3, dedupe=True,
-                       max_reject_fraction=0.0)
+        build_manifest(
+            [*rows, _row("a/junk.png", "j", "rejected")],
+            split={"train": 1.0},
+            seed=3,
+            dedupe=True,
+            max_reject_fraction=0.0,
+        )
 
 
 def test_one_class_is_refused():
     rows = [_row(f"a/{i}.png", str(i)) for i in range(5)] + [_row("b/bad.png", "x", "rejected")]
-    with pytest.raises(ManifestError, match=r"at least 2 classes, but /raw has usable images in 1 class only: 'a'"):
+    with pytest.raises(
+        ManifestError, match=r"at least 2 classes, but /raw has usable images in 1 class only: 'a'"
+    ):
         build_manifest(rows, split={"train": 1.0}, seed=0, source="/raw")
 
 
-@pytest.mark.parametrize("output,where", [("raw", "is the input"), ("raw/ds", "is inside the input"),
-                                          ("link-to-raw/ds", "is inside the input")])
+@pytest.mark.parametrize(
+    "output,where",
+    [("raw", "is the input"), ("raw/ds", "is inside the input"), ("link-to-raw/ds", "is inside the input")],
+)
 def test_output_inside_input_is_refused_before_any_work(tmp_path, output, where):
     (tmp_path / "raw" / "a").mkdir(parents=True)
     (tmp_path / "link-to-raw").symlink_to(tmp_path / "raw")
     cfg = ManifestConfig(input=str(tmp_path / "raw"), output=str(tmp_path / output))
-    with pytest.raises(ConfigError, match=rf"--output file://{tmp_path}/{output} {where} --input file://{tmp_path}/raw"):
+    with pytest.raises(
+        ConfigError, match=rf"--output file://{tmp_path}/{output} {where} --input file://{tmp_path}/raw"
+    ):
         check_manifest_inputs(cfg)
     with pytest.raises(ConfigError, match=where):
         manifest_job.run(cfg, engine=None)  # refused before the engine is touched
@@ -141,18 +174,22 @@ def test_s3_content_identity_sees_through_multipart_etags(s3_bucket):
 
     from jobs.manifest_steps.listing import inspect_objects
 
-    bucket = s3_bucket[len("s3://"):]
+    bucket = s3_bucket[len("s3://") :]
     client = boto3.client("s3")
     image = encode(make_image(11), "PNG")
-    big = image + b"\0" * (5 * 2**20)  # trailing bytes after IEND: still that PNG; multipart needs 5 MiB parts
+    big = image + b"\0" * (
+        5 * 2**20
+    )  # trailing bytes after IEND: still that PNG; multipart needs 5 MiB parts
     upload = client.create_multipart_upload(Bucket=bucket, Key="raw/b/parts.png")
     parts = []
-    for n, chunk in enumerate((big[:5 * 2**20], big[5 * 2**20:]), start=1):
-        etag = client.upload_part(Bucket=bucket, Key="raw/b/parts.png", UploadId=upload["UploadId"], PartNumber=n,
-                                  Body=chunk)["ETag"]
+    for n, chunk in enumerate((big[: 5 * 2**20], big[5 * 2**20 :]), start=1):
+        etag = client.upload_part(
+            Bucket=bucket, Key="raw/b/parts.png", UploadId=upload["UploadId"], PartNumber=n, Body=chunk
+        )["ETag"]
         parts.append({"PartNumber": n, "ETag": etag})
-    client.complete_multipart_upload(Bucket=bucket, Key="raw/b/parts.png", UploadId=upload["UploadId"],
-                                     MultipartUpload={"Parts": parts})
+    client.complete_multipart_upload(
+        Bucket=bucket, Key="raw/b/parts.png", UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
+    )
     client.put_object(Bucket=bucket, Key="raw/a/whole.png", Body=big)
     client.put_object(Bucket=bucket, Key="raw/a/other.png", Body=image)
     client.put_object(Bucket=bucket, Key="raw/b/own.png", Body=encode(make_image(12), "PNG"))

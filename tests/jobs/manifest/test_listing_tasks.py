@@ -40,7 +40,9 @@ class CountingEngine:
     def parallelism(self) -> int:
         return self._engine.parallelism
 
-    def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int) -> list[Any]:
+    def map_partitions(
+        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+    ) -> list[Any]:
         results = self._engine.map_partitions(lambda part: [fn(part)], items, partitions=partitions)
         self.rows_per_task += [sum(isinstance(r, dict) for r in result) for result in results]
         return [r for result in results for r in result]
@@ -49,11 +51,18 @@ class CountingEngine:
 def _big_lake() -> dict[str, bytes]:
     """Four classes of 10 objects and one of 500 (300 flat, two sub-folders of 100), with a
     hidden object, an excluded one, odd names and keys that extend other keys."""
-    objects = {f"{c}/img_{i:03d}.png": b"x" * (i + 1) for c in ("ant", "bee", "cow", "doe") for i in range(10)}
+    objects = {
+        f"{c}/img_{i:03d}.png": b"x" * (i + 1) for c in ("ant", "bee", "cow", "doe") for i in range(10)
+    }
     objects |= {f"big/img_{i:05d}.png": b"y" * (i % 7 + 1) for i in range(300)}
     objects |= {f"big/sub{s}/p_{i:04d}.png": b"z" * (i % 5 + 1) for s in (1, 2) for i in range(100)}
-    objects |= {"big/.DS_Store": b"junk", "big/notes.tmp": b"scratch", "big/ünï cødé +1.png": b"u",
-                "big/img_00007.png.bak": b"b", "big/img_00007.png0": b"c"}
+    objects |= {
+        "big/.DS_Store": b"junk",
+        "big/notes.tmp": b"scratch",
+        "big/ünï cødé +1.png": b"u",
+        "big/img_00007.png.bak": b"b",
+        "big/img_00007.png0": b"c",
+    }
     return objects
 
 
@@ -67,7 +76,7 @@ def _write_local(root: Path, objects: dict[str, bytes]) -> str:
 def _write_s3(bucket: str, objects: dict[str, bytes]) -> str:
     client = boto3.client("s3")
     for key, data in objects.items():
-        client.put_object(Bucket=bucket[len("s3://"):], Key=f"raw/{key}", Body=data)
+        client.put_object(Bucket=bucket[len("s3://") :], Key=f"raw/{key}", Body=data)
     return f"{bucket}/raw"
 
 
@@ -80,8 +89,11 @@ def _today(root: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
 def test_a_class_50x_the_others_is_listed_in_balanced_tasks(where, tmp_path, request):
     objects = _big_lake()
-    root = (_write_local(tmp_path / "raw", objects) if where == "local"
-            else _write_s3(request.getfixturevalue("s3_bucket"), objects))
+    root = (
+        _write_local(tmp_path / "raw", objects)
+        if where == "local"
+        else _write_s3(request.getfixturevalue("s3_bucket"), objects)
+    )
     today = _today(root)
     assert len(today) == len(objects)
     prefixes = discover(root, skip=SKIP).prefixes
@@ -117,10 +129,21 @@ def test_links_loops_and_hidden_objects_list_alike_in_small_tasks(tmp_path, budg
 @pytest.mark.s3
 @pytest.mark.parametrize("budget", [1, 2, 3])
 def test_s3_keys_that_extend_the_last_listed_key_are_not_lost(s3_bucket, budget):
-    root = _write_s3(s3_bucket, {k: b"k" for k in ("c/a", "c/a0", "c/a00", "c/a0/x", "c/ab", "c/b", "c/b/c/d", "d/a")})
+    root = _write_s3(
+        s3_bucket, {k: b"k" for k in ("c/a", "c/a0", "c/a00", "c/a0/x", "c/ab", "c/b", "c/b/c/d", "d/a")}
+    )
     prefixes, _ = discover(root)
     rows = list_lake(LocalEngine(workers=2), root, prefixes, task_objects=budget)
-    assert sorted(r["key"] for r in rows) == ["c/a", "c/a0", "c/a0/x", "c/a00", "c/ab", "c/b", "c/b/c/d", "d/a"]
+    assert sorted(r["key"] for r in rows) == [
+        "c/a",
+        "c/a0",
+        "c/a0/x",
+        "c/a00",
+        "c/ab",
+        "c/b",
+        "c/b/c/d",
+        "d/a",
+    ]
 
 
 def test_without_the_sniff_a_bad_object_is_rejected_by_the_shard_job(tmp_path):
@@ -132,15 +155,28 @@ def test_without_the_sniff_a_bad_object_is_rejected_by_the_shard_job(tmp_path):
     reasons = {}
     for sniff in (True, False):
         out = storage.normalize(str(tmp_path / f"sniff-{sniff}"))
-        manifest_job.run(ManifestConfig(input=str(raw), output=out, sniff=sniff, split={"train": 1.0},
-                                        max_reject_fraction=0.5, engine="local"), engine)
+        manifest_job.run(
+            ManifestConfig(
+                input=str(raw),
+                output=out,
+                sniff=sniff,
+                split={"train": 1.0},
+                max_reject_fraction=0.5,
+                engine="local",
+            ),
+            engine,
+        )
         rejects = read_channel(out, "rejects")
         reasons[sniff] = dict(zip(rejects["key"].to_pylist(), rejects["reason"].to_pylist(), strict=True))
         if not sniff:
             train = {r["key"]: r for r in read_channel(out, "train").to_pylist()}
             assert train["cat/readme.jpg"]["format"] is None and train["cat/readme.jpg"]["etag"] is None
-            shard_job.run(ShardConfig(dataset=out, num_shards=1, image_size=16, max_reject_fraction=0.5,
-                                      engine="local"), engine)
+            shard_job.run(
+                ShardConfig(
+                    dataset=out, num_shards=1, image_size=16, max_reject_fraction=0.5, engine="local"
+                ),
+                engine,
+            )
             shard_rejects = read_table(shard_rejects_uri(out))["key"].to_pylist()
             assert shard_rejects == ["cat/readme.jpg"]
     assert reasons[True]["cat/readme.jpg"].startswith("not an image")

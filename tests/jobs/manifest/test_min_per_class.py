@@ -66,8 +66,20 @@ def test_min_per_class_0_builds_a_dataset_whose_channel_lacks_a_class(tmp_path: 
         "test": 0,
     }
     assert (
-        shard_job.main(["--engine", "local", "--dataset", out, "--num-shards", "2", "--image-size", "16",
-                        "--remainder", "pad"])
+        shard_job.main(
+            [
+                "--engine",
+                "local",
+                "--dataset",
+                out,
+                "--num-shards",
+                "2",
+                "--image-size",
+                "16",
+                "--remainder",
+                "pad",
+            ]
+        )
         == 0
     ), capsys.readouterr().err
     tiny = marker["labels"]["tiny"]

@@ -58,8 +58,10 @@ def test_hash_split_depends_on_seed_and_key_only():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.sampled_from("abcdefgh"), st.integers(1, 80), min_size=1, max_size=6),
-       st.integers(0, 10**6))
+@given(
+    st.dictionaries(st.sampled_from("abcdefgh"), st.integers(1, 80), min_size=1, max_size=6),
+    st.integers(0, 10**6),
+)
 def test_stratified_split_gives_exact_quotas_per_class(counts, seed):
     keys, labels = _lake(counts)
     got = Counter(zip(labels, stratified_split(keys, labels, FRACTIONS, seed)))
@@ -85,7 +87,12 @@ def test_unit_hashes_are_unit_hash_bit_for_bit() -> None:
     # Many keys: random printable and non-ASCII text, separators, a lone surrogate, the empty key.
     rng = np.random.default_rng(7)
     alphabet = [*"abcXYZ019/._- ", "é", "ß", "猫", "🐈", "\x1f", "\udc80"]
-    keys = ["", "\x1f", "cat/1.jpg", *("".join(rng.choice(alphabet, size=rng.integers(1, 40))) for _ in range(50_000))]
+    keys = [
+        "",
+        "\x1f",
+        "cat/1.jpg",
+        *("".join(rng.choice(alphabet, size=rng.integers(1, 40))) for _ in range(50_000)),
+    ]
     keys += [f"class_{i % 997:04d}/img_{i:010d}.png" for i in range(50_000)]
     for head in (("deal", 0, "train"), ("deal", 2**32 - 1, "validation"), ("shuffle", 7, "train", 3)):
         got = unit_hashes(head, keys)
@@ -93,5 +100,7 @@ def test_unit_hashes_are_unit_hash_bit_for_bit() -> None:
         assert got.dtype == np.float64 and np.array_equal(got, want), head
     copies = rng.integers(0, 4, len(keys)).tolist()
     head = ("shuffle", 11, "test", 2)
-    assert np.array_equal(unit_hashes(head, keys, copies), [unit_hash(*head, k, c) for k, c in zip(keys, copies)])
+    assert np.array_equal(
+        unit_hashes(head, keys, copies), [unit_hash(*head, k, c) for k, c in zip(keys, copies)]
+    )
     assert unit_hashes(head, []).shape == (0,)

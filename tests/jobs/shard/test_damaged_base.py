@@ -25,9 +25,15 @@ _MANIFEST = {"split": "train=0.7,validation=0.3", "seed": 3}
 
 
 def _build(engine: Any, lake: Path, out: Path, *, base: Path | None = None) -> DatasetInfo:
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), base=base and str(base), **_MANIFEST), engine)
-    return shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=16, image_format="png",
-                                     base=base and str(base)), engine)
+    manifest_job.run(
+        ManifestConfig(input=str(lake), output=str(out), base=base and str(base), **_MANIFEST), engine
+    )
+    return shard_job.run(
+        ShardConfig(
+            dataset=str(out), num_shards=2, image_size=16, image_format="png", base=base and str(base)
+        ),
+        engine,
+    )
 
 
 def _same(b: Path, c: Path, info_b: DatasetInfo, info_c: DatasetInfo) -> None:
@@ -59,7 +65,8 @@ def grown(tmp_path: Path, local_engine) -> tuple[Path, Path, DatasetInfo]:
 
 @pytest.mark.parametrize("damage", ["image bytes", "parquet footer"])
 def test_a_damaged_base_shard_lends_no_image_and_the_build_equals_a_fresh_one(
-        grown, tmp_path: Path, local_engine, caplog: pytest.LogCaptureFixture, damage: str):
+    grown, tmp_path: Path, local_engine, caplog: pytest.LogCaptureFixture, damage: str
+):
     lake, a, info_a = grown
     shard = info_a.channels["train"].shards[0]
     path = a / shard.path
@@ -77,7 +84,9 @@ def test_a_damaged_base_shard_lends_no_image_and_the_build_equals_a_fresh_one(
     info_c = _build(local_engine, lake, tmp_path / "c")
     check_dataset(str(tmp_path / "b"))
     _same(tmp_path / "b", tmp_path / "c", info_b, info_c)
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(path) in r.getMessage()]
+    warned = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(path) in r.getMessage()
+    ]
     assert warned, [r.getMessage() for r in caplog.records]
     assert "fetched and decoded from the lake" in warned[0]
     # the damaged shard's rows were decoded, the other shards' were reused
@@ -86,8 +95,9 @@ def test_a_damaged_base_shard_lends_no_image_and_the_build_equals_a_fresh_one(
     assert info_b.build.preprocessed >= shard.rows
 
 
-def test_an_intact_base_lends_every_image_it_holds(grown, tmp_path: Path, local_engine,
-                                                     caplog: pytest.LogCaptureFixture):
+def test_an_intact_base_lends_every_image_it_holds(
+    grown, tmp_path: Path, local_engine, caplog: pytest.LogCaptureFixture
+):
     lake, a, info_a = grown
     with caplog.at_level(logging.WARNING):
         info_b = _build(local_engine, lake, tmp_path / "b", base=a)
@@ -96,7 +106,8 @@ def test_an_intact_base_lends_every_image_it_holds(grown, tmp_path: Path, local_
 
 
 def test_a_damaged_base_manifest_part_lends_no_image_and_the_build_equals_a_fresh_one(
-        grown, tmp_path: Path, local_engine, caplog: pytest.LogCaptureFixture):
+    grown, tmp_path: Path, local_engine, caplog: pytest.LogCaptureFixture
+):
     lake, a, _ = grown
     part = sorted((a / "manifests" / "train").glob("part-*.parquet"))[0]
     with open(part, "r+b") as f:
@@ -105,6 +116,8 @@ def test_a_damaged_base_manifest_part_lends_no_image_and_the_build_equals_a_fres
         info_b = _build(local_engine, lake, tmp_path / "b", base=a)
     info_c = _build(local_engine, lake, tmp_path / "c")
     _same(tmp_path / "b", tmp_path / "c", info_b, info_c)
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(part) in r.getMessage()]
+    warned = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(part) in r.getMessage()
+    ]
     assert warned and warned[0].startswith("--base manifest part "), [r.getMessage() for r in caplog.records]
     assert info_b.build.reused + info_b.build.preprocessed == info_c.build.preprocessed

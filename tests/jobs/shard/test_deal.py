@@ -18,9 +18,10 @@ from tests.helpers.reference_plan import make_plan, plan_of_rows
 
 
 def _same(a, b) -> bool:
-    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in
-               ("source", "shard", "position", "is_pad", "dropped", "padded")) and \
-        (a.num_shards, a.rows_per_shard) == (b.num_shards, b.rows_per_shard)
+    return all(
+        np.array_equal(getattr(a, f), getattr(b, f))
+        for f in ("source", "shard", "position", "is_pad", "dropped", "padded")
+    ) and (a.num_shards, a.rows_per_shard) == (b.num_shards, b.rows_per_shard)
 
 
 def _slots(keys: list[str], labels: list[int], *, seed: int, channel: str) -> np.ndarray:
@@ -55,8 +56,15 @@ def _cases(draw):
         rejected = sorted(i for i in range(total) if rng.random() < draw(st.floats(0, 0.5)))
     else:
         rejected = []
-    return keys, labels, rejected, draw(st.integers(1, 9)), draw(st.sampled_from(["drop", "pad"])), \
-        draw(st.integers(0, 1000)), draw(st.sampled_from(["train", "validation"]))
+    return (
+        keys,
+        labels,
+        rejected,
+        draw(st.integers(1, 9)),
+        draw(st.sampled_from(["drop", "pad"])),
+        draw(st.integers(0, 1000)),
+        draw(st.sampled_from(["train", "validation"])),
+    )
 
 
 @pytest.mark.slow  # 400 examples
@@ -87,7 +95,9 @@ def test_a_large_channel_plans_from_counts_with_few_exceptions():
     counts = {c: 10_000 + 37 * c for c in range(100)}
     rng = np.random.default_rng(0)
     rejected = rng.choice(sum(counts.values()), size=300, replace=False)
-    deal = deal_from_counts(counts, num_shards=64, seed=3, channel="train", remainder="pad", rejected=rejected)
+    deal = deal_from_counts(
+        counts, num_shards=64, seed=3, channel="train", remainder="pad", rejected=rejected
+    )
     survivors = sum(counts.values()) - 300
     assert deal.rows_per_shard * 64 == survivors + (-survivors) % 64
     assert len(deal.pads) == (-survivors) % 64

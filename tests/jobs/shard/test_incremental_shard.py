@@ -32,7 +32,9 @@ _MANIFEST = {"split": "train=0.7,validation=0.3", "seed": 3}
 
 
 def _build(engine: Any, lake: str, out: str, *, base: str | None = None, **shard: Any) -> DatasetInfo:
-    manifest_job.run(ManifestConfig(input=lake, output=out, engine=engine.name, base=base, **_MANIFEST), engine)
+    manifest_job.run(
+        ManifestConfig(input=lake, output=out, engine=engine.name, base=base, **_MANIFEST), engine
+    )
     opts = {"num_shards": 2, "image_size": 16, **shard}
     return shard_job.run(ShardConfig(dataset=out, engine=engine.name, base=base, **opts), engine)
 
@@ -71,30 +73,42 @@ def _compare(b: str, c: str, info_b: DatasetInfo, info_c: DatasetInfo) -> None:
         assert [s.sha256 for s in info_b.channels[channel].shards] == [s.sha256 for s in entry.shards]
         assert info_b.channels[channel].dropped == entry.dropped
         assert info_b.channels[channel].padded == entry.padded
-    assert read_table(storage.join(b, info_b.rejects_path)).equals(read_table(storage.join(c, info_c.rejects_path)))
+    assert read_table(storage.join(b, info_b.rejects_path)).equals(
+        read_table(storage.join(c, info_c.rejects_path))
+    )
 
 
 def _decoded_in_b(info_a: DatasetInfo, fresh: set[str], removed: set[str], lake: str) -> int:
     """Rows B must decode (the drop policy, no pads): the new and changed objects, and the rows A
     dropped (A's shards do not hold them) that are still in the lake unchanged; every other row
     of B's manifest is in A's shards."""
-    dropped = {u[len(lake) + 1:] for e in info_a.channels.values() for u in e.dropped}
+    dropped = {u[len(lake) + 1 :] for e in info_a.channels.values() for u in e.dropped}
     return len(fresh) + len(dropped - removed - fresh)
 
 
 def _check_incremental(info_a: DatasetInfo, info_b: DatasetInfo, info_c: DatasetInfo, a: str) -> None:
     assert info_b.build.base is not None
-    assert (info_b.build.base.root, info_b.build.base.dataset_version) == (storage.normalize(a), info_a.dataset_version)
+    assert (info_b.build.base.root, info_b.build.base.dataset_version) == (
+        storage.normalize(a),
+        info_a.dataset_version,
+    )
     assert info_c.build.base is None and info_c.build.reused == 0
     # Every row preprocessed from scratch in C was either decoded or taken from A in B.
     assert info_b.build.reused + info_b.build.preprocessed == info_c.build.preprocessed
     assert info_b.build.reused > 0
 
 
-@pytest.mark.parametrize("engine_name", [
-    "local", pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow]), pytest.param("dask", marks=pytest.mark.dask)])
+@pytest.mark.parametrize(
+    "engine_name",
+    [
+        "local",
+        pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow]),
+        pytest.param("dask", marks=pytest.mark.dask),
+    ],
+)
 def test_a_grown_lake_built_on_its_last_dataset_equals_a_build_from_scratch(
-        engine_name: str, tmp_path: Path, request: pytest.FixtureRequest):
+    engine_name: str, tmp_path: Path, request: pytest.FixtureRequest
+):
     engine = request.getfixturevalue(f"{engine_name}_engine")
     lake = tmp_path / "raw"
     write_lake(lake, _COUNTS)
@@ -136,18 +150,23 @@ def test_pad_copies_and_rejects_are_taken_alike(tmp_path: Path, local_engine):
 
 @pytest.mark.s3
 @pytest.mark.slow
-@pytest.mark.parametrize("engine_name", ["local", pytest.param("spark", marks=pytest.mark.spark),
-                                         pytest.param("dask", marks=pytest.mark.dask)])
+@pytest.mark.parametrize(
+    "engine_name",
+    ["local", pytest.param("spark", marks=pytest.mark.spark), pytest.param("dask", marks=pytest.mark.dask)],
+)
 def test_a_grown_s3_lake_built_on_its_last_dataset_equals_a_build_from_scratch(
-        engine_name: str, s3_bucket: str, s3_endpoint: str, request: pytest.FixtureRequest):
+    engine_name: str, s3_bucket: str, s3_endpoint: str, request: pytest.FixtureRequest
+):
     engine = request.getfixturevalue(f"{engine_name}_engine")
     client = boto3.client("s3", endpoint_url=s3_endpoint)
-    bucket = s3_bucket[len("s3://"):]
+    bucket = s3_bucket[len("s3://") :]
     keys = []
     for li, (label, n) in enumerate(sorted(_COUNTS.items())):
         for i in range(n):
             keys.append(f"{label}/{i:03d}.png")
-            client.put_object(Bucket=bucket, Key=f"raw/{keys[-1]}", Body=encode(make_image(li * 1000 + i), "PNG"))
+            client.put_object(
+                Bucket=bucket, Key=f"raw/{keys[-1]}", Body=encode(make_image(li * 1000 + i), "PNG")
+            )
     lake = f"{s3_bucket}/raw"
     a, b, c = (f"{s3_bucket}/{name}" for name in ("a", "b", "c"))
     info_a = _build(engine, lake, a)
@@ -179,34 +198,49 @@ def base_and_grown(tmp_path: Path, local_engine) -> tuple[Path, Path, Path]:
     return lake, a, b
 
 
-@pytest.mark.parametrize("option, value, field, then, now", [
-    ("image_size", 24, "image.size", "16", "24"),
-    ("resize", "pad", "image.resize", "'crop'", "'pad'"),
-    ("image_format", "png", "image.format", "'jpeg'", "'png'"),
-    ("quality", 80, "image.quality", "90", "80"),
-    ("max_image_pixels", 10_000, "image.max_pixels", "89478485", "10000"),
-])
+@pytest.mark.parametrize(
+    "option, value, field, then, now",
+    [
+        ("image_size", 24, "image.size", "16", "24"),
+        ("resize", "pad", "image.resize", "'crop'", "'pad'"),
+        ("image_format", "png", "image.format", "'jpeg'", "'png'"),
+        ("quality", 80, "image.quality", "90", "80"),
+        ("max_image_pixels", 10_000, "image.max_pixels", "89478485", "10000"),
+    ],
+)
 def test_a_base_built_with_other_image_options_is_refused_naming_the_option(
-        base_and_grown: tuple[Path, Path, Path], option: str, value: Any, field: str, then: str, now: str):
+    base_and_grown: tuple[Path, Path, Path], option: str, value: Any, field: str, then: str, now: str
+):
     _, a, b = base_and_grown
-    cfg = ShardConfig(dataset=str(b), num_shards=2, base=str(a), engine="local", **{"image_size": 16, option: value})
+    cfg = ShardConfig(
+        dataset=str(b), num_shards=2, base=str(a), engine="local", **{"image_size": 16, option: value}
+    )
     with pytest.raises(ShardError) as err:
         shard_job.check_shard_inputs(cfg)
     assert f"--base file://{a} was built with {field} {then}, this build has {field} {now}" in str(err.value)
     assert not (b / "dataset.json").exists()
 
 
-@pytest.mark.parametrize("parent, name, field", [
-    ("image", "code", "image.code"), ("versions", "pillow", "versions.pillow"), ("versions", "numpy", "versions.numpy")])
+@pytest.mark.parametrize(
+    "parent, name, field",
+    [
+        ("image", "code", "image.code"),
+        ("versions", "pillow", "versions.pillow"),
+        ("versions", "numpy", "versions.numpy"),
+    ],
+)
 def test_a_base_made_by_other_preprocessing_code_or_libraries_is_refused(
-        base_and_grown: tuple[Path, Path, Path], local_engine, parent: str, name: str, field: str):
+    base_and_grown: tuple[Path, Path, Path], local_engine, parent: str, name: str, field: str
+):
     _, a, b = base_and_grown
     info = json.loads((a / "dataset.json").read_text())
     now = info[parent][name]
     assert now  # the build records it
     info[parent][name] = "0.0-other"
     (a / "dataset.json").write_text(json.dumps(info))
-    with pytest.raises(ShardError, match=rf"was built with {field} '0.0-other', this build has {field} '{now}'"):
+    with pytest.raises(
+        ShardError, match=rf"was built with {field} '0.0-other', this build has {field} '{now}'"
+    ):
         shard_job.run(ShardConfig(dataset=str(b), num_shards=2, image_size=16, base=str(a)), local_engine)
 
 
@@ -215,7 +249,9 @@ def test_an_incomplete_base_is_refused_naming_it(base_and_grown: tuple[Path, Pat
 
     def refused(base: Path, message: str) -> None:
         with pytest.raises(DatasetError) as err:
-            shard_job.check_shard_inputs(ShardConfig(dataset=str(b), num_shards=2, image_size=16, base=str(base)))
+            shard_job.check_shard_inputs(
+                ShardConfig(dataset=str(b), num_shards=2, image_size=16, base=str(base))
+            )
         assert f"--base file://{base}" in str(err.value) and message in str(err.value), str(err.value)
 
     only_manifest = tmp_path / "only-manifest"  # the shard job never committed
@@ -248,20 +284,43 @@ def test_base_is_an_option_of_the_command_line_and_the_conf_file(tmp_path: Path)
     assert resolve(ShardConfig, {"dataset": "/d"}, conf="conf/shard.yaml").base is None
 
 
-def test_a_base_is_refused_by_the_command_line_before_an_engine_starts(base_and_grown: tuple[Path, Path, Path]):
+def test_a_base_is_refused_by_the_command_line_before_an_engine_starts(
+    base_and_grown: tuple[Path, Path, Path],
+):
     import subprocess
     import sys
 
     _, a, b = base_and_grown
-    probe = ("import sys; from jobs import shard; rc = shard.main(sys.argv[1:]); "
-             "print('RC', rc, sorted(m for m in ('pyspark', 'distributed') if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", probe, "--engine", "spark", "--dataset", str(b), "--base", str(a),
-                           "--num-shards", "2", "--image-size", "32"],
-                          cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=120)
+    probe = (
+        "import sys; from jobs import shard; rc = shard.main(sys.argv[1:]); "
+        "print('RC', rc, sorted(m for m in ('pyspark', 'distributed') if m in sys.modules))"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            "--engine",
+            "spark",
+            "--dataset",
+            str(b),
+            "--base",
+            str(a),
+            "--num-shards",
+            "2",
+            "--image-size",
+            "32",
+        ],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.stdout.strip() == "RC 2 []", proc.stdout + proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"jobs/shard.py: error: --base file://{a} was built with image.size 16, this build has image.size 32: "
-        "its images are not the ones this build makes; build without --base, or with the base's options")
+        "its images are not the ones this build makes; build without --base, or with the base's options"
+    )
 
 
 def test_a_dataset_resharded_in_place_on_itself_decodes_nothing(tmp_path: Path, local_engine):
@@ -273,7 +332,9 @@ def test_a_dataset_resharded_in_place_on_itself_decodes_nothing(tmp_path: Path, 
     a, c = str(tmp_path / "a"), str(tmp_path / "c")
     first = _build(local_engine, str(lake), a, remainder="pad", num_shards=2)
     opts = {"remainder": "pad", "num_shards": 3, "seed": 11}
-    info_b = shard_job.run(ShardConfig(dataset=a, image_size=16, base=a, overwrite=True, **opts), local_engine)
+    info_b = shard_job.run(
+        ShardConfig(dataset=a, image_size=16, base=a, overwrite=True, **opts), local_engine
+    )
     info_c = _build(local_engine, str(lake), c, **opts)
     check_dataset(a)
     _compare(a, c, info_b, info_c)
@@ -281,13 +342,18 @@ def test_a_dataset_resharded_in_place_on_itself_decodes_nothing(tmp_path: Path, 
     assert info_b.build.base is not None and info_b.build.base.dataset_version == first.dataset_version
 
 
-def test_a_base_that_does_not_record_its_preprocessing_code_is_refused(base_and_grown: tuple[Path, Path, Path]):
+def test_a_base_that_does_not_record_its_preprocessing_code_is_refused(
+    base_and_grown: tuple[Path, Path, Path],
+):
     _, a, b = base_and_grown
     info = json.loads((a / "dataset.json").read_text())
     del info["image"]["code"]  # as an older lakeshard wrote it
     (a / "dataset.json").write_text(json.dumps(info))
-    with pytest.raises(ShardError, match=r"was built with image.code None, this build has image.code '[0-9a-f]{16}'.*"
-                                         r"does not record it, it was built by an older lakeshard"):
+    with pytest.raises(
+        ShardError,
+        match=r"was built with image.code None, this build has image.code '[0-9a-f]{16}'.*"
+        r"does not record it, it was built by an older lakeshard",
+    ):
         shard_job.check_shard_inputs(ShardConfig(dataset=str(b), num_shards=2, image_size=16, base=str(a)))
 
 
@@ -354,7 +420,8 @@ def test_without_rejects_the_empty_rejects_table_is_written_by_the_driver(tmp_pa
     victim = sorted((lake / "dog").rglob("*.png"))[0]
     victim.write_bytes(b"\x89PNG not really")  # replaced since the manifest: rejected
     dirty = CountingEngine(local_engine)
-    info = shard_job.run(ShardConfig(dataset=a, num_shards=2, image_size=16, overwrite=True,
-                                     max_reject_fraction=0.2), dirty)
+    info = shard_job.run(
+        ShardConfig(dataset=a, num_shards=2, image_size=16, overwrite=True, max_reject_fraction=0.2), dirty
+    )
     assert dirty.actions.count("write_rejects") == 1 and info.counts.shard_rejects == 1
     assert read_table(storage.join(a, info.rejects_path))["uri"].to_pylist() == [f"file://{victim}"]

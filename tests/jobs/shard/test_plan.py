@@ -73,8 +73,13 @@ def _plan(case: _Case, rejected: set[int] | None = None):
     refuses it for the channel (no survivors, or too few to drop)."""
     rejected = case.rejected if rejected is None else rejected
     survivors = len(case.keys) - len(rejected)
-    kwargs = dict(num_shards=case.num_shards, seed=case.seed, channel="train", remainder=case.remainder,
-                  rejected=sorted(rejected))
+    kwargs = dict(
+        num_shards=case.num_shards,
+        seed=case.seed,
+        channel="train",
+        remainder=case.remainder,
+        rejected=sorted(rejected),
+    )
     if survivors == 0 or (case.remainder == "drop" and survivors < case.num_shards):
         with pytest.raises(ShardError, match="'train'"):
             make_plan(case.keys, case.labels, **kwargs)
@@ -83,8 +88,12 @@ def _plan(case: _Case, rejected: set[int] | None = None):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(0, 60), min_size=1, max_size=8), st.integers(1, 9), st.sampled_from(["drop", "pad"]),
-       st.integers(0, 1000))
+@given(
+    st.lists(st.integers(0, 60), min_size=1, max_size=8),
+    st.integers(1, 9),
+    st.sampled_from(["drop", "pad"]),
+    st.integers(0, 1000),
+)
 def test_plan_invariants_hold_for_every_input(class_sizes, num_shards, remainder, seed):
     keys, labels = _rows(class_sizes)
     if not keys:
@@ -111,8 +120,14 @@ def _reject_cases(draw, max_classes=40, max_class_size=14) -> _Case:
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         rejected = set(np.flatnonzero(rng.random(total) < fraction).tolist())
     keys, labels = _rows(class_sizes)
-    return _Case(keys, labels, draw(st.integers(1, 9)), draw(st.sampled_from(["drop", "pad"])),
-                 draw(st.integers(0, 1000)), rejected)
+    return _Case(
+        keys,
+        labels,
+        draw(st.integers(1, 9)),
+        draw(st.sampled_from(["drop", "pad"])),
+        draw(st.integers(0, 1000)),
+        rejected,
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -167,7 +182,9 @@ def _order_by_spec(plan, keys, seed, channel):
         if plan.is_pad[i]:
             copy_no[src] += 1
             copy = copy_no[src]
-        entries.append((shard, unit_hash("shuffle", seed, channel, shard, keys[src], copy), keys[src], copy, i))
+        entries.append(
+            (shard, unit_hash("shuffle", seed, channel, shard, keys[src], copy), keys[src], copy, i)
+        )
     return sorted(entries)
 
 
@@ -188,6 +205,7 @@ def test_positions_follow_the_shuffle_hash_and_survive_repair(case):
 
     # Two rows in the same shard in both plans keep their relative order.
     for shard in range(case.num_shards):
+
         def originals(plan, shard=shard):
             idx = np.flatnonzero((plan.shard == shard) & ~plan.is_pad)
             return plan.source[idx[np.argsort(plan.position[idx])]].tolist()
@@ -205,8 +223,11 @@ def test_plan_does_not_depend_on_input_order_with_rejects(case):
         return
     perm = np.random.default_rng(case.seed).permutation(len(case.keys))
     new_index = np.argsort(perm)  # old row i is row new_index[i] of the permuted input
-    permuted = case._replace(keys=[case.keys[i] for i in perm], labels=[case.labels[i] for i in perm],
-                             rejected={int(new_index[r]) for r in case.rejected})
+    permuted = case._replace(
+        keys=[case.keys[i] for i in perm],
+        labels=[case.labels[i] for i in perm],
+        rejected={int(new_index[r]) for r in case.rejected},
+    )
     b = _plan(permuted)
 
     assert _placement(a, case.keys) == _placement(b, permuted.keys)
@@ -216,8 +237,10 @@ def test_plan_does_not_depend_on_input_order_with_rejects(case):
 
 def _placement(plan, keys):
     """(key, shard, position, is_pad) of every output row, sorted: a plan as keys see it."""
-    return sorted((keys[src], int(sh), int(pos), bool(pad))
-                  for src, sh, pos, pad in zip(plan.source, plan.shard, plan.position, plan.is_pad))
+    return sorted(
+        (keys[src], int(sh), int(pos), bool(pad))
+        for src, sh, pos, pad in zip(plan.source, plan.shard, plan.position, plan.is_pad)
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -228,15 +251,17 @@ def test_plan_does_not_depend_on_input_order(class_sizes, num_shards, seed):
         return
     a = make_plan(keys, labels, num_shards=num_shards, seed=seed, channel="train")
     perm = np.random.default_rng(seed).permutation(len(keys))
-    b = make_plan([keys[i] for i in perm], [labels[i] for i in perm], num_shards=num_shards, seed=seed,
-                  channel="train")
+    b = make_plan(
+        [keys[i] for i in perm], [labels[i] for i in perm], num_shards=num_shards, seed=seed, channel="train"
+    )
     assert _placement(a, keys) == _placement(b, [keys[i] for i in perm])
 
 
 def _same(a, b) -> bool:
-    return all(np.array_equal(getattr(a, f), getattr(b, f))
-               for f in ("source", "shard", "position", "is_pad", "dropped", "padded")) \
-        and (a.num_shards, a.rows_per_shard) == (b.num_shards, b.rows_per_shard)
+    return all(
+        np.array_equal(getattr(a, f), getattr(b, f))
+        for f in ("source", "shard", "position", "is_pad", "dropped", "padded")
+    ) and (a.num_shards, a.rows_per_shard) == (b.num_shards, b.rows_per_shard)
 
 
 @pytest.mark.parametrize("remainder", ["drop", "pad"])
@@ -262,15 +287,21 @@ def test_rejects_as_indices_or_as_a_mask_give_the_same_plan():
 def _dealt(class_sizes: list[int], seed: int) -> tuple[list[str], list[int], list[list[int]]]:
     """Rows, and each class's rows in deal order: by (unit_hash("deal", seed, "train", key), key)."""
     keys, labels = _rows(class_sizes)
-    order = [sorted((i for i, x in enumerate(labels) if x == c),
-                    key=lambda i: (unit_hash("deal", seed, "train", keys[i]), keys[i]))
-             for c in range(len(class_sizes))]
+    order = [
+        sorted(
+            (i for i, x in enumerate(labels) if x == c),
+            key=lambda i: (unit_hash("deal", seed, "train", keys[i]), keys[i]),
+        )
+        for c in range(len(class_sizes))
+    ]
     return keys, labels, order
 
 
 def _shards(plan, num_shards):
-    return [sorted((int(r), bool(p)) for r, p, s in zip(plan.source, plan.is_pad, plan.shard) if s == shard)
-            for shard in range(num_shards)]
+    return [
+        sorted((int(r), bool(p)) for r, p, s in zip(plan.source, plan.is_pad, plan.shard) if s == shard)
+        for shard in range(num_shards)
+    ]
 
 
 @pytest.mark.parametrize("seed", [0, 7])
@@ -283,8 +314,10 @@ def test_remainder_of_the_first_plan_by_hand(seed):
     assert drop.dropped.tolist() == [a2]
     pad = make_plan(keys, labels, num_shards=2, seed=seed, channel="train", remainder="pad")
     # Shard 1 gets a copy: both classes are at their lowest there, B is the smaller, b0 is in shard 1.
-    assert _shards(pad, 2) == [sorted([(a0, False), (a2, False), (b1, False)]),
-                               sorted([(a1, False), (b0, False), (b0, True)])]
+    assert _shards(pad, 2) == [
+        sorted([(a0, False), (a2, False), (b1, False)]),
+        sorted([(a1, False), (b0, False), (b0, True)]),
+    ]
     assert pad.padded.tolist() == [b0]
 
 
@@ -293,8 +326,10 @@ def test_one_reject_moves_one_row_by_hand(seed):
     # Slots a0 a1 a2 b0 b1 b2 -> shards 0 1 0 1 0 1; P0 is {a0 a2 b1} {a1 b0 b2}.
     keys, labels, ((a0, a1, a2), (b0, b1, b2)) = _dealt([3, 3], seed)
     p0 = make_plan(keys, labels, num_shards=2, seed=seed, channel="train")
-    assert _shards(p0, 2) == [sorted([(a0, False), (a2, False), (b1, False)]),
-                              sorted([(a1, False), (b0, False), (b2, False)])]
+    assert _shards(p0, 2) == [
+        sorted([(a0, False), (a2, False), (b1, False)]),
+        sorted([(a1, False), (b0, False), (b2, False)]),
+    ]
     # a0 rejected: a2 fills its hole (same shard), shard 1 holds one row more; B has its extra
     # there, so its row with the highest slot, b2, is dropped. Only b2 moves.
     drop = make_plan(keys, labels, num_shards=2, seed=seed, channel="train", rejected=[a0])
@@ -302,8 +337,10 @@ def test_one_reject_moves_one_row_by_hand(seed):
     assert drop.dropped.tolist() == [b2]
     # With pad nothing moves: shard 0 gets a copy of a2 (A is the smaller class, a2 is there).
     pad = make_plan(keys, labels, num_shards=2, seed=seed, channel="train", remainder="pad", rejected=[a0])
-    assert _shards(pad, 2) == [sorted([(a2, False), (a2, True), (b1, False)]),
-                               sorted([(a1, False), (b0, False), (b2, False)])]
+    assert _shards(pad, 2) == [
+        sorted([(a2, False), (a2, True), (b1, False)]),
+        sorted([(a1, False), (b0, False), (b2, False)]),
+    ]
 
 
 @pytest.mark.parametrize("seed", [1, 4])
@@ -343,18 +380,25 @@ def test_plan_names_channel_when_too_few_rows_to_drop():
 
 def test_plan_says_how_many_were_rejected_when_too_few_are_left():
     keys, labels = _rows([5])
-    with pytest.raises(ShardError, match=r"'validation' has 2 rows left \(3 of 5 rejected\), fewer than num_shards=4"):
+    with pytest.raises(
+        ShardError, match=r"'validation' has 2 rows left \(3 of 5 rejected\), fewer than num_shards=4"
+    ):
         make_plan(keys, labels, num_shards=4, seed=0, channel="validation", rejected=[0, 1, 2])
     with pytest.raises(ShardError, match="'validation' has no rows to shard: all 5 were rejected"):
-        make_plan(keys, labels, num_shards=1, seed=0, channel="validation", remainder="pad", rejected=range(5))
+        make_plan(
+            keys, labels, num_shards=1, seed=0, channel="validation", remainder="pad", rejected=range(5)
+        )
 
 
-@pytest.mark.parametrize(("rejected", "message"), [
-    ([0, 5], "rejected row index 5 is out of range for channel 'train' of 5 rows"),
-    ([-1], "rejected row index -1"),
-    (np.zeros(4, dtype=bool), r"rejected mask for channel 'train' has shape \(4,\), expected \(5,\)"),
-    ([0.5], "rejected must be row indices or a boolean mask, got float64"),
-])
+@pytest.mark.parametrize(
+    ("rejected", "message"),
+    [
+        ([0, 5], "rejected row index 5 is out of range for channel 'train' of 5 rows"),
+        ([-1], "rejected row index -1"),
+        (np.zeros(4, dtype=bool), r"rejected mask for channel 'train' has shape \(4,\), expected \(5,\)"),
+        ([0.5], "rejected must be row indices or a boolean mask, got float64"),
+    ],
+)
 def test_plan_refuses_bad_rejects_naming_them(rejected, message):
     keys, labels = _rows([5])
     with pytest.raises(ShardError, match=message):

@@ -34,7 +34,9 @@ from tests.helpers.reference_plan import make_plan
 
 def _truncated_jpeg(seed: int) -> bytes:
     buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG")
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(
+        buf, "JPEG"
+    )
     return buf.getvalue()[:400]  # starts like a JPEG (the manifest accepts it), cannot be decoded
 
 
@@ -44,10 +46,22 @@ def test_the_job_writes_make_plans_plan(tmp_path: Path, local_engine):
     for i, label in enumerate(["a", "a", "b", "d"]):
         (lake / label / f"broken{i}.jpg").write_bytes(_truncated_jpeg(i))
     out = tmp_path / "ds"
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=0.75,validation=0.25"), local_engine)
+    manifest_job.run(
+        ManifestConfig(input=str(lake), output=str(out), split="train=0.75,validation=0.25"), local_engine
+    )
     for remainder, num_shards, partitions in (("pad", 3, 10), ("drop", 4, None)):
-        info = shard_job.run(ShardConfig(dataset=str(out), num_shards=num_shards, image_size=16, remainder=remainder,
-                                         partitions=partitions, max_reject_fraction=0.2, overwrite=True), local_engine)
+        info = shard_job.run(
+            ShardConfig(
+                dataset=str(out),
+                num_shards=num_shards,
+                image_size=16,
+                remainder=remainder,
+                partitions=partitions,
+                max_reject_fraction=0.2,
+                overwrite=True,
+            ),
+            local_engine,
+        )
         check_dataset(str(out))
         rejected = set(read_table(rejects_uri(str(out), info))["key"].to_pylist())
         assert len(rejected) == 4
@@ -55,12 +69,20 @@ def test_the_job_writes_make_plans_plan(tmp_path: Path, local_engine):
             rows = read_channel(storage.normalize(str(out)), channel)
             rows = rows.take(pc.sort_indices(rows, sort_keys=[("key", "ascending")]))
             keys, uris = rows["key"].to_pylist(), rows["uri"].to_pylist()
-            plan = make_plan(keys, rows["label_index"].to_pylist(), num_shards=num_shards, seed=info.seed,
-                             channel=channel, remainder=remainder, rejected=[k in rejected for k in keys])
+            plan = make_plan(
+                keys,
+                rows["label_index"].to_pylist(),
+                num_shards=num_shards,
+                seed=info.seed,
+                channel=channel,
+                remainder=remainder,
+                rejected=[k in rejected for k in keys],
+            )
             for s, table in enumerate(shard_tables(str(out), channel, num_shards)):
                 mine = plan.shard == s
-                assert list(zip(table["key"].to_pylist(), table["is_pad"].to_pylist())) == \
-                    [(keys[i], bool(p)) for i, p in zip(plan.source[mine], plan.is_pad[mine])], (remainder, channel, s)
+                assert list(zip(table["key"].to_pylist(), table["is_pad"].to_pylist())) == [
+                    (keys[i], bool(p)) for i, p in zip(plan.source[mine], plan.is_pad[mine])
+                ], (remainder, channel, s)
             assert info.channels[channel].dropped == [uris[i] for i in plan.dropped]
             assert info.channels[channel].padded == [uris[i] for i in plan.padded]
 
@@ -81,7 +103,9 @@ class _Recording:
     def task_cpus(self) -> int:
         return self.inner.task_cpus
 
-    def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int) -> list[Any]:
+    def map_partitions(
+        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+    ) -> list[Any]:
         self.sent += len(pickle.dumps(list(items)))
         out = self.inner.map_partitions(fn, items, partitions=partitions)
         self.returned += len(pickle.dumps(out))
@@ -100,8 +124,9 @@ def test_what_crosses_the_engine_does_not_grow_with_the_rows(tmp_path: Path, loc
         out = tmp_path / f"ds{n}"
         manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1"), local_engine)
         engine = _Recording(local_engine)
-        info = shard_job.run(ShardConfig(dataset=str(out), num_shards=3, image_size=8, remainder="pad", partitions=4),
-                             engine)
+        info = shard_job.run(
+            ShardConfig(dataset=str(out), num_shards=3, image_size=8, remainder="pad", partitions=4), engine
+        )
         assert info.counts.shard_rejects == 1 and info.build.assembled_shards >= 1  # a repair ran
         crossed[n] = (engine.sent, engine.returned)
     # Ten times the rows, the same tasks: a row per image on either side would show as ~10x.
@@ -117,12 +142,16 @@ class _OrderFiles(_Recording):
         super().__init__(inner)
         self.files: list[tuple[tuple[int, ...], list[int]]] = []
 
-    def map_partitions(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int) -> list[Any]:
+    def map_partitions(
+        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+    ) -> list[Any]:
         out = super().map_partitions(fn, items, partitions=partitions)
         for item in (i for group in items for i in (group if isinstance(group, list) else [group])):
             if isinstance(item, OrderTask):
                 meta = pq.ParquetFile(storage.filesystem(item.uri)[1]).metadata
-                self.files.append((item.cuts, [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]))
+                self.files.append(
+                    (item.cuts, [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+                )
         return out
 
 
@@ -143,7 +172,9 @@ def test_an_order_file_has_a_row_group_per_segment(tmp_path: Path, local_engine)
 
 
 def test_a_range_of_rows_is_read_from_its_row_groups_only(tmp_path: Path):
-    table = pa.table({"i": pa.array(range(100), pa.int64()), "s": pa.array([f"row{i:03d}" for i in range(100)])})
+    table = pa.table(
+        {"i": pa.array(range(100), pa.int64()), "s": pa.array([f"row{i:03d}" for i in range(100)])}
+    )
     uri = storage.normalize(str(tmp_path / "order.parquet"))
     write_table(uri, table, row_group_size=25)
     for offset, length in ((0, 25), (25, 25), (75, 25), (10, 30), (24, 2), (0, 100), (99, 1), (50, 0)):
@@ -156,7 +187,7 @@ def test_a_range_of_rows_is_read_from_its_row_groups_only(tmp_path: Path):
     column = meta.row_group(0).column(1)
     start = column.dictionary_page_offset or column.data_page_offset
     data = bytearray(path.read_bytes())
-    data[start:start + column.total_compressed_size] = b"\xff" * column.total_compressed_size
+    data[start : start + column.total_compressed_size] = b"\xff" * column.total_compressed_size
     path.write_bytes(bytes(data))
     assert read_rows(uri, 75, 25).equals(table.slice(75, 25))
     with pytest.raises(Exception):  # noqa: B017 - whichever error Arrow gives for a spoilt page

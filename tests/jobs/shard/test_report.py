@@ -40,7 +40,9 @@ SAMPLES_PER_CLASS = 6  # write_report's default
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three classes, one object the manifest job rejects and one the shard job rejects."""
-    return build_dataset_with_rejects(LocalEngine(workers=2), tmp_path_factory.mktemp("report"), {"cat": 24, "dog": 18, "fox": 10}, seed=3)
+    return build_dataset_with_rejects(
+        LocalEngine(workers=2), tmp_path_factory.mktemp("report"), {"cat": 24, "dog": 18, "fox": 10}, seed=3
+    )
 
 
 class _Tags(HTMLParser):
@@ -69,7 +71,9 @@ def test_shard_job_writes_a_self_contained_report(dataset: Path):
 
     # Self-contained: nothing fetched, nothing run.
     assert "script" not in names and "link" not in names
-    assert not [a for _, a in tags for k in ("src", "href") if (a.get(k) or "").startswith(("http:", "https:", "//"))]
+    assert not [
+        a for _, a in tags for k in ("src", "href") if (a.get(k) or "").startswith(("http:", "https:", "//"))
+    ]
 
     # Charts: class counts, splits, rejects, shard balance, each an inline SVG with bars.
     assert names.count("svg") == 4
@@ -110,18 +114,27 @@ def test_cli_rewrites_the_same_report(dataset: Path, tmp_path: Path):
     shutil.copytree(dataset, copy)
     original = (copy / "report.html").read_bytes()
     (copy / "report.html").unlink()
-    proc = subprocess.run([sys.executable, "-m", "jobs.report", str(copy)], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.report", str(copy)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "report.html" in proc.stdout
     rewritten = (copy / "report.html").read_bytes()
     assert rewritten.replace(str(copy).encode(), b"") == original.replace(str(dataset).encode(), b"")
 
-    help_ = subprocess.run([sys.executable, "-m", "jobs.report", "--help"], cwd=REPO, capture_output=True, text=True)
+    help_ = subprocess.run(
+        [sys.executable, "-m", "jobs.report", "--help"], cwd=REPO, capture_output=True, text=True
+    )
     assert help_.returncode == 0 and "dataset.json" in help_.stdout
 
     (copy / "dataset.json").unlink()
-    missing = subprocess.run([sys.executable, "-m", "jobs.report", str(copy)], cwd=REPO, capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-m", "jobs.report", str(copy)], cwd=REPO, capture_output=True, text=True
+    )
     assert missing.returncode == 2
     assert "dataset.json does not exist" in missing.stderr and str(copy) in missing.stderr
 
@@ -129,10 +142,22 @@ def test_cli_rewrites_the_same_report(dataset: Path, tmp_path: Path):
 def _chromium(*args: str, user_data: Path) -> subprocess.CompletedProcess[str]:
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: run scripts/setup_test_extras.sh (or set CHROMIUM)")
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-           f"--user-data-dir={user_data}", "--run-all-compositor-stages-before-draw", "--virtual-time-budget=5000",
-           *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={user_data}",
+        "--run-all-compositor-stages-before-draw",
+        "--virtual-time-budget=5000",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -146,7 +171,9 @@ def test_report_renders_in_chromium(dataset: Path, tmp_path: Path):
     assert sum(1 for t, a in tags if t == "img" and (a.get("src") or "").startswith("data:image/png")) > 0
 
     shot = tmp_path / "report.png"
-    proc = _chromium(f"--screenshot={shot}", "--window-size=1200,3000", url, user_data=tmp_path / "profile-shot")
+    proc = _chromium(
+        f"--screenshot={shot}", "--window-size=1200,3000", url, user_data=tmp_path / "profile-shot"
+    )
     assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
     pixels = np.asarray(Image.open(shot).convert("RGB")).reshape(-1, 3)
     white = np.all(pixels == 255, axis=1)
@@ -159,15 +186,31 @@ def test_report_renders_in_chromium(dataset: Path, tmp_path: Path):
 
 
 def test_a_report_that_cannot_be_written_is_a_warning_and_the_dataset_is_committed(
-        dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
     copy = tmp_path / "ds"
     shutil.copytree(dataset, copy)
     (copy / "report.html").unlink()
     (copy / "report.html").mkdir()  # the report's target cannot be replaced by a file
     (copy / "report.html" / "keep").write_text("a folder in the way")
     with caplog.at_level("WARNING", logger="jobs.shard"):
-        rc = shard_job.main(["--engine", "local", "--dataset", str(copy), "--num-shards", "2", "--image-size", "24",
-                             "--image-format", "png", "--max-reject-fraction", "0.5", "--overwrite"])
+        rc = shard_job.main(
+            [
+                "--engine",
+                "local",
+                "--dataset",
+                str(copy),
+                "--num-shards",
+                "2",
+                "--image-size",
+                "24",
+                "--image-format",
+                "png",
+                "--max-reject-fraction",
+                "0.5",
+                "--overwrite",
+            ]
+        )
     assert rc == 0
     info = read_dataset_info(str(copy))  # committed
     assert info.dataset_version == read_dataset_info(str(dataset)).dataset_version
@@ -175,7 +218,9 @@ def test_a_report_that_cannot_be_written_is_a_warning_and_the_dataset_is_committ
     assert any("report could not be written" in w and "report.html" in w for w in warnings), warnings
 
 
-def test_the_report_reads_a_few_row_groups_whatever_the_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_report_reads_a_few_row_groups_whatever_the_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     # A class with one train row can never fill its row of thumbnails: the report must not scan
     # every row group of every shard looking for more.
     lake = tmp_path / "raw"
@@ -183,8 +228,10 @@ def test_the_report_reads_a_few_row_groups_whatever_the_dataset(tmp_path: Path, 
     out = tmp_path / "ds"
     engine = LocalEngine(workers=2)
     manifest_job.run(ManifestConfig(input=str(lake), output=str(out), split="train=1"), engine)
-    info = shard_job.run(ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png",
-                                     row_group_size="4KiB"), engine)
+    info = shard_job.run(
+        ShardConfig(dataset=str(out), num_shards=2, image_size=24, image_format="png", row_group_size="4KiB"),
+        engine,
+    )
     row_groups = sum(s.row_groups for s in info.channels["train"].shards)
     assert info.channels["train"].class_counts["one"] == 1 and row_groups >= 25
 
@@ -207,13 +254,23 @@ def test_the_report_shows_what_was_skipped_and_the_duplicates_across_channels(tm
     leakage, from the manifest job's summary of a real run (the in-process engine)."""
     lake = write_edge_lake(tmp_path)
     out = tmp_path / "ds"
-    manifest_job.run(ManifestConfig(input=str(lake), output=str(out), seed=3, max_reject_fraction=0.5,
-                                    split={"train": 0.5, "validation": 0.25, "test": 0.25}), local_engine)
-    info = shard_job.run(ShardConfig(dataset=str(out), num_shards=1, image_size=16, remainder="pad"), local_engine)
-    marker = json.loads(Path(manifest_marker_uri(str(out))[len("file://"):]).read_text())
+    manifest_job.run(
+        ManifestConfig(
+            input=str(lake),
+            output=str(out),
+            seed=3,
+            max_reject_fraction=0.5,
+            split={"train": 0.5, "validation": 0.25, "test": 0.25},
+        ),
+        local_engine,
+    )
+    info = shard_job.run(
+        ShardConfig(dataset=str(out), num_shards=1, image_size=16, remainder="pad"), local_engine
+    )
+    marker = json.loads(Path(manifest_marker_uri(str(out))[len("file://") :]).read_text())
     assert marker["counts"]["skipped"] == len(HIDDEN) and marker["duplicates"]["across_channels"] >= 1
     page = render_report(str(out), info)
-    section = page[page.index("The lake: skipped objects and duplicates"):]
+    section = page[page.index("The lake: skipped objects and duplicates") :]
     assert f"{len(HIDDEN)} objects skipped, not rejected" in section
     assert f"<b>Leakage:</b> {marker['duplicates']['across_channels']} set(s)" in section
     for group in marker["duplicates"]["examples"]:

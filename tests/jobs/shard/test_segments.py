@@ -35,11 +35,18 @@ from tests.helpers.lake import write_lake
 
 
 def _rows(paths: list[Path]) -> pa.Table:
-    return pa.table({"uri": [f"file://{p}" for p in paths], "key": [p.name for p in paths],
-                     "label_index": [i % 3 for i in range(len(paths))], "is_pad": [False] * len(paths),
-                     "size": [None] * len(paths), "etag": [None] * len(paths),
-                     "last_modified": [None] * len(paths)},
-                    schema=SEGMENT_SCHEMA)
+    return pa.table(
+        {
+            "uri": [f"file://{p}" for p in paths],
+            "key": [p.name for p in paths],
+            "label_index": [i % 3 for i in range(len(paths))],
+            "is_pad": [False] * len(paths),
+            "size": [None] * len(paths),
+            "etag": [None] * len(paths),
+            "last_modified": [None] * len(paths),
+        },
+        schema=SEGMENT_SCHEMA,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +63,16 @@ def lake(tmp_path_factory) -> list[Path]:
 @pytest.mark.parametrize("threads,decode_threads", [(0, 1), (3, 1), (2, 3), (None, 2), (1, 4)])
 def test_the_file_and_outcomes_do_not_depend_on_the_threads(lake, tmp_path, threads, decode_threads):
     def run(threads: int | None, decode_threads: int, name: str) -> tuple[str, SegmentResult, list]:
-        task = SegmentTask(uri=f"file://{tmp_path}/{name}.parquet", rows=_rows(lake),
-                           spec=replace(DEFAULT_SPEC, size=16),
-                           metadata={"channel": "train"}, row_group_bytes=20_000, threads=threads,
-                           decode_threads=decode_threads, outcomes=f"file://{tmp_path}/outcomes/{name}.parquet")
+        task = SegmentTask(
+            uri=f"file://{tmp_path}/{name}.parquet",
+            rows=_rows(lake),
+            spec=replace(DEFAULT_SPEC, size=16),
+            metadata={"channel": "train"},
+            row_group_bytes=20_000,
+            threads=threads,
+            decode_threads=decode_threads,
+            outcomes=f"file://{tmp_path}/outcomes/{name}.parquet",
+        )
         result = preprocess_segment(task)
         outcomes = pq.read_table(tmp_path / "outcomes" / f"{name}.parquet").to_pylist()
         return hashlib.sha256((tmp_path / f"{name}.parquet").read_bytes()).hexdigest(), result, outcomes
@@ -108,19 +121,31 @@ def test_reader_threads_default_to_none_for_local_files_and_several_for_s3():
     assert readers(3, local) == 3 and readers(0, ["s3://bucket/a/1.jpg"]) == 0
 
 
-@pytest.mark.parametrize("flag,value,message", [
-    ("--threads", "-1", "--threads (command line): must be a non-negative integer, got -1"),
-    ("--decode-threads", "0", "--decode-threads (command line): must be a positive integer, got 0"),
-])
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--threads", "-1", "--threads (command line): must be a non-negative integer, got -1"),
+        ("--decode-threads", "0", "--decode-threads (command line): must be a positive integer, got 0"),
+    ],
+)
 def test_bad_thread_counts_are_named(flag, value, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         resolve(ShardConfig, shard_parser().parse_args(["--dataset", "/d", flag, value]))
 
 
 def _shard_rows(n: int, tag: bytes) -> pa.Table:
-    return pa.table({"image": [tag * 100] * n, "label": [1] * n, "uri": [f"file:///l/{i}" for i in range(n)],
-                     "key": [str(i) for i in range(n)], "height": [8] * n, "width": [8] * n, "is_pad": [False] * n},
-                    schema=SHARD_SCHEMA)
+    return pa.table(
+        {
+            "image": [tag * 100] * n,
+            "label": [1] * n,
+            "uri": [f"file:///l/{i}" for i in range(n)],
+            "key": [str(i) for i in range(n)],
+            "height": [8] * n,
+            "width": [8] * n,
+            "is_pad": [False] * n,
+        },
+        schema=SHARD_SCHEMA,
+    )
 
 
 def test_a_writer_never_truncates_a_complete_file(tmp_path: Path):
@@ -146,12 +171,15 @@ def test_a_writer_never_truncates_a_complete_file(tmp_path: Path):
     assert sorted(p.name for p in target.parent.iterdir()) == ["part-0.parquet"]  # and no temporary file
 
 
-@pytest.mark.parametrize(("rows", "cores", "tasks"), [
-    (20_000, 2, 10),  # one per 2,000 rows
-    (1_000, 8, 8),  # at least one per core
-    (100_000_000, 2, 10_000),  # at most 10,000: segments of 10,000 rows, not 50,000 tasks
-    (1_000_000_000, 4_000, 16_000),  # a larger cluster: four per core
-])
+@pytest.mark.parametrize(
+    ("rows", "cores", "tasks"),
+    [
+        (20_000, 2, 10),  # one per 2,000 rows
+        (1_000, 8, 8),  # at least one per core
+        (100_000_000, 2, 10_000),  # at most 10,000: segments of 10,000 rows, not 50,000 tasks
+        (1_000_000_000, 4_000, 16_000),  # a larger cluster: four per core
+    ],
+)
 def test_default_preprocessing_tasks_are_capped(rows: int, cores: int, tasks: int) -> None:
     from jobs.shard import default_tasks
 

@@ -69,7 +69,9 @@ def test_command_line_overrides_the_file(tmp_path: Path):
     with pytest.raises(ConfigError, match=r"unknown key 'epoch' in .*c.yaml"):
         parse_args(["--conf", str(conf)])
     conf.write_text("dataset: x\noptimizer: adam\n")
-    with pytest.raises(ConfigError, match=r"--optimizer \(.*c.yaml\): expected one of adamw, sgd, got 'adam'"):
+    with pytest.raises(
+        ConfigError, match=r"--optimizer \(.*c.yaml\): expected one of adamw, sgd, got 'adam'"
+    ):
         parse_args(["--conf", str(conf)])
     with pytest.raises(SystemExit):  # argparse names the choices
         parse_args(["--dataset", "x", "--optimizer", "adam"])
@@ -91,7 +93,17 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 def test_single_process_training_and_resume_match_an_uninterrupted_run(tmp_path: Path, capsys):
     data = tmp_path / "ds"
     write_dataset(data, rows={"train": 48, "validation": 12, "test": 12}, size=16)
-    base = ["--dataset", str(data), "--batch-size", "8", "--no-progress", "--num-threads", "2", "--width", "8"]
+    base = [
+        "--dataset",
+        str(data),
+        "--batch-size",
+        "8",
+        "--no-progress",
+        "--num-threads",
+        "2",
+        "--width",
+        "8",
+    ]
     assert main([*base, "--epochs", "2", "--output", str(tmp_path / "a")]) == 0
     summary = capsys.readouterr().out
     assert re.search(r"test accuracy \d\.\d{4} \| \d+ images/s \| data wait \d+% \(per rank\)", summary)
@@ -120,7 +132,17 @@ def _error_line(capsys) -> str:
 def test_resume_refuses_a_checkpoint_of_another_dataset_version(tmp_path: Path, capsys):
     data = tmp_path / "ds"
     write_dataset(data, version="aaaa")
-    base = ["--dataset", str(data), "--batch-size", "4", "--no-progress", "--width", "4", "--output", str(tmp_path / "o")]
+    base = [
+        "--dataset",
+        str(data),
+        "--batch-size",
+        "4",
+        "--no-progress",
+        "--width",
+        "4",
+        "--output",
+        str(tmp_path / "o"),
+    ]
     assert main([*base, "--epochs", "1"]) == 0
     write_dataset(data, version="bbbb")
     capsys.readouterr()
@@ -148,26 +170,58 @@ def _dataset(root: Path) -> list[str]:
     ("make", "extra", "env", "message"),
     [
         (_one_class, [], {}, r"dataset\.json lists 1 class\(es\) \(class0\): a classifier needs at least 2"),
-        (_yaml_resume_true, [], {}, r"--resume \(.*c\.yaml\): expected a checkpoint path or 'auto', got True"),
-        (_dataset, ["--seed", str(2**32)], {}, r"--seed \(command line\): expected an integer from 0 to 4294967295 .*got '4294967296'"),
-        (_dataset, ["--resume", "gone/checkpoint.pt"], {}, r"--resume gone/checkpoint\.pt: no checkpoint at file://.*/gone/checkpoint\.pt"),
+        (
+            _yaml_resume_true,
+            [],
+            {},
+            r"--resume \(.*c\.yaml\): expected a checkpoint path or 'auto', got True",
+        ),
+        (
+            _dataset,
+            ["--seed", str(2**32)],
+            {},
+            r"--seed \(command line\): expected an integer from 0 to 4294967295 .*got '4294967296'",
+        ),
+        (
+            _dataset,
+            ["--resume", "gone/checkpoint.pt"],
+            {},
+            r"--resume gone/checkpoint\.pt: no checkpoint at file://.*/gone/checkpoint\.pt",
+        ),
         # As torchrun starts rank 1 of 3: refused before the process group (which would wait for
         # ranks that never come).
-        (_dataset, [], {"WORLD_SIZE": "3", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "3"},
-         r"batch_size 8 \(global\) is not divisible by the world size 3: .* \(rank 1\)$"),
+        (
+            _dataset,
+            [],
+            {"WORLD_SIZE": "3", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "3"},
+            r"batch_size 8 \(global\) is not divisible by the world size 3: .* \(rank 1\)$",
+        ),
     ],
     ids=["one-class", "yaml-resume-true", "seed-too-big", "resume-path-missing", "batch-vs-ranks"],
-)  # fmt: skip
-def test_bad_input_is_one_error_line_and_status_2_before_any_work(tmp_path, capsys, monkeypatch, make, extra, env,
-                                                                      message):
+)
+def test_bad_input_is_one_error_line_and_status_2_before_any_work(
+    tmp_path, capsys, monkeypatch, make, extra, env, message
+):
     data = tmp_path / "ds"
     extra = [*make(data), *extra]
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
-    argv = ["--dataset", str(data), "--batch-size", "8", "--epochs", "1", "--no-progress", "--width", "4",
-            "--output", str(out), *extra]  # fmt: skip
+    argv = [
+        "--dataset",
+        str(data),
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--width",
+        "4",
+        "--output",
+        str(out),
+        *extra,
+    ]
     assert main(argv) == 2
     assert re.search(message, _error_line(capsys))
     assert not out.exists() and not (tmp_path / "True").exists()  # nothing trained, nothing written
@@ -176,8 +230,19 @@ def test_bad_input_is_one_error_line_and_status_2_before_any_work(tmp_path, caps
 def test_resume_auto_starts_afresh_then_resumes(tmp_path: Path, caplog):
     data, out = tmp_path / "ds", tmp_path / "out"
     write_dataset(data, rows={"train": 16, "validation": 6, "test": 6})
-    base = ["--dataset", str(data), "--batch-size", "4", "--no-progress", "--width", "4", "--output", str(out),
-            "--resume", "auto"]  # fmt: skip
+    base = [
+        "--dataset",
+        str(data),
+        "--batch-size",
+        "4",
+        "--no-progress",
+        "--width",
+        "4",
+        "--output",
+        str(out),
+        "--resume",
+        "auto",
+    ]
     with caplog.at_level(logging.INFO, logger="loaders.train"):
         assert main([*base, "--epochs", "1"]) == 0
     assert f"--resume auto: no checkpoint at file://{out}/checkpoint.pt, starting a fresh run" in caplog.text
@@ -200,14 +265,29 @@ def _drop_channels(root: Path, channels: tuple[str, ...]) -> None:
     (root / "dataset.json").write_text(json.dumps(info))
 
 
-@pytest.mark.parametrize("missing", [("test",), ("validation", "test")], ids=["train-validation", "train-only"])
-def test_a_dataset_without_validation_or_test_trains_and_says_what_it_skipped(tmp_path, capsys, caplog, missing):
+@pytest.mark.parametrize(
+    "missing", [("test",), ("validation", "test")], ids=["train-validation", "train-only"]
+)
+def test_a_dataset_without_validation_or_test_trains_and_says_what_it_skipped(
+    tmp_path, capsys, caplog, missing
+):
     data, out = tmp_path / "ds", tmp_path / "out"
     write_dataset(data, rows={"train": 16, "validation": 6, "test": 6})
     _drop_channels(data, missing)
     (data / "labels.json").unlink()  # the trainer reads the labels from dataset.json only
-    argv = ["--dataset", str(data), "--batch-size", "4", "--epochs", "1", "--no-progress", "--width", "4",
-            "--output", str(out)]  # fmt: skip
+    argv = [
+        "--dataset",
+        str(data),
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--width",
+        "4",
+        "--output",
+        str(out),
+    ]
     with caplog.at_level(logging.INFO, logger="loaders.train"):
         assert main(argv) == 0
     present = "train" + ("" if "validation" in missing else ", validation")
@@ -218,14 +298,25 @@ def test_a_dataset_without_validation_or_test_trains_and_says_what_it_skipped(tm
     assert "test accuracy n/a (no test channel)" in capsys.readouterr().out
     val = metrics["epochs"][0]["val_accuracy"]
     if "validation" in missing:
-        assert val is None and metrics["skipped"]["validation"].startswith("the dataset has no 'validation' channel")
+        assert val is None and metrics["skipped"]["validation"].startswith(
+            "the dataset has no 'validation' channel"
+        )
         assert "skipping validation after each epoch" in caplog.text
     else:
         assert 0.0 <= val <= 1.0 and set(metrics["skipped"]) == {"test"}
 
 
 def _torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "loaders.train", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "loaders.train",
+        *args,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
 
@@ -237,8 +328,21 @@ def test_two_rank_torchrun_trains_checkpoints_and_resumes(tmp_path: Path):
     data = tmp_path / "ds"
     write_dataset(data, rows={"train": 40, "validation": 10, "test": 10}, num_shards=2, size=16)
     out = tmp_path / "run"
-    base = ["--dataset", str(data), "--batch-size", "8", "--no-progress", "--width", "8", "--output", str(out),
-            "--conf", str(CONF), "--dist-timeout", "60"]  # fmt: skip
+    base = [
+        "--dataset",
+        str(data),
+        "--batch-size",
+        "8",
+        "--no-progress",
+        "--width",
+        "8",
+        "--output",
+        str(out),
+        "--conf",
+        str(CONF),
+        "--dist-timeout",
+        "60",
+    ]
     first = _torchrun([*base, "--epochs", "1"], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "test accuracy" in first.stdout
@@ -265,7 +369,9 @@ def test_two_rank_torchrun_trains_checkpoints_and_resumes(tmp_path: Path):
 def test_two_rank_torchrun_refuses_a_global_batch_it_cannot_split_without_a_traceback(tmp_path: Path):
     data = tmp_path / "ds"
     write_dataset(data, rows={"train": 8, "validation": 4, "test": 4})
-    run = _torchrun(["--dataset", str(data), "--batch-size", "5", "--output", str(tmp_path / "run")], tmp_path)
+    run = _torchrun(
+        ["--dataset", str(data), "--batch-size", "5", "--output", str(tmp_path / "run")], tmp_path
+    )
     assert run.returncode != 0
     # Each rank that got as far as printing (torchrun stops the other rank once one has exited)
     # printed the same one line; torchrun reports the exit status 2. Its own launcher traceback

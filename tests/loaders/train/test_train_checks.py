@@ -26,8 +26,22 @@ FACTORIES = "tests.loaders.train.model_factories"
 
 
 def _argv(data: Path, out: str | Path, *extra: str) -> list[str]:
-    return ["--dataset", str(data), "--output", str(out), "--batch-size", "4", "--epochs", "1", "--no-progress",
-            "--num-threads", "1", "--width", "4", *extra]  # fmt: skip
+    return [
+        "--dataset",
+        str(data),
+        "--output",
+        str(out),
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--num-threads",
+        "1",
+        "--width",
+        "4",
+        *extra,
+    ]
 
 
 def _error_line(capsys) -> str:
@@ -49,8 +63,10 @@ def test_an_output_that_is_a_file_is_refused_before_training(tmp_path: Path, cap
     with caplog.at_level(logging.INFO, logger="loaders.train"):
         assert main(_argv(data, out)) == 2
     line = _error_line(capsys)
-    assert re.search(rf"--output {re.escape(str(out))}: cannot write there: {re.escape(str(taken))} is a file, not a folder",
-                     line), line  # fmt: skip
+    assert re.search(
+        rf"--output {re.escape(str(out))}: cannot write there: {re.escape(str(taken))} is a file, not a folder",
+        line,
+    ), line
     assert "epoch 0" not in caplog.text  # refused before the first epoch
     assert taken.read_text() == "not a folder\n"
 
@@ -63,14 +79,19 @@ def test_a_writable_output_keeps_no_probe(tmp_path: Path):
 
 
 @pytest.mark.s3
-def test_an_output_in_a_missing_bucket_is_refused_before_training(tmp_path: Path, capsys, caplog, s3_endpoint: str):
+def test_an_output_in_a_missing_bucket_is_refused_before_training(
+    tmp_path: Path, capsys, caplog, s3_endpoint: str
+):
     data = tmp_path / "ds"
     write_dataset(data, rows={"train": 16, "validation": 4, "test": 4})
     with caplog.at_level(logging.INFO, logger="loaders.train"):
         assert main(_argv(data, "s3://nobucket-lakeshard/run")) == 2
     line = _error_line(capsys)
-    assert re.search(r"--output s3://nobucket-lakeshard/run: cannot write there: the bucket 'nobucket-lakeshard' "
-                     r"does not exist", line), line  # fmt: skip
+    assert re.search(
+        r"--output s3://nobucket-lakeshard/run: cannot write there: the bucket 'nobucket-lakeshard' "
+        r"does not exist",
+        line,
+    ), line
     assert "epoch 0" not in caplog.text
 
 
@@ -83,7 +104,7 @@ def test_an_s3_output_is_checked_and_written_without_a_probe_left(tmp_path: Path
     write_dataset(data, rows={"train": 16, "validation": 4, "test": 4})
     assert main(_argv(data, f"{s3_bucket}/run")) == 0
     client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
-    keys = [o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket[len("s3://"):]).get("Contents", [])]
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket[len("s3://") :]).get("Contents", [])]
     assert sorted(keys) == ["run/checkpoint.pt", "run/metrics.json"]
 
 
@@ -101,17 +122,27 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--width", "8"], r"--width 8 differs from the checkpoint .*checkpoint\.pt, trained with --width 4: "
-                           r"a resumed run keeps its model and optimizer; pass --width 4"),
-        (["--optimizer", "sgd"], r"--optimizer sgd differs from the checkpoint .*checkpoint\.pt, trained with "
-                                 r"--optimizer adamw: .*; pass --optimizer adamw"),
-        (["--model", f"{FACTORIES}:linear"],
-         rf"--model {FACTORIES}:linear differs from the checkpoint .*checkpoint\.pt, trained with no --model "
-         r"\(the small CNN\): .*; pass no --model"),
+        (
+            ["--width", "8"],
+            r"--width 8 differs from the checkpoint .*checkpoint\.pt, trained with --width 4: "
+            r"a resumed run keeps its model and optimizer; pass --width 4",
+        ),
+        (
+            ["--optimizer", "sgd"],
+            r"--optimizer sgd differs from the checkpoint .*checkpoint\.pt, trained with "
+            r"--optimizer adamw: .*; pass --optimizer adamw",
+        ),
+        (
+            ["--model", f"{FACTORIES}:linear"],
+            rf"--model {FACTORIES}:linear differs from the checkpoint .*checkpoint\.pt, trained with no --model "
+            r"\(the small CNN\): .*; pass no --model",
+        ),
     ],
     ids=["width", "optimizer", "model"],
-)  # fmt: skip
-def test_resume_with_another_model_or_optimizer_names_the_option(trained, capsys, extra: list[str], message: str):
+)
+def test_resume_with_another_model_or_optimizer_names_the_option(
+    trained, capsys, extra: list[str], message: str
+):
     data, out = trained
     before = (out / "checkpoint.pt").read_bytes()
     assert main([*_argv(data, out, *extra), "--epochs", "2", "--resume", "auto"]) == 2
@@ -132,30 +163,48 @@ def test_resume_with_a_factory_that_changed_names_the_checkpoint(tmp_path: Path,
     ckpt["model"]["fc.weight"] = torch.zeros(3, 5)  # as if the factory's layer had another size
     torch.save(ckpt, path)
     capsys.readouterr()
-    assert main([*_argv(data, out, "--model", f"{FACTORIES}:linear"), "--epochs", "2", "--resume", "auto"]) == 2
+    assert (
+        main([*_argv(data, out, "--model", f"{FACTORIES}:linear"), "--epochs", "2", "--resume", "auto"]) == 2
+    )
     line = _error_line(capsys)
-    assert re.search(rf"--resume: the checkpoint .*checkpoint\.pt does not fit --model '{FACTORIES}:linear': "
-                     r".*size mismatch for fc\.weight", line), line  # fmt: skip
+    assert re.search(
+        rf"--resume: the checkpoint .*checkpoint\.pt does not fit --model '{FACTORIES}:linear': "
+        r".*size mismatch for fc\.weight",
+        line,
+    ), line
 
 
 # -- --model output ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("factory", "message"),
     [
-        ("for_32px_images", r"a forward pass on a float32 \[2, 3, 8, 8\] batch \(the dataset's image size\) failed: "
-                            r"RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
-        ("one_score_per_image", r"returned a tensor of shape \[2\] for a float32 \[2, 3, 8, 8\] batch; expected "
-                                r"logits of shape \[2, 3\] \(batch, classes: the dataset has 3\)"),
-        ("logits_and_probabilities", r"returned a tuple for a float32 \[2, 3, 8, 8\] batch; expected a tensor of "
-                                     r"logits of shape \[2, 3\]"),
+        (
+            "for_32px_images",
+            r"a forward pass on a float32 \[2, 3, 8, 8\] batch \(the dataset's image size\) failed: "
+            r"RuntimeError: mat1 and mat2 shapes cannot be multiplied",
+        ),
+        (
+            "one_score_per_image",
+            r"returned a tensor of shape \[2\] for a float32 \[2, 3, 8, 8\] batch; expected "
+            r"logits of shape \[2, 3\] \(batch, classes: the dataset has 3\)",
+        ),
+        (
+            "logits_and_probabilities",
+            r"returned a tuple for a float32 \[2, 3, 8, 8\] batch; expected a tensor of "
+            r"logits of shape \[2, 3\]",
+        ),
         ("no_parameters", r"the model has no trainable parameters"),
-        ("three_classes_too_many", r"returned a tensor of shape \[2, 6\] for a float32 \[2, 3, 8, 8\] batch; "
-                                   r"expected logits of shape \[2, 3\]"),
+        (
+            "three_classes_too_many",
+            r"returned a tensor of shape \[2, 6\] for a float32 \[2, 3, 8, 8\] batch; "
+            r"expected logits of shape \[2, 3\]",
+        ),
     ],
     ids=["wrong-input-size", "one-score", "tuple", "no-parameters", "classes-plus-3"],
-)  # fmt: skip
-def test_a_model_that_does_not_fit_the_data_is_one_error_line(tmp_path: Path, capsys, caplog, factory: str,
-                                                               message: str):
+)
+def test_a_model_that_does_not_fit_the_data_is_one_error_line(
+    tmp_path: Path, capsys, caplog, factory: str, message: str
+):
     data, out = tmp_path / "ds", tmp_path / "run"
     write_dataset(data, rows={"train": 16, "validation": 4, "test": 4})
     with caplog.at_level(logging.INFO, logger="loaders.train"):
@@ -168,8 +217,23 @@ def test_a_model_that_does_not_fit_the_data_is_one_error_line(tmp_path: Path, ca
 
 # -- progress --------------------------------------------------------------------------------------
 def _train_command(data: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "loaders.train", "--dataset", str(data), "--output", str(out), "--batch-size", "4",
-            "--epochs", "2", "--num-threads", "1", "--width", "4"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "loaders.train",
+        "--dataset",
+        str(data),
+        "--output",
+        str(out),
+        "--batch-size",
+        "4",
+        "--epochs",
+        "2",
+        "--num-threads",
+        "1",
+        "--width",
+        "4",
+    ]
 
 
 def _env() -> dict[str, str]:
@@ -183,8 +247,14 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_per_epoch_in_a_log(tmp_path:
 
     log = tmp_path / "train.log"
     with open(log, "wb") as f:
-        run = subprocess.run(_train_command(data, tmp_path / "a"), cwd=tmp_path, env=_env(), stdout=f,
-                             stderr=subprocess.STDOUT, timeout=240)  # fmt: skip
+        run = subprocess.run(
+            _train_command(data, tmp_path / "a"),
+            cwd=tmp_path,
+            env=_env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=240,
+        )
     text = log.read_text()
     assert run.returncode == 0, text[-3000:]
     assert "\r" not in text and "it/s]" not in text, text[-3000:]
@@ -192,7 +262,9 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_per_epoch_in_a_log(tmp_path:
 
     # On a terminal (stderr a pseudo-terminal): the bar, redrawn with \r.
     controller, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 24 x 120, as a terminal has
+    fcntl.ioctl(
+        terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0)
+    )  # 24 x 120, as a terminal has
     chunks: list[bytes] = []
 
     def read() -> None:
@@ -208,8 +280,14 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_per_epoch_in_a_log(tmp_path:
     reader = threading.Thread(target=read, name="pty-reader")
     reader.start()
     try:
-        run = subprocess.run(_train_command(data, tmp_path / "b"), cwd=tmp_path, env=_env(),
-                             stdout=subprocess.DEVNULL, stderr=terminal, timeout=240)  # fmt: skip
+        run = subprocess.run(
+            _train_command(data, tmp_path / "b"),
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=terminal,
+            timeout=240,
+        )
     finally:
         os.close(terminal)
         reader.join(timeout=30)

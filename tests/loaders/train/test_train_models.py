@@ -21,8 +21,20 @@ FACTORIES = "tests.loaders.train.model_factories"
 
 
 def _argv(data: Path, out: Path, *extra: str) -> list[str]:
-    return ["--dataset", str(data), "--output", str(out), "--batch-size", "4", "--epochs", "1", "--no-progress",
-            "--num-threads", "1", *extra]  # fmt: skip
+    return [
+        "--dataset",
+        str(data),
+        "--output",
+        str(out),
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--num-threads",
+        "1",
+        *extra,
+    ]
 
 
 def _label_counts(data: Path, channel: str) -> list[int]:
@@ -45,7 +57,10 @@ def test_metrics_have_top1_and_per_class_accuracy_for_validation_and_test(tmp_pa
     write_dataset(data, rows={"train": 16, "validation": 14, "test": 10}, num_classes=3)
     assert main(_argv(data, out, "--model", f"{FACTORIES}:always_class_1", "--epochs", "2")) == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    results = {"test": metrics["test"], **{f"validation {e['epoch']}": e["validation"] for e in metrics["epochs"]}}
+    results = {
+        "test": metrics["test"],
+        **{f"validation {e['epoch']}": e["validation"] for e in metrics["epochs"]},
+    }
     assert len(results) == 3
     for name, result in results.items():
         counts = _label_counts(data, name.split()[0])
@@ -56,14 +71,19 @@ def test_metrics_have_top1_and_per_class_accuracy_for_validation_and_test(tmp_pa
         assert [c["correct"] for c in per_class.values()] == [0, counts[1], 0], name
         assert [c["accuracy"] for c in per_class.values()] == [0.0, 1.0, 0.0], name
         assert result["top1"] == pytest.approx(counts[1] / sum(counts))
-    assert [e["val_accuracy"] for e in metrics["epochs"]] == [e["validation"]["top1"] for e in metrics["epochs"]]
+    assert [e["val_accuracy"] for e in metrics["epochs"]] == [
+        e["validation"]["top1"] for e in metrics["epochs"]
+    ]
     assert metrics["test_accuracy"] == metrics["test"]["top1"]
 
 
 def test_a_class_without_rows_has_a_null_accuracy_and_metrics_json_is_strict_json(tmp_path: Path):
     data, out = tmp_path / "ds", tmp_path / "out"
-    write_dataset(data, rows={"train": 16, "validation": 2, "test": 2}, num_classes=3)  # 2 rows: 2 of 3 classes
+    write_dataset(
+        data, rows={"train": 16, "validation": 2, "test": 2}, num_classes=3
+    )  # 2 rows: 2 of 3 classes
     assert main(_argv(data, out, "--model", f"{FACTORIES}:always_class_1")) == 0
+
     def refuse(constant: str) -> None:  # NaN and Infinity are not JSON: other readers refuse them
         raise AssertionError(f"metrics.json holds {constant}")
 
@@ -78,16 +98,21 @@ def test_a_class_without_rows_has_a_null_accuracy_and_metrics_json_is_strict_jso
     ("value", "message"),
     [
         ("nodots", r"--model \(command line\): expected package\.module:factory, .* got 'nodots'"),
-        ("no_such_pkg.models:net", r"--model 'no_such_pkg\.models:net': cannot import no_such_pkg\.models: "
-                                   r"ModuleNotFoundError: No module named 'no_such_pkg'"),
+        (
+            "no_such_pkg.models:net",
+            r"--model 'no_such_pkg\.models:net': cannot import no_such_pkg\.models: "
+            r"ModuleNotFoundError: No module named 'no_such_pkg'",
+        ),
         (f"{FACTORIES}:missing", rf"--model '{FACTORIES}:missing': {FACTORIES} has no attribute 'missing'"),
         (f"{FACTORIES}:NOT_CALLABLE", r"NOT_CALLABLE is not callable \(it is a int\)"),
         (f"{FACTORIES}:not_a_module", r"not_a_module\(3, 8\) returned a list, not a torch\.nn\.Module$"),
-        (f"{FACTORIES}:needs_rgb_size_32",
-         r"needs_rgb_size_32\(3, 8\) failed: ValueError: this network is for 32x32 images, not 8x8$"),
+        (
+            f"{FACTORIES}:needs_rgb_size_32",
+            r"needs_rgb_size_32\(3, 8\) failed: ValueError: this network is for 32x32 images, not 8x8$",
+        ),
     ],
     ids=["no-colon", "no-module", "no-attribute", "not-callable", "not-a-module", "factory-raises"],
-)  # fmt: skip
+)
 def test_a_bad_model_is_one_error_line_and_status_2(tmp_path: Path, capsys, value: str, message: str):
     data, out = tmp_path / "ds", tmp_path / "out"
     write_dataset(data)
@@ -99,7 +124,9 @@ def test_a_bad_model_is_one_error_line_and_status_2(tmp_path: Path, capsys, valu
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16)])
-def test_precision_bf16_runs_the_forward_pass_under_autocast(tmp_path: Path, precision: str, dtype: torch.dtype):
+def test_precision_bf16_runs_the_forward_pass_under_autocast(
+    tmp_path: Path, precision: str, dtype: torch.dtype
+):
     data, out = tmp_path / "ds", tmp_path / "out"
     write_dataset(data, rows={"train": 16, "validation": 6, "test": 6})
     model_factories.SEEN_DTYPES.clear()

@@ -49,7 +49,9 @@ def _started(cmd: list[str], log: Path, **env: str) -> Iterator[subprocess.Popen
     torchrun forwards to its ranks, then SIGKILL) if the test leaves it running."""
     full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             yield proc
         finally:
@@ -62,22 +64,39 @@ def _started(cmd: list[str], log: Path, **env: str) -> Iterator[subprocess.Popen
                     proc.wait(timeout=30)
 
 
-def _signal_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str, send: Callable[[], None],
-                 log: Path) -> int:  # fmt: skip
+def _signal_when(
+    proc: subprocess.Popen, ready: Callable[[], bool], what: str, send: Callable[[], None], log: Path
+) -> int:
     """Wait until ``ready()``, ``send()`` a signal and return the exit status of ``proc``."""
     until(lambda: proc.poll() is not None or ready(), what, timeout=180)
-    assert proc.poll() is None, f"the run ended (status {proc.returncode}) before {what}:\n{log.read_text()[-3000:]}"
+    assert proc.poll() is None, (
+        f"the run ended (status {proc.returncode}) before {what}:\n{log.read_text()[-3000:]}"
+    )
     send()
     return proc.wait(timeout=120)
 
 
 # -- one process, signalled during its evaluations and between two epochs --------------------------
-def test_a_signal_during_evaluation_or_between_epochs_saves_a_checkpoint_that_resumes_exactly(tmp_path: Path,
-                                                                                             caplog):
+def test_a_signal_during_evaluation_or_between_epochs_saves_a_checkpoint_that_resumes_exactly(
+    tmp_path: Path, caplog
+):
     data = tmp_path / "ds"
     write_dataset(data, rows={"train": 16, "validation": 12, "test": 12})
-    args = ["--dataset", str(data), "--batch-size", "4", "--eval-batch-size", "1", "--epochs", "2", "--width", "4",
-            "--num-threads", "1", "--no-progress"]  # fmt: skip
+    args = [
+        "--dataset",
+        str(data),
+        "--batch-size",
+        "4",
+        "--eval-batch-size",
+        "1",
+        "--epochs",
+        "2",
+        "--width",
+        "4",
+        "--num-threads",
+        "1",
+        "--no-progress",
+    ]
     assert main([*args, "--output", str(tmp_path / "ref")]) == 0  # the uninterrupted run
     ref = json.loads((tmp_path / "ref/metrics.json").read_text())
 
@@ -88,12 +107,19 @@ def test_a_signal_during_evaluation_or_between_epochs_saves_a_checkpoint_that_re
     # SIGTERM while epoch 0's validation runs: its training steps are done, its validation is not.
     log = tmp_path / "first.log"
     with _started(cmd, log, LAKESHARD_RECORD=str(first), LAKESHARD_BATCH_SECONDS="0.1") as proc:
-        rc = _signal_when(proc, lambda: bool(_lines(tmp_path / "first-validation-rank0.jsonl")), "epoch 0 is validated",
-                          lambda: os.kill(proc.pid, signal.SIGTERM), log)  # fmt: skip
+        rc = _signal_when(
+            proc,
+            lambda: bool(_lines(tmp_path / "first-validation-rank0.jsonl")),
+            "epoch 0 is validated",
+            lambda: os.kill(proc.pid, signal.SIGTERM),
+            log,
+        )
     text = log.read_text()
     assert rc == 75, text[-3000:]
-    assert f"SIGTERM: saved the checkpoint file://{out}/checkpoint.pt at epoch 0, step 4 of 4 (before its validation)"\
-           "; exiting with status 75: rerun with --resume auto to continue" in text, text[-3000:]  # fmt: skip
+    assert (
+        f"SIGTERM: saved the checkpoint file://{out}/checkpoint.pt at epoch 0, step 4 of 4 (before its validation)"
+        "; exiting with status 75: rerun with --resume auto to continue" in text
+    ), text[-3000:]
     assert "Traceback" not in text
     ckpt = _checkpoint(out)
     assert (ckpt["loader"]["epoch"], ckpt["loader"]["batches_consumed"], ckpt["epoch_done"]) == (0, 4, False)
@@ -109,19 +135,34 @@ def test_a_signal_during_evaluation_or_between_epochs_saves_a_checkpoint_that_re
     assert rc == 75, text[-3000:]
     assert "resumed from" in text and "at epoch 0, step 4" in text
     assert "sends itself SIGTERM after its validation batches" in text
-    assert f"SIGTERM: saved the checkpoint file://{out}/checkpoint.pt after epoch 0; exiting with status 75" in text
+    assert (
+        f"SIGTERM: saved the checkpoint file://{out}/checkpoint.pt after epoch 0; exiting with status 75"
+        in text
+    )
     ckpt = _checkpoint(out)
-    assert (ckpt["loader"]["epoch"], ckpt["epoch_done"], [e["epoch"] for e in ckpt["metrics"]]) == (0, True, [0])
+    assert (ckpt["loader"]["epoch"], ckpt["epoch_done"], [e["epoch"] for e in ckpt["metrics"]]) == (
+        0,
+        True,
+        [0],
+    )
     assert _train_records(second, 0) == [] and len(_lines(tmp_path / "second-validation-rank0.jsonl")) == 12
 
     # Resumed: epoch 1; SIGUSR1 during the final test.
     log = tmp_path / "third.log"
     with _started(cmd, log, LAKESHARD_RECORD=str(third), LAKESHARD_BATCH_SECONDS="0.1") as proc:
-        rc = _signal_when(proc, lambda: bool(_lines(tmp_path / "third-test-rank0.jsonl")), "the test runs",
-                          lambda: os.kill(proc.pid, signal.SIGUSR1), log)  # fmt: skip
+        rc = _signal_when(
+            proc,
+            lambda: bool(_lines(tmp_path / "third-test-rank0.jsonl")),
+            "the test runs",
+            lambda: os.kill(proc.pid, signal.SIGUSR1),
+            log,
+        )
     text = log.read_text()
     assert rc == 75, text[-3000:]
-    assert f"SIGUSR1: saved the checkpoint file://{out}/checkpoint.pt after epoch 1 (before the final test)" in text
+    assert (
+        f"SIGUSR1: saved the checkpoint file://{out}/checkpoint.pt after epoch 1 (before the final test)"
+        in text
+    )
     assert "resumed from" in text and "at epoch 1, step 0" in text
     ckpt = _checkpoint(out)
     assert (ckpt["loader"]["epoch"], ckpt["epoch_done"], len(ckpt["metrics"])) == (1, True, 2)
@@ -138,7 +179,9 @@ def test_a_signal_during_evaluation_or_between_epochs_saves_a_checkpoint_that_re
     got = json.loads((out / "metrics.json").read_text())
     assert [e["epoch"] for e in got["epochs"]] == [0, 1]
     for key in ("loss", "val_accuracy", "samples", "images"):
-        assert [e[key] for e in got["epochs"]] == pytest.approx([e[key] for e in ref["epochs"]], rel=1e-5), key
+        assert [e[key] for e in got["epochs"]] == pytest.approx([e[key] for e in ref["epochs"]], rel=1e-5), (
+            key
+        )
     assert got["test_accuracy"] == pytest.approx(ref["test_accuracy"])
     want = _checkpoint(tmp_path / "ref")["model"]
     for name, value in _checkpoint(out)["model"].items():
@@ -155,27 +198,59 @@ ROWS = {"train": 48, "validation": 8, "test": 8}
 def test_a_signalled_two_rank_torchrun_stops_at_one_step_and_resumes_every_sample_once(tmp_path: Path):
     data, out = tmp_path / "ds", tmp_path / "run"
     write_dataset(data, rows=ROWS, num_shards=2, size=8)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *RECORDING,
-           "--dataset", str(data), "--output", str(out), "--batch-size", "4", "--epochs", "2", "--no-progress",
-           "--width", "4", "--num-threads", "1", "--shuffle-window", "8", "--dist-timeout", "60",
-           "--resume", "auto"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *RECORDING,
+        "--dataset",
+        str(data),
+        "--output",
+        str(out),
+        "--batch-size",
+        "4",
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--width",
+        "4",
+        "--num-threads",
+        "1",
+        "--shuffle-window",
+        "8",
+        "--dist-timeout",
+        "60",
+        "--resume",
+        "auto",
+    ]
     first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
 
     # SIGTERM to torchrun's process group, in epoch 0. The ranks run in sessions of their own:
     # torchrun forwards the signal to each (and would SIGKILL them after --shutdown-timeout).
     log = tmp_path / "first.log"
     with _started(cmd, log, LAKESHARD_RECORD=str(first), LAKESHARD_BATCH_SECONDS="0.2") as proc:
-        rc = _signal_when(proc, lambda: len(_train_records(first, 0)) >= 3, "rank 0 trains step 2",
-                          lambda: os.killpg(proc.pid, signal.SIGTERM), log)  # fmt: skip
+        rc = _signal_when(
+            proc,
+            lambda: len(_train_records(first, 0)) >= 3,
+            "rank 0 trains step 2",
+            lambda: os.killpg(proc.pid, signal.SIGTERM),
+            log,
+        )
     text = log.read_text()
     assert rc != 0, text[-3000:]
     ckpt = _checkpoint(out)
     stop1 = ckpt["loader"]["batches_consumed"]
     assert (ckpt["loader"]["epoch"], ckpt["epoch_done"]) == (0, False) and 3 <= stop1 < 12, text[-3000:]
-    assert f"SIGTERM: saved the checkpoint file://{out}/checkpoint.pt at epoch 0, step {stop1} of 12; exiting with "\
-           "status 75: rerun with --resume auto to continue" in text, text[-3000:]  # fmt: skip
+    assert (
+        f"SIGTERM: saved the checkpoint file://{out}/checkpoint.pt at epoch 0, step {stop1} of 12; exiting with "
+        "status 75: rerun with --resume auto to continue" in text
+    ), text[-3000:]
     for rank in (0, 1):  # each rank trained exactly the steps the checkpoint holds
-        assert [(r["epoch"], r["step"]) for r in _train_records(first, rank)] == [(0, s) for s in range(stop1)]
+        assert [(r["epoch"], r["step"]) for r in _train_records(first, rank)] == [
+            (0, s) for s in range(stop1)
+        ]
     partial = ckpt["epoch_partial"]  # the totals of the steps before the stop, all ranks
     assert (partial["epoch"], partial["samples"], partial["images"]) == (0, 4 * stop1, 4 * stop1)
     assert partial["loss_sum"] > 0
@@ -183,9 +258,13 @@ def test_a_signalled_two_rank_torchrun_stops_at_one_step_and_resumes_every_sampl
     # Resumed; SIGUSR1 (Slurm's warning) to rank 1 only, in epoch 1: rank 0 stops at the same step.
     log = tmp_path / "second.log"
     with _started(cmd, log, LAKESHARD_RECORD=str(second), LAKESHARD_BATCH_SECONDS="0.2") as proc:
-        rc = _signal_when(proc, lambda: sum(r["epoch"] == 1 for r in _train_records(second, 1)) >= 3,
-                          "rank 1 trains step 2 of epoch 1",
-                          lambda: os.kill(_train_records(second, 1)[0]["pid"], signal.SIGUSR1), log)  # fmt: skip
+        rc = _signal_when(
+            proc,
+            lambda: sum(r["epoch"] == 1 for r in _train_records(second, 1)) >= 3,
+            "rank 1 trains step 2 of epoch 1",
+            lambda: os.kill(_train_records(second, 1)[0]["pid"], signal.SIGUSR1),
+            log,
+        )
     text = log.read_text()
     assert rc != 0, text[-3000:]
     assert f"at epoch 0, step {stop1}" in text
@@ -204,11 +283,18 @@ def test_a_signalled_two_rank_torchrun_stops_at_one_step_and_resumes_every_sampl
         rc = proc.wait(timeout=300)
     assert rc == 0, log.read_text()[-3000:]
 
-    runs = {name: [r for rank in (0, 1) for r in _train_records(prefix, rank)]
-            for name, prefix in (("first", first), ("second", second), ("third", third))}  # fmt: skip
+    runs = {
+        name: [r for rank in (0, 1) for r in _train_records(prefix, rank)]
+        for name, prefix in (("first", first), ("second", second), ("third", third))
+    }
     for epoch in (0, 1):
-        seen = Counter(i for records in runs.values() for r in records if r["epoch"] == epoch for i in r["ids"])
+        seen = Counter(
+            i for records in runs.values() for r in records if r["epoch"] == epoch for i in r["ids"]
+        )
         assert seen == Counter(range(48)), epoch  # every sample of the epoch, once over the three runs
     metrics = json.loads((out / "metrics.json").read_text())
-    assert [(e["epoch"], e["samples"], e["resumed_at_step"]) for e in metrics["epochs"]] == [(0, 48, stop1), (1, 48, stop2)]
+    assert [(e["epoch"], e["samples"], e["resumed_at_step"]) for e in metrics["epochs"]] == [
+        (0, 48, stop1),
+        (1, 48, stop2),
+    ]
     assert 0.0 <= metrics["test_accuracy"] <= 1.0
