@@ -102,11 +102,9 @@ def build_dataset(
     classes: int = 10,
     image: Callable[[np.random.Generator, int], np.ndarray] = synthetic_image,
 ) -> None:
-    """One shard per channel following the contract, written by the format's own
-    :class:`lakeshard.format.ShardWriter` (so the image column is stored as the job stores it:
-    uncompressed, no dictionary, 4 MiB row groups), plus the same JPEGs as files under
-    ``root/files``. ``image(rng, size)`` draws each image (``remote_bench.py --photo`` draws
-    noisier ones)."""
+    """One shard per channel following the contract (:func:`write_shards`), plus the same
+    JPEGs as files under ``root/files``. ``image(rng, size)`` draws each image
+    (``remote_bench.py --photo`` draws noisier ones)."""
     rng = np.random.default_rng(0)
     encoded, labels = [], []
     for i in range(images):
@@ -117,11 +115,22 @@ def build_dataset(
         path = root / "files" / f"class{i % classes}" / f"{i:06d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(encoded[-1])
+    write_shards(root, encoded, labels, size=size, quality=quality, classes=classes)
+
+
+def write_shards(
+    root: Path, encoded: list[bytes], labels: list[int], *, size: int, quality: int, classes: int
+) -> None:
+    """A dataset of one shard per channel (train: every image; validation and test: the first
+    ``classes``, at most 10), written by the format's own :class:`lakeshard.format.ShardWriter` (so the
+    image column is stored as the job stores it: uncompressed, no dictionary, 4 MiB row groups),
+    with its ``dataset.json`` and ``labels.json``."""
+    images = len(encoded)
     version = hashlib.sha256(b"".join(encoded[:10])).hexdigest()[:16]
     names = {c: f"class{c}" for c in range(classes)}
     channels: dict[str, contract.ChannelInfo] = {}
     for channel in contract.CHANNELS:
-        n = images if channel == "train" else classes
+        n = images if channel == "train" else min(classes, 10)
         table = pa.table(
             {
                 "image": pa.array(encoded[:n], pa.binary()),

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Set up and run every test, slow ones included: the main environment (.venv), Chromium for the
-# report test, and the separate petastorm environment (.venv-petastorm: petastorm needs
-# pyarrow 14 and numpy < 2, which cannot share .venv) for the petastorm interop tests.
+# report test, the separate petastorm environment (.venv-petastorm: petastorm needs
+# pyarrow 14 and numpy < 2, which cannot share .venv) for the petastorm interop tests, and the
+# peers' environments (.venv-peers/<tool>) for the peer benchmark's test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup_test_extras.sh
 bash scripts/setup_petastorm.sh
+bash scripts/setup_peers.sh
 source .venv/bin/activate
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"
 # The linter and the formatter first: a tree that is not formatted fails in seconds, not after the tests.

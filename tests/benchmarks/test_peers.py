@@ -1,0 +1,106 @@
+"""The peer benchmark (benchmarks/peers/run.py) runs every tool, from local disk and through the
+remote-like store, and each tool delivers every image exactly once per epoch; a tool whose
+environment is missing is a row saying so. (No test asserts a speed.)
+
+The peers' environments come from ``scripts/setup_peers.sh`` (``scripts/test.sh`` runs it); one
+that is missing fails the full run test with that command, never skips it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "benchmarks" / "peers" / "run.py"
+PEERS = ("streaming", "litdata", "webdataset", "dataloader")
+#: A multiple of batch 64 and of the 2 workers: no tool's partitioning has a reason to pad.
+IMAGES = 128
+
+
+def _run(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    out = tmp / "peers.json"
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--work", str(tmp / "work"), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def every_tool(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    missing = [p for p in PEERS if not (ROOT / ".venv-peers" / p / "bin" / "python").exists()]
+    if missing:
+        pytest.fail(f"peer environments missing: run bash scripts/setup_peers.sh {' '.join(missing)}")
+    tmp = tmp_path_factory.mktemp("peers")
+    _, result = _run(tmp, "--images", str(IMAGES), "--epochs", "2", "--repeats", "1", "--workers", "2")
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("setting", "name"),
+    [("local", t) for t in ("lakeshard", *PEERS)]
+    + [("remote", t) for t in ("lakeshard", "lakeshard + cache_dir", *PEERS)],
+)
+def test_each_tool_delivers_every_image_once_per_epoch(
+    every_tool: dict[str, Any], setting: str, name: str
+) -> None:
+    row = every_tool["tables"][setting][name]
+    assert "error" not in row, row
+    assert row["runs"] == 1 and not row["failed_runs"]
+    assert row["exactly_once"], row
+    (variant,) = [v for v in every_tool["runs"] if v["variant"]["setting"] == setting and _name(v) == name]
+    (run,) = variant["runs"]
+    for epoch in run["epochs"]:
+        assert (epoch["images"], epoch["missing"], epoch["repeated"]) == (IMAGES, 0, 0), epoch
+        assert epoch["cpu_s"] > 0 and epoch["peak_pss"] > 0
+    if setting == "remote":
+        first, second = (e["traffic"] for e in run["epochs"])
+        # Every remote row read its data through the store, not from the local folder.
+        assert first["gets"] > 0 and first["body_bytes"] > 0, first
+        cached = name in ("lakeshard + cache_dir", "streaming", "litdata")
+        # A cache keeps the second epoch off the store; without one it reads the data again.
+        assert (second["body_bytes"] == 0) == cached, (name, second)
+
+
+def _name(v: dict[str, Any]) -> str:
+    tool, cache = v["variant"]["tool"], v["variant"]["cache"]
+    return f"{tool} + cache_dir" if cache and tool == "lakeshard" else tool
+
+
+@pytest.mark.slow
+def test_a_missing_environment_is_a_row_saying_so(tmp_path: Path) -> None:
+    proc, result = _run(
+        tmp_path,
+        *("--tools", "lakeshard,webdataset", "--settings", "local", "--venvs", str(tmp_path / "none")),
+        *("--images", "64", "--epochs", "1", "--repeats", "1"),
+    )
+    rows = result["tables"]["local"]
+    assert rows["webdataset"] == {"error": "not installed: bash scripts/setup_peers.sh webdataset"}
+    assert rows["lakeshard"]["exactly_once"]
+    assert "webdataset             not installed: bash scripts/setup_peers.sh webdataset" in proc.stdout
+
+
+def test_bad_arguments_are_one_line_before_any_work(tmp_path: Path) -> None:
+    for args, message in [
+        (["--tools", "lakeshard,tfdata"], "['tfdata']: choose from lakeshard, streaming"),
+        (["--images", "0"], "--images must be at least 1, got 0"),
+        (["--bandwidth", "fast"], "--bandwidth:"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, str(RUN), "--work", str(tmp_path / "w"), *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert not (tmp_path / "w").exists()
