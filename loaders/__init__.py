@@ -3,7 +3,7 @@
 ``ShardLoader`` is the public entry point; ``python -m loaders.train`` trains on a dataset.
 """
 
-from loaders.batch import PAD_LABEL, SkippedRow
+from loaders.batch import PAD_LABEL, EncodedBatch, SkippedRow
 from loaders.options import LoaderOptions, default_threads
 from loaders.plan import num_batches, rank_segments, rows_per_rank
 from loaders.shard_loader import STATE_FORMAT, ShardLoader
@@ -11,6 +11,7 @@ from loaders.shard_loader import STATE_FORMAT, ShardLoader
 __all__ = [
     "PAD_LABEL",
     "STATE_FORMAT",
+    "EncodedBatch",
     "LoaderOptions",
     "ShardLoader",
     "SkippedRow",

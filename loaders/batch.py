@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -25,7 +25,16 @@ from loaders.buffers import BufferPool
 from loaders.decode import BatchDecoder, Buffer
 from loaders.transforms import Transform, batch_generator
 
-__all__ = ["NULL_LABEL", "PAD_LABEL", "BatchTask", "DecodeSpec", "SkippedRow", "decode_batch"]
+__all__ = [
+    "NULL_LABEL",
+    "PAD_LABEL",
+    "BatchTask",
+    "DecodeSpec",
+    "EncodedBatch",
+    "SkippedRow",
+    "decode_batch",
+    "encoded_batch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +67,24 @@ class BatchTask:
     rows: np.ndarray
 
 
+class EncodedBatch(NamedTuple):
+    """A batch of ``decoder="none"``: the rows a decoding loader would decode, in its order.
+
+    ``images``: each row's encoded image as a 1-D uint8 tensor (what
+    ``torchvision.io.decode_jpeg(images, device="cuda")`` takes); ``labels``: int64 ``[B]``,
+    :data:`PAD_LABEL` where the decoded batch has it; ``shards`` and ``rows``: int64 ``[B]``, each
+    row's shard (an index into :attr:`ShardLoader.shard_uris`) and row number in it."""
+
+    images: list[torch.Tensor]
+    labels: torch.Tensor
+    shards: torch.Tensor
+    rows: torch.Tensor
+
+
 @dataclass(frozen=True)
 class DecodeSpec:
-    decoder: Callable[..., np.ndarray]
+    #: Decodes one image into its slot; ``None`` with ``decoder="none"`` (:func:`encoded_batch`).
+    decoder: Callable[..., np.ndarray] | None
     size: int
     num_classes: int
     shard_uris: tuple[str, ...]
@@ -133,6 +157,48 @@ def _pinned(batch: Any) -> Any:
     return batch
 
 
+def _bad_labels(task: BatchTask, spec: DecodeSpec) -> tuple[np.ndarray, list[bool] | None]:
+    """The batch's labels as int64 (a copy) and, if any row's label is null or out of range
+    (pads aside), which rows those are."""
+    labels = task.labels.astype(np.int64, copy=True)
+    bad_label = ~task.pads & ((labels < 0) | (labels >= spec.num_classes))
+    return labels, bad_label.tolist() if bad_label.any() else None
+
+
+def _label_error(labels: np.ndarray, i: int, spec: DecodeSpec) -> str:
+    if labels[i] == NULL_LABEL:
+        return "label is null"
+    return f"label {int(labels[i])} out of range [0, {spec.num_classes})"
+
+
+def encoded_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> EncodedBatch | None:
+    """One batch of ``decoder="none"``: the encoded images as they are stored, and the labels,
+    shards and rows; a bad label or a null image is what :func:`decode_batch` makes of it (a
+    :class:`LoaderError`, or with ``skip_bad_rows`` an empty image labelled ``PAD_LABEL``).
+    Whether an image decodes is the decoding side's to find out. ``None`` if ``stop`` was set."""
+    if stop.is_set():
+        return None
+    labels, bad = _bad_labels(task, spec)
+    images = []
+    for i, data in enumerate(task.images):
+        if bad is not None and bad[i]:
+            _bad_row(spec, task, i, _label_error(labels, i, spec), None)
+        elif data is None:
+            _bad_row(spec, task, i, "image is null", None)
+        else:
+            images.append(torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy()))
+            continue
+        images.append(torch.empty(0, dtype=torch.uint8))
+        labels[i] = PAD_LABEL
+    labels[task.pads] = PAD_LABEL
+    return EncodedBatch(
+        images,
+        torch.from_numpy(labels),
+        torch.from_numpy(task.shards.astype(np.int64, copy=True)),
+        torch.from_numpy(task.rows.astype(np.int64, copy=True)),
+    )
+
+
 def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
     """Decode and transform one batch; ``None`` if ``stop`` was set meanwhile.
 
@@ -148,14 +214,13 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> An
         if spec.buffers is not None
         else np.empty((n, s, s, 3), dtype=np.uint8)
     )
-    labels = task.labels.astype(np.int64, copy=True)
-    bad_label = ~task.pads & ((labels < 0) | (labels >= spec.num_classes))
-    bad = bad_label.tolist() if bad_label.any() else None
+    labels, bad = _bad_labels(task, spec)
     decoder, is_set = spec.decoder, stop.is_set
+    assert decoder is not None, "decoder='none' batches are encoded_batch's"
     todo: Iterable[int] = range(n)
     if spec.batch_decoder is not None:
         left = spec.batch_decoder(task.images, hwc)
-        todo = sorted(set(left).union(np.flatnonzero(bad_label).tolist())) if bad is not None else left
+        todo = sorted(set(left).union(i for i, b in enumerate(bad) if b)) if bad is not None else left
         if is_set():
             return None
     images = task.images
@@ -164,12 +229,7 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> An
             return None
         data = images[i]
         if bad is not None and bad[i]:
-            what = (
-                "label is null"
-                if labels[i] == NULL_LABEL
-                else f"label {int(labels[i])} out of range [0, {spec.num_classes})"
-            )
-            _bad_row(spec, task, i, what, None)
+            _bad_row(spec, task, i, _label_error(labels, i, spec), None)
         elif data is None:
             _bad_row(spec, task, i, "image is null", None)
         else:

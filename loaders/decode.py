@@ -46,6 +46,7 @@ _jpeg = extension(
 __all__ = [
     "BATCH_DECODERS",
     "DECODERS",
+    "NO_DECODER",
     "BatchDecoder",
     "Buffer",
     "ImageSizeError",
@@ -134,6 +135,10 @@ def _decode_auto(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
 DECODERS: dict[str, Callable[..., np.ndarray]] = {"auto": _decode_auto, "pillow": decode_pillow}
 if _simplejpeg is not None:
     DECODERS["simplejpeg"] = decode_simplejpeg
+
+
+#: The ``decoder`` that decodes nothing: batches are :class:`loaders.batch.EncodedBatch`.
+NO_DECODER = "none"
 
 
 def get_decoder(name: str) -> Callable[..., np.ndarray]:

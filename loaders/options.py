@@ -11,7 +11,7 @@ from typing import Any
 from lakeshard.errors import ConfigError
 from lakeshard.format import CHANNELS
 from lakeshard.settings import check_positive, parse_size
-from loaders.decode import get_decoder
+from loaders.decode import NO_DECODER, get_decoder
 from loaders.plan import RANK_REMAINDER_POLICIES
 from loaders.transforms import check_mean_std
 
@@ -72,7 +72,10 @@ class LoaderOptions:
         prefetch: batches decoded ahead of the training loop.
         decoder: ``"auto"`` (each batch's JPEGs at once with ``loaders._jpeg`` when built; then
             simplejpeg for JPEG when installed, Pillow otherwise), ``"pillow"`` or
-            ``"simplejpeg"`` (image by image); see ``loaders/decode.py``.
+            ``"simplejpeg"`` (image by image); see ``loaders/decode.py``. ``"none"``: no
+            decoding; each batch is an :class:`~loaders.EncodedBatch` of the encoded images (to
+            decode on the GPU), with the same rows, order and state as a decoding loader
+            (``augment``, ``crop``, ``normalize``, ``transform`` and ``pin_memory`` must be unset).
         augment: random horizontal flip, and a random crop when ``crop`` is set.
         crop: output size; a random crop with ``augment``, a centre crop without.
         normalize: ``(mean, std)``, 3 numbers each (one per RGB channel, on the 0-1 scale; lists
@@ -174,15 +177,37 @@ class LoaderOptions:
             raise ConfigError(f"remainder must be one of {RANK_REMAINDER_POLICIES}, got {self.remainder!r}")
         if self.channel not in CHANNELS:
             raise ConfigError(f"channel must be one of {CHANNELS}, got {self.channel!r}")
-        try:
-            get_decoder(self.decoder)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        if self.decoder == NO_DECODER:
+            self._check_encoded()
+        else:
+            try:
+                get_decoder(self.decoder)
+            except ValueError as exc:
+                raise ConfigError(f"{exc} (or {NO_DECODER!r}: the encoded bytes)") from None
         check_positive("crop", self.crop, allow_none=True, error=ConfigError)
         if self.normalize is not None:
             self._check_normalize()
         if self.transform is not None:
             self._check_transform()
+
+    def _check_encoded(self) -> None:
+        """``decoder="none"`` yields encoded bytes: nothing that works on pixels may be set."""
+        pixels = {
+            k: v
+            for k, v in (
+                ("augment", self.augment),
+                ("crop", self.crop),
+                ("normalize", self.normalize),
+                ("transform", self.transform),
+                ("pin_memory", self.pin_memory),
+            )
+            if v
+        }
+        if pixels:
+            raise ConfigError(
+                f"decoder={NO_DECODER!r} yields the encoded images, so {', '.join(pixels)} cannot apply "
+                f"(got {pixels}); decode and transform on the GPU instead (docs/loader.md, GPU decoding)"
+            )
 
     def _check_transform(self) -> None:
         if not callable(self.transform):

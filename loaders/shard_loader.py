@@ -40,11 +40,11 @@ import torch
 from lakeshard import format as contract
 from lakeshard import storage
 from lakeshard.errors import ConfigError, LoaderError
-from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch
+from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch, encoded_batch
 from loaders.buffers import BufferPool
 from loaders.cache import CachedShard, ShardCache
 from loaders.dataset import ShardDataset
-from loaders.decode import get_batch_decoder, get_decoder
+from loaders.decode import NO_DECODER, get_batch_decoder, get_decoder
 from loaders.elastic import EpochSettings, Leg, LegPlan, order_of
 from loaders.fetch import RangeFetcher, read_s3_range
 from loaders.options import LoaderOptions, default_threads
@@ -463,8 +463,9 @@ class ShardLoader:
 
     def _decoder(self, epoch: int, skipped: list[SkippedRow]) -> Callable[[BatchTask, threading.Event], Any]:
         """What decodes a batch task of ``epoch`` (bad rows it skips go to ``skipped``)."""
+        encoded = self.options.decoder == NO_DECODER
         spec = DecodeSpec(
-            decoder=get_decoder(self.options.decoder),
+            decoder=None if encoded else get_decoder(self.options.decoder),
             size=self.image_size,
             num_classes=self.num_classes,
             shard_uris=self.shard_uris,
@@ -476,8 +477,10 @@ class ShardLoader:
             skip_bad_rows=self.options.skip_bad_rows,
             buffers=self._buffers,
             skipped=skipped,
-            batch_decoder=get_batch_decoder(self.options.decoder),
+            batch_decoder=None if encoded else get_batch_decoder(self.options.decoder),
         )
+        if encoded:
+            return lambda task, stop: encoded_batch(task, stop, spec)
         return lambda task, stop: decode_batch(task, stop, spec)
 
     def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

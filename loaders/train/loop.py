@@ -85,16 +85,17 @@ _NORMALIZE = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 def _init_distributed(cfg: TrainConfig, ranks: Ranks) -> World:
     """This process's device (its local GPU, else the CPU), in the process group when there are
-    several ranks."""
+    several ranks or torchrun started it."""
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{ranks.local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if ranks.world_size > 1:
+    grouped = ranks.world_size > 1 or ranks.launched
+    if grouped:
         backend = "nccl" if cuda else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.dist_timeout))
         log.info("rank %d/%d joined the %s process group", ranks.rank, ranks.world_size, backend)
-    return World(ranks.rank, ranks.world_size, ranks.local_rank, ranks.local_world_size, device)
+    return World(ranks.rank, ranks.world_size, ranks.local_rank, ranks.local_world_size, device, grouped)
 
 
 def _info_level(world: World) -> int:

@@ -28,6 +28,9 @@ class Ranks:
     world_size: int
     local_rank: int
     local_world_size: int
+    #: Started by torchrun (``WORLD_SIZE`` is set): in a process group even when alone, so that
+    #: ``torchrun --nproc_per_node=1`` runs the collectives (nccl on a GPU) that more ranks would.
+    launched: bool = False
 
     @classmethod
     def from_env(cls) -> Ranks:
@@ -39,7 +42,13 @@ class Ranks:
         world = _env_int("WORLD_SIZE", 1)
         if world < 1:
             raise ConfigError(f"environment variable WORLD_SIZE must be at least 1, got {world}")
-        return cls(_env_int("RANK", 0), world, _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", world))
+        return cls(
+            _env_int("RANK", 0),
+            world,
+            _env_int("LOCAL_RANK", 0),
+            _env_int("LOCAL_WORLD_SIZE", world),
+            launched="WORLD_SIZE" in os.environ,
+        )
 
 
 def _env_int(name: str, default: int) -> int:
@@ -60,17 +69,19 @@ def _env_int(name: str, default: int) -> int:
 @dataclass(frozen=True, slots=True)
 class World:
     """Where this process trains: rank ``rank`` of ``world_size`` (``local_rank`` of
-    ``local_world_size`` on its host), on ``device``; in a process group when ``active``."""
+    ``local_world_size`` on its host), on ``device``; in a process group when ``active`` (several
+    ranks, or ``grouped``: one rank that torchrun started)."""
 
     rank: int
     world_size: int
     local_rank: int
     local_world_size: int
     device: torch.device
+    grouped: bool = False
 
     @property
     def active(self) -> bool:
-        return self.world_size > 1
+        return self.world_size > 1 or self.grouped
 
     def autocast(self, bf16: bool) -> torch.autocast:
         """The forward pass's precision on this device: bfloat16 autocast, or none."""

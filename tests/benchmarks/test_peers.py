@@ -7,13 +7,14 @@ that is missing fails the full run test with that command, never skips it."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.procs import run_json_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "benchmarks" / "peers" / "run.py"
@@ -22,17 +23,14 @@ PEERS = ("streaming", "litdata", "webdataset", "dataloader")
 IMAGES = 128
 
 
-def _run(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def _run(tmp: Path, *args: str) -> tuple[str, dict[str, Any]]:
     out = tmp / "peers.json"
-    proc = subprocess.run(
+    return run_json_tool(
         [sys.executable, str(RUN), "--work", str(tmp / "work"), "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
+        out,
         cwd=ROOT,
+        timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc, json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +77,7 @@ def _name(v: dict[str, Any]) -> str:
 
 @pytest.mark.slow
 def test_a_missing_environment_is_a_row_saying_so(tmp_path: Path) -> None:
-    proc, result = _run(
+    stdout, result = _run(
         tmp_path,
         *("--tools", "lakeshard,webdataset", "--settings", "local", "--venvs", str(tmp_path / "none")),
         *("--images", "64", "--epochs", "1", "--repeats", "1"),
@@ -87,7 +85,7 @@ def test_a_missing_environment_is_a_row_saying_so(tmp_path: Path) -> None:
     rows = result["tables"]["local"]
     assert rows["webdataset"] == {"error": "not installed: bash scripts/setup_peers.sh webdataset"}
     assert rows["lakeshard"]["exactly_once"]
-    assert "webdataset             not installed: bash scripts/setup_peers.sh webdataset" in proc.stdout
+    assert "webdataset             not installed: bash scripts/setup_peers.sh webdataset" in stdout
 
 
 def test_bad_arguments_are_one_line_before_any_work(tmp_path: Path) -> None:

@@ -428,7 +428,11 @@ _NAN, _INF = float("nan"), float("inf")
         ("augment", None, r"augment must be True or False, got None$"),
         ("pin_memory", "yes", r"pin_memory must be True or False, got 'yes'$"),
         ("skip_bad_rows", "no", r"skip_bad_rows must be True or False, got 'no'$"),
-        ("decoder", ["auto"], r"decoder must be one of \['auto', 'pillow', 'simplejpeg'\], got \['auto'\]$"),
+        (
+            "decoder",
+            ["auto"],
+            r"decoder must be one of \['auto', 'pillow', 'simplejpeg'\], got \['auto'\] \(or 'none': the encoded bytes\)$",
+        ),
         ("remainder", ["pad"], r"remainder must be one of \('pad', 'drop'\), got \['pad'\]$"),
         ("channel", ["train"], r"channel must be one of .*, got \['train'\]$"),
         ("crop", "8", r"crop must be a positive integer, got '8'$"),

@@ -1,0 +1,451 @@
+"""Does the loader keep a GPU node busy? Thread scaling, a real model fed by the loader, nccl,
+and GPU-side decoding, in one command.
+
+```
+python benchmarks/node_bench.py --out node.json          # a GPU node (16 cores, an H100): < 8 min
+python benchmarks/node_bench.py --small                   # any machine, CPU only: < 2 min
+```
+
+1. **Dataset**: ``--images`` rows of 224 px photo-like JPEGs (``--unique`` distinct images,
+   repeated; ~21 kB each) in one shard written by the format's own writer, 1,000 classes.
+2. **Thread scaling**: a kept loader (``decoder="auto"``) with each of ``--threads`` decode
+   threads, and ``--ranks`` processes of ``--rank-threads`` threads at once (two ranks on one
+   node), each measured for ``--seconds`` after its first batch, in its own process: images/s
+   and CPU seconds per image (the process's); beside each, the decode ceiling on as many threads
+   (the same bytes in memory, decoded with the same decoder, nothing else: loader_bench.py's).
+3. **A model fed by the loader**: ResNet-50 (torchvision's, else timm's) in bf16 autocast,
+   channels_last, ``--batch-size`` 256, SGD, on the GPU: ``--steps`` steps fed by the loader
+   (pinned memory, non-blocking copies, normalised on the GPU) against the same steps on one
+   batch already on the GPU (the compute ceiling); images/s, the ratio, and the share of step
+   time spent waiting for the next batch. Without CUDA (``--small``): the trainer's small CNN on
+   the CPU, so the code path runs.
+4. **nccl**: ``torchrun --standalone --nproc_per_node=1 -m loaders.train`` for one short epoch;
+   the backend its process group used (gloo without CUDA) and its exit status.
+5. **GPU decoding**: ``decoder="none"`` batches decoded by ``torchvision.io.decode_jpeg(...,
+   device="cuda")`` against the loader decoding on the CPU and copying to the GPU, images/s and
+   CPU seconds per image; and the encoded batches alone (what the CPU still does). A step that
+   cannot run here (no CUDA, no torchvision) is reported with the reason, never left out.
+
+Targets (reported, not asserted): images/s >= 0.9 x ceiling at every thread count for one
+process; the loader-fed model >= 0.95 x the compute ceiling with data wait <= 2%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loader_bench import bench_ceiling, synthetic_image, write_shards
+
+from loaders import ShardLoader
+from loaders.decode import BATCH_DECODERS, has_simplejpeg
+
+SIZE, QUALITY, CLASSES = 224, 95, 1000
+#: ImageNet's mean and std on the 0-255 scale: the normalisation done on the GPU.
+MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+
+
+# -- the dataset ------------------------------------------------------------------------------------
+def _encode(seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(synthetic_image(np.random.default_rng(seed), SIZE)).save(
+        buf, format="JPEG", quality=QUALITY
+    )
+    return buf.getvalue()
+
+
+def build(root: Path, *, images: int, unique: int) -> list[bytes]:
+    """The dataset at ``root`` (kept when it already has ``images`` rows): its encoded images."""
+    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+        distinct = list(pool.map(_encode, range(unique), chunksize=64))
+    encoded = [distinct[i % unique] for i in range(images)]
+    marker = root / f".rows-{images}-{unique}"
+    if not marker.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        labels = [i % CLASSES for i in range(images)]
+        write_shards(root, encoded, labels, size=SIZE, quality=QUALITY, classes=CLASSES)
+        marker.touch()
+    return encoded
+
+
+# -- one process of the thread scaling ------------------------------------------------------------
+def measure(
+    dataset: str, *, rank: int, world: int, threads: int, seconds: float, decoder: str
+) -> dict[str, float]:
+    """A kept loader's rate over ``seconds`` after its first batch (epochs roll over as a training
+    loop's do), and this process's CPU seconds meanwhile."""
+    loader = ShardLoader(
+        dataset,
+        rank=rank,
+        world_size=world,
+        batch_size=256,
+        shuffle=True,
+        num_threads=threads,
+        decoder=decoder,
+    )
+    epoch, it = 0, iter(loader)
+    next(it)
+    me = psutil.Process()
+    cpu0, t0, n = sum(me.cpu_times()[:2]), time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        try:
+            batch = next(it)
+        except StopIteration:
+            epoch += 1
+            loader.set_epoch(epoch)
+            it = iter(loader)
+            continue
+        n += len(batch[1])
+    elapsed, cpu = time.perf_counter() - t0, sum(me.cpu_times()[:2]) - cpu0
+    loader.close()
+    return {"images": n, "seconds": elapsed, "cpu_s": cpu}
+
+
+def _run_ranks(
+    dataset: Path, ranks: int, threads: int, seconds: float, decoder: str = "auto"
+) -> dict[str, Any]:
+    """``ranks`` processes of ``threads`` threads at once: images/s summed, CPU per image overall."""
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "measure",
+                str(dataset),
+                str(r),
+                str(ranks),
+                str(threads),
+                str(seconds),
+                decoder,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(ranks)
+    ]
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=seconds + 300)
+        if p.returncode != 0:
+            raise SystemExit(f"measure (ranks={ranks}, threads={threads}) failed with exit {p.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    images = sum(r["images"] for r in results)
+    return {
+        "ranks": ranks,
+        "threads": threads,
+        "images_per_s": sum(r["images"] / r["seconds"] for r in results),
+        "cpu_s_per_image": sum(r["cpu_s"] for r in results) / max(images, 1),
+    }
+
+
+def scaling(dataset: Path, encoded: list[bytes], args: argparse.Namespace) -> list[dict[str, Any]]:
+    configs = [(1, t) for t in args.threads] + [(args.ranks, args.rank_threads)]
+    ceiling_args = argparse.Namespace(decoder="auto", batch_size=256)
+    rows = []
+    for ranks, threads in configs:
+        row = _run_ranks(dataset, ranks, threads, args.seconds)
+        # The ceiling on as many threads as all ranks have, over about as many images.
+        sample = encoded[: max(256 * ranks * threads * 2, min(len(encoded), int(row["images_per_s"] * 2)))]
+        row["ceiling_images_per_s"] = bench_ceiling(sample, SIZE, ceiling_args, ranks * threads)
+        row["vs_ceiling"] = row["images_per_s"] / row["ceiling_images_per_s"]
+        rows.append(row)
+        print(
+            f"  {ranks} x {threads:2d} threads: {row['images_per_s']:9.0f} images/s, "
+            f"{row['cpu_s_per_image'] * 1e3:.3f} ms CPU/image, ceiling {row['ceiling_images_per_s']:9.0f} "
+            f"({row['vs_ceiling']:.2f})",
+            flush=True,
+        )
+    return rows
+
+
+# -- the model ---------------------------------------------------------------------------------------
+def _model(cuda: bool) -> tuple[torch.nn.Module, str]:
+    if not cuda:
+        from loaders.train.model import build_model
+
+        return build_model(None, CLASSES, SIZE, width=8), "the trainer's small CNN (width 8), CPU"
+    try:
+        import torchvision
+
+        return torchvision.models.resnet50(num_classes=CLASSES), "torchvision resnet50"
+    except Exception:
+        import timm
+
+        return timm.create_model("resnet50", num_classes=CLASSES), "timm resnet50"
+
+
+def model_fed(dataset: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The model fed by the loader against the same model fed one batch already on the device."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    model, name = _model(cuda)
+    model = model.to(device, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        x = ((images.to(device, non_blocking=True).float() - mean) / std).contiguous(
+            memory_format=torch.channels_last
+        )
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = loss_fn(model(x), labels.to(device, non_blocking=True))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    loader = ShardLoader(
+        str(dataset), batch_size=args.batch_size, shuffle=True, pin_memory=cuda, num_threads=os.cpu_count()
+    )
+    it = iter(loader)
+    fixed = next(it)
+    for _ in range(args.warmup):
+        step(*fixed)
+    sync()
+    wait = 0.0
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        w = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(loader)
+            batch = next(it)
+        wait += time.perf_counter() - w
+        step(*batch)
+    sync()
+    fed = args.steps * args.batch_size / (time.perf_counter() - t0)
+    loader.close()
+    on_device = (fixed[0].to(device), fixed[1].to(device))
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step(*on_device)
+    sync()
+    ceiling = args.steps * args.batch_size / (time.perf_counter() - t0)
+    total = args.steps * args.batch_size / fed
+    return {
+        "model": name,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "fed_images_per_s": fed,
+        "ceiling_images_per_s": ceiling,
+        "vs_ceiling": fed / ceiling,
+        "data_wait_share": wait / total,
+    }
+
+
+# -- nccl through the trainer ---------------------------------------------------------------------
+def torchrun(dataset: Path, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="node-bench-train-") as out:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+        command += ["-m", "loaders.train", "--dataset", str(dataset), "--epochs", "1", "--width", "8"]
+        command += ["--batch-size", str(args.train_batch_size), "--output", out, "--no-progress"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1]
+        )
+        seconds = time.perf_counter() - t0
+        log = proc.stdout + proc.stderr
+        backend = next((b for b in ("nccl", "gloo") if f"joined the {b} process group" in log), None)
+        metrics = Path(out) / "metrics.json"
+        result = {
+            "exit": proc.returncode,
+            "backend": backend,
+            "seconds": seconds,
+            "metrics_written": metrics.exists(),
+        }
+        if proc.returncode != 0:
+            result["log_tail"] = log[-2000:]
+        return result
+
+
+# -- GPU decoding ------------------------------------------------------------------------------------
+def _rate(loader: ShardLoader, seconds: float, consume: Any) -> dict[str, float]:
+    it = iter(loader)
+    consume(next(it))
+    me = psutil.Process()
+    cpu0, t0, n = sum(me.cpu_times()[:2]), time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        try:
+            n += consume(next(it))
+        except StopIteration:
+            it = iter(loader)
+    elapsed, cpu = time.perf_counter() - t0, sum(me.cpu_times()[:2]) - cpu0
+    loader.close()
+    return {"images_per_s": n / elapsed, "cpu_s_per_image": cpu / max(n, 1)}
+
+
+def gpu_decode(dataset: Path, args: argparse.Namespace) -> dict[str, Any]:
+    opts = {"batch_size": 256, "shuffle": True, "num_threads": os.cpu_count()}
+    out: dict[str, Any] = {
+        "encoded_only": _rate(
+            ShardLoader(str(dataset), decoder="none", **opts), args.seconds, lambda b: len(b.labels)
+        )
+    }
+    if not torch.cuda.is_available():
+        out["skipped"] = "CUDA is not available"
+        return out
+    try:
+        from torchvision.io import decode_jpeg
+    except Exception as exc:  # torchvision missing, or built for another torch
+        out["skipped"] = f"torchvision.io.decode_jpeg cannot be imported ({type(exc).__name__}: {exc})"
+        return out
+
+    def on_gpu(batch: Any) -> int:
+        images = torch.stack(decode_jpeg(batch.images, device="cuda"))
+        torch.cuda.synchronize()
+        return len(images)
+
+    def cpu_decoded(batch: Any) -> int:
+        batch[0].to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        return len(batch[1])
+
+    out["gpu_decode"] = _rate(ShardLoader(str(dataset), decoder="none", **opts), args.seconds, on_gpu)
+    out["cpu_decode"] = _rate(ShardLoader(str(dataset), pin_memory=True, **opts), args.seconds, cpu_decoded)
+    return out
+
+
+# -- main ----------------------------------------------------------------------------------------------
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated positive integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated positive integers")
+    return values
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--small", action="store_true", help="a CPU-sized run (under 2 minutes on 2 cores)")
+    p.add_argument("--images", type=int, help="rows in the dataset (default 200,000; --small 2,000)")
+    p.add_argument("--unique", type=int, help="distinct images among them (default 4,000; --small 256)")
+    p.add_argument(
+        "--threads", type=_ints, help="decode threads of one process (default 1,2,4,8,16; --small 1,2)"
+    )
+    p.add_argument("--ranks", type=int, help="processes at once for the last row (default 2)")
+    p.add_argument("--rank-threads", type=int, help="threads of each of them (default 8; --small 1)")
+    p.add_argument("--seconds", type=float, help="measured per configuration (default 6; --small 1.5)")
+    p.add_argument("--batch-size", type=int, help="the model's batch (default 256; --small 16)")
+    p.add_argument("--steps", type=int, help="the model's measured steps (default 60; --small 3)")
+    p.add_argument("--warmup", type=int, help="steps before those (default 10; --small 1)")
+    p.add_argument(
+        "--train-images", type=int, help="rows of the torchrun run's dataset (default 20,000; --small 64)"
+    )
+    p.add_argument("--train-batch-size", type=int, help="its batch (default 256; --small 16)")
+    p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "node-bench")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    defaults = {
+        "images": (200_000, 2_000),
+        "unique": (4_000, 256),
+        "threads": ([1, 2, 4, 8, 16], [1, 2]),
+        "ranks": (2, 2),
+        "rank_threads": (8, 1),
+        "seconds": (6.0, 1.5),
+        "batch_size": (256, 16),
+        "steps": (60, 3),
+        "warmup": (10, 1),
+        "train_images": (20_000, 64),
+        "train_batch_size": (256, 16),
+    }
+    for name, (full, small) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, small if args.small else full)
+    for name in ("images", "unique", "ranks", "rank_threads", "batch_size", "steps", "train_images"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.seconds <= 0:
+        p.error(f"--seconds must be positive, got {args.seconds}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["measure"]:  # one process of the thread scaling (run by _run_ranks)
+        dataset, rank, world, threads, seconds, decoder = argv[1:]
+        r, w, t, s = int(rank), int(world), int(threads), float(seconds)
+        print(json.dumps(measure(dataset, rank=r, world=w, threads=t, seconds=s, decoder=decoder)))
+        return 0
+    args = parse_args(argv)
+    started = time.perf_counter()
+    cuda = torch.cuda.is_available()
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, {torch.cuda.get_device_name() if cuda else 'no GPU'}",
+        "decoders": {"loaders._jpeg": bool(BATCH_DECODERS), "simplejpeg": has_simplejpeg()},
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    print(result["machine"], "| decoders:", result["decoders"], flush=True)
+    dataset = args.workdir / f"ds-{args.images}"
+    encoded = build(dataset, images=args.images, unique=args.unique)
+    print(f"dataset: {args.images} rows ({len(set(map(id, encoded)))} distinct) in {dataset}", flush=True)
+    print("thread scaling:", flush=True)
+    result["scaling"] = scaling(dataset, encoded, args)
+    del encoded
+    result["model"] = model_fed(dataset, args)
+    m = result["model"]
+    print(
+        f"model ({m['model']}, batch {m['batch_size']}): fed {m['fed_images_per_s']:.0f} images/s, "
+        f"on-device batch {m['ceiling_images_per_s']:.0f} ({m['vs_ceiling']:.2f}), data wait "
+        f"{m['data_wait_share']:.1%}",
+        flush=True,
+    )
+    train_set = args.workdir / f"train-{args.train_images}"
+    build(train_set, images=args.train_images, unique=min(args.unique, args.train_images))
+    result["torchrun"] = torchrun(train_set, args)
+    t = result["torchrun"]
+    print(
+        f"torchrun --nproc_per_node=1 loaders.train: exit {t['exit']}, backend {t['backend']}, {t['seconds']:.1f} s"
+    )
+    result["gpu_decode"] = gpu_decode(dataset, args)
+    g = result["gpu_decode"]
+    e = g["encoded_only"]
+    print(
+        f"encoded batches only: {e['images_per_s']:.0f} images/s, {e['cpu_s_per_image'] * 1e3:.3f} ms CPU/image"
+    )
+    if "skipped" in g:
+        print(f"GPU decoding: not run: {g['skipped']}")
+    else:
+        for k in ("gpu_decode", "cpu_decode"):
+            print(
+                f"{k}: {g[k]['images_per_s']:.0f} images/s, {g[k]['cpu_s_per_image'] * 1e3:.3f} ms CPU/image"
+            )
+    result["seconds"] = time.perf_counter() - started
+    print(f"done in {result['seconds']:.0f} s")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if t["exit"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
