@@ -147,7 +147,9 @@ def _find_checkpoint(cfg: TrainConfig, checkpoint_uri: str) -> tuple[str | None,
 
 
 #: The options a resumed run keeps: they decide the shapes of the model's and optimiser's state.
-_KEPT_ON_RESUME = ("model", "width", "optimizer")
+#: What a resumed run takes from its checkpoint, not from the command line: the network, and the
+#: optimizer and learning-rate schedule whose states it loads (their settings are in those states).
+_KEPT_ON_RESUME = ("model", "width", "optimizer", "lr", "momentum", "weight_decay", "gamma", "step_size")
 
 
 def _option(name: str, value: Any) -> str:
@@ -158,8 +160,10 @@ def _option(name: str, value: Any) -> str:
 
 
 def _check_resumed_options(cfg: TrainConfig, uri: str | None, ckpt: dict[str, Any]) -> None:
-    """A resumed run keeps the ``--model``, ``--width`` (of the small CNN) and ``--optimizer``
-    its checkpoint was trained with (its ``config``)."""
+    """A resumed run keeps the ``--model``, ``--width`` (of the small CNN), ``--optimizer`` and
+    the optimizer's and schedule's settings its checkpoint was trained with (its ``config``):
+    loading the optimizer's and the schedule's states would otherwise drop a changed ``--lr``
+    (or momentum, weight decay, gamma, step size) without a word."""
     saved = ckpt.get("config")
     if not isinstance(saved, dict):
         return
@@ -168,11 +172,13 @@ def _check_resumed_options(cfg: TrainConfig, uri: str | None, ckpt: dict[str, An
             continue
         if name == "width" and (cfg.model is not None or saved.get("model") is not None):
             continue  # the width of the small CNN, which neither run trains
+        if name == "momentum" and cfg.optimizer == saved.get("optimizer") == "adamw":
+            continue  # SGD's momentum, which AdamW ignores
         now, then = _option(name, getattr(cfg, name)), _option(name, saved[name])
         small = " (the small CNN)" if name == "model" and saved[name] is None else ""
         raise ConfigError(
             f"{now} differs from the checkpoint {uri}, trained with {then}{small}: "
-            f"a resumed run keeps its model and optimizer; pass {then} "
+            f"a resumed run keeps its model, optimizer and learning-rate schedule; pass {then} "
             "(or another --output to start a new run)"
         )
 

@@ -125,7 +125,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         (
             ["--width", "8"],
             r"--width 8 differs from the checkpoint .*checkpoint\.pt, trained with --width 4: "
-            r"a resumed run keeps its model and optimizer; pass --width 4",
+            r"a resumed run keeps its model, optimizer and learning-rate schedule; pass --width 4",
         ),
         (
             ["--optimizer", "sgd"],
@@ -137,10 +137,18 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             rf"--model {FACTORIES}:linear differs from the checkpoint .*checkpoint\.pt, trained with no --model "
             r"\(the small CNN\): .*; pass no --model",
         ),
+        (
+            ["--lr", "0.5"],
+            r"--lr 0\.5 differs from the checkpoint .*checkpoint\.pt, trained with --lr 0\.01: .*; pass --lr 0\.01",
+        ),
+        (
+            ["--weight-decay", "0.5"],
+            r"--weight-decay 0\.5 differs from the checkpoint .*, trained with --weight-decay 0\.01:",
+        ),
     ],
-    ids=["width", "optimizer", "model"],
+    ids=["width", "optimizer", "model", "lr", "weight-decay"],
 )
-def test_resume_with_another_model_or_optimizer_names_the_option(
+def test_resume_with_another_model_optimizer_or_schedule_names_the_option(
     trained, capsys, extra: list[str], message: str
 ):
     data, out = trained
