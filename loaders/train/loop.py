@@ -62,7 +62,7 @@ from torch import nn
 from tqdm import tqdm
 
 from lakeshard import storage
-from lakeshard.errors import PlatformError
+from lakeshard.errors import PlatformError, StorageError
 from loaders.batch import PAD_LABEL
 from loaders.shard_loader import ShardLoader, default_threads
 from loaders.state import last_leg
@@ -471,9 +471,30 @@ def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy
 
 def _save_checkpoint(run: _Run, *, epoch_done: bool, partial: dict[str, Any] | None = None) -> None:
     """Rank 0 saves the checkpoint; ``partial``: an unfinished epoch's totals so far
-    (:meth:`EpochTotals.to_checkpoint`)."""
-    if run.world.rank != 0:
-        return
+    (:meth:`EpochTotals.to_checkpoint`). Every rank learns whether the save worked (a
+    collective): a failed save stops every rank with an error line, where rank 0 failing alone
+    would leave the others waiting in their next all-reduce until ``--dist-timeout``, or exiting
+    75 as if the checkpoint they stopped for were saved."""
+    error: Exception | None = None
+    if run.world.rank == 0:
+        try:
+            _write_checkpoint(run, epoch_done=epoch_done, partial=partial)
+        except Exception as exc:
+            error = exc
+    (failed,) = all_reduce([0.0 if error is None else 1.0], run.world, maximum=True)
+    if error is not None:
+        if isinstance(error, PlatformError):
+            raise error
+        raise StorageError(
+            f"cannot save the checkpoint {run.plan.checkpoint_uri}: {type(error).__name__}: {error}"
+        ) from error
+    if failed:
+        raise StorageError(
+            f"rank 0 could not save the checkpoint {run.plan.checkpoint_uri} (its line says why)"
+        )
+
+
+def _write_checkpoint(run: _Run, *, epoch_done: bool, partial: dict[str, Any] | None) -> None:
     buf = io.BytesIO()
     torch.save(
         {

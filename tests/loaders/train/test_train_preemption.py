@@ -11,9 +11,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +27,7 @@ import torch
 from loader_builders import until, write_dataset
 
 from loaders.train import main
+from tests.helpers.procs import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 RECORDING = ["-m", "tests.hardening.recording_train"]
@@ -298,3 +302,51 @@ def test_a_signalled_two_rank_torchrun_stops_at_one_step_and_resumes_every_sampl
         (1, 48, stop2),
     ]
     assert 0.0 <= metrics["test_accuracy"] <= 1.0
+
+
+@pytest.mark.distributed
+def test_a_checkpoint_that_cannot_be_saved_stops_every_rank_with_an_error(tmp_path: Path):
+    """Two ranks started as a launcher without torchrun's supervision starts them (srun, mpirun:
+    one process each, no agent to kill the others). Rank 0's periodic save fails (its --output
+    replaced by a file once training runs); rank 1 learns it in the same collective and stops
+    with its own error line at once, instead of waiting in its next all-reduce for
+    --dist-timeout."""
+    data, out = tmp_path / "ds", tmp_path / "run"
+    write_dataset(data, rows=ROWS, num_shards=2, size=8)
+    cmd = [sys.executable, *RECORDING, "--dataset", str(data), "--output", str(out), "--batch-size", "4"]
+    cmd += ["--epochs", "2", "--no-progress", "--width", "4", "--num-threads", "1", "--shuffle-window", "8"]
+    cmd += ["--checkpoint-every", "3", "--dist-timeout", "120"]
+    records, port = tmp_path / "rec", free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.update(
+        LAKESHARD_RECORD=str(records), LAKESHARD_BATCH_SECONDS="0.3", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2"
+    )
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    logs = [tmp_path / f"rank{r}.log" for r in (0, 1)]
+    procs = []
+    try:
+        for r in (0, 1):
+            with open(logs[r], "w") as f:
+                rank_env = {**env, "RANK": str(r), "LOCAL_RANK": str(r)}
+                procs.append(
+                    subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=rank_env, cwd=REPO)
+                )
+        until(lambda: len(_train_records(records, 0)) >= 1, "rank 0 trains step 0")
+        shutil.rmtree(out)
+        out.write_text("not a folder")
+        broken = time.monotonic()
+        codes = [p.wait(timeout=100) for p in procs]
+        took = time.monotonic() - broken
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    texts = [log.read_text() for log in logs]
+    assert codes == [2, 2] and took < 60, (codes, took, texts[0][-2000:], texts[1][-2000:])
+    assert re.search(
+        r"loaders\.train: error: cannot write file://.*/run/checkpoint\.pt.* \(rank 0\)", texts[0]
+    )
+    assert "error: rank 0 could not save the checkpoint file://" in texts[1] and "(rank 1)" in texts[1], (
+        texts[1]
+    )
