@@ -6,12 +6,18 @@ sha256 from ``dataset.json``. A file there is trusted only after its size and sh
 ``dataset.json`` (checked once per loader, and by the process that wrote it before it renamed
 it into place); one that does not is deleted and fetched again.
 
-Writes: whole shards, downloaded on the cache's own thread while the first epoch streams its
-ranged reads. The writer holds ``fcntl.flock`` on ``<file>.lock`` (one process downloads a shard,
-the others wait for it, then verify and use its file), writes ``<file>.tmp-<pid>-<hex>``, checks
-size and sha256, ``fsync``s and renames it into place: no reader sees a torn file. A writer
-killed mid-write leaves a temp file, never trusted (its name is not a shard's) and deleted by the
-next holder of the shard's lock.
+Writes: whole shards, filled on the cache's own thread while the first epoch streams its ranged
+reads, **from those reads** (read-through): each row group the epoch fetches is also written at
+its offset into the shard's temp file (:meth:`ShardCache.offer`, called by the fetch threads), the
+cache thread downloads at once only what the epoch will not read (the footer, the magic, row
+groups of no piece of this rank) and, once the epoch has read what it said it would
+(``expected``) or has ended (:meth:`ShardCache.epoch_ended`), whatever is still missing; so epoch
+1 reads each byte of a shard once, not once for the epoch and once for the cache. The writer
+holds ``fcntl.flock`` on ``<file>.lock`` (one process fills a shard, the others wait for it,
+then verify and use its file), writes ``<file>.tmp-<pid>-<hex>``, checks size and sha256,
+``fsync``s and renames it into place: no reader sees a torn file. A writer killed mid-write
+leaves a temp file, never trusted (its name is not a shard's) and deleted by the next holder of
+the shard's lock.
 
 Eviction: after each download, least recently used shard files (modification time, touched on
 every use) go until the cache is within ``limit`` bytes; files this loader uses are kept open, so
@@ -107,6 +113,14 @@ class ShardCache:
         self.errors: list[tuple[int, str]] = []  # (shard, error) of downloads that failed
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        #: Read-through (see the module doc): the temp file being filled, by remote path.
+        self._filling: dict[str, _Filling] = {}
+        #: The byte ranges the current epoch reads, by remote path (:meth:`start`).
+        self._expected: dict[str, list[tuple[int, int]]] = {}
+        self._epoch_over = threading.Event()
+        #: Bytes of shards written from the epoch's reads, and downloaded by the cache itself.
+        self.bytes_offered = 0
+        self.bytes_downloaded = 0
 
     def path(self, shard: CachedShard) -> Path:
         return self.folder / f"{shard.index:05d}-{shard.sha256}.parquet"
@@ -117,14 +131,26 @@ class ShardCache:
         with self._lock:
             return {i: f"file:///proc/self/fd/{fd}" for i, fd in self._fds.items()}
 
-    def start(self, shards: list[CachedShard], *, name: str) -> None:
+    def start(
+        self,
+        shards: list[CachedShard],
+        *,
+        name: str,
+        expected: dict[int, list[tuple[int, int]]] | None = None,
+    ) -> None:
         """Fill the shards not ready yet, one after another, on a thread named ``{name}-cache``
-        (unless one is running). A failed download is logged and left to the remote reads; a
-        folder that cannot be written gets no download (one WARNING says so)."""
+        (unless one is running). ``expected``: by shard index, the byte ranges the epoch starting
+        now will read (and :meth:`offer`), which the fill then takes from those reads. A failed
+        download is logged and left to the remote reads; a folder that cannot be written gets no
+        download (one WARNING says so)."""
         with self._lock:
             todo = [s for s in shards if s.index not in self._ready]
             writable = self.read_only is None
             if writable and todo and (self._thread is None or not self._thread.is_alive()):
+                self._expected = {
+                    storage.s3_path(s.uri): sorted((expected or {}).get(s.index, [])) for s in todo
+                }
+                self._epoch_over = threading.Event()
                 self._stop = stop = threading.Event()
                 self._thread = threading.Thread(
                     target=self._fill_all, args=(todo, len(shards), stop), name=f"{name}-cache", daemon=True
@@ -132,6 +158,37 @@ class ShardCache:
                 self._thread.start()
         if todo and not writable:
             self._warn_read_only(len(shards))
+
+    def filling(self) -> bool:
+        """Whether a fill is under way: the shards it fills will be read from disk next epoch."""
+        with self._lock:
+            return self._thread is not None and self._thread.is_alive()
+
+    def offer(self, path: str, start: int, data: bytes) -> None:
+        """Bytes ``[start, start + len(data))`` of the remote shard ``path`` (as the fetcher names
+        it), just read by the epoch: written into that shard's temp file if it is being filled
+        (read-through); otherwise nothing. Runs on a fetch thread; never raises (a failed write
+        leaves the range to the cache's own download)."""
+        with self._lock:
+            filling = self._filling.get(path)
+        if filling is None:
+            return
+        try:
+            filling.write(start, data)
+        except OSError as exc:
+            log.debug(
+                "cache: cannot write bytes %d-%d of %s from the epoch's read: %s",
+                start,
+                start + len(data),
+                path,
+                exc,
+            )
+            return
+        self.bytes_offered += len(data)
+
+    def epoch_ended(self) -> None:
+        """The epoch the fill was waiting on is over (or stopped): download what it did not read."""
+        self._epoch_over.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the fill thread to finish; ``True`` if it has (or none runs)."""
@@ -147,6 +204,7 @@ class ShardCache:
         with self._lock:
             thread, self._thread = self._thread, None
         self._stop.set()
+        self._epoch_over.set()
         if thread is not None:
             thread.join()
 
@@ -261,31 +319,34 @@ class ShardCache:
             os.close(old)
 
     def _download(self, shard: CachedShard, path: Path, stop: threading.Event) -> bool:
+        """Fill ``path`` (under its lock): the bytes the epoch will not read at once, the epoch's
+        reads as they come (:meth:`offer`), then any gap; verify; rename into place."""
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         remote = storage.s3_path(shard.uri)
-        h = hashlib.sha256()
+        expected = self._expected.get(remote, [])
         try:
-            # Parts of _CHUNK bytes, _PARTS at a time, through the blocking client the fetch
-            # threads use (design/0030): a far store's bandwidth is per connection.
-            part = f"{threading.current_thread().name}-part"
-            with open(tmp, "wb") as dst, ThreadPoolExecutor(_PARTS, thread_name_prefix=part) as pool:
-                starts = list(range(0, shard.bytes, _CHUNK))
-                for i in range(0, len(starts), _PARTS):
-                    if stop.is_set():
+            with open(tmp, "w+b") as dst:
+                dst.truncate(shard.bytes)
+                filling = _Filling(dst.fileno())
+                with self._lock:
+                    self._filling[remote] = filling
+                try:
+                    if not self._fetch_gaps(shard, filling, _gaps([(0, shard.bytes)], expected), stop):
                         return False
-                    parts = pool.map(
-                        lambda s: storage.s3_read_range(remote, s, min(s + _CHUNK, shard.bytes)),
-                        starts[i : i + _PARTS],
-                    )
-                    for chunk in parts:
-                        h.update(chunk)
-                        dst.write(chunk)
+                    while not filling.covers(expected, shard.bytes) and not self._epoch_over.is_set():
+                        if stop.wait(_WAIT_S):
+                            return False
+                finally:
+                    with self._lock:
+                        self._filling.pop(remote, None)
+                if not self._fetch_gaps(shard, filling, filling.gaps(shard.bytes), stop):
+                    return False
                 dst.flush()
                 os.fsync(dst.fileno())
-            size = tmp.stat().st_size
-            if size != shard.bytes or h.hexdigest() != shard.sha256:
+            size, digest = tmp.stat().st_size, _sha256(tmp)
+            if size != shard.bytes or digest != shard.sha256:
                 raise LoaderError(
-                    f"downloaded {shard.uri} into the cache: {size} bytes, sha256 {h.hexdigest()}; "
+                    f"downloaded {shard.uri} into the cache: {size} bytes, sha256 {digest}; "
                     f"dataset.json says {shard.bytes} bytes, sha256 {shard.sha256} (changed since?)"
                 )
             os.rename(tmp, path)
@@ -300,6 +361,29 @@ class ShardCache:
         self.downloaded.append(shard.index)
         self._mark_ready(shard.index, path)
         self._evict()
+        return True
+
+    def _fetch_gaps(
+        self, shard: CachedShard, filling: _Filling, gaps: list[tuple[int, int]], stop: threading.Event
+    ) -> bool:
+        """Download ``gaps`` of ``shard`` into ``filling``, in parts of at most ``_CHUNK`` bytes,
+        ``_PARTS`` at a time, through the blocking client the fetch threads use (design/0030: a
+        far store's bandwidth is per connection). ``False`` if ``stop`` came first."""
+        remote = storage.s3_path(shard.uri)
+        parts = [(s, min(s + _CHUNK, hi)) for lo, hi in gaps for s in range(lo, hi, _CHUNK)]
+        if not parts:
+            return True
+        name = f"{threading.current_thread().name}-part"
+        with ThreadPoolExecutor(_PARTS, thread_name_prefix=name) as pool:
+            for i in range(0, len(parts), _PARTS):
+                if stop.is_set():
+                    return False
+                batch = parts[i : i + _PARTS]
+                for (lo, _), chunk in zip(
+                    batch, pool.map(lambda r: storage.s3_read_range(remote, *r), batch), strict=True
+                ):
+                    filling.write(lo, chunk)
+                    self.bytes_downloaded += len(chunk)
         return True
 
     def _evict(self) -> None:
@@ -322,3 +406,55 @@ class ShardCache:
             log.info("cache over %d bytes: evicting %s", self.limit, p)
             p.unlink(missing_ok=True)
             total -= size
+
+
+class _Filling:
+    """A shard's temp file being filled, and which of its bytes are in (written with ``pwrite``
+    by the fetch threads and the cache thread alike)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._have: list[tuple[int, int]] = []  # sorted, disjoint, merged
+
+    def write(self, start: int, data: bytes) -> None:
+        os.pwrite(self._fd, data, start)
+        with self._lock:
+            self._have = _merge([*self._have, (start, start + len(data))])
+
+    def gaps(self, size: int) -> list[tuple[int, int]]:
+        with self._lock:
+            return _gaps([(0, size)], self._have)
+
+    def covers(self, ranges: list[tuple[int, int]], size: int) -> bool:
+        with self._lock:
+            return not _gaps([(lo, min(hi, size)) for lo, hi in ranges], self._have)
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` sorted, with overlapping and touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _gaps(want: list[tuple[int, int]], have: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``want`` that ``have`` does not cover, in order."""
+    have = _merge(have)
+    out = []
+    for lo, hi in _merge(want):
+        for a, b in have:
+            if b <= lo or a >= hi:
+                continue
+            if a > lo:
+                out.append((lo, a))
+            lo = max(lo, b)
+            if lo >= hi:
+                break
+        if lo < hi:
+            out.append((lo, hi))
+    return out

@@ -173,6 +173,9 @@ class RangeFetcher:
         self.completed: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self.waited: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self._name = name
+        #: Called with each range and its bytes once read, on the fetch thread that read it (the
+        #: shard cache's read-through: :meth:`loaders.cache.ShardCache.offer`); must not raise.
+        self.on_read: Callable[[ByteRange, bytes], None] | None = None
         # Made by start() or the first schedule(), again after close().
         self._executor: ThreadPoolExecutor | None = None
         self._parts: ThreadPoolExecutor | None = None
@@ -298,6 +301,8 @@ class RangeFetcher:
             raise LoaderError(
                 f"read bytes {r.start}-{r.end} of {r.path}: got {len(data)} bytes, expected {r.size} (file changed?)"
             )
+        if self.on_read is not None:
+            self.on_read(r, data)
         return data
 
     def _done(self, key: Hashable, future: Future[bytes]) -> None:

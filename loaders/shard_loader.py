@@ -198,6 +198,8 @@ class ShardLoader:
         for shard in self._cached:
             cache.adopt(shard)
         self._reader.use_local(cache.ready())
+        # Read-through: the epoch's row groups go into the cache's files as they are read.
+        self.fetcher.on_read = lambda r, data, offer=cache.offer: offer(r.path, r.start, data)
         return cache
 
     def _make_fetcher(self, remote: dict[int, contract.ShardFooter], blocks: int, name: str) -> RangeFetcher:
@@ -407,8 +409,11 @@ class ShardLoader:
         """Start the epoch :meth:`set_epoch` selected, from the batch a restored state says: the
         one started early, if it is that epoch from its first batch, else a new one."""
         if self.cache is not None:  # shards cached since the last epoch are read from disk now
+            self.cache.epoch_ended()  # a fill that waited on the last epoch's reads takes the rest
             self._reader.use_local(self.cache.ready())
-            self.cache.start(self._cached, name=f"lakeshard-r{self.options.rank}")
+            self.cache.start(
+                self._cached, name=f"lakeshard-r{self.options.rank}", expected=self._reader.remote_ranges()
+            )
         start, self._next_start = self._next_start, 0
         if self._resumed is not None and self._resumed_used:  # the epoch again: afresh, at this world size
             self._resumed = None
@@ -422,6 +427,8 @@ class ShardLoader:
         # iteration, which may be a loader's only one.
         looping = self._last_iter_epoch is not None and self._epoch - self._last_iter_epoch == 1
         ahead = self._epoch + 1 if looping or self._last_iter_epoch is None else None
+        if self.cache is not None and self.cache.filling():
+            ahead = None  # this epoch's reads fill the cache: the next one reads its files, not the store
         self._last_iter_epoch = self._epoch
         early, self._started_early = self._started_early, None
         if (
@@ -504,6 +511,8 @@ class ShardLoader:
                 self._consumed += 1
                 yield batch
             finished = True
+            if self.cache is not None:  # every read of the epoch is in: a fill takes the rest now
+                self.cache.epoch_ended()
         finally:
             epoch.close()
             with self._lock:

@@ -169,6 +169,16 @@ class WindowReader:
             self._ranges[key] = ByteRange(storage.s3_path(self.shard_uris[piece.shard]), lo, hi, footer.etag)
         return self._ranges[key]
 
+    def remote_ranges(self) -> dict[int, list[tuple[int, int]]]:
+        """By remote shard (read through the fetcher), the byte ranges of the row groups an epoch
+        of this rank reads: what the shard cache can take from those reads."""
+        out: dict[int, set[tuple[int, int]]] = {}
+        for piece in self.pieces:
+            r = self._range(piece)
+            if r is not None:
+                out.setdefault(piece.shard, set()).add((r.start, r.end))
+        return {shard: sorted(ranges) for shard, ranges in out.items()}
+
     def max_range_bytes(self, pieces: Sequence[Piece] | None = None) -> int:
         """The largest remote row group of ``pieces`` (default: this rank's own)."""
         ranges = (self._range(p) for p in (self.pieces if pieces is None else pieces))

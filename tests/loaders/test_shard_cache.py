@@ -15,12 +15,14 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import boto3
+import pyarrow.parquet as pq
 import pytest
-from loader_builders import shard_path, write_dataset
+from loader_builders import ids_of, shard_path, write_dataset
 from test_remote_reads import OPTIONS, epochs, upload
 
 from lakeshard.errors import ConfigError
 from loaders import ShardLoader
+from loaders.fetch import row_group_range
 
 pytestmark = pytest.mark.s3
 
@@ -132,7 +134,7 @@ loader = ShardLoader(sys.argv[1], cache_dir=sys.argv[2], **OPTIONS)
 first = epochs(loader, [0])
 loader.cache.wait(timeout=120)
 later = epochs(loader, [1])
-print(json.dumps({"downloaded": loader.cache.downloaded, "batches": first + later}))
+print(json.dumps({"downloaded": loader.cache.downloaded, "own_bytes": loader.cache.bytes_downloaded, "batches": first + later}))
 loader.close()
 """
 
@@ -140,8 +142,9 @@ loader.close()
 @pytest.mark.slow  # starts processes
 def test_processes_share_one_cache_and_one_download(tmp_path: Path, s3_bucket: str):
     """Two processes, one cache folder, both through a proxy that logs what the store served:
-    the store sends the shard whole once (the cache's download starts at byte 0; the streamed
-    reads of the first epoch ask for row groups, which start after the magic bytes)."""
+    one process fills the cache, from its first epoch's reads (read-through): the cache itself
+    asks only for what those reads leave out, the magic bytes at byte 0 among them, once; the
+    streamed reads ask for row groups, which start after the magic bytes."""
     from tests.hardening.faultproxy import FaultProxy
 
     shard = one_shard(tmp_path / "ds", rows=200)
@@ -182,9 +185,12 @@ def test_processes_share_one_cache_and_one_download(tmp_path: Path, s3_bucket: s
     ]
     assert shard.stat().st_size > 1 << 16  # so no footer read (the last 64 KiB) starts at byte 0
     assert gets, proxy.forwarded
-    assert [r for r in gets if r is None or r.startswith("bytes=0-")] == [
-        f"bytes=0-{shard.stat().st_size - 1}"
-    ]
+    assert [r for r in gets if r is None or r.startswith("bytes=0-")] == ["bytes=0-3"]
+    # The cache itself read only what no row group holds (magic, footer): the rest came from the epoch.
+    md = pq.ParquetFile(shard).metadata
+    row_groups = sum(hi - lo for lo, hi in (row_group_range(md, i) for i in range(md.num_row_groups)))
+    filler = next(r for r in results if r["downloaded"])
+    assert 0 < filler["own_bytes"] <= shard.stat().st_size - row_groups, (filler["own_bytes"], row_groups)
     assert len(cached(cache)) == 1
     assert list(cache.rglob("*.tmp-*")) == []
 
@@ -300,3 +306,64 @@ def test_a_full_cache_disk_is_used_as_a_read_only_one(
             f"'train' are read from it, the other 2 remotely, every epoch"
         ]
         assert list(small.rglob("*.tmp-*")) == [] and list(small.rglob("*.parquet")) == []
+
+
+def _row_group_bytes(shard: Path) -> int:
+    md = pq.ParquetFile(shard).metadata
+    return sum(hi - lo for lo, hi in (row_group_range(md, i) for i in range(md.num_row_groups)))
+
+
+def test_the_first_epoch_fills_the_cache_from_its_own_reads(tmp_path: Path, s3_bucket: str):
+    """Read-through: the cache downloads only what no row group holds; the row groups come from
+    the epoch's reads, so epoch 1 reads each byte of the shard once."""
+    shard = one_shard(tmp_path / "ds")
+    remote = upload(tmp_path / "ds", s3_bucket)
+    with ShardLoader(str(tmp_path / "ds"), **OPTIONS) as plain:
+        expected = epochs(plain, [0, 1])
+    loader = fill(remote, tmp_path / "cache")
+    own, size = loader.cache.bytes_downloaded, shard.stat().st_size
+    assert 0 < own <= size - _row_group_bytes(shard) and loader.cache.bytes_offered >= _row_group_bytes(shard)
+    assert loader.cache.downloaded == [0] and [p.read_bytes() for p in cached(tmp_path / "cache")] == [
+        shard.read_bytes()
+    ]
+    assert epochs(loader, [1]) == expected[1:]
+    loader.close()
+
+
+def test_an_epoch_resumed_midway_fills_the_rest_when_it_ends(tmp_path: Path, s3_bucket: str):
+    """A resumed epoch reads only its remaining windows: when it ends, the cache downloads the
+    row groups it did not read, and the file is whole."""
+    shard = one_shard(tmp_path / "ds")
+    remote = upload(tmp_path / "ds", s3_bucket)
+    with ShardLoader(str(tmp_path / "ds"), **OPTIONS) as plain:
+        expected = epochs(plain, [0])
+        plain.set_epoch(0)
+        it = iter(plain)
+        for _ in range(4):
+            next(it)
+        state = plain.state_dict()
+    loader = ShardLoader(remote, cache_dir=str(tmp_path / "cache"), **OPTIONS)
+    loader.load_state_dict(state)
+    rest = [(ids_of(images), labels.tolist()) for images, labels in loader]
+    assert rest == expected[0][4:]
+    assert loader.cache.wait(timeout=60)
+    assert loader.cache.downloaded == [0]
+    assert loader.cache.bytes_downloaded > shard.stat().st_size - _row_group_bytes(shard)  # row groups too
+    assert [p.read_bytes() for p in cached(tmp_path / "cache")] == [shard.read_bytes()]
+    loader.close()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_gaps_are_what_the_ranges_held_leave_out(seed: int):
+    import random
+
+    from loaders.cache import _gaps, _merge
+
+    rng = random.Random(seed)
+    want = [(a, a + rng.randint(0, 30)) for a in (rng.randint(0, 100) for _ in range(rng.randint(0, 4)))]
+    have = [(a, a + rng.randint(0, 30)) for a in (rng.randint(0, 100) for _ in range(rng.randint(0, 6)))]
+    gaps = _gaps(want, have)
+    wanted = {i for lo, hi in want for i in range(lo, hi)}
+    held = {i for lo, hi in have for i in range(lo, hi)}
+    assert {i for lo, hi in gaps for i in range(lo, hi)} == wanted - held
+    assert gaps == _merge(gaps)  # sorted, disjoint, nothing empty
