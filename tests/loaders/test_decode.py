@@ -94,13 +94,17 @@ def test_wrong_size_and_null_rows_name_the_row(tmp_path: Path):
         table = table.set_column(table.schema.get_field_index(name), name, values)
     pq.write_table(table, path, row_group_size=5)
 
-    with pytest.raises(
-        LoaderError,
-        match=r"cannot decode image at row 3 of .*part-00000-of-00001.parquet: ImageSizeError: image is 4x4, expected 8x8",
+    # Each loader closed here, not left to the garbage collector: its threads end with the test.
+    with (
+        ShardLoader(str(tmp_path), batch_size=4, num_threads=1) as failing,  # one thread: row 3 fails first
+        pytest.raises(
+            LoaderError,
+            match=r"cannot decode image at row 3 of .*part-00000-of-00001.parquet: ImageSizeError: image is 4x4, expected 8x8",
+        ),
     ):
-        list(ShardLoader(str(tmp_path), batch_size=4, num_threads=1))  # one thread: row 3 fails first
-    loader = ShardLoader(str(tmp_path), batch_size=4, skip_bad_rows=True)
-    batches = list(loader)
+        list(failing)
+    with ShardLoader(str(tmp_path), batch_size=4, skip_bad_rows=True) as loader:
+        batches = list(loader)
     reasons = {s.row: s.reason for s in loader.skipped_rows}
     assert reasons == {
         3: "cannot decode image: image is 4x4, expected 8x8",

@@ -90,10 +90,13 @@ def test_bad_rows_are_what_the_decoding_loader_makes_of_them(tmp_path: Path):
         table = table.set_column(table.schema.get_field_index(name), name, values)
     pq.write_table(table, path, row_group_size=5)
 
-    with pytest.raises(LoaderError, match=r"label 99 out of range \[0, \d+\) at row 2 of .*part-00000"):
-        list(ShardLoader(str(tmp_path), batch_size=4, decoder="none"))
-    loader = ShardLoader(str(tmp_path), batch_size=4, decoder="none", skip_bad_rows=True)
-    batches = list(loader)
+    with (
+        ShardLoader(str(tmp_path), batch_size=4, decoder="none") as failing,
+        pytest.raises(LoaderError, match=r"label 99 out of range \[0, \d+\) at row 2 of .*part-00000"),
+    ):
+        list(failing)
+    with ShardLoader(str(tmp_path), batch_size=4, decoder="none", skip_bad_rows=True) as loader:
+        batches = list(loader)
     assert {s.row: s.reason for s in loader.skipped_rows} == {
         2: "label 99 out of range [0, 3)",
         6: "image is null",
