@@ -410,6 +410,8 @@ class ShardLoader:
         one started early, if it is that epoch from its first batch, else a new one."""
         if self.cache is not None:  # shards cached since the last epoch are read from disk now
             self.cache.epoch_ended()  # a fill that waited on the last epoch's reads takes the rest
+            if self.cache.filling():  # it has the bytes and is hashing them: read its file, not the store
+                self.cache.wait(timeout=_SETTLE_S)
             self._reader.use_local(self.cache.ready())
             self.cache.start(
                 self._cached, name=f"lakeshard-r{self.options.rank}", expected=self._reader.remote_ranges()
@@ -574,6 +576,11 @@ class ShardLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: How long an epoch's start waits for the cache to finish the file the last epoch filled (its
+#: sha256 over the shard) before it reads the shard from the store instead.
+_SETTLE_S = 5.0
 
 
 def _shutdown(
