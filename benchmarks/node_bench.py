@@ -89,11 +89,30 @@ def build(root: Path, *, images: int, unique: int) -> list[bytes]:
 
 
 # -- one process of the thread scaling ------------------------------------------------------------
+def timed(loader: ShardLoader, seconds: float, consume: Any) -> dict[str, float]:
+    """``loader`` kept over ``seconds`` after its first batch (epochs roll over as a training
+    loop's do), each batch through ``consume`` (which returns its images): the images, the
+    seconds and this process's CPU seconds meanwhile. Closes the loader."""
+    epoch, it = 0, iter(loader)
+    consume(next(it))
+    me = psutil.Process()
+    cpu0, t0, n = sum(me.cpu_times()[:2]), time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        try:
+            n += consume(next(it))
+        except StopIteration:
+            epoch += 1
+            loader.set_epoch(epoch)
+            it = iter(loader)
+    elapsed, cpu = time.perf_counter() - t0, sum(me.cpu_times()[:2]) - cpu0
+    loader.close()
+    return {"images": n, "seconds": elapsed, "cpu_s": cpu}
+
+
 def measure(
     dataset: str, *, rank: int, world: int, threads: int, seconds: float, decoder: str
 ) -> dict[str, float]:
-    """A kept loader's rate over ``seconds`` after its first batch (epochs roll over as a training
-    loop's do), and this process's CPU seconds meanwhile."""
+    """One process of the thread scaling: a kept loader of rank ``rank`` of ``world``."""
     loader = ShardLoader(
         dataset,
         rank=rank,
@@ -103,22 +122,7 @@ def measure(
         num_threads=threads,
         decoder=decoder,
     )
-    epoch, it = 0, iter(loader)
-    next(it)
-    me = psutil.Process()
-    cpu0, t0, n = sum(me.cpu_times()[:2]), time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        try:
-            batch = next(it)
-        except StopIteration:
-            epoch += 1
-            loader.set_epoch(epoch)
-            it = iter(loader)
-            continue
-        n += len(batch[1])
-    elapsed, cpu = time.perf_counter() - t0, sum(me.cpu_times()[:2]) - cpu0
-    loader.close()
-    return {"images": n, "seconds": elapsed, "cpu_s": cpu}
+    return timed(loader, seconds, lambda batch: len(batch[1]))
 
 
 def _run_ranks(
@@ -287,18 +291,8 @@ def torchrun(dataset: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 # -- GPU decoding ------------------------------------------------------------------------------------
 def _rate(loader: ShardLoader, seconds: float, consume: Any) -> dict[str, float]:
-    it = iter(loader)
-    consume(next(it))
-    me = psutil.Process()
-    cpu0, t0, n = sum(me.cpu_times()[:2]), time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        try:
-            n += consume(next(it))
-        except StopIteration:
-            it = iter(loader)
-    elapsed, cpu = time.perf_counter() - t0, sum(me.cpu_times()[:2]) - cpu0
-    loader.close()
-    return {"images_per_s": n / elapsed, "cpu_s_per_image": cpu / max(n, 1)}
+    t = timed(loader, seconds, consume)
+    return {"images_per_s": t["images"] / t["seconds"], "cpu_s_per_image": t["cpu_s"] / max(t["images"], 1)}
 
 
 def gpu_decode(dataset: Path, args: argparse.Namespace) -> dict[str, Any]:

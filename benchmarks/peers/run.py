@@ -53,7 +53,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -382,15 +381,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def maybe_store(root: Path, args: argparse.Namespace) -> Iterator[RemoteStore | None]:
-    if "remote" not in args.settings:
-        yield None
-        return
-    with RemoteStore(root, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
-        yield store
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work = args.work / f"{args.set}-{args.size}px-{args.images}"
@@ -403,12 +393,15 @@ def main(argv: list[str] | None = None) -> int:
     written = write_formats(work / "jpegs", data, args.tools, args.venvs, log)
     plan = variants(args.tools, args.settings)
     runs: dict[Variant, list[dict[str, Any]]] = {v: [] for v in plan}
-    try:
-        store_cm = maybe_store(data, args)
-        store = store_cm.__enter__()
-    except NginxMissingError as exc:
-        raise SystemExit(f"remote setting: {exc} (or run with --settings local)") from None
-    try:
+    with contextlib.ExitStack() as stack:
+        store = None
+        if "remote" in args.settings:
+            try:
+                store = stack.enter_context(
+                    RemoteStore(data, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes)
+                )
+            except NginxMissingError as exc:
+                raise SystemExit(f"remote setting: {exc} (or run with --settings local)") from None
         for r in range(args.repeats):
             shift = r % len(plan)
             for variant in plan[shift:] + plan[:shift]:  # round-robin, a different tool first each round
@@ -421,8 +414,6 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 runs[variant].append(run_one(variant, data=data, store=store, args=args, log=log))
-    finally:
-        store_cm.__exit__(None, None, None)
     tables: dict[str, dict[str, dict[str, Any]]] = {}
     for setting in args.settings:
         tables[setting] = {v.name: summarize(runs[v]) for v in plan if v.setting == setting}
@@ -438,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
                     "jpegs": jpegs,
                     "written": written,
                     "tables": tables,
-                    "runs": [{"variant": dataclasses.asdict(v), "runs": rs} for v, rs in runs.items()],
+                    "runs": [
+                        {"variant": dataclasses.asdict(v), "name": v.name, "runs": rs}
+                        for v, rs in runs.items()
+                    ],
                 },
                 indent=1,
             )

@@ -56,7 +56,7 @@ def test_each_tool_delivers_every_image_once_per_epoch(
     assert "error" not in row, row
     assert row["runs"] == 1 and not row["failed_runs"]
     assert row["exactly_once"], row
-    (variant,) = [v for v in every_tool["runs"] if v["variant"]["setting"] == setting and _name(v) == name]
+    (variant,) = [v for v in every_tool["runs"] if v["variant"]["setting"] == setting and v["name"] == name]
     (run,) = variant["runs"]
     for epoch in run["epochs"]:
         assert (epoch["images"], epoch["missing"], epoch["repeated"]) == (IMAGES, 0, 0), epoch
@@ -68,11 +68,6 @@ def test_each_tool_delivers_every_image_once_per_epoch(
         cached = name in ("lakeshard + cache_dir", "streaming", "litdata")
         # A cache keeps the second epoch off the store; without one it reads the data again.
         assert (second["body_bytes"] == 0) == cached, (name, second)
-
-
-def _name(v: dict[str, Any]) -> str:
-    tool, cache = v["variant"]["tool"], v["variant"]["cache"]
-    return f"{tool} + cache_dir" if cache and tool == "lakeshard" else tool
 
 
 @pytest.mark.slow
