@@ -4,6 +4,7 @@
 """
 
 from loaders.batch import PAD_LABEL, EncodedBatch, SkippedRow
+from loaders.mixed_loader import MixedLoader
 from loaders.options import LoaderOptions, default_threads
 from loaders.plan import num_batches, rank_segments, rows_per_rank
 from loaders.shard_loader import STATE_FORMAT, ShardLoader
@@ -13,6 +14,7 @@ __all__ = [
     "STATE_FORMAT",
     "EncodedBatch",
     "LoaderOptions",
+    "MixedLoader",
     "ShardLoader",
     "SkippedRow",
     "default_threads",

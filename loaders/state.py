@@ -28,6 +28,7 @@ from lakeshard.errors import DatasetError, LoaderError
 from loaders.elastic import Leg
 
 __all__ = [
+    "MIX_STATE_FORMAT",
     "ORDER_SETTINGS",
     "STATE_FORMAT",
     "SavedState",
@@ -38,6 +39,8 @@ __all__ = [
 ]
 
 STATE_FORMAT = "lakeshard.ShardLoader/2"
+#: A :class:`~loaders.MixedLoader`'s state: its legs are a single loader's (:mod:`loaders.mixed_loader`).
+MIX_STATE_FORMAT = "lakeshard.MixedLoader/1"
 _FORMAT_1 = "lakeshard.ShardLoader/1"
 
 #: The options that decide an epoch's rows and order whatever the world size: a state saved with
@@ -136,14 +139,15 @@ def read_state(
 
 
 def last_leg(state: Any) -> Leg:
-    """The world size and batch size ``state`` (format 2 or 1) was last run at, without checking
-    it against a dataset: what a trainer needs to choose its batch size before any loader.
+    """The world size and batch size ``state`` (format 2 or 1, or a mixture's) was last run at,
+    without checking it against a dataset: what a trainer needs to choose its batch size before
+    any loader.
 
     Raises:
         LoaderError: not a loader state.
     """
     fmt = state.get("format") if isinstance(state, dict) else None
-    if fmt not in (STATE_FORMAT, _FORMAT_1):
+    if fmt not in (STATE_FORMAT, _FORMAT_1, MIX_STATE_FORMAT):
         raise LoaderError(
             f"not a ShardLoader state (format {fmt!r}, expected {STATE_FORMAT!r} or {_FORMAT_1!r})"
         )

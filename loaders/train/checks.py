@@ -22,7 +22,7 @@ from lakeshard import format as contract
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, LoaderError, PlatformError, StorageError
 from loaders.state import last_leg
-from loaders.train.config import TrainConfig
+from loaders.train.config import TrainConfig, sources
 from loaders.train.model import build_model, check_model, describe, load_weights
 
 __all__ = ["EVAL_CHANNELS", "TrainPlan", "prepare"]
@@ -45,6 +45,7 @@ class TrainPlan:
     metrics_uri: str
     resume_uri: str | None  # the checkpoint to resume from, None for a fresh run
     checkpoint: dict[str, Any] | None  # its contents
+    dataset_version: str  # of the dataset, or its sources' joined by "+"
 
 
 def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
@@ -64,37 +65,26 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
             f"batch_size {cfg.batch_size} (global) is not divisible by the world size {world_size}: "
             f"each rank would get {cfg.batch_size / world_size:g} rows; pass a --batch-size that is a multiple of {world_size}"
         )
-    info = contract.read_dataset_info(cfg.dataset)
-    where = contract.dataset_json_uri(storage.normalize(cfg.dataset))
-    channels, labels = info.channels, info.labels
-    if "train" not in channels:
-        raise DatasetError(
-            f"{where} has no 'train' channel (it has: {', '.join(channels) or 'none'}); nothing to train on"
-        )
+    found = _read_sources(cfg)
+    labels = found.labels
     if len(labels) < 2:
         raise DatasetError(
-            f"{where} lists {len(labels)} class(es) ({', '.join(map(str, labels)) or 'none'}): "
+            f"{found.where} lists {len(labels)} class(es) ({', '.join(map(str, labels)) or 'none'}): "
             "a classifier needs at least 2; build the dataset from a lake with two or more label folders"
         )
-    if set(labels.values()) != set(range(len(labels))):
-        raise DatasetError(
-            f"{where}: label indices must be 0..{len(labels) - 1}, one per label, got {list(labels.values())}"
-        )
-    image_size = info.image.size
+    image_size = found.image_size
     skipped = {
-        c: f"the dataset has no {c!r} channel (it has: {', '.join(channels)})"
+        c: f"the dataset has no {c!r} channel (it has: {', '.join(found.channels)})"
         for c in EVAL_CHANNELS
-        if c not in channels
+        if c not in found.channels
     }
     if cfg.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise ConfigError(
             f"--precision bf16: this GPU ({torch.cuda.get_device_name()}) does not support bfloat16; use --precision fp32"
         )
-    version = info.dataset_version
-    if checkpoint is not None and checkpoint.get("dataset_version") != version:
+    if checkpoint is not None and checkpoint.get("dataset_version") != found.version:
         raise DatasetError(
-            f"refusing to resume from {resume_uri}: it was trained on dataset version {checkpoint.get('dataset_version')!r}, "
-            f"{cfg.dataset} is version {version!r}"
+            f"refusing to resume from {resume_uri}: {found.changed(checkpoint.get('dataset_version'))}"
         )
     _seed_everything(cfg.seed)  # the model's initial weights
     model = build_model(cfg.model, len(labels), image_size, width=cfg.width)
@@ -108,12 +98,80 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
         num_classes=len(labels),
         image_size=image_size,
         class_names=tuple(sorted(labels, key=labels.__getitem__)),
+        dataset_version=found.version,
         model=model,
         skipped=skipped,
         checkpoint_uri=checkpoint_uri,
         metrics_uri=storage.join(output, "metrics.json"),
         resume_uri=resume_uri,
         checkpoint=checkpoint,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Sources:
+    """What the trainer needs of its dataset, or of the datasets it mixes."""
+
+    where: str  #: the dataset.json file(s) read
+    labels: dict[str, int]  #: label name -> index (the union of the sources' names, sorted)
+    channels: tuple[str, ...]  #: evaluation channels: those of any source
+    image_size: int
+    uris: tuple[str, ...]
+    versions: tuple[str, ...]
+
+    @property
+    def version(self) -> str:
+        return "+".join(self.versions)
+
+    def changed(self, saved: Any) -> str:
+        """Why a checkpoint of dataset version ``saved`` is not of these datasets."""
+        parts = str(saved).split("+")
+        if len(self.uris) > 1 and len(parts) == len(self.versions):
+            return "; ".join(
+                f"it was trained on {uri} version {old!r}, which is now version {new!r}"
+                for uri, old, new in zip(self.uris, parts, self.versions, strict=True)
+                if old != new
+            )
+        what = self.uris[0] if len(self.uris) == 1 else f"the datasets {', '.join(self.uris)}"
+        return f"it was trained on dataset version {saved!r}, {what} is version {self.version!r}"
+
+
+def _read_sources(cfg: TrainConfig) -> _Sources:
+    """Read and check each dataset's ``dataset.json``: a train channel, label indices 0..n-1, and
+    (when several) one image size."""
+    names: set[str] = set()
+    channels: set[str] = set()
+    uris, versions, sizes, wheres = [], [], {}, []
+    labels: dict[str, int] = {}
+    for uri, _ in sources(str(cfg.dataset) if isinstance(cfg.dataset, str) else cfg.dataset):
+        info = contract.read_dataset_info(uri)
+        where = contract.dataset_json_uri(storage.normalize(uri))
+        if "train" not in info.channels:
+            raise DatasetError(
+                f"{where} has no 'train' channel (it has: {', '.join(info.channels) or 'none'}); nothing to train on"
+            )
+        labels = info.labels
+        if set(labels.values()) != set(range(len(labels))):
+            raise DatasetError(
+                f"{where}: label indices must be 0..{len(labels) - 1}, one per label, got {list(labels.values())}"
+            )
+        names |= set(labels)
+        channels |= set(info.channels)
+        uris.append(uri)
+        versions.append(info.dataset_version)
+        sizes[uri] = info.image.size
+        wheres.append(where)
+    if len(set(sizes.values())) > 1:
+        raise DatasetError(
+            "the datasets have images of different sizes ("
+            + ", ".join(f"{u}: {s} px" for u, s in sizes.items())
+            + "); the trainer mixes datasets of one image size (MixedLoader takes crop=N)"
+        )
+    if len(uris) > 1:
+        labels = {name: i for i, name in enumerate(sorted(names))}
+    ordered = tuple(c for c in contract.CHANNELS if c in channels)
+    return _Sources(
+        ", ".join(wheres), labels, ordered, next(iter(sizes.values())), tuple(uris), tuple(versions)
     )
 
 

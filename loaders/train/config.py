@@ -18,7 +18,17 @@ from lakeshard.settings import add_arguments, check_positive, opt, parse_size, r
 from loaders.options import DEFAULT_READ_CONCURRENCY
 from loaders.train.model import MODEL_SPEC
 
-__all__ = ["MAX_SEED", "OPTIMIZERS", "PRECISIONS", "TrainConfig", "build_parser", "load_config", "parse_args"]
+__all__ = [
+    "MAX_SEED",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "TrainConfig",
+    "build_parser",
+    "load_config",
+    "parse_args",
+    "sources",
+    "split_source",
+]
 
 OPTIMIZERS = ("adamw", "sgd")
 #: ``bf16``: forward passes under ``torch.autocast(dtype=torch.bfloat16)`` (CUDA or CPU).
@@ -36,6 +46,47 @@ def _parse_seed(raw: Any) -> int:
     if isinstance(raw, bool) or not re.fullmatch(r"[0-9]+", str(raw).strip()) or int(raw) > MAX_SEED:
         raise ValueError(f"expected an integer from 0 to {MAX_SEED} (2**32 - 1), got {raw!r}")
     return int(raw)
+
+
+def split_source(item: str) -> tuple[str, float | None]:
+    """``URI`` or ``URI:WEIGHT`` (a positive number after the last colon) as ``(URI, weight)``.
+
+    Raises:
+        ValueError: an empty URI or a weight that is not a positive number.
+    """
+    head, sep, tail = item.rpartition(":")
+    if not sep or "/" in tail or not tail:
+        return item, None
+    try:
+        weight = float(tail)
+    except ValueError:
+        return item, None  # a colon of the URI (s3://...), not a weight
+    if not head or not weight > 0 or weight == float("inf"):
+        raise ValueError(f"expected URI or URI:WEIGHT with a positive weight, got {item!r}")
+    return head, weight
+
+
+def _parse_datasets(raw: Any) -> str | tuple[str, ...]:
+    """``--dataset`` (repeatable) / ``dataset:`` (a string or a list): one dataset root, or
+    several ``URI[:WEIGHT]`` to mix (all weighted or none); one unweighted stays a string."""
+    items = list(raw) if isinstance(raw, list | tuple) else [raw]
+    if not items or not all(isinstance(i, str) and i.strip() for i in items):
+        raise ValueError(f"expected a dataset URI, or several URI[:WEIGHT], got {raw!r}")
+    weights = [split_source(i)[1] for i in items]
+    if len(items) == 1 and weights[0] is None:
+        return items[0]
+    if any(w is None for w in weights) and not all(w is None for w in weights):
+        raise ValueError(
+            f"give every dataset a weight (URI:WEIGHT) or none (each weighs its rows), got {items}"
+        )
+    return tuple(items)
+
+
+def sources(dataset: str | tuple[str, ...]) -> list[tuple[str, float | None]]:
+    """The ``(URI, weight)`` of each dataset of ``TrainConfig.dataset``."""
+    if isinstance(dataset, str):
+        return [(dataset, None)]
+    return [split_source(item) for item in dataset]
 
 
 def _parse_model(raw: Any) -> str:
@@ -61,8 +112,18 @@ def _parse_resume(raw: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    dataset: str | None = opt(
-        None, help="dataset root (local path, file:// or s3://): the folder holding dataset.json"
+    dataset: str | tuple[str, ...] | None = opt(
+        None,
+        repeat=True,
+        parse=_parse_datasets,
+        help="dataset root (local path, file:// or s3://): the folder holding dataset.json; "
+        "several (URI:WEIGHT each, or no weights: each weighs its rows) train on their mixture, "
+        "each an exact share of every epoch",
+    )
+    samples_per_epoch: int = opt(
+        0,
+        help="with several datasets: training samples per epoch over all ranks, rounded down to whole "
+        "global batches (0 = the rows of all their train channels)",
     )
     output: str = opt(
         "runs/default",
@@ -160,7 +221,12 @@ class TrainConfig:
             "read_concurrency",
         ):
             check_positive(name, getattr(self, name), error=ConfigError)
-        for name in ("eval_batch_size", "checkpoint_every", "seed"):
+        if self.dataset is not None:
+            try:
+                _parse_datasets(list(self.dataset) if isinstance(self.dataset, tuple) else self.dataset)
+            except ValueError as exc:
+                raise ConfigError(f"dataset: {exc}") from None
+        for name in ("eval_batch_size", "checkpoint_every", "seed", "samples_per_epoch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")

@@ -64,10 +64,11 @@ from tqdm import tqdm
 from lakeshard import storage
 from lakeshard.errors import PlatformError, StorageError
 from loaders.batch import PAD_LABEL
+from loaders.mixed_loader import Concatenated, MixedLoader
 from loaders.shard_loader import ShardLoader, default_threads
 from loaders.state import last_leg
 from loaders.train.checks import EVAL_CHANNELS, TrainPlan, prepare
-from loaders.train.config import TrainConfig, parse_args
+from loaders.train.config import TrainConfig, parse_args, sources
 from loaders.train.evaluation import Accuracy, evaluate
 from loaders.train.metrics import EpochRecord, EpochTotals
 from loaders.train.preemption import EXIT_PREEMPTED, Preempted, StopRequest, signal_name, stop_signals
@@ -136,9 +137,9 @@ class _Stop:
 class _Loaders:
     """A rank's loaders; ``None`` for a channel the dataset does not have."""
 
-    train: ShardLoader
-    validation: ShardLoader | None
-    test: ShardLoader | None
+    train: ShardLoader | MixedLoader
+    validation: ShardLoader | Concatenated | None
+    test: ShardLoader | Concatenated | None
 
     def close(self) -> None:
         for loader in (self.train, self.validation, self.test):
@@ -147,7 +148,6 @@ class _Loaders:
 
 
 def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
-    dataset = str(cfg.dataset)
     common = dict(
         rank=world.rank,
         world_size=world.world_size,
@@ -163,23 +163,32 @@ def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
         cache_dir=cfg.cache_dir,
         cache_limit=cfg.cache_limit,
     )
-    train_loader = ShardLoader(
-        dataset,
-        channel="train",
-        batch_size=plan.per_rank_batch,
-        shuffle=True,
-        drop_last=cfg.drop_last,
-        augment=cfg.augment,
-        **common,
-    )
+    train = dict(channel="train", batch_size=plan.per_rank_batch, shuffle=True, augment=cfg.augment, **common)
     eval_batch = cfg.eval_batch_size or plan.per_rank_batch
-    val_loader, test_loader = (
-        None
-        if channel in plan.skipped
-        else ShardLoader(dataset, channel=channel, batch_size=eval_batch, **common)
-        for channel in EVAL_CHANNELS
-    )
-    return _Loaders(train_loader, val_loader, test_loader)
+    if isinstance(cfg.dataset, str):
+        train_loader: ShardLoader | MixedLoader = ShardLoader(cfg.dataset, drop_last=cfg.drop_last, **train)
+        val_loader, test_loader = (
+            None
+            if channel in plan.skipped
+            else ShardLoader(cfg.dataset, channel=channel, batch_size=eval_batch, **common)
+            for channel in EVAL_CHANNELS
+        )
+        return _Loaders(train_loader, val_loader, test_loader)
+    mixed = [(uri, w) if w is not None else uri for uri, w in sources(cfg.dataset)]
+    train_loader = MixedLoader(mixed, samples_per_epoch=cfg.samples_per_epoch or None, **train)
+    labels = {name: i for i, name in enumerate(plan.class_names)}
+    evals = []
+    for channel in EVAL_CHANNELS:
+        having = [ld for ld in train_loader.source_loaders if channel in ld.info.channels]
+        evals.append(
+            None
+            if channel in plan.skipped
+            else Concatenated(
+                [ShardLoader(ld.dataset, channel=channel, batch_size=eval_batch, **common) for ld in having],
+                labels,
+            )
+        )
+    return _Loaders(train_loader, *evals)
 
 
 def _on_device(model: nn.Module, world: World) -> nn.Module:
@@ -422,6 +431,18 @@ def _train_epoch(run: _Run, epoch: int, carried: EpochTotals) -> _Trained:
     return _Trained(everyone + carried, everyone.images, slowest, shares, first_step, steps)
 
 
+def _source_rows(run: _Run, loader: ShardLoader | MixedLoader) -> list[dict[str, Any]] | None:
+    """A mixture's sources: each one's weight, its planned rows an epoch and the rows this run
+    took from it (all ranks); ``None`` for one dataset."""
+    if not isinstance(loader, MixedLoader):
+        return None
+    took = all_reduce([float(n) for n in loader.source_rows], run.world)
+    return [
+        {"dataset": uri, "weight": w, "planned_rows": planned, "rows": int(n)}
+        for uri, w, planned, n in zip(loader.sources, loader.weights, loader.per_source, took, strict=True)
+    ]
+
+
 def _validate(run: _Run, epoch: int, trained: _Trained) -> Accuracy | None:
     """The validation accuracy after epoch ``epoch`` (None without the channel). A stop signal
     saves the epoch as it was before its validation and raises :class:`Preempted`."""
@@ -455,6 +476,7 @@ def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy
         lr=run.scheduler.get_last_lr()[0],
         seconds=trained.seconds,
         skipped_rows=len(loader.skipped_rows),
+        sources=_source_rows(run, loader),
     )
     run.history.append(record.to_json())
     log.log(
@@ -502,7 +524,7 @@ def _write_checkpoint(run: _Run, *, epoch_done: bool, partial: dict[str, Any] | 
             "optimizer": run.optimizer.state_dict(),
             "scheduler": run.scheduler.state_dict(),
             "loader": run.loaders.train.state_dict(),
-            "dataset_version": run.loaders.train.dataset_version,
+            "dataset_version": run.plan.dataset_version,
             "epoch_done": epoch_done,
             "epoch_partial": partial,
             "metrics": run.history,
@@ -519,7 +541,7 @@ def _write_metrics(run: _Run, **final: Any) -> dict[str, Any]:
     cfg = run.cfg
     metrics = {
         "dataset": cfg.dataset,
-        "dataset_version": run.loaders.train.dataset_version,
+        "dataset_version": run.plan.dataset_version,
         "world_size": run.world.world_size,
         "global_batch_size": cfg.batch_size,
         "config": asdict(cfg),

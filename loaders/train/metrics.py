@@ -64,6 +64,7 @@ class EpochRecord:
     lr: float  # after the epoch's scheduler step
     seconds: float  # the slowest rank's
     skipped_rows: int  # bad rows skipped by this rank's loader (``--skip-bad-rows``)
+    sources: list[dict[str, Any]] | None = None  # a mixture's: weight, planned rows, rows taken
 
     @property
     def val_accuracy(self) -> float | None:
@@ -86,4 +87,5 @@ class EpochRecord:
             "lr": self.lr,
             "seconds": self.seconds,
             "skipped_rows": self.skipped_rows,
+            **({} if self.sources is None else {"sources": self.sources}),
         }

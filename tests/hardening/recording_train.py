@@ -1,7 +1,7 @@
 """``python -m loaders.train`` that records which samples every rank trains on and, when asked,
 dies on every rank (``os._exit(9)``, no cleanup, as a preempted job) mid-epoch, or takes its time
 over every batch (so that a test can signal it mid-epoch). The training code is the real,
-unpatched one; only the loaders are wrapped, to watch what they yield.
+unpatched one; only the loaders (one dataset's or a mixture's) are wrapped, to watch what they yield.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m tests.hardening.recording_train ...
 
@@ -47,48 +47,53 @@ def _arm() -> None:
     die_after = int(os.environ.get("LAKESHARD_DIE_AFTER", "-1"))
     pause = float(os.environ.get("LAKESHARD_BATCH_SECONDS", "0"))
     signal_after = [os.environ.get("LAKESHARD_SIGNAL_AFTER")]
-    loader_cls = train.ShardLoader
 
-    class RecordingLoader(loader_cls):
-        def __iter__(self):
-            channel = self.options.channel
-            if channel != "train":
-                with open(f"{prefix}-{channel}-rank{rank}.jsonl", "a") as out:
+    def recording(loader_cls: type) -> type:
+        """``loader_cls`` (ShardLoader or MixedLoader) recording what it yields."""
+
+        class RecordingLoader(loader_cls):
+            def __iter__(self):
+                channel = self.options.channel
+                if channel != "train":
+                    with open(f"{prefix}-{channel}-rank{rank}.jsonl", "a") as out:
+                        for images, labels in super().__iter__():
+                            out.write(json.dumps({"ids": _ids(images, labels), "pid": os.getpid()}) + "\n")
+                            out.flush()
+                            time.sleep(pause)
+                            yield images, labels
+                    if signal_after[0] == channel:
+                        signal_after[0] = None
+                        sys.stderr.write(
+                            f"recording_train: rank {rank} sends itself SIGTERM after its {channel} batches\n"
+                        )
+                        sys.stderr.flush()
+                        os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                step = self.state_dict()["batches_consumed"]
+                with open(f"{prefix}-rank{rank}.jsonl", "a") as out:
                     for images, labels in super().__iter__():
-                        out.write(json.dumps({"ids": _ids(images, labels), "pid": os.getpid()}) + "\n")
+                        record = {
+                            "epoch": self.epoch,
+                            "step": step,
+                            "ids": _ids(images, labels),
+                            "pid": os.getpid(),
+                        }
+                        out.write(json.dumps(record) + "\n")
                         out.flush()
                         time.sleep(pause)
                         yield images, labels
-                if signal_after[0] == channel:
-                    signal_after[0] = None
-                    sys.stderr.write(
-                        f"recording_train: rank {rank} sends itself SIGTERM after its {channel} batches\n"
-                    )
-                    sys.stderr.flush()
-                    os.kill(os.getpid(), signal.SIGTERM)
-                return
-            step = self.state_dict()["batches_consumed"]
-            with open(f"{prefix}-rank{rank}.jsonl", "a") as out:
-                for images, labels in super().__iter__():
-                    record = {
-                        "epoch": self.epoch,
-                        "step": step,
-                        "ids": _ids(images, labels),
-                        "pid": os.getpid(),
-                    }
-                    out.write(json.dumps(record) + "\n")
-                    out.flush()
-                    time.sleep(pause)
-                    yield images, labels
-                    step += 1
-                    if self.epoch == die_epoch and step == die_after:
-                        sys.stderr.write(
-                            f"recording_train: rank {rank} dies now (os._exit) at epoch {die_epoch}, step {step}\n"
-                        )
-                        sys.stderr.flush()
-                        os._exit(9)
+                        step += 1
+                        if self.epoch == die_epoch and step == die_after:
+                            sys.stderr.write(
+                                f"recording_train: rank {rank} dies now (os._exit) at epoch {die_epoch}, step {step}\n"
+                            )
+                            sys.stderr.flush()
+                            os._exit(9)
 
-    train.ShardLoader = RecordingLoader
+        return RecordingLoader
+
+    train.ShardLoader = recording(train.ShardLoader)
+    train.MixedLoader = recording(train.MixedLoader)
 
 
 if __name__ == "__main__":

@@ -66,16 +66,21 @@ def write_dataset(
     corrupt: Iterable[tuple[str, int, int]] = (),
     pad_rows: int = 0,
     noise: bool = False,
+    first_id: int = 0,
+    label_names: list[str] | None = None,
 ) -> contract.DatasetInfo:
     """Write a complete dataset under ``root``; return its ``dataset.json``.
 
     ``rows[channel]`` rows per channel (the remainder over ``num_shards`` is dropped);
     ``corrupt`` lists ``(channel, shard, row)`` whose image bytes are garbage; the last
-    ``pad_rows`` rows of the last shard of each channel are marked ``is_pad``.
+    ``pad_rows`` rows of the last shard of each channel are marked ``is_pad``. Sample ids start
+    at ``first_id`` (datasets meant to be mixed get ids apart); ``label_names`` replaces
+    ``class0, class1, ...`` (the label of sample ``i`` is ``i % num_classes`` either way).
     """
     rows = rows or {"train": 40, "validation": 12, "test": 12}
     corrupt = set(corrupt)
-    labels = {f"class{i}": i for i in range(num_classes)}
+    label_names = label_names or [f"class{i}" for i in range(num_classes)]
+    labels = {name: i for i, name in enumerate(label_names[:num_classes])}
     names = {i: name for name, i in labels.items()}
     uri = storage.normalize(str(root))
     meta = {
@@ -90,7 +95,7 @@ def write_dataset(
         per_shard = rows.get(channel, 0) // num_shards
         shards = []
         for s in range(num_shards):
-            ids = [CHANNEL_OFFSET[channel] + s * per_shard + j for j in range(per_shard)]
+            ids = [first_id + CHANNEL_OFFSET[channel] + s * per_shard + j for j in range(per_shard)]
             images = [encode_image(i, size, fmt, noise=noise) for i in ids]
             for c_channel, c_shard, c_row in corrupt:
                 if (c_channel, c_shard) == (channel, s):
@@ -100,9 +105,9 @@ def write_dataset(
                     "image": pa.array(images, pa.binary()),
                     "label": pa.array([i % num_classes for i in ids], pa.int64()),
                     "uri": pa.array(
-                        [f"file:///raw/class{i % num_classes}/{i}.{fmt}" for i in ids], pa.string()
+                        [f"file:///raw/{names[i % num_classes]}/{i}.{fmt}" for i in ids], pa.string()
                     ),
-                    "key": pa.array([f"class{i % num_classes}/{i}.{fmt}" for i in ids], pa.string()),
+                    "key": pa.array([f"{names[i % num_classes]}/{i}.{fmt}" for i in ids], pa.string()),
                     "height": pa.array([size] * per_shard, pa.int32()),
                     "width": pa.array([size] * per_shard, pa.int32()),
                     "is_pad": pa.array(

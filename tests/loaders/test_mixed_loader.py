@@ -1,0 +1,297 @@
+"""``MixedLoader``: several datasets, exact shares per epoch, equal batches on every rank,
+every row of a source before any repeats, labels by name, and exact (elastic) resume.
+
+The two datasets' sample ids are apart (A: 0.., B: 1000..), so the ids decoded from each batch
+tell which source and which row every image came from, through the real read and decode path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from loader_builders import ids_of, write_dataset
+
+from lakeshard.errors import ConfigError, DatasetError, LoaderError
+from loaders import PAD_LABEL, MixedLoader
+
+B_FIRST = 1000
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A: 40 train rows in 2 shards (row groups of 5); B: 10 rows in 2 shards."""
+    root = tmp_path_factory.mktemp("mix")
+    write_dataset(root / "a", rows={"train": 40, "validation": 6, "test": 6})
+    write_dataset(
+        root / "b", rows={"train": 10, "validation": 4, "test": 4}, first_id=B_FIRST, version="b0b0b0b0"
+    )
+    return str(root / "a"), str(root / "b")
+
+
+def _mix(two: tuple[str, str], weights=(0.7, 0.3), **kw) -> MixedLoader:
+    opts = dict(
+        channel="train",
+        batch_size=8,
+        samples_per_epoch=80,
+        seed=3,
+        num_threads=2,
+        shuffle_window=10,
+        shuffle=True,
+    )
+    opts.update(kw)
+    return MixedLoader(list(zip(two, weights, strict=True)), **opts)
+
+
+def _epoch(loader: MixedLoader, epoch: int) -> list[list[int]]:
+    loader.set_epoch(epoch)
+    return [ids_of(images) for images, _ in loader]
+
+
+def _all_ranks(two, world: int, epoch: int, **kw) -> list[list[list[int]]]:
+    out = []
+    for r in range(world):
+        with _mix(two, rank=r, world_size=world, **kw) as ld:
+            out.append(_epoch(ld, epoch))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_each_epoch_holds_the_exact_shares_and_every_rank_the_same_full_batches(two, world):
+    batch = 16 // world
+    for epoch in range(3):
+        ranks = _all_ranks(two, world, epoch, batch_size=batch, samples_per_epoch=80)
+        assert len({len(r) for r in ranks}) == 1
+        assert all(len(b) == batch for r in ranks for b in r)
+        flat = [i for r in ranks for b in r for i in b]
+        from_b = [i for i in flat if i >= B_FIRST]
+        assert (len(flat) - len(from_b), len(from_b)) == (56, 24)  # 0.7 and 0.3 of 80
+        # A (40 rows) gives 56 a epoch: its stream runs on, epoch after epoch
+        # B (10 rows) gives 24: each of its rows 2 or 3 times
+        assert sorted(Counter(from_b).values()) == [2] * 6 + [3] * 4
+        for r in ranks:  # each batch within one row of the weights
+            for b in r:
+                assert abs(sum(i >= B_FIRST for i in b) - 0.3 * batch) <= 1 + 1 / world
+
+
+def test_a_source_is_read_whole_before_any_row_repeats(two):
+    """Over epochs, source A's rows come as passes: each row once per pass, in passes of 40."""
+    with _mix(two, weights=(0.5, 0.5), samples_per_epoch=48) as ld:  # A gives 24 an epoch
+        stream = [i for e in range(5) for b in _epoch(ld, e) for i in b if i < B_FIRST]
+    assert len(stream) == 120
+    for p in range(3):
+        assert sorted(stream[40 * p : 40 * (p + 1)]) == list(range(40))
+
+
+def test_the_same_seed_and_epoch_give_the_same_batches_and_labels_follow_the_rows(two):
+    with _mix(two) as a, _mix(two) as b:
+        a.set_epoch(2)
+        b.set_epoch(2)
+        for (x, y), (u, v) in zip(a, b, strict=True):
+            assert torch.equal(x, u) and torch.equal(y, v)
+            assert y.tolist() == [i % 3 for i in ids_of(x)]
+        assert a.source_rows == [56, 24]
+    with _mix(two, seed=4) as c, _mix(two) as d:
+        assert _epoch(c, 2) != _epoch(d, 2)
+
+
+def test_a_source_smaller_than_a_batch_and_a_window_still_mixes(tmp_path, two):
+    write_dataset(
+        tmp_path / "tiny", rows={"train": 3, "validation": 0, "test": 0}, num_shards=1, first_id=5000
+    )
+    with MixedLoader(
+        [(two[0], 0.5), (str(tmp_path / "tiny"), 0.5)], channel="train", batch_size=8, samples_per_epoch=32,
+        shuffle_window=64, num_threads=1, seed=1,
+    ) as ld:  # fmt: skip
+        flat = [i for b in _epoch(ld, 0) for i in b]
+    tiny = Counter(i for i in flat if i >= 5000)
+    assert sum(tiny.values()) == 16 and sorted(tiny.values()) == [5, 5, 6]
+
+
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    old=st.sampled_from([1, 2, 4]),
+    new=st.sampled_from([1, 2, 4]),
+    stop=st.integers(0, 5),
+    epoch=st.integers(0, 2),
+)
+def test_a_resumed_epoch_yields_exactly_the_rest_at_any_world_size(two, old, new, stop, epoch):
+    """Run ``stop`` batches on ``old`` ranks, save rank 0's state, resume on ``new`` ranks: the
+    consumed rows plus the resumed ranks' rows are the uninterrupted epoch's, each as often; at
+    the same world size the resumed batches are the uninterrupted ones."""
+    g = 16
+    whole = Counter(i for r in _all_ranks(two, 1, epoch, batch_size=g) for b in r for i in b)
+    seen: Counter = Counter()
+    state = None
+    for r in range(old):
+        with _mix(two, rank=r, world_size=old, batch_size=g // old) as ld:
+            ld.set_epoch(epoch)
+            it = iter(ld)
+            for _ in range(stop):
+                seen.update(ids_of(next(it)[0]))
+            if r == 0:
+                state = ld.state_dict()
+            rest = [ids_of(x) for x, _ in it]
+        if old == new:
+            with _mix(two, rank=r, world_size=new, batch_size=g // new) as ld:
+                ld.load_state_dict(state)
+                ld.set_epoch(epoch)
+                assert [ids_of(x) for x, _ in ld] == rest
+    lens = set()
+    for r in range(new):
+        with _mix(two, rank=r, world_size=new, batch_size=g // new) as ld:
+            ld.load_state_dict(state)
+            ld.set_epoch(epoch)
+            got = [ids_of(x) for x, _ in ld]
+            lens.add(len(got))
+            assert len(ld) == stop + len(got)
+            seen.update(i for b in got for i in b)
+    assert len(lens) == 1
+    assert seen == whole
+
+
+def test_a_state_resumes_only_the_same_mixture(tmp_path, two):
+    with _mix(two) as ld:
+        ld.set_epoch(1)
+        it = iter(ld)
+        next(it)
+        state = ld.state_dict()
+        it.close()
+    assert state["sources"][1] == {
+        "dataset": f"file://{two[1]}",
+        "dataset_version": "b0b0b0b0",
+        "weight": 0.3,
+    }
+    with (
+        _mix(two, weights=(0.6, 0.4)) as other,
+        pytest.raises(LoaderError, match=r"a had weight 0\.7 .* now 0\.6"),
+    ):
+        other.load_state_dict(state)
+    with _mix(two, samples_per_epoch=160) as other, pytest.raises(LoaderError, match="samples_per_epoch 80"):
+        other.load_state_dict(state)
+    with _mix(two, seed=9) as other, pytest.raises(LoaderError, match="seed: saved 3, now 9"):
+        other.load_state_dict(state)
+    with _mix((two[1], two[0])) as other, pytest.raises(LoaderError, match="saved on sources"):
+        other.load_state_dict(state)
+    with _mix(two, batch_size=4) as other, pytest.raises(LoaderError, match="global batch 8"):
+        other.load_state_dict(state)
+    rebuilt = tmp_path / "b"
+    write_dataset(
+        rebuilt, rows={"train": 10, "validation": 4, "test": 4}, first_id=B_FIRST, version="b1b1b1b1"
+    )
+    moved = {
+        **state,
+        "sources": [state["sources"][0], {**state["sources"][1], "dataset": f"file://{rebuilt}"}],
+    }
+    with _mix((two[0], str(rebuilt))) as other, pytest.raises(DatasetError, match="was version 'b0b0b0b0'"):
+        other.load_state_dict(moved)
+    with _mix(two) as other, pytest.raises(LoaderError, match="not a MixedLoader state"):
+        other.load_state_dict({"format": "lakeshard.ShardLoader/2"})
+
+
+def test_labels_are_joined_by_name(tmp_path, two):
+    write_dataset(
+        tmp_path / "c", rows={"train": 12, "validation": 0, "test": 0}, num_shards=1, first_id=3000,
+        label_names=["class2", "zebra", "class0"],
+    )  # fmt: skip
+    with MixedLoader(
+        [two[0], str(tmp_path / "c")], channel="train", batch_size=4, num_threads=1
+    ) as ld:  # no weights: each weighs its rows (40 and 12)
+        assert ld.labels == {"class0": 0, "class1": 1, "class2": 2, "zebra": 3}
+        assert ld.per_source == [40, 12]
+        space = {0: "class2", 1: "zebra", 2: "class0"}  # dataset c's own label indices
+        for images, labels in ld:
+            for i, y in zip(ids_of(images), labels.tolist(), strict=True):
+                want = ld.labels[space[i % 3]] if i >= 3000 else i % 3
+                assert y == want
+    with pytest.raises(DatasetError, match=r"only in .*/c: \['zebra'\]"):
+        MixedLoader([two[0], str(tmp_path / "c")], channel="train", batch_size=4, labels="same")
+
+
+def test_bad_mixtures_are_refused_before_any_read(tmp_path, two):
+    a, b = two
+    cases = [
+        (
+            dict(sources=[(a, 0.5), (b, -1)]),
+            ConfigError,
+            r"sources\[1\] .*weight must be a positive number, got -1",
+        ),
+        (dict(sources=[(a, 0.5), b]), ConfigError, "give every source a weight or none"),
+        (dict(sources=a), ConfigError, "sources must be a non-empty list"),
+        (
+            dict(sources=[a, b], samples_per_epoch=7),
+            ConfigError,
+            "samples_per_epoch 7 is less than one global batch",
+        ),
+        (dict(sources=[a, b], drop_last=True), ConfigError, "drop_last does not apply to a mixture"),
+        (dict(sources=[a, b], labels="any"), ConfigError, "labels must be one of"),
+        (dict(sources=[a, b], decoder="none"), ConfigError, 'decoder="none" is not supported'),
+        (dict(sources=[a, str(tmp_path / "nope")]), DatasetError, "nope"),
+    ]
+    for kw, error, message in cases:
+        sources = kw.pop("sources")
+        with pytest.raises(error, match=message):
+            MixedLoader(sources, channel="train", batch_size=8, **kw)
+    write_dataset(tmp_path / "big", rows={"train": 8, "validation": 0, "test": 0}, size=12, first_id=7000)
+    with pytest.raises(DatasetError, match=r"images of different sizes .*pass crop=N"):
+        MixedLoader([a, str(tmp_path / "big")], channel="train", batch_size=8)
+    with MixedLoader([a, str(tmp_path / "big")], channel="train", batch_size=8, crop=8) as ld:
+        assert next(iter(ld))[0].shape == (8, 3, 8, 8)
+
+
+def test_a_mixture_is_a_dataset_for_a_dataloader(two):
+    with _mix(two) as ld:
+        ds = ld.as_dataset()
+        dl = torch.utils.data.DataLoader(ds, batch_size=None)
+        ds.set_epoch(1)
+        got = [ids_of(x) for x, _ in dl]
+        assert len(got) == len(ds) == 10
+        assert got == _epoch(ld, 1)
+
+
+def test_skipped_rows_are_padding_in_a_mixture(tmp_path, two):
+    write_dataset(
+        tmp_path / "bad",
+        rows={"train": 10, "validation": 0, "test": 0},
+        first_id=8000,
+        corrupt=[("train", 0, 1)],
+    )
+    with MixedLoader(
+        [(two[0], 0.5), (str(tmp_path / "bad"), 0.5)], channel="train", batch_size=4, samples_per_epoch=20,
+        skip_bad_rows=True, num_threads=1,
+    ) as ld:  # fmt: skip
+        labels = torch.cat([y for _, y in ld])
+        assert int((labels == PAD_LABEL).sum()) == 1
+        assert len(ld.skipped_rows) == 1
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_a_mixture_of_remote_and_cached_sources_yields_the_local_batches(two, s3_bucket, tmp_path):
+    """The same batches from S3 (ranged reads, and from the cache the first rank filled) as from
+    disk, on each of two ranks over two epochs."""
+    from tests.loaders.test_remote_reads import upload
+
+    remote_a = upload(Path(two[0]), s3_bucket, "a")
+    remote_b = upload(Path(two[1]), s3_bucket, "b")
+    for rank in (0, 1):
+        opts = dict(rank=rank, world_size=2, batch_size=4)
+        with (
+            _mix(two, **opts) as local,
+            _mix((remote_a, remote_b), cache_dir=str(tmp_path / "c"), **opts) as far,
+        ):
+            for epoch in (0, 1):
+                local.set_epoch(epoch)
+                far.set_epoch(epoch)
+                for (x, y), (u, v) in zip(local, far, strict=True):
+                    assert torch.equal(x, u) and torch.equal(y, v)
+            read = [ld.fetcher.bytes_read for ld in far.source_loaders]
+            if rank == 0:  # its first epoch read the store and filled the cache
+                assert all(n > 0 for n in read)
+            else:  # a source's loader caches every shard of it: this node has them all now
+                assert read == [0, 0]
