@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -31,6 +33,8 @@ from lakeshard.errors import StorageError
 
 __all__ = [
     "GONE",
+    "RequestCounts",
+    "RequestStats",
     "cat",
     "clear_s3_clients",
     "exists",
@@ -290,15 +294,86 @@ def _new_client(options: dict[str, Any]) -> Any:
     return session.create_client("s3", **options["client_kwargs"], config=config)
 
 
-def s3_read_range(path: str, start: int, end: int, *, if_match: str | None = None) -> bytes:
+@dataclass(frozen=True, slots=True)
+class RequestCounts:
+    """What a :class:`RequestStats` had counted at one moment; ``later - earlier`` is what was
+    counted in between."""
+
+    requests: int = 0  #: HTTP requests sent (every retry is one)
+    retries: int = 0  #: of those, retries (botocore's, and GETs again of a body cut off)
+    reads: int = 0  #: reads asked for (a read is one request, or more when retried)
+    bytes: int = 0  #: body bytes received
+    seconds: float = 0.0  #: the reads' wall time, summed
+    errors: tuple[tuple[str, int], ...] = ()  #: reads that failed, by kind (sorted)
+
+    def __sub__(self, other: RequestCounts) -> RequestCounts:
+        mine, theirs = Counter(dict(self.errors)), Counter(dict(other.errors))
+        return RequestCounts(
+            self.requests - other.requests,
+            self.retries - other.retries,
+            self.reads - other.reads,
+            self.bytes - other.bytes,
+            self.seconds - other.seconds,
+            tuple(sorted((mine - theirs).items())),
+        )
+
+    def __add__(self, other: RequestCounts) -> RequestCounts:
+        return RequestCounts(
+            self.requests + other.requests,
+            self.retries + other.retries,
+            self.reads + other.reads,
+            self.bytes + other.bytes,
+            self.seconds + other.seconds,
+            tuple(sorted((Counter(dict(self.errors)) + Counter(dict(other.errors))).items())),
+        )
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Requests to a store, counted by the code that sends them (:func:`s3_read_range`'s
+    ``stats``); safe to share between threads. ``counts()`` is what was counted so far."""
+
+    _counts: Counter = field(default_factory=Counter)
+    _seconds: float = 0.0
+    _errors: Counter = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(
+        self, *, requests: int, retries: int, nbytes: int, seconds: float, error: str | None = None
+    ) -> None:
+        with self._lock:
+            self._counts.update(requests=requests, retries=retries, reads=1, bytes=nbytes)
+            self._seconds += seconds
+            if error is not None:
+                self._errors[error] += 1
+
+    def counts(self) -> RequestCounts:
+        with self._lock:
+            c = self._counts
+            return RequestCounts(
+                c["requests"],
+                c["retries"],
+                c["reads"],
+                c["bytes"],
+                self._seconds,
+                tuple(sorted(self._errors.items())),
+            )
+
+
+def s3_read_range(
+    path: str, start: int, end: int, *, if_match: str | None = None, stats: RequestStats | None = None
+) -> bytes:
     """Bytes ``[start, end)`` of the S3 object at ``path`` (``bucket/key``) in one GET through
-    :func:`s3_client`, blocking the calling thread. ``if_match`` and errors as :func:`s3_get`."""
-    return _get(path, f"bytes={start}-{end - 1}", if_match)[0]
+    :func:`s3_client`, blocking the calling thread. ``if_match`` and errors as :func:`s3_get`;
+    ``stats`` counts the read (its requests, retries included, bytes, time, or its error)."""
+    return _get(path, f"bytes={start}-{end - 1}", if_match, stats)[0]
 
 
-def _get(path: str, byte_range: str | None, if_match: str | None) -> tuple[bytes, dict[str, Any]]:
+def _get(
+    path: str, byte_range: str | None, if_match: str | None, stats: RequestStats | None = None
+) -> tuple[bytes, dict[str, Any]]:
     """The body and the response of one GET of ``path`` (``bucket/key``) through
-    :func:`s3_client` (see :func:`s3_get`)."""
+    :func:`s3_client` (see :func:`s3_get`), counted in ``stats``."""
     from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
 
     bucket, _, key = path.partition("/")
@@ -307,17 +382,40 @@ def _get(path: str, byte_range: str | None, if_match: str | None) -> tuple[bytes
         extra["IfMatch"] = if_match
     client = s3_client()
     attempts = _S3_RETRIES["max_attempts"]
+    began, sent, retried = time.perf_counter(), 0, 0
+
+    def count(nbytes: int, error: str | None = None) -> None:
+        if stats is not None:
+            stats.add(
+                requests=sent,
+                retries=retried,
+                nbytes=nbytes,
+                seconds=time.perf_counter() - began,
+                error=error,
+            )
+
     for attempt in range(attempts):
         try:
             resp = client.get_object(Bucket=bucket, Key=key, **extra)
         except ClientError as exc:
             from s3fs.errors import translate_boto_error  # s3fs's mapping, imported when needed
 
+            botocore_retries = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+            sent, retried = sent + 1 + botocore_retries, retried + botocore_retries + (attempt > 0)
+            count(0, exc.response.get("Error", {}).get("Code") or type(exc).__name__)
             raise translate_boto_error(exc) from exc
+        except Exception as exc:
+            count(0, type(exc).__name__)
+            raise
+        botocore_retries = resp.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+        sent, retried = sent + 1 + botocore_retries, retried + botocore_retries + (attempt > 0)
         try:
-            return resp["Body"].read(), resp
+            body = resp["Body"].read()
+            count(len(body))
+            return body, resp
         except (HTTPClientError, IncompleteReadError) as exc:  # cut off: the response had come
             if attempt == attempts - 1:
+                count(0, "body cut off")
                 raise OSError(f"s3://{path}: the response body was cut off {attempts} times: {exc}") from exc
             time.sleep(min(0.1 * 1.7**attempt, 5.0))
         finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -23,6 +24,7 @@ import torch
 from lakeshard.errors import LoaderError
 from loaders.buffers import BufferPool
 from loaders.decode import BatchDecoder, Buffer
+from loaders.stats import DecodeTally
 from loaders.transforms import Transform, batch_generator
 
 __all__ = [
@@ -101,6 +103,8 @@ class DecodeSpec:
     skipped: list[SkippedRow] = field(default_factory=list)
     #: Goes first over the whole batch (one release of the GIL); ``decoder`` takes the rows it leaves.
     batch_decoder: BatchDecoder | None = None
+    #: Counts the rows decoded and the decode threads' CPU seconds; ``None``: not counted.
+    tally: DecodeTally | None = None
 
 
 def _bad_row(spec: DecodeSpec, task: BatchTask, i: int, what: str, exc: BaseException | None) -> None:
@@ -200,7 +204,24 @@ def encoded_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> E
 
 
 def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
-    """Decode and transform one batch; ``None`` if ``stop`` was set meanwhile.
+    """Decode and transform one batch (:func:`_decode`); ``None`` if ``stop`` was set meanwhile.
+    Its rows and this thread's CPU seconds, decoding and transforming, go to ``spec.tally``."""
+    began = time.thread_time()
+    batch: Any = _decode(task, stop, spec)
+    if batch is None:
+        return None
+    decoded = time.thread_time()
+    if spec.transform is not None:
+        batch = _transform(spec, task, *batch)
+    if spec.tally is not None:
+        spec.tally.add(len(task.images), decoded - began, time.thread_time() - decoded)
+    return _pinned(batch) if spec.pin_memory else batch
+
+
+def _decode(
+    task: BatchTask, stop: threading.Event, spec: DecodeSpec
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Decode one batch into ``(images, labels)``; ``None`` if ``stop`` was set meanwhile.
 
     Each image is decoded straight into its slot of one ``[B, H, W, 3]`` array taken from
     ``spec.buffers`` (no per-image array, no stacking, no fresh pages). ``spec.batch_decoder``
@@ -245,7 +266,4 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> An
     # [B, 3, H, W] in channels_last memory format: a zero-copy view of the decoded NHWC buffer.
     # (A .contiguous() NCHW copy here halved the loader's throughput on 2 cores; convolutions
     # take channels_last as is, and callers who need NCHW can call .contiguous() themselves.)
-    batch: Any = (torch.from_numpy(hwc).permute(0, 3, 1, 2), torch.from_numpy(labels))
-    if spec.transform is not None:
-        batch = _transform(spec, task, *batch)
-    return _pinned(batch) if spec.pin_memory else batch
+    return torch.from_numpy(hwc).permute(0, 3, 1, 2), torch.from_numpy(labels)

@@ -121,6 +121,8 @@ class ShardCache:
         #: Bytes of shards written from the epoch's reads, and downloaded by the cache itself.
         self.bytes_offered = 0
         self.bytes_downloaded = 0
+        #: The GETs of what the cache fetched itself (the gaps the epochs' reads left).
+        self.requests = storage.RequestStats()
 
     def path(self, shard: CachedShard) -> Path:
         return self.folder / f"{shard.index:05d}-{shard.sha256}.parquet"
@@ -380,7 +382,9 @@ class ShardCache:
                     return False
                 batch = parts[i : i + _PARTS]
                 for (lo, _), chunk in zip(
-                    batch, pool.map(lambda r: storage.s3_read_range(remote, *r), batch), strict=True
+                    batch,
+                    pool.map(lambda r: storage.s3_read_range(remote, *r, stats=self.requests), batch),
+                    strict=True,
                 ):
                     filling.write(lo, chunk)
                     self.bytes_downloaded += len(chunk)

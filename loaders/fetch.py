@@ -154,7 +154,12 @@ class RangeFetcher:
     holding at most ``budget`` bytes."""
 
     def __init__(
-        self, read: Callable[[ByteRange, Executor | None], bytes], *, concurrency: int, budget: int, name: str
+        self,
+        read: Callable[[ByteRange, Executor | None, storage.RequestStats], bytes],
+        *,
+        concurrency: int,
+        budget: int,
+        name: str,
     ) -> None:
         self._read = read
         self.concurrency = concurrency
@@ -167,6 +172,8 @@ class RangeFetcher:
         self.held = 0
         self.peak_bytes_held = 0
         self.bytes_read = 0
+        #: Every GET of the reads, counted as they are sent (retries and errors included).
+        self.requests = storage.RequestStats()
         #: The last keys submitted for reading, read (successfully) and waited on by ``get``
         #: (a ``get`` that found its read not yet ended), oldest first (bounded).
         self.submitted: deque[Hashable] = deque(maxlen=_LOG_KEYS)
@@ -296,7 +303,7 @@ class RangeFetcher:
             )
 
     def _run(self, r: ByteRange) -> bytes:
-        data = self._read(r, self._parts)
+        data = self._read(r, self._parts, self.requests)
         if len(data) != r.size:
             raise LoaderError(
                 f"read bytes {r.start}-{r.end} of {r.path}: got {len(data)} bytes, expected {r.size} (file changed?)"
@@ -336,7 +343,9 @@ def _parts(start: int, end: int, at_least: int = 1) -> list[tuple[int, int]]:
     return [(s, min(s + step, end)) for s in range(start, end, step)]
 
 
-def read_s3_range(r: ByteRange, pool: Executor | None = None) -> bytes:
+def read_s3_range(
+    r: ByteRange, pool: Executor | None = None, stats: storage.RequestStats | None = None
+) -> bytes:
     """The bytes of ``r``, each GET sent with ``If-Match: <the ETag of the shard the loader
     checked>``: an object replaced since answers 412, never other bytes. Blocking, on the calling
     fetch thread (:func:`lakeshard.storage.s3_read_range`); a range in several parts has the
@@ -344,14 +353,17 @@ def read_s3_range(r: ByteRange, pool: Executor | None = None) -> bytes:
     ``<this thread's name>-part``), at once as far as it has threads."""
     parts = _parts(r.start, r.end, r.parts)
     if len(parts) == 1:
-        return storage.s3_read_range(r.path, r.start, r.end, if_match=r.etag)
+        return storage.s3_read_range(r.path, r.start, r.end, if_match=r.etag, stats=stats)
     with contextlib.ExitStack() as stack:
         if pool is None:
             name = f"{threading.current_thread().name}-part"
             pool = stack.enter_context(ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=name))
-        rest = [pool.submit(storage.s3_read_range, r.path, lo, hi, if_match=r.etag) for lo, hi in parts[1:]]
+        rest = [
+            pool.submit(storage.s3_read_range, r.path, lo, hi, if_match=r.etag, stats=stats)
+            for lo, hi in parts[1:]
+        ]
         try:
-            first = storage.s3_read_range(r.path, *parts[0], if_match=r.etag)
+            first = storage.s3_read_range(r.path, *parts[0], if_match=r.etag, stats=stats)
             return b"".join([first, *(f.result() for f in rest)])
         finally:
             for f in rest:  # on an error, the parts not yet begun are not read

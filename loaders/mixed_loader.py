@@ -41,6 +41,7 @@ from lakeshard import format as contract
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders.batch import PAD_LABEL
+from loaders.buffers import BufferPool
 from loaders.dataset import ShardDataset
 from loaders.decode import NO_DECODER
 from loaders.elastic import Leg
@@ -48,6 +49,7 @@ from loaders.mixing import MixPlan, Span, epoch_samples, locate, shares
 from loaders.options import LoaderOptions
 from loaders.shard_loader import ShardLoader
 from loaders.state import MIX_STATE_FORMAT, check_global_batch, state_dict
+from loaders.stats import LoaderStats, LoaderTotals
 
 __all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling"]
 
@@ -105,8 +107,10 @@ class MixedLoader:
             ``"same"`` (refuse sources whose label names differ).
         **kwargs: the options of :class:`~loaders.ShardLoader` (``channel``, ``rank``,
             ``world_size``, ``batch_size``, ``shuffle``, ``seed``, threads, reads, cache,
-            transform). ``num_threads`` and ``memory_budget`` are shared out among the sources
-            by weight. ``drop_last`` and ``remainder`` do not apply: every batch is full.
+            transform). Each source's loader has ``num_threads`` decode threads (a source
+            waits for its rows only as long as the others take theirs, so a thread split by
+            weight left the larger source short); ``memory_budget`` is shared out among the
+            sources by weight. ``drop_last`` and ``remainder`` do not apply: every batch is full.
 
     Each epoch holds ``shares(weights, samples_per_epoch)`` rows of each source (each within one
     row of its exact share); each batch of a rank holds each source within one row of that
@@ -157,7 +161,7 @@ class MixedLoader:
         rows = [_channel_rows(uri, opts.channel) for uri, _ in parsed]
         raw = [w if w is not None else float(n) for (_, w), n in zip(parsed, rows, strict=True)]
         self.weights = [w / sum(raw) for w in raw]
-        # Threads and memory follow each source's share of the samples.
+        # Memory follows each source's share of the samples.
         for (uri, _), weight in zip(parsed, self.weights, strict=True):
             self._loaders.append(ShardLoader(uri, options=self._source_options(weight, len(parsed))))
         self.image_size = _same_size(self._loaders, opts.crop)
@@ -188,6 +192,9 @@ class MixedLoader:
         self._consumed = 0
         self._resumed_used = False
         self.source_rows = [0] * len(self._loaders)
+        self._began = [ld.totals() for ld in self._loaders]  # where the current iteration began
+        self._batches_run = 0
+        self._buffers = BufferPool(keep=3)  # the yielded batch, the loop's previous one, one spare
 
     def _source_options(self, weight: float, n: int) -> LoaderOptions:
         opts = self.options
@@ -198,7 +205,6 @@ class MixedLoader:
             world_size=1,
             drop_last=False,
             remainder="pad",
-            num_threads=max(1, round(opts.num_threads * weight)),
             memory_budget=None if budget is None else max(1, int(budget * weight)) if n > 1 else budget,
         )
 
@@ -337,6 +343,8 @@ class MixedLoader:
         done = share.taken((start - first) * b)
         cursors = [_Cursor(spans, n) for spans, n in zip(share.spans, done, strict=True)]
         self.source_rows = [0] * len(self._streams)
+        self._began = [ld.totals() for ld in self._loaders]
+        self._batches_run = 0
         for j in range(start - first, plan.num_batches(leg)):
             counts = np.bincount(share.order[j * b : (j + 1) * b], minlength=len(self._streams))
             parts = []
@@ -345,17 +353,30 @@ class MixedLoader:
                     parts += self._streams[s].take(cursors[s], n)
                     self.source_rows[s] += n
             self._consumed += 1
+            self._batches_run += 1
             yield self._join(parts)
 
-    @staticmethod
-    def _join(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch of the sources' rows, source after source."""
+    def _join(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch of the sources' rows, source after source: one copy of each part's pixels
+        into a reused block (a block of pinned memory when the parts are pinned), single-threaded
+        (``torch.cat`` spreads a copy over torch's intra-op threads, which then wait on the cores
+        the decode threads use: half the mixture's throughput on 2 cores)."""
         if len(parts) == 1:
             return parts[0]
-        images = torch.cat([p[0] for p in parts])
-        if parts[0][0].is_pinned():
-            images = images.pin_memory()
-        return images, torch.cat([p[1] for p in parts])
+        images = [p[0] for p in parts]
+        labels = torch.cat([p[1] for p in parts])
+        nhwc = [x.permute(0, 2, 3, 1) for x in images]
+        if images[0].dtype != torch.uint8 or not all(x.is_contiguous() for x in nhwc):
+            return torch.cat(images), labels
+        shape = (sum(len(x) for x in images), *nhwc[0].shape[1:])
+        if images[0].is_pinned():
+            out = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+            block = out.numpy()
+        else:
+            block = self._buffers.take(shape)
+            out = torch.from_numpy(block)
+        np.concatenate([x.numpy() for x in nhwc], out=block)
+        return out.permute(0, 3, 1, 2), labels
 
     def close(self) -> None:
         """Stop every source's threads (a later iteration makes new ones)."""
@@ -367,6 +388,21 @@ class MixedLoader:
     def as_dataset(self) -> ShardDataset:
         """This loader as a :class:`torch.utils.data.IterableDataset` (see :mod:`loaders.dataset`)."""
         return ShardDataset(self)  # type: ignore[arg-type]
+
+    def epoch_stats(self) -> LoaderStats:
+        """What the current (or last) iteration cost on this rank, over all sources (see
+        :class:`~loaders.stats.LoaderStats`; ``batches`` are the mixture's, ``shuffle`` is not
+        measured)."""
+        moved = sum(
+            (ld.totals() - b for ld, b in zip(self._loaders, self._began, strict=True)), LoaderTotals()
+        )
+        moved = dataclasses.replace(moved, batches=self._batches_run)
+        return LoaderStats.of(
+            moved,
+            epoch=self._epoch,
+            peak_bytes_held=sum(ld.peak_bytes_held for ld in self._loaders),
+            prices=self.options.prices,
+        )
 
     @property
     def source_loaders(self) -> list[ShardLoader]:
@@ -416,7 +452,7 @@ class _Stream:
     """One source read as its stream (:mod:`loaders.mixing`): passes of its world-size-1 loader
     one after another, entered at any position.
 
-    ``_pos`` is the stream position of the next row of ``_rows`` (the rest of the loader batch
+    ``_pos`` is the stream position of the next row of ``_held`` (the rest of the loader batch
     in hand), or of the iterator's next batch when ``_rows`` is empty; ``None``: no iterator.
     """
 

@@ -13,6 +13,7 @@ from lakeshard.format import CHANNELS
 from lakeshard.settings import check_positive, parse_size
 from loaders.decode import NO_DECODER, get_decoder
 from loaders.plan import RANK_REMAINDER_POLICIES
+from loaders.stats import BUDGET_ACTIONS, PriceTable
 from loaders.transforms import check_mean_std
 
 __all__ = ["DEFAULT_READ_CONCURRENCY", "ORDER_KEYS", "LoaderOptions", "default_threads"]
@@ -105,6 +106,11 @@ class LoaderOptions:
             threads (see :mod:`loaders.transforms`); the loader yields what it returns. Without
             it, ``augment``, ``crop`` and ``normalize`` stand for
             :func:`~loaders.transforms.default_transform`; with it, they must be left unset.
+        prices: a :class:`~loaders.stats.PriceTable` to price each epoch's requests and bytes
+            (``epoch_stats().cost_usd``); default: S3 Standard GETs, transfer out of the region.
+        cost_budget: US dollars an epoch's reads (on this rank) may cost; when an epoch's
+            estimate (its cost so far, scaled to all its batches) passes it, ``on_budget``:
+            ``"warn"`` (one WARNING an epoch) or ``"stop"`` (:class:`LoaderError`).
     """
 
     channel: str = "train"
@@ -129,6 +135,9 @@ class LoaderOptions:
     memory_budget: int | str | None = None
     cache_dir: str | None = None
     cache_limit: int | str = "50GiB"
+    prices: PriceTable | None = None
+    cost_budget: float | None = None
+    on_budget: str = "warn"
 
     @classmethod
     def from_keywords(cls, options: dict[str, Any]) -> LoaderOptions:
@@ -189,6 +198,17 @@ class LoaderOptions:
             self._check_normalize()
         if self.transform is not None:
             self._check_transform()
+        if self.prices is None:
+            object.__setattr__(self, "prices", PriceTable())
+        elif not isinstance(self.prices, PriceTable):
+            raise ConfigError(f"prices must be a loaders.stats.PriceTable, got {self.prices!r}")
+        budget = self.cost_budget
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0
+        ):
+            raise ConfigError(f"cost_budget must be a positive number of US dollars, got {budget!r}")
+        if self.on_budget not in BUDGET_ACTIONS:
+            raise ConfigError(f"on_budget must be one of {BUDGET_ACTIONS}, got {self.on_budget!r}")
 
     def _check_encoded(self) -> None:
         """``decoder="none"`` yields encoded bytes: nothing that works on pixels may be set."""

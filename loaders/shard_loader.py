@@ -29,17 +29,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from lakeshard import format as contract
 from lakeshard import storage
 from lakeshard.errors import ConfigError, LoaderError
+from lakeshard.storage import RequestCounts
 from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch, encoded_batch
 from loaders.buffers import BufferPool
 from loaders.cache import CachedShard, ShardCache
@@ -50,7 +53,9 @@ from loaders.fetch import RangeFetcher, read_s3_range
 from loaders.options import LoaderOptions, default_threads
 from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
+from loaders.shuffle_quality import ShuffleTally
 from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
+from loaders.stats import DecodeTally, LoaderStats, LoaderTotals
 from loaders.transforms import default_transform
 from loaders.window_reader import EpochPlan, ReadCount, WindowReader
 
@@ -158,6 +163,14 @@ class ShardLoader:
         self._lock = threading.Lock()
         self._owner: _Owner | None = None  # the iteration running (or last started) and its thread
         self.skipped_rows: list[SkippedRow] = []
+        # Counters (loaders.stats): over the loader's life, and where the current iteration began.
+        self._tally = DecodeTally()
+        self._wait_s = 0.0
+        self._batches = 0
+        self._past_reads = ReadCount()  # of the iterations before the current one
+        self._began = LoaderTotals()
+        self._shuffle = ShuffleTally()
+        self._over_budget = False
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over and the training loop's previous batch.
         blocks = opts.num_threads + opts.prefetch + 3
@@ -198,6 +211,7 @@ class ShardLoader:
         for shard in self._cached:
             cache.adopt(shard)
         self._reader.use_local(cache.ready())
+        self._reader.caching = True
         # Read-through: the epoch's row groups go into the cache's files as they are read.
         self.fetcher.on_read = lambda r, data, offer=cache.offer: offer(r.path, r.start, data)
         return cache
@@ -441,16 +455,19 @@ class ShardLoader:
             and self._pipeline.promote(early.run)
         ):
             early.promoted.set()
-            epoch, self.skipped_rows, self._reads = early.run, early.skipped, early.reads
+            self._begin(early.reads, early.shuffle)
+            epoch, self.skipped_rows = early.run, early.skipped
         else:
             if early is not None:
                 early.run.close()
-            self.skipped_rows, self._reads = [], ReadCount()
+            self.skipped_rows = []
+            self._begin(ReadCount(), ShuffleTally())
             stop = threading.Event()
             plan = self._resumed.plan if self._resumed is not None else None
             tasks = self._reader.tasks(
                 self._epoch, start - (plan.first_index if plan else 0), stop, ahead, plan, reads=self._reads
             )
+            tasks = _tallied(tasks, self._shuffle, self._shard_rows, self._groups)
             epoch = self._pipeline.start(tasks, self._decoder(self._epoch, self.skipped_rows), stop=stop)
         if looping and self._resumed is None:
             self._started_early = self._start_early(self._epoch + 1)
@@ -465,10 +482,12 @@ class ShardLoader:
         one's last are consumed, from row groups already read; it reads more once it is promoted
         to the current epoch."""
         skipped: list[SkippedRow] = []
-        reads, stop, promoted = ReadCount(), threading.Event(), threading.Event()
+        reads, stop, promoted, shuffle = ReadCount(), threading.Event(), threading.Event(), ShuffleTally()
         tasks = self._reader.tasks(epoch, 0, stop, epoch + 1, promoted=promoted, reads=reads)
-        run = self._pipeline.start_next(tasks, self._decoder(epoch, skipped), stop=stop)
-        return _EpochStartedEarly(epoch, run, promoted, skipped, reads)
+        run = self._pipeline.start_next(
+            _tallied(tasks, shuffle, self._shard_rows, self._groups), self._decoder(epoch, skipped), stop=stop
+        )
+        return _EpochStartedEarly(epoch, run, promoted, skipped, reads, shuffle)
 
     def _decoder(self, epoch: int, skipped: list[SkippedRow]) -> Callable[[BatchTask, threading.Event], Any]:
         """What decodes a batch task of ``epoch`` (bad rows it skips go to ``skipped``)."""
@@ -487,6 +506,7 @@ class ShardLoader:
             buffers=self._buffers,
             skipped=skipped,
             batch_decoder=None if encoded else get_batch_decoder(self.options.decoder),
+            tally=self._tally,
         )
         if encoded:
             return lambda task, stop: encoded_batch(task, stop, spec)
@@ -505,12 +525,18 @@ class ShardLoader:
             self._release(me)
             raise
         finished = False
+        budget = self.options.cost_budget
         try:
             while True:
+                asked = time.perf_counter()
                 batch = epoch.next()
+                self._wait_s += time.perf_counter() - asked
                 if batch is None:
                     break
                 self._consumed += 1
+                self._batches += 1
+                if budget is not None and self._consumed % _BUDGET_EVERY == 0:
+                    self._check_budget(budget)
                 yield batch
             finished = True
             if self.cache is not None:  # every read of the epoch is in: a fill takes the rest now
@@ -534,6 +560,63 @@ class ShardLoader:
                     self._epoch,
                     self.options.rank,
                 )
+
+    # -- statistics (loaders.stats) ----------------------------------------------------------------
+    def _begin(self, reads: ReadCount, shuffle: ShuffleTally) -> None:
+        """An iteration begins: its counters start from the loader's totals now."""
+        past = self._past_reads
+        for name in ("row_groups", "cache_hits", "cache_bytes", "cache_misses"):
+            setattr(past, name, getattr(past, name) + getattr(self._reads, name))
+        self._reads, self._shuffle, self._over_budget = reads, shuffle, False
+        self._began = self.totals() - _reads_totals(reads)  # an epoch started early has read already
+        if self.fetcher is not None:
+            self.fetcher.peak_bytes_held = self.fetcher.held
+
+    def totals(self) -> LoaderTotals:
+        """The loader's counters over its life so far."""
+        store = self.fetcher.requests.counts() if self.fetcher is not None else RequestCounts()
+        if self.cache is not None:
+            store = store + self.cache.requests.counts()
+        rows, decode_s, transform_s = self._tally.snapshot()
+        reads = _reads_totals(self._past_reads) + _reads_totals(self._reads)
+        return LoaderTotals(
+            store,
+            reads.cache_hits,
+            reads.cache_misses,
+            reads.cache_bytes,
+            rows,
+            decode_s,
+            transform_s,
+            self._wait_s,
+            self._batches,
+        )
+
+    def epoch_stats(self) -> LoaderStats:
+        """What the current (or last) iteration cost on this rank (see :class:`LoaderStats`)."""
+        return LoaderStats.of(
+            self.totals() - self._began,
+            epoch=self._epoch,
+            peak_bytes_held=self.peak_bytes_held,
+            prices=self.options.prices,
+            shuffle=self._shuffle.result(),
+        )
+
+    def _check_budget(self, budget: float) -> None:
+        """Warn (or stop) once an epoch's cost so far, scaled to its batches, passes ``budget``."""
+        done = self.totals() - self._began
+        cost = self.options.prices.cost(done.store.requests, done.store.bytes)
+        projected = cost * len(self) / max(self._consumed, 1)
+        if projected <= budget or self._over_budget:
+            return
+        self._over_budget = True
+        message = (
+            f"epoch {self._epoch} on rank {self.options.rank} would cost ${projected:.4f} in reads of "
+            f"{self.dataset}, over cost_budget ${budget:.4f} (${cost:.4f} after {self._consumed} of {len(self)} "
+            f"batches: {done.store.requests} requests, {done.store.bytes} bytes)"
+        )
+        if self.options.on_budget == "stop":
+            raise LoaderError(f"{message}; stopping (on_budget='stop')")
+        log.warning("%s", message)
 
     def close(self) -> None:
         """Stop every thread of the loader and wait for them (a later iteration makes new ones,
@@ -578,6 +661,47 @@ class ShardLoader:
         self.close()
 
 
+#: The cost budget is checked every this many batches.
+_BUDGET_EVERY = 8
+
+
+def _tallied(
+    tasks: Iterator[BatchTask], shuffle: ShuffleTally, shard_rows: list[int], groups: Mapping[int, list[int]]
+) -> Iterator[BatchTask]:
+    """``tasks``, each one's rows (storage position, row group) added to ``shuffle`` as the
+    reader thread makes it. A function, not a method: the reader thread runs it, and a method
+    would keep the loader alive from that thread (its threads stop when it is collected)."""
+    starts = np.cumsum([0, *shard_rows])
+    group_of: dict[int, np.ndarray] = {}  # shard -> the global row group of each of its rows
+
+    def groups_of(shard: int, rows: np.ndarray) -> np.ndarray:
+        if shard not in group_of:
+            sizes = groups[shard]
+            group_of[shard] = starts[shard] + np.repeat(np.cumsum([0, *sizes[:-1]]), sizes)
+        return group_of[shard][rows]
+
+    for task in tasks:
+        shards, rows = task.shards, task.rows
+        lo, hi = int(shards.min()), int(shards.max())  # most batches come from one shard
+        if lo == hi:
+            found = groups_of(lo, rows)
+        else:
+            found = np.empty(len(rows), dtype=np.int64)
+            for shard in range(lo, hi + 1):
+                at = shards == shard
+                if at.any():
+                    found[at] = groups_of(shard, rows[at])
+        shuffle.add(starts[shards] + rows, found)
+        yield task
+
+
+def _reads_totals(reads: ReadCount) -> LoaderTotals:
+    """A read count's cache figures as totals."""
+    return LoaderTotals(
+        cache_hits=reads.cache_hits, cache_misses=reads.cache_misses, cache_bytes=reads.cache_bytes
+    )
+
+
 #: How long an epoch's start waits for the cache to finish the file the last epoch filled (its
 #: sha256 over the shard) before it reads the shard from the store instead.
 _SETTLE_S = 5.0
@@ -616,6 +740,7 @@ class _EpochStartedEarly:
     promoted: threading.Event
     skipped: list[SkippedRow]
     reads: ReadCount
+    shuffle: ShuffleTally
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,7 @@ class WindowReader:
         self.fetcher: RangeFetcher | None = None
         self._ranges: dict[tuple[int, int], ByteRange] = {}  # (shard, row group) -> its bytes (remote)
         self._local: dict[int, str] = {}  # shard index -> a verified local copy (loaders.cache)
+        self.caching = False  # the loader has a shard cache (its reads count hits and misses)
 
     def use_fetcher(self, fetcher: RangeFetcher, remote: dict[int, ShardFooter]) -> None:
         """Read the shards in ``remote`` (index -> footer) through ``fetcher``."""
@@ -168,6 +169,21 @@ class WindowReader:
             lo, hi = row_group_range(footer.metadata, piece.row_group)
             self._ranges[key] = ByteRange(storage.s3_path(self.shard_uris[piece.shard]), lo, hi, footer.etag)
         return self._ranges[key]
+
+    def _count_cached(self, pieces: Sequence[Piece], reads: ReadCount) -> None:
+        """Count the row groups of a remote dataset that ``pieces`` read from the shard cache
+        (hits, and their bytes) or from the store (misses, when there is a cache)."""
+        if not self.caching or self.fetcher is None:
+            return
+        for piece in pieces:
+            if piece.shard not in self.remote:
+                continue
+            if piece.shard in self._local:
+                lo, hi = row_group_range(self.remote[piece.shard].metadata, piece.row_group)
+                reads.cache_hits += 1
+                reads.cache_bytes += hi - lo
+            else:
+                reads.cache_misses += 1
 
     def remote_ranges(self) -> dict[int, list[tuple[int, int]]]:
         """By remote shard (read through the fetcher), the byte ranges of the row groups an epoch
@@ -308,6 +324,7 @@ class WindowReader:
                     return
                 if reads is not None:
                     reads.row_groups += len(order.windows[w])
+                    self._count_cached([plan.pieces[p] for p in indexes], reads)
                 perm = order.perms[w]
                 lo = max(pos - int(order.starts[w]), 0)
                 hi = min(end - int(order.starts[w]), len(perm))
@@ -462,9 +479,14 @@ class WindowReader:
 
 @dataclass
 class ReadCount:
-    """Row groups an epoch's task iterator has read."""
+    """Row groups an epoch's task iterator has read; of a remote dataset's, those read from the
+    shard cache (``cache_hits``, ``cache_bytes``) and, with a cache, those read from the store
+    instead (``cache_misses``)."""
 
     row_groups: int = 0
+    cache_hits: int = 0
+    cache_bytes: int = 0
+    cache_misses: int = 0
 
 
 def _wait(promoted: threading.Event, stop: threading.Event) -> bool:

@@ -11,6 +11,7 @@ This is a trainer to try a dataset out, and the reference of how the loader is u
 |---|---|
 | :mod:`~loaders.train.loop` | ``main`` and ``train``: the loop's steps, checkpoints, ``metrics.json`` |
 | :mod:`~loaders.train.world` | :class:`World`: this process's rank and device; collectives over the ranks |
+| :mod:`~loaders.train.export` | each epoch's figures as Prometheus metrics and TensorBoard scalars |
 | :mod:`~loaders.train.evaluation` | ``evaluate``: accuracy over a channel, top-1 and per class |
 | :mod:`~loaders.train.metrics` | an epoch's training totals and its record in ``metrics.json`` |
 | :mod:`~loaders.train.checks` | every check made before the process group starts |

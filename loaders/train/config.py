@@ -203,6 +203,31 @@ class TrainConfig:
         help="checkpoint to resume from; 'auto' (or no value) = <output>/checkpoint.pt if it "
         "exists, else a fresh run (rerun a run that exited 75 with it)",
     )
+    metrics_port: int | None = opt(
+        None,
+        help="serve each epoch's figures (images/s, data wait, requests, bytes, cost, straggler, shuffle) as "
+        "Prometheus metrics on this port of rank 0's machine (0: any free port; needs prometheus-client)",
+    )
+    tensorboard_dir: str | None = opt(
+        None, help="also write each epoch's figures as TensorBoard scalars here (needs tensorboard)"
+    )
+    cost_budget: float | None = opt(
+        None,
+        help="US dollars an epoch's store reads may cost over all ranks (estimated with the prices below); "
+        "past it, --on-budget",
+    )
+    on_budget: str = opt(
+        "warn",
+        choices=("warn", "stop"),
+        help="what an epoch estimated over --cost-budget does: warn, or stop (exit 2)",
+    )
+    price_get_per_1000: float = opt(
+        0.0004, help="US dollars per 1,000 GET requests (default: S3 Standard, us-east-1)"
+    )
+    price_transfer_per_gb: float = opt(
+        0.02,
+        help="US dollars per GB read from the store (default: S3 transfer out of the region; 0 within the bucket's region)",
+    )
     dist_timeout: float = opt(300.0, help="seconds a collective may wait for the other ranks before failing")
     progress: bool = opt(
         True,
@@ -250,6 +275,19 @@ class TrainConfig:
                     parse_size(getattr(self, name))
                 except ValueError as exc:
                     raise ConfigError(f"{name}: {exc}") from None
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(
+                f"metrics_port must be in [0, 65535] (0: any free port), got {self.metrics_port!r}"
+            )
+        if self.cost_budget is not None and not self.cost_budget > 0:
+            raise ConfigError(
+                f"cost_budget must be a positive number of US dollars, got {self.cost_budget!r}"
+            )
+        for name in ("price_get_per_1000", "price_transfer_per_gb"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(
+                    f"{name} must be a non-negative number of US dollars, got {getattr(self, name)!r}"
+                )
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name in ("lr", "dist_timeout"):

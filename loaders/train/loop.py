@@ -62,17 +62,19 @@ from torch import nn
 from tqdm import tqdm
 
 from lakeshard import storage
-from lakeshard.errors import PlatformError, StorageError
+from lakeshard.errors import ConfigError, PlatformError, StorageError
 from loaders.batch import PAD_LABEL
 from loaders.mixed_loader import Concatenated, MixedLoader
 from loaders.shard_loader import ShardLoader, default_threads
 from loaders.state import last_leg
+from loaders.stats import PriceTable
 from loaders.train.checks import EVAL_CHANNELS, TrainPlan, prepare
 from loaders.train.config import TrainConfig, parse_args, sources
 from loaders.train.evaluation import Accuracy, evaluate
-from loaders.train.metrics import EpochRecord, EpochTotals
+from loaders.train.export import EpochFigures, Exporter
+from loaders.train.metrics import EpochRecord, EpochTotals, LoaderSummary, find_straggler
 from loaders.train.preemption import EXIT_PREEMPTED, Preempted, StopRequest, signal_name, stop_signals
-from loaders.train.world import Ranks, World, all_gather, all_reduce
+from loaders.train.world import Ranks, World, all_gather, all_reduce, gather
 
 __all__ = ["main", "train"]
 
@@ -162,8 +164,18 @@ def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
         memory_budget=cfg.memory_budget,
         cache_dir=cfg.cache_dir,
         cache_limit=cfg.cache_limit,
+        prices=PriceTable(cfg.price_get_per_1000, cfg.price_transfer_per_gb),
     )
-    train = dict(channel="train", batch_size=plan.per_rank_batch, shuffle=True, augment=cfg.augment, **common)
+    budget = None if cfg.cost_budget is None else cfg.cost_budget / world.world_size  # each rank's share
+    train = dict(
+        channel="train",
+        batch_size=plan.per_rank_batch,
+        shuffle=True,
+        augment=cfg.augment,
+        cost_budget=budget,
+        on_budget=cfg.on_budget,
+        **common,
+    )
     eval_batch = cfg.eval_batch_size or plan.per_rank_batch
     if isinstance(cfg.dataset, str):
         train_loader: ShardLoader | MixedLoader = ShardLoader(cfg.dataset, drop_last=cfg.drop_last, **train)
@@ -284,6 +296,7 @@ class _Run:
     scheduler: torch.optim.lr_scheduler.StepLR
     stop: _Stop
     history: list[dict[str, Any]]
+    exporter: Exporter | None = None  # rank 0's, with --metrics-port or --tensorboard-dir
 
     @property
     def bf16(self) -> bool:
@@ -305,15 +318,44 @@ def train(cfg: TrainConfig, world: World, plan: TrainPlan | None = None) -> dict
         what = "validation after each epoch" if channel == "validation" else "the final test"
         log.log(_info_level(world), "skipping %s: %s", what, reason)
     loaders = _loaders(cfg, world, plan)
+    exporter: Exporter | None = None
     try:
+        exporter = _exporter(cfg, world)
         with stop_signals() as request:
-            return _train(cfg, world, plan, loaders, request)
+            return _train(cfg, world, plan, loaders, request, exporter)
     finally:
         loaders.close()
+        if exporter is not None:
+            exporter.close()
+
+
+def _exporter(cfg: TrainConfig, world: World) -> Exporter | None:
+    """The exporter of ``--metrics-port`` / ``--tensorboard-dir`` (rank 0 serves; every rank
+    checks the packages), agreed on by every rank: one rank failing to start it (a port in use)
+    stops them all with its error line, rather than leaving the others to wait for it."""
+    if cfg.metrics_port is None and cfg.tensorboard_dir is None:
+        return None
+    exporter, error = None, None
+    try:
+        exporter = Exporter(port=cfg.metrics_port, tensorboard_dir=cfg.tensorboard_dir, rank=world.rank)
+    except PlatformError as exc:
+        error = exc
+    (failed,) = all_reduce([0.0 if error is None else 1.0], world, maximum=True)
+    if error is not None:
+        raise error
+    if failed:
+        exporter.close()
+        raise ConfigError("another rank could not start the metrics exporter (its line says why)")
+    return exporter
 
 
 def _train(
-    cfg: TrainConfig, world: World, plan: TrainPlan, loaders: _Loaders, request: StopRequest
+    cfg: TrainConfig,
+    world: World,
+    plan: TrainPlan,
+    loaders: _Loaders,
+    request: StopRequest,
+    exporter: Exporter | None = None,
 ) -> dict[str, Any]:
     """Set up, resume, then train, validate, record and checkpoint each epoch; test at the end."""
     model = _on_device(plan.model, world)  # holds the checkpoint's weights when resuming
@@ -331,6 +373,7 @@ def _train(
         scheduler,
         _Stop(request, world, plan.checkpoint_uri),
         start.history,
+        exporter,
     )
     carried = start.carried
     for epoch in range(start.epoch, cfg.epochs):
@@ -394,6 +437,7 @@ class _Trained:
     data_wait_share: list[float]
     first_step: int
     steps: int
+    loader: list[dict[str, Any]]  # each rank's loaders.stats.LoaderStats, as JSON
 
 
 def _train_epoch(run: _Run, epoch: int, carried: EpochTotals) -> _Trained:
@@ -428,7 +472,8 @@ def _train_epoch(run: _Run, epoch: int, carried: EpochTotals) -> _Trained:
     everyone = here.all_reduce(world)
     (slowest,) = all_reduce([elapsed], world, maximum=True)
     shares = all_gather(wait / (wait + compute) if wait + compute > 0 else 0.0, world)
-    return _Trained(everyone + carried, everyone.images, slowest, shares, first_step, steps)
+    stats = gather(loader.epoch_stats().to_json(), world)
+    return _Trained(everyone + carried, everyone.images, slowest, shares, first_step, steps, stats)
 
 
 def _source_rows(run: _Run, loader: ShardLoader | MixedLoader) -> list[dict[str, Any]] | None:
@@ -477,18 +522,56 @@ def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy
         seconds=trained.seconds,
         skipped_rows=len(loader.skipped_rows),
         sources=_source_rows(run, loader),
+        loader=_loader_summary(trained),
     )
     run.history.append(record.to_json())
+    summary = record.loader
     log.log(
         _info_level(run.world),
-        "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s",
+        "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s, %d requests, %.1f MB read, $%.4f",
         epoch,
         "n/a" if record.loss is None else f"{record.loss:.4f}",
         "n/a" if record.val_accuracy is None else f"{record.val_accuracy:.4f}",
         record.images_per_s,
         [f"{s:.0%}" for s in record.data_wait_share],
+        summary.total("requests"),
+        summary.total("bytes_read") / 1e6,
+        summary.total("cost_usd"),
     )
+    if summary.straggler_line is not None and run.world.rank == 0:
+        log.warning("epoch %d: straggler: %s", epoch, summary.straggler_line)
+    if run.exporter is not None:
+        run.exporter.epoch(_figures(record))
     return record
+
+
+def _figures(record: EpochRecord) -> EpochFigures:
+    """An epoch's record as the exporter takes it."""
+    ranks = record.loader.per_rank
+    shuffle = ranks[0].get("shuffle") or {}
+    return EpochFigures(
+        epoch=record.epoch,
+        images_per_s=record.images_per_s,
+        loss=record.loss,
+        val_accuracy=record.val_accuracy,
+        data_wait_share=record.data_wait_share,
+        requests=[r["requests"] for r in ranks],
+        bytes_read=[r["bytes_read"] for r in ranks],
+        cache_bytes=[r["cache_bytes"] for r in ranks],
+        retries=[r["retries"] for r in ranks],
+        cost_usd=record.loader.total("cost_usd"),
+        read_ms_mean=[r["read_ms_mean"] for r in ranks],
+        shuffle_rank_correlation=shuffle.get("rank_correlation"),
+        same_group_share=shuffle.get("same_group_share"),
+        straggler=record.loader.straggler,
+    )
+
+
+def _loader_summary(trained: _Trained) -> LoaderSummary:
+    read_ms = [r["read_ms_mean"] for r in trained.loader]
+    found = find_straggler(trained.data_wait_share, read_ms)
+    rank, line = found if found is not None else (None, None)
+    return LoaderSummary(trained.loader, rank, line)
 
 
 def _save_checkpoint(run: _Run, *, epoch_done: bool, partial: dict[str, Any] | None = None) -> None:

@@ -10,7 +10,59 @@ from typing import Any
 from loaders.train.evaluation import Accuracy
 from loaders.train.world import World, all_reduce
 
-__all__ = ["EpochRecord", "EpochTotals"]
+__all__ = ["STRAGGLER_MIN_WAIT", "EpochRecord", "EpochTotals", "LoaderSummary", "find_straggler"]
+
+#: A rank is named a straggler when it waited at least this share of its step time for data...
+STRAGGLER_MIN_WAIT = 0.10
+#: ...and at least this many times the share of the rank that waited most after it (plus 5 points).
+_STRAGGLER_RATIO = 2.0
+
+
+def find_straggler(wait_shares: list[float], read_ms: list[float]) -> tuple[int, str] | None:
+    """The rank that held the others back, and a line saying so, or ``None``: the rank whose
+    share of step time spent waiting for data is at least :data:`STRAGGLER_MIN_WAIT` and more
+    than twice (and 5 points above) every other rank's. ``read_ms``: each rank's mean store read
+    time (0 for a rank that read nothing from the store)."""
+    if len(wait_shares) < 2:
+        return None
+    rank = max(range(len(wait_shares)), key=wait_shares.__getitem__)
+    worst = wait_shares[rank]
+    others = [w for i, w in enumerate(wait_shares) if i != rank]
+    if worst < STRAGGLER_MIN_WAIT or worst < _STRAGGLER_RATIO * max(others) + 0.05:
+        return None
+    line = f"rank {rank} waited {worst:.0%} for data, the others {min(others):.0%}-{max(others):.0%}"
+    if read_ms[rank] > 0:
+        rest = [m for i, m in enumerate(read_ms) if i != rank and m > 0]
+        line += f"; its reads averaged {read_ms[rank]:.0f} ms"
+        if rest:
+            line += f" (the others {min(rest):.0f}-{max(rest):.0f} ms)"
+    return rank, line
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderSummary:
+    """An epoch of the training loader over every rank: each rank's
+    :meth:`loaders.stats.LoaderStats.to_json`, and the rank that held the others back."""
+
+    per_rank: list[dict[str, Any]]
+    straggler: int | None = None
+    straggler_line: str | None = None
+
+    def total(self, key: str) -> float:
+        return sum(r[key] for r in self.per_rank)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": int(self.total("requests")),
+            "retries": int(self.total("retries")),
+            "bytes_read": int(self.total("bytes_read")),
+            "cache_bytes": int(self.total("cache_bytes")),
+            "cost_usd": self.total("cost_usd"),
+            "straggler": self.straggler,
+            "straggler_line": self.straggler_line,
+            "shuffle": self.per_rank[0].get("shuffle"),
+            "per_rank": self.per_rank,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +117,7 @@ class EpochRecord:
     seconds: float  # the slowest rank's
     skipped_rows: int  # bad rows skipped by this rank's loader (``--skip-bad-rows``)
     sources: list[dict[str, Any]] | None = None  # a mixture's: weight, planned rows, rows taken
+    loader: LoaderSummary | None = None  # the training loader's statistics, all ranks
 
     @property
     def val_accuracy(self) -> float | None:
@@ -88,4 +141,5 @@ class EpochRecord:
             "seconds": self.seconds,
             "skipped_rows": self.skipped_rows,
             **({} if self.sources is None else {"sources": self.sources}),
+            "loader": None if self.loader is None else self.loader.to_json(),
         }

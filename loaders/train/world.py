@@ -97,6 +97,15 @@ def all_reduce(values: list[float], world: World, *, maximum: bool = False) -> l
     return t.tolist()
 
 
+def gather(value: Any, world: World) -> list[Any]:
+    """Every rank's ``value`` (any picklable object), by rank."""
+    if not world.active:
+        return [value]
+    out: list[Any] = [None] * world.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
 def all_gather(value: float, world: World) -> list[float]:
     """Every rank's ``value``, by rank."""
     if not world.active:

@@ -1,0 +1,213 @@
+"""What an epoch of a loader cost: requests, bytes, cache hits, decode CPU, the training loop's
+wait, and an estimate in dollars (``loader.epoch_stats()``).
+
+Each figure is counted where the work happens, cheaply enough to stay on (under 1% of the
+loader's CPU per image: docs/performance.md): the store's GETs by the code that sends them
+(:class:`lakeshard.storage.RequestStats`, retries and errors included), the shard cache's hits
+by the reader thread, decoding by each decode thread (its own CPU time), the wait by the
+consumer. The loader keeps totals over its life and reports an iteration's share as the
+difference between two snapshots (:meth:`LoaderTotals.__sub__`), so nothing is reset while
+threads run.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from lakeshard.errors import ConfigError
+from lakeshard.storage import RequestCounts
+
+__all__ = ["BUDGET_ACTIONS", "DecodeTally", "LoaderStats", "LoaderTotals", "PriceTable"]
+
+#: What a loader does when an epoch's estimated cost would pass ``cost_budget``.
+BUDGET_ACTIONS = ("warn", "stop")
+
+
+@dataclass(frozen=True, slots=True)
+class PriceTable:
+    """Prices to estimate what an epoch's reads cost, in US dollars.
+
+    Defaults: Amazon S3 Standard in us-east-1, from https://aws.amazon.com/s3/pricing/ (as
+    published in 2024-2026): GET requests $0.0004 per 1,000, and data transfer out of the region
+    to another AWS region $0.02 per GB. Reads from an instance in the bucket's own region
+    transfer for free (``transfer_per_gb=0``); to the internet they cost $0.05-0.09 per GB.
+    """
+
+    get_per_1000: float = 0.0004
+    transfer_per_gb: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("get_per_1000", "transfer_per_gb"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ConfigError(f"{name} must be a non-negative number of US dollars, got {value!r}")
+
+    def cost(self, requests: int, nbytes: int) -> float:
+        """Dollars for ``requests`` GETs that moved ``nbytes`` bytes (a GB is 2**30 bytes, as AWS bills)."""
+        return requests / 1000 * self.get_per_1000 + nbytes / 2**30 * self.transfer_per_gb
+
+
+@dataclass(slots=True)
+class DecodeTally:
+    """Rows decoded and the decode threads' CPU seconds (each thread's own, ``time.thread_time``),
+    added by the decode threads under a lock."""
+
+    rows: int = 0
+    decode_s: float = 0.0
+    transform_s: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, rows: int, decode_s: float, transform_s: float) -> None:
+        with self._lock:
+            self.rows += rows
+            self.decode_s += decode_s
+            self.transform_s += transform_s
+
+    def snapshot(self) -> tuple[int, float, float]:
+        with self._lock:
+            return self.rows, self.decode_s, self.transform_s
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderTotals:
+    """A loader's counters at one moment, over its life."""
+
+    store: RequestCounts = RequestCounts()
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_bytes: int = 0
+    rows_decoded: int = 0
+    decode_cpu_s: float = 0.0
+    transform_cpu_s: float = 0.0
+    wait_s: float = 0.0
+    batches: int = 0
+
+    def __sub__(self, other: LoaderTotals) -> LoaderTotals:
+        return LoaderTotals(
+            self.store - other.store,
+            *(getattr(self, f) - getattr(other, f) for f in _NUMBERS),
+        )
+
+    def __add__(self, other: LoaderTotals) -> LoaderTotals:
+        return LoaderTotals(
+            self.store + other.store,
+            *(getattr(self, f) + getattr(other, f) for f in _NUMBERS),
+        )
+
+
+_NUMBERS = (
+    "cache_hits",
+    "cache_misses",
+    "cache_bytes",
+    "rows_decoded",
+    "decode_cpu_s",
+    "transform_cpu_s",
+    "wait_s",
+    "batches",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderStats:
+    """One iteration of a loader (an epoch, or the rest of one after a resume), on one rank.
+
+    ``requests``, ``retries``, ``bytes_read``: GETs to the store and the bytes they brought
+    (the epoch's reads, the next epoch's first reads made during it, and what the cache
+    fetched itself); ``errors``: reads that failed, by kind; ``read_s``: their wall time summed
+    (``read_ms_mean``: per read). ``cache_*``: row groups read from the local shard cache and
+    their bytes, and those read from the store while a cache was set. ``decode_cpu_s`` and
+    ``transform_cpu_s``: CPU seconds of the decode threads; ``wait_s``: how long the training
+    loop waited for batches; ``peak_bytes_held``: the most bytes of reads held at once (within
+    ``memory_budget``); ``cost_usd``: requests and bytes priced by the loader's
+    :class:`PriceTable`; ``shuffle``: how far the order was from the stored order
+    (:mod:`loaders.shuffle_quality`; ``None`` when not measured).
+    """
+
+    epoch: int
+    batches: int
+    rows_decoded: int
+    requests: int
+    retries: int
+    errors: dict[str, int]
+    bytes_read: int
+    reads: int
+    read_s: float
+    cache_hits: int
+    cache_misses: int
+    cache_bytes: int
+    decode_cpu_s: float
+    transform_cpu_s: float
+    wait_s: float
+    peak_bytes_held: int
+    cost_usd: float
+    shuffle: Any = None
+
+    @property
+    def read_ms_mean(self) -> float:
+        return 1000 * self.read_s / self.reads if self.reads else 0.0
+
+    @classmethod
+    def of(
+        cls,
+        totals: LoaderTotals,
+        *,
+        epoch: int,
+        peak_bytes_held: int,
+        prices: PriceTable,
+        shuffle: Any = None,
+    ) -> LoaderStats:
+        """The stats of an iteration whose counters moved by ``totals``."""
+        s = totals.store
+        return cls(
+            epoch=epoch,
+            batches=totals.batches,
+            rows_decoded=totals.rows_decoded,
+            requests=s.requests,
+            retries=s.retries,
+            errors=dict(s.errors),
+            bytes_read=s.bytes,
+            reads=s.reads,
+            read_s=s.seconds,
+            cache_hits=totals.cache_hits,
+            cache_misses=totals.cache_misses,
+            cache_bytes=totals.cache_bytes,
+            decode_cpu_s=totals.decode_cpu_s,
+            transform_cpu_s=totals.transform_cpu_s,
+            wait_s=totals.wait_s,
+            peak_bytes_held=peak_bytes_held,
+            cost_usd=prices.cost(s.requests, s.bytes),
+            shuffle=shuffle,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "epoch",
+                "batches",
+                "rows_decoded",
+                "requests",
+                "retries",
+                "errors",
+                "bytes_read",
+                "reads",
+                "read_s",
+                "cache_hits",
+                "cache_misses",
+                "cache_bytes",
+                "decode_cpu_s",
+                "transform_cpu_s",
+                "wait_s",
+                "peak_bytes_held",
+                "cost_usd",
+            )
+        }
+        out["read_ms_mean"] = self.read_ms_mean
+        shuffle = None if self.shuffle is None else self.shuffle.to_json()
+        if shuffle is not None:  # strict JSON (metrics.json): a figure that cannot be defined is null
+            shuffle = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in shuffle.items()}
+        out["shuffle"] = shuffle
+        return out

@@ -1,0 +1,150 @@
+"""``loader.epoch_stats()``: what an epoch cost, checked against the store's own log (the
+benchmarks' nginx + latency shim counts every request it served and nginx every body byte): GET
+requests and bytes, cache hits, an estimate in dollars and a budget; decode CPU and the wait;
+shuffle quality as the epoch ran."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from loader_builders import write_dataset
+
+from lakeshard import storage
+from lakeshard.errors import ConfigError, LoaderError
+from lakeshard.storage import RequestCounts, RequestStats
+from loaders import ShardLoader
+from loaders.stats import PriceTable
+from tests.helpers.store import RemoteStore, require_nginx
+
+OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 5, "shuffle_window": 20, "num_threads": 2}
+
+
+def test_prices_make_the_estimate_and_bad_ones_are_refused():
+    prices = PriceTable(get_per_1000=0.0004, transfer_per_gb=0.02)
+    assert prices.cost(2500, 3 * 2**30) == pytest.approx(2.5 * 0.0004 + 3 * 0.02)
+    assert PriceTable(transfer_per_gb=0).cost(1000, 10**12) == pytest.approx(0.0004)
+    with pytest.raises(
+        ConfigError, match="transfer_per_gb must be a non-negative number of US dollars, got -1"
+    ):
+        PriceTable(transfer_per_gb=-1)
+    for bad, message in [
+        (dict(cost_budget=0), "cost_budget must be a positive number"),
+        (dict(on_budget="panic"), "on_budget must be one of"),
+        (dict(prices={"get": 1}), "prices must be a loaders.stats.PriceTable"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            ShardLoader("/nowhere", **bad)
+
+
+def test_request_counts_add_and_subtract_by_kind():
+    stats = RequestStats()
+    stats.add(requests=1, retries=0, nbytes=100, seconds=0.5)
+    before = stats.counts()
+    stats.add(requests=3, retries=2, nbytes=50, seconds=0.25)
+    stats.add(requests=1, retries=0, nbytes=0, seconds=0.1, error="PreconditionFailed")
+    moved = stats.counts() - before
+    assert moved == RequestCounts(4, 2, 2, 50, pytest.approx(0.35), (("PreconditionFailed", 1),))
+    assert (moved + before).requests == 5
+
+
+def test_a_local_epoch_counts_its_rows_decode_cpu_wait_and_shuffle(dataset: Path):
+    with ShardLoader(str(dataset), **OPTIONS) as loader:
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            batches = sum(1 for _ in loader)
+            stats = loader.epoch_stats()
+            assert (stats.epoch, stats.batches) == (epoch, batches)
+            # and, from the second epoch on, the next one's first batches, decoded early
+            assert stats.rows_decoded == 40 if epoch == 0 else 40 <= stats.rows_decoded <= 40 + 4 * 8
+            assert (stats.requests, stats.bytes_read, stats.cost_usd) == (0, 0, 0.0)
+            assert stats.decode_cpu_s > 0 and stats.wait_s > 0
+            assert stats.shuffle.rows == 40 and stats.shuffle.rank_correlation < 0.9
+    with ShardLoader(str(dataset), **{**OPTIONS, "shuffle": False}) as loader:
+        list(loader)
+        assert loader.epoch_stats().shuffle.rank_correlation == 1.0
+
+
+@pytest.fixture()
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RemoteStore]:
+    """The store serving a 2-shard dataset ``ds`` (120 noisy train rows, row groups of 5)."""
+    require_nginx()
+    write_dataset(
+        tmp_path / "lake" / "ds",
+        rows={"train": 120, "validation": 8, "test": 8},
+        row_group_rows=5,
+        noise=True,
+    )
+    with RemoteStore(tmp_path / "lake", latency_ms=1, bandwidth=200_000_000) as running:
+        monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+        for key, value in running.environ().items():
+            monkeypatch.setenv(key, value)
+        storage.clear_s3_clients()
+        yield running
+        storage.clear_s3_clients()
+
+
+def _quiet(loader: ShardLoader) -> None:
+    """Wait until no read of the loader is in flight (its read-ahead of the next epoch)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        fetcher = loader.fetcher
+        with fetcher._lock:
+            if set(fetcher.submitted) <= set(fetcher.completed) and not fetcher._running:
+                return
+        time.sleep(0.01)
+    raise AssertionError("the loader's reads did not end")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_loader_counts_the_requests_and_bytes_the_store_served(
+    store: RemoteStore, tmp_path: Path, cached
+):
+    opts = {**OPTIONS, "cache_dir": str(tmp_path / "cache")} if cached else OPTIONS
+    with ShardLoader(store.uri("ds"), **opts) as loader:
+        served = store.traffic()  # the footers, read when the loader was made, are before this
+        first = loader.totals()
+        per_epoch = []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            list(loader)
+            per_epoch.append(loader.epoch_stats())
+        _quiet(loader)
+        if cached:
+            loader.cache.wait(timeout=10)
+        counted = loader.totals().store - first.store
+    traffic = store.traffic() - served
+    assert counted.requests == traffic.gets > 0
+    assert counted.bytes == traffic.body_bytes
+    assert counted.retries == 0 and counted.errors == ()
+    assert per_epoch[0].requests > 0 and per_epoch[0].read_ms_mean > 0
+    assert per_epoch[0].cost_usd == pytest.approx(
+        PriceTable().cost(per_epoch[0].requests, per_epoch[0].bytes_read)
+    )
+    row_groups = 120 // 5
+    if cached:  # epoch 0 filled the cache as it read; later epochs read nothing from the store
+        assert per_epoch[0].cache_misses == row_groups and per_epoch[0].cache_hits == 0
+        for stats in per_epoch[1:]:
+            assert (stats.requests, stats.bytes_read, stats.cache_misses) == (0, 0, 0)
+            assert stats.cache_hits == row_groups and stats.cache_bytes > 0
+    else:
+        assert all(s.requests > 0 and s.cache_hits == 0 for s in per_epoch)
+        assert sum(s.requests for s in per_epoch) <= counted.requests  # the last read-ahead came after
+
+
+@pytest.mark.slow
+def test_a_cost_budget_warns_once_or_stops_the_epoch(store: RemoteStore, caplog: pytest.LogCaptureFixture):
+    dear = PriceTable(get_per_1000=1000.0)  # a dollar a request
+    with ShardLoader(store.uri("ds"), prices=dear, cost_budget=5.0, **OPTIONS) as loader:
+        with caplog.at_level(logging.WARNING, logger="loaders.shard_loader"):
+            list(loader)
+        warned = [r.getMessage() for r in caplog.records if "over cost_budget" in r.getMessage()]
+        assert len(warned) == 1
+        assert "epoch 0 on rank 0 would cost $" in warned[0] and f"reads of {store.uri('ds')}" in warned[0]
+    with ShardLoader(store.uri("ds"), prices=dear, cost_budget=5.0, on_budget="stop", **OPTIONS) as loader:
+        with pytest.raises(LoaderError, match=r"over cost_budget \$5\.0000 .*stopping \(on_budget='stop'\)"):
+            list(loader)
