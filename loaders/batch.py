@@ -36,6 +36,7 @@ __all__ = [
     "SkippedRow",
     "decode_batch",
     "encoded_batch",
+    "pinned",
 ]
 
 log = logging.getLogger(__name__)
@@ -152,12 +153,12 @@ def _transform(spec: DecodeSpec, task: BatchTask, images: torch.Tensor, labels: 
     return out
 
 
-def _pinned(batch: Any) -> Any:
+def pinned(batch: Any) -> Any:
     """``batch`` with its tensors (itself, or the items of a tuple or list) in pinned memory."""
     if isinstance(batch, torch.Tensor):
         return batch.pin_memory()
     if isinstance(batch, tuple | list):
-        return type(batch)(_pinned(b) if isinstance(b, torch.Tensor) else b for b in batch)
+        return type(batch)(pinned(b) if isinstance(b, torch.Tensor) else b for b in batch)
     return batch
 
 
@@ -215,7 +216,7 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> An
         batch = _transform(spec, task, *batch)
     if spec.tally is not None:
         spec.tally.add(len(task.images), decoded - began, time.thread_time() - decoded)
-    return _pinned(batch) if spec.pin_memory else batch
+    return pinned(batch) if spec.pin_memory else batch
 
 
 def _decode(

@@ -13,6 +13,7 @@ from lakeshard.format import CHANNELS
 from lakeshard.settings import check_positive, parse_size
 from loaders.decode import NO_DECODER, get_decoder
 from loaders.plan import RANK_REMAINDER_POLICIES
+from loaders.prep import resolve_reference
 from loaders.stats import BUDGET_ACTIONS, PriceTable
 from loaders.transforms import check_mean_std
 
@@ -23,7 +24,7 @@ __all__ = ["DEFAULT_READ_CONCURRENCY", "ORDER_KEYS", "LoaderOptions", "default_t
 DEFAULT_READ_CONCURRENCY = 8
 
 #: The options that are True or False.
-_FLAGS = ("shuffle", "drop_last", "augment", "pin_memory", "skip_bad_rows")
+_FLAGS = ("shuffle", "drop_last", "augment", "pin_memory", "skip_bad_rows", "prep_fallback")
 
 #: The options that decide which batches come out (and so must match on resume).
 ORDER_KEYS = ("world_size", "batch_size", "shuffle", "seed", "drop_last", "remainder", "shuffle_window")
@@ -102,10 +103,18 @@ class LoaderOptions:
             all-zero image labelled :data:`~loaders.PAD_LABEL`, is logged and counted in
             ``ShardLoader.skipped_rows``, instead of raising :class:`LoaderError`. Read errors (a
             shard that cannot be read) always raise.
-        transform: ``fn(images, labels, generator)`` run on each decoded batch on the decode
+        transform: ``fn(images, labels, generator)`` (or ``"pkg.module:name"`` naming one) run on each decoded batch on the decode
             threads (see :mod:`loaders.transforms`); the loader yields what it returns. Without
             it, ``augment``, ``crop`` and ``normalize`` stand for
             :func:`~loaders.transforms.default_transform`; with it, they must be left unset.
+        prep: a dask.distributed scheduler (``"tcp://host:8786"``): each batch is decoded and
+            transformed on the cluster's workers instead of this loader's threads, with the same
+            pixels; ``num_threads`` batches are in flight (see :mod:`loaders.prep`). A
+            ``transform`` then goes by reference: a module-level function, or ``"pkg.module:name"``.
+        prep_timeout: seconds a batch may take on the cluster (and connecting may take) before
+            the cluster counts as gone: :class:`LoaderError`, or with ``prep_fallback`` the loader
+            decodes on its own threads from then on.
+        prep_fallback: decode locally when the preparation cluster is gone, instead of failing.
         prices: a :class:`~loaders.stats.PriceTable` to price each epoch's requests and bytes
             (``epoch_stats().cost_usd``); default: S3 Standard GETs, transfer out of the region.
         cost_budget: US dollars an epoch's reads (on this rank) may cost; when an epoch's
@@ -130,11 +139,14 @@ class LoaderOptions:
     normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
     pin_memory: bool = False
     skip_bad_rows: bool = False
-    transform: Callable[..., Any] | None = None
+    transform: Callable[..., Any] | str | None = None
     read_concurrency: int = 8  # DEFAULT_READ_CONCURRENCY
     memory_budget: int | str | None = None
     cache_dir: str | None = None
     cache_limit: int | str = "50GiB"
+    prep: str | None = None
+    prep_timeout: float = 60.0
+    prep_fallback: bool = False
     prices: PriceTable | None = None
     cost_budget: float | None = None
     on_budget: str = "warn"
@@ -198,6 +210,15 @@ class LoaderOptions:
             self._check_normalize()
         if self.transform is not None:
             self._check_transform()
+        if self.prep is not None and (not isinstance(self.prep, str) or "://" not in self.prep):
+            raise ConfigError(
+                f"prep must be a dask scheduler address such as 'tcp://host:8786', got {self.prep!r}"
+            )
+        timeout = self.prep_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ConfigError(f"prep_timeout must be a positive number of seconds, got {timeout!r}")
+        if self.prep is not None and self.decoder == NO_DECODER:
+            raise ConfigError(f"prep= decodes on a cluster; decoder={NO_DECODER!r} decodes nothing: pick one")
         if self.prices is None:
             object.__setattr__(self, "prices", PriceTable())
         elif not isinstance(self.prices, PriceTable):
@@ -230,9 +251,11 @@ class LoaderOptions:
             )
 
     def _check_transform(self) -> None:
-        if not callable(self.transform):
+        if isinstance(self.transform, str):
+            resolve_reference(self.transform)  # 'pkg.module:name': imported now, to check it
+        elif not callable(self.transform):
             raise ConfigError(
-                f"transform must be a callable fn(images, labels, generator), got {self.transform!r}"
+                f"transform must be a callable fn(images, labels, generator) or 'pkg.module:name', got {self.transform!r}"
             )
         builtin = {
             k: v

@@ -53,6 +53,7 @@ from loaders.fetch import RangeFetcher, read_s3_range
 from loaders.options import LoaderOptions, default_threads
 from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
+from loaders.prep import PrepCluster, Recipe, resolve_reference, transform_reference
 from loaders.shuffle_quality import ShuffleTally
 from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
 from loaders.stats import DecodeTally, LoaderStats, LoaderTotals
@@ -176,9 +177,19 @@ class ShardLoader:
         blocks = opts.num_threads + opts.prefetch + 3
         self._buffers = BufferPool(keep=blocks)
         self.stats = PipelineStats()
-        self._transform = opts.transform or default_transform(
+        transform = resolve_reference(opts.transform) if isinstance(opts.transform, str) else opts.transform
+        self._transform = transform or default_transform(
             augment=opts.augment, crop=opts.crop, normalize=opts.normalize
         )
+        # With a preparation cluster the transform goes by reference (checked before connecting).
+        self._transform_ref = (
+            None
+            if transform is None or opts.prep is None
+            else opts.transform
+            if isinstance(opts.transform, str)
+            else transform_reference(transform)
+        )
+        self._prep: PrepCluster | None = None
         name = f"lakeshard-r{opts.rank}"
         self._pipeline: Pipeline[BatchTask, Any] = Pipeline(
             num_threads=opts.num_threads, prefetch=opts.prefetch, name=name
@@ -194,8 +205,16 @@ class ShardLoader:
             except BaseException:
                 self.fetcher.close()  # its threads run already
                 raise
+        if opts.prep is not None:
+            try:
+                self._prep = PrepCluster(opts.prep, timeout_s=opts.prep_timeout, fallback=opts.prep_fallback)
+            except BaseException:
+                _shutdown(self._pipeline, self.fetcher, self.cache, True)
+                raise
         # The threads stop when the loader is closed, or garbage-collected unclosed.
-        self._finalizer = weakref.finalize(self, _shutdown, self._pipeline, self.fetcher, self.cache, True)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._pipeline, self.fetcher, self.cache, True, self._prep
+        )
 
     def _open_cache(self, shards: list[int]) -> ShardCache:
         """The cache of this dataset version's shards; copies already there (and sound) are used
@@ -510,6 +529,24 @@ class ShardLoader:
         )
         if encoded:
             return lambda task, stop: encoded_batch(task, stop, spec)
+        prep = self._prep
+        if prep is not None:
+            opts = self.options
+            recipe = Recipe(
+                decoder=opts.decoder,
+                size=self.image_size,
+                num_classes=self.num_classes,
+                shard_uris=self.shard_uris,
+                seed=opts.seed,
+                epoch=epoch,
+                rank=opts.rank,
+                skip_bad_rows=opts.skip_bad_rows,
+                transform=self._transform_ref,
+                augment=opts.augment,
+                crop=opts.crop,
+                normalize=opts.normalize,
+            )
+            return lambda task, stop: prep.decode(task, stop, spec, recipe)
         return lambda task, stop: decode_batch(task, stop, spec)
 
     def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -623,6 +660,8 @@ class ShardLoader:
         on any thread)."""
         self._stop_pipeline()
         _shutdown(self._pipeline, self.fetcher, self.cache)
+        if self._prep is not None:  # its client's threads too; the next epoch connects again
+            self._prep.close()
         with self._lock:
             self._owner = None
 
@@ -712,14 +751,17 @@ def _shutdown(
     fetcher: RangeFetcher | None,
     cache: ShardCache | None,
     final: bool = False,
+    prep: PrepCluster | None = None,
 ) -> None:
     """Stop every thread of a loader (a later epoch makes new ones); ``final``: it is gone, close
-    its cache files too."""
+    its cache files and its preparation cluster's client too."""
     pipeline.close()
     if fetcher is not None:
         fetcher.close()
     if cache is not None:
         cache.close() if final else cache.stop()
+    if final and prep is not None:
+        prep.close()
 
 
 @dataclass(frozen=True, eq=False)

@@ -203,6 +203,18 @@ class TrainConfig:
         help="checkpoint to resume from; 'auto' (or no value) = <output>/checkpoint.pt if it "
         "exists, else a fresh run (rerun a run that exited 75 with it)",
     )
+    prep: str | None = opt(
+        None,
+        help="a dask.distributed scheduler (tcp://host:8786): decode and augment the training batches on its "
+        "workers instead of this node's cores, with the same pixels (docs/loader.md, A preparation cluster)",
+    )
+    prep_fallback: bool = opt(
+        False,
+        help="with --prep: decode on this node if the cluster goes away, instead of stopping with an error",
+    )
+    prep_timeout: float = opt(
+        60.0, help="with --prep: seconds a batch may take on the cluster before it counts as gone"
+    )
     metrics_port: int | None = opt(
         None,
         help="serve each epoch's figures (images/s, data wait, requests, bytes, cost, straggler, shuffle) as "
@@ -275,6 +287,12 @@ class TrainConfig:
                     parse_size(getattr(self, name))
                 except ValueError as exc:
                     raise ConfigError(f"{name}: {exc}") from None
+        if self.prep is not None and "://" not in self.prep:
+            raise ConfigError(
+                f"prep must be a dask scheduler address such as tcp://host:8786, got {self.prep!r}"
+            )
+        if not self.prep_timeout > 0:
+            raise ConfigError(f"prep_timeout must be a positive number of seconds, got {self.prep_timeout!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(
                 f"metrics_port must be in [0, 65535] (0: any free port), got {self.metrics_port!r}"

@@ -174,6 +174,9 @@ def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
         augment=cfg.augment,
         cost_budget=budget,
         on_budget=cfg.on_budget,
+        prep=cfg.prep,
+        prep_fallback=cfg.prep_fallback,
+        prep_timeout=cfg.prep_timeout,
         **common,
     )
     eval_batch = cfg.eval_batch_size or plan.per_rank_batch

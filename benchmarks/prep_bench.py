@@ -1,0 +1,196 @@
+"""Does a preparation cluster lift a training process that has too few cores?
+
+```
+python benchmarks/prep_bench.py --images 1024 --repeats 3
+```
+
+A training process restricted to one core (``os.sched_setaffinity``) runs a CPU-bound model
+step (a small CNN, its SGD step repeated until it costs about what preparing an image does),
+fed by a loader whose transform (``prep_parts.heavy``: a RandAugment-like chain) costs several
+times decoding:
+
+* **local**: the loader decodes and transforms on its own threads, on that same core;
+* **prep**: ``ShardLoader(prep=...)`` sends each batch to a Dask worker process pinned to the
+  other core, which decodes and transforms it and sends the batch back.
+
+Each variant keeps its loader over ``--epochs`` epochs after one warm-up epoch; the variants
+alternate over ``--repeats``. Reported: images/s of each (median), the ratio prep / local (ideal
+about 2 on 2 cores when the step and the preparation cost the same), the bytes that cross
+between worker and trainer per image (the task's encoded rows one way, the decoded batch the
+other), the CPU per image of the step and of the preparation measured alone, and what that
+predicts for N training cores and M cluster cores. ``--out`` writes the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import prep_parts
+from loader_bench import build_dataset
+
+from loaders import ShardLoader
+from loaders.batch import BatchTask
+
+TRANSFORM = "prep_parts:heavy"
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 16, 5, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).flatten(1))
+
+
+class Step:
+    """A CPU-bound training step: ``repeat`` SGD steps of a small CNN on the batch."""
+
+    def __init__(self, repeat: int) -> None:
+        self.net, self.repeat = _Net(), repeat
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.01)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        x = images.float() / 255
+        for _ in range(self.repeat):
+            self.opt.zero_grad()
+            nn.functional.cross_entropy(self.net(x), labels % 10).backward()
+            self.opt.step()
+
+
+def cpu_per_image(fn: Any, images: torch.Tensor, labels: torch.Tensor, rounds: int = 3) -> float:
+    fn(images, labels)
+    began = time.thread_time()
+    for _ in range(rounds):
+        fn(images, labels)
+    return (time.thread_time() - began) / rounds / len(images)
+
+
+def calibrate(batch: int, size: int) -> tuple[int, float, float]:
+    """The step's repeat count that makes it cost about what the transform costs per image, and
+    both costs (CPU s per image, one thread)."""
+    images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8)
+    labels = torch.zeros(batch, dtype=torch.int64)
+    gen = torch.Generator().manual_seed(0)
+    transform = cpu_per_image(lambda x, y: prep_parts.heavy(x, y, gen), images, labels)
+    one = cpu_per_image(Step(1), images, labels)
+    repeat = max(1, round(transform / one))
+    return repeat, transform, cpu_per_image(Step(repeat), images, labels)
+
+
+def run(loader: ShardLoader, step: Step, epochs: int) -> float:
+    """Images/s over ``epochs`` epochs after a warm-up one, the step on every batch."""
+    for e in range(epochs + 1):
+        if e == 1:
+            began, images = time.perf_counter(), 0
+        loader.set_epoch(e)
+        for x, y in loader:
+            step(x, y)
+            if e:
+                images += len(y)
+    return images / (time.perf_counter() - began)
+
+
+def wire_bytes(dataset: str, batch: int) -> tuple[float, float]:
+    """Bytes per image a task carries to the worker and its batch back (pickled, as dask sends them)."""
+    with ShardLoader(dataset, batch_size=batch, decoder="none") as loader:
+        encoded = next(iter(loader))
+    task = BatchTask(
+        0, [bytes(t.numpy()) for t in encoded.images], encoded.labels.numpy(), encoded.labels.numpy() < 0,
+        encoded.shards.numpy(), encoded.rows.numpy(),
+    )  # fmt: skip
+    with ShardLoader(dataset, batch_size=batch, transform=TRANSFORM) as loader:
+        images, labels = next(iter(loader))
+    back = pickle.dumps((images.contiguous(), labels), protocol=5)
+    return len(pickle.dumps(task, protocol=5)) / batch, len(back) / batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="prep_bench.py")
+    p.add_argument("--images", type=int, default=1024, help="images in the dataset (default 1024)")
+    p.add_argument("--size", type=int, default=224, help="image side in pixels (default 224)")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
+    p.add_argument(
+        "--epochs", type=int, default=1, help="timed epochs per run, after a warm-up one (default 1)"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="runs of each variant, alternating (default 3)")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    if len(os.sched_getaffinity(0)) < 2:
+        p.error("needs 2 cores: one for the training process, one for the cluster's worker")
+    from distributed import LocalCluster
+
+    torch.set_num_threads(1)
+    cores = sorted(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "ds"
+        build_dataset(root, images=args.images, size=args.size, quality=90)
+        repeat, transform_s, step_s = calibrate(args.batch_size, args.size)
+        print(
+            f"CPU per image on one thread: transform {transform_s * 1e3:.2f} ms, model step {step_s * 1e3:.2f} ms"
+        )
+        os.sched_setaffinity(0, {cores[1]})  # the cluster's processes start on the other core...
+        with LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+        ) as cluster:
+            os.sched_setaffinity(0, {cores[0]})  # ...and this process keeps one core
+            common = dict(batch_size=args.batch_size, shuffle=True, seed=1, transform=TRANSFORM)
+            rates: dict[str, list[float]] = {"local": [], "prep": []}
+            with (
+                ShardLoader(str(root), num_threads=1, **common) as local,
+                ShardLoader(str(root), num_threads=2, prep=cluster.scheduler_address, **common) as prep,
+            ):
+                for r in range(args.repeats):
+                    order = ["local", "prep"] if r % 2 == 0 else ["prep", "local"]
+                    for name in order:
+                        loader = local if name == "local" else prep
+                        rates[name].append(run(loader, Step(repeat), args.epochs))
+                        print(f"repeat {r + 1}/{args.repeats} {name:5s}: {rates[name][-1]:7.1f} images/s")
+            os.sched_setaffinity(0, set(cores))
+        to_worker, to_trainer = wire_bytes(str(root), args.batch_size)
+    local_rate, prep_rate = (statistics.median(rates[k]) for k in ("local", "prep"))
+    ratio = statistics.median(p / q for p, q in zip(rates["prep"], rates["local"], strict=True))
+    print(
+        f"\nlocal {local_rate:.1f} images/s, prep {prep_rate:.1f} images/s: prep / local {ratio:.2f} (paired median)"
+    )
+    print(f"bytes per image: {to_worker / 1e3:.1f} kB to the worker, {to_trainer / 1e3:.1f} kB back")
+    result = {
+        "config": vars(args) | {"out": str(args.out) if args.out else None, "step_repeat": repeat},
+        "cpu_s_per_image": {"transform": transform_s, "step": step_s},
+        "images_per_s": rates,
+        "median": {"local": local_rate, "prep": prep_rate},
+        "ratio_prep_vs_local": ratio,
+        "bytes_per_image": {"to_worker": to_worker, "to_trainer": to_trainer},
+    }
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

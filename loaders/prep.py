@@ -1,0 +1,253 @@
+"""A preparation cluster: each batch decoded and transformed on a worker of a dask.distributed
+cluster instead of the loader's own threads (``ShardLoader(..., prep="tcp://scheduler:8786")``).
+
+The loader still plans, reads and shuffles (its reader thread: little CPU); what costs CPU per
+image, decoding and the transform, goes to the cluster. Each of the loader's decode threads
+sends one batch task (the rows' encoded bytes and labels, with how to decode them: a
+:class:`Recipe`) and waits for the finished batch, so ``num_threads`` batches are in flight at
+most, and the ``prefetch`` queue bounds what waits on the training node, as without ``prep``.
+
+Why the batches are the ones the loader would make itself: the worker runs the same
+:func:`loaders.batch.decode_batch` on the same task, with the same decoder and the transform's
+generator seeded by ``(seed, epoch, rank, batch index)``; nothing about the order, the state or
+elastic resume changes. A worker killed while it holds a task loses nothing: the scheduler runs
+the task again elsewhere (a pure function of its inputs, so the batch is the same). The
+transform travels by reference (``pkg.module:name``, imported on the worker), never pickled;
+credentials never travel (the workers read nothing: the bytes come with the task).
+
+Decision and reasons: docs/design/0032-preparation-cluster.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import logging
+import pickle
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lakeshard.errors import ConfigError, LoaderError
+from loaders.batch import BatchTask, DecodeSpec, decode_batch, pinned
+from loaders.decode import get_batch_decoder, get_decoder
+from loaders.transforms import default_transform
+
+__all__ = ["PrepCluster", "Recipe", "prepare_batch", "resolve_reference", "transform_reference"]
+
+log = logging.getLogger(__name__)
+
+#: How often a waiting decode thread looks at its stop event.
+_POLL_S = 0.25
+
+
+def resolve_reference(ref: str, *, what: str = "transform") -> Callable[..., Any]:
+    """The callable ``pkg.module:name`` names (``name`` may be dotted: ``Class.method``).
+
+    Raises:
+        ConfigError: not of that form, or nothing callable there.
+    """
+    module, sep, name = ref.partition(":") if isinstance(ref, str) else ("", "", "")
+    if not sep or not module or not name:
+        raise ConfigError(f"{what} must be a callable or 'pkg.module:name', got {ref!r}")
+    try:
+        target: Any = importlib.import_module(module)
+        for part in name.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{what} {ref!r}: cannot import it: {type(exc).__name__}: {exc}") from None
+    if not callable(target):
+        raise ConfigError(f"{what} {ref!r} is not callable, got {type(target).__name__}")
+    return target
+
+
+def transform_reference(fn: Callable[..., Any]) -> str:
+    """``pkg.module:name`` of a module-level transform function, checked to import back to it.
+
+    Raises:
+        ConfigError: ``fn`` cannot be found by reference (a lambda, a local function, an object,
+            something defined in ``__main__``), naming what to do instead.
+    """
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    hint = (
+        "to run on a preparation cluster, a transform goes by reference: define it at module level in a "
+        "module the workers can import and pass it (or 'pkg.module:name') as transform="
+    )
+    if not module or not name or "<" in name or module == "__main__":
+        raise ConfigError(f"transform {fn!r} cannot be found by reference; {hint}")
+    ref = f"{module}:{name}"
+    try:
+        found = resolve_reference(ref)
+    except ConfigError:
+        found = None
+    if found is not fn:
+        raise ConfigError(f"transform {fn!r} does not import back as {ref}; {hint}")
+    return ref
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """What a worker needs to turn a batch task into the loader's batch: everything of a
+    :class:`~loaders.batch.DecodeSpec` but the local buffers, by name or by value."""
+
+    decoder: str
+    size: int
+    num_classes: int
+    shard_uris: tuple[str, ...]
+    seed: int
+    epoch: int
+    rank: int
+    skip_bad_rows: bool
+    transform: str | None  #: ``pkg.module:name``; ``None``: the built-in options below
+    augment: bool
+    crop: int | None
+    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None
+
+
+def prepare_batch(recipe: Recipe, task: BatchTask) -> bytes:
+    """On a worker: the batch the loader would make of ``task``, and the rows it skipped,
+    pickled here: Python's pickle keeps a tensor's strides (the loader's ``channels_last``
+    images), where dask's own serializer of tensors makes them contiguous, and a model then
+    computes in another order (other floats)."""
+    spec = _spec(recipe)
+    skipped: list[Any] = []
+    batch = decode_batch(task, _NEVER, _with_skipped(spec, skipped))
+    return pickle.dumps((batch, skipped), protocol=5)
+
+
+_NEVER = threading.Event()  # a worker's task is never stopped halfway: the future is cancelled instead
+
+
+@functools.lru_cache(maxsize=64)
+def _spec(recipe: Recipe) -> DecodeSpec:
+    if recipe.transform is not None:
+        transform = resolve_reference(recipe.transform)
+    else:
+        transform = default_transform(augment=recipe.augment, crop=recipe.crop, normalize=recipe.normalize)
+    return DecodeSpec(
+        decoder=get_decoder(recipe.decoder),
+        size=recipe.size,
+        num_classes=recipe.num_classes,
+        shard_uris=recipe.shard_uris,
+        seed=recipe.seed,
+        epoch=recipe.epoch,
+        rank=recipe.rank,
+        transform=transform,
+        skip_bad_rows=recipe.skip_bad_rows,
+        batch_decoder=get_batch_decoder(recipe.decoder),
+    )
+
+
+def _with_skipped(spec: DecodeSpec, skipped: list[Any]) -> DecodeSpec:
+    """``spec`` (shared by a worker's tasks) reporting skipped rows to ``skipped``."""
+    return dataclasses.replace(spec, skipped=skipped)
+
+
+class PrepCluster:
+    """The loader's connection to a preparation cluster (a ``distributed.Client`` of its own).
+
+    Args:
+        address: the scheduler, ``tcp://host:8786``.
+        timeout_s: how long a batch may take on the cluster (and connecting may take) before the
+            cluster counts as gone: then :class:`LoaderError`, or with ``fallback`` the batch
+            (and every later one) is made by the loader's own threads.
+        fallback: decode locally when the cluster is gone, instead of failing.
+        retries: times a batch whose task failed on a worker is run again (a worker that dies
+            while it holds a task is not a failure: the scheduler runs it elsewhere).
+
+    Raises:
+        ConfigError: ``distributed`` is not installed, or the scheduler cannot be reached.
+    """
+
+    def __init__(self, address: str, *, timeout_s: float, fallback: bool, retries: int = 2) -> None:
+        self.address, self.timeout_s, self.fallback, self.retries = address, timeout_s, fallback, retries
+        self._lock = threading.Lock()
+        self.client: Any = None
+        self._connect()
+        self.gone: str | None = None  # why the cluster counts as gone (fallback: local from then on)
+        self.batches = 0  # made on the cluster
+        self.local_batches = 0  # made locally after it went (fallback)
+
+    def _connect(self) -> Any:
+        """The client, connected now if it is not (a closed loader's next epoch reconnects)."""
+        with self._lock:
+            if self.client is not None:
+                return self.client
+            try:
+                from distributed import Client
+            except ImportError:
+                raise ConfigError(
+                    "prep= needs dask.distributed: pip install 'dask[distributed]' (the lakeshard[dask] extra)"
+                ) from None
+            try:
+                self.client = Client(self.address, timeout=self.timeout_s, set_as_default=False)
+            except (OSError, TimeoutError) as exc:
+                raise ConfigError(
+                    f"prep={self.address!r}: cannot reach the preparation cluster's scheduler within "
+                    f"{self.timeout_s:g} s: {type(exc).__name__}: {exc}"
+                ) from None
+            return self.client
+
+    def decode(self, task: BatchTask, stop: threading.Event, spec: DecodeSpec, recipe: Recipe) -> Any:
+        """Task ``task`` made into its batch on the cluster (what :func:`decode_batch` would
+        return); ``None`` if ``stop`` was set meanwhile."""
+        if self.gone is not None:
+            return self._local(task, stop, spec)
+        future = self._connect().submit(
+            prepare_batch,
+            recipe,
+            task,
+            key=f"lakeshard-batch-{uuid.uuid4().hex}",
+            retries=self.retries,
+            pure=False,
+        )
+        began = time.monotonic()
+        try:
+            while True:
+                try:
+                    batch, skipped = pickle.loads(future.result(timeout=_POLL_S))
+                    break
+                except TimeoutError:
+                    if stop.is_set():
+                        return None
+                    if time.monotonic() - began > self.timeout_s:
+                        raise TimeoutError(f"no batch back after {self.timeout_s:g} s") from None
+        except Exception as exc:
+            future.cancel()
+            if isinstance(exc, LoaderError):  # a bad row or a failed transform, on the worker
+                raise
+            return self._gone(exc, task, stop, spec)
+        spec.skipped.extend(skipped)
+        self.batches += 1
+        if spec.tally is not None:
+            spec.tally.add(len(task.images), 0.0, 0.0)
+        return pinned(batch) if spec.pin_memory else batch
+
+    def _gone(self, exc: BaseException, task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        message = f"the preparation cluster at {self.address} stopped making batches ({why})"
+        if not self.fallback:
+            raise LoaderError(f"{message}; pass prep_fallback=True to decode on this node instead") from exc
+        if self.gone is None:
+            self.gone = why
+            log.warning("%s: decoding on this node from now on (prep_fallback=True)", message)
+        return self._local(task, stop, spec)
+
+    def _local(self, task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
+        self.local_batches += 1
+        return decode_batch(task, stop, spec)
+
+    def close(self) -> None:
+        """Close the client (its threads); a later :meth:`decode` connects again."""
+        with self._lock:
+            client, self.client = self.client, None
+        if client is None:
+            return
+        try:
+            client.close(timeout=5)
+        except Exception as exc:  # a cluster already gone: nothing to close
+            log.debug("closing the preparation cluster's client: %s", exc)
