@@ -1,10 +1,13 @@
-"""The benchmarks' remote-like store (``benchmarks/remote_store.py``: nginx behind a latency
-shim) for tests that need a store with its own request log or a slow link."""
+"""Stores for loader tests: the benchmarks' remote-like store (``benchmarks/remote_store.py``:
+nginx behind a latency shim) where a test needs a store with its own request log or a slow link;
+uploading a local dataset to an S3 bucket; waiting for a loader's reads to end."""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from remote_store import NginxMissingError, RemoteStore, find_nginx
 
-__all__ = ["RemoteStore", "require_nginx"]
+__all__ = ["RemoteStore", "require_nginx", "upload", "wait_reads_ended"]
 
 
 def require_nginx() -> str:
@@ -21,3 +24,29 @@ def require_nginx() -> str:
         return find_nginx()
     except NginxMissingError as exc:
         pytest.fail(str(exc))
+
+
+def upload(local: Path, bucket: str, prefix: str = "ds") -> str:
+    """Copy the folder ``local`` to ``<bucket>/<prefix>`` (``bucket``: ``s3://name``); its URI."""
+    import boto3
+
+    client = boto3.client("s3")
+    name = bucket[len("s3://") :]
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            client.put_object(
+                Bucket=name, Key=f"{prefix}/{p.relative_to(local).as_posix()}", Body=p.read_bytes()
+            )
+    return f"{bucket}/{prefix}"
+
+
+def wait_reads_ended(loader: Any, timeout_s: float = 10.0) -> None:
+    """Wait until no remote read of ``loader`` is in flight (its read-ahead of the next epoch)."""
+    fetcher = loader.fetcher
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with fetcher._lock:
+            if set(fetcher.submitted) <= set(fetcher.completed) and not fetcher._running:
+                return
+        time.sleep(0.01)
+    raise AssertionError("the loader's reads did not end")

@@ -6,7 +6,6 @@ shuffle quality as the epoch ran."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from lakeshard.errors import ConfigError, LoaderError
 from lakeshard.storage import RequestCounts, RequestStats
 from loaders import ShardLoader
 from loaders.stats import PriceTable
-from tests.helpers.store import RemoteStore, require_nginx
+from tests.helpers.store import RemoteStore, require_nginx, wait_reads_ended
 
 OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 5, "shuffle_window": 20, "num_threads": 2}
 
@@ -87,18 +86,6 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RemoteSto
         storage.clear_s3_clients()
 
 
-def _quiet(loader: ShardLoader) -> None:
-    """Wait until no read of the loader is in flight (its read-ahead of the next epoch)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        fetcher = loader.fetcher
-        with fetcher._lock:
-            if set(fetcher.submitted) <= set(fetcher.completed) and not fetcher._running:
-                return
-        time.sleep(0.01)
-    raise AssertionError("the loader's reads did not end")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("cached", [False, True])
 def test_the_loader_counts_the_requests_and_bytes_the_store_served(
@@ -113,7 +100,7 @@ def test_the_loader_counts_the_requests_and_bytes_the_store_served(
             loader.set_epoch(epoch)
             list(loader)
             per_epoch.append(loader.epoch_stats())
-        _quiet(loader)
+        wait_reads_ended(loader)
         if cached:
             loader.cache.wait(timeout=10)
         counted = loader.totals().store - first.store

@@ -275,7 +275,7 @@ def test_skipped_rows_are_padding_in_a_mixture(tmp_path, two):
 def test_a_mixture_of_remote_and_cached_sources_yields_the_local_batches(two, s3_bucket, tmp_path):
     """The same batches from S3 (ranged reads, and from the cache the first rank filled) as from
     disk, on each of two ranks over two epochs."""
-    from tests.loaders.test_remote_reads import upload
+    from tests.helpers.store import upload
 
     remote_a = upload(Path(two[0]), s3_bucket, "a")
     remote_b = upload(Path(two[1]), s3_bucket, "b")

@@ -17,21 +17,11 @@ from loader_builders import ids_of, shard_path, until, write_dataset
 from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
 from loaders.fetch import RangeFetcher
+from tests.helpers.store import upload
 
 pytestmark = pytest.mark.s3
 
 OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 5, "shuffle_window": 40, "num_threads": 2}
-
-
-def upload(local: Path, bucket: str, prefix: str = "ds") -> str:
-    client = boto3.client("s3")
-    name = bucket[len("s3://") :]
-    for p in sorted(local.rglob("*")):
-        if p.is_file():
-            client.put_object(
-                Bucket=name, Key=f"{prefix}/{p.relative_to(local).as_posix()}", Body=p.read_bytes()
-            )
-    return f"{bucket}/{prefix}"
 
 
 def delete_all(bucket: str) -> None:
