@@ -1,0 +1,5 @@
+"""``python -m loaders.doctor``: see :mod:`loaders.doctor`."""
+
+from loaders.doctor.command import main
+
+raise SystemExit(main())
