@@ -24,13 +24,17 @@ predicts for N training cores and M cluster cores. ``--out`` writes the JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import pickle
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +94,8 @@ def cpu_per_image(fn: Any, images: torch.Tensor, labels: torch.Tensor, rounds: i
 def calibrate(batch: int, size: int) -> tuple[int, float, float]:
     """The step's repeat count that makes it cost about what the transform costs per image, and
     both costs (CPU s per image, one thread)."""
-    images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8)
+    # The loader's layout (channels_last): a convolution on it runs another kernel than on NCHW
+    images = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8).permute(0, 3, 1, 2)
     labels = torch.zeros(batch, dtype=torch.int64)
     gen = torch.Generator().manual_seed(0)
     transform = cpu_per_image(lambda x, y: prep_parts.heavy(x, y, gen), images, labels)
@@ -126,6 +131,69 @@ def wire_bytes(dataset: str, batch: int) -> tuple[float, float]:
     return len(pickle.dumps(task, protocol=5)) / batch, len(back) / batch
 
 
+@contextlib.contextmanager
+def cluster_on(core: int, tmp: Path) -> Iterator[str]:
+    """A Dask scheduler and one worker process (one thread), both pinned to ``core``, started as
+    their own processes (``dask scheduler``, ``dask worker``): nothing of the cluster runs in this
+    process but the loader's client. Yields the scheduler's address."""
+    pin = functools.partial(os.sched_setaffinity, 0, {core})
+    file = tmp / "scheduler.json"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    cli = [sys.executable, "-m"]
+    scheduler = subprocess.Popen(
+        [*cli, "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+         "--scheduler-file", str(file)], preexec_fn=pin, **quiet,
+    )  # fmt: skip
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while not file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(file.read_text())["address"]
+        here = Path(__file__).resolve().parent
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}
+        worker = subprocess.Popen(
+            [*cli, "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard"],
+            preexec_fn=pin, env=env, **quiet,
+        )  # fmt: skip
+        from distributed import Client
+
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=60)
+        yield address
+    finally:
+        for proc in (worker, scheduler):
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def doctor(root: Path, batch: int, *, core: int) -> dict[str, Any]:
+    """``python -m loaders.doctor`` on the dataset with the benchmark's transform, on one core
+    (as the local variant's training process): its bottleneck, headline and next steps."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}
+    cmd = [sys.executable, "-m", "loaders.doctor", "--dataset", str(root), "--transform", TRANSFORM]
+    cmd += ["--threads", "1", "--batch-size", str(batch), "--seconds", "3", "--json"]
+    done = subprocess.run(
+        cmd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+    )
+    report = json.loads(done.stdout)
+    return {
+        "bottleneck": report["bottleneck"],
+        "headline": report["headline"],
+        "next_steps": [s["action"] for s in report["next_steps"]],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="prep_bench.py")
     p.add_argument("--images", type=int, default=1024, help="images in the dataset (default 1024)")
@@ -139,8 +207,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if len(os.sched_getaffinity(0)) < 2:
         p.error("needs 2 cores: one for the training process, one for the cluster's worker")
-    from distributed import LocalCluster
-
     torch.set_num_threads(1)
     cores = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,20 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"CPU per image on one thread: transform {transform_s * 1e3:.2f} ms, model step {step_s * 1e3:.2f} ms"
         )
-        os.sched_setaffinity(0, {cores[1]})  # the cluster's processes start on the other core...
-        with LocalCluster(
-            n_workers=1,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-        ) as cluster:
-            os.sched_setaffinity(0, {cores[0]})  # ...and this process keeps one core
+        with cluster_on(cores[1], Path(tmp)) as address:
+            os.sched_setaffinity(0, {cores[0]})  # this process (its threads from now on) keeps one core
             common = dict(batch_size=args.batch_size, shuffle=True, seed=1, transform=TRANSFORM)
             rates: dict[str, list[float]] = {"local": [], "prep": []}
             with (
                 ShardLoader(str(root), num_threads=1, **common) as local,
-                ShardLoader(str(root), num_threads=2, prep=cluster.scheduler_address, **common) as prep,
+                ShardLoader(str(root), num_threads=2, prep=address, **common) as prep,
             ):
                 for r in range(args.repeats):
                     order = ["local", "prep"] if r % 2 == 0 else ["prep", "local"]
@@ -173,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"repeat {r + 1}/{args.repeats} {name:5s}: {rates[name][-1]:7.1f} images/s")
             os.sched_setaffinity(0, set(cores))
         to_worker, to_trainer = wire_bytes(str(root), args.batch_size)
+        verdict = doctor(root, args.batch_size, core=cores[0])
+        print(f"the doctor, on the training process's one core: {verdict['headline']}")
     local_rate, prep_rate = (statistics.median(rates[k]) for k in ("local", "prep"))
     ratio = statistics.median(p / q for p, q in zip(rates["prep"], rates["local"], strict=True))
     print(
@@ -186,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "median": {"local": local_rate, "prep": prep_rate},
         "ratio_prep_vs_local": ratio,
         "bytes_per_image": {"to_worker": to_worker, "to_trainer": to_trainer},
+        "doctor_local": verdict,
     }
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 #: Blur passes of :func:`heavy` per batch: its CPU per image (calibrated by prep_bench.py's
 #: report, which prints it beside the model step's).
-PASSES = 1
+PASSES = 3
 
 
 def heavy(

@@ -206,16 +206,19 @@ class PrepCluster:
             pure=False,
         )
         began = time.monotonic()
+        # Wait on an event the future sets when it is done, not on ``future.result(timeout=...)``:
+        # distributed's synchronous wait with a timeout can fail (UnboundLocalError in
+        # ``distributed.utils.sync``) when the result arrives as the timeout fires.
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())
         try:
-            while True:
-                try:
-                    batch, skipped = pickle.loads(future.result(timeout=_POLL_S))
-                    break
-                except TimeoutError:
-                    if stop.is_set():
-                        return None
-                    if time.monotonic() - began > self.timeout_s:
-                        raise TimeoutError(f"no batch back after {self.timeout_s:g} s") from None
+            while not done.wait(_POLL_S):
+                if stop.is_set():
+                    future.cancel()
+                    return None
+                if time.monotonic() - began > self.timeout_s:
+                    raise TimeoutError(f"no batch back after {self.timeout_s:g} s")
+            batch, skipped = pickle.loads(future.result())
         except Exception as exc:
             future.cancel()
             if isinstance(exc, LoaderError):  # a bad row or a failed transform, on the worker

@@ -28,3 +28,4 @@ def test_the_preparation_benchmark_runs_both_variants(tmp_path: Path):
     sent, back = result["bytes_per_image"]["to_worker"], result["bytes_per_image"]["to_trainer"]
     assert back > 64 * 64 * 3 > sent > 0  # the decoded image comes back; its JPEG went out
     assert "prep / local" in done.stdout
+    assert result["doctor_local"]["bottleneck"] in ("store", "decode", "transform", "model")
