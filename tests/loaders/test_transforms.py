@@ -155,7 +155,7 @@ def test_a_transform_returning_none_is_an_error(dataset: Path):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"transform": "flip"}, r"transform must be a callable fn\(images, labels, generator\), got 'flip'"),
+        ({"transform": "flip"}, r"transform must be a callable or 'pkg.module:name', got 'flip'"),
         (
             {"transform": Normalize((0, 0, 0), (1, 1, 1)), "augment": True, "crop": 4},
             r"pass either transform= or the built-in augment, crop option\(s\), not both",
