@@ -168,7 +168,7 @@ class ShardLoader:
         self._tally = DecodeTally()
         self._wait_s = 0.0
         self._batches = 0
-        self._past_reads = ReadCount()  # of the iterations before the current one
+        self._reads_before = LoaderTotals()  # the cache figures of the iterations before the current one
         self._began = LoaderTotals()
         self._shuffle = ShuffleTally()
         self._over_budget = False
@@ -182,13 +182,11 @@ class ShardLoader:
             augment=opts.augment, crop=opts.crop, normalize=opts.normalize
         )
         # With a preparation cluster the transform goes by reference (checked before connecting).
-        self._transform_ref = (
-            None
-            if transform is None or opts.prep is None
-            else opts.transform
-            if isinstance(opts.transform, str)
-            else transform_reference(transform)
-        )
+        self._transform_ref: str | None = None
+        if opts.prep is not None and transform is not None:
+            self._transform_ref = (
+                opts.transform if isinstance(opts.transform, str) else transform_reference(transform)
+            )
         self._prep: PrepCluster | None = None
         name = f"lakeshard-r{opts.rank}"
         self._pipeline: Pipeline[BatchTask, Any] = Pipeline(
@@ -601,9 +599,7 @@ class ShardLoader:
     # -- statistics (loaders.stats) ----------------------------------------------------------------
     def _begin(self, reads: ReadCount, shuffle: ShuffleTally) -> None:
         """An iteration begins: its counters start from the loader's totals now."""
-        past = self._past_reads
-        for name in ("row_groups", "cache_hits", "cache_bytes", "cache_misses"):
-            setattr(past, name, getattr(past, name) + getattr(self._reads, name))
+        self._reads_before = self._reads_before + _reads_totals(self._reads)
         self._reads, self._shuffle, self._over_budget = reads, shuffle, False
         self._began = self.totals() - _reads_totals(reads)  # an epoch started early has read already
         if self.fetcher is not None:
@@ -615,7 +611,7 @@ class ShardLoader:
         if self.cache is not None:
             store = store + self.cache.requests.counts()
         rows, decode_s, transform_s = self._tally.snapshot()
-        reads = _reads_totals(self._past_reads) + _reads_totals(self._reads)
+        reads = self._reads_before + _reads_totals(self._reads)
         return LoaderTotals(
             store,
             reads.cache_hits,

@@ -8,7 +8,6 @@ a command like the trainer, sits above the library (``tests/test_layering.py``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +21,9 @@ from loaders.transforms import Transform, batch_generator
 
 __all__ = ["REFERENCE", "build_model", "check_transform", "describe", "load_reference"]
 
-#: ``package.module:name``: a dotted module path, a colon, a dotted attribute path.
-REFERENCE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+#: ``package.module:name``: a dotted module path, a colon, a dotted attribute path (the trainer's
+#: ``--model`` form).
+REFERENCE = train_model.MODEL_SPEC
 
 #: Rows of the batch the checks pass through the transform and the model.
 _DRY_BATCH = 2

@@ -74,7 +74,7 @@ from loaders.train.evaluation import Accuracy, evaluate
 from loaders.train.export import EpochFigures, Exporter
 from loaders.train.metrics import EpochRecord, EpochTotals, LoaderSummary, find_straggler
 from loaders.train.preemption import EXIT_PREEMPTED, Preempted, StopRequest, signal_name, stop_signals
-from loaders.train.world import Ranks, World, all_gather, all_reduce, gather
+from loaders.train.world import Ranks, World, all_gather, all_reduce, any_rank, gather
 
 __all__ = ["main", "train"]
 
@@ -343,7 +343,7 @@ def _exporter(cfg: TrainConfig, world: World) -> Exporter | None:
         exporter = Exporter(port=cfg.metrics_port, tensorboard_dir=cfg.tensorboard_dir, rank=world.rank)
     except PlatformError as exc:
         error = exc
-    (failed,) = all_reduce([0.0 if error is None else 1.0], world, maximum=True)
+    failed = any_rank(error is not None, world)
     if error is not None:
         raise error
     if failed:
@@ -589,7 +589,7 @@ def _save_checkpoint(run: _Run, *, epoch_done: bool, partial: dict[str, Any] | N
             _write_checkpoint(run, epoch_done=epoch_done, partial=partial)
         except Exception as exc:
             error = exc
-    (failed,) = all_reduce([0.0 if error is None else 1.0], run.world, maximum=True)
+    failed = any_rank(error is not None, run.world)
     if error is not None:
         if isinstance(error, PlatformError):
             raise error

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from lakeshard.errors import ConfigError
 
-__all__ = ["Ranks", "World", "all_gather", "all_reduce"]
+__all__ = ["Ranks", "World", "all_gather", "all_reduce", "any_rank", "gather"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +95,12 @@ def all_reduce(values: list[float], world: World, *, maximum: bool = False) -> l
     if world.active:
         dist.all_reduce(t, op=dist.ReduceOp.MAX if maximum else dist.ReduceOp.SUM)
     return t.tolist()
+
+
+def any_rank(flag: bool, world: World) -> bool:
+    """Whether ``flag`` holds on any rank (one all-reduce: every rank calls it)."""
+    (found,) = all_reduce([1.0 if flag else 0.0], world, maximum=True)
+    return found > 0
 
 
 def gather(value: Any, world: World) -> list[Any]:
