@@ -280,7 +280,9 @@ def test_bad_input_is_one_error_line_and_status_2(
     assert lines[0].startswith(PROG) and named in lines[0]
 
 
-def _doctor(args: list[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _doctor(
+    args: list[str], *, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     env = {**(env or os.environ), "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, "-m", "loaders.doctor", *args],
@@ -288,8 +290,20 @@ def _doctor(args: list[str], *, env: dict[str, str] | None = None) -> subprocess
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
+
+
+@pytest.mark.parametrize("seconds", ["inf", "Infinity", "nan"])
+def test_the_command_refuses_endless_seconds_in_one_line(seconds: str, tmp_path: Path):
+    write_dataset(tmp_path / "ds")
+    # before the fix, inf measured the store for ever: the bound turns that into a failure
+    proc = _doctor(["--dataset", str(tmp_path / "ds"), "--seconds", seconds], timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        f"{PROG}--seconds (command line): must be a positive number, finite (each stage is "
+        f"measured that long), got {float(seconds)!r}"
+    ]
 
 
 @pytest.mark.slow
