@@ -159,14 +159,20 @@ def _transform_steps(figures: Figures, rates: dict[str, float], ratio: float, nx
     setup = figures.setup
     d = best_run(figures).cpu_s_per_image
     t = figures.transform.cpu_s_per_image if figures.transform else 0.0
-    steps = [
-        Step(
-            "lighter_transform",
+    w = figures.transform.wall_s_per_image if figures.transform else 0.0
+    if w > max(t, d):  # it waits (I/O, a GPU sync, a sleep) more than it computes
+        text = (
+            f"the transform holds a thread {_ms(w)} per image but computes for {_ms(t)}: it waits (I/O, a GPU "
+            f"sync, a sleep), {w / d if d else math.inf:.1f}x decoding's {_ms(d)}; stop it waiting (load what it "
+            "reads once, no synchronising GPU calls), or give it more threads than cores"
+        )
+    else:
+        text = (
             f"the transform costs {_ms(t)} of CPU per image, {t / d if d else math.inf:.1f}x decoding's "
             f"{_ms(d)}: make it lighter (torch ops on the whole batch rather than Python per image; crop "
-            "before costly ops), or run it on the GPU once the batch is there",
+            "before costly ops), or run it on the GPU once the batch is there"
         )
-    ]
+    steps = [Step("lighter_transform", text)]
     if setup.threads < setup.cores:
         steps.append(
             Step(

@@ -380,6 +380,21 @@ def test_a_transform_that_burns_cpu_is_the_bottleneck(tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_a_transform_that_waits_is_the_bottleneck(tmp_path: Path):
+    """3 ms an image of waiting and no computing: the cores idle, the threads do not."""
+    _jpegs(tmp_path / "ds")
+    args = ["--dataset", str(tmp_path / "ds"), "--transform", f"{PARTS}:wait", "--batch-size", "32"]
+    report, _ = _diagnose([*args, "--threads", "2"])
+    assert report["bottleneck"] == "transform", report["headline"]
+    transform = report["figures"]["transform"]
+    assert transform["wall_s_per_image"] >= 3e-3 > 10 * transform["cpu_s_per_image"]
+    assert report["rates"]["decode_transform"] <= 2 / 3e-3  # 2 threads, each at most 1 image per 3 ms
+    assert report["next_steps"][0]["action"] == "lighter_transform"
+    assert "it waits" in report["next_steps"][0]["text"]
+    assert "faster_disk" not in [s["action"] for s in report["next_steps"]]
+
+
+@pytest.mark.slow
 def test_a_slow_model_step_is_the_bottleneck(tmp_path: Path):
     _jpegs(tmp_path / "ds")
     report, progress = _diagnose(
