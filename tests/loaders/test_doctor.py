@@ -395,6 +395,18 @@ def test_a_transform_that_waits_is_the_bottleneck(tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_a_small_share_of_a_channel_is_not_called_a_slow_disk(tmp_path: Path):
+    """One row per rank: the store stage restarts epoch after epoch, and that is what it times."""
+    write_dataset(tmp_path / "ds", rows={"train": 16, "validation": 4, "test": 4})
+    report, _ = _diagnose(["--dataset", str(tmp_path / "ds"), "--world-size", "16", "--batch-size", "4"])
+    assert report["bottleneck"] == "store", report["headline"]
+    assert report["figures"]["store"]["epochs"] >= 3
+    actions = [s["action"] for s in report["next_steps"]]
+    assert actions[0] == "epoch_start" and "faster_disk" not in actions, report["next_steps"]
+    assert "this rank's share (0 of 16) is 1 row an epoch" in report["next_steps"][0]["text"]
+
+
+@pytest.mark.slow
 def test_a_slow_model_step_is_the_bottleneck(tmp_path: Path):
     _jpegs(tmp_path / "ds")
     report, progress = _diagnose(
