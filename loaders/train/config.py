@@ -239,7 +239,9 @@ class TrainConfig:
         "Prometheus metrics on this port of rank 0's machine (0: any free port; needs prometheus-client)",
     )
     tensorboard_dir: str | None = opt(
-        None, help="also write each epoch's figures as TensorBoard scalars here (needs tensorboard)"
+        None,
+        help="also write each epoch's figures as TensorBoard scalars here (needs tensorboard); "
+        "checked writable (a probe file) before training",
     )
     cost_budget: float | None = opt(
         None,

@@ -102,6 +102,15 @@ def test_samples_per_epoch_with_one_dataset_is_one_error_line(tmp_path: Path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_weight_that_gets_no_row_is_one_error_line(tmp_path: Path):
+    a, b = _two(tmp_path)
+    args = ["--dataset", f"{a}:0.004", "--dataset", f"{b}:0.996", "--samples-per-epoch", "120"]
+    line = _one_error_line(_train([*args, "--output", str(tmp_path / "run")], tmp_path))
+    assert f"source {a} (weight 0.004, 0.004 of the mixture) gets 0 of the 120 samples of every epoch" in line
+    assert "give it a weight of at least 0.00837" in line
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
 def test_one_dataset_that_exists_as_given_is_that_path_colons_and_all(tmp_path: Path):
     a, _ = _two(tmp_path)
     shutil.copytree(a, tmp_path / "b:0.5")  # a's copy (version 0123abcd), beside b
