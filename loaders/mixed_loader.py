@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
+import operator
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ import torch
 
 from lakeshard import format as contract
 from lakeshard import storage
-from lakeshard.errors import ConfigError, DatasetError, LoaderError
+from lakeshard.errors import ConfigError, DatasetError, LoaderError, StorageError
 from loaders.batch import PAD_LABEL
 from loaders.buffers import BufferPool
 from loaders.dataset import ShardDataset
@@ -51,7 +53,7 @@ from loaders.shard_loader import ShardLoader
 from loaders.state import MIX_STATE_FORMAT, check_global_batch, state_dict
 from loaders.stats import LoaderStats, LoaderTotals
 
-__all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling"]
+__all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling", "same_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +82,9 @@ def parse_sources(sources: Any) -> list[tuple[str, float | None]]:
         if not (isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str | os.PathLike)):
             raise ConfigError(f"sources[{i}] must be a URI or a (URI, weight) pair, got {item!r}")
         weight = item[1]
-        ok = isinstance(weight, int | float) and not isinstance(weight, bool) and math.isfinite(weight)
-        if not ok or weight <= 0:
+        # numbers.Real: numpy's and Python's numbers alike (np.float32 is no float subclass).
+        ok = isinstance(weight, numbers.Real) and not isinstance(weight, bool | np.bool_)
+        if not ok or not math.isfinite(weight) or weight <= 0:
             raise ConfigError(f"sources[{i}] ({item[0]}): weight must be a positive number, got {weight!r}")
         out.append((os.fspath(item[0]), float(weight)))
     weighted = [w is not None for _, w in out]
@@ -90,7 +93,30 @@ def parse_sources(sources: Any) -> list[tuple[str, float | None]]:
             "give every source a weight or none (then each weighs its rows): "
             + ", ".join(f"{u} ({'weight ' + str(w) if w is not None else 'no weight'})" for u, w in out)
         )
+    twice = same_dataset([u for u, _ in out])
+    if twice is not None:
+        first, second, root = twice
+        raise ConfigError(
+            f"sources[{first}] ({out[first][0]}) and sources[{second}] ({out[second][0]}) are the same "
+            f"dataset, {root}: list each dataset once (sum its weights), or its rows would come twice "
+            "in an epoch and its evaluation channels be counted twice"
+        )
     return out
+
+
+def same_dataset(uris: Sequence[str]) -> tuple[int, int, str] | None:
+    """The first two of ``uris`` that name one dataset however spelt (a path, ``file://``, a
+    trailing slash), and that dataset's URI; None when all differ. No I/O."""
+    seen: dict[str, int] = {}
+    for i, uri in enumerate(uris):
+        try:
+            root = storage.normalize(uri)
+        except StorageError:
+            continue  # not a URI: opening it says why
+        if root in seen:
+            return seen[root], i, root
+        seen[root] = i
+    return None
 
 
 class MixedLoader:
@@ -141,12 +167,8 @@ class MixedLoader:
             raise ConfigError(
                 'decoder="none" is not supported for a mixture yet: decode on the CPU, or load one dataset'
             )
-        if samples_per_epoch is not None and (
-            not isinstance(samples_per_epoch, int)
-            or isinstance(samples_per_epoch, bool)
-            or samples_per_epoch < 1
-        ):
-            raise ConfigError(f"samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
+        if samples_per_epoch is not None:
+            samples_per_epoch = _positive_int(samples_per_epoch)
         self._loaders: list[ShardLoader] = []
         try:
             self._open(parsed, samples_per_epoch, labels)
@@ -160,7 +182,7 @@ class MixedLoader:
         opts = self.options
         rows = [_channel_rows(uri, opts.channel) for uri, _ in parsed]
         raw = [w if w is not None else float(n) for (_, w), n in zip(parsed, rows, strict=True)]
-        self.weights = [w / sum(raw) for w in raw]
+        self.weights = _normalised(raw)
         # Memory follows each source's share of the samples.
         for (uri, _), weight in zip(parsed, self.weights, strict=True):
             self._loaders.append(ShardLoader(uri, options=self._source_options(weight, len(parsed))))
@@ -184,6 +206,7 @@ class MixedLoader:
                 opts.world_size * opts.batch_size,
             )
         self.per_source = shares(self.weights, self.samples_per_epoch)
+        _check_every_source_has_rows(parsed, self.weights, self.per_source, self.samples_per_epoch)
         self._rows = rows
         self._streams = [_Stream(ld, lut) for ld, lut in zip(self._loaders, self._luts, strict=True)]
         self._epoch = 0
@@ -532,6 +555,50 @@ class _Stream:
             )
         images, labels = batch
         return images, _relabelled(labels, self._lut)
+
+
+def _positive_int(samples_per_epoch: Any) -> int:
+    """``samples_per_epoch`` as an int: a positive integer of Python's or numpy's."""
+    if isinstance(samples_per_epoch, bool | np.bool_) or not isinstance(samples_per_epoch, numbers.Integral):
+        raise ConfigError(f"samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
+    if samples_per_epoch < 1:
+        raise ConfigError(f"samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
+    return operator.index(samples_per_epoch)
+
+
+def _normalised(raw: list[float]) -> list[float]:
+    """``raw`` weights scaled to sum to 1, scaled by the largest first (1e308 + 1e308 overflows)."""
+    top = max(raw)
+    scaled = [w / top for w in raw]
+    return [w / sum(scaled) for w in scaled]
+
+
+def _check_every_source_has_rows(
+    parsed: list[tuple[str, float | None]], weights: list[float], per_source: list[int], samples: int
+) -> None:
+    """Refuse a source that gets no row in an epoch: the shares are the same every epoch, so it
+    would never be read. Names the smallest weight that gets a row (an exact share of 1 or more:
+    ``w / (w + others) * samples >= 1``)."""
+    for i, ((uri, given), weight, n) in enumerate(zip(parsed, weights, per_source, strict=True)):
+        if n > 0:
+            continue
+        if given is None:  # weighed by its rows
+            need = f"give the sources weights, the smallest at least 1/{samples} of their sum"
+        else:
+            others = sum(w for j, (_, w) in enumerate(parsed) if j != i and w is not None)
+            least = _round_up(others / (samples - 1)) if samples > 1 else math.inf
+            need = f"give it a weight of at least {least:g} (the smallest that gets a row, the others' as they are)"
+        more = f"samples_per_epoch of at least {math.ceil(1 / weight)}" if weight > 0 else "larger weights"
+        raise ConfigError(
+            f"source {uri} ({'weight ' + format(given, 'g') if given is not None else 'weighed by its rows'}, "
+            f"{weight:.3g} of the mixture) gets 0 of the {samples} samples of every epoch: {need}, or {more}"
+        )
+
+
+def _round_up(x: float) -> float:
+    """``x`` rounded up to 3 significant digits (a bound that printing must not lower)."""
+    step = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return math.ceil(x / step) * step
 
 
 def _channel_rows(uri: str, channel: str) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from lakeshard.errors import ConfigError
@@ -55,8 +56,10 @@ class DoctorConfig:
         check_positive("rank", self.rank, allow_zero=True, error=ConfigError)
         if not self.rank < self.world_size:
             raise ConfigError(f"rank must be below world_size ({self.world_size}), got {self.rank!r}")
-        if not self.seconds > 0:
-            raise ConfigError(f"seconds must be a positive number, got {self.seconds!r}")
+        if not 0 < self.seconds < math.inf:
+            raise ConfigError(
+                f"seconds must be a positive number, finite (each stage is measured that long), got {self.seconds!r}"
+            )
         if self.transform is not None and (self.augment or self.crop is not None):
             raise ConfigError(
                 f"transform {self.transform!r} and --augment/--crop both transform the batch: pass one of them"

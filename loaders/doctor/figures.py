@@ -184,6 +184,12 @@ class TransformFigures:
         """What the cores pay per image: the larger of the two CPU figures."""
         return _rate(max(self.cpu_s, self.thread_cpu_s), self.images)
 
+    @property
+    def wall_s_per_image(self) -> float:
+        """What a decode thread waits per image: wall time on one thread, waits (I/O, a GPU
+        sync, a sleep) included."""
+        return _rate(self.seconds, self.images)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelFigures:
@@ -269,7 +275,13 @@ class Figures:
         }
         t = self.transform
         out["transform"] = (
-            None if t is None else {**dataclasses.asdict(t), "cpu_s_per_image": t.cpu_s_per_image}
+            None
+            if t is None
+            else {
+                **dataclasses.asdict(t),
+                "cpu_s_per_image": t.cpu_s_per_image,
+                "wall_s_per_image": t.wall_s_per_image,
+            }
         )
         m = self.model
         out["model"] = None if m is None else {**dataclasses.asdict(m), "images_per_s": m.images_per_s}

@@ -25,7 +25,7 @@ LATENCY_BOUND_MS = 50.0
 @dataclass(frozen=True, slots=True)
 class Step:
     """One next step: ``action`` is a stable key (``"cache_dir"``, ``"read_concurrency"``,
-    ``"faster_disk"``, ``"more_threads"``, ``"more_cores"``, ``"extension"``,
+    ``"faster_disk"``, ``"epoch_start"``, ``"more_threads"``, ``"more_cores"``, ``"extension"``,
     ``"smaller_images"``, ``"gpu_decode"``, ``"prep_cluster"``, ``"lighter_transform"``,
     ``"model"``, ``"split_cores"``); ``text`` says it with the figures behind it."""
 
@@ -37,9 +37,32 @@ def _ms(seconds: float) -> str:
     return f"{num(1000 * seconds)} ms"
 
 
+#: A store stage that went through this many epochs timed their starts as much as their reads.
+MANY_EPOCHS = 3
+
+
+def _epoch_start_step(figures: Figures) -> Step:
+    """The store stage restarted epoch after epoch: its rate is the loader's start per epoch (a
+    small channel, or a small share of it per rank), not the disk's."""
+    setup, store = figures.setup, figures.store
+    per_epoch = store.rows / store.epochs
+    share = (
+        f"this rank's share ({setup.rank} of {setup.world_size})" if setup.world_size > 1 else "the channel"
+    )
+    return Step(
+        "epoch_start",
+        f"{share} is {num(per_epoch)} row{'s' if per_epoch != 1 else ''} an epoch: the store stage ran {store.epochs} epochs in "
+        f"{store.seconds:.1f} s, so its rate is mostly each epoch's start, not the disk; a disk upgrade "
+        "would not help. Such a dataset is read from memory after the first epoch; measure a larger one "
+        "(or fewer ranks) for the disk",
+    )
+
+
 def _store_steps(figures: Figures, rates: dict[str, float], ratio: float, nxt: str) -> list[Step]:
     setup, store = figures.setup, figures.store
     steps = []
+    if store.epochs >= MANY_EPOCHS and (not setup.remote or store.cached):
+        return [_epoch_start_step(figures)]
     if not setup.remote:
         return [
             Step(
@@ -159,14 +182,20 @@ def _transform_steps(figures: Figures, rates: dict[str, float], ratio: float, nx
     setup = figures.setup
     d = best_run(figures).cpu_s_per_image
     t = figures.transform.cpu_s_per_image if figures.transform else 0.0
-    steps = [
-        Step(
-            "lighter_transform",
+    w = figures.transform.wall_s_per_image if figures.transform else 0.0
+    if w > max(t, d):  # it waits (I/O, a GPU sync, a sleep) more than it computes
+        text = (
+            f"the transform holds a thread {_ms(w)} per image but computes for {_ms(t)}: it waits (I/O, a GPU "
+            f"sync, a sleep), {w / d if d else math.inf:.1f}x decoding's {_ms(d)}; stop it waiting (load what it "
+            "reads once, no synchronising GPU calls), or give it more threads than cores"
+        )
+    else:
+        text = (
             f"the transform costs {_ms(t)} of CPU per image, {t / d if d else math.inf:.1f}x decoding's "
             f"{_ms(d)}: make it lighter (torch ops on the whole batch rather than Python per image; crop "
-            "before costly ops), or run it on the GPU once the batch is there",
+            "before costly ops), or run it on the GPU once the batch is there"
         )
-    ]
+    steps = [Step("lighter_transform", text)]
     if setup.threads < setup.cores:
         steps.append(
             Step(

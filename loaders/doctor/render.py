@@ -4,7 +4,7 @@ next steps with the figures behind them."""
 from __future__ import annotations
 
 from loaders.doctor.figures import Figures
-from loaders.doctor.rates import best_run, cpu_rate, num
+from loaders.doctor.rates import best_run, cpu_rate, num, thread_rate
 from loaders.doctor.verdict import Verdict
 
 __all__ = ["render"]
@@ -60,7 +60,8 @@ def render(figures: Figures, verdict: Verdict) -> str:
         lines.append(
             _row(
                 "transform, 1 thread",
-                f"{_ms(t.cpu_s_per_image)} CPU an image -> {t.output} ({t.images} images)",
+                f"{_ms(t.cpu_s_per_image)} CPU, {_ms(t.wall_s_per_image)} wall an image -> {t.output} "
+                f"({t.images} images)",
             )
         )
     name = "decode + transform" if t is not None else "decode"
@@ -74,6 +75,14 @@ def render(figures: Figures, verdict: Verdict) -> str:
             f"{num(cpu_rate(figures))} images/s = min({setup.threads}, {best.busy_cores:.2f} cores busy) / ({per_image})",
         )
     )
+    if t is not None and thread_rate(figures) < cpu_rate(figures):  # the transform waits
+        lines.append(
+            _row(
+                f"{name} on {setup.threads} threads",
+                f"{num(thread_rate(figures))} images/s = {setup.threads} / ({_ms(best.cpu_s_per_image)} + "
+                f"{_ms(t.wall_s_per_image)} wall): the transform waits, so threads, not cores, bound it",
+            )
+        )
     m = figures.model
     if m is not None:
         shape = ", ".join(map(str, m.input_shape))

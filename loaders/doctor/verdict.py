@@ -4,7 +4,8 @@ function of the measured :class:`~loaders.doctor.figures.Figures`.
 Each stage's rate is what it could sustain alone on this machine (:mod:`loaders.doctor.rates`:
 the store's rows/s; decoding and the transform, ``min(threads, C) / (d + t)`` images/s on the
 ``--threads`` cores; the model's step). The lowest is the bottleneck (for decoding and the
-transform: ``"transform"`` when its CPU per image ``t`` exceeds decoding's ``d``, else
+transform: ``"transform"`` when its cost per image ``t`` (CPU, or wall time when it waits
+longer) exceeds decoding's ``d``, else
 ``"decode"``); the ratio is the next-lowest rate over it; the next steps are that stage's
 (:mod:`loaders.doctor.next_steps`).
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 from loaders.doctor.figures import Figures
 from loaders.doctor.next_steps import SCALES, STEPS, Step, split_cores
-from loaders.doctor.rates import best_run, num, stage_rates
+from loaders.doctor.rates import best_run, num, stage_rates, transform_s_per_image
 
 __all__ = ["CLOSE", "STAGES", "Verdict", "decide"]
 
@@ -67,7 +68,7 @@ def decide(figures: Figures) -> Verdict:
     low, nxt = order[0], order[1]
     ratio = rates[nxt] / rates[low] if rates[low] > 0 else math.inf
     d = best_run(figures).cpu_s_per_image
-    t = figures.transform.cpu_s_per_image if figures.transform else 0.0
+    t = transform_s_per_image(figures)
     bottleneck = low if low != "decode_transform" else ("transform" if t > d else "decode")
 
     headline = (

@@ -1,8 +1,8 @@
 """What ``python -m loaders.train`` checks before any work, on every rank and before the process
 group starts, so that all ranks fail alike with one error line: the options against the world
 size, the dataset, the checkpoint to resume from (the same model, optimiser and global batch),
-the model (it fits the data: :func:`loaders.train.model.check_model`) and the output (it can be
-written). :func:`prepare` returns what it found as a :class:`TrainPlan`.
+the model (it fits the data: :func:`loaders.train.model.check_model`) and the output and
+TensorBoard folders (they can be written). :func:`prepare` returns what it found as a :class:`TrainPlan`.
 """
 
 from __future__ import annotations
@@ -92,7 +92,9 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
     if checkpoint is not None:
         name = describe(cfg.model, width=cfg.width)
         load_weights(model, checkpoint["model"], source=str(resume_uri), name=name)
-    _check_output(cfg, output)  # last: it writes (and removes) a file
+    _check_writable("--output", cfg.output, output)  # last: they write (and remove) a file
+    if cfg.tensorboard_dir is not None:
+        _check_writable("--tensorboard-dir", cfg.tensorboard_dir, storage.normalize(cfg.tensorboard_dir))
     return TrainPlan(
         per_rank_batch=cfg.batch_size // world_size,
         num_classes=len(labels),
@@ -241,15 +243,16 @@ def _check_resumed_options(cfg: TrainConfig, uri: str | None, ckpt: dict[str, An
         )
 
 
-def _check_output(cfg: TrainConfig, output: str) -> None:
-    """``--output`` can be written: a probe file is written there and removed (on every rank, so
-    that all fail alike), instead of finding out when rank 0 saves the first checkpoint."""
-    probe = storage.join(output, f".write-probe-{uuid.uuid4().hex}")
+def _check_writable(flag: str, given: str, folder: str) -> None:
+    """``folder`` (``--output``, ``--tensorboard-dir``) can be written: a probe file is written
+    there and removed (on every rank, so that all fail alike), instead of finding out when rank 0
+    saves the first checkpoint or opens the TensorBoard writer."""
+    probe = storage.join(folder, f".write-probe-{uuid.uuid4().hex}")
     try:
         storage.write_bytes_atomic(probe, b"", durable=False)
         storage.remove(probe)
     except StorageError as exc:
-        raise ConfigError(f"--output {cfg.output}: cannot write there: {_unwritable(output, exc)}") from None
+        raise ConfigError(f"{flag} {given}: cannot write there: {_unwritable(folder, exc)}") from None
 
 
 def _unwritable(output: str, exc: StorageError) -> str:

@@ -8,6 +8,7 @@ comments every key.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from lakeshard.errors import ConfigError
 from lakeshard.settings import add_arguments, check_positive, opt, parse_size, read_yaml, resolve
+from loaders.mixed_loader import same_dataset
 from loaders.options import DEFAULT_READ_CONCURRENCY
 from loaders.train.model import MODEL_SPEC
 
@@ -72,6 +74,8 @@ def _parse_datasets(raw: Any) -> str | tuple[str, ...]:
     items = list(raw) if isinstance(raw, list | tuple) else [raw]
     if not items or not all(isinstance(i, str) and i.strip() for i in items):
         raise ValueError(f"expected a dataset URI, or several URI[:WEIGHT], got {raw!r}")
+    if len(items) == 1 and _is_local_path(items[0]):
+        return items[0]  # a folder named run-12:30 is a path, not run-12 weighing 30
     weights = [split_source(i)[1] for i in items]
     if len(items) == 1 and weights[0] is None:
         return items[0]
@@ -79,7 +83,21 @@ def _parse_datasets(raw: Any) -> str | tuple[str, ...]:
         raise ValueError(
             f"give every dataset a weight (URI:WEIGHT) or none (each weighs its rows), got {items}"
         )
+    twice = same_dataset([split_source(i)[0] for i in items])
+    if twice is not None:
+        first, second, root = twice
+        raise ValueError(
+            f"{items[first]!r} and {items[second]!r} are the same dataset, {root}: give each dataset once "
+            "(sum its weights)"
+        )
     return tuple(items)
+
+
+def _is_local_path(item: str) -> bool:
+    """``item`` names an existing local file or folder as given (a plain path or ``file://``)."""
+    if "://" in item and not item.startswith("file://"):
+        return False
+    return os.path.exists(item.removeprefix("file://"))
 
 
 def sources(dataset: str | tuple[str, ...]) -> list[tuple[str, float | None]]:
@@ -118,12 +136,12 @@ class TrainConfig:
         parse=_parse_datasets,
         help="dataset root (local path, file:// or s3://): the folder holding dataset.json; "
         "several (URI:WEIGHT each, or no weights: each weighs its rows) train on their mixture, "
-        "each an exact share of every epoch",
+        "each an exact share of every epoch; one --dataset that exists as given is that path, colons and all",
     )
     samples_per_epoch: int = opt(
         0,
         help="with several datasets: training samples per epoch over all ranks, rounded down to whole "
-        "global batches (0 = the rows of all their train channels)",
+        "global batches (0 = the rows of all their train channels); refused with one dataset",
     )
     output: str = opt(
         "runs/default",
@@ -221,7 +239,9 @@ class TrainConfig:
         "Prometheus metrics on this port of rank 0's machine (0: any free port; needs prometheus-client)",
     )
     tensorboard_dir: str | None = opt(
-        None, help="also write each epoch's figures as TensorBoard scalars here (needs tensorboard)"
+        None,
+        help="also write each epoch's figures as TensorBoard scalars here (needs tensorboard); "
+        "checked writable (a probe file) before training",
     )
     cost_budget: float | None = opt(
         None,
@@ -267,6 +287,12 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.samples_per_epoch and isinstance(self.dataset, str):
+            raise ConfigError(
+                f"samples_per_epoch {self.samples_per_epoch} applies to a mixture (several datasets, or "
+                f"one given as URI:WEIGHT); an epoch of the one dataset {self.dataset} is its train channel: "
+                "drop it"
+            )
         if self.seed > MAX_SEED:
             raise ConfigError(f"seed must be at most {MAX_SEED} (2**32 - 1), got {self.seed!r}")
         if self.resume is not None:

@@ -151,7 +151,8 @@ class Exporter:
             node's metrics are scraped from another machine; ``"127.0.0.1"`` keeps them local.
 
     Raises:
-        ConfigError: a bad port, a port that cannot be bound (in use, say), or a package missing.
+        ConfigError: a bad port, a port that cannot be bound (in use, say), a TensorBoard folder
+            that cannot be written, or a package missing.
     """
 
     def __init__(
@@ -188,7 +189,7 @@ class Exporter:
             if port is not None:
                 self._start_prometheus(port, addr)
             if writer_class is not None:
-                self._writer = writer_class(log_dir=tensorboard_dir)
+                self._writer = _open_writer(writer_class, tensorboard_dir)
                 log.info("writing TensorBoard scalars to %s", tensorboard_dir)
         except BaseException:
             self.close()
@@ -322,6 +323,18 @@ def _import_prometheus(port: int) -> None:
     except ImportError as e:
         raise ConfigError(
             f"metrics port {port}: Prometheus metrics need prometheus_client: pip install prometheus-client (or the lakeshard[metrics] extra)"
+        ) from e
+
+
+def _open_writer(writer_class: Any, tensorboard_dir: str) -> Any:
+    """A ``SummaryWriter`` on ``tensorboard_dir``; a folder it cannot write is a ConfigError (a
+    file in the path, no permission, TensorBoard's own S3 client without credentials), so that
+    the trainer stops every rank with one line."""
+    try:
+        return writer_class(log_dir=tensorboard_dir)
+    except Exception as e:  # OSError, botocore's errors: whatever the writer's file system raises
+        raise ConfigError(
+            f"tensorboard_dir {tensorboard_dir!r}: cannot write TensorBoard scalars there: {type(e).__name__}: {e}"
         ) from e
 
 

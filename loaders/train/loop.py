@@ -11,7 +11,7 @@ channel with a :class:`~loaders.ShardLoader`; every epoch ends with the validati
 writes ``<output>/checkpoint.pt`` (model, optimiser, scheduler, loader state, dataset version,
 metrics so far) and ``<output>/metrics.json`` (per epoch: loss, validation accuracy, images/s,
 each rank's share of step time spent waiting for data, the real samples trained on and the
-world sizes the epoch ran at; see ``docs/loader.md``).
+world sizes the epoch ran at; see ``docs/training.md``).
 
 The model is a :class:`~loaders.train.model.SmallCNN`, or yours with ``--model package.module:factory``
 (:func:`~loaders.train.model.build_model`). ``--precision bf16`` runs the forward passes under

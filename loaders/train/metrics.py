@@ -1,6 +1,6 @@
 """What the trainer counts and records per epoch: the totals of its training steps
 (:class:`EpochTotals`, also saved mid-epoch in a checkpoint) and the epoch's line of
-``metrics.json`` (:class:`EpochRecord`; the file's keys are in ``docs/loader.md``)."""
+``metrics.json`` (:class:`EpochRecord`; the file's keys are in ``docs/training.md``)."""
 
 from __future__ import annotations
 

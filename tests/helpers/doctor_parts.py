@@ -1,10 +1,11 @@
-"""A transform and models whose cost is known, for ``python -m loaders.doctor --transform
-tests.helpers.doctor_parts:burn`` and ``--model tests.helpers.doctor_parts:slow_model`` (with the
+"""Transforms and models whose cost is known, for ``python -m loaders.doctor --transform
+tests.helpers.doctor_parts:burn`` (or ``:wait``) and ``--model tests.helpers.doctor_parts:slow_model`` (with the
 repository root on ``PYTHONPATH``)."""
 
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from torch import nn
@@ -28,6 +29,14 @@ def burn(
         m = torch.tanh(torch.bmm(m, m) / _SIDE)
     flip = m[:, 0, 0] > m[:, 0, 1]
     images[flip] = images[flip].flip(-1)
+    return images, labels
+
+
+def wait(
+    images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Waits 3 ms an image (as for I/O or a GPU sync) and computes nothing: the batch unchanged."""
+    time.sleep(0.003 * images.shape[0])
     return images, labels
 
 

@@ -280,7 +280,9 @@ def test_bad_input_is_one_error_line_and_status_2(
     assert lines[0].startswith(PROG) and named in lines[0]
 
 
-def _doctor(args: list[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _doctor(
+    args: list[str], *, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     env = {**(env or os.environ), "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, "-m", "loaders.doctor", *args],
@@ -288,8 +290,20 @@ def _doctor(args: list[str], *, env: dict[str, str] | None = None) -> subprocess
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
+
+
+@pytest.mark.parametrize("seconds", ["inf", "Infinity", "nan"])
+def test_the_command_refuses_endless_seconds_in_one_line(seconds: str, tmp_path: Path):
+    write_dataset(tmp_path / "ds")
+    # before the fix, inf measured the store for ever: the bound turns that into a failure
+    proc = _doctor(["--dataset", str(tmp_path / "ds"), "--seconds", seconds], timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        f"{PROG}--seconds (command line): must be a positive number, finite (each stage is "
+        f"measured that long), got {float(seconds)!r}"
+    ]
 
 
 @pytest.mark.slow
@@ -363,6 +377,33 @@ def test_a_transform_that_burns_cpu_is_the_bottleneck(tmp_path: Path):
     assert transform["cpu_s_per_image"] > 5 * report["figures"]["decode"]["cpu_s_per_image"]
     assert report["next_steps"][0]["action"] == "lighter_transform"
     assert len(progress) == 4 and "transform" in progress[2]
+
+
+@pytest.mark.slow
+def test_a_transform_that_waits_is_the_bottleneck(tmp_path: Path):
+    """3 ms an image of waiting and no computing: the cores idle, the threads do not."""
+    _jpegs(tmp_path / "ds")
+    args = ["--dataset", str(tmp_path / "ds"), "--transform", f"{PARTS}:wait", "--batch-size", "32"]
+    report, _ = _diagnose([*args, "--threads", "2"])
+    assert report["bottleneck"] == "transform", report["headline"]
+    transform = report["figures"]["transform"]
+    assert transform["wall_s_per_image"] >= 3e-3 > 10 * transform["cpu_s_per_image"]
+    assert report["rates"]["decode_transform"] <= 2 / 3e-3  # 2 threads, each at most 1 image per 3 ms
+    assert report["next_steps"][0]["action"] == "lighter_transform"
+    assert "it waits" in report["next_steps"][0]["text"]
+    assert "faster_disk" not in [s["action"] for s in report["next_steps"]]
+
+
+@pytest.mark.slow
+def test_a_small_share_of_a_channel_is_not_called_a_slow_disk(tmp_path: Path):
+    """One row per rank: the store stage restarts epoch after epoch, and that is what it times."""
+    write_dataset(tmp_path / "ds", rows={"train": 16, "validation": 4, "test": 4})
+    report, _ = _diagnose(["--dataset", str(tmp_path / "ds"), "--world-size", "16", "--batch-size", "4"])
+    assert report["bottleneck"] == "store", report["headline"]
+    assert report["figures"]["store"]["epochs"] >= 3
+    actions = [s["action"] for s in report["next_steps"]]
+    assert actions[0] == "epoch_start" and "faster_disk" not in actions, report["next_steps"]
+    assert "this rank's share (0 of 16) is 1 row an epoch" in report["next_steps"][0]["text"]
 
 
 @pytest.mark.slow

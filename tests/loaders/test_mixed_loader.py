@@ -7,9 +7,11 @@ tell which source and which row every image came from, through the real read and
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -242,6 +244,61 @@ def test_bad_mixtures_are_refused_before_any_read(tmp_path, two):
         MixedLoader([a, str(tmp_path / "big")], channel="train", batch_size=8)
     with MixedLoader([a, str(tmp_path / "big")], channel="train", batch_size=8, crop=8) as ld:
         assert next(iter(ld))[0].shape == (8, 3, 8, 8)
+
+
+@pytest.mark.parametrize("spelling", ["{a}", "file://{a}", "{a}/"])
+def test_the_same_dataset_twice_is_refused_naming_both_entries(two, spelling):
+    a, b = two
+    again = spelling.format(a=a)
+    with pytest.raises(ConfigError) as info:
+        MixedLoader([(a, 0.5), (b, 0.2), (again, 0.3)], channel="train", batch_size=8)
+    message = str(info.value)
+    assert f"sources[0] ({a}) and sources[2] ({again}) are the same dataset, file://{a}" in message
+    assert "list each dataset once (sum its weights)" in message
+
+
+def test_a_positive_weight_that_gets_no_row_is_refused_naming_the_least_that_does(two):
+    a, b = two
+    with pytest.raises(ConfigError) as info:
+        MixedLoader([(a, 0.004), (b, 0.996)], channel="train", batch_size=6, samples_per_epoch=120)
+    message = str(info.value)
+    assert f"source {a} (weight 0.004, " in message and "gets 0 of the 120 samples of every epoch" in message
+    least = float(message.split("a weight of at least ")[1].split(" ")[0])
+    with MixedLoader([(a, least), (b, 0.996)], channel="train", batch_size=6, samples_per_epoch=120) as ld:
+        assert ld.per_source[0] == 1
+    # without weights each weighs its rows (40 and 10): 2 samples leave b none
+    with pytest.raises(
+        ConfigError, match=rf"source {b} \(weighed by its rows, 0.2 of the mixture\) gets 0 of the 2"
+    ):
+        MixedLoader([a, b], channel="train", batch_size=2, samples_per_epoch=2)
+
+
+def test_numpy_weights_and_samples_per_epoch_are_numbers(two):
+    a, b = two
+    for weights in ((np.float32(0.7), np.float32(0.3)), (np.int64(7), np.int64(3))):
+        with MixedLoader(
+            list(zip(two, weights, strict=True)),
+            channel="train",
+            batch_size=8,
+            samples_per_epoch=np.int64(80),
+        ) as ld:
+            assert (ld.per_source, ld.samples_per_epoch) == ([56, 24], 80)
+    with pytest.raises(
+        ConfigError, match=r"samples_per_epoch must be a positive integer, got np.float32\(80.0\)"
+    ):
+        MixedLoader([a, b], channel="train", batch_size=8, samples_per_epoch=np.float32(80))
+
+
+def test_huge_weights_mix_by_their_ratio_and_an_absurd_ratio_is_refused(two):
+    a, b = two
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy overflow warning
+        with MixedLoader([(a, 1e308), (b, 1e308)], channel="train", batch_size=5) as ld:
+            assert ld.per_source == [25, 25]
+        with pytest.raises(
+            ConfigError, match=rf"source {b} \(weight 1e-300, 0 of the mixture\) gets 0 of the 50"
+        ):
+            MixedLoader([(a, 1e308), (b, 1e-300)], channel="train", batch_size=5)
 
 
 def test_a_mixture_is_a_dataset_for_a_dataloader(two):

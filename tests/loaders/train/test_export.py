@@ -7,11 +7,13 @@ event files), and its absence against the real import failing."""
 from __future__ import annotations
 
 import math
+import os
 import socket
 import sys
 import types
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -276,3 +278,26 @@ def test_tensorboard_scalars_are_written_per_figure_and_per_rank(monkeypatch: py
 def test_figures_that_do_not_fit_together_are_refused(changes: dict[str, Any], message: str):
     with pytest.raises(ValueError, match=message):
         figures(1, **changes)
+
+
+class MkdirWriter(RecordingWriter):
+    """As ``SummaryWriter`` does first: make ``log_dir`` (a real ``os.makedirs``)."""
+
+    def __init__(self, log_dir: str) -> None:
+        os.makedirs(log_dir, exist_ok=True)
+        super().__init__(log_dir)
+
+
+def test_a_tensorboard_dir_the_writer_cannot_make_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.SummaryWriter = MkdirWriter  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    (tmp_path / "afile").write_text("x")
+    tb = str(tmp_path / "afile" / "tb")
+    with pytest.raises(ConfigError) as info:
+        Exporter(tensorboard_dir=tb)
+    assert str(info.value).startswith(
+        f"tensorboard_dir {tb!r}: cannot write TensorBoard scalars there: NotADirectoryError: "
+    )

@@ -78,6 +78,21 @@ def test_a_writable_output_keeps_no_probe(tmp_path: Path):
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "metrics.json"]
 
 
+def test_a_tensorboard_dir_that_cannot_be_written_is_one_error_line(tmp_path: Path):
+    data, out = tmp_path / "ds", tmp_path / "run"
+    write_dataset(data, rows={"train": 16, "validation": 4, "test": 4})
+    (tmp_path / "afile").write_text("x")
+    tb = tmp_path / "afile" / "tb"
+    cmd = [sys.executable, "-m", "loaders.train", *_argv(data, out, "--tensorboard-dir", str(tb))]
+    run = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines() == [
+        f"python -m loaders.train: error: --tensorboard-dir {tb}: cannot write there: "
+        f"{tmp_path / 'afile'} is a file, not a folder"
+    ]
+    assert not out.exists() or not list(out.iterdir())  # no checkpoint, no metrics
+
+
 @pytest.mark.s3
 def test_an_output_in_a_missing_bucket_is_refused_before_training(
     tmp_path: Path, capsys, caplog, s3_endpoint: str

@@ -6,6 +6,9 @@ every planned sample of the interrupted epoch exactly once."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from lakeshard.errors import ConfigError
 from loaders import MixedLoader
 from loaders.train.config import parse_args
 from loaders.train.loop import main
+from tests.loaders.train.test_train_checks import _env
 from tests.loaders.train.test_train_elastic import _records, _torchrun
 
 B_FIRST = 1000
@@ -67,6 +71,57 @@ def test_bad_dataset_lists_are_one_line_before_any_work(tmp_path: Path):
     write_dataset(big, rows={"train": 8, "validation": 0, "test": 0}, size=12, first_id=5000)
     out = tmp_path / "run"
     assert main(["--dataset", str(a), "--dataset", str(big), "--output", str(out), *ARGS]) == 2
+
+
+def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m loaders.train ARGS`` in a process of its own."""
+    cmd = [sys.executable, "-m", "loaders.train", *args, *ARGS]
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def _one_error_line(run: subprocess.CompletedProcess[str]) -> str:
+    assert run.returncode == 2, run.stderr[-3000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m loaders.train: error: "), run.stderr[-3000:]
+    return lines[0]
+
+
+def test_the_same_dataset_twice_is_one_error_line(tmp_path: Path):
+    a, _ = _two(tmp_path)
+    args = ["--dataset", f"{a}:0.7", "--dataset", f"file://{a}/:0.3", "--output", str(tmp_path / "run")]
+    line = _one_error_line(_train(args, tmp_path))
+    assert f"'{a}:0.7' and 'file://{a}/:0.3' are the same dataset, file://{a}: give each dataset once" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_samples_per_epoch_with_one_dataset_is_one_error_line(tmp_path: Path):
+    a, _ = _two(tmp_path)
+    args = ["--dataset", str(a), "--samples-per-epoch", "24", "--output", str(tmp_path / "run")]
+    line = _one_error_line(_train(args, tmp_path))
+    assert "--samples-per-epoch (command line): 24 applies to a mixture" in line and "drop it" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_weight_that_gets_no_row_is_one_error_line(tmp_path: Path):
+    a, b = _two(tmp_path)
+    args = ["--dataset", f"{a}:0.004", "--dataset", f"{b}:0.996", "--samples-per-epoch", "120"]
+    line = _one_error_line(_train([*args, "--output", str(tmp_path / "run")], tmp_path))
+    assert f"source {a} (weight 0.004, 0.004 of the mixture) gets 0 of the 120 samples of every epoch" in line
+    assert "give it a weight of at least 0.00837" in line
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_one_dataset_that_exists_as_given_is_that_path_colons_and_all(tmp_path: Path):
+    a, _ = _two(tmp_path)
+    shutil.copytree(a, tmp_path / "b:0.5")  # a's copy (version 0123abcd), beside b
+    shutil.copytree(a, tmp_path / "run-12:30")
+    assert parse_args(["--dataset", str(tmp_path / "run-12:30")]).dataset == str(tmp_path / "run-12:30")
+    out = tmp_path / "run"
+    run = _train(["--dataset", "b:0.5", "--epochs", "1", "--output", str(out)], tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["dataset"], metrics["dataset_version"]) == ("b:0.5", "0123abcd")
+    assert metrics["epochs"][0]["samples"] == 36  # a's 40 train rows in whole batches of 12, not b's 12
 
 
 @pytest.mark.slow

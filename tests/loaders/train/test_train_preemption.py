@@ -197,6 +197,40 @@ def test_a_signal_during_evaluation_or_between_epochs_saves_a_checkpoint_that_re
 ROWS = {"train": 48, "validation": 8, "test": 8}
 
 
+#: torchrun's default signals plus SIGUSR1, as the README and docs/training.md tell Slurm users.
+SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_sigusr1_to_torchrun_told_to_handle_it_stops_every_rank_with_a_checkpoint(tmp_path: Path):
+    """The README's line: SIGUSR1 to torchrun (given --signals-to-handle ...,SIGUSR1) stops both
+    ranks at one step with a checkpoint, and no rank goes on training after torchrun has gone."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert f"SIGUSR1 to torchrun itself needs `torchrun {SIGNALS}`" in readme  # the flag tested here
+    data, out, prefix, log = tmp_path / "ds", tmp_path / "run", tmp_path / "rec", tmp_path / "run.log"
+    write_dataset(data, rows=ROWS, num_shards=2, size=8)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SIGNALS]
+    cmd += [*RECORDING, "--dataset", str(data), "--output", str(out), "--batch-size", "4", "--epochs", "2"]
+    cmd += ["--no-progress", "--width", "4", "--num-threads", "1", "--dist-timeout", "60"]
+    with _started(cmd, log, LAKESHARD_RECORD=str(prefix), LAKESHARD_BATCH_SECONDS="0.2") as proc:
+        rc = _signal_when(
+            proc,
+            lambda: len(_train_records(prefix, 0)) >= 3,
+            "rank 0 trains step 2",
+            lambda: os.kill(proc.pid, signal.SIGUSR1),  # torchrun alone, not its process group
+            log,
+        )
+    text = log.read_text()
+    assert rc != 0, text[-3000:]
+    stop = _checkpoint(out)["loader"]["batches_consumed"]
+    assert f"SIGUSR1: saved the checkpoint file://{out}/checkpoint.pt at epoch 0, step {stop} of 12" in text
+    for rank in (0, 1):  # both stopped at that step, and neither is still running
+        assert [r["step"] for r in _train_records(prefix, rank)] == list(range(stop)), text[-3000:]
+        pid = _train_records(prefix, rank)[0]["pid"]
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 def test_a_signalled_two_rank_torchrun_stops_at_one_step_and_resumes_every_sample_once(tmp_path: Path):
