@@ -233,9 +233,7 @@ def run(variant: str, data: dict[str, dict[str, Any]], args: argparse.Namespace)
                     epoch["source_rows"] = list(loader.source_rows)
                 epochs.append(epoch)
             seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        # The mixture's own loaders (reported only, never relied on).
-        sources = getattr(loader, "source_loaders", None) if variant == "mix" else [loader]
-        threads = [ld.options.num_threads for ld in sources] if sources else None
+        threads = loader.options.num_threads  # one pool of decode threads, a mixture's too
     images = sum(e["images"] for e in epochs)
     return {
         "variant": variant,

@@ -114,6 +114,17 @@ def cases(data: Path, remote: str) -> dict[str, dict[str, Any]]:
             world_size=1,
             options=dict(batch_size=10, shuffle=True, seed=8, augment=True, crop=24),
         ),
+        "mixture-passes": dict(
+            sources=[[a, 0.4], [b, 0.6]],
+            world_size=2,
+            options=dict(batch_size=7, shuffle=True, seed=12, samples_per_epoch=280),
+            elastic=[(1, 14), (7, 2)],
+        ),
+        "mixture-transform": dict(
+            sources=[[a, 0.7], [b, 0.3]],
+            world_size=1,
+            options=dict(batch_size=9, shuffle=True, seed=6, transform="sbtransforms:flip_some"),
+        ),
         "mixture-remote-cache": dict(
             sources=[[ra, 0.6], [rb, 0.4]],
             world_size=2,

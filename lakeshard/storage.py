@@ -39,6 +39,7 @@ __all__ = [
     "clear_s3_clients",
     "exists",
     "filesystem",
+    "is_local",
     "join",
     "modified_utc",
     "move",
@@ -121,6 +122,11 @@ def normalize(uri: str) -> str:
         )
     path = os.path.abspath(os.path.expanduser(path))
     return "file://" + path
+
+
+def is_local(uri: str) -> bool:
+    """Whether ``uri`` names a local file (a path or ``file://``), not an object in a store."""
+    return normalize(uri).startswith("file://")
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:

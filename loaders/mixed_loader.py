@@ -11,11 +11,12 @@ for epoch in range(epochs):
 ```
 
 Which positions of which source each rank reads, and the order: :mod:`loaders.mixing`. Each
-source is read by a :class:`~loaders.ShardLoader` of its own at world size 1 (its threads,
-reads, cache and transform), started at the stream position the plan gives this rank; a batch
-is the rows the plan gives it from each source, source after source. So the rows, their order
-and their augmentation draws depend only on ``(seed, epoch)`` and the legs of the epoch, never
-on which rank reads them or how fast.
+source is a :class:`~loaders.source.ShardSource` (its footers, reads and cache) cut into the
+batches a world-size-1 loader of it would yield, decoded and transformed as that loader would;
+all sources go through one pipeline (one reader thread, one pool of decode threads:
+:mod:`loaders.mix_pipeline`), and a batch is the rows the plan gives this rank from each source,
+source after source. So the rows, their order and their augmentation draws depend only on
+``(seed, epoch)`` and the legs of the epoch, never on which rank reads them or how fast.
 
 State (``state_dict()``) is the same on every rank and resumes them all, at this world size or
 another that keeps the global batch (``world_size * batch_size``), like a single dataset's:
@@ -29,94 +30,52 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import numbers
-import operator
 import os
+import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from lakeshard import format as contract
-from lakeshard import storage
-from lakeshard.errors import ConfigError, DatasetError, LoaderError, StorageError
-from loaders.batch import PAD_LABEL
+from lakeshard.errors import ConfigError, DatasetError, LoaderError
+from lakeshard.storage import RequestCounts
+from loaders.batch import SkippedRow
+from loaders.batch_decoding import BatchDecoding, resolve_transform
 from loaders.buffers import BufferPool
 from loaders.dataset import ShardDataset
 from loaders.decode import NO_DECODER
 from loaders.elastic import Leg
-from loaders.mixing import MixPlan, Span, epoch_samples, locate, shares
+from loaders.mix_inputs import (
+    LABEL_POLICIES,
+    check_every_source_has_rows,
+    label_space,
+    normalised,
+    parse_sources,
+    positive_samples,
+    relabelling,
+    same_dataset,
+    same_size,
+)
+from loaders.mix_pipeline import Assembler, MixSource, decode_source_batch, needs, relabelled, source_batches
+from loaders.mixing import MixPlan, epoch_samples, shares
 from loaders.options import LoaderOptions
+from loaders.pipeline import Epoch, Pipeline
+from loaders.plan import num_batches, rank_segments, split_pieces
+from loaders.prep import PrepCluster
 from loaders.shard_loader import ShardLoader
-from loaders.state import MIX_STATE_FORMAT, check_global_batch, state_dict
-from loaders.stats import LoaderStats, LoaderTotals
+from loaders.source import ShardSource
+from loaders.state import MIX_STATE_FORMAT, check_global_batch
+from loaders.stats import CostBudget, DecodeTally, LoaderStats, LoaderTotals
+from loaders.window_reader import ReadCount, WindowReader
 
 __all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling", "same_dataset"]
 
 log = logging.getLogger(__name__)
 
-#: ``"union"``: the label space is every label name of every source (sorted), each source's
-#: labels mapped into it by name. ``"same"``: the sources must have the same label names.
-LABEL_POLICIES = ("union", "same")
-
 #: The options a mixture's state must match (with its sources and ``samples_per_epoch``).
 _ORDER = ("shuffle", "seed", "shuffle_window")
-
-
-def parse_sources(sources: Any) -> list[tuple[str, float | None]]:
-    """``sources`` as ``(uri, weight)`` pairs: each item a URI (weight: its rows) or a
-    ``(uri, weight)`` pair with a positive weight; all weighted or none.
-
-    Raises:
-        ConfigError: naming the bad item.
-    """
-    if isinstance(sources, str | os.PathLike) or not isinstance(sources, Sequence) or not sources:
-        raise ConfigError(f"sources must be a non-empty list of URIs or (URI, weight) pairs, got {sources!r}")
-    out: list[tuple[str, float | None]] = []
-    for i, item in enumerate(sources):
-        if isinstance(item, str | os.PathLike):
-            out.append((os.fspath(item), None))
-            continue
-        if not (isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str | os.PathLike)):
-            raise ConfigError(f"sources[{i}] must be a URI or a (URI, weight) pair, got {item!r}")
-        weight = item[1]
-        # numbers.Real: numpy's and Python's numbers alike (np.float32 is no float subclass).
-        ok = isinstance(weight, numbers.Real) and not isinstance(weight, bool | np.bool_)
-        if not ok or not math.isfinite(weight) or weight <= 0:
-            raise ConfigError(f"sources[{i}] ({item[0]}): weight must be a positive number, got {weight!r}")
-        out.append((os.fspath(item[0]), float(weight)))
-    weighted = [w is not None for _, w in out]
-    if any(weighted) and not all(weighted):
-        raise ConfigError(
-            "give every source a weight or none (then each weighs its rows): "
-            + ", ".join(f"{u} ({'weight ' + str(w) if w is not None else 'no weight'})" for u, w in out)
-        )
-    twice = same_dataset([u for u, _ in out])
-    if twice is not None:
-        first, second, root = twice
-        raise ConfigError(
-            f"sources[{first}] ({out[first][0]}) and sources[{second}] ({out[second][0]}) are the same "
-            f"dataset, {root}: list each dataset once (sum its weights), or its rows would come twice "
-            "in an epoch and its evaluation channels be counted twice"
-        )
-    return out
-
-
-def same_dataset(uris: Sequence[str]) -> tuple[int, int, str] | None:
-    """The first two of ``uris`` that name one dataset however spelt (a path, ``file://``, a
-    trailing slash), and that dataset's URI; None when all differ. No I/O."""
-    seen: dict[str, int] = {}
-    for i, uri in enumerate(uris):
-        try:
-            root = storage.normalize(uri)
-        except StorageError:
-            continue  # not a URI: opening it says why
-        if root in seen:
-            return seen[root], i, root
-        seen[root] = i
-    return None
 
 
 class MixedLoader:
@@ -133,10 +92,11 @@ class MixedLoader:
             ``"same"`` (refuse sources whose label names differ).
         **kwargs: the options of :class:`~loaders.ShardLoader` (``channel``, ``rank``,
             ``world_size``, ``batch_size``, ``shuffle``, ``seed``, threads, reads, cache,
-            transform). Each source's loader has ``num_threads`` decode threads (a source
-            waits for its rows only as long as the others take theirs, so a thread split by
-            weight left the larger source short); ``memory_budget`` is shared out among the
-            sources by weight. ``drop_last`` and ``remainder`` do not apply: every batch is full.
+            transform). The sources share ``num_threads`` decode threads; ``memory_budget`` is
+            shared out among the sources by weight; ``cost_budget`` is one budget for the
+            whole mixture on this rank. ``drop_last`` and ``remainder`` do not apply: every
+            batch is full. A ``transform`` must keep each batch's rows (a mixture takes each
+            source's rows by position).
 
     Each epoch holds ``shares(weights, samples_per_epoch)`` rows of each source (each within one
     row of its exact share); each batch of a rank holds each source within one row of that
@@ -168,35 +128,59 @@ class MixedLoader:
                 'decoder="none" is not supported for a mixture yet: decode on the CPU, or load one dataset'
             )
         if samples_per_epoch is not None:
-            samples_per_epoch = _positive_int(samples_per_epoch)
-        self._loaders: list[ShardLoader] = []
+            samples_per_epoch = positive_samples(samples_per_epoch)
+        self._opened: list[ShardSource] = []
+        self._pipeline: Pipeline[Any, Any] | None = None
+        self._prep: PrepCluster | None = None
         try:
             self._open(parsed, samples_per_epoch, labels)
         except BaseException:
-            self.close()
+            _shutdown(self._pipeline, self._opened, self._prep, final=True)
             raise
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._pipeline, tuple(self._opened), self._prep, final=True
+        )
+        self._epoch = 0
+        self._legs_before: tuple[Leg, ...] = ()  # of self._epoch, before the current leg (a resume)
+        self._next_start = 0
+        self._consumed = 0
+        self._resumed_used = False
+        self._owner: threading.Thread | None = None  # the thread iterating now (one at a time)
+        self.source_rows = [0] * len(self._mix)
+        self.skipped_rows: list[SkippedRow] = []
+        # Counters (loaders.stats): over the loader's life, and where the current iteration began.
+        self._reads = [ReadCount() for _ in self._mix]
+        self._reads_before = LoaderTotals()
+        self._wait_s = 0.0
+        self._batches = 0
+        self._began = LoaderTotals()
+        self._budget = CostBudget(
+            opts.cost_budget, opts.on_budget, opts.prices, rank=opts.rank, dataset=self.dataset
+        )
 
     def _open(
         self, parsed: list[tuple[str, float | None]], samples_per_epoch: int | None, policy: str
     ) -> None:
         opts = self.options
-        rows = [_channel_rows(uri, opts.channel) for uri, _ in parsed]
-        raw = [w if w is not None else float(n) for (_, w), n in zip(parsed, rows, strict=True)]
-        self.weights = _normalised(raw)
-        # Memory follows each source's share of the samples.
-        for (uri, _), weight in zip(parsed, self.weights, strict=True):
-            self._loaders.append(ShardLoader(uri, options=self._source_options(weight, len(parsed))))
-        self.image_size = _same_size(self._loaders, opts.crop)
-        self.labels, self._luts = _label_space(self._loaders, policy)
+        for uri, _ in parsed:
+            self._opened.append(ShardSource(uri, opts.channel))
+        for (uri, _), src in zip(parsed, self._opened, strict=True):
+            if src.total_rows == 0:
+                raise DatasetError(f"source {uri} has no rows in channel {opts.channel!r}")
+        self._rows = [src.total_rows for src in self._opened]
+        raw = [w if w is not None else float(n) for (_, w), n in zip(parsed, self._rows, strict=True)]
+        self.weights = normalised(raw)
+        self.image_size = same_size(self._opened, opts.crop)
+        self.labels, luts = label_space(self._opened, policy)
         self.num_classes = len(self.labels)
-        self.sources = tuple(ld.dataset for ld in self._loaders)
-        self.source_versions = tuple(ld.dataset_version for ld in self._loaders)
+        self.sources = tuple(src.dataset for src in self._opened)
+        self.source_versions = tuple(src.dataset_version for src in self._opened)
         #: The sources' versions, joined: what changes whenever one of them is rebuilt.
         self.dataset_version = "+".join(self.source_versions)
         self.dataset = (
             "mix(" + ", ".join(f"{u}:{w:g}" for u, w in zip(self.sources, self.weights, strict=True)) + ")"
         )
-        self.requested_samples = sum(rows) if samples_per_epoch is None else samples_per_epoch
+        self.requested_samples = sum(self._rows) if samples_per_epoch is None else samples_per_epoch
         self.samples_per_epoch = epoch_samples(self.requested_samples, opts.world_size * opts.batch_size)
         if self.samples_per_epoch != self.requested_samples:
             log.info(
@@ -206,23 +190,44 @@ class MixedLoader:
                 opts.world_size * opts.batch_size,
             )
         self.per_source = shares(self.weights, self.samples_per_epoch)
-        _check_every_source_has_rows(parsed, self.weights, self.per_source, self.samples_per_epoch)
-        self._rows = rows
-        self._streams = [_Stream(ld, lut) for ld, lut in zip(self._loaders, self._luts, strict=True)]
-        self._epoch = 0
-        self._legs_before: tuple[Leg, ...] = ()  # of self._epoch, before the current leg (a resume)
-        self._next_start = 0
-        self._consumed = 0
-        self._resumed_used = False
-        self.source_rows = [0] * len(self._loaders)
-        self._began = [ld.totals() for ld in self._loaders]  # where the current iteration began
-        self._batches_run = 0
-        self._buffers = BufferPool(keep=3)  # the yielded batch, the loop's previous one, one spare
+        check_every_source_has_rows(parsed, self.weights, self.per_source, self.samples_per_epoch)
+        if opts.pin_memory and not torch.cuda.is_available():
+            log.info("pin_memory=True ignored: CUDA is not available")
+        # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
+        # holds, the one being handed over, the training loop's previous batch, and the batch
+        # of each source in hand.
+        blocks = opts.num_threads + opts.prefetch + 3
+        buffers = BufferPool(keep=blocks + len(parsed))
+        self._tally = DecodeTally()
+        name = f"lakeshard-r{opts.rank}"
+        self._pipeline = Pipeline(num_threads=opts.num_threads, prefetch=opts.prefetch, name=name)
+        if opts.prep is not None:
+            self._prep = PrepCluster(opts.prep, timeout_s=opts.prep_timeout, fallback=opts.prep_fallback)
+        transform, reference = resolve_transform(opts)
+        self._mix = []
+        for i, (src, lut, weight) in enumerate(zip(self._opened, luts, self.weights, strict=True)):
+            reader = self._reader(src, weight, len(parsed), blocks, f"{name}-s{i}")
+            decoding = BatchDecoding(
+                reader.options,
+                image_size=src.info.image.size,
+                num_classes=src.info.num_classes,
+                shard_uris=src.shard_uris,
+                rank=0,
+                transform=transform,
+                transform_ref=reference,
+                buffers=buffers,
+                tally=self._tally,
+                prep=self._prep,
+            )
+            self._mix.append(MixSource(src, reader, decoding, lut))
+        self._join_buffers = BufferPool(keep=3)  # the yielded batch, the loop's previous one, one spare
 
-    def _source_options(self, weight: float, n: int) -> LoaderOptions:
+    def _reader(self, src: ShardSource, weight: float, n: int, blocks: int, name: str) -> WindowReader:
+        """A source read as a world-size-1 loader of it would: every shard, its row groups in its
+        own order; its remote reads and cache started (``memory_budget`` shared out by weight)."""
         opts = self.options
         budget = opts.memory_budget
-        return dataclasses.replace(
+        options = dataclasses.replace(
             opts,
             rank=0,
             world_size=1,
@@ -230,6 +235,25 @@ class MixedLoader:
             remainder="pad",
             memory_budget=None if budget is None else max(1, int(budget * weight)) if n > 1 else budget,
         )
+        groups = src.read_footers(
+            list(range(len(src.shard_rows))), concurrency=opts.read_concurrency, name=name
+        )
+        segments = rank_segments(src.shard_rows, 1, 0, remainder="pad")
+        reader = WindowReader(
+            src,
+            options,
+            pieces=split_pieces(segments, groups),
+            num_batches=num_batches(src.total_rows, opts.batch_size, drop_last=False),
+            rows_per_rank=src.total_rows,
+        )
+        fetcher = src.start_reads(concurrency=opts.read_concurrency, name=name)
+        if fetcher is not None:
+            fetcher.budget = reader.read_budget(
+                blocks=blocks, image_size=src.info.image.size, dataset=src.dataset
+            )
+            if opts.cache_dir is not None:
+                src.open_cache(opts.cache_dir, limit=opts.cache_limit)
+        return reader
 
     # -- epochs and state --------------------------------------------------------------------------
     @property
@@ -351,6 +375,15 @@ class MixedLoader:
         return self._run()
 
     def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        me = threading.current_thread()
+        owner = self._owner
+        if owner is not None and owner is not me and owner.is_alive():
+            raise LoaderError(
+                f"this mixture is being iterated by thread {owner.name!r}, so thread {me.name!r} cannot "
+                "iterate it: a MixedLoader yields its batches to one thread at a time. Finish or break out "
+                "of that loop (or call close()) first, or make one loader per thread"
+            )
+        self._owner = me
         opts = self.options
         if self._legs_before and self._resumed_used:  # the epoch again: afresh, at this world size
             self._legs_before = ()
@@ -363,79 +396,116 @@ class MixedLoader:
         start, self._next_start = self._next_start, 0
         self._consumed = start
         b = opts.batch_size
-        done = share.taken((start - first) * b)
-        cursors = [_Cursor(spans, n) for spans, n in zip(share.spans, done, strict=True)]
-        self.source_rows = [0] * len(self._streams)
-        self._began = [ld.totals() for ld in self._loaders]
-        self._batches_run = 0
-        for j in range(start - first, plan.num_batches(leg)):
-            counts = np.bincount(share.order[j * b : (j + 1) * b], minlength=len(self._streams))
-            parts = []
-            for s, n in enumerate(counts.tolist()):
-                if n:
-                    parts += self._streams[s].take(cursors[s], n)
+        walk = dict(
+            first=start - first,
+            last=plan.num_batches(leg),
+            batch_size=b,
+            taken=share.taken((start - first) * b),
+            rows=self._rows,
+        )
+        self._begin()
+        for i, mix in enumerate(self._mix):  # shards cached since the last epoch are read from disk now
+            if mix.source.cache is not None:
+                mix.source.epoch_starts(
+                    name=f"lakeshard-r{opts.rank}-s{i}",
+                    expected=mix.reader.remote_ranges(),
+                    settle_s=_SETTLE_S,
+                )
+        stop = threading.Event()
+        tasks = source_batches(
+            self._mix, needs(share, **walk), stop, reads=self._reads, skipped=self.skipped_rows
+        )
+        epoch = self._pipeline.start(tasks, decode_source_batch, stop=stop)
+        assembler = Assembler(self._mix, self._join_buffers)
+        finished = False
+        try:
+            for batch_needs in needs(share, **walk):
+                asked = time.perf_counter()
+                batch, taken = assembler.batch(batch_needs, lambda: _next_decoded(epoch))
+                self._wait_s += time.perf_counter() - asked
+                for s, n in enumerate(taken):
                     self.source_rows[s] += n
-            self._consumed += 1
-            self._batches_run += 1
-            yield self._join(parts)
-
-    def _join(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch of the sources' rows, source after source: one copy of each part's pixels
-        into a reused block (a block of pinned memory when the parts are pinned), single-threaded
-        (``torch.cat`` spreads a copy over torch's intra-op threads, which then wait on the cores
-        the decode threads use: half the mixture's throughput on 2 cores)."""
-        if len(parts) == 1:
-            return parts[0]
-        images = [p[0] for p in parts]
-        labels = torch.cat([p[1] for p in parts])
-        nhwc = [x.permute(0, 2, 3, 1) for x in images]
-        if images[0].dtype != torch.uint8 or not all(x.is_contiguous() for x in nhwc):
-            return torch.cat(images), labels
-        shape = (sum(len(x) for x in images), *nhwc[0].shape[1:])
-        if images[0].is_pinned():
-            out = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-            block = out.numpy()
-        else:
-            block = self._buffers.take(shape)
-            out = torch.from_numpy(block)
-        np.concatenate([x.numpy() for x in nhwc], out=block)
-        return out.permute(0, 3, 1, 2), labels
+                self._consumed += 1
+                self._batches += 1
+                self._budget.check(
+                    self.totals() - self._began, epoch=self._epoch, consumed=self._consumed, batches=len(self)
+                )
+                yield batch
+            finished = True
+            for mix in self._mix:
+                mix.source.epoch_ended()  # every read of the epoch is in: a cache fill takes the rest now
+        finally:
+            epoch.close()
+            if self._owner is me:
+                self._owner = None
+            if not finished:  # a break or an error: stop every thread (a later iteration makes new ones)
+                _shutdown(self._pipeline, self._opened, None)
+            if self.skipped_rows:
+                log.warning(
+                    "skipped %d bad rows of channel %r in epoch %d (rank %d)",
+                    len(self.skipped_rows),
+                    opts.channel,
+                    self._epoch,
+                    opts.rank,
+                )
 
     def close(self) -> None:
-        """Stop every source's threads (a later iteration makes new ones)."""
-        for ld in self._loaders:
-            ld.close()
-        for s in getattr(self, "_streams", ()):
-            s.reset()
+        """Stop every thread (a later iteration makes new ones)."""
+        _shutdown(self._pipeline, self._opened, self._prep)
+        self._owner = None
 
     def as_dataset(self) -> ShardDataset:
         """This loader as a :class:`torch.utils.data.IterableDataset` (see :mod:`loaders.dataset`)."""
         return ShardDataset(self)  # type: ignore[arg-type]
 
+    @property
+    def shard_sources(self) -> tuple[ShardSource, ...]:
+        """Each source's :class:`~loaders.source.ShardSource` (its dataset, reads and cache), in
+        the order of the sources."""
+        return tuple(self._opened)
+
+    # -- statistics (loaders.stats) ----------------------------------------------------------------
+    def _begin(self) -> None:
+        """An iteration begins: its counters start from the loader's totals now."""
+        self._reads_before = self._reads_before + sum((r.totals() for r in self._reads), LoaderTotals())
+        self._reads = [ReadCount() for _ in self._mix]
+        self.source_rows = [0] * len(self._mix)
+        self.skipped_rows = []
+        self._budget.warned = False
+        self._began = self.totals()
+        for src in self._opened:
+            if src.fetcher is not None:
+                src.fetcher.peak_bytes_held = src.fetcher.held
+
+    def totals(self) -> LoaderTotals:
+        """The mixture's counters over its life so far, every source's together."""
+        store = sum((src.requests() for src in self._opened), RequestCounts())
+        rows, decode_s, transform_s = self._tally.snapshot()
+        reads = self._reads_before + sum((r.totals() for r in self._reads), LoaderTotals())
+        return dataclasses.replace(
+            reads,
+            store=store,
+            rows_decoded=rows,
+            decode_cpu_s=decode_s,
+            transform_cpu_s=transform_s,
+            wait_s=self._wait_s,
+            batches=self._batches,
+        )
+
+    @property
+    def peak_bytes_held(self) -> int:
+        """The most bytes of remote reads held at once, over the sources (0 for local ones)."""
+        return sum(src.peak_bytes_held for src in self._opened)
+
     def epoch_stats(self) -> LoaderStats:
         """What the current (or last) iteration cost on this rank, over all sources (see
-        :class:`~loaders.stats.LoaderStats`; ``batches`` are the mixture's, ``shuffle`` is not
-        measured)."""
-        moved = sum(
-            (ld.totals() - b for ld, b in zip(self._loaders, self._began, strict=True)), LoaderTotals()
-        )
-        moved = dataclasses.replace(moved, batches=self._batches_run)
+        :class:`~loaders.stats.LoaderStats`; ``shuffle`` is not measured)."""
         return LoaderStats.of(
-            moved,
+            self.totals() - self._began,
             epoch=self._epoch,
-            peak_bytes_held=sum(ld.peak_bytes_held for ld in self._loaders),
+            peak_bytes_held=self.peak_bytes_held,
             prices=self.options.prices,
         )
-
-    @property
-    def source_loaders(self) -> list[ShardLoader]:
-        """Each source's own loader (world size 1), in the order of the sources."""
-        return list(self._loaders)
-
-    @property
-    def skipped_rows(self) -> list[Any]:
-        """Bad rows the sources skipped in their current (or last) pass (``skip_bad_rows``)."""
-        return [row for ld in self._loaders for row in ld.skipped_rows]
 
     def __enter__(self) -> MixedLoader:
         return self
@@ -444,206 +514,32 @@ class MixedLoader:
         self.close()
 
 
-@dataclass(slots=True)
-class _Cursor:
-    """A rank's runs of one source's stream in one leg, and how many of their rows it has taken."""
-
-    spans: tuple[Span, ...]
-    taken: int
-
-    def next_runs(self, n: int) -> list[Span]:
-        """The stream positions of the next ``n`` rows (and takes them)."""
-        out, skip = [], self.taken
-        for a, b in self.spans:
-            if skip >= b - a:
-                skip -= b - a
-                continue
-            lo = a + skip
-            hi = min(b, lo + n - sum(y - x for x, y in out))
-            out.append((lo, hi))
-            skip = 0
-            if sum(y - x for x, y in out) == n:
-                break
-        got = sum(y - x for x, y in out)
-        if got != n:
-            raise LoaderError(f"mixture plan: {n} rows asked of a source with {got} left in this leg")
-        self.taken += n
-        return out
+#: How long an epoch's start waits for the cache to finish a file the last epoch filled.
+_SETTLE_S = 5.0
 
 
-class _Stream:
-    """One source read as its stream (:mod:`loaders.mixing`): passes of its world-size-1 loader
-    one after another, entered at any position.
-
-    ``_pos`` is the stream position of the next row of ``_held`` (the rest of the loader batch
-    in hand), or of the iterator's next batch when ``_rows`` is empty; ``None``: no iterator.
-    """
-
-    def __init__(self, loader: ShardLoader, lut: torch.Tensor | None) -> None:
-        self.loader = loader
-        self.rows = loader.total_rows
-        self.batch = loader.options.batch_size
-        self._lut = lut
-        self._it: Iterator[Any] | None = None
-        self._pos: int | None = None
-        self._held: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def reset(self) -> None:
-        it, self._it, self._pos, self._held = self._it, None, None, None
-        if it is not None:
-            it.close()  # type: ignore[attr-defined]
-
-    def take(self, cursor: _Cursor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        out = []
-        for lo, hi in cursor.next_runs(n):
-            while lo < hi:
-                images, labels = self._at(lo)
-                k = min(hi - lo, len(labels))
-                out.append((images[:k], labels[:k]))
-                self._advance(k)
-                lo += k
-        return out
-
-    def _at(self, x: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows from stream position ``x`` on, to the end of a loader batch."""
-        if self._pos != x:
-            self._enter(x)
-        if self._held is None:
-            assert self._it is not None and self._pos is not None
-            batch = next(self._it, None)
-            if batch is None:  # the pass ended: the next one follows (the loader keeps its threads)
-                self.loader.set_epoch(locate(self._pos, self.rows)[0])
-                self._it = iter(self.loader)
-                batch = next(self._it)
-            self._held = self._relabel(batch)
-        return self._held
-
-    def _advance(self, k: int) -> None:
-        images, labels = self._held  # type: ignore[misc]
-        self._held = None if k == len(labels) else (images[k:], labels[k:])
-        self._pos += k  # type: ignore[operator]
-
-    def _enter(self, x: int) -> None:
-        """Start the iterator at stream position ``x``: its pass from the loader batch holding it."""
-        self.reset()
-        p, offset = locate(x, self.rows)
-        ld = self.loader
-        k, skip = divmod(offset, self.batch)
-        opts = ld.options
-        ld.load_state_dict(
-            state_dict(
-                dataset=ld.dataset,
-                dataset_version=ld.dataset_version,
-                channel=opts.channel,
-                epoch=p,
-                legs=[Leg(1, self.batch, k)],
-                order=opts.order_key(),
-            )
-        )
-        ld.set_epoch(p)
-        self._it = iter(ld)
-        self._pos = x - skip
-        if skip:
-            self._at(self._pos)
-            self._advance(skip)
-
-    def _relabel(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if not (isinstance(batch, tuple | list) and len(batch) == 2):
-            raise LoaderError(
-                f"a mixture needs (images, labels) batches from each source; {self.loader.dataset} gave "
-                f"{type(batch).__name__} (a transform must return (images, labels))"
-            )
-        images, labels = batch
-        return images, _relabelled(labels, self._lut)
+def _next_decoded(epoch: Epoch[Any, Any]) -> Any:
+    result = epoch.next()
+    if result is None:
+        raise LoaderError("the mixture's pipeline ended before its plan (a source gave fewer batches)")
+    return result
 
 
-def _positive_int(samples_per_epoch: Any) -> int:
-    """``samples_per_epoch`` as an int: a positive integer of Python's or numpy's."""
-    if isinstance(samples_per_epoch, bool | np.bool_) or not isinstance(samples_per_epoch, numbers.Integral):
-        raise ConfigError(f"samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
-    if samples_per_epoch < 1:
-        raise ConfigError(f"samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
-    return operator.index(samples_per_epoch)
-
-
-def _normalised(raw: list[float]) -> list[float]:
-    """``raw`` weights scaled to sum to 1, scaled by the largest first (1e308 + 1e308 overflows)."""
-    top = max(raw)
-    scaled = [w / top for w in raw]
-    return [w / sum(scaled) for w in scaled]
-
-
-def _check_every_source_has_rows(
-    parsed: list[tuple[str, float | None]], weights: list[float], per_source: list[int], samples: int
+def _shutdown(
+    pipeline: Pipeline[Any, Any] | None,
+    sources: Sequence[ShardSource],
+    prep: PrepCluster | None,
+    *,
+    final: bool = False,
 ) -> None:
-    """Refuse a source that gets no row in an epoch: the shares are the same every epoch, so it
-    would never be read. Names the smallest weight that gets a row (an exact share of 1 or more:
-    ``w / (w + others) * samples >= 1``)."""
-    for i, ((uri, given), weight, n) in enumerate(zip(parsed, weights, per_source, strict=True)):
-        if n > 0:
-            continue
-        if given is None:  # weighed by its rows
-            need = f"give the sources weights, the smallest at least 1/{samples} of their sum"
-        else:
-            others = sum(w for j, (_, w) in enumerate(parsed) if j != i and w is not None)
-            least = _round_up(others / (samples - 1)) if samples > 1 else math.inf
-            need = f"give it a weight of at least {least:g} (the smallest that gets a row, the others' as they are)"
-        more = f"samples_per_epoch of at least {math.ceil(1 / weight)}" if weight > 0 else "larger weights"
-        raise ConfigError(
-            f"source {uri} ({'weight ' + format(given, 'g') if given is not None else 'weighed by its rows'}, "
-            f"{weight:.3g} of the mixture) gets 0 of the {samples} samples of every epoch: {need}, or {more}"
-        )
-
-
-def _round_up(x: float) -> float:
-    """``x`` rounded up to 3 significant digits (a bound that printing must not lower)."""
-    step = 10.0 ** (math.floor(math.log10(x)) - 2)
-    return math.ceil(x / step) * step
-
-
-def _channel_rows(uri: str, channel: str) -> int:
-    """Rows of ``channel`` in the dataset at ``uri`` (from its ``dataset.json``).
-
-    Raises:
-        DatasetError: no such channel, or no rows in it.
-    """
-    root = storage.normalize(uri)
-    info = contract.read_dataset_info(root)
-    rows = sum(n for _, n in contract.channel_shards(root, info, channel))
-    if rows == 0:
-        raise DatasetError(f"source {uri} has no rows in channel {channel!r}")
-    return rows
-
-
-def _same_size(loaders: list[ShardLoader], crop: int | None) -> int:
-    """The image size every source yields; refuses sources of different sizes without ``crop``."""
-    sizes = {ld.dataset: ld.image_size for ld in loaders}
-    if crop is not None:
-        return crop
-    if len(set(sizes.values())) > 1:
-        raise DatasetError(
-            "the sources have images of different sizes ("
-            + ", ".join(f"{u}: {s} px" for u, s in sizes.items())
-            + "): pass crop=N (at most the smallest) so every batch has one size"
-        )
-    return next(iter(sizes.values()))
-
-
-def relabelling(theirs: dict[str, int], space: dict[str, int]) -> torch.Tensor | None:
-    """The map from a dataset's label indices (``theirs``: name -> index) to those of ``space``;
-    ``None`` where they are the same."""
-    if all(space.get(n) == i for n, i in theirs.items()):
-        return None
-    lut = torch.full((max(theirs.values(), default=-1) + 1,), PAD_LABEL, dtype=torch.int64)
-    for name, index in theirs.items():
-        lut[index] = space[name]
-    return lut
-
-
-def _relabelled(labels: torch.Tensor, lut: torch.Tensor | None) -> torch.Tensor:
-    if lut is None:
-        return labels
-    return torch.where(labels != PAD_LABEL, lut[labels.clamp(min=0)], labels)
+    """Stop every thread of a mixture (a later iteration makes new ones); ``final``: it is gone,
+    close its cache files and its preparation cluster's client too."""
+    if pipeline is not None:
+        pipeline.close()
+    for src in sources:
+        src.stop(final=final)
+    if prep is not None:
+        prep.close()
 
 
 class Concatenated:
@@ -658,7 +554,7 @@ class Concatenated:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for ld, lut in zip(self.loaders, self._luts, strict=True):
             for images, labels in ld:
-                yield images, _relabelled(labels, lut)
+                yield images, relabelled(labels, lut)
 
     def __len__(self) -> int:
         return sum(len(ld) for ld in self.loaders)
@@ -666,21 +562,3 @@ class Concatenated:
     def close(self) -> None:
         for ld in self.loaders:
             ld.close()
-
-
-def _label_space(loaders: list[ShardLoader], policy: str) -> tuple[dict[str, int], list[torch.Tensor | None]]:
-    """One label space for all sources (name -> index) and, per source, the map from its label
-    index to the space's (``None`` where they are the same)."""
-    names = [ld.info.labels for ld in loaders]
-    if policy == "same":
-        for ld, theirs in zip(loaders[1:], names[1:], strict=True):
-            if set(theirs) != set(names[0]):
-                only_first = sorted(set(names[0]) - set(theirs))
-                only_this = sorted(set(theirs) - set(names[0]))
-                raise DatasetError(
-                    f'labels="same": {ld.dataset} has other label names than {loaders[0].dataset} '
-                    f"(only in {loaders[0].dataset}: {only_first or 'none'}; only in {ld.dataset}: "
-                    f'{only_this or "none"}); pass labels="union" to train on all of them'
-                )
-    space = {name: i for i, name in enumerate(sorted({n for m in names for n in m}))}
-    return space, [relabelling(mapping, space) for mapping in names]

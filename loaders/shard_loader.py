@@ -31,33 +31,29 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from lakeshard import format as contract
-from lakeshard import storage
 from lakeshard.errors import ConfigError, LoaderError
-from lakeshard.storage import RequestCounts
-from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch, encoded_batch
+from loaders.batch import BatchTask, SkippedRow
+from loaders.batch_decoding import BatchDecoding, resolve_transform
 from loaders.buffers import BufferPool
-from loaders.cache import CachedShard, ShardCache
+from loaders.cache import ShardCache
 from loaders.dataset import ShardDataset
-from loaders.decode import NO_DECODER, get_batch_decoder, get_decoder
 from loaders.elastic import EpochSettings, Leg, LegPlan, order_of
-from loaders.fetch import RangeFetcher, read_s3_range
+from loaders.fetch import RangeFetcher
 from loaders.options import LoaderOptions, default_threads
 from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.prep import PrepCluster, Recipe, resolve_reference, transform_reference
+from loaders.prep import PrepCluster
 from loaders.shuffle_quality import ShuffleTally
+from loaders.source import ShardSource
 from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
-from loaders.stats import DecodeTally, LoaderStats, LoaderTotals
-from loaders.transforms import default_transform
+from loaders.stats import CostBudget, DecodeTally, LoaderStats, LoaderTotals
 from loaders.window_reader import EpochPlan, ReadCount, WindowReader
 
 __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
@@ -111,30 +107,25 @@ class ShardLoader:
                 f"pass the loader options either as options= or as keywords, not both (got {sorted(kwargs)})"
             )
         self.options = opts = options if options is not None else LoaderOptions.from_keywords(kwargs)
-        if not isinstance(dataset, str | os.PathLike):
-            raise ConfigError(f"dataset must be a path or a URI, got {dataset!r}")
-        self.dataset = storage.normalize(os.fspath(dataset))
-        self.info = contract.read_dataset_info(self.dataset)
+        self.source = source = ShardSource(dataset, opts.channel)
+        self.dataset, self.info = source.dataset, source.info
         self.dataset_version = self.info.dataset_version
         self.num_classes = self.info.num_classes
         self.image_size = self.info.image.size
         if opts.crop is not None and opts.crop > self.image_size:
             raise ConfigError(f"crop must be at most the image size {self.image_size}, got {opts.crop!r}")
-        self._pin = opts.pin_memory and torch.cuda.is_available()
-        if opts.pin_memory and not self._pin:
+        if opts.pin_memory and not torch.cuda.is_available():
             log.info("pin_memory=True ignored: CUDA is not available")
 
-        shards = contract.channel_shards(self.dataset, self.info, opts.channel)
-        self.shard_uris = tuple(uri for uri, _ in shards)
-        self._shard_rows = shard_rows = [rows for _, rows in shards]
-        self.total_rows = sum(shard_rows)
+        self.shard_uris = source.shard_uris
+        self.total_rows = source.total_rows
         self.rows_per_rank = rows_per_rank(self.total_rows, opts.world_size, remainder=opts.remainder)
-        segments = rank_segments(shard_rows, opts.world_size, opts.rank, remainder=opts.remainder)
+        segments = rank_segments(source.shard_rows, opts.world_size, opts.rank, remainder=opts.remainder)
         # Footers are read once per loader: a remote shard's is kept (with its size and ETag) for the
         # ranged reads of every epoch.
-        remote: dict[int, contract.ShardFooter] = {}
-        self._groups = groups = self._read_footers(
-            sorted({seg.shard for seg in segments}), shard_rows, remote
+        name = f"lakeshard-r{opts.rank}"
+        groups = source.read_footers(
+            sorted({seg.shard for seg in segments}), concurrency=opts.read_concurrency, name=name
         )
         self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
         if self._num_batches == 0:
@@ -143,10 +134,8 @@ class ShardLoader:
                 f"ranks reads {self.rows_per_rank} rows of channel {opts.channel!r} of {self.dataset}"
             )
         self._reader = WindowReader(
-            self.info,
+            source,
             opts,
-            shard_uris=self.shard_uris,
-            shard_rows=shard_rows,
             pieces=split_pieces(segments, groups),
             num_batches=self._num_batches,
             rows_per_rank=self.rows_per_rank,
@@ -171,124 +160,62 @@ class ShardLoader:
         self._reads_before = LoaderTotals()  # the cache figures of the iterations before the current one
         self._began = LoaderTotals()
         self._shuffle = ShuffleTally()
-        self._over_budget = False
+        self._budget = CostBudget(
+            opts.cost_budget, opts.on_budget, opts.prices, rank=opts.rank, dataset=self.dataset
+        )
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over and the training loop's previous batch.
         blocks = opts.num_threads + opts.prefetch + 3
         self._buffers = BufferPool(keep=blocks)
         self.stats = PipelineStats()
-        transform = resolve_reference(opts.transform) if isinstance(opts.transform, str) else opts.transform
-        self._transform = transform or default_transform(
-            augment=opts.augment, crop=opts.crop, normalize=opts.normalize
-        )
-        # With a preparation cluster the transform goes by reference (checked before connecting).
-        self._transform_ref: str | None = None
-        if opts.prep is not None and transform is not None:
-            self._transform_ref = (
-                opts.transform if isinstance(opts.transform, str) else transform_reference(transform)
-            )
         self._prep: PrepCluster | None = None
-        name = f"lakeshard-r{opts.rank}"
         self._pipeline: Pipeline[BatchTask, Any] = Pipeline(
             num_threads=opts.num_threads, prefetch=opts.prefetch, name=name
         )
-        self.fetcher: RangeFetcher | None = None
-        if remote:
-            self.fetcher = self._make_fetcher(remote, blocks, name)
-        self.cache: ShardCache | None = None
-        self._cached: list[CachedShard] = []
-        if remote and opts.cache_dir is not None:
-            try:
-                self.cache = self._open_cache(sorted(remote))
-            except BaseException:
-                self.fetcher.close()  # its threads run already
-                raise
-        if opts.prep is not None:
-            try:
+        try:
+            fetcher = source.start_reads(concurrency=opts.read_concurrency, name=name)
+            if fetcher is not None:
+                fetcher.budget = self._reader.read_budget(
+                    blocks=blocks, image_size=self.image_size, dataset=self.dataset
+                )
+                if opts.cache_dir is not None:
+                    source.open_cache(opts.cache_dir, limit=opts.cache_limit)
+            if opts.prep is not None:
                 self._prep = PrepCluster(opts.prep, timeout_s=opts.prep_timeout, fallback=opts.prep_fallback)
-            except BaseException:
-                _shutdown(self._pipeline, self.fetcher, self.cache, True)
-                raise
+        except BaseException:
+            _shutdown(self._pipeline, source, True)
+            raise
+        transform, reference = resolve_transform(opts)
+        self._decoding = BatchDecoding(
+            opts,
+            image_size=self.image_size,
+            num_classes=self.num_classes,
+            shard_uris=self.shard_uris,
+            rank=opts.rank,
+            transform=transform,
+            transform_ref=reference,
+            buffers=self._buffers,
+            tally=self._tally,
+            prep=self._prep,
+        )
         # The threads stop when the loader is closed, or garbage-collected unclosed.
-        self._finalizer = weakref.finalize(
-            self, _shutdown, self._pipeline, self.fetcher, self.cache, True, self._prep
-        )
+        self._finalizer = weakref.finalize(self, _shutdown, self._pipeline, source, True, self._prep)
 
-    def _open_cache(self, shards: list[int]) -> ShardCache:
-        """The cache of this dataset version's shards; copies already there (and sound) are used
-        from the first epoch, the others are filled in the background (see :mod:`loaders.cache`)."""
-        opts = self.options
-        cache = ShardCache(
-            opts.cache_dir, dataset_version=self.dataset_version, channel=opts.channel, limit=opts.cache_limit
-        )
-        entries = self.info.channel(opts.channel).shards
-        self._cached = [
-            CachedShard(i, self.shard_uris[i], entries[i].bytes, entries[i].sha256) for i in shards
-        ]
-        for shard in self._cached:
-            cache.adopt(shard)
-        self._reader.use_local(cache.ready())
-        self._reader.caching = True
-        # Read-through: the epoch's row groups go into the cache's files as they are read.
-        self.fetcher.on_read = lambda r, data, offer=cache.offer: offer(r.path, r.start, data)
-        return cache
+    @property
+    def fetcher(self) -> RangeFetcher | None:
+        """The ranged reads of remote shards (``None``: every shard is local)."""
+        return self.source.fetcher
 
-    def _make_fetcher(self, remote: dict[int, contract.ShardFooter], blocks: int, name: str) -> RangeFetcher:
-        opts = self.options
-        side = opts.crop or self.image_size
-        decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
-        fetcher = RangeFetcher(read_s3_range, concurrency=opts.read_concurrency, budget=0, name=name)
-        fetcher.start()  # its threads too: started behind the first reads, each is a wait (NOTE [ Fetch threads ])
-        self._reader.use_fetcher(fetcher, remote)
-        largest = self._reader.max_range_bytes()
-        if opts.memory_budget is None:
-            fetcher.budget = opts.read_concurrency * largest + self._reader.window_bytes()
-        elif opts.memory_budget - decoded < largest:
-            fetcher.close()
-            raise ConfigError(
-                f"memory_budget {opts.memory_budget} bytes is too small: the decoded batches take {decoded} "
-                f"({blocks} blocks of {opts.batch_size} images) and one row group of {self.dataset} up to {largest}"
-            )
-        else:
-            fetcher.budget = opts.memory_budget - decoded
-        return fetcher
+    @property
+    def cache(self) -> ShardCache | None:
+        """The shard cache of remote shards (``None``: no ``cache_dir``, or a local dataset)."""
+        return self.source.cache
 
     @property
     def peak_bytes_held(self) -> int:
         """The most bytes of remote reads held at once (0 for a local dataset); at most the
         reads' share of ``memory_budget``."""
-        return self.fetcher.peak_bytes_held if self.fetcher is not None else 0
-
-    def _read_footers(
-        self, shards: list[int], shard_rows: list[int], remote: dict[int, contract.ShardFooter]
-    ) -> dict[int, list[int]]:
-        """:meth:`_row_groups` of each of ``shards``, up to ``read_concurrency`` at once: a remote
-        footer costs round trips, and a rank of many shards would otherwise pay them in a row."""
-        if len(shards) < 2:
-            return {s: self._row_groups(s, shard_rows[s], remote) for s in shards}
-        workers = min(len(shards), self.options.read_concurrency)
-        with ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix=f"lakeshard-r{self.options.rank}-footer"
-        ) as pool:
-            return dict(
-                zip(
-                    shards,
-                    pool.map(lambda s: self._row_groups(s, shard_rows[s], remote), shards),
-                    strict=True,
-                )
-            )
-
-    def _row_groups(self, shard: int, rows: int, remote: dict[int, contract.ShardFooter]) -> list[int]:
-        """Row-group sizes of one shard, after checking it against ``dataset.json``; a remote
-        shard's footer (with its size and ETag) goes into ``remote``."""
-        uri = self.shard_uris[shard]
-        if uri.startswith("file://"):
-            with contract.open_shard(uri) as f:
-                return f.check(self.info, self.options.channel, shard, rows=rows)
-        footer = contract.read_shard_footer(uri)  # one GET (no HEAD) for most shards
-        groups = footer.check(self.info, self.options.channel, shard, rows=rows)
-        remote[shard] = footer
-        return groups
+        return self.source.peak_bytes_held
 
     @property
     def row_groups_read(self) -> int:
@@ -372,10 +299,9 @@ class ShardLoader:
         is kept for the ranged reads)."""
         opts = self.options
         legs = [*before, current]
-        remote: dict[int, contract.ShardFooter] = {}
         settings = EpochSettings(
-            shard_rows=tuple(self._shard_rows),
-            row_groups=_Footers(self, remote),
+            shard_rows=tuple(self.source.shard_rows),
+            row_groups=self.source.footers,
             shuffle=opts.shuffle,
             seed=opts.seed,
             epoch=epoch,
@@ -386,8 +312,6 @@ class ShardLoader:
         legs_plan = LegPlan(settings, legs)
         n = len(legs) - 1
         read = order_of(legs_plan.sequence(n, opts.rank))
-        if remote:
-            self._reader.add_remote(remote)
         if self.fetcher is not None:
             self._fit_budget(self._reader.max_range_bytes(read.pieces))
         tag = ("legs", tuple((leg.world_size, leg.batch_size, leg.batches) for leg in before))
@@ -440,12 +364,10 @@ class ShardLoader:
         """Start the epoch :meth:`set_epoch` selected, from the batch a restored state says: the
         one started early, if it is that epoch from its first batch, else a new one."""
         if self.cache is not None:  # shards cached since the last epoch are read from disk now
-            self.cache.epoch_ended()  # a fill that waited on the last epoch's reads takes the rest
-            if self.cache.filling():  # it has the bytes and is hashing them: read its file, not the store
-                self.cache.wait(timeout=_SETTLE_S)
-            self._reader.use_local(self.cache.ready())
-            self.cache.start(
-                self._cached, name=f"lakeshard-r{self.options.rank}", expected=self._reader.remote_ranges()
+            self.source.epoch_starts(
+                name=f"lakeshard-r{self.options.rank}",
+                expected=self._reader.remote_ranges(),
+                settle_s=_SETTLE_S,
             )
         start, self._next_start = self._next_start, 0
         if self._resumed is not None and self._resumed_used:  # the epoch again: afresh, at this world size
@@ -460,7 +382,7 @@ class ShardLoader:
         # iteration, which may be a loader's only one.
         looping = self._last_iter_epoch is not None and self._epoch - self._last_iter_epoch == 1
         ahead = self._epoch + 1 if looping or self._last_iter_epoch is None else None
-        if self.cache is not None and self.cache.filling():
+        if self.source.fills_cache():
             ahead = None  # this epoch's reads fill the cache: the next one reads its files, not the store
         self._last_iter_epoch = self._epoch
         early, self._started_early = self._started_early, None
@@ -484,8 +406,10 @@ class ShardLoader:
             tasks = self._reader.tasks(
                 self._epoch, start - (plan.first_index if plan else 0), stop, ahead, plan, reads=self._reads
             )
-            tasks = _tallied(tasks, self._shuffle, self._shard_rows, self._groups)
-            epoch = self._pipeline.start(tasks, self._decoder(self._epoch, self.skipped_rows), stop=stop)
+            tasks = _tallied(tasks, self._shuffle, self.source.shard_rows, self.source.groups)
+            epoch = self._pipeline.start(
+                tasks, self._decoding.for_epoch(self._epoch, self.skipped_rows), stop=stop
+            )
         if looping and self._resumed is None:
             self._started_early = self._start_early(self._epoch + 1)
         with self._lock:
@@ -502,50 +426,11 @@ class ShardLoader:
         reads, stop, promoted, shuffle = ReadCount(), threading.Event(), threading.Event(), ShuffleTally()
         tasks = self._reader.tasks(epoch, 0, stop, epoch + 1, promoted=promoted, reads=reads)
         run = self._pipeline.start_next(
-            _tallied(tasks, shuffle, self._shard_rows, self._groups), self._decoder(epoch, skipped), stop=stop
+            _tallied(tasks, shuffle, self.source.shard_rows, self.source.groups),
+            self._decoding.for_epoch(epoch, skipped),
+            stop=stop,
         )
         return _EpochStartedEarly(epoch, run, promoted, skipped, reads, shuffle)
-
-    def _decoder(self, epoch: int, skipped: list[SkippedRow]) -> Callable[[BatchTask, threading.Event], Any]:
-        """What decodes a batch task of ``epoch`` (bad rows it skips go to ``skipped``)."""
-        encoded = self.options.decoder == NO_DECODER
-        spec = DecodeSpec(
-            decoder=None if encoded else get_decoder(self.options.decoder),
-            size=self.image_size,
-            num_classes=self.num_classes,
-            shard_uris=self.shard_uris,
-            seed=self.options.seed,
-            epoch=epoch,
-            rank=self.options.rank,
-            transform=self._transform,
-            pin_memory=self._pin,
-            skip_bad_rows=self.options.skip_bad_rows,
-            buffers=self._buffers,
-            skipped=skipped,
-            batch_decoder=None if encoded else get_batch_decoder(self.options.decoder),
-            tally=self._tally,
-        )
-        if encoded:
-            return lambda task, stop: encoded_batch(task, stop, spec)
-        prep = self._prep
-        if prep is not None:
-            opts = self.options
-            recipe = Recipe(
-                decoder=opts.decoder,
-                size=self.image_size,
-                num_classes=self.num_classes,
-                shard_uris=self.shard_uris,
-                seed=opts.seed,
-                epoch=epoch,
-                rank=opts.rank,
-                skip_bad_rows=opts.skip_bad_rows,
-                transform=self._transform_ref,
-                augment=opts.augment,
-                crop=opts.crop,
-                normalize=opts.normalize,
-            )
-            return lambda task, stop: prep.decode(task, stop, spec, recipe)
-        return lambda task, stop: decode_batch(task, stop, spec)
 
     def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # The epoch starts at the first next(), not at iter(): a set_epoch() between the two
@@ -560,7 +445,6 @@ class ShardLoader:
             self._release(me)
             raise
         finished = False
-        budget = self.options.cost_budget
         try:
             while True:
                 asked = time.perf_counter()
@@ -570,12 +454,12 @@ class ShardLoader:
                     break
                 self._consumed += 1
                 self._batches += 1
-                if budget is not None and self._consumed % _BUDGET_EVERY == 0:
-                    self._check_budget(budget)
+                self._budget.check(
+                    self.totals() - self._began, epoch=self._epoch, consumed=self._consumed, batches=len(self)
+                )
                 yield batch
             finished = True
-            if self.cache is not None:  # every read of the epoch is in: a fill takes the rest now
-                self.cache.epoch_ended()
+            self.source.epoch_ended()  # every read of the epoch is in: a cache fill takes the rest now
         finally:
             epoch.close()
             with self._lock:
@@ -586,7 +470,7 @@ class ShardLoader:
             # An epoch run to its end keeps the threads for the next one; a break (or an error)
             # out of the loop that is still this loader's latest epoch stops them all.
             if current and not finished:
-                _shutdown(self._pipeline, self.fetcher, self.cache)
+                _shutdown(self._pipeline, self.source)
             if self.skipped_rows:
                 log.warning(
                     "skipped %d bad rows of channel %r in epoch %d (rank %d)",
@@ -599,19 +483,17 @@ class ShardLoader:
     # -- statistics (loaders.stats) ----------------------------------------------------------------
     def _begin(self, reads: ReadCount, shuffle: ShuffleTally) -> None:
         """An iteration begins: its counters start from the loader's totals now."""
-        self._reads_before = self._reads_before + _reads_totals(self._reads)
-        self._reads, self._shuffle, self._over_budget = reads, shuffle, False
-        self._began = self.totals() - _reads_totals(reads)  # an epoch started early has read already
+        self._reads_before = self._reads_before + self._reads.totals()
+        self._reads, self._shuffle, self._budget.warned = reads, shuffle, False
+        self._began = self.totals() - reads.totals()  # an epoch started early has read already
         if self.fetcher is not None:
             self.fetcher.peak_bytes_held = self.fetcher.held
 
     def totals(self) -> LoaderTotals:
         """The loader's counters over its life so far."""
-        store = self.fetcher.requests.counts() if self.fetcher is not None else RequestCounts()
-        if self.cache is not None:
-            store = store + self.cache.requests.counts()
+        store = self.source.requests()
         rows, decode_s, transform_s = self._tally.snapshot()
-        reads = self._reads_before + _reads_totals(self._reads)
+        reads = self._reads_before + self._reads.totals()
         return LoaderTotals(
             store,
             reads.cache_hits,
@@ -634,28 +516,11 @@ class ShardLoader:
             shuffle=self._shuffle.result(),
         )
 
-    def _check_budget(self, budget: float) -> None:
-        """Warn (or stop) once an epoch's cost so far, scaled to its batches, passes ``budget``."""
-        done = self.totals() - self._began
-        cost = self.options.prices.cost(done.store.requests, done.store.bytes)
-        projected = cost * len(self) / max(self._consumed, 1)
-        if projected <= budget or self._over_budget:
-            return
-        self._over_budget = True
-        message = (
-            f"epoch {self._epoch} on rank {self.options.rank} would cost ${projected:.4f} in reads of "
-            f"{self.dataset}, over cost_budget ${budget:.4f} (${cost:.4f} after {self._consumed} of {len(self)} "
-            f"batches: {done.store.requests} requests, {done.store.bytes} bytes)"
-        )
-        if self.options.on_budget == "stop":
-            raise LoaderError(f"{message}; stopping (on_budget='stop')")
-        log.warning("%s", message)
-
     def close(self) -> None:
         """Stop every thread of the loader and wait for them (a later iteration makes new ones,
         on any thread)."""
         self._stop_pipeline()
-        _shutdown(self._pipeline, self.fetcher, self.cache)
+        _shutdown(self._pipeline, self.source)
         if self._prep is not None:  # its client's threads too; the next epoch connects again
             self._prep.close()
         with self._lock:
@@ -696,10 +561,6 @@ class ShardLoader:
         self.close()
 
 
-#: The cost budget is checked every this many batches.
-_BUDGET_EVERY = 8
-
-
 def _tallied(
     tasks: Iterator[BatchTask], shuffle: ShuffleTally, shard_rows: list[int], groups: Mapping[int, list[int]]
 ) -> Iterator[BatchTask]:
@@ -730,13 +591,6 @@ def _tallied(
         yield task
 
 
-def _reads_totals(reads: ReadCount) -> LoaderTotals:
-    """A read count's cache figures as totals."""
-    return LoaderTotals(
-        cache_hits=reads.cache_hits, cache_misses=reads.cache_misses, cache_bytes=reads.cache_bytes
-    )
-
-
 #: How long an epoch's start waits for the cache to finish the file the last epoch filled (its
 #: sha256 over the shard) before it reads the shard from the store instead.
 _SETTLE_S = 5.0
@@ -744,18 +598,14 @@ _SETTLE_S = 5.0
 
 def _shutdown(
     pipeline: Pipeline[BatchTask, Any],
-    fetcher: RangeFetcher | None,
-    cache: ShardCache | None,
+    source: ShardSource,
     final: bool = False,
     prep: PrepCluster | None = None,
 ) -> None:
     """Stop every thread of a loader (a later epoch makes new ones); ``final``: it is gone, close
     its cache files and its preparation cluster's client too."""
     pipeline.close()
-    if fetcher is not None:
-        fetcher.close()
-    if cache is not None:
-        cache.close() if final else cache.stop()
+    source.stop(final=final)
     if final and prep is not None:
         prep.close()
 
@@ -790,23 +640,3 @@ class _ResumedEpoch:
     legs_before: tuple[Leg, ...]
     plan: EpochPlan
     batches: int
-
-
-class _Footers(Mapping[int, list[int]]):
-    """Row-group sizes of a loader's shards, each footer read (and checked) on first use;
-    remote footers go into ``remote``."""
-
-    def __init__(self, loader: ShardLoader, remote: dict[int, contract.ShardFooter]) -> None:
-        self._loader, self._remote = loader, remote
-
-    def __getitem__(self, shard: int) -> list[int]:
-        groups = self._loader._groups
-        if shard not in groups:
-            groups[shard] = self._loader._row_groups(shard, self._loader._shard_rows[shard], self._remote)
-        return groups[shard]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(len(self._loader._shard_rows)))
-
-    def __len__(self) -> int:
-        return len(self._loader._shard_rows)

@@ -12,18 +12,31 @@ threads run.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from lakeshard.errors import ConfigError
+from lakeshard.errors import ConfigError, LoaderError
 from lakeshard.storage import RequestCounts
 
-__all__ = ["BUDGET_ACTIONS", "DecodeTally", "LoaderStats", "LoaderTotals", "PriceTable"]
+__all__ = [
+    "BUDGET_ACTIONS",
+    "BUDGET_EVERY",
+    "CostBudget",
+    "DecodeTally",
+    "LoaderStats",
+    "LoaderTotals",
+    "PriceTable",
+]
+
+log = logging.getLogger(__name__)
 
 #: What a loader does when an epoch's estimated cost would pass ``cost_budget``.
 BUDGET_ACTIONS = ("warn", "stop")
+#: The cost budget is checked every this many batches.
+BUDGET_EVERY = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,3 +224,35 @@ class LoaderStats:
             shuffle = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in shuffle.items()}
         out["shuffle"] = shuffle
         return out
+
+
+@dataclass(slots=True)
+class CostBudget:
+    """An epoch's cost budget on one rank (``cost_budget`` dollars, ``None``: none): every
+    :data:`BUDGET_EVERY` batches, the epoch's cost so far scaled to all its batches is compared
+    with it; past it, one WARNING an epoch or, with ``on_budget="stop"``, a :class:`LoaderError`."""
+
+    budget: float | None
+    on_budget: str
+    prices: PriceTable
+    rank: int
+    dataset: str
+    warned: bool = False
+
+    def check(self, done: LoaderTotals, *, epoch: int, consumed: int, batches: int) -> None:
+        """After ``consumed`` of the epoch's ``batches``, whose reads so far are ``done``."""
+        if self.budget is None or consumed % BUDGET_EVERY or self.warned:
+            return
+        cost = self.prices.cost(done.store.requests, done.store.bytes)
+        projected = cost * batches / max(consumed, 1)
+        if projected <= self.budget:
+            return
+        self.warned = True
+        message = (
+            f"epoch {epoch} on rank {self.rank} would cost ${projected:.4f} in reads of {self.dataset}, over "
+            f"cost_budget ${self.budget:.4f} (${cost:.4f} after {consumed} of {batches} batches: "
+            f"{done.store.requests} requests, {done.store.bytes} bytes)"
+        )
+        if self.on_budget == "stop":
+            raise LoaderError(f"{message}; stopping (on_budget='stop')")
+        log.warning("%s", message)

@@ -26,14 +26,16 @@ import numpy as np
 import pyarrow as pa
 
 from lakeshard import storage
-from lakeshard.errors import DatasetError, LoaderError
-from lakeshard.format import DatasetInfo, OpenShard, ShardFooter, open_shard
+from lakeshard.errors import ConfigError, DatasetError, LoaderError
+from lakeshard.format import OpenShard, open_shard
 from loaders.arrow_columns import binary_rows, int64_column
 from loaders.batch import NULL_LABEL, BatchTask
 from loaders.fetch import ByteRange, RangeFetcher, read_row_group, row_group_range
 from loaders.options import LoaderOptions
 from loaders.plan import Piece
 from loaders.shuffle import EpochOrder, epoch_order
+from loaders.source import ShardSource
+from loaders.stats import LoaderTotals
 
 __all__ = ["EpochPlan", "ReadCount", "Rows", "WindowReader"]
 
@@ -110,8 +112,8 @@ class EpochPlan:
 
 
 class WindowReader:
-    """Reads rank ``options.rank``'s pieces of the shards at ``shard_uris`` (of the dataset
-    ``info`` describes) window by window, as batch tasks.
+    """Reads rank ``options.rank``'s pieces of the shards of ``source`` (of the dataset it
+    opened) window by window, as batch tasks.
 
     Invariant: ``0 <= start * batch_size <= end <= rows_per_rank`` for every epoch it reads; it
     holds at most one window of encoded rows (plus one read ahead, see :meth:`tasks`).
@@ -119,67 +121,48 @@ class WindowReader:
 
     def __init__(
         self,
-        info: DatasetInfo,
+        source: ShardSource,
         options: LoaderOptions,
         *,
-        shard_uris: tuple[str, ...],
-        shard_rows: list[int],
         pieces: list[Piece],
         num_batches: int,
         rows_per_rank: int,
     ) -> None:
-        self.info = info
+        self.source = source
         self.options = options
-        self.shard_uris = shard_uris
-        self._shard_rows = shard_rows
         self.pieces = pieces
         self._num_batches = num_batches
         self._rows_per_rank = rows_per_rank
-        #: Remote shards: the footer of each, with its size and ETag (read once, by the loader).
-        self.remote: dict[int, ShardFooter] = {}
-        #: Reads remote row groups ahead (None: every shard is local, read on the reader thread).
-        self.fetcher: RangeFetcher | None = None
         self._ranges: dict[tuple[int, int], ByteRange] = {}  # (shard, row group) -> its bytes (remote)
-        self._local: dict[int, str] = {}  # shard index -> a verified local copy (loaders.cache)
-        self.caching = False  # the loader has a shard cache (its reads count hits and misses)
 
-    def use_fetcher(self, fetcher: RangeFetcher, remote: dict[int, ShardFooter]) -> None:
-        """Read the shards in ``remote`` (index -> footer) through ``fetcher``."""
-        self.fetcher = fetcher
-        self.add_remote(remote)
-
-    def add_remote(self, remote: dict[int, ShardFooter]) -> None:
-        """More remote shards (index -> footer) to read through the fetcher."""
-        self.remote.update(remote)
-
-    def use_local(self, copies: dict[int, str]) -> None:
-        """Read shards ``copies`` names (index -> a local ``file://`` URI of the same bytes, as
-        :mod:`loaders.cache` verified them) from there, on the reader thread, from the next
-        epoch on. Call between epochs only."""
-        for shard, uri in copies.items():
-            self._local[shard] = uri
+    @property
+    def fetcher(self) -> RangeFetcher | None:
+        """Reads remote row groups ahead (``None``: every shard is local, read on the reader thread)."""
+        return self.source.fetcher
 
     def _range(self, piece: Piece) -> ByteRange | None:
         """The bytes of ``piece``'s row group when it is read through the fetcher, else ``None``."""
-        if self.fetcher is None or piece.shard not in self.remote or piece.shard in self._local:
+        if self.fetcher is None or piece.shard not in self.source.remote or piece.shard in self.source.local:
             return None
         key = (piece.shard, piece.row_group)
         if key not in self._ranges:
-            footer = self.remote[piece.shard]
+            footer = self.source.remote[piece.shard]
             lo, hi = row_group_range(footer.metadata, piece.row_group)
-            self._ranges[key] = ByteRange(storage.s3_path(self.shard_uris[piece.shard]), lo, hi, footer.etag)
+            self._ranges[key] = ByteRange(
+                storage.s3_path(self.source.shard_uris[piece.shard]), lo, hi, footer.etag
+            )
         return self._ranges[key]
 
     def _count_cached(self, pieces: Sequence[Piece], reads: ReadCount) -> None:
         """Count the row groups of a remote dataset that ``pieces`` read from the shard cache
         (hits, and their bytes) or from the store (misses, when there is a cache)."""
-        if not self.caching or self.fetcher is None:
+        if not self.source.caching or self.fetcher is None:
             return
         for piece in pieces:
-            if piece.shard not in self.remote:
+            if piece.shard not in self.source.remote:
                 continue
-            if piece.shard in self._local:
-                lo, hi = row_group_range(self.remote[piece.shard].metadata, piece.row_group)
+            if piece.shard in self.source.local:
+                lo, hi = row_group_range(self.source.remote[piece.shard].metadata, piece.row_group)
                 reads.cache_hits += 1
                 reads.cache_bytes += hi - lo
             else:
@@ -200,6 +183,26 @@ class WindowReader:
         ranges = (self._range(p) for p in (self.pieces if pieces is None else pieces))
         return max((r.size for r in ranges if r is not None), default=0)
 
+    def read_budget(self, *, blocks: int, image_size: int, dataset: str) -> int:
+        """The bytes the remote reads may hold: what ``memory_budget`` leaves beside ``blocks``
+        decoded batches, or by default ``read_concurrency`` row groups and one shuffle window.
+
+        Raises:
+            ConfigError: ``memory_budget`` leaves less than one row group.
+        """
+        opts = self.options
+        side = opts.crop or image_size
+        decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
+        largest = self.max_range_bytes()
+        if opts.memory_budget is None:
+            return opts.read_concurrency * largest + self.window_bytes()
+        if opts.memory_budget - decoded < largest:
+            raise ConfigError(
+                f"memory_budget {opts.memory_budget} bytes is too small: the decoded batches take {decoded} "
+                f"({blocks} blocks of {opts.batch_size} images) and one row group of {dataset} up to {largest}"
+            )
+        return opts.memory_budget - decoded
+
     def window_bytes(self) -> int:
         """At most the remote bytes of one shuffle window of this rank's pieces (at the densest
         row group's bytes per row): a fetch budget this much above the reads in flight lets the
@@ -208,7 +211,7 @@ class WindowReader:
         for piece in self.pieces:
             r = self._range(piece)
             if r is not None:
-                md = self.remote[piece.shard].metadata
+                md = self.source.remote[piece.shard].metadata
                 per_row = max(per_row, r.size / max(1, md.row_group(piece.row_group).num_rows))
         return int(per_row * self.options.shuffle_window) + self.max_range_bytes()
 
@@ -409,7 +412,7 @@ class WindowReader:
         images: list[bytes | None] = []
         labels, pads, shards, rows = [], [], [], []
         for i, piece in enumerate(pieces):
-            uri = self.shard_uris[piece.shard]
+            uri = self.source.shard_uris[piece.shard]
             where = f"row group {piece.row_group} (rows {piece.start}-{piece.stop - 1}) of {uri}"
             r = self._range(piece)
             if r is not None:
@@ -444,7 +447,7 @@ class WindowReader:
         """``piece``'s row group from the fetcher (scheduled by :meth:`tasks` under ``key``),
         decoded with the footer the loader read once; its bytes are released as soon as they
         are decoded."""
-        footer = self.remote[piece.shard]
+        footer = self.source.remote[piece.shard]
         md = footer.metadata
         try:
             data = self.fetcher.get(key, stop)
@@ -458,15 +461,16 @@ class WindowReader:
             self.fetcher.release(key)
 
     def _read_local(self, piece: Piece, files: dict[int, OpenShard], where: str) -> pa.Table:
-        uri = self._local.get(piece.shard, self.shard_uris[piece.shard])
+        uri = self.source.local.get(piece.shard, self.source.shard_uris[piece.shard])
         if piece.shard not in files:
             try:
                 files[piece.shard] = open_shard(uri)
             except DatasetError as exc:
                 raise LoaderError(f"cannot read {where}: {exc}") from exc
             # The shard dataset.json described when the loader started, not one rebuilt since.
+            source = self.source
             files[piece.shard].check(
-                self.info, self.options.channel, piece.shard, rows=self._shard_rows[piece.shard]
+                source.info, source.channel, piece.shard, rows=source.shard_rows[piece.shard]
             )
         pf = files[piece.shard].parquet
         try:
@@ -487,6 +491,12 @@ class ReadCount:
     cache_hits: int = 0
     cache_bytes: int = 0
     cache_misses: int = 0
+
+    def totals(self) -> LoaderTotals:
+        """The cache figures as loader totals."""
+        return LoaderTotals(
+            cache_hits=self.cache_hits, cache_misses=self.cache_misses, cache_bytes=self.cache_bytes
+        )
 
 
 def _wait(promoted: threading.Event, stop: threading.Event) -> bool:

@@ -194,12 +194,15 @@ def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
     labels = {name: i for i, name in enumerate(plan.class_names)}
     evals = []
     for channel in EVAL_CHANNELS:
-        having = [ld for ld in train_loader.source_loaders if channel in ld.info.channels]
+        having = [src for src in train_loader.shard_sources if channel in src.info.channels]
         evals.append(
             None
             if channel in plan.skipped
             else Concatenated(
-                [ShardLoader(ld.dataset, channel=channel, batch_size=eval_batch, **common) for ld in having],
+                [
+                    ShardLoader(src.dataset, channel=channel, batch_size=eval_batch, **common)
+                    for src in having
+                ],
                 labels,
             )
         )

@@ -289,12 +289,10 @@ def test_remote_shards_of_other_ranks_are_read_on_resume(layouts, s3_bucket: str
     whole = _epoch(str(local), 2, 3, **kw)
     consumed, state = _consume(remote, 2, 3, 1, **kw)
     with ShardLoader(remote, rank=0, world_size=3, batch_size=2, **kw) as loader:
-        assert loader.fetcher is not None and set(loader._reader.remote) == {0}  # its own shard
+        assert loader.fetcher is not None and set(loader.source.remote) == {0}  # its own shard
         loader.load_state_dict(state)
-        assert set(loader._reader.remote) == {
-            0,
-            1,
-        }  # old rank 0 read shard 1 too: its footer, read once, kept
+        # old rank 0 read shard 1 too: its footer, read once, kept
+        assert set(loader.source.remote) == {0, 1}
     rest, sizes, _ = _finish(remote, 3, 2, state, **kw)
     assert consumed + rest == whole
     assert len({len(s) for s in sizes}) == 1

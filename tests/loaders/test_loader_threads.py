@@ -211,7 +211,7 @@ def test_error_is_raised_while_the_consumer_waits_on_an_earlier_batch(tmp_path: 
         return real(task, stop, spec)
 
     monkeypatch.setattr(batch_module, "decode_batch", slow_first)
-    import loaders.shard_loader as sl
+    import loaders.batch_decoding as sl
 
     monkeypatch.setattr(sl, "decode_batch", slow_first)
     loader = ShardLoader(str(tmp_path), batch_size=4, num_threads=2)

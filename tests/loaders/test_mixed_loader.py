@@ -347,8 +347,53 @@ def test_a_mixture_of_remote_and_cached_sources_yields_the_local_batches(two, s3
                 far.set_epoch(epoch)
                 for (x, y), (u, v) in zip(local, far, strict=True):
                     assert torch.equal(x, u) and torch.equal(y, v)
-            read = [ld.fetcher.bytes_read for ld in far.source_loaders]
+            read = [src.fetcher.bytes_read for src in far.shard_sources]
             if rank == 0:  # its first epoch read the store and filled the cache
                 assert all(n > 0 for n in read)
             else:  # a source's loader caches every shard of it: this node has them all now
                 assert read == [0, 0]
+
+
+def _two_views(images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator):
+    """A batch and its mirror: twice the rows."""
+    return torch.cat([images, images.flip(-1)]), torch.cat([labels, labels])
+
+
+def _drop_pads(images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator):
+    """The first row dropped: fewer rows."""
+    return images[1:], labels[1:]
+
+
+@pytest.mark.parametrize("transform", [_two_views, _drop_pads])
+def test_a_transform_that_changes_a_batchs_rows_is_refused_not_skipped(two, transform):
+    """A mixture takes each source's rows by position: a transform that makes more rows or fewer
+    would skip or repeat rows silently, so its first batch is refused, naming the rule."""
+    with _mix(two, transform=transform) as ld, pytest.raises(LoaderError, match="keeps each batch's rows"):
+        for _ in ld:
+            pass
+
+
+def test_a_mixture_counts_its_totals_and_peak_bytes_as_one_loader(two):
+    with _mix(two, rank=1, world_size=2, batch_size=4) as ld:
+        before = ld.totals()
+        assert (before.batches, before.rows_decoded) == (0, 0)
+        batches = sum(1 for _ in ld)
+        stats, after = ld.epoch_stats(), ld.totals()
+        assert batches == len(ld) == stats.batches == after.batches == 10
+        # every row of every source batch it decoded, at least the 40 it yielded
+        assert stats.rows_decoded == after.rows_decoded >= 40
+        assert ld.peak_bytes_held == 0 and stats.requests == 0  # local sources: no reads held, no GET
+
+
+@pytest.mark.s3
+def test_one_cost_budget_for_the_whole_mixture_names_its_rank(two, s3_bucket):
+    """The budget is the mixture's, on this rank (not each source's at rank 0), and the message
+    names the mixture and the rank."""
+    from tests.helpers.store import upload
+
+    remote = (upload(Path(two[0]), s3_bucket, "a"), upload(Path(two[1]), s3_bucket, "b"))
+    with _mix(remote, rank=1, world_size=2, batch_size=4, cost_budget=1e-12, on_budget="stop") as ld:
+        with pytest.raises(LoaderError, match=r"epoch 0 on rank 1 would cost \$[0-9.]+ in reads of mix\("):
+            for _ in ld:
+                pass
+        assert ld.epoch_stats().requests > 0

@@ -1,0 +1,98 @@
+"""What turns a loader's batch tasks into batches: the decoder, the transform, the memory and,
+with a preparation cluster, the recipe the cluster's workers follow. One :class:`BatchDecoding`
+per loader (a mixture has one per source); :meth:`BatchDecoding.for_epoch` gives the function
+the pipeline's decode threads call for each task of one epoch (or one pass of a source)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch, encoded_batch
+from loaders.buffers import BufferPool
+from loaders.decode import NO_DECODER, get_batch_decoder, get_decoder
+from loaders.options import LoaderOptions
+from loaders.prep import PrepCluster, Recipe, resolve_reference, transform_reference
+from loaders.stats import DecodeTally
+from loaders.transforms import Transform, default_transform
+
+__all__ = ["BatchDecoding", "resolve_transform"]
+
+
+def resolve_transform(opts: LoaderOptions) -> tuple[Transform, str | None]:
+    """The transform the options name (``augment``/``crop``/``normalize`` stand for
+    :func:`~loaders.transforms.default_transform` without one) and, with a preparation cluster,
+    the reference its workers import it by (checked before connecting)."""
+    given = resolve_reference(opts.transform) if isinstance(opts.transform, str) else opts.transform
+    transform = given or default_transform(augment=opts.augment, crop=opts.crop, normalize=opts.normalize)
+    reference = None
+    if opts.prep is not None and given is not None:
+        reference = opts.transform if isinstance(opts.transform, str) else transform_reference(given)
+    return transform, reference
+
+
+@dataclass(frozen=True, eq=False)
+class BatchDecoding:
+    """How one loader (or one source of a mixture) decodes: the same in every epoch.
+
+    ``rank`` is the rank the transform's draws are seeded with (a mixture's sources: 0)."""
+
+    options: LoaderOptions
+    image_size: int
+    num_classes: int
+    shard_uris: tuple[str, ...]
+    rank: int
+    transform: Transform
+    transform_ref: str | None
+    buffers: BufferPool
+    tally: DecodeTally
+    prep: PrepCluster | None = None
+
+    @property
+    def pin(self) -> bool:
+        return self.options.pin_memory and torch.cuda.is_available()
+
+    def for_epoch(self, epoch: int, skipped: list[SkippedRow]) -> Callable[[BatchTask, threading.Event], Any]:
+        """What decodes a batch task of ``epoch`` (bad rows it skips go to ``skipped``)."""
+        opts = self.options
+        encoded = opts.decoder == NO_DECODER
+        spec = DecodeSpec(
+            decoder=None if encoded else get_decoder(opts.decoder),
+            size=self.image_size,
+            num_classes=self.num_classes,
+            shard_uris=self.shard_uris,
+            seed=opts.seed,
+            epoch=epoch,
+            rank=self.rank,
+            transform=self.transform,
+            pin_memory=self.pin,
+            skip_bad_rows=opts.skip_bad_rows,
+            buffers=self.buffers,
+            skipped=skipped,
+            batch_decoder=None if encoded else get_batch_decoder(opts.decoder),
+            tally=self.tally,
+        )
+        if encoded:
+            return lambda task, stop: encoded_batch(task, stop, spec)
+        prep = self.prep
+        if prep is not None:
+            recipe = Recipe(
+                decoder=opts.decoder,
+                size=self.image_size,
+                num_classes=self.num_classes,
+                shard_uris=self.shard_uris,
+                seed=opts.seed,
+                epoch=epoch,
+                rank=self.rank,
+                skip_bad_rows=opts.skip_bad_rows,
+                transform=self.transform_ref,
+                augment=opts.augment,
+                crop=opts.crop,
+                normalize=opts.normalize,
+            )
+            return lambda task, stop: prep.decode(task, stop, spec, recipe)
+        return lambda task, stop: decode_batch(task, stop, spec)

@@ -1,0 +1,258 @@
+"""A mixture's sources read by one pipeline: one reader thread, one pool of decode threads.
+
+A :class:`~loaders.MixedLoader` batch is rows of several sources, each source read as its stream
+(:mod:`loaders.mixing`): passes of the source's rows at world size 1, one after another. Each
+source is cut into *source batches* (batch ``k`` of pass ``p``: the rows a world-size-1 loader of
+that source yields as its ``k``-th batch of epoch ``p``), decoded and transformed as such a
+loader would, so that every row's pixels and augmentation draws depend only on the source, the
+pass and the batch, never on the mixture around it.
+
+Both sides walk the same :func:`needs` of an iteration (pure, from the plan): for each mixture
+batch, the rows it takes of each source as ``(source, pass, batch, lo, hi)``. The reader thread
+(:func:`source_batches`) turns the needs into the source batches in the order they are first
+needed, reading each source through its own :class:`~loaders.window_reader.WindowReader` (a
+source's next batch of the same pass continues its reader; any other starts it there); the
+decode threads decode them in that order; the consumer (:class:`Assembler`) takes each source
+batch from the pipeline when its first row is needed, keeps it while rows of it are still to
+come, and copies the rows of one mixture batch together.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from lakeshard.errors import LoaderError
+from loaders.batch import PAD_LABEL, BatchTask, SkippedRow
+from loaders.batch_decoding import BatchDecoding
+from loaders.buffers import BufferPool
+from loaders.mixing import RankShare, Span, locate
+from loaders.source import ShardSource
+from loaders.window_reader import ReadCount, WindowReader
+
+__all__ = ["Assembler", "MixSource", "Need", "needs", "relabelled", "source_batches"]
+
+
+@dataclass(frozen=True, eq=False)
+class MixSource:
+    """One source of a mixture as its pipeline reads it: the source, its reader at world size 1,
+    how its batches are decoded, and the map of its labels into the mixture's (``None``: the same)."""
+
+    source: ShardSource
+    reader: WindowReader
+    decoding: BatchDecoding
+    lut: torch.Tensor | None
+
+    @property
+    def rows(self) -> int:
+        return self.source.total_rows
+
+
+class Need(NamedTuple):
+    """Rows ``[lo, hi)`` of batch ``batch`` of pass ``pas`` of source ``source``."""
+
+    source: int
+    pas: int
+    batch: int
+    lo: int
+    hi: int
+
+
+class _Cursor:
+    """A rank's runs of one source's stream in one leg, and how many of their rows it has taken."""
+
+    def __init__(self, spans: tuple[Span, ...], taken: int) -> None:
+        self.spans, self.taken = spans, taken
+
+    def next_runs(self, n: int) -> list[Span]:
+        """The stream positions of the next ``n`` rows (and takes them)."""
+        out, skip, got = [], self.taken, 0
+        for a, b in self.spans:
+            if skip >= b - a:
+                skip -= b - a
+                continue
+            lo = a + skip
+            hi = min(b, lo + n - got)
+            out.append((lo, hi))
+            got, skip = got + hi - lo, 0
+            if got == n:
+                break
+        if got != n:
+            raise LoaderError(f"mixture plan: {n} rows asked of a source with {got} left in this leg")
+        self.taken += n
+        return out
+
+
+def needs(
+    share: RankShare, *, first: int, last: int, batch_size: int, taken: Sequence[int], rows: Sequence[int]
+) -> Iterator[list[Need]]:
+    """For each batch ``j`` in ``[first, last)`` of a rank's leg (``share``), the rows it takes of
+    each source, source after source, cut at the sources' pass and batch boundaries; ``taken``:
+    each source's rows the leg's batches before ``first`` took."""
+    cursors = [_Cursor(spans, n) for spans, n in zip(share.spans, taken, strict=True)]
+    b = batch_size
+    for j in range(first, last):
+        counts = np.bincount(share.order[j * b : (j + 1) * b], minlength=len(cursors))
+        out: list[Need] = []
+        for s, n in enumerate(counts.tolist()):
+            if n:
+                for lo, hi in cursors[s].next_runs(n):
+                    out += _cut(s, lo, hi, rows[s], b)
+        yield out
+
+
+def _cut(source: int, lo: int, hi: int, rows: int, batch_size: int) -> list[Need]:
+    """Stream positions ``[lo, hi)`` of a source as rows of its source batches."""
+    out = []
+    while lo < hi:
+        pas, offset = locate(lo, rows)
+        batch, at = divmod(offset, batch_size)
+        n = min(hi - lo, batch_size - at, rows - offset)
+        out.append(Need(source, pas, batch, at, at + n))
+        lo += n
+    return out
+
+
+class _SourceBatch(NamedTuple):
+    """A source batch for the decode threads: its key, its task and what decodes it."""
+
+    key: tuple[int, int, int]
+    task: BatchTask
+    decode: Callable[[BatchTask, threading.Event], Any]
+
+
+def source_batches(
+    sources: Sequence[MixSource],
+    wanted: Iterator[list[Need]],
+    stop: threading.Event,
+    *,
+    reads: Sequence[ReadCount],
+    skipped: list[SkippedRow],
+) -> Iterator[_SourceBatch]:
+    """The source batches ``wanted`` needs, in the order of their first need (runs on the
+    reader thread). A source batch needed again right after itself is not read again."""
+    held: list[tuple[int, int] | None] = [None] * len(sources)
+    following: list[tuple[int, int] | None] = [None] * len(sources)
+    open_tasks: list[Iterator[BatchTask] | None] = [None] * len(sources)
+    decoders: dict[tuple[int, int], Callable[[BatchTask, threading.Event], Any]] = {}
+    try:
+        for batch_needs in wanted:
+            for need in batch_needs:
+                s, at = need.source, (need.pas, need.batch)
+                if held[s] == at:
+                    continue
+                held[s] = at
+                if following[s] != at:  # not the next batch of the pass being read: start there
+                    _close(open_tasks[s])
+                    open_tasks[s] = sources[s].reader.tasks(need.pas, need.batch, stop, reads=reads[s])
+                task = next(open_tasks[s], None)  # type: ignore[arg-type]
+                if task is None:
+                    return  # stopped
+                following[s] = (need.pas, need.batch + 1)
+                if (s, need.pas) not in decoders:
+                    decoders[s, need.pas] = sources[s].decoding.for_epoch(need.pas, skipped)
+                yield _SourceBatch((s, *at), task, decoders[s, need.pas])
+    finally:
+        for tasks in open_tasks:
+            _close(tasks)
+
+
+def _close(tasks: Iterator[BatchTask] | None) -> None:
+    close = getattr(tasks, "close", None)
+    if close is not None:
+        close()  # a generator: run its finally blocks (closes the shard files)
+
+
+def decode_source_batch(item: _SourceBatch, stop: threading.Event) -> tuple[tuple[int, int, int], Any] | None:
+    """Decode one source batch (on a decode thread): its key and its batch (``None`` if stopped)."""
+    batch = item.decode(item.task, stop)
+    return None if batch is None else (item.key, batch)
+
+
+class Assembler:
+    """The consumer's side: the mixture's batches, out of the decoded source batches.
+
+    Keeps each source's batch in hand while rows of it are still to come; copies the rows of one
+    mixture batch into a reused block (:meth:`join`)."""
+
+    def __init__(self, sources: Sequence[MixSource], buffers: BufferPool) -> None:
+        self._sources = sources
+        self._buffers = buffers
+        self._held: list[tuple[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] | None] = [None] * len(
+            sources
+        )
+
+    def batch(
+        self, batch_needs: list[Need], next_decoded: Callable[[], tuple[tuple[int, int, int], Any]]
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int]]:
+        """The mixture batch ``batch_needs`` describe, and the rows it took of each source."""
+        parts, taken = [], [0] * len(self._sources)
+        for need in batch_needs:
+            s, at = need.source, (need.pas, need.batch)
+            held = self._held[s]
+            if held is None or held[0] != at:
+                key, batch = next_decoded()
+                if key != (s, *at):  # the reader's order and this one are the same walk of the plan
+                    raise LoaderError(
+                        f"mixture pipeline out of step: expected source batch {(s, *at)}, got {key}"
+                    )
+                held = self._held[s] = (at, self._checked(s, at, batch))
+            images, labels = held[1]
+            parts.append((images[need.lo : need.hi], labels[need.lo : need.hi]))
+            taken[s] += need.hi - need.lo
+        return self.join(parts), taken
+
+    def _checked(self, s: int, at: tuple[int, int], batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """A source batch as ``(images, labels)`` in the mixture's label space, of its own rows."""
+        mix = self._sources[s]
+        if not (isinstance(batch, tuple | list) and len(batch) == 2):
+            raise LoaderError(
+                f"a mixture needs (images, labels) batches from each source; {mix.source.dataset} gave "
+                f"{type(batch).__name__} (a transform must return (images, labels))"
+            )
+        images, labels = batch
+        k = at[1]
+        b = mix.reader.options.batch_size
+        expected = min(b, mix.rows - k * b)
+        if len(labels) != expected or len(images) != expected:
+            raise LoaderError(
+                f"a mixture needs a transform that keeps each batch's rows: batch {k} of {mix.source.dataset} "
+                f"has {expected} rows and the transform returned {len(images)} images and {len(labels)} "
+                "labels (a mixture takes each source's rows by position; make more views or drop rows in "
+                "the training step instead)"
+            )
+        return images, relabelled(labels, mix.lut)
+
+    def join(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch of the sources' rows, source after source: one copy of each part's pixels
+        into a reused block (a block of pinned memory when the parts are pinned), single-threaded
+        (``torch.cat`` spreads a copy over torch's intra-op threads, which then wait on the cores
+        the decode threads use: half the mixture's throughput on 2 cores)."""
+        if len(parts) == 1:
+            return parts[0]
+        images = [p[0] for p in parts]
+        labels = torch.cat([p[1] for p in parts])
+        nhwc = [x.permute(0, 2, 3, 1) for x in images]
+        if images[0].dtype != torch.uint8 or not all(x.is_contiguous() for x in nhwc):
+            return torch.cat(images), labels
+        shape = (sum(len(x) for x in images), *nhwc[0].shape[1:])
+        if images[0].is_pinned():
+            out = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+            block = out.numpy()
+        else:
+            block = self._buffers.take(shape)
+            out = torch.from_numpy(block)
+        np.concatenate([x.numpy() for x in nhwc], out=block)
+        return out.permute(0, 3, 1, 2), labels
+
+
+def relabelled(labels: torch.Tensor, lut: torch.Tensor | None) -> torch.Tensor:
+    """``labels`` mapped by ``lut`` (pad rows kept); ``labels`` itself where ``lut`` is ``None``."""
+    if lut is None:
+        return labels
+    return torch.where(labels != PAD_LABEL, lut[labels.clamp(min=0)], labels)
