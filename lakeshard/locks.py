@@ -269,8 +269,9 @@ def _open_read_only(root: str, path: str, exc: OSError) -> int | None:
 
 # NOTE [ S3 lock refresh ]
 # _acquire_s3 starts one daemon thread per held S3 lock. It waits on `stop` (set by release)
-# for a quarter of the expiry, then rewrites the lock If-Match its last ETag; the new ETag
-# replaces `etag` (only that thread writes it, under `guard`). A refresh the store refuses (the
+# for a quarter of the expiry, then rewrites the lock If-Match its last ETag, with its refresh
+# time in it (another ETag each time); the new ETag replaces `etag` (only that thread writes it,
+# under `guard`). A refresh the store refuses (the
 # lock was taken over or deleted) sets `lost` and ends the thread; confirm() raises on `lost`, and
 # also asks the store itself (a refresh may be due). release sets `stop`, joins the thread, then
 # deletes the lock If-Match the last ETag (never a lock another job has taken over).
@@ -278,7 +279,7 @@ def _open_read_only(root: str, path: str, exc: OSError) -> int | None:
 class _S3Lock:
     uri: str
     root: str
-    body: bytes
+    held: dict[str, object]  #: what the lock says (its description and expiry)
     etag: str
     expiry: float
     stop: threading.Event = field(default_factory=threading.Event)
@@ -290,7 +291,13 @@ class _S3Lock:
         while not self.stop.wait(self.expiry / 4):
             with self.guard:
                 try:
-                    etag = storage.replace_if_unchanged(self.uri, self.body, self.etag)
+                    # each write another body, so another ETag: a taker's If-Match delete of
+                    # what it read as stale fails once this refresh is in
+                    self.held["refreshed"] = dt.datetime.now(dt.timezone.utc).isoformat(
+                        timespec="milliseconds"
+                    )
+                    body = json.dumps(self.held).encode()
+                    etag = storage.replace_if_unchanged(self.uri, body, self.etag)
                 except Exception as exc:  # the store is down: the next refresh tries again
                     log.warning("cannot refresh the lock %s: %s", self.uri, exc)
                     continue
@@ -327,7 +334,8 @@ class _S3Lock:
 def _acquire_s3(root: str, uri: str, *, job: str) -> _Held | None:
     """The S3 lock, created (or taken over from a killed job), refreshed while held; None where
     the store has no conditional writes."""
-    body = json.dumps({**_describe(job), "expires_after_s": S3_LOCK_EXPIRY}).encode()
+    held: dict[str, object] = {**_describe(job), "expires_after_s": S3_LOCK_EXPIRY}
+    body = json.dumps(held).encode()
     try:
         etag = storage.create_if_absent(uri, body)
         if etag is None:
@@ -337,7 +345,7 @@ def _acquire_s3(root: str, uri: str, *, job: str) -> _Held | None:
             raise
         log.warning("%s: %s; two jobs writing this dataset at once would not be refused", root, exc)
         return None
-    lock = _S3Lock(uri=uri, root=root, body=body, etag=etag, expiry=S3_LOCK_EXPIRY)
+    lock = _S3Lock(uri=uri, root=root, held=held, etag=etag, expiry=S3_LOCK_EXPIRY)
     lock.thread = threading.Thread(target=lock.refresh_until_stopped, name=f"lock {uri}", daemon=True)
     lock.thread.start()
     return _Held(release=lock.release, exclusive=True, count=1, confirm=lock.confirm)

@@ -88,6 +88,23 @@ def _store_age(uri: str) -> float:
     return (now - resp["LastModified"]).total_seconds()
 
 
+def test_s3_a_holder_refreshes_its_lock_and_each_refresh_is_another_object(s3_bucket: str):
+    import boto3
+
+    ds = f"{s3_bucket}/ds"
+    bucket, _, key = storage.s3_path(f"{ds}/{LOCK_NAME}").partition("/")
+    client = boto3.client("s3")
+    with held_elsewhere(ds, exclusive=True, expiry=4):  # a refresh every second
+        first = client.head_object(Bucket=bucket, Key=key)
+        deadline = time.monotonic() + 120
+        while (now := client.head_object(Bucket=bucket, Key=key))["ETag"] == first["ETag"]:
+            assert time.monotonic() < deadline, "the holder never refreshed its lock"
+            time.sleep(0.2)
+        assert now["LastModified"] >= first["LastModified"]
+        assert "refreshed" in _lock_object(ds)
+    assert _lock_object(ds) is None
+
+
 def test_s3_a_lock_left_by_a_job_killed_on_this_host_is_taken_over_at_once(s3_bucket: str, caplog):
     ds = f"{s3_bucket}/ds"
     with held_elsewhere(ds, exclusive=True) as holder:
