@@ -271,10 +271,10 @@ def _open_read_only(root: str, path: str, exc: OSError) -> int | None:
 # _acquire_s3 starts one daemon thread per held S3 lock. It waits on `stop` (set by release)
 # for a quarter of the expiry, then rewrites the lock If-Match its last ETag, with its refresh
 # time in it (another ETag each time); the new ETag replaces `etag` (only that thread writes it,
-# under `guard`). A refresh the store refuses (the
-# lock was taken over or deleted) sets `lost` and ends the thread; confirm() raises on `lost`, and
-# also asks the store itself (a refresh may be due). release sets `stop`, joins the thread, then
-# deletes the lock If-Match the last ETag (never a lock another job has taken over).
+# under `guard`). A refresh the store refuses (the lock was taken over or deleted) sets `lost`
+# and ends the thread; confirm() raises on `lost`, and also asks the store itself (a refresh may
+# be due). release sets `stop`, joins the thread, then deletes the lock If-Match the last ETag
+# (never a lock another job has taken over); a store that fails then leaves it to expire.
 @dataclass(slots=True)
 class _S3Lock:
     uri: str
@@ -327,8 +327,12 @@ class _S3Lock:
         self.stop.set()
         thread = self.thread
         thread.join()
-        if not self.lost.is_set():
+        if self.lost.is_set():
+            return
+        try:
             storage.remove_if_unchanged(self.uri, self.etag)
+        except PlatformError as exc:  # the job's own outcome matters more: the lock expires
+            log.warning("cannot delete the lock %s (it expires in %g s): %s", self.uri, self.expiry, exc)
 
 
 def _acquire_s3(root: str, uri: str, *, job: str) -> _Held | None:

@@ -556,6 +556,8 @@ def remove_if_unchanged(uri: str, etag: str) -> bool:
         if _status(exc) in (404, 412):
             return False
         raise StorageError(f"cannot delete {uri}: {exc}") from exc
+    except Exception as exc:  # an endpoint that stays unreachable after botocore's retries
+        raise StorageError(f"cannot delete {uri}: {type(exc).__name__}: {exc}") from exc
     return True
 
 
@@ -574,6 +576,8 @@ def _conditional_put(uri: str, data: bytes, **condition: str) -> str | None:
             return None
         what = "conditional writes (If-None-Match, If-Match)" if status in (400, 501) else "the write"
         raise StorageError(f"cannot write {uri}: the store refused {what}: {exc}") from exc
+    except Exception as exc:  # an endpoint that stays unreachable after botocore's retries
+        raise StorageError(f"cannot write {uri}: {type(exc).__name__}: {exc}") from exc
     return str(resp.get("ETag", "")).strip('"')
 
 

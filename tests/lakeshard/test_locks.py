@@ -150,3 +150,17 @@ def test_s3_a_holder_whose_lock_was_taken_over_commits_nothing(s3_bucket: str):
         with pytest.raises(DatasetBusyError, match="another job took this job's lock over"):
             confirm(ds)
     assert _lock_object(ds)["job"] == "other"  # the release left the other job's lock alone
+
+
+def test_s3_a_lock_the_store_cannot_delete_at_the_end_is_a_warning(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch, caplog
+):
+    ds = f"{s3_bucket}/ds"
+    with dataset_lock(ds, job="mine"):
+        done = True
+        # the store goes away before the job ends (nothing listens on port 9, the discard port)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    assert done
+    assert f"cannot delete the lock {ds}/{LOCK_NAME} (it expires in 60 s)" in caplog.text
+    monkeypatch.undo()
+    assert _lock_object(ds)["job"] == "mine"  # left to expire
