@@ -38,7 +38,9 @@ Both processes are started in their own session (process group) and stopped by
 :meth:`RemoteStore.stop` (``__exit__``, and ``atexit`` for a parent that forgets): SIGTERM to
 each group, a bounded wait, then SIGKILL. The shim also exits when its stdin (a pipe from the
 parent) closes, so a parent killed outright leaves no shim; nginx then still needs the SIGTERM
-(``stop`` is idempotent). Every wait in this module has a time limit.
+(``stop`` is idempotent). Run as a command (``python benchmarks/remote_store.py DIR``), SIGTERM
+stops it as Ctrl-C does (``atexit`` does not run on a signal): both processes stop with it.
+Every wait in this module has a time limit.
 """
 
 from __future__ import annotations
@@ -375,6 +377,10 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
             stream.close()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", help="the folder to serve as s3://<bucket>/")
@@ -391,10 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    # SIGTERM (kill, a job scheduler) skips atexit: stop as Ctrl-C does, so nginx stops with us.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         with store:
             print(" ".join(f"{k}={v}" for k, v in store.environ().items()))
-            print(f"serving {store.root} as {store.uri()} (Ctrl-C stops)", flush=True)
+            print(f"serving {store.root} as {store.uri()} (Ctrl-C or SIGTERM stops)", flush=True)
             threading.Event().wait()
     except NginxMissingError as exc:
         parser.error(str(exc))

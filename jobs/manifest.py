@@ -107,7 +107,7 @@ from lakeshard.format import (
     manifests_uri,
 )
 from lakeshard.format.manifest_table import write_part
-from lakeshard.locks import dataset_lock
+from lakeshard.locks import confirm, dataset_lock
 
 __all__ = ["hold", "main", "prepare", "run"]
 
@@ -567,7 +567,9 @@ def summarize(
 
 
 def commit(out: str, labels: dict[str, int], summary: dict[str, Any]) -> None:
-    """Write ``labels.json``, then the marker: last, it says the manifest is complete."""
+    """Write ``labels.json``, then the marker: last, it says the manifest is complete (unless
+    another job took the output's lock over: :func:`lakeshard.locks.confirm`)."""
+    confirm(out)
     storage.write_json_atomic(labels_uri(out), labels)
     storage.write_json_atomic(manifest_marker_uri(out), summary)
 

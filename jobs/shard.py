@@ -38,7 +38,6 @@ import argparse
 import logging
 import math
 import sys
-import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -104,9 +103,9 @@ from jobs.shard_steps.reuse import (
 from jobs.shard_steps.segments import segment_tasks
 from jobs.shard_steps.staging import (
     finished,
+    plan_only_folder,
     rejects_path,
     staging_folder,
-    staging_root,
     versioned,
     work_uri,
 )
@@ -582,13 +581,13 @@ def _write_report(root: str, info: DatasetInfo) -> None:
 def plan_only(cfg: ShardConfig, engine: Engine) -> PlanSummary:
     """The job's dry run (``--plan-only``): its checks, then its plan from the manifest (every
     row's slot, every shard's order, on the workers as in :func:`run`) into a folder of its own
-    under the dataset's ``_staging/``, removed at the end whatever happens; returns the plan's
-    summary. Reads no image and leaves the dataset (and any staging of a real run) as it was."""
+    under the dataset's ``_staging/`` (:func:`~jobs.shard_steps.staging.plan_only_folder`), removed at
+    the end whatever happens; returns the plan's summary. Reads no image and leaves the dataset (and any staging of a real run) as it was."""
     job = check_shard_inputs(cfg)
     channels, n = _channels(cfg, job), cfg.num_shards
     rows = sum(c.first.total for c in channels)
     segment_rows = math.ceil(rows / _preprocess_tasks(cfg, rows, engine))
-    staging = storage.join(staging_root(job.root), f"plan-only-{uuid.uuid4().hex[:12]}")
+    staging = plan_only_folder(job.root)
     log.info("plan only: the plan's files go to %s (removed at the end)", staging)
     try:
         parts = _slot_parts(engine, staging, job.root, channels)

@@ -1,4 +1,4 @@
-"""One writer per local dataset: the jobs hold ``<dataset>/_lock`` while they write it.
+"""One writer per dataset: the jobs hold ``<dataset>/_lock`` while they write it.
 
 A job that writes a local dataset (the manifest job, the shard job) holds an exclusive lock on
 the dataset's ``_lock`` file from its input check to its commit; a job that only reads it to
@@ -12,9 +12,20 @@ exclusive holder runs, the file holds its description (job, process, host, start
 line); the holder empties it before it lets go, so the file is empty when nobody writes. It stays
 in the dataset (an empty ``_lock`` file is not part of the dataset, readers ignore it).
 
-S3 has no such lock: there a shard build writes its own version folder and the last
-``dataset.json`` wins whole (``docs/design/0012-versioned-shards.md``). A local filesystem that
-does not support ``flock`` (some FUSE mounts) gets one WARNING and no lock.
+On S3 the lock is the object ``<dataset>/_lock``, created with a conditional PUT
+(``If-None-Match: *``, :func:`lakeshard.storage.create_if_absent`): of two jobs, exactly one
+creates it, and the other is refused with the same line. No process dies with it, so it expires:
+its holder rewrites it every quarter of :data:`S3_LOCK_EXPIRY` (``If-Match`` its own last write)
+and deletes it at the end; a lock left unrefreshed longer than that (by the store's clock: the
+object's ``Last-Modified`` against the answer's ``Date``) is a killed job's, and the next job
+takes it over, as it does at once a lock whose holder ran on this host and is gone. A holder
+that finds its lock taken over (it was stalled past the expiry) stops before its commit
+(:func:`confirm`). ``--plan-only`` takes no lock on S3 (it writes nothing a build reads or
+removes). A store without conditional writes (it answers 501 or 400) gets one WARNING and no
+lock. A local filesystem that does not support ``flock`` (some FUSE mounts) gets one WARNING
+and no lock; one that cannot be written (read-only) refuses a job that writes with one line,
+and lets one that only reads go on (shared, if the lock file is there; else with a WARNING and
+no lock).
 
 A process may take the lock it holds again (the command shell takes it before the input
 check, the job's ``run`` again): the inner hold is counted, not a second ``flock``.
@@ -23,6 +34,7 @@ check, the job's ``run`` again): the inner hold is counted, not a second ``flock
 from __future__ import annotations
 
 import datetime as dt
+import email.utils
 import errno
 import fcntl
 import json
@@ -31,19 +43,23 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lakeshard import storage
-from lakeshard.errors import PlatformError
+from lakeshard.errors import PlatformError, StorageError
 
-__all__ = ["LOCK_NAME", "DatasetBusyError", "dataset_lock"]
+__all__ = ["LOCK_NAME", "S3_LOCK_EXPIRY", "DatasetBusyError", "confirm", "dataset_lock", "holds"]
 
 log = logging.getLogger(__name__)
 
 #: The lock file, in the dataset root.
 LOCK_NAME = "_lock"
+
+#: Seconds an S3 lock stays its holder's without a refresh (written into the lock, so a taker
+#: honours the holder's figure); the holder refreshes it every quarter of that.
+S3_LOCK_EXPIRY = 60.0
 
 
 class DatasetBusyError(PlatformError, RuntimeError):
@@ -52,9 +68,11 @@ class DatasetBusyError(PlatformError, RuntimeError):
 
 @dataclass(slots=True)
 class _Held:
-    fd: int
+    release: Callable[[], None]
     exclusive: bool
     count: int
+    #: Raises DatasetBusyError if the lock is no longer this process's (an S3 lock taken over).
+    confirm: Callable[[], None] = field(default=lambda: None)
 
 
 # NOTE [ Lock re-entry ]
@@ -80,8 +98,16 @@ def _holder(fd: int) -> str:
     """Who holds the lock, from the file's content (empty: a job that only reads the dataset)."""
     try:
         raw = os.pread(fd, 4096, 0)
+    except OSError:
+        raw = b""
+    return _holder_text(raw)
+
+
+def _holder_text(raw: bytes) -> str:
+    """Who holds the lock, from its content (empty: a job that only reads the dataset)."""
+    try:
         held = json.loads(raw) if raw.strip() else None
-    except (OSError, ValueError):
+    except ValueError:
         held = None
     if not isinstance(held, dict):
         return "another job is reading it (e.g. jobs/shard.py --plan-only)"
@@ -93,23 +119,28 @@ def _holder(fd: int) -> str:
 
 @contextmanager
 def dataset_lock(root: str, *, job: str, exclusive: bool = True) -> Iterator[None]:
-    """Hold the local dataset at ``root``'s lock while the block runs (nothing on S3).
+    """Hold the dataset at ``root``'s lock while the block runs (local: ``flock``; S3: a
+    conditionally created object, refreshed while held; shared on S3: nothing).
 
     Args:
-        root: the dataset root URI (its folder is created if missing).
+        root: the dataset root URI (a local folder is created if missing).
         job: what holds it, for the refusal another job gets (``"shard"``, ``"manifest"``).
         exclusive: a job that writes the dataset; False for one that only reads it.
 
     Raises:
         DatasetBusyError: another process holds the lock (exclusively, or shared when
             ``exclusive``): one line naming the job that holds it.
+        StorageError: a job that writes a local dataset that cannot be written (read-only).
     """
     root = storage.normalize(root)
-    if not root.startswith("file://"):
+    if root.startswith("file://"):
+        folder = storage.filesystem(root)[1]
+        path = os.path.join(folder, LOCK_NAME)
+    elif exclusive:
+        path = storage.join(root, LOCK_NAME)
+    else:
         yield
         return
-    folder = storage.filesystem(root)[1]
-    path = os.path.join(folder, LOCK_NAME)
     with _HELD_LOCK:
         held = _HELD.get(path)
         if held is not None:
@@ -118,19 +149,16 @@ def dataset_lock(root: str, *, job: str, exclusive: bool = True) -> Iterator[Non
                     f"{root}: this process holds the dataset's lock shared and asks for it exclusive"
                 )
             held.count += 1
-    if held is not None:
-        try:
+    if held is None:
+        if root.startswith("file://"):
+            held = _acquire(root, folder, path, job=job, exclusive=exclusive)
+        else:
+            held = _acquire_s3(root, path, job=job)
+        if held is None:
             yield
-        finally:
-            with _HELD_LOCK:
-                held.count -= 1
-        return
-    fd = _acquire(root, folder, path, job=job, exclusive=exclusive)
-    if fd is None:
-        yield
-        return
-    with _HELD_LOCK:
-        _HELD[path] = held = _Held(fd=fd, exclusive=exclusive, count=1)
+            return
+        with _HELD_LOCK:
+            _HELD[path] = held
     try:
         yield
     finally:
@@ -140,26 +168,64 @@ def dataset_lock(root: str, *, job: str, exclusive: bool = True) -> Iterator[Non
             if last:
                 del _HELD[path]
         if last:
-            try:
-                if exclusive:
-                    os.ftruncate(fd, 0)
-            finally:
-                os.close(fd)  # releases the flock
+            held.release()
 
 
-def _acquire(root: str, folder: str, path: str, *, job: str, exclusive: bool) -> int | None:
-    """The descriptor of the locked file, or None where the filesystem cannot lock."""
-    os.makedirs(folder, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def holds(root: str) -> bool:
+    """Whether this process holds ``root``'s lock exclusively (False where it could not lock)."""
+    held = _HELD.get(_lock_path(storage.normalize(root)))
+    return held is not None and held.exclusive
+
+
+def confirm(root: str) -> None:
+    """Check, just before a commit, that this process still holds ``root``'s lock.
+
+    Raises:
+        DatasetBusyError: another job took the lock over (S3: this one was stalled past
+            :data:`S3_LOCK_EXPIRY`); commit nothing.
+    """
+    held = _HELD.get(_lock_path(storage.normalize(root)))
+    if held is not None:
+        held.confirm()
+
+
+def _lock_path(root: str) -> str:
+    return (
+        os.path.join(root[len("file://") :], LOCK_NAME)
+        if root.startswith("file://")
+        else f"{root}/{LOCK_NAME}"
+    )
+
+
+def _busy(root: str, holder: str, release: str) -> DatasetBusyError:
+    return DatasetBusyError(
+        f"{root} is busy: {holder}; wait for it to finish ({release}), or write to another dataset"
+    )
+
+
+def _acquire(root: str, folder: str, path: str, *, job: str, exclusive: bool) -> _Held | None:
+    """The local lock, held (None where the filesystem cannot lock, or cannot be written by a
+    job that only reads)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        if exclusive:
+            raise StorageError(
+                f"{root} cannot be written ({exc.strerror}: {exc.filename}): a {job} job writes the dataset; "
+                "write it where this user may write, or mount it read-write"
+            ) from None
+        fd = _open_read_only(root, path, exc)
+        if fd is None:
+            return None
     try:
         fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise DatasetBusyError(
-            f"{root} is busy: {holder}; wait for it to finish (a killed job releases the lock at once), "
-            "or write to another dataset"
-        ) from None
+        raise _busy(root, holder, "a killed job releases the lock at once") from None
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
@@ -175,4 +241,196 @@ def _acquire(root: str, folder: str, path: str, *, job: str, exclusive: bool) ->
     if exclusive:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(_describe(job)).encode(), 0)
-    return fd
+
+    def release() -> None:
+        try:
+            if exclusive:
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # releases the flock
+
+    return _Held(release=release, exclusive=exclusive, count=1)
+
+
+def _open_read_only(root: str, path: str, exc: OSError) -> int | None:
+    """A job that only reads a dataset it cannot write: the existing lock file opened for
+    reading (a shared ``flock`` needs no write access), or None (no lock file: go on unlocked)."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        log.warning(
+            "%s cannot be written (%s): reading it without the dataset's lock (a job writing it "
+            "meanwhile would not be seen)",
+            root,
+            exc.strerror,
+        )
+        return None
+
+
+# NOTE [ S3 lock refresh ]
+# _acquire_s3 starts one daemon thread per held S3 lock. It waits on `stop` (set by release)
+# for a quarter of the expiry, then rewrites the lock If-Match its last ETag, with its refresh
+# time in it (another ETag each time); the new ETag replaces `etag` (only that thread writes it,
+# under `guard`). A refresh the store refuses (the lock was taken over or deleted) sets `lost`
+# and ends the thread; confirm() raises on `lost`, and also asks the store itself (a refresh may
+# be due). release sets `stop`, joins the thread, then deletes the lock If-Match the last ETag
+# (never a lock another job has taken over); a store that fails then leaves it to expire.
+@dataclass(slots=True)
+class _S3Lock:
+    uri: str
+    root: str
+    held: dict[str, object]  #: what the lock says (its description and expiry)
+    etag: str
+    expiry: float
+    stop: threading.Event = field(default_factory=threading.Event)
+    lost: threading.Event = field(default_factory=threading.Event)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+    thread: threading.Thread = field(init=False)
+
+    def refresh_until_stopped(self) -> None:
+        while not self.stop.wait(self.expiry / 4):
+            with self.guard:
+                try:
+                    # each write another body, so another ETag: a taker's If-Match delete of
+                    # what it read as stale fails once this refresh is in
+                    self.held["refreshed"] = dt.datetime.now(dt.timezone.utc).isoformat(
+                        timespec="milliseconds"
+                    )
+                    body = json.dumps(self.held).encode()
+                    etag = storage.replace_if_unchanged(self.uri, body, self.etag)
+                except Exception as exc:  # the store is down: the next refresh tries again
+                    log.warning("cannot refresh the lock %s: %s", self.uri, exc)
+                    continue
+                if etag is None:
+                    log.error(
+                        "%s: another job took this job's lock over; this job will not commit", self.root
+                    )
+                    self.lost.set()
+                    return
+                self.etag = etag
+
+    def confirm(self) -> None:
+        if not self.lost.is_set():
+            with self.guard:
+                try:
+                    _, etag = storage.s3_get(self.uri)
+                except FileNotFoundError:
+                    etag = None
+                if etag == self.etag:
+                    return
+        raise DatasetBusyError(
+            f"{self.root}: another job took this job's lock over (this job was stalled for more than "
+            f"{self.expiry:g} s); nothing was committed: run it again when the other job is done"
+        )
+
+    def release(self) -> None:
+        self.stop.set()
+        thread = self.thread
+        thread.join()
+        if self.lost.is_set():
+            return
+        try:
+            storage.remove_if_unchanged(self.uri, self.etag)
+        except PlatformError as exc:  # the job's own outcome matters more: the lock expires
+            log.warning("cannot delete the lock %s (it expires in %g s): %s", self.uri, self.expiry, exc)
+
+
+def _acquire_s3(root: str, uri: str, *, job: str) -> _Held | None:
+    """The S3 lock, created (or taken over from a killed job), refreshed while held; None where
+    the store has no conditional writes."""
+    held: dict[str, object] = {**_describe(job), "expires_after_s": S3_LOCK_EXPIRY}
+    body = json.dumps(held).encode()
+    try:
+        etag = storage.create_if_absent(uri, body)
+        if etag is None:
+            etag = _take_over(root, uri, body)
+    except StorageError as exc:
+        if "conditional writes" not in str(exc):
+            raise
+        log.warning("%s: %s; two jobs writing this dataset at once would not be refused", root, exc)
+        return None
+    lock = _S3Lock(uri=uri, root=root, held=held, etag=etag, expiry=S3_LOCK_EXPIRY)
+    lock.thread = threading.Thread(target=lock.refresh_until_stopped, name=f"lock {uri}", daemon=True)
+    lock.thread.start()
+    return _Held(release=lock.release, exclusive=True, count=1, confirm=lock.confirm)
+
+
+def _take_over(root: str, uri: str, body: bytes) -> str:
+    """The lock's ETag after taking it over from a holder that stopped refreshing it (or that
+    released it since): raises DatasetBusyError while its holder keeps it."""
+    from botocore.exceptions import ClientError
+
+    bucket, _, key = storage.s3_path(uri).partition("/")
+    try:
+        resp = storage.s3_client().get_object(Bucket=bucket, Key=key)
+        held = resp["Body"].read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+            raise
+        etag = storage.create_if_absent(uri, body)  # released between our PUT and GET
+    else:
+        etag = None
+        age = _age(resp)
+        expiry = _expiry(held)
+        dead = _died_here(held)
+        if (dead or age > expiry) and storage.remove_if_unchanged(uri, str(resp["ETag"]).strip('"')):
+            log.warning(
+                "%s: taking over the lock of a job that %s: %s",
+                root,
+                "died on this host"
+                if dead
+                else f"stopped refreshing it {age:.0f} s ago (expiry {expiry:g} s)",
+                held.decode(errors="replace")[:300],
+            )
+            etag = storage.create_if_absent(uri, body)
+        if etag is None:
+            raise _busy(
+                root,
+                _holder_text(held),
+                f"a killed job's lock expires {expiry:g} s after its last refresh, {max(0.0, expiry - age):.0f} s from now",
+            )
+    if etag is None:
+        raise _busy(root, "another job took the lock just now", "a killed job's lock expires")
+    return etag
+
+
+def _age(resp: dict) -> float:
+    """Seconds since the object in the GET answer ``resp`` was written, by the store's clock."""
+    headers = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    try:
+        now = email.utils.parsedate_to_datetime(headers["date"])
+    except (KeyError, TypeError, ValueError):
+        now = dt.datetime.now(dt.timezone.utc)
+    then = resp["LastModified"]
+    return (_utc(now) - _utc(then)).total_seconds()
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t
+
+
+def _died_here(held: bytes) -> bool:
+    """Whether the lock's holder ran on this host and its process is gone (a job killed here,
+    run again here: no need to wait for the expiry). A reused pid only makes this wait."""
+    try:
+        owner = json.loads(held)
+        pid, host = int(owner["pid"]), owner["host"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    if host != socket.gethostname() or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def _expiry(held: bytes) -> float:
+    try:
+        value = float(json.loads(held).get("expires_after_s", S3_LOCK_EXPIRY))
+    except (ValueError, AttributeError, TypeError):
+        return S3_LOCK_EXPIRY
+    return value if value > 0 else S3_LOCK_EXPIRY

@@ -14,6 +14,7 @@ Nothing here logs or returns credentials.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ __all__ = [
     "RequestStats",
     "cat",
     "clear_s3_clients",
+    "create_if_absent",
     "exists",
     "filesystem",
     "is_local",
@@ -48,8 +50,10 @@ __all__ = [
     "read_json",
     "read_listed",
     "remove",
+    "remove_if_unchanged",
     "remove_temporaries",
     "replace",
+    "replace_if_unchanged",
     "s3_client",
     "s3_get",
     "s3_get_tail",
@@ -508,6 +512,83 @@ def write_bytes_atomic(uri: str, data: bytes, *, durable: bool = True) -> None:
 
 def write_json_atomic(uri: str, obj: Any) -> None:
     write_bytes_atomic(uri, (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
+
+
+def create_if_absent(uri: str, data: bytes) -> str | None:
+    """Create the object or file ``uri`` holding ``data`` unless something is there already, in
+    one step no other writer can come between: the new object's ETag (locally the MD5 of
+    ``data``, which is what S3 gives a single PUT) if this call created it, None if it was
+    there. On S3 a PUT with ``If-None-Match: *`` (the store answers 412 when the key exists);
+    locally ``O_CREAT | O_EXCL``.
+
+    Raises:
+        StorageError: the store refused the condition itself (an S3-compatible store without
+            conditional writes answers 501 NotImplemented), or the write failed.
+    """
+    uri = normalize(uri)
+    if uri.startswith("s3://"):
+        return _conditional_put(uri, data, IfNoneMatch="*")
+    path = filesystem(uri)[1]
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return None
+    except OSError as exc:
+        raise StorageError(f"cannot create {uri}: {exc.strerror or exc}") from exc
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def replace_if_unchanged(uri: str, data: bytes, etag: str) -> str | None:
+    """Write ``data`` over the S3 object ``uri`` only if its ETag is still ``etag`` (``If-Match``):
+    the new ETag, or None if the object changed or is gone since."""
+    return _conditional_put(normalize(uri), data, IfMatch=f'"{etag}"')
+
+
+def remove_if_unchanged(uri: str, etag: str) -> bool:
+    """Delete the S3 object ``uri`` only if its ETag is still ``etag`` (``If-Match``): whether it
+    was deleted (False: it changed or is gone)."""
+    from botocore.exceptions import ClientError
+
+    uri = normalize(uri)
+    bucket, _, key = s3_path(uri).partition("/")
+    try:
+        s3_client().delete_object(Bucket=bucket, Key=key, IfMatch=f'"{etag}"')
+    except ClientError as exc:
+        if _status(exc) in (404, 412):
+            return False
+        raise StorageError(f"cannot delete {uri}: {exc}") from exc
+    except Exception as exc:  # an endpoint that stays unreachable after botocore's retries
+        raise StorageError(f"cannot delete {uri}: {type(exc).__name__}: {exc}") from exc
+    return True
+
+
+def _conditional_put(uri: str, data: bytes, **condition: str) -> str | None:
+    """One PUT of ``data`` to the S3 object ``uri`` under ``condition`` (``IfNoneMatch`` or
+    ``IfMatch``): its ETag (unquoted), or None where the store answered that the condition does
+    not hold (412, or 409 for a concurrent conditional write, as S3 may answer)."""
+    from botocore.exceptions import ClientError
+
+    bucket, _, key = s3_path(uri).partition("/")
+    try:
+        resp = s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)
+    except ClientError as exc:
+        status = _status(exc)
+        if status in (409, 412) or (status == 404 and "IfMatch" in condition):
+            return None
+        what = "conditional writes (If-None-Match, If-Match)" if status in (400, 501) else "the write"
+        raise StorageError(f"cannot write {uri}: the store refused {what}: {exc}") from exc
+    except Exception as exc:  # an endpoint that stays unreachable after botocore's retries
+        raise StorageError(f"cannot write {uri}: {type(exc).__name__}: {exc}") from exc
+    return str(resp.get("ETag", "")).strip('"')
+
+
+def _status(exc: Any) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
 
 def remove(uri: str, *, recursive: bool = False) -> None:

@@ -308,7 +308,8 @@ def content_id(row: Mapping[str, Any]) -> str:
     """What identifies an object's content in the manifest: its ETag (S3's, or for a local file
     the MD5 of its bytes, which the listing computes as it sniffs), or where there is none (a
     local file listed with ``--no-sniff``) its size and modification time in microseconds: a
-    replaced file changes the manifest's fingerprint, hence the dataset version."""
+    replaced file changes the manifest's fingerprint, hence the dataset version, unless it has the
+    same size and kept the old modification time (``docs/jobs.md``, ``--no-sniff``)."""
     if row["etag"]:
         return row["etag"]
     modified = row["last_modified"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from jobs.shard_steps.dataset_info import BuiltChannel
 from jobs.shard_steps.preprocess import SegmentTask
 from jobs.shard_steps.staging import staged_shard, staging_root, versioned, work_uri
-from lakeshard import storage
+from lakeshard import locks, storage
 from lakeshard.errors import ShardError
 from lakeshard.format import (
     VERSION_MARKER,
@@ -107,4 +107,5 @@ def commit(root: str, staging: str, channels: list[BuiltChannel], info: DatasetI
         storage.remove(staging_root(root), recursive=True)
     else:  # the old dataset.json stays until the new one replaces it (one PUT)
         storage.write_json_atomic(storage.join(staging, VERSION_MARKER), info.to_json())
+    locks.confirm(root)  # a build whose lock was taken over commits nothing
     storage.write_json_atomic(dataset_json_uri(root), info.to_json())

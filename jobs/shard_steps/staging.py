@@ -18,14 +18,17 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import platform
+import tempfile
+import uuid
 from typing import Any
 
 import pyarrow as pa
 
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.preprocess import SegmentResult, SegmentTask, read_receipt
-from lakeshard import storage
+from lakeshard import locks, storage
 from lakeshard.format import (
     VERSION_MARKER,
     channel_dirname,
@@ -43,6 +46,7 @@ __all__ = [
     "image_code",
     "library_versions",
     "outcomes_uri",
+    "plan_only_folder",
     "preprocessing_code",
     "receipt_uri",
     "rejects_path",
@@ -67,6 +71,19 @@ def work_uri(staging: str, *parts: str) -> str:
 
 def staging_root(root: str) -> str:
     return storage.join(root, "_staging")
+
+
+def plan_only_folder(root: str) -> str:
+    """Where a ``--plan-only`` run writes its plan's files (removed at the end): a folder of its
+    own under the dataset's ``_staging/``, or, for a local dataset this process cannot write (a
+    read-only mount, another user's folder), a temporary folder on this machine (the plan only
+    reads the dataset; a cluster's workers must then share this machine's disk)."""
+    name = f"plan-only-{uuid.uuid4().hex[:12]}"
+    folder = storage.normalize(root)
+    if folder.startswith("file://") and not os.access(folder[len("file://") :], os.W_OK):
+        log.warning("%s cannot be written: the plan's files go to this machine's temporary folder", root)
+        return storage.join(tempfile.gettempdir(), name)
+    return storage.join(staging_root(root), name)
 
 
 def versioned(uri: str) -> bool:
@@ -132,14 +149,24 @@ def _version_folder(root: str, version: str, key: dict[str, Any], *, resume: boo
     """On S3: this build's version folder, ``shards/v=<version>-<hash>``. The hash is of the
     staging key and of the version ``dataset.json`` names now, so a rerun of a killed build
     finds its folder again, and a build of the same dataset version after a commit gets a new
-    folder (never one a reader may be reading). Every other incomplete folder is a leftover of a
-    killed build and is removed; complete versions stay (``python -m jobs.versions`` removes them)."""
+    folder (never one a reader may be reading). Holding the dataset's lock (:mod:`lakeshard.locks`),
+    no other build runs, so every other incomplete folder is a leftover of a killed build and is
+    removed; without it (a store with no conditional writes) another build may own one, and they
+    all stay. Complete versions stay (``python -m jobs.versions`` removes them)."""
     current = current_version(root)
     name = f"{version}-{_digest({**key, 'replaces': current})[:8]}"
-    keep = {version_dirname(v.name) for v in list_versions(root) if v.complete} - {version_dirname(name)}
-    if resume:
-        keep.add(version_dirname(name))
-    _remove_children(versions_uri(root), keep=keep)
+    complete = {version_dirname(v.name) for v in list_versions(root) if v.complete}
+    mine = version_dirname(name)
+    if locks.holds(root):
+        _remove_children(versions_uri(root), keep=complete - {mine} | ({mine} if resume else set()))
+    else:
+        log.warning(
+            "%s: not holding the dataset's lock, this build leaves other builds' incomplete version "
+            "folders (the next build that holds the lock removes them)",
+            root,
+        )
+        if not resume:
+            storage.remove(versions_uri(root, name), recursive=True)
     staging = versions_uri(root, name)
     storage.remove(storage.join(staging, VERSION_MARKER))  # writing into it: no longer a complete version
     return staging

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -185,6 +186,44 @@ def test_the_store_stops_every_process(nginx: str, lake: Path):
         pids = store.pids
         raise RuntimeError("boom")
     assert not any(map(alive, pids))
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_the_store_command_stopped_with_sigterm_leaves_no_nginx(nginx: str, lake: Path):
+    proc = subprocess.Popen(
+        [sys.executable, "benchmarks/remote_store.py", str(lake), "--latency-ms", "1"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().startswith("AWS_ENDPOINT_URL=")
+        assert proc.stdout.readline().startswith("serving ")
+        servers = _children(proc.pid)  # nginx's master and the shim, started by the command
+        assert len(servers) == 2 and all(map(alive, servers))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
+    assert not any(map(alive, servers))  # stop() waits for both before the command exits
 
 
 def test_a_store_runs_once_and_a_started_store_in_a_with_block_is_stopped(nginx: str, lake: Path):

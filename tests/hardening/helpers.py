@@ -38,6 +38,28 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
+def local_job(module: str, *args: str) -> list[str]:
+    """The command line of ``python -m <module> --engine local <args>`` (a job, as users run it)."""
+    return [sys.executable, "-m", module, "--engine", "local", *args]
+
+
+def run_local_job(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run :func:`local_job` to its end (with :func:`job_env`), its output captured."""
+    return subprocess.run(
+        local_job(module, *args), env=job_env(), capture_output=True, text=True, timeout=300
+    )
+
+
+def one_error_line(done: subprocess.CompletedProcess[str], prog: str) -> str:
+    """The one ``<prog>: error: ...`` line of a job that failed as the commands fail: exit 2,
+    no traceback."""
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"{prog}: error: "), done.stderr
+    return errors[0]
+
+
 def job_env(**extra: str) -> dict[str, str]:
     env = {
         **os.environ,

@@ -50,6 +50,42 @@ def test_no_sniff_local_files_replaced_in_place_give_another_dataset_version(tmp
     assert after != before
 
 
+def _stored_images(out: Path) -> dict[str, bytes]:
+    """Every stored image of the dataset at ``out``, by key."""
+    found = {}
+    for channel in ("train", "validation"):
+        for table in shard_tables(str(out), channel, 2):
+            found.update(zip(table["key"].to_pylist(), table["image"].to_pylist()))
+    return found
+
+
+def test_no_sniff_misses_a_same_size_replacement_with_its_mtime_kept_as_the_docs_say(
+    tmp_path: Path, local_engine
+):
+    """The limit of ``--no-sniff`` (size and modification time stand for the content): a file
+    replaced by one of the same size with its modification time kept (``cp -p``, ``rsync -a``)
+    gives the same version, with the new pixels; docs/jobs.md says so where it sells the option."""
+    lake, out = tmp_path / "raw", tmp_path / "ds"
+    paths = write_lake(lake, {"a": 8, "b": 8}, fmt="BMP", nested=False)
+    before = _build(lake, out, local_engine)
+    old_images = _stored_images(out)
+    stat = paths[0].stat()
+    paths[0].write_bytes(encode(make_image(9000), "BMP"))
+    os.utime(paths[0], ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert paths[0].stat().st_size == stat.st_size
+    assert _build(lake, out, local_engine, overwrite=True) == before
+    new_images = _stored_images(out)
+    assert {k for k in old_images if old_images[k] != new_images[k]} == {
+        paths[0].relative_to(lake).as_posix()
+    }
+    docs = " ".join((Path(__file__).resolve().parents[2] / "docs" / "jobs.md").read_text().split())
+    assert (
+        "A local file replaced by one of the same size with its modification time kept (`cp -p`, "
+        "`rsync -a`, `tar x`, `touch -r`;" in docs
+    )
+    assert "goes unseen: the same `dataset_version`, with the new pixels in its shards." in docs
+
+
 def test_no_sniff_version_is_stable_when_nothing_changed(tmp_path: Path, local_engine):
     lake = tmp_path / "raw"
     write_lake(lake, {"a": 6, "b": 6}, fmt="BMP", nested=False)
