@@ -220,6 +220,11 @@ class TrainConfig:
         help="serve each epoch's figures (images/s, data wait, requests, bytes, cost, straggler, shuffle) as "
         "Prometheus metrics on this port of rank 0's machine (0: any free port; needs prometheus-client)",
     )
+    metrics_host: str = opt(
+        "127.0.0.1",
+        help="with --metrics-port: the address the metrics are served on; 127.0.0.1 (this machine only) by "
+        "default; an interface's address, 0.0.0.0 or :: (every interface) lets another machine scrape them",
+    )
     tensorboard_dir: str | None = opt(
         None, help="also write each epoch's figures as TensorBoard scalars here (needs tensorboard)"
     )
@@ -296,6 +301,10 @@ class TrainConfig:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(
                 f"metrics_port must be in [0, 65535] (0: any free port), got {self.metrics_port!r}"
+            )
+        if not isinstance(self.metrics_host, str) or not self.metrics_host.strip():
+            raise ConfigError(
+                f"metrics_host must be an address such as 127.0.0.1, 0.0.0.0 or ::, got {self.metrics_host!r}"
             )
         if self.cost_budget is not None and not self.cost_budget > 0:
             raise ConfigError(

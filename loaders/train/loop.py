@@ -340,7 +340,9 @@ def _exporter(cfg: TrainConfig, world: World) -> Exporter | None:
         return None
     exporter, error = None, None
     try:
-        exporter = Exporter(port=cfg.metrics_port, tensorboard_dir=cfg.tensorboard_dir, rank=world.rank)
+        exporter = Exporter(
+            port=cfg.metrics_port, tensorboard_dir=cfg.tensorboard_dir, rank=world.rank, addr=cfg.metrics_host
+        )
     except PlatformError as exc:
         error = exc
     failed = any_rank(error is not None, world)
