@@ -205,7 +205,12 @@ class ShardLoader:
                 raise
         if opts.prep is not None:
             try:
-                self._prep = PrepCluster(opts.prep, timeout_s=opts.prep_timeout, fallback=opts.prep_fallback)
+                self._prep = PrepCluster(
+                    opts.prep,
+                    timeout_s=opts.prep_timeout,
+                    fallback=opts.prep_fallback,
+                    security=opts.prep_security,
+                )
             except BaseException:
                 _shutdown(self._pipeline, self.fetcher, self.cache, True)
                 raise

@@ -215,6 +215,13 @@ class TrainConfig:
     prep_timeout: float = opt(
         60.0, help="with --prep: seconds a batch may take on the cluster before it counts as gone"
     )
+    prep_tls_ca_file: str | None = opt(
+        None, help="with --prep tls://...: the CA (PEM) the preparation cluster's certificates are signed by"
+    )
+    prep_tls_cert: str | None = opt(
+        None, help="with --prep tls://...: this trainer's client certificate (PEM), signed by that CA"
+    )
+    prep_tls_key: str | None = opt(None, help="with --prep tls://...: the key (PEM) of --prep-tls-cert")
     metrics_port: int | None = opt(
         None,
         help="serve each epoch's figures (images/s, data wait, requests, bytes, cost, straggler, shuffle) as "
@@ -295,6 +302,13 @@ class TrainConfig:
         if self.prep is not None and "://" not in self.prep:
             raise ConfigError(
                 f"prep must be a dask scheduler address such as tcp://host:8786, got {self.prep!r}"
+            )
+        tls = {"ca_file": self.prep_tls_ca_file, "cert": self.prep_tls_cert, "key": self.prep_tls_key}
+        if any(tls.values()) and (not all(tls.values()) or not (self.prep or "").startswith("tls://")):
+            raise ConfigError(
+                "prep_tls_ca_file, prep_tls_cert and prep_tls_key go together, with a prep address "
+                f"tls://host:port; got prep={self.prep!r}, "
+                + ", ".join(f"prep_tls_{k}={v!r}" for k, v in tls.items())
             )
         if not self.prep_timeout > 0:
             raise ConfigError(f"prep_timeout must be a positive number of seconds, got {self.prep_timeout!r}")

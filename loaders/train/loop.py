@@ -177,6 +177,11 @@ def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
         prep=cfg.prep,
         prep_fallback=cfg.prep_fallback,
         prep_timeout=cfg.prep_timeout,
+        prep_security=(
+            {"ca_file": cfg.prep_tls_ca_file, "cert": cfg.prep_tls_cert, "key": cfg.prep_tls_key}
+            if cfg.prep_tls_cert
+            else None
+        ),
         **common,
     )
     eval_batch = cfg.eval_batch_size or plan.per_rank_batch
