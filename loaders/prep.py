@@ -301,42 +301,53 @@ class PrepCluster:
         self.address, self.timeout_s, self.fallback, self.retries = address, timeout_s, fallback, retries
         self.security = make_security(security)
         self._lock = threading.Lock()
-        self.client: Any = None
-        self._connect()
+        self._gone_lock = threading.Lock()
         self.gone: str | None = None  # why the cluster counts as gone (fallback: local from then on)
+        self.client: Any = self._new_client()  # a ConfigError here is the constructor's, not a fallback
         self.batches = 0  # made on the cluster
         self.local_batches = 0  # made locally after it went (fallback)
 
     def _connect(self) -> Any:
-        """The client, connected now if it is not (a closed loader's next epoch reconnects)."""
+        """The client, connected now if it is not (a closed loader's next epoch reconnects).
+
+        With ``fallback``, a failed connection marks the cluster gone before the lock is released,
+        so the decode threads waiting for it do not each try again for ``timeout_s``."""
         with self._lock:
             if self.client is not None:
                 return self.client
-            Client = _distributed().Client
-            if self.address.startswith("tls://") and self.security is None:
-                import dask.config
-
-                if not dask.config.get("distributed.comm.tls.ca-file", None):  # nor in dask's config
-                    raise ConfigError(
-                        f"prep={self.address!r} is a TLS address and no certificates were given: pass "
-                        "prep_security={'ca_file': ..., 'cert': ..., 'key': ...} (the trainer's "
-                        "--prep-tls-ca-file, --prep-tls-cert, --prep-tls-key)"
-                    )
+            if self.gone is not None:
+                raise ConfigError(f"the preparation cluster at {self.address} is gone ({self.gone})")
             try:
-                self.client = Client(
-                    self.address, timeout=self.timeout_s, set_as_default=False, security=self.security
-                )
-            except (OSError, TimeoutError) as exc:
-                if type(exc).__name__ == "FatalCommClosedError":  # distributed's: TLS refused, say
-                    raise ConfigError(
-                        f"prep={self.address!r}: the scheduler refused the connection: {exc} "
-                        "(prep_security: the CA, certificate and key the cluster trusts)"
-                    ) from None
-                raise ConfigError(
-                    f"prep={self.address!r}: cannot reach the preparation cluster's scheduler within "
-                    f"{self.timeout_s:g} s: {type(exc).__name__}: {exc}"
-                ) from None
+                self.client = self._new_client()
+            except ConfigError as exc:
+                if self.fallback:
+                    self._note_gone(exc)
+                raise
             return self.client
+
+    def _new_client(self) -> Any:
+        Client = _distributed().Client
+        if self.address.startswith("tls://") and self.security is None:
+            import dask.config
+
+            if not dask.config.get("distributed.comm.tls.ca-file", None):  # nor in dask's config
+                raise ConfigError(
+                    f"prep={self.address!r} is a TLS address and no certificates were given: pass "
+                    "prep_security={'ca_file': ..., 'cert': ..., 'key': ...} (the trainer's "
+                    "--prep-tls-ca-file, --prep-tls-cert, --prep-tls-key)"
+                )
+        try:
+            return Client(self.address, timeout=self.timeout_s, set_as_default=False, security=self.security)
+        except (OSError, TimeoutError) as exc:
+            if type(exc).__name__ == "FatalCommClosedError":  # distributed's: TLS refused, say
+                raise ConfigError(
+                    f"prep={self.address!r}: the scheduler refused the connection: {exc} "
+                    "(prep_security: the CA, certificate and key the cluster trusts)"
+                ) from None
+            raise ConfigError(
+                f"prep={self.address!r}: cannot reach the preparation cluster's scheduler within "
+                f"{self.timeout_s:g} s: {type(exc).__name__}: {exc}"
+            ) from None
 
     def decode(self, task: BatchTask, stop: threading.Event, spec: DecodeSpec, recipe: Recipe) -> Any:
         """Task ``task`` made into its batch on the cluster (what :func:`decode_batch` would
@@ -345,10 +356,10 @@ class PrepCluster:
             return self._local(task, stop, spec)
         try:
             client = self._connect()  # after close(), again: the cluster may have gone meanwhile
-        except ConfigError as exc:
+        except ConfigError:
             if not self.fallback:
                 raise
-            return self._gone(exc, task, stop, spec)
+            return self._local(task, stop, spec)  # gone: _connect said so
         future = client.submit(
             prepare_batch,
             recipe,
@@ -387,15 +398,24 @@ class PrepCluster:
         return pinned(batch) if spec.pin_memory else batch
 
     def _gone(self, exc: BaseException, task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
+        if not self.fallback:
+            raise LoaderError(
+                f"{self._stopped(exc)}; pass prep_fallback=True to decode on this node instead"
+            ) from exc
+        self._note_gone(exc)
+        return self._local(task, stop, spec)
+
+    def _stopped(self, exc: BaseException) -> str:
         said = " ".join(str(exc).split())  # one line: distributed's messages have several
         why = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
-        message = f"the preparation cluster at {self.address} stopped making batches ({why})"
-        if not self.fallback:
-            raise LoaderError(f"{message}; pass prep_fallback=True to decode on this node instead") from exc
-        if self.gone is None:
-            self.gone = why
-            log.warning("%s: decoding on this node from now on (prep_fallback=True)", message)
-        return self._local(task, stop, spec)
+        return f"the preparation cluster at {self.address} stopped making batches ({why})"
+
+    def _note_gone(self, exc: BaseException) -> None:
+        """The cluster is gone from now on (fallback): one WARNING, whichever thread saw it first."""
+        with self._gone_lock:
+            if self.gone is None:
+                self.gone = self._stopped(exc)
+                log.warning("%s: decoding on this node from now on (prep_fallback=True)", self.gone)
 
     def _local(self, task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
         self.local_batches += 1

@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.helpers.procs import wait_for
 
-__all__ = ["DaskProcs", "TlsFiles", "dask_procs", "make_tls_files"]
+__all__ = ["DaskProcs", "TlsFiles", "dask_procs", "make_tls_files", "warm"]
 
 DASK = str(Path(sys.executable).parent / "dask")
 
@@ -163,7 +163,7 @@ def dask_procs(
             120,
             logs,
         )
-        _warm(cluster.address, tls)
+        warm(cluster.address, tls)
         yield cluster
     finally:
         for proc in reversed([scheduler, *cluster.workers]):
@@ -182,7 +182,7 @@ def _client(address: str, tls: TlsFiles | None) -> Any:
     return Client(address, timeout=60, security=security, set_as_default=False)
 
 
-def _warm(address: str, tls: TlsFiles | None) -> None:
+def warm(address: str, tls: TlsFiles | None = None) -> None:
     """Each worker imports the loader's decode path now (torch: seconds on a busy machine), so
     that a test's first batch is not timed against it."""
     with _client(address, tls) as client:

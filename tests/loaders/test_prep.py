@@ -23,7 +23,7 @@ from loader_builders import write_dataset
 
 from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
-from tests.helpers.dask_procs import DaskProcs, dask_procs, make_tls_files
+from tests.helpers.dask_procs import DaskProcs, dask_procs, make_tls_files, warm
 
 pytestmark = pytest.mark.slow  # every test starts a Dask cluster of worker processes
 
@@ -40,13 +40,15 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _cluster(workers: int = 2):
     from distributed import LocalCluster
 
-    return LocalCluster(
+    cluster = LocalCluster(
         n_workers=workers,
         threads_per_worker=1,
         processes=True,
         host="127.0.0.1",
         dashboard_address="127.0.0.1:0",
     )
+    warm(cluster.scheduler_address)  # a first batch is not timed against the workers' imports
+    return cluster
 
 
 @pytest.fixture(scope="module")
