@@ -265,8 +265,11 @@ def test_a_cluster_gone_leaves_no_distributed_traceback_in_the_log(data, tmp_pat
         )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["batches", "12"]
-    lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "stopped making batches" in lines[0], run.stderr[-3000:]
+    # (other lines may come: distributed's own notes on a busy machine, GC time, say)
+    assert "Traceback" not in run.stderr and "- ERROR -" not in run.stderr, run.stderr[-3000:]
+    assert "distributed.client" not in run.stderr, run.stderr[-3000:]
+    warned = [line for line in run.stderr.splitlines() if "stopped making batches" in line]
+    assert len(warned) == 1 and warned[0].endswith("decoding on this node from now on (prep_fallback=True)")
 
 
 def test_tls_with_certificates_and_a_client_without_them_refused(data, tmp_path):
