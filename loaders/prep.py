@@ -157,7 +157,11 @@ def code_identity(transform: str | None) -> str:
         digest.update(Path(file).read_bytes() if file and os.path.isfile(file) else b"?")
     present = (_decode_module._jpeg is not None, _decode_module.has_simplejpeg(), pillow)
     digest.update(repr(present).encode())
-    return f"lakeshard {importlib.metadata.version('lakeshard')} code {digest.hexdigest()[:16]}"
+    try:
+        version = importlib.metadata.version("lakeshard")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree: the hash still tells
+        version = "(not installed)"
+    return f"lakeshard {version} code {digest.hexdigest()[:16]}"
 
 
 def prepare_batch(recipe: Recipe, task: BatchTask, code: str) -> bytes:
