@@ -202,7 +202,9 @@ class MixedLoader:
         name = f"lakeshard-r{opts.rank}"
         self._pipeline = Pipeline(num_threads=opts.num_threads, prefetch=opts.prefetch, name=name)
         if opts.prep is not None:
-            self._prep = PrepCluster(opts.prep, timeout_s=opts.prep_timeout, fallback=opts.prep_fallback)
+            self._prep = PrepCluster(
+                opts.prep, timeout_s=opts.prep_timeout, fallback=opts.prep_fallback, security=opts.prep_security
+            )
         transform, reference = resolve_transform(opts)
         self._mix = []
         for i, (src, lut, weight) in enumerate(zip(self._opened, luts, self.weights, strict=True)):

@@ -13,7 +13,7 @@ from lakeshard.format import CHANNELS
 from lakeshard.settings import check_positive, parse_size
 from loaders.decode import NO_DECODER, get_decoder
 from loaders.plan import RANK_REMAINDER_POLICIES
-from loaders.prep import resolve_reference
+from loaders.prep import make_security, resolve_reference
 from loaders.stats import BUDGET_ACTIONS, PriceTable
 from loaders.transforms import check_mean_std
 
@@ -115,6 +115,10 @@ class LoaderOptions:
             the cluster counts as gone: :class:`LoaderError`, or with ``prep_fallback`` the loader
             decodes on its own threads from then on.
         prep_fallback: decode locally when the preparation cluster is gone, instead of failing.
+        prep_security: TLS to the preparation cluster (``prep="tls://host:8786"``): a
+            ``distributed.security.Security``, or ``{"ca_file": ..., "cert": ..., "key": ...}``
+            (PEM files: the CA the cluster's certificates are signed by, this client's certificate
+            and key). The cluster is trusted as this process's own code (docs/clusters.md).
         prices: a :class:`~loaders.stats.PriceTable` to price each epoch's requests and bytes
             (``epoch_stats().cost_usd``); default: S3 Standard GETs, transfer out of the region.
         cost_budget: US dollars an epoch's reads (on this rank) may cost; when an epoch's
@@ -147,6 +151,7 @@ class LoaderOptions:
     prep: str | None = None
     prep_timeout: float = 60.0
     prep_fallback: bool = False
+    prep_security: Any = None  # a distributed.security.Security or the paths of its files
     prices: PriceTable | None = None
     cost_budget: float | None = None
     on_budget: str = "warn"
@@ -217,6 +222,12 @@ class LoaderOptions:
         timeout = self.prep_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ConfigError(f"prep_timeout must be a positive number of seconds, got {timeout!r}")
+        if self.prep_security is not None:
+            if not isinstance(self.prep, str) or not self.prep.startswith("tls://"):
+                raise ConfigError(
+                    f"prep_security is TLS to a preparation cluster: it needs prep='tls://host:port', got prep={self.prep!r}"
+                )
+            make_security(self.prep_security)
         if self.prep is not None and self.decoder == NO_DECODER:
             raise ConfigError(f"prep= decodes on a cluster; decoder={NO_DECODER!r} decodes nothing: pick one")
         if self.prices is None:

@@ -15,6 +15,16 @@ the task again elsewhere (a pure function of its inputs, so the batch is the sam
 transform travels by reference (``pkg.module:name``, imported on the worker), never pickled;
 credentials never travel (the workers read nothing: the bytes come with the task).
 
+Each task carries the loader's :func:`code_identity` (the package version and a hash of the decode
+path, the decoders present and the transform's module); a worker whose own differs, or that cannot
+import the transform, answers with a refusal instead of a batch and the loader raises
+:class:`ConfigError` naming the worker and both identities, whatever ``prep_fallback`` says.
+
+Trust: the reply is unpickled in the training process (by ``distributed`` and here), so a worker
+and the scheduler can run code there: the cluster is as trusted as the training node's own code.
+``prep_security`` (dask's ``Security``, or the paths of a CA, a certificate and its key) makes
+the connection TLS with certificates.
+
 Decision and reasons: docs/design/0032-preparation-cluster.md.
 """
 
@@ -22,22 +32,37 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib
+import importlib.metadata
 import logging
+import os
 import pickle
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lakeshard.errors import ConfigError, LoaderError
+from loaders import batch as _batch_module
+from loaders import decode as _decode_module
+from loaders import transforms as _transforms_module
 from loaders.batch import BatchTask, DecodeSpec, decode_batch, pinned
 from loaders.decode import get_batch_decoder, get_decoder
 from loaders.transforms import default_transform
 
-__all__ = ["PrepCluster", "Recipe", "prepare_batch", "resolve_reference", "transform_reference"]
+__all__ = [
+    "PrepCluster",
+    "Recipe",
+    "code_identity",
+    "make_security",
+    "prepare_batch",
+    "resolve_reference",
+    "transform_reference",
+]
 
 log = logging.getLogger(__name__)
 
@@ -108,18 +133,74 @@ class Recipe:
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None
 
 
-def prepare_batch(recipe: Recipe, task: BatchTask) -> bytes:
+@functools.lru_cache(maxsize=16)
+def code_identity(transform: str | None) -> str:
+    """What must match between the loader and a worker for a batch to have the loader's pixels:
+    ``"lakeshard <version> code <hash>"``, the hash over the sources of the decode path
+    (:mod:`loaders.batch`, :mod:`loaders.decode`, :mod:`loaders.transforms`, this module), the
+    decoders present (``loaders._jpeg``, simplejpeg, Pillow's version) and the source of
+    ``transform``'s module (``pkg.module:name``, imported).
+
+    Raises:
+        ConfigError: ``transform`` cannot be imported here.
+    """
+    from PIL import __version__ as pillow
+
+    digest = hashlib.sha256()
+    modules = [_batch_module, _decode_module, _transforms_module, importlib.import_module(__name__)]
+    if transform is not None:
+        resolve_reference(transform)
+        modules.append(importlib.import_module(transform.partition(":")[0]))
+    for module in modules:
+        digest.update(module.__name__.encode() + b"\0")
+        file = getattr(module, "__file__", None)
+        digest.update(Path(file).read_bytes() if file and os.path.isfile(file) else b"?")
+    present = (_decode_module._jpeg is not None, _decode_module.has_simplejpeg(), pillow)
+    digest.update(repr(present).encode())
+    try:
+        version = importlib.metadata.version("lakeshard")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree: the hash still tells
+        version = "(not installed)"
+    return f"lakeshard {version} code {digest.hexdigest()[:16]}"
+
+
+def prepare_batch(recipe: Recipe, task: BatchTask, code: str) -> bytes:
     """On a worker: the batch the loader would make of ``task``, and the rows it skipped,
     pickled here: Python's pickle keeps a tensor's strides (the loader's ``channels_last``
     images), where dask's own serializer of tensors makes them contiguous, and a model then
-    computes in another order (other floats)."""
-    spec = _spec(recipe)
+    computes in another order (other floats).
+
+    A worker that cannot make the loader's batch answers with a refusal, a ``str``, instead of
+    raising (the scheduler would run a failed task again, and the loader would read a
+    configuration error as a cluster gone): ``code`` (the loader's :func:`code_identity`) is not
+    its own, or the transform does not import here."""
+    try:
+        spec, here = _spec(recipe), code_identity(recipe.transform)
+    except ConfigError as exc:
+        return pickle.dumps(
+            f"{_worker()}: {exc}; install it on the workers (their PYTHONPATH) as on the loader's node"
+        )
+    if here != code:
+        return pickle.dumps(
+            f"{_worker()} runs other code than the loader: the worker has {here}, the loader {code}; "
+            "install the same lakeshard (and transform module) on the workers as on the loader's node"
+        )
     skipped: list[Any] = []
     batch = decode_batch(task, _NEVER, _with_skipped(spec, skipped))
     return pickle.dumps((batch, skipped), protocol=5)
 
 
 _NEVER = threading.Event()  # a worker's task is never stopped halfway: the future is cancelled instead
+
+
+def _worker() -> str:
+    """This dask worker, as the loader's messages name it."""
+    try:
+        from distributed import get_worker
+
+        return f"prep worker {get_worker().address}"
+    except (ImportError, ValueError):  # not in a worker: called directly
+        return f"prep worker (pid {os.getpid()})"
 
 
 @functools.lru_cache(maxsize=64)
@@ -147,6 +228,60 @@ def _with_skipped(spec: DecodeSpec, skipped: list[Any]) -> DecodeSpec:
     return dataclasses.replace(spec, skipped=skipped)
 
 
+def make_security(value: Any) -> Any:
+    """The ``distributed.security.Security`` of ``prep_security=``: the one given, or one made of
+    ``{"ca_file": ..., "cert": ..., "key": ...}`` (PEM files: the CA the cluster's certificates
+    are signed by, and this client's certificate and key; TLS required); ``None``: none.
+
+    Raises:
+        ConfigError: anything else, a file that is not there, or ``distributed`` not installed.
+    """
+    if value is None:
+        return None
+    Security = _distributed().security.Security
+    if isinstance(value, Security):
+        return value
+    keys = ("ca_file", "cert", "key")
+    if not isinstance(value, Mapping) or sorted(value) != sorted(keys):
+        raise ConfigError(
+            "prep_security must be a distributed.security.Security or a mapping of 'ca_file', 'cert' "
+            f"and 'key' to PEM files, got {value!r}"
+        )
+    for key in keys:
+        if not isinstance(value[key], str | os.PathLike) or not os.path.isfile(value[key]):
+            raise ConfigError(
+                f"prep_security[{key!r}]: no such file {value[key]!r}; give the path of a PEM file"
+            )
+    return Security(
+        tls_ca_file=str(value["ca_file"]),
+        tls_client_cert=str(value["cert"]),
+        tls_client_key=str(value["key"]),
+        require_encryption=True,
+    )
+
+
+def _distributed() -> Any:
+    try:
+        import distributed
+        import distributed.security
+    except ImportError:
+        raise ConfigError(
+            "prep= needs dask.distributed: pip install 'dask[distributed]' (the lakeshard[dask] extra)"
+        ) from None
+    return distributed
+
+
+class _Quiet(logging.Filter):
+    """Drops every record: set on ``distributed``'s loggers while the loader closes a client whose
+    cluster went away (its reconnect task, cancelled, logs tracebacks of a run that worked)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+_QUIET_LOGGERS = ("distributed.client", "distributed.utils", "distributed.core")
+
+
 class PrepCluster:
     """The loader's connection to a preparation cluster (a ``distributed.Client`` of its own).
 
@@ -158,49 +293,82 @@ class PrepCluster:
         fallback: decode locally when the cluster is gone, instead of failing.
         retries: times a batch whose task failed on a worker is run again (a worker that dies
             while it holds a task is not a failure: the scheduler runs it elsewhere).
+        security: ``prep_security`` (see :func:`make_security`): TLS with certificates.
 
     Raises:
         ConfigError: ``distributed`` is not installed, or the scheduler cannot be reached.
     """
 
-    def __init__(self, address: str, *, timeout_s: float, fallback: bool, retries: int = 2) -> None:
+    def __init__(
+        self, address: str, *, timeout_s: float, fallback: bool, retries: int = 2, security: Any = None
+    ) -> None:
         self.address, self.timeout_s, self.fallback, self.retries = address, timeout_s, fallback, retries
+        self.security = make_security(security)
         self._lock = threading.Lock()
-        self.client: Any = None
-        self._connect()
+        self._gone_lock = threading.Lock()
         self.gone: str | None = None  # why the cluster counts as gone (fallback: local from then on)
+        self.client: Any = self._new_client()  # a ConfigError here is the constructor's, not a fallback
         self.batches = 0  # made on the cluster
         self.local_batches = 0  # made locally after it went (fallback)
 
     def _connect(self) -> Any:
-        """The client, connected now if it is not (a closed loader's next epoch reconnects)."""
+        """The client, connected now if it is not (a closed loader's next epoch reconnects).
+
+        With ``fallback``, a failed connection marks the cluster gone before the lock is released,
+        so the decode threads waiting for it do not each try again for ``timeout_s``."""
         with self._lock:
             if self.client is not None:
                 return self.client
+            if self.gone is not None:
+                raise ConfigError(f"the preparation cluster at {self.address} is gone ({self.gone})")
             try:
-                from distributed import Client
-            except ImportError:
-                raise ConfigError(
-                    "prep= needs dask.distributed: pip install 'dask[distributed]' (the lakeshard[dask] extra)"
-                ) from None
-            try:
-                self.client = Client(self.address, timeout=self.timeout_s, set_as_default=False)
-            except (OSError, TimeoutError) as exc:
-                raise ConfigError(
-                    f"prep={self.address!r}: cannot reach the preparation cluster's scheduler within "
-                    f"{self.timeout_s:g} s: {type(exc).__name__}: {exc}"
-                ) from None
+                self.client = self._new_client()
+            except ConfigError as exc:
+                if self.fallback:
+                    self._note_gone(exc)
+                raise
             return self.client
+
+    def _new_client(self) -> Any:
+        Client = _distributed().Client
+        if self.address.startswith("tls://") and self.security is None:
+            import dask.config
+
+            if not dask.config.get("distributed.comm.tls.ca-file", None):  # nor in dask's config
+                raise ConfigError(
+                    f"prep={self.address!r} is a TLS address and no certificates were given: pass "
+                    "prep_security={'ca_file': ..., 'cert': ..., 'key': ...} (the trainer's "
+                    "--prep-tls-ca-file, --prep-tls-cert, --prep-tls-key)"
+                )
+        try:
+            return Client(self.address, timeout=self.timeout_s, set_as_default=False, security=self.security)
+        except (OSError, TimeoutError) as exc:
+            if type(exc).__name__ == "FatalCommClosedError":  # distributed's: TLS refused, say
+                raise ConfigError(
+                    f"prep={self.address!r}: the scheduler refused the connection: {exc} "
+                    "(prep_security: the CA, certificate and key the cluster trusts)"
+                ) from None
+            raise ConfigError(
+                f"prep={self.address!r}: cannot reach the preparation cluster's scheduler within "
+                f"{self.timeout_s:g} s: {type(exc).__name__}: {exc}"
+            ) from None
 
     def decode(self, task: BatchTask, stop: threading.Event, spec: DecodeSpec, recipe: Recipe) -> Any:
         """Task ``task`` made into its batch on the cluster (what :func:`decode_batch` would
         return); ``None`` if ``stop`` was set meanwhile."""
         if self.gone is not None:
             return self._local(task, stop, spec)
-        future = self._connect().submit(
+        try:
+            client = self._connect()  # after close(), again: the cluster may have gone meanwhile
+        except ConfigError:
+            if not self.fallback:
+                raise
+            return self._local(task, stop, spec)  # gone: _connect said so
+        future = client.submit(
             prepare_batch,
             recipe,
             task,
+            code_identity(recipe.transform),
             key=f"lakeshard-batch-{uuid.uuid4().hex}",
             retries=self.retries,
             pure=False,
@@ -218,12 +386,15 @@ class PrepCluster:
                     return None
                 if time.monotonic() - began > self.timeout_s:
                     raise TimeoutError(f"no batch back after {self.timeout_s:g} s")
-            batch, skipped = pickle.loads(future.result())
+            reply = pickle.loads(future.result())
         except Exception as exc:
             future.cancel()
             if isinstance(exc, LoaderError):  # a bad row or a failed transform, on the worker
                 raise
             return self._gone(exc, task, stop, spec)
+        if isinstance(reply, str):  # a worker's refusal (see prepare_batch): a configuration error
+            raise ConfigError(reply)
+        batch, skipped = reply
         spec.skipped.extend(skipped)
         self.batches += 1
         if spec.tally is not None:
@@ -231,14 +402,24 @@ class PrepCluster:
         return pinned(batch) if spec.pin_memory else batch
 
     def _gone(self, exc: BaseException, task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
-        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        message = f"the preparation cluster at {self.address} stopped making batches ({why})"
         if not self.fallback:
-            raise LoaderError(f"{message}; pass prep_fallback=True to decode on this node instead") from exc
-        if self.gone is None:
-            self.gone = why
-            log.warning("%s: decoding on this node from now on (prep_fallback=True)", message)
+            raise LoaderError(
+                f"{self._stopped(exc)}; pass prep_fallback=True to decode on this node instead"
+            ) from exc
+        self._note_gone(exc)
         return self._local(task, stop, spec)
+
+    def _stopped(self, exc: BaseException) -> str:
+        said = " ".join(str(exc).split())  # one line: distributed's messages have several
+        why = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+        return f"the preparation cluster at {self.address} stopped making batches ({why})"
+
+    def _note_gone(self, exc: BaseException) -> None:
+        """The cluster is gone from now on (fallback): one WARNING, whichever thread saw it first."""
+        with self._gone_lock:
+            if self.gone is None:
+                self.gone = self._stopped(exc)
+                log.warning("%s: decoding on this node from now on (prep_fallback=True)", self.gone)
 
     def _local(self, task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
         self.local_batches += 1
@@ -250,7 +431,16 @@ class PrepCluster:
             client, self.client = self.client, None
         if client is None:
             return
+        # Quiet while closing: a client whose scheduler went away logs the tracebacks of its
+        # reconnect task as that is cancelled; the loader has said what happened (a WARNING or an
+        # error). Records of other clients in this process logged meanwhile are dropped too.
+        quiet, loggers = _Quiet(), [logging.getLogger(name) for name in _QUIET_LOGGERS]
+        for logger in loggers:
+            logger.addFilter(quiet)
         try:
             client.close(timeout=5)
         except Exception as exc:  # a cluster already gone: nothing to close
             log.debug("closing the preparation cluster's client: %s", exc)
+        finally:
+            for logger in loggers:
+                logger.removeFilter(quiet)

@@ -181,7 +181,12 @@ class ShardLoader:
                 if opts.cache_dir is not None:
                     source.open_cache(opts.cache_dir, limit=opts.cache_limit)
             if opts.prep is not None:
-                self._prep = PrepCluster(opts.prep, timeout_s=opts.prep_timeout, fallback=opts.prep_fallback)
+                self._prep = PrepCluster(
+                    opts.prep,
+                    timeout_s=opts.prep_timeout,
+                    fallback=opts.prep_fallback,
+                    security=opts.prep_security,
+                )
         except BaseException:
             _shutdown(self._pipeline, source, True)
             raise

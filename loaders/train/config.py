@@ -233,10 +233,22 @@ class TrainConfig:
     prep_timeout: float = opt(
         60.0, help="with --prep: seconds a batch may take on the cluster before it counts as gone"
     )
+    prep_tls_ca_file: str | None = opt(
+        None, help="with --prep tls://...: the CA (PEM) the preparation cluster's certificates are signed by"
+    )
+    prep_tls_cert: str | None = opt(
+        None, help="with --prep tls://...: this trainer's client certificate (PEM), signed by that CA"
+    )
+    prep_tls_key: str | None = opt(None, help="with --prep tls://...: the key (PEM) of --prep-tls-cert")
     metrics_port: int | None = opt(
         None,
         help="serve each epoch's figures (images/s, data wait, requests, bytes, cost, straggler, shuffle) as "
         "Prometheus metrics on this port of rank 0's machine (0: any free port; needs prometheus-client)",
+    )
+    metrics_host: str = opt(
+        "127.0.0.1",
+        help="with --metrics-port: the address the metrics are served on; 127.0.0.1 (this machine only) by "
+        "default; an interface's address, 0.0.0.0 or :: (every interface) lets another machine scrape them",
     )
     tensorboard_dir: str | None = opt(
         None,
@@ -317,11 +329,22 @@ class TrainConfig:
             raise ConfigError(
                 f"prep must be a dask scheduler address such as tcp://host:8786, got {self.prep!r}"
             )
+        tls = {"ca_file": self.prep_tls_ca_file, "cert": self.prep_tls_cert, "key": self.prep_tls_key}
+        if any(tls.values()) and (not all(tls.values()) or not (self.prep or "").startswith("tls://")):
+            raise ConfigError(
+                "prep_tls_ca_file, prep_tls_cert and prep_tls_key go together, with a prep address "
+                f"tls://host:port; got prep={self.prep!r}, "
+                + ", ".join(f"prep_tls_{k}={v!r}" for k, v in tls.items())
+            )
         if not self.prep_timeout > 0:
             raise ConfigError(f"prep_timeout must be a positive number of seconds, got {self.prep_timeout!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(
                 f"metrics_port must be in [0, 65535] (0: any free port), got {self.metrics_port!r}"
+            )
+        if not isinstance(self.metrics_host, str) or not self.metrics_host.strip():
+            raise ConfigError(
+                f"metrics_host must be an address such as 127.0.0.1, 0.0.0.0 or ::, got {self.metrics_host!r}"
             )
         if self.cost_budget is not None and not self.cost_budget > 0:
             raise ConfigError(

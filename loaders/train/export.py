@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import socket
 from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -147,8 +148,9 @@ class Exporter:
             :attr:`port`). None: no Prometheus endpoint.
         tensorboard_dir: write TensorBoard scalars there (``torch.utils.tensorboard``). None: none.
         rank: this process's rank.
-        addr: the address to bind. ``"0.0.0.0"`` (every interface) by default, as a training
-            node's metrics are scraped from another machine; ``"127.0.0.1"`` keeps them local.
+        addr: the address to bind: ``"127.0.0.1"`` (this machine only) by default; an interface's
+            address, ``"0.0.0.0"`` (every IPv4 interface) or an IPv6 address (``"::"``, ``"[::1]"``)
+            lets another machine scrape them.
 
     Raises:
         ConfigError: a bad port, a port that cannot be bound (in use, say), a TensorBoard folder
@@ -161,7 +163,7 @@ class Exporter:
         port: int | None = None,
         tensorboard_dir: str | None = None,
         rank: int = 0,
-        addr: str = "0.0.0.0",
+        addr: str = "127.0.0.1",
     ) -> None:
         if port is not None and (
             isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
@@ -232,7 +234,13 @@ class Exporter:
             registry=registry,
         )
         try:
-            self._server, self._thread = start_http_server(port, addr=addr, registry=registry)
+            host = addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr  # [::1]: IPv6
+            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        except socket.gaierror as e:
+            raise ConfigError(
+                f"metrics host {addr!r} is not an address of this machine: {e.strerror or e}; "
+                "pass an interface's address, 0.0.0.0 or :: (every interface) or 127.0.0.1"
+            ) from e
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise ConfigError(
@@ -240,7 +248,8 @@ class Exporter:
                 ) from e
             raise ConfigError(f"cannot serve metrics on {addr} port {port}: {e.strerror or e}") from e
         self.port = self._server.server_port
-        log.info("serving Prometheus metrics on http://%s:%d/metrics", addr, self.port)
+        shown = f"[{host}]" if ":" in host else host
+        log.info("serving Prometheus metrics on http://%s:%d/metrics", shown, self.port)
 
     def epoch(self, figures: EpochFigures) -> None:
         """Exports one epoch's figures: sets the gauges, adds to the counters, writes the

@@ -177,6 +177,11 @@ def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
         prep=cfg.prep,
         prep_fallback=cfg.prep_fallback,
         prep_timeout=cfg.prep_timeout,
+        prep_security=(
+            {"ca_file": cfg.prep_tls_ca_file, "cert": cfg.prep_tls_cert, "key": cfg.prep_tls_key}
+            if cfg.prep_tls_cert
+            else None
+        ),
         **common,
     )
     eval_batch = cfg.eval_batch_size or plan.per_rank_batch
@@ -343,7 +348,9 @@ def _exporter(cfg: TrainConfig, world: World) -> Exporter | None:
         return None
     exporter, error = None, None
     try:
-        exporter = Exporter(port=cfg.metrics_port, tensorboard_dir=cfg.tensorboard_dir, rank=world.rank)
+        exporter = Exporter(
+            port=cfg.metrics_port, tensorboard_dir=cfg.tensorboard_dir, rank=world.rank, addr=cfg.metrics_host
+        )
     except PlatformError as exc:
         error = exc
     failed = any_rank(error is not None, world)

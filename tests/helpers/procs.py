@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import subprocess
@@ -10,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["free_port", "run_json_tool", "wait_for"]
+__all__ = ["free_port", "listening_addresses", "run_json_tool", "wait_for"]
 
 
 def free_port() -> int:
@@ -18,6 +19,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The addresses this machine's TCP sockets listen on at ``port`` (``"127.0.0.1"``,
+    ``"0.0.0.0"``, ``"::1"``, ``"::"``), read from the kernel's tables (``/proc/net/tcp``, ``tcp6``)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            host, _, hexport = local.partition(":")
+            if state != "0A" or int(hexport, 16) != port:  # 0A: LISTEN
+                continue
+            raw = b"".join(bytes.fromhex(host[i : i + 8])[::-1] for i in range(0, len(host), 8))
+            found.add(str(ipaddress.ip_address(raw)))
+    return found
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float, logs: Sequence[Path] = ()) -> Any:

@@ -5,8 +5,14 @@ worker killed mid-epoch costs no batch; a cluster that goes away is an error nam
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +23,7 @@ from loader_builders import write_dataset
 
 from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
+from tests.helpers.dask_procs import DaskProcs, dask_procs, make_tls_files, warm
 
 pytestmark = pytest.mark.slow  # every test starts a Dask cluster of worker processes
 
@@ -33,13 +40,15 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _cluster(workers: int = 2):
     from distributed import LocalCluster
 
-    return LocalCluster(
+    cluster = LocalCluster(
         n_workers=workers,
         threads_per_worker=1,
         processes=True,
         host="127.0.0.1",
         dashboard_address="127.0.0.1:0",
     )
+    warm(cluster.scheduler_address)  # a first batch is not timed against the workers' imports
+    return cluster
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +165,187 @@ def test_the_trainer_with_prep_trains_as_without(data, cluster, tmp_path):
 
     losses = [[e["loss"] for e in json.loads(m)["epochs"]] for m in (here, there)]
     assert losses[0] == losses[1] and len(losses[0]) == 2
+
+
+# The tests below run the cluster as users do: ``dask scheduler`` and ``dask worker --no-nanny``
+# processes (tests.helpers.dask_procs).
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskProcs]:
+    with dask_procs(tmp_path_factory.mktemp("procs")) as running:
+        yield running
+
+
+def test_a_worker_running_other_code_is_refused_naming_both(data, tmp_path):
+    """A worker whose PYTHONPATH holds a modified copy of ``loaders`` (another flip probability):
+    the loader refuses its first batch, naming the worker and both code identities."""
+    other = tmp_path / "othercode"
+    shutil.copytree(REPO / "loaders", other / "loaders")
+    transforms = other / "loaders" / "transforms.py"
+    text = transforms.read_text()
+    assert "< 0.5).numpy()" in text
+    transforms.write_text(text.replace("< 0.5).numpy()", "< 0.25).numpy()"))
+    with dask_procs(tmp_path / "c", worker_env={"PYTHONPATH": f"{other}{os.pathsep}{REPO}"}) as cluster:
+        far = ShardLoader(str(data), prep=cluster.address, prep_fallback=True, augment=True, **OPTIONS)
+        with far, pytest.raises(ConfigError) as info:
+            next(iter(far))
+    from loaders.prep import code_identity
+
+    message = str(info.value)
+    assert message.startswith("prep worker tcp://127.0.0.1:") and "runs other code than the loader" in message
+    mine = code_identity(None)
+    assert f"the loader {mine}" in message
+    theirs = message.split("the worker has ")[1].split(",")[0]
+    assert theirs.startswith("lakeshard ") and theirs != mine
+
+
+def test_a_transform_module_missing_on_the_workers_is_named(data, procs, tmp_path, monkeypatch):
+    """Not 'the cluster stopped making batches', and no fallback: the module and the worker."""
+    (tmp_path / "trainonly_parts.py").write_text(
+        "def fn(images, labels, generator):\n    return images, labels\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # on this process's path only, not the workers'
+    far = ShardLoader(
+        str(data), prep=procs.address, prep_fallback=True, transform="trainonly_parts:fn", **OPTIONS
+    )
+    with far, pytest.raises(ConfigError) as info:
+        next(iter(far))
+    assert re.fullmatch(
+        r"prep worker tcp://127\.0\.0\.1:\d+: transform 'trainonly_parts:fn': cannot import it: "
+        r"ModuleNotFoundError: No module named 'trainonly_parts'; install it on the workers .*",
+        str(info.value),
+    )
+
+
+def test_fallback_after_close_when_the_cluster_has_gone(data, tmp_path, caplog):
+    """close() drops the client; the next epoch's reconnect fails: with prep_fallback, one WARNING
+    and the epoch decoded here, the same batches."""
+    with ShardLoader(str(data), **OPTIONS) as local:
+        expected = _epochs(local, [1])
+    with dask_procs(tmp_path / "c") as cluster:
+        far = ShardLoader(str(data), prep=cluster.address, prep_timeout=15, prep_fallback=True, **OPTIONS)
+        _epochs(far, [0])
+        far.close()
+        cluster.kill()
+        with far, caplog.at_level(logging.WARNING, logger="loaders.prep"):
+            _same(_epochs(far, [1]), expected)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "loaders.prep"]
+    assert len(warnings) == 1 and "cannot reach the preparation cluster's scheduler" in warnings[0]
+    assert warnings[0].endswith("decoding on this node from now on (prep_fallback=True)")
+
+
+GONE_RUN = """
+import os, signal, sys
+from loaders import ShardLoader
+data, address, *pids = sys.argv[1:]
+with ShardLoader(data, batch_size=8, num_threads=2, prep=address, prep_fallback=True) as far:
+    it = iter(far)
+    next(it), next(it)
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+    print("batches", 2 + sum(1 for _ in it))
+"""
+
+
+def test_a_cluster_gone_leaves_no_distributed_traceback_in_the_log(data, tmp_path):
+    """A real run (its own process, distributed's logging as configured): the cluster killed
+    mid-epoch, the epoch finishes here, and stderr holds the loader's one WARNING, nothing of
+    distributed's (no ERROR, no traceback) when the loader closes its client."""
+    with dask_procs(tmp_path / "c") as cluster:
+        pids = [str(p.pid) for p in (cluster.scheduler, *cluster.workers)]
+        run = subprocess.run(
+            [sys.executable, "-c", GONE_RUN, str(data), cluster.address, *pids],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["batches", "12"]
+    # (other lines may come: distributed's own notes on a busy machine, GC time, say)
+    assert "Traceback" not in run.stderr and "- ERROR -" not in run.stderr, run.stderr[-3000:]
+    assert "distributed.client" not in run.stderr, run.stderr[-3000:]
+    warned = [line for line in run.stderr.splitlines() if "stopped making batches" in line]
+    assert len(warned) == 1 and warned[0].endswith("decoding on this node from now on (prep_fallback=True)")
+
+
+def test_tls_with_certificates_and_a_client_without_them_refused(data, tmp_path):
+    """Scheduler and worker started with --tls-ca-file/--tls-cert/--tls-key: the loader given the
+    client's files makes the loader's batches; without them, or with another CA's, it is refused."""
+    tls, stranger = make_tls_files(tmp_path, "ca"), make_tls_files(tmp_path, "other-ca")
+    with ShardLoader(str(data), **OPTIONS, augment=True) as local:
+        expected = _epochs(local, [0])
+    mine = {"ca_file": tls.ca_file, "cert": tls.cert, "key": tls.key}
+    with dask_procs(tmp_path / "c", tls=tls) as cluster:
+        assert cluster.address.startswith("tls://127.0.0.1:")
+        with ShardLoader(str(data), prep=cluster.address, prep_security=mine, **OPTIONS, augment=True) as far:
+            _same(_epochs(far, [0]), expected)
+        with pytest.raises(ConfigError, match="is a TLS address and no certificates were given"):
+            ShardLoader(str(data), prep=cluster.address, prep_timeout=10, **OPTIONS)
+        theirs = {"ca_file": stranger.ca_file, "cert": stranger.cert, "key": stranger.key}
+        with pytest.raises(
+            ConfigError, match="the scheduler refused the connection: TLS certificate does not match"
+        ):
+            ShardLoader(str(data), prep=cluster.address, prep_security=theirs, prep_timeout=10, **OPTIONS)
+        # trusting the cluster's CA but showing another CA's certificate: the scheduler refuses it
+        forged = {"ca_file": tls.ca_file, "cert": stranger.cert, "key": stranger.key}
+        with pytest.raises(ConfigError) as info:
+            ShardLoader(str(data), prep=cluster.address, prep_security=forged, prep_timeout=10, **OPTIONS)
+        assert str(info.value).startswith(f"prep={cluster.address!r}: the scheduler refused the connection")
+        local = re.search(r"local=(tls://127\.0\.0\.1:\d+)", str(info.value)).group(1)
+        refusal = f"TLS handshake failed with remote '{local}': [SSL: CERTIFICATE_VERIFY_FAILED]"
+        assert refusal in cluster.log_text()  # the scheduler's own log
+
+
+def test_prep_security_is_checked_before_connecting(data, tmp_path):
+    files = make_tls_files(tmp_path)
+    mine = {"ca_file": files.ca_file, "cert": files.cert, "key": files.key}
+    with pytest.raises(
+        ConfigError, match="prep_security is TLS to a preparation cluster: it needs prep='tls://"
+    ):
+        ShardLoader(str(data), prep="tcp://127.0.0.1:9", prep_security=mine, **OPTIONS)
+    with pytest.raises(ConfigError, match=r"prep_security\['key'\]: no such file '/nowhere.pem'"):
+        ShardLoader(
+            str(data), prep="tls://127.0.0.1:9", prep_security={**mine, "key": "/nowhere.pem"}, **OPTIONS
+        )
+    with pytest.raises(
+        ConfigError, match=r"prep_security must be a distributed\.security\.Security or a mapping"
+    ):
+        ShardLoader(str(data), prep="tls://127.0.0.1:9", prep_security=(files.ca_file,), **OPTIONS)
+
+
+def test_the_trainer_trains_over_tls_with_its_flags(data, tmp_path):
+    """`python -m loaders.train --prep tls://... --prep-tls-ca-file --prep-tls-cert --prep-tls-key`,
+    as a command: an epoch trained on a TLS cluster; a flag without the others is one error line."""
+    tls = make_tls_files(tmp_path)
+    args = [
+        sys.executable,
+        "-m",
+        "loaders.train",
+        "--dataset",
+        str(data),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+    ]
+    args += ["--width", "4", "--no-progress", "--num-threads", "2", "--output", str(tmp_path / "run")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with dask_procs(tmp_path / "c", tls=tls) as cluster:
+        flags = ["--prep", cluster.address, "--prep-tls-ca-file", tls.ca_file, "--prep-tls-cert", tls.cert]
+        run = subprocess.run(
+            [*args, *flags, "--prep-tls-key", tls.key], capture_output=True, text=True, env=env
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert cluster.batches_made() >= 12  # an epoch of 96 rows in batches of 8, made there
+    assert len(json.loads((tmp_path / "run" / "metrics.json").read_text())["epochs"]) == 1
+    half = subprocess.run([*args, *flags], capture_output=True, text=True, env=env)
+    assert half.returncode == 2
+    assert half.stderr.strip().splitlines() == [
+        "python -m loaders.train: error: prep_tls_ca_file, prep_tls_cert and prep_tls_key go together, with a "
+        f"prep address tls://host:port; got prep={cluster.address!r}, prep_tls_ca_file={tls.ca_file!r}, "
+        f"prep_tls_cert={tls.cert!r}, prep_tls_key=None"
+    ]

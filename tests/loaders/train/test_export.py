@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lakeshard.errors import ConfigError
 from loaders.train.export import EpochFigures, Exporter
+from tests.helpers.procs import listening_addresses
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -142,6 +143,27 @@ def test_close_releases_the_port():
     with Exporter(port=port, addr="127.0.0.1") as again:  # the port can be bound again at once
         assert again.port == port
         assert math.isnan(scrape(port)[0]["lakeshard_epoch", ()])  # no epoch exported yet
+
+
+def test_the_endpoint_listens_on_127_0_0_1_unless_another_address_is_asked_for():
+    """The kernel's own table of listening sockets says which address the endpoint is bound to."""
+    with Exporter(port=0) as default:
+        assert listening_addresses(default.port) == {"127.0.0.1"}
+        scrape(default.port)
+    for host, bound in (("::1", "::1"), ("[::1]", "::1"), ("0.0.0.0", "0.0.0.0")):
+        with Exporter(port=0, addr=host) as other:
+            assert listening_addresses(other.port) == {bound}
+            url = (
+                f"http://[::1]:{other.port}/metrics"
+                if bound == "::1"
+                else f"http://127.0.0.1:{other.port}/metrics"
+            )
+            with urllib.request.urlopen(url, timeout=5) as response:
+                assert b"lakeshard_epoch" in response.read()
+    with pytest.raises(
+        ConfigError, match=r"metrics host 'no-such-host\.invalid' is not an address of this machine"
+    ):
+        Exporter(port=0, addr="no-such-host.invalid")
 
 
 def test_a_port_in_use_is_a_config_error_naming_it():

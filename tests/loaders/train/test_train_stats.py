@@ -20,6 +20,7 @@ from loader_builders import write_dataset
 from prometheus_client.parser import text_string_to_metric_families
 
 from loaders.train.metrics import find_straggler
+from tests.helpers.procs import listening_addresses
 from tests.helpers.store import RemoteStore, require_nginx
 
 REPO = Path(__file__).resolve().parents[3]
@@ -99,18 +100,22 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_figures_are_served_as_prometheus_metrics_while_the_run_goes_on(tmp_path: Path):
+@pytest.mark.parametrize("host", [None, "::1"], ids=["default: 127.0.0.1", "--metrics-host ::1"])
+def test_the_figures_are_served_as_prometheus_metrics_while_the_run_goes_on(tmp_path: Path, host):
     data = tmp_path / "ds"
     write_dataset(data, rows={"train": 48, "validation": 8, "test": 8})
     port = _free_port()
     cmd = [sys.executable, "-m", "tests.hardening.recording_train", "--dataset", str(data)]
     cmd += ["--output", str(tmp_path / "run"), *ARGS, "--batch-size", "8", "--epochs", "2"]
-    cmd += ["--metrics-port", str(port)]
+    cmd += ["--metrics-port", str(port), *(["--metrics-host", host] if host else [])]
     env = {**os.environ, "PYTHONPATH": str(REPO), "LAKESHARD_RECORD": str(tmp_path / "rec")}
     env["LAKESHARD_BATCH_SECONDS"] = "0.3"  # epoch 1 takes seconds: time to scrape epoch 0's figures
     with subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) as proc:
         try:
-            families = _scrape_epoch(port, proc, epoch=0)
+            families = _scrape_epoch(f"[{host}]" if host else "127.0.0.1", port, proc, epoch=0)
+            assert listening_addresses(port) == {
+                host or "127.0.0.1"
+            }  # the kernel's table, read while it serves
         finally:
             proc.kill()
     samples = {(s.name, s.labels.get("rank")): s.value for f in families for s in f.samples}
@@ -121,14 +126,14 @@ def test_the_figures_are_served_as_prometheus_metrics_while_the_run_goes_on(tmp_
     assert samples[("lakeshard_same_group_share", None)] > 0
 
 
-def _scrape_epoch(port: int, proc: subprocess.Popen, *, epoch: int) -> list:
+def _scrape_epoch(host: str, port: int, proc: subprocess.Popen, *, epoch: int) -> list:
     """The metrics once ``lakeshard_epoch`` is ``epoch`` (polled while the run goes on)."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"the run ended first: {proc.stderr.read()[-3000:]}")
         try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
         except OSError:
             time.sleep(0.2)
             continue
