@@ -162,7 +162,8 @@ class SegmentTask:
         """The segment's rows (read from its source if the task does not carry them)."""
         if self.rows is not None:
             return self.rows
-        source: RowRange = self.source  # type: ignore[assignment]
+        source = self.source
+        assert source is not None  # __post_init__ refuses a task with neither
         return read_rows(source.uri, source.offset, source.length)
 
 
