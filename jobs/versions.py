@@ -93,6 +93,7 @@ def remove_versions(
             )
         doomed = [by_name[version]]
     else:
+        assert keep is not None  # exactly one of keep and version, checked above
         complete = [v for v in found if v.complete]
         kept = {v.name for v in complete if v.current}
         for v in reversed(complete):

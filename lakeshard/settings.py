@@ -16,12 +16,15 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from lakeshard.errors import ConfigError
 from lakeshard.format.layout import CHANNELS
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "MAX_SEED",
@@ -40,7 +43,7 @@ __all__ = [
 #: Seeds are 32-bit (what numpy's and torch's generators take everywhere).
 MAX_SEED = 2**32 - 1
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")  # resolve() builds a dataclass
 
 _SIZE_UNITS = {
     "": 1,

@@ -137,18 +137,21 @@ def _where(spec: DecodeSpec, task: BatchTask) -> str:
     return "; ".join(parts)
 
 
-def _transform(spec: DecodeSpec, task: BatchTask, images: torch.Tensor, labels: torch.Tensor) -> Any:
-    """``spec.transform`` on one batch; its failure becomes a :class:`LoaderError` naming the rows."""
+def _transform(
+    transform: Transform, spec: DecodeSpec, task: BatchTask, images: torch.Tensor, labels: torch.Tensor
+) -> Any:
+    """``transform`` (``spec.transform``) on one batch; its failure becomes a :class:`LoaderError`
+    naming the rows."""
     generator = batch_generator(spec.seed, spec.epoch, spec.rank, task.index)
     try:
-        out = spec.transform(images, labels, generator)
+        out = transform(images, labels, generator)
     except Exception as exc:
         raise LoaderError(
-            f"transform {spec.transform!r} failed on batch {task.index} ({_where(spec, task)}): {type(exc).__name__}: {exc}"
+            f"transform {transform!r} failed on batch {task.index} ({_where(spec, task)}): {type(exc).__name__}: {exc}"
         ) from exc
     if out is None:
         raise LoaderError(
-            f"transform {spec.transform!r} returned None for batch {task.index} ({_where(spec, task)})"
+            f"transform {transform!r} returned None for batch {task.index} ({_where(spec, task)})"
         )
     return out
 
@@ -213,7 +216,7 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> An
         return None
     decoded = time.thread_time()
     if spec.transform is not None:
-        batch = _transform(spec, task, *batch)
+        batch = _transform(spec.transform, spec, task, *batch)
     if spec.tally is not None:
         spec.tally.add(len(task.images), decoded - began, time.thread_time() - decoded)
     return pinned(batch) if spec.pin_memory else batch

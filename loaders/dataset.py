@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["ShardDataset"]
 
 
-class ShardDataset(IterableDataset):
+class ShardDataset(IterableDataset[Any]):  # yields the loader's batches
     """A view of a :class:`~loaders.ShardLoader`: iterating it iterates the loader (one epoch,
     the one :meth:`set_epoch` selected); ``len``, ``set_epoch``, ``state_dict`` and
     ``load_state_dict`` are the loader's."""

@@ -87,9 +87,7 @@ def decode_pillow(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
     """Decode any format Pillow reads; convert to RGB."""
     with Image.open(io.BytesIO(data)) as im:
         im.draft("RGB", im.size)  # JPEG: decode straight to RGB, no scaling
-        if im.mode != "RGB":
-            im = im.convert("RGB")
-        arr = np.asarray(im)
+        arr = np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
     if out is not None:
         if out.shape != arr.shape:
             raise _size_error(arr.shape, out)

@@ -30,7 +30,7 @@ padded inside a batch; with ``drop_last=True`` the short batch is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from lakeshard.errors import ConfigError
@@ -153,7 +153,7 @@ def batch_size_at(index: int, rows: int, batch_size: int, *, drop_last: bool) ->
     return min(batch_size, rows - index * batch_size)
 
 
-def split_pieces(segments: Sequence[Segment], row_group_rows: dict[int, Sequence[int]]) -> list[Piece]:
+def split_pieces(segments: Sequence[Segment], row_group_rows: Mapping[int, Sequence[int]]) -> list[Piece]:
     """Cut segments at row-group boundaries. ``row_group_rows[shard]`` lists the row count of
     each row group of that shard."""
     pieces: list[Piece] = []

@@ -157,7 +157,9 @@ def last_leg(state: Any) -> Leg:
 def _raw_legs(state: dict[str, Any]) -> Any:
     """The legs of a state as saved; a format-1 state has one (its settings under ``order``)."""
     if state.get("format") == _FORMAT_1:
-        order = state.get("order") if isinstance(state.get("order"), dict) else {}
+        order = state.get("order")
+        if not isinstance(order, dict):
+            order = {}
         return [
             {
                 "world_size": order.get("world_size"),

@@ -19,7 +19,9 @@ __all__ = ["cli_main", "job_parser", "run_job"]
 T = TypeVar("T")
 
 
-def job_parser(prog: str, config: type, *, description: str, epilog: str = "") -> argparse.ArgumentParser:
+def job_parser(
+    prog: str, config: type[Any], *, description: str, epilog: str = ""
+) -> argparse.ArgumentParser:
     """The job's argument parser: every field of ``config`` as an option (see
     :func:`lakeshard.settings.add_arguments`), with the YAML file and the AWS environment noted."""
     p = argparse.ArgumentParser(
@@ -45,7 +47,7 @@ def run_job(
     argv: list[str] | None,
     *,
     parser: argparse.ArgumentParser,
-    config: type,
+    config: type[Any],  # a dataclass of the job's options
     run: Callable[[Any, Engine], Any],
     summary: Callable[[Any, Any], str],
     prog: str,

@@ -14,7 +14,7 @@ import warnings
 from typing import NamedTuple
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from lakeshard.errors import ImageRejected
 from lakeshard.format.info import ImageSpec
@@ -129,7 +129,7 @@ def preprocess(data: bytes, spec: ImageSpec) -> EncodedImage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
+            img: Image.Image = Image.open(io.BytesIO(data))
             w, h = img.size
             if w * h > spec.max_pixels:
                 raise ImageRejected(
@@ -150,7 +150,7 @@ def preprocess(data: bytes, spec: ImageSpec) -> EncodedImage:
         raise ImageRejected(f"decompression bomb: {exc}") from None
     except Image.DecompressionBombWarning as exc:
         raise ImageRejected(f"decompression bomb: {exc}") from None
-    except Image.UnidentifiedImageError:
+    except UnidentifiedImageError:
         raise ImageRejected("cannot decode: not an image Pillow can read") from None
     except (OSError, ValueError, SyntaxError, EOFError, MemoryError, IndexError, TypeError) as exc:
         raise ImageRejected(f"cannot decode: {type(exc).__name__}: {exc}") from None

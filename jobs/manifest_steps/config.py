@@ -17,7 +17,7 @@ class ManifestConfig:
         help="the raw lake: a local folder, file:// or s3:// prefix laid out as <prefix>/<label>/.../<file>"
     )
     output: str = opt(help="the dataset URI to write manifests/ and labels.json under")
-    split: dict = opt(
+    split: dict[str, float] = opt(
         "train=0.8,validation=0.1,test=0.1", parse=parse_split, help="channel fractions, adding up to 1"
     )
     split_method: str = opt(
@@ -79,7 +79,7 @@ class ManifestConfig:
         help="objects per part of the manifest tables (a class is never split across "
         "parts) and per task that groups identical content",
     )
-    exclude: tuple = opt(
+    exclude: tuple[str, ...] = opt(
         (),
         parse=parse_globs,
         repeat=True,

@@ -32,7 +32,7 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
     if cfg.input_manifest is not None or cfg.label_attribute is not None:
         _check_ground_truth(cfg, src)
     if cfg.inventory is not None:
-        _check_inventory(cfg, src)
+        _check_inventory(cfg.inventory, src)
     if cfg.labels is not None:
         if cfg.label_depth is not None:
             raise ConfigError(
@@ -52,15 +52,15 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
         )
 
 
-def _check_inventory(cfg: ManifestConfig, src: str) -> None:
+def _check_inventory(inventory: str, src: str) -> None:
     """``--inventory`` lists an S3 ``--input``'s bucket, and its manifest and data files are
     readable and well formed (see :func:`jobs.manifest_steps.inventory.read_inventory`)."""
     if not src.startswith("s3://"):
         raise ConfigError(
-            f"--inventory {cfg.inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
+            f"--inventory {inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
             "prefix; list a local lake without --inventory"
         )
-    read_inventory(cfg.inventory, bucket=src[len("s3://") :].split("/", 1)[0])
+    read_inventory(inventory, bucket=src[len("s3://") :].split("/", 1)[0])
 
 
 def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:

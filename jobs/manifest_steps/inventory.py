@@ -27,7 +27,7 @@ import io
 import json
 import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus
@@ -232,7 +232,9 @@ def _file_rows(
     return rows
 
 
-def inventory_rows(inventory: Inventory, root: str, *, label_depth: int, skip: Skip):
+def inventory_rows(
+    inventory: Inventory, root: str, *, label_depth: int, skip: Skip
+) -> Callable[[list[str]], list[dict[str, Any]]]:
     """The task that turns a part of ``inventory.files`` into the rows of the objects under
     ``root`` (one data file read at a time, inside an executor)."""
 

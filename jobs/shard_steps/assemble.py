@@ -49,7 +49,7 @@ class AssembleTask:
 
     uri: str
     sources: pa.Table
-    metadata: Mapping[str, str]
+    metadata: Mapping[str, Any]  #: the footer's values (footer_metadata() makes them strings)
     row_group_bytes: int
 
     def __post_init__(self) -> None:
@@ -158,7 +158,7 @@ class RepairTask:
     order: str
     own: tuple[SegmentFiles, ...]
     others: tuple[SegmentFiles, ...]
-    metadata: Mapping[str, str]
+    metadata: Mapping[str, Any]  #: the footer's values (footer_metadata() makes them strings)
     row_group_bytes: int
 
 

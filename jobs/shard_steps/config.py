@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from jobs.common.engines import ENGINE_NAMES
 from jobs.common.images import DEFAULT_SPEC, ImageSpec
@@ -23,7 +24,7 @@ _IMAGE_OPTIONS = {
 }
 
 
-def _check_image_option(name: str, value: object) -> None:
+def _check_image_option(name: str, value: Any) -> None:  # any option's value: ImageSpec checks it
     """Check one image option with :class:`ImageSpec`'s own rule (the others at their defaults);
     the error names the option (``max_image_pixels must be positive``), not the spec's field
     (``max_pixels``)."""

@@ -328,7 +328,10 @@ class _Walk:
         mine = {p: k for p, k in copies.items() if a <= p < b}
         if len(mine) < b - a:  # some row has no copy yet
             found = self._first(c, s, mine)
-            return found if found is not None else self._first(c, None, mine)  # type: ignore[return-value]
+            if found is None:
+                found = self._first(c, None, mine)
+            assert found is not None  # a row without a copy is a slot _first() can give
+            return found
         fewest = min(mine.values())
         candidates = sorted(p for p, k in mine.items() if k == fewest)
         in_s = [p for p in candidates if self.shard(p) == s]

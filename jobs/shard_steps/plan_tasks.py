@@ -85,7 +85,8 @@ _SLOT_ROW_GROUP = 65_536
 _ROWS_PER_SLOT_TASK = 500_000
 
 
-class ClassRows(NamedTuple):
+@dataclass(frozen=True, slots=True)  # not a NamedTuple: its field index would hide tuple.index
+class ClassRows:
     """One class of a channel, as the manifest marker counts it (``counts.classes``)."""
 
     label: str

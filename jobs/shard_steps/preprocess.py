@@ -144,16 +144,26 @@ class SegmentTask:
 
     @property
     def num_rows(self) -> int:
-        return self.rows.num_rows if self.rows is not None else self.source.length  # type: ignore[union-attr]
+        if self.rows is not None:
+            return self.rows.num_rows
+        assert self.source is not None  # __post_init__ refuses a task with neither
+        return self.source.length
 
     def expected_digest(self) -> str:
-        return self.digest if self.digest is not None else rows_digest(self.rows)  # type: ignore[arg-type]
+        if self.digest is not None:
+            return self.digest
+        if self.rows is None:
+            raise ValueError(
+                f"segment {self.uri}: its rows are read from {self.source}, but it has no digest"
+            )
+        return rows_digest(self.rows)
 
     def read_rows(self) -> pa.Table:
         """The segment's rows (read from its source if the task does not carry them)."""
         if self.rows is not None:
             return self.rows
-        source: RowRange = self.source  # type: ignore[assignment]
+        source = self.source
+        assert source is not None  # __post_init__ refuses a task with neither
         return read_rows(source.uri, source.offset, source.length)
 
 
@@ -205,7 +215,7 @@ def _preprocessed(data: bytes | str | EncodedImage, spec: ImageSpec) -> EncodedI
 
 def _ahead(
     pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any], depth: int
-) -> Iterator[Future]:
+) -> Iterator[Future[Any]]:
     """Futures of ``fn(item)`` on ``pool``, in the order of ``items``, never more than ``depth``
     submitted beyond the one the caller is at."""
     items = iter(items)
@@ -250,6 +260,7 @@ def _preprocessed_chunks(
     def preprocess_all(reads: list[Callable[[], list[bytes | str | EncodedImage]]]) -> list[Any]:
         return [_preprocessed(data, task.spec) for get in reads for data in get()]
 
+    reads: Iterator[Callable[[], list[bytes | str | EncodedImage]]]
     with ExitStack() as stack:
         if n_readers:
             io = stack.enter_context(ThreadPoolExecutor(n_readers, thread_name_prefix="read"))

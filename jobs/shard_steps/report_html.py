@@ -16,6 +16,7 @@ import dataclasses
 import html
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -371,7 +372,7 @@ def _spread(values: list[int]) -> int:
     return max(values) - min(values) if values else 0
 
 
-def _bytes(n: int) -> str:
+def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -399,7 +400,7 @@ def _table(header: list[str], rows: list[tuple[Any, ...]]) -> str:
 
 
 def _bar_chart(
-    groups: list[tuple[str, list[float]]],
+    groups: Sequence[tuple[str, Sequence[float]]],
     *,
     series: list[str],
     title: str,

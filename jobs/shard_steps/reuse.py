@@ -598,8 +598,9 @@ def reuse_images(
     matched: list[Matches] = [m for m in run(join, joins, [len(j.buckets) for j in joins], cores) if m.rows]
     by_file: dict[int, list[str]] = {}
     for m in matched:
+        assert m.uri is not None  # join(): a match with rows has its file
         for f in m.files:
-            by_file.setdefault(f, []).append(m.uri)  # type: ignore[arg-type]  (a match has a file)
+            by_file.setdefault(f, []).append(m.uri)
     scatters = [
         ScatterTask(
             file=f, source=base.shards[f].uri, sha256=base.shards[f].sha256, matches=tuple(m), folder=folder
@@ -622,7 +623,8 @@ def reuse_images(
 def _warn_damaged(base: BaseDataset, staged: list[StagedFile], done: list[Scattered]) -> None:
     """One warning per damaged base shard: those whose Parquet could not be read when staged
     (they match no row) and those whose sha256 differs."""
-    damaged = [(f.source, f.damaged) for f in staged if f.damaged]
+    # A damaged staged file names its source (stage()).
+    damaged = [(f.source, f.damaged) for f in staged if f.damaged and f.source is not None]
     damaged += [(base.shards[d.file].uri, d.damaged) for d in done if d.damaged is not None]
     for uri, why in damaged:
         what = "manifest part" if "/manifests/" in uri else "shard"

@@ -278,13 +278,18 @@ def info_fields(cls: type = DatasetInfo, prefix: str = "") -> dict[str, Any]:
         out[path] = hint
         hint = _optional(hint) or hint
         origin, args = typing.get_origin(hint), typing.get_args(hint)
-        if dataclasses.is_dataclass(hint):
-            out.update(info_fields(hint, f"{path}."))
-        elif origin is dict and dataclasses.is_dataclass(args[1]):
-            out.update(info_fields(args[1], f"{path}.<{_key_name(f.name)}>."))
-        elif origin is list and dataclasses.is_dataclass(args[0]):
-            out.update(info_fields(args[0], f"{path}[]."))
+        if (model := _model(hint)) is not None:
+            out.update(info_fields(model, f"{path}."))
+        elif origin is dict and (model := _model(args[1])) is not None:
+            out.update(info_fields(model, f"{path}.<{_key_name(f.name)}>."))
+        elif origin is list and (model := _model(args[0])) is not None:
+            out.update(info_fields(model, f"{path}[]."))
     return out
+
+
+def _model(hint: Any) -> type | None:
+    """The class of a hint that is a model (a dataclass), else None."""
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
 
 def _optional(hint: Any) -> Any:
@@ -306,12 +311,12 @@ _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a b
 def _convert(hint: Any, value: Any, source: str, path: str) -> Any:
     """``value`` (parsed JSON at ``path``) as ``hint``: a model, ``dict[str, T]``, ``list[T]`` or a scalar."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
+    if (model := _model(hint)) is not None:
         if not isinstance(value, Mapping):
             _wrong(source, path, "an object", value)
-        hints = typing.get_type_hints(hint)
+        hints = typing.get_type_hints(model)
         kwargs = {}
-        for f in dataclasses.fields(hint):
+        for f in dataclasses.fields(model):
             where = f"{path}.{f.name}" if path else f.name
             if f.name not in value:
                 if f.default is not dataclasses.MISSING:  # an optional field an older writer did not write
@@ -319,7 +324,7 @@ def _convert(hint: Any, value: Any, source: str, path: str) -> Any:
                 raise DatasetError(f"{source}: field {where} is missing")
             kwargs[f.name] = _convert(hints[f.name], value[f.name], source, where)
         try:
-            return hint(**kwargs)
+            return model(**kwargs)
         except ValueError as exc:  # the model's own check (an image size out of range, say)
             raise DatasetError(f"{source}: field {path or '(top level)'}: {exc}") from None
     if (inner := _optional(hint)) is not None:

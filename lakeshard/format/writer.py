@@ -33,7 +33,7 @@ class _HashingWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         view = memoryview(data)
         self._sink.write(view)
         self.sha256.update(view)

@@ -33,7 +33,7 @@ class ModelStep:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device)
         if self.device.type == "cuda":
-            self.model = self.model.to(memory_format=torch.channels_last)
+            self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # Module.to takes it; torch's overloads omit it
         self.model.train()
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
 
@@ -139,8 +139,7 @@ def measure_together(
                 first, first_images = got - start, rows
             batches += 1
             images += rows
-            pair = _images_labels(batch) if step is not None else None
-            if pair is not None:
+            if step is not None and (pair := _images_labels(batch)) is not None:
                 step(*pair)
         if step is not None:
             step.sync()

@@ -48,15 +48,15 @@ def _transform(config: DoctorConfig, image_size: int) -> tuple[Transform | None,
         return fn, config.transform
     if config.crop is not None and config.crop > image_size:
         raise ConfigError(f"--crop {config.crop}: must be at most the image size {image_size} of the dataset")
-    fn = default_transform(augment=config.augment, crop=config.crop, normalize=None)
-    return fn, None if fn is None else repr(fn)
+    own = default_transform(augment=config.augment, crop=config.crop, normalize=None)
+    return own, None if own is None else repr(own)
 
 
 def prepare(config: DoctorConfig) -> Plan:
     """Check everything the stages need, in the order a user fixes it: the options, the dataset,
     the transform, the model."""
     threads = config.decode_threads
-    options = {
+    options: dict[str, Any] = {
         "channel": config.channel,
         "rank": config.rank,
         "world_size": config.world_size,

@@ -52,7 +52,8 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
     """Check the options against the world size, the dataset and the checkpoint; raise a
     :class:`PlatformError` naming the bad value. Reads ``dataset.json`` and the checkpoint only:
     every rank runs it before the process group starts, and fails alike."""
-    if not cfg.dataset:
+    dataset = cfg.dataset
+    if not dataset:
         raise ConfigError("TrainConfig.dataset is required")
     output = storage.normalize(cfg.output)
     checkpoint_uri = storage.join(output, "checkpoint.pt")
@@ -65,7 +66,7 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
             f"batch_size {cfg.batch_size} (global) is not divisible by the world size {world_size}: "
             f"each rank would get {cfg.batch_size / world_size:g} rows; pass a --batch-size that is a multiple of {world_size}"
         )
-    found = _read_sources(cfg)
+    found = _read_sources(dataset)
     labels = found.labels
     if len(labels) < 2:
         raise DatasetError(
@@ -138,14 +139,14 @@ class _Sources:
         return f"it was trained on dataset version {saved!r}, {what} is version {self.version!r}"
 
 
-def _read_sources(cfg: TrainConfig) -> _Sources:
+def _read_sources(dataset: str | tuple[str, ...]) -> _Sources:
     """Read and check each dataset's ``dataset.json``: a train channel, label indices 0..n-1, and
     (when several) one image size."""
     names: set[str] = set()
     channels: set[str] = set()
     uris, versions, sizes, wheres = [], [], {}, []
     labels: dict[str, int] = {}
-    for uri, _ in sources(str(cfg.dataset) if isinstance(cfg.dataset, str) else cfg.dataset):
+    for uri, _ in sources(dataset):
         info = contract.read_dataset_info(uri)
         where = contract.dataset_json_uri(storage.normalize(uri))
         if "train" not in info.channels:

@@ -3,7 +3,7 @@ over the ranks (:func:`evaluate`), top-1 and per class (:class:`Accuracy`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from loaders.batch import PAD_LABEL
-from loaders.shard_loader import ShardLoader
 from loaders.train.world import World, all_reduce
 
 __all__ = ["Accuracy", "ClassAccuracy", "evaluate"]
@@ -57,7 +56,7 @@ class Accuracy:
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    loader: ShardLoader,
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]],  # a ShardLoader, or a Concatenated one
     world: World,
     class_names: tuple[str, ...],
     *,

@@ -119,8 +119,9 @@ class _Stop:
         """Whether any rank has received a stop signal (:attr:`signum`: the largest)."""
         signum = self._request.signum
         if self._world.active:
-            (signum,) = all_reduce([float(signum)], self._world, maximum=True)
-        self.signum = int(signum)
+            (largest,) = all_reduce([float(signum)], self._world, maximum=True)
+            signum = int(largest)
+        self.signum = signum
         return self.signum != 0
 
     def preempted(self, where: str) -> Preempted:
@@ -150,7 +151,7 @@ class _Loaders:
 
 
 def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
-    common = dict(
+    common: dict[str, Any] = dict(  # the options every loader takes
         rank=world.rank,
         world_size=world.world_size,
         seed=cfg.seed,
@@ -167,7 +168,7 @@ def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
         prices=PriceTable(cfg.price_get_per_1000, cfg.price_transfer_per_gb),
     )
     budget = None if cfg.cost_budget is None else cfg.cost_budget / world.world_size  # each rank's share
-    train = dict(
+    train: dict[str, Any] = dict(
         channel="train",
         batch_size=plan.per_rank_batch,
         shuffle=True,
@@ -194,6 +195,7 @@ def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
             for channel in EVAL_CHANNELS
         )
         return _Loaders(train_loader, val_loader, test_loader)
+    assert cfg.dataset is not None  # prepare() (the plan) refused a config without one
     mixed = [(uri, w) if w is not None else uri for uri, w in sources(cfg.dataset)]
     train_loader = MixedLoader(mixed, samples_per_epoch=cfg.samples_per_epoch or None, **train)
     labels = {name: i for i, name in enumerate(plan.class_names)}
@@ -218,7 +220,7 @@ def _on_device(model: nn.Module, world: World) -> nn.Module:
     """``model`` on this rank's device (in ``channels_last``, as the loader's images are, on CUDA)."""
     model = model.to(world.device)
     if world.device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # Module.to takes it; torch's overloads omit it
     return model
 
 
@@ -255,7 +257,7 @@ def _resume(
     *,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.StepLR,
-    loader: ShardLoader,
+    loader: ShardLoader | MixedLoader,
 ) -> _Start:
     """The optimiser's, the scheduler's and the training loader's state as the checkpoint saved
     them, and where the run goes on; epoch 0 without a checkpoint."""
@@ -356,6 +358,7 @@ def _exporter(cfg: TrainConfig, world: World) -> Exporter | None:
     failed = any_rank(error is not None, world)
     if error is not None:
         raise error
+    assert exporter is not None  # no error: this rank's started
     if failed:
         exporter.close()
         raise ConfigError("another rank could not start the metrics exporter (its line says why)")
@@ -520,6 +523,7 @@ def _validate(run: _Run, epoch: int, trained: _Trained) -> Accuracy | None:
 def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy | None) -> EpochRecord:
     """Epoch ``epoch``'s record, appended to the run's epochs and logged as the line it ends with."""
     loader = run.loaders.train
+    summary = _loader_summary(trained)
     record = EpochRecord(
         epoch=epoch,
         loss=trained.totals.loss,
@@ -531,14 +535,13 @@ def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy
         samples=trained.totals.samples,
         images=trained.totals.images,
         legs=loader.state_dict()["legs"],
-        lr=run.scheduler.get_last_lr()[0],
+        lr=float(run.scheduler.get_last_lr()[0]),  # a float, or a one-element tensor for a tensor lr
         seconds=trained.seconds,
         skipped_rows=len(loader.skipped_rows),
         sources=_source_rows(run, loader),
-        loader=_loader_summary(trained),
+        loader=summary,
     )
     run.history.append(record.to_json())
-    summary = record.loader
     log.log(
         _info_level(run.world),
         "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s, %d requests, %.1f MB read, $%.4f",
@@ -554,13 +557,13 @@ def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy
     if summary.straggler_line is not None and run.world.rank == 0:
         log.warning("epoch %d: straggler: %s", epoch, summary.straggler_line)
     if run.exporter is not None:
-        run.exporter.epoch(_figures(record))
+        run.exporter.epoch(_figures(record, summary))
     return record
 
 
-def _figures(record: EpochRecord) -> EpochFigures:
-    """An epoch's record as the exporter takes it."""
-    ranks = record.loader.per_rank
+def _figures(record: EpochRecord, summary: LoaderSummary) -> EpochFigures:
+    """An epoch's record (its training loader's statistics: ``summary``) as the exporter takes it."""
+    ranks = summary.per_rank
     shuffle = ranks[0].get("shuffle") or {}
     return EpochFigures(
         epoch=record.epoch,
@@ -572,11 +575,11 @@ def _figures(record: EpochRecord) -> EpochFigures:
         bytes_read=[r["bytes_read"] for r in ranks],
         cache_bytes=[r["cache_bytes"] for r in ranks],
         retries=[r["retries"] for r in ranks],
-        cost_usd=record.loader.total("cost_usd"),
+        cost_usd=summary.total("cost_usd"),
         read_ms_mean=[r["read_ms_mean"] for r in ranks],
         shuffle_rank_correlation=shuffle.get("rank_correlation"),
         same_group_share=shuffle.get("same_group_share"),
-        straggler=record.loader.straggler,
+        straggler=summary.straggler,
     )
 
 
