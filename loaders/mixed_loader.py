@@ -203,7 +203,10 @@ class MixedLoader:
         self._pipeline = Pipeline(num_threads=opts.num_threads, prefetch=opts.prefetch, name=name)
         if opts.prep is not None:
             self._prep = PrepCluster(
-                opts.prep, timeout_s=opts.prep_timeout, fallback=opts.prep_fallback, security=opts.prep_security
+                opts.prep,
+                timeout_s=opts.prep_timeout,
+                fallback=opts.prep_fallback,
+                security=opts.prep_security,
             )
         transform, reference = resolve_transform(opts)
         self._mix = []
