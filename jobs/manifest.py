@@ -193,6 +193,7 @@ def extract(cfg: ManifestConfig, engine: Engine, staging: str) -> Listing:
             classes=1,
         )
     else:
+        assert cfg.label_depth is not None  # ManifestConfig sets it for a lake of class folders
         found = discover(src, label_depth=cfg.label_depth, skip=_skip(cfg))
         log.info(
             "found %d class prefixes under %s; listing them on %s", len(found.prefixes), src, engine.name

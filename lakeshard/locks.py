@@ -46,6 +46,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from lakeshard import storage
 from lakeshard.errors import PlatformError, StorageError
@@ -217,9 +218,10 @@ def _acquire(root: str, folder: str, path: str, *, job: str, exclusive: bool) ->
                 f"{root} cannot be written ({exc.strerror}: {exc.filename}): a {job} job writes the dataset; "
                 "write it where this user may write, or mount it read-write"
             ) from None
-        fd = _open_read_only(root, path, exc)
-        if fd is None:
+        read_only = _open_read_only(root, path, exc)
+        if read_only is None:
             return None
+        fd = read_only
     try:
         fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -394,7 +396,7 @@ def _take_over(root: str, uri: str, body: bytes) -> str:
     return etag
 
 
-def _age(resp: dict) -> float:
+def _age(resp: dict[str, Any]) -> float:
     """Seconds since the object in the GET answer ``resp`` was written, by the store's clock."""
     headers = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {})
     try:

@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 # botocore's "standard" mode retries throttling (503 SlowDown), 5xx and connection errors with
 # exponential backoff, and fails at once on 403/404: permanent errors must not take minutes.
-_S3_RETRIES = {"max_attempts": 5, "mode": "standard"}
+_S3_RETRIES: dict[str, Any] = {"max_attempts": 5, "mode": "standard"}
 #: s3fs's own attempts around botocore's (see :func:`filesystem`).
 _S3FS_RETRIES = 3
 
@@ -230,7 +230,8 @@ def s3_get(
     Errors are translated as s3fs translates them (``FileNotFoundError``, ``PermissionError``,
     ``OSError``); botocore retries a request, and a body cut off mid-read (which botocore's
     retries do not cover: the response had come) is retried as a whole, as many times."""
-    data, resp = _get(s3_path(uri), None if start is None else f"bytes={start}-{end - 1}", if_match)
+    byte_range = None if start is None else f"bytes={start}-" + ("" if end is None else str(end - 1))
+    data, resp = _get(s3_path(uri), byte_range, if_match)
     etag = resp.get("ETag")
     return data, etag.strip('"') if isinstance(etag, str) else None
 
@@ -343,9 +344,9 @@ class RequestStats:
     """Requests to a store, counted by the code that sends them (:func:`s3_read_range`'s
     ``stats``); safe to share between threads. ``counts()`` is what was counted so far."""
 
-    _counts: Counter = field(default_factory=Counter)
+    _counts: Counter[str] = field(default_factory=Counter)
     _seconds: float = 0.0
-    _errors: Counter = field(default_factory=Counter)
+    _errors: Counter[str] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(
@@ -391,7 +392,7 @@ def _get(
     if if_match:
         extra["IfMatch"] = if_match
     client = s3_client()
-    attempts = _S3_RETRIES["max_attempts"]
+    attempts: int = _S3_RETRIES["max_attempts"]
     began, sent, retried = time.perf_counter(), 0, 0
 
     def count(nbytes: int, error: str | None = None) -> None:

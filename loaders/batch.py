@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -63,7 +63,7 @@ class BatchTask:
     those shards."""
 
     index: int
-    images: list[Buffer | None]
+    images: Sequence[Buffer | None]
     labels: np.ndarray
     pads: np.ndarray
     shards: np.ndarray

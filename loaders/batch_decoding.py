@@ -23,7 +23,7 @@ from loaders.transforms import Transform, default_transform
 __all__ = ["BatchDecoding", "resolve_transform"]
 
 
-def resolve_transform(opts: LoaderOptions) -> tuple[Transform, str | None]:
+def resolve_transform(opts: LoaderOptions) -> tuple[Transform | None, str | None]:
     """The transform the options name (``augment``/``crop``/``normalize`` stand for
     :func:`~loaders.transforms.default_transform` without one) and, with a preparation cluster,
     the reference its workers import it by (checked before connecting)."""
@@ -46,7 +46,7 @@ class BatchDecoding:
     num_classes: int
     shard_uris: tuple[str, ...]
     rank: int
-    transform: Transform
+    transform: Transform | None
     transform_ref: str | None
     buffers: BufferPool
     tally: DecodeTally

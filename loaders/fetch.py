@@ -15,11 +15,12 @@ whatever the shard's size; a single range larger than ``budget`` is refused on s
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -100,7 +101,7 @@ class _RangeFile(io.RawIOBase):
         self._pos = base + offset
         return self._pos
 
-    def read(self, n: int = -1) -> memoryview:  # type: ignore[override]
+    def read(self, n: int | None = -1) -> memoryview:
         n = self._size - self._pos if n is None or n < 0 else n
         lo = self._pos - self._start
         if lo < 0 or lo + n > len(self._data):
@@ -111,7 +112,7 @@ class _RangeFile(io.RawIOBase):
         self._pos += n
         return self._data[lo : lo + n]
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]  # typeshed's Buffer is not writable
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
@@ -192,7 +193,7 @@ class RangeFetcher:
         with self._lock:
             self._start_locked()
 
-    def schedule(self, ranges: list[tuple[Hashable, ByteRange]]) -> None:
+    def schedule(self, ranges: Sequence[tuple[Hashable, ByteRange]]) -> None:
         """Read ``ranges`` next, in this order. Reads already made or under way for a key in
         ``ranges`` are kept; every other one is dropped."""
         for _, r in ranges:
@@ -286,11 +287,12 @@ class RangeFetcher:
             self.held += r.size
             self.peak_bytes_held = max(self.peak_bytes_held, self.held)
             self._running += 1
-            future = self._executor.submit(self._run, r)  # started by schedule(), the only source of _pending
+            assert self._executor is not None  # started by schedule(), the only source of _pending
+            future = self._executor.submit(self._run, r)
             self.submitted.append(key)
             self._sizes[future] = r.size
             self._futures[key] = future
-            future.add_done_callback(lambda f, key=key: self._done(key, f))
+            future.add_done_callback(functools.partial(self._done, key))
 
     def _start_locked(self) -> None:
         if self._executor is None:

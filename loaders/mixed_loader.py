@@ -28,6 +28,7 @@ the rest of an interrupted epoch is dealt evenly to the new ranks (:class:`~load
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -155,7 +156,7 @@ class MixedLoader:
         self._batches = 0
         self._began = LoaderTotals()
         self._budget = CostBudget(
-            opts.cost_budget, opts.on_budget, opts.prices, rank=opts.rank, dataset=self.dataset
+            opts.cost_budget, opts.on_budget, opts.price_table, rank=opts.rank, dataset=self.dataset
         )
 
     def _open(
@@ -196,11 +197,11 @@ class MixedLoader:
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over, the training loop's previous batch, and the batch
         # of each source in hand.
-        blocks = opts.num_threads + opts.prefetch + 3
+        blocks = opts.decode_threads + opts.prefetch + 3
         buffers = BufferPool(keep=blocks + len(parsed))
         self._tally = DecodeTally()
         name = f"lakeshard-r{opts.rank}"
-        self._pipeline = Pipeline(num_threads=opts.num_threads, prefetch=opts.prefetch, name=name)
+        self._pipeline = Pipeline(num_threads=opts.decode_threads, prefetch=opts.prefetch, name=name)
         if opts.prep is not None:
             self._prep = PrepCluster(
                 opts.prep,
@@ -231,7 +232,7 @@ class MixedLoader:
         """A source read as a world-size-1 loader of it would: every shard, its row groups in its
         own order; its remote reads and cache started (``memory_budget`` shared out by weight)."""
         opts = self.options
-        budget = opts.memory_budget
+        budget = opts.memory_budget_bytes
         options = dataclasses.replace(
             opts,
             rank=0,
@@ -257,7 +258,7 @@ class MixedLoader:
                 blocks=blocks, image_size=src.info.image.size, dataset=src.dataset
             )
             if opts.cache_dir is not None:
-                src.open_cache(opts.cache_dir, limit=opts.cache_limit)
+                src.open_cache(opts.cache_dir, limit=opts.cache_limit_bytes)
         return reader
 
     # -- epochs and state --------------------------------------------------------------------------
@@ -326,7 +327,8 @@ class MixedLoader:
                 f"this loader has {self.samples_per_epoch}"
             )
         mine = {k: opts.order_key()[k] for k in _ORDER}
-        theirs = state.get("order") if isinstance(state.get("order"), dict) else {}
+        order = state.get("order")
+        theirs = order if isinstance(order, dict) else {}
         diff = [f"{k}: saved {theirs.get(k)!r}, now {v!r}" for k, v in mine.items() if theirs.get(k) != v]
         if diff:
             raise LoaderError(
@@ -401,7 +403,9 @@ class MixedLoader:
         start, self._next_start = self._next_start, 0
         self._consumed = start
         b = opts.batch_size
-        walk = dict(
+        walk = functools.partial(
+            needs,
+            share,
             first=start - first,
             last=plan.num_batches(leg),
             batch_size=b,
@@ -417,14 +421,13 @@ class MixedLoader:
                     settle_s=_SETTLE_S,
                 )
         stop = threading.Event()
-        tasks = source_batches(
-            self._mix, needs(share, **walk), stop, reads=self._reads, skipped=self.skipped_rows
-        )
+        tasks = source_batches(self._mix, walk(), stop, reads=self._reads, skipped=self.skipped_rows)
+        assert self._pipeline is not None  # made by _open
         epoch = self._pipeline.start(tasks, decode_source_batch, stop=stop)
         assembler = Assembler(self._mix, self._join_buffers)
         finished = False
         try:
-            for batch_needs in needs(share, **walk):
+            for batch_needs in walk():
                 asked = time.perf_counter()
                 batch, taken = assembler.batch(batch_needs, lambda: _next_decoded(epoch))
                 self._wait_s += time.perf_counter() - asked
@@ -509,7 +512,7 @@ class MixedLoader:
             self.totals() - self._began,
             epoch=self._epoch,
             peak_bytes_held=self.peak_bytes_held,
-            prices=self.options.prices,
+            prices=self.options.price_table,
         )
 
     def __enter__(self) -> MixedLoader:

@@ -290,6 +290,32 @@ class LoaderOptions:
         mean, std = check_mean_std(*value, what="normalize", where=f" (normalize={value!r})")
         object.__setattr__(self, "normalize", (mean, std))
 
+    # The options as __post_init__ resolved them (a default chosen, a size parsed), typed as such:
+    # what the loader reads.
+    @property
+    def decode_threads(self) -> int:
+        """``num_threads``, or :func:`default_threads` where it was left ``None``."""
+        assert isinstance(self.num_threads, int)  # set by __post_init__
+        return self.num_threads
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """``memory_budget`` in bytes (``None``: the default budget)."""
+        assert self.memory_budget is None or isinstance(self.memory_budget, int)  # parsed by __post_init__
+        return self.memory_budget
+
+    @property
+    def cache_limit_bytes(self) -> int:
+        """``cache_limit`` in bytes."""
+        assert isinstance(self.cache_limit, int)  # parsed by __post_init__
+        return self.cache_limit
+
+    @property
+    def price_table(self) -> PriceTable:
+        """``prices``, or the default :class:`PriceTable` where it was left ``None``."""
+        assert self.prices is not None  # set by __post_init__
+        return self.prices
+
     def order_key(self) -> dict[str, Any]:
         """The options that decide which batches come out (and so must match on resume)."""
         return {k: getattr(self, k) for k in ORDER_KEYS}

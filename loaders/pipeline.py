@@ -368,6 +368,7 @@ class Pipeline(Generic[T, R]):
                         self._progress.wait(_WAIT_S)
                 if epoch.stop.is_set():
                     return
+                assert self._executor is not None  # made by _ensure_threads before any epoch runs
                 future = self._executor.submit(self._decode_task, epoch, task)
                 stats.submitted += 1
                 stats.max_in_flight = max(stats.max_in_flight, stats.outstanding)

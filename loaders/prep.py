@@ -52,7 +52,7 @@ from loaders import decode as _decode_module
 from loaders import transforms as _transforms_module
 from loaders.batch import BatchTask, DecodeSpec, decode_batch, pinned
 from loaders.decode import get_batch_decoder, get_decoder
-from loaders.transforms import default_transform
+from loaders.transforms import Transform, default_transform
 
 __all__ = [
     "PrepCluster",
@@ -205,6 +205,7 @@ def _worker() -> str:
 
 @functools.lru_cache(maxsize=64)
 def _spec(recipe: Recipe) -> DecodeSpec:
+    transform: Transform | None
     if recipe.transform is not None:
         transform = resolve_reference(recipe.transform)
     else:

@@ -161,16 +161,16 @@ class ShardLoader:
         self._began = LoaderTotals()
         self._shuffle = ShuffleTally()
         self._budget = CostBudget(
-            opts.cost_budget, opts.on_budget, opts.prices, rank=opts.rank, dataset=self.dataset
+            opts.cost_budget, opts.on_budget, opts.price_table, rank=opts.rank, dataset=self.dataset
         )
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over and the training loop's previous batch.
-        blocks = opts.num_threads + opts.prefetch + 3
+        blocks = opts.decode_threads + opts.prefetch + 3
         self._buffers = BufferPool(keep=blocks)
         self.stats = PipelineStats()
         self._prep: PrepCluster | None = None
         self._pipeline: Pipeline[BatchTask, Any] = Pipeline(
-            num_threads=opts.num_threads, prefetch=opts.prefetch, name=name
+            num_threads=opts.decode_threads, prefetch=opts.prefetch, name=name
         )
         try:
             fetcher = source.start_reads(concurrency=opts.read_concurrency, name=name)
@@ -179,7 +179,7 @@ class ShardLoader:
                     blocks=blocks, image_size=self.image_size, dataset=self.dataset
                 )
                 if opts.cache_dir is not None:
-                    source.open_cache(opts.cache_dir, limit=opts.cache_limit)
+                    source.open_cache(opts.cache_dir, limit=opts.cache_limit_bytes)
             if opts.prep is not None:
                 self._prep = PrepCluster(
                     opts.prep,
@@ -318,16 +318,16 @@ class ShardLoader:
         n = len(legs) - 1
         read = order_of(legs_plan.sequence(n, opts.rank))
         if self.fetcher is not None:
-            self._fit_budget(self._reader.max_range_bytes(read.pieces))
+            self._fit_budget(self.fetcher, self._reader.max_range_bytes(read.pieces))
         tag = ("legs", tuple((leg.world_size, leg.batch_size, leg.batches) for leg in before))
         plan = EpochPlan(
             read.pieces, read.order, legs_plan.end(n), first_index=legs_plan.batches_before(n), tag=tag
         )
         return _ResumedEpoch(before, plan, legs_plan.num_batches(n))
 
-    def _fit_budget(self, largest: int) -> None:
+    def _fit_budget(self, fetcher: RangeFetcher, largest: int) -> None:
         """Let the fetcher's budget hold row groups of ``largest`` bytes (other ranks' shards)."""
-        opts, fetcher = self.options, self.fetcher
+        opts = self.options
         if opts.memory_budget is None:
             fetcher.budget = max(fetcher.budget, opts.read_concurrency * largest)
         elif fetcher.budget < largest:
@@ -517,7 +517,7 @@ class ShardLoader:
             self.totals() - self._began,
             epoch=self._epoch,
             peak_bytes_held=self.peak_bytes_held,
-            prices=self.options.prices,
+            prices=self.options.price_table,
             shuffle=self._shuffle.result(),
         )
 

@@ -121,6 +121,7 @@ class ShardSource:
         for shard in self._cached:
             cache.adopt(shard)
         self.use_local(cache.ready())
+        assert self.fetcher is not None  # a cache of remote shards: opened after start_reads
         self.fetcher.on_read = lambda r, data, offer=cache.offer: offer(r.path, r.start, data)
         self.cache = cache
         return cache

@@ -194,14 +194,15 @@ class WindowReader:
         side = opts.crop or image_size
         decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
         largest = self.max_range_bytes()
-        if opts.memory_budget is None:
+        budget = opts.memory_budget_bytes
+        if budget is None:
             return opts.read_concurrency * largest + self.window_bytes()
-        if opts.memory_budget - decoded < largest:
+        if budget - decoded < largest:
             raise ConfigError(
-                f"memory_budget {opts.memory_budget} bytes is too small: the decoded batches take {decoded} "
+                f"memory_budget {budget} bytes is too small: the decoded batches take {decoded} "
                 f"({blocks} blocks of {opts.batch_size} images) and one row group of {dataset} up to {largest}"
             )
-        return opts.memory_budget - decoded
+        return budget - decoded
 
     def window_bytes(self) -> int:
         """At most the remote bytes of one shuffle window of this rank's pieces (at the densest
@@ -293,18 +294,19 @@ class WindowReader:
         index = plan.first_index + start
         first = order.window_at(pos)
         last = _last_window(plan)
-        early = promoted is not None and not promoted.is_set() and self.fetcher is not None
+        fetcher = self.fetcher
+        promoted = promoted if promoted is not None else _PROMOTED  # not started early: its own turn
+        early = not promoted.is_set() and fetcher is not None
 
         def read_rest(window: int) -> None:  # an epoch started early, adopted: its reads from ``window`` on
-            self.fetcher.schedule(
-                self._keys(epoch, plan, range(window, last + 1)) + self._ahead(epoch, ahead)
-            )
+            if fetcher is not None:
+                fetcher.schedule(self._keys(epoch, plan, range(window, last + 1)) + self._ahead(epoch, ahead))
 
-        if self.fetcher is not None:
+        if fetcher is not None:
             if early:  # the round the epoch before scheduled ahead: the same keys, kept
-                self.fetcher.schedule(self._keys(epoch, plan, range(first, last + 1))[: self._round(plan)])
+                fetcher.schedule(self._keys(epoch, plan, range(first, last + 1))[: self._round(plan)])
             else:
-                self.fetcher.schedule(
+                fetcher.schedule(
                     self._keys(epoch, plan, range(first, last + 1), waited_from=pos)
                     + self._ahead(epoch, ahead)
                 )
@@ -344,7 +346,7 @@ class WindowReader:
                 carry = window.slice(k) if k < n else None
                 # The tasks hold their rows now: let each row go once its batch is decoded,
                 # instead of keeping the whole window until the next one is read.
-                read = window = None
+                del read, window
             if carry is not None and len(carry):
                 yield carry.task(index)
             if early:  # every read was in the first round: the next epoch's, once it is this one's turn
@@ -355,8 +357,8 @@ class WindowReader:
         finally:
             for f in files.values():
                 f.close()
-            if not done and self.fetcher is not None:
-                self.fetcher.drop()  # stopped early or failed: free what was read for later windows
+            if not done and fetcher is not None:
+                fetcher.drop()  # stopped early or failed: free what was read for later windows
 
     def _round(self, plan: EpochPlan) -> int:
         """How many of ``plan``'s first reads one round is: its first batch's, and at least
@@ -384,9 +386,11 @@ class WindowReader:
             for p in plan.order.windows[w]
             if self._range(plan.pieces[int(p)]) is not None
         ]
-        if not all(self.fetcher.asked(k) for k in keys):
+        fetcher = self.fetcher
+        assert fetcher is not None  # an epoch started early reads remote shards
+        if not all(fetcher.asked(k) for k in keys):
             return False
-        while not all(map(self.fetcher.done, keys)):
+        while not all(map(fetcher.done, keys)):
             if promoted.wait(_READY_POLL_S) or stop.is_set():
                 return False
         return True
@@ -449,8 +453,10 @@ class WindowReader:
         are decoded."""
         footer = self.source.remote[piece.shard]
         md = footer.metadata
+        fetcher = self.fetcher
+        assert fetcher is not None  # a range is read through the fetcher only (_range)
         try:
-            data = self.fetcher.get(key, stop)
+            data = fetcher.get(key, stop)
             if data is None:
                 return None
             columns = [c for c in _COLUMNS if c in md.schema.names]
@@ -458,7 +464,7 @@ class WindowReader:
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
         finally:
-            self.fetcher.release(key)
+            fetcher.release(key)
 
     def _read_local(self, piece: Piece, files: dict[int, OpenShard], where: str) -> pa.Table:
         uri = self.source.local.get(piece.shard, self.source.shard_uris[piece.shard])
@@ -497,6 +503,11 @@ class ReadCount:
         return LoaderTotals(
             cache_hits=self.cache_hits, cache_misses=self.cache_misses, cache_bytes=self.cache_bytes
         )
+
+
+#: The ``promoted`` of an epoch not started early: its turn has come.
+_PROMOTED = threading.Event()
+_PROMOTED.set()
 
 
 def _wait(promoted: threading.Event, stop: threading.Event) -> bool:

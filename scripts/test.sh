@@ -14,8 +14,8 @@ export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"
 # The linter and the formatter first: a tree that is not formatted fails in seconds, not after the tests.
 ruff check .
 ruff format --check .
-# mypy: on once the files being redesigned pass (see pyproject.toml [tool.mypy])
-# mypy
+# The type checker over lakeshard/, jobs/ and loaders/ (pyproject.toml [tool.mypy]).
+mypy
 python -m pytest --ignore=tests/petastorm "$@"
 # The decode tests again with the C extensions switched off: the fallback CI would not otherwise see.
 LAKESHARD_NO_EXTENSIONS=1 python -m pytest tests/loaders/test_decode.py -q -p no:cacheprovider

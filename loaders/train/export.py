@@ -190,7 +190,7 @@ class Exporter:
         try:
             if port is not None:
                 self._start_prometheus(port, addr)
-            if writer_class is not None:
+            if writer_class is not None and tensorboard_dir is not None:
                 self._writer = _open_writer(writer_class, tensorboard_dir)
                 log.info("writing TensorBoard scalars to %s", tensorboard_dir)
         except BaseException:
