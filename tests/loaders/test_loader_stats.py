@@ -182,3 +182,29 @@ def test_a_budget_well_under_the_cost_stops_an_epoch_short_ones_too(store: Remot
         with pytest.raises(LoaderError, match=r"over cost_budget \$[1-9][0-9.]*e-0[5-7] ") as raised:
             list(loader)
     assert "$0.0000" not in str(raised.value)
+
+
+def test_the_shuffle_figures_count_the_batches_handed_to_decoding_and_grow_with_the_epoch(dataset: Path):
+    """F28, F31 (documented in docs/loader.md): during an epoch (or after a break) the shuffle
+    figures count the batches read ahead of the loop too, at most prefetch + num_threads + 2 more;
+    at its end, the rows yielded; the tally keeps 16 bytes a row of the epoch."""
+    opts = {**OPTIONS, "prefetch": 1, "num_threads": 1}
+    with ShardLoader(str(dataset), **opts) as loader:
+        images, _ = next(iter(loader))  # the iteration ends there: a break
+        rows = loader.epoch_stats().shuffle.rows
+        assert len(images) <= rows <= (1 + 1 + 2 + 1) * len(images)
+        yielded = sum(len(images) for images, _ in loader)
+        assert loader.epoch_stats().shuffle.rows == yielded == 40
+        held = sum(p.nbytes + g.nbytes for p, g in loader._shuffle._batches)
+        assert held == 16 * yielded
+
+
+@pytest.mark.slow
+def test_the_reads_that_open_a_loader_are_in_no_figure(store: RemoteStore):
+    """F29 (documented in docs/loader.md): dataset.json and the footers, read when the loader is
+    made, are GETs the store served that no counter of the loader has."""
+    before = store.traffic()
+    with ShardLoader(store.uri("ds"), **OPTIONS) as loader:
+        opened = store.traffic() - before
+        assert opened.gets >= 1 + 2  # dataset.json, and each of the 2 shards' footers
+        assert loader.totals().store.requests == 0 and loader.epoch_stats().requests == 0
