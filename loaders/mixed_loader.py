@@ -59,7 +59,15 @@ from loaders.mix_inputs import (
     same_dataset,
     same_size,
 )
-from loaders.mix_pipeline import Assembler, MixSource, decode_source_batch, needs, relabelled, source_batches
+from loaders.mix_pipeline import (
+    Assembler,
+    MixSource,
+    Need,
+    decode_source_batch,
+    needs,
+    relabelled,
+    source_batches,
+)
 from loaders.mixing import MixPlan, epoch_samples, shares
 from loaders.options import LoaderOptions
 from loaders.pipeline import Epoch, Pipeline
@@ -67,7 +75,7 @@ from loaders.plan import num_batches, rank_segments, split_pieces
 from loaders.prep import PrepCluster
 from loaders.shard_loader import ShardLoader
 from loaders.source import ShardSource
-from loaders.state import MIX_STATE_FORMAT, check_global_batch
+from loaders.state import MIX_STATE_FORMAT, check_global_batch, parse_legs
 from loaders.stats import CostBudget, DecodeTally, LoaderStats, LoaderTotals
 from loaders.window_reader import ReadCount, WindowReader
 
@@ -321,6 +329,16 @@ class MixedLoader:
             raise LoaderError(
                 f"mixture state is for channel {state.get('channel')!r}, this loader reads {opts.channel!r}"
             )
+        legs = parse_legs(state.get("legs"))
+        consumed = state.get("batches_consumed")
+        if consumed != sum(x.batches for x in legs) or isinstance(consumed, bool):
+            raise LoaderError(
+                f"mixture state legs {state.get('legs')!r} do not add up to its batches_consumed {consumed!r}"
+            )
+        last = legs[-1]
+        # The global batch first: samples_per_epoch is rounded to it, so another global batch
+        # would show as another samples_per_epoch.
+        check_global_batch(last, world_size=opts.world_size, batch_size=opts.batch_size)
         if state.get("samples_per_epoch") != self.samples_per_epoch:
             raise LoaderError(
                 f"cannot resume: the mixture state was saved with samples_per_epoch {state.get('samples_per_epoch')!r}, "
@@ -337,18 +355,19 @@ class MixedLoader:
         epoch = state.get("epoch")
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise LoaderError(f"mixture state epoch must be a non-negative integer, got {epoch!r}")
-        legs = tuple(Leg(**leg) if isinstance(leg, dict) else leg for leg in state.get("legs") or ())
-        if not legs or state.get("batches_consumed") != sum(x.batches for x in legs):
-            raise LoaderError(
-                f"mixture state legs {state.get('legs')!r} do not add up to its batches_consumed"
+        same = last.world_size == opts.world_size
+        before = legs[:-1] if same else legs
+        try:  # checks every leg, the last one's batches too (past the epoch's end: refused)
+            MixPlan(
+                self.per_source,
+                self._rows,
+                epoch,
+                legs if same else [*legs, Leg(opts.world_size, opts.batch_size, 0)],
             )
-        last = legs[-1]
-        check_global_batch(last, world_size=opts.world_size, batch_size=opts.batch_size)
-        before = legs[:-1] if last.world_size == opts.world_size else legs
-        MixPlan(
-            self.per_source, self._rows, epoch, [*before, Leg(opts.world_size, opts.batch_size, 0)]
-        )  # checks the legs
-        consumed = sum(x.batches for x in legs)
+        except LoaderError as exc:
+            raise LoaderError(
+                f"cannot resume: the mixture state's legs {state.get('legs')!r} do not fit its epoch: {exc}"
+            ) from None
         self._epoch, self._legs_before = epoch, before
         self._next_start = self._consumed = consumed
         self._resumed_used = False
@@ -358,7 +377,14 @@ class MixedLoader:
         mine = self._source_records()
         if not isinstance(saved, list) or not all(isinstance(s, dict) for s in saved):
             raise LoaderError(f"mixture state has no list of sources, got {saved!r}")
-        if [s.get("dataset") for s in saved] != [s["dataset"] for s in mine]:
+        names = [s.get("dataset") for s in saved]
+        if names != [s["dataset"] for s in mine] and sorted(map(str, names)) == sorted(self.sources):
+            raise LoaderError(
+                f"cannot resume: the mixture state mixes {', '.join(map(str, names))} in that order and this "
+                f"loader mixes {', '.join(self.sources)}: the same sources in another order, which is "
+                "another mixture (each source's rows are dealt by its position); pass them in the saved order"
+            )
+        if names != [s["dataset"] for s in mine]:
             raise LoaderError(
                 "cannot resume: the mixture state was saved on sources "
                 f"{[s.get('dataset') for s in saved]}, this loader mixes {[s['dataset'] for s in mine]}"
@@ -412,7 +438,7 @@ class MixedLoader:
             taken=share.taken((start - first) * b),
             rows=self._rows,
         )
-        self._begin()
+        self._begin(self._planned_bytes(needs(share, **walk)) if self._budget.active else 0)
         for i, mix in enumerate(self._mix):  # shards cached since the last epoch are read from disk now
             if mix.source.cache is not None:
                 mix.source.epoch_starts(
@@ -473,13 +499,26 @@ class MixedLoader:
         return tuple(self._opened)
 
     # -- statistics (loaders.stats) ----------------------------------------------------------------
-    def _begin(self) -> None:
-        """An iteration begins: its counters start from the loader's totals now."""
+    def _planned_bytes(self, wanted: Iterator[list[Need]]) -> int:
+        """The remote bytes of the source batches ``wanted`` needs (what a cost budget projects
+        the iteration's cost over)."""
+        batches: dict[tuple[int, int], set[int]] = {}
+        for batch_needs in wanted:
+            for need in batch_needs:
+                batches.setdefault((need.source, need.pas), set()).add(need.batch)
+        return sum(
+            self._mix[s].reader.planned_bytes(self._mix[s].reader.plan(pas), ks)
+            for (s, pas), ks in batches.items()
+        )
+
+    def _begin(self, planned_bytes: int) -> None:
+        """An iteration begins: its counters start from the loader's totals now; it reads
+        ``planned_bytes`` from the store."""
         self._reads_before = self._reads_before + sum((r.totals() for r in self._reads), LoaderTotals())
         self._reads = [ReadCount() for _ in self._mix]
         self.source_rows = [0] * len(self._mix)
         self.skipped_rows = []
-        self._budget.warned = False
+        self._budget.begin(planned_bytes)
         self._began = self.totals()
         for src in self._opened:
             if src.fetcher is not None:

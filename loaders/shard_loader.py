@@ -399,18 +399,17 @@ class ShardLoader:
             and self._pipeline.promote(early.run)
         ):
             early.promoted.set()
-            self._begin(early.reads, early.shuffle)
+            self._begin(early.reads, early.shuffle, self._planned_bytes(None, 0))
             epoch, self.skipped_rows = early.run, early.skipped
         else:
             if early is not None:
                 early.run.close()
             self.skipped_rows = []
-            self._begin(ReadCount(), ShuffleTally())
-            stop = threading.Event()
             plan = self._resumed.plan if self._resumed is not None else None
-            tasks = self._reader.tasks(
-                self._epoch, start - (plan.first_index if plan else 0), stop, ahead, plan, reads=self._reads
-            )
+            first = start - (plan.first_index if plan else 0)
+            self._begin(ReadCount(), ShuffleTally(), self._planned_bytes(plan, first))
+            stop = threading.Event()
+            tasks = self._reader.tasks(self._epoch, first, stop, ahead, plan, reads=self._reads)
             tasks = _tallied(tasks, self._shuffle, self.source.shard_rows, self.source.groups)
             epoch = self._pipeline.start(
                 tasks, self._decoding.for_epoch(self._epoch, self.skipped_rows), stop=stop
@@ -486,10 +485,20 @@ class ShardLoader:
                 )
 
     # -- statistics (loaders.stats) ----------------------------------------------------------------
-    def _begin(self, reads: ReadCount, shuffle: ShuffleTally) -> None:
-        """An iteration begins: its counters start from the loader's totals now."""
+    def _planned_bytes(self, plan: EpochPlan | None, first: int) -> int:
+        """The remote bytes the iteration reads from batch ``first`` of ``plan`` (default: the
+        epoch's own) on (only worked out when there is a cost budget)."""
+        if not self._budget.active:
+            return 0
+        plan = plan or self._reader.plan(self._epoch)
+        return self._reader.planned_bytes(plan, self._reader.batches(plan)[first:])
+
+    def _begin(self, reads: ReadCount, shuffle: ShuffleTally, planned_bytes: int) -> None:
+        """An iteration begins: its counters start from the loader's totals now; it reads
+        ``planned_bytes`` from the store."""
         self._reads_before = self._reads_before + self._reads.totals()
-        self._reads, self._shuffle, self._budget.warned = reads, shuffle, False
+        self._reads, self._shuffle = reads, shuffle
+        self._budget.begin(planned_bytes)
         self._began = self.totals() - reads.totals()  # an epoch started early has read already
         if self.fetcher is not None:
             self.fetcher.peak_bytes_held = self.fetcher.held

@@ -111,7 +111,7 @@ def read_state(
         raise LoaderError(f"loader state has no 'order' settings, got {theirs!r}")
     mine = {k: order[k] for k in ORDER_SETTINGS}
     legs_raw = _raw_legs(state)
-    legs = _legs(legs_raw)
+    legs = parse_legs(legs_raw)
     if fmt == _FORMAT_1:
         mine["rows_per_rank"] = rows_per_rank(legs[0].world_size)
     diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
@@ -151,7 +151,7 @@ def last_leg(state: Any) -> Leg:
         raise LoaderError(
             f"not a ShardLoader state (format {fmt!r}, expected {STATE_FORMAT!r} or {_FORMAT_1!r})"
         )
-    return _legs(_raw_legs(state))[-1]
+    return parse_legs(_raw_legs(state))[-1]
 
 
 def _raw_legs(state: dict[str, Any]) -> Any:
@@ -170,7 +170,12 @@ def _raw_legs(state: dict[str, Any]) -> Any:
     return state.get("legs")
 
 
-def _legs(raw: Any) -> tuple[Leg, ...]:
+def parse_legs(raw: Any) -> tuple[Leg, ...]:
+    """The legs of a state as saved, checked: a non-empty list of legs of sizes >= 1.
+
+    Raises:
+        LoaderError: naming the bad leg and the form a leg takes.
+    """
     if not isinstance(raw, list) or not raw:
         raise LoaderError(f"loader state legs must be a non-empty list, got {raw!r}")
     legs = []

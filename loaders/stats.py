@@ -29,6 +29,7 @@ __all__ = [
     "LoaderStats",
     "LoaderTotals",
     "PriceTable",
+    "usd",
 ]
 
 log = logging.getLogger(__name__)
@@ -226,11 +227,23 @@ class LoaderStats:
         return out
 
 
+def usd(dollars: float) -> str:
+    """``dollars`` with three significant digits (``$0.000163``, ``$1.63e-05``, ``$12.3``): never
+    ``$0.0000`` for a cost that is not zero."""
+    return f"${dollars:.3g}"
+
+
 @dataclass(slots=True)
 class CostBudget:
     """An epoch's cost budget on one rank (``cost_budget`` dollars, ``None``: none): every
-    :data:`BUDGET_EVERY` batches, the epoch's cost so far scaled to all its batches is compared
-    with it; past it, one WARNING an epoch or, with ``on_budget="stop"``, a :class:`LoaderError`."""
+    :data:`BUDGET_EVERY` batches and at the epoch's last batch, the epoch's projected cost is
+    compared with it; past it, one WARNING an epoch or, with ``on_budget="stop"``, a
+    :class:`LoaderError`.
+
+    The projection is the cost per byte of the reads made so far times the bytes of every remote
+    row group the epoch reads (:meth:`begin`), and never less than the cost so far: the reads
+    made ahead of the batches consumed (the fetcher's read-ahead, a whole first window) are
+    counted with the bytes they brought, not scaled by the batches consumed."""
 
     budget: float | None
     on_budget: str
@@ -238,20 +251,33 @@ class CostBudget:
     rank: int
     dataset: str
     warned: bool = False
+    planned_bytes: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.budget is not None
+
+    def begin(self, planned_bytes: int) -> None:
+        """An epoch (or the rest of one) begins that reads ``planned_bytes`` from the store."""
+        self.warned, self.planned_bytes = False, planned_bytes
 
     def check(self, done: LoaderTotals, *, epoch: int, consumed: int, batches: int) -> None:
         """After ``consumed`` of the epoch's ``batches``, whose reads so far are ``done``."""
-        if self.budget is None or consumed % BUDGET_EVERY or self.warned:
+        if self.budget is None or self.warned or (consumed % BUDGET_EVERY and consumed < batches):
             return
         cost = self.prices.cost(done.store.requests, done.store.bytes)
-        projected = cost * batches / max(consumed, 1)
+        projected = cost
+        if done.store.bytes:
+            projected = max(cost, cost * self.planned_bytes / done.store.bytes)
         if projected <= self.budget:
             return
         self.warned = True
         message = (
-            f"epoch {epoch} on rank {self.rank} would cost ${projected:.4f} in reads of {self.dataset}, over "
-            f"cost_budget ${self.budget:.4f} (${cost:.4f} after {consumed} of {batches} batches: "
-            f"{done.store.requests} requests, {done.store.bytes} bytes)"
+            f"epoch {epoch} on rank {self.rank} would cost {usd(projected)} in reads of {self.dataset}, over "
+            f"cost_budget {usd(self.budget)} ({usd(cost)} after {consumed} of {batches} batches: "
+            f"{done.store.requests} requests and {done.store.bytes} bytes, the next epoch's first reads "
+            f"included; the epoch reads {self.planned_bytes} bytes of row groups); "
+            "raise cost_budget, or read from a cache (cache_dir) or a store in the same region"
         )
         if self.on_budget == "stop":
             raise LoaderError(f"{message}; stopping (on_budget='stop')")

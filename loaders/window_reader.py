@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -203,6 +203,21 @@ class WindowReader:
                 f"({blocks} blocks of {opts.batch_size} images) and one row group of {dataset} up to {largest}"
             )
         return budget - decoded
+
+    def planned_bytes(self, plan: EpochPlan, batches: Iterable[int]) -> int:
+        """The bytes of the remote row groups that ``batches`` of ``plan`` (counted from its
+        position 0) read from the store, each window once (local and cached shards: 0): what a
+        cost budget projects an epoch's cost over."""
+        bs = self.options.batch_size
+        windows: set[int] = set()
+        for k in batches:
+            windows.update(_batch_windows(plan, k * bs, bs))
+        ranges = (self._range(plan.pieces[int(p)]) for w in windows for p in plan.order.windows[w])
+        return sum(r.size for r in ranges if r is not None)
+
+    def batches(self, plan: EpochPlan) -> range:
+        """The batches of ``plan``, counted from its position 0."""
+        return range(-(-plan.end // self.options.batch_size))
 
     def window_bytes(self) -> int:
         """At most the remote bytes of one shuffle window of this rank's pieces (at the densest

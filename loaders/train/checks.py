@@ -61,6 +61,7 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
     if checkpoint is not None:
         _check_resumed_options(cfg, resume_uri, checkpoint)
         _check_resumed_batch(cfg, world_size, resume_uri, checkpoint)
+        _check_source_order(cfg, resume_uri, checkpoint)
     if cfg.batch_size % world_size:
         raise ConfigError(
             f"batch_size {cfg.batch_size} (global) is not divisible by the world size {world_size}: "
@@ -211,6 +212,27 @@ def _find_checkpoint(cfg: TrainConfig, checkpoint_uri: str) -> tuple[str | None,
 #: What a resumed run takes from its checkpoint, not from the command line: the network, and the
 #: optimizer and learning-rate schedule whose states it loads (their settings are in those states).
 _KEPT_ON_RESUME = ("model", "width", "optimizer", "lr", "momentum", "weight_decay", "gamma", "step_size")
+
+
+def _check_source_order(cfg: TrainConfig, uri: str | None, ckpt: dict[str, Any]) -> None:
+    """A mixture resumed with its datasets in another order is another mixture (a source's rows
+    are dealt by its position): refused naming the checkpoint's order, before the versions (joined
+    in that order) would name both datasets as rebuilt."""
+    saved = ckpt.get("config", {}).get("dataset") if isinstance(ckpt.get("config"), dict) else None
+    if isinstance(cfg.dataset, str) or not isinstance(saved, list | tuple) or not cfg.dataset:
+        return
+    try:
+        old = [storage.normalize(u) for u, _ in sources(tuple(map(str, saved)))]
+        new = [storage.normalize(u) for u, _ in sources(cfg.dataset)]
+    except (PlatformError, ValueError):
+        return  # not URIs: the checks that follow name them
+    if old != new and sorted(old) == sorted(new):
+        raise ConfigError(
+            f"refusing to resume from {uri}: the checkpoint mixes {', '.join(old)} in that order and this run "
+            f"passes {', '.join(new)}: the same datasets in another order are another mixture (rows are dealt "
+            f"by a dataset's position); pass them in the checkpoint's order: "
+            + " ".join(f"--dataset {item}" for item in saved)
+        )
 
 
 def _option(name: str, value: Any) -> str:

@@ -67,7 +67,7 @@ from loaders.batch import PAD_LABEL
 from loaders.mixed_loader import Concatenated, MixedLoader
 from loaders.shard_loader import ShardLoader, default_threads
 from loaders.state import last_leg
-from loaders.stats import PriceTable
+from loaders.stats import PriceTable, usd
 from loaders.train.checks import EVAL_CHANNELS, TrainPlan, prepare
 from loaders.train.config import TrainConfig, parse_args, sources
 from loaders.train.evaluation import Accuracy, evaluate
@@ -544,7 +544,7 @@ def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy
     run.history.append(record.to_json())
     log.log(
         _info_level(run.world),
-        "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s, %d requests, %.1f MB read, $%.4f",
+        "epoch %d: loss %s, validation accuracy %s, %.0f images/s, data wait %s, %d requests, %.1f MB read, %s",
         epoch,
         "n/a" if record.loss is None else f"{record.loss:.4f}",
         "n/a" if record.val_accuracy is None else f"{record.val_accuracy:.4f}",
@@ -552,7 +552,7 @@ def _record_epoch(run: _Run, epoch: int, trained: _Trained, validation: Accuracy
         [f"{s:.0%}" for s in record.data_wait_share],
         summary.total("requests"),
         summary.total("bytes_read") / 1e6,
-        summary.total("cost_usd"),
+        usd(summary.total("cost_usd")),
     )
     if summary.straggler_line is not None and run.world.rank == 0:
         log.warning("epoch %d: straggler: %s", epoch, summary.straggler_line)

@@ -133,5 +133,78 @@ def test_a_cost_budget_warns_once_or_stops_the_epoch(store: RemoteStore, caplog:
         assert len(warned) == 1
         assert "epoch 0 on rank 0 would cost $" in warned[0] and f"reads of {store.uri('ds')}" in warned[0]
     with ShardLoader(store.uri("ds"), prices=dear, cost_budget=5.0, on_budget="stop", **OPTIONS) as loader:
-        with pytest.raises(LoaderError, match=r"over cost_budget \$5\.0000 .*stopping \(on_budget='stop'\)"):
+        with pytest.raises(LoaderError, match=r"over cost_budget \$5 .*stopping \(on_budget='stop'\)"):
             list(loader)
+
+
+def _epoch_costs(uri: str, epochs: int, **opts) -> list[float]:
+    """Each epoch's cost as ``epoch_stats()`` reports it once every read it made is in (its reads
+    ahead of the next epoch included), without a budget."""
+    costs = []
+    with ShardLoader(uri, **opts) as loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            list(loader)
+            wait_reads_ended(loader)
+            costs.append(loader.epoch_stats().cost_usd)
+    return costs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("read_concurrency", [2, 8])
+def test_a_budget_above_each_epochs_true_cost_never_stops_or_warns(
+    store: RemoteStore, caplog: pytest.LogCaptureFixture, read_concurrency: int
+):
+    """F11: the projection prices the bytes read so far (the read-ahead and the next epoch's first
+    reads included), not the batches consumed: 1.2x the dearest epoch's true cost is enough."""
+    opts = {**OPTIONS, "read_concurrency": read_concurrency}
+    costs = _epoch_costs(store.uri("ds"), 3, **opts)
+    assert min(costs) > 0
+    with ShardLoader(store.uri("ds"), cost_budget=1.2 * max(costs), on_budget="stop", **opts) as loader:
+        with caplog.at_level(logging.WARNING, logger="loaders.stats"):
+            for epoch in range(3):
+                loader.set_epoch(epoch)
+                assert sum(1 for _ in loader) == len(loader) == 15
+    assert not [r for r in caplog.records if "cost_budget" in r.getMessage()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size", [8, 40])
+def test_a_budget_well_under_the_cost_stops_an_epoch_short_ones_too(store: RemoteStore, batch_size: int):
+    """F11: a budget at a third of the epoch's cost stops it, an epoch of 3 batches (under the 8
+    between checks) too: it is checked at its last batch; the message gives the cost in significant
+    digits (F20), not $0.0000."""
+    opts = {**OPTIONS, "batch_size": batch_size}
+    cost = _epoch_costs(store.uri("ds"), 1, **opts)[0]
+    budget = cost / 3
+    with ShardLoader(store.uri("ds"), cost_budget=budget, on_budget="stop", **opts) as loader:
+        assert len(loader) == 120 // batch_size
+        with pytest.raises(LoaderError, match=r"over cost_budget \$[1-9][0-9.]*e-0[5-7] ") as raised:
+            list(loader)
+    assert "$0.0000" not in str(raised.value)
+
+
+def test_the_shuffle_figures_count_the_batches_handed_to_decoding_and_grow_with_the_epoch(dataset: Path):
+    """F28, F31 (documented in docs/loader.md): during an epoch (or after a break) the shuffle
+    figures count the batches read ahead of the loop too, at most prefetch + num_threads + 2 more;
+    at its end, the rows yielded; the tally keeps 16 bytes a row of the epoch."""
+    opts = {**OPTIONS, "prefetch": 1, "num_threads": 1}
+    with ShardLoader(str(dataset), **opts) as loader:
+        images, _ = next(iter(loader))  # the iteration ends there: a break
+        rows = loader.epoch_stats().shuffle.rows
+        assert len(images) <= rows <= (1 + 1 + 2 + 1) * len(images)
+        yielded = sum(len(images) for images, _ in loader)
+        assert loader.epoch_stats().shuffle.rows == yielded == 40
+        held = sum(p.nbytes + g.nbytes for p, g in loader._shuffle._batches)
+        assert held == 16 * yielded
+
+
+@pytest.mark.slow
+def test_the_reads_that_open_a_loader_are_in_no_figure(store: RemoteStore):
+    """F29 (documented in docs/loader.md): dataset.json and the footers, read when the loader is
+    made, are GETs the store served that no counter of the loader has."""
+    before = store.traffic()
+    with ShardLoader(store.uri("ds"), **OPTIONS) as loader:
+        opened = store.traffic() - before
+        assert opened.gets >= 1 + 2  # dataset.json, and each of the 2 shards' footers
+        assert loader.totals().store.requests == 0 and loader.epoch_stats().requests == 0

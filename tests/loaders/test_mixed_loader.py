@@ -178,7 +178,10 @@ def test_a_state_resumes_only_the_same_mixture(tmp_path, two):
         other.load_state_dict(state)
     with _mix(two, seed=9) as other, pytest.raises(LoaderError, match="seed: saved 3, now 9"):
         other.load_state_dict(state)
-    with _mix((two[1], two[0])) as other, pytest.raises(LoaderError, match="saved on sources"):
+    with (
+        _mix((two[1], two[0]), weights=(0.3, 0.7)) as other,
+        pytest.raises(LoaderError, match=r"mixes file://.*/a, file://.*/b in that order .* another order"),
+    ):  # F6: the same mixture in another order is named as such, not as rebuilt datasets
         other.load_state_dict(state)
     with _mix(two, batch_size=4) as other, pytest.raises(LoaderError, match="global batch 8"):
         other.load_state_dict(state)
@@ -393,7 +396,95 @@ def test_one_cost_budget_for_the_whole_mixture_names_its_rank(two, s3_bucket):
 
     remote = (upload(Path(two[0]), s3_bucket, "a"), upload(Path(two[1]), s3_bucket, "b"))
     with _mix(remote, rank=1, world_size=2, batch_size=4, cost_budget=1e-12, on_budget="stop") as ld:
-        with pytest.raises(LoaderError, match=r"epoch 0 on rank 1 would cost \$[0-9.]+ in reads of mix\("):
+        with pytest.raises(LoaderError, match=r"epoch 0 on rank 1 would cost \$[0-9.e-]+ in reads of mix\("):
             for _ in ld:
                 pass
         assert ld.epoch_stats().requests > 0
+
+
+def _mixture_costs(remote, epochs: int, **kw) -> list[float]:
+    """Each epoch's cost of a mixture without a budget, once every read it made is in."""
+    from tests.helpers.store import wait_reads_ended
+
+    costs = []
+    with _mix(remote, **kw) as ld:
+        for epoch in range(epochs):
+            ld.set_epoch(epoch)
+            list(ld)
+            for src in ld.shard_sources:
+                wait_reads_ended(src)
+            costs.append(ld.epoch_stats().cost_usd)
+    return costs
+
+
+@pytest.mark.s3
+def test_a_mixture_budget_above_its_true_cost_never_stops_and_one_under_it_does(two, s3_bucket, caplog):
+    """F7/F11: the mixture's one budget projects the bytes its source batches read, not the
+    batches consumed: 1.2x each epoch's true cost runs every epoch to its end without a warning;
+    a third of it stops, and so does an epoch of fewer than 8 batches."""
+    from tests.helpers.store import upload
+
+    remote = (upload(Path(two[0]), s3_bucket, "a"), upload(Path(two[1]), s3_bucket, "b"))
+    opts = dict(rank=1, world_size=2, batch_size=2, read_concurrency=16, shuffle_window=40)
+    costs = _mixture_costs(remote, 3, **opts)
+    assert min(costs) > 0
+    with _mix(remote, cost_budget=1.2 * max(costs), on_budget="stop", **opts) as ld:
+        with caplog.at_level("WARNING", logger="loaders.stats"):
+            for epoch in range(3):
+                ld.set_epoch(epoch)
+                assert sum(1 for _ in ld) == len(ld) == 20
+    assert not [r for r in caplog.records if "cost_budget" in r.getMessage()]
+    for kw in (opts, {**opts, "batch_size": 20}):  # 20 batches; 2 (under the 8 between checks)
+        with _mix(remote, cost_budget=min(costs) / 3, on_budget="stop", **kw) as ld:
+            with pytest.raises(LoaderError, match=r"epoch 0 on rank 1 would cost .*over cost_budget"):
+                list(ld)
+
+
+def _state_at(two, **kw) -> dict:
+    with _mix(two, **kw) as ld:
+        it = iter(ld)
+        next(it)
+        state = ld.state_dict()
+        it.close()
+    return state
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"batches_consumed": 99, "legs": [{"world_size": 2, "batch_size": 4, "batches": 99}]},
+            "has 10 batches per rank, got 99",
+        ),
+        ({"legs": [{"world_size": 2, "batch_size": 4, "batches": 1, "x": 1}]}, "leg 0 must be"),
+        (
+            {"legs": [{"world_size": 0, "batch_size": 4, "batches": 0}], "batches_consumed": 0},
+            "leg 0 must be",
+        ),
+        ({"legs": "many"}, "legs must be a non-empty list, got 'many'"),
+        (
+            {"batches_consumed": True, "legs": [{"world_size": 2, "batch_size": 4, "batches": 1}]},
+            "do not add up",
+        ),
+    ],
+)
+def test_a_malformed_mixture_state_is_refused_naming_the_bad_field(two, change, message):
+    """F18: a state past the epoch's end, an unknown key or a world size of 0 is a LoaderError
+    that names it, before anything is changed."""
+    state = _state_at(two, world_size=2, batch_size=4)
+    with _mix(two, world_size=2, batch_size=4) as ld:
+        with pytest.raises(LoaderError, match=message):
+            ld.load_state_dict({**state, **change})
+        assert ld.epoch == 0 and len(ld) == 10 and sum(1 for _ in ld) == 10
+
+
+def test_a_mixture_state_at_another_global_batch_names_the_global_batch(two):
+    """F19: 2 ranks x 8 (global 16), resumed at 3 ranks x 8: the global batch is what changed
+    (samples_per_epoch, rounded to it, would change too), and the message says what works."""
+    state = _state_at(two, world_size=2, batch_size=8)
+    with _mix(two, world_size=3, batch_size=8) as ld:
+        with pytest.raises(
+            LoaderError, match=r"2 rank\(s\) x batch_size 8 = global batch 16, this loader has 3"
+        ) as e:
+            ld.load_state_dict(state)
+        assert "samples_per_epoch" not in str(e.value) and "(1, 2, 4, 8, 16)" in str(e.value)

@@ -196,3 +196,20 @@ def test_a_resume_with_another_mixture_is_refused_naming_what_changed(tmp_path: 
     assert main(["--dataset", f"{a}:0.7", "--dataset", f"{b}:0.3", *again]) == 2
     err = capsys.readouterr().err
     assert f"it was trained on {b} version 'b0b0b0b0', which is now version 'b1b1b1b1'" in err
+
+
+def test_a_resume_with_the_datasets_in_another_order_is_one_error_line_naming_the_order(tmp_path: Path):
+    """F6: the same mixture given in another order is named as such (with the order to pass), not
+    as two rebuilt datasets."""
+    a, b = _two(tmp_path)
+    out = tmp_path / "run"
+    base = ["--output", str(out), "--samples-per-epoch", "24"]
+    first = _train(["--dataset", f"{a}:0.7", "--dataset", f"{b}:0.3", *base, "--epochs", "1"], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = ["--dataset", f"{b}:0.3", "--dataset", f"{a}:0.7", *base, "--epochs", "2", "--resume", "auto"]
+    line = _one_error_line(_train(again, tmp_path))
+    assert f"the checkpoint mixes file://{a}, file://{b} in that order" in line
+    assert f"pass them in the checkpoint's order: --dataset {a}:0.7 --dataset {b}:0.3" in line
+    assert "version" not in line
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["epochs"]) == 1  # nothing trained, nothing written
