@@ -438,7 +438,7 @@ class MixedLoader:
             taken=share.taken((start - first) * b),
             rows=self._rows,
         )
-        self._begin(self._planned_bytes(needs(share, **walk)) if self._budget.active else 0)
+        self._begin(self._planned_bytes(walk()) if self._budget.active else 0)
         for i, mix in enumerate(self._mix):  # shards cached since the last epoch are read from disk now
             if mix.source.cache is not None:
                 mix.source.epoch_starts(
