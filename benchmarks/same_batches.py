@@ -2,8 +2,8 @@
 
     python benchmarks/same_batches.py --ref 239e4ea [--only CASE ...] [--list]
 
-Builds two small datasets with the working tree's jobs (``dsA``: 4 classes, 2 shards of many
-row groups; ``dsB``: 3 other classes, 1 shard), serves them over S3 from the benchmarks'
+Builds three small datasets with the working tree's jobs (``dsA``: 4 classes, 2 shards of many
+row groups; ``dsB``: 3 other classes, 1 shard; ``dsC``: dsA's classes, 1 shard), serves them over S3 from the benchmarks'
 remote-like store (``benchmarks/remote_store.py``, no added latency), then runs a matrix of
 loader cases (world sizes and ranks, shuffle windows, remainders, ``drop_last``, augmentation,
 crops, normalisation, a transform by reference, the decoders, ``decoder="none"``, local and
@@ -56,8 +56,8 @@ def cases(data: Path, remote: str) -> dict[str, dict[str, Any]]:
 
     ``sources`` is a dataset URI, or a list of ``[uri, weight]`` for a mixture; ``options`` are the
     loader's keywords without ``rank`` and ``world_size``; ``batch_size`` is per rank."""
-    a, b = str(data / "dsA"), str(data / "dsB")
-    ra, rb = f"{remote}/dsA", f"{remote}/dsB"
+    a, b, c = str(data / "dsA"), str(data / "dsB"), str(data / "dsC")
+    ra, rb, rc = f"{remote}/dsA", f"{remote}/dsB", f"{remote}/dsC"
     cache = str(data / "cache-{version}-{case}-{rank}")
     out: dict[str, dict[str, Any]] = {
         "plain": dict(sources=a, world_size=1, options=dict(batch_size=8, num_threads=2)),
@@ -124,6 +124,17 @@ def cases(data: Path, remote: str) -> dict[str, dict[str, Any]]:
             sources=[[a, 0.7], [b, 0.3]],
             world_size=1,
             options=dict(batch_size=9, shuffle=True, seed=6, transform="sbtransforms:flip_some"),
+        ),
+        "mixture-one-label-space": dict(
+            sources=[[a, 0.6], [c, 0.4]],
+            world_size=2,
+            options=dict(batch_size=6, shuffle=True, seed=4, samples_per_epoch=150),
+            elastic=[(1, 12), (3, 4)],
+        ),
+        "mixture-one-label-space-remote": dict(
+            sources=[[ra, 0.5], [rc, 0.5]],
+            world_size=1,
+            options=dict(batch_size=8, cache_dir=cache),
         ),
         "mixture-remote-cache": dict(
             sources=[[ra, 0.6], [rb, 0.4]],
@@ -223,6 +234,7 @@ def _build(data: Path) -> None:
     for name, counts, shards, seed in (
         ("dsA", {"cat": 60, "dog": 50, "fox": 40, "owl": 30}, 2, 1),
         ("dsB", {"ant": 20, "bee": 16, "cat": 12}, 1, 2),
+        ("dsC", {"cat": 14, "dog": 12, "fox": 10, "owl": 9}, 1, 3),  # dsA's labels: rows decode alone
     ):
         lake = data / f"lake-{name}"
         write_lake(lake, counts, size=(48, 40), fmt="JPEG", seed=seed)

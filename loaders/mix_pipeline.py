@@ -35,7 +35,16 @@ from loaders.mixing import RankShare, Span, locate
 from loaders.source import ShardSource
 from loaders.window_reader import ReadCount, WindowReader
 
-__all__ = ["Assembler", "MixSource", "Need", "needs", "relabelled", "source_batches"]
+__all__ = [
+    "Assembler",
+    "MixSource",
+    "Need",
+    "mixture_batches",
+    "needs",
+    "relabelled",
+    "shard_offsets",
+    "source_batches",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,6 +135,32 @@ class _SourceBatch(NamedTuple):
     decode: Callable[[BatchTask, threading.Event], Any]
 
 
+class _SourceTasks:
+    """The reader thread's side of each source: the batch tasks of its batches, its reader
+    continued while it reads the next batch of the same pass and started anew elsewhere."""
+
+    def __init__(
+        self, sources: Sequence[MixSource], stop: threading.Event, reads: Sequence[ReadCount]
+    ) -> None:
+        self._sources, self._stop, self._reads = sources, stop, reads
+        self._following: list[tuple[int, int] | None] = [None] * len(sources)
+        self._open: list[Iterator[BatchTask] | None] = [None] * len(sources)
+
+    def get(self, s: int, pas: int, batch: int) -> BatchTask | None:
+        """The task of batch ``batch`` of pass ``pas`` of source ``s`` (``None``: stopped)."""
+        if self._following[s] != (pas, batch):  # not the next batch of the pass being read: start there
+            _close(self._open[s])
+            self._open[s] = self._sources[s].reader.tasks(pas, batch, self._stop, reads=self._reads[s])
+        tasks = self._open[s]
+        task = next(tasks, None) if tasks is not None else None
+        self._following[s] = (pas, batch + 1)
+        return task
+
+    def close(self) -> None:
+        for tasks in self._open:
+            _close(tasks)
+
+
 def source_batches(
     sources: Sequence[MixSource],
     wanted: Iterator[list[Need]],
@@ -137,8 +172,7 @@ def source_batches(
     """The source batches ``wanted`` needs, in the order of their first need (runs on the
     reader thread). A source batch needed again right after itself is not read again."""
     held: list[tuple[int, int] | None] = [None] * len(sources)
-    following: list[tuple[int, int] | None] = [None] * len(sources)
-    open_tasks: list[Iterator[BatchTask] | None] = [None] * len(sources)
+    tasks = _SourceTasks(sources, stop, reads)
     decoders: dict[tuple[int, int], Callable[[BatchTask, threading.Event], Any]] = {}
     try:
         for batch_needs in wanted:
@@ -147,19 +181,60 @@ def source_batches(
                 if held[s] == at:
                     continue
                 held[s] = at
-                if following[s] != at:  # not the next batch of the pass being read: start there
-                    _close(open_tasks[s])
-                    open_tasks[s] = sources[s].reader.tasks(need.pas, need.batch, stop, reads=reads[s])
-                task = next(open_tasks[s], None)  # type: ignore[arg-type]
+                task = tasks.get(s, *at)
                 if task is None:
                     return  # stopped
-                following[s] = (need.pas, need.batch + 1)
                 if (s, need.pas) not in decoders:
                     decoders[s, need.pas] = sources[s].decoding.for_epoch(need.pas, skipped)
                 yield _SourceBatch((s, *at), task, decoders[s, need.pas])
     finally:
-        for tasks in open_tasks:
-            _close(tasks)
+        tasks.close()
+
+
+def mixture_batches(
+    sources: Sequence[MixSource],
+    wanted: Iterator[list[Need]],
+    stop: threading.Event,
+    *,
+    reads: Sequence[ReadCount],
+    first_index: int,
+) -> Iterator[BatchTask]:
+    """Each mixture batch ``wanted`` needs as one batch task of its rows, in the batch's order
+    (runs on the reader thread): for sources whose rows decode alone (no transform, one label
+    space), so that each row is decoded once, straight into its batch. A task's shard indices
+    count the sources' shards one source after another (see :func:`shard_offsets`)."""
+    held: list[tuple[tuple[int, int], BatchTask] | None] = [None] * len(sources)
+    tasks = _SourceTasks(sources, stop, reads)
+    offsets = shard_offsets(sources)
+    index = first_index
+    try:
+        for batch_needs in wanted:
+            parts = []
+            for need in batch_needs:
+                s, at = need.source, (need.pas, need.batch)
+                kept = held[s]
+                if kept is None or kept[0] != at:
+                    task = tasks.get(s, *at)
+                    if task is None:
+                        return  # stopped
+                    kept = held[s] = (at, task)
+                parts.append((kept[1], need.lo, need.hi, offsets[s]))
+            yield BatchTask(
+                index,
+                [image for t, lo, hi, _ in parts for image in t.images[lo:hi]],
+                np.concatenate([t.labels[lo:hi] for t, lo, hi, _ in parts]),
+                np.concatenate([t.pads[lo:hi] for t, lo, hi, _ in parts]),
+                np.concatenate([t.shards[lo:hi] + at for t, lo, hi, at in parts]),
+                np.concatenate([t.rows[lo:hi] for t, lo, hi, _ in parts]),
+            )
+            index += 1
+    finally:
+        tasks.close()
+
+
+def shard_offsets(sources: Sequence[MixSource]) -> list[int]:
+    """Where each source's shards start in the sources' shards one after another."""
+    return np.cumsum([0, *(len(m.source.shard_uris) for m in sources[:-1])]).tolist()
 
 
 def _close(tasks: Iterator[BatchTask] | None) -> None:

@@ -64,6 +64,7 @@ from loaders.mix_pipeline import (
     MixSource,
     Need,
     decode_source_batch,
+    mixture_batches,
     needs,
     relabelled,
     source_batches,
@@ -234,6 +235,26 @@ class MixedLoader:
                 prep=self._prep,
             )
             self._mix.append(MixSource(src, reader, decoding, lut))
+        # Rows that decode alone (no transform, one label space): each mixture batch is one task,
+        # its rows decoded once straight into its block (the same pixels as in their source
+        # batches); otherwise source batches are decoded and their rows copied together.
+        self._direct: BatchDecoding | None = None
+        if (
+            transform is None
+            and self._prep is None
+            and all(m.lut is None and m.source.info.num_classes == self.num_classes for m in self._mix)
+        ):
+            self._direct = BatchDecoding(
+                opts,
+                image_size=self.image_size,
+                num_classes=self.num_classes,
+                shard_uris=tuple(uri for m in self._mix for uri in m.source.shard_uris),
+                rank=opts.rank,
+                transform=None,
+                transform_ref=None,
+                buffers=buffers,
+                tally=self._tally,
+            )
         self._join_buffers = BufferPool(keep=3)  # the yielded batch, the loop's previous one, one spare
 
     def _reader(self, src: ShardSource, weight: float, n: int, blocks: int, name: str) -> WindowReader:
@@ -447,22 +468,33 @@ class MixedLoader:
                     settle_s=_SETTLE_S,
                 )
         stop = threading.Event()
-        tasks = source_batches(self._mix, walk(), stop, reads=self._reads, skipped=self.skipped_rows)
         assert self._pipeline is not None  # made by _open
-        epoch = self._pipeline.start(tasks, decode_source_batch, stop=stop)
+        direct = self._direct
+        if direct is not None:
+            batches = mixture_batches(self._mix, walk(), stop, reads=self._reads, first_index=start)
+            epoch = self._pipeline.start(batches, direct.for_epoch(self._epoch, self.skipped_rows), stop=stop)
+        else:
+            tasks = source_batches(self._mix, walk(), stop, reads=self._reads, skipped=self.skipped_rows)
+            epoch = self._pipeline.start(tasks, decode_source_batch, stop=stop)
         assembler = Assembler(self._mix, self._join_buffers)
         finished = False
         try:
             for batch_needs in walk():
                 asked = time.perf_counter()
-                batch, taken = assembler.batch(batch_needs, lambda: _next_decoded(epoch))
+                if direct is not None:
+                    batch, taken = _next_decoded(epoch), _taken(batch_needs, len(self._mix))
+                else:
+                    batch, taken = assembler.batch(batch_needs, lambda: _next_decoded(epoch))
                 self._wait_s += time.perf_counter() - asked
                 for s, n in enumerate(taken):
                     self.source_rows[s] += n
                 self._consumed += 1
                 self._batches += 1
                 self._budget.check(
-                    self.totals() - self._began, epoch=self._epoch, consumed=self._consumed, batches=len(self)
+                    lambda: self.totals() - self._began,
+                    epoch=self._epoch,
+                    consumed=self._consumed,
+                    batches=len(self),
                 )
                 yield batch
             finished = True
@@ -570,6 +602,14 @@ def _next_decoded(epoch: Epoch[Any, Any]) -> Any:
     if result is None:
         raise LoaderError("the mixture's pipeline ended before its plan (a source gave fewer batches)")
     return result
+
+
+def _taken(batch_needs: list[Need], sources: int) -> list[int]:
+    """The rows of each source a batch's needs take."""
+    taken = [0] * sources
+    for need in batch_needs:
+        taken[need.source] += need.hi - need.lo
+    return taken
 
 
 def _shutdown(

@@ -459,7 +459,10 @@ class ShardLoader:
                 self._consumed += 1
                 self._batches += 1
                 self._budget.check(
-                    self.totals() - self._began, epoch=self._epoch, consumed=self._consumed, batches=len(self)
+                    lambda: self.totals() - self._began,
+                    epoch=self._epoch,
+                    consumed=self._consumed,
+                    batches=len(self),
                 )
                 yield batch
             finished = True

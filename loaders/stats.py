@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,10 +262,12 @@ class CostBudget:
         """An epoch (or the rest of one) begins that reads ``planned_bytes`` from the store."""
         self.warned, self.planned_bytes = False, planned_bytes
 
-    def check(self, done: LoaderTotals, *, epoch: int, consumed: int, batches: int) -> None:
-        """After ``consumed`` of the epoch's ``batches``, whose reads so far are ``done``."""
+    def check(self, so_far: Callable[[], LoaderTotals], *, epoch: int, consumed: int, batches: int) -> None:
+        """After ``consumed`` of the epoch's ``batches``, whose counters so far ``so_far()`` gives
+        (called only when the budget is checked)."""
         if self.budget is None or self.warned or (consumed % BUDGET_EVERY and consumed < batches):
             return
+        done = so_far()
         cost = self.prices.cost(done.store.requests, done.store.bytes)
         projected = cost
         if done.store.bytes:
