@@ -488,3 +488,17 @@ def test_a_mixture_state_at_another_global_batch_names_the_global_batch(two):
         ) as e:
             ld.load_state_dict(state)
         assert "samples_per_epoch" not in str(e.value) and "(1, 2, 4, 8, 16)" in str(e.value)
+
+
+def test_a_mixture_runs_on_one_reader_thread_and_one_decode_pool(two):
+    """Two sources, one pipeline: one reader thread and at most num_threads decode threads, as
+    for one dataset (not a reader and a pool per source)."""
+    import threading
+
+    with _mix(two, num_threads=2) as ld:
+        it = iter(ld)
+        next(it)
+        names = [t.name for t in threading.enumerate() if t.name.startswith("lakeshard")]
+        it.close()
+    assert sum(n.endswith("-reader") for n in names) == 1, names
+    assert 1 <= sum("-decode" in n for n in names) <= 2, names
