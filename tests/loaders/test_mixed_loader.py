@@ -502,3 +502,41 @@ def test_a_mixture_runs_on_one_reader_thread_and_one_decode_pool(two):
         it.close()
     assert sum(n.endswith("-reader") for n in names) == 1, names
     assert 1 <= sum("-decode" in n for n in names) <= 2, names
+
+
+def test_a_second_iterating_thread_is_refused_naming_the_thread_that_iterates(two):
+    """After an epoch on the main thread, one thread iterates and another tries to: the error
+    names both of them (not the main thread, which iterates no more)."""
+    import threading
+
+    errors: list[str] = []
+    with _mix(two) as ld:
+        for _ in ld:
+            pass
+        started, release = threading.Event(), threading.Event()
+
+        def first() -> None:
+            it = iter(ld)
+            next(it)
+            started.set()
+            release.wait(120)
+            it.close()
+
+        def second() -> None:
+            try:
+                next(iter(ld))
+            except LoaderError as exc:
+                errors.append(str(exc))
+
+        holder = threading.Thread(target=first, name="first-iterator")
+        holder.start()
+        try:
+            assert started.wait(120)
+            other = threading.Thread(target=second, name="second-iterator")
+            other.start()
+            other.join(120)
+        finally:
+            release.set()
+            holder.join(120)
+    assert len(errors) == 1, errors
+    assert "thread 'first-iterator'" in errors[0] and "thread 'second-iterator'" in errors[0], errors[0]
