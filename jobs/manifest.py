@@ -141,7 +141,7 @@ def _prepare_output(cfg: ManifestConfig, out: str) -> bool:
     """Check the output (its bucket exists; a manifest there is replaced only with
     ``--overwrite``) and remove what a killed run left (half-written files, staged rows).
     Returns whether a manifest is being replaced."""
-    if out.startswith("s3://"):
+    if not storage.is_local(out):
         _check_bucket(out)
     marker = manifest_marker_uri(out)
     replacing = storage.exists(marker) or storage.exists(dataset_json_uri(out))
@@ -225,7 +225,7 @@ def _stage(staging: str) -> Callable[[Callable[[list[Any]], list[Any]]], Callabl
 
 def _list_inventory(cfg: ManifestConfig, engine: Engine, src: str, staging: str) -> Listing:
     """Pass 1 from the ``--inventory`` report's data files, a task each."""
-    inventory = read_inventory(cfg.inventory or "", bucket=src[len("s3://") :].split("/", 1)[0])
+    inventory = read_inventory(cfg.inventory or "", bucket=storage.bucket(src))
     log.info("reading %d inventory data files of %s on %s", len(inventory.files), inventory.uri, engine.name)
     task = _stage(staging)(inventory_rows(inventory, src, label_depth=cfg.label_depth or 0, skip=_skip(cfg)))
     results = engine.map_partitions(task, list(inventory.files), partitions=len(inventory.files))
@@ -492,7 +492,7 @@ def _remove_tables(out: str) -> None:
         entries = []
     for entry in entries:
         if entry.rstrip("/").rsplit("/", 1)[-1] != "_manifest.json":
-            storage.remove(("s3://" if out.startswith("s3://") else "file://") + entry, recursive=True)
+            storage.remove(storage.from_listing(out, entry), recursive=True)
 
 
 def write_tables(engine: Engine, plan: PassPlan, checked: _CheckedCounts) -> _TablesWritten:

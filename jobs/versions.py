@@ -40,7 +40,7 @@ def _check_dataset(root: str) -> None:
     nothing is at ``root``: a typo is an error, not a dataset without versions."""
     fs, path = storage.filesystem(root)
     try:
-        if root.startswith("s3://"):
+        if not storage.is_local(root):
             bucket = path.split("/", 1)[0]
             try:
                 fs.info(bucket)

@@ -134,7 +134,7 @@ def dataset_lock(root: str, *, job: str, exclusive: bool = True) -> Iterator[Non
         StorageError: a job that writes a local dataset that cannot be written (read-only).
     """
     root = storage.normalize(root)
-    if root.startswith("file://"):
+    if storage.is_local(root):
         folder = storage.filesystem(root)[1]
         path = os.path.join(folder, LOCK_NAME)
     elif exclusive:
@@ -151,7 +151,7 @@ def dataset_lock(root: str, *, job: str, exclusive: bool = True) -> Iterator[Non
                 )
             held.count += 1
     if held is None:
-        if root.startswith("file://"):
+        if storage.is_local(root):
             held = _acquire(root, folder, path, job=job, exclusive=exclusive)
         else:
             held = _acquire_s3(root, path, job=job)
@@ -192,9 +192,7 @@ def confirm(root: str) -> None:
 
 def _lock_path(root: str) -> str:
     return (
-        os.path.join(root[len("file://") :], LOCK_NAME)
-        if root.startswith("file://")
-        else f"{root}/{LOCK_NAME}"
+        os.path.join(storage.local_path(root), LOCK_NAME) if storage.is_local(root) else f"{root}/{LOCK_NAME}"
     )
 
 

@@ -36,13 +36,17 @@ __all__ = [
     "GONE",
     "RequestCounts",
     "RequestStats",
+    "bucket",
     "cat",
     "clear_s3_clients",
     "create_if_absent",
     "exists",
     "filesystem",
+    "from_listing",
     "is_local",
+    "is_uri",
     "join",
+    "local_path",
     "modified_utc",
     "move",
     "normalize",
@@ -60,6 +64,7 @@ __all__ = [
     "s3_options",
     "s3_path",
     "s3_read_range",
+    "scheme",
     "temp_sibling",
     "write_bytes_atomic",
     "write_json_atomic",
@@ -128,9 +133,53 @@ def normalize(uri: str) -> str:
     return "file://" + path
 
 
+# Which store a URI names is decided here, and only here: everything else asks these functions
+# (tests/test_layering.py holds the rest of the code to it), so a new store is a change here.
+def scheme(uri: str) -> str:
+    """The store of ``uri``: ``"file"`` (a path or ``file://``) or ``"s3"`` (``s3://``, ``s3a://``).
+
+    Raises:
+        StorageError: another scheme (as :func:`normalize`)."""
+    return normalize(uri).split(":", 1)[0]
+
+
 def is_local(uri: str) -> bool:
-    """Whether ``uri`` names a local file (a path or ``file://``), not an object in a store."""
-    return normalize(uri).startswith("file://")
+    """Whether ``uri`` names a local file (a path or ``file://``), not an object in a store.
+    Cheap (no normalisation): fit for every row of a listing."""
+    match = _SCHEME.match(uri)
+    name = match.group(1).lower() if match else ""
+    return name in ("", "file") or len(name) == 1  # a plain path (or a Windows drive)
+
+
+def is_uri(ref: str) -> bool:
+    """Whether ``ref`` is a URI of a store this package reads, with its scheme spelt out
+    (``s3://...`` or ``file://...``), not a bare path."""
+    match = _SCHEME.match(ref)
+    if match is None:
+        return False
+    return match.group(1).lower() in ("s3", "s3a", "file") and ref[match.end() :].startswith("//")
+
+
+def local_path(uri: str) -> str:
+    """The absolute path of a local ``uri``.
+
+    Raises:
+        StorageError: ``uri`` names an object in a store."""
+    root = normalize(uri)
+    if not root.startswith("file://"):
+        raise StorageError(f"not a local path: {uri!r}")
+    return root[len("file://") :]
+
+
+def bucket(uri: str) -> str:
+    """The bucket of an ``s3://`` ``uri``."""
+    return s3_path(normalize(uri)).split("/", 1)[0]
+
+
+def from_listing(root: str, path: str) -> str:
+    """``path`` as the filesystem of ``root``'s store lists it (:func:`filesystem`: ``/abs/path``
+    on a local disk, ``bucket/key`` on S3), as a URI of that store."""
+    return ("file://" if is_local(root) else "s3://") + path
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:

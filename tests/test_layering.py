@@ -8,6 +8,8 @@
 - ``loaders`` (the library) never imports its example trainer, ``loaders.train``.
 - The import graph of our modules has no cycle, and a module's name means one thing.
 - ``docs/design/0029-layout.md`` names every module (the tree a newcomer reads).
+- Which store a URI names is decided in ``lakeshard/storage.py`` only: no other module tests a
+  URI's scheme by its prefix (a new store is a change there).
 """
 
 from __future__ import annotations
@@ -245,6 +247,37 @@ def test_the_layout_record_names_every_module():
     }
     assert modules - listed == set(), "modules missing from docs/design/0029-layout.md"
     assert listed - modules == set(), "docs/design/0029-layout.md names modules that do not exist"
+
+
+#: Code that decides by a URI's scheme prefix: ``uri.startswith("s3://")``, ``uri[len("file://"):]``,
+#: ``"s3://" + path``, ``"s3://" if ... else "file://"``, ``removeprefix("file://")``.
+_SCHEME_TEST = re.compile(
+    r"""(startswith|removeprefix|removesuffix|len)\(\(?\s*["'](s3a?|file|gs|az)://"""
+    r"""|["'](s3a?|file|gs|az)://["']\s*(\+|if\b)"""
+)
+
+
+def test_only_storage_decides_by_a_uris_scheme():
+    found = []
+    for path in _modules().values():
+        if path == REPO / "lakeshard" / "storage.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if _SCHEME_TEST.search(line):
+                found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert found == [], (
+        "ask lakeshard.storage (is_local, scheme, local_path, bucket, from_listing):\n" + "\n".join(found)
+    )
+
+
+def test_the_scheme_check_finds_a_prefix_test():
+    for line in (
+        'if uri.startswith("s3://"):',
+        "p = uri[len('file://'):]",
+        'x = ("s3://" if a else "file://") + p',
+    ):
+        assert _SCHEME_TEST.search(line), line
+    assert not _SCHEME_TEST.search('raise ValueError(f"not an s3:// URI: {uri}")')
 
 
 def test_the_training_side_loads_no_engine():

@@ -214,7 +214,7 @@ def stage_both(groups: list[list[int | PartSlice]], *, join: BaseJoin) -> list[i
 
 
 def _s3(row: dict[str, Any]) -> bool:
-    return str(row["uri"]).startswith("s3://")
+    return not storage.is_local(str(row["uri"]))
 
 
 def _unchanged(row: dict[str, Any], old: dict[str, Any]) -> bool:

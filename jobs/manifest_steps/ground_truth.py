@@ -147,7 +147,7 @@ def label_of(record: dict[str, Any], attribute: str) -> LineLabel:
 def _parse(record: dict[str, Any], attribute: str) -> _Line:
     """One line's object and class name (or reject reason)."""
     ref = record.get("source-ref")
-    if not isinstance(ref, str) or not ref.startswith(("s3://", "file://")):
+    if not isinstance(ref, str) or not storage.is_uri(ref):
         raise _Unsupported(f"source-ref is {ref!r:.120}, not an s3:// (or file://) URI")
     try:
         uri = storage.normalize(ref)

@@ -27,7 +27,7 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
     (:func:`jobs.manifest_steps.labels.check_labels`); a ``--base`` is a complete manifest of the same input,
     label source and split (:func:`jobs.manifest_steps.base.check_base`)."""
     src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
-    if src.startswith("file://") and not storage.exists(src):
+    if storage.is_local(src) and not storage.exists(src):
         raise ManifestError(f"--input {cfg.input!r}: {src} does not exist")
     if cfg.input_manifest is not None or cfg.label_attribute is not None:
         _check_ground_truth(cfg, src)
@@ -55,12 +55,12 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
 def _check_inventory(inventory: str, src: str) -> None:
     """``--inventory`` lists an S3 ``--input``'s bucket, and its manifest and data files are
     readable and well formed (see :func:`jobs.manifest_steps.inventory.read_inventory`)."""
-    if not src.startswith("s3://"):
+    if storage.scheme(src) != "s3":  # an S3 Inventory lists a bucket
         raise ConfigError(
             f"--inventory {inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
             "prefix; list a local lake without --inventory"
         )
-    read_inventory(inventory, bucket=src[len("s3://") :].split("/", 1)[0])
+    read_inventory(inventory, bucket=storage.bucket(src))
 
 
 def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
@@ -99,4 +99,4 @@ def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
 
 def _local_path(uri: str) -> str:
     """The real path of a local URI (links resolved), or the URI itself."""
-    return os.path.realpath(storage.filesystem(uri)[1]) if uri.startswith("file://") else uri
+    return os.path.realpath(storage.local_path(uri)) if storage.is_local(uri) else uri

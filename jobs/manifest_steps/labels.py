@@ -74,8 +74,8 @@ def label_files(uri: str) -> list[str]:
         if fs.isfile(path):
             files = [uri]
         elif fs.isdir(path):
-            scheme = "s3://" if uri.startswith("s3://") else "file://"
-            files = sorted(scheme + p for p in fs.find(path) if _format(p) and "/." not in p[len(path) :])
+            found = (p for p in fs.find(path) if _format(p) and "/." not in p[len(path) :])
+            files = sorted(storage.from_listing(uri, p) for p in found)
             if not files:
                 raise ManifestError(f"--labels {uri} is a folder holding no .csv, .parquet or .jsonl file")
         else:

@@ -89,10 +89,6 @@ class Skip:
 _NO_SKIP = Skip(include_hidden=True)
 
 
-def _uri(scheme_root: str, path: str) -> str:
-    return ("s3://" if scheme_root.startswith("s3://") else "file://") + path
-
-
 def _row(
     root: str, root_path: str, info: dict[str, Any], label_depth: int, skip: Skip = _NO_SKIP
 ) -> dict[str, Any]:
@@ -108,7 +104,7 @@ def _row(
     elif isinstance(modified, dt.datetime) and modified.tzinfo is None:
         modified = modified.replace(tzinfo=dt.timezone.utc)
     row = {
-        "uri": _uri(root, path),
+        "uri": storage.from_listing(root, path),
         "key": key,
         "label": parts[label_depth - 1] if 0 < label_depth < len(parts) else None,
         "label_index": None,
@@ -258,7 +254,7 @@ def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> Disco
         raise
     except Exception as exc:  # a 403 included: name the URI and the cause
         raise StorageError(f"cannot list input {root}: {type(exc).__name__}: {exc}") from exc
-    local = root.startswith("file://")
+    local = storage.is_local(root)
     level = [root_path]
     stray: list[dict[str, Any]] = []
     for depth in range(label_depth):
@@ -267,7 +263,7 @@ def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> Disco
             try:
                 entries = _entries(fs, path, local)
             except Exception as exc:
-                raise StorageError(f"cannot list {_uri(root, path)}: {exc}") from exc
+                raise StorageError(f"cannot list {storage.from_listing(root, path)}: {exc}") from exc
             for entry in entries:
                 if entry.is_folder:
                     below.append(entry.path)
@@ -281,7 +277,7 @@ def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> Disco
                         )
                     stray.append(row)
         level = below
-    return Discovered([_uri(root, p) for p in level], stray)
+    return Discovered([storage.from_listing(root, p) for p in level], stray)
 
 
 def _chain(root_path: str, path: str) -> frozenset[tuple[int, int]]:
@@ -325,7 +321,7 @@ def list_prefix(
     fs, root_path = storage.filesystem(root)
     _, path = storage.filesystem(prefix)
     try:
-        if root.startswith("file://"):
+        if storage.is_local(root):
             found = _list_local(root_path, path)
         else:
             found = [info for _, info in sorted(fs.find(path, detail=True, withdirs=False).items())]
@@ -344,7 +340,7 @@ def _inspect(row: dict[str, Any], sniff: bool = True) -> dict[str, Any]:
         if row["etag"] is None:
             row["etag"] = hashlib.md5(b"", usedforsecurity=False).hexdigest()  # what S3 gives
         return reject(row, "empty object (0 bytes)")
-    s3 = row["uri"].startswith("s3://")
+    s3 = not storage.is_local(row["uri"])
     # Local files carry no ETag: the MD5 of the whole content is what S3 would give. A
     # multipart upload's ETag ('<md5 of the parts' md5s>-<parts>') does not identify the
     # content, so such an object is read whole to hash it.

@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from jobs.common.engines import Engine
-from jobs.manifest_steps.listing import _NO_SKIP, Skip, _chain, _folder_loop, _ident, _local_entry, _row, _uri
+from jobs.manifest_steps.listing import _NO_SKIP, Skip, _chain, _folder_loop, _ident, _local_entry, _row
 from lakeshard import storage
 from lakeshard.errors import StorageError
 
@@ -68,7 +68,11 @@ def _chunks(path: str, names: Sequence[str], start: int, after: str | None, size
     for s in range(start, len(names), size):
         e = min(s + size, len(names))
         units.append(
-            ListUnit(_uri("file://", path), after=names[s - 1] if s > 0 else after, upto=names[e - 1])
+            ListUnit(
+                storage.from_listing("file://", path),
+                after=names[s - 1] if s > 0 else after,
+                upto=names[e - 1],
+            )
         )
     return units
 
@@ -164,7 +168,7 @@ def _rest_of(fs: Any, bucket: str, prefix: str, last: str) -> list[ListUnit]:
 
 
 def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
-    bucket, _, prefix = unit.uri[len("s3://") :].partition("/")
+    bucket, _, prefix = storage.s3_path(unit.uri).partition("/")
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, **fs.req_kw}
     if unit.after is not None:
         kwargs["StartAfter"] = unit.after
@@ -194,7 +198,7 @@ def list_units(
             out += units[n:]
             break
         try:
-            if root.startswith("file://"):
+            if storage.is_local(root):
                 found = _list_local_unit(root_path, unit, budget - listed)
             else:
                 found = _list_s3_unit(fs, unit, budget - listed)
@@ -210,7 +214,7 @@ def list_units(
 
 def _first_units(root: str, prefixes: Sequence[str]) -> list[ListUnit]:
     """One unit per class prefix (on S3 the prefix ends with '/': ``cat`` is not ``catfish``)."""
-    s3 = storage.normalize(root).startswith("s3://")
+    s3 = not storage.is_local(root)
     return [ListUnit(p.rstrip("/") + "/" if s3 else p) for p in prefixes]
 
 

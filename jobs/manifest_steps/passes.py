@@ -122,8 +122,7 @@ def read_staged(folder: str) -> list[dict[str, Any]]:
         return []
     except Exception as exc:
         raise StorageError(f"cannot list {folder}: {type(exc).__name__}: {exc}") from exc
-    prefix = "s3://" if folder.startswith("s3://") else "file://"
-    rows = [r for name in names for r in table_rows(read_part(prefix + name))]
+    rows = [r for name in names for r in table_rows(read_part(storage.from_listing(folder, name)))]
     return sorted(rows, key=lambda r: r["key"])
 
 

@@ -27,7 +27,7 @@ CHANGED = "changed since the manifest was built"
 
 def _read(uri: str) -> tuple[bytes, str | None] | str:
     """The object's bytes and its ETag (None for a local file), or :data:`storage.GONE`."""
-    if not uri.startswith("s3://"):
+    if storage.is_local(uri):
         data = storage.read_listed(uri)
         return data if isinstance(data, str) else (data, None)
     try:
@@ -53,10 +53,11 @@ def read_as_listed(
     if size is not None and len(data) != size:
         return f"{CHANGED}: size {size} -> {len(data)}"
     if etag is not None:
-        now = served_etag if uri.startswith("s3://") else hashlib.md5(data, usedforsecurity=False).hexdigest()
+        local = storage.is_local(uri)  # a local file has no ETag: the MD5 of its bytes is what S3 gives
+        now = hashlib.md5(data, usedforsecurity=False).hexdigest() if local else served_etag
         if now is not None and now != etag:
             return f"{CHANGED}: etag {etag} -> {now}"
-    elif modified is not None and not uri.startswith("s3://"):
+    elif modified is not None and storage.is_local(uri):
         now_modified = _local_mtime(uri)
         if now_modified is None:
             return storage.GONE

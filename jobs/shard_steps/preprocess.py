@@ -232,7 +232,7 @@ def readers(threads: int | None, uris: list[str]) -> int:
     decoder cache and CPU) and :data:`_S3_READERS` for S3 (each read waits on the network)."""
     if threads is not None:
         return threads
-    return 0 if all(u.startswith("file://") for u in uris) else _S3_READERS
+    return 0 if all(storage.is_local(u) for u in uris) else _S3_READERS
 
 
 def _preprocessed_chunks(

@@ -80,7 +80,7 @@ def plan_only_folder(root: str) -> str:
     reads the dataset; a cluster's workers must then share this machine's disk)."""
     name = f"plan-only-{uuid.uuid4().hex[:12]}"
     folder = storage.normalize(root)
-    if folder.startswith("file://") and not os.access(folder[len("file://") :], os.W_OK):
+    if storage.is_local(folder) and not os.access(storage.local_path(folder), os.W_OK):
         log.warning("%s cannot be written: the plan's files go to this machine's temporary folder", root)
         return storage.join(tempfile.gettempdir(), name)
     return storage.join(staging_root(root), name)
@@ -89,7 +89,7 @@ def plan_only_folder(root: str) -> str:
 def versioned(uri: str) -> bool:
     """Whether the dataset (or staging folder) at ``uri`` is built in version folders: on S3,
     which has no rename. A local dataset's commit renames its staging folder to ``shards/``."""
-    return storage.normalize(uri).startswith("s3://")
+    return not storage.is_local(uri)
 
 
 def rejects_path(staging: str) -> str:

@@ -119,7 +119,7 @@ def read_shard_footer(uri: str) -> ShardFooter:
     Raises:
         DatasetError: the object cannot be read or is not Parquet (names the shard and the cause).
     """
-    if not uri.startswith("s3://"):
+    if storage.is_local(uri):
         with open_shard(uri) as shard:
             return ShardFooter(uri, shard.parquet.metadata, shard.size(), shard.etag())
     try:
@@ -147,7 +147,7 @@ def open_shard(uri: str) -> OpenShard:
     Raises:
         DatasetError: the file cannot be opened or is not Parquet (names the shard and the cause).
     """
-    local = uri.startswith("file://")
+    local = storage.is_local(uri)
     try:
         fs, path = storage.filesystem(uri)
         f = _LOCAL.open_input_file(path) if local else fs.open(path, "rb")

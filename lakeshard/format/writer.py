@@ -65,7 +65,7 @@ class ShardWriter:
         self._row_group_bytes = row_group_bytes
         self._row_group_rows = row_group_rows
         self._fs, self._path = storage.filesystem(uri)
-        self._local = storage.normalize(uri).startswith("file://")
+        self._local = storage.is_local(uri)
         self._pending: list[pa.Table] = []
         self._pending_bytes = self._pending_rows = 0
         self._labels: dict[int, int] = {}

@@ -95,7 +95,7 @@ def prepare(config: DoctorConfig) -> Plan:
         gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         image_size=size,
         input_size=input_shape[-1],
-        remote=dataset.startswith("s3://"),
+        remote=not storage.is_local(dataset),
         cache_dir=config.cache_dir,
         read_concurrency=config.read_concurrency,
         batch_decoder=bool(BATCH_DECODERS),

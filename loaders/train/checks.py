@@ -281,14 +281,14 @@ def _check_writable(flag: str, given: str, folder: str) -> None:
 def _unwritable(output: str, exc: StorageError) -> str:
     """Why ``output`` could not be written, in the user's terms."""
     cause = exc.__cause__
-    if output.startswith("file://"):
-        path = output[len("file://") :]
+    if storage.is_local(output):
+        path = storage.local_path(output)
         while not os.path.exists(path) and os.path.dirname(path) != path:
             path = os.path.dirname(path)
         if os.path.exists(path) and not os.path.isdir(path):
             return f"{path} is a file, not a folder"
     elif "NoSuchBucket" in repr(cause) or "bucket does not exist" in str(exc):
-        return f"the bucket {output[len('s3://') :].split('/', 1)[0]!r} does not exist"
+        return f"the bucket {storage.bucket(output)!r} does not exist"
     return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
 
 

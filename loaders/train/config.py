@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lakeshard.errors import ConfigError
+from lakeshard import storage
+from lakeshard.errors import ConfigError, StorageError
 from lakeshard.settings import add_arguments, check_positive, opt, parse_size, read_yaml, resolve
 from loaders.mixed_loader import same_dataset
 from loaders.options import DEFAULT_READ_CONCURRENCY
@@ -95,9 +96,10 @@ def _parse_datasets(raw: Any) -> str | tuple[str, ...]:
 
 def _is_local_path(item: str) -> bool:
     """``item`` names an existing local file or folder as given (a plain path or ``file://``)."""
-    if "://" in item and not item.startswith("file://"):
+    try:
+        return storage.is_local(item) and os.path.exists(storage.local_path(item))
+    except StorageError:  # not a URI this package reads: not a path either
         return False
-    return os.path.exists(item.removeprefix("file://"))
 
 
 def sources(dataset: str | tuple[str, ...]) -> list[tuple[str, float | None]]:

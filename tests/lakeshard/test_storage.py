@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,37 @@ def test_an_atomic_write_replaces_the_file_whole_and_leaves_no_temporary(tmp_pat
     storage.write_bytes_atomic(str(target), b"new bytes", durable=durable)
     assert target.read_bytes() == b"new bytes"
     assert [p.name for p in target.parent.iterdir()] == ["f.parquet"]
+
+
+def test_which_store_a_uri_names_is_decided_in_one_place(tmp_path):
+    from lakeshard import storage as st
+
+    assert [st.scheme(u) for u in ("s3://b/k", "s3a://b/k", "file:///x", "rel/path")] == [
+        "s3",
+        "s3",
+        "file",
+        "file",
+    ]
+    assert [st.is_local(u) for u in ("s3://b/k", "file:///x", "/abs", "rel", "C:/x")] == [
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]
+    assert [st.is_uri(u) for u in ("s3://b/k", "file:///x", "/abs", "s3:b/k", "gs://b/k")] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert st.local_path(f"file://{tmp_path}/a/") == f"{tmp_path}/a"
+    assert st.local_path("rel/x") == os.path.abspath("rel/x")
+    assert st.bucket("s3://lake/raw/cat/1.jpg") == "lake"
+    assert st.from_listing("s3://lake/raw", "lake/raw/cat/1.jpg") == "s3://lake/raw/cat/1.jpg"
+    assert st.from_listing(str(tmp_path), f"{tmp_path}/cat/1.jpg") == f"file://{tmp_path}/cat/1.jpg"
+    with pytest.raises(StorageError, match="not a local path: 's3://lake/x'"):
+        st.local_path("s3://lake/x")
+    with pytest.raises(StorageError, match="unsupported URI scheme 'gs'"):
+        st.scheme("gs://b/k")
