@@ -17,7 +17,7 @@ from loaders.prep import make_security, resolve_reference
 from loaders.stats import BUDGET_ACTIONS, PriceTable
 from loaders.transforms import check_mean_std
 
-__all__ = ["DEFAULT_READ_CONCURRENCY", "ORDER_KEYS", "LoaderOptions", "default_threads"]
+__all__ = ["DEFAULT_READ_CONCURRENCY", "ORDER_KEYS", "LoaderOptions", "default_threads", "option_default"]
 
 #: Remote row-group reads in flight by default: enough to hide a round trip of tens of ms behind
 #: the reads before it at tens of MB/s per connection (see docs/performance.md).
@@ -28,6 +28,12 @@ _FLAGS = ("shuffle", "drop_last", "augment", "pin_memory", "skip_bad_rows", "pre
 
 #: The options that decide which batches come out (and so must match on resume).
 ORDER_KEYS = ("world_size", "batch_size", "shuffle", "seed", "drop_last", "remainder", "shuffle_window")
+
+
+def option_default(name: str) -> Any:
+    """The library's default of loader option ``name``: what the trainer's and the doctor's flags
+    default to, so that a command and the library never drift apart."""
+    return {f.name: f.default for f in dataclasses.fields(LoaderOptions)}[name]
 
 
 def default_threads(local_world_size: int | None = None) -> int:

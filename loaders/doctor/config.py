@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from lakeshard.errors import ConfigError
 from lakeshard.format import CHANNELS
 from lakeshard.settings import add_arguments, check_positive, opt, resolve
-from loaders.options import DEFAULT_READ_CONCURRENCY, default_threads
+from loaders.options import default_threads, option_default
 
 __all__ = ["PROG", "DoctorConfig", "build_parser", "parse_args"]
 
@@ -40,8 +40,8 @@ class DoctorConfig:
         None, help="decode threads, the cores decoding may use (default: the cores this process may use)"
     )
     seconds: float = opt(5.0, help="seconds each stage is measured")
-    cache_dir: str | None = opt(None, help="the loader's local cache of remote shards")
-    read_concurrency: int = opt(DEFAULT_READ_CONCURRENCY, help="remote row-group reads in flight")
+    cache_dir: str | None = opt(option_default("cache_dir"), help="the loader's local cache of remote shards")
+    read_concurrency: int = opt(option_default("read_concurrency"), help="remote row-group reads in flight")
     rank: int = opt(0, help="this rank, whose rows are read")
     world_size: int = opt(1, help="ranks sharing the channel")
     json: bool = opt(False, help="print the figures and the verdict as one JSON object")

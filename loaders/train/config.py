@@ -18,7 +18,7 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, StorageError
 from lakeshard.settings import add_arguments, check_positive, opt, parse_size, read_yaml, resolve
 from loaders.mixed_loader import same_dataset
-from loaders.options import DEFAULT_READ_CONCURRENCY
+from loaders.options import option_default
 from loaders.train.model import MODEL_SPEC
 
 __all__ = [
@@ -186,29 +186,38 @@ class TrainConfig:
     )
     augment: bool = opt(True, help="random horizontal flips of training images")
     drop_last: bool = opt(True, help="drop each epoch's short last training batch (same on every rank)")
-    num_threads: int = opt(2, help="decode threads per rank")
-    prefetch: int = opt(4, help="batches each rank decodes ahead of the training step")
+    num_threads: int | None = opt(
+        option_default("num_threads"),
+        help="decode threads per rank (default: the cores this process may use, shared by the ranks of "
+        "its machine)",
+    )
+    prefetch: int = opt(
+        option_default("prefetch"), help="batches each rank decodes ahead of the training step"
+    )
     shuffle_window: int = opt(
-        2048, help="rows shuffled together by the loader (and its read-ahead memory bound)"
+        option_default("shuffle_window"),
+        help="rows shuffled together by the loader (and its read-ahead memory bound)",
     )
     read_concurrency: int = opt(
-        DEFAULT_READ_CONCURRENCY, help="remote row-group reads each rank keeps in flight"
+        option_default("read_concurrency"), help="remote row-group reads each rank keeps in flight"
     )
     memory_budget: str | None = opt(
-        None,
+        option_default("memory_budget"),
         help="bytes for a rank's remote reads plus decoded batches, e.g. 512MiB "
         "(default: read_concurrency row groups plus the decoded batches)",
     )
     cache_dir: str | None = opt(
-        None,
+        option_default("cache_dir"),
         help="local folder caching remote shards, shared by the ranks of a machine "
         "(default: $LAKESHARD_CACHE_DIR, else no cache)",
     )
     cache_limit: str = opt(
-        "50GiB", help="size of the shard cache; least recently used shards are evicted beyond it"
+        option_default("cache_limit"),
+        help="size of the shard cache; least recently used shards are evicted beyond it",
     )
     skip_bad_rows: bool = opt(
-        False, help="replace undecodable rows by ignored padding (counted, logged) instead of failing"
+        option_default("skip_bad_rows"),
+        help="replace undecodable rows by ignored padding (counted, logged) instead of failing",
     )
     checkpoint_every: int = opt(
         0,
@@ -286,12 +295,12 @@ class TrainConfig:
             "batch_size",
             "step_size",
             "width",
-            "num_threads",
             "prefetch",
             "shuffle_window",
             "read_concurrency",
         ):
             check_positive(name, getattr(self, name), error=ConfigError)
+        check_positive("num_threads", self.num_threads, allow_none=True, error=ConfigError)
         if self.dataset is not None:
             try:
                 _parse_datasets(list(self.dataset) if isinstance(self.dataset, tuple) else self.dataset)
