@@ -33,7 +33,8 @@ from loaders.batch_decoding import BatchDecoding
 from loaders.buffers import BufferPool
 from loaders.mixing import RankShare, Span, locate
 from loaders.source import ShardSource
-from loaders.window_reader import ReadCount, WindowReader
+from loaders.stats import ReadCount
+from loaders.window_reader import WindowReader
 
 __all__ = [
     "Assembler",

@@ -77,8 +77,8 @@ from loaders.prep import PrepCluster
 from loaders.shard_loader import ShardLoader
 from loaders.source import ShardSource
 from loaders.state import MIX_STATE_FORMAT, check_global_batch, parse_legs
-from loaders.stats import CostBudget, DecodeTally, LoaderStats, LoaderTotals
-from loaders.window_reader import ReadCount, WindowReader
+from loaders.stats import CostBudget, LoaderCounters, LoaderStats, LoaderTotals, ReadCount
+from loaders.window_reader import WindowReader
 
 __all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling", "same_dataset"]
 
@@ -159,11 +159,6 @@ class MixedLoader:
         self.source_rows = [0] * len(self._mix)
         self.skipped_rows: list[SkippedRow] = []
         # Counters (loaders.stats): over the loader's life, and where the current iteration began.
-        self._reads = [ReadCount() for _ in self._mix]
-        self._reads_before = LoaderTotals()
-        self._wait_s = 0.0
-        self._batches = 0
-        self._began = LoaderTotals()
         self._budget = CostBudget(
             opts.cost_budget, opts.on_budget, opts.price_table, rank=opts.rank, dataset=self.dataset
         )
@@ -208,7 +203,9 @@ class MixedLoader:
         # of each source in hand.
         blocks = opts.decode_threads + opts.prefetch + 3
         buffers = BufferPool(keep=blocks + len(parsed))
-        self._tally = DecodeTally()
+        self.counters = LoaderCounters(
+            lambda: sum((src.requests() for src in self._opened), RequestCounts()), sources=len(parsed)
+        )
         name = f"lakeshard-r{opts.rank}"
         self._pipeline = Pipeline(num_threads=opts.decode_threads, prefetch=opts.prefetch, name=name)
         if opts.prep is not None:
@@ -231,7 +228,7 @@ class MixedLoader:
                 transform=transform,
                 transform_ref=reference,
                 buffers=buffers,
-                tally=self._tally,
+                tally=self.counters.tally,
                 prep=self._prep,
             )
             self._mix.append(MixSource(src, reader, decoding, lut))
@@ -253,7 +250,7 @@ class MixedLoader:
                 transform=None,
                 transform_ref=None,
                 buffers=buffers,
-                tally=self._tally,
+                tally=self.counters.tally,
             )
         self._join_buffers = BufferPool(keep=3)  # the yielded batch, the loop's previous one, one spare
 
@@ -471,10 +468,12 @@ class MixedLoader:
         assert self._pipeline is not None  # made by _open
         direct = self._direct
         if direct is not None:
-            batches = mixture_batches(self._mix, walk(), stop, reads=self._reads, first_index=start)
+            batches = mixture_batches(self._mix, walk(), stop, reads=self.counters.reads, first_index=start)
             epoch = self._pipeline.start(batches, direct.for_epoch(self._epoch, self.skipped_rows), stop=stop)
         else:
-            tasks = source_batches(self._mix, walk(), stop, reads=self._reads, skipped=self.skipped_rows)
+            tasks = source_batches(
+                self._mix, walk(), stop, reads=self.counters.reads, skipped=self.skipped_rows
+            )
             epoch = self._pipeline.start(tasks, decode_source_batch, stop=stop)
         assembler = Assembler(self._mix, self._join_buffers)
         finished = False
@@ -485,13 +484,13 @@ class MixedLoader:
                     batch, taken = _next_decoded(epoch), _taken(batch_needs, len(self._mix))
                 else:
                     batch, taken = assembler.batch(batch_needs, lambda: _next_decoded(epoch))
-                self._wait_s += time.perf_counter() - asked
+                self.counters.wait_s += time.perf_counter() - asked
                 for s, n in enumerate(taken):
                     self.source_rows[s] += n
                 self._consumed += 1
-                self._batches += 1
+                self.counters.batches += 1
                 self._budget.check(
-                    lambda: self.totals() - self._began,
+                    self.counters.iteration,
                     epoch=self._epoch,
                     consumed=self._consumed,
                     batches=len(self),
@@ -546,30 +545,17 @@ class MixedLoader:
     def _begin(self, planned_bytes: int) -> None:
         """An iteration begins: its counters start from the loader's totals now; it reads
         ``planned_bytes`` from the store."""
-        self._reads_before = self._reads_before + sum((r.totals() for r in self._reads), LoaderTotals())
-        self._reads = [ReadCount() for _ in self._mix]
+        self.counters.begin([ReadCount() for _ in self._mix])
         self.source_rows = [0] * len(self._mix)
         self.skipped_rows = []
         self._budget.begin(planned_bytes)
-        self._began = self.totals()
         for src in self._opened:
             if src.fetcher is not None:
                 src.fetcher.peak_bytes_held = src.fetcher.held
 
     def totals(self) -> LoaderTotals:
         """The mixture's counters over its life so far, every source's together."""
-        store = sum((src.requests() for src in self._opened), RequestCounts())
-        rows, decode_s, transform_s = self._tally.snapshot()
-        reads = self._reads_before + sum((r.totals() for r in self._reads), LoaderTotals())
-        return dataclasses.replace(
-            reads,
-            store=store,
-            rows_decoded=rows,
-            decode_cpu_s=decode_s,
-            transform_cpu_s=transform_s,
-            wait_s=self._wait_s,
-            batches=self._batches,
-        )
+        return self.counters.totals()
 
     @property
     def peak_bytes_held(self) -> int:
@@ -580,7 +566,7 @@ class MixedLoader:
         """What the current (or last) iteration cost on this rank, over all sources (see
         :class:`~loaders.stats.LoaderStats`; ``shuffle`` is not measured)."""
         return LoaderStats.of(
-            self.totals() - self._began,
+            self.counters.iteration(),
             epoch=self._epoch,
             peak_bytes_held=self.peak_bytes_held,
             prices=self.options.price_table,

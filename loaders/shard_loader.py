@@ -53,8 +53,8 @@ from loaders.prep import PrepCluster
 from loaders.shuffle_quality import ShuffleTally
 from loaders.source import ShardSource
 from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
-from loaders.stats import CostBudget, DecodeTally, LoaderStats, LoaderTotals
-from loaders.window_reader import EpochPlan, ReadCount, WindowReader
+from loaders.stats import CostBudget, LoaderCounters, LoaderStats, LoaderTotals, ReadCount
+from loaders.window_reader import EpochPlan, WindowReader
 
 __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 
@@ -148,17 +148,12 @@ class ShardLoader:
         self._resumed_used = False  # an iteration has started from self._resumed
         self._running: Epoch[BatchTask, Any] | None = None
         self._started_early: _EpochStartedEarly | None = None  # the next epoch, started before its iteration
-        self._reads = ReadCount()  # of the current (or last) iteration
         self._last_iter_epoch: int | None = None  # the epoch the last iteration ran
         self._lock = threading.Lock()
         self._owner: _Owner | None = None  # the iteration running (or last started) and its thread
         self.skipped_rows: list[SkippedRow] = []
         # Counters (loaders.stats): over the loader's life, and where the current iteration began.
-        self._tally = DecodeTally()
-        self._wait_s = 0.0
-        self._batches = 0
-        self._reads_before = LoaderTotals()  # the cache figures of the iterations before the current one
-        self._began = LoaderTotals()
+        self.counters = LoaderCounters(source.requests)
         self._shuffle = ShuffleTally()
         self._budget = CostBudget(
             opts.cost_budget, opts.on_budget, opts.price_table, rank=opts.rank, dataset=self.dataset
@@ -200,7 +195,7 @@ class ShardLoader:
             transform=transform,
             transform_ref=reference,
             buffers=self._buffers,
-            tally=self._tally,
+            tally=self.counters.tally,
             prep=self._prep,
         )
         # The threads stop when the loader is closed, or garbage-collected unclosed.
@@ -225,7 +220,7 @@ class ShardLoader:
     @property
     def row_groups_read(self) -> int:
         """Row groups read by the current (or last) iteration."""
-        return self._reads.row_groups
+        return self.counters.reads[0].row_groups
 
     # -- epochs and state --------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -409,7 +404,7 @@ class ShardLoader:
             first = start - (plan.first_index if plan else 0)
             self._begin(ReadCount(), ShuffleTally(), self._planned_bytes(plan, first))
             stop = threading.Event()
-            tasks = self._reader.tasks(self._epoch, first, stop, ahead, plan, reads=self._reads)
+            tasks = self._reader.tasks(self._epoch, first, stop, ahead, plan, reads=self.counters.reads[0])
             tasks = _tallied(tasks, self._shuffle, self.source.shard_rows, self.source.groups)
             epoch = self._pipeline.start(
                 tasks, self._decoding.for_epoch(self._epoch, self.skipped_rows), stop=stop
@@ -453,13 +448,13 @@ class ShardLoader:
             while True:
                 asked = time.perf_counter()
                 batch = epoch.next()
-                self._wait_s += time.perf_counter() - asked
+                self.counters.wait_s += time.perf_counter() - asked
                 if batch is None:
                     break
                 self._consumed += 1
-                self._batches += 1
+                self.counters.batches += 1
                 self._budget.check(
-                    lambda: self.totals() - self._began,
+                    self.counters.iteration,
                     epoch=self._epoch,
                     consumed=self._consumed,
                     batches=len(self),
@@ -499,34 +494,20 @@ class ShardLoader:
     def _begin(self, reads: ReadCount, shuffle: ShuffleTally, planned_bytes: int) -> None:
         """An iteration begins: its counters start from the loader's totals now; it reads
         ``planned_bytes`` from the store."""
-        self._reads_before = self._reads_before + self._reads.totals()
-        self._reads, self._shuffle = reads, shuffle
+        self.counters.begin([reads])
+        self._shuffle = shuffle
         self._budget.begin(planned_bytes)
-        self._began = self.totals() - reads.totals()  # an epoch started early has read already
         if self.fetcher is not None:
             self.fetcher.peak_bytes_held = self.fetcher.held
 
     def totals(self) -> LoaderTotals:
         """The loader's counters over its life so far."""
-        store = self.source.requests()
-        rows, decode_s, transform_s = self._tally.snapshot()
-        reads = self._reads_before + self._reads.totals()
-        return LoaderTotals(
-            store,
-            reads.cache_hits,
-            reads.cache_misses,
-            reads.cache_bytes,
-            rows,
-            decode_s,
-            transform_s,
-            self._wait_s,
-            self._batches,
-        )
+        return self.counters.totals()
 
     def epoch_stats(self) -> LoaderStats:
         """What the current (or last) iteration cost on this rank (see :class:`LoaderStats`)."""
         return LoaderStats.of(
-            self.totals() - self._began,
+            self.counters.iteration(),
             epoch=self._epoch,
             peak_bytes_held=self.peak_bytes_held,
             prices=self.options.price_table,

@@ -12,6 +12,7 @@ threads run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -27,9 +28,11 @@ __all__ = [
     "BUDGET_EVERY",
     "CostBudget",
     "DecodeTally",
+    "LoaderCounters",
     "LoaderStats",
     "LoaderTotals",
     "PriceTable",
+    "ReadCount",
     "usd",
 ]
 
@@ -111,6 +114,67 @@ class LoaderTotals:
             self.store + other.store,
             *(getattr(self, f) + getattr(other, f) for f in _NUMBERS),
         )
+
+
+@dataclass
+class ReadCount:
+    """Row groups an epoch's task iterator has read; of a remote dataset's, those read from the
+    shard cache (``cache_hits``, ``cache_bytes``) and, with a cache, those read from the store
+    instead (``cache_misses``)."""
+
+    row_groups: int = 0
+    cache_hits: int = 0
+    cache_bytes: int = 0
+    cache_misses: int = 0
+
+    def totals(self) -> LoaderTotals:
+        """The cache figures as loader totals."""
+        return LoaderTotals(
+            cache_hits=self.cache_hits, cache_misses=self.cache_misses, cache_bytes=self.cache_bytes
+        )
+
+
+class LoaderCounters:
+    """One loader's counters (a mixture's: all its sources' together), each fed where its work
+    happens: the store's requests by the sources' reads (``requests``), the cache's hits by the
+    reader thread (``reads``, one :class:`ReadCount` a source, new each iteration), decoding by
+    the decode threads (``tally``), the wait and the batches by the consumer. :meth:`totals` is
+    the loader's life so far; :meth:`iteration` the current (or last) iteration's share."""
+
+    def __init__(self, requests: Callable[[], RequestCounts], *, sources: int = 1) -> None:
+        self.requests = requests
+        self.tally = DecodeTally()
+        self.wait_s = 0.0
+        self.batches = 0
+        self.reads = [ReadCount() for _ in range(sources)]
+        self._before = LoaderTotals()  # the cache figures of the iterations before the current one
+        self.began = LoaderTotals()
+
+    def begin(self, reads: list[ReadCount]) -> None:
+        """An iteration begins, its row groups counted in ``reads`` (an epoch started early has
+        read some already: they are the iteration's)."""
+        self._before = self._before + _cache_figures(self.reads)
+        self.reads = reads
+        self.began = self.totals() - _cache_figures(reads)
+
+    def totals(self) -> LoaderTotals:
+        rows, decode_s, transform_s = self.tally.snapshot()
+        return dataclasses.replace(
+            self._before + _cache_figures(self.reads),
+            store=self.requests(),
+            rows_decoded=rows,
+            decode_cpu_s=decode_s,
+            transform_cpu_s=transform_s,
+            wait_s=self.wait_s,
+            batches=self.batches,
+        )
+
+    def iteration(self) -> LoaderTotals:
+        return self.totals() - self.began
+
+
+def _cache_figures(reads: list[ReadCount]) -> LoaderTotals:
+    return sum((r.totals() for r in reads), LoaderTotals())
 
 
 _NUMBERS = (

@@ -35,9 +35,9 @@ from loaders.options import LoaderOptions
 from loaders.plan import Piece
 from loaders.shuffle import EpochOrder, epoch_order
 from loaders.source import ShardSource
-from loaders.stats import LoaderTotals
+from loaders.stats import ReadCount
 
-__all__ = ["EpochPlan", "ReadCount", "Rows", "WindowReader"]
+__all__ = ["EpochPlan", "Rows", "WindowReader"]
 
 log = logging.getLogger(__name__)
 
@@ -500,24 +500,6 @@ class WindowReader:
             return pf.read_row_group(piece.row_group, columns=columns, use_threads=False)
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
-
-
-@dataclass
-class ReadCount:
-    """Row groups an epoch's task iterator has read; of a remote dataset's, those read from the
-    shard cache (``cache_hits``, ``cache_bytes``) and, with a cache, those read from the store
-    instead (``cache_misses``)."""
-
-    row_groups: int = 0
-    cache_hits: int = 0
-    cache_bytes: int = 0
-    cache_misses: int = 0
-
-    def totals(self) -> LoaderTotals:
-        """The cache figures as loader totals."""
-        return LoaderTotals(
-            cache_hits=self.cache_hits, cache_misses=self.cache_misses, cache_bytes=self.cache_bytes
-        )
 
 
 #: The ``promoted`` of an epoch not started early: its turn has come.
