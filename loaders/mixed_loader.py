@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import os
 import threading
 import time
@@ -69,6 +68,7 @@ from loaders.mix_pipeline import (
     relabelled,
     source_batches,
 )
+from loaders.mix_state import MIX_ORDER, MixIdentity, mix_state_dict, read_mix_state
 from loaders.mixing import MixPlan, epoch_samples, shares
 from loaders.options import LoaderOptions
 from loaders.pipeline import Epoch, Pipeline
@@ -76,16 +76,12 @@ from loaders.plan import num_batches, rank_segments, split_pieces
 from loaders.prep import PrepCluster
 from loaders.shard_loader import ShardLoader
 from loaders.source import ShardSource
-from loaders.state import MIX_STATE_FORMAT, check_global_batch, parse_legs
 from loaders.stats import CostBudget, LoaderCounters, LoaderStats, LoaderTotals, ReadCount
 from loaders.window_reader import WindowReader
 
 __all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling", "same_dataset"]
 
 log = logging.getLogger(__name__)
-
-#: The options a mixture's state must match (with its sources and ``samples_per_epoch``).
-_ORDER = ("shuffle", "seed", "shuffle_window")
 
 
 class MixedLoader:
@@ -313,113 +309,31 @@ class MixedLoader:
         opts = self.options
         first = sum(leg.batches for leg in self._legs_before)
         legs = [*self._legs_before, Leg(opts.world_size, opts.batch_size, self._consumed - first)]
-        return {
-            "format": MIX_STATE_FORMAT,
-            "sources": self._source_records(),
-            "channel": opts.channel,
-            "samples_per_epoch": self.samples_per_epoch,
-            "epoch": self._epoch,
-            "batches_consumed": sum(leg.batches for leg in legs),
-            "legs": [dataclasses.asdict(leg) for leg in legs],
-            "order": {k: opts.order_key()[k] for k in _ORDER},
-        }
+        return mix_state_dict(self._identity(), epoch=self._epoch, legs=legs)
 
-    def _source_records(self) -> list[dict[str, Any]]:
-        return [
-            {"dataset": uri, "dataset_version": version, "weight": weight}
-            for uri, version, weight in zip(self.sources, self.source_versions, self.weights, strict=True)
-        ]
+    def _identity(self) -> MixIdentity:
+        opts = self.options
+        return MixIdentity(
+            sources=self.sources,
+            versions=self.source_versions,
+            weights=tuple(self.weights),
+            channel=opts.channel,
+            samples_per_epoch=self.samples_per_epoch,
+            order={k: opts.order_key()[k] for k in MIX_ORDER},
+            per_source=tuple(self.per_source),
+            rows=tuple(self._rows),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume where ``state`` left off (see the module docstring).
-
-        Raises:
-            DatasetError: a source was rebuilt since (another dataset version).
-            LoaderError: not a mixture state, other sources, weights, ``samples_per_epoch`` or
-                order settings, or another global batch.
-        """
-        if not isinstance(state, dict) or state.get("format") != MIX_STATE_FORMAT:
-            got = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise LoaderError(f"not a MixedLoader state (format {got!r}, expected {MIX_STATE_FORMAT!r})")
-        self._check_sources(state.get("sources"))
+        """Resume where ``state`` left off (see the module docstring and
+        :func:`loaders.mix_state.read_mix_state`, which says what is refused)."""
         opts = self.options
-        if state.get("channel") != opts.channel:
-            raise LoaderError(
-                f"mixture state is for channel {state.get('channel')!r}, this loader reads {opts.channel!r}"
-            )
-        legs = parse_legs(state.get("legs"))
-        consumed = state.get("batches_consumed")
-        if consumed != sum(x.batches for x in legs) or isinstance(consumed, bool):
-            raise LoaderError(
-                f"mixture state legs {state.get('legs')!r} do not add up to its batches_consumed {consumed!r}"
-            )
-        last = legs[-1]
-        # The global batch first: samples_per_epoch is rounded to it, so another global batch
-        # would show as another samples_per_epoch.
-        check_global_batch(last, world_size=opts.world_size, batch_size=opts.batch_size)
-        if state.get("samples_per_epoch") != self.samples_per_epoch:
-            raise LoaderError(
-                f"cannot resume: the mixture state was saved with samples_per_epoch {state.get('samples_per_epoch')!r}, "
-                f"this loader has {self.samples_per_epoch}"
-            )
-        mine = {k: opts.order_key()[k] for k in _ORDER}
-        order = state.get("order")
-        theirs = order if isinstance(order, dict) else {}
-        diff = [f"{k}: saved {theirs.get(k)!r}, now {v!r}" for k, v in mine.items() if theirs.get(k) != v]
-        if diff:
-            raise LoaderError(
-                f"cannot resume: the mixture state was saved with other settings ({', '.join(diff)})"
-            )
-        epoch = state.get("epoch")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise LoaderError(f"mixture state epoch must be a non-negative integer, got {epoch!r}")
-        same = last.world_size == opts.world_size
-        before = legs[:-1] if same else legs
-        try:  # checks every leg, the last one's batches too (past the epoch's end: refused)
-            MixPlan(
-                self.per_source,
-                self._rows,
-                epoch,
-                legs if same else [*legs, Leg(opts.world_size, opts.batch_size, 0)],
-            )
-        except LoaderError as exc:
-            raise LoaderError(
-                f"cannot resume: the mixture state's legs {state.get('legs')!r} do not fit its epoch: {exc}"
-            ) from None
-        self._epoch, self._legs_before = epoch, before
-        self._next_start = self._consumed = consumed
+        saved = read_mix_state(
+            state, self._identity(), world_size=opts.world_size, batch_size=opts.batch_size
+        )
+        self._epoch, self._legs_before = saved.epoch, saved.legs_before
+        self._next_start = self._consumed = saved.consumed
         self._resumed_used = False
-
-    def _check_sources(self, saved: Any) -> None:
-        """Refuse a state of other sources, weights, or a source rebuilt since, naming which."""
-        mine = self._source_records()
-        if not isinstance(saved, list) or not all(isinstance(s, dict) for s in saved):
-            raise LoaderError(f"mixture state has no list of sources, got {saved!r}")
-        names = [s.get("dataset") for s in saved]
-        if names != [s["dataset"] for s in mine] and sorted(map(str, names)) == sorted(self.sources):
-            raise LoaderError(
-                f"cannot resume: the mixture state mixes {', '.join(map(str, names))} in that order and this "
-                f"loader mixes {', '.join(self.sources)}: the same sources in another order, which is "
-                "another mixture (each source's rows are dealt by its position); pass them in the saved order"
-            )
-        if names != [s["dataset"] for s in mine]:
-            raise LoaderError(
-                "cannot resume: the mixture state was saved on sources "
-                f"{[s.get('dataset') for s in saved]}, this loader mixes {[s['dataset'] for s in mine]}"
-            )
-        for old, new in zip(saved, mine, strict=True):
-            if old.get("dataset_version") != new["dataset_version"]:
-                raise DatasetError(
-                    f"refusing to resume: source {new['dataset']} was version {old.get('dataset_version')!r} "
-                    f"when the mixture state was saved and is now {new['dataset_version']!r}; start a new run "
-                    "(or restore the old dataset)"
-                )
-            weight = old.get("weight")
-            if not isinstance(weight, float | int) or not math.isclose(weight, new["weight"], rel_tol=1e-9):
-                raise LoaderError(
-                    f"cannot resume: source {new['dataset']} had weight {weight!r} when the mixture state was "
-                    f"saved, now {new['weight']!r}"
-                )
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
