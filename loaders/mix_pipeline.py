@@ -136,6 +136,18 @@ class _SourceBatch(NamedTuple):
     decode: Callable[[BatchTask, threading.Event], Any]
 
 
+# NOTE [ One walk, two sides ]
+#
+# The reader thread (``source_batches`` or ``mixture_batches``, run by the pipeline as an epoch's
+# task iterator) and the consumer (``MixedLoader._run``: ``Assembler.batch``, or the decoded
+# mixture batches as they come) each make their own ``needs(...)`` of the same plan, so they walk
+# the same list without sharing a cursor. The reader turns it into tasks in walk order; the
+# pipeline hands them back decoded in the same order; the consumer takes the next one exactly
+# when its walk first needs it, and checks the key it carries (a source batch) so that the two
+# walks can never drift apart silently. Stopping: the pipeline's ``stop`` event ends the reader's
+# walk (its source readers see it in their waits; ``_SourceTasks.close`` closes each reader's
+# generator, which closes its shard files); an epoch closed by the consumer (its end, a ``break``,
+# an error) sets it (NOTE [ Prefetch shutdown ] in pipeline.py).
 class _SourceTasks:
     """The reader thread's side of each source: the batch tasks of its batches, its reader
     continued while it reads the next batch of the same pass and started anew elsewhere."""
