@@ -210,12 +210,15 @@ def mixture_batches(
     stop: threading.Event,
     *,
     reads: Sequence[ReadCount],
+    epoch: int,
     first_index: int,
-) -> Iterator[BatchTask]:
-    """Each mixture batch ``wanted`` needs as one batch task of its rows, in the batch's order
-    (runs on the reader thread): for sources whose rows decode alone (no transform, one label
-    space), so that each row is decoded once, straight into its batch. A task's shard indices
-    count the sources' shards one source after another (see :func:`shard_offsets`)."""
+    decode: Callable[[BatchTask, threading.Event], Any],
+) -> Iterator[_SourceBatch]:
+    """Each mixture batch ``wanted`` needs (batch ``first_index`` of ``epoch`` on) as one batch
+    task of its rows, in the batch's order, keyed ``(-1, epoch, index)`` (runs on the reader
+    thread): for sources whose rows decode alone (no transform, one label space), so that each
+    row is decoded once, straight into its batch. A task's shard indices count the sources'
+    shards one source after another (see :func:`shard_offsets`)."""
     held: list[tuple[tuple[int, int], BatchTask] | None] = [None] * len(sources)
     tasks = _SourceTasks(sources, stop, reads)
     offsets = shard_offsets(sources)
@@ -232,7 +235,7 @@ def mixture_batches(
                         return  # stopped
                     kept = held[s] = (at, task)
                 parts.append((kept[1], need.lo, need.hi, offsets[s]))
-            yield BatchTask(
+            task = BatchTask(
                 index,
                 [image for t, lo, hi, _ in parts for image in t.images[lo:hi]],
                 np.concatenate([t.labels[lo:hi] for t, lo, hi, _ in parts]),
@@ -240,6 +243,7 @@ def mixture_batches(
                 np.concatenate([t.shards[lo:hi] + at for t, lo, hi, at in parts]),
                 np.concatenate([t.rows[lo:hi] for t, lo, hi, _ in parts]),
             )
+            yield _SourceBatch((-1, epoch, index), task, decode)
             index += 1
     finally:
         tasks.close()

@@ -34,7 +34,8 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -152,6 +153,8 @@ class MixedLoader:
         self._consumed = 0
         self._resumed_used = False
         self._owner: threading.Thread | None = None  # the thread iterating now (one at a time)
+        self._flow: _Flow | None = None  # the epochs running through the pipeline (NOTE [ A mixture's flow ])
+        self._last_epoch: int | None = None  # the epoch the last iteration ran
         self.source_rows = [0] * len(self._mix)
         self.skipped_rows: list[SkippedRow] = []
         # Counters (loaders.stats): over the loader's life, and where the current iteration began.
@@ -357,47 +360,31 @@ class MixedLoader:
         plan = self._plan()
         leg = len(plan.legs) - 1
         first = plan.batches_before(leg)
-        share = plan.share(leg, opts.rank)
         start, self._next_start = self._next_start, 0
         self._consumed = start
-        b = opts.batch_size
-        walk = functools.partial(
-            needs,
-            share,
-            first=start - first,
-            last=plan.num_batches(leg),
-            batch_size=b,
-            taken=share.taken((start - first) * b),
-            rows=self._rows,
-        )
-        self._begin(self._planned_bytes(walk()) if self._budget.active else 0)
-        for i, mix in enumerate(self._mix):  # shards cached since the last epoch are read from disk now
-            if mix.source.cache is not None:
-                mix.source.epoch_starts(
-                    name=f"lakeshard-r{opts.rank}-s{i}",
-                    expected=mix.reader.remote_ranges(),
-                    settle_s=_SETTLE_S,
-                )
-        stop = threading.Event()
-        assert self._pipeline is not None  # made by _open
-        direct = self._direct
-        if direct is not None:
-            batches = mixture_batches(self._mix, walk(), stop, reads=self.counters.reads, first_index=start)
-            epoch = self._pipeline.start(batches, direct.for_epoch(self._epoch, self.skipped_rows), stop=stop)
-        else:
-            tasks = source_batches(
-                self._mix, walk(), stop, reads=self.counters.reads, skipped=self.skipped_rows
-            )
-            epoch = self._pipeline.start(tasks, decode_source_batch, stop=stop)
+        walk = _walk(plan, leg, opts.rank, start - first, opts.batch_size, self._rows)
+        flow = self._flow_for(start)
+        reads, self.skipped_rows = flow.parts(self._epoch)
+        self.counters.begin(reads)
+        self.source_rows = [0] * len(self._mix)
+        self._budget.begin(self._planned_bytes(walk()) if self._budget.active else 0)
+        for src in self._opened:
+            if src.fetcher is not None:
+                src.fetcher.peak_bytes_held = src.fetcher.held
         assembler = Assembler(self._mix, self._join_buffers)
         finished = False
         try:
             for batch_needs in walk():
                 asked = time.perf_counter()
-                if direct is not None:
-                    batch, taken = _next_decoded(epoch), _taken(batch_needs, len(self._mix))
+                if self._direct is not None:
+                    key, batch = _next_decoded(flow.run)
+                    if key != (-1, self._epoch, self._consumed):
+                        raise LoaderError(
+                            f"mixture pipeline out of step: expected batch {self._consumed}, got {key}"
+                        )
+                    taken = _taken(batch_needs, len(self._mix))
                 else:
-                    batch, taken = assembler.batch(batch_needs, lambda: _next_decoded(epoch))
+                    batch, taken = assembler.batch(batch_needs, lambda: _next_decoded(flow.run))
                 self.counters.wait_s += time.perf_counter() - asked
                 for s, n in enumerate(taken):
                     self.source_rows[s] += n
@@ -414,7 +401,11 @@ class MixedLoader:
             for mix in self._mix:
                 mix.source.epoch_ended()  # every read of the epoch is in: a cache fill takes the rest now
         finally:
-            epoch.close()
+            if finished and flow.onward:  # the flow runs on into the next epoch (NOTE [ A mixture's flow ])
+                flow.at = (self._epoch + 1, 0)
+            else:
+                flow.run.close()
+                self._flow = None
             if self._owner is me:
                 self._owner = None
             if not finished:  # a break or an error: stop every thread (a later iteration makes new ones)
@@ -428,10 +419,63 @@ class MixedLoader:
                     opts.rank,
                 )
 
+    # NOTE [ A mixture's flow ]
+    #
+    # A mixture's epochs run as one stream through its pipeline (a "flow"): the reader thread
+    # walks epoch e from the batch the iteration starts at, then, when the flow goes ``onward``,
+    # each next epoch from its first batch, at this world size. The consumer takes exactly
+    # ``len`` batches of its epoch and leaves the rest in the flow, so the next epoch's first
+    # batches are read and decoded while this one's last are consumed (the pipeline's queue
+    # bounds how far ahead). An iteration takes the flow over only where it stands: the next
+    # epoch, from its first batch, with no resumed legs; anything else (a jump, the same epoch
+    # again, a restored state) closes it and starts another. A flow goes onward only once the
+    # loop has made a step of one epoch (a first iteration may be the loader's only one) and
+    # while no source's cache is being filled (the next epoch then reads the cache's files).
+    # Each epoch of a flow counts its reads and bad rows apart (``_Flow.parts``).
+    def _flow_for(self, start: int) -> _Flow:
+        """The flow this iteration takes its batches from: the running one if it stands at
+        ``(epoch, start)``, else a new one (NOTE [ A mixture's flow ])."""
+        looping = self._last_epoch is not None and self._epoch - self._last_epoch == 1
+        self._last_epoch = self._epoch
+        flow = self._flow
+        if flow is not None and flow.at == (self._epoch, start) and not self._legs_before:
+            return flow
+        if flow is not None:
+            flow.run.close()
+        for i, mix in enumerate(self._mix):  # shards cached since the last epoch are read from disk now
+            if mix.source.cache is not None:
+                mix.source.epoch_starts(
+                    name=f"lakeshard-r{self.options.rank}-s{i}",
+                    expected=mix.reader.remote_ranges(),
+                    settle_s=_SETTLE_S,
+                )
+        opts = self.options
+        plan = self._plan()
+        leg = len(plan.legs) - 1
+        onward = looping and not any(src.fills_cache() for src in self._opened)
+        flow = _Flow(at=(self._epoch, start), onward=onward, sources=len(self._mix))
+        stop = threading.Event()
+        tasks = _flow_tasks(
+            self._mix,
+            self._direct,
+            flow,
+            stop,
+            epoch=self._epoch,
+            walk=_walk(plan, leg, opts.rank, start - plan.batches_before(leg), opts.batch_size, self._rows),
+            first_index=start,
+            next_walk=functools.partial(
+                _fresh_walk, self.per_source, self._rows, opts.world_size, opts.rank, opts.batch_size
+            ),
+        )
+        assert self._pipeline is not None  # made by _open
+        flow.run = self._pipeline.start(tasks, decode_source_batch, stop=stop)
+        self._flow = flow
+        return flow
+
     def close(self) -> None:
         """Stop every thread (a later iteration makes new ones)."""
         _shutdown(self._pipeline, self._opened, self._prep)
-        self._owner = None
+        self._owner, self._flow = None, None
 
     def as_dataset(self) -> ShardDataset:
         """This loader as a :class:`torch.utils.data.IterableDataset` (see :mod:`loaders.dataset`)."""
@@ -455,17 +499,6 @@ class MixedLoader:
             self._mix[s].reader.planned_bytes(self._mix[s].reader.plan(pas), ks)
             for (s, pas), ks in batches.items()
         )
-
-    def _begin(self, planned_bytes: int) -> None:
-        """An iteration begins: its counters start from the loader's totals now; it reads
-        ``planned_bytes`` from the store."""
-        self.counters.begin([ReadCount() for _ in self._mix])
-        self.source_rows = [0] * len(self._mix)
-        self.skipped_rows = []
-        self._budget.begin(planned_bytes)
-        for src in self._opened:
-            if src.fetcher is not None:
-                src.fetcher.peak_bytes_held = src.fetcher.held
 
     def totals(self) -> LoaderTotals:
         """The mixture's counters over its life so far, every source's together."""
@@ -502,6 +535,81 @@ def _next_decoded(epoch: Epoch[Any, Any]) -> Any:
     if result is None:
         raise LoaderError("the mixture's pipeline ended before its plan (a source gave fewer batches)")
     return result
+
+
+@dataclass(eq=False)
+class _Flow:
+    """A mixture's epochs as one stream through its pipeline (NOTE [ A mixture's flow ]):
+    ``run`` (the pipeline's run), ``at`` (the epoch and batch its consumer takes next), whether
+    it goes on into the next epochs, and each epoch's reads and bad rows."""
+
+    at: tuple[int, int]
+    onward: bool
+    sources: int
+    run: Epoch[Any, Any] = field(init=False)
+    _parts: dict[int, tuple[list[ReadCount], list[SkippedRow]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def parts(self, epoch: int) -> tuple[list[ReadCount], list[SkippedRow]]:
+        """Epoch ``epoch``'s read counts (one a source) and bad rows: made by whichever side
+        (the reader thread, the consumer) asks first; earlier epochs' are dropped."""
+        with self._lock:
+            for old in [e for e in self._parts if e < epoch - 1]:
+                del self._parts[old]
+            if epoch not in self._parts:
+                self._parts[epoch] = ([ReadCount() for _ in range(self.sources)], [])
+            return self._parts[epoch]
+
+
+def _walk(
+    plan: MixPlan, leg: int, rank: int, first: int, batch_size: int, rows: Sequence[int]
+) -> functools.partial[Iterator[list[Need]]]:
+    """The needs of ``rank``'s batches ``first`` on in ``leg`` of ``plan`` (a new walk each call)."""
+    share = plan.share(leg, rank)
+    return functools.partial(
+        needs,
+        share,
+        first=first,
+        last=plan.num_batches(leg),
+        batch_size=batch_size,
+        taken=share.taken(first * batch_size),
+        rows=rows,
+    )
+
+
+def _fresh_walk(
+    per_source: Sequence[int], rows: Sequence[int], world_size: int, rank: int, batch_size: int, epoch: int
+) -> functools.partial[Iterator[list[Need]]]:
+    """The needs of epoch ``epoch`` from its first batch, at this world size."""
+    plan = MixPlan(per_source, rows, epoch, [Leg(world_size, batch_size, 0)])
+    return _walk(plan, 0, rank, 0, batch_size, rows)
+
+
+def _flow_tasks(
+    sources: Sequence[MixSource],
+    direct: BatchDecoding | None,
+    flow: _Flow,
+    stop: threading.Event,
+    *,
+    epoch: int,
+    walk: functools.partial[Iterator[list[Need]]],
+    first_index: int,
+    next_walk: Callable[[int], functools.partial[Iterator[list[Need]]]],
+) -> Iterator[Any]:
+    """The tasks of a flow, epoch after epoch (runs on the reader thread; a function, not a
+    method: it must not keep the loader alive from that thread)."""
+    while True:
+        reads, skipped = flow.parts(epoch)
+        if direct is not None:
+            decode = direct.for_epoch(epoch, skipped)
+            yield from mixture_batches(
+                sources, walk(), stop, reads=reads, epoch=epoch, first_index=first_index, decode=decode
+            )
+        else:
+            yield from source_batches(sources, walk(), stop, reads=reads, skipped=skipped)
+        if not flow.onward or stop.is_set():
+            return
+        epoch, walk, first_index = epoch + 1, next_walk(epoch + 1), 0
 
 
 def _taken(batch_needs: list[Need], sources: int) -> list[int]:
