@@ -401,14 +401,20 @@ class MixedLoader:
             for mix in self._mix:
                 mix.source.epoch_ended()  # every read of the epoch is in: a cache fill takes the rest now
         finally:
-            if finished and flow.onward:  # the flow runs on into the next epoch (NOTE [ A mixture's flow ])
-                flow.at = (self._epoch + 1, 0)
+            current = self._flow is flow  # not replaced by a later iteration meanwhile
+            if (
+                finished and flow.onward and current
+            ):  # it runs on into the next epoch (NOTE [ A mixture's flow ])
+                flow.at, flow.idle = (self._epoch + 1, 0), True
             else:
                 flow.run.close()
-                self._flow = None
+                if current:
+                    self._flow = None
             if self._owner is me:
                 self._owner = None
-            if not finished:  # a break or an error: stop every thread (a later iteration makes new ones)
+            if (
+                current and not finished
+            ):  # a break or an error: stop every thread (a later iteration makes new ones)
                 _shutdown(self._pipeline, self._opened, None)
             if self.skipped_rows:
                 log.warning(
@@ -428,9 +434,11 @@ class MixedLoader:
     # batches are read and decoded while this one's last are consumed (the pipeline's queue
     # bounds how far ahead). An iteration takes the flow over only where it stands: the next
     # epoch, from its first batch, with no resumed legs; anything else (a jump, the same epoch
-    # again, a restored state) closes it and starts another. A flow goes onward only once the
-    # loop has made a step of one epoch (a first iteration may be the loader's only one) and
-    # while no source's cache is being filled (the next epoch then reads the cache's files).
+    # again, a restored state, an iteration while another one is under way) closes it and
+    # starts another (the older iteration's iterator then raises LoaderError; its end touches
+    # nothing of the new one). A flow goes onward only once the loop has made a step of one
+    # epoch (a first iteration may be the loader's only one) and while no source's cache is
+    # being filled (the next epoch then reads the cache's files).
     # Each epoch of a flow counts its reads and bad rows apart (``_Flow.parts``).
     def _flow_for(self, start: int) -> _Flow:
         """The flow this iteration takes its batches from: the running one if it stands at
@@ -438,7 +446,8 @@ class MixedLoader:
         looping = self._last_epoch is not None and self._epoch - self._last_epoch == 1
         self._last_epoch = self._epoch
         flow = self._flow
-        if flow is not None and flow.at == (self._epoch, start) and not self._legs_before:
+        if flow is not None and flow.idle and flow.at == (self._epoch, start) and not self._legs_before:
+            flow.idle = False
             return flow
         if flow is not None:
             flow.run.close()
@@ -547,6 +556,7 @@ class _Flow:
     onward: bool
     sources: int
     run: Epoch[Any, Any] = field(init=False)
+    idle: bool = False  # between two epochs: the last iteration ended, the next may take it over
     _parts: dict[int, tuple[list[ReadCount], list[SkippedRow]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

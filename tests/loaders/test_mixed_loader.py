@@ -540,3 +540,22 @@ def test_a_second_iterating_thread_is_refused_naming_the_thread_that_iterates(tw
             holder.join(120)
     assert len(errors) == 1, errors
     assert "thread 'first-iterator'" in errors[0] and "thread 'second-iterator'" in errors[0], errors[0]
+
+
+def test_an_iteration_begun_mid_epoch_starts_afresh_and_closes_the_older_one(two):
+    """The flow into the next epoch is taken over only between epochs: a second iteration while
+    one is under way gets the whole epoch, the first one's iterator is closed, and its end stops
+    nothing of the second."""
+    with _mix(two) as fresh:
+        expected = _epoch(fresh, 2)
+    with _mix(two) as ld:
+        _epoch(ld, 0)
+        _epoch(ld, 1)  # a step of one epoch: the flow runs on into epoch 2
+        ld.set_epoch(2)
+        older = iter(ld)
+        next(older)
+        assert [ids_of(images) for images, _ in ld] == expected
+        with pytest.raises(LoaderError, match="closed"):
+            next(older)
+        older.close()
+        assert len(_epoch(ld, 3)) == len(ld)  # the pipeline still runs
