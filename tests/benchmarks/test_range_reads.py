@@ -45,5 +45,7 @@ def test_a_missing_package_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
         range_reads.importlib.util, "find_spec", lambda name: None if name == "opendal" else real(name)
     )
     missing = range_reads.missing_variants(list(range_reads.VARIANTS))
-    assert set(missing) == {"opendal-async", "fetcher+opendal"}
-    assert all("opendal" in why and "not installed" in why for why in missing.values())
+    # opendal's variants at least (obstore's too where obstore is not installed, as in CI)
+    assert {"opendal-async", "fetcher+opendal"} <= set(missing)
+    assert all("not installed" in why for why in missing.values())
+    assert all("opendal" in missing[v] for v in ("opendal-async", "fetcher+opendal"))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.procs import wait_for
+
+_REPO = Path(__file__).resolve().parents[2]
 
 __all__ = ["DaskProcs", "TlsFiles", "dask_procs", "make_tls_files", "warm"]
 
@@ -128,6 +131,9 @@ def dask_procs(
     file = root / "scheduler.json"
     tls_args = tls.cli() if tls else []
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    # The cluster has this checkout's code, tests included (functions of tests.helpers run on the
+    # scheduler and the workers), as a deployment has the trainer's code on its workers.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
 
     def start(name: str, args: list[str], extra: Mapping[str, str] | None = None) -> subprocess.Popen:
         log = root / f"{name}.log"
@@ -186,16 +192,13 @@ def warm(address: str, tls: TlsFiles | None = None) -> None:
     """Each worker imports the loader's decode path now (torch: seconds on a busy machine), so
     that a test's first batch is not timed against it."""
     with _client(address, tls) as client:
-        client.run(_import_decode_path)
+        # importlib's function goes by reference: the workers need nothing of this test package.
+        client.run(importlib.import_module, "loaders.prep")
 
 
 def _batches_made(dask_scheduler: Any) -> int:
     prefix = dask_scheduler.task_prefixes.get("lakeshard-batch")
     return 0 if prefix is None else prefix.state_counts["memory"]
-
-
-def _import_decode_path() -> None:
-    import loaders.prep  # noqa: F401 - imported for its cost, on the worker
 
 
 def _stop(proc: subprocess.Popen, sig: signal.Signals) -> None:
