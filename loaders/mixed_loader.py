@@ -27,7 +27,6 @@ the rest of an interrupted epoch is dealt evenly to the new ranks (:class:`~load
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -71,13 +70,13 @@ from loaders.mix_pipeline import (
 )
 from loaders.mix_state import MIX_ORDER, MixIdentity, mix_state_dict, read_mix_state
 from loaders.mixing import MixPlan, epoch_samples, shares
-from loaders.options import LoaderOptions
+from loaders.options import DEFAULT, Cost, Decoding, LoaderOptions, Normalize, Preparation, RemoteReads
 from loaders.pipeline import Epoch, Pipeline
 from loaders.plan import num_batches, rank_segments, split_pieces
 from loaders.prep import PrepCluster
 from loaders.shard_loader import ShardLoader
 from loaders.source import ShardSource
-from loaders.stats import CostBudget, LoaderCounters, LoaderStats, LoaderTotals, ReadCount
+from loaders.stats import CostBudget, LoaderCounters, LoaderStats, LoaderTotals, PriceTable, ReadCount
 from loaders.window_reader import WindowReader
 
 __all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling", "same_dataset"]
@@ -97,9 +96,9 @@ class MixedLoader:
             (``world_size * batch_size``); :attr:`samples_per_epoch` is the number used.
         labels: ``"union"`` (default: one label space of every source's label names, sorted) or
             ``"same"`` (refuse sources whose label names differ).
-        **kwargs: the options of :class:`~loaders.ShardLoader` (``channel``, ``rank``,
+        options: the options of :class:`~loaders.ShardLoader` (``channel``, ``rank``,
             ``world_size``, ``batch_size``, ``shuffle``, ``seed``, threads, reads, cache,
-            transform). The sources share ``num_threads`` decode threads; ``memory_budget`` is
+            transform), all at once or as keywords, as ``ShardLoader`` takes them. The sources share ``num_threads`` decode threads; ``memory_budget`` is
             shared out among the sources by weight; ``cost_budget`` is one budget for the
             whole mixture on this rank. ``drop_last`` and ``remainder`` do not apply: every
             batch is full. A ``transform`` must keep each batch's rows (a mixture takes each
@@ -119,17 +118,55 @@ class MixedLoader:
         *,
         samples_per_epoch: int | None = None,
         labels: str = "union",
-        **kwargs: Any,
+        options: LoaderOptions | None = None,
+        channel: str = DEFAULT,
+        rank: int = DEFAULT,
+        world_size: int = DEFAULT,
+        batch_size: int = DEFAULT,
+        shuffle: bool = DEFAULT,
+        seed: int = DEFAULT,
+        drop_last: None = DEFAULT,  # refused: every batch of a mixture is whole
+        remainder: None = DEFAULT,
+        shuffle_window: int = DEFAULT,
+        num_threads: int | None = DEFAULT,
+        prefetch: int = DEFAULT,
+        pin_memory: bool = DEFAULT,
+        skip_bad_rows: bool = DEFAULT,
+        reads: RemoteReads | None = None,
+        decoding: Decoding | None = None,
+        preparation: Preparation | None = None,
+        cost: Cost | None = None,
+        read_concurrency: int = DEFAULT,
+        memory_budget: int | str | None = DEFAULT,
+        cache_dir: str | os.PathLike[str] | None = DEFAULT,
+        cache_limit: int | str = DEFAULT,
+        decoder: str = DEFAULT,
+        transform: Callable[..., Any] | str | None = DEFAULT,
+        augment: bool = DEFAULT,
+        crop: int | None = DEFAULT,
+        normalize: Normalize | None = DEFAULT,
+        prep: str | None = DEFAULT,
+        prep_timeout: float = DEFAULT,
+        prep_fallback: bool = DEFAULT,
+        prep_security: Any = DEFAULT,
+        prices: PriceTable | None = DEFAULT,
+        cost_budget: float | None = DEFAULT,
+        on_budget: str = DEFAULT,
     ) -> None:
         parsed = parse_sources(sources)
         if labels not in LABEL_POLICIES:
             raise ConfigError(f"labels must be one of {LABEL_POLICIES}, got {labels!r}")
-        for key in ("drop_last", "remainder"):
-            if key in kwargs:
-                raise ConfigError(
-                    f"{key} does not apply to a mixture: every epoch is whole batches, on every rank"
-                )
-        self.options = opts = LoaderOptions.from_keywords(kwargs)
+        refused = [k for k, v in (("drop_last", drop_last), ("remainder", remainder)) if v is not DEFAULT]
+        if options is not None:
+            set_there = (("drop_last", options.drop_last), ("remainder", options.remainder != "pad"))
+            refused += [k for k, bad in set_there if bad]
+        if refused:
+            raise ConfigError(
+                f"{refused[0]} does not apply to a mixture: every epoch is whole batches, on every rank",
+                option=refused[0],
+            )
+        # locals() is the parameters here (and parsed, refused): the options given, the others DEFAULT.
+        self.options = opts = LoaderOptions.given(options, locals())
         if opts.decoder == NO_DECODER:
             raise ConfigError(
                 'decoder="none" is not supported for a mixture yet: decode on the CPU, or load one dataset'
@@ -258,8 +295,7 @@ class MixedLoader:
         own order; its remote reads and cache started (``memory_budget`` shared out by weight)."""
         opts = self.options
         budget = opts.memory_budget_bytes
-        options = dataclasses.replace(
-            opts,
+        options = opts.replace(
             rank=0,
             world_size=1,
             drop_last=False,
@@ -267,7 +303,7 @@ class MixedLoader:
             memory_budget=None if budget is None else max(1, int(budget * weight)) if n > 1 else budget,
         )
         groups = src.read_footers(
-            list(range(len(src.shard_rows))), concurrency=opts.read_concurrency, name=name
+            list(range(len(src.shard_rows))), concurrency=opts.read_plan.footer_threads, name=name
         )
         segments = rank_segments(src.shard_rows, 1, 0, remainder="pad")
         reader = WindowReader(
@@ -277,7 +313,7 @@ class MixedLoader:
             num_batches=num_batches(src.total_rows, opts.batch_size, drop_last=False),
             rows_per_rank=src.total_rows,
         )
-        fetcher = src.start_reads(concurrency=opts.read_concurrency, name=name)
+        fetcher = src.start_reads(concurrency=opts.read_plan.in_flight, name=name)
         if fetcher is not None:
             fetcher.budget = reader.read_budget(
                 blocks=blocks, image_size=src.info.image.size, dataset=src.dataset

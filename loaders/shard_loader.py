@@ -31,7 +31,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,14 +46,23 @@ from loaders.cache import ShardCache
 from loaders.dataset import ShardDataset
 from loaders.elastic import EpochSettings, Leg, LegPlan, order_of
 from loaders.fetch import RangeFetcher
-from loaders.options import LoaderOptions, default_threads
+from loaders.options import (
+    DEFAULT,
+    Cost,
+    Decoding,
+    LoaderOptions,
+    Normalize,
+    Preparation,
+    RemoteReads,
+    default_threads,
+)
 from loaders.pipeline import Epoch, Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.prep import PrepCluster
 from loaders.shuffle_quality import ShuffleTally
 from loaders.source import ShardSource
 from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
-from loaders.stats import CostBudget, LoaderCounters, LoaderStats, LoaderTotals, ReadCount
+from loaders.stats import CostBudget, LoaderCounters, LoaderStats, LoaderTotals, PriceTable, ReadCount
 from loaders.window_reader import EpochPlan, WindowReader
 
 __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
@@ -68,9 +77,11 @@ class ShardLoader:
     Args:
         dataset: the dataset root (the folder holding ``dataset.json``): a path (``str`` or
             :class:`os.PathLike`), a ``file://`` or an ``s3://`` URI.
-        options: every option at once; or
-        **kwargs: the options as keywords (``channel="train", batch_size=64, ...``): the fields
-            of :class:`~loaders.options.LoaderOptions`, which documents each.
+        options: every option at once (a :class:`~loaders.options.LoaderOptions`); or the
+            options as keywords, each by its name (``channel="train", batch_size=64,
+            cache_dir=...``) or in its group (``reads=RemoteReads(cache_dir=...)``): the
+            options table (:mod:`loaders.options`) says what each does and its default. An
+            option left out is the library's default.
 
     The dataset is read as it was when the loader was made: every shard it opens, now or in a
     later epoch, must be the one that ``dataset.json`` described then (its footer names the
@@ -100,13 +111,46 @@ class ShardLoader:
     """
 
     def __init__(
-        self, dataset: str | os.PathLike[str], *, options: LoaderOptions | None = None, **kwargs: Any
+        self,
+        dataset: str | os.PathLike[str],
+        *,
+        options: LoaderOptions | None = None,
+        channel: str = DEFAULT,
+        rank: int = DEFAULT,
+        world_size: int = DEFAULT,
+        batch_size: int = DEFAULT,
+        shuffle: bool = DEFAULT,
+        seed: int = DEFAULT,
+        drop_last: bool = DEFAULT,
+        remainder: str = DEFAULT,
+        shuffle_window: int = DEFAULT,
+        num_threads: int | None = DEFAULT,
+        prefetch: int = DEFAULT,
+        pin_memory: bool = DEFAULT,
+        skip_bad_rows: bool = DEFAULT,
+        reads: RemoteReads | None = None,
+        decoding: Decoding | None = None,
+        preparation: Preparation | None = None,
+        cost: Cost | None = None,
+        read_concurrency: int = DEFAULT,
+        memory_budget: int | str | None = DEFAULT,
+        cache_dir: str | os.PathLike[str] | None = DEFAULT,
+        cache_limit: int | str = DEFAULT,
+        decoder: str = DEFAULT,
+        transform: Callable[..., Any] | str | None = DEFAULT,
+        augment: bool = DEFAULT,
+        crop: int | None = DEFAULT,
+        normalize: Normalize | None = DEFAULT,
+        prep: str | None = DEFAULT,
+        prep_timeout: float = DEFAULT,
+        prep_fallback: bool = DEFAULT,
+        prep_security: Any = DEFAULT,
+        prices: PriceTable | None = DEFAULT,
+        cost_budget: float | None = DEFAULT,
+        on_budget: str = DEFAULT,
     ) -> None:
-        if options is not None and kwargs:
-            raise ConfigError(
-                f"pass the loader options either as options= or as keywords, not both (got {sorted(kwargs)})"
-            )
-        self.options = opts = options if options is not None else LoaderOptions.from_keywords(kwargs)
+        # locals() is the parameters here: the options given, the others DEFAULT.
+        self.options = opts = LoaderOptions.given(options, locals())
         self.source = source = ShardSource(dataset, opts.channel)
         self.dataset, self.info = source.dataset, source.info
         self.dataset_version = self.info.dataset_version
@@ -125,7 +169,7 @@ class ShardLoader:
         # ranged reads of every epoch.
         name = f"lakeshard-r{opts.rank}"
         groups = source.read_footers(
-            sorted({seg.shard for seg in segments}), concurrency=opts.read_concurrency, name=name
+            sorted({seg.shard for seg in segments}), concurrency=opts.read_plan.footer_threads, name=name
         )
         self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
         if self._num_batches == 0:
@@ -168,7 +212,7 @@ class ShardLoader:
             num_threads=opts.decode_threads, prefetch=opts.prefetch, name=name
         )
         try:
-            fetcher = source.start_reads(concurrency=opts.read_concurrency, name=name)
+            fetcher = source.start_reads(concurrency=opts.read_plan.in_flight, name=name)
             if fetcher is not None:
                 fetcher.budget = self._reader.read_budget(
                     blocks=blocks, image_size=self.image_size, dataset=self.dataset
@@ -324,7 +368,7 @@ class ShardLoader:
         """Let the fetcher's budget hold row groups of ``largest`` bytes (other ranks' shards)."""
         opts = self.options
         if opts.memory_budget is None:
-            fetcher.budget = max(fetcher.budget, opts.read_concurrency * largest)
+            fetcher.budget = max(fetcher.budget, opts.read_plan.in_flight * largest)
         elif fetcher.budget < largest:
             raise ConfigError(
                 f"memory_budget {opts.memory_budget} bytes leaves {fetcher.budget} for reads, less than one row group "

@@ -67,7 +67,7 @@ def prepare(config: DoctorConfig) -> Plan:
         "cache_dir": config.cache_dir,
         "read_concurrency": config.read_concurrency,
     }
-    LoaderOptions(**options)  # the loader's own checks of each option, before any read
+    LoaderOptions.from_keywords(options)  # the loader's own checks of each option, before any read
     dataset = storage.normalize(config.dataset or "")
     info = contract.read_dataset_info(dataset)
     contract.channel_shards(dataset, info, config.channel)  # the channel is there
