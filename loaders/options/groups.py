@@ -55,9 +55,9 @@ class RemoteReads:
     )
     memory_budget: int | str | None = option(
         None,
-        help="bytes (or a size, 512MiB) for a rank's remote reads held plus its decoded batches "
-        "(default: read_concurrency row groups, one shuffle window and the decoded batches); "
-        "the shuffle window's encoded rows come on top",
+        help="bytes (or a size, 512MiB) for a rank's remote reads held plus its decoded batches, the "
+        "shuffle window's encoded rows on top (default: read_concurrency row groups, one shuffle window "
+        "and the decoded batches)",
         check=values.optional(values.size),
     )
     cache_dir: str | os.PathLike[str] | None = option(
