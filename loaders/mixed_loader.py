@@ -156,17 +156,8 @@ class MixedLoader:
         parsed = parse_sources(sources)
         if labels not in LABEL_POLICIES:
             raise ConfigError(f"labels must be one of {LABEL_POLICIES}, got {labels!r}")
-        refused = [k for k, v in (("drop_last", drop_last), ("remainder", remainder)) if v is not DEFAULT]
-        if options is not None:
-            set_there = (("drop_last", options.drop_last), ("remainder", options.remainder != "pad"))
-            refused += [k for k, bad in set_there if bad]
-        if refused:
-            raise ConfigError(
-                f"{refused[0]} does not apply to a mixture: every epoch is whole batches, on every rank",
-                option=refused[0],
-            )
-        # locals() is the parameters here (and parsed, refused): the options given, the others DEFAULT.
-        self.options = opts = LoaderOptions.given(options, locals())
+        # locals() is the parameters here (and parsed): the options given, the others DEFAULT.
+        self.options = opts = _mixture_options(options, locals())
         if opts.decoder == NO_DECODER:
             raise ConfigError(
                 'decoder="none" is not supported for a mixture yet: decode on the CPU, or load one dataset'
@@ -664,6 +655,20 @@ def _taken(batch_needs: list[Need], sources: int) -> list[int]:
     for need in batch_needs:
         taken[need.source] += need.hi - need.lo
     return taken
+
+
+def _mixture_options(options: LoaderOptions | None, keywords: dict[str, Any]) -> LoaderOptions:
+    """A mixture's options (:meth:`LoaderOptions.given`); ``drop_last`` and ``remainder`` refused."""
+    refused = [k for k in ("drop_last", "remainder") if keywords[k] is not DEFAULT]
+    if options is not None:
+        set_there = (("drop_last", options.drop_last), ("remainder", options.remainder != "pad"))
+        refused += [k for k, bad in set_there if bad]
+    if refused:
+        raise ConfigError(
+            f"{refused[0]} does not apply to a mixture: every epoch is whole batches, on every rank",
+            option=refused[0],
+        )
+    return LoaderOptions.given(options, keywords)
 
 
 def _shutdown(
