@@ -11,11 +11,12 @@ remote, with and without ``cache_dir``, mixtures) in fresh processes, once with 
 the code (the ref through ``git worktree``, its C extensions copied in). For each case it
 records:
 
-* every batch of epochs 0 and 1: a sha256 of the images (dtype, shape, strides, bytes) and of
+* every batch of epochs 0, 1 and 2 (the third taken from the stream the loop's step of one
+  epoch ran on into): a sha256 of the images (dtype, shape, strides, bytes) and of
   the labels, or of an :class:`~loaders.EncodedBatch`'s encoded bytes;
 * ``len(loader)`` and the ``state_dict()`` taken after ``k`` batches of epoch 1;
 * the batches each version yields when it resumes from the **ref's** saved state, at the same
-  world size and at another one (elastic), every rank.
+  world size and at another one (elastic), every rank, and the epoch after it.
 
 Exits 1 on any difference, naming the case and what differs; 0 when every case is the same.
 """
@@ -200,7 +201,7 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
             for rank in range(ws):
                 with _loader(spec, rank, ws, bs, job["version"], case) as ld:
                     epochs = []
-                    for epoch in (0, 1):
+                    for epoch in (0, 1, 2):
                         ld.set_epoch(epoch)
                         epochs.append([_digest_batch(b) for b in ld])
                     got[f"rank{rank}"] = {"len": len(ld), "epochs": epochs}
@@ -217,7 +218,10 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
                 for rank in range(rws):
                     with _loader(spec, rank, rws, rbs, job["version"], case) as ld:
                         ld.load_state_dict(state)
-                        got[f"ws{rws}-rank{rank}"] = {"len": len(ld), "rest": [_digest_batch(b) for b in ld]}
+                        rest = [_digest_batch(b) for b in ld]
+                        ld.set_epoch(state["epoch"] + 1)
+                        following = [_digest_batch(b) for b in ld]
+                        got[f"ws{rws}-rank{rank}"] = {"len": len(ld), "rest": rest, "next": following}
         out[case] = got
     return out
 

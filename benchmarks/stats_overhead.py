@@ -7,7 +7,7 @@ python benchmarks/stats_overhead.py --images 4096 --seconds 25
 ```
 
 Prints the share of the busy samples in each part: the reader thread's tally of each batch's
-rows for the shuffle figures (``_tallied``), the per-epoch figures (``epoch_stats``, the
+rows for the shuffle figures (``tallied``), the per-epoch figures (``epoch_stats``, the
 shuffle figures' computation included), and the counters (decode tally, totals, budget).
 """
 
@@ -27,7 +27,7 @@ from loader_bench import build_dataset
 #: Leaf frames of a thread that is waiting, not working.
 _IDLE = ("wait (threading", "_wait_for_tstate_lock", "select", "acquire", "get (queue", "sleep", "poll")
 _PARTS = {
-    "tally of each batch's rows (reader thread)": ("_tallied (",),
+    "tally of each batch's rows (reader thread)": ("tallied (",),
     "per-epoch figures (epoch_stats)": ("epoch_stats (",),
     "counters (decode tally, totals, budget)": (
         "add (loaders/stats",

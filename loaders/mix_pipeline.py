@@ -32,6 +32,7 @@ from loaders.batch import PAD_LABEL, BatchTask, SkippedRow
 from loaders.batch_decoding import BatchDecoding
 from loaders.buffers import BufferPool
 from loaders.mixing import RankShare, Span, locate
+from loaders.run import Keyed
 from loaders.source import ShardSource
 from loaders.stats import ReadCount
 from loaders.window_reader import WindowReader
@@ -128,14 +129,6 @@ def _cut(source: int, lo: int, hi: int, rows: int, batch_size: int) -> list[Need
     return out
 
 
-class _SourceBatch(NamedTuple):
-    """A source batch for the decode threads: its key, its task and what decodes it."""
-
-    key: tuple[int, int, int]
-    task: BatchTask
-    decode: Callable[[BatchTask, threading.Event], Any]
-
-
 # NOTE [ One walk, two sides ]
 #
 # The reader thread (``source_batches`` or ``mixture_batches``, run by the pipeline as an epoch's
@@ -181,7 +174,7 @@ def source_batches(
     *,
     reads: Sequence[ReadCount],
     skipped: list[SkippedRow],
-) -> Iterator[_SourceBatch]:
+) -> Iterator[Keyed]:
     """The source batches ``wanted`` needs, in the order of their first need (runs on the
     reader thread). A source batch needed again right after itself is not read again."""
     held: list[tuple[int, int] | None] = [None] * len(sources)
@@ -199,7 +192,7 @@ def source_batches(
                     return  # stopped
                 if (s, need.pas) not in decoders:
                     decoders[s, need.pas] = sources[s].decoding.for_epoch(need.pas, skipped)
-                yield _SourceBatch((s, *at), task, decoders[s, need.pas])
+                yield Keyed((s, *at), task, decoders[s, need.pas])
     finally:
         tasks.close()
 
@@ -213,7 +206,7 @@ def mixture_batches(
     epoch: int,
     first_index: int,
     decode: Callable[[BatchTask, threading.Event], Any],
-) -> Iterator[_SourceBatch]:
+) -> Iterator[Keyed]:
     """Each mixture batch ``wanted`` needs (batch ``first_index`` of ``epoch`` on) as one batch
     task of its rows, in the batch's order, keyed ``(-1, epoch, index)`` (runs on the reader
     thread): for sources whose rows decode alone (no transform, one label space), so that each
@@ -243,7 +236,7 @@ def mixture_batches(
                 np.concatenate([t.shards[lo:hi] + at for t, lo, hi, at in parts]),
                 np.concatenate([t.rows[lo:hi] for t, lo, hi, _ in parts]),
             )
-            yield _SourceBatch((-1, epoch, index), task, decode)
+            yield Keyed((-1, epoch, index), task, decode)
             index += 1
     finally:
         tasks.close()
@@ -258,12 +251,6 @@ def _close(tasks: Iterator[BatchTask] | None) -> None:
     close = getattr(tasks, "close", None)
     if close is not None:
         close()  # a generator: run its finally blocks (closes the shard files)
-
-
-def decode_source_batch(item: _SourceBatch, stop: threading.Event) -> tuple[tuple[int, int, int], Any] | None:
-    """Decode one source batch (on a decode thread): its key and its batch (``None`` if stopped)."""
-    batch = item.decode(item.task, stop)
-    return None if batch is None else (item.key, batch)
 
 
 class Assembler:

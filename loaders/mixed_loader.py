@@ -31,22 +31,19 @@ import functools
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from lakeshard.storage import RequestCounts
-from loaders.batch import SkippedRow
 from loaders.batch_decoding import BatchDecoding, resolve_transform
 from loaders.buffers import BufferPool
-from loaders.dataset import ShardDataset
 from loaders.decode import NO_DECODER
 from loaders.elastic import Leg
+from loaders.facade import Facade, open_prep, shutdown
 from loaders.mix_inputs import (
     LABEL_POLICIES,
     check_every_source_has_rows,
@@ -62,7 +59,6 @@ from loaders.mix_pipeline import (
     Assembler,
     MixSource,
     Need,
-    decode_source_batch,
     mixture_batches,
     needs,
     relabelled,
@@ -71,12 +67,13 @@ from loaders.mix_pipeline import (
 from loaders.mix_state import MIX_ORDER, MixIdentity, mix_state_dict, read_mix_state
 from loaders.mixing import MixPlan, epoch_samples, shares
 from loaders.options import DEFAULT, Cost, Decoding, LoaderOptions, Normalize, Preparation, RemoteReads
-from loaders.pipeline import Epoch, Pipeline
+from loaders.pipeline import Pipeline
 from loaders.plan import num_batches, rank_segments, split_pieces
 from loaders.prep import PrepCluster
+from loaders.run import Flow, Iterations, Keyed, Position, Run
 from loaders.shard_loader import ShardLoader
 from loaders.source import ShardSource
-from loaders.stats import CostBudget, LoaderCounters, LoaderStats, LoaderTotals, PriceTable, ReadCount
+from loaders.stats import CostBudget, LoaderCounters, LoaderStats, PriceTable
 from loaders.window_reader import WindowReader
 
 __all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling", "same_dataset"]
@@ -84,7 +81,7 @@ __all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "re
 log = logging.getLogger(__name__)
 
 
-class MixedLoader:
+class MixedLoader(Facade):
     """Stream rank ``rank``'s share of a mixture of datasets as ``(images, labels)`` batches
     (``from loaders import MixedLoader``).
 
@@ -165,30 +162,35 @@ class MixedLoader:
         if samples_per_epoch is not None:
             samples_per_epoch = positive_samples(samples_per_epoch)
         self._opened: list[ShardSource] = []
-        self._pipeline: Pipeline[Any, Any] | None = None
         self._prep: PrepCluster | None = None
+        self.counters = LoaderCounters(
+            lambda: sum((src.requests() for src in self._opened), RequestCounts()), sources=len(parsed)
+        )
         try:
             self._open(parsed, samples_per_epoch, labels)
         except BaseException:
-            _shutdown(self._pipeline, self._opened, self._prep, final=True)
+            _stop_sources(self._opened, self._prep)
             raise
-        self._finalizer = weakref.finalize(
-            self, _shutdown, self._pipeline, tuple(self._opened), self._prep, final=True
-        )
-        self._epoch = 0
-        self._legs_before: tuple[Leg, ...] = ()  # of self._epoch, before the current leg (a resume)
-        self._next_start = 0
-        self._consumed = 0
-        self._resumed_used = False
-        self._owner: threading.Thread | None = None  # the thread iterating now (one at a time)
-        self._flow: _Flow | None = None  # the epochs running through the pipeline (NOTE [ A mixture's flow ])
-        self._last_epoch: int | None = None  # the epoch the last iteration ran
-        self.source_rows = [0] * len(self._mix)
-        self.skipped_rows: list[SkippedRow] = []
-        # Counters (loaders.stats): over the loader's life, and where the current iteration began.
         self._budget = CostBudget(
             opts.cost_budget, opts.on_budget, opts.price_table, rank=opts.rank, dataset=self.dataset
         )
+        pipeline: Pipeline[Keyed, Any] = Pipeline(
+            num_threads=opts.decode_threads, prefetch=opts.prefetch, name=f"lakeshard-r{opts.rank}"
+        )
+        self._runs = Iterations(
+            pipeline,
+            self._opened,
+            self.counters,
+            self._budget,
+            what="mixture",
+            kind="MixedLoader",
+            where=(opts.channel, opts.rank),
+        )
+        self._finalizer = weakref.finalize(self, shutdown, self._runs, self._prep)
+        self._position = Position()
+        self._legs_before: tuple[Leg, ...] = ()  # of the epoch, before the current leg (a resume)
+        self._run: Run | None = None  # the current (or last) iteration
+        self.source_rows = [0] * len(self._mix)
 
     def _open(
         self, parsed: list[tuple[str, float | None]], samples_per_epoch: int | None, policy: str
@@ -225,27 +227,23 @@ class MixedLoader:
         check_every_source_has_rows(parsed, self.weights, self.per_source, self.samples_per_epoch)
         if opts.pin_memory and not torch.cuda.is_available():
             log.info("pin_memory=True ignored: CUDA is not available")
+        self._prep = open_prep(opts)
+        self._open_sources(luts)
+
+    def _open_sources(self, luts: list[torch.Tensor | None]) -> None:
+        """Each source's reader (its reads and cache started) and decoding; the decoding of
+        whole mixture batches where rows decode alone."""
+        opts = self.options
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over, the training loop's previous batch, and the batch
         # of each source in hand.
         blocks = opts.decode_threads + opts.prefetch + 3
-        buffers = BufferPool(keep=blocks + len(parsed))
-        self.counters = LoaderCounters(
-            lambda: sum((src.requests() for src in self._opened), RequestCounts()), sources=len(parsed)
-        )
+        buffers = BufferPool(keep=blocks + len(luts))
         name = f"lakeshard-r{opts.rank}"
-        self._pipeline = Pipeline(num_threads=opts.decode_threads, prefetch=opts.prefetch, name=name)
-        if opts.prep is not None:
-            self._prep = PrepCluster(
-                opts.prep,
-                timeout_s=opts.prep_timeout,
-                fallback=opts.prep_fallback,
-                security=opts.prep_security,
-            )
         transform, reference = resolve_transform(opts)
         self._mix = []
         for i, (src, lut, weight) in enumerate(zip(self._opened, luts, self.weights, strict=True)):
-            reader = self._reader(src, weight, len(parsed), blocks, f"{name}-s{i}")
+            reader = self._reader(src, weight, len(luts), blocks, f"{name}-s{i}")
             decoding = BatchDecoding(
                 reader.options,
                 image_size=src.info.image.size,
@@ -314,14 +312,10 @@ class MixedLoader:
         return reader
 
     # -- epochs and state --------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
     def _plan(self) -> MixPlan:
         opts = self.options
         current = Leg(opts.world_size, opts.batch_size, 0)
-        return MixPlan(self.per_source, self._rows, self._epoch, [*self._legs_before, current])
+        return MixPlan(self.per_source, self._rows, self._position.epoch, [*self._legs_before, current])
 
     def __len__(self) -> int:
         plan = self._plan()
@@ -329,17 +323,14 @@ class MixedLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration yields (keeps a restored position in that epoch)."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
-        if epoch != self._epoch:
-            self._epoch, self._next_start, self._consumed = epoch, 0, 0
+        if self._select(epoch):
             self._legs_before = ()
 
     def state_dict(self) -> dict[str, Any]:
         opts = self.options
         first = sum(leg.batches for leg in self._legs_before)
-        legs = [*self._legs_before, Leg(opts.world_size, opts.batch_size, self._consumed - first)]
-        return mix_state_dict(self._identity(), epoch=self._epoch, legs=legs)
+        legs = [*self._legs_before, Leg(opts.world_size, opts.batch_size, self._position.consumed - first)]
+        return mix_state_dict(self._identity(), epoch=self._position.epoch, legs=legs)
 
     def _identity(self) -> MixIdentity:
         opts = self.options
@@ -361,123 +352,57 @@ class MixedLoader:
         saved = read_mix_state(
             state, self._identity(), world_size=opts.world_size, batch_size=opts.batch_size
         )
-        self._epoch, self._legs_before = saved.epoch, saved.legs_before
-        self._next_start = self._consumed = saved.consumed
-        self._resumed_used = False
+        self._legs_before = saved.legs_before
+        self._position.restore(saved.epoch, saved.consumed)
 
-    # -- iteration ---------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return self._run()
-
-    def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        me = threading.current_thread()
-        owner = self._owner
-        if owner is not None and owner is not me and owner.is_alive():
-            raise LoaderError(
-                f"this mixture is being iterated by thread {owner.name!r}, so thread {me.name!r} cannot "
-                "iterate it: a MixedLoader yields its batches to one thread at a time. Finish or break out "
-                "of that loop (or call close()) first, or make one loader per thread"
-            )
-        self._owner = me
-        opts = self.options
-        if self._legs_before and self._resumed_used:  # the epoch again: afresh, at this world size
+    # -- iteration (loaders.run) -------------------------------------------------------------------
+    def _begin(self) -> Run:
+        """Begin an iteration of the selected epoch: out of the running flow if it stands at its
+        first batch, else out of a new one (NOTE [ A loader's flow ] in loaders/run.py)."""
+        position, opts = self._position, self.options
+        if self._legs_before and position.resumed_used:  # the epoch again: afresh, at this world size
             self._legs_before = ()
-            self._next_start = 0
-        self._resumed_used = True
+            position.start = 0
+        position.resumed_used = True
+        start, position.start = position.start, 0
+        position.consumed = start
+        epoch = position.epoch
+        looping = self._runs.looping(epoch)
+        flow = self._runs.take_over((epoch, start), allowed=not self._legs_before)
+        if flow is None:
+            flow = self._new_flow(epoch, start, looping=looping)
         plan = self._plan()
         leg = len(plan.legs) - 1
-        first = plan.batches_before(leg)
-        start, self._next_start = self._next_start, 0
-        self._consumed = start
-        walk = _walk(plan, leg, opts.rank, start - first, opts.batch_size, self._rows)
-        flow = self._flow_for(start)
-        reads, self.skipped_rows = flow.parts(self._epoch)
-        self.counters.begin(reads)
+        walk = _walk(plan, leg, opts.rank, start - plan.batches_before(leg), opts.batch_size, self._rows)
+        parts = flow.parts(epoch)
+        self.counters.begin(parts.reads)
         self.source_rows = [0] * len(self._mix)
         self._budget.begin(self._planned_bytes(walk()) if self._budget.active else 0)
         for src in self._opened:
             if src.fetcher is not None:
                 src.fetcher.peak_bytes_held = src.fetcher.held
-        assembler = Assembler(self._mix, self._join_buffers)
-        finished = False
-        try:
-            for batch_needs in walk():
-                asked = time.perf_counter()
-                if self._direct is not None:
-                    key, batch = _next_decoded(flow.run)
-                    if key != (-1, self._epoch, self._consumed):
-                        raise LoaderError(
-                            f"mixture pipeline out of step: expected batch {self._consumed}, got {key}"
-                        )
-                    taken = _taken(batch_needs, len(self._mix))
-                else:
-                    batch, taken = assembler.batch(batch_needs, lambda: _next_decoded(flow.run))
-                self.counters.wait_s += time.perf_counter() - asked
-                for s, n in enumerate(taken):
-                    self.source_rows[s] += n
-                self._consumed += 1
-                self.counters.batches += 1
-                self._budget.check(
-                    self.counters.iteration,
-                    epoch=self._epoch,
-                    consumed=self._consumed,
-                    batches=len(self),
-                )
-                yield batch
-            finished = True
-            for mix in self._mix:
-                mix.source.epoch_ended()  # every read of the epoch is in: a cache fill takes the rest now
-        finally:
-            current = self._flow is flow  # not replaced by a later iteration meanwhile
-            if (
-                finished and flow.onward and current
-            ):  # it runs on into the next epoch (NOTE [ A mixture's flow ])
-                flow.at, flow.idle = (self._epoch + 1, 0), True
-            else:
-                flow.run.close()
-                if current:
-                    self._flow = None
-            if self._owner is me:
-                self._owner = None
-            if (
-                current and not finished
-            ):  # a break or an error: stop every thread (a later iteration makes new ones)
-                _shutdown(self._pipeline, self._opened, None)
-            if self.skipped_rows:
-                log.warning(
-                    "skipped %d bad rows of channel %r in epoch %d (rank %d)",
-                    len(self.skipped_rows),
-                    opts.channel,
-                    self._epoch,
-                    opts.rank,
-                )
+        side = (walk(), Assembler(self._mix, self._join_buffers))
+        self._run = Run(epoch, start, len(self), flow, parts, side)
+        return self._run
 
-    # NOTE [ A mixture's flow ]
-    #
-    # A mixture's epochs run as one stream through its pipeline (a "flow"): the reader thread
-    # walks epoch e from the batch the iteration starts at, then, when the flow goes ``onward``,
-    # each next epoch from its first batch, at this world size. The consumer takes exactly
-    # ``len`` batches of its epoch and leaves the rest in the flow, so the next epoch's first
-    # batches are read and decoded while this one's last are consumed (the pipeline's queue
-    # bounds how far ahead). An iteration takes the flow over only where it stands: the next
-    # epoch, from its first batch, with no resumed legs; anything else (a jump, the same epoch
-    # again, a restored state, an iteration while another one is under way) closes it and
-    # starts another (the older iteration's iterator then raises LoaderError; its end touches
-    # nothing of the new one). A flow goes onward only once the loop has made a step of one
-    # epoch (a first iteration may be the loader's only one) and while no source's cache is
-    # being filled (the next epoch then reads the cache's files).
-    # Each epoch of a flow counts its reads and bad rows apart (``_Flow.parts``).
-    def _flow_for(self, start: int) -> _Flow:
-        """The flow this iteration takes its batches from: the running one if it stands at
-        ``(epoch, start)``, else a new one (NOTE [ A mixture's flow ])."""
-        looping = self._last_epoch is not None and self._epoch - self._last_epoch == 1
-        self._last_epoch = self._epoch
-        flow = self._flow
-        if flow is not None and flow.idle and flow.at == (self._epoch, start) and not self._legs_before:
-            flow.idle = False
-            return flow
-        if flow is not None:
-            flow.run.close()
+    def _take(self, run: Run) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch of ``run``: the next needs of its walk, out of its flow."""
+        wanted, assembler = run.side
+        batch_needs = next(wanted)
+        consumed = run.consumed
+        if self._direct is not None:
+            key, batch = self._runs.next_decoded(run)
+            if key != (-1, run.epoch, consumed):
+                raise LoaderError(f"mixture pipeline out of step: expected batch {consumed}, got {key}")
+            taken = _taken(batch_needs, len(self._mix))
+        else:
+            batch, taken = assembler.batch(batch_needs, lambda: self._runs.next_decoded(run))
+        for s, n in enumerate(taken):
+            self.source_rows[s] += n
+        return batch
+
+    def _new_flow(self, epoch: int, start: int, *, looping: bool) -> Flow:
+        """A flow from batch ``start`` of ``epoch`` (NOTE [ A loader's flow ])."""
         for i, mix in enumerate(self._mix):  # shards cached since the last epoch are read from disk now
             if mix.source.cache is not None:
                 mix.source.epoch_starts(
@@ -488,34 +413,23 @@ class MixedLoader:
         opts = self.options
         plan = self._plan()
         leg = len(plan.legs) - 1
-        onward = looping and not any(src.fills_cache() for src in self._opened)
-        flow = _Flow(at=(self._epoch, start), onward=onward, sources=len(self._mix))
+        flow = Flow(
+            at=(epoch, start), onward=looping and not self._runs.fills_cache(), sources=len(self._mix)
+        )
         stop = threading.Event()
         tasks = _flow_tasks(
             self._mix,
             self._direct,
             flow,
             stop,
-            epoch=self._epoch,
+            epoch=epoch,
             walk=_walk(plan, leg, opts.rank, start - plan.batches_before(leg), opts.batch_size, self._rows),
             first_index=start,
             next_walk=functools.partial(
                 _fresh_walk, self.per_source, self._rows, opts.world_size, opts.rank, opts.batch_size
             ),
         )
-        assert self._pipeline is not None  # made by _open
-        flow.run = self._pipeline.start(tasks, decode_source_batch, stop=stop)
-        self._flow = flow
-        return flow
-
-    def close(self) -> None:
-        """Stop every thread (a later iteration makes new ones)."""
-        _shutdown(self._pipeline, self._opened, self._prep)
-        self._owner, self._flow = None, None
-
-    def as_dataset(self) -> ShardDataset:
-        """This loader as a :class:`torch.utils.data.IterableDataset` (see :mod:`loaders.dataset`)."""
-        return ShardDataset(self)  # type: ignore[arg-type]
+        return self._runs.start(flow, tasks, stop)
 
     @property
     def shard_sources(self) -> tuple[ShardSource, ...]:
@@ -536,10 +450,6 @@ class MixedLoader:
             for (s, pas), ks in batches.items()
         )
 
-    def totals(self) -> LoaderTotals:
-        """The mixture's counters over its life so far, every source's together."""
-        return self.counters.totals()
-
     @property
     def peak_bytes_held(self) -> int:
         """The most bytes of remote reads held at once, over the sources (0 for local ones)."""
@@ -550,52 +460,28 @@ class MixedLoader:
         :class:`~loaders.stats.LoaderStats`; ``shuffle`` is not measured)."""
         return LoaderStats.of(
             self.counters.iteration(),
-            epoch=self._epoch,
+            epoch=self._position.epoch,
             peak_bytes_held=self.peak_bytes_held,
             prices=self.options.price_table,
         )
-
-    def __enter__(self) -> MixedLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 #: How long an epoch's start waits for the cache to finish a file the last epoch filled.
 _SETTLE_S = 5.0
 
 
-def _next_decoded(epoch: Epoch[Any, Any]) -> Any:
-    result = epoch.next()
-    if result is None:
-        raise LoaderError("the mixture's pipeline ended before its plan (a source gave fewer batches)")
-    return result
-
-
-@dataclass(eq=False)
-class _Flow:
-    """A mixture's epochs as one stream through its pipeline (NOTE [ A mixture's flow ]):
-    ``run`` (the pipeline's run), ``at`` (the epoch and batch its consumer takes next), whether
-    it goes on into the next epochs, and each epoch's reads and bad rows."""
-
-    at: tuple[int, int]
-    onward: bool
-    sources: int
-    run: Epoch[Any, Any] = field(init=False)
-    idle: bool = False  # between two epochs: the last iteration ended, the next may take it over
-    _parts: dict[int, tuple[list[ReadCount], list[SkippedRow]]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def parts(self, epoch: int) -> tuple[list[ReadCount], list[SkippedRow]]:
-        """Epoch ``epoch``'s read counts (one a source) and bad rows: made by whichever side
-        (the reader thread, the consumer) asks first; earlier epochs' are dropped."""
-        with self._lock:
-            for old in [e for e in self._parts if e < epoch - 1]:
-                del self._parts[old]
-            if epoch not in self._parts:
-                self._parts[epoch] = ([ReadCount() for _ in range(self.sources)], [])
-            return self._parts[epoch]
+def _mixture_options(options: LoaderOptions | None, keywords: dict[str, Any]) -> LoaderOptions:
+    """A mixture's options (:meth:`LoaderOptions.given`); ``drop_last`` and ``remainder`` refused."""
+    refused = [k for k in ("drop_last", "remainder") if keywords[k] is not DEFAULT]
+    if options is not None:
+        set_there = (("drop_last", options.drop_last), ("remainder", options.remainder != "pad"))
+        refused += [k for k, bad in set_there if bad]
+    if refused:
+        raise ConfigError(
+            f"{refused[0]} does not apply to a mixture: every epoch is whole batches, on every rank",
+            option=refused[0],
+        )
+    return LoaderOptions.given(options, keywords)
 
 
 def _walk(
@@ -625,25 +511,25 @@ def _fresh_walk(
 def _flow_tasks(
     sources: Sequence[MixSource],
     direct: BatchDecoding | None,
-    flow: _Flow,
+    flow: Flow,
     stop: threading.Event,
     *,
     epoch: int,
     walk: functools.partial[Iterator[list[Need]]],
     first_index: int,
     next_walk: Callable[[int], functools.partial[Iterator[list[Need]]]],
-) -> Iterator[Any]:
+) -> Iterator[Keyed]:
     """The tasks of a flow, epoch after epoch (runs on the reader thread; a function, not a
     method: it must not keep the loader alive from that thread)."""
     while True:
-        reads, skipped = flow.parts(epoch)
+        parts = flow.parts(epoch)
         if direct is not None:
-            decode = direct.for_epoch(epoch, skipped)
+            decode = direct.for_epoch(epoch, parts.skipped)
             yield from mixture_batches(
-                sources, walk(), stop, reads=reads, epoch=epoch, first_index=first_index, decode=decode
+                sources, walk(), stop, reads=parts.reads, epoch=epoch, first_index=first_index, decode=decode
             )
         else:
-            yield from source_batches(sources, walk(), stop, reads=reads, skipped=skipped)
+            yield from source_batches(sources, walk(), stop, reads=parts.reads, skipped=parts.skipped)
         if not flow.onward or stop.is_set():
             return
         epoch, walk, first_index = epoch + 1, next_walk(epoch + 1), 0
@@ -657,33 +543,10 @@ def _taken(batch_needs: list[Need], sources: int) -> list[int]:
     return taken
 
 
-def _mixture_options(options: LoaderOptions | None, keywords: dict[str, Any]) -> LoaderOptions:
-    """A mixture's options (:meth:`LoaderOptions.given`); ``drop_last`` and ``remainder`` refused."""
-    refused = [k for k in ("drop_last", "remainder") if keywords[k] is not DEFAULT]
-    if options is not None:
-        set_there = (("drop_last", options.drop_last), ("remainder", options.remainder != "pad"))
-        refused += [k for k, bad in set_there if bad]
-    if refused:
-        raise ConfigError(
-            f"{refused[0]} does not apply to a mixture: every epoch is whole batches, on every rank",
-            option=refused[0],
-        )
-    return LoaderOptions.given(options, keywords)
-
-
-def _shutdown(
-    pipeline: Pipeline[Any, Any] | None,
-    sources: Sequence[ShardSource],
-    prep: PrepCluster | None,
-    *,
-    final: bool = False,
-) -> None:
-    """Stop every thread of a mixture (a later iteration makes new ones); ``final``: it is gone,
-    close its cache files and its preparation cluster's client too."""
-    if pipeline is not None:
-        pipeline.close()
+def _stop_sources(sources: Sequence[ShardSource], prep: PrepCluster | None) -> None:
+    """Stop the sources' reads for good, and the preparation cluster's client."""
     for src in sources:
-        src.stop(final=final)
+        src.stop(final=True)
     if prep is not None:
         prep.close()
 

@@ -1,12 +1,13 @@
-"""The prefetch pipeline: one reader thread, a pool of decode threads, a bounded queue per epoch.
+"""The prefetch pipeline: one reader thread, a pool of decode threads, a bounded queue per stream.
 
-Generic over what it reads and decodes: :class:`loaders.ShardLoader` gives it, per epoch, an
-iterator of batch tasks (run on the reader thread, where the I/O happens) and a function that
-decodes one task (run on the pool). Batches come out in task order whatever the number of
-threads. The threads are made once (on the first epoch) and live until :meth:`Pipeline.close`:
-an epoch is a new iterator of tasks (:meth:`Pipeline.start`), not a new pipeline.
+Generic over what it reads and decodes: a loader gives it a stream of batch tasks (an iterator
+run on the reader thread, where the I/O happens; one epoch or several in a row, see
+:mod:`loaders.run`) and a function that decodes one task (run on the pool). Batches come out in
+task order whatever the number of threads. The threads are made once (on the first stream) and
+live until :meth:`Pipeline.close`: an epoch is a new iterator of tasks (:meth:`Pipeline.start`),
+not a new pipeline.
 
-Invariants, per epoch (see :class:`PipelineStats`): ``0 <= consumed <= decoded <= submitted``, and
+Invariants, per stream (see :class:`PipelineStats`): ``0 <= consumed <= decoded <= submitted``, and
 ``submitted - consumed <= prefetch + 2`` (the queue, the one future the reader holds while it
 waits for room, and the one the consumer is waiting on), so decoded batches in memory are
 bounded by ``(prefetch + 2) * batch_size`` rows whatever the shard's size.
@@ -24,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from lakeshard.errors import LoaderError
 
-__all__ = ["Pipeline", "PipelineStats"]
+__all__ = ["Pipeline", "PipelineStats", "Stream"]
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ _CLOSED = "this epoch's iterator was closed (the loader started another epoch or
 
 @dataclass
 class PipelineStats:
-    """Counters, each written by one side only (reader: ``submitted``; consumer: ``consumed``;
-    decode threads: ``decoded``, under a lock)."""
+    """A stream's counters, each written by one side only (reader: ``submitted``; consumer:
+    ``consumed``; decode threads: ``decoded``, under a lock)."""
 
     submitted: int = 0
     decoded: int = 0
@@ -60,46 +61,40 @@ class PipelineStats:
 
 # NOTE [ Prefetch shutdown ]
 #
-# Threads: the consumer (the training loop, calling ``Epoch.next``), one reader thread, and
+# Threads: the consumer (the training loop, calling ``Stream.next``), one reader thread, and
 # ``num_threads`` decode threads (a ThreadPoolExecutor); all made on the first ``start`` and kept
 # until ``Pipeline.close``.
 #
-# Epochs: ``start`` puts an ``Epoch`` (its task iterator, its own queue, stop event and error
-# slot) in ``_jobs``; the reader thread takes one job at a time and runs it. For each task it
-# submits it to the pool *then* puts its Future in the epoch's queue (at most ``prefetch`` of them:
-# a slot of ``slots`` each, which the consumer gives back as it takes one), so
-# futures come out in task order; after the last task it puts ``_END``. ``start`` stops the
-# epoch before it.
-#
-# An epoch started early (``start_next``: the next one a training loop will ask for) waits in
-# ``_jobs`` behind the current one, so the reader runs it once the current epoch's last task is
-# queued; it submits a task only while the two epochs have fewer than ``prefetch + 2`` batches
-# outstanding (``_room``, woken by ``consumed``), so the current epoch's batches come first and
-# the bound holds for the two. ``promote`` makes it the current one; ``start`` and ``close``
-# stop it like the current one (one never taken by the reader is skipped when its turn comes).
+# Streams: ``start`` stops the stream before it and puts a ``Stream`` (its task iterator, its own
+# queue, stop event and error slot) in ``_jobs``; the reader thread takes one at a time and runs
+# it. For each task it submits it to the pool *then* puts its Future in the stream's queue (at
+# most ``prefetch`` of them: a slot of ``slots`` each, which the consumer gives back as it takes
+# one), so futures come out in task order; after the last task it puts ``_END``. A stream may
+# hold several epochs one after another (the loader's flow, NOTE [ A loader's flow ] in
+# run.py): the pipeline does not know where one ends.
 #
 # Failure: whichever thread fails first (a read error on the reader, a decode error on a decode
-# thread) stores the exception in the epoch's ``error`` (first one wins, under its lock) and sets
-# its ``stop``. The consumer checks ``error`` before every wait and after every ``_WAIT_S`` of
-# waiting, so the error reaches the training loop within ``_WAIT_S``. The threads live on: the
-# next epoch starts clean.
+# thread) stores the exception in the stream's ``error`` (first one wins, under its lock) and
+# sets its ``stop``. The consumer checks ``error`` before every wait and after every ``_WAIT_S``
+# of waiting, so the error reaches the training loop within ``_WAIT_S``. The threads live on:
+# the next stream starts clean.
 #
-# Stop an epoch: ``Epoch.close()`` (called by the consumer on normal end, on ``break`` -- the
-# generator in ``ShardLoader.__iter__`` is finalised --, on error, by ``start`` and by
-# ``Pipeline.close``): sets the epoch's ``stop`` (the reader checks it before each task and in
-# every wait for a slot; decode tasks check it between images), waits for the reader to leave the
-# job (``finished``, bounded by _JOIN_TIMEOUT_S) and cancels every queued future. A consumer
-# waiting in ``Epoch.next`` on another thread meanwhile sees ``_closed`` (or its future
+# Stop a stream: ``Stream.close()`` (called by the loader when an iteration ends without its flow
+# going on, on ``break`` -- the loader's generator is finalised --, on error, by ``start`` and by
+# ``Pipeline.close``): sets the stream's ``stop`` (the reader checks it before each task and in
+# every wait for a slot; decode tasks check it between images), waits for the reader to leave
+# the stream (``finished``, bounded by _JOIN_TIMEOUT_S) and cancels every queued future. A
+# consumer waiting in ``Stream.next`` on another thread meanwhile sees ``_closed`` (or its future
 # cancelled) within ``_WAIT_S`` and raises LoaderError: nothing will be queued for it any more.
 #
-# Stop the pipeline: ``Pipeline.close()`` (``ShardLoader.close``, or the loader's finalizer when
-# it is garbage-collected) closes the running epoch, sets ``_closed``, joins the reader thread
-# (it waits on ``_jobs`` with a timeout and sees ``_closed``), then
+# Stop the pipeline: ``Pipeline.close()`` (the loader's ``close``, or its finalizer when it is
+# garbage-collected) closes the running stream, sets ``_closed``, joins the reader thread (it
+# waits on ``_jobs`` with a timeout and sees ``_closed``), then
 # ``executor.shutdown(wait=True, cancel_futures=True)`` joins every decode thread. After it
 # returns no thread of this pipeline is alive (tests check threading.enumerate()). Nobody ever
 # blocks without a timeout, and nobody sleeps.
-class Epoch(Generic[T, R]):
-    """One epoch's stream of batches out of a :class:`Pipeline`."""
+class Stream(Generic[T, R]):
+    """One stream of batches out of a :class:`Pipeline`."""
 
     def __init__(
         self,
@@ -113,11 +108,11 @@ class Epoch(Generic[T, R]):
         self.decode = decode
         self.stop = stop
         # ``prefetch`` futures (a slot each) and the end marker, which needs no slot: the reader
-        # leaves an epoch once its last task is queued, not once the queue has room again.
+        # leaves a stream once its last task is queued, not once the queue has room again.
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=pipeline.prefetch + 1)
         self.slots = threading.Semaphore(pipeline.prefetch)
-        self.started = threading.Event()  # set by the reader thread when it takes this epoch
-        self.finished = threading.Event()  # set by the reader thread when it leaves this epoch
+        self.started = threading.Event()  # set by the reader thread when it takes this stream
+        self.finished = threading.Event()  # set by the reader thread when it leaves this stream
         self._lock = threading.Lock()
         self.error: BaseException | None = None
         self._closed = False
@@ -139,7 +134,7 @@ class Epoch(Generic[T, R]):
             raise self.error
 
     def next(self) -> R | None:
-        """The next batch, or ``None`` at the end of the epoch. Raises the first error of any
+        """The next batch, or ``None`` at the end of the stream. Raises the first error of any
         thread."""
         while True:
             if self._closed:  # also while waiting: another thread may close it (NOTE [ Prefetch shutdown ])
@@ -171,7 +166,6 @@ class Epoch(Generic[T, R]):
             if result is None:
                 raise LoaderError("a decode task was stopped before it finished (the pipeline was closed)")
             self.stats.consumed += 1
-            self._pipeline.consumed()
             return result
 
     def close(self) -> None:
@@ -179,14 +173,12 @@ class Epoch(Generic[T, R]):
             return
         self._closed = True
         self.stop.set()
-        # An epoch started early whose turn has not come is skipped by the reader (its stop is
-        # set): nothing to wait for, though the epoch before it may run on for long.
         if (
             self.started.is_set()
             and not self.finished.wait(timeout=_JOIN_TIMEOUT_S)
             and self._pipeline.reader_alive()
         ):
-            log.warning("reader thread still busy with a stopped epoch after %.0fs", _JOIN_TIMEOUT_S)
+            log.warning("reader thread still busy with a stopped stream after %.0fs", _JOIN_TIMEOUT_S)
         if self._current is not None:
             self._current.cancel()
         while True:
@@ -210,12 +202,10 @@ class Pipeline(Generic[T, R]):
         self.num_threads = num_threads
         self.prefetch = prefetch
         self.name = name
-        self._jobs: queue.Queue[Epoch[T, R]] = queue.Queue()
+        self._jobs: queue.Queue[Stream[T, R]] = queue.Queue()
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        self._current: Epoch[T, R] | None = None
-        self._next: Epoch[T, R] | None = None  # started early, after the current one (start_next)
-        self._progress = threading.Condition()  # notified when a batch is consumed
+        self._current: Stream[T, R] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._reader: threading.Thread | None = None
 
@@ -228,51 +218,18 @@ class Pipeline(Generic[T, R]):
         decode: Callable[[T, threading.Event], R],
         *,
         stop: threading.Event | None = None,
-    ) -> Epoch[T, R]:
-        """Stop the running epoch and the one started early (if any) and start one that decodes
-        ``tasks`` with ``decode`` (``decode(task, stop)``, on the pool; returns ``None`` if it saw
-        ``stop``); ``stop`` (set when this epoch stops) is the one the task iterator watches."""
-        epoch: Epoch[T, R] = Epoch(self, tasks, decode, stop if stop is not None else threading.Event())
+    ) -> Stream[T, R]:
+        """Stop the running stream (if any) and start one that decodes ``tasks`` with ``decode``
+        (``decode(task, stop)``, on the pool; returns ``None`` if it saw ``stop``); ``stop`` (set
+        when this stream stops) is the one the task iterator watches."""
+        stream: Stream[T, R] = Stream(self, tasks, decode, stop if stop is not None else threading.Event())
         with self._lock:
-            previous, self._current = self._current, epoch
-            early, self._next = self._next, None
+            previous, self._current = self._current, stream
             self._ensure_threads()
-        for stale in (previous, early):
-            if stale is not None:
-                stale.close()
-        self._jobs.put(epoch)
-        return epoch
-
-    def start_next(
-        self, tasks: Iterator[T], decode: Callable[[T, threading.Event], R], *, stop: threading.Event
-    ) -> Epoch[T, R]:
-        """Start an epoch early, to run once the current one's tasks are all submitted, without
-        stopping it: its batches are decoded while the current epoch's last ones are consumed,
-        with at most ``prefetch + 2`` batches of the two outstanding at once. :meth:`promote`
-        makes it the current one; :meth:`start` (another epoch) or :meth:`close` stops it."""
-        epoch: Epoch[T, R] = Epoch(self, tasks, decode, stop)
-        with self._lock:
-            early, self._next = self._next, epoch
-            self._ensure_threads()
-        if early is not None:
-            early.close()
-        self._jobs.put(epoch)
-        return epoch
-
-    def promote(self, epoch: Epoch[T, R]) -> bool:
-        """Make ``epoch`` (started by :meth:`start_next`) the current one; ``False`` if it is
-        not the one waiting (stopped since, or another one)."""
-        with self._lock:
-            if self._next is not epoch or epoch.stop.is_set():
-                return False
-            self._next, self._current = None, epoch
-        self.consumed()
-        return True
-
-    def consumed(self) -> None:
-        """A batch was consumed (or an epoch ended): an epoch started early may have room now."""
-        with self._progress:
-            self._progress.notify_all()
+        if previous is not None:
+            previous.close()
+        self._jobs.put(stream)
+        return stream
 
     def _ensure_threads(self) -> None:
         """Make the threads (under ``_lock``) if there are none."""
@@ -286,21 +243,16 @@ class Pipeline(Generic[T, R]):
             )
             self._reader.start()
 
-    def forget(self, epoch: Epoch[T, R]) -> None:
+    def forget(self, stream: Stream[T, R]) -> None:
         with self._lock:
-            if self._current is epoch:
+            if self._current is stream:
                 self._current = None
-            if self._next is epoch:
-                self._next = None
-        self.consumed()  # an epoch started early after this one has room now
 
     def close(self) -> None:
         with self._lock:
             current, self._current = self._current, None
-            early, self._next = self._next, None
-        for epoch in (current, early):
-            if epoch is not None:
-                epoch.close()
+        if current is not None:
+            current.close()
         self._closed.set()
         if self._reader is not None:
             self._reader.join(timeout=_JOIN_TIMEOUT_S)
@@ -310,7 +262,7 @@ class Pipeline(Generic[T, R]):
                     self._reader.name,
                     _JOIN_TIMEOUT_S,
                 )
-        while True:  # epochs started but never run
+        while True:  # streams started but never run
             try:
                 self._jobs.get_nowait().finished.set()
             except queue.Empty:
@@ -323,64 +275,53 @@ class Pipeline(Generic[T, R]):
     def _loop(self, closed: threading.Event) -> None:
         while not closed.is_set():
             try:
-                epoch = self._jobs.get(timeout=_WAIT_S)
+                stream = self._jobs.get(timeout=_WAIT_S)
             except queue.Empty:
                 continue
-            epoch.started.set()
+            stream.started.set()
             try:
-                self._run(epoch)
+                self._run(stream)
             finally:
-                epoch.finished.set()
-                del epoch  # hold nothing of a finished epoch while waiting for the next
+                stream.finished.set()
+                del stream  # hold nothing of a finished stream while waiting for the next
 
-    def _slot(self, epoch: Epoch[T, R]) -> bool:
-        """Wait for room in ``epoch``'s queue for one more future; ``False`` if it stopped first."""
-        while not epoch.stop.is_set():
-            if epoch.slots.acquire(timeout=_WAIT_S):
+    def _slot(self, stream: Stream[T, R]) -> bool:
+        """Wait for room in ``stream``'s queue for one more future; ``False`` if it stopped first."""
+        while not stream.stop.is_set():
+            if stream.slots.acquire(timeout=_WAIT_S):
                 return True
         return False
 
-    def _decode_task(self, epoch: Epoch[T, R], task: T) -> R:
+    def _decode_task(self, stream: Stream[T, R], task: T) -> R:
         try:
-            result = epoch.decode(task, epoch.stop)
+            result = stream.decode(task, stream.stop)
         except BaseException as exc:
-            epoch.fail(exc)
+            stream.fail(exc)
             raise
-        epoch.decoded()
+        stream.decoded()
         return result
 
-    def _room(self, epoch: Epoch[T, R]) -> bool:
-        """Whether ``epoch`` may submit a task: always, unless it was started early and the
-        epoch before it still has batches outstanding; then while the two have fewer than
-        ``prefetch + 2`` (the bound one epoch has)."""
-        with self._lock:
-            before = self._current if self._next is epoch else None
-        return before is None or before.stats.outstanding + epoch.stats.outstanding < self.prefetch + 2
-
-    def _run(self, epoch: Epoch[T, R]) -> None:
-        stats = epoch.stats
-        if epoch.stop.is_set():  # stopped before its turn (an epoch started early, then dropped)
+    def _run(self, stream: Stream[T, R]) -> None:
+        stats = stream.stats
+        if stream.stop.is_set():  # stopped before its turn
             return
         try:
-            for task in epoch.tasks:
-                with self._progress:
-                    while not self._room(epoch) and not epoch.stop.is_set():
-                        self._progress.wait(_WAIT_S)
-                if epoch.stop.is_set():
+            for task in stream.tasks:
+                if stream.stop.is_set():
                     return
-                assert self._executor is not None  # made by _ensure_threads before any epoch runs
-                future = self._executor.submit(self._decode_task, epoch, task)
+                assert self._executor is not None  # made by _ensure_threads before any stream runs
+                future = self._executor.submit(self._decode_task, stream, task)
                 stats.submitted += 1
                 stats.max_in_flight = max(stats.max_in_flight, stats.outstanding)
-                if not self._slot(epoch):
+                if not self._slot(stream):
                     future.cancel()
                     return
-                epoch.queue.put_nowait(future)
-            epoch.queue.put_nowait(_END)  # never full: the futures in it hold at most prefetch slots
+                stream.queue.put_nowait(future)
+            stream.queue.put_nowait(_END)  # never full: the futures in it hold at most prefetch slots
         except BaseException as exc:
-            epoch.fail(exc)
+            stream.fail(exc)
         finally:
-            close = getattr(epoch.tasks, "close", None)
+            close = getattr(stream.tasks, "close", None)
             if close is not None:
                 try:
                     close()  # a generator: run its finally blocks (closes the shard files)

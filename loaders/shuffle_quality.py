@@ -21,11 +21,14 @@ computes the figures once, in :meth:`ShuffleTally.result`, with numpy only.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ShuffleQuality", "ShuffleTally"]
+from loaders.batch import BatchTask
+
+__all__ = ["ShuffleQuality", "ShuffleTally", "tallied"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,3 +164,33 @@ def _same_group_share(groups: list[np.ndarray]) -> float:
         total += float((pairs / (n * (n - 1))).sum())
         batches += len(rows)
     return total / batches
+
+
+def tallied(
+    tasks: Iterator[BatchTask], shuffle: ShuffleTally, shard_rows: list[int], groups: Mapping[int, list[int]]
+) -> Iterator[BatchTask]:
+    """``tasks``, each one's rows (storage position, row group) added to ``shuffle`` as the
+    reader thread makes it (``shard_rows``: the rows of each shard; ``groups``: the rows of each
+    row group of a shard)."""
+    starts = np.cumsum([0, *shard_rows])
+    group_of: dict[int, np.ndarray] = {}  # shard -> the global row group of each of its rows
+
+    def groups_of(shard: int, rows: np.ndarray) -> np.ndarray:
+        if shard not in group_of:
+            sizes = groups[shard]
+            group_of[shard] = starts[shard] + np.repeat(np.cumsum([0, *sizes[:-1]]), sizes)
+        return group_of[shard][rows]
+
+    for task in tasks:
+        shards, rows = task.shards, task.rows
+        lo, hi = int(shards.min()), int(shards.max())  # most batches come from one shard
+        if lo == hi:
+            found = groups_of(lo, rows)
+        else:
+            found = np.empty(len(rows), dtype=np.int64)
+            for shard in range(lo, hi + 1):
+                at = shards == shard
+                if at.any():
+                    found[at] = groups_of(shard, rows[at])
+        shuffle.add(starts[shards] + rows, found)
+        yield task

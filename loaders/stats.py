@@ -151,8 +151,8 @@ class LoaderCounters:
         self.began = LoaderTotals()
 
     def begin(self, reads: list[ReadCount]) -> None:
-        """An iteration begins, its row groups counted in ``reads`` (an epoch started early has
-        read some already: they are the iteration's)."""
+        """An iteration begins, its row groups counted in ``reads`` (an epoch a flow ran on into
+        has read some already: they are the iteration's)."""
         self._before = self._before + _cache_figures(self.reads)
         self.reads = reads
         self.began = self.totals() - _cache_figures(reads)

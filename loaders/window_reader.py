@@ -30,6 +30,7 @@ from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from lakeshard.format import OpenShard, open_shard
 from loaders.arrow_columns import binary_rows, int64_column
 from loaders.batch import NULL_LABEL, BatchTask
+from loaders.elastic import EpochSettings, Leg, LegPlan, order_of
 from loaders.fetch import ByteRange, RangeFetcher, read_row_group, row_group_range
 from loaders.options import LoaderOptions
 from loaders.plan import Piece
@@ -40,12 +41,6 @@ from loaders.stats import ReadCount
 __all__ = ["EpochPlan", "Rows", "WindowReader"]
 
 log = logging.getLogger(__name__)
-
-#: How often a wait for an epoch's turn re-checks its stop event (not a poll: it returns as
-#: soon as the turn comes).
-_WAIT_S = 0.05
-#: How often an epoch started early checks whether the reads it may use are in.
-_READY_POLL_S = 0.01
 
 _COLUMNS = ["image", "label", "is_pad"]
 
@@ -273,6 +268,45 @@ class WindowReader:
             min(self._num_batches * self.options.batch_size, self._rows_per_rank),
         )
 
+    def resumed(self, epoch: int, before: tuple[Leg, ...], current: Leg) -> tuple[EpochPlan, int]:
+        """What this rank reads in leg ``current`` of ``epoch``, after the legs ``before``
+        (:mod:`loaders.elastic`), and the batches it yields there. Reads the footers of the
+        shards other ranks read before (once each; a remote one is kept for the ranged reads).
+
+        Raises:
+            ConfigError: ``memory_budget`` leaves less than one of those row groups.
+        """
+        opts = self.options
+        legs = [*before, current]
+        settings = EpochSettings(
+            shard_rows=tuple(self.source.shard_rows),
+            row_groups=self.source.footers,
+            shuffle=opts.shuffle,
+            seed=opts.seed,
+            epoch=epoch,
+            window_rows=opts.shuffle_window,
+            drop_last=opts.drop_last,
+            remainder=opts.remainder,
+        )
+        legs_plan = LegPlan(settings, legs)
+        n = len(legs) - 1
+        read = order_of(legs_plan.sequence(n, opts.rank))
+        fetcher = self.fetcher
+        if fetcher is not None:  # room for row groups of other ranks' shards
+            largest = self.max_range_bytes(read.pieces)
+            if opts.memory_budget is None:
+                fetcher.budget = max(fetcher.budget, opts.read_plan.in_flight * largest)
+            elif fetcher.budget < largest:
+                raise ConfigError(
+                    f"memory_budget {opts.memory_budget} bytes leaves {fetcher.budget} for reads, less than one row "
+                    f"group of {largest} bytes of the shards this rank resumes from; raise memory_budget"
+                )
+        tag = ("legs", tuple((leg.world_size, leg.batch_size, leg.batches) for leg in before))
+        plan = EpochPlan(
+            read.pieces, read.order, legs_plan.end(n), first_index=legs_plan.batches_before(n), tag=tag
+        )
+        return plan, legs_plan.num_batches(n)
+
     def tasks(
         self,
         epoch: int,
@@ -281,7 +315,7 @@ class WindowReader:
         ahead: int | None = None,
         plan: EpochPlan | None = None,
         *,
-        promoted: threading.Event | None = None,
+        onward: bool = False,
         reads: ReadCount | None = None,
     ) -> Iterator[BatchTask]:
         """Batch tasks of ``epoch`` (read as ``plan`` says; default: :meth:`plan`) from batch
@@ -294,13 +328,9 @@ class WindowReader:
         one starts with a round trip's worth read, not only its first batch (from a far store,
         a row group first asked for when its epoch starts is a stall of a whole round trip).
         They are fetched after every read of this epoch, on the fetch threads, within the
-        memory budget, so they never delay this epoch's batches.
-
-        ``promoted``: the epoch is started early, while the one before it is still consumed
-        (:meth:`loaders.pipeline.Pipeline.start_next`); until ``promoted`` is set (the loader made
-        it the current epoch: its own turn), it makes tasks only of row groups already fetched
-        (the round the epoch before read ahead) or local, and asks for no other read, so the
-        epoch before never waits on its reads."""
+        memory budget, so they never delay this epoch's batches. The first batch's reads are
+        split in parts (:meth:`_keys`) unless the epoch comes ``onward`` from the one before
+        (the reads it asked ahead are taken as they are)."""
         bs = self.options.batch_size
         plan = plan or self.plan(epoch)
         order, end = plan.order, plan.end
@@ -310,32 +340,17 @@ class WindowReader:
         files: dict[int, OpenShard] = {}
         carry: Rows | None = None  # rows read but not yet in a task
         index = plan.first_index + start
-        first = order.window_at(pos)
-        last = _last_window(plan)
+        first, last = order.window_at(pos), _last_window(plan)
         fetcher = self.fetcher
-        promoted = promoted if promoted is not None else _PROMOTED  # not started early: its own turn
-        early = not promoted.is_set() and fetcher is not None
-
-        def read_rest(window: int) -> None:  # an epoch started early, adopted: its reads from ``window`` on
-            if fetcher is not None:
-                fetcher.schedule(self._keys(epoch, plan, range(window, last + 1)) + self._ahead(epoch, ahead))
-
         if fetcher is not None:
-            if early:  # the round the epoch before scheduled ahead: the same keys, kept
-                fetcher.schedule(self._keys(epoch, plan, range(first, last + 1))[: self._round(plan)])
-            else:
-                fetcher.schedule(
-                    self._keys(epoch, plan, range(first, last + 1), waited_from=pos)
-                    + self._ahead(epoch, ahead)
-                )
+            waited_from = None if onward else pos
+            fetcher.schedule(
+                self._keys(epoch, plan, range(first, last + 1), waited_from=waited_from)
+                + self._ahead(epoch, ahead)
+            )
         done = False
         try:
             for w in range(first, last + 1):
-                if early and (promoted.is_set() or not self._ready(epoch, plan, w, promoted, stop)):
-                    if not _wait(promoted, stop):
-                        return
-                    read_rest(w)
-                    early = False
                 indexes = [int(p) for p in order.windows[w]]
                 read = self.read_window(
                     [plan.pieces[p] for p in indexes],
@@ -346,7 +361,7 @@ class WindowReader:
                 if read is None:
                     return
                 if reads is not None:
-                    reads.row_groups += len(order.windows[w])
+                    reads.row_groups += len(indexes)
                     self._count_cached([plan.pieces[p] for p in indexes], reads)
                 perm = order.perms[w]
                 lo = max(pos - int(order.starts[w]), 0)
@@ -358,19 +373,12 @@ class WindowReader:
                 while n - k >= bs:
                     yield window.slice(k, k + bs).task(index)
                     index, k = index + 1, k + bs
-                    if early and promoted.is_set():  # adopted: the rest of the epoch's reads, at once
-                        read_rest(w + 1)
-                        early = False
                 carry = window.slice(k) if k < n else None
                 # The tasks hold their rows now: let each row go once its batch is decoded,
                 # instead of keeping the whole window until the next one is read.
                 del read, window
             if carry is not None and len(carry):
                 yield carry.task(index)
-            if early:  # every read was in the first round: the next epoch's, once it is this one's turn
-                if not _wait(promoted, stop):
-                    return
-                read_rest(last + 1)
             done = True
         finally:
             for f in files.values():
@@ -390,28 +398,6 @@ class WindowReader:
             return []
         following = self.plan(ahead)
         return self._keys(ahead, following, range(_last_window(following) + 1))[: self._round(following)]
-
-    def _ready(
-        self, epoch: int, plan: EpochPlan, w: int, promoted: threading.Event, stop: threading.Event
-    ) -> bool:
-        """Whether every remote row group of window ``w`` of ``plan`` is read (local ones are read
-        here at once), once those already asked for are in; ``False`` at once if one was never
-        asked for, and when ``promoted`` or ``stop`` comes first. Checks every ``_READY_POLL_S``
-        rather than waiting on the reads: a wait on the next epoch's reads is what an epoch
-        started early must never do before its turn."""
-        keys = [
-            (epoch, plan.tag, int(p))
-            for p in plan.order.windows[w]
-            if self._range(plan.pieces[int(p)]) is not None
-        ]
-        fetcher = self.fetcher
-        assert fetcher is not None  # an epoch started early reads remote shards
-        if not all(fetcher.asked(k) for k in keys):
-            return False
-        while not all(map(fetcher.done, keys)):
-            if promoted.wait(_READY_POLL_S) or stop.is_set():
-                return False
-        return True
 
     def read_window(
         self,
@@ -503,19 +489,6 @@ class WindowReader:
             return pf.read_row_group(piece.row_group, columns=columns, use_threads=False)
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
-
-
-#: The ``promoted`` of an epoch not started early: its turn has come.
-_PROMOTED = threading.Event()
-_PROMOTED.set()
-
-
-def _wait(promoted: threading.Event, stop: threading.Event) -> bool:
-    """Wait for ``promoted``; ``False`` if ``stop`` is set first."""
-    while not promoted.wait(_WAIT_S):
-        if stop.is_set():
-            return False
-    return not stop.is_set()
 
 
 def _batch_windows(plan: EpochPlan, pos: int, batch_size: int) -> range:

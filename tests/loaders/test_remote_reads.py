@@ -187,45 +187,41 @@ def test_reads_in_flight_ride_out_transient_store_faults(
         proxy.stop()
 
 
-def test_the_next_epoch_is_fetched_before_it_starts_and_never_holds_up_this_one(
-    local_ds: Path, s3_bucket: str
-):
+def test_the_next_epoch_is_fetched_in_its_order_while_this_one_ends(local_ds: Path, s3_bucket: str):
     """In a ``set_epoch(e); for batch in loader`` loop, when the last batch of epoch e reaches the
-    training loop, the reads of epoch e + 1 are issued in its order (its first batch's at least)
-    and none has been waited on; with ``read_concurrency`` above the rank's row groups, every row
-    group of epoch e + 1 is read before it starts, and epoch e + 1 uses them (each fetched
-    once)."""
+    training loop, the reads of epoch e + 1 are issued in its order (its first batch's at least);
+    with ``read_concurrency`` above the rank's row groups, every row group of epoch e + 1 is read
+    before it starts, and epoch e + 1 uses them (each fetched once). That a boundary never waits
+    on the store: ``test_an_epoch_boundary_never_waits_on_the_store``."""
     remote = upload(local_ds, s3_bucket)
     with ShardLoader(str(local_ds), **OPTIONS) as plain:
         expected = epochs(plain, [0, 1, 2])
-    loader = ShardLoader(remote, read_concurrency=32, memory_budget="1GiB", **OPTIONS)
-    assert epochs(loader, [0]) == expected[:1]
-    fetcher = loader.fetcher
-    pieces = len(loader._reader.pieces)
-    for epoch in (1, 2):
-        loader.set_epoch(epoch)
-        following = loader._reader.order(epoch + 1)
-        first_batch = following.window_at(OPTIONS["batch_size"] - 1) + 1  # the windows its first batch needs
-        in_order = [int(p) for w in following.windows for p in w]
-        got = []
-        for i, (images, labels) in enumerate(loader):
-            got.append((ids_of(images), labels.tolist()))
-            if i == len(loader) - 1:  # the last batch of this epoch, in the training loop
-                waited_next = [k for k in fetcher.waited if k[0] == epoch + 1]
-                issued_next = [k[-1] for k in fetcher.submitted if k[0] == epoch + 1]
-                until(
-                    lambda e=epoch: sum(k[0] == e + 1 for k in fetcher.completed) == pieces,
-                    f"every row group of epoch {epoch + 1} is read",
-                )
-        assert got == expected[epoch]
-        assert waited_next == []
-        assert issued_next == in_order[: len(issued_next)] and len(issued_next) >= sum(
-            map(len, following.windows[:first_batch])
-        )
-    of_2 = [k for k in fetcher.submitted if k[0] == 2]
-    assert len(of_2) == len(set(of_2)) == pieces  # each fetched once: epoch 2 used its read-ahead
-    assert fetcher.peak_bytes_held <= fetcher.budget
-    loader.close()
+    with ShardLoader(remote, read_concurrency=32, memory_budget="1GiB", **OPTIONS) as loader:
+        assert epochs(loader, [0]) == expected[:1]
+        fetcher = loader.fetcher
+        pieces = len(loader.plan(0).pieces)
+        for epoch in (1, 2):
+            loader.set_epoch(epoch)
+            following = loader.plan(epoch + 1).order
+            # The windows its first batch needs:
+            first_batch = following.window_at(OPTIONS["batch_size"] - 1) + 1
+            in_order = [int(p) for w in following.windows for p in w]
+            got = []
+            for i, (images, labels) in enumerate(loader):
+                got.append((ids_of(images), labels.tolist()))
+                if i == len(loader) - 1:  # the last batch of this epoch, in the training loop
+                    issued_next = [k[-1] for k in fetcher.submitted if k[0] == epoch + 1]
+                    until(
+                        lambda e=epoch: sum(k[0] == e + 1 for k in fetcher.completed) == pieces,
+                        f"every row group of epoch {epoch + 1} is read",
+                    )
+            assert got == expected[epoch]
+            assert issued_next == in_order[: len(issued_next)] and len(issued_next) >= sum(
+                map(len, following.windows[:first_batch])
+            )
+        of_2 = [k for k in fetcher.submitted if k[0] == 2]
+        assert len(of_2) == len(set(of_2)) == pieces  # each fetched once: epoch 2 used its read-ahead
+        assert fetcher.peak_bytes_held <= fetcher.budget
 
 
 @pytest.mark.slow
@@ -495,8 +491,8 @@ def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_b
     starts."""
     remote = upload(local_ds, s3_bucket)
     with ShardLoader(str(local_ds), **OPTIONS) as plain:
-        pieces = len(plain._reader.pieces)
-        following = plain._reader.order(1)
+        pieces = len(plain.plan(0).pieces)
+        following = plain.plan(1).order
     first_batch = sum(map(len, following.windows[: following.window_at(OPTIONS["batch_size"] - 1) + 1]))
     concurrency = first_batch + 2
     assert concurrency < pieces  # the dataset has more row groups than one round
@@ -514,28 +510,22 @@ def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_b
     assert issued == [int(p) for w in following.windows for p in w][:concurrency]
 
 
-def test_an_epoch_started_early_asks_for_the_rest_of_its_reads_once_adopted(local_ds: Path, s3_bucket: str):
-    """An epoch started early reads only the round read ahead for it; once the loop starts it,
-    it asks for the rest of its row groups at once (while its first batch is consumed), not
-    when its tasks reach the first row group it lacks."""
+def test_in_a_loop_the_next_epoch_asks_for_all_its_reads_before_it_is_iterated(
+    local_ds: Path, s3_bucket: str
+):
+    """Once the loop has made a step of one epoch, the epochs are one stream: when epoch e's
+    reads are done, the reader walks on into epoch e + 1 and asks for every one of its row
+    groups, before the loop starts it."""
     remote = upload(local_ds, s3_bucket)
     with ShardLoader(remote, read_concurrency=16, prefetch=2, **OPTIONS) as loader:
         for epoch in (0, 1):
             loader.set_epoch(epoch)
             list(loader)
-        fetcher, pieces = loader.fetcher, len(loader._reader.pieces)
-        following = loader._started_early
-        until(lambda: following.run.stats.submitted >= 1, "epoch 2's first task, from what is read")
-        round_ = {k for k in fetcher.submitted if k[0] == 2}
-        assert 0 < len(round_) < pieces  # only the round epoch 1 read ahead
-        loader.set_epoch(2)
-        batches = iter(loader)
-        next(batches)  # and no further: its tasks stay within the round
+        fetcher, pieces = loader.fetcher, len(loader.plan(0).pieces)
         until(
-            lambda: len({k for k in fetcher.submitted if k[0] == 2}) > len(round_),
-            "the rest of epoch 2 is asked for",
+            lambda: len({k for k in fetcher.submitted if k[0] == 2}) == pieces,
+            "every read of epoch 2 is asked for",
         )
-        batches.close()
 
 
 def test_the_fetch_and_part_threads_are_started_with_the_loader_and_kept(local_ds: Path, s3_bucket: str):
