@@ -4,13 +4,16 @@
 (``ShardLoader(ds, batch_size=64, cache_dir="/cache")``), or the options in groups, or all at
 once (``options=``):
 
-| where | options |
-|---|---|
-| :class:`LoaderOptions`'s own fields (the common ones) | ``channel``, ``rank``, ``world_size``, ``batch_size``, ``shuffle``, ``seed``, ``drop_last``, ``remainder``, ``shuffle_window``, ``num_threads``, ``prefetch``, ``pin_memory``, ``skip_bad_rows`` |
-| ``reads=`` :class:`RemoteReads` | ``read_concurrency``, ``memory_budget``, ``cache_dir``, ``cache_limit`` |
-| ``decoding=`` :class:`Decoding` | ``decoder``, ``transform``, ``augment``, ``crop``, ``normalize`` |
-| ``preparation=`` :class:`Preparation` | ``prep``, ``prep_timeout``, ``prep_fallback``, ``prep_security`` |
-| ``cost=`` :class:`Cost` | ``prices``, ``cost_budget``, ``on_budget`` |
+- the common ones, fields of :class:`LoaderOptions` itself: ``channel``, ``rank``,
+  ``world_size``, ``batch_size``, ``shuffle``, ``seed``, ``drop_last``, ``remainder``,
+  ``shuffle_window``, ``num_threads``, ``prefetch``, ``pin_memory``, ``skip_bad_rows``;
+- ``reads=`` :class:`RemoteReads`: ``read_concurrency``, ``memory_budget``, ``cache_dir``,
+  ``cache_limit``;
+- ``decoding=`` :class:`Decoding`: ``decoder``, ``transform``, ``augment``, ``crop``,
+  ``normalize``;
+- ``preparation=`` :class:`Preparation`: ``prep``, ``prep_timeout``, ``prep_fallback``,
+  ``prep_security``;
+- ``cost=`` :class:`Cost`: ``prices``, ``cost_budget``, ``on_budget``.
 
 An option goes either by itself or in its group, not both (a :class:`ConfigError` naming it).
 :data:`OPTIONS` is the table of them all (:class:`~loaders.options.table.Option`: name, group,
