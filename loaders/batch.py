@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,6 +32,7 @@ __all__ = [
     "PAD_LABEL",
     "BatchTask",
     "DecodeSpec",
+    "DecodeTarget",
     "EncodedBatch",
     "SkippedRow",
     "decode_batch",
@@ -85,19 +86,35 @@ class EncodedBatch(NamedTuple):
 
 
 @dataclass(frozen=True)
-class DecodeSpec:
-    #: Decodes one image into its slot; ``None`` with ``decoder="none"`` (:func:`encoded_batch`).
-    decoder: Callable[..., np.ndarray] | None
+class DecodeTarget:
+    """What a batch's rows are decoded for, wherever they are decoded (this process:
+    :class:`DecodeSpec`; a preparation cluster's worker: :class:`loaders.prep.Recipe`): the
+    image size, the classes, the shards its rows name, the ``(seed, epoch, rank)`` its random
+    draws are seeded with, and whether a bad row is skipped."""
+
     size: int
     num_classes: int
     shard_uris: tuple[str, ...]
     seed: int
     epoch: int
     rank: int
+    skip_bad_rows: bool
+
+    def target(self) -> dict[str, Any]:
+        """These fields by name (to make a :class:`DecodeSpec` or a ``Recipe`` of them)."""
+        return {f.name: getattr(self, f.name) for f in fields(DecodeTarget)}
+
+
+@dataclass(frozen=True)
+class DecodeSpec(DecodeTarget):
+    """How this process decodes a batch task: the target, and the decoders, the transform and
+    where the rows go."""
+
+    #: Decodes one image into its slot; ``None`` with ``decoder="none"`` (:func:`encoded_batch`).
+    decoder: Callable[..., np.ndarray] | None
     #: Runs on each decoded batch: ``transform(images, labels, generator)``; ``None``: none.
     transform: Transform | None = None
     pin_memory: bool = False
-    skip_bad_rows: bool = False
     #: Where decoded images go (reused blocks); ``None``: a fresh array per batch.
     buffers: BufferPool | None = None
     #: Where skipped rows are reported (list.append is atomic; shared by all decode threads).

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from loaders.batch import BatchTask, DecodeSpec, SkippedRow, decode_batch, encoded_batch
+from loaders.batch import BatchTask, DecodeSpec, DecodeTarget, SkippedRow, decode_batch, encoded_batch
 from loaders.buffers import BufferPool
 from loaders.decode import NO_DECODER, get_batch_decoder, get_decoder
 from loaders.options import LoaderOptions
@@ -60,17 +60,20 @@ class BatchDecoding:
         """What decodes a batch task of ``epoch`` (bad rows it skips go to ``skipped``)."""
         opts = self.options
         encoded = opts.decoder == NO_DECODER
-        spec = DecodeSpec(
-            decoder=None if encoded else get_decoder(opts.decoder),
+        target = DecodeTarget(
             size=self.image_size,
             num_classes=self.num_classes,
             shard_uris=self.shard_uris,
             seed=opts.seed,
             epoch=epoch,
             rank=self.rank,
+            skip_bad_rows=opts.skip_bad_rows,
+        ).target()
+        spec = DecodeSpec(
+            **target,
+            decoder=None if encoded else get_decoder(opts.decoder),
             transform=self.transform,
             pin_memory=self.pin,
-            skip_bad_rows=opts.skip_bad_rows,
             buffers=self.buffers,
             skipped=skipped,
             batch_decoder=None if encoded else get_batch_decoder(opts.decoder),
@@ -81,14 +84,8 @@ class BatchDecoding:
         prep = self.prep
         if prep is not None:
             recipe = Recipe(
+                **target,
                 decoder=opts.decoder,
-                size=self.image_size,
-                num_classes=self.num_classes,
-                shard_uris=self.shard_uris,
-                seed=opts.seed,
-                epoch=epoch,
-                rank=self.rank,
-                skip_bad_rows=opts.skip_bad_rows,
                 transform=self.transform_ref,
                 augment=opts.augment,
                 crop=opts.crop,

@@ -39,6 +39,18 @@ class Facade:
         return self._position.select(epoch)
 
     @property
+    def run(self) -> Run | None:
+        """The current (or last) iteration (:class:`loaders.run.Run`): its epoch, the batches
+        it took, its epoch's reads, bad rows and shuffle tally; ``None`` before the first."""
+        return self._run
+
+    @property
+    def prep(self) -> PrepCluster | None:
+        """The client of the preparation cluster (``prep=``; ``None``: decoding on this
+        process's threads), with its counts of batches decoded there and here."""
+        return self._prep
+
+    @property
     def skipped_rows(self) -> list[SkippedRow]:
         """The bad rows the current (or last) iteration skipped (``skip_bad_rows``)."""
         return self._run.parts.skipped if self._run is not None else []

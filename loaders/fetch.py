@@ -213,7 +213,9 @@ class RangeFetcher:
     def get(self, key: Hashable, stop: threading.Event) -> bytes | None:
         """The bytes of ``key`` (scheduled), waiting for them; ``None`` if ``stop`` is set first.
         Raises what the read raised. ``waited`` records the call unless the read had ended."""
-        if not self.done(key):
+        with self._lock:
+            future = self._futures.get(key)
+        if future is None or not future.done():
             self.waited.append(key)
         while True:  # not admitted yet: it is, once the ranges before it are released
             with self._lock:
@@ -231,16 +233,13 @@ class RangeFetcher:
                 if stop.is_set():
                     return None
 
-    def asked(self, key: Hashable) -> bool:
-        """Whether ``key`` is scheduled (pending, under way or read, and not released)."""
+    def reads_ended(self) -> bool:
+        """Whether every read submitted has ended (well) and none is running. Asked under the
+        lock, which the end of a read holds until it has submitted the reads it made room for:
+        when this holds, nothing more is submitted until the fetcher is asked to (a
+        ``schedule``, ``release`` or ``drop``)."""
         with self._lock:
-            return key in self._futures or any(k == key for k, _ in self._pending)
-
-    def done(self, key: Hashable) -> bool:
-        """Whether the read of ``key`` has ended (its bytes, or its error, are in)."""
-        with self._lock:
-            future = self._futures.get(key)
-            return future is not None and future.done()
+            return set(self.submitted) <= set(self.completed) and not self._running
 
     def release(self, key: Hashable) -> None:
         """``key``'s bytes are no longer needed: free them and admit the next reads."""

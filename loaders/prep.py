@@ -50,7 +50,7 @@ from lakeshard.errors import ConfigError, LoaderError
 from loaders import batch as _batch_module
 from loaders import decode as _decode_module
 from loaders import transforms as _transforms_module
-from loaders.batch import BatchTask, DecodeSpec, decode_batch, pinned
+from loaders.batch import BatchTask, DecodeSpec, DecodeTarget, decode_batch, pinned
 from loaders.decode import get_batch_decoder, get_decoder
 from loaders.transforms import Transform, default_transform
 
@@ -114,19 +114,13 @@ def transform_reference(fn: Callable[..., Any]) -> str:
     return ref
 
 
-@dataclass(frozen=True, slots=True)
-class Recipe:
-    """What a worker needs to turn a batch task into the loader's batch: everything of a
-    :class:`~loaders.batch.DecodeSpec` but the local buffers, by name or by value."""
+@dataclass(frozen=True)
+class Recipe(DecodeTarget):
+    """What a worker needs to turn a batch task into the loader's batch: the target, and the
+    decoder and transform by name or by value (a :class:`~loaders.batch.DecodeSpec` has them
+    as functions, and the local buffers)."""
 
     decoder: str
-    size: int
-    num_classes: int
-    shard_uris: tuple[str, ...]
-    seed: int
-    epoch: int
-    rank: int
-    skip_bad_rows: bool
     transform: str | None  #: ``pkg.module:name``; ``None``: the built-in options below
     augment: bool
     crop: int | None
@@ -211,15 +205,9 @@ def _spec(recipe: Recipe) -> DecodeSpec:
     else:
         transform = default_transform(augment=recipe.augment, crop=recipe.crop, normalize=recipe.normalize)
     return DecodeSpec(
+        **recipe.target(),
         decoder=get_decoder(recipe.decoder),
-        size=recipe.size,
-        num_classes=recipe.num_classes,
-        shard_uris=recipe.shard_uris,
-        seed=recipe.seed,
-        epoch=recipe.epoch,
-        rank=recipe.rank,
         transform=transform,
-        skip_bad_rows=recipe.skip_bad_rows,
         batch_decoder=get_batch_decoder(recipe.decoder),
     )
 

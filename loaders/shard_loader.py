@@ -251,6 +251,17 @@ class ShardLoader(Facade):
         return self.source.cache
 
     @property
+    def reader(self) -> WindowReader:
+        """What this rank reads (its pieces, each epoch's plan, the remote byte ranges) and the
+        reader thread's work: windows of row groups in, batch tasks out."""
+        return self._reader
+
+    @property
+    def decoding(self) -> BatchDecoding:
+        """How the decode threads decode a batch task (decoder, transform, reused buffers)."""
+        return self._decoding
+
+    @property
     def peak_bytes_held(self) -> int:
         """The most bytes of remote reads held at once (0 for a local dataset); at most the
         reads' share of ``memory_budget``."""

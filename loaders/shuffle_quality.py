@@ -93,6 +93,11 @@ class ShuffleTally:
             )
         self._batches.append((positions, groups))
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes the tally holds (16 a row: its storage position and its row group)."""
+        return sum(p.nbytes + g.nbytes for p, g in list(self._batches))
+
     def result(self) -> ShuffleQuality | None:
         """The epoch's figures (None if no row was added)."""
         batches = list(self._batches)  # a snapshot: add() may go on meanwhile

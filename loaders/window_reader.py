@@ -226,7 +226,7 @@ class WindowReader:
                 per_row = max(per_row, r.size / max(1, md.row_group(piece.row_group).num_rows))
         return int(per_row * self.options.shuffle_window) + self.max_range_bytes()
 
-    def _keys(
+    def keys(
         self, epoch: int, plan: EpochPlan, windows: range, *, waited_from: int | None = None
     ) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:
         """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, plan tag, piece index)``.
@@ -345,7 +345,7 @@ class WindowReader:
         if fetcher is not None:
             waited_from = None if onward else pos
             fetcher.schedule(
-                self._keys(epoch, plan, range(first, last + 1), waited_from=waited_from)
+                self.keys(epoch, plan, range(first, last + 1), waited_from=waited_from)
                 + self._ahead(epoch, ahead)
             )
         done = False
@@ -397,7 +397,7 @@ class WindowReader:
         if ahead is None or ahead == epoch:
             return []
         following = self.plan(ahead)
-        return self._keys(ahead, following, range(_last_window(following) + 1))[: self._round(following)]
+        return self.keys(ahead, following, range(_last_window(following) + 1))[: self._round(following)]
 
     def read_window(
         self,

@@ -307,3 +307,44 @@ def test_every_command_answers_help(command: str):
     )
     assert proc.returncode == 0, proc.stderr
     assert "usage:" in proc.stdout
+
+
+#: Private names tests may read: a named tuple's own methods, argparse's parsed flags (the docs
+#: tests list them), and the tests' own helpers.
+_PRIVATE_ALLOWED = {"_replace", "_asdict", "_fields", "_actions"}
+_PRIVATE_OWNERS = {"self", "cls", "sys", "os", "proxy"}
+
+
+def _private_reads(source: str) -> list[str]:
+    """``obj._name`` reads in ``source`` of an object that is not an imported module (tests of
+    internals import them openly; a loader's private attributes are not read)."""
+    tree = ast.parse(source)
+    modules = {
+        alias.asname or alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    return [
+        f"{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and node.attr not in _PRIVATE_ALLOWED
+        and ast.unparse(node.value) not in _PRIVATE_OWNERS | modules
+    ]
+
+
+def test_no_test_reads_a_private_attribute():
+    found = {
+        str(path.relative_to(REPO)): reads
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        if (reads := _private_reads(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_a_private_read_is_found():
+    assert _private_reads("def f(loader):\n    return loader._reader.pieces\n") == ["2: loader._reader"]
+    assert _private_reads("from loaders import extensions\nextensions._missing\n") == []

@@ -45,8 +45,7 @@ def wait_reads_ended(loader: Any, timeout_s: float = 10.0) -> None:
     fetcher = loader.fetcher
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with fetcher._lock:
-            if set(fetcher.submitted) <= set(fetcher.completed) and not fetcher._running:
-                return
+        if fetcher.reads_ended():
+            return
         time.sleep(0.01)
     raise AssertionError("the loader's reads did not end")

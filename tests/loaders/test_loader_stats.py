@@ -195,7 +195,7 @@ def test_the_shuffle_figures_count_the_batches_handed_to_decoding_and_grow_with_
         assert len(images) <= rows <= (1 + 1 + 2 + 1) * len(images)
         yielded = sum(len(images) for images, _ in loader)
         assert loader.epoch_stats().shuffle.rows == yielded == 40
-        held = sum(p.nbytes + g.nbytes for p, g in loader._run.parts.shuffle._batches)
+        held = loader.run.parts.shuffle.nbytes
         assert held == 16 * yielded
 
 

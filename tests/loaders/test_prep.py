@@ -82,7 +82,7 @@ def test_the_cluster_makes_the_batches_the_loader_makes(data, cluster, transform
         expected = _epochs(local, [0, 1])
     with ShardLoader(str(data), prep=cluster.scheduler_address, **OPTIONS, **transform) as far:
         _same(_epochs(far, [0, 1]), expected)
-        assert far._prep.batches == len(expected) and far._prep.local_batches == 0
+        assert far.prep.batches == len(expected) and far.prep.local_batches == 0
         # a state saved mid-epoch resumes with the same batches, cluster or not
         far.set_epoch(1)
         it = iter(far)
@@ -136,7 +136,7 @@ def test_a_cluster_that_goes_away_is_an_error_or_a_local_fallback(data):
             else:
                 got += list(it)
                 _same([(x.clone(), y.clone()) for x, y in got], expected)
-                assert far._prep.local_batches > 0
+                assert far.prep.local_batches > 0
 
 
 def test_what_cannot_go_to_a_cluster_is_refused_before_any_work(data, cluster):

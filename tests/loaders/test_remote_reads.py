@@ -16,7 +16,6 @@ from loader_builders import ids_of, shard_path, until, write_dataset
 
 from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
-from loaders.fetch import RangeFetcher
 from tests.helpers.store import upload
 
 pytestmark = pytest.mark.s3
@@ -37,14 +36,6 @@ def epochs(loader: ShardLoader, which: list[int]) -> list[list[tuple[list[int], 
         loader.set_epoch(e)
         out.append([(ids_of(images), labels.tolist()) for images, labels in loader])
     return out
-
-
-def _every_read_ended(fetcher: RangeFetcher) -> bool:
-    """Whether every read ``fetcher`` submitted has ended (well). Asked under its lock, which the
-    end of a read holds until it has submitted the reads it made room for: when this holds, the
-    fetcher submits nothing more until it is asked to (a ``schedule``, ``release`` or ``drop``)."""
-    with fetcher._lock:
-        return set(fetcher.submitted) <= set(fetcher.completed)
 
 
 @pytest.fixture
@@ -80,7 +71,7 @@ def test_bytes_held_stay_within_the_memory_budget(tmp_path: Path, s3_bucket: str
     remote = upload(local, s3_bucket)
     shard_bytes = shard_path(local, "train", 0, 1).stat().st_size
     probe = ShardLoader(remote, **OPTIONS)
-    largest, decoded = probe._reader.max_range_bytes(), None
+    largest, decoded = probe.reader.max_range_bytes(), None
     probe.close()
     # The decoded batches: (num_threads + prefetch + 3) blocks of batch_size 8x8 RGB uint8 images.
     decoded = (2 + 4 + 3) * 8 * 3 * 8 * 8
@@ -454,10 +445,10 @@ def test_the_first_batch_s_row_groups_are_asked_for_in_parts(local_ds: Path, s3_
     others one; read ahead (no batch waits on them yet), every read is one part."""
     remote = upload(local_ds, s3_bucket)
     with ShardLoader(remote, read_concurrency=5, **OPTIONS) as loader:
-        reader = loader._reader
+        reader = loader.reader
         plan = reader.plan(0)
-        starting = reader._keys(0, plan, range(len(plan.order.windows)), waited_from=0)
-        ahead = reader._keys(0, plan, range(len(plan.order.windows)))
+        starting = reader.keys(0, plan, range(len(plan.order.windows)), waited_from=0)
+        ahead = reader.keys(0, plan, range(len(plan.order.windows)))
     first = sum(map(len, plan.order.windows[: plan.order.window_at(OPTIONS["batch_size"] - 1) + 1]))
     assert [r.parts for _, r in starting] == [5] * first + [1] * (len(starting) - first)
     assert 0 < first < len(starting) and {r.parts for _, r in ahead} == {1}
@@ -469,7 +460,7 @@ def test_a_resumed_epoch_s_first_batch_is_asked_for_in_parts(local_ds: Path, s3_
     remote = upload(local_ds, s3_bucket)
     bs = OPTIONS["batch_size"]
     with ShardLoader(remote, read_concurrency=5, **OPTIONS) as loader:
-        reader = loader._reader
+        reader = loader.reader
         plan = reader.plan(0)
         windows = plan.order.windows
         # A batch that starts past the first batch's windows, inside a window of its own.
@@ -480,7 +471,7 @@ def test_a_resumed_epoch_s_first_batch_is_asked_for_in_parts(local_ds: Path, s3_
             and plan.order.window_at(b * bs) == plan.order.window_at(b * bs + bs - 1)
         )
         w = plan.order.window_at(at)
-        resumed = reader._keys(0, plan, range(w, len(windows)), waited_from=at)
+        resumed = reader.keys(0, plan, range(w, len(windows)), waited_from=at)
     assert [r.parts for _, r in resumed] == [5] * len(windows[w]) + [1] * sum(map(len, windows[w + 1 :]))
     assert sum(map(len, windows[w + 1 :])) > 0
 
@@ -505,7 +496,7 @@ def test_the_next_epoch_is_read_ahead_by_one_round_of_reads(local_ds: Path, s3_b
         )
         # Nothing more is read until epoch 1 starts: once every read submitted has ended, the
         # fetcher has admitted whatever it would (it does so as each read ends, under its lock).
-        until(lambda: _every_read_ended(fetcher), "the fetcher has no read under way")
+        until(lambda: fetcher.reads_ended(), "the fetcher has no read under way")
         issued = [k[-1] for k in fetcher.submitted if k[0] == 1]
     assert issued == [int(p) for w in following.windows for p in w][:concurrency]
 
