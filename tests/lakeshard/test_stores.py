@@ -115,12 +115,14 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
             storage.unregister_store("mem")
 
 
-def test_names_go_from_uri_to_path_and_back(root: str):
+def test_names_go_from_uri_to_path_and_back_through_the_listing(root: str):
     store = storage.store_for(root)
     uri = f"{root}/a b/#1?.bin"
     assert store.normalize(uri + "/") == uri and store.normalize(uri) == uri
     assert store.uri(store.path(uri)) == uri
     assert store.path(root + "/prefix/").endswith("/prefix/")  # a prefix stays one
+    store.write_atomic(uri, b"x")
+    assert [store.uri(p) for p in store.filesystem().find(store.path(root))] == [uri]
 
 
 def test_reads_whole_in_ranges_and_from_the_end(root: str):
