@@ -14,7 +14,7 @@ flight, and decodes each row group into an Arrow table (the image and label colu
 loader must before it copies rows out:
 
 * ``lakeshard``: the loader's own stack: :class:`loaders.fetch.RangeFetcher` over
-  :func:`loaders.fetch.read_s3_range` (one blocking botocore client, ``If-Match`` on every GET),
+  :func:`loaders.fetch.read_range` over the S3 store (one blocking botocore client, ``If-Match`` on every GET),
   the whole epoch scheduled, each row group decoded by :func:`loaders.fetch.read_row_group`;
 * ``obstore``: ``obstore.get_ranges`` (Rust ``object_store``) over windows of ``--concurrency``
   row groups, with its default coalescing (ranges under 1 MiB apart are one GET);
@@ -22,14 +22,14 @@ loader must before it copies rows out:
   most ``--concurrency`` at once (an ``asyncio`` semaphore), in order across the whole epoch
   (what the loader's fetcher does, in obstore's async API);
 * ``fetcher+obstore``: the loader's ``RangeFetcher`` with ``obstore.get`` (blocking, ``range``
-  and ``if_match``) in place of ``read_s3_range``: what replacing only the client would be;
+  and ``if_match``) in place of ``read_range``: what replacing only the client would be;
 * ``pyarrow``: ``pyarrow.fs.S3FileSystem`` and ``pq.ParquetFile(..., pre_buffer=True)``,
   ``read_row_groups`` over windows of ``--concurrency`` row groups (Arrow's own coalescing and
   I/O threads, ``--concurrency`` of them);
 * ``opendal-async``: ``opendal.AsyncOperator("s3", ...)`` reading each range (``offset``/``size``,
   ``if_match``), at most ``--concurrency`` at once, in order;
 * ``fetcher+opendal``: the loader's ``RangeFetcher`` with ``opendal.Operator.read`` (blocking,
-  ``offset``/``size``, ``if_match``) in place of ``read_s3_range``.
+  ``offset``/``size``, ``if_match``) in place of ``read_range``.
 
 Each repeat makes each variant's client anew (``setup``: its time and CPU), then reads
 ``--epochs`` epochs; the variants alternate (their order rotates every repeat) so a slow spell of
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import importlib.util
 import json
@@ -72,7 +73,7 @@ from remote_store import NginxMissingError, RemoteStore, parse_rate
 
 from lakeshard import storage
 from lakeshard.format import read_shard_footer, shard_relpath
-from loaders.fetch import ByteRange, RangeFetcher, read_row_group, read_s3_range, row_group_range
+from loaders.fetch import ByteRange, RangeFetcher, read_range, read_row_group, row_group_range
 
 log = logging.getLogger("range_reads")
 
@@ -131,7 +132,7 @@ Read = Callable[[list[int]], list[tuple[int, pa.Table, Any]]]
 def make_lakeshard(shard: Shard, store: RemoteStore, args: argparse.Namespace) -> Read:
     storage.clear_s3_clients()  # a new client and new connections, as a new process has
     storage.s3_client()  # made by the loader's constructor, before any read
-    return _fetcher_read(shard, args, read_s3_range)
+    return _fetcher_read(shard, args, functools.partial(read_range, storage.S3Store()))
 
 
 def _fetcher_read(
@@ -142,10 +143,10 @@ def _fetcher_read(
     budget = args.concurrency * max(hi - lo for lo, hi in shard.ranges)
     fetcher = RangeFetcher(read_range, concurrency=args.concurrency, budget=budget, name="bench")
     fetcher.start()
-    stop, path = threading.Event(), f"{shard.bucket}/{shard.key}"
+    stop, uri = threading.Event(), f"s3://{shard.bucket}/{shard.key}"
 
     def read(order: list[int]) -> list[tuple[int, pa.Table, Any]]:
-        ranges = {g: ByteRange(path, *shard.ranges[g], shard.etag) for g in order}
+        ranges = {g: ByteRange(uri, *shard.ranges[g], shard.etag) for g in order}
         fetcher.schedule([(g, ranges[g]) for g in order])
         out = []
         for g in order:
@@ -582,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{dataset.name}/{rel}",
                 md,
                 footer.size,
-                footer.etag,
+                f'"{footer.etag}"',  # quoted, as If-Match sends it (the libraries send it as given)
                 [row_group_range(md, g) for g in range(md.num_row_groups)],
             )
             data = path.read_bytes()

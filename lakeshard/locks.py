@@ -34,7 +34,6 @@ check, the job's ``run`` again): the inner hold is counted, not a second ``flock
 from __future__ import annotations
 
 import datetime as dt
-import email.utils
 import errno
 import fcntl
 import json
@@ -46,7 +45,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from lakeshard import storage
 from lakeshard.errors import PlatformError, StorageError
@@ -313,7 +311,7 @@ class _S3Lock:
         if not self.lost.is_set():
             with self.guard:
                 try:
-                    _, etag = storage.s3_get(self.uri)
+                    etag = storage.store_for(self.uri).get(self.uri).etag
                 except FileNotFoundError:
                     etag = None
                 if etag == self.etag:
@@ -358,22 +356,16 @@ def _acquire_s3(root: str, uri: str, *, job: str) -> _Held | None:
 def _take_over(root: str, uri: str, body: bytes) -> str:
     """The lock's ETag after taking it over from a holder that stopped refreshing it (or that
     released it since): raises DatasetBusyError while its holder keeps it."""
-    from botocore.exceptions import ClientError
-
-    bucket, _, key = storage.s3_path(uri).partition("/")
     try:
-        resp = storage.s3_client().get_object(Bucket=bucket, Key=key)
-        held = resp["Body"].read()
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
-            raise
+        found = storage.store_for(uri).get(uri)
+    except FileNotFoundError:
         etag = storage.create_if_absent(uri, body)  # released between our PUT and GET
     else:
         etag = None
-        age = _age(resp)
+        held, age = found.data, found.age_s  # age: by the store's clock, so the hosts' do not matter
         expiry = _expiry(held)
         dead = _died_here(held)
-        if (dead or age > expiry) and storage.remove_if_unchanged(uri, str(resp["ETag"]).strip('"')):
+        if (dead or age > expiry) and storage.remove_if_unchanged(uri, found.etag or ""):
             log.warning(
                 "%s: taking over the lock of a job that %s: %s",
                 root,
@@ -392,21 +384,6 @@ def _take_over(root: str, uri: str, body: bytes) -> str:
     if etag is None:
         raise _busy(root, "another job took the lock just now", "a killed job's lock expires")
     return etag
-
-
-def _age(resp: dict[str, Any]) -> float:
-    """Seconds since the object in the GET answer ``resp`` was written, by the store's clock."""
-    headers = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {})
-    try:
-        now = email.utils.parsedate_to_datetime(headers["date"])
-    except (KeyError, TypeError, ValueError):
-        now = dt.datetime.now(dt.timezone.utc)
-    then = resp["LastModified"]
-    return (_utc(now) - _utc(then)).total_seconds()
-
-
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t
 
 
 def _died_here(held: bytes) -> bool:

@@ -1,4 +1,6 @@
-"""A local cache of remote shards, shared by every rank and process on a machine.
+"""A local cache of remote shards, shared by every rank and process on a machine: a layer over
+the store the shards are in (a :class:`lakeshard.storage.Store`), from which it reads what it
+does not hold.
 
 Layout: ``<cache_dir>/<dataset_version>/<channel>/<index>-<sha256>.parquet``: keyed by the
 dataset version (a rebuilt dataset never finds its predecessor's files) and by the shard's
@@ -87,9 +89,17 @@ class ShardCache:
     """The cache folder for one dataset version and channel of ``root`` (see the module doc)."""
 
     def __init__(
-        self, root: str | os.PathLike[str], *, dataset_version: str, channel: str, limit: int
+        self,
+        root: str | os.PathLike[str],
+        store: storage.Store,
+        *,
+        dataset_version: str,
+        channel: str,
+        limit: int,
     ) -> None:
         self.root = Path(root)
+        #: Where the shards are: what the cache downloads, it reads from there.
+        self.store = store
         self.folder = self.root / dataset_version / channel
         self.channel = channel
         self.limit = limit
@@ -113,9 +123,9 @@ class ShardCache:
         self.errors: list[tuple[int, str]] = []  # (shard, error) of downloads that failed
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        #: Read-through (see the module doc): the temp file being filled, by remote path.
+        #: Read-through (see the module doc): the temp file being filled, by shard URI.
         self._filling: dict[str, _Filling] = {}
-        #: The byte ranges the current epoch reads, by remote path (:meth:`start`).
+        #: The byte ranges the current epoch reads, by shard URI (:meth:`start`).
         self._expected: dict[str, list[tuple[int, int]]] = {}
         self._epoch_over = threading.Event()
         #: Bytes of shards written from the epoch's reads, and downloaded by the cache itself.
@@ -149,9 +159,7 @@ class ShardCache:
             todo = [s for s in shards if s.index not in self._ready]
             writable = self.read_only is None
             if writable and todo and (self._thread is None or not self._thread.is_alive()):
-                self._expected = {
-                    storage.s3_path(s.uri): sorted((expected or {}).get(s.index, [])) for s in todo
-                }
+                self._expected = {s.uri: sorted((expected or {}).get(s.index, [])) for s in todo}
                 self._epoch_over = threading.Event()
                 self._stop = stop = threading.Event()
                 self._thread = threading.Thread(
@@ -166,13 +174,13 @@ class ShardCache:
         with self._lock:
             return self._thread is not None and self._thread.is_alive()
 
-    def offer(self, path: str, start: int, data: bytes) -> None:
-        """Bytes ``[start, start + len(data))`` of the remote shard ``path`` (as the fetcher names
-        it), just read by the epoch: written into that shard's temp file if it is being filled
-        (read-through); otherwise nothing. Runs on a fetch thread; never raises (a failed write
-        leaves the range to the cache's own download)."""
+    def offer(self, uri: str, start: int, data: bytes) -> None:
+        """Bytes ``[start, start + len(data))`` of the remote shard at ``uri``, just read by the
+        epoch: written into that shard's temp file if it is being filled (read-through);
+        otherwise nothing. Runs on a fetch thread; never raises (a failed write leaves the range
+        to the cache's own download)."""
         with self._lock:
-            filling = self._filling.get(path)
+            filling = self._filling.get(uri)
         if filling is None:
             return
         try:
@@ -182,7 +190,7 @@ class ShardCache:
                 "cache: cannot write bytes %d-%d of %s from the epoch's read: %s",
                 start,
                 start + len(data),
-                path,
+                uri,
                 exc,
             )
             return
@@ -324,14 +332,13 @@ class ShardCache:
         """Fill ``path`` (under its lock): the bytes the epoch will not read at once, the epoch's
         reads as they come (:meth:`offer`), then any gap; verify; rename into place."""
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        remote = storage.s3_path(shard.uri)
-        expected = self._expected.get(remote, [])
+        expected = self._expected.get(shard.uri, [])
         try:
             with open(tmp, "w+b") as dst:
                 dst.truncate(shard.bytes)
                 filling = _Filling(dst.fileno())
                 with self._lock:
-                    self._filling[remote] = filling
+                    self._filling[shard.uri] = filling
                 try:
                     if not self._fetch_gaps(shard, filling, _gaps([(0, shard.bytes)], expected), stop):
                         return False
@@ -340,7 +347,7 @@ class ShardCache:
                             return False
                 finally:
                     with self._lock:
-                        self._filling.pop(remote, None)
+                        self._filling.pop(shard.uri, None)
                 if not self._fetch_gaps(shard, filling, filling.gaps(shard.bytes), stop):
                     return False
                 dst.flush()
@@ -369,9 +376,8 @@ class ShardCache:
         self, shard: CachedShard, filling: _Filling, gaps: list[tuple[int, int]], stop: threading.Event
     ) -> bool:
         """Download ``gaps`` of ``shard`` into ``filling``, in parts of at most ``_CHUNK`` bytes,
-        ``_PARTS`` at a time, through the blocking client the fetch threads use (design/0030: a
-        far store's bandwidth is per connection). ``False`` if ``stop`` came first."""
-        remote = storage.s3_path(shard.uri)
+        ``_PARTS`` at a time, through the store the fetch threads read (design/0030: a far
+        store's bandwidth is per connection). ``False`` if ``stop`` came first."""
         parts = [(s, min(s + _CHUNK, hi)) for lo, hi in gaps for s in range(lo, hi, _CHUNK)]
         if not parts:
             return True
@@ -383,7 +389,7 @@ class ShardCache:
                 batch = parts[i : i + _PARTS]
                 for (lo, _), chunk in zip(
                     batch,
-                    pool.map(lambda r: storage.s3_read_range(remote, *r, stats=self.requests), batch),
+                    pool.map(lambda r: self.store.read(shard.uri, *r, stats=self.requests), batch),
                     strict=True,
                 ):
                     filling.write(lo, chunk)

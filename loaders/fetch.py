@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from lakeshard import storage
 from lakeshard.errors import ConfigError, LoaderError
 
-__all__ = ["ByteRange", "RangeFetcher", "read_row_group", "read_s3_range", "row_group_range"]
+__all__ = ["ByteRange", "RangeFetcher", "read_range", "read_row_group", "row_group_range"]
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,9 @@ _START_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class ByteRange:
-    """Bytes ``[start, end)`` of one file, whose ETag (if known) must still be ``etag``."""
+    """Bytes ``[start, end)`` of the object at ``uri``, whose ETag (if known) must still be ``etag``."""
 
-    path: str
+    uri: str
     start: int
     end: int
     etag: str | None = None
@@ -200,7 +200,7 @@ class RangeFetcher:
             if r.size > self.budget:
                 raise ConfigError(
                     f"memory_budget leaves {self.budget} bytes for reads, less than one row group "
-                    f"of {r.size} bytes ({r.path}); raise memory_budget"
+                    f"of {r.size} bytes ({r.uri}); raise memory_budget"
                 )
         keep = {k for k, _ in ranges}
         with self._lock:
@@ -307,7 +307,7 @@ class RangeFetcher:
         data = self._read(r, self._parts, self.requests)
         if len(data) != r.size:
             raise LoaderError(
-                f"read bytes {r.start}-{r.end} of {r.path}: got {len(data)} bytes, expected {r.size} (file changed?)"
+                f"read bytes {r.start}-{r.end} of {r.uri}: got {len(data)} bytes, expected {r.size} (file changed?)"
             )
         if self.on_read is not None:
             self.on_read(r, data)
@@ -344,27 +344,27 @@ def _parts(start: int, end: int, at_least: int = 1) -> list[tuple[int, int]]:
     return [(s, min(s + step, end)) for s in range(start, end, step)]
 
 
-def read_s3_range(
-    r: ByteRange, pool: Executor | None = None, stats: storage.RequestStats | None = None
+def read_range(
+    store: storage.Store,
+    r: ByteRange,
+    pool: Executor | None = None,
+    stats: storage.RequestStats | None = None,
 ) -> bytes:
-    """The bytes of ``r``, each GET sent with ``If-Match: <the ETag of the shard the loader
-    checked>``: an object replaced since answers 412, never other bytes. Blocking, on the calling
-    fetch thread (:func:`lakeshard.storage.s3_read_range`); a range in several parts has the
-    first read here and the others on ``pool`` (default: threads of their own, named
-    ``<this thread's name>-part``), at once as far as it has threads."""
+    """The bytes of ``r`` from ``store``, each request asking for ``If-Match: <the ETag of the
+    shard the loader checked>``: an object replaced since fails the read, never gives other
+    bytes. Blocking, on the calling fetch thread (:meth:`lakeshard.storage.Store.read`); a range
+    in several parts has the first read here and the others on ``pool`` (default: threads of
+    their own, named ``<this thread's name>-part``), at once as far as it has threads."""
     parts = _parts(r.start, r.end, r.parts)
     if len(parts) == 1:
-        return storage.s3_read_range(r.path, r.start, r.end, if_match=r.etag, stats=stats)
+        return store.read(r.uri, r.start, r.end, if_match=r.etag, stats=stats)
     with contextlib.ExitStack() as stack:
         if pool is None:
             name = f"{threading.current_thread().name}-part"
             pool = stack.enter_context(ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=name))
-        rest = [
-            pool.submit(storage.s3_read_range, r.path, lo, hi, if_match=r.etag, stats=stats)
-            for lo, hi in parts[1:]
-        ]
+        rest = [pool.submit(store.read, r.uri, lo, hi, if_match=r.etag, stats=stats) for lo, hi in parts[1:]]
         try:
-            first = storage.s3_read_range(r.path, *parts[0], if_match=r.etag, stats=stats)
+            first = store.read(r.uri, *parts[0], if_match=r.etag, stats=stats)
             return b"".join([first, *(f.result() for f in rest)])
         finally:
             for f in rest:  # on an error, the parts not yet begun are not read

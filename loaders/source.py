@@ -9,10 +9,13 @@ with how many threads) is the loader's. It holds:
 * each shard's row-group sizes, read from its footer on first use and checked against
   ``dataset.json`` (:meth:`row_groups`); a remote shard's footer (with its size and ETag) is kept
   in :attr:`remote` for the ranged reads of every epoch;
+* the store of the dataset's URI (:attr:`store`, :func:`lakeshard.storage.store_for`), through
+  which every remote read goes;
 * the ranged reads of remote shards (:attr:`fetcher`, :mod:`loaders.fetch`), started by
   :meth:`start_reads`; local shards are read on the reader thread;
-* the shard cache (:attr:`cache`, :mod:`loaders.cache`) and the verified local copies of remote
-  shards it holds (:attr:`local`), read instead of the store from the epoch after they are ready.
+* the shard cache (:attr:`cache`, :mod:`loaders.cache`), a layer over the store, and the
+  verified local copies of remote shards it holds (:attr:`local`), read instead of the store from
+  the epoch after they are ready.
 
 :meth:`stop` ends its threads between iterations (a later one starts them again); :meth:`close`
 also closes the cache's files.
@@ -20,6 +23,7 @@ also closes the cache's files.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +33,7 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError
 from lakeshard.storage import RequestCounts
 from loaders.cache import CachedShard, ShardCache
-from loaders.fetch import RangeFetcher, read_s3_range
+from loaders.fetch import RangeFetcher, read_range
 
 __all__ = ["ShardSource"]
 
@@ -42,6 +46,8 @@ class ShardSource:
         if not isinstance(dataset, str | os.PathLike):
             raise ConfigError(f"dataset must be a path or a URI, got {dataset!r}")
         self.dataset = storage.normalize(os.fspath(dataset))
+        #: Where the dataset's files are: its shards are read through it.
+        self.store = storage.store_for(self.dataset)
         self.channel = channel
         self.info = contract.read_dataset_info(self.dataset)
         shards = contract.channel_shards(self.dataset, self.info, channel)
@@ -74,7 +80,7 @@ class ShardSource:
         (read once; a remote shard's footer is kept in :attr:`remote`)."""
         if shard not in self.groups:
             uri, rows = self.shard_uris[shard], self.shard_rows[shard]
-            if storage.is_local(uri):
+            if self.store.local:
                 with contract.open_shard(uri) as f:
                     self.groups[shard] = f.check(self.info, self.channel, shard, rows=rows)
             else:
@@ -102,7 +108,8 @@ class ShardSource:
         """Start the ranged reads of the remote shards read so far (``None`` if there are none):
         ``concurrency`` reads in flight, their budget set by the caller."""
         if self.remote and self.fetcher is None:
-            self.fetcher = RangeFetcher(read_s3_range, concurrency=concurrency, budget=0, name=name)
+            read = functools.partial(read_range, self.store)
+            self.fetcher = RangeFetcher(read, concurrency=concurrency, budget=0, name=name)
             # Its threads too: started behind the first reads, each is a wait (NOTE [ Fetch threads ]).
             self.fetcher.start()
         return self.fetcher
@@ -112,7 +119,9 @@ class ShardSource:
         (and sound) are used from the first epoch, the others are filled from the reads
         (read-through: each row group read goes into the cache's file) and in the background
         (see :mod:`loaders.cache`)."""
-        cache = ShardCache(cache_dir, dataset_version=self.dataset_version, channel=self.channel, limit=limit)
+        cache = ShardCache(
+            cache_dir, self.store, dataset_version=self.dataset_version, channel=self.channel, limit=limit
+        )
         entries = self.info.channel(self.channel).shards
         self._cached = [
             CachedShard(i, self.shard_uris[i], entries[i].bytes, entries[i].sha256)
@@ -122,7 +131,7 @@ class ShardSource:
             cache.adopt(shard)
         self.use_local(cache.ready())
         assert self.fetcher is not None  # a cache of remote shards: opened after start_reads
-        self.fetcher.on_read = lambda r, data, offer=cache.offer: offer(r.path, r.start, data)
+        self.fetcher.on_read = lambda r, data, offer=cache.offer: offer(r.uri, r.start, data)
         self.cache = cache
         return cache
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
-from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from lakeshard.format import OpenShard, open_shard
 from loaders.arrow_columns import binary_rows, int64_column
@@ -143,9 +142,7 @@ class WindowReader:
         if key not in self._ranges:
             footer = self.source.remote[piece.shard]
             lo, hi = row_group_range(footer.metadata, piece.row_group)
-            self._ranges[key] = ByteRange(
-                storage.s3_path(self.source.shard_uris[piece.shard]), lo, hi, footer.etag
-            )
+            self._ranges[key] = ByteRange(self.source.shard_uris[piece.shard], lo, hi, footer.etag)
         return self._ranges[key]
 
     def _count_cached(self, pieces: Sequence[Piece], reads: ReadCount) -> None:

@@ -168,7 +168,7 @@ def _rest_of(fs: Any, bucket: str, prefix: str, last: str) -> list[ListUnit]:
 
 
 def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
-    bucket, _, prefix = storage.s3_path(unit.uri).partition("/")
+    bucket, _, prefix = storage.store_for(unit.uri).path(unit.uri).partition("/")
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, **fs.req_kw}
     if unit.after is not None:
         kwargs["StartAfter"] = unit.after

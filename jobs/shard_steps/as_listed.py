@@ -31,7 +31,8 @@ def _read(uri: str) -> tuple[bytes, str | None] | str:
         data = storage.read_listed(uri)
         return data if isinstance(data, str) else (data, None)
     try:
-        return storage.s3_get(uri)
+        got = storage.store_for(uri).get(uri)  # the ETag of the very answer that carried the bytes
+        return got.data, got.etag
     except FileNotFoundError:
         return storage.GONE
     except Exception as exc:

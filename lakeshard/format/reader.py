@@ -89,7 +89,7 @@ class ShardFooter:
     uri: str
     metadata: pq.FileMetaData
     size: int
-    etag: str | None  #: as the store sent it (S3); ``None`` for a local file
+    etag: str | None  #: unquoted (S3's); ``None`` for a local file
 
     @property
     def footer(self) -> dict[str, str]:
@@ -112,25 +112,28 @@ _MAGIC = b"PAR1"
 def read_shard_footer(uri: str) -> ShardFooter:
     """The footer of the shard at ``uri``, its size and ETag.
 
-    S3: one GET of the object's last 256 KiB (a suffix range: its answer carries the size and
-    the ETag, so no HEAD is sent), and a second one, for the object the first one read
-    (``If-Match``), only if the footer is longer. Elsewhere: :func:`open_shard`'s reader.
+    An object store: one GET of the object's last 256 KiB (:meth:`lakeshard.storage.Store.read_tail`:
+    a suffix range, whose answer carries the size and the ETag, so no HEAD is sent), and a
+    second one, for the object the first one read (``If-Match``), only if the footer is longer.
+    A local file: :func:`open_shard`'s reader.
 
     Raises:
         DatasetError: the object cannot be read or is not Parquet (names the shard and the cause).
     """
-    if storage.is_local(uri):
+    store = storage.store_for(uri)
+    if store.local:
         with open_shard(uri) as shard:
             return ShardFooter(uri, shard.parquet.metadata, shard.size(), shard.etag())
     try:
-        tail, size, etag = storage.s3_get_tail(uri, _TAIL_BYTES)
+        got = store.read_tail(uri, _TAIL_BYTES)
+        tail, size, etag = got.data, got.size, got.etag
         if size < 12 or tail[-4:] != _MAGIC:
             raise DatasetError(f"{size} bytes that do not end in Parquet's magic {_MAGIC!r}")
         need = int.from_bytes(tail[-8:-4], "little") + 8
         if need > size - 4:
             raise DatasetError(f"its footer claims {need - 8} bytes, more than the {size}-byte file holds")
         if need > len(tail):
-            rest, _ = storage.s3_get(uri, start=size - need, end=size - len(tail), if_match=etag)
+            rest = store.read(uri, size - need, size - len(tail), if_match=etag)
             tail = rest + tail
         metadata = pq.read_metadata(pa.BufferReader(tail[len(tail) - need :]))
     except Exception as exc:

@@ -82,7 +82,7 @@ def _store_age(uri: str) -> float:
 
     import boto3
 
-    bucket, _, key = storage.s3_path(uri).partition("/")
+    bucket, _, key = storage.store_for(uri).path(uri).partition("/")
     resp = boto3.client("s3").head_object(Bucket=bucket, Key=key)
     now = email.utils.parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"])
     return (now - resp["LastModified"]).total_seconds()
@@ -92,7 +92,7 @@ def test_s3_a_holder_refreshes_its_lock_and_each_refresh_is_another_object(s3_bu
     import boto3
 
     ds = f"{s3_bucket}/ds"
-    bucket, _, key = storage.s3_path(f"{ds}/{LOCK_NAME}").partition("/")
+    bucket, _, key = storage.filesystem(f"{ds}/{LOCK_NAME}")[1].partition("/")
     client = boto3.client("s3")
     with held_elsewhere(ds, exclusive=True, expiry=4):  # a refresh every second
         first = client.head_object(Bucket=bucket, Key=key)
@@ -120,7 +120,7 @@ def test_s3_a_lock_left_by_a_job_elsewhere_is_taken_over_once_it_expires(s3_buck
     import boto3
 
     ds = f"{s3_bucket}/ds"
-    bucket, _, key = storage.s3_path(f"{ds}/{LOCK_NAME}").partition("/")
+    bucket, _, key = storage.filesystem(f"{ds}/{LOCK_NAME}")[1].partition("/")
     left = {"job": "shard", "pid": 4242, "host": "another-host", "since": "then", "expires_after_s": 20}
     boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=json.dumps(left).encode())
     if _store_age(f"{ds}/{LOCK_NAME}") < 10:  # a stalled test machine may take longer to get here
@@ -142,7 +142,7 @@ def test_s3_a_holder_whose_lock_was_taken_over_commits_nothing(s3_bucket: str):
     import boto3
 
     ds = f"{s3_bucket}/ds"
-    bucket, _, key = storage.s3_path(f"{ds}/{LOCK_NAME}").partition("/")
+    bucket, _, key = storage.filesystem(f"{ds}/{LOCK_NAME}")[1].partition("/")
     with dataset_lock(ds, job="mine"):
         confirm(ds)  # still ours
         other = json.dumps({"job": "other", "pid": 1, "host": "h", "since": "now", "command": "c"}).encode()

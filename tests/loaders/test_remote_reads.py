@@ -15,8 +15,12 @@ import pytest
 from loader_builders import ids_of, shard_path, until, write_dataset
 
 from lakeshard.errors import ConfigError, LoaderError
+from lakeshard.storage import S3Store
 from loaders import ShardLoader
 from tests.helpers.store import upload
+
+#: The store the fetch threads read S3 through.
+S3 = S3Store()
 
 pytestmark = pytest.mark.s3
 
@@ -324,7 +328,7 @@ def test_a_new_loader_opens_each_remote_shard_with_one_get_and_no_head(
 def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkeypatch):
     """A row group of less than twice the part size is read in one GET (not a full part and a
     sliver); a larger one in equal parts at once; the bytes are the object's either way."""
-    from loaders.fetch import _PART_BYTES, ByteRange, read_s3_range
+    from loaders.fetch import _PART_BYTES, ByteRange, read_range
     from tests.hardening.faultproxy import FaultProxy
 
     data = os.urandom(2 * _PART_BYTES + 100_000)
@@ -335,10 +339,7 @@ def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkey
         got = {}
         for size in (_PART_BYTES - 10, _PART_BYTES + 20_000, 2 * _PART_BYTES - 1, 2 * _PART_BYTES + 99_000):
             proxy.reset(mode="pass")
-            assert (
-                read_s3_range(ByteRange(f"{s3_bucket[len('s3://') :]}/blob", 50, 50 + size))
-                == data[50 : 50 + size]
-            )
+            assert read_range(S3, ByteRange(f"{s3_bucket}/blob", 50, 50 + size)) == data[50 : 50 + size]
             got[size] = sorted(r.byte_range for r in proxy.log if r.method == "GET")
     finally:
         proxy.stop()
@@ -356,7 +357,7 @@ def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkey
 def test_a_read_a_batch_waits_on_is_fetched_in_parts_of_at_least_1_mib(s3_bucket: str, monkeypatch):
     """``ByteRange.parts``: that many equal parts at once, but none under 1 MiB (and never
     fewer than the part size makes); the bytes are the object's."""
-    from loaders.fetch import ByteRange, read_s3_range
+    from loaders.fetch import ByteRange, read_range
     from tests.hardening.faultproxy import FaultProxy
 
     mib = 1 << 20
@@ -368,8 +369,8 @@ def test_a_read_a_batch_waits_on_is_fetched_in_parts_of_at_least_1_mib(s3_bucket
         got = {}
         for size, parts in ((mib - 1, 8), (2 * mib + 10, 8), (4 * mib, 3), (4 * mib, 1)):
             proxy.reset(mode="pass")
-            r = ByteRange(f"{s3_bucket[len('s3://') :]}/blob", 10, 10 + size, parts=parts)
-            assert read_s3_range(r) == data[10 : 10 + size]
+            r = ByteRange(f"{s3_bucket}/blob", 10, 10 + size, parts=parts)
+            assert read_range(S3, r) == data[10 : 10 + size]
             got[size, parts] = len([r for r in proxy.log if r.method == "GET"])
     finally:
         proxy.stop()
@@ -378,13 +379,13 @@ def test_a_read_a_batch_waits_on_is_fetched_in_parts_of_at_least_1_mib(s3_bucket
 
 @pytest.mark.slow  # retries with backoff through ~120 injected faults
 def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: str, monkeypatch):
-    """The fetch threads' blocking client (``storage.s3_read_range``) through a proxy that answers
+    """The fetch threads' blocking client (``S3Store.read``) through a proxy that answers
     a seeded 30% of requests with 500, 503 SlowDown, a dropped connection or a body cut off
     halfway: every read still returns the object's bytes, whole parts and a read in parts alike,
     and each kind of fault was met. The client follows ``AWS_ENDPOINT_URL`` (the proxy saw the
     reads) and is one per process and setting, until forgotten."""
     from lakeshard import storage
-    from loaders.fetch import ByteRange, read_s3_range
+    from loaders.fetch import ByteRange, read_range
     from tests.hardening.faultproxy import FaultProxy
 
     mib = 1 << 20
@@ -403,10 +404,10 @@ def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: s
         for i in range(40):
             start = i * 50_000
             assert (
-                read_s3_range(ByteRange(f"{bucket}/blob", start, start + 200_000))
+                read_range(S3, ByteRange(f"s3://{bucket}/blob", start, start + 200_000))
                 == data[start : start + 200_000]
             )
-        assert read_s3_range(ByteRange(f"{bucket}/blob", 7, 3 * mib, parts=3)) == data[7:]
+        assert read_range(S3, ByteRange(f"s3://{bucket}/blob", 7, 3 * mib, parts=3)) == data[7:]
     finally:
         proxy.stop()
     assert {"500", "503", "drop", "cut"} <= set(proxy.injected), proxy.injected
@@ -416,24 +417,24 @@ def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: s
 def test_a_range_read_s_store_errors_are_the_usual_python_ones(s3_bucket: str, tmp_path: Path, monkeypatch):
     """A missing object is ``FileNotFoundError``, a denied one ``PermissionError``, a changed one
     (``If-Match`` an old ETag) an ``OSError`` from the store's 412, none retried for long."""
-    from loaders.fetch import ByteRange, read_s3_range
+    from loaders.fetch import ByteRange, read_range
     from tests.hardening.faultproxy import FaultProxy
 
     bucket = s3_bucket[len("s3://") :]
     etag = boto3.client("s3").put_object(Bucket=bucket, Key="blob", Body=b"x" * 1000)["ETag"].strip('"')
-    assert read_s3_range(ByteRange(f"{bucket}/blob", 0, 10, etag=etag)) == b"x" * 10
+    assert read_range(S3, ByteRange(f"s3://{bucket}/blob", 0, 10, etag=etag)) == b"x" * 10
     with pytest.raises(FileNotFoundError):
-        read_s3_range(ByteRange(f"{bucket}/no-such-blob", 0, 10))
+        read_range(S3, ByteRange(f"s3://{bucket}/no-such-blob", 0, 10))
     boto3.client("s3").put_object(Bucket=bucket, Key="blob", Body=b"y" * 1000)
     with pytest.raises(OSError, match="pre-conditions"):
-        read_s3_range(ByteRange(f"{bucket}/blob", 0, 10, etag=etag))
+        read_range(S3, ByteRange(f"s3://{bucket}/blob", 0, 10, etag=etag))
     proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).start()
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         proxy.reset(mode="deny")
         started = time.monotonic()
         with pytest.raises(PermissionError):
-            read_s3_range(ByteRange(f"{bucket}/blob", 0, 10))
+            read_range(S3, ByteRange(f"s3://{bucket}/blob", 0, 10))
         assert time.monotonic() - started < 10
         assert proxy.injected["403"] == 1
     finally:
