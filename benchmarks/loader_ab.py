@@ -21,7 +21,6 @@ epochs) with the spread over processes; ``--out`` writes every run as JSON.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -36,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from variants import parse_variant, write_runs
 
 from lakeshard.format import FORMAT_VERSION
-from loaders import LoaderOptions
+from loaders.options import OPTIONS
 
 _CHILD = r"""
 import argparse, json, os, statistics, sys, time
@@ -75,7 +74,7 @@ def variant(text: str) -> tuple[dict[str, object], dict[str, str]]:
     pairs = [p for p in text.split(",") if p]
     env = dict(p.partition("=")[::2] for p in pairs if p.partition("=")[0].isupper())
     options = ",".join(p for p in pairs if not p.partition("=")[0].isupper())
-    return parse_variant(options, (f.name for f in dataclasses.fields(LoaderOptions)), "ShardLoader"), env
+    return parse_variant(options, OPTIONS, "ShardLoader"), env
 
 
 def main(argv: list[str] | None = None) -> int:

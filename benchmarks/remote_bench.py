@@ -66,7 +66,8 @@ from variants import parse_variant
 
 from lakeshard import storage
 from lakeshard.format import shard_relpath
-from loaders import LoaderOptions, ShardLoader
+from loaders import ShardLoader
+from loaders.options import OPTIONS
 
 log = logging.getLogger("remote_bench")
 
@@ -88,7 +89,7 @@ def loader_options(texts: list[str]) -> dict[str, Any]:
     """``--loader-option key=value[,key=value]`` as ShardLoader keyword arguments (integers as
     int, ``none`` as None, ``true``/``false`` as bool); a key ShardLoader does not take is an
     ``ArgumentTypeError`` naming it."""
-    known = [f.name for f in dataclasses.fields(LoaderOptions)]
+    known = list(OPTIONS)
     out: dict[str, Any] = {}
     for text in texts:
         try:

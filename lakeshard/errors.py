@@ -27,7 +27,15 @@ class PlatformError(Exception):
 
 
 class ConfigError(PlatformError, ValueError):
-    """A configuration value is missing, malformed or out of range (names the key and source)."""
+    """A configuration value is missing, malformed or out of range (names the key and source).
+
+    ``option``: the option it concerns, as the code names it (``"batch_size"``), where it
+    concerns one: a command line names its flag from it, without reading the message.
+    """
+
+    def __init__(self, message: str = "", *, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 class StorageError(PlatformError, OSError):

@@ -133,12 +133,16 @@ def check_positive(
     error: type[Exception] = ValueError,
 ) -> None:
     """Raise ``error`` naming ``name`` unless ``value`` is a positive integer (or zero with
-    ``allow_zero``, or None with ``allow_none``); a bool is not an integer here."""
+    ``allow_zero``, or None with ``allow_none``); a bool is not an integer here. A
+    :class:`ConfigError` carries ``name`` as its ``option``."""
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
         kind = "non-negative" if allow_zero else "positive"
-        raise error(f"{name} must be a {kind} integer, got {value!r}")
+        message = f"{name} must be a {kind} integer, got {value!r}"
+        if issubclass(error, ConfigError):
+            raise error(message, option=name)
+        raise error(message)
 
 
 def check_fraction(name: str, value: float) -> None:
@@ -243,16 +247,21 @@ def _convert(cls: type, name: str, raw: Any, source: str) -> Any:
 def _named(exc: Exception, names: Sequence[str], sources: Mapping[str, str]) -> ConfigError:
     """A dataclass check's error as a :class:`ConfigError` naming the option and its source.
 
-    The checks (``__post_init__``) name the field they refuse first: ``"num_shards must be a
-    positive integer, got 0"`` or ``"cache_limit: a size must ..."``; that name becomes the
-    flag and its source (``--num-shards (command line): must be a positive integer, got 0``).
+    The option is the error's own ``option`` where it has one (:class:`ConfigError`); else the
+    field the message names first (``"num_shards must be a positive integer, got 0"`` or
+    ``"cache_limit: a size must ..."``). It becomes the flag and its source, in place of the name
+    the message starts with (``--num-shards (command line): must be a positive integer, got 0``).
     An error that names no field is kept as it is."""
     text = str(exc)
-    m = re.match(r"(\w+)(: | )", text)
-    if m is None or m.group(1) not in names:
+    name = exc.option if isinstance(exc, ConfigError) else None
+    if name is None:
+        m = re.match(r"(\w+)(: | )", text)
+        name = m.group(1) if m is not None else None
+    if name is None or name not in names:
         return exc if isinstance(exc, ConfigError) else ConfigError(text)
-    name = m.group(1)
-    return ConfigError(f"{_flag(name)} ({sources.get(name, 'default')}): {text[m.end() :]}")
+    if re.match(rf"{name}(: | )", text):
+        text = text[len(name) :].removeprefix(":").lstrip(" ")
+    return ConfigError(f"{_flag(name)} ({sources.get(name, 'default')}): {text}", option=name)
 
 
 def _flag(name: str) -> str:

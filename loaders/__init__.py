@@ -5,16 +5,20 @@
 
 from loaders.batch import PAD_LABEL, EncodedBatch, SkippedRow
 from loaders.mixed_loader import MixedLoader
-from loaders.options import LoaderOptions, default_threads
+from loaders.options import Cost, Decoding, LoaderOptions, Preparation, RemoteReads, default_threads
 from loaders.plan import num_batches, rank_segments, rows_per_rank
 from loaders.shard_loader import STATE_FORMAT, ShardLoader
 
 __all__ = [
     "PAD_LABEL",
     "STATE_FORMAT",
+    "Cost",
+    "Decoding",
     "EncodedBatch",
     "LoaderOptions",
     "MixedLoader",
+    "Preparation",
+    "RemoteReads",
     "ShardLoader",
     "SkippedRow",
     "default_threads",

@@ -27,7 +27,6 @@ the rest of an interrupted epoch is dealt evenly to the new ranks (:class:`~load
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -67,14 +66,14 @@ from loaders.mix_pipeline import (
 )
 from loaders.mix_state import MIX_ORDER, MixIdentity, mix_state_dict, read_mix_state
 from loaders.mixing import MixPlan, epoch_samples, shares
-from loaders.options import LoaderOptions
+from loaders.options import DEFAULT, Cost, Decoding, LoaderOptions, Normalize, Preparation, RemoteReads
 from loaders.pipeline import Pipeline
 from loaders.plan import num_batches, rank_segments, split_pieces
 from loaders.prep import PrepCluster
 from loaders.run import Flow, Iterations, Keyed, Position, Run
 from loaders.shard_loader import ShardLoader
 from loaders.source import ShardSource
-from loaders.stats import CostBudget, LoaderCounters, LoaderStats
+from loaders.stats import CostBudget, LoaderCounters, LoaderStats, PriceTable
 from loaders.window_reader import WindowReader
 
 __all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling", "same_dataset"]
@@ -94,9 +93,9 @@ class MixedLoader(Facade):
             (``world_size * batch_size``); :attr:`samples_per_epoch` is the number used.
         labels: ``"union"`` (default: one label space of every source's label names, sorted) or
             ``"same"`` (refuse sources whose label names differ).
-        **kwargs: the options of :class:`~loaders.ShardLoader` (``channel``, ``rank``,
+        options: the options of :class:`~loaders.ShardLoader` (``channel``, ``rank``,
             ``world_size``, ``batch_size``, ``shuffle``, ``seed``, threads, reads, cache,
-            transform). The sources share ``num_threads`` decode threads; ``memory_budget`` is
+            transform), all at once or as keywords, as ``ShardLoader`` takes them. The sources share ``num_threads`` decode threads; ``memory_budget`` is
             shared out among the sources by weight; ``cost_budget`` is one budget for the
             whole mixture on this rank. ``drop_last`` and ``remainder`` do not apply: every
             batch is full. A ``transform`` must keep each batch's rows (a mixture takes each
@@ -116,17 +115,29 @@ class MixedLoader(Facade):
         *,
         samples_per_epoch: int | None = None,
         labels: str = "union",
-        **kwargs: Any,
-    ) -> None:
+        options: LoaderOptions | None = None,
+        # The common options (loaders.options.LoaderOptions); then each group, or its options by name.
+        channel: str = DEFAULT, rank: int = DEFAULT, world_size: int = DEFAULT, batch_size: int = DEFAULT,
+        shuffle: bool = DEFAULT, seed: int = DEFAULT,
+        drop_last: None = DEFAULT, remainder: None = DEFAULT,  # refused: a mixture's batches are whole
+        shuffle_window: int = DEFAULT, num_threads: int | None = DEFAULT, prefetch: int = DEFAULT,
+        pin_memory: bool = DEFAULT, skip_bad_rows: bool = DEFAULT,
+        reads: RemoteReads | None = None, read_concurrency: int = DEFAULT,
+        memory_budget: int | str | None = DEFAULT, cache_dir: str | os.PathLike[str] | None = DEFAULT,
+        cache_limit: int | str = DEFAULT,
+        decoding: Decoding | None = None, decoder: str = DEFAULT,
+        transform: Callable[..., Any] | str | None = DEFAULT,
+        augment: bool = DEFAULT, crop: int | None = DEFAULT, normalize: Normalize | None = DEFAULT,
+        preparation: Preparation | None = None, prep: str | None = DEFAULT, prep_timeout: float = DEFAULT,
+        prep_fallback: bool = DEFAULT, prep_security: Any = DEFAULT,
+        cost: Cost | None = None, prices: PriceTable | None = DEFAULT, cost_budget: float | None = DEFAULT,
+        on_budget: str = DEFAULT,
+    ) -> None:  # fmt: skip
         parsed = parse_sources(sources)
         if labels not in LABEL_POLICIES:
             raise ConfigError(f"labels must be one of {LABEL_POLICIES}, got {labels!r}")
-        for key in ("drop_last", "remainder"):
-            if key in kwargs:
-                raise ConfigError(
-                    f"{key} does not apply to a mixture: every epoch is whole batches, on every rank"
-                )
-        self.options = opts = LoaderOptions.from_keywords(kwargs)
+        # locals() is the parameters here (and parsed): the options given, the others DEFAULT.
+        self.options = opts = _mixture_options(options, locals())
         if opts.decoder == NO_DECODER:
             raise ConfigError(
                 'decoder="none" is not supported for a mixture yet: decode on the CPU, or load one dataset'
@@ -256,8 +267,7 @@ class MixedLoader(Facade):
         own order; its remote reads and cache started (``memory_budget`` shared out by weight)."""
         opts = self.options
         budget = opts.memory_budget_bytes
-        options = dataclasses.replace(
-            opts,
+        options = opts.replace(
             rank=0,
             world_size=1,
             drop_last=False,
@@ -265,7 +275,7 @@ class MixedLoader(Facade):
             memory_budget=None if budget is None else max(1, int(budget * weight)) if n > 1 else budget,
         )
         groups = src.read_footers(
-            list(range(len(src.shard_rows))), concurrency=opts.read_concurrency, name=name
+            list(range(len(src.shard_rows))), concurrency=opts.read_plan.footer_threads, name=name
         )
         segments = rank_segments(src.shard_rows, 1, 0, remainder="pad")
         reader = WindowReader(
@@ -275,7 +285,7 @@ class MixedLoader(Facade):
             num_batches=num_batches(src.total_rows, opts.batch_size, drop_last=False),
             rows_per_rank=src.total_rows,
         )
-        fetcher = src.start_reads(concurrency=opts.read_concurrency, name=name)
+        fetcher = src.start_reads(concurrency=opts.read_plan.in_flight, name=name)
         if fetcher is not None:
             fetcher.budget = reader.read_budget(
                 blocks=blocks, image_size=src.info.image.size, dataset=src.dataset
@@ -441,6 +451,20 @@ class MixedLoader(Facade):
 
 #: How long an epoch's start waits for the cache to finish a file the last epoch filled.
 _SETTLE_S = 5.0
+
+
+def _mixture_options(options: LoaderOptions | None, keywords: dict[str, Any]) -> LoaderOptions:
+    """A mixture's options (:meth:`LoaderOptions.given`); ``drop_last`` and ``remainder`` refused."""
+    refused = [k for k in ("drop_last", "remainder") if keywords[k] is not DEFAULT]
+    if options is not None:
+        set_there = (("drop_last", options.drop_last), ("remainder", options.remainder != "pad"))
+        refused += [k for k, bad in set_there if bad]
+    if refused:
+        raise ConfigError(
+            f"{refused[0]} does not apply to a mixture: every epoch is whole batches, on every rank",
+            option=refused[0],
+        )
+    return LoaderOptions.given(options, keywords)
 
 
 def _walk(

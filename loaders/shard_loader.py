@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,16 @@ from loaders.cache import ShardCache
 from loaders.elastic import Leg
 from loaders.facade import Facade, shutdown
 from loaders.fetch import RangeFetcher
-from loaders.options import LoaderOptions, default_threads
+from loaders.options import (
+    DEFAULT,
+    Cost,
+    Decoding,
+    LoaderOptions,
+    Normalize,
+    Preparation,
+    RemoteReads,
+    default_threads,
+)
 from loaders.pipeline import Pipeline, PipelineStats
 from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
 from loaders.prep import PrepCluster
@@ -51,7 +60,7 @@ from loaders.run import EpochParts, Flow, Iterations, Keyed, Position, Run
 from loaders.shuffle_quality import ShuffleTally, tallied
 from loaders.source import ShardSource
 from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
-from loaders.stats import CostBudget, LoaderCounters, LoaderStats
+from loaders.stats import CostBudget, LoaderCounters, LoaderStats, PriceTable
 from loaders.window_reader import EpochPlan, WindowReader
 
 __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
@@ -66,9 +75,11 @@ class ShardLoader(Facade):
     Args:
         dataset: the dataset root (the folder holding ``dataset.json``): a path (``str`` or
             :class:`os.PathLike`), a ``file://`` or an ``s3://`` URI.
-        options: every option at once; or
-        **kwargs: the options as keywords (``channel="train", batch_size=64, ...``): the fields
-            of :class:`~loaders.options.LoaderOptions`, which documents each.
+        options: every option at once (a :class:`~loaders.options.LoaderOptions`); or the
+            options as keywords, each by its name (``channel="train", batch_size=64,
+            cache_dir=...``) or in its group (``reads=RemoteReads(cache_dir=...)``): the
+            options table (:mod:`loaders.options`) says what each does and its default. An
+            option left out is the library's default.
 
     The dataset is read as it was when the loader was made: every shard it opens, now or in a
     later epoch, must be the one that ``dataset.json`` described then (its footer names the
@@ -101,13 +112,29 @@ class ShardLoader(Facade):
     """
 
     def __init__(
-        self, dataset: str | os.PathLike[str], *, options: LoaderOptions | None = None, **kwargs: Any
-    ) -> None:
-        if options is not None and kwargs:
-            raise ConfigError(
-                f"pass the loader options either as options= or as keywords, not both (got {sorted(kwargs)})"
-            )
-        self.options = opts = options if options is not None else LoaderOptions.from_keywords(kwargs)
+        self,
+        dataset: str | os.PathLike[str],
+        *,
+        options: LoaderOptions | None = None,
+        # The common options (loaders.options.LoaderOptions); then each group, or its options by name.
+        channel: str = DEFAULT, rank: int = DEFAULT, world_size: int = DEFAULT, batch_size: int = DEFAULT,
+        shuffle: bool = DEFAULT, seed: int = DEFAULT,
+        drop_last: bool = DEFAULT, remainder: str = DEFAULT,
+        shuffle_window: int = DEFAULT, num_threads: int | None = DEFAULT, prefetch: int = DEFAULT,
+        pin_memory: bool = DEFAULT, skip_bad_rows: bool = DEFAULT,
+        reads: RemoteReads | None = None, read_concurrency: int = DEFAULT,
+        memory_budget: int | str | None = DEFAULT, cache_dir: str | os.PathLike[str] | None = DEFAULT,
+        cache_limit: int | str = DEFAULT,
+        decoding: Decoding | None = None, decoder: str = DEFAULT,
+        transform: Callable[..., Any] | str | None = DEFAULT,
+        augment: bool = DEFAULT, crop: int | None = DEFAULT, normalize: Normalize | None = DEFAULT,
+        preparation: Preparation | None = None, prep: str | None = DEFAULT, prep_timeout: float = DEFAULT,
+        prep_fallback: bool = DEFAULT, prep_security: Any = DEFAULT,
+        cost: Cost | None = None, prices: PriceTable | None = DEFAULT, cost_budget: float | None = DEFAULT,
+        on_budget: str = DEFAULT,
+    ) -> None:  # fmt: skip
+        # locals() is the parameters here: the options given, the others DEFAULT.
+        self.options = opts = LoaderOptions.given(options, locals())
         self.source = source = ShardSource(dataset, opts.channel)
         self.dataset, self.info = source.dataset, source.info
         self.dataset_version = self.info.dataset_version
@@ -184,7 +211,7 @@ class ShardLoader(Facade):
             )
         segments = rank_segments(source.shard_rows, opts.world_size, opts.rank, remainder=opts.remainder)
         groups = source.read_footers(
-            sorted({seg.shard for seg in segments}), concurrency=opts.read_concurrency, name=name
+            sorted({seg.shard for seg in segments}), concurrency=opts.read_plan.footer_threads, name=name
         )
         return WindowReader(
             source,
@@ -198,7 +225,7 @@ class ShardLoader(Facade):
         """Start the remote reads (their budget beside ``blocks`` decoded batches), the shard
         cache and the preparation cluster's client, as the options say."""
         opts, source = self.options, self.source
-        fetcher = source.start_reads(concurrency=opts.read_concurrency, name=name)
+        fetcher = source.start_reads(concurrency=opts.read_plan.in_flight, name=name)
         if fetcher is not None:
             fetcher.budget = self._reader.read_budget(
                 blocks=blocks, image_size=self.image_size, dataset=self.dataset

@@ -177,7 +177,7 @@ class WindowReader:
 
     def read_budget(self, *, blocks: int, image_size: int, dataset: str) -> int:
         """The bytes the remote reads may hold: what ``memory_budget`` leaves beside ``blocks``
-        decoded batches, or by default ``read_concurrency`` row groups and one shuffle window.
+        decoded batches, or by default ``ReadPlan.in_flight`` row groups and one shuffle window.
 
         Raises:
             ConfigError: ``memory_budget`` leaves less than one row group.
@@ -188,7 +188,7 @@ class WindowReader:
         largest = self.max_range_bytes()
         budget = opts.memory_budget_bytes
         if budget is None:
-            return opts.read_concurrency * largest + self.window_bytes()
+            return opts.read_plan.in_flight * largest + self.window_bytes()
         if budget - decoded < largest:
             raise ConfigError(
                 f"memory_budget {budget} bytes is too small: the decoded batches take {decoded} "
@@ -229,8 +229,8 @@ class WindowReader:
         """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, plan tag, piece index)``.
         ``waited_from``: the epoch starts now, at row ``waited_from`` of ``plan`` (0, or where a
         restored state resumes it), so its first batch waits for the reads of its row groups
-        (unless they were read ahead): those are fetched in ``read_concurrency`` parts at once
-        (of at least 1 MiB each), over as many connections."""
+        (unless they were read ahead): those are fetched in ``ReadPlan.first_batch_parts`` parts
+        at once (of at least 1 MiB each), over as many connections."""
         waited = (
             range(0) if waited_from is None else _batch_windows(plan, waited_from, self.options.batch_size)
         )
@@ -238,7 +238,10 @@ class WindowReader:
             (w, int(p), self._range(plan.pieces[int(p)])) for w in windows for p in plan.order.windows[w]
         )
         return [
-            ((epoch, plan.tag, p), replace(r, parts=self.options.read_concurrency) if w in waited else r)
+            (
+                (epoch, plan.tag, p),
+                replace(r, parts=self.options.read_plan.first_batch_parts) if w in waited else r,
+            )
             for w, p, r in keyed
             if r is not None
         ]
@@ -289,7 +292,7 @@ class WindowReader:
         if fetcher is not None:  # room for row groups of other ranks' shards
             largest = self.max_range_bytes(read.pieces)
             if opts.memory_budget is None:
-                fetcher.budget = max(fetcher.budget, opts.read_concurrency * largest)
+                fetcher.budget = max(fetcher.budget, opts.read_plan.in_flight * largest)
             elif fetcher.budget < largest:
                 raise ConfigError(
                     f"memory_budget {opts.memory_budget} bytes leaves {fetcher.budget} for reads, less than one row "
@@ -382,9 +385,9 @@ class WindowReader:
 
     def _round(self, plan: EpochPlan) -> int:
         """How many of ``plan``'s first reads one round is: its first batch's, and at least
-        ``read_concurrency``."""
+        ``ReadPlan.read_ahead``."""
         needed = sum(len(plan.order.windows[w]) for w in _batch_windows(plan, 0, self.options.batch_size))
-        return max(needed, self.options.read_concurrency)
+        return max(needed, self.options.read_plan.read_ahead)
 
     def _ahead(self, epoch: int, ahead: int | None) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:
         """The first round of reads of epoch ``ahead`` (none if it is ``None`` or ``epoch``)."""

@@ -50,10 +50,11 @@ from lakeshard.storage._registry import (
     store_for,
     unregister_store,
 )
-from lakeshard.storage._s3 import S3Store, clear_s3_clients, s3_client, s3_options
+from lakeshard.storage._s3 import CLIENT_CONNECTIONS, S3Store, clear_s3_clients, s3_client, s3_options
 from lakeshard.storage._store import Blob, RequestCounts, RequestStats, Store, Tail
 
 __all__ = [
+    "CLIENT_CONNECTIONS",
     "GONE",
     "Blob",
     "LocalStore",

@@ -207,9 +207,9 @@ def _status(exc: Any) -> int:
 _CLIENTS: dict[tuple[int, str], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 #: Connections a blocking client keeps to the store (opened as reads need them): every loader of
-#: a process shares it, each keeping ``read_concurrency`` reads in flight, a read in up to that
-#: many parts.
-_CLIENT_CONNECTIONS = 64
+#: a process shares it. A loader's reads in flight, times the parts a read is split in, stay
+#: within it (``loaders.options.ReadPlan``).
+CLIENT_CONNECTIONS = 64
 
 
 def s3_client() -> Any:
@@ -248,7 +248,7 @@ def _new_client(options: dict[str, Any]) -> Any:
         )  # None until s3fs's first call
         if s3fs_session is not None:
             session.register_component("data_loader", s3fs_session.get_component("data_loader"))
-    config = Config(**options["config_kwargs"], max_pool_connections=_CLIENT_CONNECTIONS)
+    config = Config(**options["config_kwargs"], max_pool_connections=CLIENT_CONNECTIONS)
     return session.create_client("s3", **options["client_kwargs"], config=config)
 
 

@@ -9,8 +9,11 @@ python -m loaders.doctor --dataset /data/pets-v1 --transform mynets.aug:crop_and
 Options: ``--dataset URI`` (required), ``--channel train``, ``--model pkg.module:factory``,
 ``--batch-size 64``, ``--transform pkg.module:name`` (a callable ``fn(images, labels,
 generator)``; or the loader's own ``--augment``/``--crop N``), ``--threads N`` (default: the
-cores this process may use), ``--seconds S`` (each stage; default 5), ``--cache-dir DIR``,
-``--read-concurrency N``, ``--rank R --world-size W`` (whose rows are read), ``--json``.
+cores this process may use), ``--seconds S`` (each stage; default 5), ``--rank R --world-size
+W`` (whose rows are read), ``--json``; and the loader's own ``--read-concurrency``,
+``--memory-budget``, ``--cache-dir``, ``--cache-limit``, ``--prefetch``, ``--shuffle-window``
+(made from :data:`loaders.options.OPTIONS`, with the library's defaults; ``NOT_FLAGS`` in
+:mod:`loaders.doctor.config` says why the others are not flags).
 
 Each stage is measured alone, for ``--seconds``, then all of them together:
 

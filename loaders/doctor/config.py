@@ -8,54 +8,74 @@ import math
 from dataclasses import dataclass
 
 from lakeshard.errors import ConfigError
-from lakeshard.format import CHANNELS
 from lakeshard.settings import add_arguments, check_positive, opt, resolve
-from loaders.options import default_threads, option_default
+from loaders.options import check_loader_flags, default_threads, from_loader, loader_flags
 
-__all__ = ["PROG", "DoctorConfig", "build_parser", "parse_args"]
+__all__ = ["NOT_FLAGS", "PROG", "DoctorConfig", "build_parser", "parse_args"]
 
 PROG = "python -m loaders.doctor"
 
 
+#: The loader options that are no flag of the doctor, and why; every other option of
+#: :data:`loaders.options.OPTIONS` is one, made from the option's row (``from_loader``).
+NOT_FLAGS = {
+    "num_threads": "--threads: the most decode threads measured (1, 2, 4, ... up to it)",
+    "shuffle": "on, as in training",
+    "seed": "0: the figures do not depend on it",
+    "drop_last": "stages are measured for a time, not for an epoch",
+    "remainder": "stages are measured for a time, not for an epoch",
+    "pin_memory": "no copy to a GPU is measured",
+    "skip_bad_rows": "a row that cannot be decoded is worth an error here",
+    "decoder": "auto, the loader's own, is measured (and none for the store stage)",
+    "normalize": "a Python object: a --transform can normalise",
+    "prep": "decoding is measured on this machine",
+    "prep_timeout": "decoding is measured on this machine",
+    "prep_fallback": "decoding is measured on this machine",
+    "prep_security": "decoding is measured on this machine",
+    "prices": "the doctor prices nothing",
+    "cost_budget": "the doctor prices nothing",
+    "on_budget": "the doctor prices nothing",
+}
+
+
 @dataclass(frozen=True, slots=True)
+@loader_flags
 class DoctorConfig:
     dataset: str | None = opt(
         None, help="dataset root (local path, file:// or s3://): the folder holding dataset.json (required)"
     )
-    channel: str = opt("train", help=f"the channel to read: {', '.join(CHANNELS)}")
+    channel: str = from_loader()
     model: str | None = opt(
         None,
         help="your model: package.module:factory, a callable (num_classes, image_size) -> torch.nn.Module "
         "returning [batch, num_classes] logits (default: the model is not measured)",
     )
-    batch_size: int = opt(64, help="rows per batch on this rank")
-    transform: str | None = opt(
-        None,
-        help="a transform: package.module:name, a callable fn(images, labels, generator) run on each "
-        "decoded batch (instead of --augment/--crop)",
-    )
-    augment: bool = opt(False, help="the loader's random flips (and random crops with --crop)")
-    crop: int | None = opt(None, help="the loader's crop to N x N pixels (random with --augment)")
+    batch_size: int = from_loader()
+    transform: str | None = from_loader()
+    augment: bool = from_loader()
+    crop: int | None = from_loader()
     threads: int | None = opt(
         None, help="decode threads, the cores decoding may use (default: the cores this process may use)"
     )
     seconds: float = opt(5.0, help="seconds each stage is measured")
-    cache_dir: str | None = opt(option_default("cache_dir"), help="the loader's local cache of remote shards")
-    read_concurrency: int = opt(option_default("read_concurrency"), help="remote row-group reads in flight")
-    rank: int = opt(0, help="this rank, whose rows are read")
-    world_size: int = opt(1, help="ranks sharing the channel")
+    read_concurrency: int = from_loader()
+    memory_budget: int | str | None = from_loader()
+    cache_dir: str | None = from_loader()
+    cache_limit: int | str = from_loader()
+    prefetch: int = from_loader()
+    shuffle_window: int = from_loader()
+    rank: int = from_loader()
+    world_size: int = from_loader()
     json: bool = opt(False, help="print the figures and the verdict as one JSON object")
 
     def __post_init__(self) -> None:
-        if self.channel not in CHANNELS:
-            raise ConfigError(f"channel must be one of {', '.join(CHANNELS)}, got {self.channel!r}")
-        for name in ("batch_size", "read_concurrency", "world_size"):
-            check_positive(name, getattr(self, name), error=ConfigError)
-        for name in ("threads", "crop"):
-            check_positive(name, getattr(self, name), allow_none=True, error=ConfigError)
+        check_loader_flags(self)
+        check_positive("threads", self.threads, allow_none=True, error=ConfigError)
         check_positive("rank", self.rank, allow_zero=True, error=ConfigError)
         if not self.rank < self.world_size:
-            raise ConfigError(f"rank must be below world_size ({self.world_size}), got {self.rank!r}")
+            raise ConfigError(
+                f"rank must be below world_size ({self.world_size}), got {self.rank!r}", option="rank"
+            )
         if not 0 < self.seconds < math.inf:
             raise ConfigError(
                 f"seconds must be a positive number, finite (each stage is measured that long), got {self.seconds!r}"

@@ -17,10 +17,14 @@ from loaders.decode import BATCH_DECODERS
 from loaders.doctor.config import DoctorConfig
 from loaders.doctor.figures import Setup
 from loaders.doctor.references import build_model, check_transform, load_reference
-from loaders.options import LoaderOptions, default_threads
+from loaders.options import LoaderOptions, default_threads, loader_values
 from loaders.transforms import Transform, default_transform
 
 __all__ = ["Plan", "prepare"]
+
+#: The loader options that make the transform the stages measure (:func:`_transform`), not the
+#: loader's.
+_TRANSFORM = ("transform", "augment", "crop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,17 +61,12 @@ def prepare(config: DoctorConfig) -> Plan:
     the transform, the model."""
     threads = config.decode_threads
     options: dict[str, Any] = {
-        "channel": config.channel,
-        "rank": config.rank,
-        "world_size": config.world_size,
-        "batch_size": config.batch_size,
+        **{k: v for k, v in loader_values(config).items() if k not in _TRANSFORM},
         "num_threads": threads,
         "shuffle": True,
         "seed": 0,
-        "cache_dir": config.cache_dir,
-        "read_concurrency": config.read_concurrency,
     }
-    LoaderOptions(**options)  # the loader's own checks of each option, before any read
+    LoaderOptions.from_keywords(options)  # the loader's own checks of each option, before any read
     dataset = storage.normalize(config.dataset or "")
     info = contract.read_dataset_info(dataset)
     contract.channel_shards(dataset, info, config.channel)  # the channel is there

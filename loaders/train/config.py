@@ -16,14 +16,17 @@ from typing import Any
 
 from lakeshard import storage
 from lakeshard.errors import ConfigError, StorageError
-from lakeshard.settings import add_arguments, check_positive, opt, parse_size, read_yaml, resolve
+from lakeshard.settings import add_arguments, check_positive, opt, read_yaml, resolve
 from loaders.mixed_loader import same_dataset
-from loaders.options import option_default
+from loaders.options import check_loader_flags, from_loader, loader_flags
+from loaders.stats import PriceTable
 from loaders.train.model import MODEL_SPEC
 
 __all__ = [
     "MAX_SEED",
+    "NOT_FLAGS",
     "OPTIMIZERS",
+    "OWN_DEFAULTS",
     "PRECISIONS",
     "TrainConfig",
     "build_parser",
@@ -39,6 +42,35 @@ PRECISIONS = ("fp32", "bf16")
 
 #: The largest seed: ``numpy.random.seed`` takes 32-bit seeds.
 MAX_SEED = 2**32 - 1
+
+#: The default prices (the loader's): what ``--price-*`` default to.
+_PRICES = PriceTable()
+
+#: The loader options that are no flag of the trainer, and why; every other option of
+#: :data:`loaders.options.OPTIONS` is one, made from the option's row (``from_loader``).
+NOT_FLAGS = {
+    "channel": "the trainer reads train, validation and test, a loader each",
+    "rank": "the process's rank in the process group",
+    "world_size": "the process group's size",
+    "batch_size": "--batch-size is the global batch, split among the ranks",
+    "shuffle": "training batches are shuffled, evaluation batches are not",
+    "seed": "--seed also seeds the model's initial weights (from 0 to 2**32 - 1)",
+    "remainder": "pad: every row is read, the loss ignores the padding",
+    "pin_memory": "on with CUDA",
+    "decoder": "auto: the model trains on decoded images",
+    "transform": "the trainer's batches are augment's and normalize's; a transform of yours goes with a loop of yours",
+    "crop": "the model takes the dataset's image size",
+    "normalize": "(0.5, 0.5, 0.5) both: images in [-1, 1]",
+    "prep_security": "--prep-tls-ca-file, --prep-tls-cert and --prep-tls-key make it",
+    "prices": "--price-get-per-1000 and --price-transfer-per-gb make it",
+    "cost_budget": "--cost-budget is an epoch's budget over all ranks, each rank's loader its share",
+}
+
+#: The loader options whose flags default to the trainer's choice, not the library's, and why.
+OWN_DEFAULTS = {
+    "augment": "training augments (--no-augment: not)",
+    "drop_last": "every training step takes a whole global batch",
+}
 
 
 def _parse_seed(raw: Any) -> int:
@@ -131,6 +163,7 @@ def _parse_resume(raw: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+@loader_flags
 class TrainConfig:
     dataset: str | tuple[str, ...] | None = opt(
         None,
@@ -184,41 +217,18 @@ class TrainConfig:
     seed: int = opt(
         7, parse=_parse_seed, help=f"seed of model init, shuffling and augmentation (0 to {MAX_SEED})"
     )
-    augment: bool = opt(True, help="random horizontal flips of training images")
-    drop_last: bool = opt(True, help="drop each epoch's short last training batch (same on every rank)")
-    num_threads: int | None = opt(
-        option_default("num_threads"),
-        help="decode threads per rank (default: the cores this process may use, shared by the ranks of "
-        "its machine)",
-    )
-    prefetch: int = opt(
-        option_default("prefetch"), help="batches each rank decodes ahead of the training step"
-    )
-    shuffle_window: int = opt(
-        option_default("shuffle_window"),
-        help="rows shuffled together by the loader (and its read-ahead memory bound)",
-    )
-    read_concurrency: int = opt(
-        option_default("read_concurrency"), help="remote row-group reads each rank keeps in flight"
-    )
-    memory_budget: str | None = opt(
-        option_default("memory_budget"),
-        help="bytes for a rank's remote reads plus decoded batches, e.g. 512MiB "
-        "(default: read_concurrency row groups plus the decoded batches)",
-    )
-    cache_dir: str | None = opt(
-        option_default("cache_dir"),
-        help="local folder caching remote shards, shared by the ranks of a machine "
-        "(default: $LAKESHARD_CACHE_DIR, else no cache)",
-    )
-    cache_limit: str = opt(
-        option_default("cache_limit"),
-        help="size of the shard cache; least recently used shards are evicted beyond it",
-    )
-    skip_bad_rows: bool = opt(
-        option_default("skip_bad_rows"),
-        help="replace undecodable rows by ignored padding (counted, logged) instead of failing",
-    )
+    # The loader's options (loaders.options.OPTIONS: flag, YAML key, default, help and check); the
+    # trainer's own defaults where OWN_DEFAULTS says so.
+    augment: bool = from_loader(default=True, help="random horizontal flips of training images")
+    drop_last: bool = from_loader(default=True)
+    num_threads: int | None = from_loader()
+    prefetch: int = from_loader()
+    shuffle_window: int = from_loader()
+    read_concurrency: int = from_loader()
+    memory_budget: int | str | None = from_loader()
+    cache_dir: str | None = from_loader()
+    cache_limit: int | str = from_loader()
+    skip_bad_rows: bool = from_loader()
     checkpoint_every: int = opt(
         0,
         help="also checkpoint every N training steps (0 = at the end of each "
@@ -232,18 +242,9 @@ class TrainConfig:
         help="checkpoint to resume from; 'auto' (or no value) = <output>/checkpoint.pt if it "
         "exists, else a fresh run (rerun a run that exited 75 with it)",
     )
-    prep: str | None = opt(
-        None,
-        help="a dask.distributed scheduler (tcp://host:8786): decode and augment the training batches on its "
-        "workers instead of this node's cores, with the same pixels (docs/loader.md, A preparation cluster)",
-    )
-    prep_fallback: bool = opt(
-        False,
-        help="with --prep: decode on this node if the cluster goes away, instead of stopping with an error",
-    )
-    prep_timeout: float = opt(
-        60.0, help="with --prep: seconds a batch may take on the cluster before it counts as gone"
-    )
+    prep: str | None = from_loader()
+    prep_fallback: bool = from_loader()
+    prep_timeout: float = from_loader()
     prep_tls_ca_file: str | None = opt(
         None, help="with --prep tls://...: the CA (PEM) the preparation cluster's certificates are signed by"
     )
@@ -271,16 +272,12 @@ class TrainConfig:
         help="US dollars an epoch's store reads may cost over all ranks (estimated with the prices below); "
         "past it, --on-budget",
     )
-    on_budget: str = opt(
-        "warn",
-        choices=("warn", "stop"),
-        help="what an epoch estimated over --cost-budget does: warn, or stop (exit 2)",
-    )
+    on_budget: str = from_loader()
     price_get_per_1000: float = opt(
-        0.0004, help="US dollars per 1,000 GET requests (default: S3 Standard, us-east-1)"
+        _PRICES.get_per_1000, help="US dollars per 1,000 GET requests (default: S3 Standard, us-east-1)"
     )
     price_transfer_per_gb: float = opt(
-        0.02,
+        _PRICES.transfer_per_gb,
         help="US dollars per GB read from the store (default: S3 transfer out of the region; 0 within the bucket's region)",
     )
     dist_timeout: float = opt(300.0, help="seconds a collective may wait for the other ranks before failing")
@@ -290,17 +287,9 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in (
-            "epochs",
-            "batch_size",
-            "step_size",
-            "width",
-            "prefetch",
-            "shuffle_window",
-            "read_concurrency",
-        ):
+        check_loader_flags(self)
+        for name in ("epochs", "batch_size", "step_size", "width"):
             check_positive(name, getattr(self, name), error=ConfigError)
-        check_positive("num_threads", self.num_threads, allow_none=True, error=ConfigError)
         if self.dataset is not None:
             try:
                 _parse_datasets(list(self.dataset) if isinstance(self.dataset, tuple) else self.dataset)
@@ -330,16 +319,6 @@ class TrainConfig:
                 raise ConfigError(f"model: {exc}") from None
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        for name in ("memory_budget", "cache_limit"):
-            if getattr(self, name) is not None:
-                try:
-                    parse_size(getattr(self, name))
-                except ValueError as exc:
-                    raise ConfigError(f"{name}: {exc}") from None
-        if self.prep is not None and "://" not in self.prep:
-            raise ConfigError(
-                f"prep must be a dask scheduler address such as tcp://host:8786, got {self.prep!r}"
-            )
         tls = {"ca_file": self.prep_tls_ca_file, "cert": self.prep_tls_cert, "key": self.prep_tls_key}
         if any(tls.values()) and (not all(tls.values()) or not (self.prep or "").startswith("tls://")):
             raise ConfigError(
@@ -347,8 +326,6 @@ class TrainConfig:
                 f"tls://host:port; got prep={self.prep!r}, "
                 + ", ".join(f"prep_tls_{k}={v!r}" for k, v in tls.items())
             )
-        if not self.prep_timeout > 0:
-            raise ConfigError(f"prep_timeout must be a positive number of seconds, got {self.prep_timeout!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(
                 f"metrics_port must be in [0, 65535] (0: any free port), got {self.metrics_port!r}"

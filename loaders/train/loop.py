@@ -65,6 +65,7 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, PlatformError, StorageError
 from loaders.batch import PAD_LABEL
 from loaders.mixed_loader import Concatenated, MixedLoader
+from loaders.options import loader_values
 from loaders.shard_loader import ShardLoader, default_threads
 from loaders.state import last_leg
 from loaders.stats import PriceTable, usd
@@ -84,6 +85,10 @@ _PROG = "python -m loaders.train"
 
 #: Images are normalised to [-1, 1] by the loader's decode threads.
 _NORMALIZE = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+#: The loader options of the trainer's flags that only the training loader takes (the
+#: validation and test loaders take the others).
+_TRAIN_ONLY = ("augment", "drop_last", "prep", "prep_fallback", "prep_timeout", "on_budget")
 
 
 def _init_distributed(cfg: TrainConfig, ranks: Ranks) -> World:
@@ -151,38 +156,28 @@ class _Loaders:
 
 
 def _loaders(cfg: TrainConfig, world: World, plan: TrainPlan) -> _Loaders:
+    flags = loader_values(cfg)  # the loader options of the trainer's flags, by name
     common: dict[str, Any] = dict(  # the options every loader takes
         rank=world.rank,
         world_size=world.world_size,
         seed=cfg.seed,
-        num_threads=cfg.num_threads,
-        prefetch=cfg.prefetch,
         normalize=_NORMALIZE,
         pin_memory=world.device.type == "cuda",
-        skip_bad_rows=cfg.skip_bad_rows,
-        shuffle_window=cfg.shuffle_window,
-        read_concurrency=cfg.read_concurrency,
-        memory_budget=cfg.memory_budget,
-        cache_dir=cfg.cache_dir,
-        cache_limit=cfg.cache_limit,
         prices=PriceTable(cfg.price_get_per_1000, cfg.price_transfer_per_gb),
+        **{k: v for k, v in flags.items() if k not in _TRAIN_ONLY},
     )
     budget = None if cfg.cost_budget is None else cfg.cost_budget / world.world_size  # each rank's share
     train: dict[str, Any] = dict(
         channel="train",
         batch_size=plan.per_rank_batch,
         shuffle=True,
-        augment=cfg.augment,
         cost_budget=budget,
-        on_budget=cfg.on_budget,
-        prep=cfg.prep,
-        prep_fallback=cfg.prep_fallback,
-        prep_timeout=cfg.prep_timeout,
         prep_security=(
             {"ca_file": cfg.prep_tls_ca_file, "cert": cfg.prep_tls_cert, "key": cfg.prep_tls_key}
             if cfg.prep_tls_cert
             else None
         ),
+        **{k: flags[k] for k in _TRAIN_ONLY if k != "drop_last"},  # a mixture has no drop_last
         **common,
     )
     eval_batch = cfg.eval_batch_size or plan.per_rank_batch

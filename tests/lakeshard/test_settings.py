@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import pytest
 
@@ -9,7 +10,7 @@ from jobs.manifest_steps.config import ManifestConfig
 from jobs.shard import parser as shard_parser
 from jobs.shard_steps.config import ShardConfig
 from lakeshard.errors import ConfigError
-from lakeshard.settings import parse_size, parse_split, resolve
+from lakeshard.settings import opt, parse_size, parse_split, resolve
 
 
 @pytest.mark.parametrize(
@@ -165,3 +166,19 @@ def test_exclude_is_repeatable_and_comes_from_yaml(tmp_path):
     cfg = resolve(ManifestConfig, args)
     assert (cfg.exclude, cfg.include_hidden) == (("*.bak", "old/*"), True)
     assert resolve(ManifestConfig, {"input": "/a", "output": "/b"}).exclude == ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Fits:
+    size: int = opt(1, help="a size")
+    width: int = opt(2, help="a width")
+
+    def __post_init__(self) -> None:
+        if self.size > self.width:  # a message that does not start with the option's name
+            raise ConfigError(f"a size of {self.size} does not fit in {self.width}", option="size")
+
+
+def test_a_checks_error_names_the_flag_from_its_option_not_its_message():
+    with pytest.raises(ConfigError, match=r"^--size \(command line\): a size of 5 does not fit in 2$") as e:
+        resolve(_Fits, {"size": "5"})
+    assert e.value.option == "size"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lakeshard.errors import ConfigError
-from loaders import LoaderOptions
+from loaders import LoaderOptions, RemoteReads
 from loaders.train.config import parse_args
 
 
@@ -32,10 +32,12 @@ def test_trainer_flags_reach_the_loader_options(tmp_path):
         3,
     )
     opts = LoaderOptions(
-        cache_dir=cfg.cache_dir,
-        cache_limit=cfg.cache_limit,
-        memory_budget=cfg.memory_budget,
-        read_concurrency=cfg.read_concurrency,
+        reads=RemoteReads(
+            cache_dir=cfg.cache_dir,
+            cache_limit=cfg.cache_limit,
+            memory_budget=cfg.memory_budget,
+            read_concurrency=cfg.read_concurrency,
+        )
     )
     assert (opts.cache_limit, opts.memory_budget) == (2 << 30, 512 << 20)
     with pytest.raises(
@@ -43,12 +45,12 @@ def test_trainer_flags_reach_the_loader_options(tmp_path):
     ):
         parse_args(["--dataset", "x", "--memory-budget", "plenty"])
     with pytest.raises(ConfigError, match=r"read_concurrency must be a positive integer, got 0"):
-        LoaderOptions(read_concurrency=0)
+        RemoteReads(read_concurrency=0)
 
 
 def test_the_cache_folder_comes_from_the_environment_unless_given(tmp_path, monkeypatch):
     monkeypatch.setenv("LAKESHARD_CACHE_DIR", str(tmp_path / "env"))
     assert LoaderOptions().cache_dir == str(tmp_path / "env")
-    assert LoaderOptions(cache_dir=str(tmp_path / "given")).cache_dir == str(tmp_path / "given")
+    assert RemoteReads(cache_dir=str(tmp_path / "given")).cache_dir == str(tmp_path / "given")
     monkeypatch.delenv("LAKESHARD_CACHE_DIR")
     assert LoaderOptions().cache_dir is None

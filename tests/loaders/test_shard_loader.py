@@ -384,12 +384,20 @@ def test_file_uri_and_pin_memory_without_cuda(dataset: Path):
         ({"decoder": "cv2"}, "decoder must be one of .* got 'cv2'"),
         ({"crop": 99}, "crop must be at most the image size 8, got 99"),
         ({"batch_size": 50, "drop_last": True}, "batch_size 50 with drop_last=True leaves no batch"),
-        ({"batch_sise": 4}, r"unknown loader option\(s\) \['batch_sise'\]"),
     ],
 )
 def test_bad_options_are_named(dataset: Path, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ShardLoader(str(dataset), **kwargs)
+
+
+def test_an_unknown_keyword_is_refused_by_the_signature_and_by_from_keywords(dataset: Path):
+    """Every option is a parameter of its own (what a type checker and an IDE see): a misspelt
+    one is Python's TypeError; options read from a mapping get a ConfigError naming it."""
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'batch_sise'"):
+        ShardLoader(str(dataset), batch_sise=4)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"unknown loader option\(s\) \['batch_sise'\]"):
+        LoaderOptions.from_keywords({"batch_sise": 4})
 
 
 _NAN, _INF = float("nan"), float("inf")
@@ -447,13 +455,16 @@ def test_options_of_the_wrong_shape_or_type_are_named(dataset: Path, name, value
     before = set(threading.enumerate())
     with pytest.raises(ConfigError, match=message):
         ShardLoader(str(dataset), **{name: value})
-    with pytest.raises(ConfigError, match=message):
-        LoaderOptions(**{name: value})
+    with pytest.raises(ConfigError, match=message) as refused:
+        LoaderOptions.from_keywords({name: value})
+    assert refused.value.option == name  # the subject as data, for a command line to name its flag
     assert set(threading.enumerate()) == before
 
 
 def test_normalize_lists_are_taken_as_tuples_of_floats():
-    options = LoaderOptions(normalize=[[0, 0.5, 1], [1, 2, 0.25]])  # as a YAML file gives them
+    options = LoaderOptions.from_keywords(
+        {"normalize": [[0, 0.5, 1], [1, 2, 0.25]]}
+    )  # as a YAML file gives them
     assert options.normalize == ((0.0, 0.5, 1.0), (1.0, 2.0, 0.25))
     assert all(type(v) is float for part in options.normalize for v in part)
 
