@@ -9,7 +9,8 @@ The ref is checked out with ``git worktree`` (the loader's built C extensions ar
 it: the C sources must be the same). Every round runs the benchmark once with each version, in
 fresh processes, the order alternating from round to round so that a slow spell of this shared
 machine hits both; each run writes its JSON (``--out`` is added to the command), and the
-``--metric`` paths (dotted keys into that JSON; a list is reduced to its median) are printed
+``--metric`` paths (dotted keys into that JSON, an integer picks an item of a list; a list
+at the end is reduced to its median) are printed
 per version as the median over rounds, with each round's value, and the ratio tree / ref.
 Exits 0; the verdict is the reader's (noise on a 2-core machine is a few percent).
 """
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _metric(data: Any, path: str) -> float:
     for key in path.split("."):
-        data = data[key]
+        data = data[int(key)] if isinstance(data, list) and key.lstrip("-").isdigit() else data[key]
     return float(statistics.median(data) if isinstance(data, list) else data)
 
 

@@ -17,7 +17,7 @@ image ``i`` drawn from seed ``i``), written by the format's own writer
 Which image goes to A is a stride rule over the image index, so A and B are interleaved runs of
 the same distribution and ``C`` holds A's and B's images mixed; each dataset has its own
 ``dataset_version`` (a hash of its first images). The split is exactly the mixture's share
-(``loaders.mixing.shares``), so each epoch of the mixture is one whole pass of A and one of B:
+(``loaders._internal.mixing.shares``), so each epoch of the mixture is one whole pass of A and one of B:
 the same rows as an epoch of C. ``--images`` must be a multiple of ``--batch-size`` (the
 mixture rounds an epoch down to whole batches; the single loader would end on a short one).
 
@@ -75,7 +75,7 @@ from loader_bench import other_load, synthetic_image, write_shards
 
 from lakeshard import format as contract
 from loaders import MixedLoader, ShardLoader, default_threads
-from loaders.mixing import shares
+from loaders._internal.mixing import shares
 
 VARIANTS = ("single", "mix")
 #: ``--small``: the defaults it changes (an option given on the command line wins).

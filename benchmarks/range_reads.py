@@ -13,9 +13,9 @@ shuffled order (a new order each epoch, the same for every variant), ``--concurr
 flight, and decodes each row group into an Arrow table (the image and label columns), as the
 loader must before it copies rows out:
 
-* ``lakeshard``: the loader's own stack: :class:`loaders.fetch.RangeFetcher` over
-  :func:`loaders.fetch.read_range` over the S3 store (one blocking botocore client, ``If-Match`` on every GET),
-  the whole epoch scheduled, each row group decoded by :func:`loaders.fetch.read_row_group`;
+* ``lakeshard``: the loader's own stack: :class:`loaders._internal.fetch.RangeFetcher` over
+  :func:`loaders._internal.fetch.read_range` over the S3 store (one blocking botocore client, ``If-Match`` on every GET),
+  the whole epoch scheduled, each row group decoded by :func:`loaders._internal.fetch.read_row_group`;
 * ``obstore``: ``obstore.get_ranges`` (Rust ``object_store``) over windows of ``--concurrency``
   row groups, with its default coalescing (ranges under 1 MiB apart are one GET);
 * ``obstore-async``: ``obstore.get_async`` of each row group's range with ``if_match``, at
@@ -73,7 +73,7 @@ from remote_store import NginxMissingError, RemoteStore, parse_rate
 
 from lakeshard import storage
 from lakeshard.format import read_shard_footer, shard_relpath
-from loaders.fetch import ByteRange, RangeFetcher, read_range, read_row_group, row_group_range
+from loaders._internal.fetch import ByteRange, RangeFetcher, read_range, read_row_group, row_group_range
 
 log = logging.getLogger("range_reads")
 

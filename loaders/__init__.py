@@ -3,10 +3,10 @@
 ``ShardLoader`` is the public entry point; ``python -m loaders.train`` trains on a dataset.
 """
 
+from loaders._internal.plan import num_batches, rank_segments, rows_per_rank
 from loaders.batch import PAD_LABEL, EncodedBatch, SkippedRow
 from loaders.mixed_loader import MixedLoader
 from loaders.options import Cost, Decoding, LoaderOptions, Preparation, RemoteReads, default_threads
-from loaders.plan import num_batches, rank_segments, rows_per_rank
 from loaders.shard_loader import STATE_FORMAT, ShardLoader
 
 __all__ = [

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from lakeshard.errors import LoaderError
-from loaders.buffers import BufferPool
+from loaders._internal.buffers import BufferPool
 from loaders.decode import BatchDecoder, Buffer
 from loaders.stats import DecodeTally
 from loaders.transforms import Transform, batch_generator
@@ -88,7 +88,7 @@ class EncodedBatch(NamedTuple):
 @dataclass(frozen=True)
 class DecodeTarget:
     """What a batch's rows are decoded for, wherever they are decoded (this process:
-    :class:`DecodeSpec`; a preparation cluster's worker: :class:`loaders.prep.Recipe`): the
+    :class:`DecodeSpec`; a preparation cluster's worker: :class:`loaders._internal.prep.Recipe`): the
     image size, the classes, the shards its rows name, the ``(seed, epoch, rank)`` its random
     draws are seeded with, and whether a bad row is skipped."""
 

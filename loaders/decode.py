@@ -17,7 +17,7 @@ threads no longer wait for it several times per image (``docs/design/0006-loader
 pixels are simplejpeg's (same library, same settings). Rows it does not decode (a CMYK JPEG, a
 warning from libjpeg, a wrong size, not a JPEG) go through the image-by-image decoder, which
 decodes or refuses them exactly as before. ``LAKESHARD_NO_EXTENSIONS=1`` switches it off; a
-loader that decodes without it logs a WARNING once (``loaders.extensions``).
+loader that decodes without it logs a WARNING once (``loaders._internal.extensions``).
 
 Every decoder takes ``bytes`` or a ``memoryview`` of format ``"B"`` (a zero-copy view of an
 Arrow buffer, for instance).
@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image
 
 from lakeshard.format.layout import STORED_IMAGE_SIGNATURES
-from loaders.extensions import extension, fall_back
+from loaders._internal.extensions import extension, fall_back
 
 try:  # optional: the fast JPEG path
     import simplejpeg as _simplejpeg

@@ -10,17 +10,17 @@ for epoch in range(epochs):
         ...
 ```
 
-Which positions of which source each rank reads, and the order: :mod:`loaders.mixing`. Each
-source is a :class:`~loaders.source.ShardSource` (its footers, reads and cache) cut into the
+Which positions of which source each rank reads, and the order: :mod:`loaders._internal.mixing`. Each
+source is a :class:`~loaders._internal.source.ShardSource` (its footers, reads and cache) cut into the
 batches a world-size-1 loader of it would yield, decoded and transformed as that loader would;
 all sources go through one pipeline (one reader thread, one pool of decode threads:
-:mod:`loaders.mix_pipeline`), and a batch is the rows the plan gives this rank from each source,
+:mod:`loaders._internal.mix_pipeline`), and a batch is the rows the plan gives this rank from each source,
 source after source. So the rows, their order and their augmentation draws depend only on
 ``(seed, epoch)`` and the legs of the epoch, never on which rank reads them or how fast.
 
 State (``state_dict()``) is the same on every rank and resumes them all, at this world size or
 another that keeps the global batch (``world_size * batch_size``), like a single dataset's:
-the rest of an interrupted epoch is dealt evenly to the new ranks (:class:`~loaders.mixing.MixPlan`).
+the rest of an interrupted epoch is dealt evenly to the new ranks (:class:`~loaders._internal.mixing.MixPlan`).
 ``load_state_dict`` refuses a state saved with another list of sources, other weights, another
 ``samples_per_epoch``, other order settings, or on a source rebuilt since (naming it).
 """
@@ -39,12 +39,11 @@ import torch
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from lakeshard.storage import RequestCounts
-from loaders.batch_decoding import BatchDecoding, resolve_transform
-from loaders.buffers import BufferPool
-from loaders.decode import NO_DECODER
-from loaders.elastic import Leg
-from loaders.facade import Facade, open_prep, shutdown
-from loaders.mix_inputs import (
+from loaders._internal.batch_decoding import BatchDecoding, resolve_transform
+from loaders._internal.buffers import BufferPool
+from loaders._internal.elastic import Leg
+from loaders._internal.facade import Facade, open_prep, shutdown
+from loaders._internal.mix_inputs import (
     LABEL_POLICIES,
     check_every_source_has_rows,
     label_space,
@@ -55,7 +54,7 @@ from loaders.mix_inputs import (
     same_dataset,
     same_size,
 )
-from loaders.mix_pipeline import (
+from loaders._internal.mix_pipeline import (
     Assembler,
     MixSource,
     Need,
@@ -64,17 +63,18 @@ from loaders.mix_pipeline import (
     relabelled,
     source_batches,
 )
-from loaders.mix_state import MIX_ORDER, MixIdentity, mix_state_dict, read_mix_state
-from loaders.mixing import MixPlan, epoch_samples, shares
+from loaders._internal.mix_state import MIX_ORDER, MixIdentity, mix_state_dict, read_mix_state
+from loaders._internal.mixing import MixPlan, epoch_samples, shares
+from loaders._internal.pipeline import Pipeline
+from loaders._internal.plan import num_batches, rank_segments, split_pieces
+from loaders._internal.prep import PrepCluster
+from loaders._internal.run import Flow, Iterations, Keyed, Position, Run
+from loaders._internal.source import ShardSource
+from loaders._internal.window_reader import WindowReader
+from loaders.decode import NO_DECODER
 from loaders.options import DEFAULT, Cost, Decoding, LoaderOptions, Normalize, Preparation, RemoteReads
-from loaders.pipeline import Pipeline
-from loaders.plan import num_batches, rank_segments, split_pieces
-from loaders.prep import PrepCluster
-from loaders.run import Flow, Iterations, Keyed, Position, Run
 from loaders.shard_loader import ShardLoader
-from loaders.source import ShardSource
 from loaders.stats import CostBudget, LoaderCounters, LoaderStats, PriceTable
-from loaders.window_reader import WindowReader
 
 __all__ = ["LABEL_POLICIES", "Concatenated", "MixedLoader", "parse_sources", "relabelling", "same_dataset"]
 
@@ -103,7 +103,7 @@ class MixedLoader(Facade):
 
     Each epoch holds ``shares(weights, samples_per_epoch)`` rows of each source (each within one
     row of its exact share); each batch of a rank holds each source within one row of that
-    rank's share of the epoch (:mod:`loaders.mixing`), the rows of one source together.
+    rank's share of the epoch (:mod:`loaders._internal.mixing`), the rows of one source together.
     ``len(loader)`` is the same on every rank; :attr:`source_rows` counts the rows this rank's
     current (or last) iteration took from each source (:attr:`per_source`: what an epoch takes
     over all ranks).
@@ -330,7 +330,7 @@ class MixedLoader(Facade):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` left off (see the module docstring and
-        :func:`loaders.mix_state.read_mix_state`, which says what is refused)."""
+        :func:`loaders._internal.mix_state.read_mix_state`, which says what is refused)."""
         opts = self.options
         saved = read_mix_state(
             state, self._identity(), world_size=opts.world_size, batch_size=opts.batch_size
@@ -338,10 +338,10 @@ class MixedLoader(Facade):
         self._legs_before = saved.legs_before
         self._position.restore(saved.epoch, saved.consumed)
 
-    # -- iteration (loaders.run) -------------------------------------------------------------------
+    # -- iteration (loaders._internal.run) -------------------------------------------------------------------
     def _begin(self) -> Run:
         """Begin an iteration of the selected epoch: out of the running flow if it stands at its
-        first batch, else out of a new one (NOTE [ A loader's flow ] in loaders/run.py)."""
+        first batch, else out of a new one (NOTE [ A loader's flow ] in loaders/_internal/run.py)."""
         position, opts = self._position, self.options
         if self._legs_before and position.resumed_used:  # the epoch again: afresh, at this world size
             self._legs_before = ()
@@ -416,7 +416,7 @@ class MixedLoader(Facade):
 
     @property
     def shard_sources(self) -> tuple[ShardSource, ...]:
-        """Each source's :class:`~loaders.source.ShardSource` (its dataset, reads and cache), in
+        """Each source's :class:`~loaders._internal.source.ShardSource` (its dataset, reads and cache), in
         the order of the sources."""
         return tuple(self._opened)
 

@@ -9,14 +9,14 @@ for epoch in range(epochs):
         ...
 ```
 
-Which rows a rank reads and how many batches it yields: :mod:`loaders.plan`. The order within
-an epoch: :mod:`loaders.shuffle`. The threads: :mod:`loaders.pipeline`; remote reads:
-:mod:`loaders.fetch`; the shard cache: :mod:`loaders.cache`. The options:
+Which rows a rank reads and how many batches it yields: :mod:`loaders._internal.plan`. The order within
+an epoch: :mod:`loaders._internal.shuffle`. The threads: :mod:`loaders._internal.pipeline`; remote reads:
+:mod:`loaders._internal.fetch`; the shard cache: :mod:`loaders._internal.cache`. The options:
 :mod:`loaders.options`. The reader thread (windows of row groups in, batch tasks out):
-:mod:`loaders.window_reader`. The files: :mod:`lakeshard.format`.
+:mod:`loaders._internal.window_reader`. The files: :mod:`lakeshard.format`.
 
-State (``state_dict()``, :mod:`loaders.state`) is the same on every rank, so rank 0's copy
-resumes them all, at this world size or any other (:mod:`loaders.elastic`): at another one the
+State (``state_dict()``, :mod:`loaders._internal.state`) is the same on every rank, so rank 0's copy
+resumes them all, at this world size or any other (:mod:`loaders._internal.elastic`): at another one the
 per-rank batch size must keep the global batch (``world_size * batch_size``) the same, and the
 rest of the interrupted epoch is dealt evenly to the new ranks. ``load_state_dict`` refuses a
 state saved on another dataset version or with different order settings (``shuffle``, ``seed``,
@@ -37,12 +37,20 @@ from typing import Any
 import torch
 
 from lakeshard.errors import ConfigError, LoaderError
-from loaders.batch_decoding import BatchDecoding, resolve_transform
-from loaders.buffers import BufferPool
-from loaders.cache import ShardCache
-from loaders.elastic import Leg
-from loaders.facade import Facade, shutdown
-from loaders.fetch import RangeFetcher
+from loaders._internal.batch_decoding import BatchDecoding, resolve_transform
+from loaders._internal.buffers import BufferPool
+from loaders._internal.cache import ShardCache
+from loaders._internal.elastic import Leg
+from loaders._internal.facade import Facade, shutdown
+from loaders._internal.fetch import RangeFetcher
+from loaders._internal.pipeline import Pipeline, PipelineStats
+from loaders._internal.plan import num_batches, rank_segments, rows_per_rank, split_pieces
+from loaders._internal.prep import PrepCluster
+from loaders._internal.run import EpochParts, Flow, Iterations, Keyed, Position, Run
+from loaders._internal.shuffle_quality import ShuffleTally, tallied
+from loaders._internal.source import ShardSource
+from loaders._internal.state import STATE_FORMAT, check_global_batch, read_state, state_dict
+from loaders._internal.window_reader import EpochPlan, WindowReader
 from loaders.options import (
     DEFAULT,
     Cost,
@@ -53,15 +61,7 @@ from loaders.options import (
     RemoteReads,
     default_threads,
 )
-from loaders.pipeline import Pipeline, PipelineStats
-from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.prep import PrepCluster
-from loaders.run import EpochParts, Flow, Iterations, Keyed, Position, Run
-from loaders.shuffle_quality import ShuffleTally, tallied
-from loaders.source import ShardSource
-from loaders.state import STATE_FORMAT, check_global_batch, read_state, state_dict
 from loaders.stats import CostBudget, LoaderCounters, LoaderStats, PriceTable
-from loaders.window_reader import EpochPlan, WindowReader
 
 __all__ = ["STATE_FORMAT", "LoaderOptions", "ShardLoader", "default_threads"]
 
@@ -98,16 +98,16 @@ class ShardLoader(Facade):
     garbage collection stops them all, and a later iteration makes new ones. In a
     ``set_epoch(e); for batch in loader`` loop, once it has made a step of one epoch, the
     epochs run as one stream: the next epoch's first batches are read and decoded while this
-    one's last are consumed (NOTE [ A loader's flow ] in :mod:`loaders.run`). One thread at a
+    one's last are consumed (NOTE [ A loader's flow ] in :mod:`loaders._internal.run`). One thread at a
     time iterates a loader: another thread's iteration meanwhile raises :class:`LoaderError`
     (NOTE [ One iterating thread ]).
 
     Remote shards (``s3://``): each footer is read once, by the constructor; each epoch fetches
     its row groups as byte ranges, ``read_concurrency`` at a time within ``memory_budget``
-    (:mod:`loaders.fetch`), in the order it reads them, followed by the first round of reads
+    (:mod:`loaders._internal.fetch`), in the order it reads them, followed by the first round of reads
     of the epoch expected next (``epoch + 1``, unless the last two iterations ran other steps:
     none after the same epoch twice). With ``cache_dir`` the shards are also cached on local disk
-    (:mod:`loaders.cache`) and read from there from the next epoch on. Batches do not depend on
+    (:mod:`loaders._internal.cache`) and read from there from the next epoch on. Batches do not depend on
     any of this: the same seed and epoch give the same batches, local or remote, cached or not.
     """
 
@@ -194,7 +194,7 @@ class ShardLoader(Facade):
         self._finalizer = weakref.finalize(self, shutdown, self._runs, self._prep)
 
     def _rank_reader(self, name: str) -> WindowReader:
-        """The reader of this rank's pieces of the shards (:mod:`loaders.plan`). Reads their
+        """The reader of this rank's pieces of the shards (:mod:`loaders._internal.plan`). Reads their
         footers, once per loader: a remote shard's is kept (with its size and ETag) for the
         ranged reads of every epoch.
 
@@ -308,7 +308,7 @@ class ShardLoader(Facade):
         """Resume where ``state`` left off: the next iteration (after ``set_epoch`` of the saved
         epoch, or none) yields exactly the batches that were still to come. A state saved at
         another world size needs the same global batch; the rest of its epoch is dealt evenly
-        to this loader's world size (:mod:`loaders.elastic`) for its next iteration (a later
+        to this loader's world size (:mod:`loaders._internal.elastic`) for its next iteration (a later
         iteration of the same epoch starts it afresh, as after a same-size resume).
 
         Raises:
@@ -344,7 +344,7 @@ class ShardLoader(Facade):
         self._position.restore(saved.epoch, consumed)
         self._resumed = resumed
 
-    # -- iteration (loaders.run) -------------------------------------------------------------------
+    # -- iteration (loaders._internal.run) -------------------------------------------------------------------
     def _begin(self) -> Run:
         """Begin an iteration of the epoch :meth:`set_epoch` selected, from the batch a restored
         state says: out of the running flow if it stands there, else out of a new one."""
@@ -468,7 +468,7 @@ _SETTLE_S = 5.0
 @dataclass(frozen=True, slots=True)
 class _ResumedEpoch:
     """An epoch resumed after a change of world size, in it or in an earlier resume
-    (:mod:`loaders.elastic`): its legs before the current one, what this rank reads in the
+    (:mod:`loaders._internal.elastic`): its legs before the current one, what this rank reads in the
     current one and the batches it yields there."""
 
     legs_before: tuple[Leg, ...]

@@ -202,7 +202,7 @@ class LoaderStats:
     loop waited for batches; ``peak_bytes_held``: the most bytes of reads held at once (within
     ``memory_budget``); ``cost_usd``: requests and bytes priced by the loader's
     :class:`PriceTable`; ``shuffle``: how far the order was from the stored order
-    (:mod:`loaders.shuffle_quality`; ``None`` when not measured).
+    (:mod:`loaders._internal.shuffle_quality`; ``None`` when not measured).
     """
 
     epoch: int

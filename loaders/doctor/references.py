@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from lakeshard.errors import ConfigError
-from loaders.prep import resolve_reference
+from loaders._internal.prep import resolve_reference
 from loaders.train import model as train_model
 from loaders.transforms import Transform, batch_generator
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from lakeshard.errors import ConfigError
 from lakeshard.storage import CLIENT_CONNECTIONS
+from loaders._internal.prep import make_security, resolve_reference
 from loaders.decode import NO_DECODER
 from loaders.options import values
 from loaders.options.read_plan import ReadPlan
 from loaders.options.table import check_fields, option, run_check
-from loaders.prep import make_security, resolve_reference
 from loaders.stats import BUDGET_ACTIONS, PriceTable
 
 __all__ = [
@@ -160,7 +160,7 @@ class Decoding:
 @dataclass(frozen=True, slots=True)
 class Preparation:
     """A preparation cluster (dask.distributed) that decodes and transforms each batch on its
-    workers instead of the loader's threads, with the same pixels (:mod:`loaders.prep`);
+    workers instead of the loader's threads, with the same pixels (:mod:`loaders._internal.prep`);
     ``num_threads`` batches are then in flight. A ``transform`` goes by reference: a
     module-level function, or ``"pkg.module:name"``. The cluster is trusted as this process's
     own code (docs/clusters.md)."""

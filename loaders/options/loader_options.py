@@ -10,12 +10,12 @@ from typing import Any
 
 from lakeshard.errors import ConfigError
 from lakeshard.format import CHANNELS
+from loaders._internal.plan import RANK_REMAINDER_POLICIES
 from loaders.decode import NO_DECODER
 from loaders.options import values
 from loaders.options.groups import GROUPS, Cost, Decoding, Normalize, Preparation, RemoteReads
 from loaders.options.read_plan import ReadPlan
 from loaders.options.table import DEFAULT, Option, check_fields, option, rows
-from loaders.plan import RANK_REMAINDER_POLICIES
 from loaders.stats import PriceTable
 
 __all__ = ["KEYWORDS", "OPTIONS", "ORDER_KEYS", "LoaderOptions", "default_threads", "option_default"]

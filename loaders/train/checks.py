@@ -21,7 +21,7 @@ from torch import nn
 from lakeshard import format as contract
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, LoaderError, PlatformError, StorageError
-from loaders.state import last_leg
+from loaders._internal.state import last_leg
 from loaders.train.config import TrainConfig, sources
 from loaders.train.model import build_model, check_model, describe, load_weights
 
@@ -294,7 +294,7 @@ def _unwritable(output: str, exc: StorageError) -> str:
 
 def _check_resumed_batch(cfg: TrainConfig, world_size: int, uri: str | None, ckpt: dict[str, Any]) -> None:
     """A resumed run keeps its checkpoint's global batch, on any world size that divides it (the
-    loader deals the rest of the interrupted epoch to the new ranks: :mod:`loaders.elastic`)."""
+    loader deals the rest of the interrupted epoch to the new ranks: :mod:`loaders._internal.elastic`)."""
     try:
         saved = last_leg(ckpt["loader"])
     except LoaderError as exc:

@@ -91,7 +91,7 @@ class EpochFigures:
     retries: list[int]
     cost_usd: float  # estimated, all ranks
     read_ms_mean: list[float]  # mean latency of one store read
-    shuffle_rank_correlation: float | None  # loaders.shuffle_quality; None: not measured
+    shuffle_rank_correlation: float | None  # loaders._internal.shuffle_quality; None: not measured
     same_group_share: float | None
     straggler: int | None  # the rank named as straggler
 

@@ -22,7 +22,7 @@ The model is a :class:`~loaders.train.model.SmallCNN`, or yours with ``--model p
 from ``<output>/checkpoint.pt`` if there is one and starts afresh otherwise, so a preemptible job
 reruns one command line. The checkpoint may come from another number of ranks: the global
 ``--batch-size`` stays the same (it must divide by the new world size) and the rest of the
-interrupted epoch is dealt to the new ranks, every sample exactly once (:mod:`loaders.elastic`);
+interrupted epoch is dealt to the new ranks, every sample exactly once (:mod:`loaders._internal.elastic`);
 its ``samples`` in ``metrics.json`` count the epoch's real rows before and after the resume.
 
 SIGTERM (a spot reclaim, Kubernetes, Slurm, torchrun forwarding its own) or SIGUSR1 (Slurm's
@@ -63,11 +63,11 @@ from tqdm import tqdm
 
 from lakeshard import storage
 from lakeshard.errors import ConfigError, PlatformError, StorageError
+from loaders._internal.state import last_leg
 from loaders.batch import PAD_LABEL
 from loaders.mixed_loader import Concatenated, MixedLoader
 from loaders.options import loader_values
 from loaders.shard_loader import ShardLoader, default_threads
-from loaders.state import last_leg
 from loaders.stats import PriceTable, usd
 from loaders.train.checks import EVAL_CHANNELS, TrainPlan, prepare
 from loaders.train.config import TrainConfig, parse_args, sources

@@ -193,7 +193,7 @@ def warm(address: str, tls: TlsFiles | None = None) -> None:
     that a test's first batch is not timed against it."""
     with _client(address, tls) as client:
         # importlib's function goes by reference: the workers need nothing of this test package.
-        client.run(importlib.import_module, "loaders.prep")
+        client.run(importlib.import_module, "loaders._internal.prep")
 
 
 def _batches_made(dask_scheduler: Any) -> int:

@@ -11,7 +11,7 @@ import torch
 from loader_builders import ids_of, write_dataset
 
 from loaders import ShardLoader
-from loaders.buffers import BufferPool
+from loaders._internal.buffers import BufferPool
 
 
 @pytest.mark.slow  # a full garbage collection per view

@@ -20,9 +20,10 @@ from loader_builders import ids_of, shard_path, write_dataset
 from PIL import Image
 
 from lakeshard.errors import LoaderError
-from loaders import PAD_LABEL, ShardLoader, arrow_columns, decode, extensions
-from loaders.arrow_columns import binary_rows as _binary_rows
-from loaders.arrow_columns import int64_column as _int64s
+from loaders import PAD_LABEL, ShardLoader, decode
+from loaders._internal import arrow_columns, extensions
+from loaders._internal.arrow_columns import binary_rows as _binary_rows
+from loaders._internal.arrow_columns import int64_column as _int64s
 
 # The optional extensions, as this process has them (built, and LAKESHARD_NO_EXTENSIONS unset):
 # each test of one checks it where present, and the loader's fallback where absent. Run this file
@@ -200,7 +201,8 @@ def test_without_the_extension_the_loader_yields_the_same_batches(tmp_path: Path
     write_dataset(tmp_path, rows={"train": 30, "validation": 4, "test": 4}, num_shards=2, fmt="jpeg")
     code = (
         "import hashlib, sys\n"
-        "from loaders import ShardLoader, arrow_columns, decode\n"
+        "from loaders import ShardLoader, decode\n"
+        "from loaders._internal import arrow_columns\n"
         "digest = hashlib.sha256()\n"
         "for images, labels in ShardLoader(sys.argv[1], batch_size=4, shuffle=True, seed=3):\n"
         "    digest.update(images.numpy().tobytes()); digest.update(labels.numpy().tobytes())\n"
@@ -213,7 +215,7 @@ def test_without_the_extension_the_loader_yields_the_same_batches(tmp_path: Path
 
 
 def test_a_missing_extension_is_a_warning_once_when_a_loader_falls_back(caplog: pytest.LogCaptureFixture):
-    with caplog.at_level(logging.DEBUG, logger="loaders.extensions"):
+    with caplog.at_level(logging.DEBUG, logger="loaders._internal.extensions"):
         assert extensions.extension("_no_such_extension", "rows are counted by hand (slower)") is None
         assert caplog.records == []  # nothing yet: only falling back is announced
         extensions.fall_back("_no_such_extension")
@@ -247,19 +249,19 @@ def test_a_loader_without_its_extensions_warns_once_per_process_not_at_import(tm
         "    loader = ShardLoader(sys.argv[1], batch_size=4)\n"
         "    for e in range(2):\n"
         "        loader.set_epoch(e); rows = sum(len(labels) for _, labels in loader)\n"
-        "print(json.dumps([at_import, [r for r in seen if r[0] == 'loaders.extensions' or r[1] == 'WARNING']]))\n"
+        "print(json.dumps([at_import, [r for r in seen if r[0] == 'loaders._internal.extensions' or r[1] == 'WARNING']]))\n"
     )
     at_import, warnings = json.loads(in_fresh_process(code, tmp_path, LAKESHARD_NO_EXTENSIONS="1"))
     assert at_import == []
     off = "is switched off (LAKESHARD_NO_EXTENSIONS is set)"
     assert sorted(warnings) == [
         [
-            "loaders.extensions",
+            "loaders._internal.extensions",
             "WARNING",
             f"loaders._jpeg {off}: JPEGs are decoded image by image with simplejpeg (slower); see docs/performance.md",
         ],
         [
-            "loaders.extensions",
+            "loaders._internal.extensions",
             "WARNING",
             f"loaders._rows {off}: images are copied out of Arrow with to_pylist(), which holds the GIL (slower); see docs/performance.md",
         ],

@@ -1,9 +1,9 @@
-"""The arithmetic of elastic resume (:mod:`loaders.elastic`), for every input: the rest of an
+"""The arithmetic of elastic resume (:mod:`loaders._internal.elastic`), for every input: the rest of an
 epoch dealt to another world size gives every real row of the epoch exactly once, the same
 number of batches on every new rank, and, at the same world size, exactly today's batches.
 
-The reference (``_today``) is an uninterrupted epoch computed straight from :mod:`loaders.plan`
-and :mod:`loaders.shuffle`, as the loader reads it, not from :mod:`loaders.elastic`."""
+The reference (``_today``) is an uninterrupted epoch computed straight from :mod:`loaders._internal.plan`
+and :mod:`loaders._internal.shuffle`, as the loader reads it, not from :mod:`loaders._internal.elastic`."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lakeshard.errors import LoaderError
-from loaders.elastic import EpochSettings, Leg, LegPlan, order_of, rows_of
-from loaders.plan import num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.shuffle import epoch_order
+from loaders._internal.elastic import EpochSettings, Leg, LegPlan, order_of, rows_of
+from loaders._internal.plan import num_batches, rank_segments, rows_per_rank, split_pieces
+from loaders._internal.shuffle import epoch_order
 
 PROPERTY = settings(max_examples=300, deadline=None)
 

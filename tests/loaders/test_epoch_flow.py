@@ -2,7 +2,7 @@
 of one, epoch e + 1's first batches are read and decoded while epoch e's last ones are consumed
 (the same pipeline stream runs on), with the batches of an epoch started afresh, within the
 prefetch bound, and dropped when the loop goes elsewhere; a loader's first iteration (maybe its
-only one) runs on into nothing (NOTE [ A loader's flow ] in loaders/run.py)."""
+only one) runs on into nothing (NOTE [ A loader's flow ] in loaders/_internal/run.py)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakeshard.errors import ConfigError
-from loaders.plan import batch_size_at, num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.shuffle import RAMP, epoch_order
+from loaders._internal.plan import batch_size_at, num_batches, rank_segments, rows_per_rank, split_pieces
+from loaders._internal.shuffle import RAMP, epoch_order
 
 shard_rows_st = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=7).filter(
     lambda r: sum(r) > 0

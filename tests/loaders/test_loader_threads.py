@@ -133,7 +133,7 @@ def test_an_epoch_closed_under_a_waiting_consumer_raises_instead_of_hanging():
     """The consumer thread waits in ``next`` (its task is not read yet) when another thread stops
     the epoch (what ``load_state_dict`` or a new epoch does): it must get a LoaderError, not wait
     for a batch that no thread will ever queue."""
-    from loaders.pipeline import Pipeline
+    from loaders._internal.pipeline import Pipeline
 
     release = threading.Event()
 
@@ -211,7 +211,7 @@ def test_error_is_raised_while_the_consumer_waits_on_an_earlier_batch(tmp_path: 
         return real(task, stop, spec)
 
     monkeypatch.setattr(batch_module, "decode_batch", slow_first)
-    import loaders.batch_decoding as sl
+    import loaders._internal.batch_decoding as sl
 
     monkeypatch.setattr(sl, "decode_batch", slow_first)
     loader = ShardLoader(str(tmp_path), batch_size=4, num_threads=2)

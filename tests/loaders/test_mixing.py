@@ -1,4 +1,4 @@
-"""The mixture plan (``loaders.mixing``), property-tested: exact shares, equal ranks, every
+"""The mixture plan (``loaders._internal.mixing``), property-tested: exact shares, equal ranks, every
 position once across legs, and batches close to the asked proportions."""
 
 from __future__ import annotations
@@ -11,8 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakeshard.errors import ConfigError, LoaderError
-from loaders.elastic import Leg
-from loaders.mixing import REST_PASS, MixPlan, deal, epoch_samples, epoch_spans, interleave, locate, shares
+from loaders._internal.elastic import Leg
+from loaders._internal.mixing import (
+    REST_PASS,
+    MixPlan,
+    deal,
+    epoch_samples,
+    epoch_spans,
+    interleave,
+    locate,
+    shares,
+)
 
 weights_st = st.lists(st.floats(min_value=0.01, max_value=10.0), min_size=1, max_size=4)
 

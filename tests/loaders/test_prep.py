@@ -192,7 +192,7 @@ def test_a_worker_running_other_code_is_refused_naming_both(data, tmp_path):
         far = ShardLoader(str(data), prep=cluster.address, prep_fallback=True, augment=True, **OPTIONS)
         with far, pytest.raises(ConfigError) as info:
             next(iter(far))
-    from loaders.prep import code_identity
+    from loaders._internal.prep import code_identity
 
     message = str(info.value)
     assert message.startswith("prep worker tcp://127.0.0.1:") and "runs other code than the loader" in message
@@ -230,9 +230,9 @@ def test_fallback_after_close_when_the_cluster_has_gone(data, tmp_path, caplog):
         _epochs(far, [0])
         far.close()
         cluster.kill()
-        with far, caplog.at_level(logging.WARNING, logger="loaders.prep"):
+        with far, caplog.at_level(logging.WARNING, logger="loaders._internal.prep"):
             _same(_epochs(far, [1]), expected)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "loaders.prep"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "loaders._internal.prep"]
     assert len(warnings) == 1 and "cannot reach the preparation cluster's scheduler" in warnings[0]
     assert warnings[0].endswith("decoding on this node from now on (prep_fallback=True)")
 

@@ -328,7 +328,7 @@ def test_a_new_loader_opens_each_remote_shard_with_one_get_and_no_head(
 def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkeypatch):
     """A row group of less than twice the part size is read in one GET (not a full part and a
     sliver); a larger one in equal parts at once; the bytes are the object's either way."""
-    from loaders.fetch import _PART_BYTES, ByteRange, read_range
+    from loaders._internal.fetch import _PART_BYTES, ByteRange, read_range
     from tests.hardening.faultproxy import FaultProxy
 
     data = os.urandom(2 * _PART_BYTES + 100_000)
@@ -357,7 +357,7 @@ def test_a_row_group_is_one_get_unless_it_spans_two_parts(s3_bucket: str, monkey
 def test_a_read_a_batch_waits_on_is_fetched_in_parts_of_at_least_1_mib(s3_bucket: str, monkeypatch):
     """``ByteRange.parts``: that many equal parts at once, but none under 1 MiB (and never
     fewer than the part size makes); the bytes are the object's."""
-    from loaders.fetch import ByteRange, read_range
+    from loaders._internal.fetch import ByteRange, read_range
     from tests.hardening.faultproxy import FaultProxy
 
     mib = 1 << 20
@@ -385,7 +385,7 @@ def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: s
     and each kind of fault was met. The client follows ``AWS_ENDPOINT_URL`` (the proxy saw the
     reads) and is one per process and setting, until forgotten."""
     from lakeshard import storage
-    from loaders.fetch import ByteRange, read_range
+    from loaders._internal.fetch import ByteRange, read_range
     from tests.hardening.faultproxy import FaultProxy
 
     mib = 1 << 20
@@ -417,7 +417,7 @@ def test_a_range_read_rides_out_every_kind_of_transient_store_fault(s3_bucket: s
 def test_a_range_read_s_store_errors_are_the_usual_python_ones(s3_bucket: str, tmp_path: Path, monkeypatch):
     """A missing object is ``FileNotFoundError``, a denied one ``PermissionError``, a changed one
     (``If-Match`` an old ETag) an ``OSError`` from the store's 412, none retried for long."""
-    from loaders.fetch import ByteRange, read_range
+    from loaders._internal.fetch import ByteRange, read_range
     from tests.hardening.faultproxy import FaultProxy
 
     bucket = s3_bucket[len("s3://") :]

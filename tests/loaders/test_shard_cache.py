@@ -22,7 +22,7 @@ from test_remote_reads import OPTIONS, epochs, upload
 
 from lakeshard.errors import ConfigError
 from loaders import ShardLoader
-from loaders.fetch import row_group_range
+from loaders._internal.fetch import row_group_range
 
 pytestmark = pytest.mark.s3
 
@@ -236,7 +236,11 @@ def two_shards(tmp_path: Path, s3_bucket: str) -> tuple[Path, str, list]:
 
 def cache_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     records = caplog.records
-    return [r.getMessage() for r in records if r.name == "loaders.cache" and r.levelno >= logging.WARNING]
+    return [
+        r.getMessage()
+        for r in records
+        if r.name == "loaders._internal.cache" and r.levelno >= logging.WARNING
+    ]
 
 
 @pytest.mark.parametrize("held", [0, 1, 2])
@@ -255,7 +259,7 @@ def test_a_read_only_cache_dir_serves_the_shards_it_holds_and_the_rest_remotely(
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in cached(cache)}
     source = {"source": cache} if held else {"tmpfs": "ro,size=1m"}  # empty: not even its subfolders
     with mounted(tmp_path / "ro", **source) as ro:
-        caplog.set_level(logging.INFO, logger="loaders.cache")
+        caplog.set_level(logging.INFO, logger="loaders._internal.cache")
         loader = ShardLoader(remote, cache_dir=str(ro), **OPTIONS)
         try:
             assert sorted(loader.cache.ready()) == list(range(held))
@@ -291,7 +295,7 @@ def test_a_full_cache_disk_is_used_as_a_read_only_one(
     remotely, the batches unchanged."""
     _, remote, expected = two_shards(tmp_path, s3_bucket)
     with mounted(tmp_path / "small", tmpfs="size=64k") as small:
-        caplog.set_level(logging.INFO, logger="loaders.cache")
+        caplog.set_level(logging.INFO, logger="loaders._internal.cache")
         loader = ShardLoader(remote, cache_dir=str(small), **OPTIONS)
         try:
             assert epochs(loader, [0]) == expected[:1]
@@ -357,7 +361,7 @@ def test_an_epoch_resumed_midway_fills_the_rest_when_it_ends(tmp_path: Path, s3_
 def test_gaps_are_what_the_ranges_held_leave_out(seed: int):
     import random
 
-    from loaders.cache import _gaps, _merge
+    from loaders._internal.cache import _gaps, _merge
 
     rng = random.Random(seed)
     want = [(a, a + rng.randint(0, 30)) for a in (rng.randint(0, 100) for _ in range(rng.randint(0, 4)))]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from loader_builders import ids_of, write_dataset
 
 from loaders import ShardLoader
-from loaders.shuffle_quality import ShuffleQuality, ShuffleTally
+from loaders._internal.shuffle_quality import ShuffleQuality, ShuffleTally
 
 # The loader tests' dataset: 2 shards of 300 train rows, row groups of 10 rows (60 in all), read
 # by one rank in batches of 10, so that unshuffled batches are exactly its row groups.
@@ -166,7 +166,7 @@ def test_unshuffled_loader_yields_stored_order_one_row_group_a_batch(shards):
 
 
 def test_a_window_holding_every_row_is_a_full_shuffle(shards):
-    # The first window of an epoch holds shuffle_window / 8 rows (loaders.shuffle.RAMP): only a
+    # The first window of an epoch holds shuffle_window / 8 rows (loaders._internal.shuffle.RAMP): only a
     # window of 8 times the rank's rows shuffles them all together.
     q = epoch_quality(shards, shuffle=True, shuffle_window=8 * ROWS)
     assert abs(q.rank_correlation) < 0.2

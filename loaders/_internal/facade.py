@@ -1,25 +1,25 @@
 """What :class:`~loaders.ShardLoader` and :class:`~loaders.MixedLoader` share: the face users
 iterate (epochs, iteration, counters, ``close``, the DataLoader view), over the run state of
-:mod:`loaders.run`. Each loader says how an iteration begins and how it takes a batch."""
+:mod:`loaders._internal.run`. Each loader says how an iteration begins and how it takes a batch."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from lakeshard.errors import ConfigError
+from loaders._internal.prep import PrepCluster
+from loaders._internal.run import Iterations, Position, Run
 from loaders.batch import SkippedRow
 from loaders.dataset import ShardDataset
 from loaders.options import LoaderOptions
-from loaders.prep import PrepCluster
-from loaders.run import Iterations, Position, Run
 from loaders.stats import LoaderCounters, LoaderTotals
 
 __all__ = ["Facade", "open_prep", "shutdown"]
 
 
 class Facade:
-    """The shared face of a loader: its position (:class:`~loaders.run.Position`), its
-    iterations (:class:`~loaders.run.Iterations`), the current (or last) run, its counters and
+    """The shared face of a loader: its position (:class:`~loaders._internal.run.Position`), its
+    iterations (:class:`~loaders._internal.run.Iterations`), the current (or last) run, its counters and
     its preparation cluster's client."""
 
     _runs: Iterations
@@ -40,7 +40,7 @@ class Facade:
 
     @property
     def run(self) -> Run | None:
-        """The current (or last) iteration (:class:`loaders.run.Run`): its epoch, the batches
+        """The current (or last) iteration (:class:`loaders._internal.run.Run`): its epoch, the batches
         it took, its epoch's reads, bad rows and shuffle tally; ``None`` before the first."""
         return self._run
 

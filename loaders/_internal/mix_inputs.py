@@ -15,8 +15,8 @@ import torch
 
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, StorageError
+from loaders._internal.source import ShardSource
 from loaders.batch import PAD_LABEL
-from loaders.source import ShardSource
 
 __all__ = [
     "LABEL_POLICIES",

@@ -1,15 +1,15 @@
 """The reader thread's side of a :class:`~loaders.ShardLoader`: windows of row groups in, batch
 tasks out.
 
-An epoch's order (:mod:`loaders.shuffle`) cuts the rank's pieces (:mod:`loaders.plan`) into
+An epoch's order (:mod:`loaders._internal.shuffle`) cuts the rank's pieces (:mod:`loaders._internal.plan`) into
 windows; the reader reads a window's row groups, permutes its rows, and hands every full batch
 to the decode threads as a :class:`~loaders.batch.BatchTask`; the rows left over carry into the
 next window. Every shard it opens is checked against the ``dataset.json`` the loader started
 with (a dataset rebuilt mid-run is refused, not mixed in).
 
 What an epoch reads is an :class:`EpochPlan`: by default the rank's own pieces in the order of
-:mod:`loaders.shuffle` (:meth:`WindowReader.plan`); for an epoch resumed at another world size,
-the windows :mod:`loaders.elastic` deals to this rank, whose pieces may lie in any shard.
+:mod:`loaders._internal.shuffle` (:meth:`WindowReader.plan`); for an epoch resumed at another world size,
+the windows :mod:`loaders._internal.elastic` deals to this rank, whose pieces may lie in any shard.
 
 The seam for other readers: :class:`WindowReader` needs the shard URIs, the pieces and
 :meth:`WindowReader.read_window`; how the row groups are fetched is its own business.
@@ -27,14 +27,14 @@ import pyarrow as pa
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from lakeshard.format import OpenShard, open_shard
-from loaders.arrow_columns import binary_rows, int64_column
+from loaders._internal.arrow_columns import binary_rows, int64_column
+from loaders._internal.elastic import EpochSettings, Leg, LegPlan, order_of
+from loaders._internal.fetch import ByteRange, RangeFetcher, read_row_group, row_group_range
+from loaders._internal.plan import Piece
+from loaders._internal.shuffle import EpochOrder, epoch_order
+from loaders._internal.source import ShardSource
 from loaders.batch import NULL_LABEL, BatchTask
-from loaders.elastic import EpochSettings, Leg, LegPlan, order_of
-from loaders.fetch import ByteRange, RangeFetcher, read_row_group, row_group_range
 from loaders.options import LoaderOptions
-from loaders.plan import Piece
-from loaders.shuffle import EpochOrder, epoch_order
-from loaders.source import ShardSource
 from loaders.stats import ReadCount
 
 __all__ = ["EpochPlan", "Rows", "WindowReader"]
@@ -96,7 +96,7 @@ class EpochPlan:
     ``perms`` select the rows of each window, in order) and the positions it yields, ``[0, end)``.
 
     ``first_index`` is the batch index of position 0 (the batches of an epoch's earlier legs, see
-    :mod:`loaders.elastic`); ``tag`` tells plans of one epoch apart in the fetcher's keys."""
+    :mod:`loaders._internal.elastic`); ``tag`` tells plans of one epoch apart in the fetcher's keys."""
 
     pieces: Sequence[Piece]
     order: EpochOrder
@@ -267,7 +267,7 @@ class WindowReader:
 
     def resumed(self, epoch: int, before: tuple[Leg, ...], current: Leg) -> tuple[EpochPlan, int]:
         """What this rank reads in leg ``current`` of ``epoch``, after the legs ``before``
-        (:mod:`loaders.elastic`), and the batches it yields there. Reads the footers of the
+        (:mod:`loaders._internal.elastic`), and the batches it yields there. Reads the footers of the
         shards other ranks read before (once each; a remote one is kept for the ranged reads).
 
         Raises:

@@ -2,14 +2,14 @@
 arithmetic, no I/O.
 
 An epoch runs in *legs*. The first leg is the epoch's fresh start: rank ``r`` of ``W`` reads
-positions ``[0, end)`` of its own order (:mod:`loaders.plan`, :mod:`loaders.shuffle`). When the
+positions ``[0, end)`` of its own order (:mod:`loaders._internal.plan`, :mod:`loaders._internal.shuffle`). When the
 run is resumed on another number of ranks, a new leg begins: with ``k`` batches of ``b`` rows
 consumed in the previous leg on each of its ``W`` ranks, the rows still to come are
 
     ``R`` = for each old rank ``r = 0..W-1`` in turn, positions ``[k*b, end)`` of its sequence
 
 (an old pad row stays a pad row). ``R`` is dealt contiguously to the ``W'`` new ranks, as
-:func:`loaders.plan.rank_segments` deals the row space: ``q' = ceil(len(R) / W')`` and new rank
+:func:`loaders._internal.plan.rank_segments` deals the row space: ``q' = ceil(len(R) / W')`` and new rank
 ``r'`` reads ``R[r'*q' : (r'+1)*q']``, wrapping past the end to ``R``'s start, the wrapped rows
 marked pad (fewer than ``W'`` of them; none with ``drop_last``, where ``len(R)`` is a multiple
 of the global batch). Every new rank then yields ``num_batches(q', b')`` batches. A leg resumed
@@ -37,8 +37,8 @@ from typing import NamedTuple
 import numpy as np
 
 from lakeshard.errors import LoaderError
-from loaders.plan import Piece, num_batches, rank_segments, rows_per_rank, split_pieces
-from loaders.shuffle import EpochOrder, epoch_order
+from loaders._internal.plan import Piece, num_batches, rank_segments, rows_per_rank, split_pieces
+from loaders._internal.shuffle import EpochOrder, epoch_order
 
 __all__ = ["EpochSettings", "Leg", "LegPlan", "ReadOrder", "SequenceRows", "Window", "order_of", "rows_of"]
 

@@ -10,7 +10,7 @@ Format 2 (the same on every rank, so rank 0's copy resumes them all, at any worl
      "order": {"shuffle": true, "seed": 7, "drop_last": false, "remainder": "pad",
                "shuffle_window": 2048}}
 
-``legs`` are the parts of the epoch run at one world size each (:mod:`loaders.elastic`): the
+``legs`` are the parts of the epoch run at one world size each (:mod:`loaders._internal.elastic`): the
 first is the epoch's fresh start, each resume at another world size adds one, and
 ``batches_consumed`` (the global steps of the epoch so far) is the sum of their ``batches``.
 Format 1 (``lakeshard.ShardLoader/1``: one world size per epoch, ``world_size``, ``batch_size``
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeshard.errors import DatasetError, LoaderError
-from loaders.elastic import Leg
+from loaders._internal.elastic import Leg
 
 __all__ = [
     "MIX_STATE_FORMAT",

@@ -1,6 +1,6 @@
 """How well an epoch was shuffled, measured from the rows the loader actually yielded.
 
-The loader's shuffle (:mod:`loaders.shuffle`) permutes row groups, then rows within windows of
+The loader's shuffle (:mod:`loaders._internal.shuffle`) permutes row groups, then rows within windows of
 ``shuffle_window`` rows, so how thorough it is depends on the window, the row group size and
 the batch size. Two figures sum up an epoch (:class:`ShuffleQuality`):
 

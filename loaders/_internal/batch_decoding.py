@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
+from loaders._internal.buffers import BufferPool
+from loaders._internal.prep import PrepCluster, Recipe, resolve_reference, transform_reference
 from loaders.batch import BatchTask, DecodeSpec, DecodeTarget, SkippedRow, decode_batch, encoded_batch
-from loaders.buffers import BufferPool
 from loaders.decode import NO_DECODER, get_batch_decoder, get_decoder
 from loaders.options import LoaderOptions
-from loaders.prep import PrepCluster, Recipe, resolve_reference, transform_reference
 from loaders.stats import DecodeTally
 from loaders.transforms import Transform, default_transform
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from lakeshard.errors import LoaderError
+from loaders._internal.pipeline import Pipeline, Stream
+from loaders._internal.shuffle_quality import ShuffleTally
+from loaders._internal.source import ShardSource
 from loaders.batch import BatchTask, SkippedRow
-from loaders.pipeline import Pipeline, Stream
-from loaders.shuffle_quality import ShuffleTally
-from loaders.source import ShardSource
 from loaders.stats import CostBudget, LoaderCounters, ReadCount
 
 __all__ = ["EpochParts", "Flow", "Iterations", "Keyed", "Position", "Run", "decode_keyed"]

@@ -1,7 +1,7 @@
 """A mixture's sources read by one pipeline: one reader thread, one pool of decode threads.
 
 A :class:`~loaders.MixedLoader` batch is rows of several sources, each source read as its stream
-(:mod:`loaders.mixing`): passes of the source's rows at world size 1, one after another. Each
+(:mod:`loaders._internal.mixing`): passes of the source's rows at world size 1, one after another. Each
 source is cut into *source batches* (batch ``k`` of pass ``p``: the rows a world-size-1 loader of
 that source yields as its ``k``-th batch of epoch ``p``), decoded and transformed as such a
 loader would, so that every row's pixels and augmentation draws depend only on the source, the
@@ -10,7 +10,7 @@ pass and the batch, never on the mixture around it.
 Both sides walk the same :func:`needs` of an iteration (pure, from the plan): for each mixture
 batch, the rows it takes of each source as ``(source, pass, batch, lo, hi)``. The reader thread
 (:func:`source_batches`) turns the needs into the source batches in the order they are first
-needed, reading each source through its own :class:`~loaders.window_reader.WindowReader` (a
+needed, reading each source through its own :class:`~loaders._internal.window_reader.WindowReader` (a
 source's next batch of the same pass continues its reader; any other starts it there); the
 decode threads decode them in that order; the consumer (:class:`Assembler`) takes each source
 batch from the pipeline when its first row is needed, keeps it while rows of it are still to
@@ -28,14 +28,14 @@ import numpy as np
 import torch
 
 from lakeshard.errors import LoaderError
+from loaders._internal.batch_decoding import BatchDecoding
+from loaders._internal.buffers import BufferPool
+from loaders._internal.mixing import RankShare, Span, locate
+from loaders._internal.run import Keyed
+from loaders._internal.source import ShardSource
+from loaders._internal.window_reader import WindowReader
 from loaders.batch import PAD_LABEL, BatchTask, SkippedRow
-from loaders.batch_decoding import BatchDecoding
-from loaders.buffers import BufferPool
-from loaders.mixing import RankShare, Span, locate
-from loaders.run import Keyed
-from loaders.source import ShardSource
 from loaders.stats import ReadCount
-from loaders.window_reader import WindowReader
 
 __all__ = [
     "Assembler",

@@ -11,9 +11,9 @@ with how many threads) is the loader's. It holds:
   in :attr:`remote` for the ranged reads of every epoch;
 * the store of the dataset's URI (:attr:`store`, :func:`lakeshard.storage.store_for`), through
   which every remote read goes;
-* the ranged reads of remote shards (:attr:`fetcher`, :mod:`loaders.fetch`), started by
+* the ranged reads of remote shards (:attr:`fetcher`, :mod:`loaders._internal.fetch`), started by
   :meth:`start_reads`; local shards are read on the reader thread;
-* the shard cache (:attr:`cache`, :mod:`loaders.cache`), a layer over the store, and the
+* the shard cache (:attr:`cache`, :mod:`loaders._internal.cache`), a layer over the store, and the
   verified local copies of remote shards it holds (:attr:`local`), read instead of the store from
   the epoch after they are ready.
 
@@ -32,8 +32,8 @@ from lakeshard import format as contract
 from lakeshard import storage
 from lakeshard.errors import ConfigError
 from lakeshard.storage import RequestCounts
-from loaders.cache import CachedShard, ShardCache
-from loaders.fetch import RangeFetcher, read_range
+from loaders._internal.cache import CachedShard, ShardCache
+from loaders._internal.fetch import RangeFetcher, read_range
 
 __all__ = ["ShardSource"]
 
@@ -118,7 +118,7 @@ class ShardSource:
         """The cache of this dataset version's remote shards read so far; copies already there
         (and sound) are used from the first epoch, the others are filled from the reads
         (read-through: each row group read goes into the cache's file) and in the background
-        (see :mod:`loaders.cache`)."""
+        (see :mod:`loaders._internal.cache`)."""
         cache = ShardCache(
             cache_dir, self.store, dataset_version=self.dataset_version, channel=self.channel, limit=limit
         )
@@ -137,7 +137,7 @@ class ShardSource:
 
     def use_local(self, copies: dict[int, str]) -> None:
         """Read the shards ``copies`` names (index -> a local ``file://`` URI of the same bytes, as
-        :mod:`loaders.cache` verified them) from there, from the next epoch on. Between epochs
+        :mod:`loaders._internal.cache` verified them) from there, from the next epoch on. Between epochs
         only."""
         self.local.update(copies)
 

@@ -2,7 +2,7 @@
 
 Algorithm (a windowed block shuffle, like mosaicml/streaming's ``py1b``):
 
-1. The rank's pieces (row-group slices, :class:`loaders.plan.Piece`) are permuted.
+1. The rank's pieces (row-group slices, :class:`loaders._internal.plan.Piece`) are permuted.
 2. Consecutive pieces of that order are grouped into *windows* of at least ``window_rows`` rows
    (a piece never spans two windows, so each row group is read once per epoch), except that
    the first windows of an epoch ramp up: at least ``window_rows / 8``, ``/ 4``, ``/ 2`` rows,

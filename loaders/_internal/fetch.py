@@ -182,7 +182,7 @@ class RangeFetcher:
         self.waited: deque[Hashable] = deque(maxlen=_LOG_KEYS)
         self._name = name
         #: Called with each range and its bytes once read, on the fetch thread that read it (the
-        #: shard cache's read-through: :meth:`loaders.cache.ShardCache.offer`); must not raise.
+        #: shard cache's read-through: :meth:`loaders._internal.cache.ShardCache.offer`); must not raise.
         self.on_read: Callable[[ByteRange, bytes], None] | None = None
         # Made by start() or the first schedule(), again after close().
         self._executor: ThreadPoolExecutor | None = None

@@ -21,7 +21,7 @@ of ``weight_s * S``, so ``|N_s - weight_s * S| < 1`` and ``sum N_s = S``), the p
   round, positions ``[e*m, (e+1)*m)`` of that cycle. Every row comes ``k`` or ``k + 1`` times
   an epoch, and the extra rows go round the source, each before any comes again.
 
-Each leg of an epoch (see :mod:`loaders.elastic`: the epoch's fresh start, then one per resume
+Each leg of an epoch (see :mod:`loaders._internal.elastic`: the epoch's fresh start, then one per resume
 at another world size) deals what is left of every source to its ranks (:func:`deal`): each
 rank takes a contiguous run of each source's remaining positions, and the runs are sized so
 that every rank gets the same number of samples (a source's counts differ by at most one
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lakeshard.errors import ConfigError, LoaderError
-from loaders.elastic import Leg
+from loaders._internal.elastic import Leg
 
 __all__ = [
     "REST_PASS",
@@ -196,7 +196,7 @@ def deal(remaining: Sequence[Sequence[Span]], world_size: int) -> list[RankShare
 
 class MixPlan:
     """The shares of every rank in every leg of epoch ``epoch`` of a mixture whose sources of
-    ``rows[s]`` rows give ``per_source[s]`` samples an epoch; ``legs`` as in :mod:`loaders.elastic` (the last one's
+    ``rows[s]`` rows give ``per_source[s]`` samples an epoch; ``legs`` as in :mod:`loaders._internal.elastic` (the last one's
     ``batches`` so far).
 
     Raises:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from loaders.extensions import extension, fall_back
+from loaders._internal.extensions import extension, fall_back
 
 __all__ = ["binary_rows", "int64_column"]
 

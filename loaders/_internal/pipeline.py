@@ -2,7 +2,7 @@
 
 Generic over what it reads and decodes: a loader gives it a stream of batch tasks (an iterator
 run on the reader thread, where the I/O happens; one epoch or several in a row, see
-:mod:`loaders.run`) and a function that decodes one task (run on the pool). Batches come out in
+:mod:`loaders._internal.run`) and a function that decodes one task (run on the pool). Batches come out in
 task order whatever the number of threads. The threads are made once (on the first stream) and
 live until :meth:`Pipeline.close`: an epoch is a new iterator of tasks (:meth:`Pipeline.start`),
 not a new pipeline.

@@ -8,7 +8,7 @@ Format ``lakeshard.MixedLoader/1`` (the same on every rank, so rank 0's copy res
      "legs": [{"world_size": 2, "batch_size": 64, "batches": 17}],
      "order": {"shuffle": true, "seed": 7, "shuffle_window": 2048}}
 
-``legs`` as a single loader's (:mod:`loaders.state`): the parts of the epoch run at one world
+``legs`` as a single loader's (:mod:`loaders._internal.state`): the parts of the epoch run at one world
 size each.
 """
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeshard.errors import DatasetError, LoaderError
-from loaders.elastic import Leg
-from loaders.mixing import MixPlan
-from loaders.state import MIX_STATE_FORMAT, check_global_batch, parse_legs
+from loaders._internal.elastic import Leg
+from loaders._internal.mixing import MixPlan
+from loaders._internal.state import MIX_STATE_FORMAT, check_global_batch, parse_legs
 
 __all__ = ["MIX_ORDER", "MixIdentity", "SavedMix", "mix_state_dict", "read_mix_state"]
 
