@@ -39,10 +39,10 @@ import torch
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from lakeshard.storage import RequestCounts
-from loaders._internal.batch_decoding import BatchDecoding, resolve_transform
+from loaders._internal.batch_decoding import BatchDecoding
 from loaders._internal.buffers import BufferPool
 from loaders._internal.elastic import Leg
-from loaders._internal.facade import Facade, open_prep, shutdown
+from loaders._internal.facade import Facade, open_prep, runs_for, shutdown
 from loaders._internal.mix_inputs import (
     LABEL_POLICIES,
     check_every_source_has_rows,
@@ -63,14 +63,13 @@ from loaders._internal.mix_pipeline import (
     relabelled,
     source_batches,
 )
+from loaders._internal.mix_sources import open_mix_sources
 from loaders._internal.mix_state import MIX_ORDER, MixIdentity, mix_state_dict, read_mix_state
 from loaders._internal.mixing import MixPlan, epoch_samples, shares
-from loaders._internal.pipeline import Pipeline
-from loaders._internal.plan import num_batches, rank_segments, split_pieces
 from loaders._internal.prep import PrepCluster
-from loaders._internal.run import Flow, Iterations, Keyed, Position, Run
+from loaders._internal.rank_flow import SETTLE_S
+from loaders._internal.run import Flow, Keyed, Position, Run
 from loaders._internal.source import ShardSource
-from loaders._internal.window_reader import WindowReader
 from loaders.decode import NO_DECODER
 from loaders.options import DEFAULT, Cost, Decoding, LoaderOptions, Normalize, Preparation, RemoteReads
 from loaders.shard_loader import ShardLoader
@@ -157,17 +156,8 @@ class MixedLoader(Facade):
         self._budget = CostBudget(
             opts.cost_budget, opts.on_budget, opts.price_table, rank=opts.rank, dataset=self.dataset
         )
-        pipeline: Pipeline[Keyed, Any] = Pipeline(
-            num_threads=opts.decode_threads, prefetch=opts.prefetch, name=f"lakeshard-r{opts.rank}"
-        )
-        self._runs = Iterations(
-            pipeline,
-            self._opened,
-            self.counters,
-            self._budget,
-            what="mixture",
-            kind="MixedLoader",
-            where=(opts.channel, opts.rank),
+        self._runs = runs_for(
+            opts, self._opened, self.counters, self._budget, what="mixture", kind="MixedLoader"
         )
         self._finalizer = weakref.finalize(self, shutdown, self._runs, self._prep)
         self._position = Position()
@@ -215,84 +205,12 @@ class MixedLoader(Facade):
 
     def _open_sources(self, luts: list[torch.Tensor | None]) -> None:
         """Each source's reader (its reads and cache started) and decoding; the decoding of
-        whole mixture batches where rows decode alone."""
-        opts = self.options
-        # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
-        # holds, the one being handed over, the training loop's previous batch, and the batch
-        # of each source in hand.
-        blocks = opts.decode_threads + opts.prefetch + 3
-        buffers = BufferPool(keep=blocks + len(luts))
-        name = f"lakeshard-r{opts.rank}"
-        transform, reference = resolve_transform(opts)
-        self._mix = []
-        for i, (src, lut, weight) in enumerate(zip(self._opened, luts, self.weights, strict=True)):
-            reader = self._reader(src, weight, len(luts), blocks, f"{name}-s{i}")
-            decoding = BatchDecoding(
-                reader.options,
-                image_size=src.info.image.size,
-                num_classes=src.info.num_classes,
-                shard_uris=src.shard_uris,
-                rank=0,
-                transform=transform,
-                transform_ref=reference,
-                buffers=buffers,
-                tally=self.counters.tally,
-                prep=self._prep,
-            )
-            self._mix.append(MixSource(src, reader, decoding, lut))
-        # Rows that decode alone (no transform, one label space): each mixture batch is one task,
-        # its rows decoded once straight into its block (the same pixels as in their source
-        # batches); otherwise source batches are decoded and their rows copied together.
-        self._direct: BatchDecoding | None = None
-        if (
-            transform is None
-            and self._prep is None
-            and all(m.lut is None and m.source.info.num_classes == self.num_classes for m in self._mix)
-        ):
-            self._direct = BatchDecoding(
-                opts,
-                image_size=self.image_size,
-                num_classes=self.num_classes,
-                shard_uris=tuple(uri for m in self._mix for uri in m.source.shard_uris),
-                rank=opts.rank,
-                transform=None,
-                transform_ref=None,
-                buffers=buffers,
-                tally=self.counters.tally,
-            )
+        whole mixture batches where rows decode alone (:mod:`loaders._internal.mix_sources`)."""
+        self._mix, self._direct = open_mix_sources(
+            self._opened, luts, self.weights, self.options, tally=self.counters.tally, prep=self._prep,
+            num_classes=self.num_classes, image_size=self.image_size,
+        )  # fmt: skip
         self._join_buffers = BufferPool(keep=3)  # the yielded batch, the loop's previous one, one spare
-
-    def _reader(self, src: ShardSource, weight: float, n: int, blocks: int, name: str) -> WindowReader:
-        """A source read as a world-size-1 loader of it would: every shard, its row groups in its
-        own order; its remote reads and cache started (``memory_budget`` shared out by weight)."""
-        opts = self.options
-        budget = opts.memory_budget_bytes
-        options = opts.replace(
-            rank=0,
-            world_size=1,
-            drop_last=False,
-            remainder="pad",
-            memory_budget=None if budget is None else max(1, int(budget * weight)) if n > 1 else budget,
-        )
-        groups = src.read_footers(
-            list(range(len(src.shard_rows))), concurrency=opts.read_plan.footer_threads, name=name
-        )
-        segments = rank_segments(src.shard_rows, 1, 0, remainder="pad")
-        reader = WindowReader(
-            src,
-            options,
-            pieces=split_pieces(segments, groups),
-            num_batches=num_batches(src.total_rows, opts.batch_size, drop_last=False),
-            rows_per_rank=src.total_rows,
-        )
-        fetcher = src.start_reads(concurrency=opts.read_plan.in_flight, name=name)
-        if fetcher is not None:
-            fetcher.budget = reader.read_budget(
-                blocks=blocks, image_size=src.info.image.size, dataset=src.dataset
-            )
-            if opts.cache_dir is not None:
-                src.open_cache(opts.cache_dir, limit=opts.cache_limit_bytes)
-        return reader
 
     # -- epochs and state --------------------------------------------------------------------------
     def _plan(self) -> MixPlan:
@@ -390,8 +308,8 @@ class MixedLoader(Facade):
             if mix.source.cache is not None:
                 mix.source.epoch_starts(
                     name=f"lakeshard-r{self.options.rank}-s{i}",
-                    expected=mix.reader.remote_ranges(),
-                    settle_s=_SETTLE_S,
+                    expected=mix.reader.ranges.remote_ranges(),
+                    settle_s=SETTLE_S,
                 )
         opts = self.options
         plan = self._plan()
@@ -429,7 +347,7 @@ class MixedLoader(Facade):
             for need in batch_needs:
                 batches.setdefault((need.source, need.pas), set()).add(need.batch)
         return sum(
-            self._mix[s].reader.planned_bytes(self._mix[s].reader.plan(pas), ks)
+            self._mix[s].reader.ranges.planned_bytes(self._mix[s].reader.plan(pas), ks)
             for (s, pas), ks in batches.items()
         )
 
@@ -447,10 +365,6 @@ class MixedLoader(Facade):
             peak_bytes_held=self.peak_bytes_held,
             prices=self.options.price_table,
         )
-
-
-#: How long an epoch's start waits for the cache to finish a file the last epoch filled.
-_SETTLE_S = 5.0
 
 
 def _mixture_options(options: LoaderOptions | None, keywords: dict[str, Any]) -> LoaderOptions:

@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,16 +40,18 @@ from loaders._internal.batch_decoding import BatchDecoding, resolve_transform
 from loaders._internal.buffers import BufferPool
 from loaders._internal.cache import ShardCache
 from loaders._internal.elastic import Leg
-from loaders._internal.facade import Facade, shutdown
+from loaders._internal.epoch_reads import EpochPlan
+from loaders._internal.facade import Facade, open_prep, runs_for, shutdown
 from loaders._internal.fetch import RangeFetcher
-from loaders._internal.pipeline import Pipeline, PipelineStats
-from loaders._internal.plan import num_batches, rank_segments, rows_per_rank, split_pieces
+from loaders._internal.pipeline import PipelineStats
+from loaders._internal.plan import rows_per_rank
 from loaders._internal.prep import PrepCluster
-from loaders._internal.run import EpochParts, Flow, Iterations, Keyed, Position, Run
-from loaders._internal.shuffle_quality import ShuffleTally, tallied
+from loaders._internal.rank_flow import rank_reader, start_flow
+from loaders._internal.run import Flow, Position, Run
+from loaders._internal.shuffle_quality import ShuffleTally
 from loaders._internal.source import ShardSource
 from loaders._internal.state import STATE_FORMAT, check_global_batch, read_state, state_dict
-from loaders._internal.window_reader import EpochPlan, WindowReader
+from loaders._internal.window_reader import WindowReader
 from loaders.options import (
     DEFAULT,
     Cost,
@@ -93,22 +94,13 @@ class ShardLoader(Facade):
     every new rank), so an epoch still runs from ``state_dict()["batches_consumed"]`` to
     ``len(loader)``.
 
-    Threads: made on the first iteration and kept across epochs (an epoch is a new order, not
-    a new pipeline); a ``break`` out of an epoch, an error, :meth:`close` or the loader's
-    garbage collection stops them all, and a later iteration makes new ones. In a
-    ``set_epoch(e); for batch in loader`` loop, once it has made a step of one epoch, the
-    epochs run as one stream: the next epoch's first batches are read and decoded while this
-    one's last are consumed (NOTE [ A loader's flow ] in :mod:`loaders._internal.run`). One thread at a
-    time iterates a loader: another thread's iteration meanwhile raises :class:`LoaderError`
-    (NOTE [ One iterating thread ]).
-
-    Remote shards (``s3://``): each footer is read once, by the constructor; each epoch fetches
-    its row groups as byte ranges, ``read_concurrency`` at a time within ``memory_budget``
-    (:mod:`loaders._internal.fetch`), in the order it reads them, followed by the first round of reads
-    of the epoch expected next (``epoch + 1``, unless the last two iterations ran other steps:
-    none after the same epoch twice). With ``cache_dir`` the shards are also cached on local disk
-    (:mod:`loaders._internal.cache`) and read from there from the next epoch on. Batches do not depend on
-    any of this: the same seed and epoch give the same batches, local or remote, cached or not.
+    Threads: made on the first iteration and kept across epochs; a ``break``, an error,
+    :meth:`close` or garbage collection stops them (a later iteration makes new ones). In a
+    ``set_epoch(e); for batch in loader`` loop the epochs run as one stream (NOTE [ A loader's
+    flow ] in :mod:`loaders._internal.run`). One thread at a time iterates a loader (NOTE [ One
+    iterating thread ]). Remote shards: footers read once, by the constructor; row groups
+    fetched as byte ranges, with ``cache_dir`` cached on local disk (docs/loader.md, "Remote
+    datasets"). The same seed and epoch give the same batches, local or remote, cached or not.
     """
 
     def __init__(
@@ -147,7 +139,8 @@ class ShardLoader(Facade):
         self.shard_uris = source.shard_uris
         self.total_rows = source.total_rows
         name = f"lakeshard-r{opts.rank}"
-        self._reader = self._rank_reader(name)
+        self._reader = rank_reader(source, opts, name)
+        self.rows_per_rank, self._num_batches = self._reader.rows_per_rank, self._reader.num_batches
         self._position = Position()
         self._resumed: _ResumedEpoch | None = None  # the epoch resumed at another world size, if it is
         self._run: Run | None = None  # the current (or last) iteration
@@ -159,66 +152,31 @@ class ShardLoader(Facade):
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over and the training loop's previous batch.
         blocks = opts.decode_threads + opts.prefetch + 3
-        pipeline: Pipeline[Keyed, Any] = Pipeline(
-            num_threads=opts.decode_threads, prefetch=opts.prefetch, name=name
-        )
-        self._runs = Iterations(
-            pipeline,
-            [source],
-            self.counters,
-            self._budget,
-            what="loader",
-            kind="ShardLoader",
-            where=(opts.channel, opts.rank),
-        )
+        self._runs = runs_for(opts, [source], self.counters, self._budget, what="loader", kind="ShardLoader")
         self._prep: PrepCluster | None = None
         try:
             self._start_io(blocks, name)
         except BaseException:
             self._runs.stop(final=True)
             raise
-        transform, reference = resolve_transform(opts)
-        self._decoding = BatchDecoding(
-            opts,
-            image_size=self.image_size,
-            num_classes=self.num_classes,
-            shard_uris=self.shard_uris,
-            rank=opts.rank,
-            transform=transform,
-            transform_ref=reference,
-            buffers=BufferPool(keep=blocks),
-            tally=self.counters.tally,
-            prep=self._prep,
-        )
+        self._decoding = self._batch_decoding_of(BufferPool(keep=blocks))
         # The threads stop when the loader is closed, or garbage-collected unclosed.
         self._finalizer = weakref.finalize(self, shutdown, self._runs, self._prep)
 
-    def _rank_reader(self, name: str) -> WindowReader:
-        """The reader of this rank's pieces of the shards (:mod:`loaders._internal.plan`). Reads their
-        footers, once per loader: a remote shard's is kept (with its size and ETag) for the
-        ranged reads of every epoch.
-
-        Raises:
-            ConfigError: ``drop_last`` leaves no batch.
-        """
-        opts, source = self.options, self.source
-        self.rows_per_rank = rows_per_rank(self.total_rows, opts.world_size, remainder=opts.remainder)
-        self._num_batches = num_batches(self.rows_per_rank, opts.batch_size, drop_last=opts.drop_last)
-        if self._num_batches == 0:
-            raise ConfigError(
-                f"batch_size {opts.batch_size} with drop_last=True leaves no batch: each of {opts.world_size} "
-                f"ranks reads {self.rows_per_rank} rows of channel {opts.channel!r} of {self.dataset}"
-            )
-        segments = rank_segments(source.shard_rows, opts.world_size, opts.rank, remainder=opts.remainder)
-        groups = source.read_footers(
-            sorted({seg.shard for seg in segments}), concurrency=opts.read_plan.footer_threads, name=name
-        )
-        return WindowReader(
-            source,
-            opts,
-            pieces=split_pieces(segments, groups),
-            num_batches=self._num_batches,
-            rows_per_rank=self.rows_per_rank,
+    def _batch_decoding_of(self, buffers: BufferPool) -> BatchDecoding:
+        """How this loader's batch tasks are decoded (into ``buffers``)."""
+        transform, reference = resolve_transform(self.options)
+        return BatchDecoding(
+            self.options,
+            image_size=self.image_size,
+            num_classes=self.num_classes,
+            shard_uris=self.shard_uris,
+            rank=self.options.rank,
+            transform=transform,
+            transform_ref=reference,
+            buffers=buffers,
+            tally=self.counters.tally,
+            prep=self._prep,
         )
 
     def _start_io(self, blocks: int, name: str) -> None:
@@ -227,18 +185,12 @@ class ShardLoader(Facade):
         opts, source = self.options, self.source
         fetcher = source.start_reads(concurrency=opts.read_plan.in_flight, name=name)
         if fetcher is not None:
-            fetcher.budget = self._reader.read_budget(
+            fetcher.budget = self._reader.ranges.read_budget(
                 blocks=blocks, image_size=self.image_size, dataset=self.dataset
             )
             if opts.cache_dir is not None:
                 source.open_cache(opts.cache_dir, limit=opts.cache_limit_bytes)
-        if opts.prep is not None:
-            self._prep = PrepCluster(
-                opts.prep,
-                timeout_s=opts.prep_timeout,
-                fallback=opts.prep_fallback,
-                security=opts.prep_security,
-            )
+        self._prep = open_prep(opts)
 
     @property
     def fetcher(self) -> RangeFetcher | None:
@@ -257,7 +209,7 @@ class ShardLoader(Facade):
         return self._reader
 
     @property
-    def decoding(self) -> BatchDecoding:
+    def batch_decoding(self) -> BatchDecoding:
         """How the decode threads decode a batch task (decoder, transform, reused buffers)."""
         return self._decoding
 
@@ -372,35 +324,13 @@ class ShardLoader(Facade):
         return self._run
 
     def _new_flow(self, epoch: int, start: int, *, looping: bool, first_iteration: bool) -> Flow:
-        """A flow from batch ``start`` of ``epoch`` (NOTE [ A loader's flow ]). Its first epoch's
-        reads are followed by the first round of the epoch expected next: ``epoch + 1`` on a
-        first iteration and in a ``set_epoch(epoch + 1)`` loop (the same epoch again, a
-        validation loader, or a jump reads nothing ahead), unless this epoch fills the cache."""
-        source = self.source
-        if source.cache is not None:  # shards cached since the last epoch are read from disk now
-            source.epoch_starts(
-                name=f"lakeshard-r{self.options.rank}",
-                expected=self._reader.remote_ranges(),
-                settle_s=_SETTLE_S,
-            )
-        fills = source.fills_cache()
-        ahead = epoch + 1 if (looping or first_iteration) and not fills else None
-        flow = Flow(at=(epoch, start), onward=looping and not fills)
-        resumed = self._resumed
-        plan = resumed.plan if resumed is not None else None
-        stop = threading.Event()
-        tasks = _flow_tasks(
-            self._reader,
-            self._decoding,
-            flow,
-            stop,
-            epoch=epoch,
-            start=start - (plan.first_index if plan else 0),
-            plan=plan,
-            ahead=ahead,
-            groups=source.groups,
-        )
-        return self._runs.start(flow, tasks, stop)
+        """A flow from batch ``start`` of ``epoch`` (NOTE [ A loader's flow ];
+        :func:`loaders._internal.rank_flow.start_flow`)."""
+        plan = self._resumed.plan if self._resumed is not None else None
+        return start_flow(
+            self._runs, self._reader, self._decoding, epoch=epoch, start=start, plan=plan,
+            looping=looping, first_iteration=first_iteration,
+        )  # fmt: skip
 
     def _take(self, run: Run) -> Any:
         key, batch = self._runs.next_decoded(run)
@@ -417,7 +347,7 @@ class ShardLoader(Facade):
         if not self._budget.active:
             return 0
         plan = plan or self._reader.plan(self._position.epoch)
-        return self._reader.planned_bytes(plan, self._reader.batches(plan)[first:])
+        return self._reader.ranges.planned_bytes(plan, self._reader.batches(plan)[first:])
 
     def epoch_stats(self) -> LoaderStats:
         """What the current (or last) iteration cost on this rank (see :class:`LoaderStats`)."""
@@ -429,40 +359,6 @@ class ShardLoader(Facade):
             prices=self.options.price_table,
             shuffle=shuffle.result(),
         )
-
-
-def _flow_tasks(
-    reader: WindowReader,
-    decoding: BatchDecoding,
-    flow: Flow,
-    stop: threading.Event,
-    *,
-    epoch: int,
-    start: int,
-    plan: EpochPlan | None,
-    ahead: int | None,
-    groups: dict[int, list[int]],
-) -> Iterator[Keyed]:
-    """The tasks of a flow, epoch after epoch (NOTE [ A loader's flow ]): batch ``start`` of
-    ``plan`` (default: ``epoch``'s own) on, then each next epoch from its first batch while the
-    flow goes onward. Runs on the reader thread; a function, not a method: it must not keep the
-    loader alive from that thread (its threads stop when it is collected)."""
-    onward = False
-    while True:
-        parts: EpochParts = flow.parts(epoch)
-        decode = decoding.for_epoch(epoch, parts.skipped)
-        tasks = reader.tasks(epoch, start, stop, ahead, plan, onward=onward, reads=parts.reads[0])
-        for task in tallied(tasks, parts.shuffle, reader.source.shard_rows, groups):
-            yield Keyed((-1, epoch, task.index), task, decode)
-        if not flow.onward or stop.is_set():
-            return
-        epoch, start, plan, onward = epoch + 1, 0, None, True
-        ahead = epoch + 1
-
-
-#: How long an epoch's start waits for the cache to finish the file the last epoch filled (its
-#: sha256 over the shard) before it reads the shard from the store instead.
-_SETTLE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,17 +4,20 @@ iterate (epochs, iteration, counters, ``close``, the DataLoader view), over the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from lakeshard.errors import ConfigError
+from loaders._internal.pipeline import Pipeline
 from loaders._internal.prep import PrepCluster
-from loaders._internal.run import Iterations, Position, Run
+from loaders._internal.run import Iterations, Keyed, Position, Run
+from loaders._internal.source import ShardSource
 from loaders.batch import SkippedRow
 from loaders.dataset import ShardDataset
 from loaders.options import LoaderOptions
-from loaders.stats import LoaderCounters, LoaderTotals
+from loaders.stats import CostBudget, LoaderCounters, LoaderTotals
 
-__all__ = ["Facade", "open_prep", "shutdown"]
+__all__ = ["Facade", "open_prep", "runs_for", "shutdown"]
 
 
 class Facade:
@@ -87,6 +90,26 @@ class Facade:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def runs_for(
+    options: LoaderOptions,
+    sources: Sequence[ShardSource],
+    counters: LoaderCounters,
+    budget: CostBudget,
+    *,
+    what: str,
+    kind: str,
+) -> Iterations:
+    """A loader's iterations over one pipeline (``options.decode_threads`` decode threads,
+    ``options.prefetch`` batches ahead; threads named ``lakeshard-r{rank}-...``), reading
+    ``sources``."""
+    pipeline: Pipeline[Keyed, Any] = Pipeline(
+        num_threads=options.decode_threads, prefetch=options.prefetch, name=f"lakeshard-r{options.rank}"
+    )
+    return Iterations(
+        pipeline, sources, counters, budget, what=what, kind=kind, where=(options.channel, options.rank)
+    )
 
 
 def open_prep(options: LoaderOptions) -> PrepCluster | None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +29,8 @@ from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from lakeshard.format import OpenShard, open_shard
 from loaders._internal.arrow_columns import binary_rows, int64_column
 from loaders._internal.elastic import EpochSettings, Leg, LegPlan, order_of
-from loaders._internal.fetch import ByteRange, RangeFetcher, read_row_group, row_group_range
+from loaders._internal.epoch_reads import EpochPlan, RemoteRanges, last_window
+from loaders._internal.fetch import ByteRange, RangeFetcher, read_row_group
 from loaders._internal.plan import Piece
 from loaders._internal.shuffle import EpochOrder, epoch_order
 from loaders._internal.source import ShardSource
@@ -37,7 +38,7 @@ from loaders.batch import NULL_LABEL, BatchTask
 from loaders.options import LoaderOptions
 from loaders.stats import ReadCount
 
-__all__ = ["EpochPlan", "Rows", "WindowReader"]
+__all__ = ["Rows", "WindowReader"]
 
 log = logging.getLogger(__name__)
 
@@ -90,21 +91,6 @@ class Rows:
         return BatchTask(index, self.images, self.labels, self.pads, self.shards, self.rows)
 
 
-@dataclass(frozen=True)
-class EpochPlan:
-    """What one epoch reads on this rank: ``order`` (windows of indices into ``pieces``; its
-    ``perms`` select the rows of each window, in order) and the positions it yields, ``[0, end)``.
-
-    ``first_index`` is the batch index of position 0 (the batches of an epoch's earlier legs, see
-    :mod:`loaders._internal.elastic`); ``tag`` tells plans of one epoch apart in the fetcher's keys."""
-
-    pieces: Sequence[Piece]
-    order: EpochOrder
-    end: int
-    first_index: int = 0
-    tag: Hashable = "fresh"
-
-
 class WindowReader:
     """Reads rank ``options.rank``'s pieces of the shards of ``source`` (of the dataset it
     opened) window by window, as batch tasks.
@@ -125,126 +111,17 @@ class WindowReader:
         self.source = source
         self.options = options
         self.pieces = pieces
-        self._num_batches = num_batches
-        self._rows_per_rank = rows_per_rank
-        self._ranges: dict[tuple[int, int], ByteRange] = {}  # (shard, row group) -> its bytes (remote)
+        self.num_batches, self.rows_per_rank = num_batches, rows_per_rank
+        self.ranges = RemoteRanges(source, options, pieces)
 
     @property
     def fetcher(self) -> RangeFetcher | None:
         """Reads remote row groups ahead (``None``: every shard is local, read on the reader thread)."""
         return self.source.fetcher
 
-    def _range(self, piece: Piece) -> ByteRange | None:
-        """The bytes of ``piece``'s row group when it is read through the fetcher, else ``None``."""
-        if self.fetcher is None or piece.shard not in self.source.remote or piece.shard in self.source.local:
-            return None
-        key = (piece.shard, piece.row_group)
-        if key not in self._ranges:
-            footer = self.source.remote[piece.shard]
-            lo, hi = row_group_range(footer.metadata, piece.row_group)
-            self._ranges[key] = ByteRange(self.source.shard_uris[piece.shard], lo, hi, footer.etag)
-        return self._ranges[key]
-
-    def _count_cached(self, pieces: Sequence[Piece], reads: ReadCount) -> None:
-        """Count the row groups of a remote dataset that ``pieces`` read from the shard cache
-        (hits, and their bytes) or from the store (misses, when there is a cache)."""
-        if not self.source.caching or self.fetcher is None:
-            return
-        for piece in pieces:
-            if piece.shard not in self.source.remote:
-                continue
-            if piece.shard in self.source.local:
-                lo, hi = row_group_range(self.source.remote[piece.shard].metadata, piece.row_group)
-                reads.cache_hits += 1
-                reads.cache_bytes += hi - lo
-            else:
-                reads.cache_misses += 1
-
-    def remote_ranges(self) -> dict[int, list[tuple[int, int]]]:
-        """By remote shard (read through the fetcher), the byte ranges of the row groups an epoch
-        of this rank reads: what the shard cache can take from those reads."""
-        out: dict[int, set[tuple[int, int]]] = {}
-        for piece in self.pieces:
-            r = self._range(piece)
-            if r is not None:
-                out.setdefault(piece.shard, set()).add((r.start, r.end))
-        return {shard: sorted(ranges) for shard, ranges in out.items()}
-
-    def max_range_bytes(self, pieces: Sequence[Piece] | None = None) -> int:
-        """The largest remote row group of ``pieces`` (default: this rank's own)."""
-        ranges = (self._range(p) for p in (self.pieces if pieces is None else pieces))
-        return max((r.size for r in ranges if r is not None), default=0)
-
-    def read_budget(self, *, blocks: int, image_size: int, dataset: str) -> int:
-        """The bytes the remote reads may hold: what ``memory_budget`` leaves beside ``blocks``
-        decoded batches, or by default ``ReadPlan.in_flight`` row groups and one shuffle window.
-
-        Raises:
-            ConfigError: ``memory_budget`` leaves less than one row group.
-        """
-        opts = self.options
-        side = opts.crop or image_size
-        decoded = blocks * opts.batch_size * 3 * side * side * (4 if opts.normalize else 1)
-        largest = self.max_range_bytes()
-        budget = opts.memory_budget_bytes
-        if budget is None:
-            return opts.read_plan.in_flight * largest + self.window_bytes()
-        if budget - decoded < largest:
-            raise ConfigError(
-                f"memory_budget {budget} bytes is too small: the decoded batches take {decoded} "
-                f"({blocks} blocks of {opts.batch_size} images) and one row group of {dataset} up to {largest}"
-            )
-        return budget - decoded
-
-    def planned_bytes(self, plan: EpochPlan, batches: Iterable[int]) -> int:
-        """The bytes of the remote row groups that ``batches`` of ``plan`` (counted from its
-        position 0) read from the store, each window once (local and cached shards: 0): what a
-        cost budget projects an epoch's cost over."""
-        bs = self.options.batch_size
-        windows: set[int] = set()
-        for k in batches:
-            windows.update(_batch_windows(plan, k * bs, bs))
-        ranges = (self._range(plan.pieces[int(p)]) for w in windows for p in plan.order.windows[w])
-        return sum(r.size for r in ranges if r is not None)
-
     def batches(self, plan: EpochPlan) -> range:
         """The batches of ``plan``, counted from its position 0."""
         return range(-(-plan.end // self.options.batch_size))
-
-    def window_bytes(self) -> int:
-        """At most the remote bytes of one shuffle window of this rank's pieces (at the densest
-        row group's bytes per row): a fetch budget this much above the reads in flight lets the
-        next window be read while this one is decoded."""
-        per_row = 0.0
-        for piece in self.pieces:
-            r = self._range(piece)
-            if r is not None:
-                md = self.source.remote[piece.shard].metadata
-                per_row = max(per_row, r.size / max(1, md.row_group(piece.row_group).num_rows))
-        return int(per_row * self.options.shuffle_window) + self.max_range_bytes()
-
-    def keys(
-        self, epoch: int, plan: EpochPlan, windows: range, *, waited_from: int | None = None
-    ) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:
-        """The fetches of ``windows`` of ``epoch``, in order: keys ``(epoch, plan tag, piece index)``.
-        ``waited_from``: the epoch starts now, at row ``waited_from`` of ``plan`` (0, or where a
-        restored state resumes it), so its first batch waits for the reads of its row groups
-        (unless they were read ahead): those are fetched in ``ReadPlan.first_batch_parts`` parts
-        at once (of at least 1 MiB each), over as many connections."""
-        waited = (
-            range(0) if waited_from is None else _batch_windows(plan, waited_from, self.options.batch_size)
-        )
-        keyed = (
-            (w, int(p), self._range(plan.pieces[int(p)])) for w in windows for p in plan.order.windows[w]
-        )
-        return [
-            (
-                (epoch, plan.tag, p),
-                replace(r, parts=self.options.read_plan.first_batch_parts) if w in waited else r,
-            )
-            for w, p, r in keyed
-            if r is not None
-        ]
 
     def order(self, epoch: int) -> EpochOrder:
         opts = self.options
@@ -262,7 +139,7 @@ class WindowReader:
         return EpochPlan(
             self.pieces,
             self.order(epoch),
-            min(self._num_batches * self.options.batch_size, self._rows_per_rank),
+            min(self.num_batches * self.options.batch_size, self.rows_per_rank),
         )
 
     def resumed(self, epoch: int, before: tuple[Leg, ...], current: Leg) -> tuple[EpochPlan, int]:
@@ -290,7 +167,7 @@ class WindowReader:
         read = order_of(legs_plan.sequence(n, opts.rank))
         fetcher = self.fetcher
         if fetcher is not None:  # room for row groups of other ranks' shards
-            largest = self.max_range_bytes(read.pieces)
+            largest = self.ranges.max_range_bytes(read.pieces)
             if opts.memory_budget is None:
                 fetcher.budget = max(fetcher.budget, opts.read_plan.in_flight * largest)
             elif fetcher.budget < largest:
@@ -320,50 +197,30 @@ class WindowReader:
         ``reads`` counts the row groups read.
 
         Remote row groups are fetched in the order the epoch reads them and, after the last
-        one, the first row groups of epoch ``ahead`` (if given) in its order: its first batch's,
-        and at least ``read_concurrency`` (one round of reads in flight), so the epoch after this
-        one starts with a round trip's worth read, not only its first batch (from a far store,
-        a row group first asked for when its epoch starts is a stall of a whole round trip).
-        They are fetched after every read of this epoch, on the fetch threads, within the
-        memory budget, so they never delay this epoch's batches. The first batch's reads are
-        split in parts (:meth:`_keys`) unless the epoch comes ``onward`` from the one before
-        (the reads it asked ahead are taken as they are)."""
+        one, the first round of epoch ``ahead`` (if given; :meth:`_ahead`), on the fetch
+        threads, within the memory budget, so they never delay this epoch's batches. The first
+        batch's reads are split in parts (:meth:`RemoteRanges.keys`) unless the epoch comes
+        ``onward`` from the one before (the reads it asked ahead are taken as they are)."""
         bs = self.options.batch_size
         plan = plan or self.plan(epoch)
-        order, end = plan.order, plan.end
         pos = start * bs
-        if pos >= end:
+        if pos >= plan.end:
             return
         files: dict[int, OpenShard] = {}
         carry: Rows | None = None  # rows read but not yet in a task
         index = plan.first_index + start
-        first, last = order.window_at(pos), _last_window(plan)
+        first, last = plan.order.window_at(pos), last_window(plan)
         fetcher = self.fetcher
         if fetcher is not None:
             waited_from = None if onward else pos
-            fetcher.schedule(
-                self.keys(epoch, plan, range(first, last + 1), waited_from=waited_from)
-                + self._ahead(epoch, ahead)
-            )
+            keys = self.ranges.keys(epoch, plan, range(first, last + 1), waited_from=waited_from)
+            fetcher.schedule(keys + self._ahead(epoch, ahead))
         done = False
         try:
             for w in range(first, last + 1):
-                indexes = [int(p) for p in order.windows[w]]
-                read = self.read_window(
-                    [plan.pieces[p] for p in indexes],
-                    files,
-                    stop,
-                    keys=[(epoch, plan.tag, p) for p in indexes],
-                )
-                if read is None:
+                window = self._window(epoch, plan, w, pos, files, stop, reads)
+                if window is None:
                     return
-                if reads is not None:
-                    reads.row_groups += len(indexes)
-                    self._count_cached([plan.pieces[p] for p in indexes], reads)
-                perm = order.perms[w]
-                lo = max(pos - int(order.starts[w]), 0)
-                hi = min(end - int(order.starts[w]), len(perm))
-                window = read.take(perm[lo:hi])
                 if carry is not None:
                     window = carry.then(window)
                 n, k = len(window), 0
@@ -373,7 +230,7 @@ class WindowReader:
                 carry = window.slice(k) if k < n else None
                 # The tasks hold their rows now: let each row go once its batch is decoded,
                 # instead of keeping the whole window until the next one is read.
-                del read, window
+                del window
             if carry is not None and len(carry):
                 yield carry.task(index)
             done = True
@@ -383,18 +240,43 @@ class WindowReader:
             if not done and fetcher is not None:
                 fetcher.drop()  # stopped early or failed: free what was read for later windows
 
-    def _round(self, plan: EpochPlan) -> int:
-        """How many of ``plan``'s first reads one round is: its first batch's, and at least
-        ``ReadPlan.read_ahead``."""
-        needed = sum(len(plan.order.windows[w]) for w in _batch_windows(plan, 0, self.options.batch_size))
-        return max(needed, self.options.read_plan.read_ahead)
+    def _window(
+        self,
+        epoch: int,
+        plan: EpochPlan,
+        w: int,
+        pos: int,
+        files: dict[int, OpenShard],
+        stop: threading.Event,
+        reads: ReadCount | None,
+    ) -> Rows | None:
+        """The rows of window ``w`` of ``plan`` in their order, from position ``pos`` of the
+        plan on (``None`` if ``stop`` is set meanwhile); ``reads`` counts its row groups."""
+        order = plan.order
+        indexes = [int(p) for p in order.windows[w]]
+        pieces = [plan.pieces[p] for p in indexes]
+        read = self.read_window(pieces, files, stop, keys=[(epoch, plan.tag, p) for p in indexes])
+        if read is None:
+            return None
+        if reads is not None:
+            reads.row_groups += len(indexes)
+            self.ranges.count_cached(pieces, reads)
+        perm = order.perms[w]
+        lo = max(pos - int(order.starts[w]), 0)
+        hi = min(plan.end - int(order.starts[w]), len(perm))
+        return read.take(perm[lo:hi])
 
     def _ahead(self, epoch: int, ahead: int | None) -> list[tuple[tuple[int, Hashable, int], ByteRange]]:
-        """The first round of reads of epoch ``ahead`` (none if it is ``None`` or ``epoch``)."""
+        """The first round of reads of epoch ``ahead`` (none if it is ``None`` or ``epoch``): its
+        first batch's, and at least one round of reads in flight, so the epoch after this one
+        starts with a round trip's worth read, not only its first batch (from a far store, a row
+        group first asked for when its epoch starts is a stall of a whole round trip)."""
         if ahead is None or ahead == epoch:
             return []
         following = self.plan(ahead)
-        return self.keys(ahead, following, range(_last_window(following) + 1))[: self._round(following)]
+        return self.ranges.keys(ahead, following, range(last_window(following) + 1))[
+            : self.ranges.round(following)
+        ]
 
     def read_window(
         self,
@@ -419,7 +301,7 @@ class WindowReader:
         for i, piece in enumerate(pieces):
             uri = self.source.shard_uris[piece.shard]
             where = f"row group {piece.row_group} (rows {piece.start}-{piece.stop - 1}) of {uri}"
-            r = self._range(piece)
+            r = self.ranges.bytes_of(piece)
             if r is not None:
                 table = self._fetched(keys[i], piece, r, where, stop)
                 if table is None:
@@ -486,15 +368,3 @@ class WindowReader:
             return pf.read_row_group(piece.row_group, columns=columns, use_threads=False)
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
-
-
-def _batch_windows(plan: EpochPlan, pos: int, batch_size: int) -> range:
-    """The windows of ``plan`` the batch starting at its row ``pos`` takes rows from."""
-    if pos >= plan.end:
-        return range(0)
-    return range(plan.order.window_at(pos), plan.order.window_at(min(pos + batch_size, plan.end) - 1) + 1)
-
-
-def _last_window(plan: EpochPlan) -> int:
-    """The last window ``plan`` reads (the one holding its position ``end - 1``; -1 if none)."""
-    return plan.order.window_at(plan.end - 1) if plan.end > 0 else -1

@@ -62,4 +62,4 @@ def test_batches_the_loop_keeps_stay_intact_while_the_others_are_reused(tmp_path
                 kept.append((epoch, i, images))  # the rest is dropped at once and reused
     for epoch, i, images in kept:
         assert ids_of(images) == list(range(4 * i, 4 * i + 4)), (epoch, i)
-    assert loader.decoding.buffers.allocated < 3 * len(loader)
+    assert loader.batch_decoding.buffers.allocated < 3 * len(loader)

@@ -75,7 +75,7 @@ def test_bytes_held_stay_within_the_memory_budget(tmp_path: Path, s3_bucket: str
     remote = upload(local, s3_bucket)
     shard_bytes = shard_path(local, "train", 0, 1).stat().st_size
     probe = ShardLoader(remote, **OPTIONS)
-    largest, decoded = probe.reader.max_range_bytes(), None
+    largest, decoded = probe.reader.ranges.max_range_bytes(), None
     probe.close()
     # The decoded batches: (num_threads + prefetch + 3) blocks of batch_size 8x8 RGB uint8 images.
     decoded = (2 + 4 + 3) * 8 * 3 * 8 * 8
@@ -448,8 +448,8 @@ def test_the_first_batch_s_row_groups_are_asked_for_in_parts(local_ds: Path, s3_
     with ShardLoader(remote, read_concurrency=5, **OPTIONS) as loader:
         reader = loader.reader
         plan = reader.plan(0)
-        starting = reader.keys(0, plan, range(len(plan.order.windows)), waited_from=0)
-        ahead = reader.keys(0, plan, range(len(plan.order.windows)))
+        starting = reader.ranges.keys(0, plan, range(len(plan.order.windows)), waited_from=0)
+        ahead = reader.ranges.keys(0, plan, range(len(plan.order.windows)))
     first = sum(map(len, plan.order.windows[: plan.order.window_at(OPTIONS["batch_size"] - 1) + 1]))
     assert [r.parts for _, r in starting] == [5] * first + [1] * (len(starting) - first)
     assert 0 < first < len(starting) and {r.parts for _, r in ahead} == {1}
@@ -472,7 +472,7 @@ def test_a_resumed_epoch_s_first_batch_is_asked_for_in_parts(local_ds: Path, s3_
             and plan.order.window_at(b * bs) == plan.order.window_at(b * bs + bs - 1)
         )
         w = plan.order.window_at(at)
-        resumed = reader.keys(0, plan, range(w, len(windows)), waited_from=at)
+        resumed = reader.ranges.keys(0, plan, range(w, len(windows)), waited_from=at)
     assert [r.parts for _, r in resumed] == [5] * len(windows[w]) + [1] * sum(map(len, windows[w + 1 :]))
     assert sum(map(len, windows[w + 1 :])) > 0
 
