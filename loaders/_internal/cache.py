@@ -46,6 +46,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from lakeshard import storage
 from lakeshard.errors import LoaderError
@@ -83,6 +84,62 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _mismatch(shard: CachedShard, path: Path) -> str | None:
+    """Why the file at ``path`` is not ``shard`` (its size, else its sha256), or ``None``."""
+    size = path.stat().st_size
+    if size != shard.bytes:
+        return f"{size} bytes, dataset.json says {shard.bytes}"
+    digest = _sha256(path)
+    if digest == shard.sha256:
+        return None
+    return f"sha256 {digest}, dataset.json says {shard.sha256}"
+
+
+def _open_lock(path: Path) -> BinaryIO:
+    """``<path>.lock``, opened for ``flock``; :class:`_CannotWrite` if the folder cannot be written."""
+    try:
+        return open(path.with_name(path.name + ".lock"), "a+b")
+    except OSError as exc:
+        if exc.errno in _CANNOT_WRITE:
+            raise _CannotWrite(exc.strerror) from exc
+        raise
+
+
+def _flock(lock: BinaryIO, stop: threading.Event) -> bool:
+    """Take ``lock`` exclusively, waiting for another process holding it; ``False`` if ``stop``
+    was set first."""
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        if stop.wait(_WAIT_S):
+            return False
+
+
+def _evict(root: Path, limit: int, *, keep: set[Path]) -> None:
+    """Delete least recently used shard files (any version) under ``root``, but those in ``keep``,
+    until the cache fits ``limit``."""
+    files = []
+    for p in root.glob("*/*/*.parquet"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        files.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in files)
+    for _, size, p in sorted(files, key=lambda f: f[0]):
+        if total <= limit:
+            break
+        if p in keep:
+            continue
+        log.info("cache over %d bytes: evicting %s", limit, p)
+        p.unlink(missing_ok=True)
+        total -= size
 
 
 class ShardCache:
@@ -268,22 +325,9 @@ class ShardCache:
         """Make the cached copy of ``shard``: wait for another process writing it, or download it
         (under the shard's lock). ``False`` if ``stop`` was set first."""
         path = self.path(shard)
-        try:
-            lock = open(path.with_name(path.name + ".lock"), "a+b")  # closed by the with below
-        except OSError as exc:
-            if exc.errno in _CANNOT_WRITE:
-                raise _CannotWrite(exc.strerror) from exc
-            raise
-        with lock:
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                if stop.wait(_WAIT_S):
-                    return False
+        with _open_lock(path) as lock:
+            if not _flock(lock, stop):
+                return False
             try:
                 for stale in path.parent.glob(path.name + ".tmp-*"):  # a killed writer's
                     log.info("removing %s, left by a writer that did not finish", stale)
@@ -303,14 +347,9 @@ class ShardCache:
 
     # -- internals -------------------------------------------------------------------------------
     def _verify(self, shard: CachedShard, path: Path) -> bool:
-        size = path.stat().st_size
-        if size != shard.bytes:
-            reason = f"{size} bytes, dataset.json says {shard.bytes}"
-        else:
-            digest = _sha256(path)
-            if digest == shard.sha256:
-                return True
-            reason = f"sha256 {digest}, dataset.json says {shard.sha256}"
+        reason = _mismatch(shard, path)
+        if reason is None:
+            return True
         log.warning("dropping cached copy %s of %s: %s", path, shard.uri, reason)
         self.dropped.append((shard.index, reason))
         return False
@@ -369,7 +408,9 @@ class ShardCache:
             tmp.unlink(missing_ok=True)
         self.downloaded.append(shard.index)
         self._mark_ready(shard.index, path)
-        self._evict()
+        with self._lock:
+            mine = set(self._ready.values())
+        _evict(self.root, self.limit, keep=mine)
         return True
 
     def _fetch_gaps(
@@ -395,27 +436,6 @@ class ShardCache:
                     filling.write(lo, chunk)
                     self.bytes_downloaded += len(chunk)
         return True
-
-    def _evict(self) -> None:
-        """Delete least recently used shard files (any version) until the cache fits ``limit``."""
-        with self._lock:
-            mine = set(self._ready.values())
-        files = []
-        for p in self.root.glob("*/*/*.parquet"):
-            try:
-                st = p.stat()
-            except FileNotFoundError:
-                continue
-            files.append((st.st_mtime, st.st_size, p))
-        total = sum(size for _, size, _ in files)
-        for _, size, p in sorted(files, key=lambda f: f[0]):
-            if total <= self.limit:
-                break
-            if p in mine:
-                continue
-            log.info("cache over %d bytes: evicting %s", self.limit, p)
-            p.unlink(missing_ok=True)
-            total -= size
 
 
 class _Filling:

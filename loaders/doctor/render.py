@@ -36,20 +36,10 @@ def _store_row(figures: Figures) -> str:
     return _row(f"store ({where})", text + ")")
 
 
-def render(figures: Figures, verdict: Verdict) -> str:
-    setup = figures.setup
-    lines = [
-        f"dataset    {setup.dataset} ({'remote' if setup.remote else 'local'}), channel {setup.channel}, "
-        f"rank {setup.rank} of {setup.world_size}, batch {setup.batch_size}, images {setup.image_size} px",
-        f"machine    {setup.threads} decode thread{'s' if setup.threads != 1 else ''} of {setup.cores} "
-        f"core{'s' if setup.cores != 1 else ''}, {'GPU ' + setup.gpu if setup.gpu else 'no GPU'}, "
-        f"loaders._jpeg {'built' if setup.batch_decoder else 'not built'}",
-        f"transform  {setup.transform or 'none'}; model {setup.model or 'not measured (no --model)'}",
-        "",
-        _row("stage", "alone on this machine"),
-        _store_row(figures),
-    ]
-    decode = figures.decode
+def _cpu_rows(figures: Figures) -> list[str]:
+    """The decode runs, the transform, and what they make on this machine's cores (and threads)."""
+    setup, decode = figures.setup, figures.decode
+    lines: list[str] = []
     for run in decode.runs:
         text = f"{num(run.images_per_s)} images/s, {_ms(run.cpu_s_per_image)} CPU an image"
         if run is not decode.runs[0]:
@@ -83,6 +73,23 @@ def render(figures: Figures, verdict: Verdict) -> str:
                 f"{_ms(t.wall_s_per_image)} wall): the transform waits, so threads, not cores, bound it",
             )
         )
+    return lines
+
+
+def render(figures: Figures, verdict: Verdict) -> str:
+    setup = figures.setup
+    lines = [
+        f"dataset    {setup.dataset} ({'remote' if setup.remote else 'local'}), channel {setup.channel}, "
+        f"rank {setup.rank} of {setup.world_size}, batch {setup.batch_size}, images {setup.image_size} px",
+        f"machine    {setup.threads} decode thread{'s' if setup.threads != 1 else ''} of {setup.cores} "
+        f"core{'s' if setup.cores != 1 else ''}, {'GPU ' + setup.gpu if setup.gpu else 'no GPU'}, "
+        f"loaders._jpeg {'built' if setup.batch_decoder else 'not built'}",
+        f"transform  {setup.transform or 'none'}; model {setup.model or 'not measured (no --model)'}",
+        "",
+        _row("stage", "alone on this machine"),
+        _store_row(figures),
+        *_cpu_rows(figures),
+    ]
     m = figures.model
     if m is not None:
         shape = ", ".join(map(str, m.input_shape))

@@ -88,12 +88,7 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
         raise DatasetError(
             f"refusing to resume from {resume_uri}: {found.changed(checkpoint.get('dataset_version'))}"
         )
-    _seed_everything(cfg.seed)  # the model's initial weights
-    model = build_model(cfg.model, len(labels), image_size, width=cfg.width)
-    check_model(model, cfg.model, len(labels), image_size, width=cfg.width, bf16=cfg.precision == "bf16")
-    if checkpoint is not None:
-        name = describe(cfg.model, width=cfg.width)
-        load_weights(model, checkpoint["model"], source=str(resume_uri), name=name)
+    model = _build_model(cfg, len(labels), image_size, resume_uri, checkpoint)
     _check_writable("--output", cfg.output, output)  # last: they write (and remove) a file
     if cfg.tensorboard_dir is not None:
         _check_writable("--tensorboard-dir", cfg.tensorboard_dir, storage.normalize(cfg.tensorboard_dir))
@@ -312,6 +307,24 @@ def _check_resumed_batch(cfg: TrainConfig, world_size: int, uri: str | None, ckp
             f"cannot resume {uri} on {world_size} ranks: its global batch {g} ({was}) is not divisible by {world_size}; "
             f"resume on a world size that divides {g} ({works})"
         )
+
+
+def _build_model(
+    cfg: TrainConfig,
+    num_classes: int,
+    image_size: int,
+    resume_uri: str | None,
+    checkpoint: dict[str, Any] | None,
+) -> nn.Module:
+    """The model: built seeded, checked against the data and, when resuming, loaded from
+    ``checkpoint``."""
+    _seed_everything(cfg.seed)  # the model's initial weights
+    model = build_model(cfg.model, num_classes, image_size, width=cfg.width)
+    check_model(model, cfg.model, num_classes, image_size, width=cfg.width, bf16=cfg.precision == "bf16")
+    if checkpoint is not None:
+        name = describe(cfg.model, width=cfg.width)
+        load_weights(model, checkpoint["model"], source=str(resume_uri), name=name)
+    return model
 
 
 def _seed_everything(seed: int) -> None:

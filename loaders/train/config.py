@@ -334,6 +334,17 @@ class TrainConfig:
             raise ConfigError(
                 f"metrics_host must be an address such as 127.0.0.1, 0.0.0.0 or ::, got {self.metrics_host!r}"
             )
+        self._check_cost()
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        for name in ("lr", "dist_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma!r}")
+
+    def _check_cost(self) -> None:
+        """The budget is positive (or unset), the prices it is estimated with non-negative."""
         if self.cost_budget is not None and not self.cost_budget > 0:
             raise ConfigError(
                 f"cost_budget must be a positive number of US dollars, got {self.cost_budget!r}"
@@ -343,13 +354,6 @@ class TrainConfig:
                 raise ConfigError(
                     f"{name} must be a non-negative number of US dollars, got {getattr(self, name)!r}"
                 )
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        for name in ("lr", "dist_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
-        if not 0 < self.gamma <= 1:
-            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma!r}")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
