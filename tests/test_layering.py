@@ -354,3 +354,15 @@ def test_no_test_reads_a_private_attribute():
 def test_a_private_read_is_found():
     assert _private_reads("def f(loader):\n    return loader._reader.pieces\n") == ["2: loader._reader"]
     assert _private_reads("from loaders import extensions\nextensions._missing\n") == []
+
+
+def test_the_loader_library_keeps_its_sizes():
+    """No class in ``loaders/`` over 300 lines, no function over 60 (issue 46: what one class or
+    one function holds stays readable)."""
+    over = []
+    for path in sorted((REPO / "loaders").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            limit = 300 if isinstance(node, ast.ClassDef) else 60
+            if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.end_lineno - node.lineno + 1 > limit:
+                over.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+    assert over == []
