@@ -332,7 +332,9 @@ class PrepCluster:
         try:
             return Client(self.address, timeout=self.timeout_s, set_as_default=False, security=self.security)
         except (OSError, TimeoutError) as exc:
-            if type(exc).__name__ == "FatalCommClosedError":  # distributed's: TLS refused, say
+            # distributed's FatalCommClosedError: TLS refused, say; or the scheduler closing the
+            # handshake on a certificate it does not trust (the client sees an SSL EOF).
+            if type(exc).__name__ == "FatalCommClosedError" or "SSLEOFError" in str(exc):
                 raise ConfigError(
                     f"prep={self.address!r}: the scheduler refused the connection: {exc} "
                     "(prep_security: the CA, certificate and key the cluster trusts)"
