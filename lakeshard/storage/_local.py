@@ -78,12 +78,17 @@ class LocalStore(Store):
         began = time.perf_counter()
         try:
             with open(self.path(uri), "rb") as f:
-                if if_match is not None and (now := _md5(f.read())) != if_match:
-                    raise OSError(
-                        errno.EINVAL, f"{uri}: its MD5 is {now}, not {if_match} (precondition failed)"
-                    )
-                f.seek(start)
-                data = f.read() if end is None else f.read(max(0, end - start))
+                if if_match is not None:
+                    whole = f.read()
+                    if (now := _md5(whole)) != if_match:
+                        raise OSError(
+                            errno.EINVAL, f"{uri}: its MD5 is {now}, not {if_match} (precondition failed)"
+                        )
+                    data = whole[start:end]
+                else:
+                    if start:  # a whole read never seeks: a pipe or a device reads as a file does
+                        f.seek(start)
+                    data = f.read() if end is None else f.read(max(0, end - start))
         except Exception as exc:
             if stats is not None:
                 stats.add(
