@@ -40,7 +40,7 @@ def test_same_code_is_same_and_another_shuffle_is_named(tmp_path: Path):
         same = _same_batches(copy, "plain", "shuffle-2ranks")
         assert same.returncode == 0, same.stdout + same.stderr
         assert "2 of 2 cases the same as HEAD" in same.stdout
-        shuffle = copy / "loaders" / "shuffle.py"
+        shuffle = copy / "loaders" / "_internal" / "shuffle.py"
         text = shuffle.read_text()
         assert "SeedSequence([seed, epoch, rank])" in text
         shuffle.write_text(
