@@ -107,8 +107,3 @@ def _flow_tasks(
             return
         epoch, start, plan, onward = epoch + 1, 0, None, True
         ahead = epoch + 1
-
-
-#: How long an epoch's start waits for the cache to finish the file the last epoch filled (its
-#: sha256 over the shard) before it reads the shard from the store instead.
-_SETTLE_S = 5.0
