@@ -5,7 +5,14 @@ The dataclass is the single source of truth: each field's ``metadata`` holds its
 and parser, :func:`add_arguments` builds the argparse options from it, and :func:`resolve`
 layers defaults < YAML file < command line, naming the option as the user types it
 (``--num-shards``) and where its value came from (``command line``, ``--conf FILE`` or
-``default``) in every error: the parsers' errors and the dataclass's own checks alike.
+``default``) in every error: the parsers' errors and the dataclass's own checks alike. The
+option comes from the error as data (:attr:`ConfigError.option`), never from its message: a
+parser's error is given the field it parsed, and a check raises a :class:`ConfigError` with
+``option=`` (as :func:`check_positive`, :func:`check_fraction` and :func:`check_seed` do).
+
+This layer knows no domain: it imports only :mod:`lakeshard.errors`, the standard library and
+YAML (a test holds it to that); a domain's parsers (the manifest job's ``parse_split``) live
+beside their domain.
 """
 
 from __future__ import annotations
@@ -21,7 +28,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 
 from lakeshard.errors import ConfigError
-from lakeshard.format.layout import CHANNELS
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -31,11 +37,12 @@ __all__ = [
     "add_arguments",
     "check_fraction",
     "check_positive",
+    "check_seed",
     "opt",
     "parse_globs",
+    "parse_option",
     "parse_seed",
     "parse_size",
-    "parse_split",
     "read_yaml",
     "resolve",
 ]
@@ -78,52 +85,6 @@ def parse_size(value: str | int) -> int:
     return int(size)
 
 
-def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
-    """``"train=0.8,validation=0.1,test=0.1"`` (or a mapping) -> ``{"train": 0.8, ...}``.
-
-    Channels are among ``train``, ``validation`` and ``test`` (any subset); fractions must be
-    positive and add up to 1 (within 1e-6); channel order is kept.
-    """
-    if isinstance(value, Mapping):
-        items = list(value.items())
-    elif not isinstance(value, str):
-        raise ValueError(
-            f"split must be a mapping like {{train: 0.8, validation: 0.2}} or a string like "
-            f"'train=0.8,validation=0.2', got a {type(value).__name__}: {value!r}"
-        )
-    else:
-        items = []
-        for part in str(value).split(","):
-            if not part.strip():
-                continue
-            if "=" not in part:
-                raise ValueError(f"split entries look like 'train=0.8', got {part.strip()!r} in {value!r}")
-            name, frac = part.split("=", 1)
-            items.append((name.strip(), frac.strip()))
-    out: dict[str, float] = {}
-    for name, frac in items:
-        if name not in CHANNELS:
-            raise ValueError(
-                f"unknown channel {name!r} in split {_show(value)!r}; channels are "
-                f"{', '.join(CHANNELS)} (any of them)"
-            )
-        if name in out:
-            raise ValueError(f"channel {name!r} appears twice in split {value!r}")
-        try:
-            f = float(frac)
-        except (TypeError, ValueError):
-            raise ValueError(f"fraction of channel {name!r} must be a number, got {frac!r}") from None
-        if not 0 < f <= 1:
-            raise ValueError(f"fraction of channel {name!r} must be in (0, 1], got {f!r}")
-        out[str(name)] = f
-    if not out:
-        raise ValueError(f"split names no channel: {value!r}")
-    total = sum(out.values())
-    if abs(total - 1) > 1e-6:
-        raise ValueError(f"split fractions must add up to 1, got {total:g} from {value!r}")
-    return out
-
-
 def check_positive(
     name: str,
     value: Any,
@@ -146,23 +107,40 @@ def check_positive(
 
 
 def check_fraction(name: str, value: float) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is in ``[0, 1]``."""
+    """Raise a :class:`ConfigError` about ``name`` unless ``value`` is in ``[0, 1]``."""
     if not 0 <= value <= 1:
-        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+        raise ConfigError(f"{name} must be in [0, 1], got {value!r}", option=name)
+
+
+def check_seed(name: str, value: Any) -> int:
+    """``value`` as a seed, an ``int`` in ``[0, MAX_SEED]``; else a :class:`ConfigError` about
+    ``name``. The one seed rule: the jobs', the trainer's and the loader's seeds all keep it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be a non-negative integer, got {value!r}", option=name)
+    if value > MAX_SEED:
+        raise ConfigError(f"{name} must be at most {MAX_SEED} (2**32 - 1), got {value!r}", option=name)
+    return value
 
 
 def parse_seed(value: Any) -> int:
-    """A seed: an integer in ``[0, 2**32 - 1]``."""
-    bad = ValueError(f"a seed must be an integer in [0, 2**32 - 1 = {MAX_SEED}], got {value!r}")
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise bad
+    """A seed as typed or written in YAML (``"7"``, ``7``, ``7.0``): an integer in ``[0, MAX_SEED]``."""
+    if isinstance(value, float) and value.is_integer():  # YAML's 7.0
+        value = int(value)
+    if isinstance(value, bool) or not re.fullmatch(r"\s*[0-9]+\s*", str(value)) or int(value) > MAX_SEED:
+        raise ValueError(
+            f"expected an integer from 0 to {MAX_SEED}: a seed is 32-bit (what numpy's and torch's "
+            f"generators take), in [0, 2**32 - 1 = {MAX_SEED}], got {value!r}"
+        )
+    return int(value)
+
+
+def parse_option(name: str, parse: Callable[[Any], Any], value: Any) -> Any:
+    """``parse(value)``, its ``ValueError`` as a :class:`ConfigError` about ``name``
+    (``split: fractions must add up to 1, ...``): a dataclass's check of a parsed field."""
     try:
-        seed = int(value)
-    except (TypeError, ValueError):
-        raise bad from None
-    if not 0 <= seed <= MAX_SEED:
-        raise bad
-    return seed
+        return parse(value)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}", option=name) from None
 
 
 def parse_globs(value: str | Sequence[str]) -> tuple[str, ...]:
@@ -240,28 +218,25 @@ def _convert(cls: type, name: str, raw: Any, source: str) -> Any:
         if choices is not None and value is not None and value not in choices:
             raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{_flag(name)} ({source}): {exc}") from None
+        raise ConfigError(f"{_flag(name)} ({source}): {exc}", option=name) from None
     return value
 
 
-def _named(exc: Exception, names: Sequence[str], sources: Mapping[str, str]) -> ConfigError:
-    """A dataclass check's error as a :class:`ConfigError` naming the option and its source.
+def _located(exc: Exception, names: Sequence[str], sources: Mapping[str, str]) -> ConfigError:
+    """A dataclass check's error as a :class:`ConfigError` naming the option's flag and source.
 
-    The option is the error's own ``option`` where it has one (:class:`ConfigError`); else the
-    field the message names first (``"num_shards must be a positive integer, got 0"`` or
-    ``"cache_limit: a size must ..."``). It becomes the flag and its source, in place of the name
-    the message starts with (``--num-shards (command line): must be a positive integer, got 0``).
-    An error that names no field is kept as it is."""
-    text = str(exc)
+    The option is the error's ``option``, never read from its message: where it is a field of
+    the dataclass, its flag and source stand in front of the message, in place of the option's
+    name where the message starts with it (``num_shards must be a positive integer, got 0`` ->
+    ``--num-shards (command line): must be a positive integer, got 0``). Any other error is
+    kept as it is (as a :class:`ConfigError`)."""
     name = exc.option if isinstance(exc, ConfigError) else None
-    if name is None:
-        m = re.match(r"(\w+)(: | )", text)
-        name = m.group(1) if m is not None else None
     if name is None or name not in names:
-        return exc if isinstance(exc, ConfigError) else ConfigError(text)
-    if re.match(rf"{name}(: | )", text):
-        text = text[len(name) :].removeprefix(":").lstrip(" ")
-    return ConfigError(f"{_flag(name)} ({sources.get(name, 'default')}): {text}", option=name)
+        return exc if isinstance(exc, ConfigError) else ConfigError(str(exc))
+    text = str(exc)
+    subject = next((s for s in (f"{name}: ", f"{name} ") if text.startswith(s)), "")
+    where = f"{_flag(name)} ({sources.get(name, 'default')})"
+    return ConfigError(f"{where}: {text[len(subject) :]}", option=name)
 
 
 def _flag(name: str) -> str:
@@ -349,7 +324,7 @@ def resolve(
     the options in ``args`` that are not ``None``.
 
     Raises :class:`ConfigError` naming the option's flag and where its value came from, for
-    a value its parser refuses and for one the dataclass's checks refuse (see :func:`_named`)."""
+    a value its parser refuses and for one the dataclass's checks refuse (see :func:`_located`)."""
     given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
     conf = conf or given.pop("conf", None)
     given.pop("conf", None)
@@ -376,4 +351,4 @@ def resolve(
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
-        raise _named(exc, names, sources) from None
+        raise _located(exc, names, sources) from None

@@ -6,6 +6,7 @@
   shell, tasks, images) imports neither job's package; the two jobs' packages
   (``jobs.manifest_steps``, ``jobs.shard_steps``) import each other's nothing and no command.
 - ``loaders`` (the library) never imports its example trainer, ``loaders.train``.
+- ``lakeshard.settings`` imports of ours only ``lakeshard.errors``: it knows no domain.
 - The import graph of our modules has no cycle, and a module's name means one thing.
 - ``docs/design/0029-layout.md`` names every module (the tree a newcomer reads).
 - Which store a URI names is decided in ``lakeshard/storage/`` only (its table of stores and the
@@ -158,6 +159,12 @@ def test_each_layer_imports_only_what_is_below_it():
             if bad:
                 wrong.append(f"{name} imports {target}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_settings_layer_knows_no_domain():
+    """``lakeshard.settings`` (fields to flags and YAML, where a value came from) imports of
+    ours only the errors: a domain's parsers live beside their domain, not below it."""
+    assert _graph()["lakeshard.settings"] <= {"lakeshard.errors"}
 
 
 def test_the_import_graph_has_no_cycle():

@@ -2,13 +2,77 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from jobs.common.engines import ENGINE_NAMES
 from jobs.manifest_steps.split import ALGORITHMS
-from lakeshard.settings import check_fraction, check_positive, opt, parse_globs, parse_seed, parse_split
+from lakeshard.errors import ConfigError
+from lakeshard.format.layout import CHANNELS
+from lakeshard.settings import (
+    check_fraction,
+    check_positive,
+    opt,
+    parse_globs,
+    parse_option,
+    parse_seed,
+)
 
-__all__ = ["ManifestConfig"]
+__all__ = ["ManifestConfig", "parse_split"]
+
+
+def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
+    """``"train=0.8,validation=0.1,test=0.1"`` (or a mapping) -> ``{"train": 0.8, ...}``.
+
+    Channels are among ``train``, ``validation`` and ``test`` (any subset); fractions must be
+    positive and add up to 1 (within 1e-6); channel order is kept.
+    """
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif not isinstance(value, str):
+        raise ValueError(
+            f"split must be a mapping like {{train: 0.8, validation: 0.2}} or a string like "
+            f"'train=0.8,validation=0.2', got a {type(value).__name__}: {value!r}"
+        )
+    else:
+        items = []
+        for part in str(value).split(","):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise ValueError(f"split entries look like 'train=0.8', got {part.strip()!r} in {value!r}")
+            name, frac = part.split("=", 1)
+            items.append((name.strip(), frac.strip()))
+    out: dict[str, float] = {}
+    for name, frac in items:
+        if name not in CHANNELS:
+            raise ValueError(
+                f"unknown channel {name!r} in split {_as_text(value)!r}; channels are "
+                f"{', '.join(CHANNELS)} (any of them)"
+            )
+        if name in out:
+            raise ValueError(f"channel {name!r} appears twice in split {value!r}")
+        try:
+            f = float(frac)
+        except (TypeError, ValueError):
+            raise ValueError(f"fraction of channel {name!r} must be a number, got {frac!r}") from None
+        if not 0 < f <= 1:
+            raise ValueError(f"fraction of channel {name!r} must be in (0, 1], got {f!r}")
+        out[str(name)] = f
+    if not out:
+        raise ValueError(f"split names no channel: {value!r}")
+    total = sum(out.values())
+    if abs(total - 1) > 1e-6:
+        raise ValueError(f"split fractions must add up to 1, got {total:g} from {value!r}")
+    return out
+
+
+def _as_text(split: str | Mapping[str, Any]) -> str:
+    """A split as it is typed (``train=0.8,test=0.2``), whether it was typed or a mapping."""
+    if isinstance(split, str):
+        return split
+    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in split.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +177,13 @@ class ManifestConfig:
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "split", parse_split(self.split))
-        object.__setattr__(self, "seed", parse_seed(self.seed))
-        object.__setattr__(self, "exclude", parse_globs(self.exclude))
-        check_positive("min_per_class", self.min_per_class, allow_zero=True)
-        check_positive("label_depth", self.label_depth, allow_none=True)
+        for name, parse in (("split", parse_split), ("seed", parse_seed), ("exclude", parse_globs)):
+            object.__setattr__(self, name, parse_option(name, parse, getattr(self, name)))
+        check_positive("min_per_class", self.min_per_class, allow_zero=True, error=ConfigError)
+        check_positive("label_depth", self.label_depth, allow_none=True, error=ConfigError)
         if self.label_depth is None and self.labels is None and self.input_manifest is None:
             object.__setattr__(self, "label_depth", 1)  # path labels, the default
-        check_positive("partitions", self.partitions, allow_none=True)
-        check_positive("list_task_objects", self.list_task_objects)
-        check_positive("rows_per_part", self.rows_per_part)
+        check_positive("partitions", self.partitions, allow_none=True, error=ConfigError)
+        check_positive("list_task_objects", self.list_task_objects, error=ConfigError)
+        check_positive("rows_per_part", self.rows_per_part, error=ConfigError)
         check_fraction("max_reject_fraction", self.max_reject_fraction)

@@ -8,8 +8,9 @@ from typing import Any
 from jobs.common.engines import ENGINE_NAMES
 from jobs.common.images import DEFAULT_SPEC, ImageSpec
 from jobs.shard_steps.deal import REMAINDER_POLICIES
+from lakeshard.errors import ConfigError
 from lakeshard.format.info import IMAGE_FORMATS, RESIZE_MODES
-from lakeshard.settings import check_fraction, check_positive, opt, parse_seed, parse_size
+from lakeshard.settings import check_fraction, check_positive, opt, parse_option, parse_seed, parse_size
 
 __all__ = ["ShardConfig"]
 
@@ -26,14 +27,14 @@ _IMAGE_OPTIONS = {
 
 def _check_image_option(name: str, value: Any) -> None:  # any option's value: ImageSpec checks it
     """Check one image option with :class:`ImageSpec`'s own rule (the others at their defaults);
-    the error names the option (``max_image_pixels must be positive``), not the spec's field
+    the error is about the option (``max_image_pixels must be positive``), not the spec's field
     (``max_pixels``)."""
     try:
         replace(DEFAULT_SPEC, **{_IMAGE_OPTIONS[name]: value})
     except ValueError as exc:
         text = str(exc)
-        raise ValueError(
-            f"{name} {text[text.index('must ') :]}" if "must " in text else f"{name}: {text}"
+        raise ConfigError(
+            f"{name} {text[text.index('must ') :]}" if "must " in text else f"{name}: {text}", option=name
         ) from None
 
 
@@ -113,16 +114,20 @@ class ShardConfig:
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "row_group_size", parse_size(self.row_group_size))
+        object.__setattr__(
+            self, "row_group_size", parse_option("row_group_size", parse_size, self.row_group_size)
+        )
         if self.seed is not None:
-            object.__setattr__(self, "seed", parse_seed(self.seed))
-        check_positive("num_shards", self.num_shards)
-        check_positive("threads", self.threads, allow_none=True, allow_zero=True)
-        check_positive("decode_threads", self.decode_threads, allow_none=True)
-        check_positive("partitions", self.partitions, allow_none=True)
+            object.__setattr__(self, "seed", parse_option("seed", parse_seed, self.seed))
+        check_positive("num_shards", self.num_shards, error=ConfigError)
+        check_positive("threads", self.threads, allow_none=True, allow_zero=True, error=ConfigError)
+        check_positive("decode_threads", self.decode_threads, allow_none=True, error=ConfigError)
+        check_positive("partitions", self.partitions, allow_none=True, error=ConfigError)
         check_fraction("max_reject_fraction", self.max_reject_fraction)
         if self.row_group_size < 1:
-            raise ValueError(f"row_group_size must be positive, got {self.row_group_size!r}")
+            raise ConfigError(
+                f"row_group_size must be positive, got {self.row_group_size!r}", option="row_group_size"
+            )
         for name in _IMAGE_OPTIONS:
             _check_image_option(name, getattr(self, name))
         self.image_spec()  # the options together

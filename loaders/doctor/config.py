@@ -78,11 +78,13 @@ class DoctorConfig:
             )
         if not 0 < self.seconds < math.inf:
             raise ConfigError(
-                f"seconds must be a positive number, finite (each stage is measured that long), got {self.seconds!r}"
+                f"seconds must be a positive number, finite (each stage is measured that long), got {self.seconds!r}",
+                option="seconds",
             )
         if self.transform is not None and (self.augment or self.crop is not None):
             raise ConfigError(
-                f"transform {self.transform!r} and --augment/--crop both transform the batch: pass one of them"
+                f"transform {self.transform!r} and --augment/--crop both transform the batch: pass one of them",
+                option="transform",
             )
 
     @property

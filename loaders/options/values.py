@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lakeshard.errors import ConfigError
-from lakeshard.settings import check_positive, parse_size
+from lakeshard.settings import check_positive, check_seed, parse_size
 from lakeshard.storage import CLIENT_CONNECTIONS
 from loaders.decode import NO_DECODER, get_decoder
 from loaders.stats import PriceTable
@@ -54,9 +54,8 @@ def positive_int(name: str, value: Any) -> int:
 
 
 def seed(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{name} must be a non-negative integer, got {value!r}", option=name)
-    return value
+    """The one seed rule, the jobs' and the trainer's: an ``int`` in ``[0, 2**32 - 1]``."""
+    return check_seed(name, value)
 
 
 def flag(name: str, value: Any) -> bool:

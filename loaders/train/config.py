@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lakeshard import storage
 from lakeshard.errors import ConfigError, StorageError
-from lakeshard.settings import add_arguments, check_positive, opt, read_yaml, resolve
+from lakeshard.settings import (
+    MAX_SEED,
+    add_arguments,
+    check_positive,
+    check_seed,
+    opt,
+    parse_option,
+    parse_seed,
+    read_yaml,
+    resolve,
+)
 from loaders.mixed_loader import same_dataset
 from loaders.options import check_loader_flags, from_loader, loader_flags
 from loaders.stats import PriceTable
@@ -39,9 +48,6 @@ __all__ = [
 OPTIMIZERS = ("adamw", "sgd")
 #: ``bf16``: forward passes under ``torch.autocast(dtype=torch.bfloat16)`` (CUDA or CPU).
 PRECISIONS = ("fp32", "bf16")
-
-#: The largest seed: ``numpy.random.seed`` takes 32-bit seeds.
-MAX_SEED = 2**32 - 1
 
 #: The default prices (the loader's): what ``--price-*`` default to.
 _PRICES = PriceTable()
@@ -71,16 +77,6 @@ OWN_DEFAULTS = {
     "augment": "training augments (--no-augment: not)",
     "drop_last": "every training step takes a whole global batch",
 }
-
-
-def _parse_seed(raw: Any) -> int:
-    """A seed is an integer in ``[0, MAX_SEED]``, checked where it is read so that the error names
-    the flag or the file."""
-    if isinstance(raw, float) and raw.is_integer():  # YAML's 7.0
-        raw = int(raw)
-    if isinstance(raw, bool) or not re.fullmatch(r"[0-9]+", str(raw).strip()) or int(raw) > MAX_SEED:
-        raise ValueError(f"expected an integer from 0 to {MAX_SEED} (2**32 - 1), got {raw!r}")
-    return int(raw)
 
 
 def split_source(item: str) -> tuple[str, float | None]:
@@ -215,7 +211,7 @@ class TrainConfig:
         help="fp32, or bf16: forward passes under torch.autocast(bfloat16), on CUDA or CPU",
     )
     seed: int = opt(
-        7, parse=_parse_seed, help=f"seed of model init, shuffling and augmentation (0 to {MAX_SEED})"
+        7, parse=parse_seed, help=f"seed of model init, shuffling and augmentation (0 to {MAX_SEED})"
     )
     # The loader's options (loaders.options.OPTIONS: flag, YAML key, default, help and check); the
     # trainer's own defaults where OWN_DEFAULTS says so.
@@ -291,34 +287,25 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "step_size", "width"):
             check_positive(name, getattr(self, name), error=ConfigError)
         if self.dataset is not None:
-            try:
-                _parse_datasets(list(self.dataset) if isinstance(self.dataset, tuple) else self.dataset)
-            except ValueError as exc:
-                raise ConfigError(f"dataset: {exc}") from None
-        for name in ("eval_batch_size", "checkpoint_every", "seed", "samples_per_epoch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+            given = list(self.dataset) if isinstance(self.dataset, tuple) else self.dataset
+            parse_option("dataset", _parse_datasets, given)
+        for name in ("eval_batch_size", "checkpoint_every", "samples_per_epoch"):
+            check_positive(name, getattr(self, name), allow_zero=True, error=ConfigError)
+        check_seed("seed", self.seed)
         if self.samples_per_epoch and isinstance(self.dataset, str):
             raise ConfigError(
                 f"samples_per_epoch {self.samples_per_epoch} applies to a mixture (several datasets, or "
                 f"one given as URI:WEIGHT); an epoch of the one dataset {self.dataset} is its train channel: "
-                "drop it"
+                "drop it",
+                option="samples_per_epoch",
             )
-        if self.seed > MAX_SEED:
-            raise ConfigError(f"seed must be at most {MAX_SEED} (2**32 - 1), got {self.seed!r}")
-        if self.resume is not None:
-            try:
-                _parse_resume(self.resume)
-            except ValueError as exc:
-                raise ConfigError(f"resume: {exc}") from None
-        if self.model is not None:
-            try:
-                _parse_model(self.model)
-            except ValueError as exc:
-                raise ConfigError(f"model: {exc}") from None
+        for name, parse in (("resume", _parse_resume), ("model", _parse_model)):
+            if getattr(self, name) is not None:
+                parse_option(name, parse, getattr(self, name))
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+            raise ConfigError(
+                f"precision must be one of {PRECISIONS}, got {self.precision!r}", option="precision"
+            )
         tls = {"ca_file": self.prep_tls_ca_file, "cert": self.prep_tls_cert, "key": self.prep_tls_key}
         if any(tls.values()) and (not all(tls.values()) or not (self.prep or "").startswith("tls://")):
             raise ConfigError(
@@ -328,31 +315,37 @@ class TrainConfig:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(
-                f"metrics_port must be in [0, 65535] (0: any free port), got {self.metrics_port!r}"
+                f"metrics_port must be in [0, 65535] (0: any free port), got {self.metrics_port!r}",
+                option="metrics_port",
             )
         if not isinstance(self.metrics_host, str) or not self.metrics_host.strip():
             raise ConfigError(
-                f"metrics_host must be an address such as 127.0.0.1, 0.0.0.0 or ::, got {self.metrics_host!r}"
+                f"metrics_host must be an address such as 127.0.0.1, 0.0.0.0 or ::, got {self.metrics_host!r}",
+                option="metrics_host",
             )
         self._check_cost()
         if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+            raise ConfigError(
+                f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}", option="optimizer"
+            )
         for name in ("lr", "dist_timeout"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}", option=name)
         if not 0 < self.gamma <= 1:
-            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma!r}")
+            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma!r}", option="gamma")
 
     def _check_cost(self) -> None:
         """The budget is positive (or unset), the prices it is estimated with non-negative."""
         if self.cost_budget is not None and not self.cost_budget > 0:
             raise ConfigError(
-                f"cost_budget must be a positive number of US dollars, got {self.cost_budget!r}"
+                f"cost_budget must be a positive number of US dollars, got {self.cost_budget!r}",
+                option="cost_budget",
             )
         for name in ("price_get_per_1000", "price_transfer_per_gb"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(
-                    f"{name} must be a non-negative number of US dollars, got {getattr(self, name)!r}"
+                    f"{name} must be a non-negative number of US dollars, got {getattr(self, name)!r}",
+                    option=name,
                 )
 
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 import pytest
 
 from jobs.manifest import parser as manifest_parser
-from jobs.manifest_steps.config import ManifestConfig
+from jobs.manifest_steps.config import ManifestConfig, parse_split
 from jobs.shard import parser as shard_parser
 from jobs.shard_steps.config import ShardConfig
 from lakeshard.errors import ConfigError
-from lakeshard.settings import opt, parse_size, parse_split, resolve
+from lakeshard.settings import MAX_SEED, check_seed, opt, parse_seed, parse_size, resolve
 
 
 @pytest.mark.parametrize(
@@ -182,3 +182,34 @@ def test_a_checks_error_names_the_flag_from_its_option_not_its_message():
     with pytest.raises(ConfigError, match=r"^--size \(command line\): a size of 5 does not fit in 2$") as e:
         resolve(_Fits, {"size": "5"})
     assert e.value.option == "size"
+
+
+@pytest.mark.parametrize(
+    "cls,given,option",
+    [
+        (ShardConfig, {"dataset": "/d", "num_shards": 0}, "num_shards"),
+        (ShardConfig, {"dataset": "/d", "quality": 0}, "quality"),
+        (ShardConfig, {"dataset": "/d", "row_group_size": "lots"}, "row_group_size"),
+        (ManifestConfig, {"input": "/a", "output": "/b", "split": "train=0.5"}, "split"),
+        (ManifestConfig, {"input": "/a", "output": "/b", "seed": -1}, "seed"),
+        (ManifestConfig, {"input": "/a", "output": "/b", "max_reject_fraction": 2.0}, "max_reject_fraction"),
+    ],
+)
+def test_a_job_configs_checks_carry_their_option(cls, given, option):
+    with pytest.raises(ConfigError) as e:
+        cls(**given)
+    assert e.value.option == option
+
+
+def test_one_seed_rule_for_jobs_trainer_and_loader():
+    from loaders.options.values import seed as loader_seed
+    from loaders.train.config import MAX_SEED as TRAIN_MAX_SEED
+
+    assert TRAIN_MAX_SEED == MAX_SEED == 2**32 - 1
+    assert parse_seed(str(MAX_SEED)) == check_seed("seed", MAX_SEED) == loader_seed("seed", MAX_SEED)
+    for check in (check_seed, loader_seed):
+        with pytest.raises(ConfigError, match=r"^seed must be at most 4294967295 \(2\*\*32 - 1\)") as e:
+            check("seed", 2**32)
+        assert e.value.option == "seed"
+    with pytest.raises(ValueError, match="expected an integer from 0 to 4294967295"):
+        parse_seed(str(2**32))
