@@ -25,6 +25,9 @@ ENTRY_POINTS = {
     "jobs.shard": ShardConfig,
     "jobs/shard.py": ShardConfig,
     "loaders.train": TrainConfig,
+    "lakeshard-manifest": ManifestConfig,
+    "lakeshard-shard": ShardConfig,
+    "lakeshard-train": TrainConfig,
 }
 
 _FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -48,7 +51,8 @@ def _commands(path: Path) -> list[tuple[str, list[str]]]:
             except ValueError:
                 continue
             for i, word in enumerate(words):
-                if word in ENTRY_POINTS and (word.endswith(".py") or (i and words[i - 1] == "-m")):
+                run = word.endswith(".py") or word.startswith("lakeshard-") or (i and words[i - 1] == "-m")
+                if word in ENTRY_POINTS and run:
                     found.append((word, words[i + 1 :]))
                     break
     return found
