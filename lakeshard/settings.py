@@ -128,8 +128,8 @@ def parse_seed(value: Any) -> int:
         value = int(value)
     if isinstance(value, bool) or not re.fullmatch(r"\s*[0-9]+\s*", str(value)) or int(value) > MAX_SEED:
         raise ValueError(
-            f"expected an integer from 0 to {MAX_SEED}: a seed is 32-bit (what numpy's and torch's "
-            f"generators take), in [0, 2**32 - 1 = {MAX_SEED}], got {value!r}"
+            f"expected an integer from 0 to {MAX_SEED} (a seed is 32-bit, what numpy's and torch's "
+            f"generators take): [0, 2**32 - 1 = {MAX_SEED}], got {value!r}"
         )
     return int(value)
 

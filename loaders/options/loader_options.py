@@ -81,7 +81,9 @@ class LoaderOptions:
         "(seed, epoch, rank); off: shard order",
         check=values.flag,
     )
-    seed: int = option(0, help="the seed of the shuffle and of augmentation", check=values.seed)
+    seed: int = option(
+        0, help="the seed of the shuffle and of augmentation, in [0, 2**32 - 1]", check=values.seed
+    )
     drop_last: bool = option(
         False,
         help="drop each epoch's short last batch (it is the same size on every rank)",
