@@ -10,10 +10,11 @@
 #   bash scripts/setup_peers.sh                      # all four
 #   bash scripts/setup_peers.sh streaming litdata    # only these
 #
-# torch==2.13.0 goes in first, alone: that exact pin takes the CPU wheel on this machine's disk,
+# torch==2.13.0 comes first, alone: that exact pin takes the CPU wheel on this machine's disk,
 # while any other torch requirement met with no torch installed pulls GBs of CUDA packages
-# (nvidia-*). Every install runs under a constraints file that holds torch at 2.13.0, so a tool
-# that wants another torch fails to resolve instead of replacing it. Then the deps every peer's
+# (nvidia-*). It is installed once for every side environment (scripts/torch_layer.sh: .venv-torch,
+# read through a .pth file). Every install runs under a constraints file that holds torch at
+# 2.13.0, so a tool that wants another torch fails to resolve instead of replacing it. Then the deps every peer's
 # reader uses (numpy, pillow, simplejpeg, psutil, boto3), then the tool, pinned.
 #
 # No torchvision anywhere: no build of it imports beside torch 2.13.0 CPU (PyPI's 0.28.0, the one
@@ -34,7 +35,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-TORCH=2.13.0
+source scripts/torch_layer.sh # TORCH, torch_layer
 STREAMING=0.13.0  # mosaicml-streaming
 LITDATA=0.2.76
 WEBDATASET=1.0.2
@@ -168,7 +169,7 @@ PY
 for name in "$@"; do
     VENV=.venv-peers/$name
     stamp=$VENV/.lakeshard-peers-installed
-    if [ ! -f "$stamp" ] || [ scripts/setup_peers.sh -nt "$stamp" ]; then
+    if [ ! -f "$stamp" ] || [ scripts/setup_peers.sh -nt "$stamp" ] || [ scripts/torch_layer.sh -nt "$stamp" ]; then
         echo "setup: installing $VENV (a minute or two)" >&2
         [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
         # The CPU wheel on disk is for CPython 3.11; on another Python the same pin is a CUDA build.
@@ -178,8 +179,7 @@ for name in "$@"; do
             exit 1
         }
         echo "torch==$TORCH" >"$VENV/constraints.txt"
-        pip --upgrade pip
-        pip "torch==$TORCH"
+        torch_layer "$VENV"
         install_tool "$name"
         check "$name" >/dev/null
         touch "$stamp"

@@ -3,29 +3,31 @@
 # benchmarks/petastorm_bench.py). petastorm 0.12.1 needs an old stack that cannot share .venv:
 # pyarrow 14.0.2, numpy < 2, pandas 2.2.x. (petastorm 0.13.1 drops rows in its thread pool: not used.)
 #
-# torch==2.13.0 goes in first (any other torch requirement pulls GBs of CUDA packages), then the
-# pins, then petastorm itself with --no-deps: its only requirement we leave out is pyspark, which
-# petastorm needs for its Spark converter and materialize_dataset but never imports on the
-# make_batch_reader / petastorm.pytorch path (tests/petastorm checks that). Need the converter?
-# add "pyspark>=3.5,<=4.0.5" here. Finally this project with --no-deps, so jobs/ and loaders/
-# import (without pyspark or dask: the petastorm side only reads shards).
+# torch==2.13.0 comes first (any other torch requirement pulls GBs of CUDA packages): the one the
+# peers' environments share (scripts/torch_layer.sh), then the pins, then petastorm itself with
+# --no-deps: its only requirement we leave out is pyspark, which petastorm needs for its Spark
+# converter and materialize_dataset but never imports on the make_batch_reader / petastorm.pytorch
+# path (tests/petastorm checks that). Need the converter? add "pyspark>=3.5,<=4.0.5" here. Finally
+# this project with --no-deps, so jobs/ and loaders/ import (without pyspark or dask: the
+# petastorm side only reads shards).
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=.venv-petastorm
 PY=${PYTHON:-python3}
+source scripts/torch_layer.sh # TORCH, torch_layer
 if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 pip() {  # quiet unless it fails
     local out
-    out=$("$VENV/bin/python" -m pip install -q "$@" 2>&1) || { echo "$out" >&2; return 1; }
+    out=$("$VENV/bin/python" -m pip install -q -c "$VENV/constraints.txt" "$@" 2>&1) || { echo "$out" >&2; return 1; }
 }
 stamp=$VENV/.lakeshard-petastorm-installed
-if [ ! -f "$stamp" ] || [ "$0" -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    pip --upgrade pip
-    pip "torch==2.13.0"
+if [ ! -f "$stamp" ] || [ "$0" -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/torch_layer.sh -nt "$stamp" ]; then
+    echo "torch==$TORCH" >"$VENV/constraints.txt"
+    torch_layer "$VENV"
     pip "numpy>=1.26,<2" "pyarrow==14.0.2" "pandas>=2.2,<2.3" \
         "pillow>=10.3,<14" "simplejpeg>=1.7,<2" "fsspec>=2024.6" "pyyaml>=6,<7" "tqdm>=4.66,<5" \
         "dill>=0.2.1" "diskcache>=3.0.0" "future>=0.10.2" "packaging>=15.0" "psutil>=4.0.0" \
@@ -38,7 +40,7 @@ import lakeshard.format, loaders, loaders.petastorm_compat  # noqa: F401
 assert pyarrow.__version__ == "14.0.2", pyarrow.__version__
 assert numpy.__version__.startswith("1."), numpy.__version__
 assert petastorm.__version__ == "0.12.1", petastorm.__version__
-assert torch.__version__.split("+")[0] == "2.13.0", torch.__version__
+assert torch.__version__ == "2.13.0+cpu", torch.__version__
 PY
     touch "$stamp"
 fi
