@@ -91,15 +91,8 @@ from jobs.shard_steps.repair import (
     shards_to_assemble,
 )
 from jobs.shard_steps.report_html import write_report
-from jobs.shard_steps.reuse import (
-    BaseDataset,
-    ReusePlan,
-    StagedFile,
-    StageTask,
-    plan_reuse,
-    reuse_images,
-    stage,
-)
+from jobs.shard_steps.reuse import BaseDataset, ReusePlan, plan_reuse, reuse_images
+from jobs.shard_steps.reuse_tasks import StagedFile, StageTask, stage
 from jobs.shard_steps.segments import segment_tasks
 from jobs.shard_steps.staging import (
     finished,
