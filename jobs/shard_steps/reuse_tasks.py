@@ -120,13 +120,7 @@ def stage(task: StageTask) -> StagedFile:
         try:
             rows = pq.read_table(path, filesystem=fs, columns=["uri", "is_pad"])
         except (pa.ArrowException, OSError) as exc:  # a damaged shard lends no image
-            return StagedFile(
-                side=task.side,
-                uri=out,
-                rows=0,
-                source=task.source,
-                damaged=f"cannot be read as Parquet ({type(exc).__name__}: {exc})",
-            )
+            return _unreadable(task, out, f"cannot be read as Parquet ({type(exc).__name__}: {exc})")
         keep = pc.invert(rows["is_pad"])
         table = pa.table(
             {
@@ -143,15 +137,14 @@ def stage(task: StageTask) -> StagedFile:
             pa.ArrowException,
             OSError,
         ) as exc:  # its rows' ETags are unknown: none is reused
-            return StagedFile(
-                side=task.side,
-                uri=out,
-                rows=0,
-                source=task.source,
-                damaged=f"cannot be read ({type(exc).__name__}: {exc})",
-            )
+            return _unreadable(task, out, f"cannot be read ({type(exc).__name__}: {exc})")
         table = table.filter(pc.is_valid(table["etag"]))
     return _bucketed(task.side, out, table, task.folder.buckets)
+
+
+def _unreadable(task: StageTask, out: str, why: str) -> StagedFile:
+    """What a :class:`StageTask` whose input cannot be read stages: no row, and why."""
+    return StagedFile(side=task.side, uri=out, rows=0, source=task.source, damaged=why)
 
 
 def stage_order(
