@@ -111,7 +111,7 @@ from jobs.shard_steps.staging import (
 )
 from lakeshard import storage
 from lakeshard.errors import ShardError
-from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo
+from lakeshard.format import FORMAT_VERSION, BuildInfo, DatasetInfo, ManifestInfo
 from lakeshard.locks import dataset_lock
 
 __all__ = ["dataset_version", "hold", "main", "parser", "plan_only", "prepare", "run"]
@@ -194,11 +194,11 @@ class Preprocessed:
 # --- The plan -------------------------------------------------------------------------------
 
 
-def _classes(marker: dict[str, Any], channel: str) -> tuple[ClassRows, ...]:
+def _classes(marker: ManifestInfo, channel: str) -> tuple[ClassRows, ...]:
     """Each class of ``channel`` with rows, from the manifest's marker (``counts.classes``), by
     label index: the aggregates the plan is made from."""
-    counts = marker["counts"]["classes"][channel]
-    classes = (ClassRows(name, int(marker["labels"][name]), int(n)) for name, n in counts.items() if n)
+    counts = marker.counts.classes[channel]
+    classes = (ClassRows(name, int(marker.labels[name]), int(n)) for name, n in counts.items() if n)
     return tuple(sorted(classes, key=lambda c: c.index))
 
 
