@@ -101,10 +101,15 @@ from lakeshard.errors import DatasetExistsError, ManifestError, StorageError
 from lakeshard.format import (
     FORMAT_VERSION,
     MANIFEST_SCHEMA,
+    BaseSummary,
+    ManifestCounts,
+    ManifestInfo,
     dataset_json_uri,
     labels_uri,
     manifest_marker_uri,
     manifests_uri,
+    read_manifest_info,
+    write_manifest_info,
 )
 from lakeshard.format.manifest_table import write_part
 from lakeshard.locks import confirm, dataset_lock
@@ -307,7 +312,7 @@ def label(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) -
             ", ".join(labelling.not_in_lake_examples),
         )
     return replace(
-        listing, parts=joined.parts, classes=max(1, len(joined.labels)), labels_table=labelling.to_json()
+        listing, parts=joined.parts, classes=max(1, len(joined.labels)), labels_table=labelling.summary()
     )
 
 
@@ -316,8 +321,8 @@ def rebase(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) 
     header-reading pass to join them (:mod:`jobs.manifest_steps.base`). Returns the join, which
     also holds the base's identity for the summary."""
     where = storage.normalize(cfg.base or "")
-    marker = storage.read_json(manifest_marker_uri(where))  # checked by check_manifest_inputs
-    objects = marker["counts"]["listed"]
+    marker = read_manifest_info(where)  # checked by check_manifest_inputs
+    objects = marker.counts.listed
     # Staging moves keys and ETags, not objects: a task per core, or per --rows-per-part rows of
     # both sides (each of these tasks is an engine task to schedule, and writes a file per key
     # bucket); the listed rows cut into a slice per core (or per --rows-per-part rows).
@@ -328,11 +333,11 @@ def rebase(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) 
     # reading; not one per task, as each staging task writes a file per bucket.
     join = BaseJoin(
         root=where,
-        parts=marker["parts"],
+        parts=marker.parts,
         sniff=cfg.sniff,
         staging=storage.join(staging, "base"),
         buckets=max(engine.parallelism, math.ceil(max(rows, objects) / per_part)),
-        fingerprint=marker["fingerprint"],
+        fingerprint=marker.fingerprint,
         objects=objects,
     )
     log.info(
@@ -523,7 +528,7 @@ def summarize(
     *,
     parts: int,
     base: BaseReport | None = None,
-) -> dict[str, Any]:
+) -> ManifestInfo:
     """What ``manifests/_manifest.json`` says."""
     counts = checked.counts
     achieved = {}
@@ -531,48 +536,48 @@ def summarize(
         total = sum(counts[c][label] for c in counts)
         achieved[label] = {c: round(counts[c][label] / total, 4) for c in counts}
     listed, reasons = checked.content.listed, checked.content.reasons
-    return {
-        "format_version": FORMAT_VERSION,
-        "input": storage.normalize(cfg.input),
-        "split": cfg.split,
-        "split_order": list(cfg.split),  # the channels' order (the hash split's slices are cut in it)
-        "split_method": cfg.split_method,
-        "seed": cfg.seed,
-        "min_per_class": cfg.min_per_class,
-        "label_depth": cfg.label_depth,
+    return ManifestInfo(
+        format_version=FORMAT_VERSION,
+        input=storage.normalize(cfg.input),
+        split=cfg.split,
+        split_order=list(cfg.split),  # the channels' order (the hash split's slices are cut in it)
+        split_method=cfg.split_method,
+        seed=cfg.seed,
+        min_per_class=cfg.min_per_class,
+        label_depth=cfg.label_depth,
         # --labels: the table's URI, rows, objects it left unlabelled, rows naming no listed object.
-        "labels_table": listing.labels_table,
+        labels_table=listing.labels_table,
         # --base: its root and fingerprint; objects reused (not read), new, changed, left, moved.
-        "base": base.to_json() if base is not None else None,
-        "labels": checked.labels,
-        "fingerprint": combine_fingerprints(written.classes.fingerprints),
-        "parts": parts,
-        "counts": {
-            "listed": listed,
-            "accepted": listed - reasons.total(),
-            "rejected": reasons.total(),
-            "channels": {c: sum(counts[c].values()) for c in counts},
-            "classes": counts,
-            "skipped": listing.skipped.total(),
-        },
-        "achieved_fractions": achieved,
-        "rejects_by_reason": dict(sorted(reasons.items())),
+        base=base.summary() if base is not None else None,
+        labels=checked.labels,
+        fingerprint=combine_fingerprints(written.classes.fingerprints),
+        parts=parts,
+        counts=ManifestCounts(
+            listed=listed,
+            accepted=listed - reasons.total(),
+            rejected=reasons.total(),
+            channels={c: sum(counts[c].values()) for c in counts},
+            classes=counts,
+            skipped=listing.skipped.total(),
+        ),
+        achieved_fractions=achieved,
+        rejects_by_reason=dict(sorted(reasons.items())),
         # "hidden" (their names vary without bound, as '._*' files do) or "excluded: --exclude GLOB".
-        "skipped_by_reason": dict(sorted(listing.skipped.items())),
-        "skipped_examples": dict(listing.skipped_examples),
-        "exclude": list(cfg.exclude),
-        "include_hidden": cfg.include_hidden,
-        "dedupe": cfg.dedupe,
-        "duplicates": written.duplicates.to_json(),
-    }
+        skipped_by_reason=dict(sorted(listing.skipped.items())),
+        skipped_examples=dict(listing.skipped_examples),
+        exclude=list(cfg.exclude),
+        include_hidden=cfg.include_hidden,
+        dedupe=cfg.dedupe,
+        duplicates=written.duplicates.summary(),
+    )
 
 
-def commit(out: str, labels: dict[str, int], summary: dict[str, Any]) -> None:
+def commit(out: str, labels: dict[str, int], summary: ManifestInfo) -> None:
     """Write ``labels.json``, then the marker: last, it says the manifest is complete (unless
     another job took the output's lock over: :func:`lakeshard.locks.confirm`)."""
     confirm(out)
     storage.write_json_atomic(labels_uri(out), labels)
-    storage.write_json_atomic(manifest_marker_uri(out), summary)
+    write_manifest_info(out, summary)
 
 
 def _check_bucket(out: str) -> None:
@@ -610,24 +615,24 @@ def _warn_duplicates(dups: Duplicates) -> None:
         log.info("dedupe: rejected %d copies of identical content", dups.removed)
 
 
-def _log_written(out: str, summary: dict[str, Any]) -> None:
-    c = summary["counts"]
+def _log_written(out: str, summary: ManifestInfo) -> None:
+    c = summary.counts
     log.info(
         "manifest written to %s: %d listed, %d accepted (%s), %d rejected",
         out,
-        c["listed"],
-        c["accepted"],
-        ", ".join(f"{k}={v}" for k, v in c["channels"].items()),
-        c["rejected"],
+        c.listed,
+        c.accepted,
+        ", ".join(f"{k}={v}" for k, v in c.channels.items()),
+        c.rejected,
     )
-    if base := summary["base"]:
-        log.info("--base %s: %s", base["root"], _base_counts(base))
-        if base["relabelled"]:
+    if base := summary.base:
+        log.info("--base %s: %s", base.root, _base_counts(base))
+        if base.relabelled:
             log.warning(
                 "%d objects have another label than in --base %s (e.g. %s): each takes its new "
                 "label, as a build without --base gives it",
-                base["relabelled"],
-                base["root"],
+                base.relabelled,
+                base.root,
                 _relabelled(base),
             )
 
@@ -649,13 +654,13 @@ def prepare(cfg: ManifestConfig) -> Iterator[None]:
 def run(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     """Run the job, holding the output dataset's lock (another job writing it makes this one
     fail at once: :class:`~lakeshard.locks.DatasetBusyError`); return the summary written to
-    ``manifests/_manifest.json``."""
+    ``manifests/_manifest.json``, as its JSON object (:meth:`ManifestInfo.to_json`)."""
     check_manifest_inputs(cfg)
     with hold(cfg):
-        return _build(cfg, engine)
+        return _build(cfg, engine).to_json()
 
 
-def _build(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
+def _build(cfg: ManifestConfig, engine: Engine) -> ManifestInfo:
     """List (or read the Ground Truth manifest), label, join with the base, inspect, check,
     split and write the manifest (inputs checked, the lock held)."""
     out = storage.normalize(cfg.output)
@@ -679,16 +684,16 @@ def _build(cfg: ManifestConfig, engine: Engine) -> dict[str, Any]:
     return summary
 
 
-def _relabelled(base: dict[str, Any]) -> str:
-    return ", ".join(f"{e['key']}: {e['from']} -> {e['to']}" for e in base["relabelled_examples"])
+def _relabelled(base: BaseSummary) -> str:
+    return ", ".join(f"{e['key']}: {e['from']} -> {e['to']}" for e in base.relabelled_examples)
 
 
-def _base_counts(base: dict[str, Any]) -> str:
-    left = f" (e.g. {', '.join(base['left_examples'])})" if base["left"] else ""
-    relabelled = base.get("relabelled") and f", {base['relabelled']} relabelled (e.g. {_relabelled(base)})"
+def _base_counts(base: BaseSummary) -> str:
+    left = f" (e.g. {', '.join(base.left_examples)})" if base.left else ""
+    relabelled = base.relabelled and f", {base.relabelled} relabelled (e.g. {_relabelled(base)})"
     return (
-        f"{base['unchanged']} unchanged ({base['reused']} not read again), {base['new']} new, {base['changed']} "
-        f"changed, {base['left']} left the lake{left}, {base['moved']} moved to another channel"
+        f"{base.unchanged} unchanged ({base.reused} not read again), {base.new} new, {base.changed} "
+        f"changed, {base.left} left the lake{left}, {base.moved} moved to another channel"
         f"{relabelled or ''}"
     )
 
@@ -703,14 +708,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _summary(cfg: ManifestConfig, summary: dict[str, Any]) -> str:
-    c = summary["counts"]
+    info = ManifestInfo.from_json(summary)
+    c = info.counts
     line = (
-        f"manifest: {c['listed']} listed, {c['accepted']} accepted, {c['rejected']} rejected, "
-        f"{len(summary['labels'])} classes -> {storage.normalize(cfg.output)}"
+        f"manifest: {c.listed} listed, {c.accepted} accepted, {c.rejected} rejected, "
+        f"{len(info.labels)} classes -> {storage.normalize(cfg.output)}"
     )
-    return line + (
-        f"\nbase {summary['base']['root']}: {_base_counts(summary['base'])}" if summary["base"] else ""
-    )
+    return line + (f"\nbase {info.base.root}: {_base_counts(info.base)}" if info.base else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,7 @@ from jobs.manifest_steps.passes import (
 )
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
+from lakeshard.format import LabelsTable
 from lakeshard.format.manifest_table import hash_bucket, write_part
 
 __all__ = [
@@ -532,22 +533,22 @@ def read_manifest(
     )
 
 
-def _summary(uri: str, attribute: str, staged: StagedLines, resolved: Resolved) -> dict[str, Any]:
+def _summary(uri: str, attribute: str, staged: StagedLines, resolved: Resolved) -> LabelsTable:
     """What ``_manifest.json`` says of the manifest (``labels_table``)."""
     examples = sorted([*resolved.missing_examples, *staged.outside_examples])[:EXAMPLES]
-    return {
-        "uri": uri,
-        "format": "sagemaker-ground-truth",
-        "label_attribute": attribute,
-        "files": 1,
-        "rows": staged.lines,
-        "unlabelled": resolved.unlabelled,
-        "pinned": 0,
-        "not_in_lake": resolved.missing + staged.outside,
-        "not_in_lake_examples": examples,
-        "missing_objects": resolved.missing,
-        "outside_input": staged.outside,
-        "outside_input_examples": list(staged.outside_examples),
-        "conflicts": 0,
-        "conflict_examples": [],
-    }
+    return LabelsTable(
+        uri=uri,
+        format="sagemaker-ground-truth",
+        label_attribute=attribute,
+        files=1,
+        rows=staged.lines,
+        unlabelled=resolved.unlabelled,
+        pinned=0,
+        not_in_lake=resolved.missing + staged.outside,
+        not_in_lake_examples=examples,
+        missing_objects=resolved.missing,
+        outside_input=staged.outside,
+        outside_input_examples=list(staged.outside_examples),
+        conflicts=0,
+        conflict_examples=[],
+    )

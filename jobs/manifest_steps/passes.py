@@ -34,7 +34,13 @@ from jobs.manifest_steps.listing import inspect_objects
 from jobs.manifest_steps.split import ALGORITHMS
 from lakeshard import storage
 from lakeshard.errors import StorageError
-from lakeshard.format import MANIFEST_SCHEMA, manifest_part_uri, sagemaker_part_uri
+from lakeshard.format import (
+    MANIFEST_SCHEMA,
+    DuplicatesSummary,
+    LabelsTable,
+    manifest_part_uri,
+    sagemaker_part_uri,
+)
 from lakeshard.format.manifest_table import hash_bucket, label_part, read_part, table_rows, write_part
 
 __all__ = [
@@ -179,7 +185,7 @@ class Listing:
     classes: int
     skipped: Counter[str]
     skipped_examples: tuple[SkippedObject, ...]
-    labels_table: dict[str, Any] | None = None
+    labels_table: LabelsTable | None = None
 
     @property
     def rows(self) -> int:
@@ -491,13 +497,13 @@ class Duplicates:
         """The first groups that span channels, else the first groups."""
         return self.found.leak_examples or self.found.group_examples
 
-    def to_json(self) -> dict[str, Any]:
+    def summary(self) -> DuplicatesSummary:
         f = self.found
-        return {
-            "groups": f.groups,
-            "objects": f.objects,
-            "across_channels": f.across_channels,
-            "across_labels": f.across_labels,
-            "examples": list(self.examples),
-            "removed": self.removed,
-        }
+        return DuplicatesSummary(
+            groups=f.groups,
+            objects=f.objects,
+            across_channels=f.across_channels,
+            across_labels=f.across_labels,
+            examples=list(self.examples),
+            removed=self.removed,
+        )

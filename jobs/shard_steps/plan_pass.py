@@ -6,7 +6,6 @@ base staged in the order pass's engine action (:mod:`jobs.shard_steps.reuse`).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from jobs.common.engines import Engine
 from jobs.shard_steps.build import Build, run_tasks
@@ -31,6 +30,7 @@ from jobs.shard_steps.reuse import ReusePlan, plan_reuse
 from jobs.shard_steps.reuse_tasks import StagedFile, StageTask, stage
 from jobs.shard_steps.staging import work_uri
 from lakeshard.errors import ShardError
+from lakeshard.format import ManifestInfo
 
 __all__ = ["Plan", "channel_deal", "first_plan", "give_slots", "order_pass", "plan_channels"]
 
@@ -45,11 +45,11 @@ class Plan:
     staged: tuple[StagedFile, ...]
 
 
-def _classes(marker: dict[str, Any], channel: str) -> tuple[ClassRows, ...]:
+def _classes(marker: ManifestInfo, channel: str) -> tuple[ClassRows, ...]:
     """Each class of ``channel`` with rows, from the manifest's marker (``counts.classes``), by
     label index: the aggregates the plan is made from."""
-    counts = marker["counts"]["classes"][channel]
-    classes = (ClassRows(name, int(marker["labels"][name]), int(n)) for name, n in counts.items() if n)
+    counts = marker.counts.classes[channel]
+    classes = (ClassRows(name, int(marker.labels[name]), int(n)) for name, n in counts.items() if n)
     return tuple(sorted(classes, key=lambda c: c.index))
 
 

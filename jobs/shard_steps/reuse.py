@@ -3,7 +3,7 @@ previous dataset's shards instead of fetching and decoding them again.
 
 A row's stored image depends only on its object's bytes and the image options, so a row whose
 object has the same URI, ETag and size as when the base dataset was built, under the same
-image options and preprocessing code (:func:`check_base` refuses any other base), has the image
+image options and preprocessing code (:func:`check_shard_base` refuses any other base), has the image
 the base already stores, byte for byte. The base's shards do not record ETags: its manifest
 does (the one its ``dataset.json`` was built from, checked by fingerprint).
 
@@ -59,7 +59,7 @@ from jobs.shard_steps.reuse_tasks import (
 from jobs.shard_steps.staging import image_code, library_versions
 from lakeshard import storage
 from lakeshard.errors import DatasetError, ShardError
-from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_info
+from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_info, read_manifest_info
 from lakeshard.format.info import BaseRef, DatasetInfo
 from lakeshard.format.manifest_table import channel_parts
 
@@ -68,7 +68,7 @@ __all__ = [
     "BaseImages",
     "BaseShard",
     "ReusePlan",
-    "check_base",
+    "check_shard_base",
     "image_options",
     "plan_reuse",
     "reuse_images",
@@ -143,7 +143,7 @@ class BaseShard:
 
 @dataclass(frozen=True, slots=True)
 class BaseDataset:
-    """The ``--base`` dataset, checked (:func:`check_base`): its root, ``dataset.json``, every
+    """The ``--base`` dataset, checked (:func:`check_shard_base`): its root, ``dataset.json``, every
     shard file and every part of its channel manifests."""
 
     root: str
@@ -155,7 +155,7 @@ class BaseDataset:
         return BaseRef(root=self.root, dataset_version=self.info.dataset_version)
 
 
-def check_base(uri: str, cfg: ShardConfig) -> BaseDataset:
+def check_shard_base(uri: str, cfg: ShardConfig) -> BaseDataset:
     """The ``--base`` dataset at ``uri``, or an error naming it and what is wrong: no
     ``dataset.json`` (not complete), another image option, library version or preprocessing
     code (the option, its value there and here), a manifest rebuilt since its shards, a shard
@@ -182,7 +182,7 @@ def check_base(uri: str, cfg: ShardConfig) -> BaseDataset:
             + ": its images are not the ones this build makes; build without --base, or with the base's options"
         )
     marker = manifest_marker_uri(root)
-    fingerprint = storage.read_json(marker).get("fingerprint") if storage.exists(marker) else None
+    fingerprint = read_manifest_info(root).fingerprint if storage.exists(marker) else None
     if fingerprint != info.inputs.manifest_fingerprint:
         raise DatasetError(
             f"--base {root}: its manifest ({marker}) is not the one its shards were built from "

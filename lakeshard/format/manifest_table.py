@@ -23,12 +23,8 @@ import pyarrow.parquet as pq
 
 from lakeshard import storage
 from lakeshard.errors import DatasetError, StorageError
-from lakeshard.format.layout import (
-    MANIFEST_SCHEMA,
-    manifest_marker_uri,
-    manifest_part_uri,
-    sagemaker_part_uri,
-)
+from lakeshard.format.layout import MANIFEST_SCHEMA, manifest_part_uri, sagemaker_part_uri
+from lakeshard.format.manifest_info import read_manifest_info
 
 __all__ = [
     "channel_parts",
@@ -58,16 +54,7 @@ def label_part(label: str | None, parts: int) -> int:
 
 def manifest_parts(root: str) -> int:
     """How many parts each manifest table of the dataset at ``root`` has (``_manifest.json``)."""
-    marker = manifest_marker_uri(root)
-    if not storage.exists(marker):
-        raise DatasetError(f"no complete manifest at {root}: {marker} is missing; run jobs/manifest.py first")
-    parts = storage.read_json(marker).get("parts")
-    if not isinstance(parts, int) or parts < 1:
-        raise DatasetError(
-            f"{marker} has no valid 'parts' ({parts!r}): it was written by an older lakeshard; "
-            "rebuild the manifest"
-        )
-    return parts
+    return read_manifest_info(root).parts
 
 
 def channel_parts(root: str, channel: str) -> list[str]:
