@@ -75,7 +75,7 @@ from jobs.manifest_steps.label_tasks import (
     stage_table,
 )
 from jobs.manifest_steps.labels import label_files
-from jobs.manifest_steps.listing import Skip, discover
+from jobs.manifest_steps.listing import Skip, StagedRow, discover
 from jobs.manifest_steps.listing_tasks import list_lake
 from jobs.manifest_steps.passes import (
     EXAMPLES,
@@ -241,7 +241,7 @@ def _list_inventory(cfg: ManifestConfig, engine: Engine, src: str, staging: str)
 
 
 def _listing(
-    results: Sequence[ListedPart], *, classes: int, stray: Sequence[dict[str, Any]] = (), staging: str = ""
+    results: Sequence[ListedPart], *, classes: int, stray: Sequence[StagedRow] = (), staging: str = ""
 ) -> Listing:
     """The listing tasks' parts as one listing. ``stray``: the objects the driver found above
     the label level (few), counted if skipped, else staged in a part of their own (rejects)."""
