@@ -12,7 +12,8 @@ duplicates:
    per-class counts and reject reasons, from which the driver checks ``--min-per-class``.
 4. :func:`class_task` (one item per class part: every row of a class is in one): split
    group-wise, write the manifest tables' part; return per-class fingerprints.
-5. :func:`duplicates_task` (content buckets with duplicates): the duplicate-group report.
+5. :func:`jobs.manifest_steps.duplicates.duplicates_task` (content buckets with duplicates): the
+   duplicate-group report.
 
 The result is the manifest :func:`jobs.manifest_steps.catalog.build_manifest` builds from the same rows.
 """
@@ -36,7 +37,6 @@ from lakeshard import storage
 from lakeshard.errors import StorageError
 from lakeshard.format import (
     MANIFEST_SCHEMA,
-    DuplicatesSummary,
     LabelsTable,
     manifest_part_uri,
     sagemaker_part_uri,
@@ -48,8 +48,6 @@ __all__ = [
     "STAGED_SCHEMA",
     "ClassParts",
     "ContentCounts",
-    "DuplicateGroups",
-    "Duplicates",
     "KeyChange",
     "ListedPart",
     "Listing",
@@ -60,7 +58,6 @@ __all__ = [
     "assign_channels",
     "class_task",
     "content_task",
-    "duplicates_task",
     "inspect_rows",
     "inspect_task",
     "read_staged",
@@ -437,82 +434,3 @@ def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
             )
         )
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class DuplicateGroups:
-    """What :func:`duplicates_task` hands back for its content buckets, merged by :meth:`merge`:
-    the groups of identical accepted content, their objects, the groups that span channels
-    (leakage) and labels; the first groups by first key (``{key: channel}``), of those that span
-    channels and of all."""
-
-    groups: int
-    objects: int
-    across_channels: int
-    across_labels: int
-    leak_examples: tuple[dict[str, str], ...]
-    group_examples: tuple[dict[str, str], ...]
-
-    @classmethod
-    def merge(cls, parts: Sequence[DuplicateGroups]) -> DuplicateGroups:
-        def first(examples: Iterable[dict[str, str]]) -> tuple[dict[str, str], ...]:
-            return tuple(sorted(examples, key=lambda e: next(iter(e)))[:EXAMPLES])
-
-        return cls(
-            groups=sum(p.groups for p in parts),
-            objects=sum(p.objects for p in parts),
-            across_channels=sum(p.across_channels for p in parts),
-            across_labels=sum(p.across_labels for p in parts),
-            leak_examples=first(e for p in parts for e in p.leak_examples),
-            group_examples=first(e for p in parts for e in p.group_examples),
-        )
-
-
-def duplicates_task(buckets: list[int], *, plan: PassPlan) -> list[DuplicateGroups]:
-    """The groups of identical accepted content in ``buckets``: counts, and the first
-    :data:`EXAMPLES` groups by first key, of all and of those that span channels."""
-    out = []
-    for bucket in buckets:
-        groups = same_content(read_staged(plan.folder("duplicates", bucket)))
-        leaks = [g for g in groups if len({r["channel"] for r in g}) > 1]
-
-        def examples(gs: list[list[StagedRow]]) -> tuple[dict[str, str], ...]:
-            first = sorted(gs, key=lambda g: g[0]["key"])[:EXAMPLES]
-            return tuple({r["key"]: r["channel"] for r in g} for g in first)
-
-        out.append(
-            DuplicateGroups(
-                groups=len(groups),
-                objects=sum(len(g) for g in groups),
-                across_channels=len(leaks),
-                across_labels=sum(len({r["label"] for r in g}) > 1 for g in groups),
-                leak_examples=examples(leaks),
-                group_examples=examples(groups),
-            )
-        )
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class Duplicates:
-    """The manifest's accepted objects of identical content (:class:`DuplicateGroups`, merged),
-    and how many ``--dedupe`` rejected: what ``_manifest.json`` says under ``duplicates``."""
-
-    found: DuplicateGroups
-    removed: int
-
-    @property
-    def examples(self) -> tuple[dict[str, str], ...]:
-        """The first groups that span channels, else the first groups."""
-        return self.found.leak_examples or self.found.group_examples
-
-    def summary(self) -> DuplicatesSummary:
-        f = self.found
-        return DuplicatesSummary(
-            groups=f.groups,
-            objects=f.objects,
-            across_channels=f.across_channels,
-            across_labels=f.across_labels,
-            examples=list(self.examples),
-            removed=self.removed,
-        )
