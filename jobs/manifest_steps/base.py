@@ -42,7 +42,7 @@ from jobs.common.tasks import pack
 from jobs.manifest_steps.catalog import DUPLICATE, reason_kind
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.label_tasks import BucketJoin, stage_keys
-from jobs.manifest_steps.listing import reject
+from jobs.manifest_steps.listing import StagedRow, reject
 from jobs.manifest_steps.passes import (
     EXAMPLES,
     ClassParts,
@@ -225,11 +225,11 @@ def stage_both(groups: list[list[int | PartSlice]], *, join: BaseJoin) -> list[i
     ]
 
 
-def _s3(row: dict[str, Any]) -> bool:
+def _s3(row: StagedRow) -> bool:
     return not storage.is_local(str(row["uri"]))
 
 
-def _unchanged(row: dict[str, Any], old: dict[str, Any]) -> bool:
+def _unchanged(row: StagedRow, old: StagedRow) -> bool:
     """The listed ``row`` is the object the base listed as ``old``: same size and ETag on S3;
     same size and modification time locally (a local file's ETag is known only once read)."""
     if row["size"] != old["size"]:
@@ -239,7 +239,7 @@ def _unchanged(row: dict[str, Any], old: dict[str, Any]) -> bool:
     return row["last_modified"] is not None and row["last_modified"] == old["last_modified"]
 
 
-def _reuse(row: dict[str, Any], old: dict[str, Any]) -> bool:
+def _reuse(row: StagedRow, old: StagedRow) -> bool:
     """Give the unchanged, listed ``row`` the outcome of the base's header read of it, if the
     base records one it can be rebuilt from; return whether it did. Not reused: an S3 object
     uploaded in parts (its content hash is of the bytes, not in the manifest), a local row

@@ -8,7 +8,7 @@ import os
 
 from jobs.manifest_steps.base import check_manifest_base
 from jobs.manifest_steps.config import ManifestConfig
-from jobs.manifest_steps.ground_truth import check_input_manifest
+from jobs.manifest_steps.ground_truth_lines import check_input_manifest
 from jobs.manifest_steps.inventory import read_inventory
 from jobs.manifest_steps.labels import check_labels
 from lakeshard import storage
@@ -66,7 +66,7 @@ def _check_inventory(inventory: str, src: str) -> None:
 def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
     """``--input-manifest`` comes with ``--label-attribute`` and none of the other sources of
     objects or labels, and its first lines are Ground Truth classification lines under
-    ``--input`` (see :func:`jobs.manifest_steps.ground_truth.check_input_manifest`)."""
+    ``--input`` (see :func:`jobs.manifest_steps.ground_truth_lines.check_input_manifest`)."""
     if cfg.input_manifest is None:
         raise ConfigError(
             f"--label-attribute {cfg.label_attribute!r} is only for --input-manifest (a SageMaker Ground "

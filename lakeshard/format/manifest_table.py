@@ -14,8 +14,8 @@ import hashlib
 import io
 import re
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +27,7 @@ from lakeshard.format.layout import MANIFEST_SCHEMA, manifest_part_uri, sagemake
 from lakeshard.format.manifest_info import read_manifest_info
 
 __all__ = [
+    "ManifestRow",
     "channel_parts",
     "hash_bucket",
     "iter_parts",
@@ -39,6 +40,27 @@ __all__ = [
     "table_rows",
     "write_part",
 ]
+
+
+class ManifestRow(TypedDict):
+    """One row of a manifest table, as the manifest job's steps hand it on (a plain dict at
+    run time): the columns of :data:`~lakeshard.format.layout.MANIFEST_SCHEMA`.
+
+    ``label``, ``channel`` and ``reason`` are ``str | None`` as the status says (an accepted
+    row has a label and, once split, a channel; a rejected or skipped one a reason); they are
+    typed ``Any`` because the steps rely on that invariant, which a type cannot state."""
+
+    uri: str
+    key: str  #: below the lake prefix
+    label: Any  #: str | None
+    label_index: int | None
+    channel: Any  #: str | None: None unless accepted
+    size: int
+    etag: str | None
+    last_modified: datetime | None
+    format: str | None  #: the sniffed image format (None: not read)
+    status: str  #: ``ok``, ``rejected`` or ``skipped``
+    reason: Any  #: str | None: why it was rejected or skipped
 
 
 def hash_bucket(text: str, buckets: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import replace
 from pathlib import Path
 
@@ -86,3 +87,13 @@ def test_no_manifest_is_named(tmp_path: Path) -> None:
 def test_replace_keeps_a_model(written: str) -> None:
     info = read_manifest_info(written)
     assert ManifestInfo.from_json(replace(info, fingerprint="f").to_json()).fingerprint == "f"
+
+
+def test_the_row_types_name_the_tables_columns() -> None:
+    from jobs.manifest_steps.listing import StagedRow
+    from jobs.manifest_steps.passes import STAGED_SCHEMA
+    from lakeshard.format import MANIFEST_SCHEMA
+    from lakeshard.format.manifest_table import ManifestRow
+
+    assert list(ManifestRow.__annotations__) == MANIFEST_SCHEMA.names
+    assert list(typing.get_type_hints(StagedRow)) == STAGED_SCHEMA.names

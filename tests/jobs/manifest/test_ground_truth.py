@@ -17,7 +17,8 @@ import pytest
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.manifest_steps.config import ManifestConfig
-from jobs.manifest_steps.ground_truth import CHECK_LINES, _lines
+from jobs.manifest_steps.ground_truth import _lines
+from jobs.manifest_steps.ground_truth_lines import CHECK_LINES
 from jobs.manifest_steps.inputs import check_manifest_inputs
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
