@@ -2,8 +2,8 @@
 
 The shard job's plan has a driver side, :func:`jobs.shard_steps.deal.deal_from_counts` (class counts and the
 reject slots in, a small :class:`~jobs.shard_steps.deal.Deal` out), and a worker side
-(:mod:`jobs.shard_steps.plan_tasks`: each row's slot by :func:`jobs.shard_steps.deal.class_slots`, then each shard's order
-by :func:`jobs.shard_steps.deal.order_shard`). :func:`measure_plan` runs the driver side on ``rows`` rows
+(:mod:`jobs.shard_steps.plan_tasks`: each row's slot by :func:`jobs.shard_steps.deal_rows.class_slots`, then each shard's order
+by :func:`jobs.shard_steps.deal_rows.order_shard`). :func:`measure_plan` runs the driver side on ``rows`` rows
 in ``classes`` classes over ``num_shards`` shards and measures its time and peak memory (Python
 allocations by ``tracemalloc``, and the process's resident set), then runs the worker side's
 functions on a sample of ``sample_rows`` synthetic rows and reports their cost per row, which a
@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 from process_peaks import vm_hwm, vm_rss
 
-from jobs.shard_steps.deal import class_slots, deal_from_counts, order_shard
+from jobs.shard_steps.deal import deal_from_counts
+from jobs.shard_steps.deal_rows import class_slots, order_shard
 
 __all__ = ["class_counts", "measure_plan"]
 

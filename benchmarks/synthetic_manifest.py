@@ -25,7 +25,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from plan_alone import class_counts
 
-from lakeshard.format import FORMAT_VERSION, MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri
+from lakeshard.format import (
+    FORMAT_VERSION,
+    MANIFEST_SCHEMA,
+    ManifestCounts,
+    ManifestInfo,
+    manifest_part_uri,
+    write_manifest_info,
+)
 from lakeshard.format.manifest_table import label_part
 
 __all__ = ["write_manifest"]
@@ -77,25 +84,29 @@ def write_manifest(
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.concat_tables(tables) if tables else MANIFEST_SCHEMA.empty_table(), path)
     per_class = {label: counts[i] for label, i in labels.items()}
-    marker = {
-        "format_version": FORMAT_VERSION,
-        "input": "s3://synthetic-lake/raw",
-        "split": {_CHANNEL: 1.0},
-        "split_order": [_CHANNEL],
-        "split_method": "hash",
-        "seed": seed,
-        "labels": labels,
-        "parts": parts,
-        "fingerprint": hashlib.sha256(f"synthetic {rows} {classes} {seed}".encode()).hexdigest(),
-        "counts": {
-            "listed": rows,
-            "accepted": rows,
-            "rejected": 0,
-            "channels": {_CHANNEL: rows},
-            "classes": {_CHANNEL: per_class},
-            "skipped": 0,
-        },
-    }
+    marker = ManifestInfo(
+        format_version=FORMAT_VERSION,
+        input="s3://synthetic-lake/raw",
+        split={_CHANNEL: 1.0},
+        split_order=[_CHANNEL],
+        split_method="hash",
+        seed=seed,
+        min_per_class=0,
+        label_depth=1,
+        labels=labels,
+        parts=parts,
+        fingerprint=hashlib.sha256(f"synthetic {rows} {classes} {seed}".encode()).hexdigest(),
+        counts=ManifestCounts(
+            listed=rows,
+            accepted=rows,
+            rejected=0,
+            channels={_CHANNEL: rows},
+            classes={_CHANNEL: per_class},
+            skipped=0,
+        ),
+        achieved_fractions={label: {_CHANNEL: 1.0} for label in labels},
+        rejects_by_reason={},
+    )
     (root / "labels.json").write_text(json.dumps(labels, sort_keys=True))
-    Path(manifest_marker_uri(uri).removeprefix("file://")).write_text(json.dumps(marker, sort_keys=True))
+    write_manifest_info(uri, marker)
     return root

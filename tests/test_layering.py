@@ -373,3 +373,22 @@ def test_the_loader_library_keeps_its_sizes():
             if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.end_lineno - node.lineno + 1 > limit:
                 over.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
     assert over == []
+
+
+def test_the_shard_job_keeps_its_sizes():
+    """No module over 500 lines and no function over 80 in the shard job's side of ``jobs/``
+    (``jobs/shard.py``, ``jobs/shard_steps/``, ``jobs/common/``; issue 48)."""
+    paths = [REPO / "jobs" / "shard.py", *(REPO / "jobs" / "shard_steps").rglob("*.py")]
+    paths += (REPO / "jobs" / "common").rglob("*.py")
+    over = []
+    for path in sorted(paths):
+        source = path.read_text()
+        if len(source.splitlines()) > 500:
+            over.append(f"{path.relative_to(REPO)}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if (
+                isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.end_lineno - node.lineno + 1 > 80
+            ):
+                over.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+    assert over == []

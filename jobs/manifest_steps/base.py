@@ -1,6 +1,6 @@
 """Incremental manifests (``--base URI``): what a previous manifest of the same lake already knows.
 
-The base is checked before an engine starts (:func:`check_base`: complete, of this format, the
+The base is checked before an engine starts (:func:`check_manifest_base`: complete, of this format, the
 same ``--input``, kind of label source and split). On the workers its rows are joined with the listed
 rows by key bucket, with the labelling pass's machinery (:class:`jobs.manifest_steps.label_tasks.BucketJoin`,
 :func:`jobs.manifest_steps.label_tasks.stage_keys`), after the labelling; the join itself is done by the
@@ -42,7 +42,7 @@ from jobs.common.tasks import pack
 from jobs.manifest_steps.catalog import DUPLICATE, reason_kind
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.label_tasks import BucketJoin, stage_keys
-from jobs.manifest_steps.listing import reject
+from jobs.manifest_steps.listing import StagedRow, reject
 from jobs.manifest_steps.passes import (
     EXAMPLES,
     ClassParts,
@@ -54,14 +54,21 @@ from jobs.manifest_steps.passes import (
 )
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, ManifestError
-from lakeshard.format import FORMAT_VERSION, MANIFEST_SCHEMA, manifest_marker_uri, manifest_part_uri
+from lakeshard.format import (
+    MANIFEST_SCHEMA,
+    BaseSummary,
+    ManifestInfo,
+    manifest_marker_uri,
+    manifest_part_uri,
+    read_manifest_info,
+)
 from lakeshard.format.manifest_table import hash_bucket, read_part, table_rows, write_part
 
 __all__ = [
     "BaseJoin",
     "BaseReport",
     "JoinCounts",
-    "check_base",
+    "check_manifest_base",
     "inspect_bucket",
     "join_and_inspect",
     "stage_base",
@@ -98,7 +105,7 @@ def _label_kind(label_depth: int | None, table: bool) -> str:
     return "a table" if table else f"the path at depth {label_depth}"
 
 
-def check_base(cfg: ManifestConfig) -> dict[str, Any]:
+def check_manifest_base(cfg: ManifestConfig) -> ManifestInfo:
     """The ``--base`` manifest's marker, checked before an engine starts: the base is not the
     output, its manifest is complete (``_manifest.json``) and of this format, and it was built
     from the same ``--input``, kind of label source (the path at the same ``--label-depth``, or a
@@ -123,36 +130,42 @@ def check_base(cfg: ManifestConfig) -> dict[str, Any]:
             f"--base {base} holds no complete manifest: {marker_uri} is missing (a manifest job that "
             "did not finish, or not a dataset); give a dataset the manifest job completed"
         )
-    marker = storage.read_json(marker_uri)
-    version = marker.get("format_version")
-    if version != FORMAT_VERSION or not isinstance(marker.get("parts"), int):
-        raise DatasetError(
-            f"--base {base}: its manifest is of format version {version!r}, this lakeshard writes "
-            f"{FORMAT_VERSION}; build without --base"
-        )
-    if marker.get("input") != src:
+    try:
+        marker = read_manifest_info(base)
+    except DatasetError as exc:
+        raise DatasetError(f"--base {base}: {exc}; or build without --base") from None
+    if marker.input != src:
         raise ManifestError(
-            f"--base {base} is a manifest of --input {marker.get('input')}, not of --input {src}: "
+            f"--base {base} is a manifest of --input {marker.input}, not of --input {src}: "
             "a base must be an earlier manifest of the same lake"
         )
-    table = marker.get("labels_table") or {}
-    old_labels = storage.normalize(table["uri"]) if table.get("uri") else None
+    _check_label_source(cfg, base, marker)
+    _check_split(cfg, base, marker)
+    return marker
+
+
+def _check_label_source(cfg: ManifestConfig, base: str, marker: ManifestInfo) -> None:
+    """The base took its labels from the same kind of source as this run (:func:`_label_kind`)."""
+    table = marker.labels_table
+    old_labels = storage.normalize(table.uri) if table is not None and table.uri else None
     new_labels = cfg.labels or cfg.input_manifest
-    old = _label_source(marker.get("label_depth"), old_labels, table.get("label_attribute"))
+    old = _label_source(marker.label_depth, old_labels, table.label_attribute if table else None)
     new = _label_source(
         cfg.label_depth, storage.normalize(new_labels) if new_labels else None, cfg.label_attribute
     )
-    if _label_kind(marker.get("label_depth"), bool(table)) != _label_kind(cfg.label_depth, bool(new_labels)):
+    if _label_kind(marker.label_depth, table is not None) != _label_kind(cfg.label_depth, bool(new_labels)):
         raise ManifestError(
             f"--base {base} took its labels from {old}, this run from {new}: objects would change "
             "class; use the base's label source or build without --base"
         )
+
+
+def _check_split(cfg: ManifestConfig, base: str, marker: ManifestInfo) -> None:
+    """The base was split with this run's split options (:data:`SPLIT_OPTIONS`)."""
     for name, flag in SPLIT_OPTIONS.items():
-        was, now = marker.get(name), getattr(cfg, name)
-        if name == "split" and isinstance(
-            was, dict
-        ):  # the marker's keys are sorted: its order is split_order
-            order = marker.get("split_order") or list(now)  # older markers did not record it
+        was, now = getattr(marker, name), getattr(cfg, name)
+        if name == "split":  # the marker's keys are sorted: its order is split_order
+            order = marker.split_order or list(now)  # older markers did not record it
             was = {c: was[c] for c in order if c in was} if set(order) == set(was) else was
             now = dict(now)
         same = list(was.items()) == list(now.items()) if isinstance(was, dict) else was == now
@@ -163,7 +176,6 @@ def check_base(cfg: ManifestConfig) -> dict[str, Any]:
                 f"a different split moves objects between channels, which --base promises not to "
                 f"do; use the base's {flag} or build without --base"
             )
-    return marker
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,11 +225,11 @@ def stage_both(groups: list[list[int | PartSlice]], *, join: BaseJoin) -> list[i
     ]
 
 
-def _s3(row: dict[str, Any]) -> bool:
+def _s3(row: StagedRow) -> bool:
     return not storage.is_local(str(row["uri"]))
 
 
-def _unchanged(row: dict[str, Any], old: dict[str, Any]) -> bool:
+def _unchanged(row: StagedRow, old: StagedRow) -> bool:
     """The listed ``row`` is the object the base listed as ``old``: same size and ETag on S3;
     same size and modification time locally (a local file's ETag is known only once read)."""
     if row["size"] != old["size"]:
@@ -227,7 +239,7 @@ def _unchanged(row: dict[str, Any], old: dict[str, Any]) -> bool:
     return row["last_modified"] is not None and row["last_modified"] == old["last_modified"]
 
 
-def _reuse(row: dict[str, Any], old: dict[str, Any]) -> bool:
+def _reuse(row: StagedRow, old: StagedRow) -> bool:
     """Give the unchanged, listed ``row`` the outcome of the base's header read of it, if the
     base records one it can be rebuilt from; return whether it did. Not reused: an S3 object
     uploaded in parts (its content hash is of the bytes, not in the manifest), a local row
@@ -345,24 +357,24 @@ class BaseReport:
     counts: JoinCounts
     classes: ClassParts
 
-    def to_json(self) -> dict[str, Any]:
+    def summary(self) -> BaseSummary:
         c, moved = self.counts, self.classes
-        return {
-            "root": self.join.root,
-            "fingerprint": self.join.fingerprint,
-            "objects": self.join.objects,
-            "unchanged": c.unchanged,
-            "reused": c.reused,
-            "new": c.new,
-            "changed": c.changed,
-            "left": c.left,
-            "relabelled": c.relabelled,
-            "inspected": c.inspected,
-            "left_examples": list(c.left_examples),
-            "relabelled_examples": [e.to_json() for e in c.relabelled_examples],
-            "moved": moved.moved,
-            "moved_examples": [e.to_json() for e in moved.moved_examples],
-        }
+        return BaseSummary(
+            root=self.join.root,
+            fingerprint=self.join.fingerprint,
+            objects=self.join.objects,
+            unchanged=c.unchanged,
+            reused=c.reused,
+            new=c.new,
+            changed=c.changed,
+            left=c.left,
+            relabelled=c.relabelled,
+            inspected=c.inspected,
+            left_examples=list(c.left_examples),
+            relabelled_examples=[e.to_json() for e in c.relabelled_examples],
+            moved=moved.moved,
+            moved_examples=[e.to_json() for e in moved.moved_examples],
+        )
 
 
 def stage_join(engine: Engine, join: BaseJoin, slices: list[PartSlice], partitions: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.manifest_steps.listing import StagedRow
 from jobs.manifest_steps.listing import reject as reject_row
 from jobs.manifest_steps.split import ALGORITHMS, SplitFn
 from lakeshard.errors import ManifestError, RejectFractionError, SplitError
@@ -66,16 +67,16 @@ class Manifest:
     duplicates: dict[str, Any] = field(default_factory=dict)
 
 
-def same_content(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def same_content(rows: Sequence[StagedRow]) -> list[list[StagedRow]]:
     """The groups (two or more, in key order) of ``rows`` with the same ``content`` hash."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[str, list[StagedRow]] = defaultdict(list)
     for r in rows:
-        if r.get("content"):
-            groups[r["content"]].append(r)
+        if content := r.get("content"):
+            groups[content].append(r)
     return [g for g in groups.values() if len(g) > 1]
 
 
-def dedupe_rows(ok: Sequence[dict[str, Any]]) -> int:
+def dedupe_rows(ok: Sequence[StagedRow]) -> int:
     """Reject every object but the first (by key) of each group of identical content; return
     how many were rejected."""
     n = 0
@@ -86,7 +87,7 @@ def dedupe_rows(ok: Sequence[dict[str, Any]]) -> int:
     return n
 
 
-def _duplicates(ok: Sequence[dict[str, Any]], removed: int) -> dict[str, Any]:
+def _duplicates(ok: Sequence[StagedRow], removed: int) -> dict[str, Any]:
     """Accepted objects of identical content: how many groups and objects, how many groups
     span channels (leakage: the same image is trained on and evaluated) or labels, and a few
     examples of those; ``removed`` is how many ``dedupe`` rejected."""
@@ -221,7 +222,7 @@ def check_accepted(
 
 
 def build_manifest(
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[StagedRow],
     *,
     split: Mapping[str, float],
     seed: int,
@@ -241,7 +242,7 @@ def build_manifest(
     :class:`RejectFractionError` when too much of the lake was rejected, and
     :class:`ManifestError` when fewer than two classes are left.
     """
-    rows = sorted((dict(r) for r in rows), key=lambda r: r["key"])
+    rows = sorted((r.copy() for r in rows), key=lambda r: r["key"])
     where = source or "the input"
     if not rows:
         raise ManifestError(f"no objects found under {where}")

@@ -7,7 +7,7 @@ label attribute the labelling job was given (``--label-attribute``) and ``<attri
      "sport-metadata": {"class-name": "football", "type": "groundtruth/image-classification", ...}}
 
 The label is the class *name*: the metadata's ``class-name``, else its ``class-map`` entry for
-the attribute's value, else the value itself if it is text (:func:`label_of`), without
+the attribute's value, else the value itself if it is text (:func:`jobs.manifest_steps.ground_truth_lines.label_of`), without
 surrounding white space; values become text as a ``--labels`` table's do
 (:func:`jobs.manifest_steps.labels.value_text`: the index ``0.0`` is the ``class-map`` entry ``"0"``). A line without
 the attribute (a worker or the job failed: the metadata holds only ``failure-reason``) labels
@@ -26,12 +26,11 @@ not a listing of ``--input``. Two passes on the workers, no row on the driver:
    ETag and modification time (one HEAD each, concurrently), count the keys whose object does
    not exist, and stage the rows as the listing parts the header-reading pass reads.
 
-:func:`check_input_manifest` checks the first lines on the driver before an engine starts.
+:func:`jobs.manifest_steps.ground_truth_lines.check_input_manifest` checks the first lines on the driver before an engine starts.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from collections import Counter, defaultdict
@@ -44,9 +43,9 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 
 from jobs.common.engines import Engine
-from jobs.manifest_steps.json_lines import JsonLineError, json_lines
+from jobs.manifest_steps.ground_truth_lines import UnsupportedLine, key_under, parse_line
+from jobs.manifest_steps.json_lines import json_lines
 from jobs.manifest_steps.label_tasks import Conflict, conflicts_text
-from jobs.manifest_steps.labels import value_text
 from jobs.manifest_steps.listing import Skip, _row, reject
 from jobs.manifest_steps.passes import (
     EXAMPLES,
@@ -59,17 +58,14 @@ from jobs.manifest_steps.passes import (
 )
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
+from lakeshard.format import LabelsTable
 from lakeshard.format.manifest_table import hash_bucket, write_part
 
 __all__ = [
-    "CHECK_LINES",
     "ByteRange",
     "GroundTruthSource",
-    "LineLabel",
     "Resolved",
     "StagedLines",
-    "check_input_manifest",
-    "label_of",
     "read_manifest",
     "resolve_task",
     "stage_lines",
@@ -77,138 +73,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Lines of the manifest checked on the driver before an engine starts.
-CHECK_LINES = 1000
 #: The manifest is cut into byte ranges of about ``--rows-per-part`` lines of this many bytes.
 _LINE_BYTES = 256
 _IO_THREADS = 16  # HEAD requests are latency-bound; threads overlap them
 _LINE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.string()), ("reason", pa.string())])
-
-
-class _Unsupported(ValueError):
-    """A line that is not a single-label classification (the caller names where it is)."""
-
-
-class LineLabel(NamedTuple):
-    """A line's class name, or (``label`` None) the reject reason of a line without the attribute."""
-
-    label: str | None
-    reason: str | None
-
-
-class _Line(NamedTuple):
-    """One line of the manifest: its object's URI, its class name or its reject reason."""
-
-    uri: str
-    label: str | None
-    reason: str | None
-
-
-def label_of(record: dict[str, Any], attribute: str) -> LineLabel:
-    """The line's class name, or the reject reason of a line without the attribute.
-
-    Raises ``ValueError`` (with no location: the caller adds it) for a value that is not one
-    class: a list (multi-label), an object (bounding boxes, ...), an index with no class name."""
-    meta = record.get(f"{attribute}-metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    value = record.get(attribute)
-    if value is None:
-        failure = meta.get("failure-reason")
-        why = f" (failure-reason: {failure})" if failure else ""
-        return LineLabel(None, f"no label: the line has no {attribute!r} in --input-manifest{why}")
-    kind = str(meta.get("type", ""))
-    if isinstance(value, list) or kind.endswith("multilabel"):
-        raise _Unsupported(
-            f"{attribute!r} is {value!r:.80} ({kind or 'a list'}): multi-label classification is not "
-            "supported (each object needs exactly one class)"
-        )
-    if isinstance(value, (dict, bool)):
-        raise _Unsupported(
-            f"{attribute!r} is {value!r:.80}{f' ({kind})' if kind else ''}: not an image "
-            "classification label (one class index or name)"
-        )
-    try:  # a value and a class name become text as a --labels table's do (0.0 is the class index "0")
-        text = value_text(value)
-        name = value_text(meta.get("class-name"))
-    except ValueError as exc:
-        raise _Unsupported(f"{attribute!r} or its class-name is {exc}: not one class") from None
-    if name is None and isinstance(meta.get("class-map"), dict):
-        name = meta["class-map"].get(text)
-    if name is None and isinstance(value, str):
-        name = value
-    if not isinstance(name, str) or not name.strip():
-        raise _Unsupported(
-            f"{attribute!r} is {value!r:.80} but {attribute}-metadata gives no class-name for it "
-            f"(got {meta.get('class-name', meta.get('class-map'))!r:.80})"
-        )
-    return LineLabel(name.strip(), None)
-
-
-def _parse(record: dict[str, Any], attribute: str) -> _Line:
-    """One line's object and class name (or reject reason)."""
-    ref = record.get("source-ref")
-    if not isinstance(ref, str) or not storage.is_uri(ref):
-        raise _Unsupported(f"source-ref is {ref!r:.120}, not an s3:// (or file://) URI")
-    try:
-        uri = storage.normalize(ref)
-    except StorageError as exc:
-        raise _Unsupported(f"source-ref {ref!r}: {exc}") from None
-    return _Line(uri, *label_of(record, attribute))
-
-
-def _key(uri: str, root: str) -> str | None:
-    """``uri``'s key relative to ``root``, or None if it is not under ``root``."""
-    under = root.rstrip("/") + "/"
-    return uri[len(under) :] if uri.startswith(under) else None
-
-
-def check_input_manifest(uri: str, *, attribute: str, root: str) -> int:
-    """Check the first :data:`CHECK_LINES` lines of the manifest at ``uri`` (before an engine
-    starts); return how many were read. Raises :class:`ManifestError` naming the URI, the line
-    number and the value: a missing or empty manifest, a line that is not a JSON object with an
-    ``s3://`` ``source-ref``, a label that is not one class; none of those lines having
-    ``attribute`` (a misspelt ``--label-attribute``), or none being under ``root``."""
-    uri, root = storage.normalize(uri), storage.normalize(root)
-    fs, path = storage.filesystem(uri)
-    seen: set[str] = set()
-    under = 0
-    try:
-        if not fs.isfile(path):
-            raise ManifestError(
-                f"--input-manifest {uri} does not exist (give the output.manifest file of a "
-                "Ground Truth labelling job)"
-            )
-        with fs.open(path, "rb") as f:
-            first = list(itertools.islice(f, CHECK_LINES))
-        n = len(first)
-        try:
-            for line in json_lines(enumerate(first, 1)):
-                try:
-                    ref = _parse(line.record, attribute).uri
-                except _Unsupported as exc:
-                    raise ManifestError(f"--input-manifest {uri}: line {line.at}: {exc}") from None
-                seen.update(line.record.keys())
-                under += _key(ref, root) is not None
-        except JsonLineError as exc:
-            raise ManifestError(f"--input-manifest {uri}: line {exc.at}: {exc}") from None
-    except (ManifestError, StorageError):
-        raise
-    except Exception as exc:
-        raise StorageError(f"cannot read --input-manifest {uri}: {type(exc).__name__}: {exc}") from exc
-    if not seen:
-        raise ManifestError(f"--input-manifest {uri} has no lines")
-    if attribute not in seen and f"{attribute}-metadata" not in seen:
-        names = sorted(k for k in seen if k != "source-ref" and not k.endswith("-metadata"))
-        raise ManifestError(
-            f"--label-attribute {attribute!r}: none of the first {n} line(s) of --input-manifest {uri} "
-            f"has it (their label attributes: {names})"
-        )
-    if not under:
-        raise ManifestError(
-            f"--input-manifest {uri}: none of the first {n} line(s) names an object under --input "
-            f"{root} (give as --input the prefix every source-ref is under)"
-        )
-    return n
 
 
 @dataclass(frozen=True)
@@ -307,11 +175,11 @@ def _stage_range(source: GroundTruthSource, start: int, end: int) -> StagedLines
 
     for offset, record in json_lines(found, on_error=lambda exc: refuse(exc.at, exc)):
         try:
-            line = _parse(record, source.attribute)
-        except _Unsupported as exc:
+            line = parse_line(record, source.attribute)
+        except UnsupportedLine as exc:
             refuse(offset, exc)
             continue
-        if (key := _key(line.uri, source.root)) is None:
+        if (key := key_under(line.uri, source.root)) is None:
             outside.append(line.uri)
             continue
         row = {"key": key, "label": line.label, "reason": line.reason}
@@ -532,22 +400,22 @@ def read_manifest(
     )
 
 
-def _summary(uri: str, attribute: str, staged: StagedLines, resolved: Resolved) -> dict[str, Any]:
+def _summary(uri: str, attribute: str, staged: StagedLines, resolved: Resolved) -> LabelsTable:
     """What ``_manifest.json`` says of the manifest (``labels_table``)."""
     examples = sorted([*resolved.missing_examples, *staged.outside_examples])[:EXAMPLES]
-    return {
-        "uri": uri,
-        "format": "sagemaker-ground-truth",
-        "label_attribute": attribute,
-        "files": 1,
-        "rows": staged.lines,
-        "unlabelled": resolved.unlabelled,
-        "pinned": 0,
-        "not_in_lake": resolved.missing + staged.outside,
-        "not_in_lake_examples": examples,
-        "missing_objects": resolved.missing,
-        "outside_input": staged.outside,
-        "outside_input_examples": list(staged.outside_examples),
-        "conflicts": 0,
-        "conflict_examples": [],
-    }
+    return LabelsTable(
+        uri=uri,
+        format="sagemaker-ground-truth",
+        label_attribute=attribute,
+        files=1,
+        rows=staged.lines,
+        unlabelled=resolved.unlabelled,
+        pinned=0,
+        not_in_lake=resolved.missing + staged.outside,
+        not_in_lake_examples=examples,
+        missing_objects=resolved.missing,
+        outside_input=staged.outside,
+        outside_input_examples=list(staged.outside_examples),
+        conflicts=0,
+        conflict_examples=[],
+    )

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 
-from jobs.manifest_steps.base import check_base as check_manifest_base
+from jobs.manifest_steps.base import check_manifest_base
 from jobs.manifest_steps.config import ManifestConfig
-from jobs.manifest_steps.ground_truth import check_input_manifest
+from jobs.manifest_steps.ground_truth_lines import check_input_manifest
 from jobs.manifest_steps.inventory import read_inventory
 from jobs.manifest_steps.labels import check_labels
 from lakeshard import storage
@@ -25,7 +25,7 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
     ``--input-manifest`` is a Ground Truth manifest (:func:`_check_ground_truth`); a ``--labels``
     table (not with ``--label-depth``) is readable and every value in it is valid
     (:func:`jobs.manifest_steps.labels.check_labels`); a ``--base`` is a complete manifest of the same input,
-    label source and split (:func:`jobs.manifest_steps.base.check_base`)."""
+    label source and split (:func:`jobs.manifest_steps.base.check_manifest_base`)."""
     src, out = storage.normalize(cfg.input), storage.normalize(cfg.output)
     if storage.is_local(src) and not storage.exists(src):
         raise ManifestError(f"--input {cfg.input!r}: {src} does not exist")
@@ -66,7 +66,7 @@ def _check_inventory(inventory: str, src: str) -> None:
 def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
     """``--input-manifest`` comes with ``--label-attribute`` and none of the other sources of
     objects or labels, and its first lines are Ground Truth classification lines under
-    ``--input`` (see :func:`jobs.manifest_steps.ground_truth.check_input_manifest`)."""
+    ``--input`` (see :func:`jobs.manifest_steps.ground_truth_lines.check_input_manifest`)."""
     if cfg.input_manifest is None:
         raise ConfigError(
             f"--label-attribute {cfg.label_attribute!r} is only for --input-manifest (a SageMaker Ground "

@@ -34,7 +34,7 @@ from urllib.parse import unquote_plus
 
 import pyarrow.parquet as pq
 
-from jobs.manifest_steps.listing import Skip, _row, reject
+from jobs.manifest_steps.listing import Skip, StagedRow, _row, reject
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 
@@ -195,9 +195,7 @@ def _modified(value: Any) -> dt.datetime | None:
     return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
-def _file_rows(
-    uri: str, *, inventory: Inventory, root: str, label_depth: int, skip: Skip
-) -> list[dict[str, Any]]:
+def _file_rows(uri: str, *, inventory: Inventory, root: str, label_depth: int, skip: Skip) -> list[StagedRow]:
     root = storage.normalize(root)
     root_path = storage.filesystem(root)[1].rstrip("/")
     bucket, _, prefix = root_path.partition("/")
@@ -234,11 +232,11 @@ def _file_rows(
 
 def inventory_rows(
     inventory: Inventory, root: str, *, label_depth: int, skip: Skip
-) -> Callable[[list[str]], list[dict[str, Any]]]:
+) -> Callable[[list[str]], list[StagedRow]]:
     """The task that turns a part of ``inventory.files`` into the rows of the objects under
     ``root`` (one data file read at a time, inside an executor)."""
 
-    def rows_of(files: list[str]) -> list[dict[str, Any]]:
+    def rows_of(files: list[str]) -> list[StagedRow]:
         return [
             r
             for f in files

@@ -31,6 +31,7 @@ from jobs.manifest_steps.labels import read_labels
 from jobs.manifest_steps.listing import reject
 from jobs.manifest_steps.passes import EXAMPLES, PartSlice, StagedPart, read_staged, write_staged
 from lakeshard import storage
+from lakeshard.format import LabelsTable
 from lakeshard.format.manifest_table import hash_bucket, read_part, table_rows, write_part
 
 __all__ = [
@@ -264,16 +265,16 @@ class Labelling:
             not_in_lake_examples=tuple(sorted(missing, key=str)[:EXAMPLES]),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def summary(self) -> LabelsTable:
         """What ``_manifest.json`` says of the table (``labels_table``)."""
-        return {
-            "uri": self.uri,
-            "files": self.files,
-            "rows": self.rows,
-            "unlabelled": self.joined.unlabelled,
-            "pinned": self.joined.pinned,
-            "not_in_lake": self.not_in_lake,
-            "not_in_lake_examples": list(self.not_in_lake_examples),
-            "conflicts": self.joined.conflicts,
-            "conflict_examples": [c.to_json() for c in self.joined.conflict_examples],
-        }
+        return LabelsTable(
+            uri=self.uri,
+            files=self.files,
+            rows=self.rows,
+            unlabelled=self.joined.unlabelled,
+            pinned=self.joined.pinned,
+            not_in_lake=self.not_in_lake,
+            not_in_lake_examples=list(self.not_in_lake_examples),
+            conflicts=self.joined.conflicts,
+            conflict_examples=[c.to_json() for c in self.joined.conflict_examples],
+        )

@@ -34,12 +34,14 @@ from jobs.common.images import SNIFF_BYTES, UNSUPPORTED_FORMATS
 from jobs.common.images import sniff as sniff_format
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
+from lakeshard.format.manifest_table import ManifestRow
 
 __all__ = [
     "HIDDEN_NAMES",
     "Discovered",
     "LocalEntry",
     "Skip",
+    "StagedRow",
     "discover",
     "inspect_objects",
     "list_prefix",
@@ -86,12 +88,25 @@ class Skip:
         return None
 
 
+class StagedRow(ManifestRow, total=False):
+    """A manifest row as the manifest job's steps hand it on (a plain dict at run time): the
+    manifest columns, then what the passes add (``jobs.manifest_steps.passes.STAGED_SCHEMA``):
+    the content hash, whether it is a copy of identical content, the channel ``--labels`` pins
+    it to, whether its header read was taken from ``--base`` and its channel there."""
+
+    content: str | None
+    duplicate: bool | None
+    pin: str | None
+    reused: bool | None
+    base_channel: str | None
+
+
 _NO_SKIP = Skip(include_hidden=True)
 
 
 def _row(
     root: str, root_path: str, info: dict[str, Any], label_depth: int, skip: Skip = _NO_SKIP
-) -> dict[str, Any]:
+) -> StagedRow:
     """The manifest row of one listed object; its label is the ``label_depth``-th path
     component (0: no path label, as with ``--labels``)."""
     path = info["name"]
@@ -103,7 +118,7 @@ def _row(
         modified = storage.modified_utc(modified)
     elif isinstance(modified, dt.datetime) and modified.tzinfo is None:
         modified = modified.replace(tzinfo=dt.timezone.utc)
-    row = {
+    row: StagedRow = {
         "uri": storage.from_listing(root, path),
         "key": key,
         "label": parts[label_depth - 1] if 0 < label_depth < len(parts) else None,
@@ -125,7 +140,7 @@ def _row(
     return row
 
 
-def reject(row: dict[str, Any], reason: str) -> dict[str, Any]:
+def reject(row: StagedRow, reason: str) -> StagedRow:
     row["status"] = "rejected"
     row["reason"] = reason
     row["channel"] = None
@@ -230,7 +245,7 @@ class Discovered(NamedTuple):
     objects there (rows already rejected: they have no label; or skipped)."""
 
     prefixes: list[str]
-    stray: list[dict[str, Any]]
+    stray: list[StagedRow]
 
 
 def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> Discovered:
@@ -256,7 +271,7 @@ def discover(root: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> Disco
         raise StorageError(f"cannot list input {root}: {type(exc).__name__}: {exc}") from exc
     local = storage.is_local(root)
     level = [root_path]
-    stray: list[dict[str, Any]] = []
+    stray: list[StagedRow] = []
     for depth in range(label_depth):
         below: list[str] = []
         for path in level:
@@ -312,9 +327,7 @@ def _list_local(root_path: str, path: str) -> list[dict[str, Any]]:
     return _walk_local(path, chain | {_ident(os.stat(path))})
 
 
-def list_prefix(
-    root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP
-) -> list[dict[str, Any]]:
+def list_prefix(root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _NO_SKIP) -> list[StagedRow]:
     """Every object below one class prefix (recursive), as manifest rows (skipped ones too,
     with ``status`` ``skipped``)."""
     root = storage.normalize(root)
@@ -333,7 +346,7 @@ def list_prefix(
     return rows
 
 
-def _inspect(row: dict[str, Any], sniff: bool = True) -> dict[str, Any]:
+def _inspect(row: StagedRow, sniff: bool = True) -> StagedRow:
     if row["status"] != "ok":
         return row
     if row["size"] == 0:
@@ -364,7 +377,7 @@ def _inspect(row: dict[str, Any], sniff: bool = True) -> dict[str, Any]:
     return row
 
 
-def inspect_objects(rows: Iterable[dict[str, Any]], *, sniff: bool = True) -> list[dict[str, Any]]:
+def inspect_objects(rows: Iterable[StagedRow], *, sniff: bool = True) -> list[StagedRow]:
     """Read the first bytes of each object (all bytes of a local one, to hash it) and reject
     what is empty, unreadable or not an image. Runs inside an executor. With ``sniff`` off
     nothing is read: only empty objects (by their listed size) are rejected, ``format`` stays

@@ -31,7 +31,16 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from jobs.common.engines import Engine
-from jobs.manifest_steps.listing import _NO_SKIP, Skip, _chain, _folder_loop, _ident, _local_entry, _row
+from jobs.manifest_steps.listing import (
+    _NO_SKIP,
+    Skip,
+    StagedRow,
+    _chain,
+    _folder_loop,
+    _ident,
+    _local_entry,
+    _row,
+)
 from lakeshard import storage
 from lakeshard.errors import StorageError
 
@@ -185,13 +194,13 @@ def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
 
 def list_units(
     units: list[ListUnit], *, root: str, label_depth: int, skip: Skip, budget: int
-) -> list[dict[str, Any] | ListUnit]:
+) -> list[StagedRow | ListUnit]:
     """List ``units`` in order until ``budget`` objects are listed; return their rows and the
     units left (those not started, and the rest of the one that reached the budget). Runs
     inside an executor."""
     root = storage.normalize(root)
     fs, root_path = storage.filesystem(root)
-    out: list[dict[str, Any] | ListUnit] = []
+    out: list[StagedRow | ListUnit] = []
     listed = 0
     for n, unit in enumerate(units):
         if listed >= budget:

@@ -12,7 +12,8 @@ duplicates:
    per-class counts and reject reasons, from which the driver checks ``--min-per-class``.
 4. :func:`class_task` (one item per class part: every row of a class is in one): split
    group-wise, write the manifest tables' part; return per-class fingerprints.
-5. :func:`duplicates_task` (content buckets with duplicates): the duplicate-group report.
+5. :func:`jobs.manifest_steps.duplicates.duplicates_task` (content buckets with duplicates): the
+   duplicate-group report.
 
 The result is the manifest :func:`jobs.manifest_steps.catalog.build_manifest` builds from the same rows.
 """
@@ -25,16 +26,21 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
 
 from jobs.manifest_steps.catalog import dedupe_rows, fingerprint_line, reason_kind, same_content
-from jobs.manifest_steps.listing import inspect_objects
+from jobs.manifest_steps.listing import StagedRow, inspect_objects
 from jobs.manifest_steps.split import ALGORITHMS
 from lakeshard import storage
 from lakeshard.errors import StorageError
-from lakeshard.format import MANIFEST_SCHEMA, manifest_part_uri, sagemaker_part_uri
+from lakeshard.format import (
+    MANIFEST_SCHEMA,
+    LabelsTable,
+    manifest_part_uri,
+    sagemaker_part_uri,
+)
 from lakeshard.format.manifest_table import hash_bucket, label_part, read_part, table_rows, write_part
 
 __all__ = [
@@ -42,8 +48,6 @@ __all__ = [
     "STAGED_SCHEMA",
     "ClassParts",
     "ContentCounts",
-    "DuplicateGroups",
-    "Duplicates",
     "KeyChange",
     "ListedPart",
     "Listing",
@@ -54,7 +58,6 @@ __all__ = [
     "assign_channels",
     "class_task",
     "content_task",
-    "duplicates_task",
     "inspect_rows",
     "inspect_task",
     "read_staged",
@@ -80,6 +83,8 @@ STAGED_SCHEMA = pa.schema(
         pa.field("base_channel", pa.string()),
     ]
 )
+
+
 _DUPLICATE_SCHEMA = pa.schema([(n, pa.string()) for n in ("content", "key", "label", "channel")])
 
 
@@ -108,12 +113,12 @@ def skip_kind(reason: str) -> str:
     return reason if reason.startswith("excluded") else reason.split(":")[0]
 
 
-def write_staged(rows: Sequence[dict[str, Any]], uri: str) -> None:
+def write_staged(rows: Sequence[Mapping[str, Any]], uri: str) -> None:
     """Stage ``rows`` at ``uri`` (not fsynced: a rerun removes the staging folder and stages anew)."""
     write_part(uri, pa.Table.from_pylist(list(rows), schema=STAGED_SCHEMA), durable=False)
 
 
-def read_staged(folder: str) -> list[dict[str, Any]]:
+def read_staged(folder: str) -> list[StagedRow]:
     """Every staged row under ``folder``, sorted by key ([] if nothing was staged there)."""
     fs, path = storage.filesystem(folder)
     try:
@@ -123,11 +128,13 @@ def read_staged(folder: str) -> list[dict[str, Any]]:
     except Exception as exc:
         raise StorageError(f"cannot list {folder}: {type(exc).__name__}: {exc}") from exc
     rows = [r for name in names for r in table_rows(read_part(storage.from_listing(folder, name)))]
-    return sorted(rows, key=lambda r: r["key"])
+    return cast(list[StagedRow], sorted(rows, key=lambda r: r["key"]))
 
 
-def _by_bucket(rows: Sequence[dict[str, Any]], bucket_of: Any) -> dict[int, list[dict[str, Any]]]:
-    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+def _by_bucket(
+    rows: Sequence[StagedRow], bucket_of: Callable[[StagedRow], int]
+) -> dict[int, list[StagedRow]]:
+    out: dict[int, list[StagedRow]] = defaultdict(list)
     for r in rows:
         out[bucket_of(r)].append(r)
     return out
@@ -179,7 +186,7 @@ class Listing:
     classes: int
     skipped: Counter[str]
     skipped_examples: tuple[SkippedObject, ...]
-    labels_table: dict[str, Any] | None = None
+    labels_table: LabelsTable | None = None
 
     @property
     def rows(self) -> int:
@@ -222,14 +229,17 @@ def _content_bucket(row: Mapping[str, Any], buckets: int) -> int:
 def inspect_task(items: list[PartSlice], *, plan: PassPlan) -> list[int]:
     """Inspect the listed rows ``items`` but those whose inspection ``--base`` gave
     (``reused``); stage them by content bucket. Returns the number of rows."""
-    rows = [r for s in items for r in table_rows(read_part(s.uri).slice(s.start, s.stop - s.start))]
+    rows = cast(
+        list[StagedRow],
+        [r for s in items for r in table_rows(read_part(s.uri).slice(s.start, s.stop - s.start))],
+    )
     first = items[0]
     name = f"part-{first.uri.rsplit('/', 1)[-1].split('.')[0].split('-')[-1]}-{first.start:09d}.parquet"
     inspect_rows(rows, name, plan=plan)
     return [len(rows)]
 
 
-def inspect_rows(rows: list[dict[str, Any]], name: str, *, plan: PassPlan) -> None:
+def inspect_rows(rows: list[StagedRow], name: str, *, plan: PassPlan) -> None:
     """Inspect ``rows`` but those whose inspection ``--base`` gave (``reused``); stage them by
     content bucket, in a file ``name`` of each bucket's folder."""
     inspected = [r for r in rows if r.get("reused")] + inspect_objects(
@@ -239,7 +249,7 @@ def inspect_rows(rows: list[dict[str, Any]], name: str, *, plan: PassPlan) -> No
         write_staged(mine, storage.join(plan.folder("inspected", bucket), name))
 
 
-def assign_channels(ok: Sequence[dict[str, Any]], plan: PassPlan) -> list[str]:
+def assign_channels(ok: Sequence[StagedRow], plan: PassPlan) -> list[str]:
     """The channel of each accepted row of ``ok``: its ``pin`` (``--labels``' channel column)
     if it has one, else the split's (the split sees the unpinned rows only)."""
     free = [r for r in ok if not r.get("pin")]
@@ -252,7 +262,7 @@ def assign_channels(ok: Sequence[dict[str, Any]], plan: PassPlan) -> list[str]:
 
 
 def _channel_counts(
-    ok: Sequence[dict[str, Any]], plan: PassPlan, *, pinned_only: bool
+    ok: Sequence[StagedRow], plan: PassPlan, *, pinned_only: bool
 ) -> dict[str, dict[str, int]]:
     """``{label: {channel: n}}`` of ``ok``: of every row under a per-row split (the ``hash``
     split), of the pinned rows only for a split that needs the whole class (the others'
@@ -336,10 +346,10 @@ def content_task(buckets: list[int], *, plan: PassPlan) -> list[ContentCounts]:
     return out
 
 
-def _write_tables(plan: PassPlan, part: int, rows: list[dict[str, Any]]) -> None:
+def _write_tables(plan: PassPlan, part: int, rows: list[StagedRow]) -> None:
     """Part ``part`` of every manifest table, and of each channel's SageMaker manifest."""
 
-    def write(table: str, mine: list[dict[str, Any]]) -> None:
+    def write(table: str, mine: list[StagedRow]) -> None:
         write_part(
             manifest_part_uri(plan.out, table, part, plan.parts),
             pa.Table.from_pylist(mine, schema=MANIFEST_SCHEMA),
@@ -401,7 +411,7 @@ def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
         for r, channel in zip(ok, channels):
             r["channel"], r["label_index"] = channel, plan.labels[r["label"]]
             hashes[r["label"]].update(fingerprint_line(r, channel))
-        moved = [r for r in ok if r.get("base_channel") and r["base_channel"] != r["channel"]]
+        moved = [r for r in ok if r.get("base_channel") not in (None, "", r["channel"])]
         _write_tables(plan, part, rows)
         duplicates = [r for r in ok if r["duplicate"]]
         for bucket, mine in _by_bucket(
@@ -413,7 +423,9 @@ def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
                 table,
                 durable=False,
             )
-        examples = tuple(KeyChange(r["key"], r["base_channel"], r["channel"]) for r in moved[:EXAMPLES])
+        examples = tuple(
+            KeyChange(r["key"], r.get("base_channel") or "", r["channel"]) for r in moved[:EXAMPLES]
+        )
         out.append(
             ClassParts(
                 fingerprints={label: h.hexdigest() for label, h in hashes.items()},
@@ -422,82 +434,3 @@ def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
             )
         )
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class DuplicateGroups:
-    """What :func:`duplicates_task` hands back for its content buckets, merged by :meth:`merge`:
-    the groups of identical accepted content, their objects, the groups that span channels
-    (leakage) and labels; the first groups by first key (``{key: channel}``), of those that span
-    channels and of all."""
-
-    groups: int
-    objects: int
-    across_channels: int
-    across_labels: int
-    leak_examples: tuple[dict[str, str], ...]
-    group_examples: tuple[dict[str, str], ...]
-
-    @classmethod
-    def merge(cls, parts: Sequence[DuplicateGroups]) -> DuplicateGroups:
-        def first(examples: Iterable[dict[str, str]]) -> tuple[dict[str, str], ...]:
-            return tuple(sorted(examples, key=lambda e: next(iter(e)))[:EXAMPLES])
-
-        return cls(
-            groups=sum(p.groups for p in parts),
-            objects=sum(p.objects for p in parts),
-            across_channels=sum(p.across_channels for p in parts),
-            across_labels=sum(p.across_labels for p in parts),
-            leak_examples=first(e for p in parts for e in p.leak_examples),
-            group_examples=first(e for p in parts for e in p.group_examples),
-        )
-
-
-def duplicates_task(buckets: list[int], *, plan: PassPlan) -> list[DuplicateGroups]:
-    """The groups of identical accepted content in ``buckets``: counts, and the first
-    :data:`EXAMPLES` groups by first key, of all and of those that span channels."""
-    out = []
-    for bucket in buckets:
-        groups = same_content(read_staged(plan.folder("duplicates", bucket)))
-        leaks = [g for g in groups if len({r["channel"] for r in g}) > 1]
-
-        def examples(gs: list[list[dict[str, Any]]]) -> tuple[dict[str, str], ...]:
-            first = sorted(gs, key=lambda g: g[0]["key"])[:EXAMPLES]
-            return tuple({r["key"]: r["channel"] for r in g} for g in first)
-
-        out.append(
-            DuplicateGroups(
-                groups=len(groups),
-                objects=sum(len(g) for g in groups),
-                across_channels=len(leaks),
-                across_labels=sum(len({r["label"] for r in g}) > 1 for g in groups),
-                leak_examples=examples(leaks),
-                group_examples=examples(groups),
-            )
-        )
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class Duplicates:
-    """The manifest's accepted objects of identical content (:class:`DuplicateGroups`, merged),
-    and how many ``--dedupe`` rejected: what ``_manifest.json`` says under ``duplicates``."""
-
-    found: DuplicateGroups
-    removed: int
-
-    @property
-    def examples(self) -> tuple[dict[str, str], ...]:
-        """The first groups that span channels, else the first groups."""
-        return self.found.leak_examples or self.found.group_examples
-
-    def to_json(self) -> dict[str, Any]:
-        f = self.found
-        return {
-            "groups": f.groups,
-            "objects": f.objects,
-            "across_channels": f.across_channels,
-            "across_labels": f.across_labels,
-            "examples": list(self.examples),
-            "removed": self.removed,
-        }

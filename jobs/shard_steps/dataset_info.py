@@ -82,18 +82,18 @@ def dataset_info(
     dataset's identity); ``rejects_path`` is where the shard rejects table goes, relative to the
     dataset root."""
     marker = job.marker
-    labels: dict[str, int] = marker["labels"]
+    labels = marker.labels
     return DatasetInfo(
         format_version=FORMAT_VERSION,
         dataset_version=job.version,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         engine=engine,
         inputs=Inputs(
-            lake=marker["input"],
-            manifest_fingerprint=marker["fingerprint"],
-            split=marker["split"],
-            split_method=marker["split_method"],
-            manifest_seed=marker["seed"],
+            lake=marker.input,
+            manifest_fingerprint=marker.fingerprint,
+            split=marker.split,
+            split_method=marker.split_method,
+            manifest_seed=marker.seed,
         ),
         seed=job.seed,
         labels=labels,
@@ -103,8 +103,8 @@ def dataset_info(
         remainder=cfg.remainder,
         row_group_bytes=cfg.row_group_size,
         counts=Counts(
-            listed=marker["counts"]["listed"],
-            manifest_rejects=marker["counts"]["rejected"],
+            listed=marker.counts.listed,
+            manifest_rejects=marker.counts.rejected,
             shard_rejects=sum(c.rejected for c in channels),
             dropped=sum(len(c.deal.dropped) for c in channels),
             padded=sum(len(c.deal.pads) for c in channels),

@@ -52,8 +52,8 @@ With no rejects, steps 2 and 3 do nothing: P0 is the deal of step 1 with step 4'
 rows, seed, channel, num_shards, remainder) plus one per-row quantity, each row's *slot*: its
 class's start (the rows of the classes with lower labels) plus its rank within its class by
 ``(deal hash, key)``. The driver computes a :class:`Deal` from the counts and the (small) reject
-list (:func:`deal_from_counts`); the workers compute the slots (:func:`class_slots`, over one
-class's rows at a time) and apply the deal to their rows (:func:`route`, :func:`order_shard`).
+list (:func:`deal_from_counts`); the workers compute the slots (:func:`jobs.shard_steps.deal_rows.class_slots`,
+over one class's rows at a time) and apply the deal to their rows (:mod:`jobs.shard_steps.deal_rows`).
 ``tests/helpers/reference_plan.py`` makes the plan step by step from every row of a channel,
 the reference ``tests/jobs/shard/test_deal.py`` checks the deal against, row for row, for every
 input: same shards, same rows, same positions, same pad copies.
@@ -74,15 +74,11 @@ How the steps work on slots alone:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from jobs.common.hashing import unit_hashes
 from lakeshard.errors import ShardError
 from lakeshard.settings import check_positive
 
@@ -92,12 +88,8 @@ __all__ = [
     "Deal",
     "check_options",
     "check_survivors",
-    "class_slots",
     "deal_from_counts",
     "fill_holes",
-    "key_ranks",
-    "order_shard",
-    "route",
 ]
 
 #: What ``--remainder`` does with the rows beyond a multiple of ``num_shards`` (step 4).
@@ -166,92 +158,23 @@ def deal_from_counts(
     """The plan of a channel whose class ``label`` has ``counts[label]`` rows, with the rows at
     slots ``rejected`` left out: the four steps above, from counts alone."""
     check_options(num_shards, remainder)
-    present = sorted((int(k), int(v)) for k, v in counts.items() if v)
-    if any(v < 0 for _, v in present):
-        raise ShardError(f"class counts of channel {channel!r} must not be negative, got {dict(counts)}")
     n = num_shards
-    labels = np.asarray([k for k, _ in present], dtype=np.int64)
-    size = np.asarray([v for _, v in present], dtype=np.int64)
-    start = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64) if len(size) else size
+    labels, start, size = _classes(counts, channel)
     total = int(size.sum())
-    if total == 0:
-        raise ShardError(f"channel {channel!r} has no rows to shard")
-    rejected_slots = np.unique(np.fromiter((int(g) for g in rejected), dtype=np.int64))
-    if len(rejected_slots) and (rejected_slots[0] < 0 or rejected_slots[-1] >= total):
-        bad = rejected_slots[0] if rejected_slots[0] < 0 else rejected_slots[-1]
-        raise ShardError(f"rejected slot {int(bad)} is out of range for channel {channel!r} of {total} rows")
+    rejected_slots = _rejected_slots(rejected, channel, total)
     check_survivors(channel, total, len(rejected_slots), num_shards=n, remainder=remainder)
-    survivors = total - len(rejected_slots)
-
     cls_of_rejected = np.searchsorted(start, rejected_slots, side="right") - 1
     kept = size - np.bincount(cls_of_rejected, minlength=len(size)).astype(np.int64)
-
-    # 2. Holes, on the rejected slots and each class's tail only.
-    tail = [np.arange(start[c] + kept[c], start[c] + size[c]) for c in range(len(size)) if kept[c] < size[c]]
-    involved = np.union1d(rejected_slots, np.concatenate(tail) if tail else np.empty(0, np.int64))
-    is_rej = np.isin(involved, rejected_slots)
-    cls = np.searchsorted(start, involved, side="right") - 1
-    filled = fill_holes(involved.copy(), cls, is_rej, start, kept, n)
-    to_slot = {int(g): int(p) for g, p, r in zip(involved, filled, is_rej, strict=True) if not r and g != p}
-    row_at = {p: g for g, p in to_slot.items()}  # new slot -> original slot, where they differ
-
-    # Counts per (class, shard) of each class's run of new slots start .. start + kept - 1.
-    def below(x: np.ndarray) -> np.ndarray:  # slots in [0, x) congruent to each shard
-        s = np.arange(n)[None, :]
-        return np.maximum(0, (x[:, None] - s + n - 1) // n)
-
-    counts_cs = below(start + kept) - below(start)
+    to_slot = _fill(rejected_slots, start, size, kept, n)
+    counts_cs = _below(start + kept, n) - _below(start, n)
     walk = _Walk(n, start, kept)
-
-    # 3. Totals.
-    totals = counts_cs.sum(axis=0)
-    while totals.max() - totals.min() > 1:
-        a, b = int(totals.argmax()), int(totals.argmin())
-        c = int(np.flatnonzero(counts_cs[:, a] > counts_cs[:, b])[0])
-        walk.set(walk.last_in(c, a), b)
-        counts_cs[c, a] -= 1
-        counts_cs[c, b] += 1
-        totals[a] -= 1
-        totals[b] += 1
-
-    # 4. Remainder.
-    low = totals.min()
-    dropped: list[int] = []
-    pads: list[tuple[int, int]] = []  # (new slot, shard)
+    totals = _even_totals(counts_cs, walk)
     if remainder == "drop":
-        for s in np.flatnonzero(totals > low).tolist():
-            extra = np.flatnonzero(counts_cs[:, s] > counts_cs.min(axis=1))
-            c = int(extra[np.argmax(kept[extra])])
-            p = walk.last_in(c, s)
-            dropped.append(p)
-            walk.set(p, -1)
-            counts_cs[c, s] -= 1
-    elif totals.max() > low:
-        copies: dict[int, int] = {}
-        for s in np.flatnonzero(totals == low).tolist():
-            fewest = np.flatnonzero((counts_cs[:, s] == counts_cs.min(axis=1)) & (kept > 0))
-            c = int(fewest[np.argmin(counts_cs[fewest].sum(axis=1))])
-            p = walk.pad_row(c, s, copies)
-            pads.append((p, s))
-            copies[p] = copies.get(p, 0) + 1
-            counts_cs[c, s] += 1
-
-    def original(p: int) -> int:
-        return row_at.get(p, p)
-
-    moved: dict[int, int] = {int(g): -1 for g in rejected_slots}
-    for g, p in to_slot.items():
-        moved[g] = walk.shard(p)
-    for p, s in walk.override.items():
-        moved[original(p)] = s
-    moved = {g: s for g, s in moved.items() if s != g % n}
-    numbered: list[tuple[int, int, int]] = []
-    seen: dict[int, int] = {}
-    for p, s in pads:
-        g = original(p)
-        seen[g] = seen.get(g, 0) + 1
-        numbered.append((g, s, seen[g]))
-    rows_out = survivors - len(dropped) + len(pads)
+        dropped, pads = _drop(counts_cs, totals, kept, walk), []
+    else:
+        dropped, pads = [], _pad(counts_cs, totals, kept, walk)
+    row_at = {p: g for g, p in to_slot.items()}  # new slot -> original slot, where they differ
+    rows_out = total - len(rejected_slots) - len(dropped) + len(pads)
     return Deal(
         channel=channel,
         num_shards=n,
@@ -261,10 +184,121 @@ def deal_from_counts(
         start=tuple(start.tolist()),
         size=tuple(size.tolist()),
         rejected=frozenset(rejected_slots.tolist()),
-        moved=moved,
-        pads=tuple(numbered),
-        dropped=tuple(sorted(original(p) for p in dropped)),
+        moved=_moved(rejected_slots, to_slot, row_at, walk),
+        pads=_numbered(pads, row_at),
+        dropped=tuple(sorted(row_at.get(p, p) for p in dropped)),
     )
+
+
+def _classes(counts: Mapping[int, int], channel: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The labels of the classes present, in label order, with each class's first slot and size."""
+    present = sorted((int(k), int(v)) for k, v in counts.items() if v)
+    if any(v < 0 for _, v in present):
+        raise ShardError(f"class counts of channel {channel!r} must not be negative, got {dict(counts)}")
+    labels = np.asarray([k for k, _ in present], dtype=np.int64)
+    size = np.asarray([v for _, v in present], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64) if len(size) else size
+    if int(size.sum()) == 0:
+        raise ShardError(f"channel {channel!r} has no rows to shard")
+    return labels, start, size
+
+
+def _rejected_slots(rejected: Iterable[int], channel: str, total: int) -> np.ndarray:
+    """The slots ``rejected``, unique and ascending, each checked to be one of the ``total``."""
+    slots = np.unique(np.fromiter((int(g) for g in rejected), dtype=np.int64))
+    if len(slots) and (slots[0] < 0 or slots[-1] >= total):
+        bad = slots[0] if slots[0] < 0 else slots[-1]
+        raise ShardError(f"rejected slot {int(bad)} is out of range for channel {channel!r} of {total} rows")
+    return slots
+
+
+def _fill(
+    rejected_slots: np.ndarray, start: np.ndarray, size: np.ndarray, kept: np.ndarray, n: int
+) -> dict[int, int]:
+    """Step 2, on the rejected slots and each class's tail only: the survivors that move into a
+    hole, original slot -> new slot."""
+    tail = [np.arange(start[c] + kept[c], start[c] + size[c]) for c in range(len(size)) if kept[c] < size[c]]
+    involved = np.union1d(rejected_slots, np.concatenate(tail) if tail else np.empty(0, np.int64))
+    is_rej = np.isin(involved, rejected_slots)
+    cls = np.searchsorted(start, involved, side="right") - 1
+    filled = fill_holes(involved.copy(), cls, is_rej, start, kept, n)
+    return {int(g): int(p) for g, p, r in zip(involved, filled, is_rej, strict=True) if not r and g != p}
+
+
+def _below(x: np.ndarray, n: int) -> np.ndarray:
+    """For each of ``x``, the slots in ``[0, x)`` congruent to each shard: the counts per (class,
+    shard) of each class's run of new slots ``start .. start + kept - 1`` are differences of these."""
+    s = np.arange(n)[None, :]
+    return np.maximum(0, (x[:, None] - s + n - 1) // n)
+
+
+def _even_totals(counts_cs: np.ndarray, walk: _Walk) -> np.ndarray:
+    """Step 3: rows moved from the fullest shard to the emptiest until the totals differ by at
+    most one (``counts_cs`` and ``walk`` updated); the shards' totals."""
+    totals = counts_cs.sum(axis=0)
+    while totals.max() - totals.min() > 1:
+        a, b = int(totals.argmax()), int(totals.argmin())
+        c = int(np.flatnonzero(counts_cs[:, a] > counts_cs[:, b])[0])
+        walk.set(walk.last_in(c, a), b)
+        counts_cs[c, a] -= 1
+        counts_cs[c, b] += 1
+        totals[a] -= 1
+        totals[b] += 1
+    return totals
+
+
+def _drop(counts_cs: np.ndarray, totals: np.ndarray, kept: np.ndarray, walk: _Walk) -> list[int]:
+    """Step 4, ``drop``: the new slots of the rows dropped, a row from each shard holding one more."""
+    dropped: list[int] = []
+    for s in np.flatnonzero(totals > totals.min()).tolist():
+        extra = np.flatnonzero(counts_cs[:, s] > counts_cs.min(axis=1))
+        c = int(extra[np.argmax(kept[extra])])
+        p = walk.last_in(c, s)
+        dropped.append(p)
+        walk.set(p, -1)
+        counts_cs[c, s] -= 1
+    return dropped
+
+
+def _pad(counts_cs: np.ndarray, totals: np.ndarray, kept: np.ndarray, walk: _Walk) -> list[tuple[int, int]]:
+    """Step 4, ``pad``: the pad copies as (new slot, shard), one for each shard holding one row fewer."""
+    low = totals.min()
+    pads: list[tuple[int, int]] = []
+    if totals.max() == low:
+        return pads
+    copies: dict[int, int] = {}
+    for s in np.flatnonzero(totals == low).tolist():
+        fewest = np.flatnonzero((counts_cs[:, s] == counts_cs.min(axis=1)) & (kept > 0))
+        c = int(fewest[np.argmin(counts_cs[fewest].sum(axis=1))])
+        p = walk.pad_row(c, s, copies)
+        pads.append((p, s))
+        copies[p] = copies.get(p, 0) + 1
+        counts_cs[c, s] += 1
+    return pads
+
+
+def _moved(
+    rejected_slots: np.ndarray, to_slot: Mapping[int, int], row_at: Mapping[int, int], walk: _Walk
+) -> dict[int, int]:
+    """:attr:`Deal.moved`: the shard of each original slot not in shard ``slot mod N``."""
+    n = walk.n
+    moved: dict[int, int] = {int(g): -1 for g in rejected_slots}
+    for g, p in to_slot.items():
+        moved[g] = walk.shard(p)
+    for p, s in walk.override.items():
+        moved[row_at.get(p, p)] = s
+    return {g: s for g, s in moved.items() if s != g % n}
+
+
+def _numbered(pads: list[tuple[int, int]], row_at: Mapping[int, int]) -> tuple[tuple[int, int, int], ...]:
+    """:attr:`Deal.pads`: each pad copy as (original slot, shard, copy), copy 1, 2, … per slot."""
+    numbered: list[tuple[int, int, int]] = []
+    seen: dict[int, int] = {}
+    for p, s in pads:
+        g = row_at.get(p, p)
+        seen[g] = seen.get(g, 0) + 1
+        numbered.append((g, s, seen[g]))
+    return tuple(numbered)
 
 
 class _Walk:
@@ -338,64 +372,6 @@ class _Walk:
         return (in_s or candidates)[0]
 
 
-def class_slots(keys: pa.Array | list[str], *, seed: int, channel: str, start: int) -> np.ndarray:
-    """The slots of one class's rows (``keys``, unique, in any order): ``start`` plus each
-    row's rank by ``(unit_hash("deal", seed, channel, key), key)``."""
-    keys = keys.to_pylist() if isinstance(keys, (pa.Array, pa.ChunkedArray)) else list(keys)
-    deal = unit_hashes(("deal", seed, channel), keys)
-    at = np.lexsort((key_ranks(keys, channel), deal))
-    slot = np.empty(len(keys), dtype=np.int64)
-    slot[at] = start + np.arange(len(keys), dtype=np.int64)
-    return slot
-
-
-def route(deal: Deal, slots: np.ndarray) -> np.ndarray:
-    """The shard of each row (by slot); -1 for a row not placed (rejected or dropped)."""
-    shard = slots % deal.num_shards
-    if deal.moved:
-        moved = np.fromiter(deal.moved, dtype=np.int64, count=len(deal.moved))
-        to = np.fromiter(deal.moved.values(), dtype=np.int64, count=len(deal.moved))
-        order = np.argsort(moved)
-        i = np.searchsorted(moved[order], slots)
-        hit = (i < len(moved)) & (moved[order][np.minimum(i, len(moved) - 1)] == slots)
-        shard = np.where(hit, to[order][np.minimum(i, len(moved) - 1)], shard)
-    return shard
-
-
-def order_shard(deal: Deal, rows: pa.Table, shard: int) -> pa.Table:
-    """Shard ``shard``'s rows in position order, pad copies included, with ``is_pad`` and
-    ``copy`` columns. ``rows`` (a ``key`` and a ``slot`` column, any others carried along) must
-    hold every row the deal places in the shard, and may hold others."""
-    slots = rows["slot"].to_numpy()
-    mine = rows.filter(pa.array(route(deal, slots) == shard))
-    copies = [(g, k) for g, s, k in deal.pads if s == shard]
-    if copies:
-        at = {g: i for i, g in enumerate(rows["slot"].to_pylist())}
-        missing = [g for g, _ in copies if g not in at]
-        if missing:
-            raise ShardError(
-                f"channel {deal.channel!r} shard {shard}: the rows at slots {missing[:5]} to pad from "
-                "were not given"
-            )
-        extra = rows.take(pa.array([at[g] for g, _ in copies], pa.int64()))
-        table = pa.concat_tables([mine, extra])
-        copy = np.concatenate(
-            [np.zeros(mine.num_rows, np.int64), np.asarray([k for _, k in copies], np.int64)]
-        )
-    else:
-        table, copy = mine, np.zeros(mine.num_rows, np.int64)
-    keys = table["key"].to_pylist()
-    shuffle = unit_hashes(("shuffle", deal.seed, deal.channel, shard), keys, copy.tolist())
-    key_rank = pc.rank(table["key"], sort_keys="ascending", tiebreaker="min").to_numpy() if keys else copy
-    order = np.lexsort((copy, key_rank, shuffle))
-    table = table.append_column("is_pad", pa.array(copy > 0)).append_column("copy", pa.array(copy))
-    if table.num_rows != deal.rows_per_shard:
-        raise ShardError(
-            f"channel {deal.channel!r} shard {shard}: {table.num_rows} rows, planned {deal.rows_per_shard}"
-        )
-    return table.take(pa.array(order, pa.int64()))
-
-
 def check_options(num_shards: int, remainder: str) -> None:
     """``num_shards`` and ``remainder`` are values a plan can be made with."""
     check_positive("num_shards", num_shards, error=ShardError)
@@ -418,17 +394,6 @@ def check_survivors(channel: str, total: int, num_rejected: int, *, num_shards: 
             f"channel {channel!r} has {counted}, fewer than num_shards={num_shards}: "
             "dropping the remainder would leave empty shards; use --remainder pad or fewer shards"
         )
-
-
-def key_ranks(keys: Sequence[str], channel: str) -> np.ndarray:
-    """Each key's rank in sorted order; keys must be unique (the plan breaks ties by key)."""
-    order = sorted(range(len(keys)), key=keys.__getitem__)
-    for i, j in pairwise(order):
-        if keys[i] == keys[j]:
-            raise ShardError(f"key {keys[i]!r} appears twice in channel {channel!r} (rows {i} and {j})")
-    rank = np.empty(len(keys), dtype=np.int64)
-    rank[order] = np.arange(len(keys))
-    return rank
 
 
 def fill_holes(

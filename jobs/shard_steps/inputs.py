@@ -6,15 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.dataset_info import dataset_version
-from jobs.shard_steps.reuse import BaseDataset
-from jobs.shard_steps.reuse import check_base as check_shard_base
+from jobs.shard_steps.reuse import BaseDataset, check_shard_base
 from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, ShardError
-from lakeshard.format import dataset_json_uri, manifest_marker_uri
+from lakeshard.format import ManifestInfo, dataset_json_uri, manifest_marker_uri, read_manifest_info
 
 __all__ = ["ShardInputs", "check_shard_inputs"]
 
@@ -25,11 +23,11 @@ class ShardInputs:
     shard (in order), the seed and the dataset version they make."""
 
     root: str
-    marker: dict[str, Any]
+    marker: ManifestInfo
     channels: list[str]
     seed: int
     version: str
-    #: the ``--base`` dataset, checked (:func:`jobs.shard_steps.reuse.check_base`)
+    #: the ``--base`` dataset, checked (:func:`jobs.shard_steps.reuse.check_shard_base`)
     base: BaseDataset | None = None
 
 
@@ -78,21 +76,21 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
         raise DatasetError(
             f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first"
         )
-    marker = storage.read_json(marker_uri)
-    channels = _channels(cfg, list(marker["split"]), root)
-    classes = marker.get("counts", {}).get("classes", {})
+    marker = read_manifest_info(root)
+    channels = _channels(cfg, list(marker.split), root)
+    classes = marker.counts.classes
     if missing := [c for c in channels if c not in classes]:  # the plan is made from these counts
         raise DatasetError(
             f"the manifest marker {marker_uri} has no class counts (counts.classes) for channel(s) "
             f"{missing}; run jobs/manifest.py again"
         )
     _check_overwrite(cfg, root, channels)
-    seed = marker["seed"] if cfg.seed is None else cfg.seed
+    seed = marker.seed if cfg.seed is None else cfg.seed
     return ShardInputs(
         root=root,
         marker=marker,
         channels=channels,
         seed=seed,
-        version=dataset_version(marker["fingerprint"], cfg, seed, channels),
+        version=dataset_version(marker.fingerprint, cfg, seed, channels),
         base=check_shard_base(cfg.base, cfg) if cfg.base is not None else None,
     )

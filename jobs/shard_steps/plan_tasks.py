@@ -3,13 +3,13 @@
 
 1. :func:`slot_rows`, one task per group of classes of a channel: reads those classes' manifest
    rows (:func:`lakeshard.format.manifest_table.read_channel_rows`), gives each row its slot
-   (:func:`jobs.shard_steps.deal.class_slots`) and writes them to a *slot part* in the staging folder, sorted
+   (:func:`jobs.shard_steps.deal_rows.class_slots`) and writes them to a *slot part* in the staging folder, sorted
    by ``home`` (``slot mod N``, the row's shard unless the deal says otherwise).
 2. :func:`order_rows`, one task per shard: reads the shard's rows from every slot part of its
    channel (``home`` is the shard, or the slot is one of the deal's exceptions) and writes them
-   in position order (:func:`jobs.shard_steps.deal.order_shard`), the *order file* that preprocessing tasks
+   in position order (:func:`jobs.shard_steps.deal_rows.order_shard`), the *order file* that preprocessing tasks
    read their segments from. With ``--base``, it also stages its rows for the join with the
-   base (:func:`jobs.shard_steps.reuse.stage_order`).
+   base (:func:`jobs.shard_steps.reuse_tasks.stage_order`).
 
 On the driver, :func:`slot_tasks` and :func:`order_tasks` make the tasks of a pass, and a
 channel's plan is what they return (:class:`PlannedChannel`: file names and counts, never its
@@ -29,9 +29,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from jobs.common.tasks import pack, write_table
-from jobs.shard_steps.deal import DROPPED_ROWS_SHARD, Deal, class_slots, order_shard
+from jobs.shard_steps.deal import DROPPED_ROWS_SHARD, Deal
+from jobs.shard_steps.deal_rows import class_slots, order_shard
 from jobs.shard_steps.preprocess import rows_digest
-from jobs.shard_steps.reuse import JoinFolder, StagedFile, stage_order
+from jobs.shard_steps.reuse_tasks import JoinFolder, StagedFile, stage_order
 from jobs.shard_steps.segments import segment_cuts
 from jobs.shard_steps.staging import work_uri
 from lakeshard import storage

@@ -25,8 +25,10 @@ from lakeshard import storage
 from lakeshard.format import (
     CHANNELS,
     DatasetInfo,
+    ManifestInfo,
     channel_shards,
     manifest_marker_uri,
+    read_manifest_info,
     rejects_uri,
     stored_image_format,
 )
@@ -160,62 +162,62 @@ def _rejects(manifest_rejects: list[dict[str, Any]], shard_rejects: list[dict[st
     return _section(f"Rejects ({len(everything)})", chart + _table(["job", "key", "reason"], rows) + note)
 
 
-def _lake(marker: dict[str, Any]) -> str:
+def _lake(marker: ManifestInfo | None) -> str:
     """What the manifest job skipped (hidden or excluded objects) and the identical images it
     found under several keys, above all across channels (leakage)."""
-    skipped = marker.get("counts", {}).get("skipped", 0)
-    dups = marker.get("duplicates") or {}
+    skipped = marker.counts.skipped if marker else 0
+    dups = marker.duplicates if marker else None
     parts = []
-    if skipped:
-        rows = list(marker.get("skipped_by_reason", {}).items())
-        examples = ", ".join(f"<code>{_e(k)}</code>" for k in list(marker.get("skipped_examples", {}))[:5])
+    if marker and skipped:
+        rows = list(marker.skipped_by_reason.items())
+        examples = ", ".join(f"<code>{_e(k)}</code>" for k in list(marker.skipped_examples)[:5])
         parts.append(
             f"<p>{skipped} objects skipped, not rejected (hidden files, --exclude): e.g. {examples}</p>"
             + _table(["why", "objects"], rows)
         )
     else:
         parts.append("<p>No object was skipped.</p>")
-    if dups.get("groups"):
-        leak = dups.get("across_channels", 0)
+    if dups and dups.groups:
+        leak = dups.across_channels
         warn = (
             f"<p class='warn'><b>Leakage:</b> {leak} set(s) of identical images span channels: the same image is "
             "trained on and evaluated. Rebuild the manifest with <code>--dedupe</code> to keep one copy.</p>"
             if leak
             else ""
         )
-        removed = f" {dups['removed']} copies were removed by --dedupe." if dups.get("removed") else ""
-        rows = [(", ".join(f"{k} ({c})" for k, c in group.items()),) for group in dups.get("examples", [])]
+        removed = f" {dups.removed} copies were removed by --dedupe." if dups.removed else ""
+        groups = [(", ".join(f"{k} ({c})" for k, c in group.items()),) for group in dups.examples]
         parts.append(
-            warn + f"<p>{dups['objects']} objects in {dups['groups']} sets of identical content "
-            f"({dups.get('across_labels', 0)} set(s) under different labels).{removed}</p>"
-            + _table(["identical objects (channel)"], rows)
+            warn + f"<p>{dups.objects} objects in {dups.groups} sets of identical content "
+            f"({dups.across_labels} set(s) under different labels).{removed}</p>"
+            + _table(["identical objects (channel)"], groups)
         )
     else:
         parts.append("<p>No two accepted objects have the same content.</p>")
     return _section("The lake: skipped objects and duplicates", "".join(parts) + _labels_table(marker))
 
 
-def _incremental(marker: dict[str, Any], info: DatasetInfo) -> str:
+def _incremental(marker: ManifestInfo | None, info: DatasetInfo) -> str:
     """What an incremental build (``--base``) took from its base: the manifest job's objects not
     read again, new, changed, gone and moved; the shard job's images reused and decoded. Empty
     for a build from scratch."""
-    base, build = marker.get("base"), info.build
+    base, build = marker.base if marker else None, info.build
     if not base and build.base is None:
         return ""
     parts = []
     if base:
-        left = ", ".join(f"<code>{_e(k)}</code>" for k in base.get("left_examples", [])[:5])
-        moved = ", ".join(f"<code>{_e(k)}</code>" for k in base.get("moved_examples", [])[:5])
+        left = ", ".join(f"<code>{_e(k)}</code>" for k in base.left_examples[:5])
+        moved = ", ".join(f"<code>{_e(k)}</code>" for k in base.moved_examples[:5])
         parts.append(
             _table(
-                ["manifest job: --base " + str(base.get("root", "")), "objects"],
+                ["manifest job: --base " + base.root, "objects"],
                 [
-                    ("unchanged (same size and ETag)", base.get("unchanged", 0)),
-                    ("of which not read again", base.get("reused", 0)),
-                    ("new", base.get("new", 0)),
-                    ("changed", base.get("changed", 0)),
-                    ("left the lake", base.get("left", 0)),
-                    ("moved to another channel", base.get("moved", 0)),
+                    ("unchanged (same size and ETag)", base.unchanged),
+                    ("of which not read again", base.reused),
+                    ("new", base.new),
+                    ("changed", base.changed),
+                    ("left the lake", base.left),
+                    ("moved to another channel", base.moved),
                 ],
             )
         )
@@ -236,18 +238,18 @@ def _incremental(marker: dict[str, Any], info: DatasetInfo) -> str:
     return _section("Incremental build", "".join(parts))
 
 
-def _labels_table(marker: dict[str, Any]) -> str:
+def _labels_table(marker: ManifestInfo | None) -> str:
     """What the ``--labels`` table left out: the objects it does not label (rejected) and its
     rows that name no object of the lake; empty for path labels."""
-    table = marker.get("labels_table")
+    table = marker.labels_table if marker else None
     if not table:
         return ""
-    missing = table.get("not_in_lake", 0)
-    examples = ", ".join(f"<code>{_e(k)}</code>" for k in table.get("not_in_lake_examples", []))
+    missing = table.not_in_lake
+    examples = ", ".join(f"<code>{_e(k)}</code>" for k in table.not_in_lake_examples)
     rows = [
-        ("rows in the table", table.get("rows", 0)),
-        ("objects without a label row (rejected: no label)", table.get("unlabelled", 0)),
-        ("objects pinned to a channel", table.get("pinned", 0)),
+        ("rows in the table", table.rows),
+        ("objects without a label row (rejected: no label)", table.unlabelled),
+        ("objects pinned to a channel", table.pinned),
         ("label rows naming no object of the lake", missing),
     ]
     note = (
@@ -255,16 +257,16 @@ def _labels_table(marker: dict[str, Any]) -> str:
         if missing
         else ""
     )
-    return f"<h3>Labels from <code>{_e(table.get('uri'))}</code></h3>" + note + _table(["", "count"], rows)
+    return f"<h3>Labels from <code>{_e(table.uri)}</code></h3>" + note + _table(["", "count"], rows)
 
 
-def _read_marker(root: str) -> dict[str, Any]:
-    """The manifest job's summary (``manifests/_manifest.json``), or {} if it cannot be read."""
+def _read_marker(root: str) -> ManifestInfo | None:
+    """The manifest job's summary (``manifests/_manifest.json``), or None if it cannot be read."""
     try:
-        return storage.read_json(manifest_marker_uri(root))
+        return read_manifest_info(root)
     except Exception as exc:  # the report describes what it can; the dataset is committed already
         log.warning("report: cannot read the manifest summary %s: %s", manifest_marker_uri(root), exc)
-        return {}
+        return None
 
 
 def _shard_balance(info: DatasetInfo, channels: list[str], labels: list[str]) -> str:

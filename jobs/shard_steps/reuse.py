@@ -3,26 +3,28 @@ previous dataset's shards instead of fetching and decoding them again.
 
 A row's stored image depends only on its object's bytes and the image options, so a row whose
 object has the same URI, ETag and size as when the base dataset was built, under the same
-image options and preprocessing code (:func:`check_base` refuses any other base), has the image
+image options and preprocessing code (:func:`check_shard_base` refuses any other base), has the image
 the base already stores, byte for byte. The base's shards do not record ETags: its manifest
 does (the one its ``dataset.json`` was built from, checked by fingerprint).
 
 The rows stay on the workers (``docs/design/0017-incremental-shards.md``); each side is staged
 by :func:`lakeshard.format.manifest_table.hash_bucket` of the URI, one file per staging task, sorted by
-bucket with a row group per bucket (a join task reads only its bucket's row groups):
+bucket with a row group per bucket (a join task reads only its bucket's row groups). The
+tasks of steps 1 to 3 run on the workers (:mod:`jobs.shard_steps.reuse_tasks`); this module
+checks the base, plans the tasks and runs them:
 
 1. *stage*, in the plan's order pass (the same engine action): each base shard file ->
    ``(uri, file, row)`` of its rows that are not pad copies (the ``uri`` and ``is_pad`` columns
-   only; :func:`stage`); each part of the base's channel manifests -> ``(uri, etag, size)``
-   (:func:`stage`); each order task, as it writes its shard's order file -> ``(uri, etag, size,
+   only; :func:`~jobs.shard_steps.reuse_tasks.stage`); each part of the base's channel manifests -> ``(uri, etag, size)``
+   (:func:`~jobs.shard_steps.reuse_tasks.stage`); each order task, as it writes its shard's order file -> ``(uri, etag, size,
    segment, pos)`` of its segments' rows, pad copies and spare rows included
-   (:func:`stage_order`).
-2. *join* (:func:`join`, a task per group of buckets): a segment row whose ``(uri, etag, size)``
+   (:func:`~jobs.shard_steps.reuse_tasks.stage_order`).
+2. *join* (:func:`~jobs.shard_steps.reuse_tasks.join`, a task per group of buckets): a segment row whose ``(uri, etag, size)``
    is a base row's is a *match* ``(file, row, segment, pos)``, written sorted by base file.
-3. *scatter* (:func:`scatter`, a task per base shard file): check the file against the sha256
+3. *scatter* (:func:`~jobs.shard_steps.reuse_tasks.scatter`, a task per base shard file): check the file against the sha256
    its ``dataset.json`` records (one sequential read), then read the matched rows' images, a
    row group at a time, and write them as *runs* sorted by ``(segment, pos)``, a row group per
-   segment, a run each time :data:`_RUN_BYTES` of images are held.
+   segment, a run each time :data:`~jobs.shard_steps.reuse_tasks._RUN_BYTES` of images are held.
 
 A damaged base shard lends no image: one whose sha256 differs (bytes flipped inside its images
 keep its size) or whose Parquet cannot be read is named in one warning, and its rows are
@@ -36,54 +38,43 @@ from there on exactly as without ``--base``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from itertools import pairwise
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
-from jobs.common.tasks import row_group_starts
 from jobs.shard_steps.config import ShardConfig
-from jobs.shard_steps.preprocess import SegmentTask, read_where
+from jobs.shard_steps.preprocess import SegmentTask
+from jobs.shard_steps.reuse_tasks import (
+    JoinFolder,
+    JoinTask,
+    Matches,
+    Scattered,
+    ScatterTask,
+    StagedFile,
+    StageTask,
+    join,
+    scatter,
+)
 from jobs.shard_steps.staging import image_code, library_versions
 from lakeshard import storage
 from lakeshard.errors import DatasetError, ShardError
-from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_info
+from lakeshard.format import channel_shards, manifest_marker_uri, read_dataset_info, read_manifest_info
 from lakeshard.format.info import BaseRef, DatasetInfo
-from lakeshard.format.manifest_table import channel_parts, hash_bucket, read_part
+from lakeshard.format.manifest_table import channel_parts
 
 __all__ = [
     "BaseDataset",
     "BaseImages",
     "BaseShard",
-    "JoinFolder",
-    "JoinTask",
-    "Matches",
     "ReusePlan",
-    "ScatterTask",
-    "Scattered",
-    "StageTask",
-    "StagedFile",
-    "check_base",
+    "check_shard_base",
     "image_options",
-    "join",
     "plan_reuse",
     "reuse_images",
-    "scatter",
-    "stage",
-    "stage_order",
 ]
 
 log = logging.getLogger(__name__)
-
-#: Image bytes a scatter task holds before it writes them as a run.
-_RUN_BYTES = 128 << 20
 
 #: Rows per join bucket, at most (the buckets hold URIs and ETags, not images).
 _ROWS_PER_BUCKET = 500_000
@@ -152,7 +143,7 @@ class BaseShard:
 
 @dataclass(frozen=True, slots=True)
 class BaseDataset:
-    """The ``--base`` dataset, checked (:func:`check_base`): its root, ``dataset.json``, every
+    """The ``--base`` dataset, checked (:func:`check_shard_base`): its root, ``dataset.json``, every
     shard file and every part of its channel manifests."""
 
     root: str
@@ -164,7 +155,7 @@ class BaseDataset:
         return BaseRef(root=self.root, dataset_version=self.info.dataset_version)
 
 
-def check_base(uri: str, cfg: ShardConfig) -> BaseDataset:
+def check_shard_base(uri: str, cfg: ShardConfig) -> BaseDataset:
     """The ``--base`` dataset at ``uri``, or an error naming it and what is wrong: no
     ``dataset.json`` (not complete), another image option, library version or preprocessing
     code (the option, its value there and here), a manifest rebuilt since its shards, a shard
@@ -191,7 +182,7 @@ def check_base(uri: str, cfg: ShardConfig) -> BaseDataset:
             + ": its images are not the ones this build makes; build without --base, or with the base's options"
         )
     marker = manifest_marker_uri(root)
-    fingerprint = storage.read_json(marker).get("fingerprint") if storage.exists(marker) else None
+    fingerprint = read_manifest_info(root).fingerprint if storage.exists(marker) else None
     if fingerprint != info.inputs.manifest_fingerprint:
         raise DatasetError(
             f"--base {root}: its manifest ({marker}) is not the one its shards were built from "
@@ -227,300 +218,6 @@ def check_base(uri: str, cfg: ShardConfig) -> BaseDataset:
     return BaseDataset(root=root, info=info, shards=tuple(shards), manifest_parts=tuple(parts))
 
 
-@dataclass(frozen=True, slots=True)
-class JoinFolder:
-    """Where the join with the base stages its files (the folder ``uri``: both sides, the
-    matches and the runs of images) and into how many URI buckets."""
-
-    uri: str
-    buckets: int
-
-    def staged(self, side: str, index: int) -> str:
-        return storage.join(self.uri, side, f"part-{index:05d}.parquet")
-
-    def matches(self, index: int) -> str:
-        return storage.join(self.uri, "matches", f"part-{index:05d}.parquet")
-
-    def run(self, file: int, index: int) -> str:
-        return storage.join(self.uri, "runs", f"file-{file:05d}-{index:03d}.parquet")
-
-
-def _write_grouped(uri: str, table: pa.Table, by: str) -> list[int]:
-    """Write ``table`` sorted by its int column ``by``, a row group per value; return the values.
-    Binary columns (images) are written as they are: no compression, dictionary or statistics
-    (JPEG bytes do not compress, and only ``by``'s statistics are ever read)."""
-    table = table.take(pc.sort_indices(table, sort_keys=[(by, "ascending")]))
-    values = table[by].to_numpy()
-    cuts = [0, *(np.flatnonzero(np.diff(values)) + 1).tolist(), len(values)]
-    fs, path = storage.filesystem(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    sink = pa.BufferOutputStream()
-    plain = [f.name for f in table.schema if pa.types.is_binary(f.type)]
-    with pq.ParquetWriter(
-        sink,
-        table.schema,
-        write_statistics=[by],
-        compression={f.name: "NONE" if f.name in plain else "SNAPPY" for f in table.schema},
-        use_dictionary=[f.name for f in table.schema if f.name not in plain],
-    ) as writer:
-        for a, b in pairwise(cuts):
-            if b > a:
-                writer.write_table(table.slice(a, b - a), row_group_size=b - a)
-    storage.write_bytes_atomic(uri, sink.getvalue().to_pybytes(), durable=False)  # every run stages them anew
-    return sorted({int(v) for v in values})
-
-
-@dataclass(frozen=True, slots=True)
-class StagedFile:
-    """A file of one side of the join, staged by URI bucket (step 1): ``side`` is ``shards``,
-    ``manifest`` (the base's) or ``current`` (this build's). A base input that could not be
-    read stages no row: ``source`` names it and ``damaged`` says why."""
-
-    side: str
-    uri: str
-    rows: int
-    source: str | None = None
-    damaged: str | None = None
-
-
-def _bucketed(side: str, uri: str, table: pa.Table, buckets: int) -> StagedFile:
-    """Stage ``table`` (a ``uri`` column) by URI bucket at ``uri``."""
-    bucket = pa.array([hash_bucket(u, buckets) for u in table["uri"].to_pylist()], pa.int32())
-    _write_grouped(uri, table.append_column("bucket", bucket), "bucket")
-    return StagedFile(side=side, uri=uri, rows=table.num_rows)
-
-
-@dataclass(frozen=True, slots=True)
-class StageTask:
-    """Stage one input of the base's side of the join by URI bucket (step 1): ``side`` is
-    ``shards`` (base shard ``source``, its index ``index``) or ``manifest`` (base manifest part
-    ``source``)."""
-
-    side: str
-    index: int
-    folder: JoinFolder
-    source: str
-
-
-def stage(task: StageTask) -> StagedFile:
-    """Run a :class:`StageTask`."""
-    out = task.folder.staged(task.side, task.index)
-    if task.side == "shards":
-        fs, path = storage.filesystem(task.source)
-        try:
-            rows = pq.read_table(path, filesystem=fs, columns=["uri", "is_pad"])
-        except (pa.ArrowException, OSError) as exc:  # a damaged shard lends no image
-            return StagedFile(
-                side=task.side,
-                uri=out,
-                rows=0,
-                source=task.source,
-                damaged=f"cannot be read as Parquet ({type(exc).__name__}: {exc})",
-            )
-        keep = pc.invert(rows["is_pad"])
-        table = pa.table(
-            {
-                "uri": rows["uri"],
-                "file": pa.array(np.full(rows.num_rows, task.index, np.int32)),
-                "row": pa.array(np.arange(rows.num_rows, dtype=np.int64)),
-            }
-        ).filter(keep)
-    else:
-        try:
-            table = read_part(task.source, ["uri", "etag", "size"])
-        except (
-            DatasetError,
-            pa.ArrowException,
-            OSError,
-        ) as exc:  # its rows' ETags are unknown: none is reused
-            return StagedFile(
-                side=task.side,
-                uri=out,
-                rows=0,
-                source=task.source,
-                damaged=f"cannot be read ({type(exc).__name__}: {exc})",
-            )
-        table = table.filter(pc.is_valid(table["etag"]))
-    return _bucketed(task.side, out, table, task.folder.buckets)
-
-
-def stage_order(
-    folder: JoinFolder, rows: pa.Table, cuts: tuple[int, ...], segments: tuple[int, ...]
-) -> StagedFile:
-    """Stage this build's side of the join for an order file (step 1): its ``rows``, in order,
-    cut at ``cuts`` into segments ``segments``, as ``(uri, etag, size, segment, pos)``, ``pos``
-    a row's position in its segment, rows without an ETag left out. The staged file, side
-    ``current``, is named after the first segment."""
-    out = folder.staged("current", segments[0])
-    if not rows.num_rows:
-        return StagedFile(side="current", uri=out, rows=0)
-    position = np.arange(rows.num_rows, dtype=np.int64)
-    which = np.searchsorted(np.asarray(cuts[1:-1], np.int64), position, side="right")
-    table = pa.table(
-        {
-            "uri": rows["uri"],
-            "etag": rows["etag"],
-            "size": rows["size"],
-            "segment": pa.array(np.asarray(segments, np.int32)[which]),
-            "pos": pa.array(position - np.asarray(cuts, np.int64)[which]),
-        }
-    )
-    table = table.filter(pc.is_valid(table["etag"]))
-    if not table.num_rows:
-        return StagedFile(side="current", uri=out, rows=0)
-    return _bucketed("current", out, table, folder.buckets)
-
-
-@dataclass(frozen=True, slots=True)
-class JoinTask:
-    """Join the staged sides of ``buckets`` (step 2) and write the matches to ``uri``."""
-
-    buckets: tuple[int, ...]
-    uri: str
-    shards: tuple[str, ...]
-    manifest: tuple[str, ...]
-    current: tuple[str, ...]
-    #: Segments not to match (an interrupted run of this job finished them).
-    skip: tuple[int, ...] = ()
-
-
-def _first_per_uri(table: pa.Table) -> pa.Table:
-    """One row per URI (the first by file and row): a base holds each object once, but never trust that."""
-    table = table.take(
-        pc.sort_indices(table, sort_keys=[("uri", "ascending"), ("file", "ascending"), ("row", "ascending")])
-    )
-    uris = table["uri"].to_pylist()
-    return table.take(pa.array([i for i, u in enumerate(uris) if i == 0 or uris[i - 1] != u], pa.int64()))
-
-
-@dataclass(frozen=True, slots=True)
-class Matches:
-    """What a :class:`JoinTask` matched: the matches file (None: no match), its rows and the
-    base shard files (by index) they name."""
-
-    uri: str | None
-    rows: int
-    files: tuple[int, ...]
-
-
-def join(task: JoinTask) -> Matches:
-    """Run a :class:`JoinTask`."""
-    pieces = []
-    for b in task.buckets:
-        current = read_where(task.current, "bucket", b, ["uri", "etag", "size", "segment", "pos"])
-        if task.skip:
-            current = current.filter(pc.invert(pc.is_in(current["segment"], pa.array(task.skip, pa.int32()))))
-        if not current.num_rows or not task.shards or not task.manifest:
-            continue
-        shards = _first_per_uri(read_where(task.shards, "bucket", b, ["uri", "file", "row"]))
-        manifest = read_where(task.manifest, "bucket", b, ["uri", "etag", "size"])
-        base = shards.join(manifest, keys="uri", join_type="inner")
-        pieces.append(
-            current.join(base, keys=["uri", "etag", "size"], join_type="inner").select(
-                ["uri", "file", "row", "segment", "pos"]
-            )
-        )
-    if not pieces or not sum(p.num_rows for p in pieces):
-        return Matches(uri=None, rows=0, files=())
-    matches = pa.concat_tables(pieces)
-    files = _write_grouped(task.uri, matches, "file")
-    return Matches(uri=task.uri, rows=matches.num_rows, files=tuple(files))
-
-
-@dataclass(frozen=True, slots=True)
-class ScatterTask:
-    """Copy the matched images of base shard ``source`` (index ``file``) into runs (step 3),
-    once the file's bytes hash to ``sha256``."""
-
-    file: int
-    source: str
-    sha256: str
-    matches: tuple[str, ...]
-    folder: JoinFolder
-
-
-@dataclass(frozen=True, slots=True)
-class Scattered:
-    """What a :class:`ScatterTask` copied: its runs as ``(uri, segment ids)`` pairs and the
-    images they hold; or, for a damaged base shard, no run and why (``damaged``)."""
-
-    file: int
-    runs: tuple[tuple[str, tuple[int, ...]], ...]
-    images: int
-    damaged: str | None = None
-
-
-_HASH_CHUNK = 8 << 20
-
-
-def _damage(source: str, sha256: str) -> str | None:
-    """Why the base shard file ``source`` cannot lend its images (its bytes do not hash to
-    ``sha256``, as ``dataset.json`` says they do), or None."""
-    fs, path = storage.filesystem(source)
-    digest = hashlib.sha256()
-    try:
-        with fs.open(path, "rb") as handle:
-            while chunk := handle.read(_HASH_CHUNK):
-                digest.update(chunk)
-    except OSError as exc:
-        return f"cannot be read: {type(exc).__name__}: {exc}"
-    if digest.hexdigest() != sha256:
-        return f"its sha256 is {digest.hexdigest()[:16]}..., dataset.json says {sha256[:16]}... (damaged since it was built)"
-    return None
-
-
-def scatter(task: ScatterTask) -> Scattered:
-    """Run a :class:`ScatterTask`: check the base shard's sha256 (a sequential read of the whole
-    file: a damaged image must never be copied into the new dataset), then copy the images."""
-    if (why := _damage(task.source, task.sha256)) is not None:
-        return Scattered(file=task.file, runs=(), images=0, damaged=why)
-    want = read_where(task.matches, "file", task.file, ["uri", "row", "segment", "pos"])
-    want = want.take(pc.sort_indices(want, sort_keys=[("row", "ascending")]))
-    rows = want["row"].to_numpy()
-    fs, path = storage.filesystem(task.source)
-    runs: list[tuple[str, list[int]]] = []
-    held: list[pa.Table] = []
-    size = 0
-
-    def flush() -> None:
-        nonlocal held, size
-        if held:
-            uri = task.folder.run(task.file, len(runs))
-            runs.append((uri, _write_grouped(uri, pa.concat_tables(held), "segment")))
-        held, size = [], 0
-
-    with fs.open(path, "rb") as handle:
-        pf = pq.ParquetFile(handle)
-        starts = row_group_starts(pf)
-        groups = np.searchsorted(starts, rows, side="right") - 1
-        for g in np.unique(groups):
-            mine = np.flatnonzero(groups == g)
-            got = pf.read_row_group(int(g), columns=["uri", "image", "height", "width"]).take(
-                pa.array(rows[mine] - starts[g])
-            )
-            expect = want["uri"].take(pa.array(mine))
-            if not got["uri"].equals(expect):
-                raise ShardError(
-                    f"--base shard {task.source} changed while it was read: row "
-                    f"{int(rows[mine][0])} is not {expect[0].as_py()}"
-                )
-            piece = pa.table(
-                {
-                    "segment": want["segment"].take(pa.array(mine)),
-                    "pos": want["pos"].take(pa.array(mine)),
-                    "image": got["image"],
-                    "height": got["height"],
-                    "width": got["width"],
-                }
-            )
-            held.append(piece)
-            size += piece.nbytes
-            if size >= _RUN_BYTES:
-                flush()
-    flush()
-    return Scattered(file=task.file, runs=tuple((u, tuple(seg)) for u, seg in runs), images=len(rows))
-
-
 Runner = Callable[[Callable[[Any], Any], list[Any], list[int], int], list[Any]]
 
 
@@ -537,7 +234,7 @@ class ReusePlan:
 def plan_reuse(base: BaseDataset, rows: int, *, folder: str, slots: int) -> ReusePlan:
     """Where a build of ``rows`` rows on ``base`` stages its join (``folder``, emptied), and the
     tasks that stage the base's side (step 1; the plan's order pass runs them, and its order
-    tasks stage this build's side, :func:`stage_order`)."""
+    tasks stage this build's side, :func:`~jobs.shard_steps.reuse_tasks.stage_order`)."""
     storage.remove(folder, recursive=True)  # a killed run's files: every file read is named by a result
     where = JoinFolder(uri=folder, buckets=max(slots, -(-rows // _ROWS_PER_BUCKET)))
     items = [StageTask(side="shards", index=f, folder=where, source=s.uri) for f, s in enumerate(base.shards)]
@@ -573,7 +270,7 @@ def reuse_images(
     """Find the rows of ``tasks`` whose images ``base`` holds (the join, step 2, of the files
     ``staged`` in step 1; segments ``skip`` left out) and copy those images into runs on the
     workers (step 3). ``run(fn, items, sizes, slots)`` runs ``fn`` over ``items`` on the engine
-    (:func:`jobs.shard._run`); the join runs in a task per core at most (it reads URIs and
+    (:func:`jobs.shard_steps.build.run_tasks`); the join runs in a task per core at most (it reads URIs and
     ETags: more tasks cost more than they share), and so does the copy of the images: its work
     per base file is known (the file's rows), so a task per core shares it as well as more
     would, and each engine task costs time to schedule."""

@@ -1,6 +1,7 @@
 """The dataset format: what is on disk, and the one place that reads and writes it.
 
-``layout`` (paths and schemas), ``info`` (``dataset.json``), ``footer`` (a shard's footer keys),
+``layout`` (paths and schemas), ``info`` (``dataset.json``), ``manifest_info``
+(``manifests/_manifest.json``), ``footer`` (a shard's footer keys),
 ``writer`` (:class:`ShardWriter`) and ``reader`` (the shard opener). See ``docs/format.md`` for
 the specification.
 """
@@ -47,6 +48,15 @@ from lakeshard.format.layout import (
     version_marker_uri,
     versions_uri,
 )
+from lakeshard.format.manifest_info import (
+    BaseSummary,
+    DuplicatesSummary,
+    LabelsTable,
+    ManifestCounts,
+    ManifestInfo,
+    read_manifest_info,
+    write_manifest_info,
+)
 from lakeshard.format.reader import (
     OpenShard,
     ShardFooter,
@@ -68,12 +78,17 @@ __all__ = [
     "SHARD_SCHEMA",
     "STORED_IMAGE_SIGNATURES",
     "VERSION_MARKER",
+    "BaseSummary",
     "BuildInfo",
     "ChannelInfo",
     "Counts",
     "DatasetInfo",
+    "DuplicatesSummary",
     "ImageSpec",
     "Inputs",
+    "LabelsTable",
+    "ManifestCounts",
+    "ManifestInfo",
     "OpenShard",
     "ShardFooter",
     "ShardInfo",
@@ -95,6 +110,7 @@ __all__ = [
     "part_name",
     "read_dataset_info",
     "read_footer",
+    "read_manifest_info",
     "read_shard_footer",
     "rejects_uri",
     "sagemaker_part_uri",
@@ -110,5 +126,6 @@ __all__ = [
     "version_dirname",
     "version_marker_uri",
     "versions_uri",
+    "write_manifest_info",
     "write_shard_rejects",
 ]

@@ -15,7 +15,6 @@ does not know are ignored (see the compatibility policy in ``docs/format.md``).
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any
 
 from lakeshard import storage
 from lakeshard.errors import DatasetError, StorageError
+from lakeshard.format._json_model import from_json_document, model_of, optional_of, to_json_value
 from lakeshard.format.layout import FORMAT_VERSION, check_shard_path, dataset_json_uri, shard_relpath
 
 __all__ = [
@@ -227,25 +227,24 @@ class DatasetInfo:
         Raises:
             DatasetError: another format version, or a field missing or of the wrong type.
         """
-        if not isinstance(data, Mapping):
-            raise DatasetError(f"{source} must hold a JSON object, got {type(data).__name__}")
-        version = data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise DatasetError(
-                f"{source} has format_version {version!r}; this code reads format version {FORMAT_VERSION} only: "
-                "rebuild the dataset with this version's jobs (jobs/manifest.py, then jobs/shard.py --overwrite)"
-            )
-        return _convert(cls, data, source, "")
+        return from_json_document(cls, data, source, version=FORMAT_VERSION, advice=_rebuild_dataset)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object :meth:`from_json` reads (plain dicts, lists and scalars)."""
-        return _unconvert(self)
+        return typing.cast(dict[str, Any], to_json_value(self))
 
     def channel(self, name: str, *, source: str = "dataset.json") -> ChannelInfo:
         """The entry of channel ``name``; :class:`DatasetError` if the dataset has no such channel."""
         if name not in self.channels:
             raise DatasetError(f"{source} has no channel {name!r} (it has {sorted(self.channels)})")
         return self.channels[name]
+
+
+def _rebuild_dataset(version: object) -> str:
+    return (
+        f"; this code reads format version {FORMAT_VERSION} only: "
+        "rebuild the dataset with this version's jobs (jobs/manifest.py, then jobs/shard.py --overwrite)"
+    )
 
 
 def read_dataset_info(root: str) -> DatasetInfo:
@@ -276,83 +275,16 @@ def info_fields(cls: type = DatasetInfo, prefix: str = "") -> dict[str, Any]:
     for f in dataclasses.fields(cls):
         path, hint = f"{prefix}{f.name}", hints[f.name]
         out[path] = hint
-        hint = _optional(hint) or hint
+        hint = optional_of(hint) or hint
         origin, args = typing.get_origin(hint), typing.get_args(hint)
-        if (model := _model(hint)) is not None:
+        if (model := model_of(hint)) is not None:
             out.update(info_fields(model, f"{path}."))
-        elif origin is dict and (model := _model(args[1])) is not None:
+        elif origin is dict and (model := model_of(args[1])) is not None:
             out.update(info_fields(model, f"{path}.<{_key_name(f.name)}>."))
-        elif origin is list and (model := _model(args[0])) is not None:
+        elif origin is list and (model := model_of(args[0])) is not None:
             out.update(info_fields(model, f"{path}[]."))
     return out
 
 
-def _model(hint: Any) -> type | None:
-    """The class of a hint that is a model (a dataclass), else None."""
-    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
-
-
-def _optional(hint: Any) -> Any:
-    """``T`` of a ``T | None`` hint, else None."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(hint)) == 2:
-            return args[0]
-    return None
-
-
 def _key_name(field: str) -> str:
     return {"channels": "channel"}.get(field, "key")
-
-
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}
-
-
-def _convert(hint: Any, value: Any, source: str, path: str) -> Any:
-    """``value`` (parsed JSON at ``path``) as ``hint``: a model, ``dict[str, T]``, ``list[T]`` or a scalar."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if (model := _model(hint)) is not None:
-        if not isinstance(value, Mapping):
-            _wrong(source, path, "an object", value)
-        hints = typing.get_type_hints(model)
-        kwargs = {}
-        for f in dataclasses.fields(model):
-            where = f"{path}.{f.name}" if path else f.name
-            if f.name not in value:
-                if f.default is not dataclasses.MISSING:  # an optional field an older writer did not write
-                    continue
-                raise DatasetError(f"{source}: field {where} is missing")
-            kwargs[f.name] = _convert(hints[f.name], value[f.name], source, where)
-        try:
-            return model(**kwargs)
-        except ValueError as exc:  # the model's own check (an image size out of range, say)
-            raise DatasetError(f"{source}: field {path or '(top level)'}: {exc}") from None
-    if (inner := _optional(hint)) is not None:
-        return None if value is None else _convert(inner, value, source, path)
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            _wrong(source, path, "an object", value)
-        return {str(k): _convert(args[1], v, source, f"{path}.{k}") for k, v in value.items()}
-    if origin is list:
-        if not isinstance(value, list):
-            _wrong(source, path, "a list", value)
-        return [_convert(args[0], v, source, f"{path}[{i}]") for i, v in enumerate(value)]
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return value  # a fraction another writer wrote as 1 is a number too (kept as written)
-    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        _wrong(source, path, _TYPE_NAMES.get(hint, hint.__name__), value)
-    return value
-
-
-def _wrong(source: str, path: str, want: str, value: Any) -> typing.NoReturn:
-    raise DatasetError(f"{source}: field {path or '(top level)'} must be {want}, got {value!r}")
-
-
-def _unconvert(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _unconvert(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {k: _unconvert(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_unconvert(v) for v in value]
-    return value

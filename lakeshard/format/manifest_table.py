@@ -14,8 +14,8 @@ import hashlib
 import io
 import re
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,14 +23,11 @@ import pyarrow.parquet as pq
 
 from lakeshard import storage
 from lakeshard.errors import DatasetError, StorageError
-from lakeshard.format.layout import (
-    MANIFEST_SCHEMA,
-    manifest_marker_uri,
-    manifest_part_uri,
-    sagemaker_part_uri,
-)
+from lakeshard.format.layout import MANIFEST_SCHEMA, manifest_part_uri, sagemaker_part_uri
+from lakeshard.format.manifest_info import read_manifest_info
 
 __all__ = [
+    "ManifestRow",
     "channel_parts",
     "hash_bucket",
     "iter_parts",
@@ -43,6 +40,27 @@ __all__ = [
     "table_rows",
     "write_part",
 ]
+
+
+class ManifestRow(TypedDict):
+    """One row of a manifest table, as the manifest job's steps hand it on (a plain dict at
+    run time): the columns of :data:`~lakeshard.format.layout.MANIFEST_SCHEMA`.
+
+    ``label``, ``channel`` and ``reason`` are ``str | None`` as the status says (an accepted
+    row has a label and, once split, a channel; a rejected or skipped one a reason); they are
+    typed ``Any`` because the steps rely on that invariant, which a type cannot state."""
+
+    uri: str
+    key: str  #: below the lake prefix
+    label: Any  #: str | None
+    label_index: int | None
+    channel: Any  #: str | None: None unless accepted
+    size: int
+    etag: str | None
+    last_modified: datetime | None
+    format: str | None  #: the sniffed image format (None: not read)
+    status: str  #: ``ok``, ``rejected`` or ``skipped``
+    reason: Any  #: str | None: why it was rejected or skipped
 
 
 def hash_bucket(text: str, buckets: int) -> int:
@@ -58,16 +76,7 @@ def label_part(label: str | None, parts: int) -> int:
 
 def manifest_parts(root: str) -> int:
     """How many parts each manifest table of the dataset at ``root`` has (``_manifest.json``)."""
-    marker = manifest_marker_uri(root)
-    if not storage.exists(marker):
-        raise DatasetError(f"no complete manifest at {root}: {marker} is missing; run jobs/manifest.py first")
-    parts = storage.read_json(marker).get("parts")
-    if not isinstance(parts, int) or parts < 1:
-        raise DatasetError(
-            f"{marker} has no valid 'parts' ({parts!r}): it was written by an older lakeshard; "
-            "rebuild the manifest"
-        )
-    return parts
+    return read_manifest_info(root).parts
 
 
 def channel_parts(root: str, channel: str) -> list[str]:

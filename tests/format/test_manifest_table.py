@@ -27,7 +27,7 @@ from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.inputs import check_shard_inputs
 from lakeshard import storage
 from lakeshard.errors import DatasetError, PlatformError
-from lakeshard.format import MANIFEST_SCHEMA, manifest_marker_uri
+from lakeshard.format import MANIFEST_SCHEMA, manifest_marker_uri, read_manifest_info
 from lakeshard.format.manifest_table import (
     channel_parts,
     label_part,
@@ -196,7 +196,7 @@ def test_a_failed_check_writes_no_table_and_keeps_the_old_manifest(tmp_path, loc
     with pytest.raises(type(want.value)):
         manifest_job.run(replace(cfg, overwrite=True), local_engine)
     out = storage.normalize(cfg.output)
-    assert storage.read_json(manifest_marker_uri(out)) == old  # still the complete, readable manifest
+    assert read_manifest_info(out).to_json() == old  # still the complete, readable manifest
     assert read_channel(out, "all").num_rows == old["counts"]["listed"]
 
 
@@ -232,14 +232,14 @@ def test_a_killed_runs_parts_and_staged_rows_are_never_a_manifest(tmp_path, loca
 
 
 def test_header_tasks_are_bounded_so_the_staged_files_are():
-    from jobs.manifest import _inspect_tasks
+    from jobs.manifest_steps.extract import inspect_tasks
 
-    assert _inspect_tasks(100_000, 2) == 50  # one per 2,000 objects, as before
-    assert _inspect_tasks(10, 2) == 4  # twice the cores, at most one per object
+    assert inspect_tasks(100_000, 2) == 50  # one per 2,000 objects, as before
+    assert inspect_tasks(10, 2) == 4  # twice the cores, at most one per object
     # Each task writes a file per content bucket (one per --rows-per-part objects): at 100M
     # objects, 1,000 tasks x 1,000 buckets, not 50,000 x 1,000.
-    assert _inspect_tasks(100_000_000, 2) == 1000
-    assert _inspect_tasks(100_000_000, 4000) == 8000  # a bigger cluster still gets two tasks per core
+    assert inspect_tasks(100_000_000, 2) == 1000
+    assert inspect_tasks(100_000_000, 4000) == 8000  # a bigger cluster still gets two tasks per core
 
 
 class _Recording(LocalEngine):

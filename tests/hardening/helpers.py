@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lakeshard import storage
-from lakeshard.format import manifests_uri, read_dataset_info, rejects_uri
+from lakeshard.format import read_dataset_info, read_manifest_info, rejects_uri
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.lake import bad_objects, encode, exif_rotated_jpeg, make_image
@@ -138,12 +138,12 @@ def _table_rows(uri: str, drop: tuple[str, ...] = ()) -> list[dict[str, Any]]:
 def manifest_digest(root: str) -> dict[str, Any]:
     """What the manifest job wrote, comparable across runs."""
     root = storage.normalize(root)
-    marker = json.loads(storage.read_bytes(manifests_uri(root, "_manifest.json")))
+    marker = read_manifest_info(root)
     out: dict[str, Any] = {
         "marker": marker,
         "labels": json.loads(storage.read_bytes(storage.join(root, "labels.json"))),
     }
-    for name in ["all", "rejects", *marker["split"]]:
+    for name in ["all", "rejects", *marker.split]:
         out[name] = read_channel(root, name).to_pylist()
     return out
 

@@ -15,15 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from jobs.common.hashing import unit_hash
-from jobs.shard_steps.deal import (
-    Deal,
-    check_options,
-    check_survivors,
-    class_slots,
-    fill_holes,
-    key_ranks,
-    order_shard,
-)
+from jobs.shard_steps.deal import Deal, check_options, check_survivors, fill_holes
+from jobs.shard_steps.deal_rows import class_slots, key_ranks, order_shard
 from lakeshard.errors import ShardError
 
 __all__ = ["ShardPlan", "make_plan", "plan_of_rows"]
@@ -223,7 +216,7 @@ def _shuffled(
 
 def plan_of_rows(deal: Deal, keys: list[str], labels: list[int]) -> ShardPlan:
     """The deal applied to a channel's rows, as :func:`make_plan` returns it: the workers' code
-    path (:func:`~jobs.shard_steps.deal.class_slots`, :func:`~jobs.shard_steps.deal.order_shard`)
+    path (:func:`~jobs.shard_steps.deal_rows.class_slots`, :func:`~jobs.shard_steps.deal_rows.order_shard`)
     on one machine."""
     slots = np.empty(len(keys), dtype=np.int64)
     label = np.asarray(labels, dtype=np.int64)

@@ -10,7 +10,13 @@ from typing import Any
 import pyarrow as pa
 
 from lakeshard import storage
-from lakeshard.format import DatasetInfo, manifests_uri, read_dataset_info, rejects_uri
+from lakeshard.format import (
+    DatasetInfo,
+    ManifestInfo,
+    read_dataset_info,
+    read_manifest_info,
+    rejects_uri,
+)
 from lakeshard.format.manifest_table import iter_parts
 from tests.helpers.checks import read_table, sagemaker_refs, shard_tables
 
@@ -36,16 +42,16 @@ def _assert_tables_equal(a: pa.Table, b: pa.Table, what: str) -> None:
             )
 
 
-def assert_same_manifest(a: str, b: str) -> dict[str, Any]:
+def assert_same_manifest(a: str, b: str) -> ManifestInfo:
     """labels.json, the manifest marker, every manifest table (row for row) and the
     SageMaker manifests of the datasets at ``a`` and ``b`` are equal; returns the marker."""
     assert _json(storage.join(a, "labels.json")) == _json(storage.join(b, "labels.json"))
-    marker = _json(manifests_uri(a, "_manifest.json"))
-    assert marker == _json(manifests_uri(b, "_manifest.json"))
-    for name in ("all", "rejects", *marker["split"]):
+    marker = read_manifest_info(a)
+    assert marker == read_manifest_info(b)
+    for name in ("all", "rejects", *marker.split):
         for i, (x, y) in enumerate(zip(iter_parts(a, name), iter_parts(b, name), strict=True)):
             _assert_tables_equal(x, y, f"manifests/{name} part {i}")
-    for channel in marker["split"]:
+    for channel in marker.split:
         assert sagemaker_refs(a, channel) == sagemaker_refs(b, channel)
     return marker
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from lakeshard import storage
+from lakeshard.format import ManifestInfo, read_manifest_info
 from tests.helpers.incremental import assert_same_tables, build, grow, write_lake_objects
 
 pytestmark = [pytest.mark.slow]
@@ -25,7 +26,7 @@ def _scenario(engine: Any, lake: str, root: str, local_engine: Any) -> None:
     build(local_engine, lake, local, base=a, split_method="stratified")
     assert_same_tables(b, c)
     assert_same_tables(b, local)
-    assert storage.read_json(f"{local}/manifests/_manifest.json")["base"] == summary["base"]
+    assert read_manifest_info(local).base == ManifestInfo.from_json(summary).base
     base = summary["base"]
     unchanged = len(before) - len(growth.removed) - len(growth.changed)
     assert (base["unchanged"], base["reused"], base["new"], base["changed"]) == (unchanged, unchanged, 6, 1)

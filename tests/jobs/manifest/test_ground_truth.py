@@ -17,12 +17,13 @@ import pytest
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.manifest_steps.config import ManifestConfig
-from jobs.manifest_steps.ground_truth import CHECK_LINES, _lines
+from jobs.manifest_steps.ground_truth import _lines
+from jobs.manifest_steps.ground_truth_lines import CHECK_LINES
 from jobs.manifest_steps.inputs import check_manifest_inputs
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, ManifestError
-from lakeshard.format import read_dataset_info
+from lakeshard.format import read_dataset_info, read_manifest_info
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.incremental import assert_same_tables
 from tests.helpers.lake import encode, make_image
@@ -421,8 +422,12 @@ def test_cli_with_the_shipped_conf_file(tmp_path: Path, capsys: pytest.CaptureFi
         ]
     )
     assert code == 0, capsys.readouterr().err
-    marker = json.loads(storage.read_bytes(storage.join(out, "manifests", "_manifest.json")))
-    assert marker["counts"]["accepted"] == len(OBJECTS) - 2 and marker["labels_table"]["unlabelled"] == 1
+    marker = read_manifest_info(out)
+    assert (
+        marker.counts.accepted == len(OBJECTS) - 2
+        and marker.labels_table
+        and marker.labels_table.unlabelled == 1
+    )
     code = manifest_job.main(
         ["--engine", "local", "--input", lake, "--output", out, "--input-manifest", manifest]
     )

@@ -16,6 +16,7 @@ from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.inputs import check_manifest_inputs
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, ManifestError
+from lakeshard.format import read_manifest_info
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.incremental import (
     NOT_AN_IMAGE,
@@ -36,7 +37,7 @@ def _check_counts(
     base = summary["base"]
     unchanged = len(before) - len(growth.removed) - len(growth.changed)
     assert base["root"] == root_a
-    assert base["fingerprint"] == storage.read_json(f"{root_a}/manifests/_manifest.json")["fingerprint"]
+    assert base["fingerprint"] == read_manifest_info(root_a).fingerprint
     assert base["objects"] == len(before)
     assert (base["unchanged"], base["reused"]) == (
         unchanged,
@@ -68,7 +69,7 @@ def test_base_gives_the_manifest_built_from_scratch(tmp_path: Path, local_engine
     assert summary["rejects_by_reason"] == {"no label": 1, "not an image": 1}
     assert NOT_AN_IMAGE in read_channel(b, "rejects")["key"].to_pylist()  # reused as the reject it was
     assert channels(b)["cat/img_001.png"] == channels(a)["cat/img_001.png"]
-    assert storage.read_json(f"{c}/manifests/_manifest.json")["base"] is None
+    assert read_manifest_info(c).base is None
 
 
 def _label_table(uri: str, keys: list[str]) -> str:

@@ -265,7 +265,7 @@ def test_path_labels_that_differ_only_by_case_are_warned_about(caplog: pytest.Lo
 def test_ground_truth_values_convert_as_the_tables_do() -> None:
     """A class index written 0.0 finds its class-map entry "0"; a class name keeps no
     surrounding spaces."""
-    from jobs.manifest_steps.ground_truth import label_of
+    from jobs.manifest_steps.ground_truth_lines import label_of
 
     meta = {"type": "groundtruth/image-classification", "class-map": {"0": "cat", "1": "dog"}}
     assert label_of({"animal": 0.0, "animal-metadata": meta}, "animal") == ("cat", None)

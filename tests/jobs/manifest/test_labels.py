@@ -25,7 +25,7 @@ from jobs.shard_steps import report_html as report_job
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.errors import ConfigError, ManifestError
-from lakeshard.format import read_dataset_info
+from lakeshard.format import read_dataset_info, read_manifest_info
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.lake import encode, make_image
 from tests.jobs.engines.compare import assert_same_manifest
@@ -323,8 +323,12 @@ def test_cli_with_the_shipped_conf_file(tmp_path: Path, capsys: pytest.CaptureFi
         ]
     )
     assert code == 0, capsys.readouterr().err
-    marker = json.loads(storage.read_bytes(storage.join(out, "manifests", "_manifest.json")))
-    assert marker["counts"]["accepted"] == len(OBJECTS) - 1 and marker["labels_table"]["unlabelled"] == 1
+    marker = read_manifest_info(out)
+    assert (
+        marker.counts.accepted == len(OBJECTS) - 1
+        and marker.labels_table
+        and marker.labels_table.unlabelled == 1
+    )
 
 
 @pytest.mark.slow

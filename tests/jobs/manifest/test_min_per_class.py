@@ -11,8 +11,8 @@ import pytest
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from lakeshard import storage
 from lakeshard.errors import SplitError
+from lakeshard.format import read_manifest_info
 from loaders.shard_loader import ShardLoader
 from tests.helpers.lake import write_lake
 
@@ -58,9 +58,9 @@ def test_min_per_class_0_builds_a_dataset_whose_channel_lacks_a_class(tmp_path: 
         _manifest_main(str(tmp_path / "lake"), out, "--split-method", "stratified", "--min-per-class", "0")
         == 0
     ), capsys.readouterr().err
-    marker = storage.read_json(storage.join(storage.normalize(out), "manifests", "_manifest.json"))
-    assert marker["min_per_class"] == 0
-    assert {c: marker["counts"]["classes"][c]["tiny"] for c in ("train", "validation", "test")} == {
+    marker = read_manifest_info(out)
+    assert marker.min_per_class == 0
+    assert {c: marker.counts.classes[c]["tiny"] for c in ("train", "validation", "test")} == {
         "train": 3,
         "validation": 0,
         "test": 0,
@@ -82,11 +82,11 @@ def test_min_per_class_0_builds_a_dataset_whose_channel_lacks_a_class(tmp_path: 
         )
         == 0
     ), capsys.readouterr().err
-    tiny = marker["labels"]["tiny"]
+    tiny = marker.labels["tiny"]
     for channel in ("validation", "test", "train"):
         seen: Counter[int] = Counter()
         for _, labels in ShardLoader(out, channel=channel, batch_size=2, num_threads=1, drop_last=False):
             seen.update(labels.tolist())
-        want = {marker["labels"][name]: n for name, n in marker["counts"]["classes"][channel].items() if n}
+        want = {marker.labels[name]: n for name, n in marker.counts.classes[channel].items() if n}
         assert {k: v for k, v in seen.items() if k >= 0} == want, channel
         assert (tiny in seen) == (channel == "train")

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.shard_steps.deal import class_slots, deal_from_counts
+from jobs.shard_steps.deal import deal_from_counts
+from jobs.shard_steps.deal_rows import class_slots
 from lakeshard.errors import ShardError
 from tests.helpers.reference_plan import make_plan, plan_of_rows
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from jobs.manifest_steps.config import ManifestConfig
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.errors import DatasetError, ShardError
-from lakeshard.format import DatasetInfo, labels_uri
+from lakeshard.format import DatasetInfo, labels_uri, read_manifest_info, write_manifest_info
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.checks import check_dataset, read_table, shard_tables
 from tests.helpers.incremental import CountingEngine
@@ -267,9 +268,8 @@ def test_an_incomplete_base_is_refused_naming_it(base_and_grown: tuple[Path, Pat
 
     remanifested = tmp_path / "remanifested"  # the manifest rebuilt on another lake after the shards
     shutil.copytree(a, remanifested)
-    marker = json.loads((remanifested / "manifests" / "_manifest.json").read_text())
-    marker["fingerprint"] = "another"
-    (remanifested / "manifests" / "_manifest.json").write_text(json.dumps(marker))
+    marker = read_manifest_info(str(remanifested))
+    write_manifest_info(str(remanifested), replace(marker, fingerprint="another"))
     refused(remanifested, "is not the one its shards were built from")
 
 

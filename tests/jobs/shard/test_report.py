@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
-import json
 import os
 import shutil
 import signal
@@ -29,7 +28,7 @@ from jobs.common.engines.local_engine import LocalEngine
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.report_html import render_report, write_report
-from lakeshard.format import manifest_marker_uri, read_dataset_info, shard_rejects_uri
+from lakeshard.format import read_dataset_info, read_manifest_info, shard_rejects_uri
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.checks import read_table, shard_tables
 from tests.helpers.datasets import build_dataset_with_rejects
@@ -306,12 +305,13 @@ def test_the_report_shows_what_was_skipped_and_the_duplicates_across_channels(tm
     info = shard_job.run(
         ShardConfig(dataset=str(out), num_shards=1, image_size=16, remainder="pad"), local_engine
     )
-    marker = json.loads(Path(manifest_marker_uri(str(out))[len("file://") :]).read_text())
-    assert marker["counts"]["skipped"] == len(HIDDEN) and marker["duplicates"]["across_channels"] >= 1
+    marker = read_manifest_info(str(out))
+    dups = marker.duplicates
+    assert marker.counts.skipped == len(HIDDEN) and dups and dups.across_channels >= 1
     page = render_report(str(out), info)
     section = page[page.index("The lake: skipped objects and duplicates") :]
     assert f"{len(HIDDEN)} objects skipped, not rejected" in section
-    assert f"<b>Leakage:</b> {marker['duplicates']['across_channels']} set(s)" in section
-    for group in marker["duplicates"]["examples"]:
+    assert f"<b>Leakage:</b> {dups.across_channels} set(s)" in section
+    for group in dups.examples:
         for key in group:
             assert key in section
