@@ -9,7 +9,11 @@ This is a trainer to try a dataset out, and the reference of how the loader is u
 
 | module | what it owns |
 |---|---|
-| :mod:`~loaders.train.loop` | ``main`` and ``train``: the loop's steps, checkpoints, ``metrics.json`` |
+| :mod:`~loaders.train.loop` | ``main`` and ``train``: the epoch loop, its validation and final test |
+| :mod:`~loaders.train.steps` | an epoch's training steps: forward, backward, step checkpoints |
+| :mod:`~loaders.train.checkpoint` | saving the checkpoint (rank 0, agreed by all) and resuming from it |
+| :mod:`~loaders.train.records` | each epoch's record: logged, exported, in ``metrics.json`` |
+| :mod:`~loaders.train.session` | what the steps share (``Run``): loaders, model under DDP, optimiser |
 | :mod:`~loaders.train.world` | :class:`World`: this process's rank and device; collectives over the ranks |
 | :mod:`~loaders.train.export` | each epoch's figures as Prometheus metrics and TensorBoard scalars |
 | :mod:`~loaders.train.evaluation` | ``evaluate``: accuracy over a channel, top-1 and per class |

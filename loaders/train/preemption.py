@@ -16,7 +16,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "Preempted", "StopRequest", "signal_name", "stop_signals"]
+from loaders.train.world import World, all_reduce
+
+__all__ = [
+    "EXIT_PREEMPTED",
+    "STOP_SIGNALS",
+    "AgreedStop",
+    "Preempted",
+    "StopRequest",
+    "signal_name",
+    "stop_signals",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +96,32 @@ def stop_signals() -> Iterator[StopRequest]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class AgreedStop:
+    """The stop signal the ranks agree on (NOTE [ Stopping on a signal ] in
+    :mod:`loaders.train.preemption`): :meth:`agreed` is a collective, which every rank calls at
+    the same points, after each training step, evaluation batch and epoch."""
+
+    def __init__(self, request: StopRequest, world: World, checkpoint_uri: str) -> None:
+        self._request, self._world, self._checkpoint_uri = request, world, checkpoint_uri
+        self.signum = 0  # the largest signal any rank had received when last agreed; 0 for none
+
+    def agreed(self) -> bool:
+        """Whether any rank has received a stop signal (:attr:`signum`: the largest)."""
+        signum = self._request.signum
+        if self._world.active:
+            (largest,) = all_reduce([float(signum)], self._world, maximum=True)
+            signum = int(largest)
+        self.signum = signum
+        return self.signum != 0
+
+    def preempted(self, where: str) -> Preempted:
+        """Once rank 0 has saved the checkpoint (every rank waits for it: torchrun stops the
+        others as soon as one rank exits), the exception that ends the run (its message is the line the loop logs)."""
+        all_reduce([0.0], self._world)
+        message = (
+            f"{signal_name(self.signum)}: saved the checkpoint {self._checkpoint_uri} {where}; "
+            f"exiting with status {EXIT_PREEMPTED}: rerun with --resume auto to continue"
+        )
+        return Preempted(message, signum=self.signum, checkpoint=self._checkpoint_uri)

@@ -8,6 +8,7 @@ and joins the process group (:class:`World`).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ import torch.distributed as dist
 
 from lakeshard.errors import ConfigError
 
-__all__ = ["Ranks", "World", "all_gather", "all_reduce", "any_rank", "gather"]
+__all__ = ["Ranks", "World", "all_gather", "all_reduce", "any_rank", "gather", "info_level"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +120,8 @@ def all_gather(value: float, world: World) -> list[float]:
     out: list[Any] = [None] * world.world_size
     dist.all_gather_object(out, value)
     return [float(v) for v in out]
+
+
+def info_level(world: World) -> int:
+    """What every rank does alike is logged by rank 0 (the others log it at DEBUG)."""
+    return logging.INFO if world.rank == 0 else logging.DEBUG

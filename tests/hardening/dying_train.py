@@ -12,6 +12,7 @@ import os
 import sys
 
 from loaders.train import loop as train
+from loaders.train import session
 
 
 def _arm() -> None:
@@ -19,7 +20,7 @@ def _arm() -> None:
     if rank != int(os.environ.get("LAKESHARD_DIE_RANK", "1")):
         return
     after = int(os.environ.get("LAKESHARD_DIE_AFTER", "2"))
-    loader_cls = train.ShardLoader
+    loader_cls = session.ShardLoader
 
     class DyingLoader(loader_cls):  # only the dying rank gets this class
         def __iter__(self):
@@ -30,7 +31,7 @@ def _arm() -> None:
                     os._exit(9)
                 yield batch
 
-    train.ShardLoader = DyingLoader
+    session.ShardLoader = DyingLoader
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import torch
 
 from loaders.batch import PAD_LABEL
 from loaders.train import loop as train
+from loaders.train import session
 
 
 def _ids(images: torch.Tensor, labels: torch.Tensor) -> list[int]:
@@ -92,8 +93,8 @@ def _arm() -> None:
 
         return RecordingLoader
 
-    train.ShardLoader = recording(train.ShardLoader)
-    train.MixedLoader = recording(train.MixedLoader)
+    session.ShardLoader = recording(session.ShardLoader)
+    session.MixedLoader = recording(session.MixedLoader)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""A preparation cluster for tests as users run one: ``dask scheduler`` and ``dask worker
---no-nanny`` processes on 127.0.0.1 (with TLS when given certificates), stopped at the end."""
+"""A Dask cluster for tests as users run one: ``dask scheduler`` and ``dask worker`` processes on
+127.0.0.1 (with TLS when given certificates), stopped at the end: the loader's preparation
+cluster (``--no-nanny`` workers) and the jobs' clusters (tests/hardening, tests/jobs/engines)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,8 @@ def make_tls_files(root: Path, name: str = "ca") -> TlsFiles:
 
 @dataclass
 class DaskProcs:
+    """A running cluster: its scheduler's address, its processes and their log files."""
+
     address: str
     scheduler: subprocess.Popen
     tls: TlsFiles | None = None
@@ -121,29 +124,40 @@ def dask_procs(
     root: Path,
     *,
     workers: int = 1,
+    threads: int = 1,
+    nanny: bool = False,
+    name: str = "prep",
     tls: TlsFiles | None = None,
+    env: Mapping[str, str] | None = None,
     worker_env: Mapping[str, str] | None = None,
+    warm_loader: bool = True,
 ) -> Iterator[DaskProcs]:
-    """``dask scheduler`` and ``workers`` ``dask worker --no-nanny`` processes (one thread each) on
-    127.0.0.1; with ``tls`` all of them talk TLS with those certificates. ``worker_env`` is added
-    to the workers' environment (``PYTHONPATH``, say)."""
+    """``dask scheduler`` and ``workers`` ``dask worker`` processes (``threads`` threads each,
+    named ``{name}-{i}``; ``--no-nanny`` unless ``nanny``) on 127.0.0.1, logging to files in
+    ``root``, their working folder; with ``tls`` all of them talk TLS with those certificates.
+    ``env`` is every process's environment (this process's when not given; either way without
+    ``DASK_SCHEDULER_ADDRESS`` and with this checkout on ``PYTHONPATH``); ``worker_env`` is
+    added to the workers' (``PYTHONPATH``, say). ``warm_loader``: the workers import the
+    loader's decode path before the cluster is yielded (:func:`warm`)."""
     root.mkdir(parents=True, exist_ok=True)
     file = root / "scheduler.json"
     tls_args = tls.cli() if tls else []
-    env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    base = dict(os.environ if env is None else env)
+    base.pop("DASK_SCHEDULER_ADDRESS", None)
     # The cluster has this checkout's code, tests included (functions of tests.helpers run on the
     # scheduler and the workers), as a deployment has the trainer's code on its workers.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), base.get("PYTHONPATH", "")) if p)
 
-    def start(name: str, args: list[str], extra: Mapping[str, str] | None = None) -> subprocess.Popen:
-        log = root / f"{name}.log"
+    def start(log_name: str, args: list[str], extra: Mapping[str, str] | None = None) -> subprocess.Popen:
+        log = root / f"{log_name}.log"
         logs.append(log)
         with open(log, "wb") as out:
             return subprocess.Popen(
                 [DASK, *args, *tls_args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**env, **(extra or {})},
+                env={**base, **(extra or {})},
+                cwd=root,
                 start_new_session=True,
             )
 
@@ -160,8 +174,9 @@ def dask_procs(
             logs,
         )
         for i in range(workers):
-            args = ["worker", cluster.address, "--no-nanny", "--nthreads", "1", "--host", "127.0.0.1"]
-            args += ["--no-dashboard", "--name", f"prep-{i}", "--local-directory", str(root / f"w{i}")]
+            args = ["worker", cluster.address, "--nthreads", str(threads), "--host", "127.0.0.1"]
+            args += [] if nanny else ["--no-nanny"]
+            args += ["--no-dashboard", "--name", f"{name}-{i}", "--local-directory", str(root / f"w{i}")]
             cluster.workers.append(start(f"worker-{i}", args, worker_env))
         wait_for(
             lambda: sum("Registered to:" in p.read_text(errors="replace") for p in logs[1:]) == workers,
@@ -169,7 +184,8 @@ def dask_procs(
             120,
             logs,
         )
-        warm(cluster.address, tls)
+        if warm_loader:
+            warm(cluster.address, tls)
         yield cluster
     finally:
         for proc in reversed([scheduler, *cluster.workers]):

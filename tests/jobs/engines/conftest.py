@@ -6,7 +6,6 @@ started by the ``dask`` CLI; a Spark standalone master and worker started by
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.shard_steps.config import ShardConfig
+from tests.helpers.dask_procs import dask_procs
 from tests.helpers.lake import bad_objects, write_lake
 from tests.helpers.procs import free_port, wait_for
 
@@ -72,18 +72,6 @@ def run_job(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float
     return proc.stdout
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group we started (the CLI and the children it spawned), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="session")
 def mixed_lake(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Three classes of small PNGs plus a fourth of awkward and bad objects
@@ -110,69 +98,11 @@ def spark_reference(spark, mixed_lake: str, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture(scope="module")
 def dask_cli_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1; yields the address."""
-    from distributed import Client
-
     root = tmp_path_factory.mktemp("dask-cluster")
-    scheduler_file = root / "scheduler.json"
-    procs: list[subprocess.Popen] = []
-    logs: list[Path] = []
-
-    def start(name: str, *args: str) -> None:
-        log = root / f"{name}.log"
-        logs.append(log)
-        with open(log, "wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [str(BIN / "dask"), *args],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=job_env(),
-                    cwd=root,
-                    start_new_session=True,
-                )
-            )
-
-    try:
-        start(
-            "scheduler",
-            "scheduler",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--no-dashboard",
-            "--scheduler-file",
-            str(scheduler_file),
-        )
-        address = wait_for(
-            lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
-            "dask scheduler",
-            60,
-            logs,
-        )
-        for i in range(2):
-            start(
-                f"worker-{i}",
-                "worker",
-                address,
-                "--host",
-                "127.0.0.1",
-                "--nthreads",
-                "1",
-                "--nworkers",
-                "1",
-                "--no-dashboard",
-                "--name",
-                f"lakeshard-test-{i}",
-                "--local-directory",
-                str(root / f"w{i}"),
-            )
-        with Client(address, timeout=30) as client:
-            client.wait_for_workers(2, timeout=90)
-        yield address
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)
+    with dask_procs(
+        root, workers=2, nanny=True, name="lakeshard-test", env=job_env(), warm_loader=False
+    ) as cluster:
+        yield cluster.address
 
 
 @pytest.fixture(scope="module")
