@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from jobs.common.engines import ENGINE_NAMES
 from jobs.common.images import DEFAULT_SPEC, ImageSpec
 from jobs.shard_steps.deal import REMAINDER_POLICIES
 from lakeshard.errors import ConfigError
-from lakeshard.format.info import IMAGE_FORMATS, RESIZE_MODES
+from lakeshard.format.info import IMAGE_FORMATS, RESIZE_MODES, image_rule_broken
 from lakeshard.settings import check_fraction, check_positive, opt, parse_option, parse_seed, parse_size
 
 __all__ = ["ShardConfig"]
@@ -26,16 +26,10 @@ _IMAGE_OPTIONS = {
 
 
 def _check_image_option(name: str, value: Any) -> None:  # any option's value: ImageSpec checks it
-    """Check one image option with :class:`ImageSpec`'s own rule (the others at their defaults);
-    the error is about the option (``max_image_pixels must be positive``), not the spec's field
-    (``max_pixels``)."""
-    try:
-        replace(DEFAULT_SPEC, **{_IMAGE_OPTIONS[name]: value})
-    except ValueError as exc:
-        text = str(exc)
-        raise ConfigError(
-            f"{name} {text[text.index('must ') :]}" if "must " in text else f"{name}: {text}", option=name
-        ) from None
+    """Check one image option with :class:`ImageSpec`'s own rule; the error names the option
+    (``max_image_pixels must be positive``), not the spec's field (``max_pixels``)."""
+    if broken := image_rule_broken(_IMAGE_OPTIONS[name], value):
+        raise ConfigError(f"{name} {broken}", option=name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ __all__ = [
     "ImageSpec",
     "Inputs",
     "ShardInfo",
+    "image_rule_broken",
     "info_fields",
     "read_dataset_info",
 ]
@@ -142,16 +143,30 @@ class ImageSpec:
     code: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or not 8 <= self.size <= 8192:
-            raise ValueError(f"image size must be an integer in [8, 8192], got {self.size!r}")
-        if self.resize not in RESIZE_MODES:
-            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
-        if self.format not in IMAGE_FORMATS:
-            raise ValueError(f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {self.format!r}")
-        if not 1 <= self.quality <= 100:
-            raise ValueError(f"quality must be in [1, 100], got {self.quality!r}")
-        if self.max_pixels < 1:
-            raise ValueError(f"max_pixels must be positive, got {self.max_pixels!r}")
+        for field, (name, _, _) in _IMAGE_RULES.items():
+            if broken := image_rule_broken(field, getattr(self, field)):
+                raise ValueError(f"{name} {broken}")
+
+
+#: :class:`ImageSpec`'s rules: per field, the name its messages use, the check and what it says.
+_IMAGE_RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    "size": (
+        "image size",
+        lambda v: isinstance(v, int) and 8 <= v <= 8192,
+        "must be an integer in [8, 8192]",
+    ),
+    "resize": ("resize", lambda v: v in RESIZE_MODES, f"must be one of {', '.join(RESIZE_MODES)}"),
+    "format": ("image format", lambda v: v in IMAGE_FORMATS, f"must be one of {', '.join(IMAGE_FORMATS)}"),
+    "quality": ("quality", lambda v: 1 <= v <= 100, "must be in [1, 100]"),
+    "max_pixels": ("max_pixels", lambda v: v >= 1, "must be positive"),
+}
+
+
+def image_rule_broken(field: str, value: Any) -> str | None:
+    """What ``value`` breaks of :class:`ImageSpec`'s rule for ``field`` (``"must be positive, got
+    0"``), or None: for a caller that names the value its own way (the shard job's options)."""
+    _, ok, rule = _IMAGE_RULES[field]
+    return None if ok(value) else f"{rule}, got {value!r}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ def _store_age(uri: str) -> float:
     return (now - resp["LastModified"]).total_seconds()
 
 
+@pytest.mark.slow  # waits out a lock's refresh or expiry
 def test_s3_a_holder_refreshes_its_lock_and_each_refresh_is_another_object(s3_bucket: str):
     import boto3
 
@@ -116,6 +117,7 @@ def test_s3_a_lock_left_by_a_job_killed_on_this_host_is_taken_over_at_once(s3_bu
     assert "taking over the lock of a job that died on this host" in caplog.text
 
 
+@pytest.mark.slow  # waits out a lock's refresh or expiry
 def test_s3_a_lock_left_by_a_job_elsewhere_is_taken_over_once_it_expires(s3_bucket: str, caplog):
     import boto3
 
@@ -152,6 +154,7 @@ def test_s3_a_holder_whose_lock_was_taken_over_commits_nothing(s3_bucket: str):
     assert _lock_object(ds)["job"] == "other"  # the release left the other job's lock alone
 
 
+@pytest.mark.slow  # waits out a lock's refresh or expiry
 def test_s3_a_lock_the_store_cannot_delete_at_the_end_is_a_warning(
     s3_bucket: str, monkeypatch: pytest.MonkeyPatch, caplog
 ):

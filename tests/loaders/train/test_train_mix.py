@@ -102,6 +102,7 @@ def test_samples_per_epoch_with_one_dataset_is_one_error_line(tmp_path: Path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a trainer process (torch's import) or two
 def test_a_weight_that_gets_no_row_is_one_error_line(tmp_path: Path):
     a, b = _two(tmp_path)
     args = ["--dataset", f"{a}:0.004", "--dataset", f"{b}:0.996", "--samples-per-epoch", "120"]
@@ -111,6 +112,7 @@ def test_a_weight_that_gets_no_row_is_one_error_line(tmp_path: Path):
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.slow  # a trainer process (torch's import) or two
 def test_one_dataset_that_exists_as_given_is_that_path_colons_and_all(tmp_path: Path):
     a, _ = _two(tmp_path)
     shutil.copytree(a, tmp_path / "b:0.5")  # a's copy (version 0123abcd), beside b
@@ -198,6 +200,7 @@ def test_a_resume_with_another_mixture_is_refused_naming_what_changed(tmp_path: 
     assert f"it was trained on {b} version 'b0b0b0b0', which is now version 'b1b1b1b1'" in err
 
 
+@pytest.mark.slow  # a trainer process (torch's import) or two
 def test_a_resume_with_the_datasets_in_another_order_is_one_error_line_naming_the_order(tmp_path: Path):
     """F6: the same mixture given in another order is named as such (with the order to pass), not
     as two rebuilt datasets."""
