@@ -14,6 +14,7 @@ __all__ = [
     "ImageRejected",
     "LoaderError",
     "ManifestError",
+    "NoConditionalWrites",
     "PlatformError",
     "RejectFractionError",
     "ShardError",
@@ -40,6 +41,10 @@ class ConfigError(PlatformError, ValueError):
 
 class StorageError(PlatformError, OSError):
     """A URI cannot be read or written (names the URI)."""
+
+
+class NoConditionalWrites(StorageError):
+    """The store refused a conditional write (``If-None-Match``, ``If-Match``): it has none."""
 
 
 class ManifestError(PlatformError, ValueError):

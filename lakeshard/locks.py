@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from lakeshard import storage
-from lakeshard.errors import PlatformError, StorageError
+from lakeshard.errors import NoConditionalWrites, PlatformError, StorageError
 
 __all__ = ["LOCK_NAME", "S3_LOCK_EXPIRY", "DatasetBusyError", "confirm", "dataset_lock", "holds"]
 
@@ -342,9 +342,7 @@ def _acquire_s3(root: str, uri: str, *, job: str) -> _Held | None:
         etag = storage.create_if_absent(uri, body)
         if etag is None:
             etag = _take_over(root, uri, body)
-    except StorageError as exc:
-        if "conditional writes" not in str(exc):
-            raise
+    except NoConditionalWrites as exc:
         log.warning("%s: %s; two jobs writing this dataset at once would not be refused", root, exc)
         return None
     lock = _S3Lock(uri=uri, root=root, held=held, etag=etag, expiry=S3_LOCK_EXPIRY)

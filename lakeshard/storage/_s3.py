@@ -25,7 +25,7 @@ from typing import Any
 
 import fsspec
 
-from lakeshard.errors import StorageError
+from lakeshard.errors import NoConditionalWrites, StorageError
 from lakeshard.storage._store import Blob, RequestStats, Store, Tail, split_scheme
 
 __all__ = ["S3Store", "clear_s3_clients", "s3_client", "s3_options"]
@@ -175,8 +175,11 @@ class S3Store(Store):
             status = _status(exc)
             if status in (409, 412) or (status == 404 and "IfMatch" in condition):
                 return None
-            what = "conditional writes (If-None-Match, If-Match)" if status in (400, 501) else "the write"
-            raise StorageError(f"cannot write {uri}: the store refused {what}: {exc}") from exc
+            if status in (400, 501):
+                raise NoConditionalWrites(
+                    f"cannot write {uri}: the store refused conditional writes (If-None-Match, If-Match): {exc}"
+                ) from exc
+            raise StorageError(f"cannot write {uri}: the store refused the write: {exc}") from exc
         except Exception as exc:  # an endpoint that stays unreachable after botocore's retries
             raise StorageError(f"cannot write {uri}: {type(exc).__name__}: {exc}") from exc
         return _etag(resp) or ""

@@ -147,8 +147,8 @@ class Store(abc.ABC):
         there.
 
         Raises:
-            StorageError: the store refused the condition itself (it has no conditional
-                writes: the message says ``conditional writes``), or the write failed."""
+            NoConditionalWrites: the store refused the condition itself (it has none).
+            StorageError: the write failed."""
 
     @abc.abstractmethod
     def replace_if_unchanged(self, uri: str, data: bytes, etag: str) -> str | None:
