@@ -26,6 +26,7 @@ _ERRORS = {
     500: ("InternalError", "We encountered an internal error. Please try again."),
     503: ("SlowDown", "Please reduce your request rate."),
     403: ("AccessDenied", "Access Denied"),
+    501: ("NotImplemented", "A header you provided implies functionality that is not implemented"),
 }
 _HOP_BY_HOP = {
     "connection",
@@ -59,7 +60,8 @@ def _error_body(code: str, message: str, path: str) -> bytes:
 
 class FaultProxy:
     """``mode`` is ``"pass"`` (forward everything), ``"faults"`` (a seeded ``rate`` of requests
-    fail transiently) or ``"deny"`` (every request gets 403). ``injected`` counts what was
+    fail transiently), ``"deny"`` (every request gets 403) or ``"unconditional"`` (a conditional
+    PUT gets 501, as from a store without conditional writes). ``injected`` counts what was
     injected, by kind; ``requests`` counts every request and ``log`` holds each one as a
     :class:`Request`, in the order they came; :attr:`forwarded` those that reached the store."""
 
@@ -96,8 +98,15 @@ class FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                conditional = self.command == "PUT" and any(
+                    h in self.headers for h in ("If-None-Match", "If-Match")
+                )
                 fault = proxy._choose(
-                    self.command, self.path, self.headers.get("x-amz-copy-source"), self.headers.get("Range")
+                    self.command,
+                    self.path,
+                    self.headers.get("x-amz-copy-source"),
+                    self.headers.get("Range"),
+                    conditional=conditional,
                 )
                 if fault == "drop":
                     self.close_connection = True
@@ -151,13 +160,15 @@ class FaultProxy:
         )
 
     def _choose(
-        self, method: str, path: str, copy_source: str | None, byte_range: str | None
+        self, method: str, path: str, copy_source: str | None, byte_range: str | None, *, conditional: bool
     ) -> int | str | None:
         with self._lock:
             self.requests += 1
             fault: int | str | None = None
             if self.mode == "deny" and self.match in path:
                 fault = 403
+            elif self.mode == "unconditional" and conditional:
+                fault = 501  # a store without conditional writes (If-None-Match, If-Match)
             elif self.mode == "faults" and self._rng.random() < self.rate:
                 fault = self._rng.choice([500, 503, "drop", "cut"])
             if fault is not None:

@@ -241,3 +241,28 @@ def test_spark_jobs_fail_naming_an_object_they_cannot_read(spark, s3_bucket, fau
         spark.sparkContext.environment.update(saved)
     check_dataset(out)
     assert storage.exists(manifest_marker_uri(out))
+
+
+def test_a_store_without_conditional_writes_builds_unlocked_with_one_warning(
+    s3_bucket, fault_proxy, s3_via, local_engine, tmp_path, caplog
+):
+    """A store that answers 501 to If-None-Match (no conditional writes): both jobs build the
+    dataset without a lock, each saying once that two jobs at once would not be refused, and
+    leave no lock object behind."""
+    lake = _upload_lake(s3_bucket, tmp_path, {"a": 10, "b": 10})
+    out = f"{s3_bucket}/ds"
+    try:
+        s3_via(fault_proxy.endpoint)
+        fault_proxy.reset(mode="unconditional")
+        with caplog.at_level("WARNING", logger="lakeshard.locks"):
+            _build(local_engine, lake, out)
+        assert fault_proxy.injected["501"] >= 2, fault_proxy.injected  # one lock try a job
+    finally:
+        fault_proxy.reset(mode="pass")
+    warned = [r.getMessage() for r in caplog.records if "would not be refused" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert warned[0].startswith(f"{out}: cannot write {out}/_lock: the store refused conditional writes"), (
+        warned
+    )
+    check_dataset(out)
+    assert not storage.exists(f"{out}/_lock")
