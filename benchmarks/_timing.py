@@ -1,6 +1,7 @@
-"""What the benchmark tools share: the order of repeats, medians and paired ratios, the CPU
-other processes took meanwhile, a process's CPU seconds, ``option=value`` variants, and the
-JSON they write. Not a tool: imported by the tools beside it."""
+"""What the benchmark tools share: the order of repeats, paired ratios, the CPU other processes
+took meanwhile, the CPU seconds of a process and of this process's tree, ``option=value``
+variants, and the JSON they write. Not a tool: imported by the tools beside it (standard library
+only at import, so a peer's environment can import it too)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ __all__ = [
     "other_load",
     "paired",
     "parse_variant",
+    "tree_cpu_s",
     "write_json",
     "write_runs",
 ]
@@ -74,6 +76,22 @@ def cpu_seconds(pid: int) -> tuple[float, float] | None:
     fields = stat[stat.rindex(")") + 2 :].split()
     utime, stime, start = int(fields[11]), int(fields[12]), int(fields[19])
     return start / _TICKS, (utime + stime) / _TICKS
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process, its live descendants, and every descendant
+    already reaped (counted in its parent's ``children_*`` times)."""
+    import psutil  # not at the top: the tools that never call this need not have it
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue  # exited meanwhile: its parent's children_* times hold it once reaped
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def parse_variant(text: str, options: Iterable[str], owner: str) -> dict[str, object]:

@@ -21,18 +21,14 @@ Two processes, both ours, both on ephemeral ports of 127.0.0.1:
   ``Last-Modified`` and byte ranges (what s3fs's ``info`` and ranged reads need). A missing
   key or a folder is a 404 with S3's ``NoSuchKey`` XML. Its access log counts the bytes sent.
 * **the latency shim** (this module run with ``--shim``, a thread per connection): the
-  endpoint clients talk to.
-  It reads each request, waits ``latency_ms``, then forwards it to nginx over that client's own
-  upstream connection (so each client connection is one nginx connection, keep-alive and
-  concurrency as the client makes them) and streams the response back at ``bandwidth`` bytes/s
-  at most per connection: every response's first byte comes at least ``latency_ms`` after its
-  request, and the response's mean rate from then on is at most ``bandwidth``. (The cap is
-  the shim's, not nginx's ``limit_rate``, which sleeps whole milliseconds after each write and
-  lets the first second's worth through: ``benchmarks/README.md``.) Bucket-level requests (ListObjectsV2,
-  which s3fs sends for ``exists``/``info`` of a missing key or a "folder", and HEAD bucket) are
-  answered by the shim itself from the folder. It logs each request and each new connection.
-  Response bodies move from nginx's socket to the client's in the kernel (``splice``), so the
-  shim takes little of the CPU it shares with the client it serves.
+  endpoint clients talk to. It reads each request, waits ``latency_ms``, then forwards it to
+  nginx over that client's own upstream connection (keep-alive and concurrency as the client
+  makes them) and streams the response back at ``bandwidth`` bytes/s at most per connection,
+  moving the body in the kernel (``splice``), so it takes little of the CPU it shares with the
+  client. (The cap is the shim's, not nginx's ``limit_rate``, which sleeps whole milliseconds
+  after each write and lets the first second's worth through.) It answers bucket-level requests
+  (ListObjectsV2, which s3fs sends for ``exists``/``info`` of a missing key or a "folder", and
+  HEAD bucket) itself from the folder, and logs each request and each new connection.
 
 ETags: nginx's ``"<mtime hex>-<size hex>"`` has the shape of an S3 multipart upload's ETag, which
 a client cannot take for the object's MD5 (the manifest job then reads the whole object to hash
