@@ -1,6 +1,6 @@
 """What the benchmark tools share: the order of repeats, paired ratios, the CPU other processes
 took meanwhile, the CPU seconds of a process and of this process's tree, ``option=value``
-variants, and the JSON they write. Not a tool: imported by the tools beside it (standard library
+variants, the checkout of a git ref that A/B tools run, and the JSON they write. Not a tool: imported by the tools beside it (standard library
 only at import, so a peer's environment can import it too)."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -21,6 +23,7 @@ __all__ = [
     "other_load",
     "paired",
     "parse_variant",
+    "ref_checkout",
     "tree_cpu_s",
     "write_json",
     "write_runs",
@@ -106,6 +109,22 @@ def parse_variant(text: str, options: Iterable[str], owner: str) -> dict[str, ob
             raise argparse.ArgumentTypeError(f"{key!r} in variant {text!r} is not a {owner} option")
         out[key] = None if value == "none" else int(value) if value.lstrip("-").isdigit() else value
     return out
+
+
+@contextlib.contextmanager
+def ref_checkout(root: Path, ref: str, at: Path, *, extensions: bool = True) -> Iterator[Path]:
+    """The code at git ``ref`` of the repository ``root``, checked out at ``at`` with ``git
+    worktree`` and removed when the block ends. ``extensions``: ``root``'s built C extensions of
+    the loader are copied in (the C sources must be the same)."""
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(at), ref], cwd=root, check=True)
+    try:
+        if extensions:
+            for built in (root / "loaders").glob("_*.so"):
+                shutil.copy2(built, at / "loaders" / built.name)
+        yield at
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(at)], cwd=root, check=False)
+        shutil.rmtree(at, ignore_errors=True)
 
 
 def write_json(out: Path | str | None, doc: Any, *, indent: int = 2) -> None:

@@ -42,7 +42,6 @@ import collections
 import dataclasses
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -54,7 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import alternate, parse_variant, write_json, write_runs
+from _timing import alternate, parse_variant, ref_checkout, write_json, write_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,11 +117,7 @@ def _run(code: Path, command: list[str], out: Path) -> dict[str, Any]:
 def code_ab(args: argparse.Namespace, command: list[str]) -> None:
     results: dict[str, list[dict[str, float]]] = {"ref": [], "tree": []}
     with tempfile.TemporaryDirectory(prefix="code-ab-") as tmp:
-        old = Path(tmp) / "ref"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), args.ref], cwd=ROOT, check=True)
-        try:
-            for built in (ROOT / "loaders").glob("_*.so"):
-                shutil.copy2(built, old / "loaders" / built.name)
+        with ref_checkout(ROOT, args.ref, Path(tmp) / "ref") as old:
             for r in range(args.rounds):
                 for name, code in alternate([("ref", old), ("tree", ROOT)], r):
                     data = _run(code, command, Path(tmp) / f"{name}-{r}.json")
@@ -132,8 +127,6 @@ def code_ab(args: argparse.Namespace, command: list[str]) -> None:
                         + ", ".join(f"{m} {v:.4g}" for m, v in results[name][-1].items()),
                         flush=True,
                     )
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
     print(f"{'metric':48} {'ref':>10} {'tree':>10} {'tree/ref':>9}")
     for m in args.metric:
         ref = statistics.median(x[m] for x in results["ref"])
