@@ -395,22 +395,20 @@ _NGINX_ETAG = re.compile(rb'(\r\nETag: "[0-9a-f]{8})-([0-9a-f]+")', re.IGNORECAS
 _CLIENT_ETAG = re.compile(r'(?im)^(if-(?:none-)?match:\s*"[0-9a-f]{8})0([0-9a-f]+")')
 
 
-def etag(mtime: float, size: int) -> str:
+def _etag(mtime: float, size: int) -> str:
     """The ETag the shim shows for a file (nginx's, without its ``-``)."""
     return f"{int(mtime):08x}0{size:x}"
 
 
 class _Shim:
+    """The latency shim's state: the folder and bucket it lists, nginx's ``upstream`` port, the
+    latency and the rate per connection, and its log (one line per connection and request)."""
+
     def __init__(
         self, *, root: Path, bucket: str, upstream: int, latency_s: float, rate: int, log: Path
     ) -> None:
-        self.root, self.bucket, self.upstream, self.latency_s, self.rate = (
-            root,
-            bucket,
-            upstream,
-            latency_s,
-            rate,
-        )
+        self.root, self.bucket, self.upstream = root, bucket, upstream
+        self.latency_s, self.rate = latency_s, rate
         self._log = log.open("a", buffering=1)
         self._log_lock = threading.Lock()
 
@@ -538,7 +536,7 @@ class _Shim:
                 modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime))
                 contents.append(
                     f"<Contents><Key>{escape(key)}</Key><LastModified>{modified}</LastModified>"
-                    f'<ETag>"{etag(st.st_mtime, st.st_size)}"</ETag><Size>{st.st_size}</Size>'
+                    f'<ETag>"{_etag(st.st_mtime, st.st_size)}"</ETag><Size>{st.st_size}</Size>'
                     "<StorageClass>STANDARD</StorageClass></Contents>"
                 )
             last = name
