@@ -1,35 +1,98 @@
-"""One benchmark, run by two versions of the code side by side: a git ref and the working tree.
+"""A/B: one benchmark, two versions of the code (``--ref``), or several options of the loader
+(``--loader``) or of the shard job (``--jobs``), side by side in one run.
 
     python benchmarks/code_ab.py --ref 34b7b12 --rounds 3 --metric ratios.shardloader_vs_ceiling_paired \\
         --metric median.shardloader -- benchmarks/loader_bench.py --images 2000 --repeats 3
     python benchmarks/code_ab.py --ref 34b7b12 --rounds 3 --metric shard_vs_ceiling --metric shard_s \\
         -- benchmarks/jobs_bench.py --engine spark --images 1000 --repeats 2
+    python benchmarks/code_ab.py --loader --images 2000 --rounds 5 "num_threads=2" "num_threads=4"
+    python benchmarks/code_ab.py --loader --images 2000 --rounds 3 "" "LAKESHARD_NO_EXTENSIONS=1"
+    python benchmarks/code_ab.py --jobs --engine spark --images 2000 --rounds 8 "" "partitions=4"
 
-The ref is checked out with ``git worktree`` (the loader's built C extensions are copied into
-it: the C sources must be the same). Every round runs the benchmark once with each version, in
-fresh processes, the order alternating from round to round so that a slow spell of this shared
-machine hits both; each run writes its JSON (``--out`` is added to the command), and the
-``--metric`` paths (dotted keys into that JSON, an integer picks an item of a list; a list
-at the end is reduced to its median) are printed
-per version as the median over rounds, with each round's value, and the ratio tree / ref.
-Exits 0; the verdict is the reader's (noise on a 2-core machine is a few percent).
+Every round runs each side once, the order alternating from round to round, so that a slow spell
+of this shared machine hits every side. Exits 0; the verdict is the reader's (noise on a 2-core
+machine is a few percent).
+
+``--ref``: the ref is checked out with ``git worktree`` (the loader's built C extensions are
+copied into it: the C sources must be the same), and every round runs the benchmark after ``--``
+once with each version, in fresh processes; each run writes its JSON (``--out`` is added to the
+command), and the ``--metric`` paths (dotted keys into that JSON, an integer picks an item of a
+list; a list at the end is reduced to its median) are printed per version as the median over
+rounds, with each round's value, and the ratio tree / ref.
+
+``--loader``: a variant is ``option=value`` pairs of ``ShardLoader`` ("" is the defaults) and, in
+capitals, environment variables for its processes (``LAKESHARD_NO_EXTENSIONS=1`` runs without the
+C extensions). Every round starts one process per variant; each builds one loader and runs
+``--epochs`` epochs of it with ``set_epoch`` (a training loop's pattern), and measures the decode
+ceiling of ``loader_bench.py`` (the same bytes in memory, the variant's decoder called bare on
+one thread per core) before and after every epoch. It reports each epoch's images/s over the mean
+of the two ceilings around it: the first epoch (a fresh process: thread pools, buffers and
+Arrow's allocator start cold) apart from the median of the others, and the images/s.
+
+``--jobs``: a variant is ``option=value`` pairs of ``ShardConfig`` ("" is the defaults), run in
+turn on one engine started once, with the ceiling of ``jobs_bench.py`` (single-thread
+preprocessing × cores, and 2 bare processes) measured in every round. The first round is a
+warm-up and not counted. Prints medians and each variant's ratio to the ceiling.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
 import json
-import shutil
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import alternate, parse_variant, ref_checkout, write_json, write_runs
+
 ROOT = Path(__file__).resolve().parents[1]
 
+_USAGE = "usage: code_ab.py --ref REF [--rounds N] --metric PATH ... -- benchmarks/X.py [args]"
+#: Rounds when --rounds is not given, by mode.
+_ROUNDS = {"ref": 3, "loader": 5, "jobs": 8}
 
+_LOADER_CHILD = r"""
+import argparse, json, os, statistics, sys, time
+sys.path.insert(0, sys.argv[3])
+import loader_bench
+from loaders import ShardLoader
+dataset, options, epochs = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[4])
+encoded = loader_bench.read_encoded(dataset, "train")
+loader = ShardLoader(dataset, channel="train", batch_size=64, shuffle=True, seed=0, **options)
+args = argparse.Namespace(decoder=options.get("decoder", "auto"), batch_size=64)
+cores = os.cpu_count() or 1
+
+def ceiling():
+    return loader_bench.bench_ceiling(encoded, loader.image_size, args, cores)
+
+ceiling()  # warm the decoder
+ratios, rates = [], []
+for epoch in range(epochs):
+    before = ceiling()
+    loader.set_epoch(epoch)
+    start, rows = time.perf_counter(), 0
+    for _, labels in loader:
+        rows += len(labels)
+    rate = rows / (time.perf_counter() - start)
+    rates.append(rate)
+    ratios.append(rate / ((before + ceiling()) / 2))
+loader.close()
+print(json.dumps({"first": ratios[0], "later": statistics.median(ratios[1:]), "epochs": ratios,
+                  "rate_first": rates[0], "rate_later": statistics.median(rates[1:]), "rates": rates}))
+"""
+
+
+# -- --ref: two versions of the code ----------------------------------------------------------------
 def _metric(data: Any, path: str) -> float:
     for key in path.split("."):
         data = data[int(key)] if isinstance(data, list) and key.lstrip("-").isdigit() else data[key]
@@ -38,49 +101,25 @@ def _metric(data: Any, path: str) -> float:
 
 def _run(code: Path, command: list[str], out: Path) -> dict[str, Any]:
     script, *args = command
-    env_path = {"PYTHONPATH": str(code)}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
         [sys.executable, str(code / script), *args, "--out", str(out)],
         cwd=code,
-        env={**_environ(), **env_path},
+        env={**env, "PYTHONPATH": str(code)},
         capture_output=True,
         text=True,
     )
     if proc.returncode != 0:
         raise SystemExit(f"{script} failed in {code}:\n{proc.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    return dict(json.loads(out.read_text()))
 
 
-def _environ() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
-        raise SystemExit(
-            "usage: code_ab.py --ref REF [--rounds N] --metric PATH ... -- benchmarks/X.py [args]"
-        )
-    cut = argv.index("--")
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ref", required=True, help="the git ref to compare the working tree with")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--metric", action="append", required=True, help="a dotted path into the benchmark's JSON")
-    p.add_argument("--out", type=Path, help="write every round's metrics as JSON here")
-    args = p.parse_args(argv[:cut])
-    command = argv[cut + 1 :]
+def code_ab(args: argparse.Namespace, command: list[str]) -> None:
     results: dict[str, list[dict[str, float]]] = {"ref": [], "tree": []}
     with tempfile.TemporaryDirectory(prefix="code-ab-") as tmp:
-        old = Path(tmp) / "ref"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), args.ref], cwd=ROOT, check=True)
-        try:
-            for built in (ROOT / "loaders").glob("_*.so"):
-                shutil.copy2(built, old / "loaders" / built.name)
+        with ref_checkout(ROOT, args.ref, Path(tmp) / "ref") as old:
             for r in range(args.rounds):
-                order = [("ref", old), ("tree", ROOT)]
-                for name, code in order if r % 2 == 0 else order[::-1]:
+                for name, code in alternate([("ref", old), ("tree", ROOT)], r):
                     data = _run(code, command, Path(tmp) / f"{name}-{r}.json")
                     results[name].append({m: _metric(data, m) for m in args.metric})
                     print(
@@ -88,17 +127,180 @@ def main(argv: list[str] | None = None) -> int:
                         + ", ".join(f"{m} {v:.4g}" for m, v in results[name][-1].items()),
                         flush=True,
                     )
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
     print(f"{'metric':48} {'ref':>10} {'tree':>10} {'tree/ref':>9}")
     for m in args.metric:
         ref = statistics.median(x[m] for x in results["ref"])
         tree = statistics.median(x[m] for x in results["tree"])
         print(f"{m:48} {ref:10.4g} {tree:10.4g} {tree / ref if ref else float('nan'):9.3f}")
-    if args.out:
-        args.out.write_text(
-            json.dumps({"ref": args.ref, "command": command, "rounds": results}, indent=2) + "\n"
-        )
+    write_json(args.out, {"ref": args.ref, "command": command, "rounds": results})
+
+
+# -- --loader: ShardLoader options, each in its own processes ---------------------------------------
+def loader_variant(text: str) -> tuple[dict[str, object], dict[str, str]]:
+    """``"num_threads=2,LAKESHARD_NO_EXTENSIONS=1"`` as ShardLoader keyword arguments and the
+    environment variables (the keys in capitals) of the variant's processes."""
+    from loaders.options import OPTIONS
+
+    pairs = [p for p in text.split(",") if p]
+    env = dict(p.partition("=")[::2] for p in pairs if p.partition("=")[0].isupper())
+    options = ",".join(p for p in pairs if not p.partition("=")[0].isupper())
+    return parse_variant(options, OPTIONS, "ShardLoader"), env
+
+
+def loader_ab(args: argparse.Namespace, options: dict[str, Any]) -> None:
+    from loader_bench import build_dataset
+
+    from lakeshard.format import FORMAT_VERSION
+
+    root = args.cache / f"v{FORMAT_VERSION}-{args.images}-{args.size}"  # a new format: a new dataset
+    if not (root / "dataset.json").exists():
+        build_dataset(root, images=args.images, size=args.size, quality=90)
+    here = str(ROOT / "benchmarks")
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}
+    for r in range(args.rounds):
+        for v in alternate(args.variants, r):
+            kwargs, env = options[v]
+            cmd = [sys.executable, "-c", _LOADER_CHILD, str(root), json.dumps(kwargs), here, str(args.epochs)]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env})
+            if out.returncode:
+                raise SystemExit(f"variant {v!r} failed:\n{out.stderr}")
+            runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+
+    print(
+        f"{'variant':30s} {'first epoch ÷ ceiling':>22s} {'later epochs ÷ ceiling':>23s}   per process (later)"
+    )
+    for v, rs in runs.items():
+        first = statistics.median(x["first"] for x in rs)
+        later = statistics.median(x["later"] for x in rs)
+        each = " ".join(f"{x['later']:.3f}" for x in rs)
+        print(f"{v or '(defaults)':30s} {first:22.3f} {later:23.3f}   {each}")
+    print(
+        f"\n{'variant':30s} {'images/s, first epoch':>22s} {'later epochs':>13s} {'(min-max)':>13s}  ÷ first variant"
+    )
+    base = statistics.median(x["rate_later"] for x in runs[args.variants[0]])
+    for v, rs in runs.items():
+        first = statistics.median(x["rate_first"] for x in rs)
+        rates = [x["rate_later"] for x in rs]
+        spread = f"{min(rates):.0f}-{max(rates):.0f}"
+        later = statistics.median(rates)
+        print(f"{v or '(defaults)':30s} {first:22.0f} {later:13.0f} {spread:>13s}  {later / base:.3f}")
+    write_runs(args.out, args, runs)
+
+
+# -- --jobs: shard job options, in turn on one engine -----------------------------------------------
+def jobs_variant(text: str) -> dict[str, object]:
+    """``"partitions=4,threads=1"`` as ShardConfig keyword arguments."""
+    from jobs.shard_steps.config import ShardConfig
+
+    return parse_variant(text, (f.name for f in dataclasses.fields(ShardConfig)), "shard job")
+
+
+def jobs_ab(args: argparse.Namespace, options: dict[str, Any]) -> None:
+    import jobs_bench
+
+    from jobs import manifest as manifest_job
+    from jobs import shard as shard_job
+    from jobs.common.engines import open_engine
+    from jobs.common.images import DEFAULT_SPEC
+    from jobs.manifest_steps.config import ManifestConfig
+    from jobs.shard_steps.config import ShardConfig
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    lake = args.cache / f"{args.images}-640x480"
+    paths = jobs_bench.build_lake(lake, args.images, classes=10, size=(640, 480))
+    cores = os.cpu_count() or 1
+    pool = jobs_bench.reference_pool(cores, paths[:5], DEFAULT_SPEC)
+    engine = open_engine(args.engine, app_name="lakeshard-ab")
+    seconds: dict[str, list[float]] = collections.defaultdict(list)
+    try:
+        out = tempfile.mkdtemp(prefix="lakeshard-ab-")
+        # min_per_class=0: a small lake (a test run) may leave a class out of a channel
+        manifest_job.run(ManifestConfig(input=str(lake), output=out, seed=0, min_per_class=0), engine)
+        for r in range(args.rounds + 1):
+            if r:
+                single = jobs_bench.single_thread_rate(pool, paths, DEFAULT_SPEC)
+                seconds["ceiling"].append(len(paths) / (cores * single))
+                seconds["2 procs"].append(
+                    len(paths) / jobs_bench.parallel_rate(pool, paths, DEFAULT_SPEC, cores)
+                )
+            for v in args.variants:
+                config = ShardConfig(
+                    dataset=out,
+                    num_shards=args.num_shards,
+                    engine=args.engine,
+                    overwrite=True,
+                    resume=False,
+                    **options[v],  # type: ignore[arg-type]
+                )
+                t = time.perf_counter()
+                shard_job.run(config, engine)
+                if r:
+                    seconds[v].append(time.perf_counter() - t)
+    finally:
+        engine.close()
+        pool.shutdown()
+    ceiling = statistics.median(seconds["ceiling"])
+    print(f"{'variant':32} {'median s':>9} {'images/s':>9} {'÷ ceiling':>10}  runs")
+    for name in ["ceiling", "2 procs", *args.variants]:
+        m = statistics.median(seconds[name])
+        rounded = [round(x, 2) for x in seconds[name]]
+        print(f"{name or 'defaults':32} {m:9.3f} {len(paths) / m:9.1f} {ceiling / m:10.2f}  {rounded}")
+    doc = {"date": time.strftime("%Y-%m-%d"), "engine": args.engine, "images": len(paths), "seconds": seconds}
+    write_json(args.out, doc)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--ref", help="the git ref to compare the working tree with (the benchmark after --)")
+    mode.add_argument("--loader", action="store_true", help="ShardLoader options side by side")
+    mode.add_argument("--jobs", action="store_true", help="shard job options side by side")
+    p.add_argument(
+        "variants", nargs="*", default=[""], help='--loader, --jobs: option=value,... ("" for the defaults)'
+    )
+    p.add_argument(
+        "--rounds", type=int, help="rounds (default: --ref 3, --loader 5, --jobs 8 after a warm-up)"
+    )
+    p.add_argument(
+        "--metric", action="append", default=[], help="--ref: a dotted path into the benchmark's JSON"
+    )
+    p.add_argument("--out", type=Path, help="write every round as JSON here")
+    p.add_argument("--images", type=int, default=2000, help="--loader, --jobs: images (default: 2000)")
+    p.add_argument("--size", type=int, default=224, help="--loader: image side in pixels (default: 224)")
+    p.add_argument(
+        "--epochs", type=int, default=8, help="--loader: epochs per process, the first apart (default: 8)"
+    )
+    p.add_argument("--engine", choices=["spark", "dask"], default="spark", help="--jobs: the engine")
+    p.add_argument("--num-shards", type=int, default=4, help="--jobs: shards (default: 4)")
+    p.add_argument("--cache", type=Path, help="--loader, --jobs: where the dataset or lake is kept")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    p = _parser()
+    args = p.parse_args(argv[:cut])
+    args.mode = "ref" if args.ref else "loader" if args.loader else "jobs"
+    args.rounds = _ROUNDS[args.mode] if args.rounds is None else args.rounds
+    tmp = Path(tempfile.gettempdir())
+    args.cache = args.cache or tmp / ("lakeshard-loader-ab" if args.loader else "lakeshard-bench-lake")
+    if args.ref:
+        if cut == len(argv) or not args.metric or args.variants != [""]:
+            raise SystemExit(_USAGE)
+        code_ab(args, argv[cut + 1 :])
+        return 0
+    if args.loader and args.epochs < 2:
+        p.error(f"--epochs must be at least 2 (the first is counted apart), got {args.epochs}")
+    try:
+        options = {v: (loader_variant if args.loader else jobs_variant)(v) for v in args.variants}
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    if args.loader:
+        loader_ab(args, options)
+    else:
+        jobs_ab(args, options)
     return 0
 
 

@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import platform
 import shutil
@@ -43,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
+from _timing import alternate, write_json
 from PIL import Image
 from remote_bench import PROFILES
 from remote_store import RemoteStore, parse_rate
@@ -249,7 +249,7 @@ def bench_engine(
         lake.grow()
         runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
         for r in range(repeats):
-            order = list(kinds) if r % 2 == 0 else list(reversed(kinds))
+            order = alternate(list(kinds), r)
             for kind in order:
                 out = str(work / f"{name}-{kind}")
                 runs[kind].append(
@@ -396,9 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
     print(f"load average before {load_before}, after {out['load_after']}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=2))
+    write_json(args.out, out)
     return 0
 
 

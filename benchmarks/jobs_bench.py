@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import multiprocessing
 import os
 import platform
@@ -28,8 +27,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
+from _timing import write_json
 from PIL import Image
 
 from jobs import manifest as manifest_job
@@ -142,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             parallel.append(parallel_rate(pool, paths, spec, cores))
             out = Path(tempfile.mkdtemp(prefix="lakeshard-bench-"))
             t = time.perf_counter()
-            manifest_job.run(ManifestConfig(input=str(lake), output=str(out), seed=r), engine)
+            # min_per_class=0: a small lake (a test run) may leave a class out of a channel
+            manifest_job.run(
+                ManifestConfig(input=str(lake), output=str(out), seed=r, min_per_class=0), engine
+            )
             manifest_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             shard_job.run(
@@ -193,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['shard_images_per_s']:12.1f} {ceiling:14.1f} {result['shard_vs_ceiling']:14.2f} "
         f"{result['parallel_processes_images_per_s']:14.1f} {result['shard_vs_parallel_processes']:14.2f}"
     )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     return 0
 
 

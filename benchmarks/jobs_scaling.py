@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import platform
 import shutil
@@ -51,6 +50,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _timing import write_json
 from process_peaks import Peaks, PeakWatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -581,8 +581,7 @@ def _commit(root: Path) -> str | None:
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(path, doc)
     print(f"wrote {path}")
 
 

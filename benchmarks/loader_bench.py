@@ -44,7 +44,6 @@ slow spell of this shared machine moves less.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import io
@@ -67,6 +66,8 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _timing import other_load, paired, write_json
 
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import format as contract
@@ -326,29 +327,6 @@ def check_same_output(dataset: str, encoded: list[bytes], size: int, args: argpa
     log.info("loader and ceiling output: identical (%s %s, channels_last)", ours.dtype, tuple(ours.shape))
 
 
-@contextlib.contextmanager
-def other_load() -> Iterator[Callable[[], float]]:
-    """Share of the machine's CPU time that others took meanwhile: other processes, and the
-    hypervisor (steal time) (Linux; NaN elsewhere). A run taken while the machine was busy
-    shows it here instead of hiding."""
-
-    def busy_jiffies() -> int:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-        return sum(v) - v[3] - v[4]  # all but idle and iowait
-
-    if not os.path.exists("/proc/stat"):
-        yield lambda: float("nan")
-        return
-    hz, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
-    b0, t0, w0 = busy_jiffies(), os.times(), time.perf_counter()
-    result: list[float] = []
-    yield lambda: result[0]
-    b1, t1, w1 = busy_jiffies(), os.times(), time.perf_counter()
-    own = (t1.user + t1.system) - (t0.user + t0.system)
-    result.append(max(0.0, ((b1 - b0) / hz - own) / ((w1 - w0) * cores)))
-
-
 def bench_single(encoded: list[bytes], size: int, decoder: Any) -> float:
     out = np.empty((size, size, 3), dtype=np.uint8)
     start = time.perf_counter()
@@ -474,14 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         "shardloader_next_epoch_vs_ceiling": med["shardloader_next_epoch"] / med["decode_ceiling"],
         # Each repeat's own ratio (loader and ceiling a few seconds apart), then the median: a
         # slow spell of the machine lowers both sides of one repeat instead of one side's median.
-        "shardloader_vs_ceiling_paired": statistics.median(
-            a / b for a, b in zip(runs["shardloader"], runs[f"decode_ceiling_{best}threads"], strict=True)
-        ),
-        "shardloader_next_epoch_vs_ceiling_paired": statistics.median(
-            a / b
-            for a, b in zip(
-                runs["shardloader_next_epoch"], runs[f"decode_ceiling_{best}threads"], strict=True
-            )
+        "shardloader_vs_ceiling_paired": paired(runs["shardloader"], runs[f"decode_ceiling_{best}threads"]),
+        "shardloader_next_epoch_vs_ceiling_paired": paired(
+            runs["shardloader_next_epoch"], runs[f"decode_ceiling_{best}threads"]
         ),
     }
     if "dataloader_files" in med:
@@ -506,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
         "targets": {"shardloader_vs_ceiling": 0.9, "shardloader_vs_dataloader": 2.0},
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

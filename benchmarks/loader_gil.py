@@ -149,8 +149,8 @@ def _default_py_spy() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _timing import alternate, write_runs
     from loader_bench import build_dataset  # puts the repository root on sys.path
-    from variants import write_runs
 
     from lakeshard.format import FORMAT_VERSION
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {w: [] for w in workloads}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            for w in workloads if r % 2 == 0 else workloads[::-1]:
+            for w in alternate(workloads, r):
                 runs[w].append(profile(w, root, args, args.py_spy, Path(tmp)))
             print(f"repeat {r + 1}/{args.repeats} done", file=sys.stderr)
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _timing import write_json
+
 _CHILD = r"""
 import json, resource, sys, time
 from loaders import ShardLoader
@@ -78,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:6} {r['images']:7d} {r['peak_rss_mib']:13.1f} {r['first_batch_s']:14.3f} {r['images_per_s']:9.0f}"
         )
     print(f"peak RSS large/small: {ratio:.3f} (target <= 1.1)")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({**results, "rss_ratio": ratio, "size": args.size}, indent=2) + "\n")
+    write_json(args.out, {**results, "rss_ratio": ratio, "size": args.size})
     return 0
 
 

@@ -40,7 +40,7 @@ each decoded image, with its label): the mixture must yield exactly C's (image, 
 Prints, per variant, the median images/s and CPU ms per image over the repeats and the ratios
 mixture / single (medians over medians, and "paired": the median of each repeat's ratio), with
 single's spread over the repeats as the noise (at least 5 %), and the share of the machine's CPU
-that other processes took during the timed epochs (``loader_bench.other_load``: a busy machine
+that other processes took during the timed epochs (``_timing.other_load``: a busy machine
 shows there); ``--out`` gets every run as JSON. Nothing is asserted about speed.
 
 ``--torch-threads N`` sets torch's intra-op threads first (default: torch's own, as a training
@@ -53,7 +53,6 @@ import argparse
 import gc
 import hashlib
 import io
-import json
 import os
 import platform
 import statistics
@@ -71,7 +70,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loader_bench import other_load, synthetic_image, write_shards
+from _timing import other_load, paired, write_json
+from loader_bench import synthetic_image, write_shards
 
 from lakeshard import format as contract
 from loaders import MixedLoader, ShardLoader, default_threads
@@ -269,11 +269,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for v in VARIANTS:
         out[v]["rate_ratio_to_single"] = out[v]["images_per_s_median"] / single["images_per_s_median"]
         out[v]["cpu_ratio_to_single"] = out[v]["cpu_ms_per_image_median"] / single["cpu_ms_per_image_median"]
-    pairs = list(zip(by["single"], by["mix"]))
-    mix["rate_ratio_paired"] = statistics.median(m["images_per_s"] / s["images_per_s"] for s, m in pairs)
-    mix["cpu_ratio_paired"] = statistics.median(
-        m["cpu_ms_per_image"] / s["cpu_ms_per_image"] for s, m in pairs
-    )
+    for key in ("images_per_s", "cpu_ms_per_image"):
+        name = "rate_ratio_paired" if key == "images_per_s" else "cpu_ratio_paired"
+        mix[name] = paired((m[key] for m in by["mix"]), (s[key] for s in by["single"]))
     rates = single["images_per_s"]
     spread = (max(rates) - min(rates)) / statistics.median(rates)
     labels = {v: [e["labels"] for r in by[v] for e in r["epochs"]] for v in VARIANTS}
@@ -466,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "runs": runs,
     }
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(f"\nwrote {args.out}")
     return 0
 

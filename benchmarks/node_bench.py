@@ -51,6 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _timing import write_json
 from loader_bench import bench_ceiling, synthetic_image, write_shards
 
 from loaders import ShardLoader
@@ -436,8 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     result["seconds"] = time.perf_counter() - started
     print(f"done in {result['seconds']:.0f} s")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result, indent=1)
     return 0 if t["exit"] == 0 else 1
 
 

@@ -42,6 +42,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _timing import write_json  # noqa: E402
 
 log = logging.getLogger("petastorm_bench")
 
@@ -314,18 +317,15 @@ def main(argv: list[str] | None = None) -> int:
         f"images per pass: {counts['shardloader']}; threads {args.threads}; shardloader / petastorm_reader = "
         f"{ratio:.2f} (target >= 3); with Pillow on both sides: {ratio_pillow:.2f}"
     )
-    if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "args": {k: v for k, v in vars(args).items() if k != "worker"},
-                    "results": results,
-                    "ratio_vs_petastorm_reader": ratio,
-                    "ratio_pillow": ratio_pillow,
-                },
-                indent=2,
-            )
-        )
+    write_json(
+        args.out,
+        {
+            "args": {k: v for k, v in vars(args).items() if k != "worker"},
+            "results": results,
+            "ratio_vs_petastorm_reader": ratio,
+            "ratio_pillow": ratio_pillow,
+        },
+    )
     return 0
 
 

@@ -44,6 +44,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import prep_parts
+from _timing import alternate, paired, write_json
 from loader_bench import build_dataset
 
 from loaders import ShardLoader
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 ShardLoader(str(root), num_threads=2, prep=address, **common) as prep,
             ):
                 for r in range(args.repeats):
-                    order = ["local", "prep"] if r % 2 == 0 else ["prep", "local"]
+                    order = alternate(["local", "prep"], r)
                     for name in order:
                         loader = local if name == "local" else prep
                         rates[name].append(run(loader, Step(repeat), args.epochs))
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = doctor(root, args.batch_size, core=cores[0])
         print(f"the doctor, on the training process's one core: {verdict['headline']}")
     local_rate, prep_rate = (statistics.median(rates[k]) for k in ("local", "prep"))
-    ratio = statistics.median(p / q for p, q in zip(rates["prep"], rates["local"], strict=True))
+    ratio = paired(rates["prep"], rates["local"])
     print(
         f"\nlocal {local_rate:.1f} images/s, prep {prep_rate:.1f} images/s: prep / local {ratio:.2f} (paired median)"
     )
@@ -249,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "bytes_per_image": {"to_worker": to_worker, "to_trainer": to_trainer},
         "doctor_local": verdict,
     }
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     return 0
 
 

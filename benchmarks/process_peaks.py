@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import IO
 
 import psutil
+from _timing import cpu_seconds
 
-__all__ = ["PeakWatch", "Peaks", "cpu_seconds", "jstat_heap", "vm_hwm", "vm_rss"]
+__all__ = ["PeakWatch", "Peaks", "jstat_heap", "vm_hwm", "vm_rss"]
 
 _MIB = 1024 * 1024
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def vm_hwm(pid: int) -> int | None:
@@ -66,19 +66,6 @@ def _status_bytes(pid: int, name: str) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
-
-
-def cpu_seconds(pid: int) -> tuple[float, float] | None:
-    """(start time, user + system CPU seconds) of process ``pid`` from ``/proc/<pid>/stat``, in
-    clock ticks' resolution (``None`` once it is gone). The start time tells a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    utime, stime, start = int(fields[11]), int(fields[12]), int(fields[19])
-    return start / _TICKS, (utime + stime) / _TICKS
 
 
 def jstat_heap(header: str, line: str) -> tuple[int, int] | None:

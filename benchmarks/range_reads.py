@@ -48,7 +48,6 @@ import asyncio
 import functools
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import statistics
@@ -69,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import loader_bench
+from _timing import write_json
 from remote_store import NginxMissingError, RemoteStore, parse_rate
 
 from lakeshard import storage
@@ -636,8 +636,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
+    write_json(args.out, result)
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.out}")
     return 1 if "lakeshard" in errors else 0
 

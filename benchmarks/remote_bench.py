@@ -30,7 +30,7 @@ Each repeat measures both sources, local first on even repeats and remote first 
   (GET, HEAD, LIST), connections opened, body bytes, and in the JSON each file request
   (``*_served``: method, status, bytes, path, ``Range``). An epoch's traffic is what was served
   while it ran: the next epoch's first row groups, read ahead, count in the epoch before;
-* ``other_cpu_share``: the machine's CPU others took meanwhile (``loader_bench.other_load``;
+* ``other_cpu_share``: the machine's CPU others took meanwhile (``_timing.other_load``;
   for the remote runs the store's nginx and shim are among them: they share this machine,
   which a real remote does not).
 
@@ -60,9 +60,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loader_bench import build_dataset, epoch_timing, other_load, synthetic_image
+from _timing import alternate, other_load, parse_variant, write_json
+from loader_bench import build_dataset, epoch_timing, synthetic_image
 from remote_store import NginxMissingError, RemoteStore, Traffic, parse_rate
-from variants import parse_variant
 
 from lakeshard import storage
 from lakeshard.format import shard_relpath
@@ -186,7 +186,7 @@ def measure_process(
     source: str, dataset: str, args: argparse.Namespace, store: RemoteStore
 ) -> dict[str, Any]:
     """A new process's first batch (:func:`process_first_batch`), and for the remote what the
-    store served it. Run outside :func:`loader_bench.other_load`: the child is no other load."""
+    store served it. Run outside :func:`_timing.other_load`: the child is no other load."""
     before = store.traffic()
     child = process_first_batch(dataset, args)
     out = {"process_first_batch_s": child["first_batch_s"], "process_constructor_s": child["constructor_s"]}
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             shard = (dataset / shard_relpath("train", 0, 1)).stat().st_size
             runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SOURCES}
             for r in range(args.repeats):
-                for source in SOURCES if r % 2 == 0 else SOURCES[::-1]:
+                for source in alternate(SOURCES, r):
                     with other_load() as busy:
                         runs[source].append(measure(source, sources[source], args, store))
                     runs[source][-1]["other_cpu_share"] = busy()
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         "store_pids": pids,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

@@ -20,16 +20,21 @@ Two processes, both ours, both on ephemeral ports of 127.0.0.1:
   ``/<bucket>/<key>`` serve ``<root>/<key>`` with ``Content-Length``, ``ETag``,
   ``Last-Modified`` and byte ranges (what s3fs's ``info`` and ranged reads need). A missing
   key or a folder is a 404 with S3's ``NoSuchKey`` XML. Its access log counts the bytes sent.
-* **the latency shim** (``remote_shim.py``, stdlib asyncio): the endpoint clients talk to.
-  It reads each request, waits ``latency_ms``, then forwards it to nginx over that client's own
-  upstream connection (so each client connection is one nginx connection, keep-alive and
-  concurrency as the client makes them) and streams the response back at ``bandwidth`` bytes/s
-  at most per connection: every response's first byte comes at least ``latency_ms`` after its
-  request, and the response's mean rate from then on is at most ``bandwidth``. (The cap is
-  the shim's, not nginx's ``limit_rate``, which sleeps whole milliseconds after each write and
-  lets the first second's worth through: ``benchmarks/README.md``.) Bucket-level requests (ListObjectsV2,
-  which s3fs sends for ``exists``/``info`` of a missing key or a "folder", and HEAD bucket) are
-  answered by the shim itself from the folder. It logs each request and each new connection.
+* **the latency shim** (this module run with ``--shim``, a thread per connection): the
+  endpoint clients talk to. It reads each request, waits ``latency_ms``, then forwards it to
+  nginx over that client's own upstream connection (keep-alive and concurrency as the client
+  makes them) and streams the response back at ``bandwidth`` bytes/s at most per connection,
+  moving the body in the kernel (``splice``), so it takes little of the CPU it shares with the
+  client. (The cap is the shim's, not nginx's ``limit_rate``, which sleeps whole milliseconds
+  after each write and lets the first second's worth through.) It answers bucket-level requests
+  (ListObjectsV2, which s3fs sends for ``exists``/``info`` of a missing key or a "folder", and
+  HEAD bucket) itself from the folder, and logs each request and each new connection.
+
+ETags: nginx's ``"<mtime hex>-<size hex>"`` has the shape of an S3 multipart upload's ETag, which
+a client cannot take for the object's MD5 (the manifest job then reads the whole object to hash
+it). The shim shows it as ``"<mtime hex>0<size hex>"`` (the same length, no ``-``: an object
+uploaded in one PUT, as photos are) in responses and listings, and turns ``If-Match`` and
+``If-None-Match`` back into nginx's form.
 
 The store is read-only: a client that writes gets nginx's 405.
 
@@ -50,6 +55,7 @@ import atexit
 import collections
 import contextlib
 import dataclasses
+import fcntl
 import os
 import re
 import select
@@ -61,13 +67,14 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from types import TracebackType
+from xml.sax.saxutils import escape
 
 __all__ = ["NginxMissingError", "RemoteStore", "Traffic", "find_nginx", "parse_rate"]
 
 _SETUP = "scripts/setup_bench.sh"
-_SHIM = Path(__file__).with_name("remote_shim.py")
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 5.0
 _IDLE_TIMEOUT_S = 300.0  # a client connection silent this long is closed (nginx and the shim)
@@ -213,8 +220,9 @@ class RemoteStore:
             self._shim = subprocess.Popen(
                 [
                     sys.executable,
-                    str(_SHIM),
+                    str(Path(__file__).resolve()),
                     str(self.root),
+                    "--shim",
                     "--upstream",
                     str(port),
                     "--bucket",
@@ -377,6 +385,229 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
             stream.close()
 
 
+# -- the latency shim (its own process: ``remote_store.py ROOT --shim``) -------------------------
+#: Response bodies are relayed (and paced) in chunks of at most this: at 80 MB/s, one each 3 ms.
+_CHUNK = 256 * 1024
+_MAX_HEAD = 64 * 1024
+_CONTENT_LENGTH = re.compile(r"(?im)^content-length:\s*(\d+)")
+#: nginx's ETag header in a response, and a client's conditional header in a request.
+_NGINX_ETAG = re.compile(rb'(\r\nETag: "[0-9a-f]{8})-([0-9a-f]+")', re.IGNORECASE)
+_CLIENT_ETAG = re.compile(r'(?im)^(if-(?:none-)?match:\s*"[0-9a-f]{8})0([0-9a-f]+")')
+
+
+def _etag(mtime: float, size: int) -> str:
+    """The ETag the shim shows for a file (nginx's, without its ``-``)."""
+    return f"{int(mtime):08x}0{size:x}"
+
+
+class _Shim:
+    """The latency shim's state: the folder and bucket it lists, nginx's ``upstream`` port, the
+    latency and the rate per connection, and its log (one line per connection and request)."""
+
+    def __init__(
+        self, *, root: Path, bucket: str, upstream: int, latency_s: float, rate: int, log: Path
+    ) -> None:
+        self.root, self.bucket, self.upstream = root, bucket, upstream
+        self.latency_s, self.rate = latency_s, rate
+        self._log = log.open("a", buffering=1)
+        self._log_lock = threading.Lock()
+
+    def log(self, line: str) -> None:
+        with self._log_lock:
+            self._log.write(line + "\n")
+
+    def handle(self, client: socket.socket) -> None:
+        """One client connection, on a thread of its own: requests in order (HTTP/1.1 without
+        pipelining, as boto sends them), each forwarded ``latency_s`` after it arrived, its
+        response relayed before the next request is read."""
+        self.log("connect")
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a head, then its body: no Nagle wait
+        up: socket.socket | None = None
+        pipe = os.pipe()
+        try:
+            fcntl.fcntl(pipe[1], fcntl.F_SETPIPE_SZ, _CHUNK)  # a chunk at a time
+            while (request := _read_head(client, idle_s=_IDLE_TIMEOUT_S)) is not None:
+                arrived = time.monotonic()
+                request_line, _, rest = request.decode("latin-1").partition("\r\n")
+                method, target, *_ = [*request_line.split(" "), "", ""]
+                length = _CONTENT_LENGTH.search(rest)
+                body = _read_exactly(client, int(length.group(1))) if length else b""
+                answer = self.bucket_answer(method, target)
+                time.sleep(max(0.0, arrived + self.latency_s - time.monotonic()))
+                if answer is not None:
+                    self.log(f"answer {method} {target} {len(answer)}")
+                    client.sendall(answer)
+                    continue
+                if up is None:
+                    up = socket.create_connection(("127.0.0.1", self.upstream))
+                self.log(f"forward {method} {target}")
+                up.sendall(_CLIENT_ETAG.sub(r"\1-\2", request.decode("latin-1")).encode("latin-1") + body)
+                if not self.relay(up, client, pipe, method):
+                    return  # nginx closed the connection
+        except OSError:  # a connection reset, a client gone
+            return
+        finally:
+            for fd in pipe:
+                os.close(fd)
+            for sock in (up, client):
+                if sock is not None:
+                    sock.close()
+
+    def relay(self, up: socket.socket, client: socket.socket, pipe: tuple[int, int], method: str) -> bool:
+        """nginx's response to ``method`` to the client at ``rate`` bytes/s at most: its head
+        rewritten (the ETag), its body (``Content-Length`` bytes; none for a HEAD's or a 304's)
+        moved from socket to socket in the kernel (``splice`` through ``pipe``), in chunks of
+        up to :data:`_CHUNK`. Paced by a schedule that starts now: each chunk goes once the
+        bytes up to its end are due at ``rate`` (a chunk behind its schedule, after a late
+        wake-up, goes at once: the mean rate is ``rate``, never more). False if nginx closed."""
+        due = time.monotonic()
+
+        def wait(n: int) -> None:
+            nonlocal due
+            due += n / self.rate
+            time.sleep(max(0.0, due - time.monotonic()))
+
+        head = _read_head(up, idle_s=None)
+        if head is None:
+            return False
+        length = _CONTENT_LENGTH.search(head.decode("latin-1"))
+        left = (
+            0
+            if method == "HEAD" or head[9:12] in (b"204", b"304")
+            else int(length.group(1))
+            if length
+            else -1
+        )
+        wait(len(head))
+        client.sendall(_NGINX_ETAG.sub(rb"\g<1>0\2", head))
+        while left:  # -1: no length, until nginx closes
+            n = os.splice(up.fileno(), pipe[1], _CHUNK if left < 0 else min(left, _CHUNK))
+            if n == 0:
+                return False
+            wait(n)
+            moved = 0
+            while moved < n:
+                moved += os.splice(pipe[0], client.fileno(), n - moved)
+            left = left if left < 0 else left - n
+        return True
+
+    def bucket_answer(self, method: str, target: str) -> bytes | None:
+        """The response to a bucket-level request (``/<bucket>`` or ``/<bucket>/`` with a
+        query), or None for an object request (nginx serves it)."""
+        path, _, query = target.partition("?")
+        if urllib.parse.unquote(path).rstrip("/") != f"/{self.bucket}":
+            return None
+        params = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+        if method == "HEAD":
+            return _response(200, b"", head=True)
+        if method != "GET" or params.get("list-type") != "2":
+            return _response(
+                501,
+                b"<Error><Code>NotImplemented</Code><Message>read-only store: only GET/HEAD of "
+                b"objects and ListObjectsV2</Message></Error>",
+            )
+        return _response(200, self.list_v2(params).encode())
+
+    def list_v2(self, params: dict[str, str]) -> str:
+        """ListObjectsV2 of the folder: ``prefix``, ``delimiter``, ``max-keys`` (<= 1000),
+        ``continuation-token``/``start-after`` (the last key of the previous page)."""
+        prefix, delimiter = params.get("prefix", ""), params.get("delimiter", "")
+        max_keys = min(1000, int(params.get("max-keys") or 1000))
+        after = params.get("continuation-token") or params.get("start-after") or ""
+        keys = sorted(
+            p.relative_to(self.root).as_posix()
+            for p in self.root.rglob("*")
+            if p.is_file() and p.relative_to(self.root).as_posix().startswith(prefix)
+        )
+        contents: list[str] = []
+        prefixes: list[str] = []
+        last = ""
+        for key in keys:
+            cut = key.find(delimiter, len(prefix)) if delimiter else -1
+            name = key[: cut + len(delimiter)] if cut >= 0 else key
+            if name <= after or (prefixes and prefixes[-1] == name):
+                continue
+            if len(contents) + len(prefixes) == max_keys:
+                break
+            if cut >= 0:
+                prefixes.append(name)
+            else:
+                st = (self.root / key).stat()
+                modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(st.st_mtime))
+                contents.append(
+                    f"<Contents><Key>{escape(key)}</Key><LastModified>{modified}</LastModified>"
+                    f'<ETag>"{_etag(st.st_mtime, st.st_size)}"</ETag><Size>{st.st_size}</Size>'
+                    "<StorageClass>STANDARD</StorageClass></Contents>"
+                )
+            last = name
+        truncated = any(k > last and not k.startswith(last) for k in keys) if last else False
+        token = f"<NextContinuationToken>{escape(last)}</NextContinuationToken>" if truncated else ""
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<Name>{escape(self.bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(contents) + len(prefixes)}"
+            f"</KeyCount><MaxKeys>{max_keys}</MaxKeys><Delimiter>{escape(delimiter)}</Delimiter>"
+            f"<IsTruncated>{str(truncated).lower()}</IsTruncated>{token}{''.join(contents)}"
+            + "".join(f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes)
+            + "</ListBucketResult>"
+        )
+
+
+def _response(status: int, body: bytes, *, head: bool = False) -> bytes:
+    reason = {200: "OK", 501: "Not Implemented"}[status]
+    headers = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return headers.encode() + (b"" if head else body)
+
+
+def _read_head(sock: socket.socket, *, idle_s: float | None) -> bytes | None:
+    """The next message head on ``sock`` (up to and with its blank line), read without taking
+    a byte of what follows it; None if the peer closed first (or was silent ``idle_s``)."""
+    if idle_s is not None and not select.select([sock], [], [], idle_s)[0]:
+        return None
+    while seen := sock.recv(_MAX_HEAD, socket.MSG_PEEK):
+        end = seen.find(b"\r\n\r\n")
+        if end >= 0:
+            return _read_exactly(sock, end + 4)
+        if len(seen) == _MAX_HEAD:
+            raise ConnectionError(f"a message head longer than {_MAX_HEAD} bytes")
+        time.sleep(0.001)  # part of a head (rare): the rest is on its way
+    return None
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        got = sock.recv(n - len(data))
+        if not got:
+            raise ConnectionError("the peer closed mid-message")
+        data += got
+    return bytes(data)
+
+
+def _serve_shim(args: argparse.Namespace) -> None:
+    """Run as the latency shim (``--shim``): until stdin closes or SIGTERM."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    shim = _Shim(
+        root=Path(args.root),
+        bucket=args.bucket,
+        upstream=args.upstream,
+        latency_s=args.latency_ms / 1000,
+        rate=parse_rate(args.bandwidth),
+        log=Path(args.log),
+    )
+    server = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    print(f"listening {server.getsockname()[1]}", flush=True)
+
+    def accept() -> None:
+        while True:
+            client, _ = server.accept()
+            threading.Thread(target=shim.handle, args=(client,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    sys.stdin.buffer.read()  # until the parent closes our stdin (or dies) or sends SIGTERM
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -387,7 +618,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket", default="bench")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="before each response's first byte")
     parser.add_argument("--bandwidth", default="80MB", help="per connection, per second (80MB = 80e6 bytes)")
+    shim = parser.add_argument_group("the latency shim alone (what RemoteStore runs)")
+    shim.add_argument("--shim", action="store_true", help="serve as the shim in front of nginx at --upstream")
+    shim.add_argument("--upstream", type=int, help="nginx's port on 127.0.0.1")
+    shim.add_argument("--log", help="where to log connections and requests")
     args = parser.parse_args(argv)
+    if args.shim:
+        if args.upstream is None or args.log is None:
+            parser.error("--shim needs --upstream and --log")
+        _serve_shim(args)
+        return 0
     try:
         store = RemoteStore(
             Path(args.root),

@@ -27,7 +27,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -326,16 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.ref:
         p.error("--ref is required (the git ref to compare the working tree with)")
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _timing import ref_checkout
     from remote_store import RemoteStore
 
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="same-batches-") as tmp:
         work = Path(tmp)
-        old = work / "ref-code"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), args.ref], cwd=ROOT, check=True)
-        try:
-            for built in (ROOT / "loaders").glob("_*.so"):
-                shutil.copy2(built, old / "loaders" / built.name)
+        with ref_checkout(ROOT, args.ref, work / "ref-code") as old:
             data = work / "data"
             data.mkdir()
             (work / "sbtransforms.py").write_text(_TRANSFORMS)
@@ -364,9 +360,6 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     for version, code in (("ref", old), ("tree", args.tree.resolve()))
                 }
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
-            shutil.rmtree(old, ignore_errors=True)
     verdicts: dict[str, list[str]] = {}
     for case in matrix:
         diffs = _compare(f"{case} run", runs["ref"][case], runs["tree"][case])

@@ -14,7 +14,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -128,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default="local", help="comma-separated engines (local, spark, dask)")
     p.add_argument("--images", type=int, default=400)
     args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _timing import ref_checkout
+
     with tempfile.TemporaryDirectory(prefix="same-dataset-") as tmp:
         work = Path(tmp)
-        old = work / "old-code"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), args.ref], cwd=ROOT, check=True)
-        try:
+        with ref_checkout(ROOT, args.ref, work / "old-code", extensions=False) as old:
             lake = work / "lake"
             _lake(lake, args.images)
             same = True
@@ -153,9 +153,6 @@ def main(argv: list[str] | None = None) -> int:
                     for key in digests["ref"]:
                         if digests["ref"][key] != digests["tree"][key]:
                             print(f"  differs: {key}")
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
-            shutil.rmtree(old, ignore_errors=True)
     return 0 if same else 1
 
 

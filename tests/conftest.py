@@ -36,7 +36,9 @@ def _store_processes() -> set[tuple[int, str]]:
             continue
         try:
             cmd = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if not (("nginx" in cmd and "remote-store-" in cmd) or "remote_shim.py" in cmd):
+            if not (
+                ("nginx" in cmd and "remote-store-" in cmd) or ("remote_store.py" in cmd and "--shim" in cmd)
+            ):
                 continue
             if mark not in Path(entry.path, "environ").read_bytes().split(b"\0"):
                 continue

@@ -1,6 +1,7 @@
 """What every tool's process shares: the decoder, the epoch loop, and how the process tree's CPU
 and memory are read. Imports only what every peer's virtual environment has (numpy, torch,
-simplejpeg, psutil), never this project: each tool runs in its own environment.
+simplejpeg, psutil; ``benchmarks/_timing.py`` needs no more), never this project: each tool runs
+in its own environment.
 
 A tool module (``peer_<tool>.py``) has ``write(jpegs, out)`` (its own writer, from the JPEG set
 that ``run.py`` made) and ``open_loader(source, cache, settings)``, returning an object with
@@ -30,6 +31,10 @@ import numpy as np
 import psutil
 import simplejpeg
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _timing import tree_cpu_s
 
 BATCH_SIZE = 64
 #: Read by each tool's writer: ``index.json`` holds ``size``, ``quality`` and ``images``,
@@ -86,20 +91,6 @@ class Loader(Protocol):
 
 
 # -- the process tree ---------------------------------------------------------------------------------
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process, its live descendants, and every descendant
-    already reaped (counted in its parent's ``children_*`` times)."""
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:
-            continue  # exited meanwhile: its parent's children_* times hold it once reaped
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
 class MemorySampler:
     """The peak, over an interval, of the tree's summed RSS and summed PSS (proportional set
     size: a page shared by N processes counts 1/N in each, so forked workers' shared pages count

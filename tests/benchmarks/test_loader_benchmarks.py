@@ -52,10 +52,11 @@ def test_loader_bench_measures_every_ratio(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_loader_ab_runs_each_variant_in_its_own_processes(tmp_path: Path):
+def test_code_ab_loader_runs_each_variant_in_its_own_processes(tmp_path: Path):
     out = tmp_path / "ab.json"
     done = run(
-        "benchmarks/loader_ab.py",
+        "benchmarks/code_ab.py",
+        "--loader",
         "--images",
         "40",
         "--size",
@@ -79,7 +80,7 @@ def test_loader_ab_runs_each_variant_in_its_own_processes(tmp_path: Path):
         assert all(len(r["epochs"]) == 3 and all(x > 0 for x in r["epochs"]) for r in per_process)
     assert "(defaults)" in done.stdout
 
-    bad = run("benchmarks/loader_ab.py", "--cache", str(tmp_path), "threads=2")
+    bad = run("benchmarks/code_ab.py", "--loader", "--cache", str(tmp_path), "threads=2")
     assert bad.returncode == 2
     assert "'threads' in variant 'threads=2' is not a ShardLoader option" in bad.stderr
 
