@@ -16,7 +16,12 @@ ruff check .
 ruff format --check .
 # The type checker over lakeshard/, jobs/ and loaders/ (pyproject.toml [tool.mypy]).
 mypy
-python -m pytest --ignore=tests/petastorm "$@"
+# Two workers (pytest-xdist), a test file to each at a time (its module fixtures start once): many
+# tests wait on processes they start (Spark, Dask, torchrun, servers), so two run in about 60% of
+# one's time on 2 cores. LAKESHARD_TEST_WORKERS=1 runs them in this process, one at a time.
+workers=${LAKESHARD_TEST_WORKERS:-2}
+if [ "$workers" = 1 ]; then dist=(); else dist=(-n "$workers" --dist loadfile); fi
+python -m pytest "${dist[@]}" --ignore=tests/petastorm "$@"
 # The decode tests again with the C extensions switched off: the fallback CI would not otherwise see.
 LAKESHARD_NO_EXTENSIONS=1 python -m pytest tests/loaders/test_decode.py -q -p no:cacheprovider
 .venv-petastorm/bin/python -m pytest tests/petastorm -p no:cacheprovider
