@@ -9,6 +9,7 @@ bash scripts/setup.sh
 bash scripts/setup_test_extras.sh
 bash scripts/setup_petastorm.sh
 bash scripts/setup_peers.sh
+echo "test.sh: set up in ${SECONDS} s"
 source .venv/bin/activate
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"
 # The linter and the formatter first: a tree that is not formatted fails in seconds, not after the tests.
@@ -17,11 +18,12 @@ ruff format --check .
 # The type checker over lakeshard/, jobs/ and loaders/ (pyproject.toml [tool.mypy]).
 mypy
 # Two workers (pytest-xdist), a test file to each at a time (its module fixtures start once): many
-# tests wait on processes they start (Spark, Dask, torchrun, servers), so two run in about 60% of
-# one's time on 2 cores. LAKESHARD_TEST_WORKERS=1 runs them in this process, one at a time.
+# tests wait on processes they start (Spark, Dask, torchrun, servers), so two take about half of
+# one's time on 2 cores (README, Development). LAKESHARD_TEST_WORKERS=1: one process, a test at a time.
 workers=${LAKESHARD_TEST_WORKERS:-2}
 if [ "$workers" = 1 ]; then dist=(); else dist=(-n "$workers" --dist loadfile); fi
 python -m pytest "${dist[@]}" --ignore=tests/petastorm "$@"
 # The decode tests again with the C extensions switched off: the fallback CI would not otherwise see.
 LAKESHARD_NO_EXTENSIONS=1 python -m pytest tests/loaders/test_decode.py -q -p no:cacheprovider
 .venv-petastorm/bin/python -m pytest tests/petastorm -p no:cacheprovider
+echo "test.sh: everything passed in ${SECONDS} s"
