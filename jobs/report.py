@@ -20,13 +20,14 @@ from jobs.common.cli import cli_main
 from jobs.shard_steps.report_html import write_report
 from lakeshard import storage
 from lakeshard.format import read_dataset_info
+from lakeshard.settings import command_name
 
 __all__ = ["main", "parser"]
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m jobs.report",
+        prog=command_name("python -m jobs.report"),
         description="(Re)write <dataset>/report.html, a self-contained HTML report of a complete dataset "
         "(one that has dataset.json): counts, splits, rejects, shard balance, samples, lineage.",
     )

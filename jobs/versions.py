@@ -29,6 +29,7 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, PlatformError, StorageError
 from lakeshard.format import version_dirname, versions_uri
 from lakeshard.format.versions import Version, list_versions
+from lakeshard.settings import command_name
 
 __all__ = ["main", "parser", "remove_versions"]
 
@@ -112,7 +113,7 @@ def remove_versions(
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m jobs.versions",
+        prog=command_name("python -m jobs.versions"),
         description="List or remove the shard versions of a dataset on S3 (shards/v=<version>/). The version "
         "dataset.json names is never removed.",
     )

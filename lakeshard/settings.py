@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +40,7 @@ __all__ = [
     "check_fraction",
     "check_positive",
     "check_seed",
+    "command_name",
     "opt",
     "parse_globs",
     "parse_option",
@@ -241,6 +244,14 @@ def _located(exc: Exception, names: Sequence[str], sources: Mapping[str, str]) -
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def command_name(default: str) -> str:
+    """The name a command's usage and error lines give it: the console command it was run as
+    (``lakeshard-shard``, ``[project.scripts]``), else ``default`` (``jobs/shard.py``,
+    ``python -m loaders.train``: how it was run otherwise)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name.startswith("lakeshard-") else default
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:

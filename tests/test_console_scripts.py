@@ -35,13 +35,17 @@ def test_every_command_has_a_console_script() -> None:
 
 
 def test_every_console_script_answers_help() -> None:
-    """Each entry's ``main(["--help"])`` exits 0 with a usage line, as the installed script's
-    wrapper calls it (``sys.exit(main())``); an entry naming a missing module or function fails."""
+    """Each entry's ``main(["--help"])`` exits 0 with a usage line naming the command, as the
+    installed script's wrapper runs it (``sys.argv[0]`` its path, ``sys.exit(main())``); an
+    entry naming a missing module or function fails."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     runs = {}
     for name, target in _scripts().items():
         module, _, func = target.partition(":")
-        code = f"import sys; from {module} import {func}; sys.exit({func}(['--help']))"
+        code = (
+            f"import sys; sys.argv[0] = '/usr/local/bin/{name}'; "
+            f"from {module} import {func}; sys.exit({func}(['--help']))"
+        )
         runs[name] = subprocess.Popen(
             [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )  # all at once: each imports its command's engine or torch
@@ -49,6 +53,6 @@ def test_every_console_script_answers_help() -> None:
     for name, run in runs.items():
         out, _ = run.communicate(timeout=300)
         text = out.decode(errors="replace")
-        if run.returncode != 0 or "usage:" not in text:
+        if run.returncode != 0 or f"usage: {name} " not in text:
             failed[name] = f"exit {run.returncode}: {text[-600:]}"
     assert not failed, failed

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from jobs.common.engines import Engine, open_engine
 from lakeshard.errors import PlatformError
-from lakeshard.settings import add_arguments, resolve
+from lakeshard.settings import add_arguments, command_name, resolve
 
 __all__ = ["cli_main", "job_parser", "run_job"]
 
@@ -25,7 +25,7 @@ def job_parser(
     """The job's argument parser: every field of ``config`` as an option (see
     :func:`lakeshard.settings.add_arguments`), with the YAML file and the AWS environment noted."""
     p = argparse.ArgumentParser(
-        prog=prog,
+        prog=command_name(prog),
         description=description,
         epilog=" ".join(
             filter(
@@ -91,7 +91,7 @@ def cli_main(prog: str, work: Callable[[], T], summary: Callable[[T], str]) -> i
     try:
         done = work()
     except PlatformError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{command_name(prog)}: error: {exc}", file=sys.stderr)
         return 2
     print(summary(done))
     return 0

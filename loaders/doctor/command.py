@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from lakeshard.errors import LoaderError, PlatformError
+from lakeshard.settings import command_name
 from loaders.doctor.config import PROG, parse_args
 from loaders.doctor.figures import Figures, ModelFigures, TransformFigures
 from loaders.doctor.measure import decode_threads, measure_decode, measure_store, measure_transform
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = measure(plan)
     except PlatformError as exc:
         line = " ".join(str(exc).split())  # one line, whatever the message holds
-        sys.stderr.write(f"{PROG}: error: {line}\n")
+        sys.stderr.write(f"{command_name(PROG)}: error: {line}\n")
         sys.stderr.flush()
         return 2
     verdict = decide(figures)

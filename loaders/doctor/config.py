@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from lakeshard.errors import ConfigError
-from lakeshard.settings import add_arguments, check_positive, opt, resolve
+from lakeshard.settings import add_arguments, check_positive, command_name, opt, resolve
 from loaders.options import check_loader_flags, default_threads, from_loader, loader_flags
 
 __all__ = ["NOT_FLAGS", "PROG", "DoctorConfig", "build_parser", "parse_args"]
@@ -95,7 +95,7 @@ class DoctorConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG,
+        prog=command_name(PROG),
         description="Find what bounds feeding a model on this machine: the store, decoding, the transform "
         "or the model, each measured alone and then together, and what to do next.",
         epilog="Exit status: 0 done; 2 bad input (one error line, before any measuring).",

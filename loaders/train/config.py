@@ -20,6 +20,7 @@ from lakeshard.settings import (
     add_arguments,
     check_positive,
     check_seed,
+    command_name,
     opt,
     parse_option,
     parse_seed,
@@ -356,7 +357,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m loaders.train",
+        prog=command_name("python -m loaders.train"),
         description="Train a small CNN on a lakeshard dataset with DDP "
         "(python -m loaders.train ... or torchrun --nproc_per_node=N -m loaders.train ...).",
         epilog="Precedence: built-in defaults < --conf file (conf/train.yaml) < command-line flags. "

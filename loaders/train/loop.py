@@ -57,6 +57,7 @@ import torch.distributed as dist
 
 from lakeshard import storage
 from lakeshard.errors import ConfigError, PlatformError
+from lakeshard.settings import command_name
 from loaders.shard_loader import default_threads
 from loaders.train.checkpoint import resume, save_checkpoint
 from loaders.train.checks import TrainPlan, prepare
@@ -236,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         rank = os.environ.get("RANK")
         # One write, newline included: ranks share torchrun's stderr, and unbuffered (print
         # writes the text and the newline apart) their lines would interleave.
-        sys.stderr.write(f"{_PROG}: error: {exc}" + (f" (rank {rank})" if rank is not None else "") + "\n")
+        sys.stderr.write(
+            f"{command_name(_PROG)}: error: {exc}" + (f" (rank {rank})" if rank is not None else "") + "\n"
+        )
         sys.stderr.flush()
         return 2
     if world.rank == 0:
