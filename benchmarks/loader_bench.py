@@ -3,6 +3,7 @@
 ```
 python benchmarks/loader_bench.py --images 2000 --size 224 --repeats 3 --out bench.json
 python benchmarks/loader_bench.py --dataset s3://lake/datasets/pets-v1 --channel train
+python benchmarks/loader_bench.py --memory 10 --images 2000 --size 128 --repeats 3
 ```
 
 Measures (median of ``--repeats`` runs, images/s):
@@ -32,6 +33,11 @@ Measures (median of ``--repeats`` runs, images/s):
 * ``other_cpu_share``: how much of the machine others (other processes, the hypervisor) took
   during the loader's runs (both loaders' epochs).
 
+``--memory FACTOR`` measures instead whether the loader's memory stays bounded whatever the
+shard's size: the peak RSS of one epoch (2 decode threads) over a shard of ``--images`` images
+and over one ``FACTOR`` times larger, each in a fresh process, with each one's time to first
+batch (it must not grow with the shard either). Target: peak RSS large / small <= 1.1.
+
 The synthetic shards are written by the shard job's own ``ShardWriter``, so the loader reads
 what it reads in production.
 
@@ -51,6 +57,7 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -364,6 +371,55 @@ def bench_dataloader(files: Path, args: argparse.Namespace) -> tuple[float, floa
     return n / (time.perf_counter() - start), first
 
 
+#: ``--memory``'s child: one epoch in a fresh process; its peak RSS and time to first batch.
+_MEMORY_CHILD = r"""
+import json, resource, sys, time
+from loaders import ShardLoader
+t = time.perf_counter()
+loader = ShardLoader(sys.argv[1], channel="train", batch_size=64, shuffle=True, seed=0, num_threads=2, prefetch=4)
+first = None
+rows = 0
+for images, labels in loader:
+    if first is None:
+        first = time.perf_counter() - t
+    rows += len(labels)
+loader.close()
+print(json.dumps({"rows": rows, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "first_batch_s": first, "epoch_s": time.perf_counter() - t}))
+"""
+
+
+def memory(work: Path, args: argparse.Namespace) -> None:
+    """``--memory``: peak RSS of an epoch over a shard of ``--images`` and of ``--memory`` times
+    as many, each in fresh processes (median over ``--repeats``)."""
+    results = {}
+    for name, n in (("small", args.images), ("large", args.images * args.memory)):
+        root = work / f"v{contract.FORMAT_VERSION}-{n}-{args.size}"  # a new format: a new dataset
+        if not (root / "dataset.json").exists():
+            build_dataset(root, images=n, size=args.size, quality=args.quality)
+        child = [sys.executable, "-c", _MEMORY_CHILD, str(root)]
+        runs = [
+            json.loads(
+                subprocess.run(child, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+            )
+            for _ in range(args.repeats)
+        ]
+        results[name] = {
+            "images": n,
+            "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
+            "first_batch_s": statistics.median(r["first_batch_s"] for r in runs),
+            "images_per_s": statistics.median(r["rows"] / r["epoch_s"] for r in runs),
+        }
+    ratio = results["large"]["peak_rss_mib"] / results["small"]["peak_rss_mib"]
+    print(f"{'shard':6} {'images':>7} {'peak RSS MiB':>13} {'first batch s':>14} {'images/s':>9}")
+    for name, r in results.items():
+        print(
+            f"{name:6} {r['images']:7d} {r['peak_rss_mib']:13.1f} {r['first_batch_s']:14.3f} {r['images_per_s']:9.0f}"
+        )
+    print(f"peak RSS large/small: {ratio:.3f} (target <= 1.1)")
+    write_json(args.out, {**results, "rss_ratio": ratio, "size": args.size})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", help="an existing dataset root (default: build a synthetic one)")
@@ -382,10 +438,19 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", help="where to build the synthetic dataset (default: a temporary folder)"
     )
     parser.add_argument("--out", default="loader_bench.json", help="JSON results")
+    parser.add_argument(
+        "--memory",
+        type=int,
+        metavar="FACTOR",
+        help="peak RSS of an epoch over --images and over FACTOR times as many images instead",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     with tempfile.TemporaryDirectory() as tmp:
+        if args.memory is not None:
+            memory(Path(args.workdir or tmp), args)
+            return 0
         work = Path(args.workdir or tmp)
         files: Path | None = None
         if args.dataset:
