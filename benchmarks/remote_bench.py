@@ -23,7 +23,7 @@ Each repeat measures both sources, local first on even repeats and remote first 
 * ``fresh_first_batch_s``: a new loader's first batch, its constructor (``dataset.json``,
   the footers) included; for the remote, with new S3 clients and connections (the process's
   cached ones forgotten), as a second loader of a process that has read S3 before has it;
-* ``process_first_batch_s``: the same in a new process (``first_batch.py``: its imports done,
+* ``process_first_batch_s``: the same in a new process (:data:`_FIRST_BATCH`: its imports done,
   the clock started at ``ShardLoader(...)``), as a training script's first batch comes: with
   the modules the loader imports when it first needs them and the S3 client's models to load;
 * for the remote, what the store served meanwhile (:class:`remote_store.Traffic`): requests
@@ -107,8 +107,30 @@ def loader_options(texts: list[str]) -> dict[str, Any]:
     return out
 
 
-#: Seconds a new process may take for its first batch (``first_batch.py``), imports included.
+#: Seconds a new process may take for its first batch (:data:`_FIRST_BATCH`), imports included.
 _PROCESS_TIMEOUT_S = 300
+
+#: A new process's first batch, as a training script's comes: ``torch`` and ``loaders``
+#: imported, then the clock started at ``ShardLoader(...)`` (every client, connection and lazily
+#: imported module the loader needs still to make). Arguments: the repository root, the dataset
+#: and the loader's keyword arguments as JSON; prints ``{"first_batch_s", "constructor_s"}``.
+_FIRST_BATCH = r"""
+import json, sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+from loaders import ShardLoader
+start = time.perf_counter()
+loader = ShardLoader(sys.argv[2], **json.loads(sys.argv[3]))
+made = time.perf_counter()
+batches = iter(loader)
+try:
+    next(batches)
+    first = time.perf_counter() - start
+finally:
+    batches.close()
+    loader.close()
+print(json.dumps({"first_batch_s": first, "constructor_s": made - start}))
+"""
 
 
 def new_loader(dataset: str, args: argparse.Namespace) -> ShardLoader:
@@ -120,17 +142,17 @@ def loader_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, float]:
-    """``first_batch.py`` in a new process (this one's environment: the store's endpoint)."""
-    script = Path(__file__).with_name("first_batch.py")
+    """:data:`_FIRST_BATCH` in a new process (this one's environment: the store's endpoint)."""
+    root = str(Path(__file__).resolve().parents[1])
     done = subprocess.run(
-        [sys.executable, str(script), dataset, json.dumps(loader_kwargs(args))],
+        [sys.executable, "-c", _FIRST_BATCH, root, dataset, json.dumps(loader_kwargs(args))],
         capture_output=True,
         text=True,
         timeout=_PROCESS_TIMEOUT_S,
     )
     if done.returncode != 0:
         raise RuntimeError(
-            f"{script.name} {dataset} failed (exit code {done.returncode}): {done.stderr.strip()[-2000:]}"
+            f"a new process's first batch from {dataset} failed (exit code {done.returncode}): {done.stderr.strip()[-2000:]}"
         )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -294,7 +316,7 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
         summary["process_first_batch_traffic"],
     )
     print(
-        f"new process, first batch (constructor included; first_batch.py): local {process['local']:.3f}s, "
+        f"new process, first batch (constructor included; imports done): local {process['local']:.3f}s, "
         f"remote {process['remote']:.3f}s (constructor {made['local']:.3f}s, {made['remote']:.3f}s; "
         f"{t['requests']:.0f} requests, {t['connections']:.0f} connections)"
     )
