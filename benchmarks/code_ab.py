@@ -157,13 +157,9 @@ def loader_variant(text: str) -> tuple[dict[str, object], dict[str, str]]:
 
 
 def loader_ab(args: argparse.Namespace, options: dict[str, Any]) -> None:
-    from loader_bench import build_dataset
+    from _data import cached_dataset
 
-    from lakeshard.format import FORMAT_VERSION
-
-    root = args.cache / f"v{FORMAT_VERSION}-{args.images}-{args.size}"  # a new format: a new dataset
-    if not (root / "dataset.json").exists():
-        build_dataset(root, images=args.images, size=args.size, quality=90)
+    root = cached_dataset(args.cache, images=args.images, size=args.size)
     here = str(ROOT / "benchmarks")
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}
     for r in range(args.rounds):

@@ -50,9 +50,6 @@ slow spell of this shared machine moves less.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
-import io
 import json
 import logging
 import os
@@ -67,137 +64,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import build_dataset, cached_dataset
 from _timing import other_load, paired, write_json
 
-from jobs.shard_steps.config import ShardConfig
-from lakeshard import format as contract
-from lakeshard.format import ShardWriter
-from lakeshard.settings import parse_size
 from loaders import ShardLoader, default_threads
 from loaders.decode import decode_pillow, get_batch_decoder, get_decoder, has_simplejpeg, is_jpeg
 
 log = logging.getLogger("loader_bench")
-
-#: The shard job's default row-group size.
-_ROW_GROUP_BYTES = parse_size(
-    next(f.default for f in dataclasses.fields(ShardConfig) if f.name == "row_group_size")
-)
-
-
-def synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
-    """A smooth colour field (upsampled coarse noise) plus fine noise and a gradient: JPEG
-    sizes like photos (~10-20 KB at 224px, quality 90)."""
-    coarse = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-    field = np.asarray(Image.fromarray(coarse).resize((size, size), Image.BICUBIC), dtype=np.float32)
-    ramp = np.linspace(-40, 40, size, dtype=np.float32)[None, :, None]
-    noise = rng.normal(0, 6, size=(size, size, 3)).astype(np.float32)
-    return np.clip(field + ramp + noise, 0, 255).astype(np.uint8)
-
-
-def build_dataset(
-    root: Path,
-    *,
-    images: int,
-    size: int,
-    quality: int,
-    classes: int = 10,
-    image: Callable[[np.random.Generator, int], np.ndarray] = synthetic_image,
-) -> None:
-    """One shard per channel following the contract (:func:`write_shards`), plus the same
-    JPEGs as files under ``root/files``. ``image(rng, size)`` draws each image
-    (``remote_bench.py --photo`` draws noisier ones)."""
-    rng = np.random.default_rng(0)
-    encoded, labels = [], []
-    for i in range(images):
-        buf = io.BytesIO()
-        Image.fromarray(image(rng, size)).save(buf, format="JPEG", quality=quality)
-        encoded.append(buf.getvalue())
-        labels.append(i % classes)
-        path = root / "files" / f"class{i % classes}" / f"{i:06d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(encoded[-1])
-    write_shards(root, encoded, labels, size=size, quality=quality, classes=classes)
-
-
-def write_shards(
-    root: Path, encoded: list[bytes], labels: list[int], *, size: int, quality: int, classes: int
-) -> None:
-    """A dataset of one shard per channel (train: every image; validation and test: the first
-    ``classes``, at most 10), written by the format's own :class:`lakeshard.format.ShardWriter` (so the
-    image column is stored as the job stores it: uncompressed, no dictionary, 4 MiB row groups),
-    with its ``dataset.json`` and ``labels.json``."""
-    images = len(encoded)
-    version = hashlib.sha256(b"".join(encoded[:10])).hexdigest()[:16]
-    names = {c: f"class{c}" for c in range(classes)}
-    channels: dict[str, contract.ChannelInfo] = {}
-    for channel in contract.CHANNELS:
-        n = images if channel == "train" else min(classes, 10)
-        table = pa.table(
-            {
-                "image": pa.array(encoded[:n], pa.binary()),
-                "label": pa.array(labels[:n], pa.int64()),
-                "uri": pa.array([f"file:///bench/{i}.jpg" for i in range(n)]),
-                "key": pa.array([f"{i}.jpg" for i in range(n)]),
-                "height": pa.array([size] * n, pa.int32()),
-                "width": pa.array([size] * n, pa.int32()),
-                "is_pad": pa.array([False] * n),
-            },
-            schema=contract.SHARD_SCHEMA,
-        )
-        meta = {
-            "dataset_version": version,
-            "channel": channel,
-            "shard_index": 0,
-            "num_shards": 1,
-            "format_version": contract.FORMAT_VERSION,
-            "image_format": "jpeg",
-            "image_size": size,
-        }
-        with ShardWriter(
-            contract.shard_uri(str(root), channel, 0, 1), metadata=meta, row_group_bytes=_ROW_GROUP_BYTES
-        ) as writer:
-            writer.write(table)
-        channels[channel] = contract.ChannelInfo.of_shards(
-            [contract.ShardInfo.from_stats(channel, 0, 1, writer.stats, names)]
-        )
-    info = contract.DatasetInfo(
-        format_version=contract.FORMAT_VERSION,
-        dataset_version=version,
-        created_at="",
-        engine="loader_bench",
-        inputs=contract.Inputs(
-            lake=(root / "files").as_uri(),
-            manifest_fingerprint=version,
-            split={"train": 1.0},
-            split_method="none",
-            manifest_seed=0,
-        ),
-        seed=0,
-        labels={name: c for c, name in names.items()},
-        num_classes=classes,
-        image=contract.ImageSpec(
-            size=size, format="jpeg", quality=quality, resize="crop", max_pixels=size * size
-        ),
-        num_shards=1,
-        remainder="drop",
-        row_group_bytes=_ROW_GROUP_BYTES,
-        counts=contract.Counts(listed=images, manifest_rejects=0, shard_rejects=0, dropped=0, padded=0),
-        build=contract.BuildInfo(
-            preprocess_tasks=0, preprocessed=images, reused_segments=0, assembled_shards=0
-        ),
-        channels=channels,
-        rejects_path=contract.shard_rejects_relpath(),
-        versions={},
-    )
-    (root / "labels.json").write_text(json.dumps(info.labels))
-    (root / "dataset.json").write_text(json.dumps(info.to_json()))
 
 
 def read_encoded(dataset: str, channel: str) -> list[bytes]:
@@ -394,9 +272,7 @@ def memory(work: Path, args: argparse.Namespace) -> None:
     as many, each in fresh processes (median over ``--repeats``)."""
     results = {}
     for name, n in (("small", args.images), ("large", args.images * args.memory)):
-        root = work / f"v{contract.FORMAT_VERSION}-{n}-{args.size}"  # a new format: a new dataset
-        if not (root / "dataset.json").exists():
-            build_dataset(root, images=n, size=args.size, quality=args.quality)
+        root = cached_dataset(work, images=n, size=args.size, quality=args.quality)
         child = [sys.executable, "-c", _MEMORY_CHILD, str(root)]
         runs = [
             json.loads(

@@ -222,10 +222,8 @@ def _default_py_spy() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _data import cached_dataset
     from _timing import alternate, write_runs
-    from loader_bench import build_dataset  # puts the repository root on sys.path
-
-    from lakeshard.format import FORMAT_VERSION
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=2000, help="images in the synthetic shard (default: 2000)")
@@ -260,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             f"py-spy not found (--py-spy {args.py_spy!r}): pip install py-spy, or pip install -e '.[dev]'"
         )
 
-    root = args.cache / f"v{FORMAT_VERSION}-{args.images}-{args.size}"  # a new format: a new dataset
-    if not (root / "dataset.json").exists():
-        build_dataset(root, images=args.images, size=args.size, quality=90)
+    root = cached_dataset(args.cache, images=args.images, size=args.size)
     if args.stats:
         stats_overhead(root, args)
         return 0

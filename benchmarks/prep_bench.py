@@ -44,8 +44,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import prep_parts
+from _data import build_dataset
 from _timing import alternate, paired, write_json
-from loader_bench import build_dataset
 
 from loaders import ShardLoader
 from loaders.batch import BatchTask

@@ -10,7 +10,7 @@ python benchmarks/remote_bench.py --loader-option num_threads=4 --loader-option 
 The remote is :class:`remote_store.RemoteStore` (nginx behind a latency shim on 127.0.0.1,
 read as ``s3://`` through ``AWS_ENDPOINT_URL`` with dummy credentials): every response's first
 byte ``--latency-ms`` after its request, at most ``--bandwidth`` bytes/s per connection. The
-dataset is built by ``loader_bench.build_dataset`` (the shard job's own writer).
+dataset is built by ``_data.build_dataset`` (the shard job's own writer).
 
 Each repeat measures both sources, local first on even repeats and remote first on odd ones
 (a slow spell of this shared machine falls on both), and for each:
@@ -54,14 +54,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import PHOTO_QUALITY, build_dataset, photo_image, synthetic_image
 from _timing import alternate, other_load, parse_variant, write_json
-from loader_bench import build_dataset, epoch_timing, synthetic_image
+from loader_bench import epoch_timing
 from remote_store import NginxMissingError, RemoteStore, Traffic, parse_rate
 
 from lakeshard import storage
@@ -73,16 +73,7 @@ log = logging.getLogger("remote_bench")
 
 #: ``--profile``: (latency in ms, bandwidth per connection).
 PROFILES = {"near": (20.0, "80MB"), "far": (100.0, "25MB")}
-#: ``--photo``: noise added to ``synthetic_image`` and the JPEG quality, for ~100 kB at 224px.
-PHOTO_NOISE, PHOTO_QUALITY = 80.0, 100
 SOURCES = ("local", "remote")
-
-
-def photo_image(rng: np.random.Generator, size: int) -> np.ndarray:
-    """``loader_bench.synthetic_image`` with strong fine noise: ~97 kB a 224px JPEG at quality
-    100 (a photo's bytes at the same decode size)."""
-    noisy = synthetic_image(rng, size).astype(np.float32) + rng.normal(0, PHOTO_NOISE, size=(size, size, 3))
-    return np.clip(noisy, 0, 255).astype(np.uint8)
 
 
 def loader_options(texts: list[str]) -> dict[str, Any]:
