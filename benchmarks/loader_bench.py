@@ -107,20 +107,12 @@ def new_loader(dataset: str, args: argparse.Namespace) -> ShardLoader:
     )
 
 
-def bench_loader(
-    dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None
-) -> tuple[float, float, int]:
-    """One epoch: of a new loader, or the next epoch of ``loader`` (as a training loop runs).
-    Images/s, the wait for the first batch and the images; :func:`epoch_timing` for more."""
-    rate, first, n, _ = epoch_timing(dataset, args, loader)
-    return rate, first, n
-
-
 def epoch_timing(
     dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None
 ) -> tuple[float, float, int, float]:
-    """:func:`bench_loader`, and the typical gap between two batches of the epoch (the median
-    wait from one batch to the next, the first batch's wait not counted)."""
+    """One epoch: of a new loader, or the next epoch of ``loader`` (as a training loop runs).
+    Images/s, the wait for the first batch, the images, and the typical gap between two batches
+    (the median wait from one batch to the next, the first batch's wait not counted)."""
     if loader is None:
         loader = new_loader(dataset, args)
     else:
@@ -350,19 +342,19 @@ def main(argv: list[str] | None = None) -> int:
         # The ceiling runs with as many threads as cores and with as many as the loader has;
         # the faster of the two (by median) is the ceiling.
         ceiling_threads = sorted({os.cpu_count() or 1, args.threads or default_threads()})
-        bench_loader(dataset, args)  # warm the page cache and the imports
+        epoch_timing(dataset, args)  # warm the page cache and the imports
         training = new_loader(dataset, args)  # one loader, one more epoch per repeat
-        bench_loader(dataset, args, training)
+        epoch_timing(dataset, args, training)
         for r in range(args.repeats):
             before = {t: bench_ceiling(encoded, size, args, t) for t in ceiling_threads}
             # The new loader and the kept one take turns going first: whatever the one before
             # leaves behind (a heap to reuse, caches, a busy spell) falls on each alike.
             with other_load() as busy:
                 if r % 2:
-                    next_rate = bench_loader(dataset, args, training)[0]
-                rate, first, n = bench_loader(dataset, args)
+                    next_rate = epoch_timing(dataset, args, training)[0]
+                rate, first, n, _ = epoch_timing(dataset, args)
                 if not r % 2:
-                    next_rate = bench_loader(dataset, args, training)[0]
+                    next_rate = epoch_timing(dataset, args, training)[0]
             record("shardloader", rate)
             record("shardloader_first_batch_s", first)
             record("other_cpu_share", busy())
