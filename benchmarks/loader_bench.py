@@ -3,6 +3,7 @@
 ```
 python benchmarks/loader_bench.py --images 2000 --size 224 --repeats 3 --out bench.json
 python benchmarks/loader_bench.py --dataset s3://lake/datasets/pets-v1 --channel train
+python benchmarks/loader_bench.py --memory 10 --images 2000 --size 128 --repeats 3
 ```
 
 Measures (median of ``--repeats`` runs, images/s):
@@ -32,6 +33,11 @@ Measures (median of ``--repeats`` runs, images/s):
 * ``other_cpu_share``: how much of the machine others (other processes, the hypervisor) took
   during the loader's runs (both loaders' epochs).
 
+``--memory FACTOR`` measures instead whether the loader's memory stays bounded whatever the
+shard's size: the peak RSS of one epoch (2 decode threads) over a shard of ``--images`` images
+and over one ``FACTOR`` times larger, each in a fresh process, with each one's time to first
+batch (it must not grow with the shard either). Target: peak RSS large / small <= 1.1.
+
 The synthetic shards are written by the shard job's own ``ShardWriter``, so the loader reads
 what it reads in production.
 
@@ -44,13 +50,11 @@ slow spell of this shared machine moves less.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
-import io
 import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,137 +64,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import build_dataset, cached_dataset
 from _timing import other_load, paired, write_json
 
-from jobs.shard_steps.config import ShardConfig
-from lakeshard import format as contract
-from lakeshard.format import ShardWriter
-from lakeshard.settings import parse_size
 from loaders import ShardLoader, default_threads
 from loaders.decode import decode_pillow, get_batch_decoder, get_decoder, has_simplejpeg, is_jpeg
 
 log = logging.getLogger("loader_bench")
-
-#: The shard job's default row-group size.
-_ROW_GROUP_BYTES = parse_size(
-    next(f.default for f in dataclasses.fields(ShardConfig) if f.name == "row_group_size")
-)
-
-
-def synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
-    """A smooth colour field (upsampled coarse noise) plus fine noise and a gradient: JPEG
-    sizes like photos (~10-20 KB at 224px, quality 90)."""
-    coarse = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-    field = np.asarray(Image.fromarray(coarse).resize((size, size), Image.BICUBIC), dtype=np.float32)
-    ramp = np.linspace(-40, 40, size, dtype=np.float32)[None, :, None]
-    noise = rng.normal(0, 6, size=(size, size, 3)).astype(np.float32)
-    return np.clip(field + ramp + noise, 0, 255).astype(np.uint8)
-
-
-def build_dataset(
-    root: Path,
-    *,
-    images: int,
-    size: int,
-    quality: int,
-    classes: int = 10,
-    image: Callable[[np.random.Generator, int], np.ndarray] = synthetic_image,
-) -> None:
-    """One shard per channel following the contract (:func:`write_shards`), plus the same
-    JPEGs as files under ``root/files``. ``image(rng, size)`` draws each image
-    (``remote_bench.py --photo`` draws noisier ones)."""
-    rng = np.random.default_rng(0)
-    encoded, labels = [], []
-    for i in range(images):
-        buf = io.BytesIO()
-        Image.fromarray(image(rng, size)).save(buf, format="JPEG", quality=quality)
-        encoded.append(buf.getvalue())
-        labels.append(i % classes)
-        path = root / "files" / f"class{i % classes}" / f"{i:06d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(encoded[-1])
-    write_shards(root, encoded, labels, size=size, quality=quality, classes=classes)
-
-
-def write_shards(
-    root: Path, encoded: list[bytes], labels: list[int], *, size: int, quality: int, classes: int
-) -> None:
-    """A dataset of one shard per channel (train: every image; validation and test: the first
-    ``classes``, at most 10), written by the format's own :class:`lakeshard.format.ShardWriter` (so the
-    image column is stored as the job stores it: uncompressed, no dictionary, 4 MiB row groups),
-    with its ``dataset.json`` and ``labels.json``."""
-    images = len(encoded)
-    version = hashlib.sha256(b"".join(encoded[:10])).hexdigest()[:16]
-    names = {c: f"class{c}" for c in range(classes)}
-    channels: dict[str, contract.ChannelInfo] = {}
-    for channel in contract.CHANNELS:
-        n = images if channel == "train" else min(classes, 10)
-        table = pa.table(
-            {
-                "image": pa.array(encoded[:n], pa.binary()),
-                "label": pa.array(labels[:n], pa.int64()),
-                "uri": pa.array([f"file:///bench/{i}.jpg" for i in range(n)]),
-                "key": pa.array([f"{i}.jpg" for i in range(n)]),
-                "height": pa.array([size] * n, pa.int32()),
-                "width": pa.array([size] * n, pa.int32()),
-                "is_pad": pa.array([False] * n),
-            },
-            schema=contract.SHARD_SCHEMA,
-        )
-        meta = {
-            "dataset_version": version,
-            "channel": channel,
-            "shard_index": 0,
-            "num_shards": 1,
-            "format_version": contract.FORMAT_VERSION,
-            "image_format": "jpeg",
-            "image_size": size,
-        }
-        with ShardWriter(
-            contract.shard_uri(str(root), channel, 0, 1), metadata=meta, row_group_bytes=_ROW_GROUP_BYTES
-        ) as writer:
-            writer.write(table)
-        channels[channel] = contract.ChannelInfo.of_shards(
-            [contract.ShardInfo.from_stats(channel, 0, 1, writer.stats, names)]
-        )
-    info = contract.DatasetInfo(
-        format_version=contract.FORMAT_VERSION,
-        dataset_version=version,
-        created_at="",
-        engine="loader_bench",
-        inputs=contract.Inputs(
-            lake=(root / "files").as_uri(),
-            manifest_fingerprint=version,
-            split={"train": 1.0},
-            split_method="none",
-            manifest_seed=0,
-        ),
-        seed=0,
-        labels={name: c for c, name in names.items()},
-        num_classes=classes,
-        image=contract.ImageSpec(
-            size=size, format="jpeg", quality=quality, resize="crop", max_pixels=size * size
-        ),
-        num_shards=1,
-        remainder="drop",
-        row_group_bytes=_ROW_GROUP_BYTES,
-        counts=contract.Counts(listed=images, manifest_rejects=0, shard_rejects=0, dropped=0, padded=0),
-        build=contract.BuildInfo(
-            preprocess_tasks=0, preprocessed=images, reused_segments=0, assembled_shards=0
-        ),
-        channels=channels,
-        rejects_path=contract.shard_rejects_relpath(),
-        versions={},
-    )
-    (root / "labels.json").write_text(json.dumps(info.labels))
-    (root / "dataset.json").write_text(json.dumps(info.to_json()))
 
 
 def read_encoded(dataset: str, channel: str) -> list[bytes]:
@@ -222,20 +107,12 @@ def new_loader(dataset: str, args: argparse.Namespace) -> ShardLoader:
     )
 
 
-def bench_loader(
-    dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None
-) -> tuple[float, float, int]:
-    """One epoch: of a new loader, or the next epoch of ``loader`` (as a training loop runs).
-    Images/s, the wait for the first batch and the images; :func:`epoch_timing` for more."""
-    rate, first, n, _ = epoch_timing(dataset, args, loader)
-    return rate, first, n
-
-
 def epoch_timing(
     dataset: str, args: argparse.Namespace, loader: ShardLoader | None = None
 ) -> tuple[float, float, int, float]:
-    """:func:`bench_loader`, and the typical gap between two batches of the epoch (the median
-    wait from one batch to the next, the first batch's wait not counted)."""
+    """One epoch: of a new loader, or the next epoch of ``loader`` (as a training loop runs).
+    Images/s, the wait for the first batch, the images, and the typical gap between two batches
+    (the median wait from one batch to the next, the first batch's wait not counted)."""
     if loader is None:
         loader = new_loader(dataset, args)
     else:
@@ -364,6 +241,53 @@ def bench_dataloader(files: Path, args: argparse.Namespace) -> tuple[float, floa
     return n / (time.perf_counter() - start), first
 
 
+#: ``--memory``'s child: one epoch in a fresh process; its peak RSS and time to first batch.
+_MEMORY_CHILD = r"""
+import json, resource, sys, time
+from loaders import ShardLoader
+t = time.perf_counter()
+loader = ShardLoader(sys.argv[1], channel="train", batch_size=64, shuffle=True, seed=0, num_threads=2, prefetch=4)
+first = None
+rows = 0
+for images, labels in loader:
+    if first is None:
+        first = time.perf_counter() - t
+    rows += len(labels)
+loader.close()
+print(json.dumps({"rows": rows, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "first_batch_s": first, "epoch_s": time.perf_counter() - t}))
+"""
+
+
+def memory(work: Path, args: argparse.Namespace) -> None:
+    """``--memory``: peak RSS of an epoch over a shard of ``--images`` and of ``--memory`` times
+    as many, each in fresh processes (median over ``--repeats``)."""
+    results = {}
+    for name, n in (("small", args.images), ("large", args.images * args.memory)):
+        root = cached_dataset(work, images=n, size=args.size, quality=args.quality)
+        child = [sys.executable, "-c", _MEMORY_CHILD, str(root)]
+        runs = [
+            json.loads(
+                subprocess.run(child, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+            )
+            for _ in range(args.repeats)
+        ]
+        results[name] = {
+            "images": n,
+            "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
+            "first_batch_s": statistics.median(r["first_batch_s"] for r in runs),
+            "images_per_s": statistics.median(r["rows"] / r["epoch_s"] for r in runs),
+        }
+    ratio = results["large"]["peak_rss_mib"] / results["small"]["peak_rss_mib"]
+    print(f"{'shard':6} {'images':>7} {'peak RSS MiB':>13} {'first batch s':>14} {'images/s':>9}")
+    for name, r in results.items():
+        print(
+            f"{name:6} {r['images']:7d} {r['peak_rss_mib']:13.1f} {r['first_batch_s']:14.3f} {r['images_per_s']:9.0f}"
+        )
+    print(f"peak RSS large/small: {ratio:.3f} (target <= 1.1)")
+    write_json(args.out, {**results, "rss_ratio": ratio, "size": args.size})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", help="an existing dataset root (default: build a synthetic one)")
@@ -382,10 +306,19 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", help="where to build the synthetic dataset (default: a temporary folder)"
     )
     parser.add_argument("--out", default="loader_bench.json", help="JSON results")
+    parser.add_argument(
+        "--memory",
+        type=int,
+        metavar="FACTOR",
+        help="peak RSS of an epoch over --images and over FACTOR times as many images instead",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     with tempfile.TemporaryDirectory() as tmp:
+        if args.memory is not None:
+            memory(Path(args.workdir or tmp), args)
+            return 0
         work = Path(args.workdir or tmp)
         files: Path | None = None
         if args.dataset:
@@ -409,19 +342,19 @@ def main(argv: list[str] | None = None) -> int:
         # The ceiling runs with as many threads as cores and with as many as the loader has;
         # the faster of the two (by median) is the ceiling.
         ceiling_threads = sorted({os.cpu_count() or 1, args.threads or default_threads()})
-        bench_loader(dataset, args)  # warm the page cache and the imports
+        epoch_timing(dataset, args)  # warm the page cache and the imports
         training = new_loader(dataset, args)  # one loader, one more epoch per repeat
-        bench_loader(dataset, args, training)
+        epoch_timing(dataset, args, training)
         for r in range(args.repeats):
             before = {t: bench_ceiling(encoded, size, args, t) for t in ceiling_threads}
             # The new loader and the kept one take turns going first: whatever the one before
             # leaves behind (a heap to reuse, caches, a busy spell) falls on each alike.
             with other_load() as busy:
                 if r % 2:
-                    next_rate = bench_loader(dataset, args, training)[0]
-                rate, first, n = bench_loader(dataset, args)
+                    next_rate = epoch_timing(dataset, args, training)[0]
+                rate, first, n, _ = epoch_timing(dataset, args)
                 if not r % 2:
-                    next_rate = bench_loader(dataset, args, training)[0]
+                    next_rate = epoch_timing(dataset, args, training)[0]
             record("shardloader", rate)
             record("shardloader_first_batch_s", first)
             record("other_cpu_share", busy())

@@ -19,6 +19,16 @@ gives, for each workload (medians over repeats):
 * ``gil_us_per_image``: GIL-held time per image, in total and per source line (the innermost
   Python frame; time inside a C function that keeps the GIL lands on the line that called it).
 
+``--stats`` measures instead what the loader's per-epoch statistics (``loader.epoch_stats()``,
+:mod:`loaders.stats`) cost in CPU: a kept loader streams the dataset for ``--seconds`` under
+``py-spy record --idle``, and the samples in the statistics' code are counted against every busy
+sample (waits left out). It prints the share of the busy samples in each part: the reader
+thread's tally of each batch's rows for the shuffle figures, the per-epoch figures
+(``epoch_stats``, the shuffle figures' computation included), and the counters (decode tally,
+totals, budget):
+
+    python benchmarks/loader_gil.py --stats --images 4096 --seconds 25
+
 Needs ``py-spy`` (``pip install py-spy``, in the ``dev`` extra) and permission to read the
 child's memory (Linux: same user, ``kernel.yama.ptrace_scope`` <= 1).
 """
@@ -61,6 +71,20 @@ while True:  # until the parent stops it; one line per pass: wall clock, images 
     epoch += 1
     print(time.time(), done, flush=True)
 """
+
+
+#: Leaf frames of a thread that is waiting, not working (``--stats``).
+_IDLE = ("wait (threading", "_wait_for_tstate_lock", "select", "acquire", "get (queue", "sleep", "poll")
+#: The statistics' parts (``--stats``) and the frames that mark each.
+_PARTS = {
+    "tally of each batch's rows (reader thread)": ("tallied (",),
+    "per-epoch figures (epoch_stats)": ("epoch_stats (",),
+    "counters (decode tally, totals, budget)": (
+        "add (loaders/stats",
+        "totals (loaders/shard_loader",
+        "_check_budget (",
+    ),
+}
 
 
 def images_between(progress: list[tuple[float, int]], t0: float, t1: float) -> float:
@@ -141,6 +165,55 @@ def profile(workload: str, dataset: Path, args: argparse.Namespace, py_spy: str,
     }
 
 
+def stream(root: Path, seconds: float) -> None:
+    """``--stats``' profiled child: a kept loader's epochs, each with its ``epoch_stats()``."""
+    from loaders import ShardLoader
+
+    with ShardLoader(
+        str(root), channel="train", batch_size=64, shuffle=True, seed=1, num_threads=2
+    ) as loader:
+        began, epoch = time.monotonic(), 0
+        while time.monotonic() - began < seconds:
+            loader.set_epoch(epoch)
+            for _ in loader:
+                pass
+            loader.epoch_stats()
+            epoch += 1
+    print(f"streamed {epoch} epochs")
+
+
+def stats_shares(raw: Path) -> dict[str, float]:
+    """Each part of the statistics' share of the busy samples of a py-spy ``--format raw`` file."""
+    busy, counts = 0, dict.fromkeys(_PARTS, 0)
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if any(w in stack.split(";")[-1] for w in _IDLE):
+            continue
+        busy += int(n)
+        for part, marks in _PARTS.items():
+            if part.startswith("tally"):  # the tally's own frames, not the window reads it drives
+                frames = stack.split(";")
+                at = next((i for i, f in enumerate(frames) if f.startswith(marks)), None)
+                if at is not None and not any("window_reader" in f for f in frames[at + 1 :]):
+                    counts[part] += int(n)
+            elif any(m in stack for m in marks):
+                counts[part] += int(n)
+    return {part: n / busy for part, n in counts.items()}
+
+
+def stats_overhead(root: Path, args: argparse.Namespace) -> None:
+    """``--stats``: stream ``root`` under py-spy; print each part's share of the busy samples."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "profile.txt"
+        cmd = [args.py_spy, "record", "--format", "raw", "-o", str(raw), "--rate", "200", "--idle", "--"]
+        cmd += [sys.executable, __file__, "--stream", str(root), "--seconds", str(args.seconds)]
+        subprocess.run(cmd, check=True)
+        found = stats_shares(raw)
+    for part, share in found.items():
+        print(f"{share:7.3%}  {part}")
+    print(f"{sum(found.values()):7.3%}  in all, of the loader's busy CPU samples")
+
+
 def _default_py_spy() -> str | None:
     beside = Path(sys.executable).with_name("py-spy")  # this virtualenv's, when it is not on PATH
     return str(beside) if beside.exists() else shutil.which("py-spy")
@@ -149,10 +222,8 @@ def _default_py_spy() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _data import cached_dataset
     from _timing import alternate, write_runs
-    from loader_bench import build_dataset  # puts the repository root on sys.path
-
-    from lakeshard.format import FORMAT_VERSION
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=2000, help="images in the synthetic shard (default: 2000)")
@@ -171,7 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lakeshard-loader-ab")
     p.add_argument("--out", type=Path, help="write every run as JSON here")
+    p.add_argument(
+        "--stats", action="store_true", help="the CPU of the per-epoch statistics instead (py-spy, no JSON)"
+    )
+    p.add_argument("--stream", type=Path, help=argparse.SUPPRESS)  # --stats' profiled child
     args = p.parse_args(argv)
+    if args.stream is not None:
+        stream(args.stream, args.seconds)
+        return 0
     for name in ("images", "size", "seconds", "rate", "warmup", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
@@ -180,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             f"py-spy not found (--py-spy {args.py_spy!r}): pip install py-spy, or pip install -e '.[dev]'"
         )
 
-    root = args.cache / f"v{FORMAT_VERSION}-{args.images}-{args.size}"  # a new format: a new dataset
-    if not (root / "dataset.json").exists():
-        build_dataset(root, images=args.images, size=args.size, quality=90)
+    root = cached_dataset(args.cache, images=args.images, size=args.size)
+    if args.stats:
+        stats_overhead(root, args)
+        return 0
     workloads = ("loader", "ceiling")
     runs: dict[str, list[dict]] = {w: [] for w in workloads}
     with tempfile.TemporaryDirectory() as tmp:

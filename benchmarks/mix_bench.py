@@ -6,9 +6,9 @@ python benchmarks/mix_bench.py --small --out mix-small.json   # 1024 images, 1 r
 ```
 
 Datasets (built in ``--workdir``, else a temporary folder; kept in ``--workdir`` for the next run
-with the same settings): ``--images`` synthetic 224 px JPEGs (``loader_bench.synthetic_image``,
+with the same settings): ``--images`` synthetic 224 px JPEGs (``_data.synthetic_image``,
 image ``i`` drawn from seed ``i``), written by the format's own writer
-(``loader_bench.write_shards``: one shard per channel, 4 MiB row groups) as
+(``_data.write_shards``: one shard per channel, 4 MiB row groups) as
 
 * ``A``: the images given to the first source (``--split``, default 70 %),
 * ``B``: the others (30 %),
@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import io
 import os
 import platform
 import statistics
@@ -64,14 +63,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import seeded_jpeg, write_shards
 from _timing import other_load, paired, write_json
-from loader_bench import synthetic_image, write_shards
 
 from lakeshard import format as contract
 from loaders import MixedLoader, ShardLoader, default_threads
@@ -89,16 +87,6 @@ BUSY = 0.10
 
 
 # -- the datasets ---------------------------------------------------------------------------------
-def _encode(job: tuple[int, int, int]) -> bytes:
-    """Image ``i`` (its own seed) as a JPEG."""
-    from PIL import Image
-
-    i, size, quality = job
-    buf = io.BytesIO()
-    Image.fromarray(synthetic_image(np.random.default_rng(i), size)).save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
-
-
 def split_a(images: int, rows_a: int) -> list[bool]:
     """Which of ``images`` indices go to A: ``rows_a`` of them, spread evenly (image ``i`` when
     ``floor((i + 1) * rows_a / images)`` steps up), the rest to B."""
@@ -117,7 +105,7 @@ def build(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         t0 = time.perf_counter()
         with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
             jobs = [(i, args.size, args.quality) for i in range(args.images)]
-            encoded = list(pool.map(_encode, jobs, chunksize=64))
+            encoded = list(pool.map(seeded_jpeg, jobs, chunksize=64))
         labels = [i % args.classes for i in range(args.images)]
         parts = {
             "A": [i for i in range(args.images) if in_a[i]],

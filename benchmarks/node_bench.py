@@ -44,15 +44,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import seeded_jpeg, write_shards
 from _timing import write_json
-from loader_bench import bench_ceiling, synthetic_image, write_shards
+from loader_bench import bench_ceiling
 
 from loaders import ShardLoader
 from loaders.decode import BATCH_DECODERS, has_simplejpeg
@@ -63,22 +63,10 @@ MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
 
 
 # -- the dataset ------------------------------------------------------------------------------------
-def _encode(seed: int) -> bytes:
-    import io
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(synthetic_image(np.random.default_rng(seed), SIZE)).save(
-        buf, format="JPEG", quality=QUALITY
-    )
-    return buf.getvalue()
-
-
 def build(root: Path, *, images: int, unique: int) -> list[bytes]:
     """The dataset at ``root`` (kept when it already has ``images`` rows): its encoded images."""
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
-        distinct = list(pool.map(_encode, range(unique), chunksize=64))
+        distinct = list(pool.map(seeded_jpeg, [(i, SIZE, QUALITY) for i in range(unique)], chunksize=64))
     encoded = [distinct[i % unique] for i in range(images)]
     marker = root / f".rows-{images}-{unique}"
     if not marker.exists():

@@ -6,7 +6,7 @@ python benchmarks/prep_bench.py --images 1024 --repeats 3
 
 A training process restricted to one core (``os.sched_setaffinity``) runs a CPU-bound model
 step (a small CNN, its SGD step repeated until it costs about what preparing an image does),
-fed by a loader whose transform (``prep_parts.heavy``: a RandAugment-like chain) costs several
+fed by a loader whose transform (:func:`heavy`: a RandAugment-like chain) costs several
 times decoding:
 
 * **local**: the loader decodes and transforms on its own threads, on that same core;
@@ -43,14 +43,34 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import prep_parts
+from _data import build_dataset
 from _timing import alternate, paired, write_json
-from loader_bench import build_dataset
 
 from loaders import ShardLoader
 from loaders.batch import BatchTask
 
-TRANSFORM = "prep_parts:heavy"
+#: The loader's transform, by reference: the workers import this module (not the script's
+#: ``__main__``) to find it.
+TRANSFORM = "prep_bench:heavy"
+#: Blur passes of :func:`heavy` per batch: its CPU per image (calibrated by this tool's report,
+#: which prints it beside the model step's).
+PASSES = 3
+
+
+def heavy(
+    images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A RandAugment-like cost on one thread: float conversion, a random brightness and contrast
+    per image, and ``PASSES`` 5x5 blurs of the whole batch; back to uint8."""
+    x = images.float()
+    n = len(x)
+    gain = 0.8 + 0.4 * torch.rand((n, 1, 1, 1), generator=generator)
+    bias = torch.randint(-16, 17, (n, 1, 1, 1), generator=generator).float()
+    x = x * gain + bias
+    kernel = torch.full((3, 1, 5, 5), 1 / 25.0)
+    for _ in range(PASSES):
+        x = nn.functional.conv2d(nn.functional.pad(x, (2, 2, 2, 2), mode="replicate"), kernel, groups=3)
+    return x.clamp(0, 255).to(torch.uint8).contiguous(memory_format=torch.channels_last), labels
 
 
 class _Net(nn.Module):
@@ -99,7 +119,7 @@ def calibrate(batch: int, size: int) -> tuple[int, float, float]:
     images = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8).permute(0, 3, 1, 2)
     labels = torch.zeros(batch, dtype=torch.int64)
     gen = torch.Generator().manual_seed(0)
-    transform = cpu_per_image(lambda x, y: prep_parts.heavy(x, y, gen), images, labels)
+    transform = cpu_per_image(lambda x, y: heavy(x, y, gen), images, labels)
     one = cpu_per_image(Step(1), images, labels)
     repeat = max(1, round(transform / one))
     return repeat, transform, cpu_per_image(Step(repeat), images, labels)

@@ -6,7 +6,7 @@ python benchmarks/range_reads.py --small                                        
 python benchmarks/range_reads.py --row-group-bytes 1MiB --workdir /tmp/rr       # more, smaller reads
 ```
 
-One shard of synthetic 224 px JPEGs (``loader_bench.write_shards``: the shard job's writer and
+One shard of synthetic 224 px JPEGs (``_data.write_shards``: the shard job's writer and
 row-group size) is served by :class:`remote_store.RemoteStore` (``--latency-ms`` before each
 response, ``--bandwidth`` per connection). Each variant reads the shard's row groups in a seeded
 shuffled order (a new order each epoch, the same for every variant), ``--concurrency`` reads in
@@ -67,7 +67,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import loader_bench
+import _data
 from _timing import write_json
 from remote_store import NginxMissingError, RemoteStore, parse_rate
 
@@ -461,31 +461,15 @@ def prepare(args: argparse.Namespace, work: Path) -> Path:
     dataset = work / f"rr-{args.images}-{args.size}-q{args.quality}-rg{args.row_group_bytes}"
     if not (dataset / "dataset.json").exists():
         log.info("building %d synthetic %d px JPEGs in %s", args.images, args.size, dataset)
-        import io
-
-        from PIL import Image
-
-        rng = np.random.default_rng(0)
-        encoded = []
-        for _ in range(args.images):
-            buf = io.BytesIO()
-            Image.fromarray(loader_bench.synthetic_image(rng, args.size)).save(
-                buf, format="JPEG", quality=args.quality
-            )
-            encoded.append(buf.getvalue())
-        default = loader_bench._ROW_GROUP_BYTES
-        loader_bench._ROW_GROUP_BYTES = args.row_group_bytes  # write_shards reads it when called
-        try:
-            loader_bench.write_shards(
-                dataset,
-                encoded,
-                [i % 10 for i in range(args.images)],
-                size=args.size,
-                quality=args.quality,
-                classes=10,
-            )
-        finally:
-            loader_bench._ROW_GROUP_BYTES = default
+        _data.write_shards(
+            dataset,
+            _data.synthetic_jpegs(args.images, args.size, args.quality),
+            [i % 10 for i in range(args.images)],
+            size=args.size,
+            quality=args.quality,
+            classes=10,
+            row_group_bytes=args.row_group_bytes,
+        )
     return dataset
 
 
@@ -510,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quality", type=int, default=90)
     parser.add_argument(
         "--row-group-bytes",
-        default=str(loader_bench._ROW_GROUP_BYTES),
+        default=str(_data.ROW_GROUP_BYTES),
         help="the shard's row-group size (default: the shard job's)",
     )
     parser.add_argument("--latency-ms", type=float, default=20.0, help="before each response's first byte")

@@ -10,7 +10,7 @@ python benchmarks/remote_bench.py --loader-option num_threads=4 --loader-option 
 The remote is :class:`remote_store.RemoteStore` (nginx behind a latency shim on 127.0.0.1,
 read as ``s3://`` through ``AWS_ENDPOINT_URL`` with dummy credentials): every response's first
 byte ``--latency-ms`` after its request, at most ``--bandwidth`` bytes/s per connection. The
-dataset is built by ``loader_bench.build_dataset`` (the shard job's own writer).
+dataset is built by ``_data.build_dataset`` (the shard job's own writer).
 
 Each repeat measures both sources, local first on even repeats and remote first on odd ones
 (a slow spell of this shared machine falls on both), and for each:
@@ -23,7 +23,7 @@ Each repeat measures both sources, local first on even repeats and remote first 
 * ``fresh_first_batch_s``: a new loader's first batch, its constructor (``dataset.json``,
   the footers) included; for the remote, with new S3 clients and connections (the process's
   cached ones forgotten), as a second loader of a process that has read S3 before has it;
-* ``process_first_batch_s``: the same in a new process (``first_batch.py``: its imports done,
+* ``process_first_batch_s``: the same in a new process (:data:`_FIRST_BATCH`: its imports done,
   the clock started at ``ShardLoader(...)``), as a training script's first batch comes: with
   the modules the loader imports when it first needs them and the S3 client's models to load;
 * for the remote, what the store served meanwhile (:class:`remote_store.Traffic`): requests
@@ -54,14 +54,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _data import PHOTO_QUALITY, build_dataset, photo_image, synthetic_image
 from _timing import alternate, other_load, parse_variant, write_json
-from loader_bench import build_dataset, epoch_timing, synthetic_image
+from loader_bench import epoch_timing
 from remote_store import NginxMissingError, RemoteStore, Traffic, parse_rate
 
 from lakeshard import storage
@@ -73,16 +73,7 @@ log = logging.getLogger("remote_bench")
 
 #: ``--profile``: (latency in ms, bandwidth per connection).
 PROFILES = {"near": (20.0, "80MB"), "far": (100.0, "25MB")}
-#: ``--photo``: noise added to ``synthetic_image`` and the JPEG quality, for ~100 kB at 224px.
-PHOTO_NOISE, PHOTO_QUALITY = 80.0, 100
 SOURCES = ("local", "remote")
-
-
-def photo_image(rng: np.random.Generator, size: int) -> np.ndarray:
-    """``loader_bench.synthetic_image`` with strong fine noise: ~97 kB a 224px JPEG at quality
-    100 (a photo's bytes at the same decode size)."""
-    noisy = synthetic_image(rng, size).astype(np.float32) + rng.normal(0, PHOTO_NOISE, size=(size, size, 3))
-    return np.clip(noisy, 0, 255).astype(np.uint8)
 
 
 def loader_options(texts: list[str]) -> dict[str, Any]:
@@ -107,8 +98,30 @@ def loader_options(texts: list[str]) -> dict[str, Any]:
     return out
 
 
-#: Seconds a new process may take for its first batch (``first_batch.py``), imports included.
+#: Seconds a new process may take for its first batch (:data:`_FIRST_BATCH`), imports included.
 _PROCESS_TIMEOUT_S = 300
+
+#: A new process's first batch, as a training script's comes: ``torch`` and ``loaders``
+#: imported, then the clock started at ``ShardLoader(...)`` (every client, connection and lazily
+#: imported module the loader needs still to make). Arguments: the repository root, the dataset
+#: and the loader's keyword arguments as JSON; prints ``{"first_batch_s", "constructor_s"}``.
+_FIRST_BATCH = r"""
+import json, sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+from loaders import ShardLoader
+start = time.perf_counter()
+loader = ShardLoader(sys.argv[2], **json.loads(sys.argv[3]))
+made = time.perf_counter()
+batches = iter(loader)
+try:
+    next(batches)
+    first = time.perf_counter() - start
+finally:
+    batches.close()
+    loader.close()
+print(json.dumps({"first_batch_s": first, "constructor_s": made - start}))
+"""
 
 
 def new_loader(dataset: str, args: argparse.Namespace) -> ShardLoader:
@@ -120,17 +133,17 @@ def loader_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, float]:
-    """``first_batch.py`` in a new process (this one's environment: the store's endpoint)."""
-    script = Path(__file__).with_name("first_batch.py")
+    """:data:`_FIRST_BATCH` in a new process (this one's environment: the store's endpoint)."""
+    root = str(Path(__file__).resolve().parents[1])
     done = subprocess.run(
-        [sys.executable, str(script), dataset, json.dumps(loader_kwargs(args))],
+        [sys.executable, "-c", _FIRST_BATCH, root, dataset, json.dumps(loader_kwargs(args))],
         capture_output=True,
         text=True,
         timeout=_PROCESS_TIMEOUT_S,
     )
     if done.returncode != 0:
         raise RuntimeError(
-            f"{script.name} {dataset} failed (exit code {done.returncode}): {done.stderr.strip()[-2000:]}"
+            f"a new process's first batch from {dataset} failed (exit code {done.returncode}): {done.stderr.strip()[-2000:]}"
         )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -294,7 +307,7 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
         summary["process_first_batch_traffic"],
     )
     print(
-        f"new process, first batch (constructor included; first_batch.py): local {process['local']:.3f}s, "
+        f"new process, first batch (constructor included; imports done): local {process['local']:.3f}s, "
         f"remote {process['remote']:.3f}s (constructor {made['local']:.3f}s, {made['remote']:.3f}s; "
         f"{t['requests']:.0f} requests, {t['connections']:.0f} connections)"
     )

@@ -22,7 +22,7 @@ DECODER = os.environ.get("PEERS_LAKESHARD_DECODER", "simplejpeg")
 
 
 def write(jpegs: Path, out: Path) -> None:
-    from loader_bench import write_shards  # only here: a reading process imports just the loader
+    from _data import write_shards  # only here: a reading process imports just the loader
 
     images = JpegSet.read(jpegs)
     encoded = [path.read_bytes() for path, _ in images.images]

@@ -42,7 +42,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import io
 import json
 import os
 import platform
@@ -57,7 +56,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -68,7 +66,7 @@ from remote_store import NginxMissingError, RemoteStore, parse_rate  # noqa: E40
 TOOLS = ("lakeshard", "streaming", "litdata", "webdataset", "dataloader")
 SETTINGS = ("local", "remote")
 #: ``--set``: how each image is drawn and its JPEG quality: small, ~21 kB at 224 px
-#: (``loader_bench.synthetic_image``); photo, ~97 kB (``remote_bench.photo_image``).
+#: (``_data.synthetic_image``); photo, ~97 kB (``_data.photo_image``).
 SETS = ("small", "photo")
 #: A run (all its epochs) that takes longer than this is stopped and reported as failed.
 RUN_TIMEOUT_S = 900.0
@@ -114,13 +112,15 @@ def variants(tools: list[str], settings: list[str]) -> list[Variant]:
 def make_jpegs(folder: Path, *, kind: str, images: int, size: int) -> dict[str, float]:
     """``images`` JPEGs of ``kind`` in ``folder`` with ``index.json`` (``peer_common.JpegSet``),
     made once (kept when the index says the same): their mean size in kB."""
+    from _data import jpeg
+
     if kind == "small":
-        from loader_bench import synthetic_image as draw
+        from _data import synthetic_image as draw
 
         quality = 95
     else:
-        from remote_bench import PHOTO_QUALITY as quality
-        from remote_bench import photo_image as draw
+        from _data import PHOTO_QUALITY as quality
+        from _data import photo_image as draw
     index = folder / "index.json"
     want = {"kind": kind, "size": size, "quality": quality, "count": images}
     if index.exists():
@@ -132,11 +132,10 @@ def make_jpegs(folder: Path, *, kind: str, images: int, size: int) -> dict[str, 
     rng = np.random.default_rng(0)
     entries, total = [], 0
     for i in range(images):
-        buf = io.BytesIO()
-        Image.fromarray(draw(rng, size)).save(buf, format="JPEG", quality=quality)
-        (folder / f"{i:06d}.jpg").write_bytes(buf.getvalue())
+        data = jpeg(draw(rng, size), quality)
+        (folder / f"{i:06d}.jpg").write_bytes(data)
         entries.append([f"{i:06d}.jpg", i])
-        total += buf.tell()
+        total += len(data)
     mean_kb = total / images / 1000
     index.write_text(json.dumps({**want, "mean_kb": mean_kb, "images": entries}))
     return {"mean_kb": mean_kb}

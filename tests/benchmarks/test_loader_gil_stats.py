@@ -1,4 +1,4 @@
-"""benchmarks/stats_overhead.py runs end to end: it streams under py-spy and prints each part's
+"""benchmarks/loader_gil.py --stats runs end to end: it streams under py-spy and prints each part's
 share of the busy samples (the figure itself is measured by hand: docs/performance.md)."""
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_the_overhead_benchmark_prints_each_part_and_the_sum():
+def test_the_overhead_benchmark_prints_each_part_and_the_sum(tmp_path: Path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "stats_overhead.py"), "--images", "256", "--seconds", "3"],
+        [
+            *(sys.executable, str(ROOT / "benchmarks" / "loader_gil.py"), "--stats"),
+            *("--images", "256", "--seconds", "3", "--cache", str(tmp_path)),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
