@@ -416,5 +416,8 @@ def test_a_slow_model_step_is_the_bottleneck(tmp_path: Path):
     assert report["ratio"] >= 2
     model = report["figures"]["model"]
     assert model["input_shape"] == [32, 3, 32, 32] and model["steps"] >= 2
-    assert [s["action"] for s in report["next_steps"]] == ["model"]
+    # The model first; split_cores follows where together ran under half the model's rate alone,
+    # as it does on a machine whose other work takes the cores (the test suite's other worker).
+    actions = [s["action"] for s in report["next_steps"]]
+    assert actions[0] == "model" and set(actions[1:]) <= {"split_cores"}, report["next_steps"]
     assert report["figures"]["together"]["with_model"] and len(progress) == 4
