@@ -23,6 +23,7 @@ from loader_builders import write_dataset
 
 from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
+from loaders.options import LoaderOptions
 from tests.helpers.dask_procs import DaskProcs, dask_procs, make_tls_files, warm
 
 pytestmark = pytest.mark.slow  # every test starts a Dask cluster of worker processes
@@ -82,7 +83,12 @@ def test_the_cluster_makes_the_batches_the_loader_makes(data, cluster, transform
         expected = _epochs(local, [0, 1])
     with ShardLoader(str(data), prep=cluster.scheduler_address, **OPTIONS, **transform) as far:
         _same(_epochs(far, [0, 1]), expected)
-        assert far.prep.batches == len(expected) and far.prep.local_batches == 0
+        # Every batch on the cluster, and at most the read-ahead more: the loader's flow runs on
+        # into epoch 2 as epoch 1 ends (docs/loader.md: up to prefetch + num_threads + 2 batches,
+        # how many by timing; a CI run with two workers saw one).
+        ahead = LoaderOptions().prefetch + OPTIONS["num_threads"] + 2
+        assert len(expected) <= far.prep.batches <= len(expected) + ahead, far.prep.batches
+        assert far.prep.local_batches == 0
         # a state saved mid-epoch resumes with the same batches, cluster or not
         far.set_epoch(1)
         it = iter(far)
