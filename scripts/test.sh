@@ -5,10 +5,24 @@
 # peers' environments (.venv-peers/<tool>) for the peer benchmark's test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/setup_test_extras.sh # apt-get's, one at a time: first
+# The side environments install while the main one does (each waits mostly on the package index);
+# each one's lines are printed when it ends.
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+side=(setup_petastorm setup_peers)
+pids=()
+for s in "${side[@]}"; do
+    bash "scripts/$s.sh" >"$logs/$s" 2>&1 &
+    pids+=($!)
+done
 bash scripts/setup.sh
-bash scripts/setup_test_extras.sh
-bash scripts/setup_petastorm.sh
-bash scripts/setup_peers.sh
+failed=0
+for i in "${!side[@]}"; do
+    wait "${pids[$i]}" || { echo "test.sh: scripts/${side[$i]}.sh failed:" >&2; failed=1; }
+    cat "$logs/${side[$i]}"
+done
+[ "$failed" = 0 ] || exit 1
 echo "test.sh: set up in ${SECONDS} s"
 source .venv/bin/activate
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"

@@ -14,15 +14,21 @@ torch_layer() { # torch_layer VENV: put the shared torch on VENV's path (install
     local venv=$1 tag layer site out
     tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
     layer=$PWD/.venv-torch/$tag
-    if [ ! -f "$layer/.lakeshard-torch-$TORCH" ]; then
-        echo "setup: installing torch $TORCH once for the side environments ($layer)" >&2
-        rm -rf "$layer"
-        out=$("$venv/bin/python" -m pip install -q --target "$layer" "torch==$TORCH" 2>&1) || {
-            echo "$out" >&2
-            return 1
-        }
-        touch "$layer/.lakeshard-torch-$TORCH"
-    fi
+    mkdir -p .venv-torch
+    # The side environments are set up side by side (scripts/test.sh): the first to come installs
+    # the layer under the lock, the others wait for it.
+    (
+        flock 9
+        if [ ! -f "$layer/.lakeshard-torch-$TORCH" ]; then
+            echo "setup: installing torch $TORCH once for the side environments ($layer)" >&2
+            rm -rf "$layer"
+            out=$("$venv/bin/python" -m pip install -q --target "$layer" "torch==$TORCH" 2>&1) || {
+                echo "$out" >&2
+                exit 1
+            }
+            touch "$layer/.lakeshard-torch-$TORCH"
+        fi
+    ) 9>.venv-torch/.lock || return 1
     site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "$layer" >"$site/lakeshard-torch.pth"
     # torch found in the layer, pip installs here only what the environment's own older copy
