@@ -226,14 +226,17 @@ def test_plan_alone_deals_every_surviving_row() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["dask", "spark"])
-def test_runs_both_jobs_at_two_sizes(engine: str, tmp_path: Path) -> None:
+def test_runs_both_jobs_at_each_size(engine: str, tmp_path: Path) -> None:
+    # Spark at one size: the sizes are the tool's loop, the same for each engine; a Spark run
+    # pays a JVM's start.
+    sizes = [200, 400] if engine == "dask" else [200]
     out = tmp_path / "scaling.json"
     done = subprocess.run(
         [
             sys.executable,
             str(ROOT / "benchmarks/jobs_scaling.py"),
             "--objects",
-            "200,400",
+            ",".join(map(str, sizes)),
             "--engines",
             engine,
             "--classes",
@@ -255,7 +258,7 @@ def test_runs_both_jobs_at_two_sizes(engine: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(out.read_text())
     runs = {(r["job"], r["objects"]): r for r in doc["results"]}
-    assert set(runs) == {("manifest", 200), ("shard", 200), ("manifest", 400), ("shard", 400)}
+    assert set(runs) == {(job, n) for job in ("manifest", "shard") for n in sizes}
     for r in runs.values():
         if engine == "spark":
             assert Path(r["command"][0]).name == "spark-submit"
@@ -277,12 +280,10 @@ def test_runs_both_jobs_at_two_sizes(engine: str, tmp_path: Path) -> None:
         else:
             assert r["jvm_heap_used_peak_mib"] is None and r["jvm_cpu_s"] is None
         assert Path(r["log"]).stat().st_size > 0
-    assert {(r["job"], r["from"], r["to"]) for r in doc["ratios"]} == {
-        ("manifest", 200, 400),
-        ("shard", 200, 400),
-    }
+    ratios = {("manifest", 200, 400), ("shard", 200, 400)} if len(sizes) > 1 else set()
+    assert {(r["job"], r["from"], r["to"]) for r in doc["ratios"]} == ratios
     assert all(r["cpu_ms_per_object"] > 0 for r in doc["ratios"])
-    assert (tmp_path / "lakes" / "lake-400-c4-8px" / ".complete").exists()
+    assert (tmp_path / "lakes" / f"lake-{sizes[-1]}-c4-8px" / ".complete").exists()
 
 
 def test_synthetic_manifest_is_one_the_shard_job_plans(tmp_path: Path, local_engine) -> None:

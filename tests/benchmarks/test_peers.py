@@ -66,8 +66,16 @@ def test_each_tool_delivers_every_image_once_per_epoch(
         # Every remote row read its data through the store, not from the local folder.
         assert first["gets"] > 0 and first["body_bytes"] > 0, first
         cached = name in ("lakeshard + cache_dir", "streaming", "litdata")
-        # A cache keeps the second epoch off the store; without one it reads the data again.
-        assert (second["body_bytes"] == 0) == cached, (name, second)
+        # A cache keeps the second epoch off the store; without one it reads the data again. The
+        # loader reads ahead across the epoch boundary (a slow consumer: all of a small epoch 2
+        # while epoch 1 is consumed), so the reads again are counted over both epochs: at least
+        # every image's bytes twice.
+        images_bytes = IMAGES * every_tool["jpegs"]["mean_kb"] * 1000
+        if cached:
+            assert second["body_bytes"] == 0, (name, second)
+            assert first["body_bytes"] < 2 * images_bytes, (name, first)
+        else:
+            assert first["body_bytes"] + second["body_bytes"] >= 2 * images_bytes, (name, first, second)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from tests.helpers.locks import held_elsewhere
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
-_ROUNDS = 20
+_ROUNDS = 8
 
 
 def _shards_there(ds: str) -> None:
@@ -80,7 +80,7 @@ def test_two_s3_builds_at_once_one_is_refused_in_one_line_and_the_dataset_stays_
         _shards_there(ds)
         assert not storage.exists(f"{ds}/{LOCK_NAME}")  # released by its holder
     # Both builds start together and a build lasts seconds, while the lock is taken before its
-    # engine starts: the second is refused in (nearly) every round, not merely in one of 20.
+    # engine starts: the second is refused in (nearly) every round, not merely in one of 8.
     assert refused >= 1
 
 
