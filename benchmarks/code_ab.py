@@ -62,6 +62,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import json_child
 from _timing import alternate, parse_variant, ref_checkout, write_json, write_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,10 +167,7 @@ def loader_ab(args: argparse.Namespace, options: dict[str, Any]) -> None:
         for v in alternate(args.variants, r):
             kwargs, env = options[v]
             cmd = [sys.executable, "-c", _LOADER_CHILD, str(root), json.dumps(kwargs), here, str(args.epochs)]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env})
-            if out.returncode:
-                raise SystemExit(f"variant {v!r} failed:\n{out.stderr}")
-            runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            runs[v].append(json_child(cmd, f"variant {v!r}", cwd=ROOT, env={**os.environ, **env}))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
     print(

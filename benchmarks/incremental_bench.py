@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
+from _cli import names, work_folder
 from _timing import alternate, write_json
 from PIL import Image
 from remote_bench import PROFILES
@@ -49,7 +50,7 @@ from remote_store import RemoteStore, parse_rate
 
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
-from jobs.common.engines import open_engine, split_parts
+from jobs.common.engines import ENGINE_NAMES, open_engine, split_parts
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.shard_steps.config import ShardConfig
 
@@ -292,7 +293,9 @@ def bench_engine(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=5000, help="objects in version 1 of the lake")
-    p.add_argument("--engine", default="spark,dask", help="comma-separated engines")
+    p.add_argument(
+        "--engine", type=names(ENGINE_NAMES, "engines"), default="spark,dask", help="comma-separated engines"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--actions",
@@ -330,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = Path(args.cache)
     t = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        work = Path(args.work) if args.work else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        work = stack.enter_context(work_folder(args.work))
         lake = Lake.make(cache, work / "store" / "lake", args.images)  # the store serves only store/
         lakes = lake.describe()
         print(f"photos ready in {time.perf_counter() - t:.0f} s: {lakes}", flush=True)
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                 kinds=kinds,
                 actions=args.actions,
             )
-            for e in args.engine.split(",")
+            for e in args.engine
         ]
     out = {
         "command": " ".join(["python", "benchmarks/incremental_bench.py", *(argv or sys.argv[1:])]),

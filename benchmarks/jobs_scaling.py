@@ -50,7 +50,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _timing import write_json
+from _cli import at_least, int_list, names, positive, write_out
 from process_peaks import Peaks, PeakWatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,30 +295,6 @@ RATIO_COLUMNS = (
 )
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v.replace("_", "")) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
-    return values
-
-
-def _whole(text: str, *, minimum: int = 1) -> int:
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, got {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    return _whole(text)
-
-
 def _code_root(text: str) -> Path:
     root = Path(text).resolve()
     missing = [f"jobs/{job}.py" for job in JOBS if not (root / "jobs" / f"{job}.py").is_file()]
@@ -327,14 +303,6 @@ def _code_root(text: str) -> Path:
             f"{text!r} is not a source tree of the jobs: no {', '.join(missing)}"
         )
     return root
-
-
-def _engine_list(text: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in ENGINES]
-    if not values or bad:
-        raise argparse.ArgumentTypeError(f"engines must be among {', '.join(ENGINES)}, got {text!r}")
-    return values
 
 
 def parser() -> argparse.ArgumentParser:
@@ -346,14 +314,14 @@ def parser() -> argparse.ArgumentParser:
         "--objects",
         "--sizes",
         dest="objects",
-        type=_int_list,
+        type=int_list,
         nargs="+",
         default=[[1000, 10000]],
         help="objects per lake, comma- or space-separated (e.g. 100000,1000000); default 1000,10000",
     )
     p.add_argument(
         "--engines",
-        type=_engine_list,
+        type=names(ENGINES, "engines"),
         nargs="+",
         default=[list(ENGINES)],
         help="engines to run, comma- or space-separated, among spark and dask; default both",
@@ -364,23 +332,23 @@ def parser() -> argparse.ArgumentParser:
         default=list(JOBS),
         help="jobs to run, comma-separated (shard needs manifest before it); default manifest,shard",
     )
-    p.add_argument("--classes", type=_positive, default=100, help="classes in each lake (default 100)")
+    p.add_argument("--classes", type=positive, default=100, help="classes in each lake (default 100)")
     p.add_argument(
         "--side",
-        type=_positive,
+        type=positive,
         default=8,
         help="side of the lake's PNGs, in pixels (default 8: tiny objects)",
     )
     p.add_argument(
-        "--image-size", type=_positive, default=32, help="the shard job's --image-size (default 32)"
+        "--image-size", type=positive, default=32, help="the shard job's --image-size (default 32)"
     )
-    p.add_argument("--num-shards", type=_positive, default=4, help="the shard job's --num-shards (default 4)")
+    p.add_argument("--num-shards", type=positive, default=4, help="the shard job's --num-shards (default 4)")
     p.add_argument(
-        "--threads", type=_positive, default=None, help="the shard job's --threads (default: the job's own)"
+        "--threads", type=positive, default=None, help="the shard job's --threads (default: the job's own)"
     )
     p.add_argument(
         "--partitions",
-        type=_positive,
+        type=positive,
         default=None,
         help="the shard job's --partitions: its preprocessing tasks (default: the job's own, one per "
         "2,000 rows); the same number at every size tells what grows per task from what grows per object",
@@ -433,29 +401,29 @@ def parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--plan-rows",
-        type=_positive,
+        type=positive,
         default=100_000_000,
         help="rows of the synthetic channel (default 100M)",
     )
     g.add_argument(
-        "--plan-classes", type=_positive, default=1000, help="classes of the synthetic channel (default 1000)"
+        "--plan-classes", type=positive, default=1000, help="classes of the synthetic channel (default 1000)"
     )
-    g.add_argument("--plan-shards", type=_positive, default=8, help="shards of the plan (default 8)")
+    g.add_argument("--plan-shards", type=positive, default=8, help="shards of the plan (default 8)")
     g.add_argument(
         "--plan-rejects",
-        type=lambda t: _whole(t, minimum=0),
+        type=at_least(0),
         default=10_000,
         help="rows rejected at random slots, for the repair (default 10000)",
     )
     g.add_argument(
         "--plan-sample-rows",
-        type=_positive,
+        type=positive,
         default=200_000,
         help="rows the workers' side is timed on, to give its cost per row (default 200000)",
     )
     g.add_argument(
         "--plan-through-engine",
-        type=_int_list,
+        type=int_list,
         default=None,
         metavar="ROWS",
         help="instead: for each number of rows (comma-separated), write a synthetic manifest of that many "
@@ -518,7 +486,7 @@ def _main(argv: list[str] | None) -> int:
         print(
             f"\nlargest / smallest size (targets: driver peaks ≤ 1.3, ms_per_object ≤ 1.2; cpu_: CPU of the job's process tree, driver_cpu_: of the driver Python alone)\n{table(found, RATIO_COLUMNS)}"
         )
-    _write(a.out, {**meta, "load_after": os.getloadavg(), "results": results, "ratios": found})
+    write_out(a.out, {**meta, "load_after": os.getloadavg(), "results": results, "ratios": found})
     return 0
 
 
@@ -538,7 +506,7 @@ def _plan_only(a: argparse.Namespace, meta: dict[str, Any]) -> int:
         sample_rows=a.plan_sample_rows,
     )
     print(table([r], tuple(r)))
-    _write(a.out, {**meta, "load_after": os.getloadavg(), "plan": r})
+    write_out(a.out, {**meta, "load_after": os.getloadavg(), "plan": r})
     return 0
 
 
@@ -566,7 +534,7 @@ def _plan_through_engine(a: argparse.Namespace, meta: dict[str, Any]) -> int:
     found = [{**r, "job": "shard --plan-only"} for r in ratios(results)]
     if found:
         print(f"\nlargest / smallest size\n{table(found, RATIO_COLUMNS)}")
-    _write(a.out, {**meta, "load_after": os.getloadavg(), "plan_through_engine": results, "ratios": found})
+    write_out(a.out, {**meta, "load_after": os.getloadavg(), "plan_through_engine": results, "ratios": found})
     return 0
 
 
@@ -578,11 +546,6 @@ def _commit(root: Path) -> str | None:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
-
-
-def _write(path: Path, doc: dict[str, Any]) -> None:
-    write_json(path, doc)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

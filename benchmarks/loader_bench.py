@@ -50,13 +50,10 @@ slow spell of this shared machine moves less.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +66,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import json_child, log_to_stdout, work_folder, write_out
 from _data import build_dataset, cached_dataset
 from _timing import other_load, paired, write_json
 
@@ -266,12 +264,7 @@ def memory(work: Path, args: argparse.Namespace) -> None:
     for name, n in (("small", args.images), ("large", args.images * args.memory)):
         root = cached_dataset(work, images=n, size=args.size, quality=args.quality)
         child = [sys.executable, "-c", _MEMORY_CHILD, str(root)]
-        runs = [
-            json.loads(
-                subprocess.run(child, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
-            )
-            for _ in range(args.repeats)
-        ]
+        runs = [json_child(child, f"an epoch over {n} images") for _ in range(args.repeats)]
         results[name] = {
             "images": n,
             "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
@@ -313,13 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         help="peak RSS of an epoch over --images and over FACTOR times as many images instead",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_stdout()
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with work_folder(args.workdir) as work:
         if args.memory is not None:
-            memory(Path(args.workdir or tmp), args)
+            memory(work, args)
             return 0
-        work = Path(args.workdir or tmp)
         files: Path | None = None
         if args.dataset:
             dataset = args.dataset
@@ -412,8 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
         "targets": {"shardloader_vs_ceiling": 0.9, "shardloader_vs_dataloader": 2.0},
     }
-    write_json(args.out, result)
-    print(f"wrote {args.out}")
+    write_out(args.out, result)
     return 0
 
 

@@ -56,7 +56,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -68,8 +67,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import positive, work_folder, write_out
 from _data import seeded_jpeg, write_shards
-from _timing import other_load, paired, write_json
+from _timing import other_load, paired
 
 from lakeshard import format as contract
 from loaders import MixedLoader, ShardLoader, default_threads
@@ -308,16 +308,6 @@ def print_table(summary: dict[str, Any]) -> None:
 
 
 # -- the command line -------------------------------------------------------------------------------
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
-
-
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -335,36 +325,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--images",
-        type=_positive,
+        type=positive,
         help=f"images in C (A and B split them); a multiple of --batch-size (default {DEFAULTS['images']})",
     )
     parser.add_argument(
         "--split", type=_fraction, default=0.7, help="A's share of the images and weight (default 0.7)"
     )
-    parser.add_argument("--size", type=_positive, default=224, help="image size in px (default 224)")
-    parser.add_argument("--quality", type=_positive, default=90, help="JPEG quality (default 90)")
-    parser.add_argument("--classes", type=_positive, default=10, help="label classes (default 10)")
-    parser.add_argument("--batch-size", type=_positive, default=64, help="default 64")
+    parser.add_argument("--size", type=positive, default=224, help="image size in px (default 224)")
+    parser.add_argument("--quality", type=positive, default=90, help="JPEG quality (default 90)")
+    parser.add_argument("--classes", type=positive, default=10, help="label classes (default 10)")
+    parser.add_argument("--batch-size", type=positive, default=64, help="default 64")
     parser.add_argument(
         "--threads",
-        type=_positive,
+        type=positive,
         help="decode threads of each variant (the mixture shares them out by weight; default: one per core)",
     )
     parser.add_argument(
         "--torch-threads",
-        type=_positive,
+        type=positive,
         help="torch.set_num_threads before the runs (default: torch's own; the mixture joins its "
         "sources' rows with torch.cat, which uses them)",
     )
     parser.add_argument("--seed", type=int, default=7, help="the loaders' shuffle seed (default 7)")
     parser.add_argument(
         "--epochs",
-        type=_positive,
+        type=positive,
         help=f"timed epochs per run, after one warm-up (default {DEFAULTS['epochs']})",
     )
     parser.add_argument(
         "--repeats",
-        type=_positive,
+        type=positive,
         help=f"runs of each variant, alternating (default {DEFAULTS['repeats']})",
     )
     parser.add_argument(
@@ -404,9 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
-    with tempfile.TemporaryDirectory(prefix="mix-bench-") as tmp:
-        work = Path(args.workdir) if args.workdir else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_folder(args.workdir, prefix="mix-bench-") as work:
         data = build(work, args)
         for name, d in data.items():
             print(
@@ -452,8 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "runs": runs,
     }
-    write_json(args.out, result)
-    print(f"\nwrote {args.out}")
+    print()
+    write_out(args.out, result)
     return 0
 
 

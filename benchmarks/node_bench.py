@@ -50,6 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import int_list
 from _data import seeded_jpeg, write_shards
 from _timing import write_json
 from loader_bench import bench_ceiling
@@ -316,23 +317,13 @@ def gpu_decode(dataset: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- main ----------------------------------------------------------------------------------------------
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated positive integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated positive integers")
-    return values
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--small", action="store_true", help="a CPU-sized run (under 2 minutes on 2 cores)")
     p.add_argument("--images", type=int, help="rows in the dataset (default 200,000; --small 2,000)")
     p.add_argument("--unique", type=int, help="distinct images among them (default 4,000; --small 256)")
     p.add_argument(
-        "--threads", type=_ints, help="decode threads of one process (default 1,2,4,8,16; --small 1,2)"
+        "--threads", type=int_list, help="decode threads of one process (default 1,2,4,8,16; --small 1,2)"
     )
     p.add_argument("--ranks", type=int, help="processes at once for the last row (default 2)")
     p.add_argument("--rank-threads", type=int, help="threads of each of them (default 8; --small 1)")

@@ -52,7 +52,6 @@ import logging
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -68,8 +67,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _data
-from _timing import write_json
-from remote_store import NginxMissingError, RemoteStore, parse_rate
+from _cli import log_to_stdout, work_folder, write_out
+from remote_store import NginxMissingError, RemoteStore, find_nginx, parse_rate
 
 from lakeshard import storage
 from lakeshard.format import read_shard_footer, shard_relpath
@@ -102,6 +101,10 @@ class Shard:
     size: int
     etag: str
     ranges: list[tuple[int, int]]  # each row group's bytes
+
+    def decode(self, g: int, data: Any) -> pa.Table:
+        """Row group ``g``'s columns from its fetched bytes ``data``."""
+        return read_row_group(self.metadata, self.size, g, self.ranges[g][0], data, COLUMNS)
 
 
 def table_digest(table: pa.Table) -> str:
@@ -151,8 +154,7 @@ def _fetcher_read(
         out = []
         for g in order:
             data = fetcher.get(g, stop)
-            table = read_row_group(shard.metadata, shard.size, g, ranges[g].start, data, COLUMNS)
-            out.append((g, table, data))
+            out.append((g, shard.decode(g, data), data))
             fetcher.release(g)
         return out
 
@@ -189,14 +191,7 @@ def make_obstore(shard: Shard, store: RemoteStore, args: argparse.Namespace) -> 
                 starts=[shard.ranges[g][0] for g in window],
                 ends=[shard.ranges[g][1] for g in window],
             )
-            for g, data in zip(window, got, strict=True):
-                out.append(
-                    (
-                        g,
-                        read_row_group(shard.metadata, shard.size, g, shard.ranges[g][0], data, COLUMNS),
-                        data,
-                    )
-                )
+            out += [(g, shard.decode(g, data), data) for g, data in zip(window, got, strict=True)]
         return out
 
     return read
@@ -268,10 +263,7 @@ def make_obstore_async(shard: Shard, store: RemoteStore, args: argparse.Namespac
         )
         return await got.bytes_async()
 
-    def decode(g: int, data: Any) -> pa.Table:
-        return read_row_group(shard.metadata, shard.size, g, shard.ranges[g][0], data, COLUMNS)
-
-    return lambda order: asyncio.run(_in_order(order, args.concurrency, fetch, decode))
+    return lambda order: asyncio.run(_in_order(order, args.concurrency, fetch, shard.decode))
 
 
 def make_pyarrow(shard: Shard, store: RemoteStore, args: argparse.Namespace) -> Read:
@@ -312,10 +304,7 @@ def make_opendal_async(shard: Shard, store: RemoteStore, args: argparse.Namespac
         lo, hi = shard.ranges[g]
         return await op.read(shard.key, offset=lo, size=hi - lo, if_match=shard.etag)
 
-    def decode(g: int, data: Any) -> pa.Table:
-        return read_row_group(shard.metadata, shard.size, g, shard.ranges[g][0], data, COLUMNS)
-
-    return lambda order: asyncio.run(_in_order(order, args.concurrency, fetch, decode))
+    return lambda order: asyncio.run(_in_order(order, args.concurrency, fetch, shard.decode))
 
 
 MAKERS: dict[str, Callable[[Shard, RemoteStore, argparse.Namespace], Read]] = {
@@ -473,6 +462,26 @@ def prepare(args: argparse.Namespace, work: Path) -> Path:
     return dataset
 
 
+def open_shard(store: RemoteStore, dataset: Path) -> Shard:
+    """The train shard of ``dataset`` (a folder the store serves) as the variants read it."""
+    rel = shard_relpath("train", 0, 1)
+    footer = read_shard_footer(store.uri(f"{dataset.name}/{rel}"))
+    md = footer.metadata
+    ranges = [row_group_range(md, g) for g in range(md.num_row_groups)]
+    # The ETag quoted, as If-Match sends it (the libraries send it as given).
+    key = f"{dataset.name}/{rel}"
+    return Shard(dataset / rel, store.bucket, key, md, footer.size, f'"{footer.etag}"', ranges)
+
+
+def file_truth(shard: Shard) -> dict[int, tuple[bytes, str]]:
+    """Each row group's bytes in the file on disk and the digest of its decoded table."""
+    data = shard.path.read_bytes()
+    return {
+        g: (data[lo:hi], table_digest(shard.decode(g, data[lo:hi])))
+        for g, (lo, hi) in enumerate(shard.ranges)
+    }
+
+
 def missing_variants(names: list[str]) -> dict[str, str]:
     """The variants that cannot run here, and why (their package is not installed)."""
     out = {}
@@ -519,14 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="JSON results")
     args = parser.parse_args(argv)
     if args.small:
-        args.images, args.size, args.row_group_bytes, args.repeats, args.epochs, args.latency_ms = (
-            64,
-            32,
-            "16KiB",
-            1,
-            2,
-            2.0,
-        )
+        args.images, args.size, args.row_group_bytes = 64, 32, "16KiB"
+        args.repeats, args.epochs, args.latency_ms = 1, 2, 2.0
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or "lakeshard" not in names:
@@ -538,49 +541,28 @@ def main(argv: list[str] | None = None) -> int:
         args.row_group_bytes = parse_rate(str(args.row_group_bytes))
     except (ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(str(exc))
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("botocore").setLevel(logging.WARNING)
+    try:
+        find_nginx()
+    except NginxMissingError as exc:
+        parser.error(str(exc))
+    log_to_stdout()
     missing = missing_variants(names)
     names = [n for n in names if n not in missing]
     for name, why in missing.items():
         log.warning("%s: NOT RUN: %s", name, why)
 
     errors: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.workdir or tmp).resolve()
-        work.mkdir(parents=True, exist_ok=True)
+    with work_folder(args.workdir) as work:
         dataset = prepare(args, work)
-        try:
-            store = RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes).start()
-        except NginxMissingError as exc:
-            parser.error(str(exc))
-        try:
+        with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
             os.environ.update(store.environ())
             os.environ.pop("AWS_ENDPOINT_URL_S3", None)
-            rel = shard_relpath("train", 0, 1)
-            footer = read_shard_footer(store.uri(f"{dataset.name}/{rel}"))
-            md = footer.metadata
-            path = dataset / rel
-            shard = Shard(
-                path,
-                store.bucket,
-                f"{dataset.name}/{rel}",
-                md,
-                footer.size,
-                f'"{footer.etag}"',  # quoted, as If-Match sends it (the libraries send it as given)
-                [row_group_range(md, g) for g in range(md.num_row_groups)],
-            )
-            data = path.read_bytes()
-            truth = {}
-            for g, (lo, hi) in enumerate(shard.ranges):
-                truth[g] = (
-                    data[lo:hi],
-                    table_digest(read_row_group(md, shard.size, g, lo, data[lo:hi], COLUMNS)),
-                )
+            shard = open_shard(store, dataset)
+            truth = file_truth(shard)
             log.info(
                 "%d images in %d row groups of %.2f MB (median), %.1f MB shard; %g ms, %.0f MB/s per connection",
-                md.num_rows,
-                md.num_row_groups,
+                shard.metadata.num_rows,
+                len(shard.ranges),
                 statistics.median(hi - lo for lo, hi in shard.ranges) / 1e6,
                 shard.size / 1e6,
                 args.latency_ms,
@@ -588,8 +570,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
             for r in range(args.repeats):
-                turn = names[r % len(names) :] + names[: r % len(names)]
-                for name in turn:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
                     if name in errors:
                         continue
                     try:
@@ -600,8 +581,6 @@ def main(argv: list[str] | None = None) -> int:
                         errors[name] = f"{type(exc).__name__}: {exc}"
                         log.warning("%s failed: %s", name, errors[name])
                 log.info("repeat %d/%d done", r + 1, args.repeats)
-        finally:
-            store.stop()
     runs = {n: rs for n, rs in runs.items() if rs and n not in errors}
     summary = summarize(runs)
     print_table(summary, {**missing, **{n: f"failed: {e}" for n, e in errors.items()}})
@@ -620,9 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    write_json(args.out, result)
-    if args.out:
-        print(f"wrote {args.out}")
+    write_out(args.out, result)
     return 1 if "lakeshard" in errors else 0
 
 

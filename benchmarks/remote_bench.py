@@ -47,9 +47,7 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -59,10 +57,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import json_child, log_to_stdout, work_folder, write_out
 from _data import PHOTO_QUALITY, build_dataset, photo_image, synthetic_image
-from _timing import alternate, other_load, parse_variant, write_json
+from _timing import alternate, other_load, parse_variant
 from loader_bench import epoch_timing
-from remote_store import NginxMissingError, RemoteStore, Traffic, parse_rate
+from remote_store import NginxMissingError, RemoteStore, Traffic, find_nginx, parse_rate
 
 from lakeshard import storage
 from lakeshard.format import shard_relpath
@@ -135,23 +134,8 @@ def loader_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, float]:
     """:data:`_FIRST_BATCH` in a new process (this one's environment: the store's endpoint)."""
     root = str(Path(__file__).resolve().parents[1])
-    done = subprocess.run(
-        [sys.executable, "-c", _FIRST_BATCH, root, dataset, json.dumps(loader_kwargs(args))],
-        capture_output=True,
-        text=True,
-        timeout=_PROCESS_TIMEOUT_S,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"a new process's first batch from {dataset} failed (exit code {done.returncode}): {done.stderr.strip()[-2000:]}"
-        )
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def forget_s3_clients() -> None:
-    """Forget lakeshard's blocking S3 clients (and their connections), as a new process has
-    none. (The loader makes no s3fs filesystem: design/0030.)"""
-    storage.clear_s3_clients()
+    cmd = [sys.executable, "-c", _FIRST_BATCH, root, dataset, json.dumps(loader_kwargs(args))]
+    return json_child(cmd, f"a new process's first batch from {dataset}", timeout=_PROCESS_TIMEOUT_S)
 
 
 def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteStore) -> dict[str, Any]:
@@ -175,8 +159,8 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
                 out[f"epoch{e + 1}_served"] = store.served(since=logged)
     finally:
         loader.close()
-    if remote:
-        forget_s3_clients()
+    if remote:  # a new process has no S3 clients (nor their connections)
+        storage.clear_s3_clients()
     before, logged = store.traffic(), len(store.served())
     start = time.perf_counter()
     fresh = new_loader(dataset, args)
@@ -385,19 +369,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms:g}")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for name in ("botocore", "aiobotocore"):  # "Found credentials in environment variables."
-        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        find_nginx()
+    except NginxMissingError as exc:
+        parser.error(str(exc))
+    log_to_stdout()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.workdir or tmp).resolve()
-        work.mkdir(parents=True, exist_ok=True)
+    with work_folder(args.workdir) as work:
         dataset = prepare(args, work)
-        try:
-            store = RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes).start()
-        except NginxMissingError as exc:
-            parser.error(str(exc))
-        try:
+        with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
             os.environ.update(store.environ())
             sources = {"local": str(dataset), "remote": store.uri(dataset.name)}
             check_same_batches(sources["local"], sources["remote"], args)
@@ -413,8 +393,6 @@ def main(argv: list[str] | None = None) -> int:
                     runs[source][-1].update(measure_process(source, sources[source], args, store))
                 log.info("repeat %d/%d done", r + 1, args.repeats)
             total, pids = store.traffic(), store.pids
-        finally:
-            store.stop()
 
     images = runs["local"][0]["images"]
     summary = summarize(runs, args, images)
@@ -433,8 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         "store_pids": pids,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    write_json(args.out, result)
-    print(f"wrote {args.out}")
+    write_out(args.out, result)
     return 0
 
 
