@@ -1,33 +1,8 @@
 """How the manifest and shard jobs scale with the number of objects: wall time, time per object
 and the driver's peak memory, per engine, each job run exactly as the README runs it.
 
-    python benchmarks/jobs_scaling.py --objects 100000,1000000 --engines spark,dask
-    python benchmarks/jobs_scaling.py --objects 2000,5000 --engines dask --out /tmp/smoke.json
-    python benchmarks/jobs_scaling.py --plan-only --plan-rows 100000000
-    python benchmarks/jobs_scaling.py --plan-through-engine 1000000,10000000 --engines spark
-
-Builds (once, in ``--cache-dir``) local lakes of N tiny valid PNGs spread over ``--classes``
-classes, then for each engine and size runs the manifest job and then the shard job as their
-own processes:
-
-- spark: ``spark-submit --master local[2] jobs/<job>.py ...`` (the default driver memory);
-- dask: ``python -m jobs.<job> --engine dask ...`` (a LocalCluster the job starts).
-
-While a job runs, its driver's memory is sampled from outside (see
-``benchmarks/process_peaks.py``): for Spark the driver Python's peak RSS (``VmHWM``) and the
-driver JVM's heap used (``jstat -gc``, the JDK's reader of the JVM's performance counters), for
-Dask the client process's peak RSS. Wall time includes the engine's start, as a user sees it.
-CPU time (user + system) is sampled from ``/proc`` for the job's whole process tree and for the
-driver Python alone (its serial share): unlike wall time it barely moves with the machine's load,
-so it compares sizes run at different loads (it misses processes living less than one sample
-interval; ``reaped_cpu_s`` is the kernel's count of the waited-for tree, a cross-check).
-Prints a table and the ratios of the largest size to the smallest (driver peak, time per object),
-and writes JSON. Each job's output goes to ``<work-dir>/logs/``.
-
-``--plan-only`` runs only the shard plan on synthetic class counts (``benchmarks/plan_alone.py``):
-the driver's side at ``--plan-rows`` rows, and the workers' side's cost per row on a sample.
-``--plan-through-engine`` runs the shard job's own ``--plan-only`` on synthetic manifests
-(``benchmarks/synthetic_manifest.py``) under the same sampler.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "Jobs at growing
+sizes".
 """
 
 from __future__ import annotations

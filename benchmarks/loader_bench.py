@@ -1,50 +1,7 @@
 """How fast does ShardLoader feed a training loop, against what the machine can decode?
 
-```
-python benchmarks/loader_bench.py --images 2000 --size 224 --repeats 3 --out bench.json
-python benchmarks/loader_bench.py --dataset s3://lake/datasets/pets-v1 --channel train
-python benchmarks/loader_bench.py --memory 10 --images 2000 --size 128 --repeats 3
-```
-
-Measures (median of ``--repeats`` runs, images/s):
-
-* ``shardloader``: one full epoch of a new :class:`loaders.ShardLoader` (rank 0 of 1, shuffled),
-  and its time to first batch;
-* ``shardloader_next_epoch``: one more epoch of a loader kept from repeat to repeat, as a
-  training loop runs it (its decode buffers and its read-ahead are warm; a new loader's first
-  epoch waits for its first window's read, and writes into ~60 MB of fresh pages, which measured
-  as nothing: ``benchmarks/README.md``, the eighth round);
-* ``shardloader_new_loader_extra_s``: how much longer the new loader's epoch took than the kept
-  loader's next one, in seconds (per repeat, then the median): what a new loader costs once,
-  which weighs more the shorter the epoch;
-* ``decode_ceiling``: the same encoded bytes, already in memory, decoded by a thread pool over
-  batch-sized chunks with the same decoder called bare (``loaders._jpeg`` over the whole chunk
-  when built, else ``simplejpeg.decode_jpeg`` straight into each slot of the batch array),
-  producing the loader's tensors (checked equal before timing): the best a
-  threaded loader can do. Run with as many threads as cores and with ``--threads`` (as many as
-  the loader); the configuration with the faster median is the ceiling (on a busy machine more
-  threads get a larger share of it, so the ceiling must not have fewer than the loader). Each
-  repeat runs the ceiling before and after the loader, mirrored, and records the mean of the
-  two: a machine that speeds up or slows down during a repeat moves both sides alike;
-* ``dataloader_files``: ``torch.utils.data.DataLoader(num_workers=2)`` over the same images as
-  individual files (an ImageFolder-like Dataset decoding with Pillow; torchvision is not
-  installed here);
-* ``decode_pillow`` / ``decode_simplejpeg``: one thread, the two decoders;
-* ``other_cpu_share``: how much of the machine others (other processes, the hypervisor) took
-  during the loader's runs (both loaders' epochs).
-
-``--memory FACTOR`` measures instead whether the loader's memory stays bounded whatever the
-shard's size: the peak RSS of one epoch (2 decode threads) over a shard of ``--images`` images
-and over one ``FACTOR`` times larger, each in a fresh process, with each one's time to first
-batch (it must not grow with the shard either). Target: peak RSS large / small <= 1.1.
-
-The synthetic shards are written by the shard job's own ``ShardWriter``, so the loader reads
-what it reads in production.
-
-Targets (reported, not asserted): shardloader >= 0.9 x decode_ceiling and >= 2 x
-dataloader_files. Ratios are printed twice: medians over medians, and ``_paired`` (each repeat's
-loader over the same repeat's ceiling of the chosen configuration, then the median), which a
-slow spell of this shared machine moves less.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "Loader
+throughput" and "Loader memory".
 """
 
 from __future__ import annotations

@@ -1,36 +1,6 @@
 """Who holds Python's GIL, per image: a kept ShardLoader against the decode ceiling (py-spy).
 
-    python benchmarks/loader_gil.py --images 2000 --seconds 15 --repeats 3
-
-The decode threads release the GIL inside libjpeg-turbo and need it back for every call's
-Python part; while any other thread holds it they wait, off the CPU, and that wait is most of
-what separates the loader from the ceiling on a small machine (``benchmarks/README.md``). This
-measures the GIL directly instead of through a noisy images/s ratio.
-
-Each workload runs in its own process, one after the other (the order alternates per repeat):
-the loader (one ``ShardLoader``, epoch after epoch with ``set_epoch``, as training runs it) and
-the ceiling of ``loader_bench.py`` (the same bytes in memory, the loader's decoder called bare on
-one thread per core). After ``--warmup`` passes, ``py-spy record --gil --idle`` samples the process for
-``--seconds`` at ``--rate`` Hz: a sample is kept only when some thread holds the GIL. The report
-gives, for each workload (medians over repeats):
-
-* images/s while sampled (py-spy's ``--nonblocking`` mode does not pause the process);
-* ``gil_share``: the fraction of wall time some thread held the GIL;
-* ``gil_us_per_image``: GIL-held time per image, in total and per source line (the innermost
-  Python frame; time inside a C function that keeps the GIL lands on the line that called it).
-
-``--stats`` measures instead what the loader's per-epoch statistics (``loader.epoch_stats()``,
-:mod:`loaders.stats`) cost in CPU: a kept loader streams the dataset for ``--seconds`` under
-``py-spy record --idle``, and the samples in the statistics' code are counted against every busy
-sample (waits left out). It prints the share of the busy samples in each part: the reader
-thread's tally of each batch's rows for the shuffle figures, the per-epoch figures
-(``epoch_stats``, the shuffle figures' computation included), and the counters (decode tally,
-totals, budget):
-
-    python benchmarks/loader_gil.py --stats --images 4096 --seconds 25
-
-Needs ``py-spy`` (``pip install py-spy``, in the ``dev`` extra) and permission to read the
-child's memory (Linux: same user, ``kernel.yama.ptrace_scope`` <= 1).
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "Who holds the GIL".
 """
 
 from __future__ import annotations

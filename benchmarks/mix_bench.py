@@ -1,50 +1,7 @@
 """Does a mixture of two local datasets stream within noise of one dataset of the same rows?
 
-```
-python benchmarks/mix_bench.py --repeats 3 --out mix.json     # 4096 images: < 1 min on 2 cores
-python benchmarks/mix_bench.py --small --out mix-small.json   # 1024 images, 1 repeat: ~10 s
-```
-
-Datasets (built in ``--workdir``, else a temporary folder; kept in ``--workdir`` for the next run
-with the same settings): ``--images`` synthetic 224 px JPEGs (``_data.synthetic_image``,
-image ``i`` drawn from seed ``i``), written by the format's own writer
-(``_data.write_shards``: one shard per channel, 4 MiB row groups) as
-
-* ``A``: the images given to the first source (``--split``, default 70 %),
-* ``B``: the others (30 %),
-* ``C``: all of them, in their original order: the same encoded bytes as A and B together.
-
-Which image goes to A is a stride rule over the image index, so A and B are interleaved runs of
-the same distribution and ``C`` holds A's and B's images mixed; each dataset has its own
-``dataset_version`` (a hash of its first images). The split is exactly the mixture's share
-(``loaders._internal.mixing.shares``), so each epoch of the mixture is one whole pass of A and one of B:
-the same rows as an epoch of C. ``--images`` must be a multiple of ``--batch-size`` (the
-mixture rounds an epoch down to whole batches; the single loader would end on a short one).
-
-Variants (same batch size, threads, shuffle and seed):
-
-* ``single``: ``ShardLoader(C, ...)``;
-* ``mix``: ``MixedLoader([(A, split), (B, 1 - split)], samples_per_epoch=rows of C, ...)``
-  (``loaders.MixedLoader``, which shares ``num_threads`` out among its sources by weight).
-
-Each repeat runs both variants, one after the other, in this process, the order alternating from
-repeat to repeat (single first on even repeats, mix first on odd ones: whatever the first leaves
-behind falls on each alike). A run makes a new loader, runs one untimed warm-up epoch, then
-times ``--epochs`` more epochs of the same loader (``set_epoch(e)``, as a training loop), then
-closes it. Recorded per run: images, wall seconds, this process's CPU seconds
-(``time.process_time``: every thread), and per epoch the images and a label histogram (both
-variants must deliver the same images per epoch and the same labels: A and B are C split).
-Before the timed runs, epoch 0 of each variant is compared untimed, image by image (a digest of
-each decoded image, with its label): the mixture must yield exactly C's (image, label) pairs.
-
-Prints, per variant, the median images/s and CPU ms per image over the repeats and the ratios
-mixture / single (medians over medians, and "paired": the median of each repeat's ratio), with
-single's spread over the repeats as the noise (at least 5 %), and the share of the machine's CPU
-that other processes took during the timed epochs (``_timing.other_load``: a busy machine
-shows there); ``--out`` gets every run as JSON. Nothing is asserted about speed.
-
-``--torch-threads N`` sets torch's intra-op threads first (default: torch's own, as a training
-process has them): the mixture joins its sources' rows with ``torch.cat``, which runs on them.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "A mixture against
+one dataset".
 """
 
 from __future__ import annotations
@@ -321,7 +278,7 @@ def _fraction(text: str) -> float:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Variants, datasets and what is measured: the module docstring of benchmarks/mix_bench.py.",
+        epilog="Variants, datasets and what is measured: benchmarks/README.md.",
     )
     parser.add_argument(
         "--images",

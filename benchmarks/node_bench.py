@@ -1,33 +1,7 @@
 """Does the loader keep a GPU node busy? Thread scaling, a real model fed by the loader, nccl,
 and GPU-side decoding, in one command.
 
-```
-python benchmarks/node_bench.py --out node.json          # a GPU node (16 cores, an H100): < 8 min
-python benchmarks/node_bench.py --small                   # any machine, CPU only: < 2 min
-```
-
-1. **Dataset**: ``--images`` rows of 224 px photo-like JPEGs (``--unique`` distinct images,
-   repeated; ~21 kB each) in one shard written by the format's own writer, 1,000 classes.
-2. **Thread scaling**: a kept loader (``decoder="auto"``) with each of ``--threads`` decode
-   threads, and ``--ranks`` processes of ``--rank-threads`` threads at once (two ranks on one
-   node), each measured for ``--seconds`` after its first batch, in its own process: images/s
-   and CPU seconds per image (the process's); beside each, the decode ceiling on as many threads
-   (the same bytes in memory, decoded with the same decoder, nothing else: loader_bench.py's).
-3. **A model fed by the loader**: ResNet-50 (torchvision's, else timm's) in bf16 autocast,
-   channels_last, ``--batch-size`` 256, SGD, on the GPU: ``--steps`` steps fed by the loader
-   (pinned memory, non-blocking copies, normalised on the GPU) against the same steps on one
-   batch already on the GPU (the compute ceiling); images/s, the ratio, and the share of step
-   time spent waiting for the next batch. Without CUDA (``--small``): the trainer's small CNN on
-   the CPU, so the code path runs.
-4. **nccl**: ``torchrun --standalone --nproc_per_node=1 -m loaders.train`` for one short epoch;
-   the backend its process group used (gloo without CUDA) and its exit status.
-5. **GPU decoding**: ``decoder="none"`` batches decoded by ``torchvision.io.decode_jpeg(...,
-   device="cuda")`` against the loader decoding on the CPU and copying to the GPU, images/s and
-   CPU seconds per image; and the encoded batches alone (what the CPU still does). A step that
-   cannot run here (no CUDA, no torchvision) is reported with the reason, never left out.
-
-Targets (reported, not asserted): images/s >= 0.9 x ceiling at every thread count for one
-process; the loader-fed model >= 0.95 x the compute ceiling with data wait <= 2%.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "A GPU node".
 """
 
 from __future__ import annotations

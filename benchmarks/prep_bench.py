@@ -1,24 +1,7 @@
 """Does a preparation cluster lift a training process that has too few cores?
 
-```
-python benchmarks/prep_bench.py --images 1024 --repeats 3
-```
-
-A training process restricted to one core (``os.sched_setaffinity``) runs a CPU-bound model
-step (a small CNN, its SGD step repeated until it costs about what preparing an image does),
-fed by a loader whose transform (:func:`heavy`: a RandAugment-like chain) costs several
-times decoding:
-
-* **local**: the loader decodes and transforms on its own threads, on that same core;
-* **prep**: ``ShardLoader(prep=...)`` sends each batch to a Dask worker process pinned to the
-  other core, which decodes and transforms it and sends the batch back.
-
-Each variant keeps its loader over ``--epochs`` epochs after one warm-up epoch; the variants
-alternate over ``--repeats``. Reported: images/s of each (median), the ratio prep / local (ideal
-about 2 on 2 cores when the step and the preparation cost the same), the bytes that cross
-between worker and trainer per image (the task's encoded rows one way, the decoded batch the
-other), the CPU per image of the step and of the preparation measured alone, and what that
-predicts for N training cores and M cluster cores. ``--out`` writes the JSON.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "A preparation
+cluster".
 """
 
 from __future__ import annotations

@@ -1,44 +1,7 @@
 """The loader's hand-written ranged reads against well-kept libraries, on the remote-like store.
 
-```
-python benchmarks/range_reads.py --repeats 3 --out /tmp/range_reads.json     # ~2,000 224 px JPEGs
-python benchmarks/range_reads.py --small                                        # a few seconds
-python benchmarks/range_reads.py --row-group-bytes 1MiB --workdir /tmp/rr       # more, smaller reads
-```
-
-One shard of synthetic 224 px JPEGs (``_data.write_shards``: the shard job's writer and
-row-group size) is served by :class:`remote_store.RemoteStore` (``--latency-ms`` before each
-response, ``--bandwidth`` per connection). Each variant reads the shard's row groups in a seeded
-shuffled order (a new order each epoch, the same for every variant), ``--concurrency`` reads in
-flight, and decodes each row group into an Arrow table (the image and label columns), as the
-loader must before it copies rows out:
-
-* ``lakeshard``: the loader's own stack: :class:`loaders._internal.fetch.RangeFetcher` over
-  :func:`loaders._internal.fetch.read_range` over the S3 store (one blocking botocore client, ``If-Match`` on every GET),
-  the whole epoch scheduled, each row group decoded by :func:`loaders._internal.fetch.read_row_group`;
-* ``obstore``: ``obstore.get_ranges`` (Rust ``object_store``) over windows of ``--concurrency``
-  row groups, with its default coalescing (ranges under 1 MiB apart are one GET);
-* ``obstore-async``: ``obstore.get_async`` of each row group's range with ``if_match``, at
-  most ``--concurrency`` at once (an ``asyncio`` semaphore), in order across the whole epoch
-  (what the loader's fetcher does, in obstore's async API);
-* ``fetcher+obstore``: the loader's ``RangeFetcher`` with ``obstore.get`` (blocking, ``range``
-  and ``if_match``) in place of ``read_range``: what replacing only the client would be;
-* ``pyarrow``: ``pyarrow.fs.S3FileSystem`` and ``pq.ParquetFile(..., pre_buffer=True)``,
-  ``read_row_groups`` over windows of ``--concurrency`` row groups (Arrow's own coalescing and
-  I/O threads, ``--concurrency`` of them);
-* ``opendal-async``: ``opendal.AsyncOperator("s3", ...)`` reading each range (``offset``/``size``,
-  ``if_match``), at most ``--concurrency`` at once, in order;
-* ``fetcher+opendal``: the loader's ``RangeFetcher`` with ``opendal.Operator.read`` (blocking,
-  ``offset``/``size``, ``if_match``) in place of ``read_range``.
-
-Each repeat makes each variant's client anew (``setup``: its time and CPU), then reads
-``--epochs`` epochs; the variants alternate (their order rotates every repeat) so a slow spell of
-this shared machine falls on each. Per epoch: wall time, CPU seconds of this process
-(``time.process_time``: every thread, Rust's and Arrow's included; the store's nginx and shim are
-other processes), and what the store served (requests, connections, body bytes). Every variant
-must return, for every row group, the bytes of the file on disk (a decoded table equal to the
-one decoded from them): a variant that differs fails the run. A variant whose package is not
-installed is reported as missing (printed and in the JSON), never skipped silently.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "The ranged-read
+stack against libraries".
 """
 
 from __future__ import annotations

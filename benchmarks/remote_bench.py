@@ -1,42 +1,7 @@
 """How fast does ShardLoader stream a shard from object storage, against the same shard on local disk?
 
-```
-python benchmarks/remote_bench.py                    # 4,000 224px JPEGs; 20 ms, 80 MB/s per connection
-python benchmarks/remote_bench.py --profile far      # 100 ms, 25 MB/s per connection
-python benchmarks/remote_bench.py --photo            # ~100 kB JPEGs (224px, noisier, quality 100)
-python benchmarks/remote_bench.py --loader-option num_threads=4 --loader-option prefetch=8
-```
-
-The remote is :class:`remote_store.RemoteStore` (nginx behind a latency shim on 127.0.0.1,
-read as ``s3://`` through ``AWS_ENDPOINT_URL`` with dummy credentials): every response's first
-byte ``--latency-ms`` after its request, at most ``--bandwidth`` bytes/s per connection. The
-dataset is built by ``_data.build_dataset`` (the shard job's own writer).
-
-Each repeat measures both sources, local first on even repeats and remote first on odd ones
-(a slow spell of this shared machine falls on both), and for each:
-
-* ``epoch<N>``: images/s of epoch N (``--epochs``, 3) of one loader kept across epochs with
-  ``set_epoch``, as a training loop runs it (its constructor not counted), and
-  ``epoch<N>_first_batch_s``, the wait for that epoch's first batch (after the last batch of
-  the epoch before: the gap at the epoch boundary), and ``epoch<N>_gap_s``, the typical gap
-  between two batches of the epoch (median);
-* ``fresh_first_batch_s``: a new loader's first batch, its constructor (``dataset.json``,
-  the footers) included; for the remote, with new S3 clients and connections (the process's
-  cached ones forgotten), as a second loader of a process that has read S3 before has it;
-* ``process_first_batch_s``: the same in a new process (:data:`_FIRST_BATCH`: its imports done,
-  the clock started at ``ShardLoader(...)``), as a training script's first batch comes: with
-  the modules the loader imports when it first needs them and the S3 client's models to load;
-* for the remote, what the store served meanwhile (:class:`remote_store.Traffic`): requests
-  (GET, HEAD, LIST), connections opened, body bytes, and in the JSON each file request
-  (``*_served``: method, status, bytes, path, ``Range``). An epoch's traffic is what was served
-  while it ran: the next epoch's first row groups, read ahead, count in the epoch before;
-* ``other_cpu_share``: the machine's CPU others took meanwhile (``_timing.other_load``;
-  for the remote runs the store's nginx and shim are among them: they share this machine,
-  which a real remote does not).
-
-Medians over ``--repeats`` are printed with what bounds each remote epoch: the bytes served at
-one connection's bandwidth, the requests one after another at the latency, and the local
-epoch (decode). Before timing, the first batch from both sources must be identical.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "Loader from
+object storage".
 """
 
 from __future__ import annotations

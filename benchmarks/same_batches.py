@@ -1,24 +1,7 @@
 """The loader's batches, states and resumes with the code at a git ref and with the working tree; compare.
 
-    python benchmarks/same_batches.py --ref 239e4ea [--only CASE ...] [--list]
-
-Builds three small datasets with the working tree's jobs (``dsA``: 4 classes, 2 shards of many
-row groups; ``dsB``: 3 other classes, 1 shard; ``dsC``: dsA's classes, 1 shard), serves them over S3 from the benchmarks'
-remote-like store (``benchmarks/remote_store.py``, no added latency), then runs a matrix of
-loader cases (world sizes and ranks, shuffle windows, remainders, ``drop_last``, augmentation,
-crops, normalisation, a transform by reference, the decoders, ``decoder="none"``, local and
-remote, with and without ``cache_dir``, mixtures) in fresh processes, once with each version of
-the code (the ref through ``git worktree``, its C extensions copied in). For each case it
-records:
-
-* every batch of epochs 0, 1 and 2 (the third taken from the stream the loop's step of one
-  epoch ran on into): a sha256 of the images (dtype, shape, strides, bytes) and of
-  the labels, or of an :class:`~loaders.EncodedBatch`'s encoded bytes;
-* ``len(loader)`` and the ``state_dict()`` taken after ``k`` batches of epoch 1;
-* the batches each version yields when it resumes from the **ref's** saved state, at the same
-  world size and at another one (elastic), every rank, and the epoch after it.
-
-Exits 1 on any difference, naming the case and what differs; 0 when every case is the same.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "The same batches
+as another version of the code".
 """
 
 from __future__ import annotations
