@@ -223,16 +223,10 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "from": small["objects"],
                 "to": large["objects"],
             }
-            for key in (
-                "driver_python_rss_peak_mib",
-                "jvm_heap_used_peak_mib",
-                "jvm_old_used_peak_mib",
-                "ms_per_object",
-                "cpu_ms_per_object",
-                "driver_cpu_ms_per_object",
-            ):
-                if small.get(key) and large.get(key) is not None:
-                    entry[key.removesuffix("_mib")] = round(large[key] / small[key], 2)
+            for key in RATIO_COLUMNS[4:]:  # the peaks are in MiB, the times per object in ms
+                value = f"{key}_mib" if key.endswith("_peak") else key
+                if small.get(value) and large.get(value) is not None:
+                    entry[key] = round(large[value] / small[value], 2)
             out.append(entry)
     return out
 

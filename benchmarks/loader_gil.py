@@ -97,23 +97,8 @@ def profile(workload: str, dataset: Path, args: argparse.Namespace, py_spy: str,
         for _ in range(args.warmup):
             next_pass()
         raw = work / f"{workload}.txt"
-        spy = [
-            py_spy,
-            "record",
-            "--gil",
-            "--idle",
-            "--nonblocking",
-            "--rate",
-            str(args.rate),
-            "--format",
-            "raw",
-            "--duration",
-            str(args.seconds),
-            "--output",
-            str(raw),
-            "--pid",
-            str(child.pid),
-        ]
+        spy = [py_spy, "record", "--gil", "--idle", "--nonblocking", "--format", "raw", "--output", str(raw)]
+        spy += ["--rate", str(args.rate), "--duration", str(args.seconds), "--pid", str(child.pid)]
         t0 = time.time()
         done = subprocess.run(spy, capture_output=True, text=True)
         t1 = time.time()

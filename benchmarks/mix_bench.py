@@ -324,10 +324,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="mix_bench.json", help="JSON results (default mix_bench.json)")
     args = parser.parse_args(argv)
-    for key, value in (SMALL if args.small else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    for key, value in DEFAULTS.items():
+    for key, value in {**DEFAULTS, **(SMALL if args.small else {})}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.threads is None:

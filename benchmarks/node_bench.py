@@ -93,21 +93,10 @@ def _run_ranks(
     dataset: Path, ranks: int, threads: int, seconds: float, decoder: str = "auto"
 ) -> dict[str, Any]:
     """``ranks`` processes of ``threads`` threads at once: images/s summed, CPU per image overall."""
+    child = [sys.executable, __file__, "measure", str(dataset)]
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "measure",
-                str(dataset),
-                str(r),
-                str(ranks),
-                str(threads),
-                str(seconds),
-                decoder,
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+            [*child, *map(str, (r, ranks, threads, seconds)), decoder], stdout=subprocess.PIPE, text=True
         )
         for r in range(ranks)
     ]

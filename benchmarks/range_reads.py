@@ -41,16 +41,6 @@ log = logging.getLogger("range_reads")
 
 #: The columns each row group is decoded into (what the loader reads of a shard).
 COLUMNS = ["image", "label"]
-#: Each variant and the package it needs (``None``: the project's own).
-VARIANTS = {
-    "lakeshard": None,
-    "obstore": "obstore",
-    "obstore-async": "obstore",
-    "fetcher+obstore": "obstore",
-    "pyarrow": "pyarrow",
-    "opendal-async": "opendal",
-    "fetcher+opendal": "opendal",
-}
 
 
 @dataclass(frozen=True)
@@ -270,14 +260,15 @@ def make_opendal_async(shard: Shard, store: RemoteStore, args: argparse.Namespac
     return lambda order: asyncio.run(_in_order(order, args.concurrency, fetch, shard.decode))
 
 
-MAKERS: dict[str, Callable[[Shard, RemoteStore, argparse.Namespace], Read]] = {
-    "lakeshard": make_lakeshard,
-    "obstore": make_obstore,
-    "obstore-async": make_obstore_async,
-    "fetcher+obstore": make_fetcher_obstore,
-    "pyarrow": make_pyarrow,
-    "opendal-async": make_opendal_async,
-    "fetcher+opendal": make_fetcher_opendal,
+#: Each variant: the package it needs (``None``: the project's own) and what makes its reader.
+VARIANTS: dict[str, tuple[str | None, Callable[[Shard, RemoteStore, argparse.Namespace], Read]]] = {
+    "lakeshard": (None, make_lakeshard),
+    "obstore": ("obstore", make_obstore),
+    "obstore-async": ("obstore", make_obstore_async),
+    "fetcher+obstore": ("obstore", make_fetcher_obstore),
+    "pyarrow": ("pyarrow", make_pyarrow),
+    "opendal-async": ("opendal", make_opendal_async),
+    "fetcher+opendal": ("opendal", make_fetcher_opendal),
 }
 
 
@@ -310,7 +301,7 @@ def measure(
     """One repeat of one variant: its setup, then ``--epochs`` epochs."""
     before = store.traffic()
     t0, c0 = time.perf_counter(), time.process_time()
-    read = MAKERS[name](shard, store, args)
+    read = VARIANTS[name][1](shard, store, args)
     run: dict[str, Any] = {"setup_s": time.perf_counter() - t0, "setup_cpu_s": time.process_time() - c0}
     after = store.traffic()
     run["setup_traffic"], run["epochs"] = (after - before).as_dict(), []
@@ -449,7 +440,7 @@ def missing_variants(names: list[str]) -> dict[str, str]:
     """The variants that cannot run here, and why (their package is not installed)."""
     out = {}
     for name in names:
-        package = VARIANTS[name]
+        package = VARIANTS[name][0]
         if package is not None and importlib.util.find_spec(package) is None:
             out[name] = (
                 f"package {package!r} is not installed (pip install {package}; see benchmarks/README.md)"

@@ -56,44 +56,11 @@ def _run(code: Path, args: list[str]) -> None:
 
 
 def _build(code: Path, lake: Path, out: Path, engine: str) -> None:
-    _run(
-        code,
-        [
-            "-m",
-            "jobs.manifest",
-            "--engine",
-            engine,
-            "--input",
-            str(lake),
-            "--output",
-            str(out),
-            "--split",
-            "train=0.7,validation=0.2,test=0.1",
-            "--seed",
-            "5",
-            "--max-reject-fraction",
-            "0.2",
-        ],
-    )
-    _run(
-        code,
-        [
-            "-m",
-            "jobs.shard",
-            "--engine",
-            engine,
-            "--dataset",
-            str(out),
-            "--num-shards",
-            "3",
-            "--image-size",
-            "32",
-            "--remainder",
-            "pad",
-            "--max-reject-fraction",
-            "0.2",
-        ],
-    )
+    common = ["--engine", engine, "--max-reject-fraction", "0.2"]
+    split = ["--split", "train=0.7,validation=0.2,test=0.1", "--seed", "5"]
+    _run(code, ["-m", "jobs.manifest", *common, "--input", str(lake), "--output", str(out), *split])
+    shard = ["--num-shards", "3", "--image-size", "32", "--remainder", "pad"]
+    _run(code, ["-m", "jobs.shard", *common, "--dataset", str(out), *shard])
 
 
 def _digest(out: Path) -> dict:
