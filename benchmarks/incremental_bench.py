@@ -119,13 +119,8 @@ class TimedActions:
         inner = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.common.tasks.each, functools.partial
         t = time.perf_counter()
         out = self.engine.map_partitions(fn, items, partitions=partitions)
-        self.actions.append(
-            (
-                getattr(inner, "__name__", repr(inner)),
-                len(split_parts(items, partitions)),
-                time.perf_counter() - t,
-            )
-        )
+        name, tasks = getattr(inner, "__name__", repr(inner)), len(split_parts(items, partitions))
+        self.actions.append((name, tasks, time.perf_counter() - t))
         return out
 
     def take(self) -> list[tuple[str, int, float]]:
@@ -133,19 +128,19 @@ class TimedActions:
         return taken
 
 
-def build(
-    engine: Any, lake: str, out: str, *, base: str | None, num_shards: int, split: str
-) -> dict[str, Any]:
+def build(engine: Any, lake: str, out: str, *, base: str | None, args: argparse.Namespace) -> dict[str, Any]:
     """The manifest job, then the shard job, each timed around its ``run`` (engine running);
     with a :class:`TimedActions` engine, each action too."""
     shutil.rmtree(out, ignore_errors=True)
     extra = {"base": base} if base is not None and manifest_takes_base() else {}
     t = time.perf_counter()
-    manifest_job.run(ManifestConfig(input=lake, output=out, engine=engine.name, split=split, **extra), engine)
+    manifest_job.run(
+        ManifestConfig(input=lake, output=out, engine=engine.name, split=args.split, **extra), engine
+    )
     manifest_s = time.perf_counter() - t
     t = time.perf_counter()
     info = shard_job.run(
-        ShardConfig(dataset=out, num_shards=num_shards, engine=engine.name, base=base), engine
+        ShardConfig(dataset=out, num_shards=args.num_shards, engine=engine.name, base=base), engine
     )
     shard_s = time.perf_counter() - t
     actions = engine.take() if isinstance(engine, TimedActions) else None
@@ -162,46 +157,33 @@ def build(
 
 
 def bench_engine(
-    name: str,
-    lake: Lake,
-    work: Path,
-    *,
-    repeats: int,
-    num_shards: int,
-    split: str,
-    lake_uri: str,
-    kinds: tuple[str, ...] = ("scratch", "incremental"),
-    actions: bool = False,
+    name: str, lake: Lake, work: Path, args: argparse.Namespace, *, lake_uri: str, kinds: tuple[str, ...]
 ) -> dict[str, Any]:
+    """The builds of ``kinds`` on engine ``name``, ``args.repeats`` times each, alternating."""
     t = time.perf_counter()
     engine = open_engine(name, app_name="lakeshard-incremental-bench")
     start_s = time.perf_counter() - t
-    if actions:
+    if args.actions:
         engine = TimedActions(engine)
     try:
         base = str(work / f"{name}-a")
         lake.reset()
-        first = build(engine, lake_uri, base, base=None, num_shards=num_shards, split=split)
+        first = build(engine, lake_uri, base, base=None, args=args)
         lake.grow()
         runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
-        for r in range(repeats):
-            order = alternate(list(kinds), r)
-            for kind in order:
-                out = str(work / f"{name}-{kind}")
-                runs[kind].append(
-                    build(
-                        engine,
-                        lake_uri,
-                        out,
-                        base=base if kind == "incremental" else None,
-                        num_shards=num_shards,
-                        split=split,
-                    )
+        for r in range(args.repeats):
+            for kind in alternate(list(kinds), r):
+                run = build(
+                    engine,
+                    lake_uri,
+                    str(work / f"{name}-{kind}"),
+                    base=base if kind == "incremental" else None,
+                    args=args,
                 )
+                runs[kind].append(run)
                 print(
-                    f"{name} {kind} #{r + 1}: {runs[kind][-1]['total_s']:.1f} s "
-                    f"(manifest {runs[kind][-1]['manifest_s']:.1f} s, shard {runs[kind][-1]['shard_s']:.1f} s; "
-                    f"{runs[kind][-1]['decoded']} decoded, {runs[kind][-1]['reused']} reused)",
+                    f"{name} {kind} #{r + 1}: {run['total_s']:.1f} s (manifest {run['manifest_s']:.1f} s, "
+                    f"shard {run['shard_s']:.1f} s; {run['decoded']} decoded, {run['reused']} reused)",
                     flush=True,
                 )
     finally:
@@ -282,20 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.update(store.environ())
             lake_uri = store.uri("lake")
         kinds = (args.only,) if args.only else ("scratch", "incremental")
-        results = [
-            bench_engine(
-                e,
-                lake,
-                work,
-                repeats=args.repeats,
-                num_shards=args.num_shards,
-                split=args.split,
-                lake_uri=lake_uri,
-                kinds=kinds,
-                actions=args.actions,
-            )
-            for e in args.engine
-        ]
+        results = [bench_engine(e, lake, work, args, lake_uri=lake_uri, kinds=kinds) for e in args.engine]
     out = {
         "command": " ".join(["python", "benchmarks/incremental_bench.py", *(argv or sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d"),

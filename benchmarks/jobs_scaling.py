@@ -396,7 +396,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         metavar="ROWS",
         help="instead: for each number of rows (comma-separated), write a synthetic manifest of that many "
-        "rows in --plan-classes classes (benchmarks/synthetic_manifest.py, kept in --cache-dir) and run "
+        "rows in --plan-classes classes (benchmarks/plan_alone.py, kept in --cache-dir) and run "
         "the shard job on it with --plan-only and --num-shards --plan-shards, on each of --engines, "
         "under the same sampler as the jobs",
     )
@@ -480,7 +480,7 @@ def _plan_only(a: argparse.Namespace, meta: dict[str, Any]) -> int:
 
 
 def _plan_through_engine(a: argparse.Namespace, meta: dict[str, Any]) -> int:
-    from synthetic_manifest import write_manifest
+    from plan_alone import write_manifest
 
     results = []
     a.work_dir.mkdir(parents=True, exist_ok=True)

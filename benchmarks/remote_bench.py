@@ -111,17 +111,12 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     try:
         for e in range(args.epochs):
             before, logged = store.traffic(), len(store.served())
-            rate, first, out["images"], gap = epoch_timing(
-                dataset, args, loader
-            )  # the next epoch: set_epoch(e + 1)
-            out[f"epoch{e + 1}"], out[f"epoch{e + 1}_first_batch_s"], out[f"epoch{e + 1}_gap_s"] = (
-                rate,
-                first,
-                gap,
-            )
+            n = e + 1  # epoch_timing runs the next epoch: set_epoch(e + 1)
+            rate, first, out["images"], gap = epoch_timing(dataset, args, loader)
+            out |= {f"epoch{n}": rate, f"epoch{n}_first_batch_s": first, f"epoch{n}_gap_s": gap}
             if remote:
-                out[f"epoch{e + 1}_traffic"] = (store.traffic() - before).as_dict()
-                out[f"epoch{e + 1}_served"] = store.served(since=logged)
+                out[f"epoch{n}_traffic"] = (store.traffic() - before).as_dict()
+                out[f"epoch{n}_served"] = store.served(since=logged)
     finally:
         loader.close()
     if remote:  # a new process has no S3 clients (nor their connections)

@@ -34,6 +34,14 @@ def flip_some(images, labels, generator):
 _MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
+def _case(
+    sources: Any, world_size: int, *, elastic: Any = (), resume_at: int = 3, **options: Any
+) -> dict[str, Any]:
+    return dict(
+        sources=sources, world_size=world_size, options=options, elastic=list(elastic), resume_at=resume_at
+    )
+
+
 def cases(data: Path, remote: str) -> dict[str, dict[str, Any]]:
     """The matrix: name -> {sources, world_size, options, resume_at (k), elastic: [(ws, bs)]}.
 
@@ -42,94 +50,36 @@ def cases(data: Path, remote: str) -> dict[str, dict[str, Any]]:
     a, b, c = str(data / "dsA"), str(data / "dsB"), str(data / "dsC")
     ra, rb, rc = f"{remote}/dsA", f"{remote}/dsB", f"{remote}/dsC"
     cache = str(data / "cache-{version}-{case}-{rank}")
-    out: dict[str, dict[str, Any]] = {
-        "plain": dict(sources=a, world_size=1, options=dict(batch_size=8, num_threads=2)),
-        "shuffle-2ranks": dict(
-            sources=a,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=3, shuffle_window=16, num_threads=2),
-            elastic=[(1, 16), (4, 4)],
-        ),
-        "shuffle-3ranks-drop": dict(
-            sources=a,
-            world_size=3,
-            options=dict(batch_size=5, shuffle=True, seed=11, remainder="drop", drop_last=True),
-            elastic=[(1, 15)],
-        ),
-        "augment-crop-normalize": dict(
-            sources=a,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=5, augment=True, crop=24, normalize=_MEAN_STD),
-            elastic=[(1, 16)],
-        ),
-        "center-crop": dict(sources=a, world_size=1, options=dict(batch_size=7, crop=20)),
-        "transform-ref": dict(
-            sources=a,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=2, transform="sbtransforms:flip_some"),
-        ),
-        "pillow": dict(sources=a, world_size=1, options=dict(batch_size=8, decoder="pillow", shuffle=True)),
-        "encoded": dict(
-            sources=a, world_size=2, options=dict(batch_size=8, decoder="none", shuffle=True, seed=4)
-        ),
-        "validation": dict(
-            sources=a, world_size=2, options=dict(batch_size=4, channel="validation"), resume_at=1
-        ),
-        "remote": dict(
-            sources=ra,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=3, read_concurrency=3),
-            elastic=[(1, 16)],
-        ),
-        "remote-cache": dict(
-            sources=ra,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=3, cache_dir=cache),
-        ),
-        "mixture": dict(
-            sources=[[a, 0.7], [b, 0.3]],
-            world_size=2,
-            options=dict(batch_size=6, shuffle=True, seed=1, samples_per_epoch=120),
-            elastic=[(1, 12), (3, 4)],
-        ),
-        "mixture-augment": dict(
-            sources=[[a, 0.5], [b, 0.5]],
-            world_size=1,
-            options=dict(batch_size=10, shuffle=True, seed=8, augment=True, crop=24),
-        ),
-        "mixture-passes": dict(
-            sources=[[a, 0.4], [b, 0.6]],
-            world_size=2,
-            options=dict(batch_size=7, shuffle=True, seed=12, samples_per_epoch=280),
-            elastic=[(1, 14), (7, 2)],
-        ),
-        "mixture-transform": dict(
-            sources=[[a, 0.7], [b, 0.3]],
-            world_size=1,
-            options=dict(batch_size=9, shuffle=True, seed=6, transform="sbtransforms:flip_some"),
-        ),
-        "mixture-one-label-space": dict(
-            sources=[[a, 0.6], [c, 0.4]],
-            world_size=2,
-            options=dict(batch_size=6, shuffle=True, seed=4, samples_per_epoch=150),
-            elastic=[(1, 12), (3, 4)],
-        ),
-        "mixture-one-label-space-remote": dict(
-            sources=[[ra, 0.5], [rc, 0.5]],
-            world_size=1,
-            options=dict(batch_size=8, cache_dir=cache),
-        ),
-        "mixture-remote-cache": dict(
-            sources=[[ra, 0.6], [rb, 0.4]],
-            world_size=2,
-            options=dict(batch_size=6, shuffle=True, seed=1, cache_dir=cache),
-            elastic=[(1, 12)],
-        ),
-    }
-    for spec in out.values():
-        spec.setdefault("elastic", [])
-        spec.setdefault("resume_at", 3)
-    return out
+    flip = "sbtransforms:flip_some"
+    return {
+        "plain": _case(a, 1, batch_size=8, num_threads=2),
+        "shuffle-2ranks": _case(a, 2, batch_size=8, shuffle=True, seed=3, shuffle_window=16, num_threads=2,
+                                elastic=[(1, 16), (4, 4)]),
+        "shuffle-3ranks-drop": _case(a, 3, batch_size=5, shuffle=True, seed=11, remainder="drop",
+                                     drop_last=True, elastic=[(1, 15)]),
+        "augment-crop-normalize": _case(a, 2, batch_size=8, shuffle=True, seed=5, augment=True, crop=24,
+                                        normalize=_MEAN_STD, elastic=[(1, 16)]),
+        "center-crop": _case(a, 1, batch_size=7, crop=20),
+        "transform-ref": _case(a, 2, batch_size=8, shuffle=True, seed=2, transform=flip),
+        "pillow": _case(a, 1, batch_size=8, decoder="pillow", shuffle=True),
+        "encoded": _case(a, 2, batch_size=8, decoder="none", shuffle=True, seed=4),
+        "validation": _case(a, 2, batch_size=4, channel="validation", resume_at=1),
+        "remote": _case(ra, 2, batch_size=8, shuffle=True, seed=3, read_concurrency=3, elastic=[(1, 16)]),
+        "remote-cache": _case(ra, 2, batch_size=8, shuffle=True, seed=3, cache_dir=cache),
+        "mixture": _case([[a, 0.7], [b, 0.3]], 2, batch_size=6, shuffle=True, seed=1, samples_per_epoch=120,
+                         elastic=[(1, 12), (3, 4)]),
+        "mixture-augment": _case([[a, 0.5], [b, 0.5]], 1, batch_size=10, shuffle=True, seed=8, augment=True,
+                                 crop=24),
+        "mixture-passes": _case([[a, 0.4], [b, 0.6]], 2, batch_size=7, shuffle=True, seed=12,
+                                samples_per_epoch=280, elastic=[(1, 14), (7, 2)]),
+        "mixture-transform": _case([[a, 0.7], [b, 0.3]], 1, batch_size=9, shuffle=True, seed=6,
+                                   transform=flip),
+        "mixture-one-label-space": _case([[a, 0.6], [c, 0.4]], 2, batch_size=6, shuffle=True, seed=4,
+                                         samples_per_epoch=150, elastic=[(1, 12), (3, 4)]),
+        "mixture-one-label-space-remote": _case([[ra, 0.5], [rc, 0.5]], 1, batch_size=8, cache_dir=cache),
+        "mixture-remote-cache": _case([[ra, 0.6], [rb, 0.4]], 2, batch_size=6, shuffle=True, seed=1,
+                                      cache_dir=cache, elastic=[(1, 12)]),
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
