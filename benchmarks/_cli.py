@@ -23,6 +23,7 @@ __all__ = [
     "log_to_stdout",
     "names",
     "positive",
+    "run_checked",
     "work_folder",
     "write_out",
 ]
@@ -81,14 +82,18 @@ def work_folder(given: str | Path | None, *, prefix: str | None = None) -> Itera
         yield Path(tmp)
 
 
-def json_child(cmd: Sequence[str], what: str, **run: Any) -> dict[str, Any]:
-    """Run ``cmd`` (``run``: more of :func:`subprocess.run`'s keywords) and read the JSON object
-    on the last line of its output; a failure is a ``SystemExit`` naming ``what``, with the end
-    of the child's error output."""
+def run_checked(cmd: Sequence[str], what: str, **run: Any) -> str:
+    """Run ``cmd`` (``run``: more of :func:`subprocess.run`'s keywords) and return its output; a
+    failure is a ``SystemExit`` naming ``what``, with the end of the child's error output."""
     done = subprocess.run(list(cmd), capture_output=True, text=True, **run)
     if done.returncode != 0:
         raise SystemExit(f"{what} failed (exit code {done.returncode}):\n{done.stderr.strip()[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return done.stdout
+
+
+def json_child(cmd: Sequence[str], what: str, **run: Any) -> dict[str, Any]:
+    """:func:`run_checked`, and the JSON object on the last line of the child's output."""
+    return dict(json.loads(run_checked(cmd, what, **run).strip().splitlines()[-1]))
 
 
 def log_to_stdout() -> None:

@@ -14,7 +14,6 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cli import json_child
+from _cli import json_child, run_checked
 from _timing import alternate, parse_variant, ref_checkout, write_json, write_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,15 +74,8 @@ def _metric(data: Any, path: str) -> float:
 def _run(code: Path, command: list[str], out: Path) -> dict[str, Any]:
     script, *args = command
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run(
-        [sys.executable, str(code / script), *args, "--out", str(out)],
-        cwd=code,
-        env={**env, "PYTHONPATH": str(code)},
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"{script} failed in {code}:\n{proc.stderr[-3000:]}")
+    command = [sys.executable, str(code / script), *args, "--out", str(out)]
+    run_checked(command, f"{script} in {code}", cwd=code, env={**env, "PYTHONPATH": str(code)})
     return dict(json.loads(out.read_text()))
 
 

@@ -26,6 +26,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import run_checked
 from _data import build_dataset
 from _timing import alternate, paired, write_json
 
@@ -182,15 +183,8 @@ def doctor(root: Path, batch: int, *, core: int) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}
     cmd = [sys.executable, "-m", "loaders.doctor", "--dataset", str(root), "--transform", TRANSFORM]
     cmd += ["--threads", "1", "--batch-size", str(batch), "--seconds", "3", "--json"]
-    done = subprocess.run(
-        cmd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
-    )
-    report = json.loads(done.stdout)
+    pin = functools.partial(os.sched_setaffinity, 0, {core})
+    report = json.loads(run_checked(cmd, "the doctor", env=env, preexec_fn=pin))
     return {
         "bottleneck": report["bottleneck"],
         "headline": report["headline"],

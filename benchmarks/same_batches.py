@@ -10,12 +10,13 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _cli import run_checked
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -184,19 +185,12 @@ def _build(data: Path) -> None:
             "--image-size",
             "32",
         ]
-        for args in (
+        for module, *args in (
             [*manifest, "--split-method", "stratified"],
             [*shard, "--row-group-size", "16KiB"],
         ):
-            proc = subprocess.run(
-                [sys.executable, "-m", *args[:1], "--engine", "local", *args[1:]],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            if proc.returncode != 0:
-                raise SystemExit(f"building {name} failed:\n{proc.stderr[-3000:]}")
+            command = [sys.executable, "-m", module, "--engine", "local", *args]
+            run_checked(command, f"building {name}", cwd=ROOT, env=env)
 
 
 def _run_child(code: Path, job: dict[str, Any], work: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -204,15 +198,8 @@ def _run_child(code: Path, job: dict[str, Any], work: Path, env: dict[str, str])
     job_file, out_file = work / f"{name}-job.json", work / f"{name}-out.json"
     job_file.write_text(json.dumps(job))
     child_env = {**env, "PYTHONPATH": f"{code}{os.pathsep}{work}"}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", str(job_file), "--child-out", str(out_file)],
-        cwd=code,
-        env=child_env,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"the {name} run failed ({code}):\n{proc.stderr[-4000:]}")
+    command = [sys.executable, __file__, "--child", str(job_file), "--child-out", str(out_file)]
+    run_checked(command, f"the {name} run ({code})", cwd=code, env=child_env)
     return json.loads(out_file.read_text())
 
 
