@@ -177,18 +177,21 @@ def _default_py_spy() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _cli import positive
     from _data import cached_dataset
     from _timing import alternate, write_runs
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--images", type=int, default=2000, help="images in the synthetic shard (default: 2000)")
-    p.add_argument("--size", type=int, default=224, help="image side in pixels (default: 224)")
     p.add_argument(
-        "--seconds", type=int, default=15, help="sampling time per workload and repeat (default: 15)"
+        "--images", type=positive, default=2000, help="images in the synthetic shard (default: 2000)"
     )
-    p.add_argument("--rate", type=int, default=1000, help="py-spy samples per second (default: 1000)")
-    p.add_argument("--warmup", type=int, default=3, help="passes before sampling starts (default: 3)")
-    p.add_argument("--repeats", type=int, default=3, help="processes per workload (default: 3)")
+    p.add_argument("--size", type=positive, default=224, help="image side in pixels (default: 224)")
+    p.add_argument(
+        "--seconds", type=positive, default=15, help="sampling time per workload and repeat (default: 15)"
+    )
+    p.add_argument("--rate", type=positive, default=1000, help="py-spy samples per second (default: 1000)")
+    p.add_argument("--warmup", type=positive, default=3, help="passes before sampling starts (default: 3)")
+    p.add_argument("--repeats", type=positive, default=3, help="processes per workload (default: 3)")
     p.add_argument("--top", type=int, default=12, help="source lines to print per workload (default: 12)")
     p.add_argument(
         "--py-spy",
@@ -205,9 +208,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.stream is not None:
         stream(args.stream, args.seconds)
         return 0
-    for name in ("images", "size", "seconds", "rate", "warmup", "repeats"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if not args.py_spy or not os.access(args.py_spy, os.X_OK):
         p.error(
             f"py-spy not found (--py-spy {args.py_spy!r}): pip install py-spy, or pip install -e '.[dev]'"

@@ -104,20 +104,12 @@ def build(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def _jpeg_bytes(root: Path) -> list[int]:
-    """Encoded bytes of each image of the train channel of the dataset at ``root``."""
+    """Encoded bytes of each image of the train channel of the dataset at ``root`` (its one shard)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    loader = ShardLoader(str(root), channel="train", num_threads=1)  # for the shard list only
-    try:
-        uris = list(loader.shard_uris)
-    finally:
-        loader.close()
-    out: list[int] = []
-    for uri in uris:
-        column = pq.read_table(uri.removeprefix("file://"), columns=["image"]).column("image")
-        out.extend(pc.binary_length(column).to_pylist())
-    return out
+    column = pq.read_table(root / contract.shard_relpath("train", 0, 1), columns=["image"]).column("image")
+    return list(pc.binary_length(column).to_pylist())
 
 
 # -- one run ----------------------------------------------------------------------------------------

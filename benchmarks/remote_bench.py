@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cli import json_child, log_to_stdout, work_folder, write_out
+from _cli import json_child, log_to_stdout, positive, work_folder, write_out
 from _data import PHOTO_QUALITY, build_dataset, photo_image, synthetic_image
 from _timing import alternate, other_load, parse_variant
 from loader_bench import epoch_timing
@@ -280,8 +280,8 @@ def prepare(args: argparse.Namespace, work: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=4000, help="images in the synthetic dataset")
-    parser.add_argument("--size", type=int, default=224, help="image size of the synthetic dataset")
+    parser.add_argument("--images", type=positive, default=4000, help="images in the synthetic dataset")
+    parser.add_argument("--size", type=positive, default=224, help="image size of the synthetic dataset")
     parser.add_argument(
         "--quality", type=int, help=f"JPEG quality (default 90; {PHOTO_QUALITY} with --photo)"
     )
@@ -301,9 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         "--bandwidth",
         help="per connection, per second, e.g. 80MB (decimal) or 64MiB (default: the profile's)",
     )
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the kept loader per repeat")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=positive, default=64)
+    parser.add_argument("--epochs", type=positive, default=3, help="epochs of the kept loader per repeat")
+    parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument(
         "--loader-option",
         action="append",
@@ -324,9 +324,6 @@ def main(argv: list[str] | None = None) -> int:
         args.options = loader_options(args.loader_option)
     except (ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(str(exc))
-    for name in ("images", "size", "batch_size", "epochs", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms:g}")
     try:
