@@ -73,13 +73,8 @@ def build_lake(cache: Path, n: int, *, classes: int, side: int, progress: bool =
 def job_command(engine: str, job: str, args: list[str], *, spark_master: str, python: str) -> list[str]:
     """The command line the README gives for ``job`` on ``engine``."""
     if engine == "spark":
-        return [
-            shutil.which("spark-submit") or str(Path(python).parent / "spark-submit"),
-            "--master",
-            spark_master,
-            f"jobs/{job}.py",
-            *args,
-        ]
+        spark_submit = shutil.which("spark-submit") or str(Path(python).parent / "spark-submit")
+        return [spark_submit, "--master", spark_master, f"jobs/{job}.py", *args]
     return [python, "-m", f"jobs.{job}", "--engine", "dask", *args]
 
 
