@@ -115,19 +115,22 @@ def _fetcher_read(
     return read
 
 
+def _credentials(store: RemoteStore) -> dict[str, str]:
+    """The store's endpoint and dummy credentials, named as obstore and OpenDAL take them."""
+    env = store.environ()
+    return {
+        "endpoint": env["AWS_ENDPOINT_URL"],
+        "region": env["AWS_REGION"],
+        "access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+    }
+
+
 def _obstore(shard: Shard, store: RemoteStore) -> Any:
     from obstore.store import S3Store
 
-    env = store.environ()
-    return S3Store(
-        shard.bucket,
-        endpoint=env["AWS_ENDPOINT_URL"],
-        region=env["AWS_REGION"],
-        access_key_id=env["AWS_ACCESS_KEY_ID"],
-        secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        virtual_hosted_style_request=False,
-        client_options={"allow_http": True},
-    )
+    http = {"virtual_hosted_style_request": False, "client_options": {"allow_http": True}}
+    return S3Store(shard.bucket, **_credentials(store), **http)
 
 
 def make_obstore(shard: Shard, store: RemoteStore, args: argparse.Namespace) -> Read:
@@ -183,17 +186,8 @@ def make_fetcher_obstore(shard: Shard, store: RemoteStore, args: argparse.Namesp
 def _opendal(shard: Shard, store: RemoteStore, kind: str = "Operator") -> Any:
     import opendal
 
-    env = store.environ()
-    return getattr(opendal, kind)(
-        "s3",
-        bucket=shard.bucket,
-        endpoint=env["AWS_ENDPOINT_URL"],
-        region=env["AWS_REGION"],
-        access_key_id=env["AWS_ACCESS_KEY_ID"],
-        secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        disable_config_load="true",
-        disable_ec2_metadata="true",
-    )
+    local = {"disable_config_load": "true", "disable_ec2_metadata": "true"}
+    return getattr(opendal, kind)("s3", bucket=shard.bucket, **_credentials(store), **local)
 
 
 def make_fetcher_opendal(shard: Shard, store: RemoteStore, args: argparse.Namespace) -> Read:
