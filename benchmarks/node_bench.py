@@ -280,41 +280,36 @@ def gpu_decode(dataset: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- main ----------------------------------------------------------------------------------------------
+#: Each size: its type, what it is, and its default on a node and with ``--small``.
+SIZES: dict[str, tuple[Any, str, Any, Any]] = {
+    "images": (int, "rows in the dataset", 200_000, 2_000),
+    "unique": (int, "distinct images among them", 4_000, 256),
+    "threads": (int_list, "decode threads of one process", [1, 2, 4, 8, 16], [1, 2]),
+    "ranks": (int, "processes at once for the last row", 2, 2),
+    "rank_threads": (int, "threads of each of them", 8, 1),
+    "seconds": (float, "measured per configuration", 6.0, 1.5),
+    "batch_size": (int, "the model's batch", 256, 16),
+    "steps": (int, "the model's measured steps", 60, 3),
+    "warmup": (int, "steps before those", 10, 1),
+    "train_images": (int, "rows of the torchrun run's dataset", 20_000, 64),
+    "train_batch_size": (int, "its batch", 256, 16),
+}
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else f"{value:,g}"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--small", action="store_true", help="a CPU-sized run (under 2 minutes on 2 cores)")
-    p.add_argument("--images", type=int, help="rows in the dataset (default 200,000; --small 2,000)")
-    p.add_argument("--unique", type=int, help="distinct images among them (default 4,000; --small 256)")
-    p.add_argument(
-        "--threads", type=int_list, help="decode threads of one process (default 1,2,4,8,16; --small 1,2)"
-    )
-    p.add_argument("--ranks", type=int, help="processes at once for the last row (default 2)")
-    p.add_argument("--rank-threads", type=int, help="threads of each of them (default 8; --small 1)")
-    p.add_argument("--seconds", type=float, help="measured per configuration (default 6; --small 1.5)")
-    p.add_argument("--batch-size", type=int, help="the model's batch (default 256; --small 16)")
-    p.add_argument("--steps", type=int, help="the model's measured steps (default 60; --small 3)")
-    p.add_argument("--warmup", type=int, help="steps before those (default 10; --small 1)")
-    p.add_argument(
-        "--train-images", type=int, help="rows of the torchrun run's dataset (default 20,000; --small 64)"
-    )
-    p.add_argument("--train-batch-size", type=int, help="its batch (default 256; --small 16)")
+    for name, (kind, what, full, small) in SIZES.items():
+        default = f"default {_shown(full)}" + (f"; --small {_shown(small)}" if small != full else "")
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{what} ({default})")
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "node-bench")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
-    defaults = {
-        "images": (200_000, 2_000),
-        "unique": (4_000, 256),
-        "threads": ([1, 2, 4, 8, 16], [1, 2]),
-        "ranks": (2, 2),
-        "rank_threads": (8, 1),
-        "seconds": (6.0, 1.5),
-        "batch_size": (256, 16),
-        "steps": (60, 3),
-        "warmup": (10, 1),
-        "train_images": (20_000, 64),
-        "train_batch_size": (256, 16),
-    }
-    for name, (full, small) in defaults.items():
+    for name, (_, _, full, small) in SIZES.items():
         if getattr(args, name) is None:
             setattr(args, name, small if args.small else full)
     for name in ("images", "unique", "ranks", "rank_threads", "batch_size", "steps", "train_images"):
