@@ -1,45 +1,8 @@
 """A/B: one benchmark, two versions of the code (``--ref``), or several options of the loader
 (``--loader``) or of the shard job (``--jobs``), side by side in one run.
 
-    python benchmarks/code_ab.py --ref 34b7b12 --rounds 3 --metric ratios.shardloader_vs_ceiling_paired \\
-        --metric median.shardloader -- benchmarks/loader_bench.py --images 2000 --repeats 3
-    python benchmarks/code_ab.py --ref 34b7b12 --rounds 3 --metric seconds. --metric "seconds.manifest job" \\
-        -- benchmarks/code_ab.py --jobs --engine spark --images 1000 --rounds 2
-    python benchmarks/code_ab.py --loader --images 2000 --rounds 5 "num_threads=2" "num_threads=4"
-    python benchmarks/code_ab.py --loader --images 2000 --rounds 3 "" "LAKESHARD_NO_EXTENSIONS=1"
-    python benchmarks/code_ab.py --jobs --engine spark --images 2000 --rounds 8 "" "partitions=4"
-    python benchmarks/code_ab.py --jobs --engine spark --images 10000 --rounds 3   # the jobs' figures
-
-Every round runs each side once, the order alternating from round to round, so that a slow spell
-of this shared machine hits every side. Exits 0; the verdict is the reader's (noise on a 2-core
-machine is a few percent).
-
-``--ref``: the ref is checked out with ``git worktree`` (the loader's built C extensions are
-copied into it: the C sources must be the same), and every round runs the benchmark after ``--``
-once with each version, in fresh processes; each run writes its JSON (``--out`` is added to the
-command), and the ``--metric`` paths (dotted keys into that JSON, an integer picks an item of a
-list; a list at the end is reduced to its median) are printed per version as the median over
-rounds, with each round's value, and the ratio tree / ref.
-
-``--loader``: a variant is ``option=value`` pairs of ``ShardLoader`` ("" is the defaults) and, in
-capitals, environment variables for its processes (``LAKESHARD_NO_EXTENSIONS=1`` runs without the
-C extensions). Every round starts one process per variant; each builds one loader and runs
-``--epochs`` epochs of it with ``set_epoch`` (a training loop's pattern), and measures the decode
-ceiling of ``loader_bench.py`` (the same bytes in memory, the variant's decoder called bare on
-one thread per core) before and after every epoch. It reports each epoch's images/s over the mean
-of the two ceilings around it: the first epoch (a fresh process: thread pools, buffers and
-Arrow's allocator start cold) apart from the median of the others, and the images/s.
-
-``--jobs``: a variant is ``option=value`` pairs of ``ShardConfig`` ("" is the defaults), run in
-turn on one engine started once (its start timed apart) on a lake of photo-sized JPEGs (kept in
-``--cache``). Every round runs the manifest job (timed: ``manifest job``) and then each variant's
-shard job on its output, and measures the ceiling they are judged against: the single-thread
-decode + resize + encode rate × cores (``ceiling``), and what one process per core preprocessing
-at the same time really gets from this shared virtual machine (``N procs``: its cores are not
-always all there). Both references run in fresh processes whose malloc settings spare the
-reference loop page faults the job does not have (:data:`_REFERENCE_MALLOC`): a stricter ceiling
-than a plain process gives. The first round is a warm-up and not counted. Prints the medians,
-images/s and each one's ratio to the ceiling.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "A/B, side by side
+in one run" and "Jobs against the machine's limit".
 """
 
 from __future__ import annotations
@@ -51,7 +14,6 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import json_child, run_checked
 from _timing import alternate, parse_variant, ref_checkout, write_json, write_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,15 +74,8 @@ def _metric(data: Any, path: str) -> float:
 def _run(code: Path, command: list[str], out: Path) -> dict[str, Any]:
     script, *args = command
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run(
-        [sys.executable, str(code / script), *args, "--out", str(out)],
-        cwd=code,
-        env={**env, "PYTHONPATH": str(code)},
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"{script} failed in {code}:\n{proc.stderr[-3000:]}")
+    command = [sys.executable, str(code / script), *args, "--out", str(out)]
+    run_checked(command, f"{script} in {code}", cwd=code, env={**env, "PYTHONPATH": str(code)})
     return dict(json.loads(out.read_text()))
 
 
@@ -166,10 +122,7 @@ def loader_ab(args: argparse.Namespace, options: dict[str, Any]) -> None:
         for v in alternate(args.variants, r):
             kwargs, env = options[v]
             cmd = [sys.executable, "-c", _LOADER_CHILD, str(root), json.dumps(kwargs), here, str(args.epochs)]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env})
-            if out.returncode:
-                raise SystemExit(f"variant {v!r} failed:\n{out.stderr}")
-            runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            runs[v].append(json_child(cmd, f"variant {v!r}", cwd=ROOT, env={**os.environ, **env}))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
     print(
@@ -199,29 +152,6 @@ def jobs_variant(text: str) -> dict[str, object]:
     from jobs.shard_steps.config import ShardConfig
 
     return parse_variant(text, (f.name for f in dataclasses.fields(ShardConfig)), "shard job")
-
-
-def build_lake(root: Path, n: int, *, classes: int, size: tuple[int, int]) -> list[Path]:
-    """Photo-like JPEGs (smooth gradients, texture and noise), ``n`` of them over ``classes``."""
-    import numpy as np
-    from PIL import Image
-
-    paths = sorted(root.rglob("*.jpg"))
-    if len(paths) >= n:
-        return paths[:n]
-    rng = np.random.default_rng(0)
-    w, h = size
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    for i in range(n):
-        path = root / f"class_{i % classes:02d}" / f"{i:06d}.jpg"
-        if path.exists():
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        a, b, c = rng.uniform(0.002, 0.03, 3)
-        base = np.stack([np.sin(xx * a + i), np.cos(yy * b - i), np.sin((xx + yy) * c)], -1) * 90 + 128
-        arr = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
-        Image.fromarray(arr).save(path, "JPEG", quality=88)
-    return sorted(root.rglob("*.jpg"))[:n]
 
 
 def _preprocess_files(paths: list[Path], spec: Any) -> float:
@@ -283,8 +213,10 @@ def jobs_ab(args: argparse.Namespace, options: dict[str, Any]) -> None:
     from jobs.shard_steps.config import ShardConfig
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from _data import photo_lake
+
     lake = args.cache / f"{args.images}-640x480"
-    paths = build_lake(lake, args.images, classes=10, size=(640, 480))
+    paths = photo_lake(lake, args.images)
     refs = References(paths, DEFAULT_SPEC)
     t = time.perf_counter()
     engine = open_engine(args.engine, app_name="lakeshard-ab")

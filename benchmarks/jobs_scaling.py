@@ -1,33 +1,8 @@
 """How the manifest and shard jobs scale with the number of objects: wall time, time per object
 and the driver's peak memory, per engine, each job run exactly as the README runs it.
 
-    python benchmarks/jobs_scaling.py --objects 100000,1000000 --engines spark,dask
-    python benchmarks/jobs_scaling.py --objects 2000,5000 --engines dask --out /tmp/smoke.json
-    python benchmarks/jobs_scaling.py --plan-only --plan-rows 100000000
-    python benchmarks/jobs_scaling.py --plan-through-engine 1000000,10000000 --engines spark
-
-Builds (once, in ``--cache-dir``) local lakes of N tiny valid PNGs spread over ``--classes``
-classes, then for each engine and size runs the manifest job and then the shard job as their
-own processes:
-
-- spark: ``spark-submit --master local[2] jobs/<job>.py ...`` (the default driver memory);
-- dask: ``python -m jobs.<job> --engine dask ...`` (a LocalCluster the job starts).
-
-While a job runs, its driver's memory is sampled from outside (see
-``benchmarks/process_peaks.py``): for Spark the driver Python's peak RSS (``VmHWM``) and the
-driver JVM's heap used (``jstat -gc``, the JDK's reader of the JVM's performance counters), for
-Dask the client process's peak RSS. Wall time includes the engine's start, as a user sees it.
-CPU time (user + system) is sampled from ``/proc`` for the job's whole process tree and for the
-driver Python alone (its serial share): unlike wall time it barely moves with the machine's load,
-so it compares sizes run at different loads (it misses processes living less than one sample
-interval; ``reaped_cpu_s`` is the kernel's count of the waited-for tree, a cross-check).
-Prints a table and the ratios of the largest size to the smallest (driver peak, time per object),
-and writes JSON. Each job's output goes to ``<work-dir>/logs/``.
-
-``--plan-only`` runs only the shard plan on synthetic class counts (``benchmarks/plan_alone.py``):
-the driver's side at ``--plan-rows`` rows, and the workers' side's cost per row on a sample.
-``--plan-through-engine`` runs the shard job's own ``--plan-only`` on synthetic manifests
-(``benchmarks/synthetic_manifest.py``) under the same sampler.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "Jobs at growing
+sizes".
 """
 
 from __future__ import annotations
@@ -50,7 +25,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _timing import write_json
+from _cli import at_least, int_list, names, positive, write_out
 from process_peaks import Peaks, PeakWatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,13 +73,8 @@ def build_lake(cache: Path, n: int, *, classes: int, side: int, progress: bool =
 def job_command(engine: str, job: str, args: list[str], *, spark_master: str, python: str) -> list[str]:
     """The command line the README gives for ``job`` on ``engine``."""
     if engine == "spark":
-        return [
-            shutil.which("spark-submit") or str(Path(python).parent / "spark-submit"),
-            "--master",
-            spark_master,
-            f"jobs/{job}.py",
-            *args,
-        ]
+        spark_submit = shutil.which("spark-submit") or str(Path(python).parent / "spark-submit")
+        return [spark_submit, "--master", spark_master, f"jobs/{job}.py", *args]
     return [python, "-m", f"jobs.{job}", "--engine", "dask", *args]
 
 
@@ -248,16 +218,10 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "from": small["objects"],
                 "to": large["objects"],
             }
-            for key in (
-                "driver_python_rss_peak_mib",
-                "jvm_heap_used_peak_mib",
-                "jvm_old_used_peak_mib",
-                "ms_per_object",
-                "cpu_ms_per_object",
-                "driver_cpu_ms_per_object",
-            ):
-                if small.get(key) and large.get(key) is not None:
-                    entry[key.removesuffix("_mib")] = round(large[key] / small[key], 2)
+            for key in RATIO_COLUMNS[4:]:  # the peaks are in MiB, the times per object in ms
+                value = f"{key}_mib" if key.endswith("_peak") else key
+                if small.get(value) and large.get(value) is not None:
+                    entry[key] = round(large[value] / small[value], 2)
             out.append(entry)
     return out
 
@@ -295,30 +259,6 @@ RATIO_COLUMNS = (
 )
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v.replace("_", "")) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
-    return values
-
-
-def _whole(text: str, *, minimum: int = 1) -> int:
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, got {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    return _whole(text)
-
-
 def _code_root(text: str) -> Path:
     root = Path(text).resolve()
     missing = [f"jobs/{job}.py" for job in JOBS if not (root / "jobs" / f"{job}.py").is_file()]
@@ -327,14 +267,6 @@ def _code_root(text: str) -> Path:
             f"{text!r} is not a source tree of the jobs: no {', '.join(missing)}"
         )
     return root
-
-
-def _engine_list(text: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in ENGINES]
-    if not values or bad:
-        raise argparse.ArgumentTypeError(f"engines must be among {', '.join(ENGINES)}, got {text!r}")
-    return values
 
 
 def parser() -> argparse.ArgumentParser:
@@ -346,14 +278,14 @@ def parser() -> argparse.ArgumentParser:
         "--objects",
         "--sizes",
         dest="objects",
-        type=_int_list,
+        type=int_list,
         nargs="+",
         default=[[1000, 10000]],
         help="objects per lake, comma- or space-separated (e.g. 100000,1000000); default 1000,10000",
     )
     p.add_argument(
         "--engines",
-        type=_engine_list,
+        type=names(ENGINES, "engines"),
         nargs="+",
         default=[list(ENGINES)],
         help="engines to run, comma- or space-separated, among spark and dask; default both",
@@ -364,23 +296,23 @@ def parser() -> argparse.ArgumentParser:
         default=list(JOBS),
         help="jobs to run, comma-separated (shard needs manifest before it); default manifest,shard",
     )
-    p.add_argument("--classes", type=_positive, default=100, help="classes in each lake (default 100)")
+    p.add_argument("--classes", type=positive, default=100, help="classes in each lake (default 100)")
     p.add_argument(
         "--side",
-        type=_positive,
+        type=positive,
         default=8,
         help="side of the lake's PNGs, in pixels (default 8: tiny objects)",
     )
     p.add_argument(
-        "--image-size", type=_positive, default=32, help="the shard job's --image-size (default 32)"
+        "--image-size", type=positive, default=32, help="the shard job's --image-size (default 32)"
     )
-    p.add_argument("--num-shards", type=_positive, default=4, help="the shard job's --num-shards (default 4)")
+    p.add_argument("--num-shards", type=positive, default=4, help="the shard job's --num-shards (default 4)")
     p.add_argument(
-        "--threads", type=_positive, default=None, help="the shard job's --threads (default: the job's own)"
+        "--threads", type=positive, default=None, help="the shard job's --threads (default: the job's own)"
     )
     p.add_argument(
         "--partitions",
-        type=_positive,
+        type=positive,
         default=None,
         help="the shard job's --partitions: its preprocessing tasks (default: the job's own, one per "
         "2,000 rows); the same number at every size tells what grows per task from what grows per object",
@@ -433,33 +365,33 @@ def parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--plan-rows",
-        type=_positive,
+        type=positive,
         default=100_000_000,
         help="rows of the synthetic channel (default 100M)",
     )
     g.add_argument(
-        "--plan-classes", type=_positive, default=1000, help="classes of the synthetic channel (default 1000)"
+        "--plan-classes", type=positive, default=1000, help="classes of the synthetic channel (default 1000)"
     )
-    g.add_argument("--plan-shards", type=_positive, default=8, help="shards of the plan (default 8)")
+    g.add_argument("--plan-shards", type=positive, default=8, help="shards of the plan (default 8)")
     g.add_argument(
         "--plan-rejects",
-        type=lambda t: _whole(t, minimum=0),
+        type=at_least(0),
         default=10_000,
         help="rows rejected at random slots, for the repair (default 10000)",
     )
     g.add_argument(
         "--plan-sample-rows",
-        type=_positive,
+        type=positive,
         default=200_000,
         help="rows the workers' side is timed on, to give its cost per row (default 200000)",
     )
     g.add_argument(
         "--plan-through-engine",
-        type=_int_list,
+        type=int_list,
         default=None,
         metavar="ROWS",
         help="instead: for each number of rows (comma-separated), write a synthetic manifest of that many "
-        "rows in --plan-classes classes (benchmarks/synthetic_manifest.py, kept in --cache-dir) and run "
+        "rows in --plan-classes classes (benchmarks/plan_alone.py, kept in --cache-dir) and run "
         "the shard job on it with --plan-only and --num-shards --plan-shards, on each of --engines, "
         "under the same sampler as the jobs",
     )
@@ -518,7 +450,7 @@ def _main(argv: list[str] | None) -> int:
         print(
             f"\nlargest / smallest size (targets: driver peaks ≤ 1.3, ms_per_object ≤ 1.2; cpu_: CPU of the job's process tree, driver_cpu_: of the driver Python alone)\n{table(found, RATIO_COLUMNS)}"
         )
-    _write(a.out, {**meta, "load_after": os.getloadavg(), "results": results, "ratios": found})
+    write_out(a.out, {**meta, "load_after": os.getloadavg(), "results": results, "ratios": found})
     return 0
 
 
@@ -538,12 +470,12 @@ def _plan_only(a: argparse.Namespace, meta: dict[str, Any]) -> int:
         sample_rows=a.plan_sample_rows,
     )
     print(table([r], tuple(r)))
-    _write(a.out, {**meta, "load_after": os.getloadavg(), "plan": r})
+    write_out(a.out, {**meta, "load_after": os.getloadavg(), "plan": r})
     return 0
 
 
 def _plan_through_engine(a: argparse.Namespace, meta: dict[str, Any]) -> int:
-    from synthetic_manifest import write_manifest
+    from plan_alone import write_manifest
 
     results = []
     a.work_dir.mkdir(parents=True, exist_ok=True)
@@ -566,7 +498,7 @@ def _plan_through_engine(a: argparse.Namespace, meta: dict[str, Any]) -> int:
     found = [{**r, "job": "shard --plan-only"} for r in ratios(results)]
     if found:
         print(f"\nlargest / smallest size\n{table(found, RATIO_COLUMNS)}")
-    _write(a.out, {**meta, "load_after": os.getloadavg(), "plan_through_engine": results, "ratios": found})
+    write_out(a.out, {**meta, "load_after": os.getloadavg(), "plan_through_engine": results, "ratios": found})
     return 0
 
 
@@ -578,11 +510,6 @@ def _commit(root: Path) -> str | None:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
-
-
-def _write(path: Path, doc: dict[str, Any]) -> None:
-    write_json(path, doc)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,62 +1,16 @@
 """How fast does ShardLoader feed a training loop, against what the machine can decode?
 
-```
-python benchmarks/loader_bench.py --images 2000 --size 224 --repeats 3 --out bench.json
-python benchmarks/loader_bench.py --dataset s3://lake/datasets/pets-v1 --channel train
-python benchmarks/loader_bench.py --memory 10 --images 2000 --size 128 --repeats 3
-```
-
-Measures (median of ``--repeats`` runs, images/s):
-
-* ``shardloader``: one full epoch of a new :class:`loaders.ShardLoader` (rank 0 of 1, shuffled),
-  and its time to first batch;
-* ``shardloader_next_epoch``: one more epoch of a loader kept from repeat to repeat, as a
-  training loop runs it (its decode buffers and its read-ahead are warm; a new loader's first
-  epoch waits for its first window's read, and writes into ~60 MB of fresh pages, which measured
-  as nothing: ``benchmarks/README.md``, the eighth round);
-* ``shardloader_new_loader_extra_s``: how much longer the new loader's epoch took than the kept
-  loader's next one, in seconds (per repeat, then the median): what a new loader costs once,
-  which weighs more the shorter the epoch;
-* ``decode_ceiling``: the same encoded bytes, already in memory, decoded by a thread pool over
-  batch-sized chunks with the same decoder called bare (``loaders._jpeg`` over the whole chunk
-  when built, else ``simplejpeg.decode_jpeg`` straight into each slot of the batch array),
-  producing the loader's tensors (checked equal before timing): the best a
-  threaded loader can do. Run with as many threads as cores and with ``--threads`` (as many as
-  the loader); the configuration with the faster median is the ceiling (on a busy machine more
-  threads get a larger share of it, so the ceiling must not have fewer than the loader). Each
-  repeat runs the ceiling before and after the loader, mirrored, and records the mean of the
-  two: a machine that speeds up or slows down during a repeat moves both sides alike;
-* ``dataloader_files``: ``torch.utils.data.DataLoader(num_workers=2)`` over the same images as
-  individual files (an ImageFolder-like Dataset decoding with Pillow; torchvision is not
-  installed here);
-* ``decode_pillow`` / ``decode_simplejpeg``: one thread, the two decoders;
-* ``other_cpu_share``: how much of the machine others (other processes, the hypervisor) took
-  during the loader's runs (both loaders' epochs).
-
-``--memory FACTOR`` measures instead whether the loader's memory stays bounded whatever the
-shard's size: the peak RSS of one epoch (2 decode threads) over a shard of ``--images`` images
-and over one ``FACTOR`` times larger, each in a fresh process, with each one's time to first
-batch (it must not grow with the shard either). Target: peak RSS large / small <= 1.1.
-
-The synthetic shards are written by the shard job's own ``ShardWriter``, so the loader reads
-what it reads in production.
-
-Targets (reported, not asserted): shardloader >= 0.9 x decode_ceiling and >= 2 x
-dataloader_files. Ratios are printed twice: medians over medians, and ``_paired`` (each repeat's
-loader over the same repeat's ceiling of the chosen configuration, then the median), which a
-slow spell of this shared machine moves less.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "Loader
+throughput" and "Loader memory".
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import json_child, log_to_stdout, work_folder, write_out
 from _data import build_dataset, cached_dataset
 from _timing import other_load, paired, write_json
 
@@ -266,12 +221,7 @@ def memory(work: Path, args: argparse.Namespace) -> None:
     for name, n in (("small", args.images), ("large", args.images * args.memory)):
         root = cached_dataset(work, images=n, size=args.size, quality=args.quality)
         child = [sys.executable, "-c", _MEMORY_CHILD, str(root)]
-        runs = [
-            json.loads(
-                subprocess.run(child, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
-            )
-            for _ in range(args.repeats)
-        ]
+        runs = [json_child(child, f"an epoch over {n} images") for _ in range(args.repeats)]
         results[name] = {
             "images": n,
             "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
@@ -313,13 +263,12 @@ def main(argv: list[str] | None = None) -> int:
         help="peak RSS of an epoch over --images and over FACTOR times as many images instead",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_stdout()
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with work_folder(args.workdir) as work:
         if args.memory is not None:
-            memory(Path(args.workdir or tmp), args)
+            memory(work, args)
             return 0
-        work = Path(args.workdir or tmp)
         files: Path | None = None
         if args.dataset:
             dataset = args.dataset
@@ -412,8 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
         "targets": {"shardloader_vs_ceiling": 0.9, "shardloader_vs_dataloader": 2.0},
     }
-    write_json(args.out, result)
-    print(f"wrote {args.out}")
+    write_out(args.out, result)
     return 0
 
 

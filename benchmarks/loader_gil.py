@@ -1,36 +1,6 @@
 """Who holds Python's GIL, per image: a kept ShardLoader against the decode ceiling (py-spy).
 
-    python benchmarks/loader_gil.py --images 2000 --seconds 15 --repeats 3
-
-The decode threads release the GIL inside libjpeg-turbo and need it back for every call's
-Python part; while any other thread holds it they wait, off the CPU, and that wait is most of
-what separates the loader from the ceiling on a small machine (``benchmarks/README.md``). This
-measures the GIL directly instead of through a noisy images/s ratio.
-
-Each workload runs in its own process, one after the other (the order alternates per repeat):
-the loader (one ``ShardLoader``, epoch after epoch with ``set_epoch``, as training runs it) and
-the ceiling of ``loader_bench.py`` (the same bytes in memory, the loader's decoder called bare on
-one thread per core). After ``--warmup`` passes, ``py-spy record --gil --idle`` samples the process for
-``--seconds`` at ``--rate`` Hz: a sample is kept only when some thread holds the GIL. The report
-gives, for each workload (medians over repeats):
-
-* images/s while sampled (py-spy's ``--nonblocking`` mode does not pause the process);
-* ``gil_share``: the fraction of wall time some thread held the GIL;
-* ``gil_us_per_image``: GIL-held time per image, in total and per source line (the innermost
-  Python frame; time inside a C function that keeps the GIL lands on the line that called it).
-
-``--stats`` measures instead what the loader's per-epoch statistics (``loader.epoch_stats()``,
-:mod:`loaders.stats`) cost in CPU: a kept loader streams the dataset for ``--seconds`` under
-``py-spy record --idle``, and the samples in the statistics' code are counted against every busy
-sample (waits left out). It prints the share of the busy samples in each part: the reader
-thread's tally of each batch's rows for the shuffle figures, the per-epoch figures
-(``epoch_stats``, the shuffle figures' computation included), and the counters (decode tally,
-totals, budget):
-
-    python benchmarks/loader_gil.py --stats --images 4096 --seconds 25
-
-Needs ``py-spy`` (``pip install py-spy``, in the ``dev`` extra) and permission to read the
-child's memory (Linux: same user, ``kernel.yama.ptrace_scope`` <= 1).
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "Who holds the GIL".
 """
 
 from __future__ import annotations
@@ -127,23 +97,8 @@ def profile(workload: str, dataset: Path, args: argparse.Namespace, py_spy: str,
         for _ in range(args.warmup):
             next_pass()
         raw = work / f"{workload}.txt"
-        spy = [
-            py_spy,
-            "record",
-            "--gil",
-            "--idle",
-            "--nonblocking",
-            "--rate",
-            str(args.rate),
-            "--format",
-            "raw",
-            "--duration",
-            str(args.seconds),
-            "--output",
-            str(raw),
-            "--pid",
-            str(child.pid),
-        ]
+        spy = [py_spy, "record", "--gil", "--idle", "--nonblocking", "--format", "raw", "--output", str(raw)]
+        spy += ["--rate", str(args.rate), "--duration", str(args.seconds), "--pid", str(child.pid)]
         t0 = time.time()
         done = subprocess.run(spy, capture_output=True, text=True)
         t1 = time.time()
@@ -222,18 +177,21 @@ def _default_py_spy() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _cli import positive
     from _data import cached_dataset
     from _timing import alternate, write_runs
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--images", type=int, default=2000, help="images in the synthetic shard (default: 2000)")
-    p.add_argument("--size", type=int, default=224, help="image side in pixels (default: 224)")
     p.add_argument(
-        "--seconds", type=int, default=15, help="sampling time per workload and repeat (default: 15)"
+        "--images", type=positive, default=2000, help="images in the synthetic shard (default: 2000)"
     )
-    p.add_argument("--rate", type=int, default=1000, help="py-spy samples per second (default: 1000)")
-    p.add_argument("--warmup", type=int, default=3, help="passes before sampling starts (default: 3)")
-    p.add_argument("--repeats", type=int, default=3, help="processes per workload (default: 3)")
+    p.add_argument("--size", type=positive, default=224, help="image side in pixels (default: 224)")
+    p.add_argument(
+        "--seconds", type=positive, default=15, help="sampling time per workload and repeat (default: 15)"
+    )
+    p.add_argument("--rate", type=positive, default=1000, help="py-spy samples per second (default: 1000)")
+    p.add_argument("--warmup", type=positive, default=3, help="passes before sampling starts (default: 3)")
+    p.add_argument("--repeats", type=positive, default=3, help="processes per workload (default: 3)")
     p.add_argument("--top", type=int, default=12, help="source lines to print per workload (default: 12)")
     p.add_argument(
         "--py-spy",
@@ -250,9 +208,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.stream is not None:
         stream(args.stream, args.seconds)
         return 0
-    for name in ("images", "size", "seconds", "rate", "warmup", "repeats"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if not args.py_spy or not os.access(args.py_spy, os.X_OK):
         p.error(
             f"py-spy not found (--py-spy {args.py_spy!r}): pip install py-spy, or pip install -e '.[dev]'"

@@ -1,50 +1,7 @@
 """Does a mixture of two local datasets stream within noise of one dataset of the same rows?
 
-```
-python benchmarks/mix_bench.py --repeats 3 --out mix.json     # 4096 images: < 1 min on 2 cores
-python benchmarks/mix_bench.py --small --out mix-small.json   # 1024 images, 1 repeat: ~10 s
-```
-
-Datasets (built in ``--workdir``, else a temporary folder; kept in ``--workdir`` for the next run
-with the same settings): ``--images`` synthetic 224 px JPEGs (``_data.synthetic_image``,
-image ``i`` drawn from seed ``i``), written by the format's own writer
-(``_data.write_shards``: one shard per channel, 4 MiB row groups) as
-
-* ``A``: the images given to the first source (``--split``, default 70 %),
-* ``B``: the others (30 %),
-* ``C``: all of them, in their original order: the same encoded bytes as A and B together.
-
-Which image goes to A is a stride rule over the image index, so A and B are interleaved runs of
-the same distribution and ``C`` holds A's and B's images mixed; each dataset has its own
-``dataset_version`` (a hash of its first images). The split is exactly the mixture's share
-(``loaders._internal.mixing.shares``), so each epoch of the mixture is one whole pass of A and one of B:
-the same rows as an epoch of C. ``--images`` must be a multiple of ``--batch-size`` (the
-mixture rounds an epoch down to whole batches; the single loader would end on a short one).
-
-Variants (same batch size, threads, shuffle and seed):
-
-* ``single``: ``ShardLoader(C, ...)``;
-* ``mix``: ``MixedLoader([(A, split), (B, 1 - split)], samples_per_epoch=rows of C, ...)``
-  (``loaders.MixedLoader``, which shares ``num_threads`` out among its sources by weight).
-
-Each repeat runs both variants, one after the other, in this process, the order alternating from
-repeat to repeat (single first on even repeats, mix first on odd ones: whatever the first leaves
-behind falls on each alike). A run makes a new loader, runs one untimed warm-up epoch, then
-times ``--epochs`` more epochs of the same loader (``set_epoch(e)``, as a training loop), then
-closes it. Recorded per run: images, wall seconds, this process's CPU seconds
-(``time.process_time``: every thread), and per epoch the images and a label histogram (both
-variants must deliver the same images per epoch and the same labels: A and B are C split).
-Before the timed runs, epoch 0 of each variant is compared untimed, image by image (a digest of
-each decoded image, with its label): the mixture must yield exactly C's (image, label) pairs.
-
-Prints, per variant, the median images/s and CPU ms per image over the repeats and the ratios
-mixture / single (medians over medians, and "paired": the median of each repeat's ratio), with
-single's spread over the repeats as the noise (at least 5 %), and the share of the machine's CPU
-that other processes took during the timed epochs (``_timing.other_load``: a busy machine
-shows there); ``--out`` gets every run as JSON. Nothing is asserted about speed.
-
-``--torch-threads N`` sets torch's intra-op threads first (default: torch's own, as a training
-process has them): the mixture joins its sources' rows with ``torch.cat``, which runs on them.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "A mixture against
+one dataset".
 """
 
 from __future__ import annotations
@@ -56,7 +13,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -68,8 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import positive, work_folder, write_out
 from _data import seeded_jpeg, write_shards
-from _timing import other_load, paired, write_json
+from _timing import other_load, paired
 
 from lakeshard import format as contract
 from loaders import MixedLoader, ShardLoader, default_threads
@@ -147,20 +104,12 @@ def build(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def _jpeg_bytes(root: Path) -> list[int]:
-    """Encoded bytes of each image of the train channel of the dataset at ``root``."""
+    """Encoded bytes of each image of the train channel of the dataset at ``root`` (its one shard)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    loader = ShardLoader(str(root), channel="train", num_threads=1)  # for the shard list only
-    try:
-        uris = list(loader.shard_uris)
-    finally:
-        loader.close()
-    out: list[int] = []
-    for uri in uris:
-        column = pq.read_table(uri.removeprefix("file://"), columns=["image"]).column("image")
-        out.extend(pc.binary_length(column).to_pylist())
-    return out
+    column = pq.read_table(root / contract.shard_relpath("train", 0, 1), columns=["image"]).column("image")
+    return list(pc.binary_length(column).to_pylist())
 
 
 # -- one run ----------------------------------------------------------------------------------------
@@ -308,16 +257,6 @@ def print_table(summary: dict[str, Any]) -> None:
 
 
 # -- the command line -------------------------------------------------------------------------------
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
-
-
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -331,40 +270,40 @@ def _fraction(text: str) -> float:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Variants, datasets and what is measured: the module docstring of benchmarks/mix_bench.py.",
+        epilog="Variants, datasets and what is measured: benchmarks/README.md.",
     )
     parser.add_argument(
         "--images",
-        type=_positive,
+        type=positive,
         help=f"images in C (A and B split them); a multiple of --batch-size (default {DEFAULTS['images']})",
     )
     parser.add_argument(
         "--split", type=_fraction, default=0.7, help="A's share of the images and weight (default 0.7)"
     )
-    parser.add_argument("--size", type=_positive, default=224, help="image size in px (default 224)")
-    parser.add_argument("--quality", type=_positive, default=90, help="JPEG quality (default 90)")
-    parser.add_argument("--classes", type=_positive, default=10, help="label classes (default 10)")
-    parser.add_argument("--batch-size", type=_positive, default=64, help="default 64")
+    parser.add_argument("--size", type=positive, default=224, help="image size in px (default 224)")
+    parser.add_argument("--quality", type=positive, default=90, help="JPEG quality (default 90)")
+    parser.add_argument("--classes", type=positive, default=10, help="label classes (default 10)")
+    parser.add_argument("--batch-size", type=positive, default=64, help="default 64")
     parser.add_argument(
         "--threads",
-        type=_positive,
+        type=positive,
         help="decode threads of each variant (the mixture shares them out by weight; default: one per core)",
     )
     parser.add_argument(
         "--torch-threads",
-        type=_positive,
+        type=positive,
         help="torch.set_num_threads before the runs (default: torch's own; the mixture joins its "
         "sources' rows with torch.cat, which uses them)",
     )
     parser.add_argument("--seed", type=int, default=7, help="the loaders' shuffle seed (default 7)")
     parser.add_argument(
         "--epochs",
-        type=_positive,
+        type=positive,
         help=f"timed epochs per run, after one warm-up (default {DEFAULTS['epochs']})",
     )
     parser.add_argument(
         "--repeats",
-        type=_positive,
+        type=positive,
         help=f"runs of each variant, alternating (default {DEFAULTS['repeats']})",
     )
     parser.add_argument(
@@ -377,10 +316,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="mix_bench.json", help="JSON results (default mix_bench.json)")
     args = parser.parse_args(argv)
-    for key, value in (SMALL if args.small else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    for key, value in DEFAULTS.items():
+    for key, value in {**DEFAULTS, **(SMALL if args.small else {})}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.threads is None:
@@ -404,9 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
-    with tempfile.TemporaryDirectory(prefix="mix-bench-") as tmp:
-        work = Path(args.workdir) if args.workdir else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_folder(args.workdir, prefix="mix-bench-") as work:
         data = build(work, args)
         for name, d in data.items():
             print(
@@ -452,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "runs": runs,
     }
-    write_json(args.out, result)
-    print(f"\nwrote {args.out}")
+    print()
+    write_out(args.out, result)
     return 0
 
 

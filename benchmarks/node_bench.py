@@ -1,33 +1,7 @@
 """Does the loader keep a GPU node busy? Thread scaling, a real model fed by the loader, nccl,
 and GPU-side decoding, in one command.
 
-```
-python benchmarks/node_bench.py --out node.json          # a GPU node (16 cores, an H100): < 8 min
-python benchmarks/node_bench.py --small                   # any machine, CPU only: < 2 min
-```
-
-1. **Dataset**: ``--images`` rows of 224 px photo-like JPEGs (``--unique`` distinct images,
-   repeated; ~21 kB each) in one shard written by the format's own writer, 1,000 classes.
-2. **Thread scaling**: a kept loader (``decoder="auto"``) with each of ``--threads`` decode
-   threads, and ``--ranks`` processes of ``--rank-threads`` threads at once (two ranks on one
-   node), each measured for ``--seconds`` after its first batch, in its own process: images/s
-   and CPU seconds per image (the process's); beside each, the decode ceiling on as many threads
-   (the same bytes in memory, decoded with the same decoder, nothing else: loader_bench.py's).
-3. **A model fed by the loader**: ResNet-50 (torchvision's, else timm's) in bf16 autocast,
-   channels_last, ``--batch-size`` 256, SGD, on the GPU: ``--steps`` steps fed by the loader
-   (pinned memory, non-blocking copies, normalised on the GPU) against the same steps on one
-   batch already on the GPU (the compute ceiling); images/s, the ratio, and the share of step
-   time spent waiting for the next batch. Without CUDA (``--small``): the trainer's small CNN on
-   the CPU, so the code path runs.
-4. **nccl**: ``torchrun --standalone --nproc_per_node=1 -m loaders.train`` for one short epoch;
-   the backend its process group used (gloo without CUDA) and its exit status.
-5. **GPU decoding**: ``decoder="none"`` batches decoded by ``torchvision.io.decode_jpeg(...,
-   device="cuda")`` against the loader decoding on the CPU and copying to the GPU, images/s and
-   CPU seconds per image; and the encoded batches alone (what the CPU still does). A step that
-   cannot run here (no CUDA, no torchvision) is reported with the reason, never left out.
-
-Targets (reported, not asserted): images/s >= 0.9 x ceiling at every thread count for one
-process; the loader-fed model >= 0.95 x the compute ceiling with data wait <= 2%.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "A GPU node".
 """
 
 from __future__ import annotations
@@ -50,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import int_list
 from _data import seeded_jpeg, write_shards
 from _timing import write_json
 from loader_bench import bench_ceiling
@@ -118,21 +93,10 @@ def _run_ranks(
     dataset: Path, ranks: int, threads: int, seconds: float, decoder: str = "auto"
 ) -> dict[str, Any]:
     """``ranks`` processes of ``threads`` threads at once: images/s summed, CPU per image overall."""
+    child = [sys.executable, __file__, "measure", str(dataset)]
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "measure",
-                str(dataset),
-                str(r),
-                str(ranks),
-                str(threads),
-                str(seconds),
-                decoder,
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+            [*child, *map(str, (r, ranks, threads, seconds)), decoder], stdout=subprocess.PIPE, text=True
         )
         for r in range(ranks)
     ]
@@ -316,51 +280,36 @@ def gpu_decode(dataset: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- main ----------------------------------------------------------------------------------------------
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated positive integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated positive integers")
-    return values
+#: Each size: its type, what it is, and its default on a node and with ``--small``.
+SIZES: dict[str, tuple[Any, str, Any, Any]] = {
+    "images": (int, "rows in the dataset", 200_000, 2_000),
+    "unique": (int, "distinct images among them", 4_000, 256),
+    "threads": (int_list, "decode threads of one process", [1, 2, 4, 8, 16], [1, 2]),
+    "ranks": (int, "processes at once for the last row", 2, 2),
+    "rank_threads": (int, "threads of each of them", 8, 1),
+    "seconds": (float, "measured per configuration", 6.0, 1.5),
+    "batch_size": (int, "the model's batch", 256, 16),
+    "steps": (int, "the model's measured steps", 60, 3),
+    "warmup": (int, "steps before those", 10, 1),
+    "train_images": (int, "rows of the torchrun run's dataset", 20_000, 64),
+    "train_batch_size": (int, "its batch", 256, 16),
+}
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else f"{value:,g}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--small", action="store_true", help="a CPU-sized run (under 2 minutes on 2 cores)")
-    p.add_argument("--images", type=int, help="rows in the dataset (default 200,000; --small 2,000)")
-    p.add_argument("--unique", type=int, help="distinct images among them (default 4,000; --small 256)")
-    p.add_argument(
-        "--threads", type=_ints, help="decode threads of one process (default 1,2,4,8,16; --small 1,2)"
-    )
-    p.add_argument("--ranks", type=int, help="processes at once for the last row (default 2)")
-    p.add_argument("--rank-threads", type=int, help="threads of each of them (default 8; --small 1)")
-    p.add_argument("--seconds", type=float, help="measured per configuration (default 6; --small 1.5)")
-    p.add_argument("--batch-size", type=int, help="the model's batch (default 256; --small 16)")
-    p.add_argument("--steps", type=int, help="the model's measured steps (default 60; --small 3)")
-    p.add_argument("--warmup", type=int, help="steps before those (default 10; --small 1)")
-    p.add_argument(
-        "--train-images", type=int, help="rows of the torchrun run's dataset (default 20,000; --small 64)"
-    )
-    p.add_argument("--train-batch-size", type=int, help="its batch (default 256; --small 16)")
+    for name, (kind, what, full, small) in SIZES.items():
+        default = f"default {_shown(full)}" + (f"; --small {_shown(small)}" if small != full else "")
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{what} ({default})")
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "node-bench")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
-    defaults = {
-        "images": (200_000, 2_000),
-        "unique": (4_000, 256),
-        "threads": ([1, 2, 4, 8, 16], [1, 2]),
-        "ranks": (2, 2),
-        "rank_threads": (8, 1),
-        "seconds": (6.0, 1.5),
-        "batch_size": (256, 16),
-        "steps": (60, 3),
-        "warmup": (10, 1),
-        "train_images": (20_000, 64),
-        "train_batch_size": (256, 16),
-    }
-    for name, (full, small) in defaults.items():
+    for name, (_, _, full, small) in SIZES.items():
         if getattr(args, name) is None:
             setattr(args, name, small if args.small else full)
     for name in ("images", "unique", "ranks", "rank_threads", "batch_size", "steps", "train_images"):

@@ -1,24 +1,7 @@
 """Does a preparation cluster lift a training process that has too few cores?
 
-```
-python benchmarks/prep_bench.py --images 1024 --repeats 3
-```
-
-A training process restricted to one core (``os.sched_setaffinity``) runs a CPU-bound model
-step (a small CNN, its SGD step repeated until it costs about what preparing an image does),
-fed by a loader whose transform (:func:`heavy`: a RandAugment-like chain) costs several
-times decoding:
-
-* **local**: the loader decodes and transforms on its own threads, on that same core;
-* **prep**: ``ShardLoader(prep=...)`` sends each batch to a Dask worker process pinned to the
-  other core, which decodes and transforms it and sends the batch back.
-
-Each variant keeps its loader over ``--epochs`` epochs after one warm-up epoch; the variants
-alternate over ``--repeats``. Reported: images/s of each (median), the ratio prep / local (ideal
-about 2 on 2 cores when the step and the preparation cost the same), the bytes that cross
-between worker and trainer per image (the task's encoded rows one way, the decoded batch the
-other), the CPU per image of the step and of the preparation measured alone, and what that
-predicts for N training cores and M cluster cores. ``--out`` writes the JSON.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "A preparation
+cluster".
 """
 
 from __future__ import annotations
@@ -43,6 +26,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import run_checked
 from _data import build_dataset
 from _timing import alternate, paired, write_json
 
@@ -199,15 +183,8 @@ def doctor(root: Path, batch: int, *, core: int) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}
     cmd = [sys.executable, "-m", "loaders.doctor", "--dataset", str(root), "--transform", TRANSFORM]
     cmd += ["--threads", "1", "--batch-size", str(batch), "--seconds", "3", "--json"]
-    done = subprocess.run(
-        cmd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
-    )
-    report = json.loads(done.stdout)
+    pin = functools.partial(os.sched_setaffinity, 0, {core})
+    report = json.loads(run_checked(cmd, "the doctor", env=env, preexec_fn=pin))
     return {
         "bottleneck": report["bottleneck"],
         "headline": report["headline"],

@@ -1,44 +1,7 @@
 """The loader's hand-written ranged reads against well-kept libraries, on the remote-like store.
 
-```
-python benchmarks/range_reads.py --repeats 3 --out /tmp/range_reads.json     # ~2,000 224 px JPEGs
-python benchmarks/range_reads.py --small                                        # a few seconds
-python benchmarks/range_reads.py --row-group-bytes 1MiB --workdir /tmp/rr       # more, smaller reads
-```
-
-One shard of synthetic 224 px JPEGs (``_data.write_shards``: the shard job's writer and
-row-group size) is served by :class:`remote_store.RemoteStore` (``--latency-ms`` before each
-response, ``--bandwidth`` per connection). Each variant reads the shard's row groups in a seeded
-shuffled order (a new order each epoch, the same for every variant), ``--concurrency`` reads in
-flight, and decodes each row group into an Arrow table (the image and label columns), as the
-loader must before it copies rows out:
-
-* ``lakeshard``: the loader's own stack: :class:`loaders._internal.fetch.RangeFetcher` over
-  :func:`loaders._internal.fetch.read_range` over the S3 store (one blocking botocore client, ``If-Match`` on every GET),
-  the whole epoch scheduled, each row group decoded by :func:`loaders._internal.fetch.read_row_group`;
-* ``obstore``: ``obstore.get_ranges`` (Rust ``object_store``) over windows of ``--concurrency``
-  row groups, with its default coalescing (ranges under 1 MiB apart are one GET);
-* ``obstore-async``: ``obstore.get_async`` of each row group's range with ``if_match``, at
-  most ``--concurrency`` at once (an ``asyncio`` semaphore), in order across the whole epoch
-  (what the loader's fetcher does, in obstore's async API);
-* ``fetcher+obstore``: the loader's ``RangeFetcher`` with ``obstore.get`` (blocking, ``range``
-  and ``if_match``) in place of ``read_range``: what replacing only the client would be;
-* ``pyarrow``: ``pyarrow.fs.S3FileSystem`` and ``pq.ParquetFile(..., pre_buffer=True)``,
-  ``read_row_groups`` over windows of ``--concurrency`` row groups (Arrow's own coalescing and
-  I/O threads, ``--concurrency`` of them);
-* ``opendal-async``: ``opendal.AsyncOperator("s3", ...)`` reading each range (``offset``/``size``,
-  ``if_match``), at most ``--concurrency`` at once, in order;
-* ``fetcher+opendal``: the loader's ``RangeFetcher`` with ``opendal.Operator.read`` (blocking,
-  ``offset``/``size``, ``if_match``) in place of ``read_range``.
-
-Each repeat makes each variant's client anew (``setup``: its time and CPU), then reads
-``--epochs`` epochs; the variants alternate (their order rotates every repeat) so a slow spell of
-this shared machine falls on each. Per epoch: wall time, CPU seconds of this process
-(``time.process_time``: every thread, Rust's and Arrow's included; the store's nginx and shim are
-other processes), and what the store served (requests, connections, body bytes). Every variant
-must return, for every row group, the bytes of the file on disk (a decoded table equal to the
-one decoded from them): a variant that differs fails the run. A variant whose package is not
-installed is reported as missing (printed and in the JSON), never skipped silently.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "The ranged-read
+stack against libraries".
 """
 
 from __future__ import annotations
@@ -52,7 +15,6 @@ import logging
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -68,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _data
-from _timing import write_json
-from remote_store import NginxMissingError, RemoteStore, parse_rate
+from _cli import log_to_stdout, work_folder, write_out
+from remote_store import NginxMissingError, RemoteStore, find_nginx, parse_rate
 
 from lakeshard import storage
 from lakeshard.format import read_shard_footer, shard_relpath
@@ -79,16 +41,6 @@ log = logging.getLogger("range_reads")
 
 #: The columns each row group is decoded into (what the loader reads of a shard).
 COLUMNS = ["image", "label"]
-#: Each variant and the package it needs (``None``: the project's own).
-VARIANTS = {
-    "lakeshard": None,
-    "obstore": "obstore",
-    "obstore-async": "obstore",
-    "fetcher+obstore": "obstore",
-    "pyarrow": "pyarrow",
-    "opendal-async": "opendal",
-    "fetcher+opendal": "opendal",
-}
 
 
 @dataclass(frozen=True)
@@ -102,6 +54,10 @@ class Shard:
     size: int
     etag: str
     ranges: list[tuple[int, int]]  # each row group's bytes
+
+    def decode(self, g: int, data: Any) -> pa.Table:
+        """Row group ``g``'s columns from its fetched bytes ``data``."""
+        return read_row_group(self.metadata, self.size, g, self.ranges[g][0], data, COLUMNS)
 
 
 def table_digest(table: pa.Table) -> str:
@@ -151,8 +107,7 @@ def _fetcher_read(
         out = []
         for g in order:
             data = fetcher.get(g, stop)
-            table = read_row_group(shard.metadata, shard.size, g, ranges[g].start, data, COLUMNS)
-            out.append((g, table, data))
+            out.append((g, shard.decode(g, data), data))
             fetcher.release(g)
         return out
 
@@ -160,19 +115,22 @@ def _fetcher_read(
     return read
 
 
+def _credentials(store: RemoteStore) -> dict[str, str]:
+    """The store's endpoint and dummy credentials, named as obstore and OpenDAL take them."""
+    env = store.environ()
+    return {
+        "endpoint": env["AWS_ENDPOINT_URL"],
+        "region": env["AWS_REGION"],
+        "access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+    }
+
+
 def _obstore(shard: Shard, store: RemoteStore) -> Any:
     from obstore.store import S3Store
 
-    env = store.environ()
-    return S3Store(
-        shard.bucket,
-        endpoint=env["AWS_ENDPOINT_URL"],
-        region=env["AWS_REGION"],
-        access_key_id=env["AWS_ACCESS_KEY_ID"],
-        secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        virtual_hosted_style_request=False,
-        client_options={"allow_http": True},
-    )
+    http = {"virtual_hosted_style_request": False, "client_options": {"allow_http": True}}
+    return S3Store(shard.bucket, **_credentials(store), **http)
 
 
 def make_obstore(shard: Shard, store: RemoteStore, args: argparse.Namespace) -> Read:
@@ -189,14 +147,7 @@ def make_obstore(shard: Shard, store: RemoteStore, args: argparse.Namespace) -> 
                 starts=[shard.ranges[g][0] for g in window],
                 ends=[shard.ranges[g][1] for g in window],
             )
-            for g, data in zip(window, got, strict=True):
-                out.append(
-                    (
-                        g,
-                        read_row_group(shard.metadata, shard.size, g, shard.ranges[g][0], data, COLUMNS),
-                        data,
-                    )
-                )
+            out += [(g, shard.decode(g, data), data) for g, data in zip(window, got, strict=True)]
         return out
 
     return read
@@ -235,17 +186,8 @@ def make_fetcher_obstore(shard: Shard, store: RemoteStore, args: argparse.Namesp
 def _opendal(shard: Shard, store: RemoteStore, kind: str = "Operator") -> Any:
     import opendal
 
-    env = store.environ()
-    return getattr(opendal, kind)(
-        "s3",
-        bucket=shard.bucket,
-        endpoint=env["AWS_ENDPOINT_URL"],
-        region=env["AWS_REGION"],
-        access_key_id=env["AWS_ACCESS_KEY_ID"],
-        secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        disable_config_load="true",
-        disable_ec2_metadata="true",
-    )
+    local = {"disable_config_load": "true", "disable_ec2_metadata": "true"}
+    return getattr(opendal, kind)("s3", bucket=shard.bucket, **_credentials(store), **local)
 
 
 def make_fetcher_opendal(shard: Shard, store: RemoteStore, args: argparse.Namespace) -> Read:
@@ -268,10 +210,7 @@ def make_obstore_async(shard: Shard, store: RemoteStore, args: argparse.Namespac
         )
         return await got.bytes_async()
 
-    def decode(g: int, data: Any) -> pa.Table:
-        return read_row_group(shard.metadata, shard.size, g, shard.ranges[g][0], data, COLUMNS)
-
-    return lambda order: asyncio.run(_in_order(order, args.concurrency, fetch, decode))
+    return lambda order: asyncio.run(_in_order(order, args.concurrency, fetch, shard.decode))
 
 
 def make_pyarrow(shard: Shard, store: RemoteStore, args: argparse.Namespace) -> Read:
@@ -312,20 +251,18 @@ def make_opendal_async(shard: Shard, store: RemoteStore, args: argparse.Namespac
         lo, hi = shard.ranges[g]
         return await op.read(shard.key, offset=lo, size=hi - lo, if_match=shard.etag)
 
-    def decode(g: int, data: Any) -> pa.Table:
-        return read_row_group(shard.metadata, shard.size, g, shard.ranges[g][0], data, COLUMNS)
-
-    return lambda order: asyncio.run(_in_order(order, args.concurrency, fetch, decode))
+    return lambda order: asyncio.run(_in_order(order, args.concurrency, fetch, shard.decode))
 
 
-MAKERS: dict[str, Callable[[Shard, RemoteStore, argparse.Namespace], Read]] = {
-    "lakeshard": make_lakeshard,
-    "obstore": make_obstore,
-    "obstore-async": make_obstore_async,
-    "fetcher+obstore": make_fetcher_obstore,
-    "pyarrow": make_pyarrow,
-    "opendal-async": make_opendal_async,
-    "fetcher+opendal": make_fetcher_opendal,
+#: Each variant: the package it needs (``None``: the project's own) and what makes its reader.
+VARIANTS: dict[str, tuple[str | None, Callable[[Shard, RemoteStore, argparse.Namespace], Read]]] = {
+    "lakeshard": (None, make_lakeshard),
+    "obstore": ("obstore", make_obstore),
+    "obstore-async": ("obstore", make_obstore_async),
+    "fetcher+obstore": ("obstore", make_fetcher_obstore),
+    "pyarrow": ("pyarrow", make_pyarrow),
+    "opendal-async": ("opendal", make_opendal_async),
+    "fetcher+opendal": ("opendal", make_fetcher_opendal),
 }
 
 
@@ -358,7 +295,7 @@ def measure(
     """One repeat of one variant: its setup, then ``--epochs`` epochs."""
     before = store.traffic()
     t0, c0 = time.perf_counter(), time.process_time()
-    read = MAKERS[name](shard, store, args)
+    read = VARIANTS[name][1](shard, store, args)
     run: dict[str, Any] = {"setup_s": time.perf_counter() - t0, "setup_cpu_s": time.process_time() - c0}
     after = store.traffic()
     run["setup_traffic"], run["epochs"] = (after - before).as_dict(), []
@@ -473,11 +410,31 @@ def prepare(args: argparse.Namespace, work: Path) -> Path:
     return dataset
 
 
+def open_shard(store: RemoteStore, dataset: Path) -> Shard:
+    """The train shard of ``dataset`` (a folder the store serves) as the variants read it."""
+    rel = shard_relpath("train", 0, 1)
+    footer = read_shard_footer(store.uri(f"{dataset.name}/{rel}"))
+    md = footer.metadata
+    ranges = [row_group_range(md, g) for g in range(md.num_row_groups)]
+    # The ETag quoted, as If-Match sends it (the libraries send it as given).
+    key = f"{dataset.name}/{rel}"
+    return Shard(dataset / rel, store.bucket, key, md, footer.size, f'"{footer.etag}"', ranges)
+
+
+def file_truth(shard: Shard) -> dict[int, tuple[bytes, str]]:
+    """Each row group's bytes in the file on disk and the digest of its decoded table."""
+    data = shard.path.read_bytes()
+    return {
+        g: (data[lo:hi], table_digest(shard.decode(g, data[lo:hi])))
+        for g, (lo, hi) in enumerate(shard.ranges)
+    }
+
+
 def missing_variants(names: list[str]) -> dict[str, str]:
     """The variants that cannot run here, and why (their package is not installed)."""
     out = {}
     for name in names:
-        package = VARIANTS[name]
+        package = VARIANTS[name][0]
         if package is not None and importlib.util.find_spec(package) is None:
             out[name] = (
                 f"package {package!r} is not installed (pip install {package}; see benchmarks/README.md)"
@@ -519,14 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="JSON results")
     args = parser.parse_args(argv)
     if args.small:
-        args.images, args.size, args.row_group_bytes, args.repeats, args.epochs, args.latency_ms = (
-            64,
-            32,
-            "16KiB",
-            1,
-            2,
-            2.0,
-        )
+        args.images, args.size, args.row_group_bytes = 64, 32, "16KiB"
+        args.repeats, args.epochs, args.latency_ms = 1, 2, 2.0
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or "lakeshard" not in names:
@@ -538,49 +489,28 @@ def main(argv: list[str] | None = None) -> int:
         args.row_group_bytes = parse_rate(str(args.row_group_bytes))
     except (ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(str(exc))
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("botocore").setLevel(logging.WARNING)
+    try:
+        find_nginx()
+    except NginxMissingError as exc:
+        parser.error(str(exc))
+    log_to_stdout()
     missing = missing_variants(names)
     names = [n for n in names if n not in missing]
     for name, why in missing.items():
         log.warning("%s: NOT RUN: %s", name, why)
 
     errors: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.workdir or tmp).resolve()
-        work.mkdir(parents=True, exist_ok=True)
+    with work_folder(args.workdir) as work:
         dataset = prepare(args, work)
-        try:
-            store = RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes).start()
-        except NginxMissingError as exc:
-            parser.error(str(exc))
-        try:
+        with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
             os.environ.update(store.environ())
             os.environ.pop("AWS_ENDPOINT_URL_S3", None)
-            rel = shard_relpath("train", 0, 1)
-            footer = read_shard_footer(store.uri(f"{dataset.name}/{rel}"))
-            md = footer.metadata
-            path = dataset / rel
-            shard = Shard(
-                path,
-                store.bucket,
-                f"{dataset.name}/{rel}",
-                md,
-                footer.size,
-                f'"{footer.etag}"',  # quoted, as If-Match sends it (the libraries send it as given)
-                [row_group_range(md, g) for g in range(md.num_row_groups)],
-            )
-            data = path.read_bytes()
-            truth = {}
-            for g, (lo, hi) in enumerate(shard.ranges):
-                truth[g] = (
-                    data[lo:hi],
-                    table_digest(read_row_group(md, shard.size, g, lo, data[lo:hi], COLUMNS)),
-                )
+            shard = open_shard(store, dataset)
+            truth = file_truth(shard)
             log.info(
                 "%d images in %d row groups of %.2f MB (median), %.1f MB shard; %g ms, %.0f MB/s per connection",
-                md.num_rows,
-                md.num_row_groups,
+                shard.metadata.num_rows,
+                len(shard.ranges),
                 statistics.median(hi - lo for lo, hi in shard.ranges) / 1e6,
                 shard.size / 1e6,
                 args.latency_ms,
@@ -588,8 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
             for r in range(args.repeats):
-                turn = names[r % len(names) :] + names[: r % len(names)]
-                for name in turn:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
                     if name in errors:
                         continue
                     try:
@@ -600,8 +529,6 @@ def main(argv: list[str] | None = None) -> int:
                         errors[name] = f"{type(exc).__name__}: {exc}"
                         log.warning("%s failed: %s", name, errors[name])
                 log.info("repeat %d/%d done", r + 1, args.repeats)
-        finally:
-            store.stop()
     runs = {n: rs for n, rs in runs.items() if rs and n not in errors}
     summary = summarize(runs)
     print_table(summary, {**missing, **{n: f"failed: {e}" for n, e in errors.items()}})
@@ -620,9 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    write_json(args.out, result)
-    if args.out:
-        print(f"wrote {args.out}")
+    write_out(args.out, result)
     return 1 if "lakeshard" in errors else 0
 
 

@@ -1,42 +1,7 @@
 """How fast does ShardLoader stream a shard from object storage, against the same shard on local disk?
 
-```
-python benchmarks/remote_bench.py                    # 4,000 224px JPEGs; 20 ms, 80 MB/s per connection
-python benchmarks/remote_bench.py --profile far      # 100 ms, 25 MB/s per connection
-python benchmarks/remote_bench.py --photo            # ~100 kB JPEGs (224px, noisier, quality 100)
-python benchmarks/remote_bench.py --loader-option num_threads=4 --loader-option prefetch=8
-```
-
-The remote is :class:`remote_store.RemoteStore` (nginx behind a latency shim on 127.0.0.1,
-read as ``s3://`` through ``AWS_ENDPOINT_URL`` with dummy credentials): every response's first
-byte ``--latency-ms`` after its request, at most ``--bandwidth`` bytes/s per connection. The
-dataset is built by ``_data.build_dataset`` (the shard job's own writer).
-
-Each repeat measures both sources, local first on even repeats and remote first on odd ones
-(a slow spell of this shared machine falls on both), and for each:
-
-* ``epoch<N>``: images/s of epoch N (``--epochs``, 3) of one loader kept across epochs with
-  ``set_epoch``, as a training loop runs it (its constructor not counted), and
-  ``epoch<N>_first_batch_s``, the wait for that epoch's first batch (after the last batch of
-  the epoch before: the gap at the epoch boundary), and ``epoch<N>_gap_s``, the typical gap
-  between two batches of the epoch (median);
-* ``fresh_first_batch_s``: a new loader's first batch, its constructor (``dataset.json``,
-  the footers) included; for the remote, with new S3 clients and connections (the process's
-  cached ones forgotten), as a second loader of a process that has read S3 before has it;
-* ``process_first_batch_s``: the same in a new process (:data:`_FIRST_BATCH`: its imports done,
-  the clock started at ``ShardLoader(...)``), as a training script's first batch comes: with
-  the modules the loader imports when it first needs them and the S3 client's models to load;
-* for the remote, what the store served meanwhile (:class:`remote_store.Traffic`): requests
-  (GET, HEAD, LIST), connections opened, body bytes, and in the JSON each file request
-  (``*_served``: method, status, bytes, path, ``Range``). An epoch's traffic is what was served
-  while it ran: the next epoch's first row groups, read ahead, count in the epoch before;
-* ``other_cpu_share``: the machine's CPU others took meanwhile (``_timing.other_load``;
-  for the remote runs the store's nginx and shim are among them: they share this machine,
-  which a real remote does not).
-
-Medians over ``--repeats`` are printed with what bounds each remote epoch: the bytes served at
-one connection's bandwidth, the requests one after another at the latency, and the local
-epoch (decode). Before timing, the first batch from both sources must be identical.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "Loader from
+object storage".
 """
 
 from __future__ import annotations
@@ -47,9 +12,7 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -59,10 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import json_child, log_to_stdout, positive, work_folder, write_out
 from _data import PHOTO_QUALITY, build_dataset, photo_image, synthetic_image
-from _timing import alternate, other_load, parse_variant, write_json
+from _timing import alternate, other_load, parse_variant
 from loader_bench import epoch_timing
-from remote_store import NginxMissingError, RemoteStore, Traffic, parse_rate
+from remote_store import NginxMissingError, RemoteStore, Traffic, find_nginx, parse_rate
 
 from lakeshard import storage
 from lakeshard.format import shard_relpath
@@ -135,23 +99,8 @@ def loader_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, float]:
     """:data:`_FIRST_BATCH` in a new process (this one's environment: the store's endpoint)."""
     root = str(Path(__file__).resolve().parents[1])
-    done = subprocess.run(
-        [sys.executable, "-c", _FIRST_BATCH, root, dataset, json.dumps(loader_kwargs(args))],
-        capture_output=True,
-        text=True,
-        timeout=_PROCESS_TIMEOUT_S,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"a new process's first batch from {dataset} failed (exit code {done.returncode}): {done.stderr.strip()[-2000:]}"
-        )
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def forget_s3_clients() -> None:
-    """Forget lakeshard's blocking S3 clients (and their connections), as a new process has
-    none. (The loader makes no s3fs filesystem: design/0030.)"""
-    storage.clear_s3_clients()
+    cmd = [sys.executable, "-c", _FIRST_BATCH, root, dataset, json.dumps(loader_kwargs(args))]
+    return json_child(cmd, f"a new process's first batch from {dataset}", timeout=_PROCESS_TIMEOUT_S)
 
 
 def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteStore) -> dict[str, Any]:
@@ -162,21 +111,16 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
     try:
         for e in range(args.epochs):
             before, logged = store.traffic(), len(store.served())
-            rate, first, out["images"], gap = epoch_timing(
-                dataset, args, loader
-            )  # the next epoch: set_epoch(e + 1)
-            out[f"epoch{e + 1}"], out[f"epoch{e + 1}_first_batch_s"], out[f"epoch{e + 1}_gap_s"] = (
-                rate,
-                first,
-                gap,
-            )
+            n = e + 1  # epoch_timing runs the next epoch: set_epoch(e + 1)
+            rate, first, out["images"], gap = epoch_timing(dataset, args, loader)
+            out |= {f"epoch{n}": rate, f"epoch{n}_first_batch_s": first, f"epoch{n}_gap_s": gap}
             if remote:
-                out[f"epoch{e + 1}_traffic"] = (store.traffic() - before).as_dict()
-                out[f"epoch{e + 1}_served"] = store.served(since=logged)
+                out[f"epoch{n}_traffic"] = (store.traffic() - before).as_dict()
+                out[f"epoch{n}_served"] = store.served(since=logged)
     finally:
         loader.close()
-    if remote:
-        forget_s3_clients()
+    if remote:  # a new process has no S3 clients (nor their connections)
+        storage.clear_s3_clients()
     before, logged = store.traffic(), len(store.served())
     start = time.perf_counter()
     fresh = new_loader(dataset, args)
@@ -336,8 +280,8 @@ def prepare(args: argparse.Namespace, work: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=4000, help="images in the synthetic dataset")
-    parser.add_argument("--size", type=int, default=224, help="image size of the synthetic dataset")
+    parser.add_argument("--images", type=positive, default=4000, help="images in the synthetic dataset")
+    parser.add_argument("--size", type=positive, default=224, help="image size of the synthetic dataset")
     parser.add_argument(
         "--quality", type=int, help=f"JPEG quality (default 90; {PHOTO_QUALITY} with --photo)"
     )
@@ -357,9 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         "--bandwidth",
         help="per connection, per second, e.g. 80MB (decimal) or 64MiB (default: the profile's)",
     )
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the kept loader per repeat")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=positive, default=64)
+    parser.add_argument("--epochs", type=positive, default=3, help="epochs of the kept loader per repeat")
+    parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument(
         "--loader-option",
         action="append",
@@ -380,24 +324,17 @@ def main(argv: list[str] | None = None) -> int:
         args.options = loader_options(args.loader_option)
     except (ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(str(exc))
-    for name in ("images", "size", "batch_size", "epochs", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms:g}")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for name in ("botocore", "aiobotocore"):  # "Found credentials in environment variables."
-        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        find_nginx()
+    except NginxMissingError as exc:
+        parser.error(str(exc))
+    log_to_stdout()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.workdir or tmp).resolve()
-        work.mkdir(parents=True, exist_ok=True)
+    with work_folder(args.workdir) as work:
         dataset = prepare(args, work)
-        try:
-            store = RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes).start()
-        except NginxMissingError as exc:
-            parser.error(str(exc))
-        try:
+        with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
             os.environ.update(store.environ())
             sources = {"local": str(dataset), "remote": store.uri(dataset.name)}
             check_same_batches(sources["local"], sources["remote"], args)
@@ -413,8 +350,6 @@ def main(argv: list[str] | None = None) -> int:
                     runs[source][-1].update(measure_process(source, sources[source], args, store))
                 log.info("repeat %d/%d done", r + 1, args.repeats)
             total, pids = store.traffic(), store.pids
-        finally:
-            store.stop()
 
     images = runs["local"][0]["images"]
     summary = summarize(runs, args, images)
@@ -433,8 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         "store_pids": pids,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    write_json(args.out, result)
-    print(f"wrote {args.out}")
+    write_out(args.out, result)
     return 0
 
 

@@ -13,22 +13,11 @@ with RemoteStore(Path("/tmp/ds-root"), latency_ms=20, bandwidth=80e6) as store:
 or, by hand: ``python benchmarks/remote_store.py /tmp/ds-root --latency-ms 20 --bandwidth 80MB``
 (prints the endpoint; Ctrl-C stops it).
 
-Two processes, both ours, both on ephemeral ports of 127.0.0.1:
-
-* **nginx** (Debian's package; ``scripts/setup_bench.sh`` installs it), one process
-  (``master_process off``, ``daemon off``), config in a temporary folder: ``GET``/``HEAD`` of
-  ``/<bucket>/<key>`` serve ``<root>/<key>`` with ``Content-Length``, ``ETag``,
-  ``Last-Modified`` and byte ranges (what s3fs's ``info`` and ranged reads need). A missing
-  key or a folder is a 404 with S3's ``NoSuchKey`` XML. Its access log counts the bytes sent.
-* **the latency shim** (this module run with ``--shim``, a thread per connection): the
-  endpoint clients talk to. It reads each request, waits ``latency_ms``, then forwards it to
-  nginx over that client's own upstream connection (keep-alive and concurrency as the client
-  makes them) and streams the response back at ``bandwidth`` bytes/s at most per connection,
-  moving the body in the kernel (``splice``), so it takes little of the CPU it shares with the
-  client. (The cap is the shim's, not nginx's ``limit_rate``, which sleeps whole milliseconds
-  after each write and lets the first second's worth through.) It answers bucket-level requests
-  (ListObjectsV2, which s3fs sends for ``exists``/``info`` of a missing key or a "folder", and
-  HEAD bucket) itself from the folder, and logs each request and each new connection.
+Two processes of ours on ephemeral ports of 127.0.0.1: **nginx** (Debian's package;
+``scripts/setup_bench.sh``), one process, its config in a temporary folder, serves the files;
+**the latency shim** (this module run with ``--shim``) is the endpoint clients talk to, in front
+of it. What each does, and why the cap is the shim's: ``benchmarks/README.md``, "Loader from
+object storage" (the store).
 
 ETags: nginx's ``"<mtime hex>-<size hex>"`` has the shape of an S3 multipart upload's ETag, which
 a client cannot take for the object's MD5 (the manifest job then reads the whole object to hash
@@ -217,23 +206,11 @@ class RemoteStore:
         atexit.register(self.stop)
         try:
             port = self._start_nginx(nginx, tmp)
+            shim = {"--upstream": port, "--bucket": self.bucket, "--latency-ms": self.latency_ms}
+            shim |= {"--bandwidth": self.bandwidth, "--log": tmp / "shim.log"}
             self._shim = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(Path(__file__).resolve()),
-                    str(self.root),
-                    "--shim",
-                    "--upstream",
-                    str(port),
-                    "--bucket",
-                    self.bucket,
-                    "--latency-ms",
-                    str(self.latency_ms),
-                    "--bandwidth",
-                    str(self.bandwidth),
-                    "--log",
-                    str(tmp / "shim.log"),
-                ],
+                [sys.executable, str(Path(__file__).resolve()), str(self.root), "--shim"]
+                + [str(x) for option in shim.items() for x in option],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 start_new_session=True,

@@ -1,24 +1,7 @@
 """The loader's batches, states and resumes with the code at a git ref and with the working tree; compare.
 
-    python benchmarks/same_batches.py --ref 239e4ea [--only CASE ...] [--list]
-
-Builds three small datasets with the working tree's jobs (``dsA``: 4 classes, 2 shards of many
-row groups; ``dsB``: 3 other classes, 1 shard; ``dsC``: dsA's classes, 1 shard), serves them over S3 from the benchmarks'
-remote-like store (``benchmarks/remote_store.py``, no added latency), then runs a matrix of
-loader cases (world sizes and ranks, shuffle windows, remainders, ``drop_last``, augmentation,
-crops, normalisation, a transform by reference, the decoders, ``decoder="none"``, local and
-remote, with and without ``cache_dir``, mixtures) in fresh processes, once with each version of
-the code (the ref through ``git worktree``, its C extensions copied in). For each case it
-records:
-
-* every batch of epochs 0, 1 and 2 (the third taken from the stream the loop's step of one
-  epoch ran on into): a sha256 of the images (dtype, shape, strides, bytes) and of
-  the labels, or of an :class:`~loaders.EncodedBatch`'s encoded bytes;
-* ``len(loader)`` and the ``state_dict()`` taken after ``k`` batches of epoch 1;
-* the batches each version yields when it resumes from the **ref's** saved state, at the same
-  world size and at another one (elastic), every rank, and the epoch after it.
-
-Exits 1 on any difference, naming the case and what differs; 0 when every case is the same.
+How to run it, what it measures and what it prints: ``benchmarks/README.md``, "The same batches
+as another version of the code".
 """
 
 from __future__ import annotations
@@ -27,12 +10,13 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _cli import run_checked
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,6 +35,14 @@ def flip_some(images, labels, generator):
 _MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
+def _case(
+    sources: Any, world_size: int, *, elastic: Any = (), resume_at: int = 3, **options: Any
+) -> dict[str, Any]:
+    return dict(
+        sources=sources, world_size=world_size, options=options, elastic=list(elastic), resume_at=resume_at
+    )
+
+
 def cases(data: Path, remote: str) -> dict[str, dict[str, Any]]:
     """The matrix: name -> {sources, world_size, options, resume_at (k), elastic: [(ws, bs)]}.
 
@@ -59,94 +51,36 @@ def cases(data: Path, remote: str) -> dict[str, dict[str, Any]]:
     a, b, c = str(data / "dsA"), str(data / "dsB"), str(data / "dsC")
     ra, rb, rc = f"{remote}/dsA", f"{remote}/dsB", f"{remote}/dsC"
     cache = str(data / "cache-{version}-{case}-{rank}")
-    out: dict[str, dict[str, Any]] = {
-        "plain": dict(sources=a, world_size=1, options=dict(batch_size=8, num_threads=2)),
-        "shuffle-2ranks": dict(
-            sources=a,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=3, shuffle_window=16, num_threads=2),
-            elastic=[(1, 16), (4, 4)],
-        ),
-        "shuffle-3ranks-drop": dict(
-            sources=a,
-            world_size=3,
-            options=dict(batch_size=5, shuffle=True, seed=11, remainder="drop", drop_last=True),
-            elastic=[(1, 15)],
-        ),
-        "augment-crop-normalize": dict(
-            sources=a,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=5, augment=True, crop=24, normalize=_MEAN_STD),
-            elastic=[(1, 16)],
-        ),
-        "center-crop": dict(sources=a, world_size=1, options=dict(batch_size=7, crop=20)),
-        "transform-ref": dict(
-            sources=a,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=2, transform="sbtransforms:flip_some"),
-        ),
-        "pillow": dict(sources=a, world_size=1, options=dict(batch_size=8, decoder="pillow", shuffle=True)),
-        "encoded": dict(
-            sources=a, world_size=2, options=dict(batch_size=8, decoder="none", shuffle=True, seed=4)
-        ),
-        "validation": dict(
-            sources=a, world_size=2, options=dict(batch_size=4, channel="validation"), resume_at=1
-        ),
-        "remote": dict(
-            sources=ra,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=3, read_concurrency=3),
-            elastic=[(1, 16)],
-        ),
-        "remote-cache": dict(
-            sources=ra,
-            world_size=2,
-            options=dict(batch_size=8, shuffle=True, seed=3, cache_dir=cache),
-        ),
-        "mixture": dict(
-            sources=[[a, 0.7], [b, 0.3]],
-            world_size=2,
-            options=dict(batch_size=6, shuffle=True, seed=1, samples_per_epoch=120),
-            elastic=[(1, 12), (3, 4)],
-        ),
-        "mixture-augment": dict(
-            sources=[[a, 0.5], [b, 0.5]],
-            world_size=1,
-            options=dict(batch_size=10, shuffle=True, seed=8, augment=True, crop=24),
-        ),
-        "mixture-passes": dict(
-            sources=[[a, 0.4], [b, 0.6]],
-            world_size=2,
-            options=dict(batch_size=7, shuffle=True, seed=12, samples_per_epoch=280),
-            elastic=[(1, 14), (7, 2)],
-        ),
-        "mixture-transform": dict(
-            sources=[[a, 0.7], [b, 0.3]],
-            world_size=1,
-            options=dict(batch_size=9, shuffle=True, seed=6, transform="sbtransforms:flip_some"),
-        ),
-        "mixture-one-label-space": dict(
-            sources=[[a, 0.6], [c, 0.4]],
-            world_size=2,
-            options=dict(batch_size=6, shuffle=True, seed=4, samples_per_epoch=150),
-            elastic=[(1, 12), (3, 4)],
-        ),
-        "mixture-one-label-space-remote": dict(
-            sources=[[ra, 0.5], [rc, 0.5]],
-            world_size=1,
-            options=dict(batch_size=8, cache_dir=cache),
-        ),
-        "mixture-remote-cache": dict(
-            sources=[[ra, 0.6], [rb, 0.4]],
-            world_size=2,
-            options=dict(batch_size=6, shuffle=True, seed=1, cache_dir=cache),
-            elastic=[(1, 12)],
-        ),
-    }
-    for spec in out.values():
-        spec.setdefault("elastic", [])
-        spec.setdefault("resume_at", 3)
-    return out
+    flip = "sbtransforms:flip_some"
+    return {
+        "plain": _case(a, 1, batch_size=8, num_threads=2),
+        "shuffle-2ranks": _case(a, 2, batch_size=8, shuffle=True, seed=3, shuffle_window=16, num_threads=2,
+                                elastic=[(1, 16), (4, 4)]),
+        "shuffle-3ranks-drop": _case(a, 3, batch_size=5, shuffle=True, seed=11, remainder="drop",
+                                     drop_last=True, elastic=[(1, 15)]),
+        "augment-crop-normalize": _case(a, 2, batch_size=8, shuffle=True, seed=5, augment=True, crop=24,
+                                        normalize=_MEAN_STD, elastic=[(1, 16)]),
+        "center-crop": _case(a, 1, batch_size=7, crop=20),
+        "transform-ref": _case(a, 2, batch_size=8, shuffle=True, seed=2, transform=flip),
+        "pillow": _case(a, 1, batch_size=8, decoder="pillow", shuffle=True),
+        "encoded": _case(a, 2, batch_size=8, decoder="none", shuffle=True, seed=4),
+        "validation": _case(a, 2, batch_size=4, channel="validation", resume_at=1),
+        "remote": _case(ra, 2, batch_size=8, shuffle=True, seed=3, read_concurrency=3, elastic=[(1, 16)]),
+        "remote-cache": _case(ra, 2, batch_size=8, shuffle=True, seed=3, cache_dir=cache),
+        "mixture": _case([[a, 0.7], [b, 0.3]], 2, batch_size=6, shuffle=True, seed=1, samples_per_epoch=120,
+                         elastic=[(1, 12), (3, 4)]),
+        "mixture-augment": _case([[a, 0.5], [b, 0.5]], 1, batch_size=10, shuffle=True, seed=8, augment=True,
+                                 crop=24),
+        "mixture-passes": _case([[a, 0.4], [b, 0.6]], 2, batch_size=7, shuffle=True, seed=12,
+                                samples_per_epoch=280, elastic=[(1, 14), (7, 2)]),
+        "mixture-transform": _case([[a, 0.7], [b, 0.3]], 1, batch_size=9, shuffle=True, seed=6,
+                                   transform=flip),
+        "mixture-one-label-space": _case([[a, 0.6], [c, 0.4]], 2, batch_size=6, shuffle=True, seed=4,
+                                         samples_per_epoch=150, elastic=[(1, 12), (3, 4)]),
+        "mixture-one-label-space-remote": _case([[ra, 0.5], [rc, 0.5]], 1, batch_size=8, cache_dir=cache),
+        "mixture-remote-cache": _case([[ra, 0.6], [rb, 0.4]], 2, batch_size=6, shuffle=True, seed=1,
+                                      cache_dir=cache, elastic=[(1, 12)]),
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,19 +185,12 @@ def _build(data: Path) -> None:
             "--image-size",
             "32",
         ]
-        for args in (
+        for module, *args in (
             [*manifest, "--split-method", "stratified"],
             [*shard, "--row-group-size", "16KiB"],
         ):
-            proc = subprocess.run(
-                [sys.executable, "-m", *args[:1], "--engine", "local", *args[1:]],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            if proc.returncode != 0:
-                raise SystemExit(f"building {name} failed:\n{proc.stderr[-3000:]}")
+            command = [sys.executable, "-m", module, "--engine", "local", *args]
+            run_checked(command, f"building {name}", cwd=ROOT, env=env)
 
 
 def _run_child(code: Path, job: dict[str, Any], work: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -271,15 +198,8 @@ def _run_child(code: Path, job: dict[str, Any], work: Path, env: dict[str, str])
     job_file, out_file = work / f"{name}-job.json", work / f"{name}-out.json"
     job_file.write_text(json.dumps(job))
     child_env = {**env, "PYTHONPATH": f"{code}{os.pathsep}{work}"}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", str(job_file), "--child-out", str(out_file)],
-        cwd=code,
-        env=child_env,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"the {name} run failed ({code}):\n{proc.stderr[-4000:]}")
+    command = [sys.executable, __file__, "--child", str(job_file), "--child-out", str(out_file)]
+    run_checked(command, f"the {name} run ({code})", cwd=code, env=child_env)
     return json.loads(out_file.read_text())
 
 

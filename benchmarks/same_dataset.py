@@ -14,15 +14,19 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _cli import run_checked
+from _timing import ref_checkout
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _lake(root: Path, images: int) -> None:
@@ -45,55 +49,15 @@ def _lake(root: Path, images: int) -> None:
 
 def _run(code: Path, args: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(code), "SPARK_LOCAL_IP": "127.0.0.1"}
-    subprocess.run(
-        [sys.executable, *args],
-        cwd=code,
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    run_checked([sys.executable, *args], f"{' '.join(args[:2])} ({code})", cwd=code, env=env)
 
 
 def _build(code: Path, lake: Path, out: Path, engine: str) -> None:
-    _run(
-        code,
-        [
-            "-m",
-            "jobs.manifest",
-            "--engine",
-            engine,
-            "--input",
-            str(lake),
-            "--output",
-            str(out),
-            "--split",
-            "train=0.7,validation=0.2,test=0.1",
-            "--seed",
-            "5",
-            "--max-reject-fraction",
-            "0.2",
-        ],
-    )
-    _run(
-        code,
-        [
-            "-m",
-            "jobs.shard",
-            "--engine",
-            engine,
-            "--dataset",
-            str(out),
-            "--num-shards",
-            "3",
-            "--image-size",
-            "32",
-            "--remainder",
-            "pad",
-            "--max-reject-fraction",
-            "0.2",
-        ],
-    )
+    common = ["--engine", engine, "--max-reject-fraction", "0.2"]
+    split = ["--split", "train=0.7,validation=0.2,test=0.1", "--seed", "5"]
+    _run(code, ["-m", "jobs.manifest", *common, "--input", str(lake), "--output", str(out), *split])
+    shard = ["--num-shards", "3", "--image-size", "32", "--remainder", "pad"]
+    _run(code, ["-m", "jobs.shard", *common, "--dataset", str(out), *shard])
 
 
 def _digest(out: Path) -> dict:
@@ -127,9 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default="local", help="comma-separated engines (local, spark, dask)")
     p.add_argument("--images", type=int, default=400)
     args = p.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from _timing import ref_checkout
-
     with tempfile.TemporaryDirectory(prefix="same-dataset-") as tmp:
         work = Path(tmp)
         with ref_checkout(ROOT, args.ref, work / "old-code", extensions=False) as old:

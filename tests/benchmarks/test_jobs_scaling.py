@@ -289,7 +289,7 @@ def test_runs_both_jobs_at_each_size(engine: str, tmp_path: Path) -> None:
 def test_synthetic_manifest_is_one_the_shard_job_plans(tmp_path: Path, local_engine) -> None:
     # The shard job's checks and its slot tasks read it as they read the manifest job's (a
     # class whose rows differ from its count in _manifest.json fails the job).
-    from synthetic_manifest import write_manifest
+    from plan_alone import write_manifest
 
     from jobs import shard as shard_job
     from jobs.shard_steps.config import ShardConfig
