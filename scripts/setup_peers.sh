@@ -6,8 +6,9 @@
 #   .venv-peers/litdata     litdata (litdata.optimize chunks, litdata.StreamingDataset)
 #   .venv-peers/webdataset  webdataset (tar shards)
 #   .venv-peers/dataloader  plain torch (a Dataset over files, torch's DataLoader)
+#   .venv-peers/ray         ray[data,train] (Ray Data: read_parquet, map_batches, iter_torch_batches)
 #
-#   bash scripts/setup_peers.sh                      # all four
+#   bash scripts/setup_peers.sh                      # all five
 #   bash scripts/setup_peers.sh streaming litdata    # only these
 #
 # torch==2.13.0 comes first, alone: that exact pin takes the CPU wheel on this machine's disk,
@@ -39,13 +40,14 @@ source scripts/torch_layer.sh # TORCH, torch_layer
 STREAMING=0.13.0  # mosaicml-streaming
 LITDATA=0.2.76
 WEBDATASET=1.0.2
+RAY=2.60.0
 COMMON=(numpy pillow simplejpeg psutil boto3)
-ALL=(streaming litdata webdataset dataloader)
+ALL=(streaming litdata webdataset dataloader ray)
 
 [ $# -gt 0 ] || set -- "${ALL[@]}"
 for name in "$@"; do
     case $name in
-        streaming | litdata | webdataset | dataloader) ;;
+        streaming | litdata | webdataset | dataloader | ray) ;;
         *)
             echo "setup_peers: unknown peer '$name' (choose from: ${ALL[*]})" >&2
             exit 2
@@ -79,6 +81,9 @@ install_tool() { # what each peer adds on top of torch and COMMON
             ;;
         webdataset) pip "${COMMON[@]}" "webdataset==$WEBDATASET" ;;
         dataloader) pip "${COMMON[@]}" ;;
+        # data: Ray Data (pandas, pyarrow, fsspec); train: iter_torch_batches imports
+        # ray.train.torch, which needs pydantic (and the extra brings tensorboardX, small).
+        ray) pip "${COMMON[@]}" "ray[data,train]==$RAY" ;;
     esac
 }
 left_out() { # requirements pip check may find missing, on purpose (a regex of names)
@@ -94,6 +99,7 @@ tool_import() { # python that imports the tool as m, its name n and its pin want
         litdata) echo "import litdata as m; n = 'litdata'; want = '$LITDATA'" ;;
         webdataset) echo "import webdataset as m; n = 'webdataset'; want = '$WEBDATASET'" ;;
         dataloader) echo "import torch.utils.data, torch as m; n = 'torch'; want = '$TORCH'" ;;
+        ray) echo "import ray.data, ray.train.torch, pyarrow.fs, ray as m; n = 'ray'; want = '$RAY'" ;;
     esac
 }
 

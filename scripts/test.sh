@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up and run every test, slow ones included: the main environment (.venv), Chromium for the
 # report test, the separate petastorm environment (.venv-petastorm: petastorm needs
-# pyarrow 14 and numpy < 2, which cannot share .venv) for the petastorm interop tests, and the
-# peers' environments (.venv-peers/<tool>) for the peer benchmark's test.
+# pyarrow 14 and numpy < 2, which cannot share .venv) for the petastorm interop tests and the
+# peer benchmark's petastorm tool, and the peers' environments (.venv-peers/<tool>) for the
+# peer benchmark's test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_test_extras.sh # apt-get's, one at a time: first

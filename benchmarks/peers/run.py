@@ -3,6 +3,7 @@ from local disk and from a remote-like S3 store.
 
 ```
 bash scripts/setup_peers.sh                 # the peers' virtual environments (once)
+bash scripts/setup_petastorm.sh             # petastorm's (once)
 python benchmarks/peers/run.py --images 2048 --repeats 3 --out benchmarks/results/peers.json
 python benchmarks/peers/run.py --set photo --images 1024 --settings remote
 python benchmarks/peers/run.py --tools lakeshard,webdataset --images 256 --repeats 1 --epochs 2
@@ -11,13 +12,18 @@ python benchmarks/peers/run.py --tools lakeshard,webdataset --images 256 --repea
 From one set of JPEGs made here (``--set small``: 224 px photo-like images of ~15-25 kB;
 ``--set photo``: the same size with photo-like fine detail, ~100 kB each), every tool writes its
 own format with its own writer, in its own virtual environment (``.venv`` for ours,
+``.venv-petastorm`` for petastorm, made by ``scripts/setup_petastorm.sh``, and
 ``.venv-peers/<tool>`` for the others, made by ``scripts/setup_peers.sh``):
 
 * ``lakeshard``: one Parquet shard (``lakeshard.format.ShardWriter``), :class:`loaders.ShardLoader`;
 * ``streaming``: Mosaic Streaming's ``MDSWriter``, ``StreamingDataset`` + a DataLoader;
 * ``litdata``: LitData's ``optimize``, its ``StreamingDataset`` + ``StreamingDataLoader``;
 * ``webdataset``: tar shards (``ShardWriter``), ``WebDataset`` + ``WebLoader``;
-* ``dataloader``: the JPEGs as files, a map-style Dataset + torch ``DataLoader``.
+* ``dataloader``: the JPEGs as files, a map-style Dataset + torch ``DataLoader``;
+* ``ray``: Parquet files written by Ray Data, ``read_parquet`` + ``map_batches`` +
+  ``iter_torch_batches``;
+* ``petastorm``: a petastorm dataset (``materialize_dataset`` on Spark), ``make_reader`` +
+  ``petastorm.pytorch.DataLoader``; local only (``LOCAL_ONLY``).
 
 Each tool then streams its files for ``--epochs`` epochs (batch 64, shuffled, decoding with the
 same decoder, simplejpeg; ``--workers`` worker processes or threads, one per core by default)
@@ -63,7 +69,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from remote_store import NginxMissingError, RemoteStore, parse_rate  # noqa: E402
 
-TOOLS = ("lakeshard", "streaming", "litdata", "webdataset", "dataloader")
+TOOLS = ("lakeshard", "streaming", "litdata", "webdataset", "dataloader", "ray", "petastorm")
 SETTINGS = ("local", "remote")
 #: ``--set``: how each image is drawn and its JPEG quality: small, ~21 kB at 224 px
 #: (``_data.synthetic_image``); photo, ~97 kB (``_data.photo_image``).
@@ -87,13 +93,25 @@ class Variant:
 
 #: Where ``scripts/setup_peers.sh`` makes each peer's environment (``--venvs``).
 VENVS = ROOT / ".venv-peers"
+#: The tools whose environment is elsewhere (not ``<venvs>/<tool>``), and the script that makes it.
+OWN_VENVS = {"petastorm": (ROOT / ".venv-petastorm", "scripts/setup_petastorm.sh")}
+#: The tools that have no remote row, and why (their row in the remote table says so).
+LOCAL_ONLY = {"petastorm": "local only: petastorm reads s3:// through s3fs, which .venv-petastorm leaves out"}
 
 
 def python_for(tool: str, venvs: Path = VENVS) -> Path:
     """The interpreter of the tool's own environment (ours: this one)."""
     if tool == "lakeshard":
         return Path(sys.executable)
-    return venvs / tool / "bin" / "python"
+    venv = OWN_VENVS[tool][0] if tool in OWN_VENVS else venvs / tool
+    return venv / "bin" / "python"
+
+
+def not_installed(tool: str) -> str:
+    """The row of a tool whose environment is missing: the command that makes it."""
+    if tool in OWN_VENVS:
+        return f"not installed: bash {OWN_VENVS[tool][1]}"
+    return f"not installed: bash scripts/setup_peers.sh {tool}"
 
 
 def variants(tools: list[str], settings: list[str]) -> list[Variant]:
@@ -152,7 +170,7 @@ def write_formats(jpegs: Path, out: Path, tools: list[str], venvs: Path, log: Pa
             written[tool] = json.loads((out / f"{tool}.json").read_text())
             continue
         if not python_for(tool, venvs).exists():
-            written[tool] = {"error": f"not installed: bash scripts/setup_peers.sh {tool}"}
+            written[tool] = {"error": not_installed(tool)}
             continue
         shutil.rmtree(folder, ignore_errors=True)
         print(f"writing {tool}'s format ...", file=sys.stderr, flush=True)
@@ -190,7 +208,9 @@ def run_one(
     the store's traffic during that epoch, or ``{"error": ...}``."""
     python = python_for(variant.tool, args.venvs)
     if not python.exists():
-        return {"error": f"not installed: bash scripts/setup_peers.sh {variant.tool}"}
+        return {"error": not_installed(variant.tool)}
+    if variant.setting == "remote" and variant.tool in LOCAL_ONLY:
+        return {"error": LOCAL_ONLY[variant.tool]}
     if variant.setting == "remote":
         assert store is not None
         source = store.uri(variant.tool)

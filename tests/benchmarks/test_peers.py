@@ -2,8 +2,9 @@
 remote-like store, and each tool delivers every image exactly once per epoch; a tool whose
 environment is missing is a row saying so. (No test asserts a speed.)
 
-The peers' environments come from ``scripts/setup_peers.sh`` (``scripts/test.sh`` runs it); one
-that is missing fails the full run test with that command, never skips it."""
+The peers' environments come from ``scripts/setup_peers.sh`` and petastorm's from
+``scripts/setup_petastorm.sh`` (``scripts/test.sh`` runs both); one that is missing fails the full
+run test with that command, never skips it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from tests.helpers.procs import run_json_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "benchmarks" / "peers" / "run.py"
-PEERS = ("streaming", "litdata", "webdataset", "dataloader")
+PEERS = ("streaming", "litdata", "webdataset", "dataloader", "ray")
+#: Read from local disk only (run.py's LOCAL_ONLY), in its own environment.
+PETASTORM = ROOT / ".venv-petastorm" / "bin" / "python"
 #: A multiple of batch 64 and of the 2 workers: no tool's partitioning has a reason to pad.
 IMAGES = 128
 
@@ -38,6 +41,8 @@ def every_tool(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     missing = [p for p in PEERS if not (ROOT / ".venv-peers" / p / "bin" / "python").exists()]
     if missing:
         pytest.fail(f"peer environments missing: run bash scripts/setup_peers.sh {' '.join(missing)}")
+    if not PETASTORM.exists():
+        pytest.fail("petastorm's environment is missing: run bash scripts/setup_petastorm.sh")
     tmp = tmp_path_factory.mktemp("peers")
     _, result = _run(tmp, "--images", str(IMAGES), "--epochs", "2", "--repeats", "1", "--workers", "2")
     return result
@@ -46,7 +51,7 @@ def every_tool(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("setting", "name"),
-    [("local", t) for t in ("lakeshard", *PEERS)]
+    [("local", t) for t in ("lakeshard", *PEERS, "petastorm")]
     + [("remote", t) for t in ("lakeshard", "lakeshard + cache_dir", *PEERS)],
 )
 def test_each_tool_delivers_every_image_once_per_epoch(
@@ -76,6 +81,14 @@ def test_each_tool_delivers_every_image_once_per_epoch(
             assert first["body_bytes"] < 2 * images_bytes, (name, first)
         else:
             assert first["body_bytes"] + second["body_bytes"] >= 2 * images_bytes, (name, first, second)
+
+
+@pytest.mark.slow
+def test_a_local_only_tool_is_a_remote_row_saying_so(every_tool: dict[str, Any]) -> None:
+    row = every_tool["tables"]["remote"]["petastorm"]
+    assert row == {
+        "error": "local only: petastorm reads s3:// through s3fs, which .venv-petastorm leaves out"
+    }
 
 
 @pytest.mark.slow

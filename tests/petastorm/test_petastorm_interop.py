@@ -159,6 +159,6 @@ def test_a_wrong_size_fails_with_the_uri(petastorm_dataset: Path, info: DatasetI
 
 
 def test_reading_never_imports_pyspark():
-    # petastorm lists pyspark as a requirement; setup_petastorm.sh leaves it out, because the
-    # make_batch_reader / DataLoader path never imports it. Hold that (this runs last in the file).
+    # pyspark is in .venv-petastorm for materialize_dataset (writing), but the make_batch_reader /
+    # DataLoader path never imports it: a reader needs no Spark. Hold that (this runs last in the file).
     assert "pyspark" not in sys.modules
