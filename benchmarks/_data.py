@@ -9,6 +9,8 @@ import dataclasses
 import hashlib
 import io
 import json
+import multiprocessing
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,11 +31,14 @@ __all__ = [
     "ROW_GROUP_BYTES",
     "build_dataset",
     "cached_dataset",
+    "field_image",
     "jpeg",
+    "lake_jpeg",
     "photo_image",
     "seeded_jpeg",
     "synthetic_image",
     "synthetic_jpegs",
+    "write_lake",
     "write_shards",
 ]
 
@@ -43,14 +48,20 @@ ROW_GROUP_BYTES = parse_size(
 )
 
 
-def synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
-    """A smooth colour field (upsampled coarse noise) plus fine noise and a gradient: JPEG
-    sizes like photos (~10-20 KB at 224px, quality 90)."""
+def field_image(rng: np.random.Generator, width: int, height: int, noise: float) -> np.ndarray:
+    """A smooth colour field (upsampled coarse noise) plus fine noise of deviation ``noise`` and
+    a gradient, ``height x width x 3`` uint8."""
     coarse = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-    field = np.asarray(Image.fromarray(coarse).resize((size, size), Image.BICUBIC), dtype=np.float32)
-    ramp = np.linspace(-40, 40, size, dtype=np.float32)[None, :, None]
-    noise = rng.normal(0, 6, size=(size, size, 3)).astype(np.float32)
-    return np.clip(field + ramp + noise, 0, 255).astype(np.uint8)
+    field = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), dtype=np.float32)
+    ramp = np.linspace(-40, 40, width, dtype=np.float32)[None, :, None]
+    fine = rng.normal(0, noise, size=(height, width, 3)).astype(np.float32)
+    return np.clip(field + ramp + fine, 0, 255).astype(np.uint8)
+
+
+def synthetic_image(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A square :func:`field_image` with weak fine noise: JPEG sizes like photos (~10-20 KB at
+    224px, quality 90)."""
+    return field_image(rng, size, size, 6)
 
 
 #: :func:`photo_image`'s noise and the JPEG quality it is meant for: ~100 kB at 224px.
@@ -81,6 +92,48 @@ def synthetic_jpegs(
     """``n`` JPEGs drawn one after another by ``draw(rng, size)`` from one generator seeded 0."""
     rng = np.random.default_rng(0)
     return [jpeg(draw(rng, size), quality) for _ in range(n)]
+
+
+#: The raw lake of the jobs benchmark (:func:`lake_jpeg`): its JPEG quality and fine noise, and
+#: the EXIF orientations that every fifth image is stored with, in turn (a camera held upright or
+#: upside down: the shard job turns them back).
+LAKE_QUALITY, LAKE_NOISE = 90, 10.0
+LAKE_ORIENTATIONS = (6, 8, 3)
+
+
+def lake_jpeg(i: int) -> bytes:
+    """Image ``i`` of the jobs benchmark's raw lake, drawn with its own seed ``i`` (a process
+    pool makes them in any order): photo-like, 320 to 680 px wide and 0.62 to 0.94 of that high
+    (about 500x390 and 68 kB on average), every fifth one with an EXIF orientation."""
+    rng = np.random.default_rng([7, i])
+    width = int(rng.integers(320, 681))
+    height = int(width * rng.uniform(0.62, 0.94))
+    exif = Image.Exif()
+    if i % 5 == 4:
+        exif[0x0112] = LAKE_ORIENTATIONS[(i // 5) % len(LAKE_ORIENTATIONS)]
+    buf = io.BytesIO()
+    Image.fromarray(field_image(rng, width, height, LAKE_NOISE)).save(
+        buf, format="JPEG", quality=LAKE_QUALITY, exif=exif.tobytes()
+    )
+    return buf.getvalue()
+
+
+def write_lake(root: Path, *, images: int, classes: int, workers: int) -> Path:
+    """The raw lake ``root/class<c>/<i>.jpg`` of ``images`` :func:`lake_jpeg` images, image
+    ``i`` in class ``i % classes``, made by ``workers`` processes once (a ``.complete`` file
+    records the count; another count makes it anew). Returns ``root``."""
+    marker = root / ".complete"
+    want = json.dumps({"images": images, "classes": classes})
+    if marker.exists() and marker.read_text() == want:
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    for c in range(classes):
+        (root / f"class{c:02d}").mkdir(parents=True)
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for i, data in enumerate(pool.imap(lake_jpeg, range(images), chunksize=16)):
+            (root / f"class{i % classes:02d}" / f"{i:06d}.jpg").write_bytes(data)
+    marker.write_text(want)
+    return root
 
 
 def seeded_jpeg(job: tuple[int, int, int]) -> bytes:

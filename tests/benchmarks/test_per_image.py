@@ -1,7 +1,7 @@
 """The jobs benchmark's per-image work (``benchmarks/peers/per_image.py``, which every peer's
 environment imports) gives the same bytes as the shard job's own preprocessing, for JPEGs like the
-lake's: small and large (DCT-scaled while decoding), landscape and portrait, EXIF-rotated, grey
-and CMYK."""
+lake's (some of ``benchmarks/_data.py``'s ``lake_jpeg``) and others: small and large (DCT-scaled
+while decoding), landscape and portrait, EXIF-rotated, grey and CMYK."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from PIL import Image
 from jobs.common.images import DEFAULT_SPEC, ImageSpec, preprocess
 from tests.helpers.lake import encode, make_image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "peers"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
-from per_image import prepare
+from _data import lake_jpeg  # noqa: E402 - benchmarks/ is not a package
+from per_image import prepare  # noqa: E402
 
 
 def _jpeg(
@@ -40,6 +43,7 @@ CASES = {
     "EXIF orientation 8, large": _jpeg((1000, 700), orientation=8, seed=9),
     "grey": _jpeg((420, 330), mode="L", seed=10),
     "CMYK": _jpeg((430, 340), mode="CMYK", seed=11),
+    **{f"the benchmark lake's image {i}": lake_jpeg(i) for i in (0, 1, 4, 9, 14)},
 }
 
 
