@@ -3,17 +3,30 @@ they are), read by ``litdata.StreamingDataset`` (shuffled) through ``litdata.Str
 with ``workers`` processes, as its README recommends. Remote: ``s3://...`` through its own S3
 client (the store's endpoint), whole chunks copied into ``cache_dir``, a fresh folder per run;
 local: the written folder read in place.
+
+Build (the jobs benchmark): ``litdata.optimize`` with ``num_workers=workers`` runs the per-image
+work in its worker processes and writes 64 MB chunks, as its README turns a folder of images into
+an optimized dataset. LitData reports no per-image times, so the work function appends each
+image's finish time to a file per process in a folder beside the output.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import litdata
-from peer_common import JpegSet, Settings, collate, decode, main
+from peer_common import Built, JpegSet, Settings, collate, decode, lake_images, main
+from per_image import prepare
+
+CHUNK_BYTES = "64MB"
 
 
 def _sample(item: tuple[str, int]) -> dict[str, Any]:
@@ -27,9 +40,40 @@ def write(jpegs: Path, out: Path) -> None:
         fn=_sample,
         inputs=[(str(path), label) for path, label in images.images],
         output_dir=str(out),
-        chunk_bytes="64MB",
+        chunk_bytes=CHUNK_BYTES,
         num_workers=1,
     )
+
+
+def _prepared(item: tuple[str, int], *, size: int, quality: int, times: str) -> dict[str, Any]:
+    path, label = item
+    image = prepare(Path(path).read_bytes(), size, quality)
+    with open(Path(times) / str(os.getpid()), "a") as log:
+        log.write(f"{time.time()!r}\n")
+    return {"image": image, "label": label}
+
+
+def build(lake: Path, out: Path, *, size: int, quality: int, workers: int) -> Built:
+    times = Path(tempfile.mkdtemp(prefix="litdata-times-"))
+    try:
+        litdata.optimize(
+            fn=functools.partial(_prepared, size=size, quality=quality, times=str(times)),
+            inputs=[(str(path), label) for path, label in lake_images(lake)],
+            output_dir=str(out),
+            chunk_bytes=CHUNK_BYTES,
+            num_workers=workers,
+        )
+        done = [float(t) for f in times.iterdir() for t in f.read_text().split()]
+    finally:
+        shutil.rmtree(times, ignore_errors=True)
+    return {"images": len(done), "first_done": min(done, default=None), "last_done": max(done, default=None)}
+
+
+def stored(out: Path) -> Iterator[tuple[int, bytes]]:
+    dataset = litdata.StreamingDataset(str(out))
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        yield int(sample["label"]), sample["image"]
 
 
 class Images(litdata.StreamingDataset):
@@ -64,4 +108,4 @@ class Loader:
 
 
 if __name__ == "__main__":
-    sys.exit(main(None, write=write, open_loader=Loader))
+    sys.exit(main(None, write=write, open_loader=Loader, build=build, stored=stored))
