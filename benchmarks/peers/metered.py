@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -28,7 +29,7 @@ from typing import IO
 import psutil
 from process_peaks import Peaks
 
-__all__ = ["CGROUP_ROOT", "Metered", "run_metered"]
+__all__ = ["CGROUP_ROOT", "Metered", "cgroup_available", "run_metered"]
 
 #: Where cgroup v1's CPU accounting controller is mounted.
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
@@ -90,6 +91,14 @@ def _cgroup() -> _Cgroup | None:
         return None
 
 
+def cgroup_available() -> bool:
+    """Whether a run here gets a cgroup of its own (else its CPU is sampled from ``/proc``)."""
+    group = _cgroup()
+    if group is not None:
+        group.remove()
+    return group is not None
+
+
 class _Sampler:
     """Every ``interval`` seconds on a daemon thread: the processes' summed PSS (its peak) and,
     for the ``/proc`` fallback, each one's CPU seconds."""
@@ -141,26 +150,30 @@ def run_metered(
     """Run ``cmd`` in a cgroup of its own (its standard error to ``stderr``), at most ``timeout``
     seconds, and measure it."""
     group = _cgroup()
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        preexec_fn=group.join if group is not None else None,
-    )
-    sampler = _Sampler(group.pids if group is not None else lambda: _tree(proc.pid), interval)
-    returncode: int | None
-    try:
-        stdout, _ = proc.communicate(timeout=timeout)
-        returncode = proc.returncode
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, _ = proc.communicate()
-        returncode = None
-    wall = time.perf_counter() - t0
+    # Standard output goes to a file, not a pipe: a process the command leaves behind (a daemon
+    # that kept the descriptor) must not hold the end of the command up.
+    with tempfile.TemporaryFile("w+") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=stderr,
+            text=True,
+            preexec_fn=group.join if group is not None else None,
+        )
+        sampler = _Sampler(group.pids if group is not None else lambda: _tree(proc.pid), interval)
+        returncode: int | None
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            returncode = None
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        stdout = out.read()
     sampler.close()
     if group is None:
         return Metered(returncode, stdout, wall, sampler.cpu.tree_cpu_s, "proc samples", sampler.peak_pss, 0)
