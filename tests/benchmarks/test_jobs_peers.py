@@ -8,7 +8,6 @@ The peers' environments come from ``scripts/setup_peers.sh`` and ``scripts/setup
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.procs import run_json_tool
+from tests.helpers.procs import assert_usage_errors, run_json_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "benchmarks" / "peers" / "jobs_run.py"
@@ -77,18 +76,11 @@ def test_a_missing_environment_is_a_row_saying_so(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_are_one_line_before_any_work(tmp_path: Path) -> None:
-    for args, message in [
+    cases = [
         (["--tools", "ceiling,tfdata"], "['tfdata']: choose from ceiling, lakeshard-local"),
         (["--images", "0"], "argument --images: must be a whole number of at least 1, got '0'"),
-    ]:
-        proc = subprocess.run(
-            [sys.executable, str(RUN), "--work", str(tmp_path / "w"), *args],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert not (tmp_path / "w").exists()
+    ]
+    assert_usage_errors(RUN, tmp_path / "w", cases, cwd=ROOT)
 
 
 def test_the_shard_jobs_preprocessing_span_is_read_from_its_log() -> None:
