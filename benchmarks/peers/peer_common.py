@@ -13,7 +13,9 @@ For the jobs benchmark (``jobs_run.py``) a tool module also has ``build(lake, ou
 quality, workers)``: it reads the raw lake (``build_cli.lake_images``), does the per-image work
 (``per_image.prepare``) on ``workers`` processes or threads the tool's own way, writes its format
 under ``out``, and returns a :data:`Built` dict; and ``stored(out)``, every ``(label, image
-bytes)`` its format holds (the benchmark compares them with the per-image work's bytes).
+bytes)`` its format holds (the benchmark compares them with the per-image work's bytes). Given
+to :func:`main` (``build=build, stored=stored``), they are its ``build`` and ``stored``
+subcommands (``build_cli.py``).
 
 ``python peer_<tool>.py read ...`` runs :func:`main` here: it builds the loader, runs epoch 1
 at once, prints one JSON line per epoch on stdout, and before each later epoch waits for a line
