@@ -1,7 +1,7 @@
 """The jobs benchmark (benchmarks/peers/jobs_run.py) runs every tool whose environment is here on a
 small lake, and each writes every image once with the per-image work's bytes; a tool whose
-environment is missing is a row saying so; a run's CPU counts the processes that leave its tree.
-(No test asserts a speed.)
+environment (or module) is missing is a row saying so; a run's CPU counts the processes that
+leave its tree. (No test asserts a speed.)
 
 The peers' environments come from ``scripts/setup_peers.sh`` and ``scripts/setup_petastorm.sh``
 (``scripts/test.sh`` runs them)."""
@@ -49,8 +49,8 @@ def every_tool(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_each_tool_writes_every_image_once_with_the_same_bytes(every_tool: dict[str, Any], name: str) -> None:
     tool = jobs_run.TOOLS[name]
     row = every_tool["table"][name]
-    if not tool.interpreter(ROOT).exists():
-        assert row == {"error": f"not installed: {tool.setup}"}
+    if why := tool.missing(ROOT):  # its environment or its module (a tool being added) is not here
+        assert row == {"error": why}
         return
     assert "error" not in row, row
     (run,) = every_tool["runs"][name]
