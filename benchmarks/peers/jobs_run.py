@@ -126,14 +126,16 @@ def _expected_one(job: tuple[str, int, int, int]) -> tuple[int, str]:
 
 
 def expected(lake: Path, *, size: int, quality: int, workers: int) -> collections.Counter[tuple[int, str]]:
-    """``(label, sha256 of prepare's bytes)`` of every lake image, counted (kept beside the lake)."""
+    """``(label, sha256 of prepare's bytes)`` of every lake image, counted (kept beside the lake
+    until the lake is made again)."""
     cache = lake.parent / f"{lake.name}.expected-{size}-{quality}.json"
-    if cache.exists():
-        return collections.Counter({(int(k[0]), k[1]): n for k, n in json.loads(cache.read_text())})
+    stamp = (lake / ".complete").stat().st_mtime_ns
+    if cache.exists() and (kept := json.loads(cache.read_text()))["stamp"] == stamp:
+        return collections.Counter({(int(k[0]), k[1]): n for k, n in kept["counts"]})
     jobs = [(str(p), label, size, quality) for p, label in lake_images(lake)]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         found = collections.Counter(pool.imap_unordered(_expected_one, jobs, chunksize=16))
-    cache.write_text(json.dumps([[list(k), n] for k, n in found.items()]))
+    cache.write_text(json.dumps({"stamp": stamp, "counts": [[list(k), n] for k, n in found.items()]}))
     return found
 
 
