@@ -10,10 +10,12 @@ of NHWC, as ours yields), labels int64. Every set is written with label = the im
 the labels of an epoch tell whether each image came exactly once.
 
 For the jobs benchmark (``jobs_run.py``) a tool module also has ``build(lake, out, *, size,
-quality, workers)``: it reads the raw lake (:func:`lake_images`), does the per-image work
+quality, workers)``: it reads the raw lake (``build_cli.lake_images``), does the per-image work
 (``per_image.prepare``) on ``workers`` processes or threads the tool's own way, writes its format
 under ``out``, and returns a :data:`Built` dict; and ``stored(out)``, every ``(label, image
-bytes)`` its format holds (the benchmark compares them with the per-image work's bytes).
+bytes)`` its format holds (the benchmark compares them with the per-image work's bytes). Given
+to :func:`main` (``build=build, stored=stored``), they are its ``build`` and ``stored``
+subcommands (``build_cli.py``).
 
 ``python peer_<tool>.py read ...`` runs :func:`main` here: it builds the loader, runs epoch 1
 at once, prints one JSON line per epoch on stdout, and before each later epoch waits for a line
@@ -24,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _timing import tree_cpu_s
+from build_cli import Build, Stored, add_build_commands, run_build_command
 
 BATCH_SIZE = 64
 #: Read by each tool's writer: ``index.json`` holds ``size``, ``quality`` and ``images``,
@@ -93,19 +95,8 @@ class Settings:
     images: int
 
 
-#: What a tool's ``build`` returns, printed as one JSON line: ``images`` written, and
-#: ``first_done`` and ``last_done``, the ``time.time()`` when the first and the last image's work
-#: finished (None: the tool does not tell).
+#: What a tool's ``build`` returns (``build_cli.Build``).
 Built = dict[str, Any]
-
-
-def lake_images(lake: Path) -> list[tuple[Path, int]]:
-    """Every ``<lake>/<class>/<file>.jpg`` with its label, the index of its class folder among
-    the lake's class folders in sorted order; sorted by class, then file."""
-    classes = sorted(p.name for p in lake.iterdir() if p.is_dir())
-    return [
-        (path, label) for label, name in enumerate(classes) for path in sorted((lake / name).glob("*.jpg"))
-    ]
 
 
 class Loader(Protocol):
@@ -217,8 +208,8 @@ def main(
     *,
     write: Callable[[Path, Path], None],
     open_loader: Callable[[str, Path | None, Settings], Loader],
-    build: Callable[..., Built] | None = None,
-    stored: Callable[[Path], Iterator[tuple[int, bytes]]] | None = None,
+    build: Build | None = None,
+    stored: Stored | None = None,
 ) -> int:
     """The command line of every ``peer_<tool>.py``: ``write --jpegs DIR --out DIR``,
     ``read --source PATH_OR_URI [--cache DIR] --images N ...`` or (a tool with ``build``)
@@ -238,28 +229,12 @@ def main(
     r.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--started-at", type=float, default=None, help="the parent's time.time() at start")
-    if build is not None:
-        b = sub.add_parser("build", help="the jobs benchmark: the raw lake into this tool's format")
-        b.add_argument("--lake", type=Path, required=True, help="the raw lake: <lake>/<class>/<file>.jpg")
-        b.add_argument("--out", type=Path, required=True, help="an empty folder for this tool's files")
-        b.add_argument("--size", type=int, required=True, help="side of the stored images, in pixels")
-        b.add_argument("--quality", type=int, required=True, help="JPEG quality of the stored images")
-        b.add_argument("--workers", type=int, required=True, help="processes or threads doing the work")
-    if stored is not None:
-        d = sub.add_parser("stored", help="a line '<label> <sha256>' per image build stored")
-        d.add_argument("--out", type=Path, required=True, help="the folder build wrote")
+    if build is not None and stored is not None:
+        add_build_commands(sub)
     args = parser.parse_args(argv)
-    if args.command == "stored":
-        assert stored is not None
-        for label, data in stored(args.out):
-            print(label, hashlib.sha256(data).hexdigest())
-        return 0
-    if args.command == "build":
-        assert build is not None
-        args.out.mkdir(parents=True, exist_ok=True)
-        done = build(args.lake, args.out, size=args.size, quality=args.quality, workers=args.workers)
-        print(json.dumps(done), flush=True)
-        return 0
+    if args.command in ("build", "stored"):
+        assert build is not None and stored is not None
+        return run_build_command(args, build, stored)
     if args.command == "write":
         args.out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()

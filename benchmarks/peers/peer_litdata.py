@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import litdata
-from peer_common import Built, JpegSet, Settings, collate, decode, lake_images, main
+from build_cli import lake_images
+from peer_common import Built, JpegSet, Settings, collate, decode, main
 from per_image import prepare
 
 CHUNK_BYTES = "64MB"

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-from peer_common import Built, JpegSet, Settings, as_batch, decode, lake_images, main
+from build_cli import lake_images
+from peer_common import Built, JpegSet, Settings, as_batch, decode, main
 from petastorm import TransformSpec, make_reader
 from petastorm.codecs import NdarrayCodec, ScalarCodec
 from petastorm.pytorch import DataLoader

@@ -28,7 +28,8 @@ import pyarrow.fs
 import pyarrow.parquet as pq
 import ray
 import torch
-from peer_common import Built, JpegSet, Settings, as_batch, decode, lake_images, main
+from build_cli import lake_images
+from peer_common import Built, JpegSet, Settings, as_batch, decode, main
 
 HERE = Path(__file__).resolve().parent
 #: Rows shuffled together as batches are taken (WebDataset's buffer here is as many samples).

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peer_common import Built, JpegSet, Settings, collate, decode, lake_images, main
+from build_cli import lake_images
+from peer_common import Built, JpegSet, Settings, collate, decode, main
 from per_image import prepare
 from streaming import MDSWriter, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory, merge_index

@@ -8,14 +8,13 @@ run test with that command, never skips it."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.procs import run_json_tool
+from tests.helpers.procs import assert_usage_errors, run_json_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "benchmarks" / "peers" / "run.py"
@@ -105,16 +104,9 @@ def test_a_missing_environment_is_a_row_saying_so(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_are_one_line_before_any_work(tmp_path: Path) -> None:
-    for args, message in [
+    cases = [
         (["--tools", "lakeshard,tfdata"], "['tfdata']: choose from lakeshard, streaming"),
         (["--images", "0"], "--images must be at least 1, got 0"),
         (["--bandwidth", "fast"], "--bandwidth:"),
-    ]:
-        proc = subprocess.run(
-            [sys.executable, str(RUN), "--work", str(tmp_path / "w"), *args],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert not (tmp_path / "w").exists()
+    ]
+    assert_usage_errors(RUN, tmp_path / "w", cases, cwd=ROOT)

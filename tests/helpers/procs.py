@@ -6,12 +6,13 @@ import ipaddress
 import json
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["free_port", "listening_addresses", "run_json_tool", "wait_for"]
+__all__ = ["assert_usage_errors", "free_port", "listening_addresses", "run_json_tool", "wait_for"]
 
 
 def free_port() -> int:
@@ -55,3 +56,14 @@ def run_json_tool(command: Sequence[str], out: Path, *, cwd: Path, timeout: floa
     proc = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())
+
+
+def assert_usage_errors(tool: Path, work: Path, cases: Sequence[tuple[list[str], str]], *, cwd: Path) -> None:
+    """``tool`` (a benchmark taking ``--work``) answers each ``(arguments, message)`` of ``cases``
+    with a usage error holding ``message``, before it makes its work folder ``work``."""
+    for args, message in cases:
+        proc = subprocess.run(
+            [sys.executable, str(tool), "--work", str(work), *args], capture_output=True, text=True, cwd=cwd
+        )
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert not work.exists()
