@@ -17,7 +17,7 @@ from lakeshard.errors import ConfigError, LoaderError
 from lakeshard.storage import RequestCounts, RequestStats
 from loaders import ShardLoader
 from loaders.stats import PriceTable
-from tests.helpers.store import RemoteStore, require_nginx, wait_reads_ended
+from tests.helpers.store import RemoteStore, require_nginx, settled_counts, wait_reads_ended
 
 OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 5, "shuffle_window": 20, "num_threads": 2}
 
@@ -100,11 +100,7 @@ def test_the_loader_counts_the_requests_and_bytes_the_store_served(
             loader.set_epoch(epoch)
             list(loader)
             per_epoch.append(loader.epoch_stats())
-        wait_reads_ended(loader)
-        if cached:
-            loader.cache.wait(timeout=10)
-        counted = loader.totals().store - first.store
-    traffic = store.traffic() - served
+        counted, traffic = settled_counts(loader, store, first.store, served)
     assert counted.requests == traffic.gets > 0
     assert counted.bytes == traffic.body_bytes
     assert counted.retries == 0 and counted.errors == ()
