@@ -32,10 +32,11 @@ ruff check .
 ruff format --check .
 # The type checker over lakeshard/, jobs/ and loaders/ (pyproject.toml [tool.mypy]).
 mypy
-# Two workers (pytest-xdist), a test file to each at a time (its module fixtures start once): many
-# tests wait on processes they start (Spark, Dask, torchrun, servers), so two take about half of
-# one's time on 2 cores (README, Development). LAKESHARD_TEST_WORKERS=1: one process, a test at a time.
-workers=${LAKESHARD_TEST_WORKERS:-2}
+# Three workers (pytest-xdist), a test file to each at a time (its module fixtures start once): many
+# tests wait on processes they start (Spark, Dask, torchrun, servers), so on 2 cores a third worker
+# fills the waits (the whole pytest run 1,370 s with two, 1,114 s with three; README, Development).
+# LAKESHARD_TEST_WORKERS=N for another count, 1: one process, a test at a time.
+workers=${LAKESHARD_TEST_WORKERS:-3}
 if [ "$workers" = 1 ]; then dist=(); else dist=(-n "$workers" --dist loadfile); fi
 python -m pytest "${dist[@]}" --ignore=tests/petastorm "$@"
 # The decode tests again with the C extensions switched off: the fallback CI would not otherwise see.
