@@ -296,6 +296,7 @@ class PrepCluster:
         self._lock = threading.Lock()
         self._gone_lock = threading.Lock()
         self.gone: str | None = None  # why the cluster counts as gone (fallback: local from then on)
+        self._closer: threading.Thread | None = None  # closing the client of a cluster gone
         self.client: Any = self._new_client()  # a ConfigError here is the constructor's, not a fallback
         self.batches = 0  # made on the cluster
         self.local_batches = 0  # made locally after it went (fallback)
@@ -406,18 +407,27 @@ class PrepCluster:
         return f"the preparation cluster at {self.address} stopped making batches ({why})"
 
     def _note_gone(self, exc: BaseException) -> None:
-        """The cluster is gone from now on (fallback): one WARNING, whichever thread saw it first."""
+        """The cluster is gone from now on (fallback): one WARNING, whichever thread saw it first,
+        and its client closed at once, on a thread of its own (a caller may hold the lock
+        :meth:`close` takes): left open, the client tries to reconnect and, a minute on, logs an
+        ERROR of its own in the middle of a run that goes on well."""
         with self._gone_lock:
             if self.gone is None:
                 self.gone = self._stopped(exc)
                 log.warning("%s: decoding on this node from now on (prep_fallback=True)", self.gone)
+                self._closer = threading.Thread(target=self.close, name="lakeshard-prep-close", daemon=True)
+                self._closer.start()
 
     def _local(self, task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> Any:
         self.local_batches += 1
         return decode_batch(task, stop, spec)
 
     def close(self) -> None:
-        """Close the client (its threads); a later :meth:`decode` connects again."""
+        """Close the client (its threads); a later :meth:`decode` connects again. Waits for a
+        close begun when the cluster went (:meth:`_note_gone`)."""
+        closer = self._closer
+        if closer is not None and closer is not threading.current_thread():
+            closer.join(timeout=10)
         with self._lock:
             client, self.client = self.client, None
         if client is None:
