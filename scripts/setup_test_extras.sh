@@ -11,3 +11,4 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 echo "setup: $(/usr/bin/chromium --version 2>/dev/null || echo 'chromium not runnable')"
 bash "$(dirname "$0")/setup_bench.sh"  # nginx, for benchmarks/remote_store.py and its tests
+bash "$(dirname "$0")/setup_azurite.sh"  # Azurite (npm), the Azure emulator of the az:// tests

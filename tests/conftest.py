@@ -1,4 +1,5 @@
-"""Shared fixtures: one local S3 server (moto over HTTP), one Spark session per test run, and the
+"""Shared fixtures: one local S3 server (moto over HTTP), one Azure emulator (Azurite's blob
+service, started by the first test that needs it), one Spark session per test run, and the
 in-process local engine.
 
 The S3 environment is set before Spark starts, so Spark's Python workers inherit it, as they
@@ -151,6 +152,39 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> Iterator[str]
         for obj in objects:
             client.delete_object(Bucket=name, Key=obj["Key"])
         client.delete_bucket(Bucket=name)
+
+
+@pytest.fixture(scope="session")
+def az_endpoint() -> Iterator[str]:
+    """Azurite's blob service on 127.0.0.1 (a free port; tests/helpers/azurite.py), with
+    ``AZURE_STORAGE_CONNECTION_STRING`` naming it (Azurite's well-known account and key)."""
+    from tests.helpers.azurite import Azurite, connection_string
+
+    server = Azurite().start()
+    saved = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection_string(server.endpoint)
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+        if saved is None:
+            os.environ.pop("AZURE_STORAGE_CONNECTION_STRING", None)
+        else:
+            os.environ["AZURE_STORAGE_CONNECTION_STRING"] = saved
+
+
+@pytest.fixture()
+def az_container(az_endpoint: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh container for one test; returns ``az://<container>``."""
+    from lakeshard.storage import azure_client
+
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    name = "-".join(p for p in name.split("-") if p)  # no two dashes in a row, as Azure asks
+    container = azure_client().create_container(name)
+    try:
+        yield f"az://{name}"
+    finally:
+        container.delete_container()
 
 
 @pytest.fixture(scope="session")

@@ -113,7 +113,7 @@ def _row(
     key = path[len(root_path) :].lstrip("/")
     parts = key.split("/")
     etag = info.get("ETag") or info.get("etag")
-    modified = info.get("LastModified") or info.get("mtime")
+    modified = info.get("LastModified") or info.get("last_modified") or info.get("mtime")
     if isinstance(modified, (int, float)):  # a local file's st_mtime
         modified = storage.modified_utc(modified)
     elif isinstance(modified, dt.datetime) and modified.tzinfo is None:
@@ -356,8 +356,8 @@ def _inspect(row: StagedRow, sniff: bool = True) -> StagedRow:
     s3 = not storage.is_local(row["uri"])
     # Local files carry no ETag: the MD5 of the whole content is what S3 would give. A
     # multipart upload's ETag ('<md5 of the parts' md5s>-<parts>') does not identify the
-    # content, so such an object is read whole to hash it.
-    multipart = s3 and "-" in (row["etag"] or "")
+    # content, nor does an Azure ETag, so such an object is read whole to hash it.
+    multipart = s3 and not storage.store_for(row["uri"]).etag_names_content(row["etag"])
     if not sniff:  # nothing is read: S3's ETag (an MD5 unless multipart) is all that identifies content
         row["content"] = row["etag"] if s3 and not multipart else None
         return row

@@ -11,6 +11,8 @@ task), never a key it did not get as a row:
   sorted, each entry walked recursively). A task that stops hands back, for each folder it is
   inside, the rest of its entries in ranges of at most ``task_objects`` names (reading a
   folder's names is one cheap call; only the entries in a task's range are stat'ed).
+- **Azure**: a unit is a class prefix, listed whole by one task (adlfs's ``find``): Azure's
+  List Blobs has no ``StartAfter`` to split a prefix by, so ``task_objects`` does not bound it.
 - **S3**: a unit is a key prefix (any string, not only a folder) and a ``StartAfter`` key:
   ListObjectsV2's own order. A task that stops after key ``L`` finds what is left by seeking
   (``StartAfter``, ``MaxKeys=1``: one request per unit made) and hands back the smallest key
@@ -192,6 +194,13 @@ def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
         kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
 
+def _list_whole_unit(fs: Any, unit: ListUnit) -> _UnitListed:
+    """Every object under ``unit``'s prefix, in one task (a store without S3's ``StartAfter``
+    to seek with: Azure's listing resumes only from its own opaque marker)."""
+    path = storage.store_for(unit.uri).path(unit.uri)
+    return _UnitListed([info for _, info in sorted(fs.find(path, detail=True, withdirs=False).items())], [])
+
+
 def list_units(
     units: list[ListUnit], *, root: str, label_depth: int, skip: Skip, budget: int
 ) -> list[StagedRow | ListUnit]:
@@ -209,8 +218,10 @@ def list_units(
         try:
             if storage.is_local(root):
                 found = _list_local_unit(root_path, unit, budget - listed)
-            else:
+            elif storage.scheme(root) == "s3":
                 found = _list_s3_unit(fs, unit, budget - listed)
+            else:
+                found = _list_whole_unit(fs, unit)
         except Exception as exc:
             raise StorageError(f"cannot list {unit.uri}: {type(exc).__name__}: {exc}") from exc
         listed += len(found.infos)

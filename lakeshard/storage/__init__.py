@@ -1,22 +1,31 @@
-"""Every path is a URI: a local path, ``file://`` or ``s3://``; each scheme is a store.
+"""Every path is a URI: a local path, ``file://``, ``s3://`` or ``az://``; each scheme is a store.
 
 A store (:class:`Store`) is the one small protocol the platform reads and writes through:
 names (``normalize``, ``path``, ``uri``, its fsspec ``filesystem`` for listings and Arrow),
 reads (``read``: a whole object or a byte range; ``read_tail``; ``get``: the bytes with their
 ETag), atomic and conditional writes, removal, rename. :func:`store_for` picks a URI's store by
 its scheme, in one table (:func:`register_store` adds one): :class:`LocalStore` for a path or
-``file://``, :class:`S3Store` for ``s3://`` (design/0036).
+``file://``, :class:`S3Store` for ``s3://`` (design/0036), :class:`AzureStore` for ``az://``
+(design/0042).
 
 The functions below (:func:`read_bytes`, :func:`write_bytes_atomic`, :func:`create_if_absent`,
 ...) take a URI and call its store; :func:`normalize`, :func:`is_local`, :func:`join` and the
 other names of a URI ask the same table. S3 settings come from the standard AWS environment
-(:func:`s3_options`); nothing here logs or returns credentials.
+(:func:`s3_options`), Azure settings from Azure's (:func:`azure_settings`); nothing here logs
+or returns credentials.
 
 Modules: ``_store.py`` (the protocol, what reads return, request counts), ``_registry.py`` (the
-table and the names), ``_local.py`` and ``_s3.py`` (the two stores), ``_ops.py`` (the
+table and the names), ``_local.py``, ``_s3.py`` and ``_azure.py`` (the stores), ``_ops.py`` (the
 functions by URI).
 """
 
+from lakeshard.storage._azure import (
+    AzureSettings,
+    AzureStore,
+    azure_client,
+    azure_settings,
+    clear_azure_clients,
+)
 from lakeshard.storage._local import LocalStore, temp_sibling
 from lakeshard.storage._ops import (
     GONE,
@@ -56,6 +65,8 @@ from lakeshard.storage._store import Blob, RequestCounts, RequestStats, Store, T
 __all__ = [
     "CLIENT_CONNECTIONS",
     "GONE",
+    "AzureSettings",
+    "AzureStore",
     "Blob",
     "LocalStore",
     "RequestCounts",
@@ -63,8 +74,11 @@ __all__ = [
     "S3Store",
     "Store",
     "Tail",
+    "azure_client",
+    "azure_settings",
     "bucket",
     "cat",
+    "clear_azure_clients",
     "clear_s3_clients",
     "create_if_absent",
     "exists",

@@ -26,7 +26,7 @@ from typing import Any
 import fsspec
 
 from lakeshard.errors import NoConditionalWrites, StorageError
-from lakeshard.storage._store import Blob, RequestStats, Store, Tail, split_scheme
+from lakeshard.storage._store import Blob, RequestStats, Store, Tail, refuse_rename, split_scheme
 
 __all__ = ["S3Store", "clear_s3_clients", "s3_client", "s3_options"]
 
@@ -72,6 +72,10 @@ class S3Store(Store):
 
     def path(self, uri: str) -> str:
         return uri[len(_PREFIX) :] if uri.startswith(_PREFIX) else self.normalize(uri)[len(_PREFIX) :]
+
+    def etag_names_content(self, etag: str | None) -> bool:
+        """One PUT's ETag is the MD5 of its bytes; a multipart upload's (``<md5>-<parts>``) is not."""
+        return "-" not in (etag or "")
 
     def filesystem(self) -> Any:
         fs = fsspec.filesystem("s3", **s3_options())
@@ -157,10 +161,7 @@ class S3Store(Store):
         return True
 
     def rename(self, src: str, dst: str) -> None:
-        raise StorageError(
-            f"cannot move {src} to {dst}: only local files are renamed (S3 has no rename; "
-            "write the object where it stays)"
-        )
+        refuse_rename(src, dst, "S3")
 
     def _conditional_put(self, uri: str, data: bytes, **condition: str) -> str | None:
         """One PUT of ``data`` to ``uri`` under ``condition`` (``IfNoneMatch`` or ``IfMatch``): its

@@ -15,11 +15,11 @@ import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from lakeshard.errors import StorageError
 
-__all__ = ["Blob", "RequestCounts", "RequestStats", "Store", "Tail", "split_scheme"]
+__all__ = ["Blob", "RequestCounts", "RequestStats", "Store", "Tail", "refuse_rename", "split_scheme"]
 
 #: A URI scheme, as RFC 3986 spells one (``urlsplit`` would also cut ``#...`` and ``?...`` off
 #: the rest, which are part of a key or file name here).
@@ -33,6 +33,14 @@ def split_scheme(uri: str) -> tuple[str, str]:
     if match is None or len(match.group(1)) == 1:
         return "", uri
     return match.group(1).lower(), uri[match.end() :]
+
+
+def refuse_rename(src: str, dst: str, store: str) -> NoReturn:
+    """:meth:`Store.rename` of an object store (``store`` names it): there is none."""
+    raise StorageError(
+        f"cannot move {src} to {dst}: only local files are renamed ({store} has no rename; "
+        "write the object where it stays)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def filesystem(self) -> Any:
         """The fsspec filesystem of this store (fsspec caches instances: cheap to ask again)."""
+
+    def etag_names_content(self, etag: str | None) -> bool:
+        """Whether an ETag of this store names the object's bytes (their MD5), so that two
+        objects with one ETag hold the same bytes: S3's unless uploaded in parts; none here."""
+        return False
 
     # -- reads --------------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:
