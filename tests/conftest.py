@@ -155,7 +155,7 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> Iterator[str]
 
 
 @pytest.fixture(scope="session")
-def az_endpoint() -> Iterator[str]:
+def azurite() -> Iterator[Any]:
     """Azurite's blob service on 127.0.0.1 (a free port; tests/helpers/azurite.py), with
     ``AZURE_STORAGE_CONNECTION_STRING`` naming it (Azurite's well-known account and key)."""
     from tests.helpers.azurite import Azurite, connection_string
@@ -164,13 +164,19 @@ def az_endpoint() -> Iterator[str]:
     saved = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
     os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection_string(server.endpoint)
     try:
-        yield server.endpoint
+        yield server
     finally:
         server.stop()
         if saved is None:
             os.environ.pop("AZURE_STORAGE_CONNECTION_STRING", None)
         else:
             os.environ["AZURE_STORAGE_CONNECTION_STRING"] = saved
+
+
+@pytest.fixture(scope="session")
+def az_endpoint(azurite: Any) -> str:
+    """The endpoint of :func:`azurite`: ``http://127.0.0.1:<port>``."""
+    return str(azurite.endpoint)
 
 
 @pytest.fixture()

@@ -88,6 +88,14 @@ class Azurite:
         self.stop()
         raise RuntimeError(f"azurite-blob did not listen on {self.endpoint} in {timeout_s} s")
 
+    def downloads(self) -> int:
+        """Blob downloads (GETs of a blob, whole or a range) Azurite has served so far, as its
+        debug log counts them."""
+        try:
+            return self.log.read_text(errors="replace").count("Operation=Blob_Download")
+        except FileNotFoundError:
+            return 0
+
     def output(self) -> str:
         return Path(self._dir, "stdout.log").read_text(errors="replace")[-2000:]
 

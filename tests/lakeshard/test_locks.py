@@ -1,6 +1,6 @@
 """The dataset lock (:mod:`lakeshard.locks`): held by another process, it refuses with the
 holder named; shared holders coexist; a process may take its own lock again. On S3 (a real moto
-server) the lock is a conditionally created object: a second holder is refused naming the first,
+server) and Azure (Azurite) the lock is a conditionally created object: a second holder is refused naming the first,
 a killed holder's lock is taken over once it expires, and a holder whose lock was taken over
 commits nothing."""
 
@@ -61,8 +61,16 @@ def _lock_object(ds: str) -> dict | None:
         return None
 
 
-def test_s3_a_second_holder_is_refused_naming_the_first(s3_bucket: str):
-    ds = f"{s3_bucket}/ds"
+@pytest.fixture(
+    params=[pytest.param("s3", marks=pytest.mark.s3), pytest.param("az", marks=pytest.mark.azure)]
+)
+def remote(request: pytest.FixtureRequest) -> str:
+    """A fresh bucket of each object store with conditional writes (S3, Azure), as a URI."""
+    return str(request.getfixturevalue("s3_bucket" if request.param == "s3" else "az_container"))
+
+
+def test_s3_a_second_holder_is_refused_naming_the_first(remote: str):
+    ds = f"{remote}/ds"
     with held_elsewhere(ds, exclusive=True) as holder:
         with pytest.raises(DatasetBusyError) as err:
             with dataset_lock(ds, job="mine"):
@@ -106,8 +114,8 @@ def test_s3_a_holder_refreshes_its_lock_and_each_refresh_is_another_object(s3_bu
     assert _lock_object(ds) is None
 
 
-def test_s3_a_lock_left_by_a_job_killed_on_this_host_is_taken_over_at_once(s3_bucket: str, caplog):
-    ds = f"{s3_bucket}/ds"
+def test_s3_a_lock_left_by_a_job_killed_on_this_host_is_taken_over_at_once(remote: str, caplog):
+    ds = f"{remote}/ds"
     with held_elsewhere(ds, exclusive=True) as holder:
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(timeout=30)
@@ -140,15 +148,12 @@ def test_s3_a_lock_left_by_a_job_elsewhere_is_taken_over_once_it_expires(s3_buck
     assert "taking over the lock of a job that stopped refreshing it" in caplog.text
 
 
-def test_s3_a_holder_whose_lock_was_taken_over_commits_nothing(s3_bucket: str):
-    import boto3
-
-    ds = f"{s3_bucket}/ds"
-    bucket, _, key = storage.filesystem(f"{ds}/{LOCK_NAME}")[1].partition("/")
+def test_s3_a_holder_whose_lock_was_taken_over_commits_nothing(remote: str):
+    ds = f"{remote}/ds"
     with dataset_lock(ds, job="mine"):
         confirm(ds)  # still ours
         other = json.dumps({"job": "other", "pid": 1, "host": "h", "since": "now", "command": "c"}).encode()
-        boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=other)  # another job took it over
+        storage.write_bytes_atomic(f"{ds}/{LOCK_NAME}", other)  # another job took it over
         with pytest.raises(DatasetBusyError, match="another job took this job's lock over"):
             confirm(ds)
     assert _lock_object(ds)["job"] == "other"  # the release left the other job's lock alone
