@@ -67,6 +67,7 @@ def run_job(
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines are about its own sockets
+    logging.getLogger("azure").setLevel(logging.WARNING)  # the Azure SDK logs every request at INFO
 
     def job() -> tuple[Any, Any]:
         cfg = resolve(config, args)

@@ -162,9 +162,9 @@ class AzureStore(Store):
     def get(self, uri: str) -> Blob:
         """See :meth:`Store.get`; its age from the answer's ``Last-Modified`` and ``Date``."""
         data, props, date = _download(self.path(uri), None, None, None, None)
-        now = date or dt.datetime.now(dt.timezone.utc)
+        now = _utc(date or dt.datetime.now(dt.timezone.utc))
         modified = props.last_modified
-        age = (now - modified).total_seconds() if isinstance(modified, dt.datetime) else 0.0
+        age = (now - _utc(modified)).total_seconds() if isinstance(modified, dt.datetime) else 0.0
         return Blob(data, _unquoted(props.etag), age)
 
     # -- writes -------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ def _translated(exc: Exception, path: str) -> OSError:
     """What Python raises for a file: ``FileNotFoundError`` (404), ``PermissionError`` (403),
     else ``OSError``, naming the URI and Azure's error code (never a credential)."""
     status = getattr(exc, "status_code", None)
-    code = getattr(exc, "error_code", None) or type(exc).__name__
+    code = _code(exc)
     message = f"az://{path}: {status or ''} {code}".replace("  ", " ")
     if status == 404:
         return FileNotFoundError(2, message)
@@ -267,34 +267,53 @@ def _call(path: str, op: Callable[[Any], Any], *, conditional: bool = False) -> 
         raise _translated(exc, path) from exc
 
 
+@dataclass(slots=True)
+class _Tally:
+    """What the pipeline sent for one download on this thread: requests (every attempt) and
+    the last answer's ``Date``."""
+
+    sent: int = 0
+    date: str | None = None
+
+
+#: The :class:`_Tally` of the download running on this thread, if any: the client's hooks
+#: (:func:`_on_request`, :func:`_on_response`) run on the calling thread, once an attempt (a
+#: hook given to one call would run for its first attempt only: the SDK pops it).
+_ON_THREAD = threading.local()
+
+
+def _on_request(_: Any) -> None:
+    tally = getattr(_ON_THREAD, "tally", None)
+    if tally is not None:
+        tally.sent += 1
+
+
+def _on_response(resp: Any) -> None:
+    tally = getattr(_ON_THREAD, "tally", None)
+    if tally is not None:
+        tally.date = resp.http_response.headers.get("Date")
+
+
 def _download(
     path: str, offset: int | None, length: int | None, if_match: str | None, stats: RequestStats | None
 ) -> tuple[bytes, Any, dt.datetime | None]:
     """The body, the blob's properties and the answer's ``Date`` of one download of ``path``
     (``container/blob``), counted in ``stats`` (requests: every one the pipeline sent, retries
     and GETs again of a body cut off included)."""
-    began, sent, dates = time.perf_counter(), [0], []
-
-    def on_request(_: Any) -> None:
-        sent[0] += 1
-
-    def on_response(resp: Any) -> None:
-        dates.append(resp.http_response.headers.get("Date"))
+    began, tally = time.perf_counter(), _Tally()
 
     def count(nbytes: int, error: str | None = None) -> None:
         if stats is not None:
-            n = sent[0]
             stats.add(
-                requests=n,
-                retries=max(n - 1, 0),
+                requests=tally.sent,
+                retries=max(tally.sent - 1, 0),
                 nbytes=nbytes,
                 seconds=time.perf_counter() - began,
                 error=error,
             )
 
-    kwargs: dict[str, Any] = {"raw_request_hook": on_request, "raw_response_hook": on_response}
-    if if_match:
-        kwargs |= _if_match(if_match)
+    kwargs = _if_match(if_match) if if_match else {}
+    _ON_THREAD.tally = tally
     try:
         downloader = _call(path, lambda blob: blob.download_blob(offset, length, **kwargs))
         data = downloader.readall()
@@ -304,13 +323,24 @@ def _download(
     except Exception as exc:  # a body cut off once too often, a connection that stays down
         count(0, type(exc).__name__)
         raise OSError(f"az://{path}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        _ON_THREAD.tally = None
     count(len(data))
-    return data, downloader.properties, _date(dates[-1] if dates else None)
+    return data, downloader.properties, _date(tally.date)
+
+
+def _code(exc: BaseException) -> str:
+    """Azure's error code of ``exc`` (``BlobNotFound``, ``ServerBusy``), else its type's name."""
+    code = getattr(exc, "error_code", None)
+    return str(getattr(code, "value", code) or type(exc).__name__)
 
 
 def _error_kind(exc: OSError) -> str:
-    cause = exc.__cause__
-    return str(getattr(cause, "error_code", None) or type(cause or exc).__name__)
+    return _code(exc.__cause__ or exc)
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t
 
 
 def _date(header: str | None) -> dt.datetime | None:
@@ -360,6 +390,8 @@ def _new_client(settings: AzureSettings) -> Any:
         "connection_timeout": 10,
         "read_timeout": 60,
         "session": session,
+        "raw_request_hook": _on_request,
+        "raw_response_hook": _on_response,
     }
     if settings.connection_string:
         return BlobServiceClient.from_connection_string(settings.connection_string, **options)

@@ -64,6 +64,20 @@ def fault_proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
 
 
 @pytest.fixture()
+def az_fault_proxy(az_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """A :class:`FaultProxy` in front of Azurite, answering Azure's errors, with this process's
+    Azure clients pointed at it (the environment is restored after the test)."""
+    from tests.helpers.azurite import connection_string
+
+    proxy = FaultProxy(az_endpoint, dialect="azure").start()
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection_string(proxy.endpoint))
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture()
 def s3_via(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch):
     """``s3_via(endpoint)`` points this process's S3 clients (and engines built afterwards) at
     ``endpoint``; the environment is restored after the test."""

@@ -1,13 +1,14 @@
-"""A fault-injecting HTTP proxy for S3 tests: forwards requests to an upstream S3 endpoint
-(moto on 127.0.0.1), answering a seeded fraction of them with ``500 InternalError``,
-``503 SlowDown`` (S3 XML error bodies), a dropped connection or a body cut off halfway (the
-headers promise all of it), or denying everything with ``403 AccessDenied``.
+"""A fault-injecting HTTP proxy for S3 and Azure tests: forwards requests to an upstream
+endpoint (moto or Azurite on 127.0.0.1), answering a seeded fraction of them with ``500
+InternalError``, ``503 SlowDown`` (``ServerBusy`` on Azure; each store's XML error bodies), a
+dropped connection or a body cut off halfway (the headers promise all of it), or denying
+everything with ``403 AccessDenied`` (``AuthorizationFailure``).
 
 It can also stall requests (hold them unanswered, as a store that stopped responding) and logs
 what it forwarded, so a test counts what the store saw rather than what a client says it asked.
 
-Clients point ``AWS_ENDPOINT_URL`` at :attr:`FaultProxy.endpoint`. The proxy only ever
-listens on 127.0.0.1.
+Clients point ``AWS_ENDPOINT_URL`` (or the Azure connection string's ``BlobEndpoint``) at
+:attr:`FaultProxy.endpoint`. The proxy only ever listens on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ _ERRORS = {
     403: ("AccessDenied", "Access Denied"),
     501: ("NotImplemented", "A header you provided implies functionality that is not implemented"),
 }
+#: Azure's codes for the same answers (its XML body names the code, and so does ``x-ms-error-code``).
+_AZURE_CODES = {500: "InternalError", 503: "ServerBusy", 403: "AuthorizationFailure", 501: "NotImplemented"}
 _HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -65,12 +68,15 @@ class FaultProxy:
     injected, by kind; ``requests`` counts every request and ``log`` holds each one as a
     :class:`Request`, in the order they came; :attr:`forwarded` those that reached the store."""
 
-    def __init__(self, upstream: str, *, seed: int = 0) -> None:
+    def __init__(self, upstream: str, *, seed: int = 0, dialect: str = "s3") -> None:
+        """``dialect``: whose error answers to give, ``"s3"`` or ``"azure"``."""
+        if dialect not in ("s3", "azure"):
+            raise ValueError(f"dialect must be 's3' or 'azure', got {dialect!r}")
         parts = urlsplit(upstream)
         self._upstream = (parts.hostname, parts.port)
         self.mode = "pass"
         self.rate = 0.1
-        self.match = ""  # "deny" only requests whose path contains this
+        self.match = ""  # "deny" or "faults" only requests whose path contains this
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.injected: Counter[str] = Counter()
@@ -114,8 +120,13 @@ class FaultProxy:
                     return
                 if fault is not None and fault != "cut":
                     code, message = _ERRORS[fault]
+                    if dialect == "azure":
+                        code = _AZURE_CODES[fault]
+                        self.send_response(fault)
+                        self.send_header("x-ms-error-code", code)
+                    else:
+                        self.send_response(fault)
                     payload = _error_body(code, message, self.path)
-                    self.send_response(fault)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
                     if fault == 503:
@@ -169,7 +180,7 @@ class FaultProxy:
                 fault = 403
             elif self.mode == "unconditional" and conditional:
                 fault = 501  # a store without conditional writes (If-None-Match, If-Match)
-            elif self.mode == "faults" and self._rng.random() < self.rate:
+            elif self.mode == "faults" and self.match in path and self._rng.random() < self.rate:
                 fault = self._rng.choice([500, 503, "drop", "cut"])
             if fault is not None:
                 self.injected[str(fault)] += 1
