@@ -47,7 +47,8 @@ class Request(NamedTuple):
 
     method: str
     path: str  #: with the query string
-    copy_source: str | None  #: the ``x-amz-copy-source`` header: a CopyObject or UploadPartCopy
+    #: the ``x-amz-copy-source`` header (a CopyObject or UploadPartCopy), or Azure's ``x-ms-copy-source``
+    copy_source: str | None
     byte_range: str | None  #: the ``Range`` header
     #: ``"forwarded"`` (sent upstream), an injected fault (``403``, ``500``, ``503``, ``"drop"``),
     #: or ``"cut"`` (forwarded, its body cut off halfway)
@@ -110,7 +111,7 @@ class FaultProxy:
                 fault = proxy._choose(
                     self.command,
                     self.path,
-                    self.headers.get("x-amz-copy-source"),
+                    self.headers.get("x-amz-copy-source") or self.headers.get("x-ms-copy-source"),
                     self.headers.get("Range"),
                     conditional=conditional,
                 )
