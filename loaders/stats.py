@@ -24,6 +24,7 @@ from lakeshard.errors import ConfigError, LoaderError
 from lakeshard.storage import RequestCounts
 
 __all__ = [
+    "AZURE_PRICES",
     "BUDGET_ACTIONS",
     "BUDGET_EVERY",
     "CostBudget",
@@ -66,6 +67,14 @@ class PriceTable:
     def cost(self, requests: int, nbytes: int) -> float:
         """Dollars for ``requests`` GETs that moved ``nbytes`` bytes (a GB is 2**30 bytes, as AWS bills)."""
         return requests / 1000 * self.get_per_1000 + nbytes / 2**30 * self.transfer_per_gb
+
+
+#: Azure Blob Storage, hot tier, LRS, East US, from https://azure.microsoft.com/en-us/pricing/details/storage/blobs/
+#: and https://azure.microsoft.com/en-us/pricing/details/bandwidth/ (as published in 2025-2026):
+#: read operations $0.004 per 10,000 ($0.0004 per 1,000), and data transfer between regions
+#: within North America $0.02 per GB. In the account's own region transfer is free
+#: (``transfer_per_gb=0``); cool and cold tiers cost more per read and add a retrieval fee per GB.
+AZURE_PRICES = PriceTable(get_per_1000=0.0004, transfer_per_gb=0.02)
 
 
 @dataclass(slots=True)

@@ -33,7 +33,9 @@ def job_parser(
                 [
                     f"Options also come from a YAML file (--conf conf/{prog.rsplit('/', 1)[-1].removesuffix('.py')}.yaml); "
                     "flags override it. S3 endpoint and credentials come from the standard AWS environment "
-                    "(AWS_ENDPOINT_URL, AWS_REGION, profiles, instance roles).",
+                    "(AWS_ENDPOINT_URL, AWS_REGION, profiles, instance roles); Azure's from "
+                    "AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_NAME with a key, a SAS token or "
+                    "an Azure identity (docs/clusters.md).",
                     epilog,
                 ],
             )

@@ -16,9 +16,15 @@ from typing import Any, Protocol, TypeVar
 
 __all__ = ["ENGINES", "ENGINE_NAMES", "FORWARDED_ENV", "Engine", "open_engine", "split_parts"]
 
-#: Where S3 is (not who: credentials stay with each worker's AWS environment); both engines
-#: forward these from the driver to their workers.
-FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
+#: Where S3 and the Azure storage account are (not who: credentials stay with each worker's own
+#: environment); both engines forward these from the driver to their workers.
+FORWARDED_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
