@@ -91,6 +91,23 @@ def test_a_registered_scheme_is_used_wherever_a_uri_is(mem_scheme: None):
     storage.register_store("mem", MemStore)  # for the fixture to remove
 
 
+def test_abfs_uris_name_az_blobs_of_the_accounts_own_host(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    assert storage.normalize("abfs://c/raw/x/") == "az://c/raw/x"
+    assert storage.normalize("abfss://c@acct.dfs.core.windows.net/raw") == "az://c/raw"
+    assert storage.normalize("az://c") == "az://c" and storage.scheme("abfs://c/k") == "az"
+    with pytest.raises(
+        StorageError, match=r"names the account host 'other\.dfs\.core\.windows\.net'.*az://c/"
+    ):
+        storage.normalize("abfs://c@other.dfs.core.windows.net/raw")
+    with pytest.raises(StorageError, match=r"^Azure URI 'az:///k' names no container$"):
+        storage.normalize("az:///k")
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME")
+    with pytest.raises(StorageError, match=r"^no Azure credentials: set AZURE_STORAGE_CONNECTION_STRING"):
+        storage.store_for("az://c").filesystem()
+
+
 def test_a_move_between_stores_is_refused_naming_both(tmp_path: Path, mem_scheme: None):
     (tmp_path / "f").write_bytes(b"x")
     with pytest.raises(
