@@ -7,6 +7,7 @@ object storage".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -14,6 +15,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _cli import json_child, log_to_stdout, positive, work_folder, write_out
 from _data import PHOTO_QUALITY, build_dataset, photo_image, synthetic_image
 from _timing import alternate, other_load, parse_variant
+from emulated_store import AzuriteMissingError, AzuriteStore, find_azurite
 from loader_bench import epoch_timing
 from remote_store import NginxMissingError, RemoteStore, Traffic, find_nginx, parse_rate
 
@@ -38,6 +41,8 @@ log = logging.getLogger("remote_bench")
 #: ``--profile``: (latency in ms, bandwidth per connection).
 PROFILES = {"near": (20.0, "80MB"), "far": (100.0, "25MB")}
 SOURCES = ("local", "remote")
+#: ``--store``: what the latency shim sits in front of (nginx speaking S3, or Azurite).
+STORES = ("s3", "azure")
 
 
 def loader_options(texts: list[str]) -> dict[str, Any]:
@@ -103,7 +108,9 @@ def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, flo
     return json_child(cmd, f"a new process's first batch from {dataset}", timeout=_PROCESS_TIMEOUT_S)
 
 
-def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteStore) -> dict[str, Any]:
+def measure(
+    source: str, dataset: str, args: argparse.Namespace, store: RemoteStore | AzuriteStore
+) -> dict[str, Any]:
     """One repeat of one source: the kept loader's epochs, then a fresh loader's first batch."""
     remote = source == "remote"
     out: dict[str, Any] = {}
@@ -119,8 +126,9 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
                 out[f"epoch{n}_served"] = store.served(since=logged)
     finally:
         loader.close()
-    if remote:  # a new process has no S3 clients (nor their connections)
+    if remote:  # a new process has no store clients (nor their connections)
         storage.clear_s3_clients()
+        storage.clear_azure_clients()
     before, logged = store.traffic(), len(store.served())
     start = time.perf_counter()
     fresh = new_loader(dataset, args)
@@ -140,7 +148,7 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
 
 
 def measure_process(
-    source: str, dataset: str, args: argparse.Namespace, store: RemoteStore
+    source: str, dataset: str, args: argparse.Namespace, store: RemoteStore | AzuriteStore
 ) -> dict[str, Any]:
     """A new process's first batch (:func:`process_first_batch`), and for the remote what the
     store served it. Run outside :func:`_timing.other_load`: the child is no other load."""
@@ -222,7 +230,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, i
 
 def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(
-        f"remote: {args.latency_ms:g} ms before each response, {args.bandwidth_bytes / 1e6:g} MB/s per connection; "
+        f"remote ({args.store}): {args.latency_ms:g} ms before each response, {args.bandwidth_bytes / 1e6:g} MB/s per connection; "
         f"medians of {args.repeats} repeats"
     )
     print(
@@ -260,6 +268,17 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
         f"CPU taken by others meanwhile: {busy['local']:.0%} of the machine (local runs), {busy['remote']:.0%} (remote runs; "
         "the store's own nginx and shim count here)"
     )
+
+
+@contextlib.contextmanager
+def remote_store(args: argparse.Namespace, work: Path, dataset: Path) -> Iterator[tuple[Any, str]]:
+    """The store of ``--store`` behind the latency shim, running, and the dataset's URI there."""
+    if args.store == "azure":
+        with AzuriteStore(latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as azure:
+            yield azure, azure.upload(dataset, dataset.name)
+        return
+    with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
+        yield store, store.uri(dataset.name)
 
 
 def prepare(args: argparse.Namespace, work: Path) -> Path:
@@ -301,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         "--bandwidth",
         help="per connection, per second, e.g. 80MB (decimal) or 64MiB (default: the profile's)",
     )
+    parser.add_argument(
+        "--store",
+        choices=STORES,
+        default="s3",
+        help="behind the latency shim: nginx serving the files as S3 (s3), or Azurite, the Azure emulator (azure)",
+    )
     parser.add_argument("--batch-size", type=positive, default=64)
     parser.add_argument("--epochs", type=positive, default=3, help="epochs of the kept loader per repeat")
     parser.add_argument("--repeats", type=positive, default=3)
@@ -327,16 +352,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms:g}")
     try:
-        find_nginx()
-    except NginxMissingError as exc:
+        find_azurite() if args.store == "azure" else find_nginx()
+    except (NginxMissingError, AzuriteMissingError) as exc:
         parser.error(str(exc))
     log_to_stdout()
+    logging.getLogger("azure").setLevel(logging.WARNING)  # the Azure SDK logs every request at INFO
 
     with work_folder(args.workdir) as work:
         dataset = prepare(args, work)
-        with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
+        with remote_store(args, work, dataset) as (store, uri):
             os.environ.update(store.environ())
-            sources = {"local": str(dataset), "remote": store.uri(dataset.name)}
+            sources = {"local": str(dataset), "remote": uri}
             check_same_batches(sources["local"], sources["remote"], args)
             for source in SOURCES:  # warm the page cache and the imports (boto's, the decoders')
                 new_loader(sources[source], args).close()

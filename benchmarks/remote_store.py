@@ -59,9 +59,18 @@ import time
 import urllib.parse
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 from xml.sax.saxutils import escape
 
-__all__ = ["NginxMissingError", "RemoteStore", "Traffic", "find_nginx", "parse_rate"]
+__all__ = [
+    "NginxMissingError",
+    "RemoteStore",
+    "Traffic",
+    "find_nginx",
+    "parse_rate",
+    "start_shim",
+    "stop_group",
+]
 
 _SETUP = "scripts/setup_bench.sh"
 _START_TIMEOUT_S = 10.0
@@ -169,7 +178,37 @@ http {{
 """
 
 
-class RemoteStore:
+class StoreProcesses:
+    """What the stores of the benchmarks share: a context manager over :meth:`start` and
+    :meth:`stop` (a store started already is used as it is, and stopped when the block ends)."""
+
+    _tmp: Any = None
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def _forget(self) -> None:
+        """Remove the store's temporary folder, once its processes are stopped."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> Any:
+        """Start the store (a store already started with :meth:`start` is used as it is), and
+        stop it when the block ends."""
+        return self if self._tmp is not None else self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class RemoteStore(StoreProcesses):
     """Serve the folder ``root`` as ``s3://<bucket>/`` at :attr:`endpoint`; see the module
     docstring. ``bandwidth`` is in bytes per second per connection, ``latency_ms`` before each
     response's first byte. A context manager; :meth:`start`/:meth:`stop` also work."""
@@ -206,21 +245,14 @@ class RemoteStore:
         atexit.register(self.stop)
         try:
             port = self._start_nginx(nginx, tmp)
-            shim = {"--upstream": port, "--bucket": self.bucket, "--latency-ms": self.latency_ms}
-            shim |= {"--bandwidth": self.bandwidth, "--log": tmp / "shim.log"}
-            self._shim = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), str(self.root), "--shim"]
-                + [str(x) for option in shim.items() for x in option],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                start_new_session=True,
+            self._shim, self.endpoint = start_shim(
+                self.root,
+                upstream=port,
+                latency_ms=self.latency_ms,
+                bandwidth=self.bandwidth,
+                log=tmp / "shim.log",
+                bucket=self.bucket,
             )
-            line = _read_line(self._shim, _START_TIMEOUT_S)
-            if not line.startswith("listening "):
-                raise RuntimeError(
-                    f"the latency shim did not start (said {line!r}, exit code {self._shim.poll()})"
-                )
-            self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
         except BaseException:
             self.stop()
             raise
@@ -246,7 +278,7 @@ class RemoteStore:
                     return port
                 time.sleep(0.02)
             err = (tmp / "error.log").read_text(errors="replace") if (tmp / "error.log").exists() else ""
-            _stop_group(self._nginx)
+            stop_group(self._nginx)
             if "Address already in use" not in err:
                 raise RuntimeError(
                     f"nginx did not start on 127.0.0.1:{port}: {err.strip()[-500:] or 'no error log'}"
@@ -257,21 +289,8 @@ class RemoteStore:
         """Stop both processes (see NOTE [ Store shutdown ]); idempotent."""
         for proc in (self._shim, self._nginx):
             if proc is not None:
-                _stop_group(proc)
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-        atexit.unregister(self.stop)
-
-    def __enter__(self) -> RemoteStore:
-        """Start the store (a store already started with :meth:`start` is used as it is), and
-        stop it when the block ends."""
-        return self if self._tmp is not None else self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+                stop_group(proc)
+        self._forget()
 
     @property
     def pids(self) -> list[int]:
@@ -334,6 +353,35 @@ class RemoteStore:
         )
 
 
+def start_shim(
+    root: Path,
+    *,
+    upstream: int,
+    latency_ms: float,
+    bandwidth: int,
+    log: Path,
+    bucket: str = "bench",
+    passthrough: bool = False,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The latency shim in front of 127.0.0.1:``upstream`` (its own process group; stop it with
+    :func:`stop_group`) and its endpoint, ``http://127.0.0.1:<port>``."""
+    shim = {"--upstream": upstream, "--bucket": bucket, "--latency-ms": latency_ms}
+    shim |= {"--bandwidth": bandwidth, "--log": log}
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), str(root), "--shim"]
+        + [str(x) for option in shim.items() for x in option]
+        + (["--passthrough"] if passthrough else []),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    line = _read_line(proc, _START_TIMEOUT_S)
+    if not line.startswith("listening "):
+        stop_group(proc)
+        raise RuntimeError(f"the latency shim did not start (said {line!r}, exit code {proc.poll()})")
+    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
+
+
 def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     """The first line ``proc`` writes on stdout, waiting at most ``timeout`` seconds."""
     stdout = proc.stdout
@@ -343,7 +391,7 @@ def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     return stdout.readline().decode(errors="replace").strip() if ready else ""
 
 
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM to ``proc``'s process group (it leads its own session), then SIGKILL if it has
     not exited within the time limit."""
     if proc.stdin is not None:
@@ -370,6 +418,8 @@ _CONTENT_LENGTH = re.compile(r"(?im)^content-length:\s*(\d+)")
 #: nginx's ETag header in a response, and a client's conditional header in a request.
 _NGINX_ETAG = re.compile(rb'(\r\nETag: "[0-9a-f]{8})-([0-9a-f]+")', re.IGNORECASE)
 _CLIENT_ETAG = re.compile(r'(?im)^(if-(?:none-)?match:\s*"[0-9a-f]{8})0([0-9a-f]+")')
+#: A request's byte range (S3's ``Range``, Azure's ``x-ms-range``).
+_RANGE = re.compile(r"(?im)^(?:x-ms-)?range:\s*(\S+)")
 
 
 def _etag(mtime: float, size: int) -> str:
@@ -382,10 +432,21 @@ class _Shim:
     latency and the rate per connection, and its log (one line per connection and request)."""
 
     def __init__(
-        self, *, root: Path, bucket: str, upstream: int, latency_s: float, rate: int, log: Path
+        self,
+        *,
+        root: Path,
+        bucket: str,
+        upstream: int,
+        latency_s: float,
+        rate: int,
+        log: Path,
+        passthrough: bool = False,
     ) -> None:
         self.root, self.bucket, self.upstream = root, bucket, upstream
         self.latency_s, self.rate = latency_s, rate
+        #: In front of any HTTP store (an emulator), not nginx: every request forwarded as it
+        #: came, every answer relayed as it came, and each one logged (``served ...``).
+        self.passthrough = passthrough
         self._log = log.open("a", buffering=1)
         self._log_lock = threading.Lock()
 
@@ -409,7 +470,7 @@ class _Shim:
                 method, target, *_ = [*request_line.split(" "), "", ""]
                 length = _CONTENT_LENGTH.search(rest)
                 body = _read_exactly(client, int(length.group(1))) if length else b""
-                answer = self.bucket_answer(method, target)
+                answer = None if self.passthrough else self.bucket_answer(method, target)
                 time.sleep(max(0.0, arrived + self.latency_s - time.monotonic()))
                 if answer is not None:
                     self.log(f"answer {method} {target} {len(answer)}")
@@ -418,8 +479,13 @@ class _Shim:
                 if up is None:
                     up = socket.create_connection(("127.0.0.1", self.upstream))
                 self.log(f"forward {method} {target}")
-                up.sendall(_CLIENT_ETAG.sub(r"\1-\2", request.decode("latin-1")).encode("latin-1") + body)
-                if not self.relay(up, client, pipe, method):
+                head = (
+                    request
+                    if self.passthrough
+                    else _CLIENT_ETAG.sub(r"\1-\2", request.decode("latin-1")).encode("latin-1")
+                )
+                up.sendall(head + body)
+                if not self.relay(up, client, pipe, method, target, request):
                     return  # nginx closed the connection
         except OSError:  # a connection reset, a client gone
             return
@@ -430,7 +496,15 @@ class _Shim:
                 if sock is not None:
                     sock.close()
 
-    def relay(self, up: socket.socket, client: socket.socket, pipe: tuple[int, int], method: str) -> bool:
+    def relay(
+        self,
+        up: socket.socket,
+        client: socket.socket,
+        pipe: tuple[int, int],
+        method: str,
+        target: str,
+        request: bytes,
+    ) -> bool:
         """nginx's response to ``method`` to the client at ``rate`` bytes/s at most: its head
         rewritten (the ETag), its body (``Content-Length`` bytes; none for a HEAD's or a 304's)
         moved from socket to socket in the kernel (``splice`` through ``pipe``), in chunks of
@@ -456,7 +530,11 @@ class _Shim:
             else -1
         )
         wait(len(head))
-        client.sendall(_NGINX_ETAG.sub(rb"\g<1>0\2", head))
+        client.sendall(head if self.passthrough else _NGINX_ETAG.sub(rb"\g<1>0\2", head))
+        if self.passthrough:  # nginx logs what it served; an emulator's answers are logged here
+            ranged = _RANGE.search(request.decode("latin-1"))
+            status = head[9:12].decode("latin-1")
+            self.log(f"served {method} {status} {max(left, 0)} {target} {ranged.group(1) if ranged else '-'}")
         while left:  # -1: no length, until nginx closes
             n = os.splice(up.fileno(), pipe[1], _CHUNK if left < 0 else min(left, _CHUNK))
             if n == 0:
@@ -572,6 +650,7 @@ def _serve_shim(args: argparse.Namespace) -> None:
         latency_s=args.latency_ms / 1000,
         rate=parse_rate(args.bandwidth),
         log=Path(args.log),
+        passthrough=args.passthrough,
     )
     server = socket.create_server(("127.0.0.1", 0), backlog=1024)
     print(f"listening {server.getsockname()[1]}", flush=True)
@@ -599,6 +678,11 @@ def main(argv: list[str] | None = None) -> int:
     shim.add_argument("--shim", action="store_true", help="serve as the shim in front of nginx at --upstream")
     shim.add_argument("--upstream", type=int, help="nginx's port on 127.0.0.1")
     shim.add_argument("--log", help="where to log connections and requests")
+    shim.add_argument(
+        "--passthrough",
+        action="store_true",
+        help="in front of any HTTP store at --upstream (an emulator), not nginx: nothing rewritten",
+    )
     args = parser.parse_args(argv)
     if args.shim:
         if args.upstream is None or args.log is None:

@@ -158,8 +158,9 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> Iterator[str]
 def azurite() -> Iterator[Any]:
     """Azurite's blob service on 127.0.0.1 (a free port; tests/helpers/azurite.py), with
     ``AZURE_STORAGE_CONNECTION_STRING`` naming it (Azurite's well-known account and key)."""
-    from tests.helpers.azurite import Azurite, connection_string
+    from tests.helpers.azurite import Azurite, connection_string, require_azurite
 
+    require_azurite()
     server = Azurite().start()
     saved = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
     os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection_string(server.endpoint)

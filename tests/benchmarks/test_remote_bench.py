@@ -421,3 +421,30 @@ def test_no_response_arrives_before_its_latency_and_its_bytes_at_the_bandwidth(n
             conn.close()
         kept.close()
     assert early == []
+
+
+@pytest.mark.azure
+@pytest.mark.slow  # starts Azurite, python and torch: ~20 s
+def test_remote_bench_runs_the_shim_in_front_of_azurite(tmp_path: Path):
+    """``--store azure``: the same shim, passing Azurite's answers through, late and paced; the
+    loader reads the same batches from it as from disk, and the shim counts what it relayed."""
+    from tests.helpers.azurite import require_azurite
+
+    require_azurite()
+    out = tmp_path / "remote.json"
+    done = run(
+        "benchmarks/remote_bench.py",
+        *("--store", "azure", "--images", "40", "--size", "32", "--repeats", "1", "--epochs", "2"),
+        *("--latency-ms", "1", "--workdir", str(tmp_path), "--out", str(out)),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "first batch: identical from local disk and from the store" in done.stderr
+    assert "remote (azure): 1 ms before each response" in done.stdout
+    result = json.loads(out.read_text())
+    epochs = result["summary"]["epochs"]
+    assert epochs[0]["traffic"]["gets"] >= 1 and epochs[0]["traffic"]["body_bytes"] > 0
+    fresh = result["summary"]["fresh_first_batch_traffic"]
+    # dataset.json, the shard's footer (a HEAD for its size, then a GET: Azure has no suffix range), its row groups
+    assert fresh["heads"] == 1 and fresh["gets"] >= 3 and fresh["connections"] >= 1
+    assert result["store_total"]["body_bytes"] >= sum(e["traffic"]["body_bytes"] for e in epochs)
+    assert not any(map(alive, result["store_pids"]))
