@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from lakeshard import storage
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from remote_store import NginxMissingError, RemoteStore, find_nginx
@@ -28,8 +30,17 @@ def require_nginx() -> str:
 
 
 def upload(local: Path, bucket: str, prefix: str = "ds") -> str:
-    """Copy the folder ``local`` to ``<bucket>/<prefix>`` (``bucket``: ``s3://name``); its URI."""
+    """Copy the folder ``local`` to ``<bucket>/<prefix>`` (``bucket``: ``s3://name``, or an Azure
+    container ``az://name``); its URI."""
     import boto3
+
+    if bucket.startswith("az://"):  # one Put Blob a file, through the store
+        for p in sorted(local.rglob("*")):
+            if p.is_file():
+                storage.write_bytes_atomic(
+                    f"{bucket}/{prefix}/{p.relative_to(local).as_posix()}", p.read_bytes()
+                )
+        return f"{bucket}/{prefix}"
 
     client = boto3.client("s3")
     name = bucket[len("s3://") :]

@@ -279,12 +279,19 @@ def test_changed_order_settings_are_still_refused_at_another_world_size(layouts)
             )
 
 
-@pytest.mark.s3
-def test_remote_shards_of_other_ranks_are_read_on_resume(layouts, s3_bucket: str):
-    """On S3, a new rank reads rows that old ranks' shards hold: their footers are read at
-    ``load_state_dict`` and their row groups fetched as ranged reads, as the loader's own."""
+@pytest.fixture(
+    params=[pytest.param("s3", marks=pytest.mark.s3), pytest.param("az", marks=pytest.mark.azure)]
+)
+def bucket(request: pytest.FixtureRequest) -> str:
+    """A fresh bucket of each object store (S3, an Azure container), as a URI."""
+    return str(request.getfixturevalue("s3_bucket" if request.param == "s3" else "az_container"))
+
+
+def test_remote_shards_of_other_ranks_are_read_on_resume(layouts, bucket: str):
+    """On S3 and Azure, a new rank reads rows that old ranks' shards hold: their footers are read
+    at ``load_state_dict`` and their row groups fetched as ranged reads, as the loader's own."""
     local = layouts["3x11"]
-    remote = upload(local, s3_bucket)
+    remote = upload(local, bucket)
     kw = dict(shuffle=True, seed=6, shuffle_window=5, read_concurrency=4)
     whole = _epoch(str(local), 2, 3, **kw)
     consumed, state = _consume(remote, 2, 3, 1, **kw)
