@@ -152,17 +152,25 @@ def test_labels_uri_column_on_s3(s3_bucket: str, local_engine) -> None:
     assert read_channel(out, "all")["uri"].to_pylist()[0].startswith(lake + "/")
 
 
-@pytest.mark.slow
-@pytest.mark.s3
-def test_labels_key_column_parquet_folder_on_s3(s3_bucket: str, local_engine) -> None:
-    """A folder of table files on S3 (each staged by its own task), with a key column."""
-    lake, out = f"{s3_bucket}/raw", f"{s3_bucket}/ds"
+@pytest.mark.parametrize(
+    "store",
+    [
+        pytest.param("s3_bucket", marks=[pytest.mark.s3, pytest.mark.slow]),
+        pytest.param("az_container", marks=pytest.mark.azure),
+    ],
+)
+def test_labels_key_column_parquet_folder_on_s3(
+    store: str, local_engine, request: pytest.FixtureRequest
+) -> None:
+    """A folder of table files on S3 or Azure (each staged by its own task), with a key column."""
+    bucket = request.getfixturevalue(store)
+    lake, out = f"{bucket}/raw", f"{bucket}/ds"
     _lake(lake)
     records = _records()
-    _write(f"{s3_bucket}/meta/labels/a.parquet", _table_bytes(records[:12], "parquet"))
-    _write(f"{s3_bucket}/meta/labels/b.parquet", _table_bytes(records[12:], "parquet"))
-    summary = _run(lake, f"{s3_bucket}/meta/labels", out, local_engine)
-    _check_manifest(out, summary, f"{s3_bucket}/meta/labels")
+    _write(f"{bucket}/meta/labels/a.parquet", _table_bytes(records[:12], "parquet"))
+    _write(f"{bucket}/meta/labels/b.parquet", _table_bytes(records[12:], "parquet"))
+    summary = _run(lake, f"{bucket}/meta/labels", out, local_engine)
+    _check_manifest(out, summary, f"{bucket}/meta/labels")
 
 
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
