@@ -113,7 +113,10 @@ class AzureStore(Store):
         account is the one the settings name."""
         container, _, host = netloc.partition("@")
         account = host.removesuffix(_DFS_HOST)
-        ours = _account_of(azure_settings())
+        try:
+            ours = _account_of(azure_settings())
+        except StorageError:  # no credentials yet: the first request will say so
+            ours = None
         if not host.endswith(_DFS_HOST) or (ours is not None and account != ours):
             raise StorageError(
                 f"Azure URI {uri!r} names the account host {host!r}, but the credentials are for "
@@ -208,7 +211,8 @@ class AzureStore(Store):
 
 
 class _ConditionFailed(OSError):
-    """A conditional request the store answered 409, 412 (or 404): the condition does not hold."""
+    """A conditional request the store answered 409, 412 (or 404 for the blob): the condition
+    does not hold."""
 
 
 def _require_sdk() -> None:
@@ -254,7 +258,8 @@ def _translated(exc: Exception, path: str) -> OSError:
 
 def _call(path: str, op: Callable[[Any], Any], *, conditional: bool = False) -> Any:
     """``op(blob_client)`` of ``path`` (``container/blob``), its errors translated; with
-    ``conditional``, a 404, 409 or 412 is :class:`_ConditionFailed`."""
+    ``conditional``, a 409, a 412 or a blob gone (404 ``BlobNotFound``, not a missing container)
+    is :class:`_ConditionFailed`."""
     from azure.core.exceptions import AzureError
 
     container, _, name = path.partition("/")
@@ -262,7 +267,8 @@ def _call(path: str, op: Callable[[Any], Any], *, conditional: bool = False) -> 
     try:
         return op(blob)
     except AzureError as exc:
-        if conditional and getattr(exc, "status_code", None) in (404, 409, 412):
+        status = getattr(exc, "status_code", None)
+        if conditional and (status in (409, 412) or (status == 404 and _code(exc) == "BlobNotFound")):
             raise _ConditionFailed(str(_translated(exc, path))) from exc
         raise _translated(exc, path) from exc
 

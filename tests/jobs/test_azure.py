@@ -16,6 +16,7 @@ from jobs import shard as shard_job
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
+from lakeshard.errors import PlatformError, StorageError
 from lakeshard.format import channel_shards
 from lakeshard.format.manifest_table import read_channel
 from loaders import ShardLoader
@@ -119,3 +120,19 @@ def test_an_s3_lake_to_an_azure_dataset(s3_bucket: str, az_container: str, local
     assert info.inputs.lake == f"{s3_bucket}/raw"
     with ShardLoader(out, batch_size=4) as loader:
         assert sum(len(labels) for _, labels in loader) > 0
+
+
+def test_a_missing_container_fails_naming_the_uri(az_container: str, local_engine):
+    """The output's container is never created: the lock's first write fails naming the URI
+    (not a busy dataset), and so does a lake in a missing container."""
+    _upload(az_container, _lake())
+    with pytest.raises(
+        StorageError, match=r"^cannot write az://no-such-container/ds/_lock: .*ContainerNotFound"
+    ):
+        manifest_job.run(
+            ManifestConfig(input=f"{az_container}/raw", output="az://no-such-container/ds"), local_engine
+        )
+    with pytest.raises(PlatformError, match="az://no-such-container/raw"):
+        manifest_job.run(
+            ManifestConfig(input="az://no-such-container/raw", output=f"{az_container}/o"), local_engine
+        )
