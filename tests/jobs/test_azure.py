@@ -136,3 +136,20 @@ def test_a_missing_container_fails_naming_the_uri(az_container: str, local_engin
         manifest_job.run(
             ManifestConfig(input="az://no-such-container/raw", output=f"{az_container}/o"), local_engine
         )
+
+
+@pytest.mark.dask
+@pytest.mark.slow  # a Dask cluster of its own: its workers start with the Azure environment
+def test_dask_and_the_local_engine_build_the_same_azure_dataset(az_container: str, local_engine):
+    from jobs.common.engines.dask_engine import DaskEngine
+    from tests.hardening.helpers import dataset_digest
+
+    _upload(az_container, _lake())
+    _build(f"{az_container}/raw", f"{az_container}/local", local_engine)
+    engine = DaskEngine(n_workers=2)
+    try:
+        _build(f"{az_container}/raw", f"{az_container}/dask", engine)
+    finally:
+        engine.close()
+    check_dataset(f"{az_container}/dask")
+    assert dataset_digest(f"{az_container}/dask") == dataset_digest(f"{az_container}/local")
