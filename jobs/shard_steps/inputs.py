@@ -14,7 +14,7 @@ from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, ShardError
 from lakeshard.format import ManifestInfo, dataset_json_uri, manifest_marker_uri, read_manifest_info
 
-__all__ = ["ShardInputs", "check_shard_inputs"]
+__all__ = ["ShardInputs", "check_shard_inputs", "pick_channels"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,9 @@ class ShardInputs:
     base: BaseDataset | None = None
 
 
-def _channels(cfg: ShardConfig, known: list[str], root: str) -> list[str]:
+def pick_channels(cfg: ShardConfig, known: list[str], root: str) -> list[str]:
+    """The channels ``--channels`` names (each once, each one of ``known``, the manifest's at
+    ``root``), or all of ``known``."""
     if not cfg.channels:
         return known
     channels = [c.strip() for c in cfg.channels.split(",")]
@@ -77,7 +79,7 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
             f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first"
         )
     marker = read_manifest_info(root)
-    channels = _channels(cfg, list(marker.split), root)
+    channels = pick_channels(cfg, list(marker.split), root)
     classes = marker.counts.classes
     if missing := [c for c in channels if c not in classes]:  # the plan is made from these counts
         raise DatasetError(

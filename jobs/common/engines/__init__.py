@@ -36,10 +36,17 @@ class Engine(Protocol):
         """Cores each task has to itself (Spark's ``spark.task.cpus``; 1 on Dask)."""
 
     def map_partitions(
-        self, fn: Callable[[list[T]], list[R]], items: Sequence[T], *, partitions: int
+        self,
+        fn: Callable[[list[T]], list[R]],
+        items: Sequence[T],
+        *,
+        partitions: int,
+        cpu_bound: bool = False,
     ) -> list[R]:
         """Split ``items`` into ``partitions`` parts, run ``fn`` on each part on a worker,
-        and return the concatenated results (in no particular order)."""
+        and return the concatenated results (in no particular order). ``cpu_bound``: ``fn``
+        spends its time in Python code that holds the GIL (an engine of threads runs it in
+        processes instead; Spark's and Dask's tasks are in processes already)."""
 
     def close(self) -> None:
         """Release what the engine started (not what it was handed)."""

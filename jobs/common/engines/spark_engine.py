@@ -119,7 +119,12 @@ class SparkEngine:
         return max(1, int(self.sc.getConf().get("spark.task.cpus", "1")))
 
     def map_partitions(
-        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+        self,
+        fn: Callable[[list[Any]], list[Any]],
+        items: Sequence[Any],
+        *,
+        partitions: int,
+        cpu_bound: bool = False,
     ) -> list[Any]:
         if not items:
             return []
