@@ -1,6 +1,7 @@
 """What the shard job reads, checked before an engine starts: a bad URI, a missing or
-incomplete manifest, an unknown or repeated channel, an existing dataset or an unusable
-``--base`` fail in a second, not after a 10 s engine start."""
+incomplete manifest, a manifest of labels beyond one class (multi-label, boxes: not stored
+yet), an unknown or repeated channel, an existing dataset or an unusable ``--base`` fail in a
+second, not after a 10 s engine start."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from jobs.shard_steps.reuse import BaseDataset, check_shard_base
 from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, ShardError
 from lakeshard.format import ManifestInfo, dataset_json_uri, manifest_marker_uri, read_manifest_info
+from lakeshard.format.label_columns import SINGLE_LABEL
 
 __all__ = ["ShardInputs", "check_shard_inputs", "pick_channels"]
 
@@ -79,6 +81,11 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
             f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first"
         )
     marker = read_manifest_info(root)
+    if marker.task_kind != SINGLE_LABEL:
+        raise ShardError(
+            f"the manifest at {root} is a {marker.task_kind} dataset: this version of the shard job stores "
+            "single-label datasets only (one class per image)"
+        )
     channels = pick_channels(cfg, list(marker.split), root)
     classes = marker.counts.classes
     if missing := [c for c in channels if c not in classes]:  # the plan is made from these counts
