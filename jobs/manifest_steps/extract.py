@@ -73,6 +73,7 @@ def read_ground_truth(cfg: ManifestConfig, engine: Engine, staging: str) -> List
         root=cfg.input,
         skip=_skip(cfg),
         rows_per_part=cfg.rows_per_part,
+        task=cfg.task,
         staging=staging,
     )
 

@@ -57,12 +57,13 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
 
 
 def _check_task(cfg: ManifestConfig) -> None:
-    """Labels beyond one class (``--task``) and kept columns come from a ``--labels`` table, and
-    go with the options that can carry them (docs/design/0043-labels-beyond-one-class.md)."""
-    if cfg.task != SINGLE_LABEL and cfg.labels is None:
+    """Labels beyond one class (``--task``) come from a ``--labels`` table or a Ground Truth
+    ``--input-manifest``, kept columns from a table, and they go with the options that can
+    carry them (docs/design/0043-labels-beyond-one-class.md)."""
+    if cfg.task != SINGLE_LABEL and cfg.labels is None and cfg.input_manifest is None:
         raise ConfigError(
-            f"--task {cfg.task} reads its labels from a --labels table (a 'labels' or 'boxes' column); "
-            "give one (a path label is one class)"
+            f"--task {cfg.task} reads its labels from a --labels table (a 'labels' or 'boxes' column) or "
+            "a Ground Truth --input-manifest; give one (a path label is one class)"
         )
     if cfg.keep_columns and cfg.labels is None:
         raise ConfigError(
@@ -130,7 +131,7 @@ def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
             f"--label-attribute {attribute!r}: give the label attribute itself (not its -metadata; "
             "a -ref attribute is a semantic segmentation mask, which is not supported)"
         )
-    check_input_manifest(cfg.input_manifest, attribute=attribute, root=src)
+    check_input_manifest(cfg.input_manifest, attribute=attribute, root=src, task=cfg.task)
 
 
 def _local_path(uri: str) -> str:

@@ -132,34 +132,43 @@ def _number(box: dict[str, Any], name: str, n: int) -> float:
     return float(value)
 
 
+def _confidence(box: dict[str, Any], n: int) -> float | None:
+    """A box's optional ``confidence``, in [0, 1]."""
+    if box.get("confidence") is None:
+        return None
+    value = _number(box, "confidence", n)
+    if not 0 <= value <= 1:
+        raise BadValue(f"bad box: box {n} has confidence={value:g}, not in [0, 1]")
+    return value
+
+
 def parse_boxes(value: Any, *, units: str) -> list[dict[str, Any]]:
-    """A ``boxes`` cell: its boxes as ``{label, label_index: None, x, y, width, height}``,
-    as measured (``units``: ``pixels`` or ``normalized``). A null cell or an empty list is an
-    image with no object.
+    """A ``boxes`` cell: its boxes as ``{label, label_index: None, x, y, width, height,
+    confidence}``, as measured (``units``: ``pixels`` or ``normalized``; ``confidence``
+    optional, in [0, 1]). A null cell or an empty list is an image with no object.
 
     Raises :class:`BadValue` for a cell that is not a list of objects, a box without a label
     or with a member that is not a finite number, a width or height that is not positive, a
     corner left of or above the image, and with ``normalized`` a value past 1."""
     boxes = []
-    for n, box in enumerate(_cell(value, "boxes", "box"), 1):
-        if not isinstance(box, dict):
-            raise BadValue(f"bad box: box {n} is not an object with label, x, y, width, height: {box!r:.80}")
+    for n, raw in enumerate(_cell(value, "boxes", "box"), 1):
+        if not isinstance(raw, dict):
+            raise BadValue(f"bad box: box {n} is not an object with label, x, y, width, height: {raw!r:.80}")
         try:
-            label = value_text(box.get("label"))
+            label = value_text(raw.get("label"))
         except ValueError as exc:
             raise BadValue(f"bad box: box {n}'s label is {exc}") from None
         if label is None or not label.strip():
             raise BadValue(f"bad box: box {n} has no label")
-        x, y, width, height = (_number(box, name, n) for name in BOX_FIELDS)
+        x, y, width, height = (_number(raw, name, n) for name in BOX_FIELDS)
         if width <= 0 or height <= 0:
             raise BadValue(f"bad box: box {n} has width={width:g}, height={height:g}; both must be positive")
         if x < 0 or y < 0:
             raise BadValue(f"bad box: box {n} starts at x={x:g}, y={y:g}, outside the image")
         if units == "normalized" and (x + width > 1 + _SLACK or y + height > 1 + _SLACK):
             raise BadValue(f"bad box: box {n} ends past 1 (x+width={x + width:g}, y+height={y + height:g})")
-        boxes.append(
-            {"label": label.strip(), "label_index": None, "x": x, "y": y, "width": width, "height": height}
-        )
+        box = {"label": label.strip(), "label_index": None, "x": x, "y": y, "width": width, "height": height}
+        boxes.append({**box, "confidence": _confidence(raw, n)})
     return boxes
 
 

@@ -39,8 +39,9 @@ BOXES = "boxes"
 #: The task kinds, the first the default (``--task``).
 TASK_KINDS = (SINGLE_LABEL, MULTI_LABEL, BOXES)
 
-#: One box of a ``boxes`` manifest: its class (name and index) and its rectangle in pixels of
-#: the original image (``x``, ``y``: the top left corner; ``width``, ``height`` > 0).
+#: One box of a ``boxes`` manifest: its class (name and index), its rectangle in pixels of the
+#: original image (``x``, ``y``: the top left corner; ``width``, ``height`` > 0) and the
+#: annotator's confidence in [0, 1] (Ground Truth's; null where the labels did not give one).
 BOX_TYPE = pa.struct(
     [
         ("label", pa.string()),
@@ -49,6 +50,7 @@ BOX_TYPE = pa.struct(
         ("y", pa.float64()),
         ("width", pa.float64()),
         ("height", pa.float64()),
+        ("confidence", pa.float64()),
     ]
 )
 

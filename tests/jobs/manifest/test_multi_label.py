@@ -21,7 +21,7 @@ from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.inputs import check_manifest_inputs
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
-from lakeshard.errors import ConfigError, ShardError
+from lakeshard.errors import ConfigError, ManifestError, ShardError
 from lakeshard.format import TASK_FORMAT_VERSION, manifest_part_uri, read_manifest_info
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.shapes import SHAPES, Drawn, shapes_lake
@@ -303,3 +303,104 @@ def test_dask_writes_the_same_multi_label_manifest(
     _run(root, table, tmp_path / "dask", dask_engine, **opts)
     _run(root, table, tmp_path / "local", local_engine, **opts)
     assert assert_same_manifest(str(tmp_path / "dask"), str(tmp_path / "local")).task == "boxes"
+
+
+def _ground_truth(lake: str, drawn: list[Drawn], task: str) -> list[dict[str, Any]]:
+    """Ground Truth output lines for ``drawn`` as the documented output manifests have them
+    (``sms-data-output``): class indices named by the metadata's ``class-map`` (not 0..K-1)."""
+    ids = {"circle": 4, "square": 0, "triangle": 7}
+    class_map = {str(i): name for name, i in ids.items()}
+    lines = []
+    for d in drawn:
+        ref = storage.join(lake, d.key)
+        if task == "boxes":
+            value: Any = {
+                "image_size": [{"width": d.width, "height": d.height, "depth": 3}],
+                "annotations": [
+                    {"class_id": ids[s.label], "left": s.x, "top": s.y, "width": s.width, "height": s.height}
+                    for s in d.shapes
+                ],
+            }
+            meta = {
+                "objects": [{"confidence": 0.9} for _ in d.shapes],
+                "type": "groundtruth/object-detection",
+            }
+        else:
+            value = [ids[x] for x in d.labels]
+            meta = {"confidence-map": {str(ids[x]): 0.95 for x in d.labels}}
+            meta["type"] = "groundtruth/image-classification-multilabel"
+        meta |= {"class-map": class_map, "human-annotated": "yes", "job-name": "labeling-job/shapes"}
+        lines.append({"source-ref": ref, "shapes": value, "shapes-metadata": meta})
+    return lines
+
+
+def _write_lines(path: Path, lines: list[dict[str, Any]]) -> str:
+    uri = storage.normalize(str(path))
+    storage.write_bytes_atomic(uri, "".join(json.dumps(line) + "\n" for line in lines).encode())
+    return uri
+
+
+def _run_ground_truth(lake: str, manifest: str, out: Path, engine: Any, task: str) -> dict[str, Any]:
+    cfg = ManifestConfig(
+        input=lake,
+        output=str(out),
+        input_manifest=manifest,
+        label_attribute="shapes",
+        task=task,
+        split=SPLIT,
+        split_method="stratified",
+        engine=engine.name,
+        max_reject_fraction=0.3,
+        min_per_class=0,
+    )
+    check_manifest_inputs(cfg)
+    return manifest_job.run(cfg, engine)
+
+
+def test_ground_truth_bounding_boxes_and_multi_label_lines(
+    tmp_path: Path, lake: tuple[str, list[Drawn]], local_engine
+) -> None:
+    root, drawn = lake
+    lines = _ground_truth(root, drawn, "boxes")
+    lines[0]["shapes"]["annotations"][0]["class_id"] = 9  # not in the class-map
+    lines[1]["shapes"]["annotations"][0]["width"] = -3
+    lines[2] = {"source-ref": lines[2]["source-ref"], "shapes-metadata": {"failure-reason": "timed out"}}
+    summary = _run_ground_truth(
+        root, _write_lines(tmp_path / "boxes.manifest", lines), tmp_path / "b", local_engine, "boxes"
+    )
+    accepted = _accepted(tmp_path / "b")
+    for d in drawn[3:]:
+        boxes = accepted[d.key]["boxes"]
+        assert [{k: b[k] for k in ("label", "x", "y", "width", "height")} for b in boxes] == [
+            s.box() for s in d.shapes
+        ]
+        assert {b["confidence"] for b in boxes} == {0.9}
+    rejects = {r["key"]: r["reason"] for r in read_channel(str(tmp_path / "b"), "rejects").to_pylist()}
+    assert rejects == {
+        drawn[0].key: "unknown class: class index 9 is not in shapes-metadata's class-map",
+        drawn[1].key: "bad box: box 1 has width=-3, height="
+        + f"{drawn[1].shapes[0].height}; both must be positive",
+        drawn[2].key: "no label: the line has no 'shapes' in --input-manifest (failure-reason: timed out)",
+    }
+    assert summary["labels"] == {name: i for i, name in enumerate(SHAPES)} and summary["task"] == "boxes"
+
+    multi = _run_ground_truth(
+        root,
+        _write_lines(tmp_path / "multi.manifest", _ground_truth(root, drawn, "multi-label")),
+        tmp_path / "m",
+        local_engine,
+        "multi-label",
+    )
+    assert {k: r["labels"] for k, r in _accepted(tmp_path / "m").items()} == {d.key: d.labels for d in drawn}
+    assert multi["labels_table"]["format"] == "sagemaker-ground-truth" and multi["task"] == "multi-label"
+
+
+def test_a_ground_truth_line_of_another_task_is_refused(
+    tmp_path: Path, lake: tuple[str, list[Drawn]], local_engine
+) -> None:
+    root, drawn = lake
+    manifest = _write_lines(tmp_path / "boxes.manifest", _ground_truth(root, drawn, "boxes"))
+    with pytest.raises(
+        ManifestError, match=r"line 1: 'shapes' is .*: not a multi-label image classification"
+    ):
+        _run_ground_truth(root, manifest, tmp_path / "x", local_engine, "multi-label")
