@@ -404,3 +404,48 @@ def test_a_ground_truth_line_of_another_task_is_refused(
         ManifestError, match=r"line 1: 'shapes' is .*: not a multi-label image classification"
     ):
         _run_ground_truth(root, manifest, tmp_path / "x", local_engine, "multi-label")
+
+
+@pytest.mark.parametrize("dedupe", [False, True])
+def test_identical_images_with_several_labels_are_reported(
+    tmp_path: Path, local_engine, dedupe: bool
+) -> None:
+    """The duplicates (leakage) report counts multi-label images as it counts single-label ones."""
+    drawn = shapes_lake(tmp_path / "lake", 24, seed=9)
+    (tmp_path / "lake" / "copy.png").write_bytes((tmp_path / "lake" / drawn[0].key).read_bytes())
+    records = [{"key": d.key, "labels": d.labels} for d in drawn] + [
+        {"key": "copy.png", "labels": ["square"]}
+    ]
+    summary = _run(
+        storage.normalize(str(tmp_path / "lake")),
+        _table(tmp_path / "t", records, "jsonl"),
+        tmp_path / "ds",
+        local_engine,
+        task="multi-label",
+        min_per_class=0,
+        dedupe=dedupe,
+    )
+    found = summary["duplicates"]
+    rows = {r["key"]: r for r in read_channel(str(tmp_path / "ds"), "all").to_pylist()}
+    if dedupe:
+        assert found["removed"] == 1 and found["groups"] == 0
+        assert rows["img_0000.png"]["reason"] == "duplicate: same content as 'copy.png'"
+    else:
+        assert (found["groups"], found["objects"]) == (1, 2)
+        leaks = rows["copy.png"]["channel"] != rows["img_0000.png"]["channel"]
+        assert found["across_channels"] == int(leaks)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_spark_writes_the_same_boxes_manifest(
+    tmp_path: Path, lake: tuple[str, list[Drawn]], spark_engine, local_engine
+) -> None:
+    root, drawn = lake
+    table = _table(
+        tmp_path / "t", [{"key": d.key, "boxes": [s.box() for s in d.shapes]} for d in drawn], "parquet"
+    )
+    opts: dict[str, Any] = {"task": "boxes", "split_method": "stratified"}
+    _run(root, table, tmp_path / "spark", spark_engine, **opts)
+    _run(root, table, tmp_path / "local", local_engine, **opts)
+    assert assert_same_manifest(str(tmp_path / "spark"), str(tmp_path / "local")).task == "boxes"
