@@ -38,7 +38,7 @@ from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.inputs import check_manifest_inputs
 from jobs.manifest_steps.summary import summary_line
 from jobs.shard_steps.config import ShardConfig
-from jobs.shard_steps.inputs import pick_channels
+from jobs.shard_steps.inputs import check_task, pick_channels
 from jobs.shard_steps.reuse import check_shard_base
 from lakeshard import storage
 from lakeshard.format import DatasetInfo
@@ -116,6 +116,7 @@ def prepare(cfg: Any) -> Iterator[None]:
     ``--split``, and a ``--base`` whose images could not be reused."""
     m, s = cfg.jobs
     check_manifest_inputs(m)
+    check_task(m.task, storage.normalize(m.output))  # before a manifest the shards could not store
     with dataset_lock(m.output, job="build"):
         pick_channels(s, list(m.split), storage.normalize(m.output))
         if s.base is not None:

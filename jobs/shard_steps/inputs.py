@@ -16,7 +16,7 @@ from lakeshard.errors import DatasetError, DatasetExistsError, ShardError
 from lakeshard.format import ManifestInfo, dataset_json_uri, manifest_marker_uri, read_manifest_info
 from lakeshard.format.label_columns import SINGLE_LABEL
 
-__all__ = ["ShardInputs", "check_shard_inputs", "pick_channels"]
+__all__ = ["ShardInputs", "check_shard_inputs", "check_task", "pick_channels"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,16 @@ def _check_overwrite(cfg: ShardConfig, root: str, channels: list[str]) -> None:
         )
 
 
+def check_task(task: str, root: str) -> None:
+    """Refuse a manifest of labels beyond one class (docs/design/0043-labels-beyond-one-class.md):
+    its columns are not stored in shards yet."""
+    if task != SINGLE_LABEL:
+        raise ShardError(
+            f"the manifest at {root} is a {task} dataset: this version of the shard job stores "
+            "single-label datasets only (one class per image)"
+        )
+
+
 def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
     """The shard job's inputs, or an error naming what is wrong (the URI, the manifest, the
     channels, an existing dataset, a ``--base`` whose images cannot be reused): nothing is written."""
@@ -81,11 +91,7 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
             f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first"
         )
     marker = read_manifest_info(root)
-    if marker.task_kind != SINGLE_LABEL:
-        raise ShardError(
-            f"the manifest at {root} is a {marker.task_kind} dataset: this version of the shard job stores "
-            "single-label datasets only (one class per image)"
-        )
+    check_task(marker.task_kind, root)
     channels = pick_channels(cfg, list(marker.split), root)
     classes = marker.counts.classes
     if missing := [c for c in channels if c not in classes]:  # the plan is made from these counts

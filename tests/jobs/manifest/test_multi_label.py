@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from jobs import build
 from jobs import manifest as manifest_job
 from jobs import shard as shard_job
 from jobs.manifest_steps.config import ManifestConfig
@@ -449,3 +450,16 @@ def test_spark_writes_the_same_boxes_manifest(
     _run(root, table, tmp_path / "spark", spark_engine, **opts)
     _run(root, table, tmp_path / "local", local_engine, **opts)
     assert assert_same_manifest(str(tmp_path / "spark"), str(tmp_path / "local")).task == "boxes"
+
+
+def test_the_one_command_build_refuses_labels_it_cannot_store_before_any_work(
+    tmp_path: Path, lake: tuple[str, list[Drawn]]
+) -> None:
+    root, drawn = lake
+    table = _table(tmp_path / "t", [{"key": d.key, "labels": d.labels} for d in drawn], "jsonl")
+    out = tmp_path / "ds"
+    cfg = build.BuildConfig(input=root, output=str(out), labels=table, task="multi-label", engine="local")
+    with pytest.raises(ShardError, match=r"is a multi-label dataset: this version of the shard job stores"):
+        with build.prepare(cfg):
+            pass
+    assert not (out / "manifests").exists()
