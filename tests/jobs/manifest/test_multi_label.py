@@ -463,3 +463,34 @@ def test_the_one_command_build_refuses_labels_it_cannot_store_before_any_work(
         with build.prepare(cfg):
             pass
     assert not (out / "manifests").exists()
+
+
+def test_the_command_line_takes_the_task_kept_columns_and_box_units(
+    tmp_path: Path, lake: tuple[str, list[Drawn]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, drawn = lake
+    records = [
+        {
+            "key": d.key,
+            "boxes": [
+                {"label": s.label, "x": s.x / d.width, "y": s.y / d.height, "width": s.width / d.width}
+                | {"height": s.height / d.height}
+                for s in d.shapes
+            ],
+            "caption": f"{len(d.shapes)} shapes",
+            "tags": [s.label[:2] for s in d.shapes],
+        }
+        for d in drawn
+    ]
+    table = _table(tmp_path / "t", records, "csv")
+    out = tmp_path / "ds"
+    args = ["--engine", "local", "--input", root, "--output", str(out), "--labels", table, "--task", "boxes"]
+    code = manifest_job.main(
+        [*args, "--keep-columns", "caption,tags", "--box-units", "normalized", "--split-method", "stratified"]
+    )
+    assert code == 0, capsys.readouterr().err
+    info = read_manifest_info(str(out))
+    assert info.task == "boxes" and info.columns is not None
+    assert (info.columns["caption"], info.columns["tags"]) == ("string", "string")  # a CSV cell is text
+    row = _accepted(out)[drawn[0].key]
+    assert [round(b["x"]) for b in row["boxes"]] == [s.x for s in drawn[0].shapes]
