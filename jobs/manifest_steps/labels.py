@@ -224,9 +224,14 @@ def _missing_columns(uri: str, names: list[str], missing: str) -> str:
             "table is expected as a comma-separated file (CSV) with a header naming 'key' (or 'uri'), "
             "'label' and optionally 'channel'"
         )
+    hint = (
+        "; a 'labels' or 'boxes' column is read with --task multi-label or --task boxes"
+        if missing == "'label' column" and {"labels", "boxes"} & set(names)
+        else ""
+    )
     return (
         f"--labels {uri} has no {missing} (its columns: {names}); a 'key' (or 'uri') and a 'label' "
-        "column are needed"
+        f"column are needed{hint}"
     )
 
 

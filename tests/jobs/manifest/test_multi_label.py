@@ -494,3 +494,12 @@ def test_the_command_line_takes_the_task_kept_columns_and_box_units(
     assert (info.columns["caption"], info.columns["tags"]) == ("string", "string")  # a CSV cell is text
     row = _accepted(out)[drawn[0].key]
     assert [round(b["x"]) for b in row["boxes"]] == [s.x for s in drawn[0].shapes]
+
+
+def test_a_table_of_lists_without_task_names_the_flag(tmp_path: Path, lake: tuple[str, list[Drawn]]) -> None:
+    root, drawn = lake
+    table = _table(tmp_path / "t", [{"key": d.key, "labels": d.labels} for d in drawn], "parquet")
+    with pytest.raises(
+        ManifestError, match=r"has no 'label' column .* read with --task multi-label or --task boxes$"
+    ):
+        check_manifest_inputs(ManifestConfig(input=root, output=str(tmp_path / "ds"), labels=table))
