@@ -13,8 +13,9 @@ changes with every write, even of the same bytes, and is not the MD5 of the cont
 Credentials come from Google's standard chain, as ``google.auth.default()`` resolves it
 (``GOOGLE_APPLICATION_CREDENTIALS``, gcloud's application-default file, the metadata server of
 GCE, GKE workload identity, Cloud Run), the project from ``GOOGLE_CLOUD_PROJECT`` or the
-credentials; with ``STORAGE_EMULATOR_HOST`` set, both clients talk to that emulator without
-credentials. Nothing here logs or returns credentials.
+credentials; with ``STORAGE_EMULATOR_HOST`` set, both clients talk to that emulator, without
+credentials unless ``GOOGLE_APPLICATION_CREDENTIALS`` names some. Nothing here logs or returns
+credentials.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ _RETRY_TIMEOUT_S = 60.0
 #: Connections the client keeps to the store (as ``CLIENT_CONNECTIONS`` of the S3 client).
 CLIENT_CONNECTIONS = 64
 _EMULATOR = "STORAGE_EMULATOR_HOST"
+_KEY_FILE = "GOOGLE_APPLICATION_CREDENTIALS"
 
 
 def gcs_options() -> dict[str, Any]:
@@ -47,8 +49,10 @@ def gcs_options() -> dict[str, Any]:
         "use_listings_cache": False,
         "project": os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("GCLOUD_PROJECT"),
     }
-    if os.environ.get(_EMULATOR):
-        options["token"] = "anon"  # the emulator checks none; gcsfs reads its endpoint itself
+    if os.environ.get(_EMULATOR):  # spelt out: fsspec caches a filesystem by its arguments
+        options["endpoint_url"] = os.environ[_EMULATOR]
+        if not os.environ.get(_KEY_FILE):  # the emulator checks none
+            options["token"] = "anon"
     return options
 
 
@@ -189,22 +193,24 @@ def _generation(etag: str) -> int | None:
 
 
 def _http_date(value: str | None) -> dt.datetime | None:
+    """An HTTP date header's time, in UTC (one without a zone, ``-0000``, is UTC too)."""
     try:
-        return email.utils.parsedate_to_datetime(value) if value else None
+        t = email.utils.parsedate_to_datetime(value) if value else None
     except (TypeError, ValueError):
         return None
+    return t.replace(tzinfo=dt.timezone.utc) if t is not None and t.tzinfo is None else t
 
 
 # -- the client ------------------------------------------------------------------------------------
-_CLIENTS: dict[tuple[int, str], Any] = {}
+_CLIENTS: dict[tuple[int, str, str], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
 def gcs_client() -> Any:
     """The ``google.cloud.storage.Client`` of this process and environment: credentials from
-    Google's standard chain (anonymous for ``STORAGE_EMULATOR_HOST``), a pool of
+    Google's standard chain (none for ``STORAGE_EMULATOR_HOST`` without a key file), a pool of
     :data:`CLIENT_CONNECTIONS` connections. Its requests session is shared by threads."""
-    key = (os.getpid(), os.environ.get(_EMULATOR, ""))
+    key = (os.getpid(), os.environ.get(_EMULATOR, ""), os.environ.get(_KEY_FILE, ""))
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
@@ -226,7 +232,7 @@ def _new_client() -> Any:
     from requests.adapters import HTTPAdapter
 
     project = gcs_options()["project"]
-    if os.environ.get(_EMULATOR):
+    if os.environ.get(_EMULATOR) and not os.environ.get(_KEY_FILE):
         credentials: Any = AnonymousCredentials()
     else:
         credentials, found = google.auth.default(
