@@ -26,6 +26,7 @@ from lakeshard import storage
 from lakeshard.format.manifest_table import read_channel
 from lakeshard.format.versions import current_version, list_versions
 from loaders import ShardLoader
+from loaders.stats import GCS_PRICES
 from tests.hardening.helpers import job_env
 from tests.helpers.checks import check_dataset, shard_tables
 from tests.helpers.lake import encode, make_image
@@ -143,6 +144,7 @@ def test_gcs_lake_to_gcs_dataset_to_the_loader_on_two_ranks(
             first = loader.epoch_stats()
             counted, downloads = _settled(loader, gcs_emulator, bucket, served)
             assert counted == downloads > 0 and first.requests > 0 and first.bytes_read > 0
+            assert first.cost_usd == pytest.approx(GCS_PRICES.cost(first.requests, first.bytes_read))
             assert loader.cache is not None and loader.cache.downloaded == [rank]
             before = gcs_emulator.downloads().get(bucket, 0)
             again = _epoch(loader, 1)
