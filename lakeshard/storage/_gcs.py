@@ -166,7 +166,7 @@ class GCSStore(BucketStore):
             raise StorageError(f"cannot write {uri}: the bucket does not exist") from None
         except Exception as exc:
             raise StorageError(f"cannot write {uri}: {type(exc).__name__}: {exc}") from exc
-        return None if blob.generation is None else str(blob.generation)
+        return "" if blob.generation is None else str(blob.generation)  # "": written, none said
 
 
 @functools.cache
