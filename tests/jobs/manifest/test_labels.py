@@ -153,6 +153,17 @@ def test_labels_uri_column_on_s3(s3_bucket: str, local_engine) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gcs
+def test_labels_uri_column_on_gcs(gcs_bucket: str, local_engine) -> None:
+    lake, out = f"{gcs_bucket}/raw", f"{gcs_bucket}/ds"
+    _lake(lake)
+    table = _write(f"{gcs_bucket}/meta/labels.csv", _table_bytes(_records(prefix=lake + "/"), "csv"))
+    summary = _run(lake, table, out, local_engine)
+    _check_manifest(out, summary, table)
+    assert read_channel(out, "all")["uri"].to_pylist()[0].startswith(lake + "/")
+
+
+@pytest.mark.slow
 @pytest.mark.s3
 def test_labels_key_column_parquet_folder_on_s3(s3_bucket: str, local_engine) -> None:
     """A folder of table files on S3 (each staged by its own task), with a key column."""
