@@ -1,7 +1,7 @@
 """A lake and a dataset on Google Cloud Storage (the emulator of tests/conftest.py, over HTTP):
 lake -> manifest -> shards -> the loader on two ranks, every row once, the cache serving epoch 2,
 and the emulator's own count of downloads equal to what ``epoch_stats()`` counted; a lake on S3
-built into a dataset on GCS; ``python -m jobs.versions`` on GCS."""
+built into a dataset on GCS by Dask; ``python -m jobs.versions`` on GCS."""
 
 from __future__ import annotations
 
@@ -156,12 +156,11 @@ def test_gcs_lake_to_gcs_dataset_to_the_loader_on_two_ranks(
 
 
 @pytest.mark.s3
-def test_a_lake_on_s3_builds_a_dataset_on_gcs(
-    s3_bucket: str, gcs_bucket: str, local_engine: Any, tmp_path: Path
-):
+def test_a_lake_on_s3_builds_a_dataset_on_gcs(s3_bucket: str, gcs_bucket: str, dask_engine: Any):
+    """On Dask's worker processes, which get where GCS is from the driver (``FORWARDED_ENV``)."""
     objects = _upload_lake(f"{s3_bucket}/raw")
     out = f"{gcs_bucket}/pets"
-    _build(f"{s3_bucket}/raw", out, local_engine)
+    _build(f"{s3_bucket}/raw", out, dask_engine)
     info = check_dataset(out)
     assert info.inputs.lake == f"{s3_bucket}/raw"
     rows = read_channel(out, "all")
