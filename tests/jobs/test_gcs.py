@@ -200,3 +200,12 @@ def test_versions_lists_and_prunes_a_dataset_on_gcs(gcs_bucket: str, local_engin
     assert second in listed and first not in listed
     assert [v.name for v in list_versions(out)] == [second]
     check_dataset(out)
+
+
+def test_spark_builds_a_gcs_lake_into_a_gcs_dataset(gcs_bucket: str, spark_engine: Any):
+    """On Spark's Python workers, which get where GCS is from the driver (``FORWARDED_ENV``)."""
+    objects = _upload_lake(f"{gcs_bucket}/raw")
+    out = f"{gcs_bucket}/pets"
+    _build(f"{gcs_bucket}/raw", out, spark_engine)
+    check_dataset(out)
+    assert sorted(read_channel(out, "all")["key"].to_pylist()) == sorted(objects)
