@@ -7,6 +7,7 @@ object storage".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -14,6 +15,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,40 @@ log = logging.getLogger("remote_bench")
 #: ``--profile``: (latency in ms, bandwidth per connection).
 PROFILES = {"near": (20.0, "80MB"), "far": (100.0, "25MB")}
 SOURCES = ("local", "remote")
+
+
+@contextlib.contextmanager
+def s3_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[tuple[RemoteStore, str]]:
+    """nginx serving ``work`` as ``s3://bench/``, behind the latency shim."""
+    with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
+        os.environ.update(store.environ())
+        yield store, store.uri(dataset.name)
+
+
+@contextlib.contextmanager
+def gcs_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[tuple[RemoteStore, str]]:
+    """The GCS emulator of the tests (``tests/helpers/gcs_emulator.py``: in memory, with the
+    JSON API's generation headers and suffix ranges) holding the dataset in ``gs://bench/``,
+    behind the same latency shim."""
+    from tests.helpers.gcs_emulator import start_emulator
+
+    emulator = start_emulator()
+    try:
+        os.environ.update(STORAGE_EMULATOR_HOST=emulator.endpoint, GOOGLE_CLOUD_PROJECT="bench")
+        storage.gcs_client().create_bucket("bench")
+        for path in sorted(p for p in dataset.rglob("*") if p.is_file()):
+            storage.write_bytes_atomic(f"gs://bench/{path.relative_to(work).as_posix()}", path.read_bytes())
+        with RemoteStore(
+            work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes, upstream=emulator.endpoint
+        ) as store:
+            os.environ["STORAGE_EMULATOR_HOST"] = store.endpoint
+            yield store, f"gs://bench/{dataset.name}"
+    finally:
+        emulator.stop()
+
+
+#: ``--store``: what serves the remote source, by name.
+STORES = {"s3": s3_store, "gcs": gcs_store}
 
 
 def loader_options(texts: list[str]) -> dict[str, Any]:
@@ -119,8 +155,9 @@ def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteSt
                 out[f"epoch{n}_served"] = store.served(since=logged)
     finally:
         loader.close()
-    if remote:  # a new process has no S3 clients (nor their connections)
+    if remote:  # a new process has no store clients (nor their connections)
         storage.clear_s3_clients()
+        storage.clear_gcs_clients()
     before, logged = store.traffic(), len(store.served())
     start = time.perf_counter()
     fresh = new_loader(dataset, args)
@@ -222,7 +259,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, i
 
 def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(
-        f"remote: {args.latency_ms:g} ms before each response, {args.bandwidth_bytes / 1e6:g} MB/s per connection; "
+        f"remote ({args.store}): {args.latency_ms:g} ms before each response, {args.bandwidth_bytes / 1e6:g} MB/s per connection; "
         f"medians of {args.repeats} repeats"
     )
     print(
@@ -314,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workdir", help="where to build (and keep) the synthetic dataset (default: a temporary folder)"
     )
+    parser.add_argument(
+        "--store",
+        choices=sorted(STORES),
+        default="s3",
+        help="the remote store behind the shim: s3 (nginx, S3's protocol) or gcs (the GCS emulator)",
+    )
     parser.add_argument("--out", default="remote_bench.json", help="JSON results")
     args = parser.parse_args(argv)
     latency, bandwidth = PROFILES[args.profile]
@@ -327,16 +370,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms:g}")
     try:
-        find_nginx()
+        if args.store == "s3":
+            find_nginx()
     except NginxMissingError as exc:
         parser.error(str(exc))
     log_to_stdout()
 
     with work_folder(args.workdir) as work:
         dataset = prepare(args, work)
-        with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
-            os.environ.update(store.environ())
-            sources = {"local": str(dataset), "remote": store.uri(dataset.name)}
+        with STORES[args.store](work, dataset, args) as (store, remote):
+            sources = {"local": str(dataset), "remote": remote}
             check_same_batches(sources["local"], sources["remote"], args)
             for source in SOURCES:  # warm the page cache and the imports (boto's, the decoders')
                 new_loader(sources[source], args).close()

@@ -27,6 +27,11 @@ uploaded in one PUT, as photos are) in responses and listings, and turns ``If-Ma
 
 The store is read-only: a client that writes gets nginx's 405.
 
+**In front of another server** (``upstream=``, ``benchmarks/remote_bench.py --store gcs``): the
+shim alone, with the same latency and rate, in front of an HTTP server already running (the GCS
+emulator); no nginx, no S3 listing of its own, nothing rewritten. :meth:`RemoteStore.traffic`
+then counts the bodies the shim relayed (``served`` is empty: no nginx log).
+
 # NOTE [ Store shutdown ]
 Both processes are started in their own session (process group) and stopped by
 :meth:`RemoteStore.stop` (``__exit__``, and ``atexit`` for a parent that forgets): SIGTERM to
@@ -175,8 +180,16 @@ class RemoteStore:
     response's first byte. A context manager; :meth:`start`/:meth:`stop` also work."""
 
     def __init__(
-        self, root: Path, *, bucket: str = "bench", latency_ms: float = 20.0, bandwidth: int = 80_000_000
+        self,
+        root: Path,
+        *,
+        bucket: str = "bench",
+        latency_ms: float = 20.0,
+        bandwidth: int = 80_000_000,
+        upstream: str | None = None,
     ) -> None:
+        """``upstream``: ``http://127.0.0.1:PORT`` of a running server to put the shim in front
+        of, instead of nginx serving ``root`` (see the module doc)."""
         if not Path(root).is_dir():
             raise ValueError(f"root must be an existing folder, got {str(root)!r}")
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{2,62}", bucket):
@@ -187,6 +200,7 @@ class RemoteStore:
             raise ValueError(f"bandwidth must be a positive number of bytes per second, got {bandwidth!r}")
         self.root, self.bucket = Path(root).resolve(), bucket
         self.latency_ms, self.bandwidth = latency_ms, bandwidth
+        self.upstream = None if upstream is None else int(urllib.parse.urlsplit(upstream).port or 80)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._nginx: subprocess.Popen[bytes] | None = None
         self._shim: subprocess.Popen[bytes] | None = None
@@ -200,13 +214,14 @@ class RemoteStore:
             raise RuntimeError(
                 f"the store at {self.endpoint or 'starting'} is already running; stop() it first"
             )
-        nginx = find_nginx()
+        nginx = find_nginx() if self.upstream is None else ""
         self._tmp = tempfile.TemporaryDirectory(prefix="remote-store-")
         tmp = Path(self._tmp.name)
         atexit.register(self.stop)
         try:
-            port = self._start_nginx(nginx, tmp)
+            port = self.upstream or self._start_nginx(nginx, tmp)
             shim = {"--upstream": port, "--bucket": self.bucket, "--latency-ms": self.latency_ms}
+            shim |= {"--relay-only": 1} if self.upstream else {}
             shim |= {"--bandwidth": self.bandwidth, "--log": tmp / "shim.log"}
             self._shim = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), str(self.root), "--shim"]
@@ -298,6 +313,8 @@ class RemoteStore:
         ``len(served())`` is where the next call's ``since`` starts."""
         if self._tmp is None:
             raise RuntimeError("the store is not running")
+        if self.upstream is not None:
+            return []
         lines = (Path(self._tmp.name) / "access.log").read_text().splitlines()[since:]
         return [" ".join((f[0], f[1], f[2], *f[5:])) for f in map(str.split, lines)]
 
@@ -311,7 +328,12 @@ class RemoteStore:
         deadline = time.monotonic() + settle_s
         while True:
             shim = (tmp / "shim.log").read_text().splitlines()
-            nginx = [line.split() for line in (tmp / "access.log").read_text().splitlines()]
+            if self.upstream is not None:  # the bodies the shim relayed, logged as it relayed them
+                nginx = [
+                    ["", "", line.split()[1], line.split()[1]] for line in shim if line.startswith("body ")
+                ]
+            else:
+                nginx = [line.split() for line in (tmp / "access.log").read_text().splitlines()]
             forwarded = sum(1 for line in shim if line.startswith("forward "))
             if len(nginx) >= forwarded or time.monotonic() > deadline:
                 break
@@ -382,9 +404,18 @@ class _Shim:
     latency and the rate per connection, and its log (one line per connection and request)."""
 
     def __init__(
-        self, *, root: Path, bucket: str, upstream: int, latency_s: float, rate: int, log: Path
+        self,
+        *,
+        root: Path,
+        bucket: str,
+        upstream: int,
+        latency_s: float,
+        rate: int,
+        log: Path,
+        relay_only: bool,
     ) -> None:
         self.root, self.bucket, self.upstream = root, bucket, upstream
+        self.relay_only = relay_only  #: in front of another server: no listing, nothing rewritten
         self.latency_s, self.rate = latency_s, rate
         self._log = log.open("a", buffering=1)
         self._log_lock = threading.Lock()
@@ -409,7 +440,7 @@ class _Shim:
                 method, target, *_ = [*request_line.split(" "), "", ""]
                 length = _CONTENT_LENGTH.search(rest)
                 body = _read_exactly(client, int(length.group(1))) if length else b""
-                answer = self.bucket_answer(method, target)
+                answer = None if self.relay_only else self.bucket_answer(method, target)
                 time.sleep(max(0.0, arrived + self.latency_s - time.monotonic()))
                 if answer is not None:
                     self.log(f"answer {method} {target} {len(answer)}")
@@ -418,7 +449,12 @@ class _Shim:
                 if up is None:
                     up = socket.create_connection(("127.0.0.1", self.upstream))
                 self.log(f"forward {method} {target}")
-                up.sendall(_CLIENT_ETAG.sub(r"\1-\2", request.decode("latin-1")).encode("latin-1") + body)
+                head = (
+                    request
+                    if self.relay_only
+                    else _CLIENT_ETAG.sub(r"\1-\2", request.decode("latin-1")).encode("latin-1")
+                )
+                up.sendall(head + body)
                 if not self.relay(up, client, pipe, method):
                     return  # nginx closed the connection
         except OSError:  # a connection reset, a client gone
@@ -456,7 +492,9 @@ class _Shim:
             else -1
         )
         wait(len(head))
-        client.sendall(_NGINX_ETAG.sub(rb"\g<1>0\2", head))
+        client.sendall(head if self.relay_only else _NGINX_ETAG.sub(rb"\g<1>0\2", head))
+        if self.relay_only:
+            self.log(f"body {max(left, 0)}")
         while left:  # -1: no length, until nginx closes
             n = os.splice(up.fileno(), pipe[1], _CHUNK if left < 0 else min(left, _CHUNK))
             if n == 0:
@@ -572,6 +610,7 @@ def _serve_shim(args: argparse.Namespace) -> None:
         latency_s=args.latency_ms / 1000,
         rate=parse_rate(args.bandwidth),
         log=Path(args.log),
+        relay_only=bool(args.relay_only),
     )
     server = socket.create_server(("127.0.0.1", 0), backlog=1024)
     print(f"listening {server.getsockname()[1]}", flush=True)
@@ -599,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     shim.add_argument("--shim", action="store_true", help="serve as the shim in front of nginx at --upstream")
     shim.add_argument("--upstream", type=int, help="nginx's port on 127.0.0.1")
     shim.add_argument("--log", help="where to log connections and requests")
+    shim.add_argument(
+        "--relay-only", type=int, default=0, help="1: in front of another server (no listing, no rewrite)"
+    )
     args = parser.parse_args(argv)
     if args.shim:
         if args.upstream is None or args.log is None:

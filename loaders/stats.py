@@ -20,12 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lakeshard import storage
 from lakeshard.errors import ConfigError, LoaderError
 from lakeshard.storage import RequestCounts
 
 __all__ = [
     "BUDGET_ACTIONS",
     "BUDGET_EVERY",
+    "GCS_PRICES",
+    "STORE_PRICES",
     "CostBudget",
     "DecodeTally",
     "LoaderCounters",
@@ -33,6 +36,7 @@ __all__ = [
     "LoaderTotals",
     "PriceTable",
     "ReadCount",
+    "prices_for",
     "usd",
 ]
 
@@ -66,6 +70,22 @@ class PriceTable:
     def cost(self, requests: int, nbytes: int) -> float:
         """Dollars for ``requests`` GETs that moved ``nbytes`` bytes (a GB is 2**30 bytes, as AWS bills)."""
         return requests / 1000 * self.get_per_1000 + nbytes / 2**30 * self.transfer_per_gb
+
+
+#: Google Cloud Storage, Standard class in a region, from https://cloud.google.com/storage/pricing
+#: (as published in 2025-2026): Class B operations (``objects.get``, a read) $0.0004 per 1,000,
+#: and data transfer between Google Cloud regions within a continent $0.02 per GB (Google's
+#: "network" table; within the bucket's own region it is free, to the internet $0.08-0.12 per GB).
+GCS_PRICES = PriceTable(get_per_1000=0.0004, transfer_per_gb=0.02)
+
+#: The default prices of a dataset's reads, by the scheme of its store (``prices=None``); a
+#: store not listed (a local dataset: no requests) is priced as S3.
+STORE_PRICES: dict[str, PriceTable] = {"s3": PriceTable(), "gs": GCS_PRICES}
+
+
+def prices_for(uri: str) -> PriceTable:
+    """The default :class:`PriceTable` of the dataset at ``uri``: its store's in :data:`STORE_PRICES`."""
+    return STORE_PRICES.get(storage.scheme(uri), STORE_PRICES["s3"])
 
 
 @dataclass(slots=True)

@@ -95,7 +95,7 @@ def _check_inventory(inventory: str, src: str) -> None:
     if storage.scheme(src) != "s3":  # an S3 Inventory lists a bucket
         raise ConfigError(
             f"--inventory {inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
-            "prefix; list a local lake without --inventory"
+            "prefix (S3 Inventory is S3's alone); list a local or gs:// lake without --inventory"
         )
     read_inventory(inventory, bucket=storage.bucket(src))
 

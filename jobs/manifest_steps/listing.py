@@ -48,6 +48,7 @@ __all__ = [
     "Skip",
     "StagedRow",
     "discover",
+    "etag_is_md5",
     "inspect_objects",
     "list_prefix",
     "reject",
@@ -129,7 +130,7 @@ def _row(
     path = info["name"]
     key = path[len(root_path) :].lstrip("/")
     parts = key.split("/")
-    etag = info.get("ETag") or info.get("etag")
+    etag = storage.store_for(root).listed_etag(info)
     modified = info.get("LastModified") or info.get("mtime")
     if isinstance(modified, (int, float)):  # a local file's st_mtime
         modified = storage.modified_utc(modified)
@@ -142,7 +143,7 @@ def _row(
         "label_index": None,
         "channel": None,
         "size": int(info.get("size") or 0),
-        "etag": etag.strip('"') if isinstance(etag, str) else None,
+        "etag": etag,
         "last_modified": modified,
         "format": None,
         "status": "ok",
@@ -413,9 +414,9 @@ def _inspect(row: StagedRow, sniff: bool = True, sizes: bool = False) -> StagedR
         return reject(row, "empty object (0 bytes)")
     s3 = not storage.is_local(row["uri"])
     # Local files carry no ETag: the MD5 of the whole content is what S3 would give. A
-    # multipart upload's ETag ('<md5 of the parts' md5s>-<parts>') does not identify the
-    # content, so such an object is read whole to hash it.
-    multipart = s3 and "-" in (row["etag"] or "")
+    # multipart upload's ETag ('<md5 of the parts' md5s>-<parts>') and a GCS generation do not
+    # identify the content, so such an object is read whole to hash it.
+    multipart = s3 and not etag_is_md5(row)
     if not sniff:  # nothing is read: S3's ETag (an MD5 unless multipart) is all that identifies content
         row["content"] = row["etag"] if s3 and not multipart else None
         return row
@@ -433,6 +434,12 @@ def _inspect(row: StagedRow, sniff: bool = True, sizes: bool = False) -> StagedR
         return reject(row, f"unsupported format: {fmt} ({UNSUPPORTED_FORMATS[fmt]})")
     row["format"] = fmt
     return _image_size(cast(LabelledRow, row), data) if sizes else row
+
+
+def etag_is_md5(row: StagedRow) -> bool:
+    """Whether a listed row's ETag is the MD5 of its bytes (S3's for one upload; not a
+    multipart upload's, ``<md5 of the parts' md5s>-<parts>``, nor a GCS generation)."""
+    return storage.store_for(str(row["uri"])).etag_is_md5 and "-" not in (row["etag"] or "")
 
 
 def inspect_objects(rows: Iterable[StagedRow], *, sniff: bool = True, sizes: bool = False) -> list[StagedRow]:

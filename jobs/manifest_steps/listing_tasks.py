@@ -16,6 +16,9 @@ task), never a key it did not get as a row:
   (``StartAfter``, ``MaxKeys=1``: one request per unit made) and hands back the smallest key
   prefixes that hold every remaining key and no listed one: one more delimiter level where
   there are sub-folders, a key range (the next character) where the prefix is flat.
+- **Another object store** (GCS): a unit is a class prefix, listed whole by its fsspec
+  filesystem in one task (its listing is not cut in pieces: a class of millions of objects is
+  one task).
 
 Rows are the ones :func:`jobs.manifest_steps.listing.list_prefix` makes (same keys, labels, sizes, ETags;
 links, loops, hidden and excluded objects alike): only who lists which key changes.
@@ -192,6 +195,12 @@ def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
         kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
 
+def _list_whole_unit(fs: Any, unit: ListUnit) -> _UnitListed:
+    """Another object store's class prefix (GCS), listed whole by its fsspec filesystem."""
+    path = storage.store_for(unit.uri).path(unit.uri)
+    return _UnitListed([info for _, info in sorted(fs.find(path, detail=True, withdirs=False).items())], [])
+
+
 def list_units(
     units: list[ListUnit], *, root: str, label_depth: int, skip: Skip, budget: int
 ) -> list[StagedRow | ListUnit]:
@@ -209,8 +218,10 @@ def list_units(
         try:
             if storage.is_local(root):
                 found = _list_local_unit(root_path, unit, budget - listed)
-            else:
+            elif storage.scheme(root) == "s3":
                 found = _list_s3_unit(fs, unit, budget - listed)
+            else:
+                found = _list_whole_unit(fs, unit)
         except Exception as exc:
             raise StorageError(f"cannot list {unit.uri}: {type(exc).__name__}: {exc}") from exc
         listed += len(found.infos)

@@ -1,6 +1,7 @@
 """Which store a URI names: decided here, and only here (``tests/test_layering.py`` holds the
 rest of the code to it), by its scheme, in one table: ``file`` (and a plain path) for
-:class:`LocalStore`, ``s3`` and ``s3a`` for :class:`S3Store`. Another store is one
+:class:`LocalStore`, ``s3`` and ``s3a`` for :class:`S3Store`, ``gs`` and ``gcs`` for
+:class:`GCSStore`. Another store is one
 :func:`register_store` call, as litdata's ``register_downloader`` adds one (issue 50: GCS and
 Azure).
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lakeshard.errors import StorageError
+from lakeshard.storage._gcs import GCSStore
 from lakeshard.storage._local import LocalStore
 from lakeshard.storage._s3 import S3Store
 from lakeshard.storage._store import Store, split_scheme
@@ -120,7 +122,8 @@ def normalize(uri: str) -> str:
 
 
 def scheme(uri: str) -> str:
-    """The store of ``uri``: ``"file"`` (a path or ``file://``) or ``"s3"`` (``s3://``, ``s3a://``).
+    """The store of ``uri``: ``"file"`` (a path or ``file://``), ``"s3"`` (``s3://``, ``s3a://``)
+    or ``"gs"`` (``gs://``, ``gcs://``).
 
     Raises:
         StorageError: another scheme (as :func:`normalize`)."""
@@ -155,7 +158,7 @@ def local_path(uri: str) -> str:
 
 
 def bucket(uri: str) -> str:
-    """The bucket of an object store's ``uri`` (``s3://``).
+    """The bucket of an object store's ``uri`` (``s3://``, ``gs://``).
 
     Raises:
         StorageError: ``uri`` is a local path."""
@@ -189,3 +192,4 @@ def join(uri: str, *parts: str) -> str:
 
 register_store("file", LocalStore)
 register_store("s3", S3Store, aliases=("s3a",))
+register_store("gs", GCSStore, aliases=("gcs",))

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from lakeshard.errors import StorageError
 
-__all__ = ["Blob", "RequestCounts", "RequestStats", "Store", "Tail", "split_scheme"]
+__all__ = ["Blob", "BucketStore", "RequestCounts", "RequestStats", "Store", "Tail", "split_scheme"]
 
 #: A URI scheme, as RFC 3986 spells one (``urlsplit`` would also cut ``#...`` and ``?...`` off
 #: the rest, which are part of a key or file name here).
@@ -76,6 +76,10 @@ class Store(abc.ABC):
     scheme: ClassVar[str]
     #: Whether its URIs are files of this machine (renames, ``flock``, Arrow's own reader).
     local: ClassVar[bool] = False
+    #: Whether the ETag of an object written in one upload is the MD5 of its bytes (S3's, and a
+    #: local file's as this package computes it), so that it identifies the content; a GCS
+    #: generation does not (it changes with every write).
+    etag_is_md5: ClassVar[bool] = True
 
     # -- names --------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -97,6 +101,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def filesystem(self) -> Any:
         """The fsspec filesystem of this store (fsspec caches instances: cheap to ask again)."""
+
+    def listed_etag(self, info: dict[str, Any]) -> str | None:
+        """The ETag (unquoted) of an object as :meth:`filesystem` lists it (``info``: fsspec's
+        details), the one :meth:`get` gives; None where the listing has none (a local file)."""
+        etag = info.get("ETag") or info.get("etag")
+        return etag.strip('"') if isinstance(etag, str) else None
 
     # -- reads --------------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:
@@ -183,6 +193,32 @@ class Store(abc.ABC):
         """Delete what writers killed before their rename left under ``uri`` and return its
         paths: nothing here (an object appears whole when its upload completes)."""
         return []
+
+
+class BucketStore(Store):
+    """A store of objects named ``<scheme>://bucket/key`` (S3, GCS): the key taken literally, as
+    the clouds' own command lines take it; no rename (a move there copies every byte)."""
+
+    #: The store's name in messages (``"S3"``, ``"GCS"``).
+    title: ClassVar[str]
+
+    def normalize(self, uri: str) -> str:
+        rest = split_scheme(uri)[1]
+        bucket, _, key = rest.removeprefix("//").partition("/")
+        if not rest.startswith("//") or not bucket:
+            raise StorageError(f"{self.title} URI {uri!r} names no bucket")
+        key = key.strip("/")
+        return f"{self.scheme}://{bucket}/{key}" if key else f"{self.scheme}://{bucket}"
+
+    def path(self, uri: str) -> str:
+        prefix = f"{self.scheme}://"
+        return uri[len(prefix) :] if uri.startswith(prefix) else self.normalize(uri)[len(prefix) :]
+
+    def rename(self, src: str, dst: str) -> None:
+        raise StorageError(
+            f"cannot move {src} to {dst}: only local files are renamed ({self.title} has no rename; "
+            "write the object where it stays)"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,20 @@
-"""A fault-injecting HTTP proxy for S3 tests: forwards requests to an upstream S3 endpoint
-(moto on 127.0.0.1), answering a seeded fraction of them with ``500 InternalError``,
-``503 SlowDown`` (S3 XML error bodies), a dropped connection or a body cut off halfway (the
-headers promise all of it), or denying everything with ``403 AccessDenied``.
+"""A fault-injecting HTTP proxy for object store tests: forwards requests to an upstream S3
+endpoint (moto on 127.0.0.1) or GCS emulator, answering a seeded fraction of them with ``500
+InternalError``, ``503 SlowDown`` (error bodies as the store writes them: S3's XML, GCS's JSON),
+a dropped connection or a body cut off halfway (the headers promise all of it), or denying
+everything with ``403 AccessDenied``.
 
 It can also stall requests (hold them unanswered, as a store that stopped responding) and logs
 what it forwarded, so a test counts what the store saw rather than what a client says it asked.
 
-Clients point ``AWS_ENDPOINT_URL`` at :attr:`FaultProxy.endpoint`. The proxy only ever
-listens on 127.0.0.1.
+Clients point ``AWS_ENDPOINT_URL`` (or ``STORAGE_EMULATOR_HOST``) at :attr:`FaultProxy.endpoint`.
+The proxy only ever listens on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import random
 import threading
 from collections import Counter
@@ -51,8 +53,21 @@ class Request(NamedTuple):
     fate: int | str
 
 
-def _error_body(code: str, message: str, path: str) -> bytes:
-    return (
+#: The ``reason`` of a GCS JSON API error, by status (cloud.google.com/storage/docs/json_api/v1/status-codes).
+_GCS_REASONS = {500: "backendError", 503: "backendError", 403: "forbidden", 501: "notImplemented"}
+
+
+def _error_body(dialect: str, status: int, path: str) -> tuple[str, bytes]:
+    """The content type and body of an error answer, as the store of ``dialect`` writes one."""
+    code, message = _ERRORS[status]
+    if dialect == "gcs":
+        error = {
+            "code": status,
+            "message": message,
+            "errors": [{"reason": _GCS_REASONS[status], "message": message}],
+        }
+        return "application/json", json.dumps({"error": error}).encode()
+    return "application/xml", (
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
         f"<Resource>{path}</Resource><RequestId>hardening-proxy</RequestId></Error>"
     ).encode()
@@ -65,8 +80,10 @@ class FaultProxy:
     injected, by kind; ``requests`` counts every request and ``log`` holds each one as a
     :class:`Request`, in the order they came; :attr:`forwarded` those that reached the store."""
 
-    def __init__(self, upstream: str, *, seed: int = 0) -> None:
+    def __init__(self, upstream: str, *, seed: int = 0, dialect: str = "s3") -> None:
+        """``dialect``: how injected errors are written, ``"s3"`` (XML) or ``"gcs"`` (JSON)."""
         parts = urlsplit(upstream)
+        self.dialect = dialect
         self._upstream = (parts.hostname, parts.port)
         self.mode = "pass"
         self.rate = 0.1
@@ -113,10 +130,9 @@ class FaultProxy:
                     self.connection.shutdown(2)  # no response at all: a dropped connection
                     return
                 if fault is not None and fault != "cut":
-                    code, message = _ERRORS[fault]
-                    payload = _error_body(code, message, self.path)
+                    content_type, payload = _error_body(proxy.dialect, fault, self.path)
                     self.send_response(fault)
-                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Type", content_type)
                     self.send_header("Content-Length", str(len(payload)))
                     if fault == 503:
                         self.send_header("Retry-After", "0")
@@ -150,7 +166,7 @@ class FaultProxy:
                 if self.command != "HEAD":
                     self.wfile.write(data)
 
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

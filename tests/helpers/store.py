@@ -28,8 +28,19 @@ def require_nginx() -> str:
 
 
 def upload(local: Path, bucket: str, prefix: str = "ds") -> str:
-    """Copy the folder ``local`` to ``<bucket>/<prefix>`` (``bucket``: ``s3://name``); its URI."""
+    """Copy the folder ``local`` to ``<bucket>/<prefix>`` (``bucket``: ``s3://name``, or another
+    store's bucket, ``gs://name``); its URI."""
     import boto3
+
+    from lakeshard import storage
+
+    if storage.scheme(bucket) != "s3":
+        for p in sorted(local.rglob("*")):
+            if p.is_file():
+                storage.write_bytes_atomic(
+                    f"{bucket}/{prefix}/{p.relative_to(local).as_posix()}", p.read_bytes()
+                )
+        return f"{bucket}/{prefix}"
 
     client = boto3.client("s3")
     name = bucket[len("s3://") :]

@@ -16,9 +16,16 @@ from typing import Any, Protocol, TypeVar
 
 __all__ = ["ENGINES", "ENGINE_NAMES", "FORWARDED_ENV", "Engine", "open_engine", "split_parts"]
 
-#: Where S3 is (not who: credentials stay with each worker's AWS environment); both engines
-#: forward these from the driver to their workers.
-FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
+#: Where S3 and GCS are (not who: credentials stay with each worker's AWS or Google
+#: environment); both engines forward these from the driver to their workers.
+FORWARDED_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "STORAGE_EMULATOR_HOST",
+    "GOOGLE_CLOUD_PROJECT",
+)
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -147,7 +147,11 @@ def _check(out: str, summary: dict[str, Any], lake: str, manifest: str, data: di
         assert r["size"] == len(data[key]), key
         # S3: the ETag from the HEAD; a local file gets its MD5 when its header is read (not a reject's)
         read = lake.startswith("s3://") or key != FAILED
-        assert r["etag"] == (hashlib.md5(data[key]).hexdigest() if read else None), key
+        if lake.startswith("gs://"):  # GCS: the object's generation, from its metadata
+            fs, path = storage.filesystem(r["uri"])
+            assert r["etag"] == str(fs.info(path)["generation"]), key
+        else:
+            assert r["etag"] == (hashlib.md5(data[key]).hexdigest() if read else None), key
         assert r["last_modified"] is not None, key
         if key == FAILED:
             assert (r["status"], r["label"], r["channel"]) == ("rejected", None, None)
@@ -207,6 +211,14 @@ def test_ground_truth_manifest_on_s3(s3_bucket: str, engine: str, request: pytes
     lake, manifest, data = _setup(s3_bucket)
     summary = _run(lake, manifest, f"{s3_bucket}/ds", request.getfixturevalue(engine))
     _check(f"{s3_bucket}/ds", summary, lake, manifest, data)
+
+
+@pytest.mark.slow
+@pytest.mark.gcs
+def test_ground_truth_manifest_on_gcs(gcs_bucket: str, local_engine: Any) -> None:
+    lake, manifest, data = _setup(gcs_bucket)
+    summary = _run(lake, manifest, f"{gcs_bucket}/ds", local_engine)
+    _check(f"{gcs_bucket}/ds", summary, lake, manifest, data)
 
 
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
