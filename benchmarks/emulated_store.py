@@ -1,25 +1,22 @@
-"""The remote-like settings in front of a store emulator: Azurite's blob service (the npm package
-``azurite``, ``scripts/setup_azurite.sh``) on 127.0.0.1, behind the latency shim of
-``remote_store.py`` run as a pass-through (each answer ``latency_ms`` late, at ``bandwidth`` a
-connection, nothing rewritten).
+"""Azurite, the Azure Blob Storage emulator (the npm package ``azurite``,
+``scripts/setup_azurite.sh``): its blob service on a free port of 127.0.0.1, in memory, for the
+``az://`` tests (tests/helpers/azurite.py) and ``remote_bench.py --store azure`` (which puts the
+latency shim of ``remote_store.py`` in front of it, as in front of the GCS emulator:
+``RemoteStore(upstream=...)``).
 
 ```python
-with AzuriteStore(latency_ms=20, bandwidth=80e6) as store:
-    store.upload(Path("/tmp/ds-root/ds"), "ds")   # az://bench/ds, straight to Azurite
-    os.environ.update(store.environ())            # the connection string names the shim
-    loader = ShardLoader(store.uri("ds"), ...)
-    before = store.traffic()
+azurite = Azurite().start()
+os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection_string(azurite.endpoint)
+...
+azurite.stop()
 ```
 
-:class:`Azurite` alone (no shim) is what the tests start (tests/helpers/azurite.py). The
-account is Azurite's well-known ``devstoreaccount1``, whose key is public (Azurite's
+The account is Azurite's well-known ``devstoreaccount1``, whose key is public (Azurite's
 documentation): for emulators only.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
 import os
 import shutil
 import socket
@@ -28,9 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from remote_store import StoreProcesses, Traffic, start_shim, stop_group
-
-__all__ = ["ACCOUNT", "ACCOUNT_KEY", "Azurite", "AzuriteMissingError", "AzuriteStore", "connection_string"]
+__all__ = ["ACCOUNT", "ACCOUNT_KEY", "Azurite", "AzuriteMissingError", "connection_string", "find_azurite"]
 
 ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -38,7 +33,6 @@ _INSTALLED = (
     Path(__file__).resolve().parents[1] / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
 )
 _START_TIMEOUT_S = 120.0
-_SETTLE_S = 2.0
 
 
 class AzuriteMissingError(RuntimeError):
@@ -120,112 +114,3 @@ class Azurite:
                 self._proc.kill()
                 self._proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-
-class AzuriteStore(StoreProcesses):
-    """Azurite behind the pass-through latency shim: ``az://<container>/...`` at
-    :attr:`endpoint`. A context manager, as ``remote_store.RemoteStore``, with the same
-    :meth:`uri`, :meth:`environ`, :meth:`traffic`, :meth:`served` and :attr:`pids`."""
-
-    def __init__(
-        self, *, container: str = "bench", latency_ms: float = 20.0, bandwidth: int = 80_000_000
-    ) -> None:
-        self.container, self.latency_ms, self.bandwidth = container, latency_ms, bandwidth
-        self.azurite: Azurite | None = None
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self._shim: subprocess.Popen[bytes] | None = None
-        self.endpoint = ""
-
-    def start(self) -> AzuriteStore:
-        self._tmp = tempfile.TemporaryDirectory(prefix="remote-store-azurite-")
-        atexit.register(self.stop)
-        try:
-            self.azurite = Azurite().start()
-            self._shim, self.endpoint = start_shim(
-                Path(self._tmp.name),
-                upstream=self.azurite.port,
-                latency_ms=self.latency_ms,
-                bandwidth=self.bandwidth,
-                log=Path(self._tmp.name, "shim.log"),
-                passthrough=True,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        if self._shim is not None:
-            stop_group(self._shim)
-            self._shim = None
-        if self.azurite is not None:
-            self.azurite.stop()
-            self.azurite = None
-        self._forget()
-
-    @property
-    def pids(self) -> list[int]:
-        procs = [self._shim, getattr(self.azurite, "_proc", None)]
-        return [p.pid for p in procs if p is not None]
-
-    def uri(self, key: str = "") -> str:
-        return f"az://{self.container}/{key.strip('/')}".rstrip("/")
-
-    def environ(self) -> dict[str, str]:
-        """The Azure environment that points the clients at the shim."""
-        return {"AZURE_STORAGE_CONNECTION_STRING": connection_string(self.endpoint)}
-
-    def upload(self, folder: Path, key: str) -> str:
-        """Copy ``folder`` to ``az://<container>/<key>`` straight to Azurite (not through the
-        shim: no traffic counted); its URI."""
-        from azure.storage.blob import BlobServiceClient
-
-        if self.azurite is None:
-            raise RuntimeError("the store is not running")
-        client = BlobServiceClient.from_connection_string(connection_string(self.azurite.endpoint))
-        container = client.get_container_client(self.container)
-        if not container.exists():
-            container.create_container()
-        for p in sorted(folder.rglob("*")):
-            if p.is_file():
-                container.upload_blob(
-                    f"{key}/{p.relative_to(folder).as_posix()}", p.read_bytes(), overwrite=True
-                )
-        return self.uri(key)
-
-    def _log(self) -> list[str]:
-        if self._tmp is None:
-            raise RuntimeError("the store is not running")
-        return Path(self._tmp.name, "shim.log").read_text().splitlines()
-
-    def served(self, *, since: int = 0) -> list[str]:
-        """The shim's log of the answers relayed, one line each from the ``since``-th
-        (``GET <status> <body bytes> <path> <range>``)."""
-        lines = [line.split(" ", 1)[1] for line in self._log() if line.startswith("served ")]
-        return lines[since:]
-
-    def traffic(self, *, settle_s: float = _SETTLE_S) -> Traffic:
-        """Everything relayed since :meth:`start`, once each forwarded request's answer is logged
-        (waiting at most ``settle_s``). ``bytes_sent`` counts bodies only (no headers)."""
-        deadline = time.monotonic() + settle_s
-        while True:
-            log = self._log()
-            kinds = collections.Counter(" ".join(line.split()[:2]) for line in log)
-            forwarded = sum(n for k, n in kinds.items() if k.startswith("forward "))
-            served = [line.split() for line in log if line.startswith("served ")]
-            if len(served) >= forwarded or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        lists = sum(1 for line in log if line.startswith("forward GET") and "comp=list" in line)
-        body = sum(int(f[3]) for f in served)
-        gets, heads = kinds["forward GET"] - lists, kinds["forward HEAD"]
-        return Traffic(
-            requests=forwarded,
-            gets=gets,
-            heads=heads,
-            lists=lists,
-            other=forwarded - gets - heads - lists,
-            connections=kinds["connect"],
-            body_bytes=body,
-            bytes_sent=body,
-        )

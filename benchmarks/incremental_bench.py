@@ -115,10 +115,10 @@ class TimedActions:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
-    def map_partitions(self, fn: Any, items: Any, *, partitions: int) -> list[Any]:
+    def map_partitions(self, fn: Any, items: Any, *, partitions: int, cpu_bound: bool = False) -> list[Any]:
         inner = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.common.tasks.each, functools.partial
         t = time.perf_counter()
-        out = self.engine.map_partitions(fn, items, partitions=partitions)
+        out = self.engine.map_partitions(fn, items, partitions=partitions, cpu_bound=cpu_bound)
         name, tasks = getattr(inner, "__name__", repr(inner)), len(split_parts(items, partitions))
         self.actions.append((name, tasks, time.perf_counter() - t))
         return out

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _cli import json_child, log_to_stdout, positive, work_folder, write_out
 from _data import PHOTO_QUALITY, build_dataset, photo_image, synthetic_image
 from _timing import alternate, other_load, parse_variant
-from emulated_store import AzuriteMissingError, AzuriteStore, find_azurite
+from emulated_store import Azurite, AzuriteMissingError, connection_string, find_azurite
 from loader_bench import epoch_timing
 from remote_store import NginxMissingError, RemoteStore, Traffic, find_nginx, parse_rate
 
@@ -41,8 +41,64 @@ log = logging.getLogger("remote_bench")
 #: ``--profile``: (latency in ms, bandwidth per connection).
 PROFILES = {"near": (20.0, "80MB"), "far": (100.0, "25MB")}
 SOURCES = ("local", "remote")
-#: ``--store``: what the latency shim sits in front of (nginx speaking S3, or Azurite).
-STORES = ("s3", "azure")
+
+
+@contextlib.contextmanager
+def s3_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[tuple[RemoteStore, str]]:
+    """nginx serving ``work`` as ``s3://bench/``, behind the latency shim."""
+    with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
+        os.environ.update(store.environ())
+        yield store, store.uri(dataset.name)
+
+
+def _copy_to(bucket: str, work: Path, dataset: Path) -> None:
+    """Copy ``dataset`` (a folder under ``work``) to ``bucket`` (``gs://bench``), straight to the
+    emulator: the shim, started after, counts none of it."""
+    for path in sorted(p for p in dataset.rglob("*") if p.is_file()):
+        storage.write_bytes_atomic(f"{bucket}/{path.relative_to(work).as_posix()}", path.read_bytes())
+
+
+@contextlib.contextmanager
+def gcs_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[tuple[RemoteStore, str]]:
+    """The GCS emulator of the tests (``tests/helpers/gcs_emulator.py``: in memory, with the
+    JSON API's generation headers and suffix ranges) holding the dataset in ``gs://bench/``,
+    behind the same latency shim."""
+    from tests.helpers.gcs_emulator import start_emulator
+
+    emulator = start_emulator()
+    try:
+        os.environ.update(STORAGE_EMULATOR_HOST=emulator.endpoint, GOOGLE_CLOUD_PROJECT="bench")
+        storage.gcs_client().create_bucket("bench")
+        _copy_to("gs://bench", work, dataset)
+        with RemoteStore(
+            work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes, upstream=emulator.endpoint
+        ) as store:
+            os.environ["STORAGE_EMULATOR_HOST"] = store.endpoint
+            yield store, f"gs://bench/{dataset.name}"
+    finally:
+        emulator.stop()
+
+
+@contextlib.contextmanager
+def azure_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[tuple[RemoteStore, str]]:
+    """Azurite (``benchmarks/emulated_store.py``: in memory) holding the dataset in
+    ``az://bench/``, behind the same latency shim."""
+    azurite = Azurite().start()
+    try:
+        os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection_string(azurite.endpoint)
+        storage.azure_client().create_container("bench")
+        _copy_to("az://bench", work, dataset)
+        with RemoteStore(
+            work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes, upstream=azurite.endpoint
+        ) as store:
+            os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection_string(store.endpoint)
+            yield store, f"az://bench/{dataset.name}"
+    finally:
+        azurite.stop()
+
+
+#: ``--store``: what serves the remote source, by name.
+STORES = {"s3": s3_store, "gcs": gcs_store, "azure": azure_store}
 
 
 def loader_options(texts: list[str]) -> dict[str, Any]:
@@ -108,9 +164,7 @@ def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, flo
     return json_child(cmd, f"a new process's first batch from {dataset}", timeout=_PROCESS_TIMEOUT_S)
 
 
-def measure(
-    source: str, dataset: str, args: argparse.Namespace, store: RemoteStore | AzuriteStore
-) -> dict[str, Any]:
+def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteStore) -> dict[str, Any]:
     """One repeat of one source: the kept loader's epochs, then a fresh loader's first batch."""
     remote = source == "remote"
     out: dict[str, Any] = {}
@@ -128,6 +182,7 @@ def measure(
         loader.close()
     if remote:  # a new process has no store clients (nor their connections)
         storage.clear_s3_clients()
+        storage.clear_gcs_clients()
         storage.clear_azure_clients()
     before, logged = store.traffic(), len(store.served())
     start = time.perf_counter()
@@ -148,7 +203,7 @@ def measure(
 
 
 def measure_process(
-    source: str, dataset: str, args: argparse.Namespace, store: RemoteStore | AzuriteStore
+    source: str, dataset: str, args: argparse.Namespace, store: RemoteStore
 ) -> dict[str, Any]:
     """A new process's first batch (:func:`process_first_batch`), and for the remote what the
     store served it. Run outside :func:`_timing.other_load`: the child is no other load."""
@@ -270,17 +325,6 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     )
 
 
-@contextlib.contextmanager
-def remote_store(args: argparse.Namespace, work: Path, dataset: Path) -> Iterator[tuple[Any, str]]:
-    """The store of ``--store`` behind the latency shim, running, and the dataset's URI there."""
-    if args.store == "azure":
-        with AzuriteStore(latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as azure:
-            yield azure, azure.upload(dataset, dataset.name)
-        return
-    with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
-        yield store, store.uri(dataset.name)
-
-
 def prepare(args: argparse.Namespace, work: Path) -> Path:
     """The synthetic dataset under ``work`` (reused when a run with the same settings built it)."""
     kind = "photo" if args.photo else "plain"
@@ -320,12 +364,6 @@ def main(argv: list[str] | None = None) -> int:
         "--bandwidth",
         help="per connection, per second, e.g. 80MB (decimal) or 64MiB (default: the profile's)",
     )
-    parser.add_argument(
-        "--store",
-        choices=STORES,
-        default="s3",
-        help="behind the latency shim: nginx serving the files as S3 (s3), or Azurite, the Azure emulator (azure)",
-    )
     parser.add_argument("--batch-size", type=positive, default=64)
     parser.add_argument("--epochs", type=positive, default=3, help="epochs of the kept loader per repeat")
     parser.add_argument("--repeats", type=positive, default=3)
@@ -338,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--workdir", help="where to build (and keep) the synthetic dataset (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--store",
+        choices=sorted(STORES),
+        default="s3",
+        help="the remote store behind the shim: s3 (nginx, S3's protocol), gcs (the GCS emulator) or azure (Azurite)",
     )
     parser.add_argument("--out", default="remote_bench.json", help="JSON results")
     args = parser.parse_args(argv)
@@ -352,7 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms:g}")
     try:
-        find_azurite() if args.store == "azure" else find_nginx()
+        if args.store == "s3":
+            find_nginx()
+        elif args.store == "azure":
+            find_azurite()
     except (NginxMissingError, AzuriteMissingError) as exc:
         parser.error(str(exc))
     log_to_stdout()
@@ -360,9 +407,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with work_folder(args.workdir) as work:
         dataset = prepare(args, work)
-        with remote_store(args, work, dataset) as (store, uri):
-            os.environ.update(store.environ())
-            sources = {"local": str(dataset), "remote": uri}
+        with STORES[args.store](work, dataset, args) as (store, remote):
+            sources = {"local": str(dataset), "remote": remote}
             check_same_batches(sources["local"], sources["remote"], args)
             for source in SOURCES:  # warm the page cache and the imports (boto's, the decoders')
                 new_loader(sources[source], args).close()

@@ -27,6 +27,11 @@ uploaded in one PUT, as photos are) in responses and listings, and turns ``If-Ma
 
 The store is read-only: a client that writes gets nginx's 405.
 
+**In front of another server** (``upstream=``, ``benchmarks/remote_bench.py --store gcs``): the
+shim alone, with the same latency and rate, in front of an HTTP server already running (the GCS
+emulator); no nginx, no S3 listing of its own, nothing rewritten. :meth:`RemoteStore.traffic`
+then counts the bodies the shim relayed (``served`` is empty: no nginx log).
+
 # NOTE [ Store shutdown ]
 Both processes are started in their own session (process group) and stopped by
 :meth:`RemoteStore.stop` (``__exit__``, and ``atexit`` for a parent that forgets): SIGTERM to
@@ -59,18 +64,9 @@ import time
 import urllib.parse
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 from xml.sax.saxutils import escape
 
-__all__ = [
-    "NginxMissingError",
-    "RemoteStore",
-    "Traffic",
-    "find_nginx",
-    "parse_rate",
-    "start_shim",
-    "stop_group",
-]
+__all__ = ["NginxMissingError", "RemoteStore", "Traffic", "find_nginx", "parse_rate"]
 
 _SETUP = "scripts/setup_bench.sh"
 _START_TIMEOUT_S = 10.0
@@ -178,44 +174,22 @@ http {{
 """
 
 
-class StoreProcesses:
-    """What the stores of the benchmarks share: a context manager over :meth:`start` and
-    :meth:`stop` (a store started already is used as it is, and stopped when the block ends)."""
-
-    _tmp: Any = None
-
-    def start(self) -> Any:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def _forget(self) -> None:
-        """Remove the store's temporary folder, once its processes are stopped."""
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-        atexit.unregister(self.stop)
-
-    def __enter__(self) -> Any:
-        """Start the store (a store already started with :meth:`start` is used as it is), and
-        stop it when the block ends."""
-        return self if self._tmp is not None else self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-class RemoteStore(StoreProcesses):
+class RemoteStore:
     """Serve the folder ``root`` as ``s3://<bucket>/`` at :attr:`endpoint`; see the module
     docstring. ``bandwidth`` is in bytes per second per connection, ``latency_ms`` before each
     response's first byte. A context manager; :meth:`start`/:meth:`stop` also work."""
 
     def __init__(
-        self, root: Path, *, bucket: str = "bench", latency_ms: float = 20.0, bandwidth: int = 80_000_000
+        self,
+        root: Path,
+        *,
+        bucket: str = "bench",
+        latency_ms: float = 20.0,
+        bandwidth: int = 80_000_000,
+        upstream: str | None = None,
     ) -> None:
+        """``upstream``: ``http://127.0.0.1:PORT`` of a running server to put the shim in front
+        of, instead of nginx serving ``root`` (see the module doc)."""
         if not Path(root).is_dir():
             raise ValueError(f"root must be an existing folder, got {str(root)!r}")
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{2,62}", bucket):
@@ -226,6 +200,7 @@ class RemoteStore(StoreProcesses):
             raise ValueError(f"bandwidth must be a positive number of bytes per second, got {bandwidth!r}")
         self.root, self.bucket = Path(root).resolve(), bucket
         self.latency_ms, self.bandwidth = latency_ms, bandwidth
+        self.upstream = None if upstream is None else int(urllib.parse.urlsplit(upstream).port or 80)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._nginx: subprocess.Popen[bytes] | None = None
         self._shim: subprocess.Popen[bytes] | None = None
@@ -239,20 +214,28 @@ class RemoteStore(StoreProcesses):
             raise RuntimeError(
                 f"the store at {self.endpoint or 'starting'} is already running; stop() it first"
             )
-        nginx = find_nginx()
+        nginx = find_nginx() if self.upstream is None else ""
         self._tmp = tempfile.TemporaryDirectory(prefix="remote-store-")
         tmp = Path(self._tmp.name)
         atexit.register(self.stop)
         try:
-            port = self._start_nginx(nginx, tmp)
-            self._shim, self.endpoint = start_shim(
-                self.root,
-                upstream=port,
-                latency_ms=self.latency_ms,
-                bandwidth=self.bandwidth,
-                log=tmp / "shim.log",
-                bucket=self.bucket,
+            port = self.upstream or self._start_nginx(nginx, tmp)
+            shim = {"--upstream": port, "--bucket": self.bucket, "--latency-ms": self.latency_ms}
+            shim |= {"--relay-only": 1} if self.upstream else {}
+            shim |= {"--bandwidth": self.bandwidth, "--log": tmp / "shim.log"}
+            self._shim = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), str(self.root), "--shim"]
+                + [str(x) for option in shim.items() for x in option],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
             )
+            line = _read_line(self._shim, _START_TIMEOUT_S)
+            if not line.startswith("listening "):
+                raise RuntimeError(
+                    f"the latency shim did not start (said {line!r}, exit code {self._shim.poll()})"
+                )
+            self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
         except BaseException:
             self.stop()
             raise
@@ -278,7 +261,7 @@ class RemoteStore(StoreProcesses):
                     return port
                 time.sleep(0.02)
             err = (tmp / "error.log").read_text(errors="replace") if (tmp / "error.log").exists() else ""
-            stop_group(self._nginx)
+            _stop_group(self._nginx)
             if "Address already in use" not in err:
                 raise RuntimeError(
                     f"nginx did not start on 127.0.0.1:{port}: {err.strip()[-500:] or 'no error log'}"
@@ -289,8 +272,21 @@ class RemoteStore(StoreProcesses):
         """Stop both processes (see NOTE [ Store shutdown ]); idempotent."""
         for proc in (self._shim, self._nginx):
             if proc is not None:
-                stop_group(proc)
-        self._forget()
+                _stop_group(proc)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> RemoteStore:
+        """Start the store (a store already started with :meth:`start` is used as it is), and
+        stop it when the block ends."""
+        return self if self._tmp is not None else self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
 
     @property
     def pids(self) -> list[int]:
@@ -317,6 +313,8 @@ class RemoteStore(StoreProcesses):
         ``len(served())`` is where the next call's ``since`` starts."""
         if self._tmp is None:
             raise RuntimeError("the store is not running")
+        if self.upstream is not None:
+            return []
         lines = (Path(self._tmp.name) / "access.log").read_text().splitlines()[since:]
         return [" ".join((f[0], f[1], f[2], *f[5:])) for f in map(str.split, lines)]
 
@@ -330,7 +328,12 @@ class RemoteStore(StoreProcesses):
         deadline = time.monotonic() + settle_s
         while True:
             shim = (tmp / "shim.log").read_text().splitlines()
-            nginx = [line.split() for line in (tmp / "access.log").read_text().splitlines()]
+            if self.upstream is not None:  # the bodies the shim relayed, logged as it relayed them
+                nginx = [
+                    ["", "", line.split()[1], line.split()[1]] for line in shim if line.startswith("body ")
+                ]
+            else:
+                nginx = [line.split() for line in (tmp / "access.log").read_text().splitlines()]
             forwarded = sum(1 for line in shim if line.startswith("forward "))
             if len(nginx) >= forwarded or time.monotonic() > deadline:
                 break
@@ -353,35 +356,6 @@ class RemoteStore(StoreProcesses):
         )
 
 
-def start_shim(
-    root: Path,
-    *,
-    upstream: int,
-    latency_ms: float,
-    bandwidth: int,
-    log: Path,
-    bucket: str = "bench",
-    passthrough: bool = False,
-) -> tuple[subprocess.Popen[bytes], str]:
-    """The latency shim in front of 127.0.0.1:``upstream`` (its own process group; stop it with
-    :func:`stop_group`) and its endpoint, ``http://127.0.0.1:<port>``."""
-    shim = {"--upstream": upstream, "--bucket": bucket, "--latency-ms": latency_ms}
-    shim |= {"--bandwidth": bandwidth, "--log": log}
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), str(root), "--shim"]
-        + [str(x) for option in shim.items() for x in option]
-        + (["--passthrough"] if passthrough else []),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    line = _read_line(proc, _START_TIMEOUT_S)
-    if not line.startswith("listening "):
-        stop_group(proc)
-        raise RuntimeError(f"the latency shim did not start (said {line!r}, exit code {proc.poll()})")
-    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
-
-
 def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     """The first line ``proc`` writes on stdout, waiting at most ``timeout`` seconds."""
     stdout = proc.stdout
@@ -391,7 +365,7 @@ def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     return stdout.readline().decode(errors="replace").strip() if ready else ""
 
 
-def stop_group(proc: subprocess.Popen[bytes]) -> None:
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM to ``proc``'s process group (it leads its own session), then SIGKILL if it has
     not exited within the time limit."""
     if proc.stdin is not None:
@@ -418,8 +392,6 @@ _CONTENT_LENGTH = re.compile(r"(?im)^content-length:\s*(\d+)")
 #: nginx's ETag header in a response, and a client's conditional header in a request.
 _NGINX_ETAG = re.compile(rb'(\r\nETag: "[0-9a-f]{8})-([0-9a-f]+")', re.IGNORECASE)
 _CLIENT_ETAG = re.compile(r'(?im)^(if-(?:none-)?match:\s*"[0-9a-f]{8})0([0-9a-f]+")')
-#: A request's byte range (S3's ``Range``, Azure's ``x-ms-range``).
-_RANGE = re.compile(r"(?im)^(?:x-ms-)?range:\s*(\S+)")
 
 
 def _etag(mtime: float, size: int) -> str:
@@ -440,13 +412,11 @@ class _Shim:
         latency_s: float,
         rate: int,
         log: Path,
-        passthrough: bool = False,
+        relay_only: bool,
     ) -> None:
         self.root, self.bucket, self.upstream = root, bucket, upstream
+        self.relay_only = relay_only  #: in front of another server: no listing, nothing rewritten
         self.latency_s, self.rate = latency_s, rate
-        #: In front of any HTTP store (an emulator), not nginx: every request forwarded as it
-        #: came, every answer relayed as it came, and each one logged (``served ...``).
-        self.passthrough = passthrough
         self._log = log.open("a", buffering=1)
         self._log_lock = threading.Lock()
 
@@ -470,7 +440,7 @@ class _Shim:
                 method, target, *_ = [*request_line.split(" "), "", ""]
                 length = _CONTENT_LENGTH.search(rest)
                 body = _read_exactly(client, int(length.group(1))) if length else b""
-                answer = None if self.passthrough else self.bucket_answer(method, target)
+                answer = None if self.relay_only else self.bucket_answer(method, target)
                 time.sleep(max(0.0, arrived + self.latency_s - time.monotonic()))
                 if answer is not None:
                     self.log(f"answer {method} {target} {len(answer)}")
@@ -481,11 +451,11 @@ class _Shim:
                 self.log(f"forward {method} {target}")
                 head = (
                     request
-                    if self.passthrough
+                    if self.relay_only
                     else _CLIENT_ETAG.sub(r"\1-\2", request.decode("latin-1")).encode("latin-1")
                 )
                 up.sendall(head + body)
-                if not self.relay(up, client, pipe, method, target, request):
+                if not self.relay(up, client, pipe, method):
                     return  # nginx closed the connection
         except OSError:  # a connection reset, a client gone
             return
@@ -496,15 +466,7 @@ class _Shim:
                 if sock is not None:
                     sock.close()
 
-    def relay(
-        self,
-        up: socket.socket,
-        client: socket.socket,
-        pipe: tuple[int, int],
-        method: str,
-        target: str,
-        request: bytes,
-    ) -> bool:
+    def relay(self, up: socket.socket, client: socket.socket, pipe: tuple[int, int], method: str) -> bool:
         """nginx's response to ``method`` to the client at ``rate`` bytes/s at most: its head
         rewritten (the ETag), its body (``Content-Length`` bytes; none for a HEAD's or a 304's)
         moved from socket to socket in the kernel (``splice`` through ``pipe``), in chunks of
@@ -530,11 +492,9 @@ class _Shim:
             else -1
         )
         wait(len(head))
-        client.sendall(head if self.passthrough else _NGINX_ETAG.sub(rb"\g<1>0\2", head))
-        if self.passthrough:  # nginx logs what it served; an emulator's answers are logged here
-            ranged = _RANGE.search(request.decode("latin-1"))
-            status = head[9:12].decode("latin-1")
-            self.log(f"served {method} {status} {max(left, 0)} {target} {ranged.group(1) if ranged else '-'}")
+        client.sendall(head if self.relay_only else _NGINX_ETAG.sub(rb"\g<1>0\2", head))
+        if self.relay_only:
+            self.log(f"body {max(left, 0)}")
         while left:  # -1: no length, until nginx closes
             n = os.splice(up.fileno(), pipe[1], _CHUNK if left < 0 else min(left, _CHUNK))
             if n == 0:
@@ -650,7 +610,7 @@ def _serve_shim(args: argparse.Namespace) -> None:
         latency_s=args.latency_ms / 1000,
         rate=parse_rate(args.bandwidth),
         log=Path(args.log),
-        passthrough=args.passthrough,
+        relay_only=bool(args.relay_only),
     )
     server = socket.create_server(("127.0.0.1", 0), backlog=1024)
     print(f"listening {server.getsockname()[1]}", flush=True)
@@ -679,9 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     shim.add_argument("--upstream", type=int, help="nginx's port on 127.0.0.1")
     shim.add_argument("--log", help="where to log connections and requests")
     shim.add_argument(
-        "--passthrough",
-        action="store_true",
-        help="in front of any HTTP store at --upstream (an emulator), not nginx: nothing rewritten",
+        "--relay-only", type=int, default=0, help="1: in front of another server (no listing, no rewrite)"
     )
     args = parser.parse_args(argv)
     if args.shim:

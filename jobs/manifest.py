@@ -51,6 +51,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+import pyarrow as pa
+
 from jobs.common.cli import job_parser, run_job
 from jobs.common.engines import Engine
 from jobs.manifest_steps.base import BaseJoin, BaseReport, JoinCounts, join_and_inspect
@@ -61,7 +63,14 @@ from jobs.manifest_steps.catalog import (
 )
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.duplicates import DuplicateGroups, Duplicates, duplicates_task
-from jobs.manifest_steps.extract import extract, inspect_tasks, label, read_ground_truth, rebase
+from jobs.manifest_steps.extract import (
+    extract,
+    inspect_tasks,
+    kept_columns,
+    label,
+    read_ground_truth,
+    rebase,
+)
 from jobs.manifest_steps.inputs import check_manifest_inputs
 from jobs.manifest_steps.passes import (
     ClassParts,
@@ -91,6 +100,7 @@ from lakeshard.format import (
     manifests_uri,
     write_manifest_info,
 )
+from lakeshard.format.label_columns import BOXES, SINGLE_LABEL
 from lakeshard.locks import confirm, dataset_lock
 
 __all__ = ["hold", "main", "prepare", "run"]
@@ -117,20 +127,24 @@ def _staging(out: str) -> str:
     return storage.join(out, "_staging", "manifest")
 
 
-def _plan(cfg: ManifestConfig, out: str, staging: str, listing: Listing) -> PassPlan:
+def _plan(cfg: ManifestConfig, out: str, staging: str, listing: Listing, kept: pa.Schema | None) -> PassPlan:
     """How the later passes part the rows: a function of the lake alone (so every engine writes
-    the same parts), each class whole in one part."""
+    the same parts), each class whole in one part; images with several labels in one part
+    (the split of a set of labels sees every image: docs/design/0043)."""
     buckets = max(1, math.ceil(listing.rows / cfg.rows_per_part))
     return PassPlan(
         out=out,
         staging=staging,
         content_buckets=buckets,
-        parts=min(buckets, max(1, listing.classes)),
+        parts=min(buckets, max(1, listing.classes)) if cfg.task == SINGLE_LABEL else 1,
         split=dict(cfg.split),
         seed=cfg.seed,
         split_method=cfg.split_method,
         dedupe=cfg.dedupe,
         sniff=cfg.sniff,
+        task=cfg.task,
+        box_units=cfg.box_units,
+        kept=kept,
     )
 
 
@@ -225,7 +239,10 @@ def group_and_check(cfg: ManifestConfig, engine: Engine, plan: PassPlan) -> Chec
         max_reject_fraction=cfg.max_reject_fraction,
         where=storage.normalize(cfg.input),
         label_source=_label_source(cfg),
+        min_classes=1 if cfg.task == BOXES else 2,
     )
+    if cfg.task != SINGLE_LABEL:  # the split of label sets is known once made: checked after it
+        return CheckedCounts(content=content, labels=labels, counts={})
     counts = _predicted_counts(cfg, labels, content)
     check_min_per_class(counts, list(labels), cfg.min_per_class, cfg.split_method)
     return CheckedCounts(content=content, labels=labels, counts=counts)
@@ -326,16 +343,20 @@ def _build(cfg: ManifestConfig, engine: Engine) -> ManifestInfo:
     replacing = _prepare_output(cfg, out)
     staging = _staging(out)
     listing = read_ground_truth(cfg, engine, staging) if cfg.input_manifest else extract(cfg, engine, staging)
+    kept = kept_columns(cfg)
     if cfg.labels:
-        listing = label(cfg, engine, listing, staging)
+        listing = label(cfg, engine, listing, staging, kept)
     join = rebase(cfg, engine, listing, staging) if cfg.base else None
-    plan = _plan(cfg, out, staging, listing)
+    plan = _plan(cfg, out, staging, listing, kept)
     joined = read_headers(cfg, engine, listing, plan, join)
     checked = group_and_check(cfg, engine, plan)
     _clear(out, replacing=replacing)
     written = write_tables(engine, plan, checked)
+    if cfg.task != SINGLE_LABEL:  # before the marker: a failing run leaves no manifest
+        counts = written.classes.counts.classes
+        check_min_per_class(counts, list(checked.labels), cfg.min_per_class, cfg.split_method)
     base = None if join is None or joined is None else BaseReport(join, joined, written.classes)
-    summary = summarize(cfg, listing, checked, written, parts=plan.parts, base=base)
+    summary = summarize(cfg, listing, checked, written, parts=plan.parts, base=base, columns=plan.manifest)
     commit(out, checked.labels, summary)
     storage.remove(staging, recursive=True)
     warn_duplicates(written.duplicates)
@@ -347,7 +368,7 @@ def parser() -> argparse.ArgumentParser:
     return job_parser(
         "jobs/manifest.py",
         ManifestConfig,
-        description="List a raw image lake (<prefix>/<label>/.../<file>, local, file:// or s3://), "
+        description="List a raw image lake (<prefix>/<label>/.../<file>, local, file://, s3://, gs:// or az://), "
         "label and split it, and write manifests, labels.json and a rejects table.",
     )
 

@@ -32,7 +32,8 @@ def parser() -> argparse.ArgumentParser:
         "(one that has dataset.json): counts, splits, rejects, shard balance, samples, lineage.",
     )
     p.add_argument(
-        "dataset", help="dataset root: a local path, file:// or s3:// URI (the folder holding dataset.json)"
+        "dataset",
+        help="dataset root: a local path or a file://, s3://, gs:// or az:// URI (the folder holding dataset.json)",
     )
     p.add_argument(
         "--samples-per-class", type=int, default=6, metavar="N", help="thumbnails per class (default: 6)"

@@ -23,7 +23,7 @@ the engine: a task reads it from the lake and writes it to its shard; the tasks 
 and rejects, not a row per image.
 This module wires the passes, each run from the driver by a module of its own
 (:mod:`jobs.shard_steps.plan_pass`, ``preprocess_pass``, ``repair_pass``, ``commit_pass``) over one
-:class:`~jobs.shard_steps.build.Build`.
+:class:`~jobs.shard_steps.build_state.Build`.
 
 Incremental (``--base``, :mod:`jobs.shard_steps.reuse`): rows whose object (URI, ETag, size) a previous
 dataset built with the same image options already holds take their images from its shards,
@@ -49,7 +49,7 @@ if __name__ == "__main__" and not __package__:
 
 from jobs.common.cli import job_parser, run_job
 from jobs.common.engines import Engine
-from jobs.shard_steps.build import preprocess_tasks, start_build
+from jobs.shard_steps.build_state import preprocess_tasks, start_build
 from jobs.shard_steps.commit_pass import commit_build, write_rejects_table
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.dataset_info import dataset_version
@@ -65,7 +65,7 @@ from lakeshard import storage
 from lakeshard.format import DatasetInfo
 from lakeshard.locks import dataset_lock
 
-__all__ = ["dataset_version", "hold", "main", "parser", "plan_only", "prepare", "run"]
+__all__ = ["dataset_version", "hold", "main", "parser", "plan_only", "prepare", "run", "summary"]
 
 log = logging.getLogger("jobs.shard")
 
@@ -173,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
     )
 
 
-def _summary(cfg: ShardConfig, info: DatasetInfo | PlanSummary) -> str:
+def summary(cfg: ShardConfig, info: DatasetInfo | PlanSummary) -> str:
     if isinstance(info, PlanSummary):
         return info.text()
     rows = ", ".join(f"{c}={e.rows_per_shard}×{info.num_shards}" for c, e in info.channels.items())
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         parser=parser(),
         config=ShardConfig,
         run=run,
-        summary=_summary,
+        summary=summary,
         prog="jobs/shard.py",
         prepare=prepare,
     )

@@ -1,10 +1,10 @@
-"""The shard versions of a dataset on S3, listed and removed.
+"""The shard versions of a dataset in an object store (S3, GCS), listed and removed.
 
     python -m jobs.versions list --dataset s3://lake/datasets/pets-v1
     python -m jobs.versions remove --dataset s3://lake/datasets/pets-v1 --keep 2 --dry-run
     python -m jobs.versions remove --dataset s3://lake/datasets/pets-v1 --version 3f2a...-9c1b0d2e
 
-On S3 each run of the shard job writes its shards once, into a version folder
+In an object store each run of the shard job writes its shards once, into a version folder
 ``shards/v=<version>/``, and ``dataset.json`` names the one that is the dataset (see
 ``docs/format.md``); the folders of earlier versions stay until removed here, so a reader that
 opened an earlier ``dataset.json`` keeps reading whole files. A version is *current* (named by
@@ -121,7 +121,9 @@ def parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="every version folder: current, complete or incomplete, files, bytes")
     rm = sub.add_parser("remove", help="remove old versions (--keep N or --version V)")
     for s in (ls, rm):
-        s.add_argument("--dataset", required=True, help="the dataset's URI (s3://... or a local path)")
+        s.add_argument(
+            "--dataset", required=True, help="the dataset's URI (s3://..., gs://... or a local path)"
+        )
     which = rm.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--keep", type=int, help="keep the N newest complete versions (the current one included)"

@@ -153,8 +153,9 @@ class MixedLoader(Facade):
         except BaseException:
             _stop_sources(self._opened, self._prep)
             raise
+        prices = opts.price_table(self.sources[0])  # prices=None: the first source's store's
         self._budget = CostBudget(
-            opts.cost_budget, opts.on_budget, opts.price_table, rank=opts.rank, dataset=self.dataset
+            opts.cost_budget, opts.on_budget, prices, rank=opts.rank, dataset=self.dataset
         )
         self._runs = runs_for(
             opts, self._opened, self.counters, self._budget, what="mixture", kind="MixedLoader"
@@ -363,7 +364,7 @@ class MixedLoader(Facade):
             self.counters.iteration(),
             epoch=self._position.epoch,
             peak_bytes_held=self.peak_bytes_held,
-            prices=self.options.price_table,
+            prices=self._budget.prices,
         )
 
 

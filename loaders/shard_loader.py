@@ -144,10 +144,10 @@ class ShardLoader(Facade):
         self._position = Position()
         self._resumed: _ResumedEpoch | None = None  # the epoch resumed at another world size, if it is
         self._run: Run | None = None  # the current (or last) iteration
-        self.stats = PipelineStats()
-        self.counters = LoaderCounters(source.requests)
+        self.stats, self.counters = PipelineStats(), LoaderCounters(source.requests)
+        prices = opts.price_table(self.dataset)  # prices=None: the dataset's store's
         self._budget = CostBudget(
-            opts.cost_budget, opts.on_budget, opts.price_table, rank=opts.rank, dataset=self.dataset
+            opts.cost_budget, opts.on_budget, prices, rank=opts.rank, dataset=self.dataset
         )
         # Blocks in use at once: one per decode thread, ``prefetch`` queued, the one the reader
         # holds, the one being handed over and the training loop's previous batch.
@@ -356,7 +356,7 @@ class ShardLoader(Facade):
             self.counters.iteration(),
             epoch=self._position.epoch,
             peak_bytes_held=self.peak_bytes_held,
-            prices=self.options.price_table,
+            prices=self._budget.prices,
             shuffle=shuffle.result(),
         )
 

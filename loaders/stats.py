@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lakeshard import storage
 from lakeshard.errors import ConfigError, LoaderError
 from lakeshard.storage import RequestCounts
 
@@ -27,6 +28,8 @@ __all__ = [
     "AZURE_PRICES",
     "BUDGET_ACTIONS",
     "BUDGET_EVERY",
+    "GCS_PRICES",
+    "STORE_PRICES",
     "CostBudget",
     "DecodeTally",
     "LoaderCounters",
@@ -34,6 +37,7 @@ __all__ = [
     "LoaderTotals",
     "PriceTable",
     "ReadCount",
+    "prices_for",
     "usd",
 ]
 
@@ -75,6 +79,22 @@ class PriceTable:
 #: within North America $0.02 per GB. In the account's own region transfer is free
 #: (``transfer_per_gb=0``); cool and cold tiers cost more per read and add a retrieval fee per GB.
 AZURE_PRICES = PriceTable(get_per_1000=0.0004, transfer_per_gb=0.02)
+
+#: Google Cloud Storage, Standard class in a region, from https://cloud.google.com/storage/pricing
+#: (as published in 2025-2026): Class B operations (``objects.get``, a read) $0.0004 per 1,000,
+#: and data transfer between Google Cloud regions within a continent $0.02 per GB (Google's
+#: "network" table; within the bucket's own region it is free, to the internet $0.08-0.12 per GB).
+GCS_PRICES = PriceTable(get_per_1000=0.0004, transfer_per_gb=0.02)
+
+#: The default prices of a dataset's reads, by the scheme of its store (``prices=None``; an alias
+#: is its store's scheme: ``abfs://`` is ``az``); a store not listed (a local dataset: no
+#: requests) is priced as S3.
+STORE_PRICES: dict[str, PriceTable] = {"s3": PriceTable(), "gs": GCS_PRICES, "az": AZURE_PRICES}
+
+
+def prices_for(uri: str) -> PriceTable:
+    """The default :class:`PriceTable` of the dataset at ``uri``: its store's in :data:`STORE_PRICES`."""
+    return STORE_PRICES.get(storage.scheme(uri), STORE_PRICES["s3"])
 
 
 @dataclass(slots=True)

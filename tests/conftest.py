@@ -1,6 +1,6 @@
-"""Shared fixtures: one local S3 server (moto over HTTP), one Azure emulator (Azurite's blob
-service, started by the first test that needs it), one Spark session per test run, and the
-in-process local engine.
+"""Shared fixtures: one local S3 server (moto over HTTP), one GCS emulator, one Azure emulator
+(Azurite's blob service), each started by the first test that needs it, one Spark session per
+test run, and the in-process local engine.
 
 The S3 environment is set before Spark starts, so Spark's Python workers inherit it, as they
 would from a user's shell.
@@ -192,6 +192,44 @@ def az_container(az_endpoint: str, request: pytest.FixtureRequest) -> Iterator[s
         yield f"az://{name}"
     finally:
         container.delete_container()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[Any]:
+    """gcp-storage-emulator on 127.0.0.1 (a free port, in memory; with the JSON API's generation
+    preconditions added: tests/helpers/gcs_emulator.py), the Google environment pointing at it."""
+    from lakeshard.storage import clear_gcs_clients
+    from tests.helpers.gcs_emulator import start_emulator
+
+    emulator = start_emulator()
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")}
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator.endpoint
+    os.environ["GOOGLE_CLOUD_PROJECT"] = "lakeshard-tests"
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+        clear_gcs_clients()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture()
+def gcs_bucket(gcs_emulator: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh bucket of the GCS emulator for one test; returns ``gs://<bucket>``."""
+    from lakeshard.storage import gcs_client
+
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    bucket = gcs_client().create_bucket(name)
+    try:
+        yield f"gs://{name}"
+    finally:
+        for blob in gcs_client().list_blobs(name):
+            blob.delete()
+        bucket.delete()
 
 
 @pytest.fixture(scope="session")

@@ -66,6 +66,7 @@ FORBIDDEN = {
 JOBS_TOP = {
     "__init__.py",
     "_script.py",
+    "build.py",
     "manifest.py",
     "shard.py",
     "versions.py",

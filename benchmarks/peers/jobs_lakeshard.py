@@ -6,13 +6,12 @@ python benchmarks/peers/jobs_lakeshard.py build --engine local --lake L --out O 
 python benchmarks/peers/jobs_lakeshard.py stored --out O
 ```
 
-* ``--engine local|dask|spark``: ``python -m jobs.manifest`` (the whole lake into ``train``)
-  then ``python -m jobs.shard`` (one shard), as the README runs them. Dask: first a cluster of
-  ``workers`` ``dask worker --no-nanny`` processes of one thread and a ``dask scheduler`` on
-  127.0.0.1 (as ``tests/helpers/dask_procs.py`` starts one), given to both jobs by
-  ``--scheduler`` and stopped at the end; Spark: ``local[workers]`` (``PYSPARK_SUBMIT_ARGS``);
-  local: the engine's threads, one per core. The steady state is the shard job's preprocessing
-  pass, from its log: from its ``preprocessing N images`` line to the next line.
+* ``--engine local|dask|spark``: ``python -m jobs.build`` (both jobs in one command, on one
+  engine: the whole lake into ``train``, one shard), as the README runs it, each engine started
+  as the command starts it: Spark ``local[workers]`` (``PYSPARK_SUBMIT_ARGS``), Dask its own
+  ``LocalCluster`` (a worker process per core), local its threads and, for preprocessing, a
+  worker process per core. The steady state is the shard job's preprocessing pass, from its
+  log: from its ``preprocessing N images`` line to the next line.
 * ``--engine ceiling``: the shard job's own per-image function
   (``jobs.common.images.preprocess``) on every image of the lake in a ``multiprocessing.Pool`` of
   ``workers``, each reading its files, writing nothing.
@@ -21,16 +20,13 @@ python benchmarks/peers/jobs_lakeshard.py stored --out O
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import multiprocessing
 import os
 import re
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,83 +70,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def _dask_cluster(workers: int, env: dict[str, str]) -> Iterator[str]:
-    """A scheduler and ``workers`` one-thread ``--no-nanny`` workers on 127.0.0.1; its address."""
-    dask = str(Path(sys.executable).parent / "dask")
-    with tempfile.TemporaryDirectory(prefix="jobs-bench-dask-") as tmp:
-        root = Path(tmp)
-        procs: list[subprocess.Popen[bytes]] = []
-
-        def start(name: str, args: list[str]) -> None:
-            with open(root / f"{name}.log", "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [dask, *args],
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        cwd=root,
-                        start_new_session=True,
-                    )
-                )
-
-        try:
-            file = root / "scheduler.json"
-            start(
-                "scheduler",
-                [
-                    "scheduler",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                    "--no-dashboard",
-                    "--scheduler-file",
-                    str(file),
-                ],
-            )
-            address = _wait(
-                lambda: file.exists() and json.loads(file.read_text() or "{}").get("address"), "scheduler"
-            )
-            for i in range(workers):
-                args = [
-                    "worker",
-                    address,
-                    "--nthreads",
-                    "1",
-                    "--no-nanny",
-                    "--host",
-                    "127.0.0.1",
-                    "--no-dashboard",
-                ]
-                start(
-                    f"worker-{i}", [*args, "--name", f"bench-{i}", "--local-directory", str(root / f"w{i}")]
-                )
-            logs = [root / f"worker-{i}.log" for i in range(workers)]
-            _wait(lambda: all("Registered to:" in p.read_text(errors="replace") for p in logs), "workers")
-            yield address
-        finally:
-            for proc in reversed(procs):
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-
-def _wait(ready: Any, what: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (found := ready()):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the dask {what} did not start within {timeout:.0f} s")
-        time.sleep(0.05)
-    return found
-
-
 def _run_job(cmd: list[str], env: dict[str, str]) -> list[str]:
     """Run one job, its output passed on to our standard error; its lines."""
     proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -177,15 +96,9 @@ def jobs(lake: Path, out: Path, *, engine: str, size: int, quality: int, workers
     env = _env()
     if engine == "spark":
         env["PYSPARK_SUBMIT_ARGS"] = f"--master local[{workers}] pyspark-shell"
-    with contextlib.ExitStack() as stack:
-        extra = ["--engine", engine]
-        if engine == "dask":
-            extra += ["--scheduler", stack.enter_context(_dask_cluster(workers, env))]
-        manifest = ["--input", str(lake), "--output", str(out), "--split", "train=1"]
-        _run_job([sys.executable, "-m", "jobs.manifest", *manifest, *extra], env)
-        shard = ["--dataset", str(out), "--image-size", str(size), "--quality", str(quality)]
-        lines = _run_job([sys.executable, "-m", "jobs.shard", *shard, *extra], env)
-    span = preprocessing_span(lines)
+    options = ["--input", str(lake), "--output", str(out), "--split", "train=1"]
+    options += ["--image-size", str(size), "--quality", str(quality), "--engine", engine]
+    span = preprocessing_span(_run_job([sys.executable, "-m", "jobs.build", *options], env))
     rows = json.loads((out / "dataset.json").read_text())["channels"]["train"]["rows"]
     return {"images": rows, "first_done": span and span[0], "last_done": span and span[1]}
 

@@ -24,7 +24,8 @@ Each run is a fresh process in a cgroup of its own (``metered.py``): wall time f
 its exit (images/s end to end), images/s at steady state (from the first image's work done to the
 last's as the tool tells, or the shard job's preprocessing pass by its log), CPU ms per image of
 the whole process tree (the cgroup's ``cpuacct.usage``: JVMs, Ray's and Dask's processes
-included), peak PSS of the tree, and the bytes it wrote. Tools run in ``--rounds`` rounds, the
+included) end to end and at steady state (the cgroup's usage sampled every 0.1 s, interpolated
+at the steady span's ends, over every image), peak PSS of the tree, and the bytes it wrote. Tools run in ``--rounds`` rounds, the
 order reversed every other round; the table gives medians, and each tool's end-to-end and steady
 rates as paired ratios to the ceiling's steady rate of the same round. After its first run each
 tool's stored images are read back (``stored``) and compared with ``prepare``'s bytes for every
@@ -182,6 +183,7 @@ def run_one(name: str, *, lake: Path, out: Path, args: argparse.Namespace, log: 
     images = built["images"]
     first, last = built.get("first_done"), built.get("last_done")
     steady = images / (last - first) if first is not None and last is not None and last > first else None
+    steady_cpu = m.cpu_s_between(first, last) if steady is not None else None
     return {
         "images": images,
         "wall_s": m.wall_s,
@@ -190,6 +192,7 @@ def run_one(name: str, *, lake: Path, out: Path, args: argparse.Namespace, log: 
         "cpu_s": m.cpu_s,
         "cpu_from": m.cpu_from,
         "cpu_ms_per_image": m.cpu_s * 1e3 / max(images, 1),
+        "steady_cpu_ms_per_image": None if steady_cpu is None else steady_cpu * 1e3 / max(images, 1),
         "peak_pss": m.peak_pss,
         "bytes_written": _bytes(out) if out.exists() else 0,
         "leftover_processes": m.leftover,
@@ -213,7 +216,14 @@ def summarize(runs: dict[str, list[dict[str, Any]]], checks: dict[str, dict[str,
             rows[name] = {"error": rs[0]["error"] if rs else "no runs"}
             continue
         row: dict[str, Any] = {"runs": len(good), "failed_runs": [r["error"] for r in rs if "error" in r]}
-        for key in ("images_per_s", "steady_images_per_s", "cpu_ms_per_image", "wall_s", "other_load"):
+        for key in (
+            "images_per_s",
+            "steady_images_per_s",
+            "cpu_ms_per_image",
+            "steady_cpu_ms_per_image",
+            "wall_s",
+            "other_load",
+        ):
             row[key] = _median([r[key] for r in good])
         row["peak_pss_mib"] = _median([r["peak_pss"] / 2**20 for r in good])
         row["bytes_written"] = _median([r["bytes_written"] for r in good])
@@ -237,7 +247,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def print_table(rows: dict[str, Any], out: Any = sys.stdout) -> None:
     print(
         f"\n{'tool':16} {'img/s e2e':>9} {'of ceil':>7} {'img/s steady':>12} {'of ceil':>7} "
-        f"{'CPU ms/img':>10} {'PSS MiB':>7} {'MB written':>10} {'wall s':>7}  same bytes",
+        f"{'CPU ms/img':>10} {'steady':>6} {'PSS MiB':>7} {'MB written':>10} {'wall s':>7}  same bytes",
         file=out,
     )
     for name, r in rows.items():
@@ -253,7 +263,8 @@ def print_table(rows: dict[str, Any], out: Any = sys.stdout) -> None:
         print(
             f"{name:16} {_fmt(r['images_per_s'], '9.0f')} {_fmt(r['images_per_s_of_ceiling'], '7.2f')} "
             f"{_fmt(r['steady_images_per_s'], '12.0f')} {_fmt(r['steady_images_per_s_of_ceiling'], '7.2f')} "
-            f"{_fmt(r['cpu_ms_per_image'], '10.2f')} {_fmt(r['peak_pss_mib'], '7.0f')} "
+            f"{_fmt(r['cpu_ms_per_image'], '10.2f')} {_fmt(r['steady_cpu_ms_per_image'], '6.2f')} "
+            f"{_fmt(r['peak_pss_mib'], '7.0f')} "
             f"{_fmt(r['bytes_written'] and r['bytes_written'] / 1e6, '10.1f')} {_fmt(r['wall_s'], '7.1f')}  {same}"
             + (f"  ({len(r['failed_runs'])} failed: {r['failed_runs'][0]})" if r["failed_runs"] else ""),
             file=out,

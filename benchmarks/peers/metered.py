@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import IO
 
@@ -46,6 +47,21 @@ class Metered:
     cpu_from: str  #: ``cgroup`` (``cpuacct.usage``) or ``proc samples`` (no cgroup could be made)
     peak_pss: int  #: bytes, the highest sum over its processes
     leftover: int  #: processes still in its cgroup when it ended (killed)
+    #: ``(time.time(), CPU seconds so far)`` every sampling interval (cgroup only; else empty)
+    cpu_samples: tuple[tuple[float, float], ...] = ()
+
+    def cpu_s_between(self, start: float, end: float) -> float | None:
+        """CPU seconds spent between two ``time.time()`` moments, interpolated between samples;
+        None without samples around both."""
+        at = [_interpolated(self.cpu_samples, t) for t in (start, end)]
+        return None if None in at else at[1] - at[0]  # type: ignore[operator]
+
+
+def _interpolated(samples: tuple[tuple[float, float], ...], t: float) -> float | None:
+    for (t0, c0), (t1, c1) in pairwise(samples):
+        if t0 <= t <= t1:
+            return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c0
+    return None
 
 
 class _Cgroup:
@@ -103,16 +119,22 @@ class _Sampler:
     """Every ``interval`` seconds on a daemon thread: the processes' summed PSS (its peak) and,
     for the ``/proc`` fallback, each one's CPU seconds."""
 
-    def __init__(self, pids: Callable[[], list[int]], interval: float) -> None:
+    def __init__(
+        self, pids: Callable[[], list[int]], interval: float, cpu_s: Callable[[], float] | None = None
+    ) -> None:
         self._pids = pids
         self.interval = interval
         self.peak_pss = 0
         self.cpu = Peaks()
+        self._cpu_s = cpu_s
+        self.cpu_samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
         self._thread.start()
 
     def sample(self) -> None:
+        if self._cpu_s is not None:
+            self.cpu_samples.append((time.time(), self._cpu_s()))
         pss = 0
         for pid in self._pids():
             try:
@@ -153,7 +175,7 @@ def run_metered(
     # Standard output goes to a file, not a pipe: a process the command leaves behind (a daemon
     # that kept the descriptor) must not hold the end of the command up.
     with tempfile.TemporaryFile("w+") as out:
-        t0 = time.perf_counter()
+        t0, start = time.perf_counter(), time.time()
         proc = subprocess.Popen(
             cmd,
             env=env,
@@ -163,7 +185,10 @@ def run_metered(
             text=True,
             preexec_fn=group.join if group is not None else None,
         )
-        sampler = _Sampler(group.pids if group is not None else lambda: _tree(proc.pid), interval)
+        if group is not None:
+            sampler = _Sampler(group.pids, interval, group.cpu_s)
+        else:
+            sampler = _Sampler(lambda: _tree(proc.pid), interval)
         returncode: int | None
         try:
             returncode = proc.wait(timeout=timeout)
@@ -172,6 +197,7 @@ def run_metered(
             proc.wait()
             returncode = None
         wall = time.perf_counter() - t0
+        ended = (time.time(), group.cpu_s() if group is not None else 0.0)
         out.seek(0)
         stdout = out.read()
     sampler.close()
@@ -179,6 +205,8 @@ def run_metered(
         return Metered(returncode, stdout, wall, sampler.cpu.tree_cpu_s, "proc samples", sampler.peak_pss, 0)
     try:
         leftover = group.empty(wait_s=5)
-        return Metered(returncode, stdout, wall, group.cpu_s(), "cgroup", sampler.peak_pss, leftover)
+        # The command's start (a fresh cgroup has used nothing) and its end, around the samples.
+        samples = ((start, 0.0), *sampler.cpu_samples, ended)
+        return Metered(returncode, stdout, wall, group.cpu_s(), "cgroup", sampler.peak_pss, leftover, samples)
     finally:
         group.remove()

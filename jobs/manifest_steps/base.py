@@ -42,7 +42,7 @@ from jobs.common.tasks import pack
 from jobs.manifest_steps.catalog import DUPLICATE, reason_kind
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.label_tasks import BucketJoin, stage_keys
-from jobs.manifest_steps.listing import StagedRow, reject
+from jobs.manifest_steps.listing import StagedRow, etag_is_md5, reject
 from jobs.manifest_steps.passes import (
     EXAMPLES,
     ClassParts,
@@ -242,8 +242,8 @@ def _unchanged(row: StagedRow, old: StagedRow) -> bool:
 def _reuse(row: StagedRow, old: StagedRow) -> bool:
     """Give the unchanged, listed ``row`` the outcome of the base's header read of it, if the
     base records one it can be rebuilt from; return whether it did. Not reused: an S3 object
-    uploaded in parts or an Azure blob (its ETag does not name its bytes, whose hash is not in
-    the manifest), a local row
+    uploaded in parts, a GCS object or an Azure blob (its content hash is of the bytes, not in the
+    manifest), a local row
     the base has no ETag for, a base row rejected for anything but its read (no label, say),
     an accepted base row without a format (the base did not read objects)."""
     kind = reason_kind(old["reason"] or "")
@@ -252,9 +252,7 @@ def _reuse(row: StagedRow, old: StagedRow) -> bool:
     ] is not None  # dedupe came after the read
     if not (accepted or (old["status"] != "ok" and kind in _READ_REJECTS)):
         return False
-    if _s3(row) and not storage.store_for(row["uri"]).etag_names_content(row["etag"]):
-        return False
-    if not _s3(row) and old["etag"] is None:
+    if (_s3(row) and not etag_is_md5(row)) or (not _s3(row) and old["etag"] is None):
         return False
     if not _s3(row):
         row["etag"] = old["etag"]  # the MD5 of the bytes, which the read computes for a local file

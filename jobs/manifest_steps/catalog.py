@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import logging
 import re
 from collections import Counter, defaultdict
@@ -178,14 +179,16 @@ def check_accepted(
     max_reject_fraction: float,
     where: str,
     label_source: str | None = None,
+    min_classes: int = 2,
 ) -> dict[str, int]:
     """Check what the inspection left of ``listed`` objects (rejected: ``reasons``, by
     :func:`reason_kind`, ``removed`` of them by ``dedupe``, which do not count against
     ``max_reject_fraction``: they were asked for); return the labels of the accepted objects.
 
     Raises :class:`RejectFractionError` when too much of the lake was rejected, and
-    :class:`ManifestError` when no object or fewer than two classes are left (naming
-    ``label_source``, the labels table or Ground Truth manifest, if the labels came from one).
+    :class:`ManifestError` when no object or fewer than ``min_classes`` classes are left
+    (naming ``label_source``, the labels table or Ground Truth manifest, if the labels came
+    from one; a detector of one class is fine: ``boxes`` manifests need one).
     """
     rejected, listed = sum(reasons.values()) - removed, listed - removed
     if rejected > max_reject_fraction * listed:
@@ -208,7 +211,7 @@ def check_accepted(
             "; ".join(", ".join(map(repr, g)) for g in twins),
             f"the labels of {label_source}" if label_source else "the folder names (the path labels)",
         )
-    if len(labels) < 2:
+    if len(labels) < min_classes:
         raise ManifestError(
             f"a classifier needs at least 2 classes, but {where} has usable images in 1 class only: "
             f"{next(iter(labels))!r}. "
@@ -321,8 +324,13 @@ def content_id(row: Mapping[str, Any]) -> str:
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
-def fingerprint_line(row: Mapping[str, Any], channel: str | None = None) -> bytes:
+def fingerprint_line(
+    row: Mapping[str, Any], channel: str | None = None, columns: Sequence[str] = ()
+) -> bytes:
     """What :func:`fingerprint` hashes of one accepted row (``channel``: the row's, unless given):
-    its key, :func:`content_id`, label and channel."""
-    fields = (row["key"], content_id(row), row["label"], channel or row["channel"])
+    its key, :func:`content_id`, label and channel, then the values of ``columns`` (the label
+    columns beyond one class and the kept columns, as JSON) if there are any."""
+    fields = [row["key"], content_id(row), row["label"] or "", channel or row["channel"]]
+    if columns:
+        fields.append(json.dumps({c: row.get(c) for c in columns}, sort_keys=True, default=str))
     return "\x1f".join(fields).encode("utf-8", "surrogatepass") + b"\n"

@@ -9,6 +9,7 @@ from typing import Any
 from jobs.common.engines import ENGINE_NAMES
 from jobs.manifest_steps.split import ALGORITHMS
 from lakeshard.errors import ConfigError
+from lakeshard.format.label_columns import TASK_KINDS
 from lakeshard.format.layout import CHANNELS
 from lakeshard.settings import (
     check_fraction,
@@ -19,7 +20,21 @@ from lakeshard.settings import (
     parse_seed,
 )
 
-__all__ = ["ManifestConfig", "parse_split"]
+__all__ = ["BOX_UNITS", "ManifestConfig", "parse_columns", "parse_split"]
+
+#: How a labels table's boxes are measured (``--box-units``).
+BOX_UNITS = ("pixels", "normalized")
+
+
+def parse_columns(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``"caption,source"`` (or a list) -> ``("caption", "source")``: names, each once."""
+    names = (
+        [n.strip() for n in value.split(",")] if isinstance(value, str) else [str(n).strip() for n in value]
+    )
+    names = [n for n in names if n]
+    if repeated := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"keep_columns names {', '.join(map(repr, repeated))} more than once")
+    return tuple(names)
 
 
 def parse_split(value: str | Mapping[str, Any]) -> dict[str, float]:
@@ -78,7 +93,7 @@ def _as_text(split: str | Mapping[str, Any]) -> str:
 @dataclass(frozen=True, slots=True)
 class ManifestConfig:
     input: str = opt(
-        help="the raw lake: a local folder, file:// or s3:// prefix laid out as <prefix>/<label>/.../<file>"
+        help="the raw lake: a local folder or a file://, s3://, gs:// or az:// prefix laid out as <prefix>/<label>/.../<file>"
     )
     output: str = opt(help="the dataset URI to write manifests/ and labels.json under")
     split: dict[str, float] = opt(
@@ -108,6 +123,25 @@ class ManifestConfig:
         "(relative to --input) or 'uri' column, a 'label' column and optionally a "
         "'channel' column pinning an object to a channel; every object under --input "
         "is listed (no path label), and one with no label row is rejected",
+    )
+    task: str = opt(
+        TASK_KINDS[0],
+        choices=TASK_KINDS,
+        help="what an image is labelled with: one class (single-label), a set of classes "
+        "(multi-label: a 'labels' list, or a row per label), or objects with boxes (boxes: a "
+        "'boxes' list of {label, x, y, width, height})",
+    )
+    keep_columns: tuple[str, ...] = opt(
+        (),
+        parse=parse_columns,
+        help="columns of the --labels table to keep in the manifest, with their Arrow types "
+        "(e.g. caption,source)",
+    )
+    box_units: str = opt(
+        BOX_UNITS[0],
+        choices=BOX_UNITS,
+        help="how the --labels table's boxes are measured: in pixels of the original image, "
+        "or normalized to [0, 1] of its width and height",
     )
     input_manifest: str | None = opt(
         None,
@@ -177,7 +211,12 @@ class ManifestConfig:
     )
 
     def __post_init__(self) -> None:
-        for name, parse in (("split", parse_split), ("seed", parse_seed), ("exclude", parse_globs)):
+        for name, parse in (
+            ("split", parse_split),
+            ("seed", parse_seed),
+            ("exclude", parse_globs),
+            ("keep_columns", parse_columns),
+        ):
             object.__setattr__(self, name, parse_option(name, parse, getattr(self, name)))
         check_positive("min_per_class", self.min_per_class, allow_zero=True, error=ConfigError)
         check_positive("label_depth", self.label_depth, allow_none=True, error=ConfigError)

@@ -29,7 +29,7 @@ from jobs.manifest_steps.label_tasks import (
     stage_keys,
     stage_table,
 )
-from jobs.manifest_steps.labels import label_files
+from jobs.manifest_steps.labels import kept_schema, label_files, read_labels
 from jobs.manifest_steps.listing import Skip, StagedRow, discover
 from jobs.manifest_steps.listing_tasks import list_lake
 from jobs.manifest_steps.passes import (
@@ -41,12 +41,21 @@ from jobs.manifest_steps.passes import (
     skip_kind,
     stage_listing,
 )
+from jobs.manifest_steps.table_values import TableColumns
 from lakeshard import storage
 from lakeshard.errors import ManifestError
 from lakeshard.format import MANIFEST_SCHEMA, read_manifest_info
 from lakeshard.format.manifest_table import write_part
 
-__all__ = ["extract", "inspect_tasks", "label", "read_ground_truth", "rebase"]
+__all__ = [
+    "extract",
+    "inspect_tasks",
+    "kept_columns",
+    "label",
+    "read_ground_truth",
+    "rebase",
+    "table_columns",
+]
 
 log = logging.getLogger("jobs.manifest")
 
@@ -64,6 +73,7 @@ def read_ground_truth(cfg: ManifestConfig, engine: Engine, staging: str) -> List
         root=cfg.input,
         skip=_skip(cfg),
         rows_per_part=cfg.rows_per_part,
+        task=cfg.task,
         staging=staging,
     )
 
@@ -157,7 +167,25 @@ def _listing(
     )
 
 
-def label(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) -> Listing:
+def table_columns(cfg: ManifestConfig) -> TableColumns:
+    """What the ``--labels`` table's rows carry besides a key, a class and a channel."""
+    return TableColumns(task=cfg.task, keep=cfg.keep_columns, units=cfg.box_units)
+
+
+def kept_columns(cfg: ManifestConfig) -> pa.Schema | None:
+    """The ``--keep-columns`` with their types, from the table's first file (every file has
+    them: :func:`jobs.manifest_steps.labels.check_labels`); None: none kept."""
+    if not cfg.keep_columns or not cfg.labels:
+        return None
+    first = label_files(cfg.labels)[0]
+    return kept_schema(
+        read_labels(first, channels=list(cfg.split), columns=table_columns(cfg)), table_columns(cfg)
+    )
+
+
+def label(
+    cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str, kept: pa.Schema | None = None
+) -> Listing:
     """Label the listed rows from ``--labels`` on the workers (:mod:`jobs.manifest_steps.label_tasks`):
     stage the table's rows and the listed rows by key bucket, join each bucket. Returns the
     labelled rows as the listing for the next pass, with what the summary says of the table.
@@ -172,6 +200,8 @@ def label(cfg: ManifestConfig, engine: Engine, listing: Listing, staging: str) -
         channels=tuple(cfg.split),
         staging=storage.join(staging, "labelling"),
         buckets=max(1, math.ceil(listing.rows / cfg.rows_per_part)),
+        columns=table_columns(cfg),
+        kept=kept,
     )
     log.info(
         "labelling %d listed objects from %s (%d file(s)) in %d key buckets",

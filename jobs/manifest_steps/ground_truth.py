@@ -12,7 +12,12 @@ surrounding white space; values become text as a ``--labels`` table's do
 (:func:`jobs.manifest_steps.labels.value_text`: the index ``0.0`` is the ``class-map`` entry ``"0"``). A line without
 the attribute (a worker or the job failed: the metadata holds only ``failure-reason``) labels
 nothing: its object is a reject whose reason says so. Multi-label classification (a list of
-classes), bounding boxes and other task types are refused.
+class indices) and bounding boxes (``annotations`` of ``class_id``, ``left``, ``top``, ``width``,
+``height``; ``image_size``; each box's ``confidence`` from the metadata's ``objects``) are read
+with ``--task multi-label`` and ``--task boxes``
+(:func:`jobs.manifest_steps.ground_truth_lines.set_label_of`: a class index the ``class-map``
+does not name, or a malformed box, rejects the object with the reason); a line of another task
+type is refused.
 
 The listed objects are the manifest's ``source-ref``s under ``--input`` (keys relative to it),
 not a listing of ``--input``. Two passes on the workers, no row on the driver:
@@ -38,15 +43,23 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
 
 from jobs.common.engines import Engine
-from jobs.manifest_steps.ground_truth_lines import UnsupportedLine, key_under, parse_line
+from jobs.manifest_steps.ground_truth_lines import (
+    TASK_LINES,
+    LineLabel,
+    UnsupportedLine,
+    key_under,
+    parse_line,
+    parse_set_line,
+)
 from jobs.manifest_steps.json_lines import json_lines
+from jobs.manifest_steps.label_sets import KeyLabels, combine
 from jobs.manifest_steps.label_tasks import Conflict, conflicts_text
-from jobs.manifest_steps.listing import Skip, _row, reject
+from jobs.manifest_steps.listing import LabelledRow, Skip, _row, reject
 from jobs.manifest_steps.passes import (
     EXAMPLES,
     Listing,
@@ -54,11 +67,14 @@ from jobs.manifest_steps.passes import (
     StagedPart,
     read_staged,
     skip_kind,
+    staged_schema,
     write_staged,
 )
+from jobs.manifest_steps.table_values import TableColumns
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
-from lakeshard.format import LabelsTable
+from lakeshard.format import BOX_TYPE, LabelsTable
+from lakeshard.format.label_columns import SINGLE_LABEL
 from lakeshard.format.manifest_table import hash_bucket, write_part
 
 __all__ = [
@@ -77,6 +93,12 @@ log = logging.getLogger(__name__)
 _LINE_BYTES = 256
 _IO_THREADS = 16  # HEAD requests are latency-bound; threads overlap them
 _LINE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.string()), ("reason", pa.string())])
+#: A staged line of a multi-label or bounding-box manifest: its classes, boxes and problem too.
+_SET_LINE_SCHEMA = (
+    _LINE_SCHEMA.append(pa.field("labels", pa.list_(pa.string())))
+    .append(pa.field("boxes", pa.list_(BOX_TYPE)))
+    .append(pa.field("problem", pa.string()))
+)
 
 
 @dataclass(frozen=True)
@@ -90,6 +112,7 @@ class GroundTruthSource:
     skip: Skip
     staging: str
     buckets: int
+    task: str = SINGLE_LABEL  #: ``--task``: what a line's label attribute holds
 
     def folder(self, bucket: int) -> str:
         return storage.join(self.staging, "lines", f"b={bucket:05d}")
@@ -175,19 +198,19 @@ def _stage_range(source: GroundTruthSource, start: int, end: int) -> StagedLines
 
     for offset, record in json_lines(found, on_error=lambda exc: refuse(exc.at, exc)):
         try:
-            line = parse_line(record, source.attribute)
+            uri, row = _line_row(record, source)
         except UnsupportedLine as exc:
             refuse(offset, exc)
             continue
-        if (key := key_under(line.uri, source.root)) is None:
-            outside.append(line.uri)
+        if (key := key_under(uri, source.root)) is None:
+            outside.append(uri)
             continue
-        row = {"key": key, "label": line.label, "reason": line.reason}
-        by_bucket[hash_bucket(key, source.buckets)].append(row)
+        by_bucket[hash_bucket(key, source.buckets)].append({"key": key, **row})
+    schema = _LINE_SCHEMA if source.task == SINGLE_LABEL else _SET_LINE_SCHEMA
     for bucket, rows in by_bucket.items():
         write_part(
             storage.join(source.folder(bucket), f"part-{start:015d}.parquet"),
-            pa.Table.from_pylist(rows, schema=_LINE_SCHEMA),
+            pa.Table.from_pylist(rows, schema=schema),
             durable=False,
         )
     return StagedLines(
@@ -197,6 +220,18 @@ def _stage_range(source: GroundTruthSource, start: int, end: int) -> StagedLines
         bad=len(bad),
         bad_examples=tuple(bad[:EXAMPLES]),
     )
+
+
+def _line_row(record: dict[str, Any], source: GroundTruthSource) -> tuple[str, dict[str, Any]]:
+    """A line's object and what is staged of it: its class name (or the reason it has none),
+    or with a ``--task`` beyond one class its classes, boxes and problem."""
+    if source.task == SINGLE_LABEL:
+        line = parse_line(record, source.attribute)
+        return line.uri, {"label": line.label, "reason": line.reason}
+    uri, got = parse_set_line(record, source.attribute, source.task)
+    if isinstance(got, LineLabel):  # a failed line: no attribute
+        return uri, {"label": None, "reason": got.reason}
+    return uri, {"label": None, "reason": None, **got._asdict()}
 
 
 def _head(fs: Any, path: str) -> dict[str, Any] | None:
@@ -256,9 +291,13 @@ def resolve_task(buckets: list[int], *, source: GroundTruthSource) -> list[Resol
     for bucket in buckets:
         given: dict[str, set[str]] = defaultdict(set)
         failed: dict[str, str] = {}
+        sets: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for line in read_staged(source.folder(bucket)):
             if line["label"] is not None:
                 given[line["key"]].add(line["label"])
+            elif line["reason"] is None:  # a line of classes or boxes: each key's lines together
+                sets[line["key"]].append({**line, "channel": None})
+                given[line["key"]].add("")
             else:
                 failed.setdefault(line["key"], line["reason"])
         if conflicts := sorted(k for k, v in given.items() if len(v) > 1):
@@ -278,7 +317,8 @@ def resolve_task(buckets: list[int], *, source: GroundTruthSource) -> list[Resol
                 )
             )
             continue
-        out.append(_resolve_bucket(source, bucket, fs, root_path, given, failed))
+        labelled = {k: combine(v, TableColumns(task=source.task)) for k, v in sets.items()}
+        out.append(_resolve_bucket(source, bucket, fs, root_path, given, failed, labelled))
     return out
 
 
@@ -289,8 +329,10 @@ def _resolve_bucket(
     root_path: str,
     given: dict[str, set[str]],
     failed: dict[str, str],
+    labelled: dict[str, KeyLabels],
 ) -> Resolved:
-    """One key bucket with no conflict: its objects HEADed, labelled (or rejected) and staged."""
+    """One key bucket with no conflict: its objects HEADed, labelled (or rejected) and staged
+    (``labelled``: the classes or boxes of a ``--task`` beyond one class)."""
     rows = [
         _row(source.root, root_path, {"name": f"{root_path}/{k}", "size": 0}, 0, source.skip)
         for k in sorted(set(given) | set(failed))
@@ -310,15 +352,18 @@ def _resolve_bucket(
     for r in staged:
         if r["status"] != "ok":
             continue
-        if r["key"] in given:
+        if r["key"] in labelled:
+            labelled[r["key"]].apply(cast(LabelledRow, r), source.task)
+        elif r["key"] in given:
             r["label"] = next(iter(given[r["key"]]))
         else:
             reject(r, failed[r["key"]])
             unlabelled += 1
-    write_staged(staged, source.labelled(bucket))
+    write_staged(staged, source.labelled(bucket), staged_schema(source.task))
+    names = {x for k in labelled.values() for x in k.labels or ()}
     return Resolved(
         parts=(StagedPart(source.labelled(bucket), len(staged)),) if staged else (),
-        labels=tuple(sorted({r["label"] for r in staged if r["label"] is not None})),
+        labels=tuple(sorted(names | {r["label"] for r in staged if r["label"] is not None})),
         unlabelled=unlabelled,
         missing=len(missing),
         missing_examples=tuple(missing[:EXAMPLES]),
@@ -335,7 +380,15 @@ def _ranges(size: int, pieces: int) -> list[ByteRange]:
 
 
 def read_manifest(
-    engine: Engine, *, uri: str, attribute: str, root: str, skip: Skip, rows_per_part: int, staging: str
+    engine: Engine,
+    *,
+    uri: str,
+    attribute: str,
+    root: str,
+    skip: Skip,
+    rows_per_part: int,
+    staging: str,
+    task: str = SINGLE_LABEL,
 ) -> Listing:
     """The objects of the Ground Truth manifest at ``uri`` under ``root``, labelled, as staged
     listing parts (the two passes above). Raises :class:`ManifestError`, before any image is
@@ -352,6 +405,7 @@ def read_manifest(
         skip=skip,
         staging=storage.join(staging, "ground-truth"),
         buckets=pieces,
+        task=task,
     )
     ranges = _ranges(size, pieces)
     log.info("reading --input-manifest %s (%d bytes) in %d ranges on %s", uri, size, len(ranges), engine.name)
@@ -360,8 +414,8 @@ def read_manifest(
     )
     if staged.bad:
         raise ManifestError(
-            f"--input-manifest {uri}: {staged.bad} line(s) are not a single-label image "
-            f"classification with --label-attribute {attribute!r}; e.g. {staged.bad_examples[0]}"
+            f"--input-manifest {uri}: {staged.bad} line(s) are not {TASK_LINES[task]} "
+            f"with --label-attribute {attribute!r}; e.g. {staged.bad_examples[0]}"
         )
     if not staged.lines:
         raise ManifestError(f"--input-manifest {uri} has no lines")

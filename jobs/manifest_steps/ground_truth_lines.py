@@ -1,6 +1,7 @@
 """One line of a SageMaker Ground Truth augmented manifest (``--input-manifest``): its object
 and its class name (:func:`label_of`; the format is described in
-:mod:`jobs.manifest_steps.ground_truth`), and the driver's check of the first lines before an
+:mod:`jobs.manifest_steps.ground_truth`), or with ``--task multi-label`` or ``boxes`` its
+classes or boxes (:func:`set_label_of`), and the driver's check of the first lines before an
 engine starts (:func:`check_input_manifest`)."""
 
 from __future__ import annotations
@@ -9,19 +10,23 @@ import itertools
 from typing import Any, NamedTuple
 
 from jobs.manifest_steps.json_lines import JsonLineError, json_lines
-from jobs.manifest_steps.labels import value_text
+from jobs.manifest_steps.table_values import BadValue, parse_boxes, value_text
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 
 __all__ = [
     "CHECK_LINES",
+    "TASK_LINES",
     "Line",
     "LineLabel",
+    "SetLabel",
     "UnsupportedLine",
     "check_input_manifest",
     "key_under",
     "label_of",
     "parse_line",
+    "parse_set_line",
+    "set_label_of",
 ]
 
 #: Lines of the manifest checked on the driver before an engine starts.
@@ -87,16 +92,109 @@ def label_of(record: dict[str, Any], attribute: str) -> LineLabel:
     return LineLabel(name.strip(), None)
 
 
-def parse_line(record: dict[str, Any], attribute: str) -> Line:
-    """One line's object and class name (or reject reason)."""
+class SetLabel(NamedTuple):
+    """A multi-label or bounding-box line's classes (sorted names) and boxes, or why its object
+    is rejected (``problem``: a class index not in the ``class-map``, a malformed box)."""
+
+    labels: list[str] | None
+    boxes: list[dict[str, Any]] | None
+    problem: str | None
+
+
+#: What a line of each task is, as an error says it is not.
+TASK_LINES = {
+    "single-label": "a single-label image classification",
+    "multi-label": "a multi-label image classification (a list of class indices)",
+    "boxes": "a bounding-box label (annotations and image_size)",
+}
+
+
+def _class_name(names: dict[str, Any], value: Any, attribute: str) -> str:
+    """The ``class-map`` name of a class index."""
+    try:
+        text = value_text(value)
+    except ValueError as exc:
+        raise BadValue(f"bad labels: a class index of {attribute!r} is {exc}") from None
+    name = names.get(text or "")
+    if not isinstance(name, str) or not name.strip():
+        raise BadValue(f"unknown class: class index {text} is not in {attribute}-metadata's class-map")
+    return name.strip()
+
+
+def _boxes(value: dict[str, Any], meta: dict[str, Any], names: dict[str, Any], attribute: str) -> SetLabel:
+    """A bounding-box line's boxes (``left``/``top`` are the box's ``x``/``y``; each box's
+    ``confidence`` from the metadata's ``objects``, in the same order)."""
+    found, objects = value.get("annotations"), meta.get("objects")
+    if not isinstance(found, list):
+        raise BadValue(f"bad box: {attribute}'s annotations is {found!r:.80}, not a list")
+    objects = objects if isinstance(objects, list) and len(objects) == len(found) else [{}] * len(found)
+    boxes = []
+    for a, o in zip(found, objects):
+        if not isinstance(a, dict):
+            raise BadValue(f"bad box: an annotation of {attribute!r} is {a!r:.80}, not an object")
+        confidence = o.get("confidence") if isinstance(o, dict) else None
+        place = {"x": a.get("left"), "y": a.get("top"), "width": a.get("width"), "height": a.get("height")}
+        boxes.append(
+            {"label": _class_name(names, a.get("class_id"), attribute), **place, "confidence": confidence}
+        )
+    checked = parse_boxes(boxes, units="pixels")
+    return SetLabel(sorted({b["label"] for b in checked}), checked, None)
+
+
+def set_label_of(record: dict[str, Any], attribute: str, task: str) -> SetLabel | LineLabel:
+    """A ``multi-label`` line's classes (its value a list of class indices, named by the
+    metadata's ``class-map``) or a ``boxes`` line's boxes (its value ``{image_size,
+    annotations: [{class_id, left, top, width, height}]}``); a line without the attribute
+    gives its reject reason as :func:`label_of` does.
+
+    Raises :class:`UnsupportedLine` for a line of another task."""
+    meta = record.get(f"{attribute}-metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    value = record.get(attribute)
+    if value is None:
+        return label_of(record, attribute)
+    found = meta.get("class-map")
+    names: dict[str, Any] = found if isinstance(found, dict) else {}
+    fits = (
+        isinstance(value, list)
+        if task == "multi-label"
+        else isinstance(value, dict) and "annotations" in value
+    )
+    if not fits:
+        kind = meta.get("type")
+        raise UnsupportedLine(
+            f"{attribute!r} is {value!r:.80}{f' ({kind})' if kind else ''}: not {TASK_LINES[task]}"
+        )
+    try:
+        if task == "boxes":
+            return _boxes(value, meta, names, attribute)
+        labels = sorted({_class_name(names, v, attribute) for v in value})
+        if not labels:
+            raise BadValue(f"bad labels: {attribute!r} is an empty list (an image needs at least one class)")
+        return SetLabel(labels, None, None)
+    except BadValue as exc:
+        return SetLabel(None, None, str(exc))
+
+
+def _source(record: dict[str, Any]) -> str:
+    """A line's object: its ``source-ref`` URI, normalised."""
     ref = record.get("source-ref")
     if not isinstance(ref, str) or not storage.is_uri(ref):
         raise UnsupportedLine(f"source-ref is {ref!r:.120}, not an s3:// (or file://) URI")
     try:
-        uri = storage.normalize(ref)
+        return storage.normalize(ref)
     except StorageError as exc:
         raise UnsupportedLine(f"source-ref {ref!r}: {exc}") from None
-    return Line(uri, *label_of(record, attribute))
+
+
+def parse_line(record: dict[str, Any], attribute: str) -> Line:
+    """One line's object and class name (or reject reason)."""
+    return Line(_source(record), *label_of(record, attribute))
+
+
+def parse_set_line(record: dict[str, Any], attribute: str, task: str) -> tuple[str, SetLabel | LineLabel]:
+    """One ``multi-label`` or ``boxes`` line's object and :func:`set_label_of`."""
+    return _source(record), set_label_of(record, attribute, task)
 
 
 def key_under(uri: str, root: str) -> str | None:
@@ -105,7 +203,7 @@ def key_under(uri: str, root: str) -> str | None:
     return uri[len(under) :] if uri.startswith(under) else None
 
 
-def check_input_manifest(uri: str, *, attribute: str, root: str) -> int:
+def check_input_manifest(uri: str, *, attribute: str, root: str, task: str = "single-label") -> int:
     """Check the first :data:`CHECK_LINES` lines of the manifest at ``uri`` (before an engine
     starts); return how many were read. Raises :class:`ManifestError` naming the URI, the line
     number and the value: a missing or empty manifest, a line that is not a JSON object with an
@@ -127,7 +225,10 @@ def check_input_manifest(uri: str, *, attribute: str, root: str) -> int:
         try:
             for line in json_lines(enumerate(first, 1)):
                 try:
-                    ref = parse_line(line.record, attribute).uri
+                    if task == "single-label":
+                        ref = parse_line(line.record, attribute).uri
+                    else:
+                        ref = parse_set_line(line.record, attribute, task)[0]
                 except UnsupportedLine as exc:
                     raise ManifestError(f"--input-manifest {uri}: line {line.at}: {exc}") from None
                 seen.update(line.record.keys())

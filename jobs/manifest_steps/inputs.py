@@ -8,11 +8,14 @@ import os
 
 from jobs.manifest_steps.base import check_manifest_base
 from jobs.manifest_steps.config import ManifestConfig
+from jobs.manifest_steps.extract import table_columns
 from jobs.manifest_steps.ground_truth_lines import check_input_manifest
 from jobs.manifest_steps.inventory import read_inventory
 from jobs.manifest_steps.labels import check_labels
+from jobs.manifest_steps.passes import STAGED_SCHEMA
 from lakeshard import storage
 from lakeshard.errors import ConfigError, ManifestError
+from lakeshard.format.label_columns import BOXES, SINGLE_LABEL, manifest_schema
 
 __all__ = ["check_manifest_inputs"]
 
@@ -33,6 +36,7 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
         _check_ground_truth(cfg, src)
     if cfg.inventory is not None:
         _check_inventory(cfg.inventory, src)
+    _check_task(cfg)
     if cfg.labels is not None:
         if cfg.label_depth is not None:
             raise ConfigError(
@@ -40,7 +44,7 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
                 "labels table no label is read from the path; drop --label-depth (or label_depth in "
                 "the --conf file)"
             )
-        check_labels(cfg.labels, channels=list(cfg.split))
+        check_labels(cfg.labels, channels=list(cfg.split), columns=table_columns(cfg))
     if cfg.base is not None:
         check_manifest_base(cfg)
     src_path, out_path = _local_path(src), _local_path(out)
@@ -52,13 +56,46 @@ def check_manifest_inputs(cfg: ManifestConfig) -> None:
         )
 
 
+def _check_task(cfg: ManifestConfig) -> None:
+    """Labels beyond one class (``--task``) come from a ``--labels`` table or a Ground Truth
+    ``--input-manifest``, kept columns from a table, and they go with the options that can
+    carry them (docs/design/0043-labels-beyond-one-class.md)."""
+    if cfg.task != SINGLE_LABEL and cfg.labels is None and cfg.input_manifest is None:
+        raise ConfigError(
+            f"--task {cfg.task} reads its labels from a --labels table (a 'labels' or 'boxes' column) or "
+            "a Ground Truth --input-manifest; give one (a path label is one class)"
+        )
+    if cfg.keep_columns and cfg.labels is None:
+        raise ConfigError(
+            f"--keep-columns {','.join(cfg.keep_columns)} keeps columns of a --labels table; give one"
+        )
+    if clash := [c for c in cfg.keep_columns if c in _RESERVED]:
+        raise ConfigError(
+            f"--keep-columns {','.join(cfg.keep_columns)}: {clash[0]!r} is a column the manifest job writes "
+            "itself; keep columns of other names"
+        )
+    for flag, given in (
+        ("--base", cfg.base is not None),
+        ("--no-sniff", not cfg.sniff and cfg.task == BOXES),
+    ):
+        if given and cfg.task != SINGLE_LABEL:
+            raise ConfigError(
+                f"--task {cfg.task} cannot be combined with {flag} in this version"
+                + (": the image sizes are read to check the boxes" if flag == "--no-sniff" else "")
+            )
+
+
+#: Columns the manifest job writes itself, which a kept column may not be named.
+_RESERVED = frozenset({*STAGED_SCHEMA.names, *manifest_schema(BOXES).names, "problem"})
+
+
 def _check_inventory(inventory: str, src: str) -> None:
     """``--inventory`` lists an S3 ``--input``'s bucket, and its manifest and data files are
     readable and well formed (see :func:`jobs.manifest_steps.inventory.read_inventory`)."""
     if storage.scheme(src) != "s3":  # an S3 Inventory lists a bucket
         raise ConfigError(
             f"--inventory {inventory!r} is an S3 Inventory report, but --input {src} is not an s3:// "
-            "prefix (an inventory lists an S3 bucket only); list a local or az:// lake without --inventory"
+            "prefix (S3 Inventory is S3's alone); list a local, gs:// or az:// lake without --inventory"
         )
     read_inventory(inventory, bucket=storage.bucket(src))
 
@@ -94,7 +131,7 @@ def _check_ground_truth(cfg: ManifestConfig, src: str) -> None:
             f"--label-attribute {attribute!r}: give the label attribute itself (not its -metadata; "
             "a -ref attribute is a semantic segmentation mask, which is not supported)"
         )
-    check_input_manifest(cfg.input_manifest, attribute=attribute, root=src)
+    check_input_manifest(cfg.input_manifest, attribute=attribute, root=src, task=cfg.task)
 
 
 def _local_path(uri: str) -> str:

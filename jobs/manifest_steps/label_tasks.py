@@ -23,13 +23,23 @@ import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from jobs.manifest_steps.label_sets import combine
 from jobs.manifest_steps.labels import read_labels
-from jobs.manifest_steps.listing import reject
-from jobs.manifest_steps.passes import EXAMPLES, PartSlice, StagedPart, read_staged, write_staged
+from jobs.manifest_steps.listing import LabelledRow, reject
+from jobs.manifest_steps.passes import (
+    EXAMPLES,
+    PartSlice,
+    StagedPart,
+    read_staged,
+    staged_schema,
+    write_staged,
+)
+from jobs.manifest_steps.table_values import TableColumns
 from lakeshard import storage
 from lakeshard.format import LabelsTable
 from lakeshard.format.manifest_table import hash_bucket, read_part, table_rows, write_part
@@ -46,8 +56,6 @@ __all__ = [
     "stage_keys",
     "stage_table",
 ]
-
-_LABEL_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.string()), ("channel", pa.string())])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +78,15 @@ class LabelJoin(BucketJoin):
     root: str
     labels: str
     channels: tuple[str, ...]
+    #: the task, the kept columns and the boxes' units (``--task``, ``--keep-columns``, ``--box-units``)
+    columns: TableColumns = TableColumns()
+    #: the kept columns' types (:func:`jobs.manifest_steps.labels.kept_schema`; None: none kept)
+    kept: pa.Schema | None = None
+
+    @property
+    def staged(self) -> pa.Schema:
+        """The labelled rows' schema: the staged columns, the task's and the kept ones."""
+        return staged_schema(self.columns.task, self.kept)
 
     def labelled(self, bucket: int) -> str:
         return storage.join(self.staging, "labelled", f"part-{bucket:05d}.parquet")
@@ -106,18 +123,16 @@ def stage_table(files: list[str], *, join: LabelJoin) -> list[StagedLabels]:
     rows whose ``uri`` is outside ``--input``."""
     out = []
     for uri in files:
-        table = read_labels(uri, channels=join.channels)
+        table = read_labels(uri, channels=join.channels, columns=join.columns)
         keys = _keys(table, join.root)
-        by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for key, label, channel in zip(keys, table["label"].to_pylist(), table["channel"].to_pylist()):
-            if key is not None:
-                by_bucket[hash_bucket(key, join.buckets)].append(
-                    {"key": key, "label": label, "channel": channel}
-                )
-        for bucket, rows in by_bucket.items():
+        staged = pa.table(
+            {"key": pa.array(keys, pa.string()), **{c: table[c] for c in table.column_names[1:]}}
+        )
+        buckets = pa.array([-1 if k is None else hash_bucket(k, join.buckets) for k in keys], pa.int64())
+        for bucket in sorted(set(buckets.to_pylist()) - {-1}):
             write_part(
                 storage.join(join.folder("labels", bucket), f"part-{_name(uri)}.parquet"),
-                pa.Table.from_pylist(rows, schema=_LABEL_SCHEMA),
+                staged.filter(pc.equal(buckets, bucket)),
                 durable=False,
             )
         outside = sorted(u for u, k in zip(table[table.column_names[0]].to_pylist(), keys) if k is None)
@@ -194,48 +209,46 @@ class LabelledBuckets:
 
 
 def join_task(buckets: list[int], *, join: LabelJoin) -> list[LabelledBuckets]:
-    """For each key bucket: label its listed rows from its label rows (identical label rows
-    of a key are one), reject a listed object that has none, count the label rows naming no
-    listed object and the keys labelled two ways; stage the labelled rows. Returns each
-    bucket's counts, and the first :data:`~jobs.manifest_steps.passes.EXAMPLES` keys of each."""
+    """For each key bucket: label its listed rows from its label rows
+    (:func:`jobs.manifest_steps.label_sets.combine`: identical label rows of a key are one),
+    reject a listed object that has none, count the label rows naming no listed object and
+    the keys labelled two ways; stage the labelled rows. Returns each bucket's counts, and the
+    first :data:`~jobs.manifest_steps.passes.EXAMPLES` keys of each."""
     out = []
     for bucket in buckets:
         rows = read_staged(join.folder("keys", bucket))
-        given: dict[str, set[tuple[str, str | None]]] = defaultdict(set)
+        given: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in read_staged(join.folder("labels", bucket)):
-            given[r["key"]].add((r["label"], r["channel"]))
+            given[r["key"]].append(dict(r))
+        labelled = {key: combine(mine, join.columns) for key, mine in given.items()}
         listed = {r["key"] for r in rows}
-        conflicts = sorted(k for k, v in given.items() if len(v) > 1)
+        conflicts = sorted(k for k, v in labelled.items() if v.ways)
         missing = sorted(k for k in given if k not in listed)
         unlabelled = 0
         for r in rows:
-            if r["key"] in given:
-                r["label"], r["pin"] = min(given[r["key"]], key=lambda v: (v[0], v[1] or ""))
+            if r["key"] in labelled:
+                labelled[r["key"]].apply(cast(LabelledRow, r), join.columns.task)
             elif r["status"] == "ok":
                 reject(r, f"no label: not in --labels {join.labels}")
                 unlabelled += 1
-        write_staged(rows, join.labelled(bucket))
+        write_staged(rows, join.labelled(bucket), join.staged)
         ok = [r for r in rows if r["status"] == "ok"]
+        names = {
+            x for r in rows for x in (cast(LabelledRow, r).get("labels") or [r["label"]]) if x is not None
+        }
         out.append(
             LabelledBuckets(
                 parts=(StagedPart(join.labelled(bucket), len(rows)),) if rows else (),
-                labels=tuple(sorted({r["label"] for r in rows if r["label"] is not None})),
+                labels=tuple(sorted(names)),
                 unlabelled=unlabelled,
                 pinned=sum(1 for r in ok if r["pin"]),
                 missing=len(missing),
                 missing_examples=tuple(missing[:EXAMPLES]),
                 conflicts=len(conflicts),
-                conflict_examples=tuple(
-                    Conflict(k, tuple(sorted(_spelled(v) for v in given[k]))) for k in conflicts[:EXAMPLES]
-                ),
+                conflict_examples=tuple(Conflict(k, labelled[k].ways) for k in conflicts[:EXAMPLES]),
             )
         )
     return out
-
-
-def _spelled(value: tuple[str, str | None]) -> str:
-    label, channel = value
-    return label if channel is None else f"{label} (channel {channel})"
 
 
 @dataclass(frozen=True, slots=True)

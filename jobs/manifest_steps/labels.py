@@ -10,6 +10,12 @@ task), chosen by the file name's ending (``.csv``, ``.parquet``/``.pq``,
 - ``channel`` (optional): a channel of ``--split`` that pins the object there; empty or
   missing: the split rules choose.
 
+With ``--task multi-label`` a row's classes are a ``labels`` list, or its ``label`` (a key's
+rows together give its set); with ``--task boxes`` a ``boxes`` list of ``{label, x, y, width,
+height}`` (:mod:`jobs.manifest_steps.table_values`: a bad list or box is a reason to reject
+its object, not an error of the table). ``--keep-columns`` names further columns, kept with
+their Arrow types (a CSV's as PyArrow infers them, a JSON Lines file's from its values).
+
 Every value becomes text the same way whatever the format (:func:`value_text`): text as it is,
 an integer as its digits, a number with no fraction as an integer (``0.0`` in JSON or Parquet
 is the class ``"0"``, as ``0`` is), another number as Python writes it; a list, an object or a
@@ -26,9 +32,7 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -37,10 +41,25 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from jobs.manifest_steps.json_lines import JsonLineError, json_lines
+from jobs.manifest_steps.table_values import (
+    LIST_COLUMNS,
+    SINGLE_CLASS,
+    TableColumns,
+    task_columns,
+    value_text,
+)
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 
-__all__ = ["LABEL_COLUMNS", "check_labels", "label_files", "read_labels", "value_text"]
+__all__ = [
+    "LABEL_COLUMNS",
+    "TableColumns",
+    "check_labels",
+    "kept_schema",
+    "label_files",
+    "read_labels",
+    "value_text",
+]
 
 #: The columns read (the first of ``key``/``uri`` present names the object).
 LABEL_COLUMNS = ("key", "uri", "label", "channel")
@@ -89,36 +108,6 @@ def label_files(uri: str) -> list[str]:
     return files
 
 
-def value_text(value: Any) -> str | None:
-    """One table value as text (None stays None): text as it is, an integer as its digits, a
-    finite number with no fraction as an integer (``0.0`` -> ``"0"``), another number as Python
-    writes it (``2.5`` -> ``"2.5"``). The one conversion of every table format (and of a Ground
-    Truth value), so that the same value is the same class wherever it comes from.
-
-    Raises ``ValueError`` saying what the value is (the caller names where): a boolean, a list,
-    an object, a number that is not finite, any other kind of value."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        raise ValueError(f"a boolean ({value!r})")
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, (float, Decimal)):
-        if not math.isfinite(value):
-            raise ValueError(f"not a finite number ({value!r})")
-        if value == int(value):
-            return str(int(value))
-        return repr(value) if isinstance(value, float) else str(value.normalize())
-    kind = (
-        "a list"
-        if isinstance(value, (list, tuple))
-        else "an object"
-        if isinstance(value, dict)
-        else f"a {type(value).__name__}"
-    )
-    raise ValueError(f"{kind} ({value!r:.80})")
-
-
 def _document(uri: str, text: str) -> str | None:
     """What a ``.json`` file that is one JSON document (an array, or an object mapping keys to
     labels) holds, as an error saying that JSON Lines is expected; None if it is not one."""
@@ -139,9 +128,9 @@ def _document(uri: str, text: str) -> str | None:
     )
 
 
-def _jsonl(uri: str, data: bytes) -> pa.Table:
+def _jsonl(uri: str, data: bytes, keep: Sequence[str] = ()) -> pa.Table:
     text = data.decode("utf-8")
-    columns: dict[str, list[Any]] = {c: [] for c in LABEL_COLUMNS}
+    columns: dict[str, list[Any]] = {c: [] for c in (*LABEL_COLUMNS, *LIST_COLUMNS, *keep)}
     seen: set[str] = set()
     try:
         for n, record in json_lines(enumerate(text.splitlines(), 1)):
@@ -151,6 +140,10 @@ def _jsonl(uri: str, data: bytes) -> pa.Table:
                     columns[c].append(value_text(record.get(c)))
                 except ValueError as exc:
                     raise ManifestError(f"--labels {uri}: line {n}: {c!r} is {exc}; {_ONE_CLASS}") from None
+            for c in LIST_COLUMNS:  # as JSON text, a CSV cell's form: checked per row, later
+                columns[c].append(None if record.get(c) is None else json.dumps(record[c]))
+            for c in keep:
+                columns[c].append(record.get(c))
     except JsonLineError as exc:
         what = (
             f"is not JSON: {exc.cause}"
@@ -167,21 +160,32 @@ def _jsonl(uri: str, data: bytes) -> pa.Table:
                 f"{names[:5]}{' ...' if len(names) > 5 else ''}); JSON Lines rows look like {_JSONL_ROW}"
             )
         )
-    return pa.table({c: pa.array(v, pa.string()) for c, v in columns.items() if c in seen})
+    texts = {c: pa.array(v, pa.string()) for c, v in columns.items() if c in seen and c not in keep}
+    return pa.table({**texts, **{c: _kept_array(uri, c, columns[c]) for c in keep if c in seen}})
 
 
-def _parse(uri: str, data: bytes) -> pa.Table:
+def _kept_array(uri: str, name: str, values: list[Any]) -> pa.Array:
+    """A ``--keep-columns`` column of a JSON Lines file, typed from its values."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise ManifestError(
+            f"--labels {uri}: --keep-columns column {name!r} has values of no one type: {exc}"
+        ) from None
+
+
+def _parse(uri: str, data: bytes, keep: Sequence[str] = ()) -> pa.Table:
     fmt = _format(uri)
     try:
         if fmt == "csv":
-            types = {c: pa.string() for c in LABEL_COLUMNS}
+            types = {c: pa.string() for c in (*LABEL_COLUMNS, *LIST_COLUMNS)}
             return pacsv.read_csv(
                 io.BytesIO(data),
                 convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
             )
         if fmt == "parquet":
             return pq.read_table(io.BytesIO(data))
-        return _jsonl(uri, data)
+        return _jsonl(uri, data, keep)
     except ManifestError:
         raise
     except Exception as exc:
@@ -220,35 +224,68 @@ def _missing_columns(uri: str, names: list[str], missing: str) -> str:
             "table is expected as a comma-separated file (CSV) with a header naming 'key' (or 'uri'), "
             "'label' and optionally 'channel'"
         )
+    hint = (
+        "; a 'labels' or 'boxes' column is read with --task multi-label or --task boxes"
+        if missing == "'label' column" and {"labels", "boxes"} & set(names)
+        else ""
+    )
     return (
         f"--labels {uri} has no {missing} (its columns: {names}); a 'key' (or 'uri') and a 'label' "
-        "column are needed"
+        f"column are needed{hint}"
     )
 
 
-def read_labels(uri: str, *, channels: Sequence[str]) -> pa.Table:
+def _needed(uri: str, names: list[str], columns: TableColumns) -> str:
+    """The column naming the object (``key`` or ``uri``), once the columns ``columns`` needs
+    are there; else :class:`ManifestError` naming the first missing."""
+    where = next((c for c in ("key", "uri") if c in names), None)
+    classes = SINGLE_CLASS[columns.task]
+    if where is None or not set(classes) & set(names):
+        missing = (
+            "'key' or 'uri' column" if where is None else " or ".join(f"{c!r}" for c in classes) + " column"
+        )
+        raise ManifestError(_missing_columns(uri, names, missing))
+    if absent := [c for c in columns.keep if c not in names]:
+        raise ManifestError(
+            f"--labels {uri} has no column {absent[0]!r} named by --keep-columns (its columns: {names})"
+        )
+    return where
+
+
+def _labels_column(uri: str, table: pa.Table, columns: TableColumns) -> pa.ChunkedArray:
+    """The ``label`` column as text; empty labels refused where it is the one class column."""
+    if "label" not in table.column_names or columns.task == "boxes":
+        return pa.chunked_array([pa.nulls(table.num_rows, pa.string())])
+    label = pc.utf8_trim_whitespace(_column(uri, table, "label"))
+    if "labels" in table.column_names and columns.task != "single-label":
+        return pc.if_else(pc.equal(label, ""), None, label)  # the row's class may be its list
+    return label
+
+
+def read_labels(uri: str, *, channels: Sequence[str], columns: TableColumns | None = None) -> pa.Table:
     """One file of the table, checked: columns ``key`` or ``uri`` (whichever it has; ``key``
     first), ``label`` and ``channel`` (None: unpinned), all text (:func:`value_text`; the label
-    and channel without surrounding white space).
+    and channel without surrounding white space); with a ``columns.task`` other than
+    ``single-label`` the columns of :func:`~jobs.manifest_steps.table_values.task_columns`
+    (``labels``, ``boxes``, ``problem``: why the row's object is rejected); then the kept columns.
 
     Raises :class:`ManifestError` naming ``uri`` and the column, row (1 = the first data row)
     and value of the first bad value: a missing column, an empty key, uri or label, a channel
     not among ``channels``.
     """
+    columns = columns or TableColumns()
     try:
         data = storage.cat(storage.normalize(uri))
     except FileNotFoundError:
         raise ManifestError(f"--labels {uri} does not exist") from None
     except Exception as exc:
         raise StorageError(f"cannot read --labels {uri}: {type(exc).__name__}: {exc}") from exc
-    table = _parse(uri, data)
+    table = _parse(uri, data, columns.keep)
     names = table.column_names
-    where = next((c for c in ("key", "uri") if c in names), None)
-    if where is None or "label" not in names:
-        missing = "'key' or 'uri' column" if where is None else "'label' column"
-        raise ManifestError(_missing_columns(uri, names, missing))
-    out = {where: _column(uri, table, where), "label": pc.utf8_trim_whitespace(_column(uri, table, "label"))}
-    for name in (where, "label"):
+    where = _needed(uri, names, columns)
+    out = {where: _column(uri, table, where), "label": _labels_column(uri, table, columns)}
+    checked = (where, "label") if columns.task == "single-label" or "labels" not in names else (where,)
+    for name in checked if columns.task != "boxes" else (where,):
         empty = pc.or_kleene(pc.is_null(out[name]), pc.equal(pc.utf8_trim_whitespace(out[name]), ""))
         if (row := _first(empty)) is not None:
             raise ManifestError(
@@ -266,13 +303,35 @@ def read_labels(uri: str, *, channels: Sequence[str]) -> pa.Table:
             f"--labels {uri}: row {row + 1} has channel {channel[row].as_py()!r}, which is not a "
             f"channel of --split ({', '.join(channels)})"
         )
-    return pa.table({where: out[where], "label": out["label"], "channel": channel})
+    extra = task_columns(table, out["label"], columns)
+    kept = {c: table[c] for c in columns.keep}
+    return pa.table({where: out[where], "label": out["label"], "channel": channel, **extra, **kept})
 
 
-def check_labels(uri: str, *, channels: Sequence[str]) -> int:
+def check_labels(uri: str, *, channels: Sequence[str], columns: TableColumns | None = None) -> int:
     """Read and check every file of the ``--labels`` table (before an engine starts); return
-    its number of rows. Raises :class:`ManifestError` if a file is bad or the table is empty."""
-    rows = sum(read_labels(f, channels=channels).num_rows for f in label_files(uri))
+    its number of rows. Raises :class:`ManifestError` if a file is bad, the table is empty, or
+    a kept column's type differs between its files."""
+    rows, kept = 0, None
+    for f in label_files(uri):
+        table = read_labels(f, channels=channels, columns=columns)
+        rows += table.num_rows
+        schema = kept_schema(table, columns)
+        if kept is not None and not schema.equals(kept):
+            raise ManifestError(
+                f"--labels {f}: its --keep-columns types ({_types(schema)}) are not those of the files "
+                f"before it ({_types(kept)}); give each column one type in every file"
+            )
+        kept = schema
     if not rows:
         raise ManifestError(f"--labels {storage.normalize(uri)} has no rows")
     return rows
+
+
+def kept_schema(table: pa.Table, columns: TableColumns | None) -> pa.Schema:
+    """The kept columns of a table :func:`read_labels` read, as the manifest will have them."""
+    return pa.schema([table.schema.field(c) for c in (columns or TableColumns()).keep])
+
+
+def _types(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)

@@ -21,6 +21,7 @@ import datetime as dt
 import errno
 import fnmatch
 import hashlib
+import io
 import logging
 import os
 import stat
@@ -28,10 +29,13 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
+
+from PIL import Image
 
 from jobs.common.images import SNIFF_BYTES, UNSUPPORTED_FORMATS
 from jobs.common.images import sniff as sniff_format
+from jobs.manifest_steps.table_values import BadValue, check_boxes
 from lakeshard import storage
 from lakeshard.errors import ManifestError, StorageError
 from lakeshard.format.manifest_table import ManifestRow
@@ -39,10 +43,12 @@ from lakeshard.format.manifest_table import ManifestRow
 __all__ = [
     "HIDDEN_NAMES",
     "Discovered",
+    "LabelledRow",
     "LocalEntry",
     "Skip",
     "StagedRow",
     "discover",
+    "etag_is_md5",
     "inspect_objects",
     "list_prefix",
     "reject",
@@ -101,6 +107,18 @@ class StagedRow(ManifestRow, total=False):
     base_channel: str | None
 
 
+class LabelledRow(StagedRow, total=False):
+    """A staged row of a ``multi-label`` or ``boxes`` manifest: the columns the task adds
+    (:func:`lakeshard.format.label_columns.task_fields`): the image's classes and their
+    indices, its boxes and its size."""
+
+    labels: list[str] | None
+    label_indices: list[int] | None
+    boxes: list[dict[str, Any]] | None
+    image_width: int | None
+    image_height: int | None
+
+
 _NO_SKIP = Skip(include_hidden=True)
 
 
@@ -112,7 +130,7 @@ def _row(
     path = info["name"]
     key = path[len(root_path) :].lstrip("/")
     parts = key.split("/")
-    etag = info.get("ETag") or info.get("etag")
+    etag = storage.store_for(root).listed_etag(info)
     modified = info.get("LastModified") or info.get("last_modified") or info.get("mtime")
     if isinstance(modified, (int, float)):  # a local file's st_mtime
         modified = storage.modified_utc(modified)
@@ -125,7 +143,7 @@ def _row(
         "label_index": None,
         "channel": None,
         "size": int(info.get("size") or 0),
-        "etag": etag.strip('"') if isinstance(etag, str) else None,
+        "etag": etag,
         "last_modified": modified,
         "format": None,
         "status": "ok",
@@ -346,7 +364,48 @@ def list_prefix(root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _N
     return rows
 
 
-def _inspect(row: StagedRow, sniff: bool = True) -> StagedRow:
+def _header_size(data: bytes) -> tuple[int, int] | None:
+    """An image's width and height from its first bytes (None: not within them, or unreadable)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+            return width, height
+    except Exception:  # Pillow raises many kinds for a cut-off or foreign header
+        return None
+
+
+def _image_size(row: LabelledRow, data: bytes) -> LabelledRow:
+    """Record the image's width and height from its header (``data``: its first bytes, or
+    all of them); the whole object is read when the header is not within ``data``."""
+    size = _header_size(data)
+    if size is None and len(data) < row["size"]:
+        whole = storage.read_listed(row["uri"])
+        if isinstance(whole, str):
+            return cast(LabelledRow, reject(row, whole))
+        size = _header_size(whole)
+    if size is None:
+        return cast(
+            LabelledRow, reject(row, f"cannot read image size: its {row['format']} header is not readable")
+        )
+    row["image_width"], row["image_height"] = size
+    return row
+
+
+def place_boxes(rows: Iterable[LabelledRow], *, units: str) -> None:
+    """Check each accepted row's boxes against its image's size, in pixels (``units``: how the
+    table measured them); a box outside the image rejects the row, naming it."""
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        try:
+            r["boxes"] = check_boxes(
+                r.get("boxes") or [], r["image_width"] or 0, r["image_height"] or 0, units=units
+            )
+        except BadValue as exc:
+            reject(r, str(exc))
+
+
+def _inspect(row: StagedRow, sniff: bool = True, sizes: bool = False) -> StagedRow:
     if row["status"] != "ok":
         return row
     if row["size"] == 0:
@@ -355,9 +414,9 @@ def _inspect(row: StagedRow, sniff: bool = True) -> StagedRow:
         return reject(row, "empty object (0 bytes)")
     s3 = not storage.is_local(row["uri"])
     # Local files carry no ETag: the MD5 of the whole content is what S3 would give. A
-    # multipart upload's ETag ('<md5 of the parts' md5s>-<parts>') does not identify the
-    # content, nor does an Azure ETag, so such an object is read whole to hash it.
-    multipart = s3 and not storage.store_for(row["uri"]).etag_names_content(row["etag"])
+    # multipart upload's ETag ('<md5 of the parts' md5s>-<parts>'), a GCS generation and an Azure
+    # ETag do not identify the content, so such an object is read whole to hash it.
+    multipart = s3 and not etag_is_md5(row)
     if not sniff:  # nothing is read: S3's ETag (an MD5 unless multipart) is all that identifies content
         row["content"] = row["etag"] if s3 and not multipart else None
         return row
@@ -374,16 +433,23 @@ def _inspect(row: StagedRow, sniff: bool = True) -> StagedRow:
     if fmt in UNSUPPORTED_FORMATS:
         return reject(row, f"unsupported format: {fmt} ({UNSUPPORTED_FORMATS[fmt]})")
     row["format"] = fmt
-    return row
+    return _image_size(cast(LabelledRow, row), data) if sizes else row
 
 
-def inspect_objects(rows: Iterable[StagedRow], *, sniff: bool = True) -> list[StagedRow]:
+def etag_is_md5(row: StagedRow) -> bool:
+    """Whether a listed row's ETag is the MD5 of its bytes (S3's for one upload; not a
+    multipart upload's, ``<md5 of the parts' md5s>-<parts>``, nor a GCS generation)."""
+    return storage.store_for(str(row["uri"])).etag_is_md5 and "-" not in (row["etag"] or "")
+
+
+def inspect_objects(rows: Iterable[StagedRow], *, sniff: bool = True, sizes: bool = False) -> list[StagedRow]:
     """Read the first bytes of each object (all bytes of a local one, to hash it) and reject
     what is empty, unreadable or not an image. Runs inside an executor. With ``sniff`` off
     nothing is read: only empty objects (by their listed size) are rejected, ``format`` stays
-    None, and a local object gets no ETag (the shard job then checks its size only)."""
+    None, and a local object gets no ETag (the shard job then checks its size only). With
+    ``sizes``, each image's width and height are read from its header too."""
     rows = list(rows)
-    inspect = partial(_inspect, sniff=sniff)
+    inspect = partial(_inspect, sniff=sniff, sizes=sizes)
     if len(rows) <= 1 or not sniff:
         return [inspect(r) for r in rows]
     with ThreadPoolExecutor(max_workers=min(_IO_THREADS, len(rows))) as pool:

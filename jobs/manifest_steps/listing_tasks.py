@@ -11,13 +11,15 @@ task), never a key it did not get as a row:
   sorted, each entry walked recursively). A task that stops hands back, for each folder it is
   inside, the rest of its entries in ranges of at most ``task_objects`` names (reading a
   folder's names is one cheap call; only the entries in a task's range are stat'ed).
-- **Azure**: a unit is a class prefix, listed whole by one task (adlfs's ``find``): Azure's
-  List Blobs has no ``StartAfter`` to split a prefix by, so ``task_objects`` does not bound it.
 - **S3**: a unit is a key prefix (any string, not only a folder) and a ``StartAfter`` key:
   ListObjectsV2's own order. A task that stops after key ``L`` finds what is left by seeking
   (``StartAfter``, ``MaxKeys=1``: one request per unit made) and hands back the smallest key
   prefixes that hold every remaining key and no listed one: one more delimiter level where
   there are sub-folders, a key range (the next character) where the prefix is flat.
+- **Another object store** (GCS, Azure): a unit is a class prefix, listed whole by its fsspec
+  filesystem in one task (its listing is not cut in pieces: a class of millions of objects is
+  one task; neither has S3's ``StartAfter`` to seek with, Azure's List Blobs resumes only from
+  its own opaque marker).
 
 Rows are the ones :func:`jobs.manifest_steps.listing.list_prefix` makes (same keys, labels, sizes, ETags;
 links, loops, hidden and excluded objects alike): only who lists which key changes.
@@ -195,8 +197,7 @@ def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
 
 
 def _list_whole_unit(fs: Any, unit: ListUnit) -> _UnitListed:
-    """Every object under ``unit``'s prefix, in one task (a store without S3's ``StartAfter``
-    to seek with: Azure's listing resumes only from its own opaque marker)."""
+    """Another object store's class prefix (GCS, Azure), listed whole by its fsspec filesystem."""
     path = storage.store_for(unit.uri).path(unit.uri)
     return _UnitListed([info for _, info in sorted(fs.find(path, detail=True, withdirs=False).items())], [])
 

@@ -31,8 +31,9 @@ from typing import Any, NamedTuple, cast
 import pyarrow as pa
 
 from jobs.manifest_steps.catalog import dedupe_rows, fingerprint_line, reason_kind, same_content
-from jobs.manifest_steps.listing import StagedRow, inspect_objects
-from jobs.manifest_steps.split import ALGORITHMS
+from jobs.manifest_steps.label_rows import WrittenCounts, index_labels, row_labels, written_counts
+from jobs.manifest_steps.listing import LabelledRow, StagedRow, inspect_objects, place_boxes
+from jobs.manifest_steps.split import ALGORITHMS, MULTI_LABEL_ALGORITHMS
 from lakeshard import storage
 from lakeshard.errors import StorageError
 from lakeshard.format import (
@@ -41,6 +42,7 @@ from lakeshard.format import (
     manifest_part_uri,
     sagemaker_part_uri,
 )
+from lakeshard.format.label_columns import BOXES, SINGLE_LABEL, manifest_schema, task_fields
 from lakeshard.format.manifest_table import hash_bucket, label_part, read_part, table_rows, write_part
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "read_staged",
     "skip_kind",
     "stage_listing",
+    "staged_schema",
     "write_staged",
 ]
 
@@ -85,6 +88,12 @@ STAGED_SCHEMA = pa.schema(
 )
 
 
+def staged_schema(task: str = SINGLE_LABEL, kept: pa.Schema | None = None) -> pa.Schema:
+    """:data:`STAGED_SCHEMA` and the columns ``task`` and the kept columns ``kept`` add
+    (:func:`lakeshard.format.label_columns.manifest_schema`)."""
+    return pa.schema([*STAGED_SCHEMA, *task_fields(task), *(kept or [])])
+
+
 _DUPLICATE_SCHEMA = pa.schema([(n, pa.string()) for n in ("content", "key", "label", "channel")])
 
 
@@ -103,6 +112,25 @@ class PassPlan:
     labels: dict[str, int] = field(default_factory=dict)
     #: Read each object's first bytes (``--sniff``); off: rows are inspected by their listing only.
     sniff: bool = True
+    #: What an image is labelled with (``--task``), and how a ``boxes`` table measured its boxes.
+    task: str = SINGLE_LABEL
+    box_units: str = "pixels"
+    #: The ``--keep-columns`` of the labels table, with their types (None: none kept).
+    kept: pa.Schema | None = None
+
+    @property
+    def staged(self) -> pa.Schema:
+        return staged_schema(self.task, self.kept)
+
+    @property
+    def manifest(self) -> pa.Schema:
+        """The manifest tables' schema (:data:`MANIFEST_SCHEMA` for a single-label manifest)."""
+        return manifest_schema(self.task, self.kept)
+
+    @property
+    def extra_columns(self) -> list[str]:
+        """The manifest's columns beyond :data:`MANIFEST_SCHEMA` (the fingerprint hashes them)."""
+        return self.manifest.names[len(MANIFEST_SCHEMA) :]
 
     def folder(self, stage: str, bucket: int) -> str:
         return storage.join(self.staging, stage, f"b={bucket:05d}")
@@ -113,9 +141,10 @@ def skip_kind(reason: str) -> str:
     return reason if reason.startswith("excluded") else reason.split(":")[0]
 
 
-def write_staged(rows: Sequence[Mapping[str, Any]], uri: str) -> None:
-    """Stage ``rows`` at ``uri`` (not fsynced: a rerun removes the staging folder and stages anew)."""
-    write_part(uri, pa.Table.from_pylist(list(rows), schema=STAGED_SCHEMA), durable=False)
+def write_staged(rows: Sequence[Mapping[str, Any]], uri: str, schema: pa.Schema = STAGED_SCHEMA) -> None:
+    """Stage ``rows`` at ``uri`` (not fsynced: a rerun removes the staging folder and stages
+    anew), as ``schema`` (:func:`staged_schema`: the labels table's columns, once joined)."""
+    write_part(uri, pa.Table.from_pylist(list(rows), schema=schema), durable=False)
 
 
 def read_staged(folder: str) -> list[StagedRow]:
@@ -243,21 +272,26 @@ def inspect_rows(rows: list[StagedRow], name: str, *, plan: PassPlan) -> None:
     """Inspect ``rows`` but those whose inspection ``--base`` gave (``reused``); stage them by
     content bucket, in a file ``name`` of each bucket's folder."""
     inspected = [r for r in rows if r.get("reused")] + inspect_objects(
-        [r for r in rows if not r.get("reused")], sniff=plan.sniff
+        [r for r in rows if not r.get("reused")], sniff=plan.sniff, sizes=plan.task == BOXES
     )
+    if plan.task == BOXES:
+        place_boxes(cast(list[LabelledRow], inspected), units=plan.box_units)
     for bucket, mine in _by_bucket(inspected, lambda r: _content_bucket(r, plan.content_buckets)).items():
-        write_staged(mine, storage.join(plan.folder("inspected", bucket), name))
+        write_staged(mine, storage.join(plan.folder("inspected", bucket), name), plan.staged)
 
 
 def assign_channels(ok: Sequence[StagedRow], plan: PassPlan) -> list[str]:
     """The channel of each accepted row of ``ok``: its ``pin`` (``--labels``' channel column)
-    if it has one, else the split's (the split sees the unpinned rows only)."""
+    if it has one, else the split's (the split sees the unpinned rows only; rows with several
+    labels are split by the set of them)."""
     free = [r for r in ok if not r.get("pin")]
-    split = iter(
-        ALGORITHMS[plan.split_method](
-            [r["key"] for r in free], [r["label"] for r in free], plan.split, plan.seed
-        )
-    )
+    keys = [r["key"] for r in free]
+    if plan.task == SINGLE_LABEL:
+        channels = ALGORITHMS[plan.split_method](keys, [r["label"] for r in free], plan.split, plan.seed)
+    else:
+        sets = [row_labels(r) for r in free]
+        channels = MULTI_LABEL_ALGORITHMS[plan.split_method](keys, sets, plan.split, plan.seed)
+    split = iter(channels)
     return [r.get("pin") or next(split) for r in ok]
 
 
@@ -270,7 +304,8 @@ def _channel_counts(
     counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(plan.split, 0))
     rows = [r for r in ok if r.get("pin")] if pinned_only else ok
     for r, channel in zip(rows, assign_channels(rows, plan)):
-        counts[r["label"]][channel] += 1
+        for label in row_labels(r):
+            counts[label][channel] += 1
     return dict(counts)
 
 
@@ -330,15 +365,16 @@ def content_task(buckets: list[int], *, plan: PassPlan) -> list[ContentCounts]:
         for r in (r for g in groups for r in g):
             r["duplicate"] = True
         for part, mine in _by_bucket(rows, lambda r: label_part(r["label"], plan.parts)).items():
-            write_staged(mine, storage.join(plan.folder("classes", part), f"part-{bucket:05d}.parquet"))
+            name = f"part-{bucket:05d}.parquet"
+            write_staged(mine, storage.join(plan.folder("classes", part), name), plan.staged)
         channels = _channel_counts(ok, plan, pinned_only=plan.split_method != "hash")
         out.append(
             ContentCounts(
                 listed=len(rows),
                 removed=removed,
                 duplicate_groups=len(groups),
-                accepted=Counter(r["label"] for r in ok),
-                pinned=Counter(r["label"] for r in ok if r.get("pin")),
+                accepted=Counter(label for r in ok for label in row_labels(r)),
+                pinned=Counter(label for r in ok if r.get("pin") for label in row_labels(r)),
                 reasons=Counter(reason_kind(r["reason"]) for r in rows if r["status"] != "ok"),
                 channels={label: Counter(counts) for label, counts in channels.items()},
             )
@@ -352,7 +388,7 @@ def _write_tables(plan: PassPlan, part: int, rows: list[StagedRow]) -> None:
     def write(table: str, mine: list[StagedRow]) -> None:
         write_part(
             manifest_part_uri(plan.out, table, part, plan.parts),
-            pa.Table.from_pylist(mine, schema=MANIFEST_SCHEMA),
+            pa.Table.from_pylist(mine, schema=plan.manifest),
         )
 
     write("all", rows)
@@ -386,6 +422,7 @@ class ClassParts:
     fingerprints: dict[str, str]
     moved: int
     moved_examples: tuple[KeyChange, ...]
+    counts: WrittenCounts = field(default_factory=WrittenCounts)
 
     @classmethod
     def merge(cls, parts: Sequence[ClassParts]) -> ClassParts:
@@ -394,6 +431,7 @@ class ClassParts:
             fingerprints={label: h for p in parts for label, h in p.fingerprints.items()},
             moved=sum(p.moved for p in parts),
             moved_examples=tuple(moved[:EXAMPLES]),
+            counts=WrittenCounts.merge(p.counts for p in parts),
         )
 
 
@@ -409,8 +447,9 @@ def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
         channels = assign_channels(ok, plan)
         hashes: dict[str, Any] = defaultdict(hashlib.sha256)
         for r, channel in zip(ok, channels):
-            r["channel"], r["label_index"] = channel, plan.labels[r["label"]]
-            hashes[r["label"]].update(fingerprint_line(r, channel))
+            r["channel"] = channel
+            index_labels(cast(LabelledRow, r), plan.labels)
+            hashes[r["label"] or ""].update(fingerprint_line(r, channel, plan.extra_columns))
         moved = [r for r in ok if r.get("base_channel") not in (None, "", r["channel"])]
         _write_tables(plan, part, rows)
         duplicates = [r for r in ok if r["duplicate"]]
@@ -431,6 +470,7 @@ def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
                 fingerprints={label: h.hexdigest() for label, h in hashes.items()},
                 moved=len(moved),
                 moved_examples=examples,
+                counts=written_counts(ok, plan.split),
             )
         )
     return out

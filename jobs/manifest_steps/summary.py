@@ -8,13 +8,23 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from jobs.manifest_steps.base import BaseReport
 from jobs.manifest_steps.catalog import combine_fingerprints
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.duplicates import Duplicates
 from jobs.manifest_steps.passes import ClassParts, ContentCounts, Listing
 from lakeshard import storage
-from lakeshard.format import FORMAT_VERSION, BaseSummary, ManifestCounts, ManifestInfo
+from lakeshard.format import (
+    FORMAT_VERSION,
+    MANIFEST_SCHEMA,
+    TASK_FORMAT_VERSION,
+    BaseSummary,
+    ManifestCounts,
+    ManifestInfo,
+)
+from lakeshard.format.label_columns import SINGLE_LABEL
 
 __all__ = ["CheckedCounts", "TablesWritten", "log_written", "summarize", "summary_line", "warn_duplicates"]
 
@@ -48,16 +58,25 @@ def summarize(
     *,
     parts: int,
     base: BaseReport | None = None,
+    columns: pa.Schema = MANIFEST_SCHEMA,
 ) -> ManifestInfo:
-    """What ``manifests/_manifest.json`` says."""
-    counts = checked.counts
+    """What ``manifests/_manifest.json`` says (``columns``: the manifest tables' schema). A
+    single-label manifest's counts are those checked before the split; another's are those the
+    split made (an image with several labels counts once per label in ``counts.classes``)."""
+    single = cfg.task == SINGLE_LABEL
+    counts = checked.counts if single else written.classes.counts.classes
+    images = {c: sum(counts[c].values()) for c in counts}
+    if not single:
+        counts = {c: {label: counts.get(c, {}).get(label, 0) for label in checked.labels} for c in cfg.split}
+        images = {c: written.classes.counts.images.get(c, 0) for c in cfg.split}
+    added = {f.name: str(f.type) for f in columns if f.name not in MANIFEST_SCHEMA.names}
     achieved = {}
     for label in checked.labels:
-        total = sum(counts[c][label] for c in counts)
-        achieved[label] = {c: round(counts[c][label] / total, 4) for c in counts}
+        total = sum(counts[c].get(label, 0) for c in counts)
+        achieved[label] = {c: round(counts[c].get(label, 0) / total, 4) for c in counts}
     listed, reasons = checked.content.listed, checked.content.reasons
     return ManifestInfo(
-        format_version=FORMAT_VERSION,
+        format_version=FORMAT_VERSION if single else TASK_FORMAT_VERSION,
         input=storage.normalize(cfg.input),
         split=cfg.split,
         split_order=list(cfg.split),  # the channels' order (the hash split's slices are cut in it)
@@ -76,7 +95,7 @@ def summarize(
             listed=listed,
             accepted=listed - reasons.total(),
             rejected=reasons.total(),
-            channels={c: sum(counts[c].values()) for c in counts},
+            channels=images,
             classes=counts,
             skipped=listing.skipped.total(),
         ),
@@ -89,6 +108,8 @@ def summarize(
         include_hidden=cfg.include_hidden,
         dedupe=cfg.dedupe,
         duplicates=written.duplicates.summary(),
+        task=None if single else cfg.task,
+        columns=added or None,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from jobs.shard_steps.assemble import AssembledShard
-from jobs.shard_steps.build import Build, run_tasks
+from jobs.shard_steps.build_state import Build, run_tasks
 from jobs.shard_steps.commit import commit, place_assembled, staged_rejects
 from jobs.shard_steps.dataset_info import BuiltChannel, ShardFile, dataset_info
 from jobs.shard_steps.preprocess import RejectsTask, write_rejects

@@ -92,7 +92,7 @@ class ShardConfig:
     engine: str = opt(
         "spark",
         choices=ENGINE_NAMES,
-        help="the engine that runs the job (local: a thread pool in this process, for small lakes)",
+        help="the engine that runs the job (local: no cluster, this machine's cores)",
     )
     scheduler: str | None = opt(
         None,

@@ -1,6 +1,7 @@
 """What the shard job reads, checked before an engine starts: a bad URI, a missing or
-incomplete manifest, an unknown or repeated channel, an existing dataset or an unusable
-``--base`` fail in a second, not after a 10 s engine start."""
+incomplete manifest, a manifest of labels beyond one class (multi-label, boxes: not stored
+yet), an unknown or repeated channel, an existing dataset or an unusable ``--base`` fail in a
+second, not after a 10 s engine start."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from jobs.shard_steps.reuse import BaseDataset, check_shard_base
 from lakeshard import storage
 from lakeshard.errors import DatasetError, DatasetExistsError, ShardError
 from lakeshard.format import ManifestInfo, dataset_json_uri, manifest_marker_uri, read_manifest_info
+from lakeshard.format.label_columns import SINGLE_LABEL
 
-__all__ = ["ShardInputs", "check_shard_inputs"]
+__all__ = ["ShardInputs", "check_shard_inputs", "check_task", "pick_channels"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +33,9 @@ class ShardInputs:
     base: BaseDataset | None = None
 
 
-def _channels(cfg: ShardConfig, known: list[str], root: str) -> list[str]:
+def pick_channels(cfg: ShardConfig, known: list[str], root: str) -> list[str]:
+    """The channels ``--channels`` names (each once, each one of ``known``, the manifest's at
+    ``root``), or all of ``known``."""
     if not cfg.channels:
         return known
     channels = [c.strip() for c in cfg.channels.split(",")]
@@ -67,6 +71,16 @@ def _check_overwrite(cfg: ShardConfig, root: str, channels: list[str]) -> None:
         )
 
 
+def check_task(task: str, root: str) -> None:
+    """Refuse a manifest of labels beyond one class (docs/design/0043-labels-beyond-one-class.md):
+    its columns are not stored in shards yet."""
+    if task != SINGLE_LABEL:
+        raise ShardError(
+            f"the manifest at {root} is a {task} dataset: this version of the shard job stores "
+            "single-label datasets only (one class per image)"
+        )
+
+
 def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
     """The shard job's inputs, or an error naming what is wrong (the URI, the manifest, the
     channels, an existing dataset, a ``--base`` whose images cannot be reused): nothing is written."""
@@ -77,7 +91,8 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
             f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first"
         )
     marker = read_manifest_info(root)
-    channels = _channels(cfg, list(marker.split), root)
+    check_task(marker.task_kind, root)
+    channels = pick_channels(cfg, list(marker.split), root)
     classes = marker.counts.classes
     if missing := [c for c in channels if c not in classes]:  # the plan is made from these counts
         raise DatasetError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.common.engines import Engine
-from jobs.shard_steps.build import Build, run_tasks
+from jobs.shard_steps.build_state import Build, run_tasks
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.deal import DROPPED_ROWS_SHARD, Deal, deal_from_counts
 from jobs.shard_steps.inputs import ShardInputs

@@ -12,7 +12,7 @@ from functools import partial
 import pyarrow as pa
 
 from jobs.common.tasks import pack
-from jobs.shard_steps.build import Build, run_tasks
+from jobs.shard_steps.build_state import Build, run_tasks
 from jobs.shard_steps.plan_pass import Plan
 from jobs.shard_steps.preprocess import REJECT_SCHEMA, SegmentResult, SegmentTask, preprocess_segment
 from jobs.shard_steps.reuse import BaseDataset, ReusePlan, reuse_images
@@ -121,7 +121,9 @@ def preprocess_segments(build: Build, plan: Plan) -> Preprocessed:
         len(pack(todo, sizes, build.slots)) if todo else 0,
         engine.name,
     )
-    done: list[SegmentResult] = run_tasks(engine, preprocess_segment, todo, sizes, build.slots)
+    done: list[SegmentResult] = run_tasks(
+        engine, preprocess_segment, todo, sizes, build.slots, cpu_bound=True
+    )
     taken = sum(d.reused for d in done)
     return Preprocessed(
         tasks=tasks,

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.shard_steps.assemble import AssembledShard, locate_and_assemble
-from jobs.shard_steps.build import Build, run_tasks
+from jobs.shard_steps.build_state import Build, run_tasks
 from jobs.shard_steps.deal import Deal
 from jobs.shard_steps.plan_pass import Plan, channel_deal, order_pass
 from jobs.shard_steps.plan_tasks import Channel, OrderPass, ShardsToOrder

@@ -270,7 +270,7 @@ def reuse_images(
     """Find the rows of ``tasks`` whose images ``base`` holds (the join, step 2, of the files
     ``staged`` in step 1; segments ``skip`` left out) and copy those images into runs on the
     workers (step 3). ``run(fn, items, sizes, slots)`` runs ``fn`` over ``items`` on the engine
-    (:func:`jobs.shard_steps.build.run_tasks`); the join runs in a task per core at most (it reads URIs and
+    (:func:`jobs.shard_steps.build_state.run_tasks`); the join runs in a task per core at most (it reads URIs and
     ETags: more tasks cost more than they share), and so does the copy of the images: its work
     per base file is known (the file's rows), so a task per core shares it as well as more
     would, and each engine task costs time to schedule."""

@@ -17,6 +17,7 @@ from lakeshard.format.info import (
     ShardInfo,
     read_dataset_info,
 )
+from lakeshard.format.label_columns import BOX_TYPE, TASK_KINDS, manifest_schema
 from lakeshard.format.layout import (
     CHANNELS,
     FORMAT_VERSION,
@@ -49,6 +50,7 @@ from lakeshard.format.layout import (
     versions_uri,
 )
 from lakeshard.format.manifest_info import (
+    TASK_FORMAT_VERSION,
     BaseSummary,
     DuplicatesSummary,
     LabelsTable,
@@ -70,6 +72,7 @@ from lakeshard.format.reader import (
 from lakeshard.format.writer import ShardWriter, write_shard_rejects
 
 __all__ = [
+    "BOX_TYPE",
     "CHANNELS",
     "FOOTER_KEYS",
     "FORMAT_VERSION",
@@ -77,6 +80,8 @@ __all__ = [
     "SHARD_REJECTS_SCHEMA",
     "SHARD_SCHEMA",
     "STORED_IMAGE_SIGNATURES",
+    "TASK_FORMAT_VERSION",
+    "TASK_KINDS",
     "VERSION_MARKER",
     "BaseSummary",
     "BuildInfo",
@@ -104,6 +109,7 @@ __all__ = [
     "manifest_marker_uri",
     "manifest_part_uri",
     "manifest_rejects_uri",
+    "manifest_schema",
     "manifest_table_uri",
     "manifests_uri",
     "open_shard",

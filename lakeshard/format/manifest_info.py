@@ -23,9 +23,11 @@ from typing import Any
 from lakeshard import storage
 from lakeshard.errors import DatasetError, StorageError
 from lakeshard.format._json_model import OMIT_NONE, from_json_document, to_json_value
+from lakeshard.format.label_columns import SINGLE_LABEL
 from lakeshard.format.layout import FORMAT_VERSION, manifest_marker_uri
 
 __all__ = [
+    "TASK_FORMAT_VERSION",
     "BaseSummary",
     "DuplicatesSummary",
     "LabelsTable",
@@ -34,6 +36,13 @@ __all__ = [
     "read_manifest_info",
     "write_manifest_info",
 ]
+
+
+#: The format version of a manifest whose task is not ``single-label`` (its rows carry label
+#: columns beyond one class, which a reader of version 3 would take for single-label rows, so it
+#: must refuse them). A single-label manifest keeps :data:`FORMAT_VERSION`, byte for byte.
+TASK_FORMAT_VERSION = 4
+_VERSIONS = (FORMAT_VERSION, TASK_FORMAT_VERSION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +142,16 @@ class ManifestInfo:
     include_hidden: bool = False
     dedupe: bool = False
     duplicates: DuplicatesSummary | None = None
+    #: ``multi-label`` or ``boxes`` (:mod:`lakeshard.format.label_columns`); None: ``single-label``
+    task: str | None = field(default=None, metadata=OMIT_NONE)
+    #: the columns the task and ``--keep-columns`` add to the manifest tables -> their Arrow type
+    #: as text (the tables' Parquet schema holds the types); None: none added
+    columns: dict[str, str] | None = field(default=None, metadata=OMIT_NONE)
+
+    @property
+    def task_kind(self) -> str:
+        """The manifest's task kind: ``single-label``, ``multi-label`` or ``boxes``."""
+        return self.task or SINGLE_LABEL
 
     def __post_init__(self) -> None:
         if self.parts < 1:
@@ -145,7 +164,9 @@ class ManifestInfo:
         Raises:
             DatasetError: another format version, or a field missing or of the wrong type.
         """
-        return from_json_document(cls, data, source, version=FORMAT_VERSION, advice=_rebuild_manifest)
+        found = data.get("format_version") if isinstance(data, dict) else None
+        version = found if found in _VERSIONS and not isinstance(found, bool) else FORMAT_VERSION
+        return from_json_document(cls, data, source, version=version, advice=_rebuild_manifest)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object :meth:`from_json` reads (plain dicts, lists and scalars)."""

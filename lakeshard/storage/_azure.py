@@ -32,11 +32,10 @@ from typing import Any
 import fsspec
 
 from lakeshard.errors import StorageError
-from lakeshard.storage._store import Blob, RequestStats, Store, Tail, refuse_rename, split_scheme
+from lakeshard.storage._store import Blob, BucketStore, RequestStats, Tail, split_scheme
 
 __all__ = ["AzureSettings", "AzureStore", "azure_client", "azure_settings", "clear_azure_clients"]
 
-_PREFIX = "az://"
 #: The host of an ``abfs://container@<account>.dfs.core.windows.net/`` URI, after the account.
 _DFS_HOST = ".dfs.core.windows.net"
 #: Attempts of a request after the first (5 in all, as botocore's for S3): 5xx, 503 ServerBusy
@@ -89,23 +88,26 @@ def azure_settings() -> AzureSettings:
     return AzureSettings(account_name=account, sas_token=env("AZURE_STORAGE_SAS_TOKEN") or None)
 
 
-class AzureStore(Store):
-    """Blobs of an Azure storage account (see the module doc). ETags: Azure's, unquoted
-    (``0x8DC...``: not an MD5 of the bytes); conditions send them quoted."""
+class AzureStore(BucketStore):
+    """Blobs of an Azure storage account (see the module doc): a container is a bucket. ETags:
+    Azure's, unquoted (``0x8DC...``: not an MD5 of the bytes); conditions send them quoted."""
 
     scheme = "az"
+    title = "Azure"
+    bucket_word = "container"
+    etag_is_md5 = False
 
     def normalize(self, uri: str) -> str:
         """``az://container/blob``, the blob name taken literally; an ``abfs[s]://`` URI names
         the same blob (``container@account.dfs.core.windows.net`` must be this account's)."""
         name, rest = split_scheme(uri)
-        container, _, blob = rest.removeprefix("//").partition("/")
-        if "@" in container and name != "az":
-            container = self._container_of(container, uri)
-        if not rest.startswith("//") or not container:
-            raise StorageError(f"Azure URI {uri!r} names no container")
-        blob = blob.strip("/")
-        return f"az://{container}/{blob}" if blob else f"az://{container}"
+        netloc, slash, blob = rest.removeprefix("//").partition("/")
+        if "@" in netloc and name != "az" and rest.startswith("//"):
+            container = self._container_of(netloc, uri)
+            if not container:
+                raise StorageError(f"Azure URI {uri!r} names no container")
+            uri = f"az://{container}{slash}{blob}"
+        return super().normalize(uri)
 
     @staticmethod
     def _container_of(netloc: str, uri: str) -> str:
@@ -123,9 +125,6 @@ class AzureStore(Store):
                 f"{ours or 'an account set by the connection string'}: write az://{container}/..."
             )
         return container
-
-    def path(self, uri: str) -> str:
-        return uri[len(_PREFIX) :] if uri.startswith(_PREFIX) else self.normalize(uri)[len(_PREFIX) :]
 
     def filesystem(self) -> Any:
         _require_sdk()
@@ -194,9 +193,6 @@ class AzureStore(Store):
         except OSError as exc:
             raise StorageError(f"cannot delete {uri}: {exc}") from exc
         return True
-
-    def rename(self, src: str, dst: str) -> None:
-        refuse_rename(src, dst, "Azure Blob Storage")
 
     def _conditional_put(self, uri: str, data: bytes, **condition: Any) -> str | None:
         """One Put Blob of ``data`` under ``condition``: its ETag, or None where the condition

@@ -1,8 +1,8 @@
 """Which store a URI names: decided here, and only here (``tests/test_layering.py`` holds the
 rest of the code to it), by its scheme, in one table: ``file`` (and a plain path) for
-:class:`LocalStore`, ``s3`` and ``s3a`` for :class:`S3Store`, ``az`` (and ``abfs``, ``abfss``)
-for :class:`AzureStore`. Another store is one :func:`register_store` call, as litdata's
-``register_downloader`` adds one.
+:class:`LocalStore`, ``s3`` and ``s3a`` for :class:`S3Store`, ``gs`` and ``gcs`` for
+:class:`GCSStore`, ``az`` (and ``abfs``, ``abfss``) for :class:`AzureStore`. Another store is one
+:func:`register_store` call, as litdata's ``register_downloader`` adds one.
 
 Everything that names stores without doing I/O sits here too: :func:`normalize`,
 :func:`scheme`, :func:`is_local`, :func:`is_uri`, :func:`local_path`, :func:`bucket`,
@@ -18,6 +18,7 @@ from typing import Any
 
 from lakeshard.errors import StorageError
 from lakeshard.storage._azure import AzureStore
+from lakeshard.storage._gcs import GCSStore
 from lakeshard.storage._local import LocalStore
 from lakeshard.storage._s3 import S3Store
 from lakeshard.storage._store import Store, split_scheme
@@ -121,8 +122,8 @@ def normalize(uri: str) -> str:
 
 
 def scheme(uri: str) -> str:
-    """The store of ``uri``: ``"file"`` (a path or ``file://``), ``"s3"`` (``s3://``, ``s3a://``) or
-    ``"az"`` (``az://``, ``abfs://``, ``abfss://``).
+    """The store of ``uri``: ``"file"`` (a path or ``file://``), ``"s3"`` (``s3://``, ``s3a://``),
+    ``"gs"`` (``gs://``, ``gcs://``) or ``"az"`` (``az://``, ``abfs://``, ``abfss://``).
 
     Raises:
         StorageError: another scheme (as :func:`normalize`)."""
@@ -157,7 +158,7 @@ def local_path(uri: str) -> str:
 
 
 def bucket(uri: str) -> str:
-    """The bucket (an Azure container) of an object store's ``uri`` (``s3://``, ``az://``).
+    """The bucket (an Azure container) of an object store's ``uri`` (``s3://``, ``gs://``, ``az://``).
 
     Raises:
         StorageError: ``uri`` is a local path."""
@@ -191,4 +192,5 @@ def join(uri: str, *parts: str) -> str:
 
 register_store("file", LocalStore)
 register_store("s3", S3Store, aliases=("s3a",))
+register_store("gs", GCSStore, aliases=("gcs",))
 register_store("az", AzureStore, aliases=("abfs", "abfss"))

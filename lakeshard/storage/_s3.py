@@ -26,7 +26,7 @@ from typing import Any
 import fsspec
 
 from lakeshard.errors import NoConditionalWrites, StorageError
-from lakeshard.storage._store import Blob, RequestStats, Store, Tail, refuse_rename, split_scheme
+from lakeshard.storage._store import Blob, BucketStore, RequestStats, Tail
 
 __all__ = ["S3Store", "clear_s3_clients", "s3_client", "s3_options"]
 
@@ -35,7 +35,6 @@ __all__ = ["S3Store", "clear_s3_clients", "s3_client", "s3_options"]
 _S3_RETRIES: dict[str, Any] = {"max_attempts": 5, "mode": "standard"}
 #: s3fs's own attempts around botocore's (see :meth:`S3Store.filesystem`).
 _S3FS_RETRIES = 3
-_PREFIX = "s3://"
 
 
 def s3_options() -> dict[str, Any]:
@@ -55,27 +54,12 @@ def s3_options() -> dict[str, Any]:
     }
 
 
-class S3Store(Store):
+class S3Store(BucketStore):
     """Objects of an S3-compatible store (see the module doc). ETags: S3's, unquoted; ``If-Match``
     sends them quoted, as HTTP spells an entity tag."""
 
     scheme = "s3"
-
-    def normalize(self, uri: str) -> str:
-        """``s3://bucket/key``: the key taken literally, as the AWS CLI takes an ``s3://`` URI."""
-        rest = split_scheme(uri)[1]
-        bucket, _, key = rest.removeprefix("//").partition("/")
-        if not rest.startswith("//") or not bucket:
-            raise StorageError(f"S3 URI {uri!r} names no bucket")
-        key = key.strip("/")
-        return f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
-
-    def path(self, uri: str) -> str:
-        return uri[len(_PREFIX) :] if uri.startswith(_PREFIX) else self.normalize(uri)[len(_PREFIX) :]
-
-    def etag_names_content(self, etag: str | None) -> bool:
-        """One PUT's ETag is the MD5 of its bytes; a multipart upload's (``<md5>-<parts>``) is not."""
-        return "-" not in (etag or "")
+    title = "S3"
 
     def filesystem(self) -> Any:
         fs = fsspec.filesystem("s3", **s3_options())
@@ -159,9 +143,6 @@ class S3Store(Store):
         except Exception as exc:  # an endpoint that stays unreachable after botocore's retries
             raise StorageError(f"cannot delete {uri}: {type(exc).__name__}: {exc}") from exc
         return True
-
-    def rename(self, src: str, dst: str) -> None:
-        refuse_rename(src, dst, "S3")
 
     def _conditional_put(self, uri: str, data: bytes, **condition: str) -> str | None:
         """One PUT of ``data`` to ``uri`` under ``condition`` (``IfNoneMatch`` or ``IfMatch``): its

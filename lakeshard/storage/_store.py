@@ -15,11 +15,11 @@ import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 from lakeshard.errors import StorageError
 
-__all__ = ["Blob", "RequestCounts", "RequestStats", "Store", "Tail", "refuse_rename", "split_scheme"]
+__all__ = ["Blob", "BucketStore", "RequestCounts", "RequestStats", "Store", "Tail", "split_scheme"]
 
 #: A URI scheme, as RFC 3986 spells one (``urlsplit`` would also cut ``#...`` and ``?...`` off
 #: the rest, which are part of a key or file name here).
@@ -33,14 +33,6 @@ def split_scheme(uri: str) -> tuple[str, str]:
     if match is None or len(match.group(1)) == 1:
         return "", uri
     return match.group(1).lower(), uri[match.end() :]
-
-
-def refuse_rename(src: str, dst: str, store: str) -> NoReturn:
-    """:meth:`Store.rename` of an object store (``store`` names it): there is none."""
-    raise StorageError(
-        f"cannot move {src} to {dst}: only local files are renamed ({store} has no rename; "
-        "write the object where it stays)"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +76,10 @@ class Store(abc.ABC):
     scheme: ClassVar[str]
     #: Whether its URIs are files of this machine (renames, ``flock``, Arrow's own reader).
     local: ClassVar[bool] = False
+    #: Whether the ETag of an object written in one upload is the MD5 of its bytes (S3's, and a
+    #: local file's as this package computes it), so that it identifies the content; a GCS
+    #: generation and an Azure ETag do not (they change with every write).
+    etag_is_md5: ClassVar[bool] = True
 
     # -- names --------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -106,10 +102,11 @@ class Store(abc.ABC):
     def filesystem(self) -> Any:
         """The fsspec filesystem of this store (fsspec caches instances: cheap to ask again)."""
 
-    def etag_names_content(self, etag: str | None) -> bool:
-        """Whether an ETag of this store names the object's bytes (their MD5), so that two
-        objects with one ETag hold the same bytes: S3's unless uploaded in parts; none here."""
-        return False
+    def listed_etag(self, info: dict[str, Any]) -> str | None:
+        """The ETag (unquoted) of an object as :meth:`filesystem` lists it (``info``: fsspec's
+        details), the one :meth:`get` gives; None where the listing has none (a local file)."""
+        etag = info.get("ETag") or info.get("etag")
+        return etag.strip('"') if isinstance(etag, str) else None
 
     # -- reads --------------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:
@@ -196,6 +193,35 @@ class Store(abc.ABC):
         """Delete what writers killed before their rename left under ``uri`` and return its
         paths: nothing here (an object appears whole when its upload completes)."""
         return []
+
+
+class BucketStore(Store):
+    """A store of objects named ``<scheme>://bucket/key`` (S3, GCS, Azure's
+    ``az://container/blob``): the key taken literally, as the clouds' own command lines take it;
+    no rename (a move there copies every byte)."""
+
+    #: The store's name in messages (``"S3"``, ``"GCS"``, ``"Azure"``).
+    title: ClassVar[str]
+    #: What the store calls a bucket, in messages (Azure's ``"container"``).
+    bucket_word: ClassVar[str] = "bucket"
+
+    def normalize(self, uri: str) -> str:
+        rest = split_scheme(uri)[1]
+        bucket, _, key = rest.removeprefix("//").partition("/")
+        if not rest.startswith("//") or not bucket:
+            raise StorageError(f"{self.title} URI {uri!r} names no {self.bucket_word}")
+        key = key.strip("/")
+        return f"{self.scheme}://{bucket}/{key}" if key else f"{self.scheme}://{bucket}"
+
+    def path(self, uri: str) -> str:
+        prefix = f"{self.scheme}://"
+        return uri[len(prefix) :] if uri.startswith(prefix) else self.normalize(uri)[len(prefix) :]
+
+    def rename(self, src: str, dst: str) -> None:
+        raise StorageError(
+            f"cannot move {src} to {dst}: only local files are renamed ({self.title} has no rename; "
+            "write the object where it stays)"
+        )
 
 
 @dataclass(frozen=True, slots=True)

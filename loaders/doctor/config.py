@@ -42,7 +42,8 @@ NOT_FLAGS = {
 @loader_flags
 class DoctorConfig:
     dataset: str | None = opt(
-        None, help="dataset root (local path, file:// or s3://): the folder holding dataset.json (required)"
+        None,
+        help="dataset root (local path, file://, s3://, gs:// or az://): the folder holding dataset.json (required)",
     )
     channel: str = from_loader()
     model: str | None = opt(

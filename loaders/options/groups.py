@@ -20,7 +20,7 @@ from loaders.decode import NO_DECODER
 from loaders.options import values
 from loaders.options.read_plan import ReadPlan
 from loaders.options.table import check_fields, option, run_check
-from loaders.stats import BUDGET_ACTIONS, PriceTable
+from loaders.stats import BUDGET_ACTIONS, PriceTable, prices_for
 
 __all__ = [
     "DEFAULT_READ_CONCURRENCY",
@@ -209,7 +209,8 @@ class Cost:
     prices: PriceTable | None = option(
         None,
         help="a loaders.stats.PriceTable pricing each epoch's requests and bytes "
-        "(default: S3 Standard GETs, transfer out of the region)",
+        "(default: the dataset's store's, loaders.stats.STORE_PRICES: S3 or GCS Standard reads, "
+        "transfer out of the region)",
         check=values.price_table,
         command=False,
     )
@@ -228,11 +229,10 @@ class Cost:
     def __post_init__(self) -> None:
         check_fields(self)
 
-    @property
-    def price_table(self) -> PriceTable:
-        """``prices``, or the default :class:`PriceTable` where it was left ``None``."""
-        assert self.prices is not None  # set on creation
-        return self.prices
+    def price_table(self, dataset: str) -> PriceTable:
+        """``prices``, or where it was left ``None`` the default of ``dataset``'s store
+        (:func:`loaders.stats.prices_for`)."""
+        return self.prices if self.prices is not None else prices_for(dataset)
 
 
 #: The groups, by the :class:`~loaders.options.LoaderOptions` field that holds each.

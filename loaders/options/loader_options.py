@@ -323,10 +323,9 @@ class LoaderOptions:
         """``cache_limit`` in bytes."""
         return self.reads.cache_limit_bytes
 
-    @property
-    def price_table(self) -> PriceTable:
-        """``prices``, or the default :class:`PriceTable` where it was left ``None``."""
-        return self.cost.price_table
+    def price_table(self, dataset: str) -> PriceTable:
+        """``prices``, or where it was left ``None`` the default of ``dataset``'s store."""
+        return self.cost.price_table(dataset)
 
 
 #: The options table: every option by name, the common ones first, then each group's.

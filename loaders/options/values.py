@@ -170,10 +170,10 @@ def positive(unit: str) -> Callable[[str, Any], float]:
 dollars = positive("US dollars")
 
 
-def price_table(name: str, value: Any) -> PriceTable:
-    """A :class:`~loaders.stats.PriceTable`; ``None``: the default prices."""
+def price_table(name: str, value: Any) -> PriceTable | None:
+    """A :class:`~loaders.stats.PriceTable`; ``None``: the default prices of the dataset's store."""
     if value is None:
-        return PriceTable()
+        return None
     if not isinstance(value, PriceTable):
         raise ConfigError(f"{name} must be a loaders.stats.PriceTable, got {value!r}", option=name)
     return value

@@ -166,7 +166,7 @@ class TrainConfig:
         None,
         repeat=True,
         parse=_parse_datasets,
-        help="dataset root (local path, file:// or s3://): the folder holding dataset.json; "
+        help="dataset root (local path, file://, s3://, gs:// or az://): the folder holding dataset.json; "
         "several (URI:WEIGHT each, or no weights: each weighs its rows) train on their mixture, "
         "each an exact share of every epoch; one --dataset that exists as given is that path, colons and all",
     )

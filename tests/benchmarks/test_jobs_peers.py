@@ -116,3 +116,26 @@ def test_a_runs_cpu_counts_the_processes_that_leave_its_tree(tmp_path: Path) -> 
     assert (m.returncode, m.stdout.strip(), m.cpu_from, m.leftover) == (0, "started", "cgroup", 1)
     assert m.cpu_s >= 0.6
     assert m.peak_pss > 0
+
+
+def test_a_runs_cpu_between_two_moments_is_what_it_spent_then(tmp_path: Path) -> None:
+    """The steady state's CPU (``cpu_s_between``): a command that sleeps 1 s, then works for
+    0.6 s of CPU, telling when each began and ended; within a sampling interval at each end."""
+    if not metered.cgroup_available():
+        pytest.skip(f"no cgroup can be made under {metered.CGROUP_ROOT} here (not root, or no cgroup v1)")
+    script = textwrap.dedent(
+        """
+        import time
+        a = time.time(); time.sleep(1.0); b = time.time()
+        t = time.process_time()
+        while time.process_time() - t < 0.6: pass
+        print(a, b, time.time())
+        """
+    )
+    with open(tmp_path / "err", "w") as err:
+        m = metered.run_metered([sys.executable, "-c", script], env={}, cwd=tmp_path, stderr=err, timeout=60)
+    slept, worked, end = map(float, m.stdout.split())
+    idle, busy = m.cpu_s_between(slept, worked), m.cpu_s_between(worked, end)
+    assert idle is not None and busy is not None, m.cpu_samples
+    assert idle < 0.2 and 0.45 < busy < 0.8, (idle, busy)
+    assert m.cpu_s_between(slept - 3600, end) is None  # before the command started: no samples around it

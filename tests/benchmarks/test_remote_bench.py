@@ -448,3 +448,23 @@ def test_remote_bench_runs_the_shim_in_front_of_azurite(tmp_path: Path):
     assert fresh["heads"] == 1 and fresh["gets"] >= 3 and fresh["connections"] >= 1
     assert result["store_total"]["body_bytes"] >= sum(e["traffic"]["body_bytes"] for e in epochs)
     assert not any(map(alive, result["store_pids"]))
+
+
+@pytest.mark.slow
+@pytest.mark.gcs
+def test_remote_bench_puts_the_shim_in_front_of_the_gcs_emulator(tmp_path: Path):
+    out = tmp_path / "remote.json"
+    common = ["--images", "40", "--size", "32", "--repeats", "1", "--epochs", "2", "--latency-ms", "1"]
+    done = run(
+        "benchmarks/remote_bench.py", *common, "--store", "gcs", "--workdir", str(tmp_path), "--out", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "first batch: identical from local disk and from the store" in done.stderr
+    result = json.loads(out.read_text())
+    assert result["args"]["store"] == "gcs" and "remote (gcs)" in done.stdout
+    epochs = result["summary"]["epochs"]
+    assert epochs[0]["traffic"]["gets"] >= 1 and epochs[0]["traffic"]["body_bytes"] > 0
+    fresh = result["summary"]["fresh_first_batch_traffic"]  # dataset.json, the footer, row groups
+    assert fresh["gets"] >= 3 and fresh["heads"] == 0
+    assert all(run_["epoch2"] > 0 for run_ in (result["runs"]["local"][0], result["runs"]["remote"][0]))
+    assert not any(map(alive, result["store_pids"]))

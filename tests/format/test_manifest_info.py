@@ -16,6 +16,7 @@ from lakeshard import storage
 from lakeshard.errors import DatasetError
 from lakeshard.format import (
     FORMAT_VERSION,
+    TASK_FORMAT_VERSION,
     ManifestInfo,
     manifest_marker_uri,
     read_manifest_info,
@@ -53,8 +54,10 @@ def test_the_written_file_round_trips_byte_for_byte(written: str, tmp_path: Path
 
 
 def test_another_format_version_is_refused_naming_the_file(written: str) -> None:
+    """Versions 3 and 4 (labels beyond one class, issue 51) are read; any other is refused."""
     data = read_manifest_info(written).to_json()
-    for version, who in ((FORMAT_VERSION - 1, "an older"), (FORMAT_VERSION + 1, "a newer"), (None, "other")):
+    newer = TASK_FORMAT_VERSION + 1
+    for version, who in ((FORMAT_VERSION - 1, "an older"), (newer, "a newer"), (None, "other")):
         with pytest.raises(DatasetError, match=f"_manifest.json has format_version {version!r}.*{who}"):
             ManifestInfo.from_json({**data, "format_version": version}, source="x/_manifest.json")
 

@@ -1,19 +1,21 @@
-"""A fault-injecting HTTP proxy for S3 and Azure tests: forwards requests to an upstream
-endpoint (moto or Azurite on 127.0.0.1), answering a seeded fraction of them with ``500
-InternalError``, ``503 SlowDown`` (``ServerBusy`` on Azure; each store's XML error bodies), a
-dropped connection or a body cut off halfway (the headers promise all of it), or denying
-everything with ``403 AccessDenied`` (``AuthorizationFailure``).
+"""A fault-injecting HTTP proxy for object store tests: forwards requests to an upstream S3
+endpoint (moto on 127.0.0.1), GCS emulator or Azurite, answering a seeded fraction of them with
+``500 InternalError``, ``503 SlowDown`` (``ServerBusy`` on Azure; error bodies as the store writes
+them: S3's and Azure's XML, GCS's JSON), a dropped connection or a body cut off halfway (the
+headers promise all of it), or denying everything with ``403 AccessDenied``
+(``AuthorizationFailure`` on Azure).
 
 It can also stall requests (hold them unanswered, as a store that stopped responding) and logs
 what it forwarded, so a test counts what the store saw rather than what a client says it asked.
 
-Clients point ``AWS_ENDPOINT_URL`` (or the Azure connection string's ``BlobEndpoint``) at
-:attr:`FaultProxy.endpoint`. The proxy only ever listens on 127.0.0.1.
+Clients point ``AWS_ENDPOINT_URL`` (or ``STORAGE_EMULATOR_HOST``, or the Azure connection
+string's ``BlobEndpoint``) at :attr:`FaultProxy.endpoint`. The proxy only ever listens on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import random
 import threading
 from collections import Counter
@@ -31,6 +33,7 @@ _ERRORS = {
 }
 #: Azure's codes for the same answers (its XML body names the code, and so does ``x-ms-error-code``).
 _AZURE_CODES = {500: "InternalError", 503: "ServerBusy", 403: "AuthorizationFailure", 501: "NotImplemented"}
+_DIALECTS = ("s3", "gcs", "azure")
 _HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -55,8 +58,23 @@ class Request(NamedTuple):
     fate: int | str
 
 
-def _error_body(code: str, message: str, path: str) -> bytes:
-    return (
+#: The ``reason`` of a GCS JSON API error, by status (cloud.google.com/storage/docs/json_api/v1/status-codes).
+_GCS_REASONS = {500: "backendError", 503: "backendError", 403: "forbidden", 501: "notImplemented"}
+
+
+def _error_body(dialect: str, status: int, path: str) -> tuple[str, bytes]:
+    """The content type and body of an error answer, as the store of ``dialect`` writes one."""
+    code, message = _ERRORS[status]
+    if dialect == "azure":
+        code = _AZURE_CODES[status]
+    if dialect == "gcs":
+        error = {
+            "code": status,
+            "message": message,
+            "errors": [{"reason": _GCS_REASONS[status], "message": message}],
+        }
+        return "application/json", json.dumps({"error": error}).encode()
+    return "application/xml", (
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
         f"<Resource>{path}</Resource><RequestId>hardening-proxy</RequestId></Error>"
     ).encode()
@@ -70,10 +88,11 @@ class FaultProxy:
     :class:`Request`, in the order they came; :attr:`forwarded` those that reached the store."""
 
     def __init__(self, upstream: str, *, seed: int = 0, dialect: str = "s3") -> None:
-        """``dialect``: whose error answers to give, ``"s3"`` or ``"azure"``."""
-        if dialect not in ("s3", "azure"):
-            raise ValueError(f"dialect must be 's3' or 'azure', got {dialect!r}")
+        """``dialect``: whose error answers to give, ``"s3"``, ``"gcs"`` or ``"azure"``."""
+        if dialect not in _DIALECTS:
+            raise ValueError(f"dialect must be one of {_DIALECTS}, got {dialect!r}")
         parts = urlsplit(upstream)
+        self.dialect = dialect
         self._upstream = (parts.hostname, parts.port)
         self.mode = "pass"
         self.rate = 0.1
@@ -120,15 +139,11 @@ class FaultProxy:
                     self.connection.shutdown(2)  # no response at all: a dropped connection
                     return
                 if fault is not None and fault != "cut":
-                    code, message = _ERRORS[fault]
-                    if dialect == "azure":
-                        code = _AZURE_CODES[fault]
-                        self.send_response(fault)
-                        self.send_header("x-ms-error-code", code)
-                    else:
-                        self.send_response(fault)
-                    payload = _error_body(code, message, self.path)
-                    self.send_header("Content-Type", "application/xml")
+                    content_type, payload = _error_body(proxy.dialect, fault, self.path)
+                    self.send_response(fault)
+                    self.send_header("Content-Type", content_type)
+                    if proxy.dialect == "azure":
+                        self.send_header("x-ms-error-code", _AZURE_CODES[fault])
                     self.send_header("Content-Length", str(len(payload)))
                     if fault == 503:
                         self.send_header("Retry-After", "0")
@@ -162,7 +177,7 @@ class FaultProxy:
                 if self.command != "HEAD":
                     self.wfile.write(data)
 
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

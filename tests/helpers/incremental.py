@@ -134,9 +134,9 @@ class CountingEngine:
         self.tasks: dict[str, list[int]] = {}
         self.name, self.parallelism, self.task_cpus = engine.name, engine.parallelism, engine.task_cpus
 
-    def map_partitions(self, fn: Any, items: Any, *, partitions: int) -> list[Any]:
+    def map_partitions(self, fn: Any, items: Any, *, partitions: int, cpu_bound: bool = False) -> list[Any]:
         fn_ = getattr(fn, "fn", getattr(fn, "func", fn))  # jobs.common.tasks.each, functools.partial
         name = getattr(fn_, "__name__", repr(fn_))
         self.actions.append(name)
         self.tasks.setdefault(name, []).append(len(split_parts(items, partitions)))
-        return self.engine.map_partitions(fn, items, partitions=partitions)
+        return self.engine.map_partitions(fn, items, partitions=partitions, cpu_bound=cpu_bound)

@@ -1,6 +1,6 @@
 """Stores for loader tests: the benchmarks' remote-like store (``benchmarks/remote_store.py``:
 nginx behind a latency shim) where a test needs a store with its own request log or a slow link;
-uploading a local dataset to an S3 bucket; waiting for a loader's reads to end, and for its
+uploading a local dataset to a bucket (S3, GCS, Azure); waiting for a loader's reads to end, and for its
 count of requests to meet the store's."""
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def require_nginx() -> str:
 
 
 def upload(local: Path, bucket: str, prefix: str = "ds") -> str:
-    """Copy the folder ``local`` to ``<bucket>/<prefix>`` (``bucket``: ``s3://name``, or an Azure
-    container ``az://name``); its URI."""
+    """Copy the folder ``local`` to ``<bucket>/<prefix>`` (``bucket``: ``s3://name``, or another
+    store's bucket, ``gs://name``, an Azure container ``az://name``); its URI."""
     import boto3
 
-    if bucket.startswith("az://"):  # one Put Blob a file, through the store
+    if storage.scheme(bucket) != "s3":
         for p in sorted(local.rglob("*")):
             if p.is_file():
                 storage.write_bytes_atomic(

@@ -20,6 +20,7 @@ from lakeshard.errors import PlatformError, StorageError
 from lakeshard.format import channel_shards
 from lakeshard.format.manifest_table import read_channel
 from loaders import ShardLoader
+from loaders.stats import AZURE_PRICES
 from tests.helpers.azurite import Azurite
 from tests.helpers.checks import check_dataset
 from tests.helpers.lake import encode, make_image
@@ -102,7 +103,12 @@ def test_an_azure_lake_to_an_azure_dataset_read_by_two_ranks(
                 per_epoch.append(loader.epoch_stats())
                 seen[epoch] += got
             counted, downloads = _settled(loader, azurite, first, served)
+            assert loader.options.price_table(out) is AZURE_PRICES  # prices=None: Azure's table
         assert counted.requests == downloads > 0  # Azurite's own count of downloads
+        first_epoch = per_epoch[0]
+        assert first_epoch.cost_usd == pytest.approx(
+            AZURE_PRICES.cost(first_epoch.requests, first_epoch.bytes_read)
+        )
         assert per_epoch[0].requests > 0 and per_epoch[0].cache_hits == 0
         assert per_epoch[1].requests == 0 and per_epoch[1].cache_hits > 0  # epoch 2: the cache
     for epoch in (0, 1):  # every row once, over the two ranks

@@ -16,7 +16,7 @@ from lakeshard import storage
 from lakeshard.errors import ConfigError, LoaderError
 from lakeshard.storage import RequestCounts, RequestStats
 from loaders import ShardLoader
-from loaders.stats import PriceTable
+from loaders.stats import AZURE_PRICES, GCS_PRICES, STORE_PRICES, PriceTable, prices_for
 from tests.helpers.store import RemoteStore, require_nginx, settled_counts, wait_reads_ended
 
 OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 5, "shuffle_window": 20, "num_threads": 2}
@@ -204,3 +204,12 @@ def test_the_reads_that_open_a_loader_are_in_no_figure(store: RemoteStore):
         opened = store.traffic() - before
         assert opened.gets >= 1 + 2  # dataset.json, and each of the 2 shards' footers
         assert loader.totals().store.requests == 0 and loader.epoch_stats().requests == 0
+
+
+def test_the_default_prices_are_the_dataset_s_store_s():
+    assert prices_for("gs://b/ds") is GCS_PRICES and prices_for("gcs://b/ds") is GCS_PRICES
+    assert prices_for("s3://b/ds") == PriceTable() == prices_for("/a/local/ds")
+    assert STORE_PRICES["s3"] == PriceTable() and STORE_PRICES["gs"] is GCS_PRICES
+    for uri in ("az://c/ds", "abfs://c/ds", "abfss://c/ds"):  # an alias is its store's scheme
+        assert prices_for(uri) is AZURE_PRICES
+    assert STORE_PRICES["az"] is AZURE_PRICES

@@ -16,14 +16,16 @@ from typing import Any, Protocol, TypeVar
 
 __all__ = ["ENGINES", "ENGINE_NAMES", "FORWARDED_ENV", "Engine", "open_engine", "split_parts"]
 
-#: Where S3 and the Azure storage account are (not who: credentials stay with each worker's own
-#: environment); both engines forward these from the driver to their workers.
+#: Where S3, GCS and the Azure storage account are (not who: credentials stay with each worker's
+#: AWS, Google or Azure environment); both engines forward these from the driver to their workers.
 FORWARDED_ENV = (
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
     "AZURE_STORAGE_ACCOUNT_NAME",
+    "STORAGE_EMULATOR_HOST",
+    "GOOGLE_CLOUD_PROJECT",
 )
 
 T = TypeVar("T")
@@ -42,10 +44,17 @@ class Engine(Protocol):
         """Cores each task has to itself (Spark's ``spark.task.cpus``; 1 on Dask)."""
 
     def map_partitions(
-        self, fn: Callable[[list[T]], list[R]], items: Sequence[T], *, partitions: int
+        self,
+        fn: Callable[[list[T]], list[R]],
+        items: Sequence[T],
+        *,
+        partitions: int,
+        cpu_bound: bool = False,
     ) -> list[R]:
         """Split ``items`` into ``partitions`` parts, run ``fn`` on each part on a worker,
-        and return the concatenated results (in no particular order)."""
+        and return the concatenated results (in no particular order). ``cpu_bound``: ``fn``
+        spends its time in Python code that holds the GIL (an engine of threads runs it in
+        processes instead; Spark's and Dask's tasks are in processes already)."""
 
     def close(self) -> None:
         """Release what the engine started (not what it was handed)."""

@@ -201,7 +201,12 @@ class DaskEngine:
         return 1  # each of a worker's threads runs one task at a time
 
     def map_partitions(
-        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+        self,
+        fn: Callable[[list[Any]], list[Any]],
+        items: Sequence[Any],
+        *,
+        partitions: int,
+        cpu_bound: bool = False,
     ) -> list[Any]:
         token = uuid.uuid4().hex[:8]
         # Each part travels inside its task (not scattered): a task whose worker dies can be rerun.

@@ -1,27 +1,50 @@
-"""The local engine: the jobs' tasks on a thread pool in this process, no Spark, no Dask.
+"""The local engine: the jobs' tasks on this machine, no Spark, no Dask.
 
     python -m jobs.manifest --engine local --input ./lake/raw --output ./datasets/pets-v1
     python -m jobs.shard --engine local --dataset ./datasets/pets-v1 --num-shards 2
 
-For small lakes and for fast tests of the engine-free core: it runs the same task functions on
+For one machine and for fast tests of the engine-free core: it runs the same task functions on
 the same parts of the work as the other engines (so it writes the same dataset), with nothing to
-start. Tasks share the process and its GIL; image decoding releases it, the rest takes turns.
+start. Tasks run on a thread pool in this process, where they mostly wait on storage or run
+Arrow and Pillow code that releases the GIL. A map that is ``cpu_bound`` (the shard job's
+preprocessing: Pillow parses a JPEG's markers and runs its encoder holding the GIL, about half
+of each image's time) runs on worker processes instead, one per core, forked from a
+``forkserver`` started with the engine (a clean process: no thread of this one, such as a
+lock's refresher, is copied into a worker) and kept until the engine closes; each task gets
+this process's environment as it is when the map starts.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import multiprocessing.forkserver
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from typing import Any
 
 from jobs.common.engines import split_parts
+from lakeshard.errors import EngineError
 from lakeshard.settings import check_positive
 
 __all__ = ["LocalEngine"]
 
 log = logging.getLogger(__name__)
+
+#: Imported once by the forkserver, so that each worker forked from it starts with them (both
+#: jobs' modules: a worker imports the main module again, ``jobs/build.py`` for one).
+_PRELOAD = ["jobs.build"]
+
+
+def _in_environ(env: dict[str, str], fn: Callable[[list[Any]], list[Any]], part: list[Any]) -> list[Any]:
+    """``fn(part)`` in a worker process whose environment is ``env`` (the driver's, at the map)."""
+    if os.environ != env:
+        os.environ.clear()
+        os.environ.update(env)
+    return fn(part)
 
 
 class LocalEngine:
@@ -30,7 +53,13 @@ class LocalEngine:
     def __init__(self, *, workers: int | None = None, **_: Any) -> None:
         check_positive("workers", workers, allow_none=True)
         self._workers = workers or os.cpu_count() or 1
-        log.info("local engine: %d thread(s) in this process", self._workers)
+        self._processes: ProcessPoolExecutor | None = None
+        self._context = multiprocessing.get_context("forkserver")
+        if self._workers > 1:
+            self._context.set_forkserver_preload(_PRELOAD)
+            # Started now, importing _PRELOAD while the jobs plan: the first map does not wait.
+            multiprocessing.forkserver.ensure_running()
+        log.info("local engine: %d thread(s) in this process (processes for preprocessing)", self._workers)
 
     @property
     def parallelism(self) -> int:
@@ -41,15 +70,44 @@ class LocalEngine:
         return 1
 
     def map_partitions(
-        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+        self,
+        fn: Callable[[list[Any]], list[Any]],
+        items: Sequence[Any],
+        *,
+        partitions: int,
+        cpu_bound: bool = False,
     ) -> list[Any]:
         parts = split_parts(items, partitions)
         if not parts:
             return []
+        if cpu_bound and self._workers > 1 and len(parts) > 1:
+            return self._on_processes(fn, parts)
         # NOTE [ Local task errors ]: pool.map re-raises the first failed part's exception here,
         # with its own traceback; leaving the `with` waits for the parts already running.
         with ThreadPoolExecutor(min(self._workers, len(parts)), thread_name_prefix="lakeshard-task") as pool:
-            return [row for part in pool.map(fn, parts) for row in part]
+            return _joined(pool, fn, parts)
+
+    def _on_processes(self, fn: Callable[[list[Any]], list[Any]], parts: list[list[Any]]) -> list[Any]:
+        if self._processes is None:
+            self._processes = ProcessPoolExecutor(self._workers, mp_context=self._context)
+        env = dict(os.environ)
+        try:
+            return _joined(self._processes, partial(_in_environ, env, fn), parts)
+        except BrokenProcessPool as exc:
+            self._processes = None
+            task = getattr(fn, "fn", fn)  # jobs.common.tasks.each: its function
+            raise EngineError(
+                f"a local worker process died while running {getattr(task, '__name__', 'a task')} "
+                f"(killed, or out of memory?): {exc}"
+            ) from None
 
     def close(self) -> None:
-        """Nothing to release: the pool lives only inside each ``map_partitions``."""
+        """Stop the worker processes, if a map started them (the thread pools live only inside
+        each ``map_partitions``)."""
+        if self._processes is not None:
+            self._processes.shutdown(cancel_futures=True)
+            self._processes = None
+
+
+def _joined(pool: Executor, fn: Callable[[list[Any]], list[Any]], parts: list[list[Any]]) -> list[Any]:
+    return [row for part in pool.map(fn, parts) for row in part]

@@ -105,7 +105,7 @@ class SparkEngine:
             conf.get("spark.python.daemon.module", "pyspark.daemon"),
             "Unix sockets" if conf.get(_UNIX_SOCKETS, "false").lower() == "true" else "TCP",
         )
-        # Where S3 is (not who: credentials stay with the AWS environment of each worker).
+        # Where S3 and GCS are (not who: credentials stay with the environment of each worker).
         for name in FORWARDED_ENV:
             if os.environ.get(name):
                 self.sc.environment[name] = os.environ[name]
@@ -119,7 +119,12 @@ class SparkEngine:
         return max(1, int(self.sc.getConf().get("spark.task.cpus", "1")))
 
     def map_partitions(
-        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+        self,
+        fn: Callable[[list[Any]], list[Any]],
+        items: Sequence[Any],
+        *,
+        partitions: int,
+        cpu_bound: bool = False,
     ) -> list[Any]:
         if not items:
             return []

@@ -1,8 +1,10 @@
-"""The local engine (a thread pool in this process) behind the same Engine protocol, and the
-jobs' CLI accepting it."""
+"""The local engine (a thread pool in this process, worker processes for a CPU-bound map) behind
+the same Engine protocol, and the jobs' CLI accepting it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -12,7 +14,7 @@ import pytest
 
 from jobs.common.engines import open_engine
 from jobs.common.engines.local_engine import LocalEngine
-from lakeshard.errors import ManifestError
+from lakeshard.errors import EngineError, ManifestError
 from tests.helpers.checks import check_dataset
 from tests.helpers.lake import write_lake
 
@@ -56,6 +58,71 @@ def test_a_task_error_is_raised_as_it_was() -> None:
 
     with pytest.raises(ManifestError, match="boom on 3"):
         LocalEngine(workers=2).map_partitions(boom, list(range(10)), partitions=5)
+
+
+def _where(part: list[int]) -> list[tuple[int, int, str | None]]:
+    return [(i, os.getpid(), os.environ.get("LAKESHARD_TEST_SET_LATE")) for i in part]
+
+
+def _fail_on_3(part: list[int]) -> list[int]:
+    if 3 in part:
+        raise ManifestError("cannot list file:///lake/cat: boom on 3")
+    return part
+
+
+def _die(part: list[int]) -> list[int]:
+    os.kill(os.getpid(), signal.SIGKILL)
+    return part
+
+
+def test_a_cpu_bound_map_runs_on_worker_processes_in_the_drivers_environment(monkeypatch) -> None:
+    """Worker processes, kept between maps, each task seeing the environment as it is when the
+    map starts (set after the engine and its forkserver started); stopped by close()."""
+    engine = LocalEngine(workers=2)
+    monkeypatch.setenv("LAKESHARD_TEST_SET_LATE", "yes")
+    first = engine.map_partitions(_where, list(range(6)), partitions=3, cpu_bound=True)
+    second = engine.map_partitions(_where, list(range(6)), partitions=3, cpu_bound=True)
+    assert sorted(i for i, _, _ in first) == list(range(6))
+    pids = {pid for _, pid, _ in first + second}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    assert {env for _, _, env in first} == {"yes"}
+    monkeypatch.delenv("LAKESHARD_TEST_SET_LATE")
+    assert {env for _, _, env in engine.map_partitions(_where, [1, 2], partitions=2, cpu_bound=True)} == {
+        None
+    }
+    # One part, or one worker: no process is worth starting.
+    assert {pid for _, pid, _ in engine.map_partitions(_where, [1], partitions=1, cpu_bound=True)} == {
+        os.getpid()
+    }
+    engine.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            for _ in range(200):  # close() has waited for them; a zombie is reaped by the pool
+                os.kill(pid, 0)
+                threading.Event().wait(0.05)
+
+
+def test_a_cpu_bound_task_error_is_raised_as_it_was() -> None:
+    engine = LocalEngine(workers=2)
+    try:
+        with pytest.raises(ManifestError, match="boom on 3"):
+            engine.map_partitions(_fail_on_3, list(range(10)), partitions=5, cpu_bound=True)
+        assert engine.map_partitions(_fail_on_3, [5, 6], partitions=2, cpu_bound=True) == [5, 6]
+    finally:
+        engine.close()
+
+
+def test_a_worker_process_killed_mid_task_fails_the_map_naming_it() -> None:
+    engine = LocalEngine(workers=2)
+    try:
+        with pytest.raises(
+            EngineError,
+            match=r"a local worker process died while running _die \(killed, or out of memory\?\)",
+        ):
+            engine.map_partitions(_die, [1, 2], partitions=2, cpu_bound=True)
+        assert sorted(engine.map_partitions(_fail_on_3, [5, 6], partitions=2, cpu_bound=True)) == [5, 6]
+    finally:
+        engine.close()
 
 
 def test_both_jobs_run_on_the_local_engine_from_the_command_line(tmp_path: Path) -> None:

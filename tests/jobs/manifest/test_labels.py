@@ -142,11 +142,16 @@ def test_labels_table_local(tmp_path: Path, local_engine, fmt: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.s3
-def test_labels_uri_column_on_s3(s3_bucket: str, local_engine) -> None:
-    lake, out = f"{s3_bucket}/raw", f"{s3_bucket}/ds"
+@pytest.mark.parametrize(
+    "store",
+    [pytest.param("s3_bucket", marks=pytest.mark.s3), pytest.param("gcs_bucket", marks=pytest.mark.gcs)],
+)
+def test_labels_uri_column_on_s3(store: str, local_engine, request: pytest.FixtureRequest) -> None:
+    """On S3, and on GCS as on S3."""
+    bucket = request.getfixturevalue(store)
+    lake, out = f"{bucket}/raw", f"{bucket}/ds"
     _lake(lake)
-    table = _write(f"{s3_bucket}/meta/labels.csv", _table_bytes(_records(prefix=lake + "/"), "csv"))
+    table = _write(f"{bucket}/meta/labels.csv", _table_bytes(_records(prefix=lake + "/"), "csv"))
     summary = _run(lake, table, out, local_engine)
     _check_manifest(out, summary, table)
     assert read_channel(out, "all")["uri"].to_pylist()[0].startswith(lake + "/")

@@ -104,10 +104,15 @@ class _Recording:
         return self.inner.task_cpus
 
     def map_partitions(
-        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+        self,
+        fn: Callable[[list[Any]], list[Any]],
+        items: Sequence[Any],
+        *,
+        partitions: int,
+        cpu_bound: bool = False,
     ) -> list[Any]:
         self.sent += len(pickle.dumps(list(items)))
-        out = self.inner.map_partitions(fn, items, partitions=partitions)
+        out = self.inner.map_partitions(fn, items, partitions=partitions, cpu_bound=cpu_bound)
         self.returned += len(pickle.dumps(out))
         return out
 
@@ -143,9 +148,14 @@ class _OrderFiles(_Recording):
         self.files: list[tuple[tuple[int, ...], list[int]]] = []
 
     def map_partitions(
-        self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], *, partitions: int
+        self,
+        fn: Callable[[list[Any]], list[Any]],
+        items: Sequence[Any],
+        *,
+        partitions: int,
+        cpu_bound: bool = False,
     ) -> list[Any]:
-        out = super().map_partitions(fn, items, partitions=partitions)
+        out = super().map_partitions(fn, items, partitions=partitions, cpu_bound=cpu_bound)
         for item in (i for group in items for i in (group if isinstance(group, list) else [group])):
             if isinstance(item, OrderTask):
                 meta = pq.ParquetFile(storage.filesystem(item.uri)[1]).metadata

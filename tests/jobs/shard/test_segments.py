@@ -181,6 +181,6 @@ def test_a_writer_never_truncates_a_complete_file(tmp_path: Path):
     ],
 )
 def test_default_preprocessing_tasks_are_capped(rows: int, cores: int, tasks: int) -> None:
-    from jobs.shard_steps.build import default_tasks
+    from jobs.shard_steps.build_state import default_tasks
 
     assert default_tasks(rows, cores) == tasks

@@ -31,12 +31,15 @@ def default_tasks(rows: int, cores: int) -> int:
     return max(cores, min(math.ceil(rows / _ROWS_PER_TASK), max(_MAX_TASKS, 4 * cores)))
 
 
-def run_tasks(engine: Engine, fn: Any, items: list[Any], sizes: list[int], slots: int) -> list[Any]:
-    """``fn`` over ``items`` on the engine, packed into at most ``slots`` tasks by ``sizes``."""
+def run_tasks(
+    engine: Engine, fn: Any, items: list[Any], sizes: list[int], slots: int, *, cpu_bound: bool = False
+) -> list[Any]:
+    """``fn`` over ``items`` on the engine, packed into at most ``slots`` tasks by ``sizes``
+    (``cpu_bound``: see :meth:`~jobs.common.engines.Engine.map_partitions`)."""
     if not items:
         return []
     bins = pack(items, sizes, slots)
-    return engine.map_partitions(each(fn), bins, partitions=len(bins))
+    return engine.map_partitions(each(fn), bins, partitions=len(bins), cpu_bound=cpu_bound)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,226 @@
+"""gcp-storage-emulator (PyPI) as the tests run it: in memory on 127.0.0.1, with what it lacks of
+the GCS JSON API added here, test-side, as Google documents it (design/0041):
+
+* **Generation preconditions** (https://cloud.google.com/storage/docs/request-preconditions):
+  ``ifGenerationMatch`` and ``ifGenerationNotMatch`` on uploads, downloads, metadata reads and
+  deletes. A condition that does not hold is answered ``412 conditionNotMet``;
+  ``ifGenerationMatch=0`` means "no live object of that name". Real GCS enforces them; the
+  emulator (2026.7.19) ignores them, so without this a lock test would pass against anything.
+  One lock is held around every handler, so a check and the write it guards are one step.
+* **What a download answers** (https://cloud.google.com/storage/docs/json_api/v1/objects/get):
+  ``x-goog-generation``, ``x-goog-metageneration`` and ``Last-Modified`` headers, and suffix
+  ranges (``Range: bytes=-N``, RFC 9110 14.1.2), which the emulator ignores.
+* **Threads**: a thread per connection (the emulator's server takes one connection at a time,
+  with a listen backlog of 5), the handlers still one at a time.
+* **A request count**: ``GET /_lakeshard/requests`` gives the media downloads (``GET`` of an
+  object's bytes) served so far, by bucket: the store's own count, compared with the loader's.
+
+Run ``python -m tests.helpers.gcs_emulator``: it prints the port it listens on, then serves
+until stdin closes or it is terminated. :func:`start_emulator` does that from a fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from email.utils import format_datetime
+from functools import partial
+from http import HTTPStatus
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Emulator", "start_emulator"]
+
+_LOCK = threading.Lock()
+_DOWNLOADS: Counter[str] = Counter()
+_COUNTS_PATH = "/_lakeshard/requests"
+
+
+@dataclass
+class Emulator:
+    """A running emulator subprocess: its endpoint (``http://127.0.0.1:PORT``)."""
+
+    endpoint: str
+    process: subprocess.Popen[str]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def downloads(self) -> dict[str, int]:
+        """Media downloads served so far, by bucket."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.endpoint + _COUNTS_PATH, timeout=30) as resp:
+            return dict(json.loads(resp.read()))
+
+
+def start_emulator(timeout_s: float = 120.0) -> Emulator:
+    """Start the emulator in a subprocess on a free port of 127.0.0.1 and wait until it listens."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.gcs_emulator"],
+        cwd=root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # a client that hangs up mid-answer: a traceback each
+        text=True,
+    )
+    assert proc.stdout is not None
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(timeout_s)
+    if not line or not line[0].strip().isdigit():
+        proc.kill()
+        raise RuntimeError(f"the GCS emulator did not start within {timeout_s:g} s: {line!r}")
+    return Emulator(f"http://127.0.0.1:{int(line[0])}", proc)
+
+
+# -- inside the emulator's process -----------------------------------------------------------------
+def _precondition_failed(response: Any) -> None:
+    response.status = HTTPStatus.PRECONDITION_FAILED
+    response.json(
+        {
+            "error": {
+                "code": 412,
+                "message": "At least one of the pre-conditions you specified did not hold.",
+                "errors": [{"reason": "conditionNotMet", "domain": "global"}],
+            }
+        }
+    )
+
+
+def _object_name(request: Any) -> str | None:
+    """The object a request names: in its path, or for an upload in ``name=`` or its metadata."""
+    params = request.params or {}
+    if params.get("object_id"):
+        return str(params["object_id"])
+    if "name" in request.query:
+        return str(request.query["name"][0])
+    data = request.data
+    if isinstance(data, dict):
+        meta = data.get("meta") if "meta" in data else data
+        if isinstance(meta, dict) and meta.get("name"):
+            return str(meta["name"])
+    return None
+
+
+def _holds(request: Any, storage: Any, upload: bool) -> bool:
+    """Whether the request's generation preconditions hold (true where it has none). A missing
+    object fails ``ifGenerationMatch=N`` (N != 0) of an upload; a read or delete of a missing
+    object is left to the handler's 404, as GCS answers."""
+    match, not_match = (
+        request.query.get(k, [None])[0] for k in ("ifGenerationMatch", "ifGenerationNotMatch")
+    )
+    if match is None and not_match is None:
+        return True
+    name = _object_name(request)
+    try:
+        current: str | None = str(storage.get_file_obj(request.params["bucket_name"], name)["generation"])
+    except Exception:  # the emulator's NotFound
+        current = None
+    if current is None:
+        return (upload and match == "0") or not upload
+    if match is not None and match != current:
+        return False
+    return not_match is None or not_match != current
+
+
+def _suffix_range(request: Any, response: Any, storage: Any) -> bool:
+    """Answer ``Range: bytes=-N`` (the last N bytes) as GCS does, 206 with ``Content-Range``;
+    False for any other request (and for a missing object: the handler answers 404)."""
+    value = (request.get_header("range") or "").strip()
+    if not value.startswith("bytes=-"):
+        return False
+    bucket, name = request.params["bucket_name"], request.params["object_id"]
+    try:
+        data, obj = storage.get_file(bucket, name), storage.get_file_obj(bucket, name)
+    except Exception:  # the emulator's NotFound
+        return False
+    start = max(0, len(data) - int(value[len("bytes=-") :]))
+    response.status = HTTPStatus.PARTIAL_CONTENT
+    response["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+    response.write_file(data[start:], content_type=obj.get("contentType"))
+    return True
+
+
+def _download_headers(request: Any, response: Any, storage: Any) -> None:
+    if response.status not in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
+        return
+    obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+    response["x-goog-generation"] = str(obj["generation"])
+    response["x-goog-metageneration"] = str(obj["metageneration"])
+    updated = datetime.fromisoformat(obj["updated"].replace("Z", "+00:00"))
+    response["Last-Modified"] = format_datetime(updated, usegmt=True)
+
+
+def _extended(handler: Callable[..., Any], *, upload: bool, download: bool) -> Callable[..., Any]:
+    def run(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+        media = download or request.query.get("alt", [""])[0] == "media"
+        with _LOCK:
+            if not _holds(request, storage, upload):
+                return _precondition_failed(response)
+            if media:
+                _DOWNLOADS[request.params["bucket_name"]] += 1
+            if not (media and _suffix_range(request, response, storage)):
+                handler(request, response, storage, *args, **kwargs)
+            if media:
+                _download_headers(request, response, storage)
+
+    return run
+
+
+def _counts(request: Any, response: Any, storage: Any) -> None:
+    with _LOCK:
+        response.json(dict(_DOWNLOADS))
+
+
+def _install() -> None:
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import objects
+
+    def extend(handlers: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+        return {
+            method: _extended(
+                fn,
+                upload=fn in (objects.insert, objects.xml_upload),
+                download=fn is objects.download,
+            )
+            for method, fn in handlers.items()
+        }
+
+    extended = tuple((regex, extend(handlers)) for regex, handlers in server.HANDLERS)
+    server.HANDLERS = ((rf"^{_COUNTS_PATH}$", {"GET": _counts}), *extended)
+    objects.insert = _extended(objects.insert, upload=True, download=False)  # the router's fallback
+
+
+def main() -> None:
+    import logging
+
+    from gcp_storage_emulator.server import RequestHandler
+    from gcp_storage_emulator.storage import Storage
+
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+    _install()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(RequestHandler, Storage(use_memory_fs=True)))
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    print(httpd.server_port, flush=True)
+    sys.stdin.read()  # until the fixture closes stdin (or terminates this process)
+    httpd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
