@@ -11,7 +11,8 @@ preprocessing: Pillow parses a JPEG's markers and runs its encoder holding the G
 of each image's time) runs on worker processes instead, one per core, forked from a
 ``forkserver`` started with the engine (a clean process: no thread of this one, such as a
 lock's refresher, is copied into a worker) and kept until the engine closes; each task gets
-this process's environment as it is when the map starts.
+this process's environment as it is when the map starts. A worker exits when this process
+does, killed or not.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import select
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -37,6 +41,32 @@ log = logging.getLogger(__name__)
 #: Imported once by the forkserver, so that each worker forked from it starts with them (both
 #: jobs' modules: a worker imports the main module again, ``jobs/build.py`` for one).
 _PRELOAD = ["jobs.build"]
+
+
+def _follow(driver: int) -> None:
+    """In a worker process: exit when the ``driver`` process does. A driver killed (``kill -9``)
+    closes no pipe the worker waits on (a worker holds both ends of its task queue), so without
+    this its workers, and the forkserver they keep alive, would wait for tasks forever."""
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(driver)
+        except (AttributeError, OSError):  # not Linux 5.3+: look once a second
+            while _alive(driver):
+                time.sleep(1)
+        else:
+            select.select([fd], [], [])  # readable once the driver has exited
+        os._exit(0)
+
+    threading.Thread(target=watch, name="lakeshard-follow-driver", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _in_environ(env: dict[str, str], fn: Callable[[list[Any]], list[Any]], part: list[Any]) -> list[Any]:
@@ -89,7 +119,9 @@ class LocalEngine:
 
     def _on_processes(self, fn: Callable[[list[Any]], list[Any]], parts: list[list[Any]]) -> list[Any]:
         if self._processes is None:
-            self._processes = ProcessPoolExecutor(self._workers, mp_context=self._context)
+            self._processes = ProcessPoolExecutor(
+                self._workers, mp_context=self._context, initializer=_follow, initargs=(os.getpid(),)
+            )
         env = dict(os.environ)
         try:
             return _joined(self._processes, partial(_in_environ, env, fn), parts)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,44 @@ def test_a_worker_process_killed_mid_task_fails_the_map_naming_it() -> None:
         assert sorted(engine.map_partitions(_fail_on_3, [5, 6], partitions=2, cpu_bound=True)) == [5, 6]
     finally:
         engine.close()
+
+
+_KILLED_DRIVER = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from jobs.common.engines.local_engine import LocalEngine
+from tests.jobs.engines.test_local_engine import _where
+
+if __name__ == "__main__":
+    engine = LocalEngine(workers=2)
+    pids = {pid for _, pid, _ in engine.map_partitions(_where, [1, 2, 3, 4], partitions=2, cpu_bound=True)}
+    print(" ".join(map(str, sorted(pids))), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # as kill -9 would: no close(), no atexit
+"""
+
+
+def test_the_worker_processes_of_a_killed_driver_exit_with_it(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(_KILLED_DRIVER)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(REPO)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    pids = [int(p) for p in proc.stdout.split()]
+    assert pids, proc.stdout
+    deadline = time.monotonic() + 30
+    while (alive := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"worker processes {alive} outlived their killed driver"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie awaiting its parent's wait has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_both_jobs_run_on_the_local_engine_from_the_command_line(tmp_path: Path) -> None:
