@@ -22,8 +22,16 @@ from typing import Any
 
 from lakeshard import storage
 from lakeshard.errors import DatasetError, StorageError
-from lakeshard.format._json_model import from_json_document, model_of, optional_of, to_json_value
-from lakeshard.format.layout import FORMAT_VERSION, check_shard_path, dataset_json_uri, shard_relpath
+from lakeshard.format._json_model import OMIT_NONE, from_json_document, model_of, optional_of, to_json_value
+from lakeshard.format.label_columns import SINGLE_LABEL
+from lakeshard.format.layout import (
+    FORMAT_VERSION,
+    READ_VERSIONS,
+    TASK_FORMAT_VERSION,
+    check_shard_path,
+    dataset_json_uri,
+    shard_relpath,
+)
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -234,6 +242,17 @@ class DatasetInfo:
         str  #: the shard rejects table, relative to the dataset root (``layout.shard_rejects_relpath``)
     )
     versions: dict[str, str]  #: library versions of the run (python, pyarrow, pillow, numpy)
+    #: ``multi-label`` or ``boxes`` (:mod:`lakeshard.format.label_columns`; format version 4);
+    #: None: ``single-label``
+    task: str | None = dataclasses.field(default=None, metadata=OMIT_NONE)
+    #: the columns the shards add to ``SHARD_SCHEMA`` (``label_columns.shard_fields``) -> their
+    #: Arrow type as text (the shards' Parquet schema holds the types); None: none added
+    columns: dict[str, str] | None = dataclasses.field(default=None, metadata=OMIT_NONE)
+
+    @property
+    def task_kind(self) -> str:
+        """The dataset's task kind: ``single-label``, ``multi-label`` or ``boxes``."""
+        return self.task or SINGLE_LABEL
 
     @classmethod
     def from_json(cls, data: Any, *, source: str = "dataset.json") -> DatasetInfo:
@@ -242,7 +261,16 @@ class DatasetInfo:
         Raises:
             DatasetError: another format version, or a field missing or of the wrong type.
         """
-        return from_json_document(cls, data, source, version=FORMAT_VERSION, advice=_rebuild_dataset)
+        found = data.get("format_version") if isinstance(data, dict) else None
+        version = found if found in READ_VERSIONS and not isinstance(found, bool) else FORMAT_VERSION
+        info = from_json_document(cls, data, source, version=version, advice=_rebuild_dataset)
+        if (info.task is None) != (version == FORMAT_VERSION):
+            raise DatasetError(
+                f"{source} has format_version {version} and task {info.task!r}: a single-label "
+                f"dataset has format_version {FORMAT_VERSION} and no task, any other has "
+                f"format_version {TASK_FORMAT_VERSION} and its task"
+            )
+        return info
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object :meth:`from_json` reads (plain dicts, lists and scalars)."""

@@ -15,13 +15,18 @@ absent: ``single-label``):
     ``labels``/``label_indices`` (the distinct classes of its boxes).
 
 Columns a labels table adds with ``--keep-columns`` follow, with the Arrow types they had.
+
+A dataset's shards carry the same columns after :data:`~lakeshard.format.layout.SHARD_SCHEMA`
+(:func:`shard_schema`), with ``label`` null beyond ``single-label``: boxes are then in pixels of
+the image as stored in the shard (resized, cropped or padded with it), and the image's size is
+the shard's ``width`` and ``height``.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from lakeshard.format.layout import MANIFEST_SCHEMA
+from lakeshard.format.layout import MANIFEST_SCHEMA, SHARD_SCHEMA
 
 __all__ = [
     "BOXES",
@@ -30,6 +35,8 @@ __all__ = [
     "SINGLE_LABEL",
     "TASK_KINDS",
     "manifest_schema",
+    "shard_fields",
+    "shard_schema",
     "task_fields",
 ]
 
@@ -75,3 +82,18 @@ def manifest_schema(task: str = SINGLE_LABEL, kept: pa.Schema | None = None) -> 
     """The manifest tables' schema: :data:`MANIFEST_SCHEMA` (exactly, for a single-label
     manifest with no kept column), the task's columns, then the kept columns ``kept``."""
     return pa.schema([*MANIFEST_SCHEMA, *task_fields(task), *(kept or [])])
+
+
+def shard_fields(task: str, kept: pa.Schema | None = None) -> list[pa.Field]:
+    """The columns a ``task`` dataset's shards add to :data:`SHARD_SCHEMA`: the manifest's
+    label columns (not the original image's size: the shard's ``width`` and ``height`` are
+    the stored image's), then the kept columns ``kept``.
+
+    Raises ``ValueError`` naming an unknown task kind."""
+    return [f for f in task_fields(task) if f.name not in ("image_width", "image_height")] + list(kept or [])
+
+
+def shard_schema(task: str = SINGLE_LABEL, kept: pa.Schema | None = None) -> pa.Schema:
+    """A shard's schema: :data:`SHARD_SCHEMA` (exactly, for a single-label dataset with no kept
+    column), then :func:`shard_fields`."""
+    return pa.schema([*SHARD_SCHEMA, *shard_fields(task, kept)])

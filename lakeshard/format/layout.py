@@ -42,9 +42,11 @@ __all__ = [
     "CHANNELS",
     "FORMAT_VERSION",
     "MANIFEST_SCHEMA",
+    "READ_VERSIONS",
     "SHARD_REJECTS_SCHEMA",
     "SHARD_SCHEMA",
     "STORED_IMAGE_SIGNATURES",
+    "TASK_FORMAT_VERSION",
     "VERSION_MARKER",
     "channel_dirname",
     "check_shard_path",
@@ -77,6 +79,13 @@ __all__ = [
 #: (``shards/channel=train/``), shard rejects in ``rejects/shards.parquet``. Readers refuse any
 #: other version (see docs/format.md).
 FORMAT_VERSION = 3
+#: The format version of a manifest or dataset whose task is not ``single-label``
+#: (:mod:`lakeshard.format.label_columns`): its rows carry label columns beyond one class, which a
+#: reader of version 3 would take for single-label rows, so it must refuse them. A single-label
+#: manifest or dataset keeps :data:`FORMAT_VERSION`, byte for byte.
+TASK_FORMAT_VERSION = 4
+#: The format versions this code reads.
+READ_VERSIONS = (FORMAT_VERSION, TASK_FORMAT_VERSION)
 
 #: In a version folder: written when the build's shards are complete, before ``dataset.json``
 #: names them (a copy of that ``dataset.json``). A version folder without it is a build in

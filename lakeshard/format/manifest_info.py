@@ -24,7 +24,7 @@ from lakeshard import storage
 from lakeshard.errors import DatasetError, StorageError
 from lakeshard.format._json_model import OMIT_NONE, from_json_document, to_json_value
 from lakeshard.format.label_columns import SINGLE_LABEL
-from lakeshard.format.layout import FORMAT_VERSION, manifest_marker_uri
+from lakeshard.format.layout import FORMAT_VERSION, READ_VERSIONS, TASK_FORMAT_VERSION, manifest_marker_uri
 
 __all__ = [
     "TASK_FORMAT_VERSION",
@@ -36,13 +36,6 @@ __all__ = [
     "read_manifest_info",
     "write_manifest_info",
 ]
-
-
-#: The format version of a manifest whose task is not ``single-label`` (its rows carry label
-#: columns beyond one class, which a reader of version 3 would take for single-label rows, so it
-#: must refuse them). A single-label manifest keeps :data:`FORMAT_VERSION`, byte for byte.
-TASK_FORMAT_VERSION = 4
-_VERSIONS = (FORMAT_VERSION, TASK_FORMAT_VERSION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +158,7 @@ class ManifestInfo:
             DatasetError: another format version, or a field missing or of the wrong type.
         """
         found = data.get("format_version") if isinstance(data, dict) else None
-        version = found if found in _VERSIONS and not isinstance(found, bool) else FORMAT_VERSION
+        version = found if found in READ_VERSIONS and not isinstance(found, bool) else FORMAT_VERSION
         return from_json_document(cls, data, source, version=version, advice=_rebuild_manifest)
 
     def to_json(self) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def test_fields_it_does_not_know_are_ignored(root: Path):
     assert fmt.DatasetInfo.from_json(data) == fmt.DatasetInfo.from_json(raw(root))
 
 
-@pytest.mark.parametrize("version", [1, 2, 4, None, "3"])
+@pytest.mark.parametrize("version", [1, 2, 5, None, "3"])
 def test_another_format_version_is_refused_with_what_to_do(root: Path, version: Any):
     data = raw(root)
     data["format_version"] = version
@@ -66,6 +66,21 @@ def test_another_format_version_is_refused_with_what_to_do(root: Path, version: 
         r"version 3 only: rebuild the dataset .*jobs/shard.py --overwrite",
     ):
         fmt.read_dataset_info(str(root))
+
+
+def test_a_task_and_format_version_4_go_together(root: Path):
+    data = raw(root)
+    assert fmt.DatasetInfo.from_json(data).task_kind == "single-label"
+    data.update(format_version=4, task="boxes", columns={"boxes": "list<...>"})
+    info = fmt.DatasetInfo.from_json(data)
+    assert (info.task_kind, info.to_json()) == ("boxes", data)
+    for version, task in [(4, None), (3, "multi-label")]:
+        data = raw(root)
+        data.update(format_version=version, task=task)
+        with pytest.raises(
+            DatasetError, match=rf"has format_version {version} and task {task!r}: a single-label"
+        ):
+            fmt.DatasetInfo.from_json(data)
 
 
 def _without(data: dict[str, Any], path: list[Any]) -> dict[str, Any]:
