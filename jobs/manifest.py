@@ -382,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         summary=summary_line,
         prog="jobs/manifest.py",
         prepare=prepare,
+        cpu_bound=False,  # its maps wait on storage or run Arrow: threads
     )
 
 

@@ -54,9 +54,11 @@ def run_job(
     summary: Callable[[Any, Any], str],
     prog: str,
     prepare: Callable[[Any], AbstractContextManager[Any]] | None = None,
+    cpu_bound: bool = True,
 ) -> int:
     """Parse ``argv`` into ``config``, enter ``prepare(config)``, start its engine, ``run`` the
-    job, print ``summary``.
+    job, print ``summary``. ``cpu_bound``: the job runs ``cpu_bound`` maps (the local engine
+    starts their processes with it).
 
     ``prepare`` is the job's: it checks the inputs and takes the output's lock
     (:mod:`lakeshard.locks`), in the order the job needs, and holds the lock until the job
@@ -78,6 +80,7 @@ def run_job(
                 cfg.engine,
                 scheduler=cfg.scheduler,
                 app_name=f"lakeshard-{os.path.splitext(os.path.basename(prog))[0]}",
+                start_processes=cpu_bound,
             )
             try:
                 return cfg, run(cfg, engine)

@@ -9,7 +9,7 @@ start. Tasks run on a thread pool in this process, where they mostly wait on sto
 Arrow and Pillow code that releases the GIL. A map that is ``cpu_bound`` (the shard job's
 preprocessing: Pillow parses a JPEG's markers and runs its encoder holding the GIL, about half
 of each image's time) runs on worker processes instead, one per core, forked from a
-``forkserver`` started with the engine (a clean process: no thread of this one, such as a
+``forkserver`` started with the engine when the job runs such maps (a clean process: no thread of this one, such as a
 lock's refresher, is copied into a worker) and kept until the engine closes; each task gets
 this process's environment as it is when the map starts. A worker exits when this process
 does, killed or not.
@@ -80,15 +80,19 @@ def _in_environ(env: dict[str, str], fn: Callable[[list[Any]], list[Any]], part:
 class LocalEngine:
     name = "local"
 
-    def __init__(self, *, workers: int | None = None, **_: Any) -> None:
+    def __init__(self, *, workers: int | None = None, start_processes: bool = True, **_: Any) -> None:
+        """``start_processes``: start the forkserver of the ``cpu_bound`` maps now, importing
+        the jobs' modules while the job plans, so that the first such map does not wait (a job
+        that runs none passes False: it would cost a second of CPU and 130 MB for nothing; a
+        ``cpu_bound`` map then starts it)."""
         check_positive("workers", workers, allow_none=True)
         self._workers = workers or os.cpu_count() or 1
         self._processes: ProcessPoolExecutor | None = None
         self._context = multiprocessing.get_context("forkserver")
         if self._workers > 1:
             self._context.set_forkserver_preload(_PRELOAD)
-            # Started now, importing _PRELOAD while the jobs plan: the first map does not wait.
-            multiprocessing.forkserver.ensure_running()
+            if start_processes:
+                multiprocessing.forkserver.ensure_running()
         log.info("local engine: %d thread(s) in this process (processes for preprocessing)", self._workers)
 
     @property

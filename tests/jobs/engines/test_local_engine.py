@@ -182,3 +182,32 @@ def test_both_jobs_run_on_the_local_engine_from_the_command_line(tmp_path: Path)
         assert proc.returncode == 0, proc.stderr[-3000:]
     info = check_dataset(str(out))
     assert info.engine == "local"
+
+
+_MANIFEST_ALONE = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from jobs.manifest import main
+
+assert main(["--input", sys.argv[2], "--output", sys.argv[3], "--engine", "local", "--split-method", "stratified"]) == 0
+print("children:", *(open(f"/proc/self/task/{t}/children").read() for t in os.listdir("/proc/self/task")))
+"""
+
+
+def test_the_manifest_job_alone_starts_no_worker_process(tmp_path: Path) -> None:
+    """Its maps are not cpu_bound: the local engine's forkserver (a second of CPU importing the
+    jobs' modules) and its resource tracker are not started."""
+    lake = tmp_path / "raw"
+    write_lake(lake, {"a": 10, "b": 10})
+    script = tmp_path / "manifest_alone.py"
+    script.write_text(_MANIFEST_ALONE)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(REPO), str(lake), str(tmp_path / "ds")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    children = proc.stdout.rsplit("children:", 1)[1].split()
+    assert children == [], f"the manifest job left child processes {children}"
