@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, cast
 
-from PIL import Image
+from PIL import ExifTags, Image
 
 from jobs.common.images import SNIFF_BYTES, UNSUPPORTED_FORMATS
 from jobs.common.images import sniff as sniff_format
@@ -364,25 +364,37 @@ def list_prefix(root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _N
     return rows
 
 
-def _header_size(data: bytes) -> tuple[int, int] | None:
-    """An image's width and height from its first bytes (None: not within them, or unreadable)."""
+#: EXIF orientations that swap width and height (a transpose or a quarter turn).
+_TRANSPOSED = frozenset({5, 6, 7, 8})
+
+
+def _header_size(data: bytes, *, whole: bool) -> tuple[int, int] | None:
+    """An image's width and height as displayed (EXIF orientation applied: boxes are drawn on
+    the image an annotator sees) from its first bytes, or all of them (``whole``). None: not
+    within them, or unreadable."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size
-            return width, height
+            try:
+                orientation = img.getexif().get(ExifTags.Base.Orientation, 1)
+            except Exception:  # the EXIF is beyond these bytes (a PNG's eXIf chunk), or damaged
+                if not whole:
+                    return None
+                orientation = 1
     except Exception:  # Pillow raises many kinds for a cut-off or foreign header
         return None
+    return (height, width) if orientation in _TRANSPOSED else (width, height)
 
 
 def _image_size(row: LabelledRow, data: bytes) -> LabelledRow:
     """Record the image's width and height from its header (``data``: its first bytes, or
     all of them); the whole object is read when the header is not within ``data``."""
-    size = _header_size(data)
+    size = _header_size(data, whole=len(data) >= row["size"])
     if size is None and len(data) < row["size"]:
         whole = storage.read_listed(row["uri"])
         if isinstance(whole, str):
             return cast(LabelledRow, reject(row, whole))
-        size = _header_size(whole)
+        size = _header_size(whole, whole=True)
     if size is None:
         return cast(
             LabelledRow, reject(row, f"cannot read image size: its {row['format']} header is not readable")

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from PIL import ExifTags, Image, ImageOps
 
 from jobs import build
 from jobs import manifest as manifest_job
@@ -503,3 +504,35 @@ def test_a_table_of_lists_without_task_names_the_flag(tmp_path: Path, lake: tupl
         ManifestError, match=r"has no 'label' column .* read with --task multi-label or --task boxes$"
     ):
         check_manifest_inputs(ManifestConfig(input=root, output=str(tmp_path / "ds"), labels=table))
+
+
+def test_boxes_are_placed_on_the_image_as_displayed_exif_orientation_applied(
+    tmp_path: Path, local_engine
+) -> None:
+    """An image stored turned a quarter, with the EXIF orientation that turns it back: its boxes
+    (drawn on the image as displayed, as an annotator sees it) fit the displayed size, which the
+    manifest records; against the stored size they would fall outside it."""
+    drawn = shapes_lake(tmp_path / "lake", N, seed=5)
+    turned = drawn[0]
+    assert turned.width != turned.height
+    path = tmp_path / "lake" / turned.key
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = 6  # shown turned 90 degrees clockwise
+    with Image.open(path) as img:
+        stored = img.transpose(Image.Transpose.ROTATE_90)  # what orientation 6 turns back
+    stored.save(path, "PNG", exif=exif)
+    with Image.open(path) as img:
+        assert ImageOps.exif_transpose(img).size == (turned.width, turned.height)
+    records = [{"key": d.key, "boxes": [s.box() for s in d.shapes]} for d in drawn]
+    _run(
+        storage.normalize(str(tmp_path / "lake")),
+        _table(tmp_path / "t", records, "jsonl"),
+        tmp_path / "o",
+        local_engine,
+        task="boxes",
+    )
+    row = _accepted(tmp_path / "o")[turned.key]
+    assert (row["image_width"], row["image_height"]) == (turned.width, turned.height)
+    assert [(b["x"], b["y"], b["width"], b["height"]) for b in row["boxes"]] == [
+        (s.x, s.y, s.width, s.height) for s in turned.shapes
+    ]
