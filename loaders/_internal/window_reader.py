@@ -366,7 +366,9 @@ class WindowReader:
             data = fetcher.get(key, stop)
             if data is None:
                 return None
-            columns = [c for c in self.columns if c in md.schema.names]
+            # A nested column (boxes) is among the Arrow schema's names, not the Parquet leaves'.
+            names = md.schema.to_arrow_schema().names if self.fields else md.schema.names
+            columns = [c for c in self.columns if c in names]
             return read_row_group(md, footer.size, piece.row_group, r.start, data, columns)
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc

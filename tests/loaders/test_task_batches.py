@@ -262,3 +262,15 @@ def test_the_preparation_cluster_makes_the_named_batches(boxes, cluster):
     ):
         _same(_epoch(far), _epoch(here))
         assert far.batch_decoding.prep is not None and far.batch_decoding.prep.batches > 0
+
+
+def test_a_remote_dataset_yields_the_local_batches_cached_or_not(boxes, s3_bucket, tmp_path):
+    from tests.helpers.store import upload
+
+    remote = upload(boxes, s3_bucket)
+    kw = {**OPTIONS, "augment": True, "crop": 24}
+    with ShardLoader(str(boxes), **kw) as here:
+        expected = [_epoch(here, e) for e in (0, 1)]
+    with ShardLoader(remote, **kw, cache_dir=str(tmp_path / "cache")) as far:
+        for e in (0, 1):  # epoch 1 reads the cached copies
+            _same(_epoch(far, e), expected[e])
