@@ -30,6 +30,8 @@ CHANNEL_OFFSET = {"train": 0, "validation": 20_000, "test": 40_000}
 KEPT = pa.schema([pa.field("caption", pa.string()), pa.field("score", pa.float64())])
 #: The colour of the shape drawn in each box of a boxes dataset (pure white: no background is).
 BOX_COLOUR = (255, 255, 255)
+#: The colour of each class's stripe in a multi-label dataset (no background has blue 255).
+CLASS_COLOURS = ((0, 0, 255), (0, 255, 255), (255, 0, 255), (255, 255, 255))
 
 
 def labels_of(sample_id: int, num_classes: int) -> list[int]:
@@ -64,13 +66,21 @@ def _task_columns(ids: list[int], size: int, task: str, num_classes: int) -> dic
     return columns
 
 
-def _draw_boxes(image: bytes, sample_id: int, size: int) -> bytes:
-    """``image`` (PNG) with sample ``sample_id``'s box filled with :data:`BOX_COLOUR`."""
+def _draw_shapes(image: bytes, sample_id: int, size: int, fmt: str, task: str, num_classes: int) -> bytes:
+    """``image`` with sample ``sample_id``'s shapes in :data:`BOX_COLOUR`, encoded again as
+    ``fmt``: its box (``boxes``), or a stripe of colour :data:`CLASS_COLOURS` ``[c]`` across the
+    image's ``c``-th quarter from the top for each of its classes ``c`` (``multi-label``, 4
+    classes at most: what a model can learn them by, a horizontal flip or not)."""
     arr = np.asarray(Image.open(io.BytesIO(image)).convert("RGB")).copy()
-    x, y, w, h = box_of(sample_id, size)
-    arr[y : y + h, x : x + w] = BOX_COLOUR
+    if task == "boxes":
+        x, y, w, h = box_of(sample_id, size)
+        arr[y : y + h, x : x + w] = BOX_COLOUR
+    else:
+        quarter = size // 4
+        for c in labels_of(sample_id, num_classes):
+            arr[c * quarter + quarter // 4 : (c + 1) * quarter - quarter // 4] = CLASS_COLOURS[c]
     buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
+    Image.fromarray(arr).save(buf, format="JPEG" if fmt == "jpeg" else "PNG", quality=95)
     return buf.getvalue()
 
 
@@ -171,8 +181,11 @@ def write_dataset(
         for s in range(num_shards):
             ids = [first_id + CHANNEL_OFFSET[channel] + s * per_shard + j for j in range(per_shard)]
             images = [encode_image(i, size, fmt, noise=noise) for i in ids]
-            if task == "boxes":
-                images = [_draw_boxes(image, i, size) for image, i in zip(images, ids, strict=True)]
+            if task is not None:
+                images = [
+                    _draw_shapes(image, i, size, fmt, task, num_classes)
+                    for image, i in zip(images, ids, strict=True)
+                ]
             for c_channel, c_shard, c_row in corrupt:
                 if (c_channel, c_shard) == (channel, s):
                     images[c_row] = b"\xff\xd8\xff this is not an image"
