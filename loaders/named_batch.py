@@ -26,7 +26,7 @@ It reads by attribute (``batch.boxes``) or by key (``batch["boxes"]``, a kept co
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,12 +111,27 @@ class Batch:
     def cropped(self, ys: list[int], xs: list[int], size: int) -> Batch:
         """The boxes of each image ``i`` cropped to its ``size`` x ``size`` window at
         ``(ys[i], xs[i])``: shifted, clipped to the window, and dropped where no area is left."""
+        n = len(ys)
+        return self.windowed(xs, ys, [size] * n, [size] * n, size)
+
+    def windowed(
+        self,
+        xs: Sequence[float],
+        ys: Sequence[float],
+        widths: Sequence[float],
+        heights: Sequence[float],
+        size: int,
+    ) -> Batch:
+        """The boxes of each image ``i`` in its window ``(xs[i], ys[i], widths[i], heights[i])``
+        (pixels) resized to ``size`` x ``size``: shifted, scaled, clipped to the window, and
+        dropped where no area is left."""
         if self.boxes is None:
             return self
         moved = []
-        for box, y, x in zip(self.boxes, ys, xs, strict=True):
-            shifted = box - torch.tensor([x, y, x, y], dtype=box.dtype)
-            moved.append(shifted.clamp(0, size))
+        for box, x, y, w, h in zip(self.boxes, xs, ys, widths, heights, strict=True):
+            origin = torch.tensor([x, y, x, y], dtype=box.dtype)
+            scale = torch.tensor([size / w, size / h, size / w, size / h], dtype=box.dtype)
+            moved.append(((box - origin) * scale).clamp(0, size))
         return self._keep_with_area(moved)
 
     def flipped(self, flip: np.ndarray, width: int) -> Batch:

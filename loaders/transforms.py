@@ -21,7 +21,7 @@ It returns what the loader yields for the batch (the transforms here return
 The transforms here take and return uint8 images, except :class:`Normalize` (float32 out),
 which goes last. :func:`default_transform` builds the loader's ``augment``/``crop``/``normalize``
 options out of them. :class:`CenterCrop` and :class:`RandomFlipCrop` move a batch's boxes with
-its pixels; :class:`RandomResizedCrop` refuses a batch with boxes.
+its pixels, and so does :class:`RandomResizedCrop` (scaled with the window).
 """
 
 from __future__ import annotations
@@ -233,10 +233,6 @@ class RandomResizedCrop:
     def __call__(
         self, images: torch.Tensor, labels: Labels, generator: torch.Generator
     ) -> tuple[torch.Tensor, Labels]:
-        if isinstance(labels, Batch) and labels.boxes is not None:
-            raise ValueError(
-                "RandomResizedCrop does not move boxes: use RandomFlipCrop (augment=True) on a boxes dataset"
-            )
         n = images.shape[0]
         area = torch.empty(n).uniform_(*self.scale, generator=generator)
         log_ratio = torch.empty(n).uniform_(
@@ -255,6 +251,10 @@ class RandomResizedCrop:
         out = F.grid_sample(
             images.to(torch.float32), grid, mode="bilinear", padding_mode="border", align_corners=False
         )
+        if isinstance(labels, Batch):  # the window in pixels: [-1, 1] spans the image's edges
+            width, height = images.shape[-1], images.shape[-2]
+            xs, ys = ((cx - w + 1) / 2 * width).tolist(), ((cy - h + 1) / 2 * height).tolist()
+            labels = labels.windowed(xs, ys, (w * width).tolist(), (h * height).tolist(), self.size)
         return out.round_().clamp_(0, 255).to(torch.uint8), labels
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ from loader_builders import BOX_COLOUR, box_of, labels_of, write_dataset
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders import Batch, MixedLoader, ShardLoader
+from loaders.transforms import Compose, RandomResizedCrop
 
 ROWS = {"train": 46, "validation": 6, "test": 6}
 OPTIONS = {"batch_size": 8, "shuffle": True, "seed": 3, "shuffle_window": 16, "num_threads": 2}
@@ -88,6 +89,30 @@ def test_boxes_come_out_where_the_shapes_are_after_augments_crop_and_flip(boxes)
                     assert box.shape == (1, 4) and classes.tolist() == [sample % 3]
                     assert np.allclose(box[0].tolist(), drawn, atol=1.0), (sample, box, drawn)
     assert cut  # it happened on these draws
+
+
+def _half_lit(image: torch.Tensor) -> list[float] | None:
+    """``x0, y0, x1, y1`` of the pixels whose blue is past half way from the background's (17)
+    to the shape's (255): where a resampled shape's edges are, within a pixel."""
+    ys, xs = torch.nonzero(image[2] > (17 + 255) / 2, as_tuple=True)
+    if not len(xs):
+        return None
+    return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+
+
+def test_random_resized_crop_scales_boxes_with_the_window(boxes):
+    rrc = Compose([RandomResizedCrop(24, scale=(0.3, 1.0))])
+    compared = 0
+    with ShardLoader(str(boxes), **OPTIONS, transform=rrc) as loader:
+        for batch in loader:
+            for image, box in zip(batch.images, batch.boxes, strict=True):
+                lit = _half_lit(image)
+                if lit is None:  # less than half a pixel of the shape is left
+                    assert len(box) == 0 or min(box[0, 2] - box[0, 0], box[0, 3] - box[0, 1]) < 1.5
+                    continue
+                assert box.shape == (1, 4) and np.allclose(box[0].tolist(), lit, atol=1.0), (box, lit)
+                compared += 1
+    assert compared > 30
 
 
 def test_the_flip_mirrors_boxes(boxes):
