@@ -6,12 +6,14 @@
 from loaders._internal.plan import num_batches, rank_segments, rows_per_rank
 from loaders.batch import PAD_LABEL, EncodedBatch, SkippedRow
 from loaders.mixed_loader import MixedLoader
+from loaders.named_batch import Batch
 from loaders.options import Cost, Decoding, LoaderOptions, Preparation, RemoteReads, default_threads
 from loaders.shard_loader import STATE_FORMAT, ShardLoader
 
 __all__ = [
     "PAD_LABEL",
     "STATE_FORMAT",
+    "Batch",
     "Cost",
     "Decoding",
     "EncodedBatch",

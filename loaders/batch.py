@@ -2,7 +2,9 @@
 
 Images are uint8 ``[B, 3, H, W]`` in ``torch.channels_last`` memory format; labels are int64
 ``[B]``. Then the batch goes through ``DecodeSpec.transform`` (:mod:`loaders.transforms`), on
-the same thread, and the batch is what the transform returns.
+the same thread, and the batch is what the transform returns. A multi-label or boxes dataset's
+rows carry their label columns (``BatchTask.fields``) and make a :class:`~loaders.Batch`
+(:mod:`loaders.named_batch`), which the transform gets in place of the labels.
 
 A decode thread gets a whole batch, so the cost of handing out a task is paid once per batch,
 not once per image. The transform's generator is seeded by ``(seed, epoch, rank, batch index)``,
@@ -19,11 +21,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from lakeshard.errors import LoaderError
 from loaders._internal.buffers import BufferPool
 from loaders.decode import BatchDecoder, Buffer
+from loaders.named_batch import Batch, bad_label_rows, batch_of_rows
 from loaders.stats import DecodeTally
 from loaders.transforms import Transform, batch_generator
 
@@ -69,6 +73,8 @@ class BatchTask:
     pads: np.ndarray
     shards: np.ndarray
     rows: np.ndarray
+    #: The rows' label columns (a multi-label or boxes dataset; ``None``: single-label).
+    fields: pa.Table | None = None
 
 
 class EncodedBatch(NamedTuple):
@@ -90,10 +96,12 @@ class DecodeTarget:
     """What a batch's rows are decoded for, wherever they are decoded (this process:
     :class:`DecodeSpec`; a preparation cluster's worker: :class:`loaders._internal.prep.Recipe`): the
     image size, the classes, the shards its rows name, the ``(seed, epoch, rank)`` its random
-    draws are seeded with, and whether a bad row is skipped."""
+    draws are seeded with, whether a bad row is skipped, and the dataset's task kind (``None``:
+    single-label; else its rows make a :class:`~loaders.Batch`)."""
 
     size: int
     num_classes: int
+    task: str | None
     shard_uris: tuple[str, ...]
     seed: int
     epoch: int
@@ -174,20 +182,30 @@ def _transform(
 
 
 def pinned(batch: Any) -> Any:
-    """``batch`` with its tensors (itself, or the items of a tuple or list) in pinned memory."""
+    """``batch`` with its tensors (itself, the items of a tuple or list, a :class:`Batch`'s) in
+    pinned memory."""
     if isinstance(batch, torch.Tensor):
         return batch.pin_memory()
+    if isinstance(batch, Batch):
+        return batch.pinned()
     if isinstance(batch, tuple | list):
         return type(batch)(pinned(b) if isinstance(b, torch.Tensor) else b for b in batch)
     return batch
 
 
-def _bad_labels(task: BatchTask, spec: DecodeSpec) -> tuple[np.ndarray, list[bool] | None]:
+def _bad_labels(task: BatchTask, spec: DecodeSpec) -> tuple[np.ndarray, list[str | None] | None]:
     """The batch's labels as int64 (a copy) and, if any row's label is null or out of range
-    (pads aside), which rows those are."""
+    (pads aside), why, row by row (``None`` for a good row). A multi-label or boxes row's
+    labels are its label columns' (:func:`~loaders.named_batch.bad_label_rows`)."""
     labels = task.labels.astype(np.int64, copy=True)
+    if task.fields is not None:
+        reasons = bad_label_rows(task.fields, spec.num_classes)
+        bad = [None if pad else r for r, pad in zip(reasons, task.pads.tolist(), strict=True)]
+        return labels, bad if any(bad) else None
     bad_label = ~task.pads & ((labels < 0) | (labels >= spec.num_classes))
-    return labels, bad_label.tolist() if bad_label.any() else None
+    if not bad_label.any():
+        return labels, None
+    return labels, [_label_error(labels, i, spec) if b else None for i, b in enumerate(bad_label.tolist())]
 
 
 def _label_error(labels: np.ndarray, i: int, spec: DecodeSpec) -> str:
@@ -196,18 +214,20 @@ def _label_error(labels: np.ndarray, i: int, spec: DecodeSpec) -> str:
     return f"label {int(labels[i])} out of range [0, {spec.num_classes})"
 
 
-def encoded_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> EncodedBatch | None:
+def encoded_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> EncodedBatch | Batch | None:
     """One batch of ``decoder="none"``: the encoded images as they are stored, and the labels,
     shards and rows; a bad label or a null image is what :func:`decode_batch` makes of it (a
     :class:`LoaderError`, or with ``skip_bad_rows`` an empty image labelled ``PAD_LABEL``).
-    Whether an image decodes is the decoding side's to find out. ``None`` if ``stop`` was set."""
+    Whether an image decodes is the decoding side's to find out. A multi-label or boxes
+    dataset's batch is a :class:`Batch` of the encoded images. ``None`` if ``stop`` was set."""
     if stop.is_set():
         return None
     labels, bad = _bad_labels(task, spec)
     images = []
     for i, data in enumerate(task.images):
-        if bad is not None and bad[i]:
-            _bad_row(spec, task, i, _label_error(labels, i, spec), None)
+        reason = bad[i] if bad is not None else None
+        if reason is not None:
+            _bad_row(spec, task, i, reason, None)
         elif data is None:
             _bad_row(spec, task, i, "image is null", None)
         else:
@@ -216,6 +236,8 @@ def encoded_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> E
         images.append(torch.empty(0, dtype=torch.uint8))
         labels[i] = PAD_LABEL
     labels[task.pads] = PAD_LABEL
+    if task.fields is not None:
+        return _named(images, labels != PAD_LABEL, task, spec)
     return EncodedBatch(
         images,
         torch.from_numpy(labels),
@@ -232,11 +254,39 @@ def decode_batch(task: BatchTask, stop: threading.Event, spec: DecodeSpec) -> An
     if batch is None:
         return None
     decoded = time.thread_time()
-    if spec.transform is not None:
+    if task.fields is not None:
+        images, labels = batch
+        batch = _named(images, labels.numpy() != PAD_LABEL, task, spec)
+        if spec.transform is not None:
+            batch = _with_images(_transform(spec.transform, spec, task, batch.images, batch))
+    elif spec.transform is not None:
         batch = _transform(spec.transform, spec, task, *batch)
     if spec.tally is not None:
         spec.tally.add(len(task.images), decoded - began, time.thread_time() - decoded)
     return pinned(batch) if spec.pin_memory else batch
+
+
+def _named(images: Any, valid: np.ndarray, task: BatchTask, spec: DecodeSpec) -> Batch:
+    """The :class:`Batch` of a multi-label or boxes batch; ``valid``: the rows the decode did not
+    label :data:`PAD_LABEL` (pads, skipped rows)."""
+    assert task.fields is not None and spec.task is not None  # a task's rows carry their fields
+    return batch_of_rows(
+        images,
+        task.fields,
+        valid=valid,
+        num_classes=spec.num_classes,
+        task=spec.task,
+        shards=task.shards,
+        rows=task.rows,
+    )
+
+
+def _with_images(out: Any) -> Any:
+    """What a transform returned for a :class:`Batch`: ``(images, batch)`` becomes the batch with
+    those images; anything else is yielded as it is."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Batch):
+        return out[1].replace(images=out[0])
+    return out
 
 
 def _decode(
@@ -270,8 +320,9 @@ def _decode(
         if is_set():
             return None
         data = images[i]
-        if bad is not None and bad[i]:
-            _bad_row(spec, task, i, _label_error(labels, i, spec), None)
+        reason = bad[i] if bad is not None else None
+        if reason is not None:
+            _bad_row(spec, task, i, reason, None)
         elif data is None:
             _bad_row(spec, task, i, "image is null", None)
         else:

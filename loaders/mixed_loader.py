@@ -53,6 +53,7 @@ from loaders._internal.mix_inputs import (
     relabelling,
     same_dataset,
     same_size,
+    single_label,
 )
 from loaders._internal.mix_pipeline import (
     Assembler,
@@ -126,6 +127,7 @@ class MixedLoader(Facade):
         cache_limit: int | str = DEFAULT,
         decoding: Decoding | None = None, decoder: str = DEFAULT,
         transform: Callable[..., Any] | str | None = DEFAULT,
+        collate: Callable[..., Any] | str | None = DEFAULT,
         augment: bool = DEFAULT, crop: int | None = DEFAULT, normalize: Normalize | None = DEFAULT,
         preparation: Preparation | None = None, prep: str | None = DEFAULT, prep_timeout: float = DEFAULT,
         prep_fallback: bool = DEFAULT, prep_security: Any = DEFAULT,
@@ -178,6 +180,7 @@ class MixedLoader(Facade):
         self._rows = [src.total_rows for src in self._opened]
         raw = [w if w is not None else float(n) for (_, w), n in zip(parsed, self._rows, strict=True)]
         self.weights = normalised(raw)
+        single_label(self._opened)
         self.image_size = same_size(self._opened, opts.crop)
         self.labels, luts = label_space(self._opened, policy)
         self.num_classes = len(self.labels)

@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from lakeshard.errors import ConfigError, LoaderError
-from loaders._internal.batch_decoding import BatchDecoding, resolve_transform
+from lakeshard.errors import LoaderError
+from loaders._internal.batch_decoding import BatchDecoding, check_decoding, resolve_collate, resolve_transform
 from loaders._internal.buffers import BufferPool
 from loaders._internal.cache import ShardCache
 from loaders._internal.elastic import Leg
@@ -119,6 +119,7 @@ class ShardLoader(Facade):
         cache_limit: int | str = DEFAULT,
         decoding: Decoding | None = None, decoder: str = DEFAULT,
         transform: Callable[..., Any] | str | None = DEFAULT,
+        collate: Callable[..., Any] | str | None = DEFAULT,
         augment: bool = DEFAULT, crop: int | None = DEFAULT, normalize: Normalize | None = DEFAULT,
         preparation: Preparation | None = None, prep: str | None = DEFAULT, prep_timeout: float = DEFAULT,
         prep_fallback: bool = DEFAULT, prep_security: Any = DEFAULT,
@@ -132,8 +133,7 @@ class ShardLoader(Facade):
         self.dataset_version = self.info.dataset_version
         self.num_classes = self.info.num_classes
         self.image_size = self.info.image.size
-        if opts.crop is not None and opts.crop > self.image_size:
-            raise ConfigError(f"crop must be at most the image size {self.image_size}, got {opts.crop!r}")
+        check_decoding(opts, self.info, self.dataset)
         if opts.pin_memory and not torch.cuda.is_available():
             log.info("pin_memory=True ignored: CUDA is not available")
         self.shard_uris = source.shard_uris
@@ -177,6 +177,8 @@ class ShardLoader(Facade):
             buffers=buffers,
             tally=self.counters.tally,
             prep=self._prep,
+            task=self.info.task,
+            collate=resolve_collate(self.options),
         )
 
     def _start_io(self, blocks: int, name: str) -> None:

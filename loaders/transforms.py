@@ -4,7 +4,11 @@ A transform is any callable ``fn(images, labels, generator)``:
 
 - ``images``: the decoded batch, uint8 ``[B, 3, H, W]`` (in ``torch.channels_last`` memory
   format); the loader owns it, so a transform may change it in place;
-- ``labels``: int64 ``[B]`` (rows that must not count are :data:`~loaders.PAD_LABEL`);
+- ``labels``: int64 ``[B]`` (rows that must not count are :data:`~loaders.PAD_LABEL`); for a
+  multi-label or boxes dataset, the batch's :class:`~loaders.Batch` (its targets: multi-hot
+  labels, boxes, kept columns), which the transform returns in its place (``(images, batch)``),
+  with its boxes moved if it moved the pixels (:meth:`~loaders.Batch.cropped`,
+  :meth:`~loaders.Batch.flipped`);
 - ``generator``: a CPU :class:`torch.Generator` seeded from ``(seed, epoch, rank, batch
   index)``; draw every random number from it (``torch.rand(..., generator=generator)``) and
   the batch is augmented alike whichever thread runs it, and a resumed run augments exactly
@@ -16,7 +20,8 @@ It returns what the loader yields for the batch (the transforms here return
 
 The transforms here take and return uint8 images, except :class:`Normalize` (float32 out),
 which goes last. :func:`default_transform` builds the loader's ``augment``/``crop``/``normalize``
-options out of them.
+options out of them. :class:`CenterCrop` and :class:`RandomFlipCrop` move a batch's boxes with
+its pixels, and so does :class:`RandomResizedCrop` (scaled with the window).
 """
 
 from __future__ import annotations
@@ -32,11 +37,13 @@ import torch.nn.functional as F
 
 from lakeshard.errors import ConfigError
 from lakeshard.settings import check_positive
+from loaders.named_batch import Batch
 
 __all__ = [
     "CenterCrop",
     "ColorJitter",
     "Compose",
+    "Labels",
     "Normalize",
     "RandomFlipCrop",
     "RandomResizedCrop",
@@ -47,7 +54,10 @@ __all__ = [
 ]
 
 #: ``fn(images, labels, generator) -> anything`` (the transforms here return ``(images, labels)``).
-Transform = Callable[[torch.Tensor, torch.Tensor, torch.Generator], Any]
+Transform = Callable[[torch.Tensor, Any, torch.Generator], Any]
+#: What a transform gets beside the images: int64 labels ``[B]``, or a multi-label or boxes
+#: dataset's :class:`~loaders.Batch`.
+Labels = torch.Tensor | Batch
 
 
 def batch_generator(seed: int, epoch: int, rank: int, index: int) -> torch.Generator:
@@ -122,7 +132,7 @@ class Compose:
             if not callable(t):
                 raise ConfigError(f"Compose takes callables fn(images, labels, generator), got {t!r}")
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> Any:
+    def __call__(self, images: torch.Tensor, labels: Labels, generator: torch.Generator) -> Any:
         for t in self.transforms:
             images, labels = t(images, labels, generator)
         return images, labels
@@ -138,11 +148,13 @@ class CenterCrop:
         self.size = _positive_int("CenterCrop size", size)
 
     def __call__(
-        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, images: torch.Tensor, labels: Labels, generator: torch.Generator
+    ) -> tuple[torch.Tensor, Labels]:
         c = self.size
         _check_fits(images, c, "CenterCrop")
         n, y, x = images.shape[0], (images.shape[-2] - c) // 2, (images.shape[-1] - c) // 2
+        if isinstance(labels, Batch):
+            labels = labels.cropped([y] * n, [x] * n, c)
         return _crop(images, c, [y] * n, [x] * n), labels
 
     def __repr__(self) -> str:
@@ -157,8 +169,8 @@ class RandomFlipCrop:
         self.size = None if size is None else _positive_int("RandomFlipCrop size", size)
 
     def __call__(
-        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, images: torch.Tensor, labels: Labels, generator: torch.Generator
+    ) -> tuple[torch.Tensor, Labels]:
         n = images.shape[0]
         if self.size is not None:
             c = self.size
@@ -166,7 +178,11 @@ class RandomFlipCrop:
             ys = torch.randint(0, images.shape[-2] - c + 1, (n,), generator=generator).tolist()
             xs = torch.randint(0, images.shape[-1] - c + 1, (n,), generator=generator).tolist()
             images = _crop(images, c, ys, xs)
+            if isinstance(labels, Batch):
+                labels = labels.cropped(ys, xs, c)
         flip = (torch.rand(n, generator=generator) < 0.5).numpy()
+        if isinstance(labels, Batch):
+            labels = labels.flipped(flip, images.shape[-1])
         if flip.any():
             hwc = _nhwc(images)
             hwc[flip] = hwc[flip, :, ::-1]
@@ -187,8 +203,8 @@ class Normalize:
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
 
     def __call__(
-        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, images: torch.Tensor, labels: Labels, generator: torch.Generator
+    ) -> tuple[torch.Tensor, Labels]:
         return images.to(torch.float32).div_(255.0).sub_(self.mean).div_(self.std), labels
 
     def __repr__(self) -> str:
@@ -215,8 +231,8 @@ class RandomResizedCrop:
         self.scale, self.ratio = scale, ratio
 
     def __call__(
-        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, images: torch.Tensor, labels: Labels, generator: torch.Generator
+    ) -> tuple[torch.Tensor, Labels]:
         n = images.shape[0]
         area = torch.empty(n).uniform_(*self.scale, generator=generator)
         log_ratio = torch.empty(n).uniform_(
@@ -235,6 +251,10 @@ class RandomResizedCrop:
         out = F.grid_sample(
             images.to(torch.float32), grid, mode="bilinear", padding_mode="border", align_corners=False
         )
+        if isinstance(labels, Batch):  # the window in pixels: [-1, 1] spans the image's edges
+            width, height = images.shape[-1], images.shape[-2]
+            xs, ys = ((cx - w + 1) / 2 * width).tolist(), ((cy - h + 1) / 2 * height).tolist()
+            labels = labels.windowed(xs, ys, (w * width).tolist(), (h * height).tolist(), self.size)
         return out.round_().clamp_(0, 255).to(torch.uint8), labels
 
     def __repr__(self) -> str:
@@ -255,8 +275,8 @@ class ColorJitter:
         return torch.empty(n, 1, 1, 1).uniform_(1 - amount, 1 + amount, generator=generator)
 
     def __call__(
-        self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, images: torch.Tensor, labels: Labels, generator: torch.Generator
+    ) -> tuple[torch.Tensor, Labels]:
         n = images.shape[0]
         x = images.to(torch.float32)
         x = x * self._factors(n, self.brightness, generator)

@@ -28,6 +28,7 @@ __all__ = [
     "relabelling",
     "same_dataset",
     "same_size",
+    "single_label",
 ]
 
 #: ``"union"``: the label space is every label name of every source (sorted), each source's
@@ -131,6 +132,32 @@ def _round_up(x: float) -> float:
     """``x`` rounded up to 3 significant digits (a bound that printing must not lower)."""
     step = 10.0 ** (math.floor(math.log10(x)) - 2)
     return math.ceil(x / step) * step
+
+
+def single_label(sources: Sequence[ShardSource]) -> None:
+    """A mixture's sources are single-label datasets: sources of different task kinds (or
+    columns) are refused naming both, and a mixture of multi-label or boxes datasets naming one.
+
+    Raises:
+        DatasetError: a source whose ``dataset.json`` has a ``task``.
+    """
+    first = sources[0]
+    for src in sources[1:]:
+        if (src.info.task_kind, src.info.columns) != (first.info.task_kind, first.info.columns):
+            raise DatasetError(
+                f"sources {first.dataset} ({_kind(first)}) and {src.dataset} ({_kind(src)}) differ in task "
+                "or columns: a mixture's sources must be alike"
+            )
+    if first.info.task is not None:
+        raise DatasetError(
+            f"source {first.dataset} is a {first.info.task} dataset: MixedLoader mixes single-label "
+            "datasets only; read each with a ShardLoader"
+        )
+
+
+def _kind(src: ShardSource) -> str:
+    columns = ", ".join(src.info.columns or {})
+    return f"{src.info.task_kind}, columns {columns}" if columns else src.info.task_kind
 
 
 def same_size(sources: Sequence[ShardSource], crop: int | None) -> int:

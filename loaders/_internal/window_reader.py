@@ -54,6 +54,8 @@ class Rows:
     pads: np.ndarray
     shards: np.ndarray  #: index into the loader's shard URIs
     rows: np.ndarray  #: row number within that shard
+    #: The label columns of a multi-label or boxes dataset (``None``: single-label).
+    fields: pa.Table | None = None
 
     def __len__(self) -> int:
         return len(self.images)
@@ -66,29 +68,39 @@ class Rows:
             self.pads[perm],
             self.shards[perm],
             self.rows[perm],
+            None if self.fields is None else self.fields.take(perm),
         )
 
     def slice(self, lo: int, hi: int | None = None) -> Rows:
+        fields = self.fields
+        if fields is not None:
+            fields = fields.slice(lo, (len(self) if hi is None else hi) - lo)
         return Rows(
-            self.images[lo:hi], self.labels[lo:hi], self.pads[lo:hi], self.shards[lo:hi], self.rows[lo:hi]
+            self.images[lo:hi],
+            self.labels[lo:hi],
+            self.pads[lo:hi],
+            self.shards[lo:hi],
+            self.rows[lo:hi],
+            fields,
         )
 
     def then(self, other: Rows) -> Rows:
         """These rows followed by ``other``'s."""
-        return Rows(
-            self.images + other.images,
-            *(
-                np.concatenate([a, b])
-                for a, b in zip(
-                    (self.labels, self.pads, self.shards, self.rows),
-                    (other.labels, other.pads, other.shards, other.rows),
-                    strict=True,
-                )
-            ),
+        fields = None
+        if self.fields is not None and other.fields is not None:
+            fields = pa.concat_tables([self.fields, other.fields])
+        labels, pads, shards, rows = (
+            np.concatenate([a, b])
+            for a, b in zip(
+                (self.labels, self.pads, self.shards, self.rows),
+                (other.labels, other.pads, other.shards, other.rows),
+                strict=True,
+            )
         )
+        return Rows(self.images + other.images, labels, pads, shards, rows, fields)
 
     def task(self, index: int) -> BatchTask:
-        return BatchTask(index, self.images, self.labels, self.pads, self.shards, self.rows)
+        return BatchTask(index, self.images, self.labels, self.pads, self.shards, self.rows, self.fields)
 
 
 class WindowReader:
@@ -113,6 +125,9 @@ class WindowReader:
         self.pieces = pieces
         self.num_batches, self.rows_per_rank = num_batches, rows_per_rank
         self.ranges = RemoteRanges(source, options, pieces)
+        #: The label columns read beside the image (a multi-label or boxes dataset's; none: single-label).
+        self.fields = list(source.info.columns or ()) if source.info.task is not None else []
+        self.columns = ["image", "is_pad", *self.fields] if self.fields else _COLUMNS
 
     @property
     def fetcher(self) -> RangeFetcher | None:
@@ -297,7 +312,7 @@ class WindowReader:
             LoaderError: a row group cannot be read, naming it, its rows and the shard.
         """
         images: list[bytes | None] = []
-        labels, pads, shards, rows = [], [], [], []
+        labels, pads, shards, rows, fields = [], [], [], [], []
         for i, piece in enumerate(pieces):
             uri = self.source.shard_uris[piece.shard]
             where = f"row group {piece.row_group} (rows {piece.start}-{piece.stop - 1}) of {uri}"
@@ -317,7 +332,11 @@ class WindowReader:
             # queued task never pins its whole window's Arrow buffers (zero-copy views did: see
             # docs/design/0006-loader-c-extensions.md).
             images.extend(binary_rows(table.column("image")))
-            labels.append(int64_column(table.column("label"), null=NULL_LABEL))  # a bad row
+            if self.fields:  # ``label`` is null: the label columns say it (decode_batch checks them)
+                labels.append(np.zeros(piece.rows, dtype=np.int64))
+                fields.append(table.select(self.fields))
+            else:
+                labels.append(int64_column(table.column("label"), null=NULL_LABEL))  # a bad row
             pad = np.full(piece.rows, piece.pad, dtype=bool)
             if "is_pad" in table.column_names:
                 pad |= int64_column(table.column("is_pad"), null=0).astype(bool)
@@ -325,7 +344,12 @@ class WindowReader:
             shards.append(np.full(piece.rows, piece.shard, dtype=np.int32))
             rows.append(np.arange(piece.start, piece.stop, dtype=np.int64))
         return Rows(
-            images, np.concatenate(labels), np.concatenate(pads), np.concatenate(shards), np.concatenate(rows)
+            images,
+            np.concatenate(labels),
+            np.concatenate(pads),
+            np.concatenate(shards),
+            np.concatenate(rows),
+            pa.concat_tables(fields) if fields else None,
         )
 
     def _fetched(
@@ -342,7 +366,9 @@ class WindowReader:
             data = fetcher.get(key, stop)
             if data is None:
                 return None
-            columns = [c for c in _COLUMNS if c in md.schema.names]
+            # A nested column (boxes) is among the Arrow schema's names, not the Parquet leaves'.
+            names = md.schema.to_arrow_schema().names if self.fields else md.schema.names
+            columns = [c for c in self.columns if c in names]
             return read_row_group(md, footer.size, piece.row_group, r.start, data, columns)
         except Exception as exc:
             raise LoaderError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
@@ -363,7 +389,7 @@ class WindowReader:
             )
         pf = files[piece.shard].parquet
         try:
-            columns = [c for c in _COLUMNS if c in pf.schema_arrow.names]
+            columns = [c for c in self.columns if c in pf.schema_arrow.names]
             # One thread: the decode threads keep the cores busy; Arrow's pool only adds hand-offs.
             return pf.read_row_group(piece.row_group, columns=columns, use_threads=False)
         except Exception as exc:

@@ -28,6 +28,7 @@ NOT_FLAGS = {
     "skip_bad_rows": "a row that cannot be decoded is worth an error here",
     "decoder": "auto, the loader's own, is measured (and none for the store stage)",
     "normalize": "a Python object: a --transform can normalise",
+    "collate": "a Python object; the stages are measured with the loader's own batches",
     "prep": "decoding is measured on this machine",
     "prep_timeout": "decoding is measured on this machine",
     "prep_fallback": "decoding is measured on this machine",

@@ -115,6 +115,14 @@ class Decoding:
         check=values.optional(values.transform),
         command="str | None",
     )
+    collate: Callable[..., Any] | str | None = option(
+        None,
+        help="fn(images, batch) for a multi-label or boxes dataset: what the loader yields, made of "
+        "the images and the loaders.Batch (after the transform), or package.module:name naming one; "
+        "default: the Batch itself",
+        check=values.optional(values.collate),
+        command=False,
+    )
     augment: bool = option(
         False, help="random horizontal flips, and a random crop with crop", check=values.flag
     )
@@ -135,6 +143,8 @@ class Decoding:
         check_fields(self)
         if self.transform is not None:
             self._check_transform()
+        if isinstance(self.collate, str):  # 'pkg.module:name': imported now, to check it
+            run_check(lambda _, ref: resolve_reference(ref, what="collate"), "collate", self.collate)
 
     def _check_transform(self) -> None:
         if isinstance(self.transform, str):  # 'pkg.module:name': imported now, to check it

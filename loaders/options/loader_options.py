@@ -262,6 +262,10 @@ class LoaderOptions:
         return self.decoding.transform
 
     @property
+    def collate(self) -> Callable[..., Any] | str | None:
+        return self.decoding.collate
+
+    @property
     def augment(self) -> bool:
         return self.decoding.augment
 

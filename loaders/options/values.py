@@ -16,6 +16,7 @@ from loaders.stats import PriceTable
 from loaders.transforms import check_mean_std
 
 __all__ = [
+    "collate",
     "decoder_name",
     "dollars",
     "flag",
@@ -131,6 +132,15 @@ def transform(name: str, value: Any) -> Any:
         raise ConfigError(
             f"{name} must be a callable fn(images, labels, generator) or 'pkg.module:name', got {value!r}",
             option=name,
+        )
+    return value
+
+
+def collate(name: str, value: Any) -> Any:
+    """A callable, or ``"pkg.module:name"`` (imported by its group, :class:`~loaders.options.Decoding`)."""
+    if not isinstance(value, str) and not callable(value):
+        raise ConfigError(
+            f"{name} must be a callable fn(images, batch) or 'pkg.module:name', got {value!r}", option=name
         )
     return value
 

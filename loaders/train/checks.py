@@ -21,6 +21,7 @@ from torch import nn
 from lakeshard import format as contract
 from lakeshard import storage
 from lakeshard.errors import ConfigError, DatasetError, LoaderError, PlatformError, StorageError
+from lakeshard.format.label_columns import BOXES
 from loaders._internal.state import last_leg
 from loaders.train.config import TrainConfig, sources
 from loaders.train.model import build_model, check_model, describe, load_weights
@@ -46,6 +47,7 @@ class TrainPlan:
     resume_uri: str | None  # the checkpoint to resume from, None for a fresh run
     checkpoint: dict[str, Any] | None  # its contents
     dataset_version: str  # of the dataset, or its sources' joined by "+"
+    task: str | None = None  # "multi-label", or None: single-label (a boxes dataset is refused)
 
 
 def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
@@ -104,6 +106,7 @@ def prepare(cfg: TrainConfig, world_size: int) -> TrainPlan:
         metrics_uri=storage.join(output, "metrics.json"),
         resume_uri=resume_uri,
         checkpoint=checkpoint,
+        task=found.task,
     )
 
 
@@ -117,6 +120,7 @@ class _Sources:
     image_size: int
     uris: tuple[str, ...]
     versions: tuple[str, ...]
+    task: str | None  #: the first dataset's (a mixture of others is the loader's to refuse)
 
     @property
     def version(self) -> str:
@@ -140,11 +144,17 @@ def _read_sources(dataset: str | tuple[str, ...]) -> _Sources:
     (when several) one image size."""
     names: set[str] = set()
     channels: set[str] = set()
-    uris, versions, sizes, wheres = [], [], {}, []
+    uris, versions, sizes, wheres, tasks = [], [], {}, [], []
     labels: dict[str, int] = {}
     for uri, _ in sources(dataset):
         info = contract.read_dataset_info(uri)
         where = contract.dataset_json_uri(storage.normalize(uri))
+        if info.task == BOXES:
+            raise ConfigError(
+                f"{where} is a boxes dataset: the trainer trains classifiers; feed your detection model from "
+                "ShardLoader (docs/loader.md, Multi-label and boxes datasets, the detection loop)"
+            )
+        tasks.append(info.task)
         if "train" not in info.channels:
             raise DatasetError(
                 f"{where} has no 'train' channel (it has: {', '.join(info.channels) or 'none'}); nothing to train on"
@@ -170,7 +180,7 @@ def _read_sources(dataset: str | tuple[str, ...]) -> _Sources:
         labels = {name: i for i, name in enumerate(sorted(names))}
     ordered = tuple(c for c in contract.CHANNELS if c in channels)
     return _Sources(
-        ", ".join(wheres), labels, ordered, next(iter(sizes.values())), tuple(uris), tuple(versions)
+        ", ".join(wheres), labels, ordered, next(iter(sizes.values())), tuple(uris), tuple(versions), tasks[0]
     )
 
 

@@ -66,6 +66,7 @@ NOT_FLAGS = {
     "pin_memory": "on with CUDA",
     "decoder": "auto: the model trains on decoded images",
     "transform": "the trainer's batches are augment's and normalize's; a transform of yours goes with a loop of yours",
+    "collate": "a Python object; the trainer's batches are the loader's own",
     "crop": "the model takes the dataset's image size",
     "normalize": "(0.5, 0.5, 0.5) both: images in [-1, 1]",
     "prep_security": "--prep-tls-ca-file, --prep-tls-cert and --prep-tls-key make it",

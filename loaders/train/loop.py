@@ -57,8 +57,10 @@ import torch.distributed as dist
 
 from lakeshard import storage
 from lakeshard.errors import ConfigError, PlatformError
+from lakeshard.format.label_columns import MULTI_LABEL
 from lakeshard.settings import command_name
 from loaders.shard_loader import default_threads
+from loaders.train.average_precision import AveragePrecision, evaluate_multi_label
 from loaders.train.checkpoint import resume, save_checkpoint
 from loaders.train.checks import TrainPlan, prepare
 from loaders.train.config import TrainConfig, parse_args
@@ -185,15 +187,20 @@ def _train(
     return _test(run)
 
 
-def _validate(run: Run, epoch: int, trained: Trained) -> Accuracy | None:
-    """The validation accuracy after epoch ``epoch`` (None without the channel). A stop signal
-    saves the epoch as it was before its validation and raises :class:`Preempted`."""
+def _evaluate(run: Run, loader: Any) -> Accuracy | AveragePrecision | None:
+    """A channel's accuracy, or a multi-label dataset's average precision (None: stopped)."""
+    score = evaluate_multi_label if run.plan.task == MULTI_LABEL else evaluate
+    return score(run.model, loader, run.world, run.plan.class_names, bf16=run.bf16, stop=run.stop.agreed)
+
+
+def _validate(run: Run, epoch: int, trained: Trained) -> Accuracy | AveragePrecision | None:
+    """The validation accuracy (or average precision) after epoch ``epoch`` (None without the
+    channel). A stop signal saves the epoch as it was before its validation and raises
+    :class:`Preempted`."""
     loader = run.loaders.validation
     if loader is None:
         return None
-    accuracy = evaluate(
-        run.model, loader, run.world, run.plan.class_names, bf16=run.bf16, stop=run.stop.agreed
-    )
+    accuracy = _evaluate(run, loader)
     if accuracy is None:
         save_checkpoint(run, epoch_done=False, partial=trained.totals.to_checkpoint(epoch))
         steps = trained.steps
@@ -207,10 +214,11 @@ def _test(run: Run) -> dict[str, Any]:
     loader = run.loaders.test
     if loader is None:
         return write_metrics(run, test_accuracy=None, test=None)
-    test = evaluate(run.model, loader, run.world, run.plan.class_names, bf16=run.bf16, stop=run.stop.agreed)
+    test = _evaluate(run, loader)
     if test is None:
         raise run.stop.preempted(f"after epoch {run.cfg.epochs - 1} (before the final test)")
-    return write_metrics(run, test_accuracy=test.top1, test=test.to_json())
+    top1 = test.top1 if isinstance(test, Accuracy) else None
+    return write_metrics(run, test_accuracy=top1, test=test.to_json())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,8 +260,14 @@ def _summary(cfg: TrainConfig, metrics: dict[str, Any]) -> str:
     last = epochs[-1] if epochs else {}
     shares = last.get("data_wait_share", [])
     test = metrics["test_accuracy"]
+    ap = (metrics.get("test") or {}).get("mean_average_precision")
+    headline = (
+        f"test mean average precision {ap:.4f}"
+        if ap is not None
+        else (f"test accuracy {'n/a (no test channel)' if test is None else f'{test:.4f}'}")
+    )
     return (
-        f"test accuracy {'n/a (no test channel)' if test is None else f'{test:.4f}'} | "
+        f"{headline} | "
         f"{last.get('images_per_s', float('nan')):.0f} images/s | "
         f"data wait {' '.join(f'{s:.0%}' for s in shares) or 'n/a'} (per rank) | "
         f"metrics: {storage.join(storage.normalize(cfg.output), 'metrics.json')}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from loaders.train.average_precision import AveragePrecision
 from loaders.train.evaluation import Accuracy
 from loaders.train.world import World, all_reduce
 
@@ -105,7 +106,7 @@ class EpochRecord:
 
     epoch: int
     loss: float | None  # over the epoch's real rows, all ranks, before and after a resume
-    validation: Accuracy | None  # None without a validation channel
+    validation: Accuracy | AveragePrecision | None  # None without a validation channel
     images_per_s: float  # this run's images of the epoch, all ranks, over the slowest rank's seconds
     data_wait_share: list[float]  # by rank: the share of step time spent waiting for data
     steps: int  # trained by this run (after a resume: the rest of the epoch)
@@ -121,7 +122,7 @@ class EpochRecord:
 
     @property
     def val_accuracy(self) -> float | None:
-        return None if self.validation is None else self.validation.top1
+        return self.validation.top1 if isinstance(self.validation, Accuracy) else None
 
     def to_json(self) -> dict[str, Any]:
         """The record as ``metrics.json`` (and a checkpoint's ``metrics``) has it."""

@@ -12,6 +12,7 @@ from lakeshard import storage
 from loaders.mixed_loader import MixedLoader
 from loaders.shard_loader import ShardLoader
 from loaders.stats import usd
+from loaders.train.average_precision import AveragePrecision
 from loaders.train.evaluation import Accuracy
 from loaders.train.export import EpochFigures
 from loaders.train.metrics import EpochRecord, LoaderSummary, find_straggler
@@ -36,7 +37,9 @@ def _source_rows(run: Run, loader: ShardLoader | MixedLoader) -> list[dict[str, 
     ]
 
 
-def record_epoch(run: Run, epoch: int, trained: Trained, validation: Accuracy | None) -> EpochRecord:
+def record_epoch(
+    run: Run, epoch: int, trained: Trained, validation: Accuracy | AveragePrecision | None
+) -> EpochRecord:
     """Epoch ``epoch``'s record, appended to the run's epochs and logged as the line it ends with."""
     loader = run.loaders.train
     summary = _loader_summary(trained)

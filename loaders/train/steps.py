@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from loaders.batch import PAD_LABEL
+from loaders.named_batch import Batch
 from loaders.train.checkpoint import save_checkpoint
 from loaders.train.metrics import EpochTotals
 from loaders.train.session import Run
@@ -28,12 +29,35 @@ class _BatchLoss(NamedTuple):
     rows: int
 
 
-def _loss(logits: torch.Tensor, labels: torch.Tensor) -> _BatchLoss:
-    """Mean cross-entropy over rows that count (padding is labelled PAD_LABEL)."""
+def _loss(logits: torch.Tensor, labels: torch.Tensor | Batch) -> _BatchLoss:
+    """Mean cross-entropy over rows that count (padding is labelled PAD_LABEL); for a multi-label
+    batch, binary cross-entropy of each class (``BCEWithLogitsLoss``) over its valid rows."""
+    if isinstance(labels, Batch):
+        return _multi_label_loss(logits, labels)
     valid = int((labels != PAD_LABEL).sum())
     if valid == 0:  # keep the graph (DDP needs every parameter's gradient), contribute nothing
         return _BatchLoss(logits.sum() * 0.0, 0)
     return _BatchLoss(F.cross_entropy(logits, labels, ignore_index=PAD_LABEL, reduction="sum") / valid, valid)
+
+
+def _multi_label_loss(logits: torch.Tensor, batch: Batch) -> _BatchLoss:
+    """Mean over the valid rows of the sum over classes of binary cross-entropy with logits."""
+    valid = batch.valid.to(logits.device)
+    rows = int(valid.sum())
+    if rows == 0:  # as above: the graph kept, nothing contributed
+        return _BatchLoss(logits.sum() * 0.0, 0)
+    targets = batch.labels.to(logits.device, non_blocking=True)
+    loss = F.binary_cross_entropy_with_logits(logits[valid].float(), targets[valid], reduction="sum")
+    return _BatchLoss(loss / rows, rows)
+
+
+def _inputs(batch: Any) -> tuple[torch.Tensor, torch.Tensor | Batch]:
+    """A batch's images and what the loss compares the model's output with: its labels, or a
+    multi-label dataset's :class:`~loaders.Batch`."""
+    if isinstance(batch, Batch):
+        return batch.images, batch
+    images, labels = batch
+    return images, labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +68,18 @@ class _Step:
     totals: EpochTotals
 
 
-def _step(run: Run, images: torch.Tensor, labels: torch.Tensor) -> _Step:
+def _step(run: Run, images: torch.Tensor, labels: torch.Tensor | Batch) -> _Step:
     """One forward and backward pass and optimiser step on a batch."""
     images = images.to(run.world.device, non_blocking=True)
-    labels = labels.to(run.world.device, non_blocking=True)
+    if isinstance(labels, torch.Tensor):
+        labels = labels.to(run.world.device, non_blocking=True)
     with run.world.autocast(run.bf16):
         loss = _loss(run.ddp(images), labels)
     run.optimizer.zero_grad(set_to_none=True)
     loss.mean.backward()
     run.optimizer.step()
     value = float(loss.mean.detach())
-    return _Step(value, EpochTotals(value * loss.rows, loss.rows, len(labels)))
+    return _Step(value, EpochTotals(value * loss.rows, loss.rows, len(images)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +110,10 @@ def train_epoch(run: Run, epoch: int, carried: EpochTotals) -> Trained:
     show_bar = world.rank == 0 and run.cfg.progress and sys.stderr.isatty()
     epoch_start = tick = time.perf_counter()
     with tqdm(total=steps, initial=first_step, desc=f"epoch {epoch}", disable=not show_bar) as bar:
-        for step, (images, labels) in enumerate(loader, start=first_step):
+        for step, batch in enumerate(loader, start=first_step):
             got = time.perf_counter()
             wait += got - tick
-            done = _step(run, images, labels)
+            done = _step(run, *_inputs(batch))
             here += done.totals
             tick = time.perf_counter()
             compute += tick - got

@@ -9,6 +9,7 @@ tests check *which* samples came out, through the real decode path.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import time
 from collections.abc import Callable, Iterable
@@ -16,13 +17,92 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
 from lakeshard import format as contract
 from lakeshard import storage
+from lakeshard.format.label_columns import shard_fields, shard_schema
 
 CHANNEL_OFFSET = {"train": 0, "validation": 20_000, "test": 40_000}
+#: The labels table's kept columns of the multi-label and boxes datasets written here.
+KEPT = pa.schema([pa.field("caption", pa.string()), pa.field("score", pa.float64())])
+#: The colour of the shape drawn in each box of a boxes dataset (pure white: no background is).
+BOX_COLOUR = (255, 255, 255)
+#: The colour of each class's stripe in a multi-label dataset (no background has blue 255).
+CLASS_COLOURS = ((0, 0, 255), (0, 255, 255), (255, 0, 255), (255, 255, 255))
+
+
+def labels_of(sample_id: int, num_classes: int) -> list[int]:
+    """The classes of sample ``sample_id`` in a multi-label dataset: its own, and the next one for
+    odd ids (sorted)."""
+    own = sample_id % num_classes
+    return sorted({own, (own + 1) % num_classes} if sample_id % 2 else {own})
+
+
+def box_of(sample_id: int, size: int) -> tuple[int, int, int, int]:
+    """``(x, y, width, height)`` of the one box of sample ``sample_id`` in a boxes dataset."""
+    width, height = size // 4 + sample_id % 3, size // 5 + sample_id % 4
+    return (sample_id * 7) % (size - width), (sample_id * 5) % (size - height), width, height
+
+
+def _task_columns(ids: list[int], size: int, task: str, num_classes: int) -> dict[str, pa.Array]:
+    """The label columns (and the kept ones) of rows ``ids`` of a ``task`` dataset."""
+    sets = [labels_of(i, num_classes) if task == "multi-label" else [i % num_classes] for i in ids]
+    columns = {
+        "labels": pa.array([[f"class{c}" for c in s] for s in sets], pa.list_(pa.string())),
+        "label_indices": pa.array(sets, pa.list_(pa.int64())),
+    }
+    if task == "boxes":
+        boxes = []
+        for i in ids:
+            x, y, w, h = box_of(i, size)
+            c = i % num_classes
+            boxes.append([{"label": f"class{c}", "label_index": c, "x": x, "y": y, "width": w, "height": h}])
+        columns["boxes"] = pa.array(boxes, pa.list_(contract.BOX_TYPE))
+    columns["caption"] = pa.array([f"sample {i}" for i in ids], pa.string())
+    columns["score"] = pa.array([i / 2 for i in ids], pa.float64())
+    return columns
+
+
+def _draw_shapes(image: bytes, sample_id: int, size: int, fmt: str, task: str, num_classes: int) -> bytes:
+    """``image`` with sample ``sample_id``'s shapes in :data:`BOX_COLOUR`, encoded again as
+    ``fmt``: its box (``boxes``), or a stripe of colour :data:`CLASS_COLOURS` ``[c]`` across the
+    image's ``c``-th quarter from the top for each of its classes ``c`` (``multi-label``, 4
+    classes at most: what a model can learn them by, a horizontal flip or not)."""
+    arr = np.asarray(Image.open(io.BytesIO(image)).convert("RGB")).copy()
+    if task == "boxes":
+        x, y, w, h = box_of(sample_id, size)
+        arr[y : y + h, x : x + w] = BOX_COLOUR
+    else:
+        quarter = size // 4
+        for c in labels_of(sample_id, num_classes):
+            arr[c * quarter + quarter // 4 : (c + 1) * quarter - quarter // 4] = CLASS_COLOURS[c]
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="JPEG" if fmt == "jpeg" else "PNG", quality=95)
+    return buf.getvalue()
+
+
+def _write_task_shard(uri: str, table: pa.Table, meta: dict[str, object], row_group_rows: int) -> dict:
+    """A multi-label or boxes shard (the format's writer takes single-label rows only): its stats
+    as :attr:`ShardWriter.stats` gives them, label counts by class index."""
+    path = storage.filesystem(uri)[1]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    schema = table.schema.with_metadata(contract.footer_metadata(meta))
+    pq.write_table(table.cast(schema), path, row_group_size=row_group_rows)
+    data = Path(path).read_bytes()
+    counts: dict[str, int] = {}
+    for indices in table.column("label_indices").to_pylist():
+        for c in indices:
+            counts[str(c)] = counts.get(str(c), 0) + 1
+    return {
+        "rows": table.num_rows,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "row_groups": pq.ParquetFile(path).num_row_groups,
+        "label_counts": dict(sorted(counts.items())),
+    }
 
 
 def encode_image(sample_id: int, size: int, fmt: str, *, noise: bool = False) -> bytes:
@@ -68,6 +148,7 @@ def write_dataset(
     noise: bool = False,
     first_id: int = 0,
     label_names: list[str] | None = None,
+    task: str | None = None,
 ) -> contract.DatasetInfo:
     """Write a complete dataset under ``root``; return its ``dataset.json``.
 
@@ -76,6 +157,9 @@ def write_dataset(
     ``pad_rows`` rows of the last shard of each channel are marked ``is_pad``. Sample ids start
     at ``first_id`` (datasets meant to be mixed get ids apart); ``label_names`` replaces
     ``class0, class1, ...`` (the label of sample ``i`` is ``i % num_classes`` either way).
+    ``task``: ``multi-label`` (the classes :func:`labels_of`) or ``boxes`` (one box per image,
+    :func:`box_of`, drawn in :data:`BOX_COLOUR`), with the kept columns :data:`KEPT` (``caption``:
+    ``"sample <id>"``, ``score``: id / 2); format version 4.
     """
     rows = rows or {"train": 40, "validation": 12, "test": 12}
     corrupt = set(corrupt)
@@ -86,7 +170,7 @@ def write_dataset(
     meta = {
         "dataset_version": version,
         "num_shards": num_shards,
-        "format_version": contract.FORMAT_VERSION,
+        "format_version": contract.FORMAT_VERSION if task is None else contract.TASK_FORMAT_VERSION,
         "image_format": fmt,
         "image_size": size,
     }
@@ -97,6 +181,11 @@ def write_dataset(
         for s in range(num_shards):
             ids = [first_id + CHANNEL_OFFSET[channel] + s * per_shard + j for j in range(per_shard)]
             images = [encode_image(i, size, fmt, noise=noise) for i in ids]
+            if task is not None:
+                images = [
+                    _draw_shapes(image, i, size, fmt, task, num_classes)
+                    for image, i in zip(images, ids, strict=True)
+                ]
             for c_channel, c_shard, c_row in corrupt:
                 if (c_channel, c_shard) == (channel, s):
                     images[c_row] = b"\xff\xd8\xff this is not an image"
@@ -117,6 +206,19 @@ def write_dataset(
                 },
                 schema=contract.SHARD_SCHEMA,
             )
+            if task is not None:
+                table = table.set_column(1, "label", pa.nulls(per_shard, pa.int64()))
+                for name, column in _task_columns(ids, size, task, num_classes).items():
+                    table = table.append_column(name, column)
+                table = table.cast(shard_schema(task, KEPT))
+                stats = _write_task_shard(
+                    contract.shard_uri(uri, channel, s, num_shards),
+                    table,
+                    {**meta, "channel": channel, "shard_index": s},
+                    row_group_rows,
+                )
+                shards.append(contract.ShardInfo.from_stats(channel, s, num_shards, stats, names))
+                continue
             writer = contract.ShardWriter(
                 contract.shard_uri(uri, channel, s, num_shards),
                 metadata={**meta, "channel": channel, "shard_index": s},
@@ -128,7 +230,7 @@ def write_dataset(
             shards.append(contract.ShardInfo.from_stats(channel, s, num_shards, writer.stats, names))
         channels[channel] = contract.ChannelInfo.of_shards(shards)
     info = contract.DatasetInfo(
-        format_version=contract.FORMAT_VERSION,
+        format_version=meta["format_version"],
         dataset_version=version,
         created_at="2026-01-01T00:00:00+00:00",
         engine="tests.loaders.loader_builders",
@@ -157,6 +259,8 @@ def write_dataset(
         channels=channels,
         rejects_path=contract.shard_rejects_relpath(),
         versions={"python": "3"},
+        task=task,
+        columns=None if task is None else {f.name: str(f.type) for f in shard_fields(task, KEPT)},
     )
     storage.write_json_atomic(contract.labels_uri(uri), labels)
     storage.write_json_atomic(contract.dataset_json_uri(uri), info.to_json())
