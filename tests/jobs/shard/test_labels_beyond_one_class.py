@@ -70,8 +70,12 @@ def _boxes(d: Drawn) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Drawn], str]:
     """The lake, what each image holds, and a ``boxes`` manifest's dataset (kept ``caption``, ``n``)."""
-    root = tmp_path_factory.mktemp("shapes")
-    drawn = shapes_lake(root / "lake", N, seed=7) + _extra(root / "lake")
+    return _boxes_lake(tmp_path_factory.mktemp("shapes"), N)
+
+
+def _boxes_lake(root: Path, n: int) -> tuple[str, dict[str, Drawn], str]:
+    """``n`` drawn images and :func:`_extra`'s under ``root``, and their ``boxes`` manifest."""
+    drawn = shapes_lake(root / "lake", n, seed=7) + _extra(root / "lake")
     records = [
         {"key": d.key, "boxes": _boxes(d), "caption": f"{len(d.shapes)} shapes", "n": i}
         for i, d in enumerate(drawn)
@@ -85,7 +89,14 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Drawn
 
 def _manifest(lake: str, table: str, out: Path, **opts: Any) -> None:
     cfg = ManifestConfig(
-        input=lake, output=str(out), labels=table, split=SPLIT, seed=4, engine="local", **opts
+        input=lake,
+        output=str(out),
+        labels=table,
+        split=SPLIT,
+        seed=4,
+        min_per_class=0,
+        engine="local",
+        **opts,
     )
     manifest_job.run(cfg, _local())
 
@@ -150,18 +161,14 @@ def _square_pixels(image: bytes) -> tuple[int, int, int, int] | None:
     """The pixel bounds (x0, y0, x1, y1, exclusive) of the square's colour in a stored image."""
     with Image.open(io.BytesIO(image)) as img:
         px = np.asarray(img.convert("RGB"), dtype=np.int32)
-    near = np.abs(px - np.asarray(SQUARE)).sum(axis=2) < 120
+    near = np.abs(px - np.asarray(SQUARE)).sum(axis=2) < 235  # over half the way from the background
     ys, xs = np.nonzero(near)
     return (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1) if len(xs) else None
 
 
-@pytest.mark.parametrize("resize", ["crop", "pad", "stretch"])
-def test_every_box_moves_with_its_image_and_dropped_boxes_are_counted(
-    tmp_path: Path, lake: tuple[str, dict[str, Drawn], str], resize: str
-) -> None:
-    _, drawn, dataset = lake
-    root = _shard(dataset, tmp_path / "ds", _local(), resize)
-    rows = _rows(root)
+def _check_rows(rows: list[dict[str, Any]], drawn: dict[str, Drawn], resize: str) -> Counter[str]:
+    """Check each shard row's boxes against the drawing's (and the square's stored pixels);
+    return the boxes the resize should have dropped from the rows, pad copies not counted."""
     dropped: Counter[str] = Counter()
     for row in rows:
         d = drawn[row["key"]]
@@ -186,11 +193,40 @@ def test_every_box_moves_with_its_image_and_dropped_boxes_are_counted(
                 seen,
                 squares,
             )
+    return dropped
+
+
+@pytest.mark.parametrize("resize", ["crop", "pad", "stretch"])
+def test_every_box_moves_with_its_image_and_dropped_boxes_are_counted(
+    tmp_path: Path, lake: tuple[str, dict[str, Drawn], str], resize: str
+) -> None:
+    _, drawn, dataset = lake
+    root = _shard(dataset, tmp_path / "ds", _local(), resize)
+    rows = _rows(root)
+    dropped = _check_rows(rows, drawn, resize)
     info = read_dataset_info(root)
     assert info.counts.dropped_boxes == dict(sorted(dropped.items()))
     if resize == "crop":
         assert dropped["outside the crop"] >= 1 and dropped["under a tenth of a pixel"] >= 1
     assert info.counts.padded and {"rotated.jpg", "edge.png"} <= {r["key"] for r in rows}
+
+
+def test_assembled_shards_carry_the_columns_and_count_the_dropped_boxes_of_their_rows(tmp_path: Path) -> None:
+    """Shards assembled from segments, and a reject that makes the plan move rows: the boxes
+    and their dropped counts travel with the rows."""
+    _, drawn, dataset = _boxes_lake(tmp_path, 24)
+    gone = next(k for k in drawn if k.startswith("img_"))
+    (tmp_path / "lake" / gone).write_bytes(b"replaced since the manifest")  # a reject: changed
+    cfg = ShardConfig(
+        dataset=dataset, engine="local", num_shards=2, image_size=16, resize="crop", partitions=6
+    )
+    info = shard_job.run(cfg, _local())
+    assert isinstance(info, type(read_dataset_info(dataset)))
+    assert (info.counts.shard_rejects, info.build.assembled_shards > 0) == (1, True)
+    rows = _rows(dataset)
+    dropped = _check_rows(rows, drawn, "crop")
+    assert gone not in {r["key"] for r in rows}
+    assert info.counts.dropped_boxes == dict(sorted(dropped.items())) and dropped["outside the crop"] >= 1
 
 
 def test_the_shards_carry_the_label_and_kept_columns_with_their_types(
