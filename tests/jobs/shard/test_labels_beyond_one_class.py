@@ -253,6 +253,24 @@ def test_the_shards_carry_the_label_and_kept_columns_with_their_types(
             assert all(r["n"] == [*drawn].index(r["key"]) for r in rows)
 
 
+def test_the_report_shows_labels_and_boxes_per_image_and_draws_samples_with_their_boxes(
+    tmp_path: Path, lake: tuple[str, dict[str, Drawn], str]
+) -> None:
+    _, _, dataset = lake
+    root = _shard(dataset, tmp_path / "ds", _local(), "pad")
+    page = (tmp_path / "ds" / "report.html").read_text()
+    assert "<script" not in page and "Labels and boxes (boxes, train)" in page
+    for chart in ("images by their number of labels", "images by their number of boxes", "boxes by size"):
+        assert chart in page
+    first = read_dataset_info(root).channels["train"].shards[0].path
+    samples = pq.read_table(storage.local_path(storage.join(root, first))).slice(0, 8).to_pylist()
+    drawn = page[page.index("Samples, as stored") :]
+    assert drawn.count("<figure class='sample'>") == len(samples)
+    assert drawn.count("fill='none'") == sum(len(r["boxes"]) for r in samples)  # a rectangle per box
+    box = samples[0]["boxes"][0]
+    assert f"<rect x='{box['x']:.2f}' y='{box['y']:.2f}' width='{box['width']:.2f}'" in drawn
+
+
 def test_a_multi_label_dataset_balances_images_and_stores_each_set(
     tmp_path: Path, lake: tuple[str, dict[str, Drawn], str]
 ) -> None:
