@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -28,12 +28,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from jobs.common.boxes import Geometry, geometry, move_boxes
+from jobs.common.boxes import geometry
 from jobs.common.images import EncodedImage, ImageSpec, preprocess
 from jobs.common.tasks import compact, read_rows, write_table
 from jobs.shard_steps.as_listed import read_as_listed
+from jobs.shard_steps.shard_rows import Stored, count_dropped, shard_rows
 from lakeshard import storage
-from lakeshard.errors import ImageRejected, ShardError
+from lakeshard.errors import ImageRejected
 from lakeshard.format import SHARD_REJECTS_SCHEMA, SHARD_SCHEMA
 from lakeshard.format.writer import ShardWriter, write_shard_rejects
 
@@ -213,25 +214,18 @@ def rows_digest(rows: pa.Table) -> str:
     return digest.hexdigest()[:32]
 
 
-class _Stored(NamedTuple):
-    """A row's image as its shard stores it and, for a ``boxes`` dataset, where its pixels went."""
-
-    image: EncodedImage
-    geometry: Geometry | None = None
-
-
-def _preprocessed(data: bytes | str | EncodedImage, spec: ImageSpec, *, boxes: bool) -> _Stored | str:
+def _preprocessed(data: bytes | str | EncodedImage, spec: ImageSpec, *, boxes: bool) -> Stored | str:
     """The encoded image with its height and width (and with ``boxes``, its geometry), or the
     reason there is none (``data`` already preprocessed: as it is)."""
     if isinstance(data, str):
         return data
     if isinstance(data, EncodedImage):
-        return _Stored(data)
+        return Stored(data)
     try:
         image = preprocess(data, spec)
     except ImageRejected as exc:
         return exc.reason
-    return _Stored(image, geometry(data, spec) if boxes else None)
+    return Stored(image, geometry(data, spec) if boxes else None)
 
 
 def _ahead(
@@ -316,49 +310,6 @@ class SegmentResult:
     dropped_boxes: dict[str, int] = field(default_factory=dict)
 
 
-def _shard_rows(chunk: pa.Table, made: list[_Stored], schema: pa.Schema) -> tuple[pa.Table, list[list[str]]]:
-    """The shard rows of ``chunk``'s rows whose images are ``made``, and each row's boxes
-    dropped by the resize (a reason each): the label and kept columns taken as they are, boxes
-    moved with the image (and a boxes row's ``labels``/``label_indices``, its boxes' classes,
-    those of the boxes kept)."""
-    columns = {
-        "image": pa.array([m.image.data for m in made], pa.binary()),
-        "label": chunk["label_index"],
-        "uri": chunk["uri"],
-        "key": chunk["key"],
-        "height": pa.array([m.image.height for m in made], pa.int32()),
-        "width": pa.array([m.image.width for m in made], pa.int32()),
-        "is_pad": chunk["is_pad"],
-    }
-    dropped: list[list[str]] = [[] for _ in made]
-    uris = chunk["uri"].to_pylist() if "boxes" in schema.names else []
-    for f in schema:
-        if f.name == "boxes":
-            moved = [
-                _moved(b, m, uri) for b, m, uri in zip(chunk["boxes"].to_pylist(), made, uris, strict=True)
-            ]
-            columns["boxes"] = pa.array([kept for kept, _ in moved], f.type)
-            dropped = [sorted(why.elements()) for _, why in moved]
-            # a boxes row's labels are its boxes' classes: those the resize kept
-            classes = [sorted({(b["label"], b["label_index"]) for b in kept}) for kept, _ in moved]
-            columns["labels"] = pa.array([[n for n, _ in c] for c in classes], schema.field("labels").type)
-            columns["label_indices"] = pa.array(
-                [[i for _, i in c] for c in classes], schema.field("label_indices").type
-            )
-        elif f.name not in columns:
-            columns[f.name] = chunk[f.name]
-    return pa.table(columns, schema=schema), dropped
-
-
-def _moved(
-    boxes: list[dict[str, Any]] | None, made: _Stored, uri: str
-) -> tuple[list[dict[str, Any]], Counter[str]]:
-    """A row's ``boxes`` moved with its image (:func:`jobs.common.boxes.move_boxes`)."""
-    if made.geometry is None:  # an image taken already preprocessed (--base, refused with boxes)
-        raise ShardError(f"{uri}: its image was not preprocessed here, so its boxes cannot be moved with it")
-    return move_boxes(boxes or [], made.geometry)
-
-
 def preprocess_segment(task: SegmentTask) -> SegmentResult:
     """Fetch, decode, orient, resize and encode the segment's rows and write those that
     survive, in order, to ``task.uri``."""
@@ -381,7 +332,7 @@ def preprocess_segment(task: SegmentTask) -> SegmentResult:
             if not made:
                 dropped += [[] for _ in outcomes]
                 continue
-            table, moved = _shard_rows(chunk.filter(pa.array(keep)), made, task.schema)
+            table, moved = shard_rows(chunk.filter(pa.array(keep)), made, task.schema)
             writer.write(table)
             each = iter(moved)
             dropped += [next(each) if ok else [] for ok in keep]
@@ -411,7 +362,7 @@ def preprocess_segment(task: SegmentTask) -> SegmentResult:
         reused=len(reused),
         rejects=rejects,
         digest=rows_digest(rows),
-        dropped_boxes=_count(why for why, pad in zip(dropped, pads, strict=True) if not pad),
+        dropped_boxes=count_dropped(why for why, pad in zip(dropped, pads, strict=True) if not pad),
     )
     if task.outcomes is not None:
         outcomes = pa.table(
@@ -434,11 +385,6 @@ def preprocess_segment(task: SegmentTask) -> SegmentResult:
             | ({b"lakeshard.dropped_boxes": json.dumps(result.dropped_boxes).encode()} if task.boxes else {}),
         )
     return result
-
-
-def _count(reasons: Iterable[list[str]]) -> dict[str, int]:
-    """Boxes dropped by reason, over rows' lists of reasons."""
-    return dict(sorted(Counter(why for row in reasons for why in row).items()))
 
 
 def read_receipt(data: bytes) -> SegmentResult:
