@@ -56,6 +56,15 @@ def _draft_scale(img: Image.Image, spec: ImageSpec) -> int:
     return 1 if drafted is None else round(w / drafted[1][2])
 
 
+def _orientation(img: Image.Image, data: bytes) -> int:
+    """The EXIF orientation ``preprocess`` applies to ``img`` (opened from ``data``), without
+    decoding it: Pillow's PNG reader decodes the whole image to look for an ``eXIf`` chunk
+    after the pixels, so a PNG whose bytes hold no such chunk type is taken as upright at once."""
+    if img.format == "PNG" and "exif" not in img.info and b"eXIf" not in data:
+        return 1
+    return int(img.getexif().get(_ORIENTATION, 1))
+
+
 def geometry(data: bytes, spec: ImageSpec) -> Geometry:
     """Where :func:`~jobs.common.images.preprocess` moves the pixels of the image ``data``
     (which it accepted) as ``spec`` says, read from the image's header alone: the decoded size
@@ -64,7 +73,7 @@ def geometry(data: bytes, spec: ImageSpec) -> Geometry:
     with Image.open(io.BytesIO(data)) as img:
         n = _draft_scale(img, spec)  # img.size is now the decoded size
         w, h = img.size
-        if img.getexif().get(_ORIENTATION, 1) in _TRANSPOSED:
+        if _orientation(img, data) in _TRANSPOSED:
             w, h = h, w
     (ow, oh), (left, top, right, bottom) = _target_box(w, h, spec)
     sx, sy = ow / (right - left), oh / (bottom - top)
