@@ -116,7 +116,7 @@ def prepare(cfg: Any) -> Iterator[None]:
     ``--split``, and a ``--base`` whose images could not be reused."""
     m, s = cfg.jobs
     check_manifest_inputs(m)
-    check_task(m.task, storage.normalize(m.output))  # before a manifest the shards could not store
+    check_task(m.task, storage.normalize(m.output), s)  # before a manifest the shards could not store
     with dataset_lock(m.output, job="build"):
         pick_channels(s, list(m.split), storage.normalize(m.output))
         if s.base is not None:

@@ -9,8 +9,9 @@ copies them into the shard's file.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -19,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from jobs.common.tasks import compact, row_group_starts
+from jobs.shard_steps.preprocess import DROPPED_FIELD
 from lakeshard import storage
 from lakeshard.errors import ShardError
 from lakeshard.format import SHARD_SCHEMA
@@ -51,6 +53,7 @@ class AssembleTask:
     sources: pa.Table
     metadata: Mapping[str, Any]  #: the footer's values (footer_metadata() makes them strings)
     row_group_bytes: int
+    schema: pa.Schema = SHARD_SCHEMA  #: the shards' (``label_columns.shard_schema``)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", compact(self.sources))
@@ -60,9 +63,8 @@ class _RowGroupCache:
     """Reads rows of preprocessed files a row group at a time, keeping the last few groups:
     an assembled shard reads most rows in order from one or a few files."""
 
-    _COLUMNS = ("image", "label", "uri", "key", "height", "width")
-
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, columns: list[str], keep: int = 4) -> None:
+        self._columns = columns
         self._files: dict[str, tuple[pq.ParquetFile, np.ndarray, Any]] = {}
         self._groups: dict[tuple[str, int], pa.Table] = {}
         self._keep = keep
@@ -88,7 +90,7 @@ class _RowGroupCache:
             if key not in self._groups:
                 if len(self._groups) >= self._keep:
                     self._groups.pop(next(iter(self._groups)))
-                self._groups[key] = pf.read_row_group(int(g), columns=list(self._COLUMNS))
+                self._groups[key] = pf.read_row_group(int(g), columns=self._columns)
             pieces.append(self._groups[key])
         table = pa.concat_tables(pieces)
         offsets = np.concatenate([[0], np.cumsum([t.num_rows for t in pieces])])
@@ -110,6 +112,8 @@ class AssembledShard:
 
     uri: str
     stats: dict[str, Any]
+    #: a ``boxes`` dataset: boxes the resize dropped from its rows, pad copies not counted, by reason
+    dropped_boxes: dict[str, int] = field(default_factory=dict)
 
 
 def assemble_shard(task: AssembleTask) -> AssembledShard:
@@ -119,9 +123,11 @@ def assemble_shard(task: AssembleTask) -> AssembledShard:
     assembles into new files and moves them into place once every assembly is done.
     """
     sources = task.sources
-    cache = _RowGroupCache()
+    cache = _RowGroupCache([n for n in task.schema.names if n != "is_pad"])
     try:
-        with ShardWriter(task.uri, metadata=task.metadata, row_group_bytes=task.row_group_bytes) as writer:
+        with ShardWriter(
+            task.uri, metadata=task.metadata, row_group_bytes=task.row_group_bytes, schema=task.schema
+        ) as writer:
             files = sources["file"].to_pylist()
             rows = sources["row"].to_numpy()
             start = 0
@@ -130,10 +136,9 @@ def assemble_shard(task: AssembleTask) -> AssembledShard:
                 while stop < len(files) and files[stop] == files[start] and stop - start < 1024:
                     stop += 1
                 got = cache.take(files[start], rows[start:stop])
+                is_pad = sources["is_pad"].slice(start, stop - start)
                 writer.write(
-                    got.append_column("is_pad", sources["is_pad"].slice(start, stop - start)).cast(
-                        SHARD_SCHEMA
-                    )
+                    got.add_column(task.schema.get_field_index("is_pad"), "is_pad", is_pad).cast(task.schema)
                 )
                 start = stop
     finally:
@@ -160,6 +165,7 @@ class RepairTask:
     others: tuple[SegmentFiles, ...]
     metadata: Mapping[str, Any]  #: the footer's values (footer_metadata() makes them strings)
     row_group_bytes: int
+    schema: pa.Schema = SHARD_SCHEMA  #: the shards' (``label_columns.shard_schema``)
 
 
 def _read(uri: str, columns: list[str], *, only: pa.Array | None = None) -> pa.Table:
@@ -172,13 +178,17 @@ def locate_and_assemble(task: RepairTask) -> AssembledShard:
     """Run a :class:`RepairTask`."""
     want = _read(task.order, ["uri", "is_pad"])
     where: dict[str, tuple[str, int]] = {}
+    dropped: dict[str, list[str]] = {}  # a boxes dataset's: each row's boxes the resize dropped
+    boxes = "boxes" in task.schema.names
     others = want["uri"].unique()
     for group, only in ((task.own, None), (task.others, others)):
         for files in group:
-            got = _read(files.outcomes, ["uri", "row"], only=only)
-            for uri, row in zip(got["uri"].to_pylist(), got["row"].to_pylist(), strict=True):
-                if row is not None:
-                    where.setdefault(uri, (files.segment, row))
+            got = _read(files.outcomes, ["uri", "row", *([DROPPED_FIELD.name] if boxes else [])], only=only)
+            why = got[DROPPED_FIELD.name].to_pylist() if boxes else [[]] * got.num_rows
+            for uri, row, lost in zip(got["uri"].to_pylist(), got["row"].to_pylist(), why, strict=True):
+                if row is not None and uri not in where:
+                    where[uri] = (files.segment, row)
+                    dropped[uri] = lost
     uris = want["uri"].to_pylist()
     if missing := [u for u in uris if u not in where]:
         raise ShardError(
@@ -189,8 +199,16 @@ def locate_and_assemble(task: RepairTask) -> AssembledShard:
         {"file": [where[u][0] for u in uris], "row": [where[u][1] for u in uris], "is_pad": want["is_pad"]},
         schema=SOURCE_SCHEMA,
     )
-    return assemble_shard(
+    shard = assemble_shard(
         AssembleTask(
-            uri=task.uri, sources=sources, metadata=task.metadata, row_group_bytes=task.row_group_bytes
+            uri=task.uri,
+            sources=sources,
+            metadata=task.metadata,
+            row_group_bytes=task.row_group_bytes,
+            schema=task.schema,
         )
     )
+    lost = Counter(
+        w for u, pad in zip(uris, want["is_pad"].to_pylist(), strict=True) if not pad for w in dropped[u]
+    )
+    return replace(shard, dropped_boxes=dict(sorted(lost.items())))

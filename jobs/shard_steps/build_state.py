@@ -13,7 +13,6 @@ from jobs.common.tasks import each, pack
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.inputs import ShardInputs
 from jobs.shard_steps.staging import staging_folder
-from lakeshard.format import FORMAT_VERSION
 
 __all__ = ["Build", "default_tasks", "preprocess_tasks", "run_tasks", "start_build"]
 
@@ -59,7 +58,7 @@ class Build:
         return {
             "dataset_version": self.job.version,
             "num_shards": self.cfg.num_shards,
-            "format_version": FORMAT_VERSION,
+            "format_version": self.job.columns.format_version,
             "image_format": self.cfg.image_format,
             "image_size": self.cfg.image_size,
         }

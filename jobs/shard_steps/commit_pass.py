@@ -5,6 +5,7 @@ receipts, then the shards put in place and committed with ``dataset.json``
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from jobs.shard_steps.assemble import AssembledShard
 from jobs.shard_steps.build_state import Build, run_tasks
@@ -51,6 +52,9 @@ def commit_build(
     files = {(c.name, s): uri for c in channels for s, uri in c.files.items()}
     paths = place_assembled(job.root, staging, files, pre.tasks, num_shards=n)
     written = {r.uri: r.stats for r in pre.results.values()} | {a.uri: a.stats for a in assembled}
+    lost = {r.uri: r.dropped_boxes for r in pre.results.values()} | {
+        a.uri: a.dropped_boxes for a in assembled
+    }
     built = [
         BuiltChannel(
             name=c.name,
@@ -58,6 +62,7 @@ def commit_build(
             rejected=c.rejected,
             dropped=c.uris(c.final.dropped),
             padded=c.uris(c.final.padded),
+            dropped_boxes=sum((Counter(lost[uri]) for uri in c.files.values()), Counter()),
             shards=tuple(
                 ShardFile(index=s, path=paths[(c.name, s)], stats=written[uri]) for s, uri in c.files.items()
             ),

@@ -7,7 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from jobs.shard_steps.config import ShardConfig
@@ -22,6 +23,7 @@ from lakeshard.format import (
     Inputs,
     ShardInfo,
 )
+from lakeshard.format.label_columns import SINGLE_LABEL
 
 if TYPE_CHECKING:  # jobs.shard_steps.inputs names the dataset with dataset_version, below
     from jobs.shard_steps.inputs import ShardInputs
@@ -51,13 +53,23 @@ class BuiltChannel:
     rejected: int
     dropped: tuple[str, ...]
     padded: tuple[str, ...]
+    #: a ``boxes`` dataset: boxes its shards left out, by reason (:mod:`jobs.common.boxes`)
+    dropped_boxes: Counter[str] = field(default_factory=Counter)
 
 
-def dataset_version(fingerprint: str, cfg: ShardConfig, seed: int, channels: list[str]) -> str:
-    """The dataset's identity: a hash of the manifest's content and every option that changes
-    the shards (not the engine: every engine writes the same dataset)."""
+def dataset_version(
+    fingerprint: str,
+    cfg: ShardConfig,
+    seed: int,
+    channels: list[str],
+    *,
+    format_version: int = FORMAT_VERSION,
+) -> str:
+    """The dataset's identity: a hash of the manifest's content (its label columns included),
+    the format version and every option that changes the shards (not the engine: every engine
+    writes the same dataset)."""
     spec = {
-        "format_version": FORMAT_VERSION,
+        "format_version": format_version,
         "manifest": fingerprint,
         "num_shards": cfg.num_shards,
         "image": [cfg.image_size, cfg.resize, cfg.image_format, cfg.quality, cfg.max_image_pixels],
@@ -84,7 +96,7 @@ def dataset_info(
     marker = job.marker
     labels = marker.labels
     return DatasetInfo(
-        format_version=FORMAT_VERSION,
+        format_version=job.columns.format_version,
         dataset_version=job.version,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         engine=engine,
@@ -108,11 +120,16 @@ def dataset_info(
             shard_rejects=sum(c.rejected for c in channels),
             dropped=sum(len(c.deal.dropped) for c in channels),
             padded=sum(len(c.deal.pads) for c in channels),
+            dropped_boxes=dict(sorted(sum((c.dropped_boxes for c in channels), Counter()).items()))
+            if job.columns.boxes
+            else None,
         ),
         build=build,
         channels={c.name: _channel_info(c, labels) for c in channels},
         rejects_path=rejects_path,
         versions=library_versions(),
+        task=None if job.columns.task == SINGLE_LABEL else job.columns.task,
+        columns=job.columns.types(),
     )
 
 

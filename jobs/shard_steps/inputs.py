@@ -1,6 +1,6 @@
 """What the shard job reads, checked before an engine starts: a bad URI, a missing or
-incomplete manifest, a manifest of labels beyond one class (multi-label, boxes: not stored
-yet), an unknown or repeated channel, an existing dataset or an unusable ``--base`` fail in a
+incomplete manifest, a manifest of labels beyond one class (multi-label, boxes) with an
+option that cannot carry its columns yet (``--base``), an unknown or repeated channel, an existing dataset or an unusable ``--base`` fail in a
 second, not after a 10 s engine start."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from jobs.shard_steps.columns import ShardColumns, shard_columns
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.dataset_info import dataset_version
 from jobs.shard_steps.reuse import BaseDataset, check_shard_base
@@ -31,6 +32,8 @@ class ShardInputs:
     version: str
     #: the ``--base`` dataset, checked (:func:`jobs.shard_steps.reuse.check_shard_base`)
     base: BaseDataset | None = None
+    #: the task kind and kept columns the shards carry
+    columns: ShardColumns = ShardColumns()
 
 
 def pick_channels(cfg: ShardConfig, known: list[str], root: str) -> list[str]:
@@ -71,13 +74,14 @@ def _check_overwrite(cfg: ShardConfig, root: str, channels: list[str]) -> None:
         )
 
 
-def check_task(task: str, root: str) -> None:
-    """Refuse a manifest of labels beyond one class (docs/design/0043-labels-beyond-one-class.md):
-    its columns are not stored in shards yet."""
-    if task != SINGLE_LABEL:
+def check_task(task: str, root: str, cfg: ShardConfig) -> None:
+    """Refuse a manifest of labels beyond one class with an option that cannot carry its
+    columns yet (docs/design/0045-shard-job-labels.md): ``--base``, whose join takes images,
+    not label columns, from the base's shards."""
+    if task != SINGLE_LABEL and cfg.base is not None:
         raise ShardError(
-            f"the manifest at {root} is a {task} dataset: this version of the shard job stores "
-            "single-label datasets only (one class per image)"
+            f"--base {cfg.base} cannot be combined with the {task} manifest at {root}: an "
+            "incremental build reuses single-label rows only; build it from scratch"
         )
 
 
@@ -91,7 +95,7 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
             f"no complete manifest at {root}: {marker_uri} is missing; run jobs/manifest.py first"
         )
     marker = read_manifest_info(root)
-    check_task(marker.task_kind, root)
+    check_task(marker.task_kind, root, cfg)
     channels = pick_channels(cfg, list(marker.split), root)
     classes = marker.counts.classes
     if missing := [c for c in channels if c not in classes]:  # the plan is made from these counts
@@ -101,11 +105,15 @@ def check_shard_inputs(cfg: ShardConfig) -> ShardInputs:
         )
     _check_overwrite(cfg, root, channels)
     seed = marker.seed if cfg.seed is None else cfg.seed
+    columns = shard_columns(root, marker, channels[0])
     return ShardInputs(
         root=root,
         marker=marker,
         channels=channels,
         seed=seed,
-        version=dataset_version(marker.fingerprint, cfg, seed, channels),
+        version=dataset_version(
+            marker.fingerprint, cfg, seed, channels, format_version=columns.format_version
+        ),
         base=check_shard_base(cfg.base, cfg) if cfg.base is not None else None,
+        columns=columns,
     )

@@ -13,6 +13,7 @@ from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.deal import DROPPED_ROWS_SHARD, Deal, deal_from_counts
 from jobs.shard_steps.inputs import ShardInputs
 from jobs.shard_steps.plan_tasks import (
+    IMAGES,
     Channel,
     ClassRows,
     OrderPass,
@@ -31,6 +32,7 @@ from jobs.shard_steps.reuse_tasks import StagedFile, StageTask, stage
 from jobs.shard_steps.staging import work_uri
 from lakeshard.errors import ShardError
 from lakeshard.format import ManifestInfo
+from lakeshard.format.label_columns import SINGLE_LABEL
 
 __all__ = ["Plan", "channel_deal", "first_plan", "give_slots", "order_pass", "plan_channels"]
 
@@ -47,7 +49,12 @@ class Plan:
 
 def _classes(marker: ManifestInfo, channel: str) -> tuple[ClassRows, ...]:
     """Each class of ``channel`` with rows, from the manifest's marker (``counts.classes``), by
-    label index: the aggregates the plan is made from."""
+    label index: the aggregates the plan is made from. A multi-label or boxes channel is one
+    class, :data:`~jobs.shard_steps.plan_tasks.IMAGES` (``counts.channels``): the plan balances
+    images."""
+    if marker.task_kind != SINGLE_LABEL:
+        images = marker.counts.channels.get(channel, 0)
+        return (ClassRows(IMAGES, 0, images),) if images else ()
     counts = marker.counts.classes[channel]
     classes = (ClassRows(name, int(marker.labels[name]), int(n)) for name, n in counts.items() if n)
     return tuple(sorted(classes, key=lambda c: c.index))
@@ -79,7 +86,7 @@ def plan_channels(cfg: ShardConfig, job: ShardInputs) -> list[Channel]:
     for name in job.channels:
         classes = _classes(job.marker, name)
         first = channel_deal(cfg, classes, seed=job.seed, channel=name)
-        channels.append(Channel(name=name, classes=classes, first=first))
+        channels.append(Channel(name=name, classes=classes, first=first, carried=job.columns.carried))
     return channels
 
 

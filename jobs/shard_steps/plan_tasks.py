@@ -38,9 +38,10 @@ from jobs.shard_steps.staging import work_uri
 from lakeshard import storage
 from lakeshard.errors import ManifestError
 from lakeshard.format import channel_dirname
-from lakeshard.format.manifest_table import read_channel_rows
+from lakeshard.format.manifest_table import iter_parts, read_channel_rows
 
 __all__ = [
+    "IMAGES",
     "ORDER_COLUMNS",
     "Channel",
     "ClassRows",
@@ -78,6 +79,10 @@ ORDER_COLUMNS = [
     "copy",
 ]
 
+#: A slot part's columns other than a multi-label or boxes row's label and kept columns, which
+#: follow :data:`ORDER_COLUMNS` in its order files.
+_SLOT_COLUMNS = frozenset([*_MANIFEST_COLUMNS, *ORDER_COLUMNS, "home"])
+
 #: Rows per row group of a slot part: ``home`` is sorted, so an order task reads only the
 #: row groups that hold its shard.
 _SLOT_ROW_GROUP = 65_536
@@ -95,14 +100,22 @@ class ClassRows:
     rows: int
 
 
+#: The one class a multi-label or boxes channel is planned as: its images (the plan balances
+#: images, not labels; docs/design/0045-shard-job-labels.md).
+IMAGES = "(images)"
+
+
 @dataclass(frozen=True, slots=True)
 class SlotTask:
-    """Give the rows of ``classes`` of ``deal``'s channel their slots and write them to ``uri``."""
+    """Give the rows of ``classes`` of ``deal``'s channel their slots and write them to ``uri``.
+    With ``carried`` (a multi-label or boxes channel's label and kept columns, read too), the
+    one class is :data:`IMAGES`, every row of the channel."""
 
     root: str
     deal: Deal
     classes: tuple[ClassRows, ...]
     uri: str
+    carried: tuple[str, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -120,6 +133,8 @@ class SlotPart:
 def slot_rows(task: SlotTask) -> SlotPart:
     """Run a :class:`SlotTask`."""
     deal, channel = task.deal, task.deal.channel
+    if task.carried:
+        return _write_slots(task, _image_slots(task))
     rows = read_channel_rows(
         task.root, channel, labels=[c.label for c in task.classes], columns=_MANIFEST_COLUMNS
     )
@@ -137,8 +152,29 @@ def slot_rows(task: SlotTask) -> SlotPart:
         slots[mine] = class_slots(
             rows["key"].take(pa.array(mine)), seed=deal.seed, channel=channel, start=deal.class_start(c.index)
         )
-    table = rows.append_column("slot", pa.array(slots))
-    table = table.append_column("home", pa.array(slots % deal.num_shards))
+    return _write_slots(task, rows.append_column("slot", pa.array(slots)))
+
+
+def _image_slots(task: SlotTask) -> pa.Table:
+    """A multi-label or boxes channel's rows, their label and kept columns too, with their
+    slots: the channel is one class (:data:`IMAGES`)."""
+    channel, (images,) = task.deal.channel, task.classes
+    rows = pa.concat_tables(iter_parts(task.root, channel, columns=[*_MANIFEST_COLUMNS, *task.carried]))
+    if rows.num_rows != images.rows:
+        raise ManifestError(
+            f"channel {channel!r}: the manifest table has {rows.num_rows} rows but _manifest.json "
+            f"counts {images.rows} images; the manifest is inconsistent, run jobs/manifest.py again"
+        )
+    slots = class_slots(
+        rows["key"], seed=task.deal.seed, channel=channel, start=task.deal.class_start(images.index)
+    )
+    return rows.append_column("slot", pa.array(slots))
+
+
+def _write_slots(task: SlotTask, table: pa.Table) -> SlotPart:
+    """Write ``table`` (rows with their slots) as ``task``'s slot part, sorted by home shard."""
+    slots = table["slot"].to_numpy()
+    table = table.append_column("home", pa.array(slots % task.deal.num_shards))
     table = table.take(pc.sort_indices(table, sort_keys=[("home", "ascending"), ("slot", "ascending")]))
     write_table(task.uri, table, row_group_size=_SLOT_ROW_GROUP)
     return SlotPart(uri=task.uri, rows=table.num_rows)
@@ -208,7 +244,7 @@ def order_rows(task: OrderTask) -> ShardOrder:
         table = table.append_column("is_pad", pa.array(np.zeros(table.num_rows, bool))).append_column(
             "copy", pa.array(np.zeros(table.num_rows, np.int64))
         )
-    table = table.select(ORDER_COLUMNS)
+    table = table.select([*ORDER_COLUMNS, *(c for c in rows.column_names if c not in _SLOT_COLUMNS)])
     write_table(
         task.uri, table, row_group_size=max(1, task.cuts[1] - task.cuts[0])
     )  # a row group per segment
@@ -238,8 +274,9 @@ def _named_rows(deal: Deal, rows: pa.Table) -> dict[int, NamedRow]:
 
 
 def _label_counts(table: pa.Table) -> dict[int, int]:
-    """``{label index: rows}`` of ``table``: classes × shards numbers in all, never rows."""
-    counts = pc.value_counts(table["label_index"])
+    """``{label index: rows}`` of ``table``: classes × shards numbers in all, never rows (a
+    multi-label or boxes row, its ``label_index`` null, counts as the plan's one class, 0)."""
+    counts = pc.value_counts(pc.fill_null(table["label_index"], 0))
     return dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True))
 
 
@@ -261,6 +298,8 @@ class Channel:
     name: str
     classes: tuple[ClassRows, ...]
     first: Deal
+    #: a multi-label or boxes channel's label and kept columns (its one class is :data:`IMAGES`)
+    carried: tuple[str, ...] = ()
 
 
 def slot_tasks(channels: list[Channel], *, root: str, staging: str, cores: int) -> list[SlotTask]:
@@ -275,9 +314,8 @@ def slot_tasks(channels: list[Channel], *, root: str, staging: str, cores: int) 
         groups = pack(list(channel.classes), [c.rows for c in channel.classes], wanted)
         for i, group in enumerate(sorted(groups, key=lambda g: min(c.index for c in g))):
             uri = work_uri(staging, "slots", channel_dirname(channel.name), f"part-{i:05d}.parquet")
-            tasks.append(
-                SlotTask(root=root, deal=deal, classes=tuple(sorted(group, key=lambda c: c.index)), uri=uri)
-            )
+            classes = tuple(sorted(group, key=lambda c: c.index))
+            tasks.append(SlotTask(root=root, deal=deal, classes=classes, uri=uri, carried=channel.carried))
     return tasks
 
 

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 from typing import Any, NamedTuple
@@ -28,15 +28,18 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from jobs.common.boxes import geometry
 from jobs.common.images import EncodedImage, ImageSpec, preprocess
 from jobs.common.tasks import compact, read_rows, write_table
 from jobs.shard_steps.as_listed import read_as_listed
+from jobs.shard_steps.shard_rows import Stored, count_dropped, shard_rows
 from lakeshard import storage
 from lakeshard.errors import ImageRejected
 from lakeshard.format import SHARD_REJECTS_SCHEMA, SHARD_SCHEMA
 from lakeshard.format.writer import ShardWriter, write_shard_rejects
 
 __all__ = [
+    "DROPPED_FIELD",
     "OUTCOME_SCHEMA",
     "REJECT_SCHEMA",
     "SEGMENT_SCHEMA",
@@ -74,8 +77,10 @@ SEGMENT_SCHEMA = pa.schema(
 
 #: Where preprocessing wrote each row of a segment (the *outcomes* file, read by the assembly
 #: tasks, :mod:`jobs.shard_steps.repair`): ``row`` is the row's index in the segment's file, null when the
-#: image was rejected.
+#: image was rejected. A ``boxes`` dataset's also has :data:`DROPPED_FIELD`.
 OUTCOME_SCHEMA = pa.schema([("uri", pa.string()), ("row", pa.int64())])
+#: An outcome's boxes the resize dropped, a reason each (:mod:`jobs.common.boxes`).
+DROPPED_FIELD = pa.field("dropped", pa.list_(pa.string()))
 
 #: A segment's rejects, as its receipt holds them: the shard rejects table's columns
 #: (:data:`~lakeshard.format.SHARD_REJECTS_SCHEMA`), the row's slot (:mod:`jobs.shard_steps.deal`; null
@@ -135,6 +140,13 @@ class SegmentTask:
     #: segment id ``reuse_id`` (:func:`reused_rows`): those rows are not fetched.
     base_runs: tuple[str, ...] = ()
     reuse_id: int = -1
+    #: The shard's schema: :data:`SHARD_SCHEMA`, or a multi-label or boxes dataset's (its label
+    #: and kept columns taken from the rows, boxes moved with the image: :mod:`jobs.common.boxes`).
+    schema: pa.Schema = SHARD_SCHEMA
+
+    @property
+    def boxes(self) -> bool:
+        return "boxes" in self.schema.names
 
     def __post_init__(self) -> None:
         if self.rows is not None:
@@ -202,15 +214,18 @@ def rows_digest(rows: pa.Table) -> str:
     return digest.hexdigest()[:32]
 
 
-def _preprocessed(data: bytes | str | EncodedImage, spec: ImageSpec) -> EncodedImage | str:
-    """The encoded image with its height and width, or the reason there is none (``data``
-    already preprocessed: as it is)."""
-    if isinstance(data, (str, tuple)):
+def _preprocessed(data: bytes | str | EncodedImage, spec: ImageSpec, *, boxes: bool) -> Stored | str:
+    """The encoded image with its height and width (and with ``boxes``, its geometry), or the
+    reason there is none (``data`` already preprocessed: as it is)."""
+    if isinstance(data, str):
         return data
+    if isinstance(data, EncodedImage):
+        return Stored(data)
     try:
-        return preprocess(data, spec)
+        image = preprocess(data, spec)
     except ImageRejected as exc:
         return exc.reason
+    return Stored(image, geometry(data, spec) if boxes else None)
 
 
 def _ahead(
@@ -258,7 +273,7 @@ def _preprocessed_chunks(
         ]
 
     def preprocess_all(reads: list[Callable[[], list[bytes | str | EncodedImage]]]) -> list[Any]:
-        return [_preprocessed(data, task.spec) for get in reads for data in get()]
+        return [_preprocessed(data, task.spec, boxes=task.boxes) for get in reads for data in get()]
 
     reads: Iterator[Callable[[], list[bytes | str | EncodedImage]]]
     with ExitStack() as stack:
@@ -290,6 +305,9 @@ class SegmentResult:
     reused: int  #: images taken from the ``--base`` dataset, not fetched and decoded
     rejects: pa.Table  #: :data:`REJECT_SCHEMA`
     digest: str  #: the :func:`rows_digest` of the rows it preprocessed
+    #: a ``boxes`` dataset: boxes the resize dropped from the rows it wrote, pad copies not
+    #: counted, by reason
+    dropped_boxes: dict[str, int] = field(default_factory=dict)
 
 
 def preprocess_segment(task: SegmentTask) -> SegmentResult:
@@ -299,32 +317,25 @@ def preprocess_segment(task: SegmentTask) -> SegmentResult:
     reused = reused_rows(task)
     outcome_rows: list[int | None] = []
     reasons: list[str | None] = []
+    dropped: list[list[str]] = []  # each row's boxes dropped by the resize (rejected rows: none)
     written = 0
-    with ShardWriter(task.uri, metadata=task.metadata, row_group_bytes=task.row_group_bytes) as writer:
+    with ShardWriter(
+        task.uri, metadata=task.metadata, row_group_bytes=task.row_group_bytes, schema=task.schema
+    ) as writer:
         for chunk, outcomes in _preprocessed_chunks(task, rows, reused):
             keep = [not isinstance(o, str) for o in outcomes]
             for ok, o in zip(keep, outcomes, strict=True):
                 outcome_rows.append(written if ok else None)
                 reasons.append(None if ok else o)
                 written += ok
-            images = [o for o in outcomes if not isinstance(o, str)]
-            if not images:
+            made = [o for o in outcomes if not isinstance(o, str)]
+            if not made:
+                dropped += [[] for _ in outcomes]
                 continue
-            chunk = chunk.filter(pa.array(keep))
-            writer.write(
-                pa.table(
-                    {
-                        "image": pa.array([o[0] for o in images], pa.binary()),
-                        "label": chunk["label_index"],
-                        "uri": chunk["uri"],
-                        "key": chunk["key"],
-                        "height": pa.array([o[1] for o in images], pa.int32()),
-                        "width": pa.array([o[2] for o in images], pa.int32()),
-                        "is_pad": chunk["is_pad"],
-                    },
-                    schema=SHARD_SCHEMA,
-                )
-            )
+            table, moved = shard_rows(chunk.filter(pa.array(keep)), made, task.schema)
+            writer.write(table)
+            each = iter(moved)
+            dropped += [next(each) if ok else [] for ok in keep]
     bad = [i for i, why in enumerate(reasons) if why is not None]
     rejects = rows.take(pa.array(bad, pa.int64()))
 
@@ -343,6 +354,7 @@ def preprocess_segment(task: SegmentTask) -> SegmentResult:
         },
         schema=REJECT_SCHEMA,
     )
+    pads = rows["is_pad"].to_pylist()
     result = SegmentResult(
         uri=task.uri,
         stats=writer.stats,
@@ -350,12 +362,15 @@ def preprocess_segment(task: SegmentTask) -> SegmentResult:
         reused=len(reused),
         rejects=rejects,
         digest=rows_digest(rows),
+        dropped_boxes=count_dropped(why for why, pad in zip(dropped, pads, strict=True) if not pad),
     )
     if task.outcomes is not None:
-        write_table(
-            task.outcomes,
-            pa.table({"uri": rows["uri"], "row": pa.array(outcome_rows, pa.int64())}, schema=OUTCOME_SCHEMA),
+        outcomes = pa.table(
+            {"uri": rows["uri"], "row": pa.array(outcome_rows, pa.int64())}, schema=OUTCOME_SCHEMA
         )
+        if task.boxes:
+            outcomes = outcomes.append_column(DROPPED_FIELD, pa.array(dropped, DROPPED_FIELD.type))
+        write_table(task.outcomes, outcomes)
     if task.receipt is not None:  # after the file (and its outcomes) is complete: a receipt vouches for it
         write_table(
             task.receipt,
@@ -366,7 +381,8 @@ def preprocess_segment(task: SegmentTask) -> SegmentResult:
                 b"lakeshard.rows": str(result.rows).encode(),
                 b"lakeshard.reused": str(result.reused).encode(),
                 b"lakeshard.digest": result.digest.encode(),
-            },
+            }
+            | ({b"lakeshard.dropped_boxes": json.dumps(result.dropped_boxes).encode()} if task.boxes else {}),
         )
     return result
 
@@ -383,6 +399,7 @@ def read_receipt(data: bytes) -> SegmentResult:
         reused=int(meta.get(b"lakeshard.reused", b"0")),
         rejects=table.replace_schema_metadata(None).cast(REJECT_SCHEMA),
         digest=meta[b"lakeshard.digest"].decode(),
+        dropped_boxes=json.loads(meta.get(b"lakeshard.dropped_boxes", b"{}")),
     )
 
 

@@ -97,6 +97,7 @@ def preprocess_segments(build: Build, plan: Plan) -> Preprocessed:
             build.footer(),
             segment_rows=build.segment_rows,
             decode_threads=cfg.decode_threads or engine.task_cpus,
+            schema=build.job.columns.schema,
         )
     ]
     resumed = finished(build.staging, tasks)

@@ -19,6 +19,7 @@ from jobs.shard_steps.plan_tasks import NamedRow, OrderPass, PlannedChannel, Sha
 from jobs.shard_steps.preprocess import SegmentTask
 from jobs.shard_steps.staging import assembled_shard, staged_shard
 from lakeshard.errors import RejectFractionError
+from lakeshard.format import SHARD_SCHEMA
 
 __all__ = [
     "RepairedChannel",
@@ -164,11 +165,16 @@ def repaired_channel(
 
 
 def repair_tasks(
-    channel: RepairedChannel, tasks: list[SegmentTask], *, metadata: Mapping[str, Any], row_group_bytes: int
+    channel: RepairedChannel,
+    tasks: list[SegmentTask],
+    *,
+    metadata: Mapping[str, Any],
+    row_group_bytes: int,
+    schema: pa.Schema = SHARD_SCHEMA,
 ) -> list[RepairTask]:
     """The assembly of each shard of ``channel`` that needs one, from the segments (``tasks``)
     that wrote its rows: its own, and those of the shards rows moved in from. ``metadata``:
-    every shard's footer, less its channel and index."""
+    every shard's footer, less its channel and index; ``schema``: the shards'."""
     segments = segments_by_shard(tasks, channel.name)
     repairs = []
     for s, order in channel.assemble.items():
@@ -181,6 +187,7 @@ def repair_tasks(
                 others=outcome_sources([t for k in sorted(moved) for t in segments.get(k, [])]),
                 metadata={**metadata, "channel": channel.name, "shard_index": s},
                 row_group_bytes=row_group_bytes,
+                schema=schema,
             )
         )
     return repairs

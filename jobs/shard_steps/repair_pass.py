@@ -89,7 +89,13 @@ def assemble_shards(build: Build, channels: list[RepairedChannel], pre: Preproce
     repairs = [
         r
         for c in channels
-        for r in repair_tasks(c, pre.tasks, metadata=build.footer(), row_group_bytes=build.cfg.row_group_size)
+        for r in repair_tasks(
+            c,
+            pre.tasks,
+            metadata=build.footer(),
+            row_group_bytes=build.cfg.row_group_size,
+            schema=build.job.columns.schema,
+        )
     ]
     if repairs:
         log.info(

@@ -11,16 +11,15 @@ so the report needs neither matplotlib nor a browser with scripts enabled.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import html
 import logging
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import pyarrow.parquet as pq
 
+from jobs.shard_steps.report_labels import labels_section
+from jobs.shard_steps.report_parts import bar_chart, data_uri, esc, html_table, section
 from lakeshard import storage
 from lakeshard.format import (
     CHANNELS,
@@ -30,7 +29,6 @@ from lakeshard.format import (
     manifest_marker_uri,
     read_manifest_info,
     rejects_uri,
-    stored_image_format,
 )
 from lakeshard.format.manifest_table import read_channel
 
@@ -39,7 +37,6 @@ __all__ = ["REPORT_NAME", "render_report", "report_uri", "write_report"]
 log = logging.getLogger("jobs.report")
 
 REPORT_NAME = "report.html"
-_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948")
 _MAX_REJECT_ROWS = 50
 
 #: Row groups read for the sample thumbnails at most, whatever the dataset's size: a class
@@ -76,6 +73,7 @@ def render_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, m
         _summary(info, channels),
         _splits(info, channels),
         _class_counts(info, channels, labels),
+        labels_section(root, info, "train" if "train" in channels else channels[0]),
         _rejects(manifest_rejects, shard_rejects),
         _lake(marker := _read_marker(root)),
         _incremental(marker, info),
@@ -86,9 +84,9 @@ def render_report(root: str, info: DatasetInfo, *, samples_per_class: int = 6, m
     title = f"lakeshard dataset {info.dataset_version}"
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{_e(title)}</h1><p class='muted'>{_e(root)} · created {_e(info.created_at)} "
-        f"· engine {_e(info.engine)}</p>" + "".join(sections) + "</body></html>\n"
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{esc(title)}</h1><p class='muted'>{esc(root)} · created {esc(info.created_at)} "
+        f"· engine {esc(info.engine)}</p>" + "".join(sections) + "</body></html>\n"
     )
 
 
@@ -109,9 +107,9 @@ def _summary(info: DatasetInfo, channels: list[str]) -> str:
     image = info.image
     facts = (
         f"{info.num_classes} classes · images {image.size}×{image.size} {image.format} "
-        f"(resize {image.resize}) · remainder policy <b>{_e(info.remainder)}</b>"
+        f"(resize {image.resize}) · remainder policy <b>{esc(info.remainder)}</b>"
     )
-    return _section("Counts", f"<p>{facts}</p>" + _table(["", "count"], rows))
+    return section("Counts", f"<p>{facts}</p>" + html_table(["", "count"], rows))
 
 
 def _splits(info: DatasetInfo, channels: list[str]) -> str:
@@ -123,34 +121,34 @@ def _splits(info: DatasetInfo, channels: list[str]) -> str:
         want = asked.get(c)
         rows.append((c, f"{want:.3f}" if want is not None else "–", f"{got:.3f}", info.channels[c].rows))
         bars.append((c, [want or 0.0, got]))
-    chart = _bar_chart(
+    chart = bar_chart(
         bars,
         series=["asked", "achieved"],
         title="fraction of rows per channel",
         fmt="{:.3f}",
         horizontal=True,
     )
-    return _section(
+    return section(
         "Splits: asked vs achieved",
-        _table(["channel", "asked", "achieved", "rows"], rows)
+        html_table(["channel", "asked", "achieved", "rows"], rows)
         + chart
-        + f"<p class='muted'>split method {_e(info.inputs.split_method)}</p>",
+        + f"<p class='muted'>split method {esc(info.inputs.split_method)}</p>",
     )
 
 
 def _class_counts(info: DatasetInfo, channels: list[str], labels: list[str]) -> str:
     groups = [(name, [info.channels[c].class_counts.get(name, 0) for c in channels]) for name in labels]
-    chart = _bar_chart(groups, series=channels, title="rows per class and channel")
+    chart = bar_chart(groups, series=channels, title="rows per class and channel")
     rows = [(name, *counts, sum(counts)) for name, counts in groups]
-    return _section("Classes per channel", chart + _table(["class", *channels, "total"], rows))
+    return section("Classes per channel", chart + html_table(["class", *channels, "total"], rows))
 
 
 def _rejects(manifest_rejects: list[dict[str, Any]], shard_rejects: list[dict[str, Any]]) -> str:
     everything = [("manifest", r) for r in manifest_rejects] + [("shard", r) for r in shard_rejects]
     if not everything:
-        return _section("Rejects", "<p>No object was rejected.</p>")
+        return section("Rejects", "<p>No object was rejected.</p>")
     by_reason = Counter(f"{stage}: {_reason_kind(r.get('reason'))}" for stage, r in everything)
-    chart = _bar_chart(
+    chart = bar_chart(
         [(k, [v]) for k, v in by_reason.most_common()],
         series=["objects"],
         title="rejected objects by reason",
@@ -159,7 +157,7 @@ def _rejects(manifest_rejects: list[dict[str, Any]], shard_rejects: list[dict[st
     rows = [(stage, r.get("key") or "", r.get("reason") or "") for stage, r in everything[:_MAX_REJECT_ROWS]]
     more = len(everything) - len(rows)
     note = f"<p class='muted'>… and {more} more (see the rejects tables)</p>" if more > 0 else ""
-    return _section(f"Rejects ({len(everything)})", chart + _table(["job", "key", "reason"], rows) + note)
+    return section(f"Rejects ({len(everything)})", chart + html_table(["job", "key", "reason"], rows) + note)
 
 
 def _lake(marker: ManifestInfo | None) -> str:
@@ -170,10 +168,10 @@ def _lake(marker: ManifestInfo | None) -> str:
     parts = []
     if marker and skipped:
         rows = list(marker.skipped_by_reason.items())
-        examples = ", ".join(f"<code>{_e(k)}</code>" for k in list(marker.skipped_examples)[:5])
+        examples = ", ".join(f"<code>{esc(k)}</code>" for k in list(marker.skipped_examples)[:5])
         parts.append(
             f"<p>{skipped} objects skipped, not rejected (hidden files, --exclude): e.g. {examples}</p>"
-            + _table(["why", "objects"], rows)
+            + html_table(["why", "objects"], rows)
         )
     else:
         parts.append("<p>No object was skipped.</p>")
@@ -190,11 +188,11 @@ def _lake(marker: ManifestInfo | None) -> str:
         parts.append(
             warn + f"<p>{dups.objects} objects in {dups.groups} sets of identical content "
             f"({dups.across_labels} set(s) under different labels).{removed}</p>"
-            + _table(["identical objects (channel)"], groups)
+            + html_table(["identical objects (channel)"], groups)
         )
     else:
         parts.append("<p>No two accepted objects have the same content.</p>")
-    return _section("The lake: skipped objects and duplicates", "".join(parts) + _labels_table(marker))
+    return section("The lake: skipped objects and duplicates", "".join(parts) + _labels_table(marker))
 
 
 def _incremental(marker: ManifestInfo | None, info: DatasetInfo) -> str:
@@ -206,10 +204,10 @@ def _incremental(marker: ManifestInfo | None, info: DatasetInfo) -> str:
         return ""
     parts = []
     if base:
-        left = ", ".join(f"<code>{_e(k)}</code>" for k in base.left_examples[:5])
-        moved = ", ".join(f"<code>{_e(k)}</code>" for k in base.moved_examples[:5])
+        left = ", ".join(f"<code>{esc(k)}</code>" for k in base.left_examples[:5])
+        moved = ", ".join(f"<code>{esc(k)}</code>" for k in base.moved_examples[:5])
         parts.append(
-            _table(
+            html_table(
                 ["manifest job: --base " + base.root, "objects"],
                 [
                     ("unchanged (same size and ETag)", base.unchanged),
@@ -227,7 +225,7 @@ def _incremental(marker: ManifestInfo | None, info: DatasetInfo) -> str:
             parts.append(f"<p>Moved to another channel, e.g. {moved}</p>")
     if build.base is not None:
         parts.append(
-            _table(
+            html_table(
                 [f"shard job: --base {build.base.root} (version {build.base.dataset_version})", "images"],
                 [
                     ("reused from the base's shards", build.reused),
@@ -235,7 +233,7 @@ def _incremental(marker: ManifestInfo | None, info: DatasetInfo) -> str:
                 ],
             )
         )
-    return _section("Incremental build", "".join(parts))
+    return section("Incremental build", "".join(parts))
 
 
 def _labels_table(marker: ManifestInfo | None) -> str:
@@ -245,7 +243,7 @@ def _labels_table(marker: ManifestInfo | None) -> str:
     if not table:
         return ""
     missing = table.not_in_lake
-    examples = ", ".join(f"<code>{_e(k)}</code>" for k in table.not_in_lake_examples)
+    examples = ", ".join(f"<code>{esc(k)}</code>" for k in table.not_in_lake_examples)
     rows = [
         ("rows in the table", table.rows),
         ("objects without a label row (rejected: no label)", table.unlabelled),
@@ -257,7 +255,7 @@ def _labels_table(marker: ManifestInfo | None) -> str:
         if missing
         else ""
     )
-    return f"<h3>Labels from <code>{_e(table.uri)}</code></h3>" + note + _table(["", "count"], rows)
+    return f"<h3>Labels from <code>{esc(table.uri)}</code></h3>" + note + html_table(["", "count"], rows)
 
 
 def _read_marker(root: str) -> ManifestInfo | None:
@@ -271,19 +269,20 @@ def _read_marker(root: str) -> ManifestInfo | None:
 
 def _shard_balance(info: DatasetInfo, channels: list[str], labels: list[str]) -> str:
     parts, bars = [], []
+    balance = "the shard job keeps it ≤ 1" if info.task is None else "images are balanced, not labels"
     for c in channels:
         shards = info.channels[c].shards
         spread = {name: _spread([s.class_counts.get(name, 0) for s in shards]) for name in labels}
         worst = max(spread.values(), default=0)
         rows = [(s.path, s.rows, _bytes(s.bytes), s.row_groups, s.sha256[:12]) for s in shards]
         parts.append(
-            f"<h3>{_e(c)}</h3><p>rows per shard: {sorted({s.rows for s in shards})}; largest per-class "
-            f"difference across shards: <b>{worst}</b> (the shard job keeps it ≤ 1)</p>"
-            + _table(["shard", "rows", "size", "row groups", "sha256"], rows)
+            f"<h3>{esc(c)}</h3><p>rows per shard: {sorted({s.rows for s in shards})}; largest per-class "
+            f"difference across shards: <b>{worst}</b> ({balance})</p>"
+            + html_table(["shard", "rows", "size", "row groups", "sha256"], rows)
         )
         bars += [(f"{c} {i}", [s.rows]) for i, s in enumerate(shards)]
-    chart = _bar_chart(bars, series=["rows"], title="rows per shard", horizontal=True)
-    return _section("Shard balance", chart + "".join(parts))
+    chart = bar_chart(bars, series=["rows"], title="rows per shard", horizontal=True)
+    return section("Shard balance", chart + "".join(parts))
 
 
 def _samples(
@@ -291,8 +290,10 @@ def _samples(
 ) -> str:
     """Up to ``per_class`` thumbnails of each shown class, from at most
     :data:`_SAMPLE_ROW_GROUPS` row groups of the channel's shards, whatever the dataset's size:
-    a class too rare to fill its row (or absent from them) shows fewer."""
+    a class too rare to fill its row (or absent from them) shows fewer. A multi-label or boxes
+    image shows under each of its labels."""
     channel = "train" if "train" in channels else channels[0]
+    column = "label" if info.task is None else "label_indices"
     shown = labels[:max_classes]
     want = {info.labels[name]: name for name in shown}
     found: dict[int, list[bytes]] = {i: [] for i in want}
@@ -307,20 +308,21 @@ def _samples(
                 if budget == 0 or all(len(v) >= per_class for v in found.values()):
                     break
                 budget -= 1
-                table = pf.read_row_group(g, columns=["image", "label"])
-                for data, label in zip(table["image"].to_pylist(), table["label"].to_pylist()):
-                    if label in found and len(found[label]) < per_class:
-                        found[label].append(data)
+                table = pf.read_row_group(g, columns=["image", column])
+                for data, held in zip(table["image"].to_pylist(), table[column].to_pylist()):
+                    for label in held if isinstance(held, list) else [held]:
+                        if label in found and len(found[label]) < per_class:
+                            found[label].append(data)
     rows = []
     for index, name in want.items():
-        imgs = "".join(f"<img class='thumb' alt='{_e(name)}' src='{_data_uri(b)}'>" for b in found[index])
-        rows.append(f"<tr><th>{_e(name)}</th><td>{imgs or '<span class=muted>none</span>'}</td></tr>")
+        imgs = "".join(f"<img class='thumb' alt='{esc(name)}' src='{data_uri(b)}'>" for b in found[index])
+        rows.append(f"<tr><th>{esc(name)}</th><td>{imgs or '<span class=muted>none</span>'}</td></tr>")
     note = (
         f"<p class='muted'>first {len(shown)} of {len(labels)} classes</p>"
         if len(shown) < len(labels)
         else ""
     )
-    return _section(
+    return section(
         f"Samples ({channel}, as the loader reads them)",
         f"<table class='samples'>{''.join(rows)}</table>{note}",
     )
@@ -352,7 +354,7 @@ def _lineage(info: DatasetInfo) -> str:
         ),
     ]
     rows += [(f"version of {k}", v) for k, v in sorted(info.versions.items())]
-    return _section("Lineage", _table(["", ""], rows))
+    return section("Lineage", html_table(["", ""], rows))
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -382,90 +384,6 @@ def _bytes(n: float) -> str:
     return str(n)
 
 
-def _data_uri(data: bytes) -> str:
-    mime = f"image/{stored_image_format(data) or 'webp'}"
-    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _section(title: str, body: str) -> str:
-    return f"<section><h2>{_e(title)}</h2>{body}</section>"
-
-
-def _table(header: list[str], rows: list[tuple[Any, ...]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _bar_chart(
-    groups: Sequence[tuple[str, Sequence[float]]],
-    *,
-    series: list[str],
-    title: str,
-    fmt: str = "{:g}",
-    horizontal: bool = False,
-) -> str:
-    """Grouped bars as inline SVG: one group per ``(name, values)``, one bar per series."""
-    if not groups:
-        return ""
-    top = max((v for _, values in groups for v in values), default=0) or 1
-    k = len(series)
-    legend = (
-        "".join(
-            f"<rect x='{10 + 110 * i}' y='8' width='12' height='12' fill='{_PALETTE[i % len(_PALETTE)]}'/>"
-            f"<text x='{26 + 110 * i}' y='19'>{_e(s)}</text>"
-            for i, s in enumerate(series)
-        )
-        if k > 1
-        else ""
-    )
-    shapes = []
-    if horizontal:
-        bar, label_w, plot_w = 16, 200, 520
-        width, height = label_w + plot_w + 60, 34 + len(groups) * (k * bar + 8)
-        shapes.append(f"<line x1='{label_w}' y1='26' x2='{label_w}' y2='{height - 4}' stroke='#888'/>")
-        for gi, (name, values) in enumerate(groups):
-            y0 = 30 + gi * (k * bar + 8)
-            shapes.append(
-                f"<text x='{label_w - 6}' y='{y0 + k * bar / 2 + 4}' text-anchor='end'>{_e(name[:40])}</text>"
-            )
-            for si, v in enumerate(values):
-                w = plot_w * v / top
-                shapes.append(
-                    f"<rect x='{label_w}' y='{y0 + si * bar}' width='{w:.1f}' height='{bar - 2}' "
-                    f"fill='{_PALETTE[si % len(_PALETTE)]}'><title>{_e(name)}: {fmt.format(v)}</title></rect>"
-                    f"<text x='{label_w + w + 4:.1f}' y='{y0 + si * bar + bar - 5}'>{fmt.format(v)}</text>"
-                )
-    else:
-        bar = max(4, min(28, 900 // max(1, len(groups) * k)))
-        group_w = k * bar + 10
-        plot_h, base = 200, 240
-        width, height = max(320, 40 + len(groups) * group_w), base + 40
-        shapes.append(f"<line x1='30' y1='{base}' x2='{width - 4}' y2='{base}' stroke='#888'/>")
-        for gi, (name, values) in enumerate(groups):
-            x0 = 36 + gi * group_w
-            for si, v in enumerate(values):
-                h = plot_h * v / top
-                shapes.append(
-                    f"<rect x='{x0 + si * bar}' y='{base - h:.1f}' width='{bar - 1}' height='{h:.1f}' "
-                    f"fill='{_PALETTE[si % len(_PALETTE)]}'><title>{_e(name)} {_e(series[si])}: "
-                    f"{fmt.format(v)}</title></rect>"
-                )
-            shapes.append(
-                f"<text x='{x0 + k * bar / 2}' y='{base + 16}' text-anchor='middle'>{_e(name[:12])}</text>"
-            )
-        shapes.append(f"<text x='28' y='{base - plot_h + 4}' text-anchor='end'>{fmt.format(top)}</text>")
-    return (
-        f"<figure><svg class='chart' xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-        f"viewBox='0 0 {width} {height}' role='img' aria-label='{_e(title)}'>{legend}{''.join(shapes)}</svg>"
-        f"<figcaption>{_e(title)}</figcaption></figure>"
-    )
-
-
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,'DejaVu Sans',sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
 h1{font-size:22px;margin-bottom:4px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:28px}
@@ -475,5 +393,6 @@ td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}t
 svg.chart{max-width:100%;height:auto;font:11px 'DejaVu Sans',sans-serif}
 img.thumb{width:64px;height:64px;image-rendering:pixelated;margin:2px;border:1px solid #ccc}
 table.samples td{border:none}table.samples th{border:none;text-align:right}
+figure.sample{display:inline-block;margin:4px;vertical-align:top}figure.sample svg{border:1px solid #ccc}
 .warn{background:#fff3cd;border:1px solid #e0c36c;padding:6px 10px}
 """

@@ -10,11 +10,13 @@ from collections.abc import Mapping
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from jobs.shard_steps.config import ShardConfig
 from jobs.shard_steps.deal import DROPPED_ROWS_SHARD, Deal
 from jobs.shard_steps.preprocess import RowRange, SegmentTask
 from jobs.shard_steps.staging import outcomes_uri, receipt_uri, staged_shard, work_uri
-from lakeshard.format import channel_dirname
+from lakeshard.format import SHARD_SCHEMA, channel_dirname
 
 if TYPE_CHECKING:  # the order tasks cut their shards with segment_cuts, below
     from jobs.shard_steps.plan_tasks import ShardOrder
@@ -39,11 +41,13 @@ def segment_tasks(
     *,
     segment_rows: int,
     decode_threads: int,
+    schema: pa.Schema = SHARD_SCHEMA,
 ) -> list[SegmentTask]:
     """Preprocessing tasks for the first plan of a channel (``deal``): each shard whole into its
     file, or, if it has more than ``segment_rows`` rows, in segments written apart and assembled
     afterwards. The rows the remainder policy left out are preprocessed too (a task of their
-    own), in case rejects change the plan. ``orders`` holds the channel's order files, by shard."""
+    own), in case rejects change the plan. ``orders`` holds the channel's order files, by shard;
+    ``schema`` is the shards' (:func:`~lakeshard.format.label_columns.shard_schema`)."""
     channel = deal.channel
 
     def task(uri: str, order: ShardOrder, j: int, span: tuple[int, int], shard: int) -> SegmentTask:
@@ -60,6 +64,7 @@ def segment_tasks(
             decode_threads=decode_threads,
             row_group_bytes=cfg.row_group_size,
             metadata={**meta, "channel": channel, "shard_index": shard},
+            schema=schema,
         )
 
     tasks = []

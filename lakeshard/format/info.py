@@ -197,6 +197,9 @@ class Counts:
     shard_rejects: int
     dropped: int
     padded: int
+    #: a ``boxes`` dataset: boxes the shard job's resize left out of its shards, by reason
+    #: (``outside the crop``: no area left; ``under a tenth of a pixel``); None: not ``boxes``
+    dropped_boxes: dict[str, int] | None = dataclasses.field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True)

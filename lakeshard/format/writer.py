@@ -1,4 +1,5 @@
-"""The shard writer (rows of :data:`~lakeshard.format.SHARD_SCHEMA` into one Parquet file,
+"""The shard writer (rows of :data:`~lakeshard.format.SHARD_SCHEMA`, or a multi-label or boxes
+dataset's :func:`~lakeshard.format.label_columns.shard_schema`, into one Parquet file,
 with the footer keys readers check, :mod:`lakeshard.format.footer`) and the shard rejects' writer."""
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ class _HashingWriter(io.RawIOBase):
 
 
 class ShardWriter:
-    """Writes :data:`SHARD_SCHEMA` rows to one Parquet file, hashing it as it goes.
+    """Writes :data:`SHARD_SCHEMA` rows (or ``schema``'s: a multi-label or boxes dataset's
+    :func:`~lakeshard.format.label_columns.shard_schema`) to one Parquet file, hashing it as it
+    goes.
 
     A row group closes right after the row that brings its images to ``row_group_bytes``, so
     row groups depend only on the rows, not on how they were handed in: a shard written in one
     go and one assembled from pieces are the same bytes. The image column is stored
     uncompressed and without dictionary encoding (JPEG bytes do not compress, and a dictionary
     only slows reading). ``stats`` (after closing): rows, bytes, sha256, row groups and
-    per-label counts. ``row_group_rows`` (optional) also closes a row group once it holds that
+    per-label counts (rows of each ``label``; with ``label_indices``, rows holding each label).
+    ``row_group_rows`` (optional) also closes a row group once it holds that
     many rows, whichever of the two comes first.
     """
 
@@ -60,8 +64,10 @@ class ShardWriter:
         metadata: Mapping[str, Any],
         row_group_bytes: int,
         row_group_rows: int | None = None,
+        schema: pa.Schema = SHARD_SCHEMA,
     ) -> None:
-        self._schema = SHARD_SCHEMA.with_metadata(footer_metadata(metadata))
+        self._schema = schema.with_metadata(footer_metadata(metadata))
+        self._label_column = "label_indices" if "label_indices" in schema.names else "label"
         self._row_group_bytes = row_group_bytes
         self._row_group_rows = row_group_rows
         self._fs, self._path = storage.filesystem(uri)
@@ -86,27 +92,22 @@ class ShardWriter:
         self._writer = pq.ParquetWriter(
             self._sink,
             self._schema,
-            compression={
-                "image": "NONE",
-                "label": "SNAPPY",
-                "uri": "SNAPPY",
-                "key": "SNAPPY",
-                "height": "SNAPPY",
-                "width": "SNAPPY",
-                "is_pad": "SNAPPY",
-            },
+            compression={**dict.fromkeys(self._schema.names, "SNAPPY"), "image": "NONE"},
             use_dictionary=["label", "height", "width", "is_pad"],
             write_statistics=["label", "height", "width", "is_pad"],
         )
         return self
 
     def write(self, table: pa.Table) -> None:
-        """Append ``table``'s rows (:data:`SHARD_SCHEMA`)."""
+        """Append ``table``'s rows (of the writer's schema)."""
         import pyarrow.compute as pc  # here, not at the top: the loader imports this package (~0.1 s)
 
         if not table.num_rows:
             return
-        for label, count in zip(*np.unique(table["label"].to_numpy(), return_counts=True), strict=True):
+        labels = table[self._label_column]
+        if self._label_column == "label_indices":
+            labels = pc.list_flatten(labels)
+        for label, count in zip(*np.unique(labels.to_numpy(), return_counts=True), strict=True):
             self._labels[int(label)] = self._labels.get(int(label), 0) + int(count)
         self._rows += table.num_rows
         sizes = pc.binary_length(table["image"]).to_numpy(zero_copy_only=False)

@@ -2,7 +2,8 @@
 and kept columns, on a lake of drawn shapes whose classes and boxes are known. Every input form
 parses to the same manifest; bad values are counted rejects with their reason; the multi-label
 split keeps every label in each channel and every image's boxes with it; the task is recorded
-and the shard job refuses what it cannot store yet."""
+and the shard job refuses ``--base`` with it (tests/jobs/shard/test_labels_beyond_one_class.py
+shards them)."""
 
 from __future__ import annotations
 
@@ -166,11 +167,9 @@ def test_boxes_stay_with_their_image_and_the_task_is_recorded(
     info = read_manifest_info(str(tmp_path / "ds"))
     assert (info.format_version, info.task_kind) == (TASK_FORMAT_VERSION, "boxes")
     assert info.columns is not None and {"boxes", "image_width", "caption", "n"} <= set(info.columns)
-    with pytest.raises(
-        ShardError,
-        match=r"is a boxes dataset: this version of the shard job stores single-label datasets only",
-    ):
-        shard_job.run(ShardConfig(dataset=str(tmp_path / "ds"), engine="local", num_shards=1), local_engine)
+    with pytest.raises(ShardError, match=r"^--base \S+ cannot be combined with the boxes manifest at "):
+        cfg = ShardConfig(dataset=str(tmp_path / "ds"), engine="local", num_shards=1, base=str(tmp_path))
+        shard_job.run(cfg, local_engine)
 
 
 def test_normalised_boxes_are_the_same_boxes_in_pixels(
@@ -453,14 +452,16 @@ def test_spark_writes_the_same_boxes_manifest(
     assert assert_same_manifest(str(tmp_path / "spark"), str(tmp_path / "local")).task == "boxes"
 
 
-def test_the_one_command_build_refuses_labels_it_cannot_store_before_any_work(
+def test_the_one_command_build_refuses_base_with_labels_beyond_one_class_before_any_work(
     tmp_path: Path, lake: tuple[str, list[Drawn]]
 ) -> None:
     root, drawn = lake
     table = _table(tmp_path / "t", [{"key": d.key, "labels": d.labels} for d in drawn], "jsonl")
     out = tmp_path / "ds"
-    cfg = build.BuildConfig(input=root, output=str(out), labels=table, task="multi-label", engine="local")
-    with pytest.raises(ShardError, match=r"is a multi-label dataset: this version of the shard job stores"):
+    cfg = build.BuildConfig(
+        input=root, output=str(out), labels=table, task="multi-label", engine="local", base=str(tmp_path)
+    )
+    with pytest.raises((ShardError, ConfigError), match=r"--base"):
         with build.prepare(cfg):
             pass
     assert not (out / "manifests").exists()
