@@ -21,6 +21,12 @@ row group as a pandas DataFrame. It decodes each image (Pillow, which releases t
 it is ``size`` x ``size`` (petastorm collates rows only into fixed shapes), drops the rows the
 shard job marked ``is_pad`` (copies written by the ``pad`` remainder policy) unless asked not
 to, and keeps ``fields``.
+
+A multi-label dataset's ``label_indices`` are lists of varying length, which petastorm cannot
+collate: the field ``labels`` (with ``num_classes``) is them as a multi-hot ``float32
+[num_classes]``, as the loader's :class:`~loaders.Batch` names it. A boxes dataset's ``boxes``
+(a list of structs) petastorm leaves out of the schema it infers, so no transform can read them:
+read boxes with the loader (``docs/petastorm.md``).
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ __all__ = ["LAYOUTS", "decode_images", "make_transform_spec"]
 #: ``hwc``: ``[H, W, 3]`` as decoders return it; ``chw``: ``[3, H, W]`` as torch models take it.
 LAYOUTS = ("hwc", "chw")
 
-#: Columns of a shard a transform may keep.
-_SHARD_COLUMNS = tuple(SHARD_SCHEMA.names)
+#: Columns of a shard a transform may keep, and ``labels`` (multi-hot, made from ``label_indices``).
+_SHARD_COLUMNS = (*SHARD_SCHEMA.names, "labels", "label_indices")
 
 
 def decode_images(
@@ -76,6 +82,7 @@ def make_transform_spec(
     fields: Sequence[str] = ("image", "label"),
     drop_padding: bool = True,
     decoder: str = "pillow",
+    num_classes: int | None = None,
 ) -> Any:
     """A ``petastorm.TransformSpec`` that decodes the ``image`` column of our shards.
 
@@ -90,6 +97,8 @@ def make_transform_spec(
             to even out shards), so every row of the lake arrives once. Needs the ``is_pad``
             column to be read (it is, unless ``schema_fields`` leaves it out).
         decoder: a decoder of :mod:`loaders.decode` (``"pillow"``, ``"auto"``, ``"simplejpeg"``).
+        num_classes: a multi-label dataset's ``num_classes`` (``dataset.json``), for the field
+            ``labels``: the row's ``label_indices`` as a multi-hot ``float32 [num_classes]``.
 
     Returns:
         A ``petastorm.TransformSpec`` for ``make_batch_reader(..., transform_spec=...)``.
@@ -104,8 +113,16 @@ def make_transform_spec(
     unknown = [f for f in fields if f not in _SHARD_COLUMNS]
     if unknown or not fields:
         raise ValueError(f"fields must name shard columns {_SHARD_COLUMNS}, got {fields!r}")
+    if "labels" in fields:
+        check_positive("num_classes", num_classes)
+    classes = num_classes or 0
     get_decoder(decoder)  # fail here, not on a worker thread
     shape = (size, size, 3) if layout == "hwc" else (3, size, size)
+    edit: list[tuple[str, Any, tuple[int, ...], bool]] = []
+    if "image" in fields:
+        edit.append(("image", np.uint8, shape, False))
+    if "labels" in fields:
+        edit.append(("labels", np.float32, (classes,), False))
 
     def transform(df: Any) -> Any:
         if drop_padding:
@@ -122,10 +139,15 @@ def make_transform_spec(
                 df["image"].tolist(), size=size, layout=layout, decoder=decoder, uris=uris
             )
             df["image"] = pd.Series(decoded, index=df.index, dtype=object)  # one array per cell
+        if "labels" in fields:
+            hot = [_multi_hot(indices, classes) for indices in df["label_indices"]]
+            df["labels"] = pd.Series(hot, index=df.index, dtype=object)
         return df[fields]
 
-    return TransformSpec(
-        transform,
-        edit_fields=[("image", np.uint8, shape, False)] if "image" in fields else [],
-        selected_fields=fields,
-    )
+    return TransformSpec(transform, edit_fields=edit, selected_fields=fields)
+
+
+def _multi_hot(indices: Sequence[int], num_classes: int) -> np.ndarray:
+    hot = np.zeros(num_classes, np.float32)
+    hot[np.asarray(indices, dtype=np.int64)] = 1.0
+    return hot
