@@ -106,23 +106,10 @@ def make_transform_spec(
     import pandas as pd
     from petastorm import TransformSpec
 
-    check_positive("size", size)
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     fields = list(fields)
-    unknown = [f for f in fields if f not in _SHARD_COLUMNS]
-    if unknown or not fields:
-        raise ValueError(f"fields must name shard columns {_SHARD_COLUMNS}, got {fields!r}")
-    if "labels" in fields:
-        check_positive("num_classes", num_classes)
+    edit = _edit_fields(size, layout, fields, num_classes)
     classes = num_classes or 0
     get_decoder(decoder)  # fail here, not on a worker thread
-    shape = (size, size, 3) if layout == "hwc" else (3, size, size)
-    edit: list[tuple[str, Any, tuple[int, ...], bool]] = []
-    if "image" in fields:
-        edit.append(("image", np.uint8, shape, False))
-    if "labels" in fields:
-        edit.append(("labels", np.float32, (classes,), False))
 
     def transform(df: Any) -> Any:
         if drop_padding:
@@ -145,6 +132,26 @@ def make_transform_spec(
         return df[fields]
 
     return TransformSpec(transform, edit_fields=edit, selected_fields=fields)
+
+
+def _edit_fields(
+    size: int, layout: str, fields: list[str], num_classes: int | None
+) -> list[tuple[str, Any, tuple[int, ...], bool]]:
+    """petastorm's ``edit_fields`` of the fields the transform makes (checked: a ``ValueError``
+    names the bad argument)."""
+    check_positive("size", size)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    unknown = [f for f in fields if f not in _SHARD_COLUMNS]
+    if unknown or not fields:
+        raise ValueError(f"fields must name shard columns {_SHARD_COLUMNS}, got {fields!r}")
+    edit: list[tuple[str, Any, tuple[int, ...], bool]] = []
+    if "image" in fields:
+        edit.append(("image", np.uint8, (size, size, 3) if layout == "hwc" else (3, size, size), False))
+    if "labels" in fields:
+        check_positive("num_classes", num_classes)
+        edit.append(("labels", np.float32, (num_classes or 0,), False))
+    return edit
 
 
 def _multi_hot(indices: Sequence[int], num_classes: int) -> np.ndarray:

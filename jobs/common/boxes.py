@@ -18,7 +18,16 @@ from PIL import Image
 
 from jobs.common.images import ImageSpec, _target_box
 
-__all__ = ["MIN_SIDE", "OUTSIDE", "TOO_SMALL", "Geometry", "geometry", "move_boxes"]
+__all__ = [
+    "MIN_SIDE",
+    "OUTSIDE",
+    "TOO_SMALL",
+    "TRANSPOSED",
+    "Geometry",
+    "geometry",
+    "move_boxes",
+    "orientation",
+]
 
 #: A moved box narrower or lower than this many pixels is dropped (:data:`TOO_SMALL`).
 MIN_SIDE = 0.1
@@ -28,7 +37,7 @@ OUTSIDE = "outside the crop"
 TOO_SMALL = "under a tenth of a pixel"
 
 #: EXIF orientations that swap width and height (a transpose or a quarter turn).
-_TRANSPOSED = frozenset({5, 6, 7, 8})
+TRANSPOSED = frozenset({5, 6, 7, 8})
 _ORIENTATION = 0x0112
 
 
@@ -56,7 +65,7 @@ def _draft_scale(img: Image.Image, spec: ImageSpec) -> int:
     return 1 if drafted is None else round(w / drafted[1][2])
 
 
-def _orientation(img: Image.Image, data: bytes) -> int:
+def orientation(img: Image.Image, data: bytes) -> int:
     """The EXIF orientation ``preprocess`` applies to ``img`` (opened from ``data``), without
     decoding it: Pillow's PNG reader decodes the whole image to look for an ``eXIf`` chunk
     after the pixels, so a PNG whose bytes hold no such chunk type is taken as upright at once."""
@@ -73,7 +82,7 @@ def geometry(data: bytes, spec: ImageSpec) -> Geometry:
     with Image.open(io.BytesIO(data)) as img:
         n = _draft_scale(img, spec)  # img.size is now the decoded size
         w, h = img.size
-        if _orientation(img, data) in _TRANSPOSED:
+        if orientation(img, data) in TRANSPOSED:
             w, h = h, w
     (ow, oh), (left, top, right, bottom) = _target_box(w, h, spec)
     sx, sy = ow / (right - left), oh / (bottom - top)

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, cast
 
-from PIL import ExifTags, Image
+from PIL import Image
 
+from jobs.common.boxes import TRANSPOSED, orientation
 from jobs.common.images import SNIFF_BYTES, UNSUPPORTED_FORMATS
 from jobs.common.images import sniff as sniff_format
 from jobs.manifest_steps.table_values import BadValue, check_boxes
@@ -364,26 +365,20 @@ def list_prefix(root: str, prefix: str, *, label_depth: int = 1, skip: Skip = _N
     return rows
 
 
-#: EXIF orientations that swap width and height (a transpose or a quarter turn).
-_TRANSPOSED = frozenset({5, 6, 7, 8})
-
-
 def _header_size(data: bytes, *, whole: bool) -> tuple[int, int] | None:
-    """An image's width and height as displayed (EXIF orientation applied: boxes are drawn on
-    the image an annotator sees) from its first bytes, or all of them (``whole``). None: not
-    within them, or unreadable."""
+    """An image's width and height as displayed (EXIF orientation applied, as the shard job
+    applies it: boxes are drawn on the image an annotator sees) from its first bytes, or all of
+    them (``whole``). None: not within them (a PNG's ``eXIf`` chunk may follow its pixels), or
+    unreadable."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size
-            try:
-                orientation = img.getexif().get(ExifTags.Base.Orientation, 1)
-            except Exception:  # the EXIF is beyond these bytes (a PNG's eXIf chunk), or damaged
-                if not whole:
-                    return None
-                orientation = 1
+            if not whole and img.format == "PNG" and "exif" not in img.info:
+                return None
+            turned = orientation(img, data) in TRANSPOSED
     except Exception:  # Pillow raises many kinds for a cut-off or foreign header
         return None
-    return (height, width) if orientation in _TRANSPOSED else (width, height)
+    return (height, width) if turned else (width, height)
 
 
 def _image_size(row: LabelledRow, data: bytes) -> LabelledRow:
