@@ -111,7 +111,8 @@ def plan_only(cfg: ShardConfig, engine: Engine) -> PlanSummary:
     plans = []
     for c in channels:
         orders = done.of(c.name)
-        plans.append(channel_plan(c.first, {s: o.classes for s, o in orders.items()}, named=orders[0].named))
+        classes = {s: o.classes for s, o in orders.items()}
+        plans.append(channel_plan(c.first, classes, named=orders[0].named, task=job.columns.task))
     summary = PlanSummary(dataset=storage.normalize(cfg.dataset), channels=tuple(plans))
     log.info("%s", summary.text())
     return summary

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from jobs.shard_steps.deal import Deal
 from jobs.shard_steps.plan_tasks import NamedRow
 from lakeshard.errors import ShardError
+from lakeshard.format.label_columns import SINGLE_LABEL
 
 __all__ = ["ChannelPlan", "PlanSummary", "channel_plan"]
 
@@ -33,10 +34,17 @@ class ChannelPlan:
     spread: int
     uneven_classes: int
     named: tuple[tuple[str, str], ...] = ()
+    task: str = SINGLE_LABEL  #: beyond single-label the plan balances images, one class of all
 
     def text(self) -> str:
         kept = self.rows_per_shard * self.num_shards
         named = "".join(f"\n    {kind} {uri}" for kind, uri in self.named)
+        if self.task != SINGLE_LABEL:
+            return (
+                f"  {self.channel}: {self.rows:,} {self.task} rows -> {self.num_shards} shards × "
+                f"{self.rows_per_shard:,} rows ({kept:,} rows: {self.dropped} dropped, {self.padded} padded); "
+                f"images balanced, labels not (an image holds several){named}"
+            )
         return (
             f"  {self.channel}: {self.rows:,} rows in {self.classes} classes -> {self.num_shards} shards × "
             f"{self.rows_per_shard:,} rows ({kept:,} rows: {self.dropped} dropped, {self.padded} padded); "
@@ -64,6 +72,7 @@ def channel_plan(
     *,
     named: Mapping[int, NamedRow] | None = None,
     show: int = 10,
+    task: str = SINGLE_LABEL,
 ) -> ChannelPlan:
     """The summary of ``deal``'s channel; ``per_shard[s]`` counts shard s's rows per label index
     (pad copies included), as its order task found them. ``named`` gives the key and URI of
@@ -90,4 +99,5 @@ def channel_plan(
         spread=spread,
         uneven_classes=uneven,
         named=tuple(shown),
+        task=task,
     )

@@ -310,6 +310,16 @@ def test_base_with_a_boxes_manifest_is_refused_naming_the_flag(
         shard_job.run(cfg, _local())
 
 
+def test_the_plan_of_a_boxes_dataset_says_it_balances_images(lake: tuple[str, dict[str, Drawn], str]) -> None:
+    _, drawn, dataset = lake
+    cfg = ShardConfig(dataset=dataset, engine="local", num_shards=2, plan_only=True)
+    summary = shard_job.run(cfg, _local())
+    text = summary.text()
+    assert "boxes rows -> 2 shards" in text and "images balanced, labels not" in text, text
+    assert "classes" not in text
+    assert sum(c.rows for c in summary.channels) == len(drawn)
+
+
 def test_the_one_command_build_stores_boxes(
     tmp_path: Path, lake: tuple[str, dict[str, Drawn], str], capsys: pytest.CaptureFixture[str]
 ) -> None:
