@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +12,19 @@ from jobs import shard as shard_job
 from jobs.common.engines import Engine
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.shard_steps.config import ShardConfig
+from lakeshard.format.label_columns import BOXES
 from tests.helpers.lake import bad_objects, write_lake
+from tests.helpers.shapes import Drawn, shapes_lake
 
-__all__ = ["build_dataset_with_rejects"]
+__all__ = ["ShapesDataset", "build_dataset_with_rejects", "build_shapes_dataset"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShapesDataset:
+    """A dataset built from a lake of drawn shapes, and what each of its images holds."""
+
+    root: Path
+    drawn: list[Drawn]
 
 
 def build_dataset_with_rejects(
@@ -46,3 +58,36 @@ def build_dataset_with_rejects(
         engine,
     )
     return out
+
+
+def build_shapes_dataset(engine: Engine, tmp: Path, task: str, *, n: int, seed: int) -> ShapesDataset:
+    """A lake of ``n`` drawn shapes (:func:`~tests.helpers.shapes.shapes_lake`, 64×48 px) and its
+    labels table for ``task`` (``multi-label``: each image's classes; ``boxes``: its shapes'
+    boxes), with a kept ``caption``, through both jobs on ``engine``: 2 shards of 32 px PNGs,
+    padded (no box is cropped away)."""
+    drawn = shapes_lake(tmp / "raw", n, seed=seed)
+    labels = [
+        {"key": d.key, "caption": f"{len(d.shapes)} shapes"}
+        | ({"boxes": [s.box() for s in d.shapes]} if task == BOXES else {"labels": d.labels})
+        for d in drawn
+    ]
+    table = tmp / "labels.jsonl"
+    table.write_text("".join(json.dumps(row) + "\n" for row in labels))
+    out = tmp / "ds"
+    manifest_job.run(
+        ManifestConfig(
+            input=str(tmp / "raw"),
+            output=str(out),
+            labels=str(table),
+            task=task,
+            keep_columns=("caption",),
+            seed=seed,
+            split_method="stratified",
+            split={"train": 0.6, "validation": 0.2, "test": 0.2},
+        ),
+        engine,
+    )
+    shard_job.run(
+        ShardConfig(dataset=str(out), num_shards=2, image_size=32, image_format="png", resize="pad"), engine
+    )
+    return ShapesDataset(out, drawn)
