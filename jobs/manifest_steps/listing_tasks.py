@@ -182,7 +182,8 @@ def _s3_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, to
 def _gcs_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, token: str | None) -> _Page:
     """A page of the JSON API's objects list through gcsfs, its infos as gcsfs's ``find`` gives
     them. ``startOffset`` includes the key it names: the first page asks for one more and drops
-    ``after`` itself."""
+    ``after`` itself (all it answers is kept, the next page following the last: where ``after``
+    is gone, that is ``size + 1`` keys, never a key lost)."""
     params: dict[str, Any] = {"prefix": prefix, "maxResults": size}
     if after is not None:
         params["startOffset"] = after
@@ -190,7 +191,7 @@ def _gcs_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, t
     if token is not None:
         params["pageToken"] = token
     page = fs.call("GET", "b/{}/o", bucket, json_out=True, **params)
-    items = [i for i in page.get("items", []) if i["name"] != after][:size]
+    items = [i for i in page.get("items", []) if i["name"] != after]
     # gcsfs's own conversion (sizes, times, generations): the rows of `find` and of these pages agree.
     return _Page([fs._process_object(bucket, i) for i in items], page.get("nextPageToken"))
 

@@ -17,7 +17,7 @@ from jobs import shard as shard_job
 from jobs.common.engines.local_engine import LocalEngine
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.listing import Skip, discover, list_prefix
-from jobs.manifest_steps.listing_tasks import list_lake
+from jobs.manifest_steps.listing_tasks import _gcs_page, list_lake
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.format import shard_rejects_uri
@@ -178,6 +178,23 @@ def test_keys_that_extend_the_last_listed_key_are_not_lost(where, budget, tmp_pa
         "c/b/c/d",
         "d/a",
     ]
+
+
+@pytest.mark.gcs
+@pytest.mark.parametrize("after", ["raw/c/b", "raw/c/bb"])
+def test_gcs_pages_after_a_key_there_or_gone_lose_none(gcs_bucket, after):
+    """``startOffset`` includes the key it names: a page drops it, and where it is gone (deleted
+    since it was listed) keeps the one more key it asked for rather than skip it."""
+    root = _write_store(gcs_bucket, {f"c/{k}": b"k" for k in "abcdef"})
+    fs, _ = storage.filesystem(root)
+    bucket, names, token = gcs_bucket[len("gs://") :], [], None
+    while True:
+        page = _gcs_page(fs, bucket, "raw/c/", after, 2, token)
+        names += [i["name"] for i in page.infos]
+        if page.token is None:
+            break
+        token = page.token
+    assert names == [f"{bucket}/raw/c/{k}" for k in "cdef"]
 
 
 def test_without_the_sniff_a_bad_object_is_rejected_by_the_shard_job(tmp_path):
