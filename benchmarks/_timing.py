@@ -84,16 +84,30 @@ def cpu_seconds(pid: int) -> tuple[float, float] | None:
 def tree_cpu_s() -> float:
     """CPU seconds (user + system) of this process, its live descendants, and every descendant
     already reaped (counted in its parent's ``children_*`` times)."""
+    return _tree_cpu_s(os.getpid(), reaped=True)
+
+
+def procs_cpu_s(pids: Iterable[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` and their live descendants (nginx's
+    workers) have used so far; a process gone counts nothing."""
+    return sum(_tree_cpu_s(pid, reaped=False) for pid in pids)
+
+
+def _tree_cpu_s(pid: int, *, reaped: bool) -> float:
     import psutil  # not at the top: the tools that never call this need not have it
 
-    me = psutil.Process()
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
     total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
+    for proc in procs:
         try:
             t = proc.cpu_times()
         except psutil.Error:
             continue  # exited meanwhile: its parent's children_* times hold it once reaped
-        total += t.user + t.system + t.children_user + t.children_system
+        total += t.user + t.system + ((t.children_user + t.children_system) if reaped else 0.0)
     return total
 
 

@@ -95,6 +95,11 @@ class Azurite:
         self.stop()
         raise RuntimeError(f"azurite-blob did not listen on {self.endpoint} in {timeout_s} s")
 
+    @property
+    def pid(self) -> int | None:
+        """The ``azurite-blob`` process (None before :meth:`start`)."""
+        return None if self._proc is None else self._proc.pid
+
     def downloads(self) -> int:
         """Blob downloads (GETs of a blob, whole or a range) served so far, by its debug log."""
         try:

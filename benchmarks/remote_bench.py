@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _cli import json_child, log_to_stdout, positive, work_folder, write_out
 from _data import PHOTO_QUALITY, build_dataset, photo_image, synthetic_image
-from _timing import alternate, other_load, parse_variant
+from _timing import alternate, other_load, parse_variant, procs_cpu_s
 from emulated_store import Azurite, AzuriteMissingError, connection_string, find_azurite
 from loader_bench import epoch_timing
 from remote_store import NginxMissingError, RemoteStore, Traffic, find_nginx, parse_rate
@@ -41,14 +41,26 @@ log = logging.getLogger("remote_bench")
 #: ``--profile``: (latency in ms, bandwidth per connection).
 PROFILES = {"near": (20.0, "80MB"), "far": (100.0, "25MB")}
 SOURCES = ("local", "remote")
+#: Whose CPU seconds each epoch records (:func:`cpu_now`).
+CPU_OF = ("loader", "store_server", "shim")
+
+
+class Served(NamedTuple):
+    """A store the remote source reads: the latency shim (``store``, its traffic), the dataset's
+    URI there, and the processes serving the bytes behind the shim (nginx, an emulator), whose
+    CPU the benchmark records beside the loader's."""
+
+    store: RemoteStore
+    uri: str
+    server_pids: tuple[int, ...]
 
 
 @contextlib.contextmanager
-def s3_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[tuple[RemoteStore, str]]:
+def s3_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[Served]:
     """nginx serving ``work`` as ``s3://bench/``, behind the latency shim."""
     with RemoteStore(work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes) as store:
         os.environ.update(store.environ())
-        yield store, store.uri(dataset.name)
+        yield Served(store, store.uri(dataset.name), tuple(p for p in store.pids if p not in store.shim_pids))
 
 
 def _copy_to(bucket: str, work: Path, dataset: Path) -> None:
@@ -59,7 +71,7 @@ def _copy_to(bucket: str, work: Path, dataset: Path) -> None:
 
 
 @contextlib.contextmanager
-def gcs_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[tuple[RemoteStore, str]]:
+def gcs_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[Served]:
     """The GCS emulator of the tests (``tests/helpers/gcs_emulator.py``: in memory, with the
     JSON API's generation headers and suffix ranges) holding the dataset in ``gs://bench/``,
     behind the same latency shim."""
@@ -74,13 +86,13 @@ def gcs_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[t
             work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes, upstream=emulator.endpoint
         ) as store:
             os.environ["STORAGE_EMULATOR_HOST"] = store.endpoint
-            yield store, f"gs://bench/{dataset.name}"
+            yield Served(store, f"gs://bench/{dataset.name}", (emulator.process.pid,))
     finally:
         emulator.stop()
 
 
 @contextlib.contextmanager
-def azure_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[tuple[RemoteStore, str]]:
+def azure_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator[Served]:
     """Azurite (``benchmarks/emulated_store.py``: in memory) holding the dataset in
     ``az://bench/``, behind the same latency shim."""
     azurite = Azurite().start()
@@ -92,7 +104,7 @@ def azure_store(work: Path, dataset: Path, args: argparse.Namespace) -> Iterator
             work, latency_ms=args.latency_ms, bandwidth=args.bandwidth_bytes, upstream=azurite.endpoint
         ) as store:
             os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection_string(store.endpoint)
-            yield store, f"az://bench/{dataset.name}"
+            yield Served(store, f"az://bench/{dataset.name}", (azurite.pid,) if azurite.pid else ())
     finally:
         azurite.stop()
 
@@ -164,17 +176,28 @@ def process_first_batch(dataset: str, args: argparse.Namespace) -> dict[str, flo
     return json_child(cmd, f"a new process's first batch from {dataset}", timeout=_PROCESS_TIMEOUT_S)
 
 
-def measure(source: str, dataset: str, args: argparse.Namespace, store: RemoteStore) -> dict[str, Any]:
+def cpu_now(served: Served) -> dict[str, float]:
+    """CPU seconds used so far by this process (the loader), the store's server processes
+    (nginx and its workers, or the emulator) and the latency shim."""
+    return {
+        "loader": time.process_time(),
+        "store_server": procs_cpu_s(served.server_pids),
+        "shim": procs_cpu_s(served.store.shim_pids),
+    }
+
+
+def measure(source: str, dataset: str, args: argparse.Namespace, served: Served) -> dict[str, Any]:
     """One repeat of one source: the kept loader's epochs, then a fresh loader's first batch."""
-    remote = source == "remote"
+    remote, store = source == "remote", served.store
     out: dict[str, Any] = {}
     loader = new_loader(dataset, args)
     try:
         for e in range(args.epochs):
-            before, logged = store.traffic(), len(store.served())
+            before, logged, cpu = store.traffic(), len(store.served()), cpu_now(served)
             n = e + 1  # epoch_timing runs the next epoch: set_epoch(e + 1)
             rate, first, out["images"], gap = epoch_timing(dataset, args, loader)
             out |= {f"epoch{n}": rate, f"epoch{n}_first_batch_s": first, f"epoch{n}_gap_s": gap}
+            out[f"epoch{n}_cpu_s"] = {k: v - cpu[k] for k, v in cpu_now(served).items()}
             if remote:
                 out[f"epoch{n}_traffic"] = (store.traffic() - before).as_dict()
                 out[f"epoch{n}_served"] = store.served(since=logged)
@@ -259,10 +282,15 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, i
         first = {s: median(s, f"epoch{e}_first_batch_s") for s in SOURCES}
         gap = {s: median(s, f"epoch{e}_gap_s") for s in SOURCES}
         traffic = median_traffic(f"epoch{e}_traffic")
+        cpu = {
+            s: {k: statistics.median(r[f"epoch{e}_cpu_s"][k] for r in runs[s]) for k in CPU_OF}
+            for s in SOURCES
+        }
         epochs.append(
             {
                 "epoch": e,
                 "images_per_s": med,
+                "cpu_s": cpu,
                 "first_batch_s": first,
                 "typical_gap_s": gap,
                 "traffic": traffic,
@@ -318,6 +346,14 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
         f"remote {process['remote']:.3f}s (constructor {made['local']:.3f}s, {made['remote']:.3f}s; "
         f"{t['requests']:.0f} requests, {t['connections']:.0f} connections)"
     )
+    server = {"s3": "nginx", "gcs": "gcp-storage-emulator", "azure": "Azurite"}[args.store]
+    for e in summary["epochs"]:
+        c = e["cpu_s"]
+        print(
+            f"epoch {e['epoch']} CPU s: loader local {c['local']['loader']:.2f}, remote {c['remote']['loader']:.2f}; "
+            f"store's server ({server}) {c['remote']['store_server']:.2f} (idle during the local epoch: "
+            f"{c['local']['store_server']:.2f}); latency shim {c['remote']['shim']:.2f}"
+        )
     busy = summary["other_cpu_share"]
     print(
         f"CPU taken by others meanwhile: {busy['local']:.0%} of the machine (local runs), {busy['remote']:.0%} (remote runs; "
@@ -407,8 +443,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with work_folder(args.workdir) as work:
         dataset = prepare(args, work)
-        with STORES[args.store](work, dataset, args) as (store, remote):
-            sources = {"local": str(dataset), "remote": remote}
+        with STORES[args.store](work, dataset, args) as served:
+            store, sources = served.store, {"local": str(dataset), "remote": served.uri}
             check_same_batches(sources["local"], sources["remote"], args)
             for source in SOURCES:  # warm the page cache and the imports (boto's, the decoders')
                 new_loader(sources[source], args).close()
@@ -417,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.repeats):
                 for source in alternate(SOURCES, r):
                     with other_load() as busy:
-                        runs[source].append(measure(source, sources[source], args, store))
+                        runs[source].append(measure(source, sources[source], args, served))
                     runs[source][-1]["other_cpu_share"] = busy()
                     runs[source][-1].update(measure_process(source, sources[source], args, store))
                 log.info("repeat %d/%d done", r + 1, args.repeats)

@@ -293,6 +293,11 @@ class RemoteStore:
         """The processes of the store (for a caller that checks none outlives it)."""
         return [p.pid for p in (self._nginx, self._shim) if p is not None]
 
+    @property
+    def shim_pids(self) -> list[int]:
+        """The latency shim's process (the rest of :attr:`pids`: nginx, serving the bytes)."""
+        return [self._shim.pid] if self._shim is not None else []
+
     # -- use ---------------------------------------------------------------------------------------
     def uri(self, key: str = "") -> str:
         """``s3://<bucket>/<key>``: ``root/<key>`` as clients of this store name it."""

@@ -11,15 +11,16 @@ task), never a key it did not get as a row:
   sorted, each entry walked recursively). A task that stops hands back, for each folder it is
   inside, the rest of its entries in ranges of at most ``task_objects`` names (reading a
   folder's names is one cheap call; only the entries in a task's range are stat'ed).
-- **S3**: a unit is a key prefix (any string, not only a folder) and a ``StartAfter`` key:
-  ListObjectsV2's own order. A task that stops after key ``L`` finds what is left by seeking
-  (``StartAfter``, ``MaxKeys=1``: one request per unit made) and hands back the smallest key
-  prefixes that hold every remaining key and no listed one: one more delimiter level where
-  there are sub-folders, a key range (the next character) where the prefix is flat.
-- **Another object store** (GCS, Azure): a unit is a class prefix, listed whole by its fsspec
-  filesystem in one task (its listing is not cut in pieces: a class of millions of objects is
-  one task; neither has S3's ``StartAfter`` to seek with, Azure's List Blobs resumes only from
-  its own opaque marker).
+- **S3 and GCS**: a unit is a key prefix (any string, not only a folder) and a key to start
+  after: the listing's own order (S3's ListObjectsV2 ``StartAfter``; GCS's JSON API
+  ``startOffset``, which includes the key it names, so that key is dropped). A task that stops
+  after key ``L`` finds what is left by seeking (one key a request: one request per unit made)
+  and hands back the smallest key prefixes that hold every remaining key and no listed one: one
+  more delimiter level where there are sub-folders, a key range (the next character) where the
+  prefix is flat.
+- **Azure**: a unit is a class prefix, listed whole by adlfs in one task (a class of millions
+  of blobs is one task): List Blobs resumes only from its own opaque marker; the ``startFrom``
+  of recent service versions is not in Azurite, which the tests run (design/0042).
 
 Rows are the ones :func:`jobs.manifest_steps.listing.list_prefix` makes (same keys, labels, sizes, ETags;
 links, loops, hidden and excluded objects alike): only who lists which key changes.
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 #: The largest code point: ``prefix + _LAST`` sorts after every key starting with ``prefix``
 #: (but a key holding U+10FFFF right after it, which :func:`_rest_of` still lists once).
 _LAST = "\U0010ffff"
-_PAGE = 1000  # ListObjectsV2's largest page
+_PAGE = 1000  # the largest page of ListObjectsV2 and of GCS's objects list
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +64,9 @@ class ListUnit:
     """A piece of a class prefix one task lists.
 
     Local: ``uri`` is a folder, and its entries named in ``(after, upto]`` (None: no bound)
-    are listed recursively. S3: ``uri`` is ``s3://bucket/<key prefix>`` and the keys starting
-    with that prefix and greater than ``after`` (a whole key) are listed; ``upto`` is None.
+    are listed recursively. S3 and GCS: ``uri`` is ``<scheme>://bucket/<key prefix>`` and the
+    keys starting with that prefix and greater than ``after`` (a whole key) are listed;
+    ``upto`` is None.
     """
 
     uri: str
@@ -144,13 +146,59 @@ def _list_local_unit(root_path: str, unit: ListUnit, budget: int) -> _UnitListed
     return _UnitListed(infos, [])
 
 
-def _s3_info(bucket: str, c: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "name": f"{bucket}/{c['Key']}",
-        "size": c["Size"],
-        "ETag": c.get("ETag"),
-        "LastModified": c.get("LastModified"),
-    }
+class _Page(NamedTuple):
+    """One page of a listing: the infos of its keys (in key order, all after the key asked to
+    start after) and the token of the next page (None: this was the last)."""
+
+    infos: list[dict[str, Any]]
+    token: str | None
+
+
+#: One page of ``fs``'s listing of ``bucket`` below the key ``prefix``: at most ``size`` keys
+#: after ``after`` (None: from the first), from the page ``token`` names (None: the first).
+_Pager = Callable[[Any, str, str, str | None, int, str | None], _Page]
+
+
+def _s3_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, token: str | None) -> _Page:
+    """A page of ListObjectsV2 through s3fs's client."""
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": size, **fs.req_kw}
+    if after is not None:
+        kwargs["StartAfter"] = after
+    if token is not None:
+        kwargs["ContinuationToken"] = token
+    page = fs.call_s3("list_objects_v2", **kwargs)
+    infos = [
+        {
+            "name": f"{bucket}/{c['Key']}",
+            "size": c["Size"],
+            "ETag": c.get("ETag"),
+            "LastModified": c.get("LastModified"),
+        }
+        for c in page.get("Contents", [])
+    ]
+    return _Page(infos, page.get("NextContinuationToken") if page.get("IsTruncated") else None)
+
+
+def _gcs_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, token: str | None) -> _Page:
+    """A page of the JSON API's objects list through gcsfs, its infos as gcsfs's ``find`` gives
+    them. ``startOffset`` includes the key it names: the first page asks for one more and drops
+    ``after`` itself (all it answers is kept, the next page following the last: where ``after``
+    is gone, that is ``size + 1`` keys, never a key lost)."""
+    params: dict[str, Any] = {"prefix": prefix, "maxResults": size}
+    if after is not None:
+        params["startOffset"] = after
+        params["maxResults"] += token is None
+    if token is not None:
+        params["pageToken"] = token
+    page = fs.call("GET", "b/{}/o", bucket, json_out=True, **params)
+    items = [i for i in page.get("items", []) if i["name"] != after]
+    # gcsfs's own conversion (sizes, times, generations): the rows of `find` and of these pages agree.
+    return _Page([fs._process_object(bucket, i) for i in items], page.get("nextPageToken"))
+
+
+#: The stores whose listing can start after a key, by scheme (the others' prefixes are listed
+#: whole: :func:`_list_whole_unit`).
+_PAGERS: dict[str, _Pager] = {"s3": _s3_page, "gs": _gcs_page}
 
 
 def _common(a: str, b: str) -> int:
@@ -162,38 +210,42 @@ def _common(a: str, b: str) -> int:
     return n
 
 
-def _rest_of(fs: Any, bucket: str, prefix: str, last: str) -> list[ListUnit]:
-    """The smallest key prefixes under ``prefix`` that together hold every key after ``last``
+def _rest_of(pager: _Pager, fs: Any, unit: ListUnit, last: str) -> list[ListUnit]:
+    """The smallest key prefixes under ``unit``'s that together hold every key after ``last``
     (and none before): found by seeking, one request per prefix and one more."""
+    scheme, bucket, prefix = _named(unit)
     units: list[ListUnit] = []
     pos = last
     while True:
-        page = fs.call_s3(
-            "list_objects_v2", Bucket=bucket, Prefix=prefix, StartAfter=pos, MaxKeys=1, **fs.req_kw
-        )
-        if not page.get("Contents"):
+        infos = pager(fs, bucket, prefix, pos, 1, None).infos
+        if not infos:
             return units
-        key = page["Contents"][0]["Key"]
+        key = infos[0]["name"][len(bucket) + 1 :]
         node = key[: _common(key, last) + 1]
-        if not units or units[-1].uri != f"s3://{bucket}/{node}":
-            units.append(ListUnit(f"s3://{bucket}/{node}"))
+        if not units or units[-1].uri != f"{scheme}://{bucket}/{node}":
+            units.append(ListUnit(f"{scheme}://{bucket}/{node}"))
         pos = max(node + _LAST, key)
 
 
-def _list_s3_unit(fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
-    bucket, _, prefix = storage.store_for(unit.uri).path(unit.uri).partition("/")
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, **fs.req_kw}
-    if unit.after is not None:
-        kwargs["StartAfter"] = unit.after
+def _named(unit: ListUnit) -> tuple[str, str, str]:
+    """The scheme, bucket and key prefix of an object store's ``unit``."""
+    store = storage.store_for(unit.uri)
+    bucket, _, prefix = store.path(unit.uri).partition("/")
+    return store.scheme, bucket, prefix
+
+
+def _list_paged_unit(pager: _Pager, fs: Any, unit: ListUnit, budget: int) -> _UnitListed:
+    _, bucket, prefix = _named(unit)
     infos: list[dict[str, Any]] = []
+    token = None
     while True:
-        page = fs.call_s3("list_objects_v2", MaxKeys=min(_PAGE, budget - len(infos)), **kwargs)
-        infos += [_s3_info(bucket, c) for c in page.get("Contents", [])]
-        if not page.get("IsTruncated"):
+        page = pager(fs, bucket, prefix, unit.after, min(_PAGE, budget - len(infos)), token)
+        infos += page.infos
+        if page.token is None:
             return _UnitListed(infos, [])
         if len(infos) >= budget:
-            return _UnitListed(infos, _rest_of(fs, bucket, prefix, infos[-1]["name"][len(bucket) + 1 :]))
-        kwargs["ContinuationToken"] = page["NextContinuationToken"]
+            return _UnitListed(infos, _rest_of(pager, fs, unit, infos[-1]["name"][len(bucket) + 1 :]))
+        token = page.token
 
 
 def _list_whole_unit(fs: Any, unit: ListUnit) -> _UnitListed:
@@ -219,8 +271,8 @@ def list_units(
         try:
             if storage.is_local(root):
                 found = _list_local_unit(root_path, unit, budget - listed)
-            elif storage.scheme(root) == "s3":
-                found = _list_s3_unit(fs, unit, budget - listed)
+            elif (pager := _PAGERS.get(storage.scheme(root))) is not None:
+                found = _list_paged_unit(pager, fs, unit, budget - listed)
             else:
                 found = _list_whole_unit(fs, unit)
         except Exception as exc:

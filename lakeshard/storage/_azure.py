@@ -22,50 +22,30 @@ import datetime as dt
 import email.utils
 import json
 import os
-import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
 from lakeshard.errors import StorageError
+from lakeshard.storage._azure_sdk import (
+    AzureSettings,
+    error_code,
+    filesystem_class,
+    retry_policy,
+    service_client,
+    translated,
+)
 from lakeshard.storage._store import Blob, BucketStore, RequestStats, Tail, split_scheme
 
 __all__ = ["AzureSettings", "AzureStore", "azure_client", "azure_settings", "clear_azure_clients"]
 
 #: The host of an ``abfs://container@<account>.dfs.core.windows.net/`` URI, after the account.
 _DFS_HOST = ".dfs.core.windows.net"
-#: Attempts of a request after the first (5 in all, as botocore's for S3): 5xx, 503 ServerBusy
-#: and connection errors (:func:`_retry_policy`); 403 and 404 fail at once.
-_RETRIES = 4
 #: A read up to this size is one GET (the SDK splits a larger whole-object read in chunks).
 _SINGLE_GET = 1 << 30
 _MISSING_SDK = "reading az:// needs the Azure extra: pip install 'lakeshard[azure]'"
-
-
-@dataclass(frozen=True, slots=True)
-class AzureSettings:
-    """Where the credentials come from (see the module doc): one of ``connection_string``, or
-    ``account_name`` with ``account_key``, ``sas_token`` or neither (azure-identity's chain)."""
-
-    connection_string: str | None = None
-    account_name: str | None = None
-    account_key: str | None = None
-    sas_token: str | None = None
-
-    def fs_options(self) -> dict[str, Any]:
-        """Keyword arguments for adlfs's ``AzureBlobFileSystem``."""
-        given = {
-            "connection_string": self.connection_string,
-            "account_name": self.account_name,
-            "account_key": self.account_key,
-            "sas_token": self.sas_token,
-        }
-        # Listings must be fresh: a rerun after a kill lists what is there now.
-        return {k: v for k, v in given.items() if v} | {"use_listings_cache": False}
 
 
 def azure_settings() -> AzureSettings:
@@ -128,7 +108,7 @@ class AzureStore(BucketStore):
 
     def filesystem(self) -> Any:
         _require_sdk()
-        return fsspec.filesystem("az", **azure_settings().fs_options())
+        return filesystem_class()(**azure_settings().fs_options())
 
     # -- reads --------------------------------------------------------------------------------------
     def read(
@@ -239,19 +219,6 @@ def _if_match(etag: str) -> dict[str, Any]:
     return {"etag": quoted, "match_condition": MatchConditions.IfNotModified}
 
 
-def _translated(exc: Exception, path: str) -> OSError:
-    """What Python raises for a file: ``FileNotFoundError`` (404), ``PermissionError`` (403),
-    else ``OSError``, naming the URI and Azure's error code (never a credential)."""
-    status = getattr(exc, "status_code", None)
-    code = _code(exc)
-    message = f"az://{path}: {status or ''} {code}".replace("  ", " ")
-    if status == 404:
-        return FileNotFoundError(2, message)
-    if status == 403:
-        return PermissionError(13, message)
-    return OSError(message)
-
-
 def _call(path: str, op: Callable[[Any], Any], *, conditional: bool = False) -> Any:
     """``op(blob_client)`` of ``path`` (``container/blob``), its errors translated; with
     ``conditional``, a 409, a 412 or a blob gone (404 ``BlobNotFound``, not a missing container)
@@ -264,9 +231,9 @@ def _call(path: str, op: Callable[[Any], Any], *, conditional: bool = False) -> 
         return op(blob)
     except AzureError as exc:
         status = getattr(exc, "status_code", None)
-        if conditional and (status in (409, 412) or (status == 404 and _code(exc) == "BlobNotFound")):
-            raise _ConditionFailed(str(_translated(exc, path))) from exc
-        raise _translated(exc, path) from exc
+        if conditional and (status in (409, 412) or (status == 404 and error_code(exc) == "BlobNotFound")):
+            raise _ConditionFailed(str(translated(exc, path))) from exc
+        raise translated(exc, path) from exc
 
 
 @dataclass(slots=True)
@@ -331,14 +298,8 @@ def _download(
     return data, downloader.properties, _date(tally.date)
 
 
-def _code(exc: BaseException) -> str:
-    """Azure's error code of ``exc`` (``BlobNotFound``, ``ServerBusy``), else its type's name."""
-    code = getattr(exc, "error_code", None)
-    return str(getattr(code, "value", code) or type(exc).__name__)
-
-
 def _error_kind(exc: OSError) -> str:
-    return _code(exc.__cause__ or exc)
+    return error_code(exc.__cause__ or exc)
 
 
 def _utc(t: dt.datetime) -> dt.datetime:
@@ -387,7 +348,7 @@ def _new_client(settings: AzureSettings) -> Any:
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     options: dict[str, Any] = {
-        "retry_policy": _retry_policy(),
+        "retry_policy": retry_policy(),
         "max_single_get_size": _SINGLE_GET,
         "connection_timeout": 10,
         "read_timeout": 60,
@@ -395,29 +356,4 @@ def _new_client(settings: AzureSettings) -> Any:
         "raw_request_hook": _on_request,
         "raw_response_hook": _on_response,
     }
-    if settings.connection_string:
-        return BlobServiceClient.from_connection_string(settings.connection_string, **options)
-    account_url = f"https://{settings.account_name}.blob.core.windows.net"
-    if settings.account_key:
-        credential: Any = {"account_name": settings.account_name, "account_key": settings.account_key}
-    elif settings.sas_token:
-        credential = settings.sas_token.removeprefix("?")
-    else:
-        from azure.identity import DefaultAzureCredential
-
-        credential = DefaultAzureCredential()
-    return BlobServiceClient(account_url, credential=credential, **options)
-
-
-def _retry_policy() -> Any:
-    """The SDK's exponential retry (which requests, and 5 attempts in all), backing off as
-    botocore's standard mode does for S3 (0.1 s growing to at most 5 s, jittered): the SDK's
-    own backoff starts at 15 s and takes integers only."""
-    from azure.storage.blob import ExponentialRetry
-
-    class _Retry(ExponentialRetry):
-        def get_backoff_time(self, settings: dict[str, Any]) -> float:
-            backoff = min(0.1 * 1.7 ** settings["count"], 5.0)
-            return backoff * (0.5 + random.random())
-
-    return _Retry(retry_total=_RETRIES)
+    return service_client(BlobServiceClient, settings, options, aio=False)

@@ -21,7 +21,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from loader_bench import build_dataset  # noqa: E402 - benchmarks/ is not a package
+from _timing import procs_cpu_s  # noqa: E402 - benchmarks/ is not a package
+from loader_bench import build_dataset  # noqa: E402
 from remote_store import NginxMissingError, RemoteStore, find_nginx, parse_rate  # noqa: E402
 
 from lakeshard.format import shard_relpath  # noqa: E402
@@ -314,6 +315,49 @@ def test_remote_bench_measures_both_sources_and_the_traffic(nginx: str, tmp_path
     )
     assert "new process, first batch" in done.stdout
     assert all(e["typical_gap_s"]["remote"] > 0 for e in epochs)
+    # CPU seconds per epoch: the loader's (this process), nginx's (the store's server), the shim's.
+    for e in epochs:
+        assert e["cpu_s"]["local"]["loader"] > 0 and e["cpu_s"]["remote"]["loader"] > 0
+        assert all(e["cpu_s"][s][k] >= 0 for s in ("local", "remote") for k in ("store_server", "shim"))
+    assert "epoch 1 CPU s: loader local" in done.stdout and "store's server (nginx)" in done.stdout
+
+
+#: A process (``parent``) that starts a child; each burns 0.4 s of CPU, then the parent says
+#: ``burnt`` and both wait for their stdin to close (their CPU still theirs to read).
+_BURN = r"""
+import subprocess, sys, time
+child = None
+if sys.argv[1] == "parent":
+    child = subprocess.Popen(
+        [sys.executable, "-c", sys.argv[2], "child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+end = time.process_time() + 0.4
+while time.process_time() < end:
+    pass
+if child is not None:
+    child.stdout.readline()  # the child has burnt its share too
+print("burnt", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_procs_cpu_s_counts_a_process_and_its_descendants():
+    """What remote_bench records for the store's server (nginx's master and its workers): the CPU
+    of the processes named and of their children, read while they live."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BURN, "parent", _BURN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "burnt"
+        assert procs_cpu_s([proc.pid]) >= 0.8  # 0.4 s each, the child's included
+        assert procs_cpu_s([]) == 0 and procs_cpu_s([2**22 + 1]) == 0  # none, and one not there
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
 
 
 @pytest.mark.slow  # starts python and imports torch: ~5 s
@@ -448,6 +492,9 @@ def test_remote_bench_runs_the_shim_in_front_of_azurite(tmp_path: Path):
     assert fresh["heads"] == 1 and fresh["gets"] >= 3 and fresh["connections"] >= 1
     assert result["store_total"]["body_bytes"] >= sum(e["traffic"]["body_bytes"] for e in epochs)
     assert not any(map(alive, result["store_pids"]))
+    assert "store's server (Azurite)" in done.stdout and all(
+        e["cpu_s"]["remote"]["loader"] > 0 for e in epochs
+    )
 
 
 @pytest.mark.slow
@@ -468,3 +515,5 @@ def test_remote_bench_puts_the_shim_in_front_of_the_gcs_emulator(tmp_path: Path)
     assert fresh["gets"] >= 3 and fresh["heads"] == 0
     assert all(run_["epoch2"] > 0 for run_ in (result["runs"]["local"][0], result["runs"]["remote"][0]))
     assert not any(map(alive, result["store_pids"]))
+    assert "store's server (gcp-storage-emulator)" in done.stdout
+    assert all(e["cpu_s"]["remote"]["store_server"] >= 0 for e in epochs)

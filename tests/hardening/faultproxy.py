@@ -97,6 +97,10 @@ class FaultProxy:
         self.mode = "pass"
         self.rate = 0.1
         self.match = ""  # "deny" or "faults" only requests whose path contains this
+        #: "faults": at most this many faults in a row on one request (method and path), so that
+        #: a client with more attempts always gets through; None: no bound.
+        self.streak: int | None = None
+        self._in_a_row: Counter[tuple[str, str]] = Counter()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.injected: Counter[str] = Counter()
@@ -196,8 +200,13 @@ class FaultProxy:
                 fault = 403
             elif self.mode == "unconditional" and conditional:
                 fault = 501  # a store without conditional writes (If-None-Match, If-Match)
-            elif self.mode == "faults" and self.match in path and self._rng.random() < self.rate:
-                fault = self._rng.choice([500, 503, "drop", "cut"])
+            elif self.mode == "faults" and self.match in path:
+                key = (method, path)
+                if self._rng.random() < self.rate and (
+                    self.streak is None or self._in_a_row[key] < self.streak
+                ):
+                    fault = self._rng.choice([500, 503, "drop", "cut"])
+                self._in_a_row[key] = 0 if fault is None else self._in_a_row[key] + 1
             if fault is not None:
                 self.injected[str(fault)] += 1
             self.log.append(
@@ -240,9 +249,12 @@ class FaultProxy:
             self.stall = None
             self._unstalled.set()
 
-    def reset(self, *, mode: str, rate: float = 0.1, seed: int = 0, match: str = "") -> None:
+    def reset(
+        self, *, mode: str, rate: float = 0.1, seed: int = 0, match: str = "", streak: int | None = None
+    ) -> None:
         with self._lock:
-            self.mode, self.rate, self.match = mode, rate, match
+            self.mode, self.rate, self.match, self.streak = mode, rate, match, streak
+            self._in_a_row = Counter()
             self._rng = random.Random(seed)
             self.injected = Counter()
             self.requests = 0

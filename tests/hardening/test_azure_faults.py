@@ -1,8 +1,9 @@
 """Azure faults: a proxy in front of Azurite answers a seeded share of requests with 500, 503
 ServerBusy, a dropped connection or a body cut off halfway. The loader reads the same batches as
 through a clean link, counting every request the store was sent, retries included; the jobs'
-reads of the lake go through the faults and build the same dataset. Permanent errors (403) fail
-fast, naming the URI."""
+reads of the lake go through the faults and build the same dataset, and so do adlfs's own
+requests (listings, the Parquet parts' reads and writes). Permanent errors (403, or faults on
+every attempt) fail fast, naming the URI."""
 
 from __future__ import annotations
 
@@ -63,8 +64,8 @@ def test_the_loader_and_the_jobs_complete_under_transient_azure_faults(
             sent = _gets(proxy, since)
         assert {"500", "503", "cut"} & set(proxy.injected), proxy.injected
         assert counted.requests == sent and counted.retries > 0, (counted, proxy.injected)
-        # The lake's reads (the manifest's header reads, the shard job's image reads) only:
-        # adlfs's listings and Parquet writes back off as the Azure SDK's default does (15 s).
+        # The lake's reads (the manifest's header reads, the shard job's image reads) here;
+        # adlfs's own requests below.
         proxy.reset(mode="faults", rate=0.15, seed=12, match="/raw/")
         _build(local_engine, lake, f"{az_container}/faulty")
         assert proxy.injected, f"the jobs made {proxy.requests} requests and saw no fault"
@@ -97,3 +98,54 @@ def test_a_permanent_azure_error_fails_fast_naming_the_uri(
             assert uri in str(err.value) and "AuthorizationFailure" in str(err.value), (what, err.value)
     finally:
         az_fault_proxy.reset(mode="pass")
+
+
+#: adlfs's own requests: the listings (a GET of the container, ``comp=list``) and the Parquet
+#: files' reads and writes (the manifest's parts and tables, the shards).
+_ADLFS = {"listings": "comp=list", "parquet": ".parquet"}
+
+
+@pytest.mark.parametrize("which", sorted(_ADLFS))
+def test_the_jobs_complete_under_faults_on_adlfs_requests(
+    which: str, az_container: str, az_fault_proxy: FaultProxy, local_engine, tmp_path: Path
+):
+    """adlfs's client retries as the blocking one does (5 attempts, from 0.1 s): a 500, a 503, a
+    dropped connection or a cut body on a listing or a Parquet file's request costs a retry, and
+    the jobs build the dataset they build over a clean link."""
+    proxy = az_fault_proxy
+    lake = _upload_lake(az_container, tmp_path, {"a": 14, "b": 12, "c": 10})
+    clean = f"{az_container}/clean"
+    _build(local_engine, lake, clean)
+    try:
+        # At most two faults in a row on one request: five attempts always get through (a
+        # request failing five times is the test below).
+        proxy.reset(mode="faults", rate=0.3, seed=5, match=_ADLFS[which], streak=2)
+        start = time.monotonic()
+        _build(local_engine, lake, f"{az_container}/faulty")
+        took = time.monotonic() - start
+        faulted = [r for r in proxy.log if r.fate != "forwarded"]
+    finally:
+        proxy.reset(mode="pass")
+    assert faulted, f"the jobs made {proxy.requests} requests and saw no fault on their {which}"
+    assert all(_ADLFS[which] in r.path for r in faulted)
+    assert took < 300, took  # retried within seconds each, not the SDK's default 15 s and up
+    check_dataset(f"{az_container}/faulty")
+    assert dataset_digest(f"{az_container}/faulty") == dataset_digest(clean)
+
+
+@pytest.mark.parametrize("which", sorted(_ADLFS))
+def test_faults_on_every_attempt_of_an_adlfs_request_fail_naming_the_uri(
+    which: str, az_container: str, az_fault_proxy: FaultProxy, local_engine, tmp_path: Path
+):
+    lake = _upload_lake(az_container, tmp_path, {"a": 10, "b": 10})
+    out = f"{az_container}/ds"
+    try:
+        az_fault_proxy.reset(mode="faults", rate=1.0, seed=3, match=_ADLFS[which])
+        start = time.monotonic()
+        with pytest.raises((PlatformError, OSError)) as err:
+            _build(local_engine, lake, out)
+        took = time.monotonic() - start
+    finally:
+        az_fault_proxy.reset(mode="pass")
+    assert took < FAST_S, (took, err.value)
+    assert f"{az_container}/ds/" in str(err.value), err.value  # the URI of what could not be done

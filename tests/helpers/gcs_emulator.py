@@ -12,6 +12,10 @@ the GCS JSON API added here, test-side, as Google documents it (design/0041):
   ranges (``Range: bytes=-N``, RFC 9110 14.1.2), which the emulator ignores.
 * **Threads**: a thread per connection (the emulator's server takes one connection at a time,
   with a listen backlog of 5), the handlers still one at a time.
+* **Listing pages** (https://cloud.google.com/storage/docs/json_api/v1/objects/list):
+  ``startOffset`` (inclusive), ``endOffset`` (exclusive), ``maxResults`` (items and prefixes
+  together, at most 1,000) and ``pageToken``/``nextPageToken``, which the emulator ignores (it
+  answers every entry in one page): what the manifest job's balanced listing seeks with.
 * **A request count**: ``GET /_lakeshard/requests`` gives the media downloads (``GET`` of an
   object's bytes) served so far, by bucket: the store's own count, compared with the loader's.
 
@@ -21,6 +25,7 @@ until stdin closes or it is terminated. :func:`start_emulator` does that from a 
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -182,6 +187,49 @@ def _extended(handler: Callable[..., Any], *, upload: bool, download: bool) -> C
     return run
 
 
+def _paged(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """The objects list ``handler`` with the listing pages of the module doc: its answer's
+    entries (items and prefixes, in name order) in ``[startOffset, endOffset)``, after the one
+    ``pageToken`` names, ``maxResults`` of them, ``nextPageToken`` naming the last where more
+    are left."""
+
+    def run(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> None:
+        answered: list[dict[str, Any]] = []
+        response.json = answered.append  # the emulator's answer (every entry), kept to be paged
+        try:
+            handler(request, response, storage, *args, **kwargs)
+        finally:
+            del response.json
+        if response.status != HTTPStatus.OK or not answered:
+            return response.json(*answered) if answered else None
+        body, query = answered[0], {k: v[0] for k, v in request.query.items() if v}
+        entries = sorted(
+            [(item["name"], item) for item in body.get("items", [])]
+            + [(prefix, prefix) for prefix in body.get("prefixes", [])],
+            key=lambda entry: entry[0],
+        )
+        start, end = query.get("startOffset"), query.get("endOffset")
+        after = base64.urlsafe_b64decode(query["pageToken"]).decode() if "pageToken" in query else None
+        entries = [
+            e
+            for e in entries
+            if (start is None or e[0] >= start)
+            and (end is None or e[0] < end)
+            and (after is None or e[0] > after)
+        ]
+        size = min(int(query.get("maxResults", 1000)), 1000)
+        page: dict[str, Any] = {
+            "kind": "storage#objects",
+            "items": [e[1] for e in entries[:size] if isinstance(e[1], dict)],
+            "prefixes": [e[1] for e in entries[:size] if isinstance(e[1], str)],
+        }
+        if len(entries) > size:
+            page["nextPageToken"] = base64.urlsafe_b64encode(entries[size - 1][0].encode()).decode()
+        response.json(page)
+
+    return run
+
+
 def _counts(request: Any, response: Any, storage: Any) -> None:
     with _LOCK:
         response.json(dict(_DOWNLOADS))
@@ -194,7 +242,7 @@ def _install() -> None:
     def extend(handlers: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
         return {
             method: _extended(
-                fn,
+                _paged(fn) if fn is objects.ls else fn,
                 upload=fn in (objects.insert, objects.xml_upload),
                 download=fn is objects.download,
             )

@@ -144,6 +144,17 @@ def test_a_missing_container_fails_naming_the_uri(az_container: str, local_engin
         )
 
 
+def test_spark_builds_an_azure_lake_into_an_azure_dataset(spark_engine, az_container: str):
+    """On the Python workers of the tests' Spark session, started before Azurite's settings (the
+    session fixture comes first): each task gets the driver's store environment."""
+    objects = _lake()
+    _upload(az_container, objects)
+    out = f"{az_container}/pets"
+    _build(f"{az_container}/raw", out, spark_engine)
+    check_dataset(out)
+    assert sorted(read_channel(out, "all")["key"].to_pylist()) == sorted(k[len("raw/") :] for k in objects)
+
+
 @pytest.mark.dask
 @pytest.mark.slow  # a Dask cluster of its own: its workers start with the Azure environment
 def test_dask_and_the_local_engine_build_the_same_azure_dataset(az_container: str, local_engine):

@@ -1,7 +1,8 @@
 """GCS (the emulator of tests/conftest.py): the emulator's test-side extension answers the JSON
-API's generation preconditions and suffix ranges as Google documents them (what the store's lock
-and footers rely on, and the bare emulator ignores); the dataset lock on GCS refuses a second
-holder and a holder whose lock was taken over commits nothing."""
+API's generation preconditions, suffix ranges and listing pages as Google documents them (what
+the store's lock, footers and the balanced listing rely on, and the bare emulator ignores); the
+dataset lock on GCS refuses a second holder and a holder whose lock was taken over commits
+nothing."""
 
 from __future__ import annotations
 
@@ -74,6 +75,25 @@ def test_the_emulator_answers_a_suffix_range_with_the_last_bytes(gcs_emulator: A
     assert whole.content == data and whole.headers["Content-Range"] == "bytes 0-199/200"
     assert _download(endpoint, bucket, "r", headers={"Range": "bytes=10-19"}).content == data[10:20]
     assert _download(endpoint, bucket, "missing", headers={"Range": "bytes=-5"}).status_code == 404
+
+
+def test_the_emulator_answers_listing_offsets_and_pages_as_gcs_documents(gcs_emulator: Any, gcs_bucket: str):
+    """https://cloud.google.com/storage/docs/json_api/v1/objects/list: ``startOffset`` includes
+    the name it gives, ``endOffset`` excludes it; ``maxResults`` entries a page, the next page by
+    ``nextPageToken``; the bare emulator answers every object in one page."""
+    endpoint, bucket = gcs_emulator.endpoint, gcs_bucket[len("gs://") :]
+    for name in ("c/a", "c/a0", "c/a0/x", "c/b", "c/c", "d/a"):
+        assert _upload(endpoint, bucket, name, b"x").status_code == 200
+
+    def names(**params: Any) -> tuple[list[str], str | None]:
+        got = requests.get(f"{endpoint}/storage/v1/b/{bucket}/o", params=params, timeout=30)
+        assert got.status_code == 200, got.text
+        return [i["name"] for i in got.json()["items"]], got.json().get("nextPageToken")
+
+    assert names(prefix="c/", startOffset="c/a0", endOffset="c/c") == (["c/a0", "c/a0/x", "c/b"], None)
+    first, token = names(prefix="c/", startOffset="c/a0", maxResults=2)
+    assert first == ["c/a0", "c/a0/x"] and token
+    assert names(prefix="c/", startOffset="c/a0", maxResults=2, pageToken=token) == (["c/b", "c/c"], None)
 
 
 def _lock_object(ds: str) -> dict[str, Any] | None:

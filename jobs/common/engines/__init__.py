@@ -10,11 +10,21 @@ engine's shuffle, cache or result.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["ENGINES", "ENGINE_NAMES", "FORWARDED_ENV", "Engine", "open_engine", "split_parts"]
+__all__ = [
+    "ENGINES",
+    "ENGINE_NAMES",
+    "FORWARDED_ENV",
+    "STORE_ENV_PREFIXES",
+    "Engine",
+    "open_engine",
+    "split_parts",
+    "store_environ",
+]
 
 #: Where S3, GCS and the Azure storage account are (not who: credentials stay with each worker's
 #: AWS, Google or Azure environment); both engines forward these from the driver to their workers.
@@ -27,6 +37,11 @@ FORWARDED_ENV = (
     "STORAGE_EMULATOR_HOST",
     "GOOGLE_CLOUD_PROJECT",
 )
+
+#: The environment the stores read, where and who (endpoints, accounts, keys, key files, tokens):
+#: every variable whose name starts with one of these. An engine whose workers run on the
+#: driver's machine gives each task the driver's (:func:`store_environ`).
+STORE_ENV_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCLOUD_", "STORAGE_EMULATOR_HOST")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -78,6 +93,13 @@ def split_parts(items: Sequence[T], partitions: int) -> list[list[T]]:
     parts = max(1, min(partitions, len(items)))
     bounds = [i * len(items) // parts for i in range(parts + 1)]
     return [items[a:b] for a, b in pairwise(bounds)] if items else []
+
+
+def store_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (this process's environment by default) that a store reads
+    (:data:`STORE_ENV_PREFIXES`)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k.startswith(STORE_ENV_PREFIXES)}
 
 
 def open_engine(name: str, **options: Any) -> Engine:

@@ -4,6 +4,14 @@ The jobs need one operation, ``map_partitions``: an RDD of work items, one parti
 each task's small result collected. Images never travel through Spark: a task reads them from
 the lake and writes them to their shard file itself, so there is no JVM<->Python serialisation
 of image bytes, no shuffle and no cache of them.
+
+The stores' settings: on a local master (``local[N]``, ``local-cluster[...]``: the Python workers
+run on this machine, as this user, like the local engine's processes) each task runs in the
+driver's store environment as it is when the map starts (:func:`~jobs.common.engines.store_environ`,
+credentials included), not the one the JVM started with: a session started before the store's
+settings were set (a notebook, a test session) reads the same store the driver does. On a
+cluster each executor keeps its own credentials and is told only where the stores are
+(:data:`~jobs.common.engines.FORWARDED_ENV`).
 """
 
 from __future__ import annotations
@@ -14,9 +22,10 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
-from jobs.common.engines import FORWARDED_ENV
+from jobs.common.engines import FORWARDED_ENV, STORE_ENV_PREFIXES, store_environ
 from lakeshard import errors
 
 __all__ = ["SparkEngine"]
@@ -55,6 +64,18 @@ def _task_error(exc: BaseException) -> errors.PlatformError | None:
     if not (isinstance(cls, type) and issubclass(cls, errors.PlatformError)):
         return None
     return cls(message)
+
+
+def _in_store_environ(
+    env: dict[str, str], fn: Callable[[list[Any]], list[Any]], part: list[Any]
+) -> list[Any]:
+    """``fn(part)`` in a Python worker whose store variables are ``env`` (the driver's, at the
+    map): those the driver lacks are removed; the rest of the worker's environment (Spark's own)
+    is kept."""
+    for name in [k for k in os.environ if k.startswith(STORE_ENV_PREFIXES) and k not in env]:
+        del os.environ[name]
+    os.environ.update(env)
+    return fn(part)
 
 
 class SparkEngine:
@@ -105,7 +126,9 @@ class SparkEngine:
             conf.get("spark.python.daemon.module", "pyspark.daemon"),
             "Unix sockets" if conf.get(_UNIX_SOCKETS, "false").lower() == "true" else "TCP",
         )
-        # Where S3 and GCS are (not who: credentials stay with the environment of each worker).
+        # Where the stores are (not who: on a cluster, credentials stay with each executor's own
+        # environment; a local master's tasks get the driver's, see the module doc).
+        self._local = self.sc.master.startswith("local")
         for name in FORWARDED_ENV:
             if os.environ.get(name):
                 self.sc.environment[name] = os.environ[name]
@@ -129,6 +152,8 @@ class SparkEngine:
         if not items:
             return []
         rdd = self.sc.parallelize(list(items), max(1, min(partitions, len(items))))
+        if self._local:
+            fn = partial(_in_store_environ, store_environ(), fn)
         try:
             return rdd.mapPartitions(lambda it: fn(list(it))).collect()
         except Exception as exc:

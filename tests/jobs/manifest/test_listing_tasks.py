@@ -1,6 +1,7 @@
 """Issue 22, listing at scale: a class 50x the others is listed in balanced tasks, with the rows
-one task per class lists (locally and on the S3 server), links, loops and hidden objects alike;
-without the sniff, bad objects reach the shard job's decode."""
+one task per class lists (locally, on the S3 server and on the GCS emulator; on Azurite a class
+prefix is one task), links, loops and hidden objects alike; without the sniff, bad objects reach
+the shard job's decode."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from jobs import shard as shard_job
 from jobs.common.engines.local_engine import LocalEngine
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.listing import Skip, discover, list_prefix
-from jobs.manifest_steps.listing_tasks import list_lake
+from jobs.manifest_steps.listing_tasks import _gcs_page, list_lake
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
 from lakeshard.format import shard_rejects_uri
@@ -80,20 +81,39 @@ def _write_s3(bucket: str, objects: dict[str, bytes]) -> str:
     return f"{bucket}/raw"
 
 
+def _write_store(bucket: str, objects: dict[str, bytes]) -> str:
+    for key, data in objects.items():
+        storage.write_bytes_atomic(f"{bucket}/raw/{key}", data)
+    return f"{bucket}/raw"
+
+
+def _write(where: str, tmp_path: Path, objects: dict[str, bytes], request: pytest.FixtureRequest) -> str:
+    if where == "local":
+        return _write_local(tmp_path / "raw", objects)
+    if where == "s3":
+        return _write_s3(request.getfixturevalue("s3_bucket"), objects)
+    return _write_store(
+        request.getfixturevalue({"gcs": "gcs_bucket", "azure": "az_container"}[where]), objects
+    )
+
+
 def _today(root: str) -> list[dict[str, Any]]:
     """The rows one task per class prefix lists (the listing before issue 22)."""
     prefixes = discover(root, skip=SKIP).prefixes
     return sorted((r for p in prefixes for r in list_prefix(root, p, skip=SKIP)), key=lambda r: r["key"])
 
 
-@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "local",
+        pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow]),
+        pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow]),
+    ],
+)
 def test_a_class_50x_the_others_is_listed_in_balanced_tasks(where, tmp_path, request):
     objects = _big_lake()
-    root = (
-        _write_local(tmp_path / "raw", objects)
-        if where == "local"
-        else _write_s3(request.getfixturevalue("s3_bucket"), objects)
-    )
+    root = _write(where, tmp_path, objects, request)
     today = _today(root)
     assert len(today) == len(objects)
     prefixes = discover(root, skip=SKIP).prefixes
@@ -126,12 +146,26 @@ def test_links_loops_and_hidden_objects_list_alike_in_small_tasks(tmp_path, budg
     assert max(engine.rows_per_task) <= budget
 
 
-@pytest.mark.s3
+@pytest.mark.azure
+@pytest.mark.slow
+def test_an_azure_class_prefix_is_listed_whole_in_one_task(tmp_path, request):
+    """List Blobs cannot start after a given name (design/0042): the rows are the same, and
+    the large class is one task whatever the budget."""
+    objects = _big_lake()
+    root = _write("azure", tmp_path, objects, request)
+    engine = CountingEngine(LocalEngine(workers=2))
+    rows = list_lake(engine, root, discover(root, skip=SKIP).prefixes, skip=SKIP, task_objects=50)
+    assert sorted(rows, key=lambda r: r["key"]) == _today(root)
+    assert sorted(engine.rows_per_task) == [10, 10, 10, 10, 505]
+
+
+@pytest.mark.parametrize(
+    "where", [pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)]
+)
 @pytest.mark.parametrize("budget", [1, 2, 3])
-def test_s3_keys_that_extend_the_last_listed_key_are_not_lost(s3_bucket, budget):
-    root = _write_s3(
-        s3_bucket, {k: b"k" for k in ("c/a", "c/a0", "c/a00", "c/a0/x", "c/ab", "c/b", "c/b/c/d", "d/a")}
-    )
+def test_keys_that_extend_the_last_listed_key_are_not_lost(where, budget, tmp_path, request):
+    keys = ("c/a", "c/a0", "c/a00", "c/a0/x", "c/ab", "c/b", "c/b/c/d", "d/a")
+    root = _write(where, tmp_path, {k: b"k" for k in keys}, request)
     prefixes, _ = discover(root)
     rows = list_lake(LocalEngine(workers=2), root, prefixes, task_objects=budget)
     assert sorted(r["key"] for r in rows) == [
@@ -144,6 +178,23 @@ def test_s3_keys_that_extend_the_last_listed_key_are_not_lost(s3_bucket, budget)
         "c/b/c/d",
         "d/a",
     ]
+
+
+@pytest.mark.gcs
+@pytest.mark.parametrize("after", ["raw/c/b", "raw/c/bb"])
+def test_gcs_pages_after_a_key_there_or_gone_lose_none(gcs_bucket, after):
+    """``startOffset`` includes the key it names: a page drops it, and where it is gone (deleted
+    since it was listed) keeps the one more key it asked for rather than skip it."""
+    root = _write_store(gcs_bucket, {f"c/{k}": b"k" for k in "abcdef"})
+    fs, _ = storage.filesystem(root)
+    bucket, names, token = gcs_bucket[len("gs://") :], [], None
+    while True:
+        page = _gcs_page(fs, bucket, "raw/c/", after, 2, token)
+        names += [i["name"] for i in page.infos]
+        if page.token is None:
+            break
+        token = page.token
+    assert names == [f"{bucket}/raw/c/{k}" for k in "cdef"]
 
 
 def test_without_the_sniff_a_bad_object_is_rejected_by_the_shard_job(tmp_path):
