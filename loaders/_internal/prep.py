@@ -374,13 +374,13 @@ class PrepCluster:
         try:
             while not done.wait(_POLL_S):
                 if stop.is_set():
-                    future.cancel()
+                    _cancel(future)
                     return None
                 if time.monotonic() - began > self.timeout_s:
                     raise TimeoutError(f"no batch back after {self.timeout_s:g} s")
             reply = pickle.loads(future.result())
         except Exception as exc:
-            future.cancel()
+            _cancel(future)
             if isinstance(exc, LoaderError):  # a bad row or a failed transform, on the worker
                 raise
             return self._gone(exc, task, stop, spec)
@@ -445,3 +445,12 @@ class PrepCluster:
         finally:
             for logger in loggers:
                 logger.removeFilter(quiet)
+
+
+def _cancel(future: Any) -> None:
+    """Cancel ``future``; a client whose cluster is gone may have closed its event loop
+    already (distributed raises ``RuntimeError: IOLoop is closed``): nothing is left to cancel."""
+    try:
+        future.cancel()
+    except Exception as exc:
+        log.debug("cancelling %s: %s", getattr(future, "key", future), exc)
