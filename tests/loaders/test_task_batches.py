@@ -6,7 +6,6 @@ every guarantee of a single-label dataset (equal batches per rank, exact and ela
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -226,21 +225,11 @@ def test_a_mixture_of_different_tasks_is_refused_naming_both(boxes, dataset, mul
         MixedLoader([str(multi), str(boxes)], batch_size=8)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[object]:
-    from distributed import LocalCluster
-
-    with LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-    ) as running:
-        yield running
-
-
-def test_the_preparation_cluster_makes_the_named_batches(boxes, cluster):
+def test_the_preparation_cluster_makes_the_named_batches(boxes, prep_cluster):
     kw = {**OPTIONS, "augment": True, "crop": 24}
     with (
         ShardLoader(str(boxes), **kw) as here,
-        ShardLoader(str(boxes), **kw, prep=cluster.scheduler_address) as far,
+        ShardLoader(str(boxes), **kw, prep=prep_cluster.scheduler_address) as far,
     ):
         assert_same_batches(_epoch(far), _epoch(here))
         assert far.batch_decoding.prep is not None and far.batch_decoding.prep.batches > 0

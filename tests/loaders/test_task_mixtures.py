@@ -1,8 +1,8 @@
 """A mixture of multi-label or boxes datasets: every row of each source once an epoch in the
 weights' proportions, each row's classes (multi-hot, and its boxes' classes) in the mixture's
 label space by name, boxes where the shapes are after the crop and the flip, the kept columns
-joined, exact and elastic resume, ``collate`` on the joined batch; sources that differ in their
-columns refused naming both.
+joined, exact and elastic resume, ``collate`` on the joined batch, a preparation cluster's
+source batches joined alike; sources that differ in their columns refused naming both.
 
 Source A's classes are ``class0..class2`` and B's ``class1..class3`` (B's class ``c`` is
 ``class{c+1}``): the mixture's label space is ``class0..class3`` and B's rows are relabelled.
@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from loader_builders import (
+    assert_same_batches,
     box_of,
     caption_ids,
     check_exact_resume,
@@ -174,3 +175,13 @@ def test_the_validation_channels_read_one_after_another_are_in_the_label_space(m
     for sample, multi_hot in rows:
         got = [SPACE[c] for c in torch.nonzero(multi_hot).flatten().tolist()]
         assert got == sorted(_name(sample, c) for c in labels_of(sample, 3))
+
+
+def test_a_preparation_cluster_makes_each_sources_batches_and_the_mixture_joins_them(boxes, prep_cluster):
+    kw = {**OPTIONS, "augment": True, "crop": 24}
+    with (
+        MixedLoader(list(boxes), **kw) as here,
+        MixedLoader(list(boxes), **kw, prep=prep_cluster.scheduler_address) as far,
+    ):
+        assert_same_batches(_epoch(far, 1), _epoch(here, 1))
+        assert far.prep is not None and far.prep.batches > 0 and far.prep.local_batches == 0
