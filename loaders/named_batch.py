@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from lakeshard.errors import LoaderError
 from lakeshard.format.label_columns import BOXES
 
 __all__ = ["Batch", "Collate", "bad_label_rows", "batch_of_rows", "joined"]
@@ -159,8 +160,9 @@ class Batch:
         width = self.labels.shape[1]
         index = torch.arange(width) if lut is None else lut
         if len(index) != width or (len(index) and int(index.max()) >= num_classes):
-            raise ValueError(
-                f"cannot map a batch of {width} classes by {index.tolist()} into {num_classes} classes"
+            raise LoaderError(
+                f"cannot map a batch of {width} classes (labels {list(self.labels.shape)}) by {index.tolist()} "
+                f"into {num_classes} classes: a transform must keep the batch's labels"
             )
         labels = torch.zeros((len(self.labels), num_classes), dtype=self.labels.dtype)
         labels[:, index] = self.labels

@@ -82,6 +82,21 @@ def check_exact_resume(make: Callable[[], Any], *, epoch: int = 1, taken: int = 
     assert_same_batches(got, expected)
 
 
+def check_remote_alike(local: Callable[[], Any], remote: Callable[[], Any]) -> None:
+    """Epochs 0 and 1 of a loader ``remote()`` builds (the second read from its cache, if it has
+    one) are those of a loader ``local()`` builds."""
+
+    def epoch(loader: Any, e: int) -> list[Any]:
+        loader.set_epoch(e)
+        return list(loader)
+
+    with local() as here:
+        expected = [epoch(here, e) for e in (0, 1)]
+    with remote() as far:
+        for e in (0, 1):
+            assert_same_batches(epoch(far, e), expected[e])
+
+
 def ids_over_an_elastic_resume(make: Callable[..., Any], *, taken: int = 2) -> list[int]:
     """The valid rows (by id, sorted) of an epoch taken over an elastic resume: 2 ranks of
     batch 6 take ``taken`` batches each, then 3 ranks of batch 4 resumed from rank 0's state

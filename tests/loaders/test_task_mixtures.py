@@ -2,7 +2,8 @@
 weights' proportions, each row's classes (multi-hot, and its boxes' classes) in the mixture's
 label space by name, boxes where the shapes are after the crop and the flip, the kept columns
 joined, exact and elastic resume, ``collate`` on the joined batch, a preparation cluster's
-source batches joined alike; sources that differ in their columns refused naming both.
+source batches and remote sources (cached or not) joined alike; sources that differ in their
+columns refused naming both.
 
 Source A's classes are ``class0..class2`` and B's ``class1..class3`` (B's class ``c`` is
 ``class{c+1}``): the mixture's label space is ``class0..class3`` and B's rows are relabelled.
@@ -25,6 +26,7 @@ from loader_builders import (
     box_of,
     caption_ids,
     check_exact_resume,
+    check_remote_alike,
     drawn_box,
     ids_over_an_elastic_resume,
     labels_of,
@@ -185,3 +187,14 @@ def test_a_preparation_cluster_makes_each_sources_batches_and_the_mixture_joins_
     ):
         assert_same_batches(_epoch(far, 1), _epoch(here, 1))
         assert far.prep is not None and far.prep.batches > 0 and far.prep.local_batches == 0
+
+
+def test_remote_sources_yield_the_local_batches_cached_or_not(boxes, s3_bucket, tmp_path):
+    from tests.helpers.store import upload
+
+    remote = [upload(Path(uri), s3_bucket, prefix=Path(uri).name) for uri in boxes]
+    kw = {**OPTIONS, "augment": True, "crop": 24}
+    check_remote_alike(
+        lambda: MixedLoader(list(boxes), **kw),
+        lambda: MixedLoader(remote, **kw, cache_dir=str(tmp_path / "cache")),
+    )
