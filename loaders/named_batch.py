@@ -190,11 +190,11 @@ def joined(parts: Sequence[Batch], images: Any) -> Batch:
     if len(parts) == 1:
         return first.replace(images=images)
     changes = {name: _joined([getattr(p, name) for p in parts]) for name in _FIELDS if name != "images"}
-    tables = [p.table for p in parts]
+    tables = [p.table for p in parts if p.table is not None]
     table = None
-    if all(t is not None for t in tables):
-        names = tables[0].column_names  # type: ignore[union-attr]  # none is None
-        table = pa.concat_tables([t.select(names) for t in tables])  # type: ignore[union-attr]
+    if len(tables) == len(parts):
+        names = tables[0].column_names
+        table = pa.concat_tables([t.select(names) for t in tables])
     columns = (
         _kept(table)
         if table is not None

@@ -33,7 +33,7 @@ from loader_builders import (
     write_dataset,
 )
 
-from lakeshard.errors import ConfigError, DatasetError
+from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders import Batch, MixedLoader, ShardLoader
 from loaders.mixed_loader import Concatenated
 
@@ -198,3 +198,18 @@ def test_remote_sources_yield_the_local_batches_cached_or_not(boxes, s3_bucket, 
         lambda: MixedLoader(list(boxes), **kw),
         lambda: MixedLoader(remote, **kw, cache_dir=str(tmp_path / "cache")),
     )
+
+
+def _labels_only(images: torch.Tensor, batch: Batch, generator: torch.Generator) -> tuple:
+    return images, batch.labels
+
+
+def test_a_transform_that_drops_the_batch_is_refused_naming_the_source(multi):
+    with (
+        MixedLoader(list(multi), **OPTIONS, transform=_labels_only) as loader,
+        pytest.raises(
+            LoaderError,
+            match=r"needs a loaders.Batch from each source of a multi-label dataset; \S+ gave tuple",
+        ),
+    ):
+        next(iter(loader))
