@@ -39,12 +39,13 @@ import torch
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from lakeshard.storage import RequestCounts
-from loaders._internal.batch_decoding import BatchDecoding
+from loaders._internal.batch_decoding import BatchDecoding, check_decoding, resolve_collate
 from loaders._internal.buffers import BufferPool
 from loaders._internal.elastic import Leg
 from loaders._internal.facade import Facade, open_prep, runs_for, shutdown
 from loaders._internal.mix_inputs import (
     LABEL_POLICIES,
+    alike,
     check_every_source_has_rows,
     label_space,
     normalised,
@@ -53,7 +54,6 @@ from loaders._internal.mix_inputs import (
     relabelling,
     same_dataset,
     same_size,
-    single_label,
 )
 from loaders._internal.mix_pipeline import (
     Assembler,
@@ -72,6 +72,7 @@ from loaders._internal.rank_flow import SETTLE_S
 from loaders._internal.run import Flow, Keyed, Position, Run
 from loaders._internal.source import ShardSource
 from loaders.decode import NO_DECODER
+from loaders.named_batch import Batch
 from loaders.options import DEFAULT, Cost, Decoding, LoaderOptions, Normalize, Preparation, RemoteReads
 from loaders.shard_loader import ShardLoader
 from loaders.stats import CostBudget, LoaderCounters, LoaderStats, PriceTable
@@ -83,7 +84,9 @@ log = logging.getLogger(__name__)
 
 class MixedLoader(Facade):
     """Stream rank ``rank``'s share of a mixture of datasets as ``(images, labels)`` batches
-    (``from loaders import MixedLoader``).
+    (``from loaders import MixedLoader``); a mixture of multi-label or boxes datasets (all of one
+    task kind, with the same label columns) as :class:`~loaders.Batch` es (or what ``collate``
+    makes of them, after the rows of the sources are joined), their classes in the label space.
 
     Args:
         sources: the datasets: URIs, each weighing its rows in ``channel``, or ``(URI, weight)``
@@ -180,7 +183,12 @@ class MixedLoader(Facade):
         self._rows = [src.total_rows for src in self._opened]
         raw = [w if w is not None else float(n) for (_, w), n in zip(parsed, self._rows, strict=True)]
         self.weights = normalised(raw)
-        single_label(self._opened)
+        alike(self._opened)
+        for src in self._opened:
+            check_decoding(opts, src.info, src.dataset)
+        #: The sources' task kind (``None``: single-label), whose batches are :class:`~loaders.Batch` es.
+        self.task = self._opened[0].info.task
+        self._collate = resolve_collate(opts) if self.task is not None else None
         self.image_size = same_size(self._opened, opts.crop)
         self.labels, luts = label_space(self._opened, policy)
         self.num_classes = len(self.labels)
@@ -286,11 +294,11 @@ class MixedLoader(Facade):
         for src in self._opened:
             if src.fetcher is not None:
                 src.fetcher.peak_bytes_held = src.fetcher.held
-        side = (walk(), Assembler(self._mix, self._join_buffers))
+        side = (walk(), Assembler(self._mix, self._join_buffers, num_classes=self.num_classes))
         self._run = Run(epoch, start, len(self), flow, parts, side)
         return self._run
 
-    def _take(self, run: Run) -> tuple[torch.Tensor, torch.Tensor]:
+    def _take(self, run: Run) -> Any:
         """The next batch of ``run``: the next needs of its walk, out of its flow."""
         wanted, assembler = run.side
         batch_needs = next(wanted)
@@ -304,6 +312,8 @@ class MixedLoader(Facade):
             batch, taken = assembler.batch(batch_needs, lambda: self._runs.next_decoded(run))
         for s, n in enumerate(taken):
             self.source_rows[s] += n
+        if self._collate is not None and isinstance(batch, Batch):
+            return self._collate(batch.images, batch)
         return batch
 
     def _new_flow(self, epoch: int, start: int, *, looping: bool) -> Flow:
@@ -460,11 +470,18 @@ class Concatenated:
     def __init__(self, loaders: Sequence[ShardLoader], labels: dict[str, int]) -> None:
         self.loaders = list(loaders)
         self._luts = [relabelling(ld.info.labels, labels) for ld in self.loaders]
+        self._num_classes = len(labels)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
+        """Each loader's batches: ``(images, labels)``, or a multi-label or boxes dataset's
+        :class:`~loaders.Batch` es, in the label space."""
         for ld, lut in zip(self.loaders, self._luts, strict=True):
-            for images, labels in ld:
-                yield images, relabelled(labels, lut)
+            for batch in ld:
+                if isinstance(batch, Batch):
+                    yield batch.in_classes(lut, self._num_classes)
+                else:
+                    images, labels = batch
+                    yield images, relabelled(labels, lut)
 
     def __len__(self) -> int:
         return sum(len(ld) for ld in self.loaders)

@@ -34,9 +34,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from lakeshard.errors import LoaderError
 from lakeshard.format.label_columns import BOXES
 
-__all__ = ["Batch", "Collate", "bad_label_rows", "batch_of_rows"]
+__all__ = ["Batch", "Collate", "bad_label_rows", "batch_of_rows", "joined"]
 
 #: ``collate(images, batch) -> anything``: what the loader yields for a multi-label or boxes batch,
 #: from its images and its :class:`Batch` (after the transform); by default the batch itself.
@@ -145,6 +146,31 @@ class Batch:
         ]
         return self.replace(boxes=boxes)
 
+    def rows_of(self, lo: int, hi: int) -> Batch:
+        """Rows ``[lo, hi)`` of this batch (views of its tensors)."""
+        cut = {name: _cut(getattr(self, name), lo, hi) for name in _FIELDS}
+        columns = {k: _cut(v, lo, hi) for k, v in self.columns.items()}
+        table = None if self.table is None else self.table.slice(lo, hi - lo)
+        return self.replace(**cut, columns=columns, table=table)
+
+    def in_classes(self, lut: torch.Tensor | None, num_classes: int, *, shard_offset: int = 0) -> Batch:
+        """This batch in a class map of ``num_classes`` classes, class ``c`` becoming ``lut[c]``
+        (``None``: ``c``), in ``labels`` and ``box_labels``; its ``shards`` counted from
+        ``shard_offset`` (a mixture's). ``table`` stays as stored."""
+        width = self.labels.shape[1]
+        index = torch.arange(width) if lut is None else lut
+        if len(index) != width or (len(index) and int(index.max()) >= num_classes):
+            raise LoaderError(
+                f"cannot map a batch of {width} classes (labels {list(self.labels.shape)}) by {index.tolist()} "
+                f"into {num_classes} classes: a transform must keep the batch's labels"
+            )
+        labels = torch.zeros((len(self.labels), num_classes), dtype=self.labels.dtype)
+        labels[:, index] = self.labels
+        box_labels = self.box_labels
+        if box_labels is not None and lut is not None:
+            box_labels = [lut[b] for b in box_labels]
+        return self.replace(labels=labels, box_labels=box_labels, shards=self.shards + shard_offset)
+
     def _keep_with_area(self, boxes: list[torch.Tensor]) -> Batch:
         assert self.box_labels is not None  # boxes and box_labels go together
         keep = [(b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1]) for b in boxes]
@@ -155,6 +181,39 @@ class Batch:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Batch) if f.name not in ("columns", "table"))
+
+
+def joined(parts: Sequence[Batch], images: Any) -> Batch:
+    """One batch of the rows of ``parts``, one part after another, with ``images`` (theirs,
+    joined by the caller); the parts' tables must have the same columns (in any order)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first.replace(images=images)
+    changes = {name: _joined([getattr(p, name) for p in parts]) for name in _FIELDS if name != "images"}
+    tables = [p.table for p in parts if p.table is not None]
+    table = None
+    if len(tables) == len(parts):
+        names = tables[0].column_names
+        table = pa.concat_tables([t.select(names) for t in tables])
+    columns = (
+        _kept(table)
+        if table is not None
+        else {k: _joined([p.columns[k] for p in parts]) for k in first.columns}
+    )
+    return first.replace(images=images, **changes, columns=columns, table=table)
+
+
+def _cut(value: Any, lo: int, hi: int) -> Any:
+    return None if value is None else value[lo:hi]
+
+
+def _joined(values: list[Any]) -> Any:
+    """Values of one field of several batches as one: tensors concatenated, lists chained."""
+    if values[0] is None:
+        return None
+    if isinstance(values[0], torch.Tensor):
+        return torch.cat(values)
+    return [x for value in values for x in value]
 
 
 def _pin(value: Any) -> Any:

@@ -20,6 +20,7 @@ from loaders.batch import PAD_LABEL
 
 __all__ = [
     "LABEL_POLICIES",
+    "alike",
     "check_every_source_has_rows",
     "label_space",
     "normalised",
@@ -28,7 +29,6 @@ __all__ = [
     "relabelling",
     "same_dataset",
     "same_size",
-    "single_label",
 ]
 
 #: ``"union"``: the label space is every label name of every source (sorted), each source's
@@ -134,12 +134,12 @@ def _round_up(x: float) -> float:
     return math.ceil(x / step) * step
 
 
-def single_label(sources: Sequence[ShardSource]) -> None:
-    """A mixture's sources are single-label datasets: sources of different task kinds (or
-    columns) are refused naming both, and a mixture of multi-label or boxes datasets naming one.
+def alike(sources: Sequence[ShardSource]) -> None:
+    """A mixture's sources are of one task kind with the same label columns (kept ones
+    included, of the same Arrow types): sources that differ are refused naming both.
 
     Raises:
-        DatasetError: a source whose ``dataset.json`` has a ``task``.
+        DatasetError: naming the first two sources that differ.
     """
     first = sources[0]
     for src in sources[1:]:
@@ -148,11 +148,6 @@ def single_label(sources: Sequence[ShardSource]) -> None:
                 f"sources {first.dataset} ({_kind(first)}) and {src.dataset} ({_kind(src)}) differ in task "
                 "or columns: a mixture's sources must be alike"
             )
-    if first.info.task is not None:
-        raise DatasetError(
-            f"source {first.dataset} is a {first.info.task} dataset: MixedLoader mixes single-label "
-            "datasets only; read each with a ShardLoader"
-        )
 
 
 def _kind(src: ShardSource) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from lakeshard.errors import LoaderError
@@ -35,6 +36,7 @@ from loaders._internal.run import Keyed
 from loaders._internal.source import ShardSource
 from loaders._internal.window_reader import WindowReader
 from loaders.batch import PAD_LABEL, BatchTask, SkippedRow
+from loaders.named_batch import Batch, joined
 from loaders.stats import ReadCount
 
 __all__ = [
@@ -235,11 +237,21 @@ def mixture_batches(
                 np.concatenate([t.pads[lo:hi] for t, lo, hi, _ in parts]),
                 np.concatenate([t.shards[lo:hi] + at for t, lo, hi, at in parts]),
                 np.concatenate([t.rows[lo:hi] for t, lo, hi, _ in parts]),
+                _fields([(t.fields, lo, hi) for t, lo, hi, _ in parts]),
             )
             yield Keyed((-1, epoch, index), task, decode)
             index += 1
     finally:
         tasks.close()
+
+
+def _fields(parts: list[tuple[pa.Table | None, int, int]]) -> pa.Table | None:
+    """The label columns of rows ``[lo, hi)`` of each part's table, one after another, in the
+    first part's column order (``None``: single-label rows)."""
+    if parts[0][0] is None:
+        return None
+    names = parts[0][0].column_names
+    return pa.concat_tables([t.select(names).slice(lo, hi - lo) for t, lo, hi in parts if t is not None])
 
 
 def shard_offsets(sources: Sequence[MixSource]) -> list[int]:
@@ -253,24 +265,32 @@ def _close(tasks: Iterator[BatchTask] | None) -> None:
         close()  # a generator: run its finally blocks (closes the shard files)
 
 
+#: A source batch as the assembler holds it: ``(images, labels)``, or a multi-label or boxes
+#: dataset's :class:`~loaders.Batch`, in the mixture's label space.
+_Held = tuple[torch.Tensor, torch.Tensor] | Batch
+
+
 class Assembler:
     """The consumer's side: the mixture's batches, out of the decoded source batches.
 
     Keeps each source's batch in hand while rows of it are still to come; copies the rows of one
-    mixture batch into a reused block (:meth:`join`)."""
+    mixture batch into a reused block (:meth:`join`). A multi-label or boxes source's batches
+    are :class:`~loaders.Batch` es, mapped into the mixture's ``num_classes`` classes (their
+    ``shards`` counted over the sources' shards one after another, :func:`shard_offsets`)."""
 
-    def __init__(self, sources: Sequence[MixSource], buffers: BufferPool) -> None:
+    def __init__(self, sources: Sequence[MixSource], buffers: BufferPool, *, num_classes: int) -> None:
         self._sources = sources
         self._buffers = buffers
-        self._held: list[tuple[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] | None] = [None] * len(
-            sources
-        )
+        self._num_classes = num_classes
+        self._offsets = shard_offsets(sources)
+        self._held: list[tuple[tuple[int, int], _Held] | None] = [None] * len(sources)
 
     def batch(
         self, batch_needs: list[Need], next_decoded: Callable[[], tuple[tuple[int, int, int], Any]]
-    ) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int]]:
+    ) -> tuple[_Held, list[int]]:
         """The mixture batch ``batch_needs`` describe, and the rows it took of each source."""
-        parts, taken = [], [0] * len(self._sources)
+        parts: list[_Held] = []
+        taken = [0] * len(self._sources)
         for need in batch_needs:
             s, at = need.source, (need.pas, need.batch)
             held = self._held[s]
@@ -281,20 +301,33 @@ class Assembler:
                         f"mixture pipeline out of step: expected source batch {(s, *at)}, got {key}"
                     )
                 held = self._held[s] = (at, self._checked(s, at, batch))
-            images, labels = held[1]
-            parts.append((images[need.lo : need.hi], labels[need.lo : need.hi]))
+            got = held[1]
+            if isinstance(got, Batch):
+                parts.append(got.rows_of(need.lo, need.hi))
+            else:
+                parts.append((got[0][need.lo : need.hi], got[1][need.lo : need.hi]))
             taken[s] += need.hi - need.lo
-        return self.join(parts), taken
+        if isinstance(parts[0], Batch):
+            named = [p for p in parts if isinstance(p, Batch)]
+            return joined(named, self.join_images([p.images for p in named])), taken
+        pairs = [p for p in parts if not isinstance(p, Batch)]
+        return self.join(pairs), taken
 
-    def _checked(self, s: int, at: tuple[int, int], batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """A source batch as ``(images, labels)`` in the mixture's label space, of its own rows."""
+    def _checked(self, s: int, at: tuple[int, int], batch: Any) -> _Held:
+        """A source batch in the mixture's label space, of its own rows."""
         mix = self._sources[s]
-        if not (isinstance(batch, tuple | list) and len(batch) == 2):
+        named = mix.source.info.task is not None
+        if named and not isinstance(batch, Batch):
+            raise LoaderError(
+                f"a mixture needs a loaders.Batch from each source of a {mix.source.info.task} dataset; "
+                f"{mix.source.dataset} gave {type(batch).__name__} (a transform must return (images, batch))"
+            )
+        if not named and not (isinstance(batch, tuple | list) and len(batch) == 2):
             raise LoaderError(
                 f"a mixture needs (images, labels) batches from each source; {mix.source.dataset} gave "
                 f"{type(batch).__name__} (a transform must return (images, labels))"
             )
-        images, labels = batch
+        images, labels = (batch.images, batch.valid) if isinstance(batch, Batch) else batch
         k = at[1]
         b = mix.reader.options.batch_size
         expected = min(b, mix.rows - k * b)
@@ -305,20 +338,26 @@ class Assembler:
                 "labels (a mixture takes each source's rows by position; make more views or drop rows in "
                 "the training step instead)"
             )
+        if isinstance(batch, Batch):
+            return batch.in_classes(mix.lut, self._num_classes, shard_offset=self._offsets[s])
         return images, relabelled(labels, mix.lut)
 
     def join(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch of the sources' rows, source after source: one copy of each part's pixels
-        into a reused block (a block of pinned memory when the parts are pinned), single-threaded
-        (``torch.cat`` spreads a copy over torch's intra-op threads, which then wait on the cores
-        the decode threads use: half the mixture's throughput on 2 cores)."""
+        """One batch of the sources' rows, source after source (:meth:`join_images`)."""
         if len(parts) == 1:
             return parts[0]
-        images = [p[0] for p in parts]
-        labels = torch.cat([p[1] for p in parts])
+        return self.join_images([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def join_images(self, images: list[Any]) -> Any:
+        """The parts' images as one batch: one copy of each part's pixels into a reused block (a
+        block of pinned memory when the parts are pinned), single-threaded (``torch.cat``
+        spreads a copy over torch's intra-op threads, which then wait on the cores the decode
+        threads use: half the mixture's throughput on 2 cores)."""
+        if len(images) == 1:
+            return images[0]
         nhwc = [x.permute(0, 2, 3, 1) for x in images]
         if images[0].dtype != torch.uint8 or not all(x.is_contiguous() for x in nhwc):
-            return torch.cat(images), labels
+            return torch.cat(images)
         shape = (sum(len(x) for x in images), *nhwc[0].shape[1:])
         if images[0].is_pinned():
             out = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
@@ -327,7 +366,7 @@ class Assembler:
             block = self._buffers.take(shape)
             out = torch.from_numpy(block)
         np.concatenate([x.numpy() for x in nhwc], out=block)
-        return out.permute(0, 3, 1, 2), labels
+        return out.permute(0, 3, 1, 2)
 
 
 def relabelled(labels: torch.Tensor, lut: torch.Tensor | None) -> torch.Tensor:

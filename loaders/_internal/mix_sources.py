@@ -56,6 +56,7 @@ def open_mix_sources(
             buffers=buffers,
             tally=tally,
             prep=prep,
+            task=src.info.task,
         )
         mix.append(MixSource(src, reader, decoding, lut))
     # Rows that decode alone (no transform, one label space): each mixture batch is one task,
@@ -75,6 +76,7 @@ def open_mix_sources(
         transform_ref=None,
         buffers=buffers,
         tally=tally,
+        task=opened[0].info.task,
     )
     return mix, direct
 

@@ -21,8 +21,10 @@ Each stage is measured alone, for ``--seconds``, then all of them together:
 2. **decode**: up to 2,000 of those encoded images decoded with the loader's decoder on 1, 2, 4,
    ... ``--threads`` threads: images/s and per-thread efficiency;
 3. **transform** (with ``--transform``, ``--augment`` or ``--crop``): CPU seconds per image on
-   one thread;
-4. **model** (with ``--model``): SGD steps on random batches, on CUDA when there is one;
+   one thread, on what the loader gives it (a multi-label or boxes dataset: the images and
+   their :class:`~loaders.Batch`);
+4. **model** (with ``--model``; refused on a boxes dataset, as by the trainer): SGD steps on
+   random batches, on CUDA when there is one;
 5. **together**: a ``ShardLoader`` with the transform on ``--threads`` threads feeding the model
    step (or an empty loop): images/s and the share of time spent waiting for data.
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from lakeshard.errors import LoaderError, PlatformError
+from lakeshard.format.label_columns import MULTI_LABEL
 from lakeshard.settings import command_name
 from loaders.doctor.config import PROG, parse_args
 from loaders.doctor.figures import Figures, ModelFigures, TransformFigures
@@ -59,6 +60,7 @@ def measure(plan: Plan, *, progress: Callable[[str], None] = _progress) -> Figur
             batch_size=setup.batch_size,
             num_classes=plan.num_classes,
             seconds=seconds,
+            multi_hot=plan.task == MULTI_LABEL,
         )
     feeding = "feeding the model" if step is not None else "consumed by an empty loop"
     progress(f"measuring the loader with the transform on {setup.threads} thread(s), {feeding} {span}...")

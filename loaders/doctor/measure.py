@@ -1,5 +1,6 @@
 """The data stages, each measured alone: the store's read rate (a ``decoder="none"`` loader),
-decoding on 1, 2, 4, ... threads, and the transform on one thread.
+decoding on 1, 2, 4, ... threads, and the transform on one thread (on what the loader gives it:
+``(images, labels)``, or a multi-label or boxes dataset's images and :class:`~loaders.Batch`).
 
 Every stage runs for a time, not for a number of images, so a slow stage costs no more than a
 fast one; each keeps going until its time is up (a short epoch is followed by the next one).
@@ -11,16 +12,18 @@ import itertools
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from lakeshard.errors import LoaderError
 from loaders.decode import get_batch_decoder, get_decoder
 from loaders.doctor.figures import DecodeFigures, DecodeRun, StoreFigures, TransformFigures
 from loaders.doctor.references import describe
+from loaders.named_batch import Batch, batch_of_rows
 from loaders.shard_loader import ShardLoader
 from loaders.transforms import Transform, batch_generator
 
@@ -44,10 +47,15 @@ _DECODER = "auto"
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """Encoded images of the store stage, with their labels, in the order they came."""
+    """Encoded images of the store stage, with their labels, in the order they came: a
+    single-label dataset's ``labels``; a multi-label or boxes dataset's (``task``) rows' label
+    columns ``fields``, its classes ``num_classes``."""
 
     images: list[bytes]
     labels: list[int]
+    task: str | None = None
+    num_classes: int = 0
+    fields: list[pa.Table] = field(default_factory=list)
 
 
 def timed_batches(loader: ShardLoader, seconds: float) -> Iterator[Any]:
@@ -75,7 +83,7 @@ def measure_store(dataset: str, options: dict[str, Any], *, seconds: float) -> t
     open_s = time.perf_counter() - began
     rows = nbytes = batches = first_rows = 0
     first = 0.0
-    sample = Sample([], [])
+    sample = Sample([], [], task=loader.info.task, num_classes=loader.info.num_classes)
     with loader:
         before = loader.totals()
         start = time.perf_counter()
@@ -84,11 +92,8 @@ def measure_store(dataset: str, options: dict[str, Any], *, seconds: float) -> t
                 first, first_rows = time.perf_counter() - start, len(batch.images)
             batches += 1
             rows += len(batch.images)
-            for image, label in zip(batch.images, batch.labels.tolist()):
-                nbytes += image.numel()
-                if len(sample.images) < SAMPLE and image.numel():
-                    sample.images.append(image.numpy().tobytes())
-                    sample.labels.append(label)
+            nbytes += sum(image.numel() for image in batch.images)
+            _keep(sample, batch)
         elapsed = time.perf_counter() - start
         moved = loader.totals() - before
         epochs = loader.epoch + 1
@@ -111,6 +116,19 @@ def measure_store(dataset: str, options: dict[str, Any], *, seconds: float) -> t
         cache_bytes=moved.cache_bytes,
     )
     return figures, sample
+
+
+def _keep(sample: Sample, batch: Any) -> None:
+    """The rows of an encoded ``batch`` (not empty) that :data:`SAMPLE` leaves room for, into
+    ``sample``."""
+    kept = [i for i, image in enumerate(batch.images) if image.numel()][: SAMPLE - len(sample.images)]
+    sample.images.extend(batch.images[i].numpy().tobytes() for i in kept)
+    if isinstance(batch, Batch):
+        if kept and batch.table is not None:
+            sample.fields.append(batch.table.take(kept))
+    else:
+        labels = batch.labels.tolist()
+        sample.labels.extend(labels[i] for i in kept)
 
 
 def decode_threads(threads: int) -> list[int]:
@@ -166,26 +184,55 @@ def _timed_run(chunks: list[list[bytes]], size: int, threads: int, seconds: floa
 
 def measure_decode(
     sample: Sample, *, size: int, batch_size: int, threads: int, seconds: float
-) -> tuple[DecodeFigures, list[tuple[torch.Tensor, torch.Tensor]]]:
+) -> tuple[DecodeFigures, list[tuple[torch.Tensor, Any]]]:
     """Stage 2: the sample decoded on k = 1, 2, 4, ... ``threads`` threads, ``seconds`` shared
     among them. Also returns a few decoded batches (the loader's layout: uint8
-    ``[B, 3, H, W]``, channels_last) for the transform stage."""
+    ``[B, 3, H, W]``, channels_last, with their labels or :class:`~loaders.Batch`) for the
+    transform stage."""
     chunks = _chunks(sample, batch_size)
     decoded = []
     for lo in range(0, min(len(sample.images), _TRANSFORM_BATCHES * batch_size), batch_size):
         part = sample.images[lo : lo + batch_size]
         out = np.empty((len(part), size, size, 3), dtype=np.uint8)
         _decode_into(part, out)  # also the warm-up
-        labels = torch.tensor(sample.labels[lo : lo + batch_size], dtype=torch.int64)
-        decoded.append((torch.from_numpy(out).permute(0, 3, 1, 2), labels))
+        images = torch.from_numpy(out).permute(0, 3, 1, 2)
+        decoded.append((images, _labels(sample, images, lo)))
     ks = decode_threads(threads)
     runs = tuple(_timed_run(chunks, size, k, seconds / len(ks)) for k in ks)
     figures = DecodeFigures(sample=len(sample.images), sample_bytes=sum(map(len, sample.images)), runs=runs)
     return figures, decoded
 
 
+def _labels(sample: Sample, images: torch.Tensor, lo: int) -> Any:
+    """What the loader hands the transform with ``images``, rows ``lo`` on of ``sample``: their
+    labels, or a multi-label or boxes dataset's :class:`~loaders.Batch`."""
+    n = len(images)
+    if sample.task is None:
+        return torch.tensor(sample.labels[lo : lo + n], dtype=torch.int64)
+    table = pa.concat_tables(sample.fields).slice(lo, n)
+    return batch_of_rows(
+        images,
+        table,
+        valid=np.ones(n, dtype=bool),
+        num_classes=sample.num_classes,
+        task=sample.task,
+        shards=np.zeros(n, dtype=np.int64),
+        rows=np.arange(lo, lo + n, dtype=np.int64),
+    )
+
+
+def _copy(images: torch.Tensor, labels: Any) -> tuple[torch.Tensor, Any]:
+    """A copy of a decoded batch (the transform may change its input in place, as the loader
+    allows)."""
+    x = images.clone()
+    if isinstance(labels, Batch):
+        boxes = None if labels.boxes is None else [b.clone() for b in labels.boxes]
+        return x, labels.replace(images=x, labels=labels.labels.clone(), boxes=boxes)
+    return x, labels.clone()
+
+
 def measure_transform(
-    transform: Transform, batches: list[tuple[torch.Tensor, torch.Tensor]], *, seconds: float
+    transform: Transform, batches: list[tuple[torch.Tensor, Any]], *, seconds: float
 ) -> TransformFigures:
     """Stage 3: ``transform`` on copies of the decoded ``batches``, one call at a time on this
     thread, for ``seconds`` (one call at least). CPU time is counted around each call only.
@@ -202,8 +249,7 @@ def measure_transform(
     try:
         deadline = time.perf_counter() + seconds
         while calls == 0 or time.perf_counter() < deadline:
-            x, y = batches[calls % len(batches)]
-            x, y = x.clone(), y.clone()  # the transform may change its input in place, as the loader allows
+            x, y = _copy(*batches[calls % len(batches)])
             generator = batch_generator(0, 0, 0, calls)
             t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
             out = transform(x, y, generator)

@@ -1,8 +1,8 @@
 """The model's training step alone (random batches, no loader), and every stage together: a
 ``ShardLoader`` with the transform feeding that step, or a loop that only takes its batches.
 
-The step is the trainer's: forward, cross-entropy (``PAD_LABEL`` rows ignored), backward, SGD
-step; images arrive as the loader gives them (uint8, made float32 in [-1, 1] on the device) or
+The step is the trainer's: forward, cross-entropy (``PAD_LABEL`` rows ignored; a multi-label
+dataset's multi-hot labels: binary cross-entropy on the logits), backward, SGD step; images arrive as the loader gives them (uint8, made float32 in [-1, 1] on the device) or
 as the transform made them (a floating-point tensor is used as it is).
 """
 
@@ -17,6 +17,7 @@ from torch import nn
 
 from loaders.doctor.figures import ModelFigures, TogetherFigures
 from loaders.doctor.measure import timed_batches
+from loaders.named_batch import Batch
 from loaders.shard_loader import ShardLoader
 from loaders.transforms import Transform
 
@@ -43,7 +44,13 @@ class ModelStep:
             x = x.float().div_(127.5).sub_(1)
         if self.device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
-        loss = F.cross_entropy(self.model(x), labels.to(self.device, non_blocking=True))
+        y = labels.to(self.device, non_blocking=True)
+        logits = self.model(x)
+        loss = (
+            F.binary_cross_entropy_with_logits(logits, y)
+            if y.is_floating_point()
+            else F.cross_entropy(logits, y)
+        )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -55,14 +62,23 @@ class ModelStep:
 
 
 def measure_model(
-    step: ModelStep, *, input_shape: tuple[int, ...], batch_size: int, num_classes: int, seconds: float
+    step: ModelStep,
+    *,
+    input_shape: tuple[int, ...],
+    batch_size: int,
+    num_classes: int,
+    seconds: float,
+    multi_hot: bool = False,
 ) -> ModelFigures:
     """Stage 4: ``step`` on one random uint8 batch of ``[batch_size, *input_shape]`` (random
-    labels) for ``seconds``, after :data:`WARMUP_STEPS` (two timed steps at least)."""
+    labels; ``multi_hot``: a multi-label dataset's, float32 ``[batch_size, num_classes]``) for
+    ``seconds``, after :data:`WARMUP_STEPS` (two timed steps at least)."""
     images = torch.randint(0, 256, (batch_size, *input_shape), dtype=torch.uint8)
     if step.device.type == "cuda":
         images = images.pin_memory()
     labels = torch.randint(0, num_classes, (batch_size,), dtype=torch.int64)
+    if multi_hot:
+        labels = torch.randint(0, 2, (batch_size, num_classes)).float()
     warmup = WARMUP_STEPS[step.device.type]
     for _ in range(warmup):
         step(images, labels)
@@ -92,7 +108,10 @@ def _device_name(device: torch.device) -> str:
 
 
 def _images_labels(batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(images, labels)`` of a batch the loader yielded, if it is that."""
+    """``(images, labels)`` of a batch the loader yielded, if it is that (a
+    :class:`~loaders.Batch`: its images and multi-hot labels)."""
+    if isinstance(batch, Batch) and isinstance(batch.images, torch.Tensor):
+        return batch.images, batch.labels
     if (
         isinstance(batch, tuple | list)
         and len(batch) == 2
@@ -103,6 +122,8 @@ def _images_labels(batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _rows(batch: Any, default: int) -> int:
+    if isinstance(batch, Batch):
+        return len(batch.valid)
     if isinstance(batch, tuple | list) and batch and isinstance(batch[0], torch.Tensor):
         return int(batch[0].shape[0])
     if isinstance(batch, torch.Tensor):

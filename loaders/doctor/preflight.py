@@ -13,6 +13,7 @@ from torch import nn
 from lakeshard import format as contract
 from lakeshard import storage
 from lakeshard.errors import ConfigError
+from lakeshard.format.label_columns import BOXES
 from loaders.decode import BATCH_DECODERS
 from loaders.doctor.config import DoctorConfig
 from loaders.doctor.figures import Setup
@@ -31,7 +32,7 @@ _TRANSFORM = ("transform", "augment", "crop")
 class Plan:
     """What the stages run with. ``options``: the loader options of the store and together
     stages (no decoder, no transform); ``input_shape``: ``(C, H, W)`` of the images the model
-    takes."""
+    takes; ``task``: the dataset's task kind (``None``: single-label)."""
 
     config: DoctorConfig
     setup: Setup
@@ -40,6 +41,7 @@ class Plan:
     transform: Transform | None
     input_shape: tuple[int, ...]
     model: nn.Module | None
+    task: str | None = None
 
 
 def _transform(config: DoctorConfig, image_size: int) -> tuple[Transform | None, str | None]:
@@ -76,12 +78,19 @@ def prepare(config: DoctorConfig) -> Plan:
     input_shape: tuple[int, ...] = (3, size, size)
     if transform is not None:
         where = f"--transform {config.transform!r}" if config.transform else f"--augment/--crop ({name})"
-        out = check_transform(where, transform, size=size)
+        out = check_transform(where, transform, size=size, task=info.task, num_classes=info.num_classes)
         if out is None and config.model is not None:
             raise ConfigError(
                 f"{where}: it does not return (images, labels) tensors, so the model step cannot take its batches"
             )
         input_shape = out or input_shape
+    if config.model is not None and info.task == BOXES:
+        raise ConfigError(
+            f"--model {config.model!r}: {dataset} is a boxes dataset, and the model step is the trainer's, "
+            "which trains classifiers: run the doctor without --model (your detection loop's model is yours "
+            "to time)",
+            option="model",
+        )
     model = build_model(config.model, info.num_classes, input_shape) if config.model is not None else None
     setup = Setup(
         dataset=dataset,
@@ -101,4 +110,4 @@ def prepare(config: DoctorConfig) -> Plan:
         transform=name,
         model=config.model,
     )
-    return Plan(config, setup, info.num_classes, options, transform, input_shape, model)
+    return Plan(config, setup, info.num_classes, options, transform, input_shape, model, info.task)

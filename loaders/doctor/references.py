@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 from lakeshard.errors import ConfigError
+from lakeshard.format.label_columns import BOXES
 from loaders._internal.prep import resolve_reference
+from loaders.named_batch import Batch
 from loaders.train import model as train_model
 from loaders.transforms import Transform, batch_generator
 
@@ -50,15 +52,36 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def check_transform(name: str, transform: Transform, *, size: int) -> tuple[int, ...] | None:
-    """Run ``transform`` once on a uint8 ``[2, 3, size, size]`` batch (the loader's layout).
+def _dry_labels(images: torch.Tensor, task: str | None, num_classes: int) -> Any:
+    """What the loader hands a transform with ``images``: int64 labels, or a multi-label or
+    boxes dataset's :class:`~loaders.Batch` (no class, no box)."""
+    n = len(images)
+    if task is None:
+        return torch.zeros(n, dtype=torch.int64)
+    boxes = task == BOXES
+    return Batch(
+        images,
+        torch.zeros((n, num_classes), dtype=torch.float32),
+        torch.ones(n, dtype=torch.bool),
+        torch.zeros(n, dtype=torch.int64),
+        torch.arange(n, dtype=torch.int64),
+        boxes=[torch.zeros((0, 4)) for _ in range(n)] if boxes else None,
+        box_labels=[torch.zeros(0, dtype=torch.int64) for _ in range(n)] if boxes else None,
+    )
+
+
+def check_transform(
+    name: str, transform: Transform, *, size: int, task: str | None = None, num_classes: int = 0
+) -> tuple[int, ...] | None:
+    """Run ``transform`` once on a uint8 ``[2, 3, size, size]`` batch (the loader's layout), with
+    int64 labels, or a :class:`~loaders.Batch` for a ``task`` dataset of ``num_classes`` classes.
 
     Returns:
         The ``(C, H, W)`` of the images it returned when it returned ``(images, labels)``
-        tensors, else ``None`` (a model cannot be fed from it).
+        tensors (or ``(images, batch)``), else ``None`` (a model cannot be fed from it).
     """
     images = torch.zeros(_DRY_BATCH, size, size, 3, dtype=torch.uint8).permute(0, 3, 1, 2)
-    labels = torch.zeros(_DRY_BATCH, dtype=torch.int64)
+    labels = _dry_labels(images, task, num_classes)
     try:
         out = transform(images, labels, batch_generator(0, 0, 0, 0))
     except Exception as exc:
@@ -71,7 +94,8 @@ def check_transform(name: str, transform: Transform, *, size: int) -> tuple[int,
     if (
         isinstance(out, tuple | list)
         and len(out) == 2
-        and all(isinstance(t, torch.Tensor) for t in out)
+        and isinstance(out[0], torch.Tensor)
+        and isinstance(out[1], torch.Tensor | Batch)
         and out[0].dim() == 4
         and out[0].shape[0] == _DRY_BATCH
     ):

@@ -1,5 +1,5 @@
 """Transforms and models whose cost is known, for ``python -m loaders.doctor --transform
-tests.helpers.doctor_parts:burn`` (or ``:wait``) and ``--model tests.helpers.doctor_parts:slow_model`` (with the
+tests.helpers.doctor_parts:burn`` (or ``:wait``, or ``:burn_boxes`` on a boxes dataset) and ``--model tests.helpers.doctor_parts:slow_model`` (with the
 repository root on ``PYTHONPATH``)."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import time
 
 import torch
 from torch import nn
+
+from loaders import Batch
 
 #: burn: side of the matrices multiplied per image, and how many times. About 5 ms of CPU per
 #: image (on one thread) on the 2-core CI machine.
@@ -22,14 +24,29 @@ def burn(
     """Real work per image: ``_ROUNDS`` products of a ``_SIDE`` x ``_SIDE`` matrix seeded from the
     batch's generator and the image's pixels; the images come back flipped by it (so the work
     is used)."""
+    flip = _burnt(images, generator)
+    images[flip] = images[flip].flip(-1)
+    return images, labels
+
+
+def burn_boxes(images: torch.Tensor, batch: Batch, generator: torch.Generator) -> tuple[torch.Tensor, Batch]:
+    """:func:`burn` on a boxes dataset's batch: the images flipped with their boxes
+    (``batch.flipped``); anything but a :class:`~loaders.Batch` with boxes fails."""
+    if batch.boxes is None:
+        raise TypeError(f"burn_boxes takes a boxes dataset's batch, got {batch!r}")
+    flip = _burnt(images, generator)
+    images[flip] = images[flip].flip(-1)
+    return images, batch.flipped(flip.numpy(), images.shape[-1])
+
+
+def _burnt(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The work of :func:`burn`: which images to flip."""
     n = images.shape[0]
     m = torch.rand(n, _SIDE, _SIDE, generator=generator)
     m += images[:, :, 0, 0].float().mean(dim=1)[:, None, None] / 255
     for _ in range(_ROUNDS):
         m = torch.tanh(torch.bmm(m, m) / _SIDE)
-    flip = m[:, 0, 0] > m[:, 0, 1]
-    images[flip] = images[flip].flip(-1)
-    return images, labels
+    return m[:, 0, 0] > m[:, 0, 1]
 
 
 def wait(

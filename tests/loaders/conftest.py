@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from loader_builders import write_dataset
+
+
+@pytest.fixture(scope="module")
+def prep_cluster() -> Iterator[Any]:
+    """A preparation cluster: a dask ``LocalCluster`` of one worker process, one thread."""
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+    ) as running:
+        yield running
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import io
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,11 +48,96 @@ def box_of(sample_id: int, size: int) -> tuple[int, int, int, int]:
     return (sample_id * 7) % (size - width), (sample_id * 5) % (size - height), width, height
 
 
-def _task_columns(ids: list[int], size: int, task: str, num_classes: int) -> dict[str, pa.Array]:
-    """The label columns (and the kept ones) of rows ``ids`` of a ``task`` dataset."""
+def caption_ids(batch: Any) -> list[int]:
+    """Each row's sample id, from a multi-label or boxes batch's kept column ``caption``
+    (``"sample <id>"``)."""
+    return [int(c.split()[1]) for c in batch["caption"]]
+
+
+def assert_same_batches(a: list[Any], b: list[Any]) -> None:
+    """Named batches alike: their images, labels, boxes and boxes' classes, and rows (by id)."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x.images, y.images) and torch.equal(x.labels, y.labels)
+        assert all(torch.equal(p, q) for p, q in zip(x.boxes, y.boxes, strict=True))
+        assert all(torch.equal(p, q) for p, q in zip(x.box_labels, y.box_labels, strict=True))
+        assert caption_ids(x) == caption_ids(y)
+
+
+def check_exact_resume(make: Callable[[], Any], *, epoch: int = 1, taken: int = 2) -> None:
+    """The first ``taken`` batches of ``epoch`` of a loader ``make()`` builds, then the rest out
+    of another resumed from its state: the batches of a third's whole epoch."""
+    with make() as whole:
+        whole.set_epoch(epoch)
+        expected = list(whole)
+    with make() as first:
+        first.set_epoch(epoch)
+        it = iter(first)
+        got = [next(it) for _ in range(taken)]
+        state = first.state_dict()
+    with make() as again:
+        again.load_state_dict(state)
+        again.set_epoch(epoch)
+        got += list(again)
+    assert_same_batches(got, expected)
+
+
+def check_remote_alike(local: Callable[[], Any], remote: Callable[[], Any]) -> None:
+    """Epochs 0 and 1 of a loader ``remote()`` builds (the second read from its cache, if it has
+    one) are those of a loader ``local()`` builds."""
+
+    def epoch(loader: Any, e: int) -> list[Any]:
+        loader.set_epoch(e)
+        return list(loader)
+
+    with local() as here:
+        expected = [epoch(here, e) for e in (0, 1)]
+    with remote() as far:
+        for e in (0, 1):
+            assert_same_batches(epoch(far, e), expected[e])
+
+
+def ids_over_an_elastic_resume(make: Callable[..., Any], *, taken: int = 2) -> list[int]:
+    """The valid rows (by id, sorted) of an epoch taken over an elastic resume: 2 ranks of
+    batch 6 take ``taken`` batches each, then 3 ranks of batch 4 resumed from rank 0's state
+    take the rest. ``make(rank=, world_size=, batch_size=)`` builds a loader."""
+    seen: list[int] = []
+
+    def take(batches: Iterable[Any]) -> None:
+        for b in batches:
+            seen.extend(s for s, ok in zip(caption_ids(b), b.valid.tolist(), strict=True) if ok)
+
+    with make(rank=0, world_size=2, batch_size=6) as r0, make(rank=1, world_size=2, batch_size=6) as r1:
+        for loader in (r0, r1):
+            it = iter(loader)
+            take(next(it) for _ in range(taken))
+        state = r0.state_dict()
+    for rank in range(3):
+        with make(rank=rank, world_size=3, batch_size=4) as loader:
+            loader.load_state_dict(state)
+            loader.set_epoch(state["epoch"])
+            take(loader)
+    return sorted(seen)
+
+
+def drawn_box(image: torch.Tensor) -> list[float] | None:
+    """``x0, y0, x1, y1`` of the pixels of :data:`BOX_COLOUR` in a ``[3, H, W]`` image (``None``:
+    none): where the drawn shape is, read off the pixels."""
+    mask = (image == torch.tensor(BOX_COLOUR, dtype=image.dtype).view(3, 1, 1)).all(dim=0)
+    ys, xs = torch.nonzero(mask, as_tuple=True)
+    if not len(xs):
+        return None
+    return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+
+
+def _task_columns(
+    ids: list[int], size: int, task: str, num_classes: int, names: dict[int, str]
+) -> dict[str, pa.Array]:
+    """The label columns (and the kept ones) of rows ``ids`` of a ``task`` dataset whose class
+    ``c`` is named ``names[c]``."""
     sets = [labels_of(i, num_classes) if task == "multi-label" else [i % num_classes] for i in ids]
     columns = {
-        "labels": pa.array([[f"class{c}" for c in s] for s in sets], pa.list_(pa.string())),
+        "labels": pa.array([[names[c] for c in s] for s in sets], pa.list_(pa.string())),
         "label_indices": pa.array(sets, pa.list_(pa.int64())),
     }
     if task == "boxes":
@@ -59,7 +145,7 @@ def _task_columns(ids: list[int], size: int, task: str, num_classes: int) -> dic
         for i in ids:
             x, y, w, h = box_of(i, size)
             c = i % num_classes
-            boxes.append([{"label": f"class{c}", "label_index": c, "x": x, "y": y, "width": w, "height": h}])
+            boxes.append([{"label": names[c], "label_index": c, "x": x, "y": y, "width": w, "height": h}])
         columns["boxes"] = pa.array(boxes, pa.list_(contract.BOX_TYPE))
     columns["caption"] = pa.array([f"sample {i}" for i in ids], pa.string())
     columns["score"] = pa.array([i / 2 for i in ids], pa.float64())
@@ -208,7 +294,7 @@ def write_dataset(
             )
             if task is not None:
                 table = table.set_column(1, "label", pa.nulls(per_shard, pa.int64()))
-                for name, column in _task_columns(ids, size, task, num_classes).items():
+                for name, column in _task_columns(ids, size, task, num_classes, names).items():
                     table = table.append_column(name, column)
                 table = table.cast(shard_schema(task, KEPT))
                 stats = _write_task_shard(

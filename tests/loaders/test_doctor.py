@@ -352,8 +352,9 @@ def test_a_slow_store_is_the_bottleneck(tmp_path: Path):
     assert len(progress) == 3 and "remote store" in progress[0]  # store, decode, together
 
 
-def _jpegs(root: Path) -> None:
-    """600 noisy 32 px JPEGs in row groups of 50: decoding them is cheap next to the stage a test slows."""
+def _jpegs(root: Path, task: str | None = None) -> None:
+    """600 noisy 32 px JPEGs in row groups of 50: decoding them is cheap next to the stage a test
+    slows (``task``: of a multi-label or boxes dataset)."""
     write_dataset(
         root,
         rows={"train": 600, "validation": 4, "test": 4},
@@ -361,6 +362,7 @@ def _jpegs(root: Path) -> None:
         fmt="jpeg",
         noise=True,
         row_group_rows=50,
+        task=task,
     )
 
 
@@ -421,3 +423,49 @@ def test_a_slow_model_step_is_the_bottleneck(tmp_path: Path):
     actions = [s["action"] for s in report["next_steps"]]
     assert actions[0] == "model" and set(actions[1:]) <= {"split_cores"}, report["next_steps"]
     assert report["figures"]["together"]["with_model"] and len(progress) == 4
+
+
+@pytest.mark.slow
+def test_a_boxes_transform_that_burns_cpu_is_timed_on_the_batch_and_named(tmp_path: Path):
+    """The transform gets what the loader gives it on a boxes dataset: the images and a
+    ``loaders.Batch`` (``burn_boxes`` fails on anything else)."""
+    _jpegs(tmp_path / "ds", task="boxes")
+    report, progress = _diagnose(
+        ["--dataset", str(tmp_path / "ds"), "--transform", f"{PARTS}:burn_boxes", "--batch-size", "32"]
+    )
+    assert report["bottleneck"] == "transform", report["headline"]
+    transform = report["figures"]["transform"]
+    assert transform["output"] == "(uint8 [32, 3, 32, 32], Batch)"
+    assert transform["cpu_s_per_image"] > 5 * report["figures"]["decode"]["cpu_s_per_image"]
+    assert report["next_steps"][0]["action"] == "lighter_transform"
+    assert len(progress) == 4 and "transform" in progress[2]
+
+
+@pytest.mark.slow
+def test_a_slow_model_step_on_a_multi_label_dataset_is_the_bottleneck(tmp_path: Path):
+    """The model step takes the batches' multi-hot labels (binary cross-entropy), alone and fed
+    by the loader (with augment's transform, which gets the ``loaders.Batch``)."""
+    _jpegs(tmp_path / "ds", task="multi-label")
+    report, progress = _diagnose(
+        [
+            "--dataset",
+            str(tmp_path / "ds"),
+            "--model",
+            f"{PARTS}:slow_model",
+            "--augment",
+            "--batch-size",
+            "32",
+        ]
+    )
+    assert report["bottleneck"] == "model", report["headline"]
+    assert report["figures"]["transform"]["output"] == "(uint8 [32, 3, 32, 32], Batch)"
+    assert report["figures"]["together"]["with_model"] and len(progress) == 5
+
+
+def test_a_model_on_a_boxes_dataset_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    write_dataset(tmp_path / "ds", task="boxes", size=16)
+    assert main(["--dataset", str(tmp_path / "ds"), "--model", f"{PARTS}:slow_model"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(PROG) and "is a boxes dataset" in lines[0], lines

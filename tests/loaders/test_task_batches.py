@@ -1,18 +1,27 @@
 """A multi-label or boxes dataset through the loader: a named :class:`loaders.Batch` with the
 rows' classes, boxes moved with the pixels by augment's crop and flip, the kept columns, and
 every guarantee of a single-label dataset (equal batches per rank, exact and elastic resume,
-``decoder="none"``, the DataLoader view, the preparation cluster, mixtures refused)."""
+``decoder="none"``, the DataLoader view, the preparation cluster; mixtures: ``test_task_mixtures.py``)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from loader_builders import BOX_COLOUR, box_of, labels_of, write_dataset
+from loader_builders import (
+    assert_same_batches,
+    box_of,
+    caption_ids,
+    check_exact_resume,
+    check_remote_alike,
+    drawn_box,
+    ids_over_an_elastic_resume,
+    labels_of,
+    write_dataset,
+)
 
 from lakeshard.errors import ConfigError, DatasetError, LoaderError
 from loaders import Batch, MixedLoader, ShardLoader
@@ -36,24 +45,9 @@ def multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _ids(batch: Batch) -> list[int]:
-    """Each row's sample id, from its kept column ``caption`` (``"sample <id>"``)."""
-    return [int(c.split()[1]) for c in batch["caption"]]
-
-
 def _epoch(loader: ShardLoader, epoch: int = 0) -> list[Batch]:
     loader.set_epoch(epoch)
     return list(loader)
-
-
-def _drawn(image: torch.Tensor) -> list[float] | None:
-    """``x0, y0, x1, y1`` of the pixels of :data:`BOX_COLOUR` in a ``[3, H, W]`` image (``None``:
-    none): where the drawn shape is, read off the pixels."""
-    mask = (image == torch.tensor(BOX_COLOUR, dtype=image.dtype).view(3, 1, 1)).all(dim=0)
-    ys, xs = torch.nonzero(mask, as_tuple=True)
-    if not len(xs):
-        return None
-    return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
 
 
 def test_a_multi_label_batch_names_its_fields(multi):
@@ -65,10 +59,10 @@ def test_a_multi_label_batch_names_its_fields(multi):
         assert isinstance(batch, Batch) and batch.boxes is None and "boxes" not in batch
         assert batch.labels.dtype == torch.float32 and batch.labels.shape == (len(batch.valid), 4)
         assert batch["images"] is batch.images and batch.images.dtype == torch.uint8
-        for i, sample in enumerate(_ids(batch)):
+        for i, sample in enumerate(caption_ids(batch)):
             assert torch.nonzero(batch.labels[i]).flatten().tolist() == labels_of(sample, 4)
             assert batch["score"][i].item() == sample / 2
-        seen += _ids(batch)
+        seen += caption_ids(batch)
     assert sorted(seen) == list(range(46))
 
 
@@ -79,9 +73,9 @@ def test_boxes_come_out_where_the_shapes_are_after_augments_crop_and_flip(boxes)
             for batch in _epoch(loader, epoch):
                 assert batch.images.shape[-2:] == (20, 20) and batch.boxes is not None
                 for image, box, classes, sample in zip(
-                    batch.images, batch.boxes, batch.box_labels, _ids(batch), strict=True
+                    batch.images, batch.boxes, batch.box_labels, caption_ids(batch), strict=True
                 ):
-                    drawn = _drawn(image)
+                    drawn = drawn_box(image)
                     if drawn is None:  # the crop left none of the shape: its box is dropped
                         assert box.shape == (0, 4) and classes.shape == (0,)
                         cut += 1
@@ -119,10 +113,10 @@ def test_the_flip_mirrors_boxes(boxes):
     sides = Counter()
     with ShardLoader(str(boxes), **OPTIONS, augment=True) as loader:
         for batch in loader:
-            for image, box, sample in zip(batch.images, batch.boxes, _ids(batch), strict=True):
+            for image, box, sample in zip(batch.images, batch.boxes, caption_ids(batch), strict=True):
                 x, y, w, h = box_of(sample, 32)
                 mirrored = [32 - x - w, y, 32 - x, y + h]
-                assert box.tolist() == [_drawn(image)]
+                assert box.tolist() == [drawn_box(image)]
                 sides[box[0].tolist() == mirrored and mirrored[0] != x] += 1
     assert sides[True] and sides[False]  # flipped and not, on these draws
 
@@ -130,13 +124,13 @@ def test_the_flip_mirrors_boxes(boxes):
 def test_the_centre_crop_moves_boxes_and_without_one_they_are_as_stored(boxes):
     with ShardLoader(str(boxes), **OPTIONS) as plain:
         batch = next(iter(plain))
-    for box, sample in zip(batch.boxes, _ids(batch), strict=True):
+    for box, sample in zip(batch.boxes, caption_ids(batch), strict=True):
         x, y, w, h = box_of(sample, 32)
         assert box.tolist() == [[x, y, x + w, y + h]]
     with ShardLoader(str(boxes), **OPTIONS, crop=24) as centre:
         for batch in centre:
             for image, box in zip(batch.images, batch.boxes, strict=True):
-                drawn = _drawn(image)
+                drawn = drawn_box(image)
                 assert (drawn is None and len(box) == 0) or np.allclose(box[0].tolist(), drawn, atol=1.0)
 
 
@@ -151,54 +145,19 @@ def test_every_rank_yields_as_many_batches_and_pads_count_for_nothing(boxes):
             assert batch.labels[pads].sum() == 0 and all(
                 len(batch.boxes[i]) == 0 for i in np.flatnonzero(pads)
             )
-            real.update(s for s, ok in zip(_ids(batch), batch.valid.tolist(), strict=True) if ok)
+            real.update(s for s, ok in zip(caption_ids(batch), batch.valid.tolist(), strict=True) if ok)
     assert len(set(per_rank)) == 1 and per_rank[0][0] == per_rank[0][1]
     assert sorted(real) == list(range(46))  # every row once; the rows repeated to even out are not valid
 
 
-def _same(a: list[Batch], b: list[Batch]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert torch.equal(x.images, y.images) and torch.equal(x.labels, y.labels)
-        assert all(torch.equal(p, q) for p, q in zip(x.boxes, y.boxes, strict=True))
-        assert _ids(x) == _ids(y)
-
-
 def test_an_exact_resume_yields_the_rest_of_the_epoch(boxes):
     kw = {**OPTIONS, "augment": True, "crop": 24}
-    with ShardLoader(str(boxes), **kw) as whole:
-        expected = _epoch(whole, 1)
-    with ShardLoader(str(boxes), **kw) as first:
-        first.set_epoch(1)
-        it = iter(first)
-        taken = [next(it) for _ in range(2)]
-        state = first.state_dict()
-    with ShardLoader(str(boxes), **kw) as again:
-        again.load_state_dict(state)
-        again.set_epoch(1)
-        _same(taken + list(again), expected)
+    check_exact_resume(lambda: ShardLoader(str(boxes), **kw))
 
 
 def test_an_elastic_resume_yields_every_row_once(boxes):
-    kw = {**OPTIONS, "batch_size": 6, "drop_last": False}
-    seen: Counter = Counter()
-    with (
-        ShardLoader(str(boxes), **kw, rank=0, world_size=2) as r0,
-        ShardLoader(str(boxes), **kw, rank=1, world_size=2) as r1,
-    ):
-        for loader in (r0, r1):
-            it = iter(loader)
-            for _ in range(2):
-                b = next(it)
-                seen.update(s for s, ok in zip(_ids(b), b.valid.tolist(), strict=True) if ok)
-        state = r0.state_dict()
-    for rank in range(3):
-        with ShardLoader(str(boxes), **{**kw, "batch_size": 4}, rank=rank, world_size=3) as loader:
-            loader.load_state_dict(state)
-            loader.set_epoch(state["epoch"])
-            for b in loader:
-                seen.update(s for s, ok in zip(_ids(b), b.valid.tolist(), strict=True) if ok)
-    assert sorted(seen.elements()) == list(range(46))
+    kw = {**OPTIONS, "drop_last": False}
+    assert ids_over_an_elastic_resume(lambda **at: ShardLoader(str(boxes), **{**kw, **at})) == list(range(46))
 
 
 def test_decoder_none_yields_the_encoded_images_with_the_fields(boxes):
@@ -211,7 +170,7 @@ def test_decoder_none_yields_the_encoded_images_with_the_fields(boxes):
                 x.dtype == torch.uint8 and x.dim() == 1 for x in e.images
             )
             assert bytes(e.images[0][:4].tolist()) == b"\x89PNG"
-            assert torch.equal(d.labels, e.labels) and _ids(d) == _ids(e)
+            assert torch.equal(d.labels, e.labels) and caption_ids(d) == caption_ids(e)
             assert all(torch.equal(p, q) for p, q in zip(d.boxes, e.boxes, strict=True))
 
 
@@ -221,7 +180,7 @@ def test_the_dataloader_view_yields_the_named_batches(multi):
         view = torch.utils.data.DataLoader(loader.as_dataset(), batch_size=None, num_workers=0)
         got = list(view)
     assert all(isinstance(b, Batch) for b in got)
-    assert [_ids(b) for b in got] == [_ids(b) for b in expected]
+    assert [caption_ids(b) for b in got] == [caption_ids(b) for b in expected]
 
 
 def _as_dict(images: torch.Tensor, batch: Batch) -> dict:
@@ -260,32 +219,20 @@ def test_a_label_index_out_of_range_is_a_bad_row(tmp_path):
     )
 
 
-def test_a_mixture_of_different_tasks_is_refused_naming_both(boxes, dataset, tmp_path):
+def test_a_mixture_of_different_tasks_is_refused_naming_both(boxes, dataset, multi):
     with pytest.raises(DatasetError, match=r"sources \S*ds \(single-label\) and \S*ds \(boxes, columns "):
         MixedLoader([str(dataset), str(boxes)], batch_size=8)
-    other = tmp_path / "other"
-    write_dataset(other, rows=ROWS, size=32, num_classes=3, task="boxes", first_id=100)
-    with pytest.raises(DatasetError, match="mixes single-label datasets only"):
-        MixedLoader([str(boxes), str(other)], batch_size=8)
+    with pytest.raises(DatasetError, match=r"sources \S*ds \(multi-label, columns .*\) and \S*ds \(boxes, "):
+        MixedLoader([str(multi), str(boxes)], batch_size=8)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[object]:
-    from distributed import LocalCluster
-
-    with LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-    ) as running:
-        yield running
-
-
-def test_the_preparation_cluster_makes_the_named_batches(boxes, cluster):
+def test_the_preparation_cluster_makes_the_named_batches(boxes, prep_cluster):
     kw = {**OPTIONS, "augment": True, "crop": 24}
     with (
         ShardLoader(str(boxes), **kw) as here,
-        ShardLoader(str(boxes), **kw, prep=cluster.scheduler_address) as far,
+        ShardLoader(str(boxes), **kw, prep=prep_cluster.scheduler_address) as far,
     ):
-        _same(_epoch(far), _epoch(here))
+        assert_same_batches(_epoch(far), _epoch(here))
         assert far.batch_decoding.prep is not None and far.batch_decoding.prep.batches > 0
 
 
@@ -294,8 +241,7 @@ def test_a_remote_dataset_yields_the_local_batches_cached_or_not(boxes, s3_bucke
 
     remote = upload(boxes, s3_bucket)
     kw = {**OPTIONS, "augment": True, "crop": 24}
-    with ShardLoader(str(boxes), **kw) as here:
-        expected = [_epoch(here, e) for e in (0, 1)]
-    with ShardLoader(remote, **kw, cache_dir=str(tmp_path / "cache")) as far:
-        for e in (0, 1):  # epoch 1 reads the cached copies
-            _same(_epoch(far, e), expected[e])
+    check_remote_alike(
+        lambda: ShardLoader(str(boxes), **kw),
+        lambda: ShardLoader(remote, **kw, cache_dir=str(tmp_path / "cache")),
+    )

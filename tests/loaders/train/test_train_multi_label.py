@@ -39,3 +39,26 @@ def test_a_boxes_dataset_is_refused_in_one_line_naming_the_loader_example(tmp_pa
     assert main(["--dataset", str(data), *BASE, "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a boxes dataset" in err[0] and "docs/loader.md" in err[0], err
+
+
+def test_a_mixture_of_multi_label_datasets_trains_and_scores_each_class_by_name(tmp_path: Path, capsys):
+    """B's class ``c`` is ``class{c+1}``: the test channels of both count each class's rows by
+    name (B's relabelled into the mixture's label space)."""
+    rows = {"train": 96, "validation": 16, "test": 32}
+    write_dataset(tmp_path / "a", rows=rows, size=16, num_classes=4, task="multi-label")
+    names = ["class1", "class2", "class3"]
+    write_dataset(
+        tmp_path / "b", rows=rows, size=16, num_classes=3, task="multi-label", first_id=1000,
+        label_names=names, version="b0b0b0b0",
+    )  # fmt: skip
+    out = tmp_path / "out"
+    mix = ["--dataset", str(tmp_path / "a"), "--dataset", str(tmp_path / "b")]
+    assert main([*mix, *BASE, "--epochs", "2", "--output", str(out)]) == 0
+    assert "test mean average precision" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    expected = {f"class{c}": sum(c in labels_of(i, 4) for i in range(40_000, 40_032)) for c in range(4)}
+    for i in range(41_000, 41_032):
+        for c in labels_of(i, 3):
+            expected[names[c]] += 1
+    assert {k: v["positives"] for k, v in metrics["test"]["per_class"].items()} == expected
+    assert [s["rows"] for s in metrics["epochs"][-1]["sources"]] == [96, 96]
