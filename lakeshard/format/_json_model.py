@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 from lakeshard.errors import DatasetError
@@ -44,15 +44,15 @@ def optional_of(hint: Any) -> Any:
 
 
 def from_json_document(
-    model: type[M], data: Any, source: str, *, version: int, advice: Callable[[object], str]
+    model: type[M], data: Any, source: str, *, versions: Collection[int], advice: Callable[[object], str]
 ) -> M:
-    """The parsed JSON file ``source`` as ``model``, once its ``format_version`` is ``version``;
-    another version is a :class:`DatasetError`: ``<source> has format_version <v>`` and
-    ``advice(v)`` (what wrote it, what to do)."""
+    """The parsed JSON file ``source`` as ``model``, once its ``format_version`` is one of
+    ``versions``; another version is a :class:`DatasetError`: ``<source> has format_version <v>``
+    and ``advice(v)`` (what wrote it, what to do)."""
     if not isinstance(data, Mapping):
         raise DatasetError(f"{source} must hold a JSON object, got {type(data).__name__}")
     found = data.get("format_version")
-    if found != version:
+    if found not in versions:
         raise DatasetError(f"{source} has format_version {found!r}{advice(found)}")
     return typing.cast(M, from_json_value(model, data, source, ""))
 

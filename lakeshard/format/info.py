@@ -264,12 +264,10 @@ class DatasetInfo:
         Raises:
             DatasetError: another format version, or a field missing or of the wrong type.
         """
-        found = data.get("format_version") if isinstance(data, dict) else None
-        version = found if found in READ_VERSIONS and not isinstance(found, bool) else FORMAT_VERSION
-        info = from_json_document(cls, data, source, version=version, advice=_rebuild_dataset)
-        if (info.task is None) != (version == FORMAT_VERSION):
+        info = from_json_document(cls, data, source, versions=READ_VERSIONS, advice=_rebuild_dataset)
+        if (info.task is None) != (info.format_version == FORMAT_VERSION):
             raise DatasetError(
-                f"{source} has format_version {version} and task {info.task!r}: a single-label "
+                f"{source} has format_version {info.format_version} and task {info.task!r}: a single-label "
                 f"dataset has format_version {FORMAT_VERSION} and no task, any other has "
                 f"format_version {TASK_FORMAT_VERSION} and its task"
             )

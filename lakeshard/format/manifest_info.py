@@ -157,9 +157,7 @@ class ManifestInfo:
         Raises:
             DatasetError: another format version, or a field missing or of the wrong type.
         """
-        found = data.get("format_version") if isinstance(data, dict) else None
-        version = found if found in READ_VERSIONS and not isinstance(found, bool) else FORMAT_VERSION
-        return from_json_document(cls, data, source, version=version, advice=_rebuild_manifest)
+        return from_json_document(cls, data, source, versions=READ_VERSIONS, advice=_rebuild_manifest)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object :meth:`from_json` reads (plain dicts, lists and scalars)."""
