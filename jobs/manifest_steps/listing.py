@@ -454,10 +454,13 @@ def inspect_objects(rows: Iterable[StagedRow], *, sniff: bool = True, sizes: boo
     what is empty, unreadable or not an image. Runs inside an executor. With ``sniff`` off
     nothing is read: only empty objects (by their listed size) are rejected, ``format`` stays
     None, and a local object gets no ETag (the shard job then checks its size only). With
-    ``sizes``, each image's width and height are read from its header too."""
+    ``sizes``, each image's width and height are read from its header too. Remote objects are
+    read on :data:`_IO_THREADS` threads (each read waits on the network); local files on the
+    task's own thread, as the shard job reads them: a read from the page cache costs less than
+    handing it to a thread (docs/performance.md: 0.70x the wall time, 0.72x the CPU)."""
     rows = list(rows)
     inspect = partial(_inspect, sniff=sniff, sizes=sizes)
-    if len(rows) <= 1 or not sniff:
+    if len(rows) <= 1 or not sniff or all(storage.is_local(r["uri"]) for r in rows):
         return [inspect(r) for r in rows]
     with ThreadPoolExecutor(max_workers=min(_IO_THREADS, len(rows))) as pool:
         return list(pool.map(inspect, rows))
