@@ -80,6 +80,11 @@ def _error_body(dialect: str, status: int, path: str) -> tuple[str, bytes]:
     ).encode()
 
 
+#: The transient faults ``"faults"`` mode injects: a status, a connection dropped before any
+#: answer, or a body cut off halfway.
+FAULT_KINDS: tuple[int | str, ...] = (500, 503, "drop", "cut")
+
+
 class FaultProxy:
     """``mode`` is ``"pass"`` (forward everything), ``"faults"`` (a seeded ``rate`` of requests
     fail transiently), ``"deny"`` (every request gets 403) or ``"unconditional"`` (a conditional
@@ -96,6 +101,7 @@ class FaultProxy:
         self._upstream = (parts.hostname, parts.port)
         self.mode = "pass"
         self.rate = 0.1
+        self.kinds: list[int | str] = list(FAULT_KINDS)
         self.match = ""  # "deny" or "faults" only requests whose path contains this
         #: "faults": at most this many faults in a row on one request (method and path), so that
         #: a client with more attempts always gets through; None: no bound.
@@ -205,7 +211,7 @@ class FaultProxy:
                 if self._rng.random() < self.rate and (
                     self.streak is None or self._in_a_row[key] < self.streak
                 ):
-                    fault = self._rng.choice([500, 503, "drop", "cut"])
+                    fault = self._rng.choice(self.kinds)
                 self._in_a_row[key] = 0 if fault is None else self._in_a_row[key] + 1
             if fault is not None:
                 self.injected[str(fault)] += 1
@@ -250,10 +256,19 @@ class FaultProxy:
             self._unstalled.set()
 
     def reset(
-        self, *, mode: str, rate: float = 0.1, seed: int = 0, match: str = "", streak: int | None = None
+        self,
+        *,
+        mode: str,
+        rate: float = 0.1,
+        seed: int = 0,
+        match: str = "",
+        streak: int | None = None,
+        kinds: tuple[int | str, ...] = FAULT_KINDS,
     ) -> None:
+        """``kinds``: the faults ``"faults"`` picks from (a seeded choice each time)."""
         with self._lock:
             self.mode, self.rate, self.match, self.streak = mode, rate, match, streak
+            self.kinds = list(kinds)
             self._in_a_row = Counter()
             self._rng = random.Random(seed)
             self.injected = Counter()

@@ -78,6 +78,25 @@ def test_the_loader_and_the_jobs_complete_under_transient_azure_faults(
     assert dataset_digest(f"{az_container}/faulty") == dataset_digest(clean)
 
 
+def test_a_download_cut_off_halfway_is_read_again_and_counted(az_container: str, az_fault_proxy: FaultProxy):
+    """A ranged read's body comes in one piece (``_read_body_whole``); cut off halfway, the SDK's
+    downloader reads it again: the bytes are whole and both requests are counted."""
+    data = bytes(range(256)) * (12 << 10)  # 3 MiB
+    uri = f"{az_container}/cut/blob.bin"
+    storage.write_bytes_atomic(uri, data)
+    stats = storage.RequestStats()
+    az_fault_proxy.reset(mode="faults", rate=1.0, streak=1, kinds=("cut",), match="/cut/")
+    try:
+        got = storage.store_for(uri).read(uri, 1000, 1000 + (2 << 20), stats=stats)
+        injected = dict(az_fault_proxy.injected)
+    finally:
+        az_fault_proxy.reset(mode="pass")
+    assert injected == {"cut": 1}, injected
+    assert got == data[1000 : 1000 + (2 << 20)]
+    counts = stats.counts()
+    assert (counts.requests, counts.retries, counts.bytes) == (2, 1, 2 << 20), counts
+
+
 def test_a_permanent_azure_error_fails_fast_naming_the_uri(
     az_container: str, az_fault_proxy: FaultProxy, local_engine, tmp_path: Path
 ):
