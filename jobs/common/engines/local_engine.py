@@ -22,6 +22,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import select
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,9 +39,20 @@ __all__ = ["LocalEngine"]
 
 log = logging.getLogger(__name__)
 
-#: Imported once by the forkserver, so that each worker forked from it starts with them (both
-#: jobs' modules: a worker imports the main module again, ``jobs/build.py`` for one).
-_PRELOAD = ["jobs.build"]
+#: Imported by the forkserver whatever the driver imported, so that each worker forked from it
+#: starts with them: the task functions (preprocessing's, for one).
+_TASK_MODULES = ("jobs.shard_steps.preprocess",)
+
+
+def _preload() -> list[str]:
+    """What the forkserver imports once: the task modules and every module of this project the
+    driver has imported, except the one it runs as ``__main__``. A worker runs that one again
+    itself (as ``__mp_main__``, multiprocessing's rule), its imports then already loaded; had
+    the forkserver imported it too, runpy would warn in every worker that it was found in
+    ``sys.modules`` before it ran."""
+    main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    ours = (m for m in sys.modules if m.split(".", 1)[0] in ("jobs", "lakeshard"))
+    return sorted({*_TASK_MODULES, *ours} - {main})
 
 
 def _follow(driver: int) -> None:
@@ -90,7 +102,7 @@ class LocalEngine:
         self._processes: ProcessPoolExecutor | None = None
         self._context = multiprocessing.get_context("forkserver")
         if self._workers > 1:
-            self._context.set_forkserver_preload(_PRELOAD)
+            self._context.set_forkserver_preload(_preload())
             if start_processes:
                 multiprocessing.forkserver.ensure_running()
         log.info("local engine: %d thread(s) in this process (processes for preprocessing)", self._workers)

@@ -184,6 +184,26 @@ def test_both_jobs_run_on_the_local_engine_from_the_command_line(tmp_path: Path)
     assert info.engine == "local"
 
 
+_SMALL = ["--split-method", "stratified", "--num-shards", "2", "--image-size", "16", "--engine", "local"]
+
+
+def test_the_worker_processes_of_a_job_run_as_a_module_warn_of_nothing(tmp_path: Path) -> None:
+    """``python -m jobs.build``: each worker runs ``jobs.build`` again (as ``__mp_main__``); the
+    forkserver must not have imported it already, or runpy warns in every worker."""
+    lake = tmp_path / "raw"
+    write_lake(lake, {"a": 10, "b": 8})
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.build", "--input", str(lake), "--output", str(tmp_path / "ds"), *_SMALL],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "preprocessing" in proc.stderr  # the cpu-bound map ran, on the worker processes
+    assert "Warning" not in proc.stderr, proc.stderr[-3000:]
+
+
 _MANIFEST_ALONE = """
 import os, sys
 sys.path.insert(0, sys.argv[1])
