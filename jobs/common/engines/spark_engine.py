@@ -39,6 +39,49 @@ _TASK_ERROR = re.compile(r"^lakeshard\.errors\.(\w+): (.+)$", re.MULTILINE)
 _UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
 
 
+#: The driver JVM's options when the engine starts that JVM itself (``python -m jobs.build
+#: --engine spark``; ``spark-submit`` starts its own): the JIT's first tier only. The driver
+#: only schedules tasks and passes their small results (images never cross the JVM), so C2's
+#: faster code gains nothing while its compiler threads took 7 s of CPU in a 90 s job, on the
+#: cores the Python workers preprocess on (design/0047).
+_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+_DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
+
+
+def _launch_conf() -> Any:
+    """The ``SparkConf`` to start the driver JVM with, or None: ``spark.driver.defaultJavaOptions``
+    (which Spark puts before the user's ``extraJavaOptions`` and ``--driver-java-options``, so a
+    flag given there wins) set to :data:`_DRIVER_JAVA_OPTIONS`, unless a JVM is already running
+    (``spark-submit``, or an earlier session of this process) or ``spark-defaults.conf`` sets its
+    own (``PYSPARK_SUBMIT_ARGS`` comes after it, and replaces it, by itself)."""
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return None
+    if _DEFAULT_JAVA_OPTIONS in _spark_defaults():
+        return None
+    log.info(
+        "starting Spark's driver JVM with %s=%s (its JIT's first tier only; options of yours come after)",
+        _DEFAULT_JAVA_OPTIONS,
+        _DRIVER_JAVA_OPTIONS,
+    )
+    return SparkConf(loadDefaults=False).set(_DEFAULT_JAVA_OPTIONS, _DRIVER_JAVA_OPTIONS)
+
+
+def _spark_defaults() -> set[str]:
+    """The properties ``spark-defaults.conf`` sets (``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    folder = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")
+    try:
+        with open(os.path.join(folder, "spark-defaults.conf")) as f:
+            return {
+                line.split(None, 1)[0] for line in f if line.strip() and not line.lstrip().startswith("#")
+            }
+    except OSError:
+        return set()
+
+
 def _unix_sockets() -> bool:
     """Whether this PySpark can reach its Python workers over Unix sockets (Spark 4.1 and later,
     on a system that has them)."""
@@ -94,7 +137,8 @@ class SparkEngine:
             # unless the user chose another; on a cluster, set PYSPARK_PYTHON to the workers' path.
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             builder = SparkSession.builder.master(master) if master else SparkSession.builder
-            SparkContext._ensure_initialized()  # the JVM, so SparkConf() sees spark-submit's --master and --conf
+            # The JVM, so SparkConf() sees spark-submit's --master and --conf.
+            SparkContext._ensure_initialized(conf=_launch_conf())
             given = SparkConf()
             local = (master or given.get("spark.master", "local[*]")).startswith("local")
             same_python = os.environ["PYSPARK_PYTHON"] == sys.executable

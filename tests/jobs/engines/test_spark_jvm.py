@@ -1,0 +1,68 @@
+"""The driver JVM the Spark engine starts itself (``python -m jobs.build --engine spark``): its
+JIT's first tier only (``spark.driver.defaultJavaOptions``), the user's own JVM options after it
+so that theirs win, and nothing of ours where ``spark-submit`` started the JVM or
+``spark-defaults.conf`` sets default options."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+_JVM_ARGUMENTS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from jobs.common.engines.spark_engine import SparkEngine
+
+engine = SparkEngine(master="local[1]")
+bean = engine.spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+print("JVM:", *[a for a in bean.getInputArguments() if a.startswith("-XX:TieredStopAtLevel")])
+engine.close()
+"""
+
+_LAUNCH_CONF = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from jobs.common.engines.spark_engine import _launch_conf
+
+conf = _launch_conf()
+print("CONF:", conf and conf.get("spark.driver.defaultJavaOptions"))
+"""
+
+
+def _run(script: str, tag: str, **env: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(REPO)],
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.rsplit(tag, 1)[1].strip()
+
+
+@pytest.mark.spark
+def test_the_driver_jvm_runs_the_first_jit_tier_and_the_users_own_options_come_after() -> None:
+    user = "--driver-java-options -XX:TieredStopAtLevel=4 pyspark-shell"
+    assert _run(_JVM_ARGUMENTS, "JVM:", PYSPARK_SUBMIT_ARGS=user).split() == [
+        "-XX:TieredStopAtLevel=1",  # ours, from spark.driver.defaultJavaOptions
+        "-XX:TieredStopAtLevel=4",  # the user's, later: the one the JVM keeps
+    ]
+
+
+def test_no_option_of_ours_where_spark_defaults_sets_default_options(tmp_path: Path) -> None:
+    assert _run(_LAUNCH_CONF, "CONF:", SPARK_CONF_DIR=str(tmp_path)) == "-XX:TieredStopAtLevel=1"
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# site settings\nspark.driver.memory 2g\nspark.driver.defaultJavaOptions -Xss4m\n"
+    )
+    assert _run(_LAUNCH_CONF, "CONF:", SPARK_CONF_DIR=str(tmp_path)) == "None"
+
+
+def test_no_option_of_ours_where_spark_submit_started_the_jvm() -> None:
+    assert _run(_LAUNCH_CONF, "CONF:", PYSPARK_GATEWAY_PORT="1", PYSPARK_GATEWAY_SECRET="x") == "None"
