@@ -41,6 +41,7 @@ import pickle
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,6 +272,33 @@ class _Quiet(logging.Filter):
 _QUIET_LOGGERS = ("distributed.client", "distributed.utils", "distributed.core")
 
 
+class _OwnCommClosed(logging.Filter):
+    """Drops ``distributed.batched``'s "Batched Comm Closed" record (INFO, with a traceback) about
+    a loader client's own connection to its preparation cluster: logged whenever the cluster
+    goes away while the client has a message in flight, which the loader reports itself (a
+    WARNING or an error). Records about any other connection pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.comms: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(arg is comm for arg in args for comm in list(self.comms))
+
+    def watch(self, client: Any) -> None:
+        """Drop such records about ``client``'s connection to its scheduler from now on."""
+        logger = logging.getLogger("distributed.batched")
+        if self not in logger.filters:
+            logger.addFilter(self)
+        comm = getattr(getattr(client, "scheduler_comm", None), "comm", None)
+        if comm is not None:
+            self.comms.add(comm)
+
+
+_OWN_COMMS = _OwnCommClosed()
+
+
 class PrepCluster:
     """The loader's connection to a preparation cluster (a ``distributed.Client`` of its own).
 
@@ -331,7 +359,9 @@ class PrepCluster:
                     "--prep-tls-ca-file, --prep-tls-cert, --prep-tls-key)"
                 )
         try:
-            return Client(self.address, timeout=self.timeout_s, set_as_default=False, security=self.security)
+            client = Client(
+                self.address, timeout=self.timeout_s, set_as_default=False, security=self.security
+            )
         except (OSError, TimeoutError) as exc:
             # distributed's FatalCommClosedError: TLS refused, say; or the scheduler closing the
             # handshake on a certificate it does not trust (the client sees an SSL EOF).
@@ -344,6 +374,8 @@ class PrepCluster:
                 f"prep={self.address!r}: cannot reach the preparation cluster's scheduler within "
                 f"{self.timeout_s:g} s: {type(exc).__name__}: {exc}"
             ) from None
+        _OWN_COMMS.watch(client)
+        return client
 
     def decode(self, task: BatchTask, stop: threading.Event, spec: DecodeSpec, recipe: Recipe) -> Any:
         """Task ``task`` made into its batch on the cluster (what :func:`decode_batch` would

@@ -355,3 +355,35 @@ def test_the_trainer_trains_over_tls_with_its_flags(data, tmp_path):
         f"prep address tls://host:port; got prep={cluster.address!r}, prep_tls_ca_file={tls.ca_file!r}, "
         f"prep_tls_cert={tls.cert!r}, prep_tls_key=None"
     ]
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_distributeds_comm_closed_notice_is_dropped_only_for_the_loaders_own_client(tmp_path):
+    """distributed logs "Batched Comm Closed" (INFO, with a traceback) when a cluster goes while a
+    message is in flight: the loader's own client's connection is dropped (the loader says what
+    happened), another connection's notice is kept."""
+    from loaders._internal.prep import PrepCluster
+
+    kept, logger = _Kept(), logging.getLogger("distributed.batched")
+    logger.addHandler(kept)
+    with dask_procs(tmp_path / "c") as cluster:
+        prep = PrepCluster(cluster.address, timeout_s=15, fallback=True)
+        try:
+            ours, other = prep.client.scheduler_comm.comm, object()
+            for comm in (ours, other):
+                try:
+                    raise ConnectionError("Stream is closed")
+                except ConnectionError:
+                    logger.info("Batched Comm Closed %r", comm, exc_info=True)
+        finally:
+            prep.close()
+            logger.removeHandler(kept)
+    assert [r.args for r in kept.records] == [(other,)]
