@@ -268,8 +268,7 @@ def _read_body_whole(response: Any) -> None:
     """Have a downloaded body read in one piece: the SDK streams it ``block_size`` bytes at a
     time (4 KiB unless told), each piece copied by urllib3 and then joined by the downloader; a
     block of exactly the body's length is read into one buffer and handed on as it is, as boto3
-    reads an S3 body (docs/performance.md: the client's CPU a 4 MiB read went from 1.58x S3's to
-    1.24-1.38x)."""
+    reads an S3 body (the client's CPU a read: docs/performance.md)."""
     length = response.headers.get("Content-Length")
     if length and length.isdigit() and int(length) > 0:
         response.block_size = int(length)

@@ -42,8 +42,8 @@ _UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
 #: The driver JVM's options when the engine starts that JVM itself (``python -m jobs.build
 #: --engine spark``; ``spark-submit`` starts its own): the JIT's first tier only. The driver
 #: only schedules tasks and passes their small results (images never cross the JVM), so C2's
-#: faster code gains nothing while its compiler threads took 7 s of CPU in a 90 s job, on the
-#: cores the Python workers preprocess on (design/0047).
+#: faster code gains nothing, while its compiler threads use the cores the Python workers
+#: preprocess on (design/0047; figures in docs/performance.md).
 _DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 _DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 
