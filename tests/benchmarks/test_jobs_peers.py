@@ -139,3 +139,18 @@ def test_a_runs_cpu_between_two_moments_is_what_it_spent_then(tmp_path: Path) ->
     assert idle is not None and busy is not None, m.cpu_samples
     assert idle < 0.2 and 0.45 < busy < 0.8, (idle, busy)
     assert m.cpu_s_between(slept - 3600, end) is None  # before the command started: no samples around it
+
+
+def test_our_packages_are_compiled_before_the_runs_as_an_install_would(tmp_path: Path) -> None:
+    import importlib.util
+
+    sources = [tmp_path / "jobs" / "__init__.py", tmp_path / "lakeshard" / "format" / "info.py"]
+    for source in sources:
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text("VALUE = 1\n")
+    jobs_run.compile_ours(tmp_path)
+    for source in sources:
+        assert Path(importlib.util.cache_from_source(str(source))).is_file(), source
+    (tmp_path / "lakeshard" / "broken.py").write_text("def (:\n")
+    with pytest.raises(SystemExit, match=f"could not compile {tmp_path / 'lakeshard'}"):
+        jobs_run.compile_ours(tmp_path)
