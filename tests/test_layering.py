@@ -70,6 +70,7 @@ JOBS_TOP = {
     "manifest.py",
     "shard.py",
     "versions.py",
+    "spark_cds.py",
     "report.py",
     "common",
     "manifest_steps",

@@ -15,7 +15,9 @@ class folders; made once under ``--work``) goes through the per-image work of th
 ``per_image.prepare``, byte for byte the shard job's) into each tool's format (:data:`TOOLS`):
 
 Our packages' bytecode is compiled first (:func:`compile_ours`), as ``pip install`` compiles the
-peers'; each tool then runs as an installed package would.
+peers'; each tool then runs as an installed package would. Before ``lakeshard-spark``'s first run
+``python -m jobs.spark_cds`` makes its driver JVM's class archive (:func:`make_spark_archive`), as
+a user of local Spark does once.
 
 * ``ceiling``: the shard job's own per-image function in a Pool of ``--workers``, writing nothing;
 * ``lakeshard-local``, ``-dask``, ``-spark``: ``python -m jobs.build`` (both jobs in one
@@ -293,6 +295,22 @@ def compile_ours(root: Path = ROOT) -> None:
             raise SystemExit(f"jobs_run.py: could not compile {root / name}")
 
 
+def make_spark_archive(work: Path, log: Any) -> None:
+    """Make the class archive of the Spark engine's driver JVM (``python -m jobs.spark_cds``,
+    as docs/clusters.md tells a user of local Spark to do once), kept under ``work`` with the
+    lake: every ``lakeshard-spark`` run maps it."""
+    os.environ["LAKESHARD_SPARK_CDS_DIR"] = str(work / "spark-cds")
+    cmd = [sys.executable, "-m", "jobs.spark_cds"]
+    log.write(f"\n=== {' '.join(cmd)}\n")
+    log.flush()
+    env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")}
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=log, stderr=log, timeout=RUN_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"jobs_run.py: python -m jobs.spark_cds failed (exit {proc.returncode}; see {log.name})"
+        )
+
+
 def _tools(text: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in items if t not in TOOLS]
@@ -354,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.tools}
     checks: dict[str, dict[str, Any]] = {}
     with open(log_path, "a") as log:
+        if "lakeshard-spark" in args.tools and not TOOLS["lakeshard-spark"].missing(args.envs):
+            make_spark_archive(args.work, log)
         for r in range(args.rounds):
             for name in alternate(args.tools, r):
                 if why := TOOLS[name].missing(args.envs):

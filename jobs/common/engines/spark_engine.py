@@ -26,6 +26,7 @@ from functools import partial
 from typing import Any
 
 from jobs.common.engines import FORWARDED_ENV, STORE_ENV_PREFIXES, store_environ
+from jobs.common.engines.jvm_archive import driver_options
 from lakeshard import errors
 
 __all__ = ["SparkEngine"]
@@ -51,7 +52,8 @@ _DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 def _launch_conf() -> Any:
     """The ``SparkConf`` to start the driver JVM with, or None: ``spark.driver.defaultJavaOptions``
     (which Spark puts before the user's ``extraJavaOptions`` and ``--driver-java-options``, so a
-    flag given there wins) set to :data:`_DRIVER_JAVA_OPTIONS`, unless a JVM is already running
+    flag given there wins) set to :data:`_DRIVER_JAVA_OPTIONS` and, if ``python -m
+    jobs.spark_cds`` made one, this install's class archive (design/0048), unless a JVM is already running
     (``spark-submit``, or an earlier session of this process) or ``spark-defaults.conf`` sets its
     own (``PYSPARK_SUBMIT_ARGS`` comes after it, and replaces it, by itself)."""
     from pyspark import SparkConf, SparkContext
@@ -60,12 +62,14 @@ def _launch_conf() -> Any:
         return None
     if _DEFAULT_JAVA_OPTIONS in _spark_defaults():
         return None
+    options = " ".join(filter(None, [_DRIVER_JAVA_OPTIONS, driver_options()]))
     log.info(
-        "starting Spark's driver JVM with %s=%s (its JIT's first tier only; options of yours come after)",
+        "starting Spark's driver JVM with %s=%s (its JIT's first tier only%s; options of yours come after)",
         _DEFAULT_JAVA_OPTIONS,
-        _DRIVER_JAVA_OPTIONS,
+        options,
+        ", this install's class archive" if options != _DRIVER_JAVA_OPTIONS else "",
     )
-    return SparkConf(loadDefaults=False).set(_DEFAULT_JAVA_OPTIONS, _DRIVER_JAVA_OPTIONS)
+    return SparkConf(loadDefaults=False).set(_DEFAULT_JAVA_OPTIONS, options)
 
 
 def _spark_defaults() -> set[str]:

@@ -38,7 +38,8 @@ print("CONF:", conf and conf.get("spark.driver.defaultJavaOptions"))
 def _run(script: str, tag: str, **env: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-c", script, str(REPO)],
-        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **env},
+        # No class archive (design/0048) a user may have made: these options alone.
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "LAKESHARD_SPARK_CDS": "off", **env},
         capture_output=True,
         text=True,
         timeout=300,
