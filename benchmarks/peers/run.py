@@ -201,6 +201,15 @@ def write_formats(jpegs: Path, out: Path, tools: list[str], venvs: Path, log: Pa
 
 
 # -- one run ----------------------------------------------------------------------------------------
+def _record(line: str) -> dict[str, Any] | None:
+    """The epoch record a tool printed as one JSON object on ``line``; None for any other line."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def run_one(
     variant: Variant, *, data: Path, store: RemoteStore | None, args: argparse.Namespace, log: Path
 ) -> dict[str, Any]:
@@ -250,7 +259,11 @@ def run_one(
                     proc.kill()
                     why = "timed out" if not ready else f"exit {proc.wait()}"
                     return {"error": f"run failed after {len(records)} epochs ({why}; see {log})"}
-                record = json.loads(line)
+                record = _record(line)
+                if record is None:  # a tool's library printing on stdout (Ray, once, under load)
+                    err.write(f"(on the tool's stdout, not a record) {line.rstrip()}\n")
+                    err.flush()
+                    continue
                 if before is not None:
                     assert store is not None
                     now = store.traffic()

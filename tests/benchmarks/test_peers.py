@@ -110,3 +110,17 @@ def test_bad_arguments_are_one_line_before_any_work(tmp_path: Path) -> None:
         (["--bandwidth", "fast"], "--bandwidth:"),
     ]
     assert_usage_errors(RUN, tmp_path / "w", cases, cwd=ROOT)
+
+
+def test_only_a_json_object_on_a_tools_stdout_is_an_epoch_record() -> None:
+    """A tool's library may print on stdout (a CI run once got a line from the Ray tool that was
+    not its record): run.py logs such a line and reads on."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("peers_run", RUN)  # benchmarks/peers is not a package
+    assert spec is not None and spec.loader is not None
+    run = sys.modules["peers_run"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+    spec.loader.exec_module(run)
+    assert run._record('{"epoch": 1, "images": 128}\n') == {"epoch": 1, "images": 128}
+    for noise in ("\n", "(raylet) a warning\n", "[1, 2]\n", "128\n"):
+        assert run._record(noise) is None, noise
