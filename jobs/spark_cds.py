@@ -21,8 +21,13 @@ if __name__ == "__main__" and not __package__:
     import _script  # noqa: F401  (jobs/_script.py: the repository root first on sys.path)
 
 from jobs.common.cli import cli_main
-from jobs.common.engines.jvm_archive import Archive, archive_dir, archive_path, make_archive, usable_archive
-from lakeshard.errors import ConfigError
+from jobs.common.engines.jvm_archive import (
+    Archive,
+    archive_dir,
+    is_whole,
+    make_archive,
+    required_archive_path,
+)
 from lakeshard.settings import command_name
 
 __all__ = ["main", "parser"]
@@ -57,10 +62,8 @@ def _remove() -> list[str]:
 
 
 def _check() -> str:
-    path = archive_path()
-    if path is None:
-        raise ConfigError("no java: set JAVA_HOME or put java on PATH (Spark needs it too)")
-    if usable_archive() is not None:
+    path = required_archive_path()
+    if is_whole(path):
         return f"{path}: made ({path.stat().st_size / 2**20:.0f} MiB); the Spark engine's driver JVM maps it"
     return f"{path}: not made; run `python -m jobs.spark_cds` to make it"
 

@@ -201,7 +201,7 @@ def write_formats(jpegs: Path, out: Path, tools: list[str], venvs: Path, log: Pa
 
 
 # -- one run ----------------------------------------------------------------------------------------
-def _record(line: str) -> dict[str, Any] | None:
+def epoch_record(line: str) -> dict[str, Any] | None:
     """The epoch record a tool printed as one JSON object on ``line``; None for any other line."""
     try:
         record = json.loads(line)
@@ -259,7 +259,7 @@ def run_one(
                     proc.kill()
                     why = "timed out" if not ready else f"exit {proc.wait()}"
                     return {"error": f"run failed after {len(records)} epochs ({why}; see {log})"}
-                record = _record(line)
+                record = epoch_record(line)
                 if record is None:  # a tool's library printing on stdout (Ray, once, under load)
                     err.write(f"(on the tool's stdout, not a record) {line.rstrip()}\n")
                     err.flush()

@@ -121,6 +121,6 @@ def test_only_a_json_object_on_a_tools_stdout_is_an_epoch_record() -> None:
     assert spec is not None and spec.loader is not None
     run = sys.modules["peers_run"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
     spec.loader.exec_module(run)
-    assert run._record('{"epoch": 1, "images": 128}\n') == {"epoch": 1, "images": 128}
+    assert run.epoch_record('{"epoch": 1, "images": 128}\n') == {"epoch": 1, "images": 128}
     for noise in ("\n", "(raylet) a warning\n", "[1, 2]\n", "128\n"):
-        assert run._record(noise) is None, noise
+        assert run.epoch_record(noise) is None, noise

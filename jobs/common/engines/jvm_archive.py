@@ -36,9 +36,20 @@ from typing import Any
 
 from lakeshard.errors import ConfigError, EngineError
 
-__all__ = ["Archive", "archive_dir", "archive_path", "driver_options", "make_archive", "usable_archive"]
+__all__ = [
+    "Archive",
+    "archive_dir",
+    "archive_path",
+    "driver_options",
+    "is_whole",
+    "make_archive",
+    "required_archive_path",
+    "usable_archive",
+]
 
 log = logging.getLogger(__name__)
+
+_NO_JAVA = "no java: set JAVA_HOME or put java on PATH (Spark needs it too)"
 
 #: Seconds each JVM of :func:`make_archive` may take (the recording one writes its archive at exit).
 _TIMEOUT_S = 600
@@ -105,29 +116,46 @@ def _install() -> dict[str, Any] | None:
     }
 
 
+def _path_of(install: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(install, sort_keys=True).encode()).hexdigest()[:16]
+    return archive_dir() / f"spark-{install['pyspark']}-{digest}.jsa"
+
+
 def archive_path() -> Path | None:
     """The archive of this Java and Spark install (made or not); None without a ``java``."""
     install = _install()
-    if install is None:
-        return None
-    digest = hashlib.sha256(json.dumps(install, sort_keys=True).encode()).hexdigest()[:16]
-    return archive_dir() / f"spark-{install['pyspark']}-{digest}.jsa"
+    return None if install is None else _path_of(install)
+
+
+def required_archive_path() -> Path:
+    """:func:`archive_path`, or :class:`ConfigError` without a ``java``."""
+    path = archive_path()
+    if path is None:
+        raise ConfigError(_NO_JAVA)
+    return path
 
 
 def _record(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
-def usable_archive() -> Path | None:
-    """This install's archive if it was made whole (its size the one recorded beside it)."""
-    path = archive_path()
-    if path is None:
-        return None
+def is_whole(path: Path) -> bool:
+    """Whether the archive ``path`` is there with the size recorded beside it when it was made."""
     try:
-        recorded = json.loads(_record(path).read_text())["size"]
-        return path if path.stat().st_size == recorded else None
+        return bool(path.stat().st_size == json.loads(_record(path).read_text())["size"])
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return False
+
+
+def usable_archive() -> Path | None:
+    """This install's archive if it was made whole (:func:`is_whole`)."""
+    path = archive_path()
+    return path if path is not None and is_whole(path) else None
+
+
+def _splittable(path: Path) -> bool:
+    """Whether Spark would split ``path`` inside ``spark.driver.defaultJavaOptions``."""
+    return any(c.isspace() or c in "\"'" for c in str(path))
 
 
 def driver_options() -> str:
@@ -142,7 +170,7 @@ def driver_options() -> str:
             "one once for this Java and Spark (design/0048)"
         )
         return ""
-    if any(c.isspace() or c in "\"'" for c in str(path)):
+    if _splittable(path):
         log.info("not using the class archive %s: Spark splits JVM options at spaces", path)
         return ""
     return f"-Xlog:cds*=off -XX:SharedArchiveFile={path}"
@@ -199,17 +227,17 @@ def make_archive(*, force: bool = False, timeout: float = _TIMEOUT_S) -> Archive
     Raises:
         ConfigError: no ``java``, or the archive folder's path has a space.
         EngineError: a JVM failed (its last lines of stderr in the message)."""
-    path = archive_path()
-    if path is None:
-        raise ConfigError("no java: set JAVA_HOME or put java on PATH (Spark needs it too)")
-    if any(c.isspace() or c in "\"'" for c in str(path)):
+    install = _install()
+    if install is None:
+        raise ConfigError(_NO_JAVA)
+    path = _path_of(install)
+    if _splittable(path):
         raise ConfigError(
             f"the archive folder {path.parent} has a space or a quote in its path, which Spark would "
             "split; set LAKESHARD_SPARK_CDS_DIR to a folder without one"
         )
-    found = usable_archive()
-    if found is not None and not force:
-        return Archive(found, found.stat().st_size, made=False, session_s=None)
+    if is_whole(path) and not force:
+        return Archive(path, path.stat().st_size, made=False, session_s=None)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -227,7 +255,7 @@ def make_archive(*, force: bool = False, timeout: float = _TIMEOUT_S) -> Archive
             "size": size,
             "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "session_s": round(checked["session_s"], 2),
-            **(_install() or {}),
+            **install,
         }
         _record(tmp).write_text(json.dumps(record, indent=1))
         os.replace(_record(tmp), _record(path))
