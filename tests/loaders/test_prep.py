@@ -25,6 +25,7 @@ from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
 from loaders.options import LoaderOptions
 from tests.helpers.dask_procs import DaskProcs, dask_procs, make_tls_files, warm
+from tests.helpers.procs import wait_for
 
 pytestmark = pytest.mark.slow  # every test starts a Dask cluster of worker processes
 
@@ -303,7 +304,11 @@ def test_tls_with_certificates_and_a_client_without_them_refused(data, tmp_path)
         assert str(info.value).startswith(f"prep={cluster.address!r}: the scheduler refused the connection")
         local = re.search(r"local=(tls://127\.0\.0\.1:\d+)", str(info.value)).group(1)
         refusal = f"TLS handshake failed with remote '{local}': [SSL: CERTIFICATE_VERIFY_FAILED]"
-        assert refusal in cluster.log_text()  # the scheduler's own log
+        # The scheduler's own log: it writes the line on its own loop, which a busy machine can run
+        # after the client has already seen the refusal (CI once read the log too soon).
+        wait_for(
+            lambda: refusal in cluster.log_text(), f"{refusal!r} in the scheduler's log", 60, cluster.logs
+        )
 
 
 def test_prep_security_is_checked_before_connecting(data, tmp_path):
