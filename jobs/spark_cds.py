@@ -28,6 +28,7 @@ from jobs.common.engines.jvm_archive import (
     make_archive,
     required_archive_path,
 )
+from jobs.common.engines.spark_engine import archive_unused_because
 from lakeshard.settings import command_name
 
 __all__ = ["main", "parser"]
@@ -63,9 +64,13 @@ def _remove() -> list[str]:
 
 def _check() -> str:
     path = required_archive_path()
-    if is_whole(path):
-        return f"{path}: made ({path.stat().st_size / 2**20:.0f} MiB); the Spark engine's driver JVM maps it"
-    return f"{path}: not made; run `python -m jobs.spark_cds` to make it"
+    unused = archive_unused_because(path)
+    if not is_whole(path):
+        return f"{path}: not made; run `python -m jobs.spark_cds` to make it" + (
+            f" (once made, it would not be used: {unused})" if unused else ""
+        )
+    made = f"{path}: made ({path.stat().st_size / 2**20:.0f} MiB); "
+    return made + (f"not used: {unused}" if unused else "the Spark engine's driver JVM maps it")
 
 
 def _summary(done: Archive) -> str:

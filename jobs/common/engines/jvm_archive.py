@@ -39,11 +39,14 @@ from lakeshard.errors import ConfigError, EngineError
 __all__ = [
     "Archive",
     "archive_dir",
+    "archive_options",
     "archive_path",
     "driver_options",
     "is_whole",
     "make_archive",
     "required_archive_path",
+    "spark_would_split",
+    "switched_off",
     "usable_archive",
 ]
 
@@ -153,15 +156,25 @@ def usable_archive() -> Path | None:
     return path if path is not None and is_whole(path) else None
 
 
-def _splittable(path: Path) -> bool:
+def spark_would_split(path: Path) -> bool:
     """Whether Spark would split ``path`` inside ``spark.driver.defaultJavaOptions``."""
     return any(c.isspace() or c in "\"'" for c in str(path))
+
+
+def switched_off() -> bool:
+    """Whether ``LAKESHARD_SPARK_CDS=off`` asks for a driver JVM without an archive."""
+    return os.environ.get("LAKESHARD_SPARK_CDS", "").lower() == "off"
+
+
+def archive_options(path: Path) -> str:
+    """The driver JVM's options that map the archive ``path``, its CDS messages off."""
+    return f"-Xlog:cds*=off -XX:SharedArchiveFile={path}"
 
 
 def driver_options() -> str:
     """The driver JVM's options for this install's archive, or "" (none made, a path Spark
     would split at a space, or ``LAKESHARD_SPARK_CDS=off``)."""
-    if os.environ.get("LAKESHARD_SPARK_CDS", "").lower() == "off":
+    if switched_off():
         return ""
     path = usable_archive()
     if path is None:
@@ -170,10 +183,10 @@ def driver_options() -> str:
             "one once for this Java and Spark (design/0048)"
         )
         return ""
-    if _splittable(path):
+    if spark_would_split(path):
         log.info("not using the class archive %s: Spark splits JVM options at spaces", path)
         return ""
-    return f"-Xlog:cds*=off -XX:SharedArchiveFile={path}"
+    return archive_options(path)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -231,7 +244,7 @@ def make_archive(*, force: bool = False, timeout: float = _TIMEOUT_S) -> Archive
     if install is None:
         raise ConfigError(_NO_JAVA)
     path = _path_of(install)
-    if _splittable(path):
+    if spark_would_split(path):
         raise ConfigError(
             f"the archive folder {path.parent} has a space or a quote in its path, which Spark would "
             "split; set LAKESHARD_SPARK_CDS_DIR to a folder without one"

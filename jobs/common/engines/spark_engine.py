@@ -23,13 +23,14 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from jobs.common.engines import FORWARDED_ENV, STORE_ENV_PREFIXES, store_environ
-from jobs.common.engines.jvm_archive import driver_options
+from jobs.common.engines.jvm_archive import archive_options, driver_options, spark_would_split, switched_off
 from lakeshard import errors
 
-__all__ = ["SparkEngine"]
+__all__ = ["SparkEngine", "archive_unused_because", "defaults_setting_java_options"]
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,17 @@ def _launch_conf() -> Any:
 
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return None
-    if _DEFAULT_JAVA_OPTIONS in _spark_defaults():
-        return None
     options = " ".join(filter(None, [_DRIVER_JAVA_OPTIONS, driver_options()]))
+    defaults = defaults_setting_java_options()
+    if defaults is not None:
+        log.info(
+            "%s sets %s: Spark's driver JVM starts with those options, not the engine's (%s); "
+            "add them there to use them",
+            defaults,
+            _DEFAULT_JAVA_OPTIONS,
+            options,
+        )
+        return None
     log.info(
         "starting Spark's driver JVM with %s=%s (its JIT's first tier only%s; options of yours come after)",
         _DEFAULT_JAVA_OPTIONS,
@@ -72,18 +81,37 @@ def _launch_conf() -> Any:
     return SparkConf(loadDefaults=False).set(_DEFAULT_JAVA_OPTIONS, options)
 
 
-def _spark_defaults() -> set[str]:
-    """The properties ``spark-defaults.conf`` sets (``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``)."""
+def defaults_setting_java_options() -> str | None:
+    """The ``spark-defaults.conf`` (``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``) that sets
+    ``spark.driver.defaultJavaOptions``, which the engine then leaves alone; None if none does."""
     from pyspark.find_spark_home import _find_spark_home
 
     folder = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")
+    path = os.path.join(folder, "spark-defaults.conf")
     try:
-        with open(os.path.join(folder, "spark-defaults.conf")) as f:
-            return {
+        with open(path) as f:
+            keys = {
                 line.split(None, 1)[0] for line in f if line.strip() and not line.lstrip().startswith("#")
             }
     except OSError:
-        return set()
+        return None
+    return path if _DEFAULT_JAVA_OPTIONS in keys else None
+
+
+def archive_unused_because(path: Path) -> str | None:
+    """Why the driver JVM the engine starts would not map the archive ``path`` even when it is
+    made (``python -m jobs.spark_cds --check``), or None."""
+    if switched_off():
+        return "LAKESHARD_SPARK_CDS=off starts the driver JVM without it"
+    if spark_would_split(path):
+        return "its path has a space or a quote, at which Spark splits JVM options"
+    defaults = defaults_setting_java_options()
+    if defaults is not None:
+        return (
+            f"{defaults} sets {_DEFAULT_JAVA_OPTIONS}, which the engine leaves alone: "
+            f"add `{archive_options(path)}` there to use it"
+        )
+    return None
 
 
 def _unix_sockets() -> bool:

@@ -132,7 +132,8 @@ def test_an_archive_folder_spark_would_split_is_not_used(
 
 
 def test_check_and_remove_without_an_archive_and_remove_leaves_an_archive_being_made(tmp_path: Path) -> None:
-    env = {"LAKESHARD_SPARK_CDS_DIR": str(tmp_path)}
+    # (no spark-defaults.conf of the machine's: one could add a reason to --check's line)
+    env = {"LAKESHARD_SPARK_CDS_DIR": str(tmp_path), "SPARK_CONF_DIR": str(tmp_path / "no-conf")}
     checked = _command("--check", env=env)
     assert checked.returncode == 0 and checked.stdout.strip().endswith(
         ": not made; run `python -m jobs.spark_cds` to make it"
@@ -152,3 +153,38 @@ def test_check_and_remove_without_an_archive_and_remove_leaves_an_archive_being_
     assert [p.name for p in tmp_path.iterdir()] == [being_made.name]
     usage = _command("--check", "--remove", env=env)
     assert usage.returncode == 2 and "not allowed with argument" in usage.stderr
+
+
+def test_check_says_when_the_engine_would_not_use_the_archive(tmp_path: Path) -> None:
+    """``--check`` names what keeps the engine's JVM off an archive, made or not: a
+    ``spark-defaults.conf`` that sets ``spark.driver.defaultJavaOptions`` (with the options to add
+    there), ``LAKESHARD_SPARK_CDS=off``."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    env = {"LAKESHARD_SPARK_CDS_DIR": str(tmp_path / "cds"), "SPARK_CONF_DIR": str(conf)}
+    checked = _command("--check", env=env)
+    assert checked.returncode == 0 and checked.stdout.strip().endswith(
+        ": not made; run `python -m jobs.spark_cds` to make it"
+    )
+    (conf / "spark-defaults.conf").write_text("spark.driver.defaultJavaOptions -Xss4m\n")
+    path = Path(checked.stdout.split(":", 1)[0])
+    left_alone = (
+        f"{conf / 'spark-defaults.conf'} sets spark.driver.defaultJavaOptions, which the engine leaves alone: "
+        f"add `-Xlog:cds*=off -XX:SharedArchiveFile={path}` there to use it"
+    )
+    checked = _command("--check", env=env)
+    assert checked.stdout.strip() == (
+        f"{path}: not made; run `python -m jobs.spark_cds` to make it (once made, it would not be used: {left_alone})"
+    ), checked.stdout
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"x" * 2**20)
+    path.with_suffix(".json").write_text(json.dumps({"size": 2**20}))
+    checked = _command("--check", env=env)
+    assert checked.stdout.strip() == f"{path}: made (1 MiB); not used: {left_alone}", checked.stdout
+    (conf / "spark-defaults.conf").write_text("spark.driver.memory 2g\n")
+    checked = _command("--check", env=env)
+    assert checked.stdout.strip() == f"{path}: made (1 MiB); the Spark engine's driver JVM maps it"
+    checked = _command("--check", env={**env, "LAKESHARD_SPARK_CDS": "off"})
+    assert checked.stdout.strip() == (
+        f"{path}: made (1 MiB); not used: LAKESHARD_SPARK_CDS=off starts the driver JVM without it"
+    )

@@ -28,14 +28,20 @@ engine.close()
 _LAUNCH_CONF = """
 import sys
 sys.path.insert(0, sys.argv[1])
+import logging
 from jobs.common.engines.spark_engine import _launch_conf
 
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="LOG: %(message)s")
 conf = _launch_conf()
 print("CONF:", conf and conf.get("spark.driver.defaultJavaOptions"))
 """
 
 
 def _run(script: str, tag: str, **env: str) -> str:
+    return _stdout(script, **env).rsplit(tag, 1)[1].strip()
+
+
+def _stdout(script: str, **env: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-c", script, str(REPO)],
         # No class archive (design/0048) a user may have made: these options alone.
@@ -45,7 +51,7 @@ def _run(script: str, tag: str, **env: str) -> str:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.rsplit(tag, 1)[1].strip()
+    return proc.stdout
 
 
 @pytest.mark.spark
@@ -62,7 +68,13 @@ def test_no_option_of_ours_where_spark_defaults_sets_default_options(tmp_path: P
     (tmp_path / "spark-defaults.conf").write_text(
         "# site settings\nspark.driver.memory 2g\nspark.driver.defaultJavaOptions -Xss4m\n"
     )
-    assert _run(_LAUNCH_CONF, "CONF:", SPARK_CONF_DIR=str(tmp_path)) == "None"
+    out = _stdout(_LAUNCH_CONF, SPARK_CONF_DIR=str(tmp_path))
+    assert out.rsplit("CONF:", 1)[1].strip() == "None"
+    # and the job's log says so, with the options to add there
+    assert (
+        f"LOG: {tmp_path / 'spark-defaults.conf'} sets spark.driver.defaultJavaOptions: Spark's driver JVM "
+        "starts with those options, not the engine's (-XX:TieredStopAtLevel=1); add them there to use them"
+    ) in out.splitlines(), out
 
 
 def test_no_option_of_ours_where_spark_submit_started_the_jvm() -> None:
