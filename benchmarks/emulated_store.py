@@ -68,7 +68,8 @@ class Azurite:
     """One ``azurite-blob`` process, in memory, on a free port of 127.0.0.1; ``endpoint`` is
     ``http://127.0.0.1:<port>``; ``log`` its debug log (every request it served)."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: str | None = None) -> None:
+        self._command = command  # an ``azurite-blob``; None: :func:`find_azurite`'s
         self._dir = tempfile.mkdtemp(prefix="azurite-")
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -76,7 +77,7 @@ class Azurite:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = _START_TIMEOUT_S) -> Azurite:
-        command = [find_azurite(), "--blobHost", "127.0.0.1", "--blobPort", str(self.port)]
+        command = [self._command or find_azurite(), "--blobHost", "127.0.0.1", "--blobPort", str(self.port)]
         command += ["--inMemoryPersistence", "--skipApiVersionCheck", "--disableTelemetry"]
         command += ["--debug", str(self.log)]
         with open(Path(self._dir, "stdout.log"), "wb") as out:  # the process has its own copy

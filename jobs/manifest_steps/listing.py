@@ -251,11 +251,15 @@ def _entries(fs: Any, path: str, local: bool) -> list[_Entry]:
     """Each entry of ``path``, sorted by name."""
     if local:
         return [_Entry(e.path, e.folder is not None, e.info) for e in _local_entries(path, frozenset())]
-    out = []
+    out, seen = [], set()
     for e in sorted(fs.ls(path, detail=True, refresh=True), key=lambda e: e["name"]):
         folder = e["type"] == "directory"
-        if e["name"].rstrip("/") != path.rstrip("/"):
-            out.append(_Entry(e["name"].rstrip("/") if folder else e["name"], folder, e))
+        name = e["name"].rstrip("/") if folder else e["name"]
+        # adlfs lists a folder of Azure's hierarchical namespace twice: its own blob, and the
+        # prefix of the blobs in it. One class, not two listed alike.
+        if name != path.rstrip("/") and (name, folder) not in seen:
+            seen.add((name, folder))
+            out.append(_Entry(name, folder, e))
     return out
 
 

@@ -11,16 +11,14 @@ task), never a key it did not get as a row:
   sorted, each entry walked recursively). A task that stops hands back, for each folder it is
   inside, the rest of its entries in ranges of at most ``task_objects`` names (reading a
   folder's names is one cheap call; only the entries in a task's range are stat'ed).
-- **S3 and GCS**: a unit is a key prefix (any string, not only a folder) and a key to start
-  after: the listing's own order (S3's ListObjectsV2 ``StartAfter``; GCS's JSON API
-  ``startOffset``, which includes the key it names, so that key is dropped). A task that stops
+- **S3, GCS and Azure**: a unit is a key prefix (any string, not only a folder) and a key to
+  start after: the listing's own order (S3's ListObjectsV2 ``StartAfter``; GCS's JSON API
+  ``startOffset`` and Azure's List Blobs ``startFrom``, which include the key they name, so
+  that key is dropped). A task that stops
   after key ``L`` finds what is left by seeking (one key a request: one request per unit made)
   and hands back the smallest key prefixes that hold every remaining key and no listed one: one
   more delimiter level where there are sub-folders, a key range (the next character) where the
   prefix is flat.
-- **Azure**: a unit is a class prefix, listed whole by adlfs in one task (a class of millions
-  of blobs is one task): List Blobs resumes only from its own opaque marker; the ``startFrom``
-  of recent service versions is not in Azurite, which the tests run (design/0042).
 
 Rows are the ones :func:`jobs.manifest_steps.listing.list_prefix` makes (same keys, labels, sizes, ETags;
 links, loops, hidden and excluded objects alike): only who lists which key changes.
@@ -64,7 +62,7 @@ class ListUnit:
     """A piece of a class prefix one task lists.
 
     Local: ``uri`` is a folder, and its entries named in ``(after, upto]`` (None: no bound)
-    are listed recursively. S3 and GCS: ``uri`` is ``<scheme>://bucket/<key prefix>`` and the
+    are listed recursively. S3, GCS and Azure: ``uri`` is ``<scheme>://bucket/<key prefix>`` and the
     keys starting with that prefix and greater than ``after`` (a whole key) are listed;
     ``upto`` is None.
     """
@@ -72,6 +70,9 @@ class ListUnit:
     uri: str
     after: str | None = None
     upto: str | None = None
+    #: a class prefix as discovery found it; False: a piece of one, which may hold no object
+    #: (an Azure folder's blob alone)
+    whole: bool = True
 
     def sort_key(self) -> tuple[str, str, str]:
         return self.uri, self.after or "", self.upto or ""
@@ -87,6 +88,7 @@ def _chunks(path: str, names: Sequence[str], start: int, after: str | None, size
                 storage.from_listing("file://", path),
                 after=names[s - 1] if s > 0 else after,
                 upto=names[e - 1],
+                whole=False,
             )
         )
     return units
@@ -147,11 +149,13 @@ def _list_local_unit(root_path: str, unit: ListUnit, budget: int) -> _UnitListed
 
 
 class _Page(NamedTuple):
-    """One page of a listing: the infos of its keys (in key order, all after the key asked to
-    start after) and the token of the next page (None: this was the last)."""
+    """One page of a listing: the infos of its objects (in key order, all after the key asked
+    to start after), the token of the next page (None: this was the last) and the page's first
+    key (None: the page is empty), which has no info where it is not an object (an Azure folder)."""
 
     infos: list[dict[str, Any]]
     token: str | None
+    first: str | None
 
 
 #: One page of ``fs``'s listing of ``bucket`` below the key ``prefix``: at most ``size`` keys
@@ -176,7 +180,8 @@ def _s3_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, to
         }
         for c in page.get("Contents", [])
     ]
-    return _Page(infos, page.get("NextContinuationToken") if page.get("IsTruncated") else None)
+    token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+    return _Page(infos, token, infos[0]["name"][len(bucket) + 1 :] if infos else None)
 
 
 def _gcs_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, token: str | None) -> _Page:
@@ -193,12 +198,54 @@ def _gcs_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, t
     page = fs.call("GET", "b/{}/o", bucket, json_out=True, **params)
     items = [i for i in page.get("items", []) if i["name"] != after]
     # gcsfs's own conversion (sizes, times, generations): the rows of `find` and of these pages agree.
-    return _Page([fs._process_object(bucket, i) for i in items], page.get("nextPageToken"))
+    infos = [fs._process_object(bucket, i) for i in items]
+    return _Page(infos, page.get("nextPageToken"), items[0]["name"] if items else None)
 
 
-#: The stores whose listing can start after a key, by scheme (the others' prefixes are listed
+#: An Azure endpoint that lists from the first blob whatever ``startFrom`` says (a service
+#: version before 2026-02-06: Azurite before 3.37, Azure Stack): its pages would repeat keys.
+_NO_START_FROM = (
+    "this Azure endpoint ignores List Blobs' startFrom (service version 2026-02-06; Azurite 3.37 "
+    "and later), with which a class prefix of more than --list-task-objects blobs is cut into "
+    "tasks: pass a --list-task-objects above the largest class's blob count to list each class in one task"
+)
+
+
+def _azure_page(
+    fs: Any, container: str, prefix: str, after: str | None, size: int, token: str | None
+) -> _Page:
+    """A page of List Blobs through adlfs's client, its infos as adlfs's ``find`` gives them:
+    files only (a folder of a hierarchical namespace is a blob too, a key of the page without an
+    info). ``startFrom`` includes the blob it names, as GCS's ``startOffset`` does
+    (:func:`_gcs_page`); the service keeps it on the pages that follow."""
+    from fsspec.asyn import sync
+
+    async def page() -> _Page:
+        first_page = after is not None and token is None
+        async with fs.service_client.get_container_client(container) as client:
+            pages = client.list_blobs(
+                name_starts_with=prefix,
+                include=["metadata"],
+                results_per_page=size + first_page,
+                **({"start_from": after} if after is not None else {}),
+            ).by_page(continuation_token=token)
+            try:
+                blobs = [b async for b in await anext(pages)]
+            except StopAsyncIteration:
+                return _Page([], None, None)
+            if after is not None and blobs and blobs[0].name < after:
+                raise StorageError(_NO_START_FROM)
+            blobs = [b for b in blobs if b.name != after]
+            # adlfs's own conversion (the "file" or "directory" of each): the rows of `find` and of these pages agree.
+            infos = [i for i in await fs._details(blobs) if i["type"] == "file"]
+            return _Page(infos, pages.continuation_token or None, blobs[0].name if blobs else None)
+
+    return sync(fs.loop, page)
+
+
+#: The stores whose listing can start after a key, by scheme (another's prefixes are listed
 #: whole: :func:`_list_whole_unit`).
-_PAGERS: dict[str, _Pager] = {"s3": _s3_page, "gs": _gcs_page}
+_PAGERS: dict[str, _Pager] = {"s3": _s3_page, "gs": _gcs_page, "az": _azure_page}
 
 
 def _common(a: str, b: str) -> int:
@@ -217,13 +264,12 @@ def _rest_of(pager: _Pager, fs: Any, unit: ListUnit, last: str) -> list[ListUnit
     units: list[ListUnit] = []
     pos = last
     while True:
-        infos = pager(fs, bucket, prefix, pos, 1, None).infos
-        if not infos:
+        key = pager(fs, bucket, prefix, pos, 1, None).first
+        if key is None:
             return units
-        key = infos[0]["name"][len(bucket) + 1 :]
         node = key[: _common(key, last) + 1]
         if not units or units[-1].uri != f"{scheme}://{bucket}/{node}":
-            units.append(ListUnit(f"{scheme}://{bucket}/{node}"))
+            units.append(ListUnit(f"{scheme}://{bucket}/{node}", whole=False))
         pos = max(node + _LAST, key)
 
 
@@ -249,7 +295,7 @@ def _list_paged_unit(pager: _Pager, fs: Any, unit: ListUnit, budget: int) -> _Un
 
 
 def _list_whole_unit(fs: Any, unit: ListUnit) -> _UnitListed:
-    """Another object store's class prefix (GCS, Azure), listed whole by its fsspec filesystem."""
+    """Another object store's class prefix, listed whole by its fsspec filesystem."""
     path = storage.store_for(unit.uri).path(unit.uri)
     return _UnitListed([info for _, info in sorted(fs.find(path, detail=True, withdirs=False).items())], [])
 
@@ -280,7 +326,7 @@ def list_units(
         listed += len(found.infos)
         out += [_row(root, root_path, info, label_depth, skip) for info in found.infos]
         out += found.rest
-        if not found.infos and not found.rest and unit.after is None and unit.upto is None:
+        if not found.infos and not found.rest and unit.whole:
             log.warning("prefix %s holds no objects", unit.uri)
     return out
 

@@ -14,7 +14,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from emulated_store import ACCOUNT, ACCOUNT_KEY, Azurite, AzuriteMissingError, connection_string, find_azurite
 
-__all__ = ["ACCOUNT", "ACCOUNT_KEY", "Azurite", "connection_string", "require_azurite"]
+__all__ = ["ACCOUNT", "ACCOUNT_KEY", "Azurite", "connection_string", "require_azurite", "require_old_azurite"]
+
+#: Azurite 3.35.0, which ignores List Blobs' ``startFrom`` (scripts/setup_azurite.sh installs it).
+OLD_AZURITE = (
+    Path(__file__).resolve().parents[2]
+    / ".tools"
+    / "azurite-3.35.0"
+    / "node_modules"
+    / ".bin"
+    / "azurite-blob"
+)
 
 
 def require_azurite() -> str:
@@ -24,3 +34,11 @@ def require_azurite() -> str:
         return find_azurite()
     except AzuriteMissingError as exc:
         pytest.fail(str(exc))
+
+
+def require_old_azurite() -> str:
+    """Azurite 3.35.0's ``azurite-blob`` (an endpoint without ``startFrom``): a missing one fails
+    the test naming the setup script."""
+    if not OLD_AZURITE.exists():
+        pytest.fail(f"{OLD_AZURITE} is missing: run bash scripts/setup_azurite.sh")
+    return str(OLD_AZURITE)

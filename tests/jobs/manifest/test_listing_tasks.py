@@ -1,7 +1,6 @@
 """Issue 22, listing at scale: a class 50x the others is listed in balanced tasks, with the rows
-one task per class lists (locally, on the S3 server and on the GCS emulator; on Azurite a class
-prefix is one task), links, loops and hidden objects alike; without the sniff, bad objects reach
-the shard job's decode."""
+one task per class lists (locally, on the S3 server, on the GCS emulator and on Azurite), links,
+loops and hidden objects alike; without the sniff, bad objects reach the shard job's decode."""
 
 from __future__ import annotations
 
@@ -17,9 +16,10 @@ from jobs import shard as shard_job
 from jobs.common.engines.local_engine import LocalEngine
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.listing import Skip, discover, list_prefix
-from jobs.manifest_steps.listing_tasks import _gcs_page, list_lake
+from jobs.manifest_steps.listing_tasks import _azure_page, _gcs_page, list_lake
 from jobs.shard_steps.config import ShardConfig
 from lakeshard import storage
+from lakeshard.errors import StorageError
 from lakeshard.format import shard_rejects_uri
 from lakeshard.format.manifest_table import read_channel
 from tests.helpers.checks import read_table
@@ -109,6 +109,7 @@ def _today(root: str) -> list[dict[str, Any]]:
         "local",
         pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow]),
         pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow]),
+        pytest.param("azure", marks=[pytest.mark.azure, pytest.mark.slow]),
     ],
 )
 def test_a_class_50x_the_others_is_listed_in_balanced_tasks(where, tmp_path, request):
@@ -146,21 +147,13 @@ def test_links_loops_and_hidden_objects_list_alike_in_small_tasks(tmp_path, budg
     assert max(engine.rows_per_task) <= budget
 
 
-@pytest.mark.azure
-@pytest.mark.slow
-def test_an_azure_class_prefix_is_listed_whole_in_one_task(tmp_path, request):
-    """List Blobs cannot start after a given name (design/0042): the rows are the same, and
-    the large class is one task whatever the budget."""
-    objects = _big_lake()
-    root = _write("azure", tmp_path, objects, request)
-    engine = CountingEngine(LocalEngine(workers=2))
-    rows = list_lake(engine, root, discover(root, skip=SKIP).prefixes, skip=SKIP, task_objects=50)
-    assert sorted(rows, key=lambda r: r["key"]) == _today(root)
-    assert sorted(engine.rows_per_task) == [10, 10, 10, 10, 505]
-
-
 @pytest.mark.parametrize(
-    "where", [pytest.param("s3", marks=pytest.mark.s3), pytest.param("gcs", marks=pytest.mark.gcs)]
+    "where",
+    [
+        pytest.param("s3", marks=pytest.mark.s3),
+        pytest.param("gcs", marks=pytest.mark.gcs),
+        pytest.param("azure", marks=pytest.mark.azure),
+    ],
 )
 @pytest.mark.parametrize("budget", [1, 2, 3])
 def test_keys_that_extend_the_last_listed_key_are_not_lost(where, budget, tmp_path, request):
@@ -180,21 +173,73 @@ def test_keys_that_extend_the_last_listed_key_are_not_lost(where, budget, tmp_pa
     ]
 
 
-@pytest.mark.gcs
 @pytest.mark.parametrize("after", ["raw/c/b", "raw/c/bb"])
-def test_gcs_pages_after_a_key_there_or_gone_lose_none(gcs_bucket, after):
-    """``startOffset`` includes the key it names: a page drops it, and where it is gone (deleted
-    since it was listed) keeps the one more key it asked for rather than skip it."""
-    root = _write_store(gcs_bucket, {f"c/{k}": b"k" for k in "abcdef"})
+@pytest.mark.parametrize(
+    ("where", "pager"),
+    [
+        pytest.param("gcs", _gcs_page, marks=pytest.mark.gcs),
+        pytest.param("azure", _azure_page, marks=pytest.mark.azure),
+    ],
+)
+def test_pages_after_a_key_there_or_gone_lose_none(where, pager, after, tmp_path, request):
+    """GCS's ``startOffset`` and Azure's ``startFrom`` include the key they name: a page drops it,
+    and where it is gone (deleted since it was listed) keeps the one more key it asked for rather
+    than skip it."""
+    root = _write(where, tmp_path, {f"c/{k}": b"k" for k in "abcdef"}, request)
     fs, _ = storage.filesystem(root)
-    bucket, names, token = gcs_bucket[len("gs://") :], [], None
+    bucket, names, token = root.split("://", 1)[1].split("/", 1)[0], [], None
     while True:
-        page = _gcs_page(fs, bucket, "raw/c/", after, 2, token)
+        page = pager(fs, bucket, "raw/c/", after, 2, token)
         names += [i["name"] for i in page.infos]
         if page.token is None:
             break
         token = page.token
     assert names == [f"{bucket}/raw/c/{k}" for k in "cdef"]
+
+
+@pytest.mark.azure
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_azure_folders_of_a_hierarchical_namespace_are_no_rows_and_lose_no_keys(az_container, budget, caplog):
+    """A hierarchical namespace lists each folder as a blob of its own (``hdi_isfolder``
+    metadata): the pages seek past it as a key, only files become rows, as adlfs's ``find``
+    lists them, a class with a folder blob is one class (adlfs lists it twice), and a piece of a
+    class holding only a folder's blob (``c/sub2``) is no "holds no objects" warning."""
+    from lakeshard.storage import azure_client
+
+    blobs = azure_client().get_container_client(az_container[len("az://") :])
+    for name in ("raw/c/a", "raw/c/sub/x", "raw/c/sub/y", "raw/c/z", "raw/d/w"):
+        blobs.upload_blob(name, b"k")
+    for folder in ("raw/c/sub", "raw/c/sub2", "raw/d"):
+        blobs.upload_blob(folder, b"", metadata={"hdi_isfolder": "true"})
+    root = f"{az_container}/raw"
+    rows = list_lake(LocalEngine(workers=2), root, discover(root).prefixes, task_objects=budget)
+    assert sorted(r["key"] for r in rows) == ["c/a", "c/sub/x", "c/sub/y", "c/z", "d/w"]
+    assert sorted(rows, key=lambda r: r["key"]) == _today(root)
+    assert "holds no objects" not in caplog.text
+
+
+@pytest.mark.azure
+def test_an_azure_endpoint_that_ignores_start_from_stops_the_listing_with_what_to_do(tmp_path, monkeypatch):
+    """Azurite 3.35 (as a service before version 2026-02-06) lists from the first blob whatever
+    ``startFrom`` says: a class cut into tasks would repeat keys, so the listing stops with an
+    error naming the way out, and a budget above the class lists it in one task, the same rows."""
+    from lakeshard.storage import azure_client
+    from tests.helpers.azurite import Azurite, connection_string, require_old_azurite
+
+    old = Azurite(require_old_azurite()).start()
+    try:
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection_string(old.endpoint))
+        azure_client().create_container("lake")
+        root = _write_store("az://lake", {f"c/{i:02d}": b"k" for i in range(12)})
+        prefixes = discover(root).prefixes
+        with pytest.raises(StorageError, match="this Azure endpoint ignores List Blobs' startFrom") as info:
+            list_lake(LocalEngine(workers=2), root, prefixes, task_objects=5)
+        assert "pass a --list-task-objects above the largest class's blob count" in str(info.value)
+        rows = list_lake(LocalEngine(workers=2), root, prefixes, task_objects=12)
+        assert sorted(rows, key=lambda r: r["key"]) == _today(root)
+        assert len(rows) == 12
+    finally:
+        old.stop()
 
 
 def test_without_the_sniff_a_bad_object_is_rejected_by_the_shard_job(tmp_path):
