@@ -59,13 +59,18 @@ class Sample:
 
 
 def timed_batches(loader: ShardLoader, seconds: float) -> Iterator[Any]:
-    """``loader``'s batches, epoch after epoch, until ``seconds`` have passed (the batch that
-    arrives after the deadline is the last). Leaving the epoch mid-way stops its threads."""
-    deadline = time.perf_counter() + seconds
+    """``loader``'s batches, epoch after epoch, until ``seconds`` have passed since the first
+    batch came (the batch that arrives after the deadline is the last): the rates, which count
+    from the first batch on, get their whole window however long the loader takes to start (a
+    busy machine's first batch once took longer than the window, and one batch is no rate).
+    Leaving the epoch mid-way stops its threads."""
+    deadline = None
     for epoch in itertools.count():
         loader.set_epoch(epoch)
         batches = 0
         for batch in loader:
+            if deadline is None:
+                deadline = time.perf_counter() + seconds
             yield batch
             batches += 1
             if time.perf_counter() >= deadline:
