@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -22,15 +23,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def listening_addresses(port: int) -> set[str]:
-    """The addresses this machine's TCP sockets listen on at ``port`` (``"127.0.0.1"``,
-    ``"0.0.0.0"``, ``"::1"``, ``"::"``), read from the kernel's tables (``/proc/net/tcp``, ``tcp6``)."""
+def listening_addresses(port: int, pid: int | None = None) -> set[str]:
+    """The addresses the TCP sockets of process ``pid`` (default: this one) listen on at ``port``
+    (``"127.0.0.1"``, ``"0.0.0.0"``, ``"::1"``, ``"::"``), read from the kernel's tables
+    (``/proc/net/tcp``, ``tcp6``). Another process's socket is left out: IPv4 and IPv6 number
+    their ports apart, so a test's ``::1`` port can be another test's ``127.0.0.1`` port (CI
+    once saw both)."""
+    owned = set()
+    for fd in Path(f"/proc/{pid or os.getpid()}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:  # closed since it was listed
+            continue
+        if link.startswith("socket:["):
+            owned.add(link[len("socket:[") : -1])
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
             host, _, hexport = local.partition(":")
-            if state != "0A" or int(hexport, 16) != port:  # 0A: LISTEN
+            if state != "0A" or int(hexport, 16) != port or inode not in owned:  # 0A: LISTEN
                 continue
             raw = b"".join(bytes.fromhex(host[i : i + 8])[::-1] for i in range(0, len(host), 8))
             found.add(str(ipaddress.ip_address(raw)))

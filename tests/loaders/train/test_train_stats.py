@@ -113,7 +113,7 @@ def test_the_figures_are_served_as_prometheus_metrics_while_the_run_goes_on(tmp_
     with subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) as proc:
         try:
             families = _scrape_epoch(f"[{host}]" if host else "127.0.0.1", port, proc, epoch=0)
-            assert listening_addresses(port) == {
+            assert listening_addresses(port, proc.pid) == {
                 host or "127.0.0.1"
             }  # the kernel's table, read while it serves
         finally:
