@@ -25,13 +25,26 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["ACCOUNT", "ACCOUNT_KEY", "Azurite", "AzuriteMissingError", "connection_string", "find_azurite"]
+__all__ = [
+    "ACCOUNT",
+    "ACCOUNT_KEY",
+    "Azurite",
+    "AzuriteMissingError",
+    "connection_string",
+    "find_azurite",
+    "installed_azurite",
+]
 
 ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-_INSTALLED = (
-    Path(__file__).resolve().parents[1] / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
-)
+
+
+def installed_azurite(folder: str = "azurite") -> Path:
+    """The ``azurite-blob`` scripts/setup_azurite.sh installs into ``.tools/<folder>``."""
+    return Path(__file__).resolve().parents[1] / ".tools" / folder / "node_modules" / ".bin" / "azurite-blob"
+
+
+_INSTALLED = installed_azurite()
 _START_TIMEOUT_S = 120.0
 
 

@@ -181,7 +181,7 @@ def _s3_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, to
         for c in page.get("Contents", [])
     ]
     token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
-    return _Page(infos, token, infos[0]["name"][len(bucket) + 1 :] if infos else None)
+    return _Page(infos, token, page["Contents"][0]["Key"] if infos else None)
 
 
 def _gcs_page(fs: Any, bucket: str, prefix: str, after: str | None, size: int, token: str | None) -> _Page:

@@ -12,19 +12,20 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from emulated_store import ACCOUNT, ACCOUNT_KEY, Azurite, AzuriteMissingError, connection_string, find_azurite
+from emulated_store import (
+    ACCOUNT,
+    ACCOUNT_KEY,
+    Azurite,
+    AzuriteMissingError,
+    connection_string,
+    find_azurite,
+    installed_azurite,
+)
 
 __all__ = ["ACCOUNT", "ACCOUNT_KEY", "Azurite", "connection_string", "require_azurite", "require_old_azurite"]
 
 #: Azurite 3.35.0, which ignores List Blobs' ``startFrom`` (scripts/setup_azurite.sh installs it).
-OLD_AZURITE = (
-    Path(__file__).resolve().parents[2]
-    / ".tools"
-    / "azurite-3.35.0"
-    / "node_modules"
-    / ".bin"
-    / "azurite-blob"
-)
+OLD_AZURITE = installed_azurite("azurite-3.35.0")
 
 
 def require_azurite() -> str:
