@@ -38,7 +38,8 @@ mypy
 # LAKESHARD_TEST_WORKERS=N for another count, 1: one process, a test at a time.
 workers=${LAKESHARD_TEST_WORKERS:-3}
 if [ "$workers" = 1 ]; then dist=(); else dist=(-n "$workers" --dist loadfile); fi
-python -m pytest "${dist[@]}" --ignore=tests/petastorm "$@"
+# --durations: the slowest tests, named in the log, so a run that grows toward CI's limit says where.
+python -m pytest "${dist[@]}" --durations=25 --ignore=tests/petastorm "$@"
 # The decode tests again with the C extensions switched off: the fallback CI would not otherwise see.
 LAKESHARD_NO_EXTENSIONS=1 python -m pytest tests/loaders/test_decode.py -q -p no:cacheprovider
 .venv-petastorm/bin/python -m pytest tests/petastorm -p no:cacheprovider

@@ -9,11 +9,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["assert_usage_errors", "free_port", "listening_addresses", "run_json_tool", "wait_for"]
+__all__ = [
+    "assert_usage_errors",
+    "free_port",
+    "listening_addresses",
+    "refused_port",
+    "run_json_tool",
+    "wait_for",
+]
 
 
 def free_port() -> int:
@@ -21,6 +29,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def refused_port(port: int = 0) -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses connections for as long as the block runs: ``port`` (one a
+    killed server listened on) or a new one. A socket bound there that never listens holds it, so
+    no other process is given it meanwhile (``bind`` to port 0, or a ``connect``'s own port, skips
+    a port that is bound). A port that is only free, by contrast, can be another test's server a
+    second later: a client retrying its connection for seconds then reaches that server (CI saw a
+    killed scheduler's port answer again)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the dead server's TIME_WAITs
+        s.bind(("127.0.0.1", port))
+        yield s.getsockname()[1]
 
 
 def listening_addresses(port: int, pid: int | None = None) -> set[str]:

@@ -25,7 +25,7 @@ from lakeshard.errors import ConfigError, LoaderError
 from loaders import ShardLoader
 from loaders.options import LoaderOptions
 from tests.helpers.dask_procs import DaskProcs, dask_procs, make_tls_files, warm
-from tests.helpers.procs import wait_for
+from tests.helpers.procs import refused_port, wait_for
 
 pytestmark = pytest.mark.slow  # every test starts a Dask cluster of worker processes
 
@@ -237,7 +237,8 @@ def test_fallback_after_close_when_the_cluster_has_gone(data, tmp_path, caplog):
         _epochs(far, [0])
         far.close()
         cluster.kill()
-        with far, caplog.at_level(logging.WARNING, logger="loaders._internal.prep"):
+        port = int(cluster.address.rsplit(":", 1)[1])
+        with refused_port(port), far, caplog.at_level(logging.WARNING, logger="loaders._internal.prep"):
             _same(_epochs(far, [1]), expected)
     warnings = [r.getMessage() for r in caplog.records if r.name == "loaders._internal.prep"]
     assert len(warnings) == 1 and "cannot reach the preparation cluster's scheduler" in warnings[0]

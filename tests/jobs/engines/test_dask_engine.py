@@ -102,12 +102,13 @@ def test_an_owned_local_cluster_is_closed() -> None:
 def test_an_unreachable_scheduler_is_a_clear_error(monkeypatch) -> None:
     from jobs.common.engines.dask_engine import DaskEngine
     from lakeshard.errors import EngineError
-    from tests.helpers.procs import free_port
+    from tests.helpers.procs import refused_port
 
-    address = f"tcp://127.0.0.1:{free_port()}"
-    start = time.monotonic()
-    with pytest.raises(EngineError, match=f"cannot connect to the dask scheduler at '{address}'"):
-        DaskEngine(scheduler=address, connect_timeout=2)
+    with refused_port() as port:
+        address = f"tcp://127.0.0.1:{port}"
+        start = time.monotonic()
+        with pytest.raises(EngineError, match=f"cannot connect to the dask scheduler at '{address}'"):
+            DaskEngine(scheduler=address, connect_timeout=2)
     assert time.monotonic() - start < 30
 
 
@@ -159,10 +160,11 @@ def test_a_malformed_scheduler_address_is_one_error_line_naming_it(manifested: P
 
 
 def test_a_refused_scheduler_port_fails_naming_the_address(manifested: Path) -> None:
-    from tests.helpers.procs import free_port
+    from tests.helpers.procs import refused_port
 
-    address = f"tcp://127.0.0.1:{free_port()}"
-    proc = _shard_cli(manifested, address)
+    with refused_port() as port:
+        address = f"tcp://127.0.0.1:{port}"
+        proc = _shard_cli(manifested, address)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert (
         f"jobs/shard.py: error: cannot connect to the dask scheduler at '{address}' (--scheduler)"
