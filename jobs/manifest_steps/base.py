@@ -42,7 +42,7 @@ from jobs.common.tasks import pack
 from jobs.manifest_steps.catalog import DUPLICATE, reason_kind
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.label_tasks import BucketJoin, stage_keys
-from jobs.manifest_steps.listing import StagedRow, etag_is_md5, reject
+from jobs.manifest_steps.listing import StagedRow, reject
 from jobs.manifest_steps.passes import (
     EXAMPLES,
     ClassParts,
@@ -241,22 +241,24 @@ def _unchanged(row: StagedRow, old: StagedRow) -> bool:
 
 def _reuse(row: StagedRow, old: StagedRow) -> bool:
     """Give the unchanged, listed ``row`` the outcome of the base's header read of it, if the
-    base records one it can be rebuilt from; return whether it did. Not reused: an S3 object
-    uploaded in parts, a GCS object or an Azure blob (its content hash is of the bytes, not in the
-    manifest), a local row
-    the base has no ETag for, a base row rejected for anything but its read (no label, say),
-    an accepted base row without a format (the base did not read objects)."""
+    base records one it can be rebuilt from; return whether it did. Not reused: an object whose
+    listing states no MD5 of its bytes (an S3 multipart upload, a composite GCS object, an Azure
+    blob committed from blocks without a Content-MD5: its content hash is of the bytes, not in
+    the manifest), a local row the base has no ETag for, a base row rejected for anything but
+    its read (no label, say), an accepted base row without a format (the base did not read
+    objects)."""
     kind = reason_kind(old["reason"] or "")
     accepted = (old["status"] == "ok" or kind == DUPLICATE) and old[
         "format"
     ] is not None  # dedupe came after the read
     if not (accepted or (old["status"] != "ok" and kind in _READ_REJECTS)):
         return False
-    if (_s3(row) and not etag_is_md5(row)) or (not _s3(row) and old["etag"] is None):
+    if _s3(row) and row.get("content") is None:  # no MD5 listed: only a read gives the content
         return False
-    if not _s3(row):
-        row["etag"] = old["etag"]  # the MD5 of the bytes, which the read computes for a local file
-    row["content"] = row["etag"]  # what the read gives (an MD5 of the bytes) when the ETag is one
+    if not _s3(row):  # a local file's ETag, the MD5 of its bytes, is known once read: the base's
+        if old["etag"] is None:
+            return False
+        row["etag"] = row["content"] = old["etag"]
     if accepted:
         row["format"] = old["format"]
     else:

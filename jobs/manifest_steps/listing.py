@@ -49,7 +49,6 @@ __all__ = [
     "Skip",
     "StagedRow",
     "discover",
-    "etag_is_md5",
     "inspect_objects",
     "list_prefix",
     "reject",
@@ -131,7 +130,7 @@ def _row(
     path = info["name"]
     key = path[len(root_path) :].lstrip("/")
     parts = key.split("/")
-    etag = storage.store_for(root).listed_etag(info)
+    store = storage.store_for(root)
     modified = info.get("LastModified") or info.get("last_modified") or info.get("mtime")
     if isinstance(modified, (int, float)):  # a local file's st_mtime
         modified = storage.modified_utc(modified)
@@ -144,11 +143,12 @@ def _row(
         "label_index": None,
         "channel": None,
         "size": int(info.get("size") or 0),
-        "etag": etag,
+        "etag": store.listed_etag(info),
         "last_modified": modified,
         "format": None,
         "status": "ok",
         "reason": None,
+        "content": store.listed_md5(info),  # else the header read hashes the bytes
     }
     if any(p in ("", ".", "..") for p in parts):
         reject(row, f"unsafe key {key!r}: empty, '.' or '..' path component")
@@ -423,20 +423,19 @@ def _inspect(row: StagedRow, sniff: bool = True, sizes: bool = False) -> StagedR
         if row["etag"] is None:
             row["etag"] = hashlib.md5(b"", usedforsecurity=False).hexdigest()  # what S3 gives
         return reject(row, "empty object (0 bytes)")
-    s3 = not storage.is_local(row["uri"])
-    # Local files carry no ETag: the MD5 of the whole content is what S3 would give. A
-    # multipart upload's ETag ('<md5 of the parts' md5s>-<parts>'), a GCS generation and an Azure
-    # ETag do not identify the content, so such an object is read whole to hash it.
-    multipart = s3 and not etag_is_md5(row)
-    if not sniff:  # nothing is read: S3's ETag (an MD5 unless multipart) is all that identifies content
-        row["content"] = row["etag"] if s3 and not multipart else None
+    # The content is the MD5 of the bytes: the one the listing states (an S3 ETag but a multipart
+    # upload's, a GCS md5Hash, an Azure Content-MD5), so only the header is read; else the whole
+    # object is read to hash it (a local file, whose MD5 is also its ETag, as S3 would give).
+    if not sniff:  # nothing is read: what the listing states is all that identifies content
         return row
-    data = storage.read_listed(row["uri"], end=SNIFF_BYTES if s3 and not multipart else None)
+    listed = row.get("content")
+    data = storage.read_listed(row["uri"], end=None if listed is None else SNIFF_BYTES)
     if isinstance(data, str):
         return reject(row, data)
-    if not s3:
-        row["etag"] = hashlib.md5(data, usedforsecurity=False).hexdigest()
-    row["content"] = hashlib.md5(data, usedforsecurity=False).hexdigest() if multipart else row["etag"]
+    if listed is None:
+        row["content"] = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        if storage.is_local(row["uri"]):
+            row["etag"] = row["content"]
     head = data[:SNIFF_BYTES]
     fmt = sniff_format(head)
     if fmt is None:
@@ -447,14 +446,9 @@ def _inspect(row: StagedRow, sniff: bool = True, sizes: bool = False) -> StagedR
     return _image_size(cast(LabelledRow, row), data) if sizes else row
 
 
-def etag_is_md5(row: StagedRow) -> bool:
-    """Whether a listed row's ETag is the MD5 of its bytes (S3's for one upload; not a
-    multipart upload's, ``<md5 of the parts' md5s>-<parts>``, nor a GCS generation)."""
-    return storage.store_for(str(row["uri"])).etag_is_md5 and "-" not in (row["etag"] or "")
-
-
 def inspect_objects(rows: Iterable[StagedRow], *, sniff: bool = True, sizes: bool = False) -> list[StagedRow]:
-    """Read the first bytes of each object (all bytes of a local one, to hash it) and reject
+    """Read the first bytes of each object (all its bytes, to hash them, where the listing states
+    no MD5 of them: a local file, say) and reject
     what is empty, unreadable or not an image. Runs inside an executor. With ``sniff`` off
     nothing is read: only empty objects (by their listed size) are rejected, ``format`` stays
     None, and a local object gets no ETag (the shard job then checks its size only). With

@@ -20,6 +20,7 @@ credentials.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import email.utils
 import functools
@@ -64,7 +65,6 @@ class GCSStore(BucketStore):
 
     scheme = "gs"
     title = "GCS"
-    etag_is_md5 = False
 
     def filesystem(self) -> Any:
         return _filesystem_class()(**gcs_options())
@@ -72,6 +72,16 @@ class GCSStore(BucketStore):
     def listed_etag(self, info: dict[str, Any]) -> str | None:
         generation = info.get("generation")
         return str(generation) if generation not in (None, "") else None
+
+    def listed_md5(self, info: dict[str, Any]) -> str | None:
+        """The listing's ``md5Hash`` (base64; given as hex): GCS computes it from the bytes it
+        stores and refuses an upload whose stated MD5 differs. A composite object has none."""
+        value = info.get("md5Hash")
+        try:
+            digest = base64.b64decode(value, validate=True) if isinstance(value, str) else b""
+        except ValueError:  # binascii.Error: not base64
+            return None
+        return digest.hex() if len(digest) == 16 else None
 
     # -- reads --------------------------------------------------------------------------------------
     def read(

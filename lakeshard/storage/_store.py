@@ -76,10 +76,6 @@ class Store(abc.ABC):
     scheme: ClassVar[str]
     #: Whether its URIs are files of this machine (renames, ``flock``, Arrow's own reader).
     local: ClassVar[bool] = False
-    #: Whether the ETag of an object written in one upload is the MD5 of its bytes (S3's, and a
-    #: local file's as this package computes it), so that it identifies the content; a GCS
-    #: generation and an Azure ETag do not (they change with every write).
-    etag_is_md5: ClassVar[bool] = True
 
     # -- names --------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -107,6 +103,14 @@ class Store(abc.ABC):
         details), the one :meth:`get` gives; None where the listing has none (a local file)."""
         etag = info.get("ETag") or info.get("etag")
         return etag.strip('"') if isinstance(etag, str) else None
+
+    def listed_md5(self, info: dict[str, Any]) -> str | None:
+        """The MD5 of an object's bytes (hex) as its listing ``info`` states it, so the object
+        need not be read to know its content; None where the listing states none. Here: the
+        ETag of an object written in one upload (S3's), not a multipart upload's
+        (``<md5 of the parts' md5s>-<parts>``); a local file's listing has no ETag."""
+        etag = self.listed_etag(info)
+        return etag if etag is not None and "-" not in etag else None
 
     # -- reads --------------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:

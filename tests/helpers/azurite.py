@@ -5,8 +5,11 @@ tests/conftest.py starts it and stops it after. The account is Azurite's well-kn
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -22,10 +25,36 @@ from emulated_store import (
     installed_azurite,
 )
 
-__all__ = ["ACCOUNT", "ACCOUNT_KEY", "Azurite", "connection_string", "require_azurite", "require_old_azurite"]
+__all__ = [
+    "ACCOUNT",
+    "ACCOUNT_KEY",
+    "Azurite",
+    "blob_reads",
+    "connection_string",
+    "require_azurite",
+    "require_old_azurite",
+]
 
 #: Azurite 3.35.0, which ignores List Blobs' ``startFrom`` (scripts/setup_azurite.sh installs it).
 OLD_AZURITE = installed_azurite("azurite-3.35.0")
+
+
+_REQUEST = re.compile(
+    r"RequestMethod=GET RequestURL=http://[^/\s]+/[^/\s]+/(?P<container>[^/?\s]+)/(?P<blob>[^?\s]+) "
+    r"RequestHeaders:(?P<headers>\{.*?\}) ClientIP="
+)
+
+
+def blob_reads(server: Azurite, container: str) -> list[tuple[str, str | None]]:
+    """The blob GETs (downloads, whole or a range) of ``container`` that ``server`` was sent, in
+    order, by its debug log: the blob and the range asked (``x-ms-range`` or ``Range``; None:
+    the whole blob)."""
+    out = []
+    for m in _REQUEST.finditer(server.log.read_text(errors="replace")):
+        if unquote(m["container"]) == container:
+            headers = json.loads(m["headers"])
+            out.append((unquote(m["blob"]), headers.get("x-ms-range") or headers.get("range")))
+    return out
 
 
 def require_azurite() -> str:

@@ -45,7 +45,9 @@ __all__ = ["Emulator", "start_emulator"]
 
 _LOCK = threading.Lock()
 _DOWNLOADS: Counter[str] = Counter()
+_READS: list[tuple[str, str, str | None]] = []  # (bucket, object, its Range header) of each download
 _COUNTS_PATH = "/_lakeshard/requests"
+_READS_PATH = "/_lakeshard/reads"
 
 
 @dataclass
@@ -69,6 +71,14 @@ class Emulator:
 
         with urllib.request.urlopen(self.endpoint + _COUNTS_PATH, timeout=30) as resp:
             return dict(json.loads(resp.read()))
+
+    def reads(self, bucket: str) -> list[tuple[str, str | None]]:
+        """The media downloads of ``bucket`` served so far, in order: the object and the
+        ``Range`` header asked (None: the whole object)."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.endpoint + _READS_PATH, timeout=30) as resp:
+            return [(name, asked) for b, name, asked in json.loads(resp.read()) if b == bucket]
 
 
 def start_emulator(timeout_s: float = 120.0) -> Emulator:
@@ -179,6 +189,9 @@ def _extended(handler: Callable[..., Any], *, upload: bool, download: bool) -> C
                 return _precondition_failed(response)
             if media:
                 _DOWNLOADS[request.params["bucket_name"]] += 1
+                _READS.append(
+                    (request.params["bucket_name"], request.params["object_id"], request.get_header("range"))
+                )
             if not (media and _suffix_range(request, response, storage)):
                 handler(request, response, storage, *args, **kwargs)
             if media:
@@ -235,6 +248,11 @@ def _counts(request: Any, response: Any, storage: Any) -> None:
         response.json(dict(_DOWNLOADS))
 
 
+def _reads(request: Any, response: Any, storage: Any) -> None:
+    with _LOCK:
+        response.json(list(_READS))
+
+
 def _install() -> None:
     from gcp_storage_emulator import server
     from gcp_storage_emulator.handlers import objects
@@ -250,7 +268,11 @@ def _install() -> None:
         }
 
     extended = tuple((regex, extend(handlers)) for regex, handlers in server.HANDLERS)
-    server.HANDLERS = ((rf"^{_COUNTS_PATH}$", {"GET": _counts}), *extended)
+    server.HANDLERS = (
+        (rf"^{_COUNTS_PATH}$", {"GET": _counts}),
+        (rf"^{_READS_PATH}$", {"GET": _reads}),
+        *extended,
+    )
     objects.insert = _extended(objects.insert, upload=True, download=False)  # the router's fallback
 
 

@@ -13,6 +13,7 @@ from jobs.manifest_steps.catalog import build_manifest
 from jobs.manifest_steps.config import ManifestConfig
 from jobs.manifest_steps.inputs import check_manifest_inputs
 from jobs.manifest_steps.listing import Skip, discover, list_prefix
+from lakeshard import storage
 from lakeshard.errors import ConfigError, ManifestError, RejectFractionError
 from tests.helpers.edge_lake import HIDDEN, write_edge_lake
 from tests.helpers.lake import encode, make_image
@@ -201,3 +202,65 @@ def test_s3_content_identity_sees_through_multipart_etags(s3_bucket):
     m = build_manifest(list(rows.values()), split={"train": 1.0}, seed=0, dedupe=True)
     reasons = dict(zip(m.rejects["key"].to_pylist(), m.rejects["reason"].to_pylist()))
     assert reasons == {"b/parts.png": "duplicate: same content as 'a/whole.png'"}
+
+
+@pytest.mark.parametrize(
+    "scheme", [pytest.param("gs", marks=pytest.mark.gcs), pytest.param("az", marks=pytest.mark.azure)]
+)
+def test_gcs_and_azure_objects_are_identified_by_their_listed_md5_and_read_only_to_their_header(
+    scheme: str, request: pytest.FixtureRequest
+):
+    """A GCS md5Hash and an Azure Content-MD5 are the content's identity, as S3's ETag: only the
+    first 512 bytes of such an object are read. An Azure blob committed from blocks states no
+    MD5: it is read whole and hashed, and is still the same content as its twin put in one go."""
+    import hashlib
+
+    from jobs.manifest_steps.listing import inspect_objects
+
+    one, two, three = (encode(make_image(seed), "PNG") for seed in (21, 22, 23))
+    assert min(map(len, (one, two, three))) > 2048
+    root = request.getfixturevalue("gcs_bucket" if scheme == "gs" else "az_container")
+    bucket = root.split("://", 1)[1]
+    objects = {"raw/a/one.png": one, "raw/a/two.png": two, "raw/b/three.png": three, "raw/b/copy.png": one}
+    for key, data in objects.items():
+        storage.write_bytes_atomic(f"{root}/{key}", data)
+    whole = set()
+    if scheme == "az":
+        from azure.storage.blob import BlobBlock
+
+        from lakeshard.storage import azure_client
+
+        blob = azure_client().get_blob_client(bucket, "raw/b/blocks.png")
+        blob.stage_block("YQ==", one[:1000])
+        blob.stage_block("Yg==", one[1000:])
+        blob.commit_block_list([BlobBlock("YQ=="), BlobBlock("Yg==")])
+        objects["raw/b/blocks.png"], whole = one, {"raw/b/blocks.png"}
+    raw = f"{root}/raw"
+    prefixes, _ = discover(raw)
+    rows = {r["key"]: r for r in inspect_objects([r for p in prefixes for r in list_prefix(raw, p)])}
+    assert {k: (r["status"], r["format"], r["reason"]) for k, r in rows.items()} == {
+        k.removeprefix("raw/"): ("ok", "png", None) for k in objects
+    }
+    assert {k: r["content"] for k, r in rows.items()} == {
+        k.removeprefix("raw/"): hashlib.md5(d).hexdigest() for k, d in objects.items()
+    }
+    if scheme == "gs":
+        reads = request.getfixturevalue("gcs_emulator").reads(bucket)
+    else:
+        from tests.helpers.azurite import blob_reads
+
+        reads = blob_reads(request.getfixturevalue("azurite"), bucket)
+    assert sorted(k for k, _ in reads) == sorted(objects)  # one GET each
+    for key, asked in reads:
+        if key in whole:  # all of it: no range, or one from 0 past its end
+            first, _, last = (asked or "bytes=0-").removeprefix("bytes=").partition("-")
+            assert first == "0" and (not last or int(last) + 1 >= len(one)), asked
+        else:
+            assert asked == "bytes=0-511", (key, asked)
+    m = build_manifest(list(rows.values()), split={"train": 1.0}, seed=0, dedupe=True)
+    reasons = dict(zip(m.rejects["key"].to_pylist(), m.rejects["reason"].to_pylist()))
+    assert reasons == {
+        k.removeprefix("raw/"): "duplicate: same content as 'a/one.png'"
+        for k in objects
+        if k in ("raw/b/copy.png", "raw/b/blocks.png")
+    }
