@@ -448,14 +448,14 @@ def _inspect(row: StagedRow, sniff: bool = True, sizes: bool = False) -> StagedR
 
 def inspect_objects(rows: Iterable[StagedRow], *, sniff: bool = True, sizes: bool = False) -> list[StagedRow]:
     """Read the first bytes of each object (all its bytes, to hash them, where the listing states
-    no MD5 of them: a local file, say) and reject
-    what is empty, unreadable or not an image. Runs inside an executor. With ``sniff`` off
-    nothing is read: only empty objects (by their listed size) are rejected, ``format`` stays
-    None, and a local object gets no ETag (the shard job then checks its size only). With
-    ``sizes``, each image's width and height are read from its header too. Remote objects are
-    read on :data:`_IO_THREADS` threads (each read waits on the network); local files on the
-    task's own thread, as the shard job reads them: a read from the page cache costs less than
-    handing it to a thread (docs/performance.md: 0.70x the wall time, 0.72x the CPU)."""
+    no MD5 of them: a local file, say) and reject what is empty, unreadable or not an image.
+    Runs inside an executor. With ``sniff`` off nothing is read: only empty objects (by their
+    listed size) are rejected, ``format`` stays None, and a local object gets no ETag (the shard
+    job then checks its size only). With ``sizes``, each image's width and height are read from
+    its header too. Remote objects are read on :data:`_IO_THREADS` threads (each read waits on
+    the network); local files on the task's own thread, as the shard job reads them: a read
+    from the page cache costs less than handing it to a thread (docs/performance.md: 0.70x the
+    wall time, 0.72x the CPU)."""
     rows = list(rows)
     inspect = partial(_inspect, sniff=sniff, sizes=sizes)
     if len(rows) <= 1 or not sniff or all(storage.is_local(r["uri"]) for r in rows):

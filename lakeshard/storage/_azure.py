@@ -112,9 +112,9 @@ class AzureStore(BucketStore):
     def listed_md5(self, info: dict[str, Any]) -> str | None:
         """The blob's ``Content-MD5`` property as the listing gives it (adlfs's
         ``content_settings``). Azure computes it for a blob written in one Put Blob (what the SDK
-        does up to 64 MiB); a blob committed from blocks has
-        it only if its writer stated it (``azcopy --put-md5``, the SDK's ``content_settings``),
-        unchecked by Azure, and none otherwise (such a blob is read whole to hash it)."""
+        does up to 64 MiB); a blob committed from blocks has it only if its writer stated it
+        (``azcopy --put-md5``, the SDK's ``content_settings``), unchecked by Azure, and none
+        otherwise (such a blob is read whole to hash it)."""
         settings = info.get("content_settings") or {}
         digest = settings.get("content_md5")  # a dict or the SDK's ContentSettings (a mapping too)
         return bytes(digest).hex() if isinstance(digest, (bytes, bytearray)) and len(digest) == 16 else None
