@@ -62,6 +62,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from xml.sax.saxutils import escape
@@ -393,6 +394,7 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
 #: Response bodies are relayed (and paced) in chunks of at most this: at 80 MB/s, one each 3 ms.
 _CHUNK = 256 * 1024
 _MAX_HEAD = 64 * 1024
+_CHUNKED = re.compile(r"(?im)^transfer-encoding:[^\r\n]*\bchunked\b")
 _CONTENT_LENGTH = re.compile(r"(?im)^content-length:\s*(\d+)")
 #: nginx's ETag header in a response, and a client's conditional header in a request.
 _NGINX_ETAG = re.compile(rb'(\r\nETag: "[0-9a-f]{8})-([0-9a-f]+")', re.IGNORECASE)
@@ -498,6 +500,14 @@ class _Shim:
         )
         wait(len(head))
         client.sendall(head if self.relay_only else _NGINX_ETAG.sub(rb"\g<1>0\2", head))
+        if left < 0 and _CHUNKED.search(head.decode("latin-1")):
+            # Azurite's listings: the body ends at its last chunk, not when the server closes
+            # (it keeps the connection open for its next request: waiting for the close would
+            # stall each listing for the server's keep-alive time).
+            body = _relay_chunked(up, client, wait)
+            if self.relay_only:
+                self.log(f"body {body}")
+            return True
         if self.relay_only:
             self.log(f"body {max(left, 0)}")
         while left:  # -1: no length, until nginx closes
@@ -585,14 +595,54 @@ def _read_head(sock: socket.socket, *, idle_s: float | None) -> bytes | None:
     a byte of what follows it; None if the peer closed first (or was silent ``idle_s``)."""
     if idle_s is not None and not select.select([sock], [], [], idle_s)[0]:
         return None
+    return _read_through(sock, b"\r\n\r\n")
+
+
+def _read_through(sock: socket.socket, end: bytes) -> bytes | None:
+    """The bytes on ``sock`` up to and with the first ``end``, read without taking a byte past
+    it; None if the peer closed first."""
     while seen := sock.recv(_MAX_HEAD, socket.MSG_PEEK):
-        end = seen.find(b"\r\n\r\n")
-        if end >= 0:
-            return _read_exactly(sock, end + 4)
+        at = seen.find(end)
+        if at >= 0:
+            return _read_exactly(sock, at + len(end))
         if len(seen) == _MAX_HEAD:
-            raise ConnectionError(f"a message head longer than {_MAX_HEAD} bytes")
-        time.sleep(0.001)  # part of a head (rare): the rest is on its way
+            raise ConnectionError(f"no {end!r} in the next {_MAX_HEAD} bytes")
+        time.sleep(0.001)  # a part (rare): the rest is on its way
     return None
+
+
+def _relay_chunked(up: socket.socket, client: socket.socket, wait: Callable[[int], None]) -> int:
+    """A chunked body (``Transfer-Encoding: chunked``) from ``up`` to ``client`` as it comes, each
+    piece after ``wait`` (the pacing) for its size, up to and with its last chunk and trailers;
+    returns the bytes of data it held (the chunks' sizes summed)."""
+    data = 0
+    while True:
+        line = _read_crlf(up)
+        wait(len(line))
+        client.sendall(line)
+        size = int(line.split(b";")[0].strip() or b"x", 16)  # a size line without digits: ValueError
+        if size == 0:
+            while (trailer := _read_crlf(up)) != b"\r\n":  # trailers, then the blank line
+                client.sendall(trailer)
+            client.sendall(trailer)
+            return data
+        data += size
+        left = size + 2  # the chunk's data and its CRLF
+        while left:
+            got = up.recv(min(left, _CHUNK))
+            if not got:
+                raise ConnectionError("the peer closed mid-chunk")
+            wait(len(got))
+            client.sendall(got)
+            left -= len(got)
+
+
+def _read_crlf(sock: socket.socket) -> bytes:
+    """The next CRLF-ended line on ``sock`` (with its CRLF)."""
+    line = _read_through(sock, b"\r\n")
+    if line is None:
+        raise ConnectionError("the peer closed mid-message")
+    return line
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:

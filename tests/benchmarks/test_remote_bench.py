@@ -4,13 +4,16 @@ counts it, and leaves no process behind; remote_bench.py runs end to end on a ti
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -465,6 +468,47 @@ def test_no_response_arrives_before_its_latency_and_its_bytes_at_the_bandwidth(n
             conn.close()
         kept.close()
     assert early == []
+
+
+class _Chunked(BaseHTTPRequestHandler):
+    """An HTTP/1.1 server's answer in chunks, the connection kept open after it (as Azurite
+    answers a listing)."""
+
+    protocol_version = "HTTP/1.1"
+    BODY = (b"hello ", b"chunked ", b"world")
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for piece in self.BODY:
+            self.wfile.write(b"%x;piece\r\n%s\r\n" % (len(piece), piece))
+        self.wfile.write(b"0\r\nX-Trailer: yes\r\n\r\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_chunked_answer_ends_at_its_last_chunk_not_when_the_server_closes(tmp_path: Path):
+    """In front of a server (``upstream=``), the shim relays a chunked body up to its last chunk,
+    then reads the client's next request. Before, it waited for the server to close: each Azurite
+    listing stalled for Node's 5 s keep-alive, and here (a server that keeps the connection) the
+    second request never got its answer."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Chunked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    body = b"".join(_Chunked.BODY)
+    try:
+        with RemoteStore(tmp_path, latency_ms=1, upstream=f"http://127.0.0.1:{server.server_port}") as store:
+            conn = http.client.HTTPConnection("127.0.0.1", int(store.endpoint.rsplit(":", 1)[1]), timeout=60)
+            for _ in range(2):  # on one connection
+                conn.request("GET", "/bucket/key")
+                answer = conn.getresponse()
+                assert (answer.status, answer.read()) == (200, body)
+            conn.close()
+            assert store.traffic().body_bytes == 2 * len(body)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.azure
