@@ -479,7 +479,9 @@ class _Shim:
         moved from socket to socket in the kernel (``splice`` through ``pipe``), in chunks of
         up to :data:`_CHUNK`. Paced by a schedule that starts now: each chunk goes once the
         bytes up to its end are due at ``rate`` (a chunk behind its schedule, after a late
-        wake-up, goes at once: the mean rate is ``rate``, never more). False if nginx closed."""
+        wake-up, goes at once: the mean rate is ``rate``, never more). A chunked body (no
+        length) goes up to its last chunk (:func:`_relay_chunked`), paced alike. False if nginx
+        closed."""
         due = time.monotonic()
 
         def wait(n: int) -> None:
@@ -620,7 +622,7 @@ def _relay_chunked(up: socket.socket, client: socket.socket, wait: Callable[[int
         line = _read_crlf(up)
         wait(len(line))
         client.sendall(line)
-        size = int(line.split(b";")[0].strip() or b"x", 16)  # a size line without digits: ValueError
+        size = int(line.split(b";")[0], 16)  # the size, before any chunk extension
         if size == 0:
             while (trailer := _read_crlf(up)) != b"\r\n":  # trailers, then the blank line
                 client.sendall(trailer)
