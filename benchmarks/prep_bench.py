@@ -146,7 +146,7 @@ def cluster_on(core: int, tmp: Path) -> Iterator[str]:
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     cli = [sys.executable, "-m"]
     scheduler = subprocess.Popen(
-        [*cli, "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+        [*cli, "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", "127.0.0.1:0",
          "--scheduler-file", str(file)], preexec_fn=pin, **quiet,
     )  # fmt: skip
     worker = None

@@ -42,7 +42,13 @@ def threaded_dask_engine() -> Iterator[Any]:
     from jobs.common.engines.dask_engine import DaskEngine
 
     with (
-        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster,
+        LocalCluster(  # its dashboards on loopback (the defaults listen on every interface)
+            n_workers=1,
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address="127.0.0.1:0",
+            worker_dashboard_address="127.0.0.1:0",
+        ) as cluster,
         Client(cluster) as client,
     ):
         yield DaskEngine(client=client)
