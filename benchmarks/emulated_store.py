@@ -23,6 +23,9 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
+import uuid
 from pathlib import Path
 
 __all__ = [
@@ -116,10 +119,26 @@ class Azurite:
 
     def downloads(self) -> int:
         """Blob downloads (GETs of a blob, whole or a range) served so far, by its debug log."""
+        return self.served_log().count("Operation=Blob_Download")
+
+    def served_log(self, timeout_s: float = 30.0) -> str:
+        """The debug log with every request answered before this call in it. Azurite writes
+        the log behind its answers, so the last lines can be missing from the file when a
+        client already has its answer: this sends one more request (a container's properties,
+        unsigned: refused, but logged) and reads until its line is there."""
+        mark = f"lakeshard-log-mark-{uuid.uuid4().hex}"
         try:
-            return self.log.read_text(errors="replace").count("Operation=Blob_Download")
-        except FileNotFoundError:
-            return 0
+            urllib.request.urlopen(f"{self.endpoint}/{ACCOUNT}/{mark}?restype=container", timeout=timeout_s)
+        except urllib.error.HTTPError:
+            pass  # 403: unsigned
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            if mark in text:
+                return text
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"azurite-blob's log ({self.log}) did not show a request in {timeout_s} s")
+            time.sleep(0.02)
 
     def output(self) -> str:
         return Path(self._dir, "stdout.log").read_text(errors="replace")[-2000:]

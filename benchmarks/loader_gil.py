@@ -120,15 +120,21 @@ def profile(workload: str, dataset: Path, args: argparse.Namespace, py_spy: str,
     }
 
 
+#: ``--stats``' fewest epochs, however slow the machine: with a few epochs in ``--seconds`` on a
+#: busy machine, the statistics' few calls drew no sample at all (CI printed 0.000% for each part).
+_STATS_MIN_EPOCHS = 20
+
+
 def stream(root: Path, seconds: float) -> None:
-    """``--stats``' profiled child: a kept loader's epochs, each with its ``epoch_stats()``."""
+    """``--stats``' profiled child: a kept loader's epochs, each with its ``epoch_stats()``, for
+    ``seconds`` and at least :data:`_STATS_MIN_EPOCHS` epochs."""
     from loaders import ShardLoader
 
     with ShardLoader(
         str(root), channel="train", batch_size=64, shuffle=True, seed=1, num_threads=2
     ) as loader:
         began, epoch = time.monotonic(), 0
-        while time.monotonic() - began < seconds:
+        while epoch < _STATS_MIN_EPOCHS or time.monotonic() - began < seconds:
             loader.set_epoch(epoch)
             for _ in loader:
                 pass

@@ -27,6 +27,6 @@ def test_the_overhead_benchmark_prints_each_part_and_the_sum(tmp_path: Path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     shares = [float(m) for m in re.findall(r"^\s*([0-9.]+)%", done.stdout, flags=re.M)]
-    assert len(shares) == 4 and 0 < shares[-1] < 100
+    assert len(shares) == 4 and 0 < shares[-1] < 100, done.stdout + done.stderr[-3000:]
     assert shares[-1] == pytest.approx(sum(shares[:-1]), abs=0.002)
     assert re.search(r"streamed \d+ epochs", done.stdout)

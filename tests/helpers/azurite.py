@@ -50,7 +50,7 @@ def blob_reads(server: Azurite, container: str) -> list[tuple[str, str | None]]:
     order, by its debug log: the blob and the range asked (``x-ms-range`` or ``Range``; None:
     the whole blob)."""
     out = []
-    for m in _REQUEST.finditer(server.log.read_text(errors="replace")):
+    for m in _REQUEST.finditer(server.served_log()):
         if unquote(m["container"]) == container:
             headers = json.loads(m["headers"])
             out.append((unquote(m["blob"]), headers.get("x-ms-range") or headers.get("range")))
