@@ -61,8 +61,9 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_job(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 240) -> str:
-    """Run a job command line; fail with its output if it fails."""
+def run_job(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 900) -> str:
+    """Run a job command line; fail with its output if it fails. ``timeout`` only stops a hang:
+    a ``spark-submit`` to the standalone cluster took over 240 s on a busy machine (CI)."""
     proc = subprocess.run(
         cmd, cwd=REPO, env=env or job_env(), capture_output=True, text=True, timeout=timeout
     )

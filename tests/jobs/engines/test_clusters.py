@@ -72,6 +72,7 @@ def _executor_python(folder: Path) -> Path:
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(1800)  # two spark-submits to a standalone cluster: 258-470 s on a busy machine
 def test_spark_standalone_with_py_files(
     spark_cluster: str, spark_reference: str, mixed_lake: str, tmp_path: Path
 ) -> None:
