@@ -37,7 +37,7 @@ from lakeshard.storage._azure_sdk import (
     service_client,
     translated,
 )
-from lakeshard.storage._store import Blob, BucketStore, RequestStats, Tail, split_scheme
+from lakeshard.storage._store import Blob, BucketStore, RequestStats, Tail, split_scheme, without_netrc
 
 __all__ = ["AzureSettings", "AzureStore", "azure_client", "azure_settings", "clear_azure_clients"]
 
@@ -363,7 +363,7 @@ def _new_client(settings: AzureSettings) -> Any:
     import requests
     from azure.storage.blob import BlobServiceClient
 
-    session = requests.Session()
+    session = without_netrc(requests.Session())
     adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=CLIENT_CONNECTIONS)
     session.mount("http://", adapter)
     session.mount("https://", adapter)

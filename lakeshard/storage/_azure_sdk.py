@@ -12,7 +12,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AzureSettings", "error_code", "filesystem_class", "retry_policy", "service_client", "translated"]
+__all__ = [
+    "AzureSettings",
+    "error_code",
+    "filesystem_class",
+    "retry_policy",
+    "service_client",
+    "translated",
+]
 
 #: Attempts of a request after the first (5 in all, as botocore's for S3): 5xx, 503 ServerBusy
 #: and connection errors (:func:`retry_policy`); 403 and 404 fail at once.
@@ -104,10 +111,18 @@ class AzureSettings:
 
 
 def service_client(cls: Any, settings: AzureSettings, options: dict[str, Any], *, aio: bool) -> Any:
-    """A ``BlobServiceClient`` of ``cls`` (blocking or asyncio) for ``settings``."""
+    """A ``BlobServiceClient`` of ``cls`` (blocking or asyncio) for ``settings``. The blocking
+    one's requests session is the caller's (in ``options``, made by ``without_netrc``); the
+    asyncio one reads the environment's proxies for its endpoint once, here (:func:`_env_proxies`)."""
     if settings.connection_string:
-        return cls.from_connection_string(settings.connection_string, **options)
+
+        def made(**more: Any) -> Any:
+            return cls.from_connection_string(settings.connection_string, **options, **more)
+
+        return made(**_env_proxies(made().url)) if aio else made()
     account_url = f"https://{settings.account_name}.blob.core.windows.net"
+    if aio:
+        options = options | _env_proxies(account_url)
     if settings.account_key:
         credential: Any = {"account_name": settings.account_name, "account_key": settings.account_key}
     elif settings.sas_token:
@@ -121,6 +136,17 @@ def service_client(cls: Any, settings: AzureSettings, options: dict[str, Any], *
 
         credential = DefaultAzureCredential()
     return cls(account_url, credential=credential, **options)
+
+
+def _env_proxies(url: str) -> dict[str, Any]:
+    """The asyncio client's options for ``url``: aiohttp trusting the environment (the SDK's
+    default) also takes a ``~/.netrc`` entry for the host and then refuses it beside the SDK's
+    ``Authorization`` header ("Cannot combine AUTHORIZATION header with AUTH argument"), on
+    every request. So it does not read the environment; the proxies the environment names for
+    ``url`` (``HTTPS_PROXY``, ``NO_PROXY``, ..., as requests reads them) are given to it instead."""
+    from requests.utils import get_environ_proxies
+
+    return {"use_env_settings": False, "proxies": get_environ_proxies(url) or None}
 
 
 def retry_policy(*, aio: bool = False) -> Any:

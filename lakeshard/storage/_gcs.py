@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from lakeshard.errors import StorageError
-from lakeshard.storage._store import Blob, BucketStore, RequestStats, Tail
+from lakeshard.storage._store import Blob, BucketStore, RequestStats, Tail, without_netrc
 
 __all__ = ["GCSStore", "clear_gcs_clients", "gcs_client", "gcs_options"]
 
@@ -239,6 +239,8 @@ def clear_gcs_clients() -> None:
 
 def _new_client() -> Any:
     import google.auth
+    import google.auth.transport.requests
+    import requests
     from google.auth.credentials import AnonymousCredentials
     from google.auth.transport.requests import AuthorizedSession
     from google.cloud import storage as gcs
@@ -252,7 +254,9 @@ def _new_client() -> Any:
             scopes=["https://www.googleapis.com/auth/devstorage.full_control"]
         )
         project = project or found
-    session = AuthorizedSession(credentials)
+    # Its token requests go through a session of their own (``auth_request``): that one too.
+    tokens = google.auth.transport.requests.Request(session=without_netrc(requests.Session()))
+    session = without_netrc(AuthorizedSession(credentials, auth_request=tokens))
     adapter = HTTPAdapter(pool_connections=4, pool_maxsize=CLIENT_CONNECTIONS)
     session.mount("https://", adapter)
     session.mount("http://", adapter)

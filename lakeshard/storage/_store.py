@@ -19,7 +19,16 @@ from typing import Any, ClassVar
 
 from lakeshard.errors import StorageError
 
-__all__ = ["Blob", "BucketStore", "RequestCounts", "RequestStats", "Store", "Tail", "split_scheme"]
+__all__ = [
+    "Blob",
+    "BucketStore",
+    "RequestCounts",
+    "RequestStats",
+    "Store",
+    "Tail",
+    "split_scheme",
+    "without_netrc",
+]
 
 #: A URI scheme, as RFC 3986 spells one (``urlsplit`` would also cut ``#...`` and ``?...`` off
 #: the rest, which are part of a key or file name here).
@@ -292,3 +301,19 @@ class RequestStats:
                 self._seconds,
                 tuple(sorted(self._errors.items())),
             )
+
+
+def without_netrc(session: Any) -> Any:
+    """``session`` (a ``requests.Session``), never taking credentials from ``~/.netrc``.
+
+    requests puts a ``~/.netrc`` entry for the request's host, or the file's ``default`` entry,
+    over the ``Authorization`` header the cloud's client set
+    (https://github.com/psf/requests/issues/3929): every request then went out with the netrc's
+    login and password as Basic credentials, and Azure answered 403 (GCS 401). A session-wide authentication that changes nothing stops that
+    lookup; the environment's proxies, ``NO_PROXY`` and CA bundle still apply (``trust_env``)."""
+    session.auth = _unchanged
+    return session
+
+
+def _unchanged(request: Any) -> Any:
+    return request

@@ -16,6 +16,9 @@ the GCS JSON API added here, test-side, as Google documents it (design/0041):
   ``startOffset`` (inclusive), ``endOffset`` (exclusive), ``maxResults`` (items and prefixes
   together, at most 1,000) and ``pageToken``/``nextPageToken``, which the emulator ignores (it
   answers every entry in one page): what the manifest job's balanced listing seeks with.
+* **Basic credentials refused**: a request whose ``Authorization`` is ``Basic ...`` is answered
+  ``401``, as GCS answers it (it takes OAuth bearer tokens, and HMAC signatures on its XML API;
+  https://cloud.google.com/storage/docs/authentication); the emulator takes any.
 * **A request count**: ``GET /_lakeshard/requests`` gives the media downloads (``GET`` of an
   object's bytes) served so far, by bucket: the store's own count, compared with the loader's.
 
@@ -181,9 +184,28 @@ def _download_headers(request: Any, response: Any, storage: Any) -> None:
     response["Last-Modified"] = format_datetime(updated, usegmt=True)
 
 
+def _basic_refused(request: Any, response: Any) -> bool:
+    """Answer a request with Basic credentials 401, as GCS does; False for any other."""
+    if not (request.get_header("authorization") or "").lower().startswith("basic "):
+        return False
+    response.status = HTTPStatus.UNAUTHORIZED
+    response.json(
+        {
+            "error": {
+                "code": 401,
+                "message": "Invalid Credentials",
+                "errors": [{"reason": "authError", "domain": "global", "locationType": "header"}],
+            }
+        }
+    )
+    return True
+
+
 def _extended(handler: Callable[..., Any], *, upload: bool, download: bool) -> Callable[..., Any]:
     def run(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
         media = download or request.query.get("alt", [""])[0] == "media"
+        if _basic_refused(request, response):
+            return None
         with _LOCK:
             if not _holds(request, storage, upload):
                 return _precondition_failed(response)
