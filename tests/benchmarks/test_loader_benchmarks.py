@@ -85,6 +85,10 @@ def test_code_ab_loader_runs_each_variant_in_its_own_processes(tmp_path: Path):
     assert "'threads' in variant 'threads=2' is not a ShardLoader option" in bad.stderr
 
 
+#: Files of the loader's own that a loader process holds the GIL in (the ceiling runs none but decode.py).
+_LOADER_LINES = ("decode.py", "batch.py", "_internal/", "shard_loader.py", "stats.py")
+
+
 @pytest.mark.slow
 def test_loader_gil_samples_the_loader_and_the_ceiling_each_in_its_own_process(tmp_path: Path):
     out = tmp_path / "gil.json"
@@ -111,7 +115,9 @@ def test_loader_gil_samples_the_loader_and_the_ceiling_each_in_its_own_process(t
     for r in (loader, ceiling):
         assert r["images_per_s"] > 0 and 0 < r["gil_share"] <= 1 and r["gil_us_per_image"] > 0
     # Each was sampled in the right process: the loader's decode calls, the ceiling's own.
-    assert any("loaders/decode.py" in line for line in loader["lines_us_per_image"])
+    # The loader's process: its own lines (the decode call is a few of its samples, and a busy
+    # machine's 2 s drew none of them in CI); the ceiling runs none of the loader's batches.
+    assert any(f"loaders/{m}" in line for line in loader["lines_us_per_image"] for m in _LOADER_LINES)
     assert any("loader_bench.py" in line for line in ceiling["lines_us_per_image"])
     assert not any("loaders/batch.py" in line for line in ceiling["lines_us_per_image"])
     assert "GIL us/image" in done.stdout
