@@ -12,14 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "AzureSettings",
-    "error_code",
-    "filesystem_class",
-    "retry_policy",
-    "service_client",
-    "translated",
-]
+__all__ = ["AzureSettings", "error_code", "filesystem_class", "retry_policy", "service_client", "translated"]
 
 #: Attempts of a request after the first (5 in all, as botocore's for S3): 5xx, 503 ServerBusy
 #: and connection errors (:func:`retry_policy`); 403 and 404 fail at once.
