@@ -5,7 +5,10 @@
 dataset per epoch. Ray runs on this process's own local cluster of ``workers`` CPUs (started once
 per process, on loopback, no dashboard). Remote: ``s3://...`` through the pyarrow S3 filesystem
 pointed at the store's endpoint (``AWS_ENDPOINT_URL``), as Ray's docs do for an S3-compatible
-store; no cache, every epoch reads every byte again.
+store; no cache, every epoch reads every byte again. Ray's defaults are kept: its workers run at
+nice 15, and each ``read_parquet`` pass reads the files' footers on 32 actors, each its own process
+(``RAY_worker_niceness`` and ``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS`` change them; the tests, which
+run beside other work, set 0 and 2).
 
 ``build`` (the jobs benchmark): ``read_binary_files`` of the raw lake's files, ``map_batches`` of
 ``per_image.prepare`` on Ray tasks, ``write_parquet``, as Ray's batch-inference examples read,

@@ -8,6 +8,7 @@ The peers' environments come from ``scripts/setup_peers.sh`` and ``scripts/setup
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.procs import assert_usage_errors, run_json_tool
+from tests.helpers.procs import RAY_BESIDE_THE_SUITE, assert_usage_errors, run_json_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "benchmarks" / "peers" / "jobs_run.py"
@@ -33,7 +34,7 @@ IMAGES = 48
 def _run(tmp: Path, *args: str) -> tuple[str, dict[str, Any]]:
     out = tmp / "jobs_peers.json"
     command = [sys.executable, str(RUN), "--work", str(tmp / "work"), "--out", str(out), *args]
-    return run_json_tool(command, out, cwd=ROOT, timeout=1800)
+    return run_json_tool(command, out, cwd=ROOT, timeout=1800, env={**os.environ, **RAY_BESIDE_THE_SUITE})
 
 
 @pytest.fixture(scope="module")

@@ -85,10 +85,20 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float, logs: Sequence
     raise TimeoutError(f"{what} not ready after {timeout} s\n{tails}")
 
 
-def run_json_tool(command: Sequence[str], out: Path, *, cwd: Path, timeout: float = 600) -> tuple[str, Any]:
+#: Ray run by a test beside the rest of the suite (the peer benchmarks' tests check what each tool
+#: delivers, not its speed). Ray starts its workers at nice 15: on a machine busy with other tests
+#: each gets a sliver of a core (CI, 2026-12-01: a 128-image epoch took 443 s, a worker 277 s to
+#: import its task's modules). And ``read_parquet`` starts 32 footer-reading actors, each a process,
+#: for every pass. Here its workers run at the suite's priority and its footer pool has 2 actors.
+RAY_BESIDE_THE_SUITE = {"RAY_worker_niceness": "0", "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2"}
+
+
+def run_json_tool(
+    command: Sequence[str], out: Path, *, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> tuple[str, Any]:
     """Run a benchmark tool that writes JSON to ``out`` (``--out`` in ``command``); its stdout and
     that JSON. A failure fails the test with the end of both streams."""
-    proc = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    proc = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())
 
