@@ -8,7 +8,6 @@ The peers' environments come from ``scripts/setup_peers.sh`` and ``scripts/setup
 
 from __future__ import annotations
 
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -34,7 +33,7 @@ IMAGES = 48
 def _run(tmp: Path, *args: str) -> tuple[str, dict[str, Any]]:
     out = tmp / "jobs_peers.json"
     command = [sys.executable, str(RUN), "--work", str(tmp / "work"), "--out", str(out), *args]
-    return run_json_tool(command, out, cwd=ROOT, timeout=1800, env={**os.environ, **RAY_BESIDE_THE_SUITE})
+    return run_json_tool(command, out, cwd=ROOT, timeout=1800, extra_env=RAY_BESIDE_THE_SUITE)
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ def _run(tmp: Path, *args: str) -> tuple[str, dict[str, Any]]:
         out,
         cwd=ROOT,
         timeout=WHOLE_RUN_S,
-        env={**os.environ, **RAY_BESIDE_THE_SUITE},
+        extra_env=RAY_BESIDE_THE_SUITE,
     )
 
 

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -95,10 +95,12 @@ RAY_BESIDE_THE_SUITE = {"RAY_worker_niceness": "0", "RAY_DATA_PARQUET_FOOTER_NUM
 
 
 def run_json_tool(
-    command: Sequence[str], out: Path, *, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+    command: Sequence[str], out: Path, *, cwd: Path, timeout: float = 600, extra_env: Mapping[str, str] = {}
 ) -> tuple[str, Any]:
-    """Run a benchmark tool that writes JSON to ``out`` (``--out`` in ``command``); its stdout and
-    that JSON. A failure fails the test with the end of both streams."""
+    """Run a benchmark tool that writes JSON to ``out`` (``--out`` in ``command``), in this
+    environment with ``extra_env`` over it; its stdout and that JSON. A failure fails the test with
+    the end of both streams."""
+    env = {**os.environ, **extra_env}
     proc = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())
