@@ -446,10 +446,11 @@ def class_task(parts: list[int], *, plan: PassPlan) -> list[ClassParts]:
         ok = [r for r in rows if r["status"] == "ok"]
         channels = assign_channels(ok, plan)
         hashes: dict[str, Any] = defaultdict(hashlib.sha256)
+        columns = plan.extra_columns  # a schema built anew at each call: once, not once a row
         for r, channel in zip(ok, channels):
             r["channel"] = channel
             index_labels(cast(LabelledRow, r), plan.labels)
-            hashes[r["label"] or ""].update(fingerprint_line(r, channel, plan.extra_columns))
+            hashes[r["label"] or ""].update(fingerprint_line(r, channel, columns))
         moved = [r for r in ok if r.get("base_channel") not in (None, "", r["channel"])]
         _write_tables(plan, part, rows)
         duplicates = [r for r in ok if r["duplicate"]]
