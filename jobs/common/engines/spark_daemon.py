@@ -14,15 +14,22 @@ package), those archives are files inside that same package: copies of what is a
 importable. This daemon drops them (and their cached importers) from ``sys.path`` before the
 workers are forked, then runs PySpark's own daemon. With a Spark distribution whose PySpark is
 only in its archives, or whose archives are not part of the installed package, nothing changes.
+
+A worker whose connection the executor has closed (Spark's stop closes its idle workers') exits
+quietly: PySpark's worker fails to flush into the closed socket, and its daemon printed that
+``BrokenPipeError``'s traceback at the end of some builds, with nobody left to report to.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
 import sys
+from collections.abc import Callable
 from importlib.machinery import PathFinder
 
-__all__ = ["installed_copies", "main"]
+__all__ = ["installed_copies", "main", "quiet_when_gone"]
 
 
 def installed_copies(path: list[str]) -> list[str]:
@@ -37,6 +44,21 @@ def installed_copies(path: list[str]) -> list[str]:
     return [p for p in archives if os.path.realpath(p).startswith(home)]
 
 
+def quiet_when_gone(worker: Callable[[socket.socket, bool], int]) -> Callable[[socket.socket, bool], int]:
+    """PySpark's ``daemon.worker``, returning 1 (the daemon then ends that worker, as after any
+    failed task) where it raised ``BrokenPipeError``: the executor closed the worker's socket, so
+    it already knows, and the traceback the daemon would print reaches only the console."""
+
+    @functools.wraps(worker)
+    def run(sock: socket.socket, authenticated: bool) -> int:
+        try:
+            return worker(sock, authenticated)
+        except BrokenPipeError:
+            return 1
+
+    return run
+
+
 def main() -> None:
     drop = set(installed_copies(sys.path))
     sys.path[:] = [p for p in sys.path if p not in drop]
@@ -45,6 +67,7 @@ def main() -> None:
             del sys.path_importer_cache[key]
     from pyspark import daemon
 
+    daemon.worker = quiet_when_gone(daemon.worker)
     daemon.manager()
 
 

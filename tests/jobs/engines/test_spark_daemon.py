@@ -1,16 +1,21 @@
 """The Spark engine's worker daemon (``jobs.common.engines.spark_daemon``): which archives it drops
 from the workers' path, and that local Spark tasks really run without them; and how those
-workers talk to the executor (Unix sockets, not TCP)."""
+workers talk to the executor (Unix sockets, not TCP); and that a worker whose executor closed
+its connection exits without a traceback."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import socket
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from jobs.common.engines.spark_daemon import installed_copies
+from jobs.common.engines.spark_daemon import installed_copies, quiet_when_gone
 
 
 def _package(folder: Path, name: str) -> Path:
@@ -64,6 +69,38 @@ def test_py4j_only_in_its_archive_keeps_everything(tmp_path: Path) -> None:
         _archive(site / "pyspark/python/lib/py4j-0.10.9.9-src.zip", "py4j/__init__.py"),
     ]
     assert installed_copies([*zips, str(site)]) == []
+
+
+def test_a_worker_whose_executor_closed_its_socket_ends_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PySpark's own worker, on a real socket whose other end (the executor's) is closed: it
+    # fails to flush and raises (as Spark 4 asks it to), which its daemon printed as a
+    # traceback; through quiet_when_gone it ends as a failed task does, with code 1.
+    from pyspark import daemon
+
+    monkeypatch.setenv("PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE", "1")
+    with _signals_kept():
+        ours, executors = socket.socketpair()
+        executors.close()
+        with ours, pytest.raises(BrokenPipeError):
+            daemon.worker(ours, True)
+        ours, executors = socket.socketpair()
+        executors.close()
+        with ours:
+            assert quiet_when_gone(daemon.worker)(ours, True) == 1
+
+
+@contextlib.contextmanager
+def _signals_kept() -> Iterator[None]:
+    """This process's handlers of the signals PySpark's ``worker`` resets (it runs in a forked
+    worker), put back afterwards."""
+    kept = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            signal.signal(s, handler)
 
 
 def _worker_path(_: object) -> list[tuple[list[str], str]]:
