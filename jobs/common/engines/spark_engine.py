@@ -261,6 +261,8 @@ class SparkEngine:
         server = getattr(self.sc, "_accumulatorServer", None)
         if server is not None:
             self.sc._accumulatorServer = None  # stop() then leaves it alone
-        self.spark.stop()
-        if server is not None:
-            _stop_in_background(server)
+        try:
+            self.spark.stop()
+        finally:
+            if server is not None:
+                _stop_in_background(server)
