@@ -31,16 +31,20 @@ import os, sys, threading
 sys.path.insert(0, sys.argv[1])
 from jobs.common.engines.spark_engine import SparkEngine
 
+stops = []
 for n in (1, 2):  # the second session starts while the first one's server may still be stopping
+    before = set(threading.enumerate())
     engine = SparkEngine(master="local[1]")
     assert engine.map_partitions(lambda part: [sum(part)], list(range(10)), partitions=2) == [10, 35]
     server = engine.sc._accumulatorServer
-    serving = [t for t in threading.enumerate() if t.name.endswith("(serve_forever)")]
+    assert isinstance(server.server_address, str), "a Unix socket, as the engine asks of a local master"
+    serving = [t for t in threading.enumerate() if t not in before and t.name.endswith("(serve_forever)")]
     stopped_on = []
     shutdown = server.shutdown
     server.shutdown = lambda: (stopped_on.append(threading.current_thread().name), shutdown())
     engine.close()
-    gone = not isinstance(server.server_address, str) or not os.path.exists(server.server_address)
+    stops.append((n, serving, not os.path.exists(server.server_address), stopped_on))
+for n, serving, gone, stopped_on in stops:
     for t in serving:
         t.join(30)
     print("STOP:", n, len(serving), gone, *stopped_on, *(t.is_alive() for t in serving))
