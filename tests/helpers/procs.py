@@ -87,10 +87,9 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float, logs: Sequence
 
 #: Ray run by a test beside the rest of the suite (the peer benchmarks' tests check what each tool
 #: delivers, not its speed). Ray starts its workers at nice 15: on a machine busy with other tests
-#: each gets a sliver of a core (CI, 2026-12-01: a 128-image epoch took 443 s; beside 4 busy loops,
-#: a worker took 277 s to import its task's modules). And ``read_parquet`` starts 32 footer-reading
-#: actors, each a process, for every pass. Here its workers run at the suite's priority and its
-#: footer pool has 2 actors.
+#: each gets a sliver of a core. And ``read_parquet`` starts 32 footer-reading actors, each a
+#: process, for every pass (docs/performance.md, the peers' Ray Data row). Here its workers run at
+#: the suite's priority and its footer pool has 2 actors.
 RAY_BESIDE_THE_SUITE = {"RAY_worker_niceness": "0", "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2"}
 
 

@@ -253,9 +253,9 @@ class SparkEngine:
     def close(self) -> None:
         """Stop the session the engine started (not one it was handed), without waiting on
         PySpark's accumulator server: ``SparkContext.stop`` waits for it, and its handler polls
-        its connection once a second, so the wait was ~0.8 s of every build's ~1 s stop. The
-        server is stopped on a thread of its own instead, which ends within a second; its Unix
-        socket's file is removed now, since this process may exit before that thread ends."""
+        its connection once a second (docs/performance.md, "Spark's stop"). The server is
+        stopped on a thread of its own instead, which ends within a second; its Unix socket's
+        file is removed now, since this process may exit before that thread ends."""
         if not self._owned:
             return
         server = getattr(self.sc, "_accumulatorServer", None)

@@ -109,7 +109,7 @@ def test_no_option_of_ours_where_spark_submit_started_the_jvm() -> None:
 @pytest.mark.spark
 def test_the_stop_leaves_pysparks_accumulator_server_to_a_thread_of_its_own() -> None:
     # PySpark's SparkContext.stop waits for its accumulator server, whose handler polls once a
-    # second (~0.8 s of every build's ~1 s stop); the engine stops it on a thread instead. Its
+    # second; the engine stops it on a thread instead. Its
     # Unix socket's file is gone when close() returns, its serving thread ends, and a new
     # session starts meanwhile.
     lines = [line.split()[1:] for line in _stdout(_STOP).splitlines() if line.startswith("STOP:")]
